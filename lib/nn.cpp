@@ -1,0 +1,82 @@
+#include "nn.h"
+
+#include <cmath>
+
+namespace hl {
+
+void Module::register_parameter(const std::string& name, Tensor* t) {
+  if (!t->defined()) return;  // optional parameters (bias off) are simply absent
+  t->requires_grad_(true);
+  params_.push_back({name, t});
+}
+void Module::register_module(const std::string& name, Module* m) { children_.push_back({name, m}); }
+
+void Module::collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const {
+  for (const auto& [name, t] : params_) out.push_back({prefix + name, *t});
+  for (const auto& [name, m] : children_) m->collect(prefix + name + ".", out);
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  collect("", out);
+  return out;
+}
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [n, t] : named_parameters()) out.push_back(t);
+  return out;
+}
+int64_t Module::num_parameters() const {
+  int64_t n = 0;
+  for (auto& [name, t] : named_parameters()) n += t.numel();
+  return n;
+}
+Tensor Module::parameter(const std::string& name) const {
+  for (auto& [n, t] : named_parameters())
+    if (n == name) return t;
+  fail("module: no parameter named '", name, "'");
+}
+void Module::zero_grad() {
+  for (auto& [n, t] : named_parameters()) t.zero_grad();
+}
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [n, m] : children_) m->train(on);
+}
+
+void init_normal(Tensor& t, Rng& rng, float std) {
+  float* p = t.data();
+  for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = std * rng.normal();
+}
+void init_xavier_uniform(Tensor& t, Rng& rng) {
+  HL_CHECK(t.ndim() == 2, "init_xavier_uniform: need a 2-d weight, got ", t.shape().str());
+  const float a = std::sqrt(6.f / static_cast<float>(t.size(0) + t.size(1)));
+  float* p = t.data();
+  for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = rng.uniform(-a, a);
+}
+
+Linear::Linear(int64_t in, int64_t out, bool has_bias, Rng& rng, float init_std) {
+  HL_CHECK(in > 0 && out > 0, "Linear: sizes must be positive, got in=", in, " out=", out);
+  weight = Tensor::empty({out, in});
+  init_normal(weight, rng, init_std);
+  if (has_bias) bias = Tensor::zeros({out});
+  register_parameter("weight", &weight);
+  register_parameter("bias", &bias);
+}
+
+Embedding::Embedding(int64_t num, int64_t dim, Rng& rng, float init_std) {
+  HL_CHECK(num > 0 && dim > 0, "Embedding: sizes must be positive, got ", num, "x", dim);
+  weight = Tensor::empty({num, dim});
+  init_normal(weight, rng, init_std);
+  register_parameter("weight", &weight);
+}
+
+LayerNorm::LayerNorm(int64_t dim, float eps) : eps(eps) {
+  HL_CHECK(dim > 0, "LayerNorm: dimension must be positive, got ", dim);
+  weight = Tensor::ones({dim});
+  bias = Tensor::zeros({dim});
+  register_parameter("weight", &weight);
+  register_parameter("bias", &bias);
+}
+
+}  // namespace hl

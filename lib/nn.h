@@ -1,0 +1,79 @@
+// nn basics: Module (hierarchical named parameters, train/eval), Linear, Embedding,
+// LayerNorm, Dropout, initialisers.
+#pragma once
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ops.h"
+#include "tensor.h"
+
+namespace hl {
+
+// Parameters and submodules are members of the derived class, registered by pointer, so a
+// Module is neither copyable nor movable. Names join with dots: "blocks.0.attn.W_Q.weight".
+class Module {
+ public:
+  Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+  virtual ~Module() = default;
+
+  std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+  std::vector<Tensor> parameters() const;
+  int64_t num_parameters() const;
+  Tensor parameter(const std::string& name) const;  // throws naming the missing parameter
+  void zero_grad();
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool training() const { return training_; }
+
+ protected:
+  void register_parameter(const std::string& name, Tensor* t);  // marks it requires_grad
+  void register_module(const std::string& name, Module* m);
+
+ private:
+  void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const;
+  std::vector<std::pair<std::string, Tensor*>> params_;
+  std::vector<std::pair<std::string, Module*>> children_;
+  bool training_ = true;
+};
+
+// Initialisers (seeded through the library's Rng).
+void init_normal(Tensor& t, Rng& rng, float std = 0.02f);
+void init_xavier_uniform(Tensor& t, Rng& rng);  // (out, in): U(+-sqrt(6/(in+out)))
+
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias, Rng& rng, float init_std = 0.02f);
+  Tensor forward(const Tensor& x) const { return linear(x, weight, bias); }
+  Tensor weight;  // (out, in)
+  Tensor bias;    // (out) or undefined
+};
+
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num, int64_t dim, Rng& rng, float init_std = 0.02f);
+  Tensor forward(const Ids& ids) const { return embedding(weight, ids); }
+  Tensor weight;  // (num, dim)
+};
+
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(int64_t dim, float eps = 1e-5f);
+  Tensor forward(const Tensor& x) const { return layer_norm(x, weight, bias, eps); }
+  Tensor weight, bias;  // (dim)
+  float eps;
+};
+
+class Dropout : public Module {
+ public:
+  Dropout(float p, Rng* rng) : p(p), rng_(rng) {}
+  Tensor forward(const Tensor& x) const { return dropout(x, p, *rng_, training() && p > 0.f); }
+  float p;
+
+ private:
+  Rng* rng_;
+};
+
+}  // namespace hl

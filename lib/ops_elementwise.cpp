@@ -1,0 +1,178 @@
+// Elementwise ops: binary with broadcasting, unary, scalar. Each op is a forward formula and
+// its derivative, side by side, handed to one of two drivers (binary_op, unary_op).
+#include <cmath>
+
+#include "autograd.h"
+#include "broadcast.h"
+#include "ops.h"
+#include "parallel.h"
+
+namespace hl {
+
+BroadcastPlan plan_broadcast(const char* op, const Shape& a, const Shape& b) {
+  BroadcastPlan p;
+  const int nd = std::max(a.ndim, b.ndim);
+  p.out.ndim = nd;
+  p.same = (a == b);
+  int64_t sa = 1, sb = 1;
+  for (int d = nd - 1; d >= 0; --d) {
+    const int ia = d - (nd - a.ndim), ib = d - (nd - b.ndim);
+    const int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
+    if (da != db && da != 1 && db != 1)
+      fail(op, ": ", a.str(), " and ", b.str(), ": shapes cannot be broadcast (dimension ", d,
+           ": ", da, " vs ", db, ")");
+    p.out[d] = da == 1 ? db : da;
+    p.stride_a[d] = da == 1 ? 0 : sa;
+    p.stride_b[d] = db == 1 ? 0 : sb;
+    sa *= da;
+    sb *= db;
+  }
+  return p;
+}
+
+namespace {
+
+// z = f(x, y) with broadcasting. dfx(x, y, z, g) and dfy(...) are the contributions of one
+// output element to dL/dx and dL/dy.
+template <class F, class DX, class DY>
+Tensor binary_op(const char* name, const Tensor& a, const Tensor& b, F f, DX dfx, DY dfy) {
+  const BroadcastPlan plan = plan_broadcast(name, a.shape(), b.shape());
+  Tensor out = Tensor::empty(plan.out);
+  const float *x = a.data(), *y = b.data();
+  float* z = out.data();
+  const int64_t n = out.numel();
+  if (plan.same) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElems)
+    for (int64_t i = 0; i < n; ++i) z[i] = f(x[i], y[i]);
+  } else {
+    for_each_broadcast(plan, [&](int64_t i, int64_t ia, int64_t ib) { z[i] = f(x[ia], y[ib]); });
+  }
+  if (needs_graph({&a, &b}))
+    attach(out, name, {a, b}, [a, b, dfx, dfy, name](TensorImpl& self) {
+      const BroadcastPlan plan = plan_broadcast(name, a.shape(), b.shape());
+      const float *g = self.grad->data(), *z = self.data(), *x = a.data(), *y = b.data();
+      float* gx = grad_buffer(a);
+      float* gy = grad_buffer(b);
+      const int64_t n = self.shape.numel();
+      if (plan.same) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElems)
+        for (int64_t i = 0; i < n; ++i) {
+          if (gx) gx[i] += dfx(x[i], y[i], z[i], g[i]);
+          if (gy) gy[i] += dfy(x[i], y[i], z[i], g[i]);
+        }
+      } else {  // sequential: broadcast inputs receive from many outputs
+        for_each_broadcast(plan, [&](int64_t i, int64_t ia, int64_t ib) {
+          if (gx) gx[ia] += dfx(x[ia], y[ib], z[i], g[i]);
+          if (gy) gy[ib] += dfy(x[ia], y[ib], z[i], g[i]);
+        });
+      }
+    });
+  return out;
+}
+
+// y = f(x); df(x, y, g) is dL/dx for one element.
+template <class F, class DF>
+Tensor unary_op(const char* name, const Tensor& a, F f, DF df) {
+  Tensor out = Tensor::empty(a.shape());
+  const float* x = a.data();
+  float* y = out.data();
+  const int64_t n = a.numel();
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElems)
+  for (int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
+  if (needs_graph({&a}))
+    attach(out, name, {a}, [a, df](TensorImpl& self) {
+      float* gx = grad_buffer(a);
+      const float *g = self.grad->data(), *y = self.data(), *x = a.data();
+      const int64_t n = self.shape.numel();
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElems)
+      for (int64_t i = 0; i < n; ++i) gx[i] += df(x[i], y[i], g[i]);
+    });
+  return out;
+}
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluCoeff = 0.044715f;
+constexpr float kInvSqrt2 = 0.7071067811865476f;
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;
+
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  return binary_op("add", a, b, [](float x, float y) { return x + y; },
+                   [](float, float, float, float g) { return g; },
+                   [](float, float, float, float g) { return g; });
+}
+Tensor sub(const Tensor& a, const Tensor& b) {
+  return binary_op("sub", a, b, [](float x, float y) { return x - y; },
+                   [](float, float, float, float g) { return g; },
+                   [](float, float, float, float g) { return -g; });
+}
+Tensor mul(const Tensor& a, const Tensor& b) {
+  return binary_op("mul", a, b, [](float x, float y) { return x * y; },
+                   [](float, float y, float, float g) { return g * y; },
+                   [](float x, float, float, float g) { return g * x; });
+}
+Tensor div(const Tensor& a, const Tensor& b) {
+  return binary_op("div", a, b, [](float x, float y) { return x / y; },
+                   [](float, float y, float, float g) { return g / y; },
+                   [](float, float y, float z, float g) { return -g * z / y; });
+}
+
+Tensor neg(const Tensor& x) {
+  return unary_op("neg", x, [](float v) { return -v; }, [](float, float, float g) { return -g; });
+}
+Tensor add_scalar(const Tensor& x, float s) {
+  return unary_op("add_scalar", x, [s](float v) { return v + s; },
+                  [](float, float, float g) { return g; });
+}
+Tensor mul_scalar(const Tensor& x, float s) {
+  return unary_op("mul_scalar", x, [s](float v) { return v * s; },
+                  [s](float, float, float g) { return g * s; });
+}
+Tensor pow(const Tensor& x, float p) {
+  return unary_op("pow", x, [p](float v) { return std::pow(v, p); },
+                  [p](float v, float, float g) { return g * p * std::pow(v, p - 1.f); });
+}
+Tensor exp(const Tensor& x) {
+  return unary_op("exp", x, [](float v) { return std::exp(v); },
+                  [](float, float y, float g) { return g * y; });
+}
+Tensor log(const Tensor& x) {
+  return unary_op("log", x, [](float v) { return std::log(v); },
+                  [](float v, float, float g) { return g / v; });
+}
+Tensor sqrt(const Tensor& x) {
+  return unary_op("sqrt", x, [](float v) { return std::sqrt(v); },
+                  [](float, float y, float g) { return g * 0.5f / y; });
+}
+Tensor tanh(const Tensor& x) {
+  return unary_op("tanh", x, [](float v) { return std::tanh(v); },
+                  [](float, float y, float g) { return g * (1.f - y * y); });
+}
+Tensor sigmoid(const Tensor& x) {
+  return unary_op("sigmoid", x, [](float v) { return 1.f / (1.f + std::exp(-v)); },
+                  [](float, float y, float g) { return g * y * (1.f - y); });
+}
+Tensor relu(const Tensor& x) {
+  return unary_op("relu", x, [](float v) { return v > 0.f ? v : 0.f; },
+                  [](float v, float, float g) { return v > 0.f ? g : 0.f; });
+}
+Tensor gelu_tanh(const Tensor& x) {
+  return unary_op(
+      "gelu_tanh", x,
+      [](float v) { return 0.5f * v * (1.f + std::tanh(kSqrt2OverPi * (v + kGeluCoeff * v * v * v))); },
+      [](float v, float, float g) {
+        const float t = std::tanh(kSqrt2OverPi * (v + kGeluCoeff * v * v * v));
+        const float du = kSqrt2OverPi * (1.f + 3.f * kGeluCoeff * v * v);
+        return g * (0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * du);
+      });
+}
+Tensor gelu_erf(const Tensor& x) {
+  return unary_op(
+      "gelu_erf", x, [](float v) { return 0.5f * v * (1.f + std::erf(v * kInvSqrt2)); },
+      [](float v, float, float g) {
+        return g * (0.5f * (1.f + std::erf(v * kInvSqrt2)) + v * kInvSqrt2Pi * std::exp(-0.5f * v * v));
+      });
+}
+
+}  // namespace hl

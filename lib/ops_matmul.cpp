@@ -1,0 +1,133 @@
+// Matrix products through cblas_sgemm. Transposed operands are passed as BLAS flags.
+// Backward writes straight into gradient buffers with beta = 1 (accumulate, no temporaries).
+#include <cblas.h>
+
+#include "autograd.h"
+#include "ops.h"
+
+namespace hl {
+
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+          int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(M), static_cast<int>(N),
+              static_cast<int>(K), alpha, A, static_cast<int>(lda), B, static_cast<int>(ldb),
+              beta, C, static_cast<int>(ldc));
+}
+
+namespace {
+
+// How a (possibly batched) product maps onto sgemm calls.
+struct MatmulPlan {
+  int64_t batch = 1, M = 0, K = 0, N = 0;
+  int64_t a_step = 0, b_step = 0;  // floats between consecutive batch matrices (0 = shared)
+  Shape out;
+};
+
+MatmulPlan plan_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  const Shape &sa = a.shape(), &sb = b.shape();
+  auto where = [&] {
+    return std::string(sa.str()) + (ta ? "^T" : "") + " x " + sb.str() + (tb ? "^T" : "");
+  };
+  if (sa.ndim < 2 || sb.ndim < 2) fail("matmul: ", where(), ": both operands need at least 2 dimensions");
+  MatmulPlan p;
+  const int64_t ar = sa[sa.ndim - 2], ac = sa.back(), br = sb[sb.ndim - 2], bc = sb.back();
+  p.M = ta ? ac : ar;
+  p.K = ta ? ar : ac;
+  const int64_t kb = tb ? bc : br;
+  p.N = tb ? br : bc;
+  if (p.K != kb) fail("matmul: ", where(), ": inner dimensions differ");
+  if (sb.ndim == 2 && !ta) {  // fold a's leading dims into M: one sgemm
+    p.M = sa.numel() / ac;
+    p.out = sa;
+    p.out[p.out.ndim - 1] = p.N;
+    return p;
+  }
+  const Shape& batched = sa.ndim >= sb.ndim ? sa : sb;
+  if (sa.ndim > 2 && sb.ndim > 2) {
+    bool ok = sa.ndim == sb.ndim;
+    for (int d = 0; ok && d < sa.ndim - 2; ++d) ok = sa[d] == sb[d];
+    if (!ok) fail("matmul: ", where(), ": batch dimensions differ");
+  }
+  p.batch = 1;
+  for (int d = 0; d < batched.ndim - 2; ++d) p.batch *= batched[d];
+  p.a_step = sa.ndim > 2 ? ar * ac : 0;
+  p.b_step = sb.ndim > 2 ? br * bc : 0;
+  p.out = batched;
+  p.out[p.out.ndim - 2] = p.M;
+  p.out[p.out.ndim - 1] = p.N;
+  return p;
+}
+
+}  // namespace
+
+// out (M,N) = op(a) (M,K) x op(b) (K,N), batched over leading dims.
+Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  const MatmulPlan p = plan_matmul(a, b, ta, tb);
+  Tensor out = Tensor::empty(p.out);
+  const int64_t lda = a.shape().back(), ldb = b.shape().back();
+  for (int64_t i = 0; i < p.batch; ++i)
+    gemm(ta, tb, p.M, p.N, p.K, 1.f, a.data() + i * p.a_step, lda, b.data() + i * p.b_step, ldb,
+         0.f, out.data() + i * p.M * p.N, p.N);
+  if (needs_graph({&a, &b}))
+    attach(out, "matmul", {a, b}, [a, b, ta, tb](TensorImpl& self) {
+      const MatmulPlan p = plan_matmul(a, b, ta, tb);
+      const int64_t lda = a.shape().back(), ldb = b.shape().back();
+      float* ga = grad_buffer(a);
+      float* gb = grad_buffer(b);
+      for (int64_t i = 0; i < p.batch; ++i) {
+        const float* g = self.grad->data() + i * p.M * p.N;  // dC (M,N)
+        const float* A = a.data() + i * p.a_step;
+        const float* B = b.data() + i * p.b_step;
+        if (ga) {
+          float* dA = ga + i * p.a_step;
+          if (!ta)  // dA (M,K) += dC op(B)^T
+            gemm(false, !tb, p.M, p.K, p.N, 1.f, g, p.N, B, ldb, 1.f, dA, lda);
+          else      // dA (K,M) += op(B) dC^T
+            gemm(tb, true, p.K, p.M, p.N, 1.f, B, ldb, g, p.N, 1.f, dA, lda);
+        }
+        if (gb) {
+          float* dB = gb + i * p.b_step;
+          if (!tb)  // dB (K,N) += op(A)^T dC
+            gemm(!ta, false, p.K, p.N, p.M, 1.f, A, lda, g, p.N, 1.f, dB, ldb);
+          else      // dB (N,K) += dC^T op(A)
+            gemm(true, ta, p.N, p.K, p.M, 1.f, g, p.N, A, lda, 1.f, dB, ldb);
+        }
+      }
+    });
+  return out;
+}
+
+// y (R, out) = x (R, in) W^T (in, out) + b: one sgemm(NoTrans, Trans), bias preloaded.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  const Shape& sx = x.shape();
+  if (w.ndim() != 2 || sx.ndim < 1 || sx.back() != w.size(1))
+    fail("linear: input ", sx.str(), " and weight ", w.shape().str(),
+         ": input features must equal weight columns (weight is (out, in))");
+  const int64_t in = w.size(1), outf = w.size(0), R = sx.numel() / std::max<int64_t>(in, 1);
+  if (b.defined() && (b.ndim() != 1 || b.size(0) != outf))
+    fail("linear: bias ", b.shape().str(), " does not match weight ", w.shape().str());
+  Shape so = sx;
+  so[so.ndim - 1] = outf;
+  Tensor y = Tensor::empty(so);
+  float* Y = y.data();
+  if (b.defined())
+    for (int64_t r = 0; r < R; ++r) std::copy(b.data(), b.data() + outf, Y + r * outf);
+  gemm(false, true, R, outf, in, 1.f, x.data(), in, w.data(), in, b.defined() ? 1.f : 0.f, Y, outf);
+  if (needs_graph({&x, &w, &b}))
+    attach(y, "linear", {x, w, b}, [x, w, b, R, in, outf](TensorImpl& self) {
+      const float* g = self.grad->data();  // (R, out)
+      if (float* gx = grad_buffer(x))      // dX (R,in) += dY W
+        gemm(false, false, R, in, outf, 1.f, g, outf, w.data(), in, 1.f, gx, in);
+      if (float* gw = grad_buffer(w))      // dW (out,in) += dY^T X
+        gemm(true, false, outf, in, R, 1.f, g, outf, x.data(), in, 1.f, gw, in);
+      if (float* gb = grad_buffer(b))      // db (out) += column sums of dY
+        for (int64_t r = 0; r < R; ++r)
+          for (int64_t o = 0; o < outf; ++o) gb[o] += g[r * outf + o];
+    });
+  return y;
+}
+
+}  // namespace hl

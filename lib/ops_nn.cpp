@@ -1,0 +1,277 @@
+// Fused neural-net ops: softmax / log_softmax, masked_fill, cross_entropy (log-softmax + NLL),
+// layer_norm, embedding, dropout.
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "autograd.h"
+#include "broadcast.h"
+#include "ops.h"
+#include "parallel.h"
+
+namespace hl {
+
+Ids::Ids(const Shape& s, std::vector<int32_t> v) : shape(s), data(std::move(v)) {
+  HL_CHECK(static_cast<int64_t>(data.size()) == s.numel(), "Ids: ", data.size(),
+           " values for shape ", s.str());
+}
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Integer ids saved for backward inside a pooled tensor buffer (no heap allocation per step).
+Tensor save_ids(const Ids& ids) {
+  Tensor t = Tensor::empty({ids.numel()});
+  std::memcpy(t.data(), ids.data.data(), sizeof(int32_t) * ids.data.size());
+  return t;
+}
+const int32_t* saved_ids(const Tensor& t) { return reinterpret_cast<const int32_t*>(t.data()); }
+
+// A softmax axis viewed as rows: element (o, a, i) sits at o*A*inner + a*inner + i.
+struct AxisRows {
+  int64_t outer, A, inner;
+};
+AxisRows axis_rows(const char* op, const Shape& s, int axis) {
+  const int ax = normalize_axis(op, axis, s.ndim);
+  AxisRows r{1, s[ax], 1};
+  for (int d = 0; d < ax; ++d) r.outer *= s[d];
+  for (int d = ax + 1; d < s.ndim; ++d) r.inner *= s[d];
+  return r;
+}
+
+// y = softmax or log_softmax of x along the axis. A row of all -inf gives 0 (softmax) or -inf
+// (log_softmax) instead of NaN.
+void softmax_forward(const float* x, float* y, AxisRows r, bool log_out) {
+  const int64_t rows = r.outer * r.inner;
+#pragma omp parallel for schedule(static) if (rows * r.A >= kParallelMinElems)
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t base = (row / r.inner) * r.A * r.inner + row % r.inner, st = r.inner;
+    float m = kNegInf;
+    for (int64_t a = 0; a < r.A; ++a) m = std::max(m, x[base + a * st]);
+    if (m == kNegInf) {
+      for (int64_t a = 0; a < r.A; ++a) y[base + a * st] = log_out ? kNegInf : 0.f;
+      continue;
+    }
+    float s = 0.f;
+    for (int64_t a = 0; a < r.A; ++a) s += std::exp(x[base + a * st] - m);
+    if (log_out) {
+      const float lse = m + std::log(s);
+      for (int64_t a = 0; a < r.A; ++a) y[base + a * st] = x[base + a * st] - lse;
+    } else {
+      const float inv = 1.f / s;
+      for (int64_t a = 0; a < r.A; ++a) y[base + a * st] = std::exp(x[base + a * st] - m) * inv;
+    }
+  }
+}
+
+Tensor softmax_impl(const char* name, const Tensor& x, int axis, bool log_out) {
+  const AxisRows r = axis_rows(name, x.shape(), axis);
+  Tensor y = Tensor::empty(x.shape());
+  softmax_forward(x.data(), y.data(), r, log_out);
+  if (needs_graph({&x}))
+    attach(y, name, {x}, [x, r, log_out](TensorImpl& self) {
+      // Backward from the saved output y: softmax dx = y (g - sum g y);
+      // log_softmax dx = g - exp(y) sum g.
+      const float *g = self.grad->data(), *Y = self.data();
+      float* gx = grad_buffer(x);
+      const int64_t rows = r.outer * r.inner;
+#pragma omp parallel for schedule(static) if (rows * r.A >= kParallelMinElems)
+      for (int64_t row = 0; row < rows; ++row) {
+        const int64_t base = (row / r.inner) * r.A * r.inner + row % r.inner, st = r.inner;
+        float dot = 0.f;
+        for (int64_t a = 0; a < r.A; ++a)
+          dot += log_out ? g[base + a * st] : g[base + a * st] * Y[base + a * st];
+        for (int64_t a = 0; a < r.A; ++a) {
+          const int64_t k = base + a * st;
+          gx[k] += log_out ? g[k] - std::exp(Y[k]) * dot : Y[k] * (g[k] - dot);
+        }
+      }
+    });
+  return y;
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& x, int axis) { return softmax_impl("softmax", x, axis, false); }
+Tensor log_softmax(const Tensor& x, int axis) { return softmax_impl("log_softmax", x, axis, true); }
+
+Tensor masked_fill(const Tensor& x, const Tensor& mask, float value) {
+  const BroadcastPlan plan = plan_broadcast("masked_fill", x.shape(), mask.shape());
+  if (plan.out != x.shape())
+    fail("masked_fill: mask ", mask.shape().str(), " does not broadcast to input ", x.shape().str());
+  Tensor y = Tensor::empty(x.shape());
+  const float *X = x.data(), *M = mask.data();
+  float* Y = y.data();
+  for_each_broadcast(plan, [&](int64_t i, int64_t, int64_t im) { Y[i] = M[im] != 0.f ? value : X[i]; });
+  if (needs_graph({&x}))
+    attach(y, "masked_fill", {x}, [x, mask](TensorImpl& self) {
+      const BroadcastPlan plan = plan_broadcast("masked_fill", x.shape(), mask.shape());
+      const float *g = self.grad->data(), *M = mask.data();
+      float* gx = grad_buffer(x);
+      for_each_broadcast(plan, [&](int64_t i, int64_t, int64_t im) {
+        if (M[im] == 0.f) gx[i] += g[i];
+      });
+    });
+  return y;
+}
+
+// loss = mean over counted rows r of (logsumexp(x_r) - x_r[t_r]).
+Tensor cross_entropy(const Tensor& logits, const Ids& targets, int ignore_index) {
+  HL_CHECK(logits.ndim() >= 1, "cross_entropy: logits need a class axis, got ", logits.shape().str());
+  const int64_t C = logits.shape().back(), N = C ? logits.numel() / C : 0;
+  if (targets.numel() != N)
+    fail("cross_entropy: logits ", logits.shape().str(), " and targets ", targets.shape.str(),
+         ": need one target per row of ", C, " classes (", N, " rows)");
+  int64_t count = 0;
+  for (int32_t t : targets.data) {
+    if (t == ignore_index) continue;
+    if (t < 0 || t >= C) fail("cross_entropy: target ", t, " out of range for ", C, " classes");
+    ++count;
+  }
+  Tensor lse = Tensor::empty({N});  // saved: log-sum-exp per row
+  Tensor ids = save_ids(targets);
+  const float* X = logits.data();
+  float* L = lse.data();
+  const int32_t* T = targets.data.data();
+#pragma omp parallel for schedule(static) if (N * C >= kParallelMinElems)
+  for (int64_t r = 0; r < N; ++r) {
+    const float* x = X + r * C;
+    float m = kNegInf;
+    for (int64_t c = 0; c < C; ++c) m = std::max(m, x[c]);
+    float s = 0.f;
+    for (int64_t c = 0; c < C; ++c) s += std::exp(x[c] - m);
+    L[r] = m + std::log(s);
+  }
+  double total = 0.0;  // fixed-order sum: deterministic for any thread count
+  for (int64_t r = 0; r < N; ++r)
+    if (T[r] != ignore_index) total += static_cast<double>(L[r]) - X[r * C + T[r]];
+  Tensor loss = Tensor::scalar(count ? static_cast<float>(total / count) : 0.f);
+  if (needs_graph({&logits}))
+    attach(loss, "cross_entropy", {logits},
+           [logits, lse, ids, N, C, count, ignore_index](TensorImpl& self) {
+             if (count == 0) return;
+             const float g = self.grad->data()[0] / static_cast<float>(count);
+             const float *X = logits.data(), *L = lse.data();
+             const int32_t* T = saved_ids(ids);
+             float* gx = grad_buffer(logits);
+#pragma omp parallel for schedule(static) if (N * C >= kParallelMinElems)
+             for (int64_t r = 0; r < N; ++r) {
+               if (T[r] == ignore_index) continue;
+               for (int64_t c = 0; c < C; ++c)
+                 gx[r * C + c] += g * (std::exp(X[r * C + c] - L[r]) - (c == T[r] ? 1.f : 0.f));
+             }
+           });
+  return loss;
+}
+
+Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) {
+  HL_CHECK(x.ndim() >= 1, "layer_norm: input needs a feature axis, got ", x.shape().str());
+  const int64_t D = x.shape().back(), N = D ? x.numel() / D : 0;
+  if (w.defined() && (w.ndim() != 1 || w.size(0) != D))
+    fail("layer_norm: weight ", w.shape().str(), " does not match input ", x.shape().str());
+  if (b.defined() && (b.ndim() != 1 || b.size(0) != D))
+    fail("layer_norm: bias ", b.shape().str(), " does not match input ", x.shape().str());
+  Tensor y = Tensor::empty(x.shape());
+  Tensor stats = Tensor::empty({N, 2});  // saved: (mean, rstd) per row
+  const float *X = x.data(), *W = w.defined() ? w.data() : nullptr, *B = b.defined() ? b.data() : nullptr;
+  float *Y = y.data(), *S = stats.data();
+#pragma omp parallel for schedule(static) if (N * D >= kParallelMinElems)
+  for (int64_t r = 0; r < N; ++r) {
+    const float* xr = X + r * D;
+    float mu = 0.f;
+    for (int64_t j = 0; j < D; ++j) mu += xr[j];
+    mu /= static_cast<float>(D);
+    float var = 0.f;  // biased variance, as PyTorch
+    for (int64_t j = 0; j < D; ++j) var += (xr[j] - mu) * (xr[j] - mu);
+    var /= static_cast<float>(D);
+    const float rstd = 1.f / std::sqrt(var + eps);
+    S[2 * r] = mu;
+    S[2 * r + 1] = rstd;
+    float* yr = Y + r * D;
+    for (int64_t j = 0; j < D; ++j) {
+      const float xhat = (xr[j] - mu) * rstd;
+      yr[j] = xhat * (W ? W[j] : 1.f) + (B ? B[j] : 0.f);
+    }
+  }
+  if (needs_graph({&x, &w, &b}))
+    attach(y, "layer_norm", {x, w, b}, [x, w, b, stats, N, D](TensorImpl& self) {
+      const float *g = self.grad->data(), *X = x.data(), *S = stats.data();
+      const float* W = w.defined() ? w.data() : nullptr;
+      float* gx = grad_buffer(x);
+      float* gw = grad_buffer(w);
+      float* gb = grad_buffer(b);
+      if (gx) {
+        // dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = g w
+#pragma omp parallel for schedule(static) if (N * D >= kParallelMinElems)
+        for (int64_t r = 0; r < N; ++r) {
+          const float mu = S[2 * r], rstd = S[2 * r + 1];
+          const float *xr = X + r * D, *gr = g + r * D;
+          float m1 = 0.f, m2 = 0.f;
+          for (int64_t j = 0; j < D; ++j) {
+            const float dxhat = gr[j] * (W ? W[j] : 1.f);
+            m1 += dxhat;
+            m2 += dxhat * (xr[j] - mu) * rstd;
+          }
+          m1 /= static_cast<float>(D);
+          m2 /= static_cast<float>(D);
+          float* gxr = gx + r * D;
+          for (int64_t j = 0; j < D; ++j) {
+            const float dxhat = gr[j] * (W ? W[j] : 1.f);
+            gxr[j] += rstd * (dxhat - m1 - (xr[j] - mu) * rstd * m2);
+          }
+        }
+      }
+      if (gw || gb)  // sequential over rows: a fixed summation order
+        for (int64_t r = 0; r < N; ++r) {
+          const float mu = S[2 * r], rstd = S[2 * r + 1];
+          const float *xr = X + r * D, *gr = g + r * D;
+          for (int64_t j = 0; j < D; ++j) {
+            if (gw) gw[j] += gr[j] * (xr[j] - mu) * rstd;
+            if (gb) gb[j] += gr[j];
+          }
+        }
+    });
+  return y;
+}
+
+Tensor embedding(const Tensor& w, const Ids& ids) {
+  HL_CHECK(w.ndim() == 2, "embedding: weight must be (vocab, dim), got ", w.shape().str());
+  const int64_t V = w.size(0), D = w.size(1), n = ids.numel();
+  for (int32_t id : ids.data)
+    if (id < 0 || id >= V) fail("embedding: index ", id, " out of range for vocabulary of ", V);
+  Shape so = ids.shape;
+  so.push_back(D);
+  Tensor y = Tensor::empty(so);
+  for (int64_t i = 0; i < n; ++i)
+    std::memcpy(y.data() + i * D, w.data() + int64_t(ids.data[i]) * D, sizeof(float) * D);
+  if (needs_graph({&w}))
+    attach(y, "embedding", {w}, [w, saved = save_ids(ids), n, D](TensorImpl& self) {
+      const float* g = self.grad->data();
+      const int32_t* I = saved_ids(saved);
+      float* gw = grad_buffer(w);
+      for (int64_t i = 0; i < n; ++i)  // sequential: repeated ids accumulate in a fixed order
+        for (int64_t j = 0; j < D; ++j) gw[int64_t(I[i]) * D + j] += g[i * D + j];
+    });
+  return y;
+}
+
+Tensor dropout(const Tensor& x, float p, Rng& rng, bool training) {
+  HL_CHECK(p >= 0.f && p < 1.f, "dropout: probability must be in [0, 1), got ", p);
+  if (!training || p == 0.f) return x;
+  Tensor mask = Tensor::empty(x.shape());  // saved: 0 or 1/(1-p)
+  const float keep_scale = 1.f / (1.f - p);
+  float* M = mask.data();
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) M[i] = rng.uniform() < p ? 0.f : keep_scale;
+  Tensor y = Tensor::empty(x.shape());
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) y.data()[i] = x.data()[i] * M[i];
+  if (needs_graph({&x}))
+    attach(y, "dropout", {x}, [x, mask](TensorImpl& self) {
+      const float *g = self.grad->data(), *M = mask.data();
+      float* gx = grad_buffer(x);
+      for (int64_t i = 0, n = self.shape.numel(); i < n; ++i) gx[i] += g[i] * M[i];
+    });
+  return y;
+}
+
+}  // namespace hl

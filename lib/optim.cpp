@@ -1,0 +1,168 @@
+#include "optim.h"
+
+#include <cmath>
+
+#include "core.h"
+
+namespace hl {
+
+void Optimizer::zero_grad() {
+  for (auto& p : params_) p.param.zero_grad();
+}
+
+namespace {
+std::vector<Tensor> zeros_like_all(const std::vector<NamedParam>& ps) {
+  std::vector<Tensor> out;
+  for (auto& p : ps) out.push_back(Tensor::zeros(p.param.shape()));
+  return out;
+}
+void load_named(const std::vector<std::pair<std::string, Tensor>>& state, const std::string& kind,
+                const std::vector<NamedParam>& ps, std::vector<Tensor>& dst) {
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const std::string key = kind + "." + ps[i].name;
+    bool found = false;
+    for (auto& [name, t] : state)
+      if (name == key) {
+        if (t.shape() != ps[i].param.shape())
+          fail("optimizer state '", key, "' has shape ", t.shape().str(), ", expected ",
+               ps[i].param.shape().str());
+        dst[i].copy_from(t);
+        found = true;
+      }
+    if (!found) fail("optimizer state '", key, "' is missing");
+  }
+}
+}  // namespace
+
+SGD::SGD(std::vector<NamedParam> params, float lr_, float momentum, float weight_decay)
+    : Optimizer(std::move(params)), momentum(momentum), weight_decay(weight_decay) {
+  lr = lr_;
+  velocity_ = zeros_like_all(params_);
+}
+
+void SGD::step() {
+  ++steps_;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor g = params_[i].param.grad();
+    if (!g.defined()) continue;
+    float *p = params_[i].param.data(), *v = velocity_[i].data();
+    const float* G = g.data();
+    const float wd = params_[i].decay ? weight_decay : 0.f;
+    for (int64_t k = 0, n = g.numel(); k < n; ++k) {
+      float d = G[k] + wd * p[k];
+      if (momentum != 0.f) {  // PyTorch: buf = momentum*buf + d (first step buf = d)
+        v[k] = steps_ == 1 ? d : momentum * v[k] + d;
+        d = v[k];
+      }
+      p[k] -= lr * d;
+    }
+  }
+}
+
+std::vector<std::pair<std::string, Tensor>> SGD::state() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t i = 0; i < params_.size(); ++i) out.push_back({"velocity." + params_[i].name, velocity_[i]});
+  return out;
+}
+void SGD::load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t steps) {
+  load_named(state, "velocity", params_, velocity_);
+  steps_ = steps;
+}
+
+Adam::Adam(std::vector<NamedParam> params, float lr_, float beta1, float beta2, float eps,
+           float weight_decay, bool decoupled)
+    : Optimizer(std::move(params)), beta1(beta1), beta2(beta2), eps(eps),
+      weight_decay(weight_decay), decoupled(decoupled) {
+  lr = lr_;
+  m_ = zeros_like_all(params_);
+  v_ = zeros_like_all(params_);
+}
+
+void Adam::step() {
+  ++steps_;
+  const float bc1 = 1.f - std::pow(beta1, static_cast<float>(steps_));
+  const float bc2 = 1.f - std::pow(beta2, static_cast<float>(steps_));
+  const float step_size = lr / bc1, inv_sqrt_bc2 = 1.f / std::sqrt(bc2);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor g = params_[i].param.grad();
+    if (!g.defined()) continue;
+    float *p = params_[i].param.data(), *m = m_[i].data(), *v = v_[i].data();
+    const float* G = g.data();
+    const float wd = params_[i].decay ? weight_decay : 0.f;
+    const float shrink = 1.f - lr * wd;
+    for (int64_t k = 0, n = g.numel(); k < n; ++k) {
+      float gk = G[k];
+      if (decoupled) p[k] *= shrink;
+      else gk += wd * p[k];
+      m[k] = beta1 * m[k] + (1.f - beta1) * gk;
+      v[k] = beta2 * v[k] + (1.f - beta2) * gk * gk;
+      p[k] -= step_size * m[k] / (std::sqrt(v[k]) * inv_sqrt_bc2 + eps);
+    }
+  }
+}
+
+std::vector<std::pair<std::string, Tensor>> Adam::state() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    out.push_back({"exp_avg." + params_[i].name, m_[i]});
+    out.push_back({"exp_avg_sq." + params_[i].name, v_[i]});
+  }
+  return out;
+}
+void Adam::load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t steps) {
+  load_named(state, "exp_avg", params_, m_);
+  load_named(state, "exp_avg_sq", params_, v_);
+  steps_ = steps;
+}
+
+float grad_norm(const std::vector<Tensor>& params) {
+  double s = 0;
+  for (const Tensor& p : params) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    const float* G = g.data();
+    for (int64_t k = 0, n = g.numel(); k < n; ++k) s += static_cast<double>(G[k]) * G[k];
+  }
+  return static_cast<float>(std::sqrt(s));
+}
+
+float clip_grad_norm(const std::vector<Tensor>& params, float max_norm) {
+  const float norm = grad_norm(params);
+  if (max_norm > 0.f && norm > max_norm && std::isfinite(norm)) {
+    const float scale = max_norm / (norm + 1e-6f);  // as torch.nn.utils.clip_grad_norm_
+    for (const Tensor& p : params) {
+      Tensor g = p.grad();
+      if (!g.defined()) continue;
+      float* G = g.data();
+      for (int64_t k = 0, n = g.numel(); k < n; ++k) G[k] *= scale;
+    }
+  }
+  return norm;
+}
+
+ScheduleKind parse_schedule(const std::string& name) {
+  if (name == "constant") return ScheduleKind::Constant;
+  if (name == "cosine") return ScheduleKind::WarmupCosine;
+  if (name == "linear") return ScheduleKind::WarmupLinear;
+  fail("unknown schedule '", name, "' (expected constant, cosine or linear)");
+}
+std::string schedule_name(ScheduleKind k) {
+  switch (k) {
+    case ScheduleKind::Constant: return "constant";
+    case ScheduleKind::WarmupCosine: return "cosine";
+    case ScheduleKind::WarmupLinear: return "linear";
+  }
+  return "?";
+}
+
+float LrSchedule::at(int64_t step) const {
+  if (warmup > 0 && step < warmup) return base_lr * static_cast<float>(step + 1) / static_cast<float>(warmup);
+  if (kind == ScheduleKind::Constant) return base_lr;
+  const int64_t span = std::max<int64_t>(1, total - warmup);
+  const double t = std::min(1.0, static_cast<double>(step - warmup) / static_cast<double>(span));
+  const double min_lr = static_cast<double>(min_ratio) * base_lr;
+  const double shape = kind == ScheduleKind::WarmupCosine ? 0.5 * (1.0 + std::cos(M_PI * t)) : 1.0 - t;
+  return static_cast<float>(min_lr + (base_lr - min_lr) * shape);
+}
+
+}  // namespace hl

@@ -1,0 +1,201 @@
+#include "safetensors.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "fileutil.h"
+
+namespace hl {
+
+using json = nlohmann::json;
+
+const char* dtype_name(DType d) {
+  switch (d) {
+    case DType::F32: return "F32";
+    case DType::I64: return "I64";
+    case DType::I32: return "I32";
+  }
+  return "?";
+}
+
+namespace {
+size_t dtype_size(DType d) { return d == DType::I64 ? 8 : 4; }
+}  // namespace
+
+SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& source) {
+  auto bad = [&](auto&&... why) { fail(source, ": not a valid safetensors file: ", why...); };
+  if (bytes.size() < 8) bad("truncated (", bytes.size(), " bytes, the 8-byte header length is missing)");
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
+  if (n > bytes.size() - 8)
+    bad("header length ", n, " runs past the end of the file (", bytes.size(), " bytes)");
+  json header;
+  try {
+    header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(n));
+  } catch (const json::exception& e) {
+    bad("header is not valid JSON (", e.what(), ")");
+  }
+  if (!header.is_object()) bad("header is not a JSON object");
+  const uint64_t data_size = bytes.size() - 8 - n;
+  const char* data = bytes.data() + 8 + n;
+
+  SafetensorsFile f;
+  f.source = source;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const json& e = it.value();
+    if (name == "__metadata__") {
+      if (!e.is_object()) bad("__metadata__ is not an object");
+      for (auto m = e.begin(); m != e.end(); ++m) {
+        if (!m.value().is_string()) bad("__metadata__ value '", m.key(), "' is not a string");
+        f.metadata[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets"))
+      bad("tensor '", name, "' needs dtype, shape and data_offsets");
+    StTensor t;
+    const json& dt = e["dtype"];
+    if (!dt.is_string()) bad("tensor '", name, "': dtype is not a string");
+    const std::string d = dt.get<std::string>();
+    if (d == "F32") t.dtype = DType::F32;
+    else if (d == "I64") t.dtype = DType::I64;
+    else if (d == "I32") t.dtype = DType::I32;
+    else bad("tensor '", name, "': unsupported dtype '", d, "' (expected F32, I64 or I32)");
+    const json& sh = e["shape"];
+    if (!sh.is_array() || sh.size() > kMaxDims) bad("tensor '", name, "': shape must be an array of at most ", kMaxDims, " sizes");
+    uint64_t count = 1;
+    for (const json& v : sh) {
+      if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
+        bad("tensor '", name, "': shape entries must be non-negative integers");
+      const uint64_t dim = v.get<uint64_t>();
+      if (dim && count > std::numeric_limits<uint64_t>::max() / 16 / dim) bad("tensor '", name, "': shape too large");
+      count *= dim;
+      t.shape.push_back(static_cast<int64_t>(dim));
+    }
+    const json& off = e["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      bad("tensor '", name, "': data_offsets must be two non-negative integers");
+    const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
+    if (begin > end || end > data_size)
+      bad("tensor '", name, "': data_offsets [", begin, ", ", end, "] outside the data section (",
+          data_size, " bytes)");
+    if (end - begin != count * dtype_size(t.dtype))
+      bad("tensor '", name, "': shape ", t.shape.str(), " of ", d, " needs ",
+          count * dtype_size(t.dtype), " bytes but data_offsets span ", end - begin);
+    t.bytes.assign(data + begin, end - begin);
+    ranges.push_back({begin, end});
+    f.tensors[name] = std::move(t);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].first < ranges[i - 1].second)
+      bad("tensor data ranges overlap (bytes ", ranges[i].first, " to ", ranges[i - 1].second, ")");
+  return f;
+}
+
+SafetensorsFile read_safetensors(const std::string& path) {
+  return parse_safetensors(read_file(path), path);
+}
+
+const StTensor& SafetensorsFile::get(const std::string& name) const {
+  auto it = tensors.find(name);
+  if (it == tensors.end()) fail(source, ": missing tensor '", name, "'");
+  return it->second;
+}
+
+Tensor SafetensorsFile::f32(const std::string& name, const Shape* expect) const {
+  const StTensor& t = get(name);
+  if (t.dtype != DType::F32) fail(source, ": tensor '", name, "' is ", dtype_name(t.dtype), ", expected F32");
+  if (expect && *expect != t.shape)
+    fail(source, ": tensor '", name, "' has shape ", t.shape.str(), ", expected ", expect->str());
+  Tensor out = Tensor::empty(t.shape);
+  std::memcpy(out.data(), t.bytes.data(), t.bytes.size());
+  return out;
+}
+
+Ids SafetensorsFile::ids(const std::string& name) const {
+  const StTensor& t = get(name);
+  Ids out(t.shape);
+  const int64_t n = t.shape.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t v;
+    if (t.dtype == DType::I64) {
+      std::memcpy(&v, t.bytes.data() + 8 * i, 8);
+    } else if (t.dtype == DType::I32) {
+      int32_t w;
+      std::memcpy(&w, t.bytes.data() + 4 * i, 4);
+      v = w;
+    } else {
+      fail(source, ": tensor '", name, "' is F32, expected I64 or I32 indices");
+    }
+    if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max())
+      fail(source, ": tensor '", name, "' value ", v, " does not fit in 32 bits");
+    out.data[static_cast<size_t>(i)] = static_cast<int32_t>(v);
+  }
+  return out;
+}
+
+std::string SafetensorsFile::meta(const std::string& key) const {
+  auto it = metadata.find(key);
+  if (it == metadata.end()) fail(source, ": metadata key '", key, "' is missing");
+  return it->second;
+}
+
+void SafetensorsWriter::add(const std::string& name, const Tensor& t) {
+  StTensor e;
+  e.dtype = DType::F32;
+  e.shape = t.shape();
+  e.bytes.assign(reinterpret_cast<const char*>(t.data()), sizeof(float) * t.numel());
+  entries_.push_back({name, std::move(e)});
+}
+
+void SafetensorsWriter::add_ids(const std::string& name, const Ids& ids, DType dtype) {
+  if (dtype == DType::I64) {
+    add_i64(name, ids.shape, std::vector<int64_t>(ids.data.begin(), ids.data.end()));
+    return;
+  }
+  StTensor e;
+  e.dtype = DType::I32;
+  e.shape = ids.shape;
+  e.bytes.assign(reinterpret_cast<const char*>(ids.data.data()), 4 * ids.data.size());
+  entries_.push_back({name, std::move(e)});
+}
+
+void SafetensorsWriter::add_i64(const std::string& name, const Shape& shape,
+                                const std::vector<int64_t>& values) {
+  HL_CHECK(static_cast<int64_t>(values.size()) == shape.numel(), "safetensors: '", name, "' has ",
+           values.size(), " values for shape ", shape.str());
+  StTensor e;
+  e.dtype = DType::I64;
+  e.shape = shape;
+  e.bytes.assign(reinterpret_cast<const char*>(values.data()), 8 * values.size());
+  entries_.push_back({name, std::move(e)});
+}
+
+std::string SafetensorsWriter::serialize() const {
+  json header = json::object();
+  uint64_t offset = 0;
+  for (const auto& [name, e] : entries_) {
+    header[name] = {{"dtype", dtype_name(e.dtype)},
+                    {"shape", e.shape.vec()},
+                    {"data_offsets", {offset, offset + e.bytes.size()}}};
+    offset += e.bytes.size();
+  }
+  if (!metadata_.empty()) header["__metadata__"] = metadata_;
+  std::string h = header.dump();
+  while (h.size() % 8) h += ' ';  // align the data section to 8 bytes
+  std::string out(8, '\0');
+  uint64_t n = h.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  out += h;
+  for (const auto& [name, e] : entries_) out += e.bytes;
+  return out;
+}
+
+void SafetensorsWriter::write(const std::string& path) const { write_file_atomic(path, serialize()); }
+
+}  // namespace hl

@@ -1,0 +1,243 @@
+#include "tensor.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cblas.h>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "autograd.h"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace hl {
+
+namespace {
+thread_local bool g_grad_enabled = true;
+
+Ref<TensorImpl> new_impl(const Shape& shape) {
+  for (int i = 0; i < shape.ndim; ++i)
+    HL_CHECK(shape[i] >= 0, "tensor: negative dimension in shape ", shape.str());
+  Ref<TensorImpl> t(new TensorImpl());
+  t->storage = Ref<Storage>(new Storage(static_cast<size_t>(shape.numel())));
+  t->shape = shape;
+  return t;
+}
+
+int64_t flat_index(const Shape& s, std::initializer_list<int64_t> index) {
+  HL_CHECK(static_cast<int>(index.size()) == s.ndim, "at: ", index.size(),
+           " indices for a tensor of shape ", s.str());
+  int64_t flat = 0;
+  int d = 0;
+  for (int64_t i : index) {
+    HL_CHECK(i >= 0 && i < s[d], "at: index ", i, " out of range for dimension ", d,
+             " of shape ", s.str());
+    flat = flat * s[d] + i;
+    ++d;
+  }
+  return flat;
+}
+}  // namespace
+
+void TensorImpl::release_graph() {
+  thread_local std::vector<Ref<TensorImpl>> pending;
+  thread_local bool draining = false;
+  for (int i = 0; i < n_parents; ++i) pending.push_back(std::move(parents[i]));
+  n_parents = 0;
+  backward.reset();  // its captured inputs are also in `pending`, so nothing dies here
+  if (draining) return;  // an outer call drains the list
+  draining = true;
+  while (!pending.empty()) {
+    Ref<TensorImpl> t = std::move(pending.back());
+    pending.pop_back();
+    if (t->refs == 1) {  // about to die: hand its graph to the list first
+      for (int i = 0; i < t->n_parents; ++i) pending.push_back(std::move(t->parents[i]));
+      t->n_parents = 0;
+      t->backward.reset();
+    }
+  }
+  draining = false;
+}
+
+// ---- factories --------------------------------------------------------------------------------
+Tensor Tensor::empty(const Shape& shape) { return Tensor(new_impl(shape)); }
+Tensor Tensor::zeros(const Shape& shape) { return full(shape, 0.f); }
+Tensor Tensor::ones(const Shape& shape) { return full(shape, 1.f); }
+Tensor Tensor::full(const Shape& shape, float value) {
+  Tensor t = empty(shape);
+  t.fill_(value);
+  return t;
+}
+Tensor Tensor::scalar(float value) { return full(Shape{}, value); }
+Tensor Tensor::arange(int64_t n) {
+  Tensor t = empty({n});
+  for (int64_t i = 0; i < n; ++i) t.data()[i] = static_cast<float>(i);
+  return t;
+}
+Tensor Tensor::from(const Shape& shape, const std::vector<float>& values) {
+  HL_CHECK(static_cast<int64_t>(values.size()) == shape.numel(), "from: ", values.size(),
+           " values for shape ", shape.str());
+  Tensor t = empty(shape);
+  std::copy(values.begin(), values.end(), t.data());
+  return t;
+}
+Tensor Tensor::randn(const Shape& shape, Rng& rng, float mean, float std) {
+  Tensor t = empty(shape);
+  float* p = t.data();
+  for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = mean + std * rng.normal();
+  return t;
+}
+Tensor Tensor::uniform(const Shape& shape, Rng& rng, float lo, float hi) {
+  Tensor t = empty(shape);
+  float* p = t.data();
+  for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = rng.uniform(lo, hi);
+  return t;
+}
+
+// ---- access -------------------------------------------------------------------------------------
+int64_t Tensor::size(int axis) const {
+  return impl_->shape[normalize_axis("size", axis, ndim())];
+}
+float Tensor::item() const {
+  HL_CHECK(numel() == 1, "item: tensor of shape ", shape().str(), " has ", numel(),
+           " elements, not 1");
+  return data()[0];
+}
+float Tensor::at(std::initializer_list<int64_t> index) const {
+  return data()[flat_index(shape(), index)];
+}
+float& Tensor::at(std::initializer_list<int64_t> index) {
+  return data()[flat_index(shape(), index)];
+}
+std::vector<float> Tensor::to_vector() const { return std::vector<float>(data(), data() + numel()); }
+void Tensor::copy_from(const Tensor& src) {
+  HL_CHECK(src.numel() == numel(), "copy_from: ", src.shape().str(), " into ", shape().str(),
+           ": element counts differ");
+  std::memcpy(data(), src.data(), sizeof(float) * numel());
+}
+void Tensor::fill_(float value) { std::fill(data(), data() + numel(), value); }
+Tensor Tensor::clone() const {
+  Tensor t = empty(shape());
+  t.copy_from(*this);
+  return t;
+}
+std::string Tensor::str() const {
+  if (!defined()) return "Tensor(undefined)";
+  std::ostringstream os;
+  os << "Tensor" << shape().str() << " [";
+  int64_t n = std::min<int64_t>(numel(), 16);
+  for (int64_t i = 0; i < n; ++i) os << (i ? ", " : "") << data()[i];
+  if (numel() > n) os << ", ...";
+  os << "]";
+  return os.str();
+}
+
+// ---- autograd -----------------------------------------------------------------------------------
+Tensor& Tensor::requires_grad_(bool on) {
+  HL_CHECK(is_leaf(), "requires_grad_: only leaf tensors can change requires_grad (op ",
+           impl_->op, ")");
+  impl_->requires_grad = on;
+  return *this;
+}
+void Tensor::zero_grad() { impl_->grad.reset(); }
+void Tensor::retain_grad() { impl_->retains_grad = true; }
+Tensor Tensor::detach() const {
+  Ref<TensorImpl> t(new TensorImpl());
+  t->storage = impl_->storage;
+  t->offset = impl_->offset;
+  t->shape = impl_->shape;
+  return Tensor(std::move(t));
+}
+
+float* grad_buffer(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return nullptr;
+  TensorImpl* p = t.impl();
+  if (!p->grad) {
+    p->grad = Tensor::zeros(p->shape).ref();
+  }
+  return p->grad->data();
+}
+
+void Tensor::backward(const Tensor& grad_output, bool retain_graph) const {
+  HL_CHECK(defined(), "backward: undefined tensor");
+  HL_CHECK(requires_grad(), "backward: tensor of shape ", shape().str(),
+           " does not require grad (no parameter or input in its graph requires grad)");
+  // Seed dL/d(root).
+  if (grad_output.defined()) {
+    HL_CHECK(grad_output.shape() == shape(), "backward: grad_output ", grad_output.shape().str(),
+             " does not match tensor ", shape().str());
+  } else {
+    HL_CHECK(numel() == 1, "backward: a tensor of shape ", shape().str(),
+             " needs an explicit grad_output");
+  }
+  float* g = grad_buffer(*this);
+  if (grad_output.defined()) {
+    const float* src = grad_output.data();
+    for (int64_t i = 0, n = numel(); i < n; ++i) g[i] += src[i];
+  } else {
+    g[0] += 1.f;
+  }
+
+  // Reverse topological order by an iterative post-order DFS (no recursion depth limit).
+  static uint32_t epoch = 0;
+  ++epoch;
+  thread_local std::vector<TensorImpl*> order;
+  thread_local std::vector<std::pair<TensorImpl*, int>> stack;
+  order.clear();
+  stack.clear();
+  stack.push_back({impl_.get(), 0});
+  impl_->visit_mark = epoch;
+  while (!stack.empty()) {
+    auto& [node, next_child] = stack.back();
+    if (next_child < node->n_parents) {
+      TensorImpl* child = node->parents[next_child++].get();
+      if (child->visit_mark != epoch && !child->is_leaf()) {
+        child->visit_mark = epoch;
+        stack.push_back({child, 0});
+      }
+    } else {
+      order.push_back(node);
+      stack.pop_back();
+    }
+  }
+  // `order` is post-order (parents before children); run it backwards. Keep the nodes alive
+  // while we free their links: a node may be referenced only by its child's parent list.
+  thread_local std::vector<Ref<TensorImpl>> keep;
+  keep.assign(order.size(), Ref<TensorImpl>());
+  for (size_t i = 0; i < order.size(); ++i) keep[i] = Ref<TensorImpl>(order[i]);
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    TensorImpl* node = *it;
+    if (node->grad && node->backward) {
+      TensorImpl& self = *node;
+      HL_CHECK(static_cast<bool>(node->backward), "backward: graph of op ", node->op,
+               " was already freed; pass retain_graph=true to the first backward");
+      node->backward(self);
+    } else if (!node->backward && !node->is_leaf()) {
+      fail("backward: graph of op ", node->op,
+           " was already freed; pass retain_graph=true to the first backward");
+    }
+    if (!retain_graph) {
+      node->backward.reset();
+      for (int p = 0; p < node->n_parents; ++p) node->parents[p].reset();
+      node->n_parents = 0;
+    }
+    if (!node->retains_grad && node != impl_.get()) node->grad.reset();
+  }
+  if (!impl_->is_leaf() && !impl_->retains_grad) impl_->grad.reset();
+  keep.clear();
+}
+
+bool grad_enabled() { return g_grad_enabled; }
+NoGradGuard::NoGradGuard() : prev_(g_grad_enabled) { g_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { g_grad_enabled = prev_; }
+
+void set_num_threads(int n) {
+  HL_CHECK(n >= 1, "set_num_threads: need at least 1 thread, got ", n);
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n);
+}
+int num_threads() { return omp_get_max_threads(); }
+
+}  // namespace hl

@@ -1,0 +1,140 @@
+// Tensor: an N-d float32 array (row-major, 64-byte aligned) with reverse-mode autograd.
+//
+// Layout policy: every tensor is contiguous. `reshape` and `detach` share storage (views);
+// transpose/permute/slice/concat/split copy. Matrix transposes never copy: matmul and
+// linear pass them to BLAS as flags. Contiguity keeps every kernel a simple loop.
+//
+// Autograd (define-by-run, micrograd's shape): an op computes its output, then attaches a
+// backward closure and its parents to the output (see `attach` in autograd.h). backward()
+// walks the graph in reverse topological order (iteratively), each closure accumulates (+=)
+// into its parents' .grad, and each node's closure and parent links are dropped once run,
+// so the graph is freed by backward.
+#pragma once
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "core.h"
+#include "inline_function.h"
+#include "memory.h"
+#include "rng.h"
+
+namespace hl {
+
+constexpr int kMaxParents = 4;
+
+struct Storage {
+  int refs = 0;
+  float* data = nullptr;
+  size_t n_floats = 0;
+  explicit Storage(size_t n) : data(buffer_alloc(n)), n_floats(n) {}
+  ~Storage() { buffer_free(data, n_floats); }
+  static void* operator new(size_t) { return FreeList<Storage>::take(); }
+  static void operator delete(void* p) { FreeList<Storage>::give(p); }
+};
+
+struct TensorImpl;
+using BackwardFn = InlineFunction<void(TensorImpl& self)>;
+
+struct TensorImpl {
+  int refs = 0;
+  Ref<Storage> storage;
+  int64_t offset = 0;  // in floats, into storage
+  Shape shape;
+  bool requires_grad = false;
+  bool retains_grad = false;  // keep .grad of a non-leaf after backward
+  Ref<TensorImpl> grad;
+  // Graph: set only on outputs of ops recorded while grad mode is on.
+  BackwardFn backward;
+  Ref<TensorImpl> parents[kMaxParents];
+  int n_parents = 0;
+  const char* op = nullptr;  // name of the op that made it (nullptr for leaves)
+  uint32_t visit_mark = 0;
+
+  float* data() { return storage->data + offset; }
+  bool is_leaf() const { return op == nullptr; }
+
+  TensorImpl() { ++live_count; }
+  ~TensorImpl() {
+    release_graph();
+    --live_count;
+  }
+  // Drops parents and closure without recursion, so a very long graph (100k ops) that is
+  // dropped without backward cannot overflow the stack.
+  void release_graph();
+  static inline int64_t live_count = 0;  // for leak tests
+  static void* operator new(size_t) { return FreeList<TensorImpl>::take(); }
+  static void operator delete(void* p) { FreeList<TensorImpl>::give(p); }
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(Ref<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  // ---- factories -----------------------------------------------------------------------
+  static Tensor empty(const Shape& shape);  // uninitialised
+  static Tensor zeros(const Shape& shape);
+  static Tensor ones(const Shape& shape);
+  static Tensor full(const Shape& shape, float value);
+  static Tensor scalar(float value);  // shape ()
+  static Tensor arange(int64_t n);    // 0..n-1, shape (n)
+  static Tensor from(const Shape& shape, const std::vector<float>& values);
+  static Tensor randn(const Shape& shape, Rng& rng, float mean = 0.f, float std = 1.f);
+  static Tensor uniform(const Shape& shape, Rng& rng, float lo = 0.f, float hi = 1.f);
+
+  // ---- metadata and element access -----------------------------------------------------------
+  bool defined() const { return static_cast<bool>(impl_); }
+  const Shape& shape() const { return impl_->shape; }
+  int ndim() const { return impl_->shape.ndim; }
+  int64_t size(int axis) const;  // negative axes count from the end
+  int64_t numel() const { return impl_->shape.numel(); }
+  float* data() const { return impl_->data(); }
+  float item() const;  // the only element of a one-element tensor
+  float at(std::initializer_list<int64_t> index) const;
+  float& at(std::initializer_list<int64_t> index);
+  std::vector<float> to_vector() const;
+  void copy_from(const Tensor& src);  // same numel; no autograd
+  void fill_(float value);            // in place; no autograd
+  Tensor clone() const;               // deep copy, no graph
+  std::string str() const;            // short human-readable dump
+
+  // ---- autograd ---------------------------------------------------------------------------
+  bool requires_grad() const { return impl_->requires_grad; }
+  Tensor& requires_grad_(bool on = true);  // leaves only
+  bool is_leaf() const { return impl_->is_leaf(); }
+  Tensor grad() const { return Tensor(impl_->grad); }  // undefined until a backward reaches it
+  void zero_grad();                                    // drops .grad
+  void retain_grad();  // keep this non-leaf's gradient after backward (e.g. attention weights)
+  Tensor detach() const;  // shares storage, no graph
+  // Backward from this tensor. A one-element tensor may omit grad_output (taken as 1).
+  void backward(const Tensor& grad_output = Tensor(), bool retain_graph = false) const;
+
+  TensorImpl* impl() const { return impl_.get(); }
+  const Ref<TensorImpl>& ref() const { return impl_; }
+  bool same(const Tensor& o) const { return impl_ == o.impl_; }
+
+ private:
+  Ref<TensorImpl> impl_;
+};
+
+// ---- grad mode ------------------------------------------------------------------------------
+bool grad_enabled();
+// Within its scope no op records a graph: outputs do not require grad and keep no parents.
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+// ---- threads --------------------------------------------------------------------------------
+// Sets the thread count of our OpenMP loops and of OpenBLAS (the OpenMP build shares the pool).
+void set_num_threads(int n);
+int num_threads();
+
+}  // namespace hl

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs everything headlab needs from Debian 12 packages. Idempotent: a second run only
+# refreshes the package lists and finds everything present.
+set -euo pipefail
+PKGS=(
+  g++ cmake make pkg-config        # toolchain
+  libopenblas-openmp-dev           # CBLAS sgemm; OpenMP build shares our thread pool
+  libomp-dev                       # harmless if g++'s libgomp is used; kept for clang users
+  libboost-test-dev                # Boost.Test: the unit test framework
+  nlohmann-json3-dev               # JSON: safetensors headers, metrics, summaries
+  libcli11-dev                     # command-line flags with --help
+  gnuplot-nox                      # PNG plots (heatmaps, curves)
+)
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+missing=()
+for p in "${PKGS[@]}"; do
+  case "$p" in \#*) continue;; esac
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+echo "install-deps: all packages present"

@@ -1,0 +1,106 @@
+#define BOOST_TEST_MODULE optim
+#include <boost/test/unit_test.hpp>
+#include <cmath>
+
+#include "lib/nn.h"
+#include "lib/optim.h"
+
+using namespace hl;
+namespace tt = boost::test_tools;
+
+BOOST_AUTO_TEST_CASE(adamw_one_step_by_hand) {
+  // p = [1, -2], g = [0.5, 0.1], lr 0.1, wd 0.01, betas (0.9, 0.999), eps 1e-8.
+  // Step 1: p *= (1 - lr*wd) = 0.999; m = 0.1 g; v = 0.001 g^2; m_hat = g, v_hat = g^2,
+  // p -= lr * g / (|g| + eps) = lr * sign(g) (to 1e-7).
+  Tensor p = Tensor::from({2}, {1.f, -2.f}).requires_grad_();
+  p.impl()->grad = Tensor::from({2}, {0.5f, 0.1f}).ref();
+  Adam opt({{"p", p, true}}, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, /*decoupled=*/true);
+  opt.step();
+  BOOST_TEST(p.at({0}) == 1.f * 0.999f - 0.1f, tt::tolerance(1e-6f));
+  BOOST_TEST(p.at({1}) == -2.f * 0.999f - 0.1f, tt::tolerance(1e-6f));
+  // Step 2 with g = [0.5, -0.1]: m = 0.9*0.05 + 0.1*g, v = 0.999*v1 + 0.001 g^2.
+  p.impl()->grad = Tensor::from({2}, {0.5f, -0.1f}).ref();
+  const float p0 = p.at({0}), p1 = p.at({1});
+  opt.step();
+  const double bc1 = 1 - 0.81, bc2 = 1 - 0.999 * 0.999;
+  auto expect = [&](double pv, double g1, double g2) {
+    const double m = 0.9 * (0.1 * g1) + 0.1 * g2, v = 0.999 * (0.001 * g1 * g1) + 0.001 * g2 * g2;
+    return pv * (1 - 0.1 * 0.01) - 0.1 * (m / bc1) / (std::sqrt(v / bc2) + 1e-8);
+  };
+  BOOST_TEST(p.at({0}) == expect(p0, 0.5, 0.5), tt::tolerance(1e-5));
+  BOOST_TEST(p.at({1}) == expect(p1, 0.1, -0.1), tt::tolerance(1e-5));
+}
+
+BOOST_AUTO_TEST_CASE(adamw_excluded_params_do_not_decay) {
+  Tensor p = Tensor::from({1}, {1.f}).requires_grad_();
+  p.impl()->grad = Tensor::from({1}, {0.f}).ref();
+  Adam opt({{"p", p, false}}, 0.1f, 0.9f, 0.999f, 1e-8f, 0.5f, true);
+  opt.step();
+  BOOST_TEST(p.item() == 1.f);
+}
+
+BOOST_AUTO_TEST_CASE(sgd_momentum_by_hand) {
+  Tensor p = Tensor::from({1}, {1.f}).requires_grad_();
+  SGD opt({{"p", p, true}}, 0.1f, 0.9f);
+  p.impl()->grad = Tensor::from({1}, {1.f}).ref();
+  opt.step();  // buf = 1, p = 0.9
+  BOOST_TEST(p.item() == 0.9f, tt::tolerance(1e-6f));
+  opt.step();  // buf = 1.9, p = 0.71
+  BOOST_TEST(p.item() == 0.71f, tt::tolerance(1e-6f));
+}
+
+BOOST_AUTO_TEST_CASE(clip_by_global_norm) {
+  Tensor a = Tensor::from({2}, {0.f, 0.f}).requires_grad_(), b = Tensor::from({1}, {0.f}).requires_grad_();
+  a.impl()->grad = Tensor::from({2}, {3.f, 0.f}).ref();
+  b.impl()->grad = Tensor::from({1}, {4.f}).ref();
+  BOOST_TEST(clip_grad_norm({a, b}, 1.f) == 5.f);
+  BOOST_TEST(a.grad().at({0}) == 0.6f, tt::tolerance(1e-5f));
+  BOOST_TEST(b.grad().at({0}) == 0.8f, tt::tolerance(1e-5f));
+  BOOST_TEST(grad_norm({a, b}) == 1.f, tt::tolerance(1e-5f));
+}
+
+BOOST_AUTO_TEST_CASE(schedules_at_chosen_steps) {
+  LrSchedule s{ScheduleKind::WarmupCosine, 1.f, 10, 110, 0.1f};
+  BOOST_TEST(s.at(0) == 0.1f, tt::tolerance(1e-6f));
+  BOOST_TEST(s.at(9) == 1.f, tt::tolerance(1e-6f));
+  BOOST_TEST(s.at(10) == 1.f, tt::tolerance(1e-6f));
+  BOOST_TEST(s.at(60) == 0.55f, tt::tolerance(1e-5f));  // half way: min + (1-min)/2
+  BOOST_TEST(s.at(110) == 0.1f, tt::tolerance(1e-6f));
+  BOOST_TEST(s.at(500) == 0.1f, tt::tolerance(1e-6f));
+  LrSchedule l{ScheduleKind::WarmupLinear, 2.f, 0, 100, 0.f};
+  BOOST_TEST(l.at(0) == 2.f);
+  BOOST_TEST(l.at(25) == 1.5f, tt::tolerance(1e-6f));
+  BOOST_TEST(l.at(100) == 0.f, tt::tolerance(1e-6f));
+  LrSchedule c{ScheduleKind::Constant, 0.5f, 4, 100, 0.f};
+  BOOST_TEST(c.at(1) == 0.25f);
+  BOOST_TEST(c.at(50) == 0.5f);
+  BOOST_CHECK_THROW(parse_schedule("exp"), Error);
+}
+
+BOOST_AUTO_TEST_CASE(optimizer_state_round_trip) {
+  Tensor p = Tensor::from({2}, {1.f, 2.f}).requires_grad_();
+  Adam a({{"p", p, true}}, 0.1f, 0.9f, 0.999f, 1e-8f, 0.f, true);
+  p.impl()->grad = Tensor::from({2}, {0.3f, -0.2f}).ref();
+  a.step();
+  Tensor q = p.clone().requires_grad_();
+  Adam b({{"p", q, true}}, 0.1f, 0.9f, 0.999f, 1e-8f, 0.f, true);
+  std::vector<std::pair<std::string, Tensor>> st;
+  for (auto& [n, t] : a.state()) st.push_back({n, t.clone()});
+  b.load_state(st, a.steps());
+  q.impl()->grad = Tensor::from({2}, {0.1f, 0.1f}).ref();
+  p.impl()->grad = Tensor::from({2}, {0.1f, 0.1f}).ref();
+  a.step();
+  b.step();
+  BOOST_TEST(p.to_vector() == q.to_vector());
+}
+
+BOOST_AUTO_TEST_CASE(modules_name_and_count_parameters) {
+  Rng rng(0);
+  Linear l(4, 3, true, rng);
+  auto named = l.named_parameters();
+  BOOST_TEST(named.size() == 2u);
+  BOOST_TEST(named[0].first == "weight");
+  BOOST_TEST(l.num_parameters() == 15);
+  Linear nb(4, 3, false, rng);
+  BOOST_TEST(nb.num_parameters() == 12);
+}
