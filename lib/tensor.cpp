@@ -141,8 +141,8 @@ Tensor& Tensor::requires_grad_(bool on) {
   impl_->requires_grad = on;
   return *this;
 }
-void Tensor::zero_grad() { impl_->grad.reset(); }
-void Tensor::retain_grad() { impl_->retains_grad = true; }
+void Tensor::zero_grad() const { impl_->grad.reset(); }
+void Tensor::retain_grad() const { impl_->retains_grad = true; }
 Tensor Tensor::detach() const {
   Ref<TensorImpl> t(new TensorImpl());
   t->storage = impl_->storage;

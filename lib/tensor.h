@@ -104,8 +104,8 @@ class Tensor {
   Tensor& requires_grad_(bool on = true);  // leaves only
   bool is_leaf() const { return impl_->is_leaf(); }
   Tensor grad() const { return Tensor(impl_->grad); }  // undefined until a backward reaches it
-  void zero_grad();                                    // drops .grad
-  void retain_grad();  // keep this non-leaf's gradient after backward (e.g. attention weights)
+  void zero_grad() const;                              // drops .grad
+  void retain_grad() const;  // keep this non-leaf's gradient after backward (e.g. attention weights)
   Tensor detach() const;  // shares storage, no graph
   // Backward from this tensor. A one-element tensor may omit grad_output (taken as 1).
   void backward(const Tensor& grad_output = Tensor(), bool retain_graph = false) const;

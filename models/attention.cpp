@@ -1,1 +1,331 @@
-// placeholder
+#include "models/attention.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "lib/autograd.h"
+#include "lib/broadcast.h"
+
+namespace hl {
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Sizes of one attention call, derived once from the operands.
+struct AttnDims {
+  int64_t B, Tq, Tk, H, Hkv, dh;
+  int64_t ldq() const { return H * dh; }    // row stride of q and of the output
+  int64_t ldkv() const { return Hkv * dh; } // row stride of k and v
+  int64_t group() const { return H / Hkv; } // query heads per kv head
+};
+
+AttnDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionArgs& a) {
+  auto shapes = [&] { return q.shape().str() + ", k " + k.shape().str() + ", v " + v.shape().str(); };
+  if (q.ndim() != 3 || k.ndim() != 3 || v.ndim() != 3)
+    fail("attention: q ", shapes(), ": expected (B, T, heads*d_head) for each");
+  AttnDims d;
+  d.B = q.size(0);
+  d.Tq = q.size(1);
+  d.Tk = k.size(1);
+  d.H = a.n_heads;
+  d.Hkv = a.n_kv_heads ? a.n_kv_heads : a.n_heads;
+  if (d.H < 1 || d.Hkv < 1 || d.H % d.Hkv)
+    fail("attention: n_kv_heads ", d.Hkv, " must divide n_heads ", d.H);
+  d.dh = a.d_head ? a.d_head : q.size(2) / d.H;
+  if (d.dh < 1 || q.size(2) != d.H * d.dh)
+    fail("attention: q ", q.shape().str(), " is not ", d.H, " heads of d_head ", d.dh);
+  if (k.size(2) != d.Hkv * d.dh || v.shape() != k.shape() || k.size(0) != d.B)
+    fail("attention: q ", shapes(), ": k and v must be (", d.B, ", Tk, ", d.Hkv * d.dh, ")");
+  if (a.gates.defined() && (a.gates.ndim() != 1 || a.gates.size(0) != d.H))
+    fail("attention: gates ", a.gates.shape().str(), " must be (", d.H, ")");
+  if (a.key_padding.defined() && a.key_padding.shape() != Shape({d.B, d.Tk}))
+    fail("attention: key_padding ", a.key_padding.shape().str(), " must be (", d.B, ",", d.Tk, ")");
+  if (a.pattern_grad.defined() && a.pattern_grad.shape() != Shape({d.B, d.H, d.Tq, d.Tk}))
+    fail("attention: pattern_grad ", a.pattern_grad.shape().str(), " must be (B,H,Tq,Tk)");
+  if (a.dropout > 0.f && !a.rng) fail("attention: dropout needs a random generator");
+  return d;
+}
+
+// Element strides of an additive mask over (B, H, Tq, Tk), 0 on broadcast dims.
+struct MaskStrides {
+  int64_t s[4] = {0, 0, 0, 0};
+};
+MaskStrides mask_strides(const Tensor& mask, const AttnDims& d) {
+  const Shape scores{d.B, d.H, d.Tq, d.Tk};
+  if (mask.ndim() > 4)
+    fail("attention: mask ", mask.shape().str(), " has more than 4 dimensions");
+  BroadcastPlan p;
+  bool ok = true;
+  try {
+    p = plan_broadcast("attention", scores, mask.shape());
+  } catch (const Error&) {
+    ok = false;
+  }
+  if (!ok || p.out != scores)
+    fail("attention: mask ", mask.shape().str(), " does not broadcast to scores (B,H,Tq,Tk) = ",
+         scores.str());
+  MaskStrides m;
+  for (int i = 0; i < 4; ++i) m.s[i] = p.stride_b[i];
+  return m;
+}
+
+// In place: row = softmax(row + masks) over the keys query i may see.
+void masked_softmax_rows(float* S, const AttnDims& d, int64_t b, int64_t h, bool causal,
+                         const float* pad, const float* am, const MaskStrides& ms) {
+  for (int64_t i = 0; i < d.Tq; ++i) {
+    float* row = S + i * d.Tk;
+    const int64_t last = causal ? i + (d.Tk - d.Tq) : d.Tk - 1;  // last visible key
+    float m = kNegInf;
+    for (int64_t j = 0; j < d.Tk; ++j) {
+      float s = row[j];
+      if (j > last || (pad && pad[b * d.Tk + j] != 0.f)) s = kNegInf;
+      else if (am) s += am[b * ms.s[0] + h * ms.s[1] + i * ms.s[2] + j * ms.s[3]];
+      row[j] = s;
+      m = std::max(m, s);
+    }
+    if (m == kNegInf) {  // nothing visible: zero weights, not NaN
+      std::fill(row, row + d.Tk, 0.f);
+      continue;
+    }
+    float sum = 0.f;
+    for (int64_t j = 0; j < d.Tk; ++j) {
+      row[j] = std::exp(row[j] - m);
+      sum += row[j];
+    }
+    const float inv = 1.f / sum;
+    for (int64_t j = 0; j < d.Tk; ++j) row[j] *= inv;
+  }
+}
+
+}  // namespace
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionArgs& a,
+                 Tensor* pattern) {
+  const AttnDims d = check_attention(q, k, v, a);
+  const float scale = a.scale > 0.f ? a.scale : 1.f / std::sqrt(static_cast<float>(d.dh));
+  MaskStrides ms;
+  if (a.additive_mask.defined()) ms = mask_strides(a.additive_mask, d);
+  const float* am = a.additive_mask.defined() ? a.additive_mask.data() : nullptr;
+  const float* pad = a.key_padding.defined() ? a.key_padding.data() : nullptr;
+  const float* gates = a.gates.defined() ? a.gates.data() : nullptr;
+  const bool causal = a.causal;
+  const bool drop = a.dropout > 0.f;
+
+  Tensor P = Tensor::empty({d.B, d.H, d.Tq, d.Tk});  // softmax output, saved for backward
+  Tensor drop_mask, Pd = P;                           // Pd: weights after dropout
+  if (drop) {  // drawn sequentially before the parallel loop: deterministic
+    drop_mask = Tensor::empty(P.shape());
+    Pd = Tensor::empty(P.shape());
+    const float keep = 1.f / (1.f - a.dropout);
+    float* M = drop_mask.data();
+    for (int64_t i = 0, n = P.numel(); i < n; ++i) M[i] = a.rng->uniform() < a.dropout ? 0.f : keep;
+  }
+  Tensor out = Tensor::empty({d.B, d.Tq, d.H * d.dh});
+  const float *Q = q.data(), *K = k.data(), *V = v.data();
+  float *Pp = P.data(), *Pdp = Pd.data(), *O = out.data();
+  const float* M = drop ? drop_mask.data() : nullptr;
+  const int64_t TT = d.Tq * d.Tk;
+
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
+    const int64_t b = bh / d.H, h = bh % d.H, kvh = h / d.group();
+    const float* Qh = Q + b * d.Tq * d.ldq() + h * d.dh;     // (Tq, dh), ld H*dh
+    const float* Kh = K + b * d.Tk * d.ldkv() + kvh * d.dh;  // (Tk, dh), ld Hkv*dh
+    const float* Vh = V + b * d.Tk * d.ldkv() + kvh * d.dh;
+    float* S = Pp + bh * TT;                                  // (Tq, Tk)
+    gemm(false, true, d.Tq, d.Tk, d.dh, scale, Qh, d.ldq(), Kh, d.ldkv(), 0.f, S, d.Tk);
+    masked_softmax_rows(S, d, b, h, causal, pad, am, ms);
+    const float* W = S;
+    if (M) {
+      float* SD = Pdp + bh * TT;
+      for (int64_t i = 0; i < TT; ++i) SD[i] = S[i] * M[bh * TT + i];
+      W = SD;
+    }
+    const float g = gates ? gates[h] : 1.f;
+    gemm(false, false, d.Tq, d.dh, d.Tk, g, W, d.Tk, Vh, d.ldkv(), 0.f,
+         O + b * d.Tq * d.ldq() + h * d.dh, d.ldq());
+  }
+  if (pattern) *pattern = P.detach();
+
+  if (needs_graph({&q, &k, &v, &a.gates}))
+    attach(out, "attention", {q, k, v, a.gates},
+           [q, k, v, gates = a.gates, P, Pd, drop_mask, pg = a.pattern_grad, d, scale](TensorImpl& self) {
+             const float *dO = self.grad->data(), *Q = q.data(), *K = k.data(), *V = v.data();
+             const float *Pp = P.data(), *Pdp = Pd.data();
+             const float* M = drop_mask.defined() ? drop_mask.data() : nullptr;
+             const float* G = gates.defined() ? gates.data() : nullptr;
+             float* dQ = grad_buffer(q);
+             float* dK = grad_buffer(k);
+             float* dV = grad_buffer(v);
+             float* dG = grad_buffer(gates);
+             float* dPout = pg.defined() ? pg.data() : nullptr;
+             const int64_t TT = d.Tq * d.Tk;
+             Tensor work = Tensor::empty({d.B, d.H, d.Tq, d.Tk});  // dL/dP, then dL/dS
+             Tensor gate_part = Tensor::zeros({d.B, d.H});         // per (b,h) dL/dg
+             float *U = work.data(), *GP = gate_part.data();
+             // Parallel over (batch, kv head): query heads sharing a kv head run in order,
+             // so dK and dV rows are never written by two threads.
+#pragma omp parallel for schedule(static)
+             for (int64_t bk = 0; bk < d.B * d.Hkv; ++bk) {
+               const int64_t b = bk / d.Hkv, kvh = bk % d.Hkv;
+               const float* Kh = K + b * d.Tk * d.ldkv() + kvh * d.dh;
+               const float* Vh = V + b * d.Tk * d.ldkv() + kvh * d.dh;
+               for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
+                 const int64_t bh = b * d.H + h;
+                 const float* Qh = Q + b * d.Tq * d.ldq() + h * d.dh;
+                 const float* dOh = dO + b * d.Tq * d.ldq() + h * d.dh;
+                 const float *Ph = Pp + bh * TT, *Wh = Pdp + bh * TT;
+                 float* Uh = U + bh * TT;
+                 const float g = G ? G[h] : 1.f;
+                 // Uh = dO_h V_h^T (Tq, Tk): the gradient w.r.t. the weights, before the gate
+                 gemm(false, true, d.Tq, d.Tk, d.dh, 1.f, dOh, d.ldq(), Vh, d.ldkv(), 0.f, Uh, d.Tk);
+                 if (dG) {
+                   double s = 0;
+                   for (int64_t i = 0; i < TT; ++i) s += static_cast<double>(Uh[i]) * Wh[i];
+                   GP[bh] = static_cast<float>(s);
+                 }
+                 if (dV)  // dV_h += g Pd^T dO_h
+                   gemm(true, false, d.Tk, d.dh, d.Tq, g, Wh, d.Tk, dOh, d.ldq(), 1.f,
+                        dV + b * d.Tk * d.ldkv() + kvh * d.dh, d.ldkv());
+                 // dL/dP = g U (times the dropout mask)
+                 for (int64_t i = 0; i < TT; ++i) Uh[i] *= M ? g * M[bh * TT + i] : g;
+                 if (dPout)
+                   for (int64_t i = 0; i < TT; ++i) dPout[bh * TT + i] += Uh[i];
+                 // softmax backward from the saved output: dS = P (dP - rowsum(dP P))
+                 for (int64_t i = 0; i < d.Tq; ++i) {
+                   float* r = Uh + i * d.Tk;
+                   const float* p = Ph + i * d.Tk;
+                   float dot = 0.f;
+                   for (int64_t j = 0; j < d.Tk; ++j) dot += r[j] * p[j];
+                   for (int64_t j = 0; j < d.Tk; ++j) r[j] = p[j] * (r[j] - dot);
+                 }
+                 if (dQ)  // dQ_h += scale dS K_h
+                   gemm(false, false, d.Tq, d.dh, d.Tk, scale, Uh, d.Tk, Kh, d.ldkv(), 1.f,
+                        dQ + b * d.Tq * d.ldq() + h * d.dh, d.ldq());
+                 if (dK)  // dK_h += scale dS^T Q_h
+                   gemm(true, false, d.Tk, d.dh, d.Tq, scale, Uh, d.Tk, Qh, d.ldq(), 1.f,
+                        dK + b * d.Tk * d.ldkv() + kvh * d.dh, d.ldkv());
+               }
+             }
+             if (dG)  // fixed-order reduction over the batch
+               for (int64_t h = 0; h < d.H; ++h)
+                 for (int64_t b = 0; b < d.B; ++b) dG[h] += GP[b * d.H + h];
+           });
+  return out;
+}
+
+std::pair<Tensor, Tensor> scaled_dot_product_attention(const Tensor& q, const Tensor& k,
+                                                       const Tensor& v, int n_heads, bool causal,
+                                                       const Tensor& additive_mask) {
+  const bool unbatched = q.ndim() == 2;
+  auto batched = [&](const Tensor& t) { return unbatched ? reshape(t, {1, t.size(0), t.size(1)}) : t; };
+  AttentionArgs a;
+  a.n_heads = n_heads;
+  a.causal = causal;
+  a.additive_mask = additive_mask;
+  if (n_heads < 1 || q.size(-1) % n_heads)
+    fail("scaled_dot_product_attention: width ", q.size(-1), " of q ", q.shape().str(),
+         " is not divisible by ", n_heads, " heads");
+  Tensor pattern;
+  Tensor out = attention(batched(q), batched(k), batched(v), a, &pattern);
+  if (unbatched) out = reshape(out, {out.size(1), out.size(2)});
+  return {out, pattern};
+}
+
+void AttentionConfig::validate() const {
+  if (d_model < 1) fail("attention: d_model must be positive, got ", d_model);
+  if (n_heads < 1) fail("attention: n_heads must be positive, got ", n_heads);
+  if (n_kv_heads < 0) fail("attention: n_kv_heads must be positive, got ", n_kv_heads);
+  if (kv_heads() > n_heads || n_heads % kv_heads())
+    fail("attention: n_kv_heads ", kv_heads(), " must divide n_heads ", n_heads);
+  if (d_head < 0) fail("attention: d_head must be positive, got ", d_head);
+  if (!d_head && d_model % n_heads)
+    fail("attention: n_heads ", n_heads, " does not divide d_model ", d_model,
+         " (give d_head explicitly to use any head size)");
+  if (dropout < 0.f || dropout >= 1.f) fail("attention: dropout must be in [0, 1), got ", dropout);
+}
+
+MultiHeadAttention::MultiHeadAttention(const AttentionConfig& c, Rng& rng, Rng* dropout_rng)
+    : cfg((c.validate(), c)),
+      W_Q(c.d_model, c.n_heads * c.head_dim(), c.bias, rng),
+      W_K(c.d_model, c.kv_heads() * c.head_dim(), c.bias, rng),
+      W_V(c.d_model, c.kv_heads() * c.head_dim(), c.bias, rng),
+      W_O(c.n_heads * c.head_dim(), c.d_model, c.bias, rng),
+      gates(Tensor::ones({c.n_heads})),
+      dropout_rng_(dropout_rng) {
+  register_module("W_Q", &W_Q);
+  register_module("W_K", &W_K);
+  register_module("W_V", &W_V);
+  register_module("W_O", &W_O);
+}
+
+Tensor MultiHeadAttention::forward(const Tensor& x_q, const Tensor& x_kv_in, const Call& call) {
+  const Tensor& x_kv = x_kv_in.defined() ? x_kv_in : x_q;
+  Tensor q = W_Q.forward(x_q);   // (B, Tq, H*dh)
+  Tensor k = W_K.forward(x_kv);  // (B, Tk, Hkv*dh)
+  Tensor v = W_V.forward(x_kv);
+  if (call.kv_cache) {
+    KVCacheLayer& c = *call.kv_cache;
+    if (c.k.defined()) {
+      k = concat({c.k, k}, 1);
+      v = concat({c.v, v}, 1);
+    }
+    c.k = k.detach();
+    c.v = v.detach();
+  }
+  AttentionArgs a;
+  a.n_heads = cfg.n_heads;
+  a.n_kv_heads = cfg.kv_heads();
+  a.d_head = static_cast<int>(cfg.head_dim());
+  a.causal = call.causal;
+  a.additive_mask = call.additive_mask;
+  a.key_padding = call.key_padding;
+  a.gates = gates;
+  a.dropout = training() ? cfg.dropout : 0.f;
+  a.rng = dropout_rng_;
+  AttentionHooks* hk = call.hooks;
+  if (hk && hk->record_grads)
+    a.pattern_grad = Tensor::zeros({x_q.size(0), cfg.n_heads, q.size(1), k.size(1)});
+  Tensor pattern;
+  const bool want_pattern = (hk && hk->record) || call.pattern;
+  Tensor z = attention(q, k, v, a, want_pattern ? &pattern : nullptr);  // (B, Tq, H*dh)
+  if (call.pattern) *call.pattern = pattern;
+  if (hk) {
+    bool any = false;
+    for (bool b : hk->ablate) any = any || b;
+    if (any) {
+      if (static_cast<int>(hk->ablate.size()) != cfg.n_heads)
+        fail("attention hooks: ablate has ", hk->ablate.size(), " entries for ", cfg.n_heads, " heads");
+      const int64_t dh = cfg.head_dim(), width = cfg.n_heads * dh;
+      if (hk->replacement.defined() && hk->replacement.shape() != Shape({width}))
+        fail("attention hooks: replacement ", hk->replacement.shape().str(), " must be (", width, ")");
+      Tensor keep = Tensor::ones({width}), repl = Tensor::zeros({width});
+      for (int h = 0; h < cfg.n_heads; ++h)
+        if (hk->ablate[h])
+          for (int64_t j = h * dh; j < (h + 1) * dh; ++j) {
+            keep.data()[j] = 0.f;
+            if (hk->replacement.defined()) repl.data()[j] = hk->replacement.data()[j];
+          }
+      z = add(mul(z, keep), repl);
+    }
+    if (hk->record || hk->record_grads) {
+      hk->q = q;
+      hk->k = k;
+      hk->v = v;
+      hk->z = z;
+      hk->pattern = pattern;
+      hk->pattern_grad = a.pattern_grad;
+      if (hk->record_grads && z.requires_grad()) {
+        z.retain_grad();
+        q.retain_grad();
+        k.retain_grad();
+        v.retain_grad();
+      }
+    }
+  }
+  return W_O.forward(z);
+}
+
+}  // namespace hl

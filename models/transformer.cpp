@@ -1,1 +1,273 @@
-// placeholder
+#include "models/transformer.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+namespace hl {
+
+using json = nlohmann::json;
+
+std::string to_string(Norm n) { return n == Norm::Pre ? "pre" : "post"; }
+std::string to_string(Activation a) {
+  return a == Activation::GeluTanh ? "gelu_tanh" : a == Activation::GeluErf ? "gelu_erf" : "relu";
+}
+std::string to_string(Positions p) { return p == Positions::Learned ? "learned" : "sinusoidal"; }
+Norm parse_norm(const std::string& s) {
+  if (s == "pre") return Norm::Pre;
+  if (s == "post") return Norm::Post;
+  fail("unknown norm '", s, "' (expected pre or post)");
+}
+Activation parse_activation(const std::string& s) {
+  if (s == "gelu_tanh" || s == "gelu") return Activation::GeluTanh;
+  if (s == "gelu_erf") return Activation::GeluErf;
+  if (s == "relu") return Activation::Relu;
+  fail("unknown activation '", s, "' (expected gelu_tanh, gelu_erf or relu)");
+}
+Positions parse_positions(const std::string& s) {
+  if (s == "learned") return Positions::Learned;
+  if (s == "sinusoidal") return Positions::Sinusoidal;
+  fail("unknown positions '", s, "' (expected learned or sinusoidal)");
+}
+
+AttentionConfig ModelConfig::attention() const {
+  AttentionConfig a;
+  a.d_model = d_model;
+  a.n_heads = n_heads;
+  a.n_kv_heads = n_kv_heads;
+  a.d_head = d_head;
+  a.bias = attn_bias;
+  a.dropout = attn_dropout;
+  return a;
+}
+
+void ModelConfig::validate() const {
+  auto positive = [](const char* name, int64_t v) {
+    if (v < 1) fail("model config: ", name, " must be positive, got ", v);
+  };
+  positive("vocab_size", vocab_size);
+  positive("d_model", d_model);
+  positive("n_layers", n_layers);
+  positive("n_heads", n_heads);
+  positive("d_ff", d_ff);
+  positive("max_seq_len", max_seq_len);
+  if (dropout < 0.f || dropout >= 1.f) fail("model config: dropout must be in [0, 1), got ", dropout);
+  if (!(layer_norm_eps > 0.f)) fail("model config: layer_norm_eps must be positive, got ", layer_norm_eps);
+  attention().validate();
+}
+
+std::string ModelConfig::to_json() const {
+  json j = {{"vocab_size", vocab_size},   {"d_model", d_model},
+            {"n_layers", n_layers},       {"n_heads", n_heads},
+            {"n_kv_heads", kv_heads()},   {"d_head", head_dim()},
+            {"d_ff", d_ff},               {"max_seq_len", max_seq_len},
+            {"norm", to_string(norm)},    {"activation", to_string(activation)},
+            {"positions", to_string(positions)}, {"attn_bias", attn_bias},
+            {"mlp_bias", mlp_bias},       {"head_bias", head_bias},
+            {"layer_norm_eps", layer_norm_eps}};
+  return j.dump();
+}
+
+ModelConfig ModelConfig::from_json(const std::string& text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    fail(source, ": config is not valid JSON (", e.what(), ")");
+  }
+  if (!j.is_object()) fail(source, ": config is not a JSON object");
+  ModelConfig c;
+  auto get = [&](const char* key, auto& dst, bool required) {
+    if (!j.contains(key)) {
+      if (required) fail(source, ": config key '", key, "' is missing");
+      return;
+    }
+    try {
+      dst = j[key].get<std::decay_t<decltype(dst)>>();
+    } catch (const json::exception&) {
+      fail(source, ": config key '", key, "' has the wrong type (", j[key].dump(), ")");
+    }
+  };
+  get("vocab_size", c.vocab_size, true);
+  get("d_model", c.d_model, true);
+  get("n_layers", c.n_layers, true);
+  get("n_heads", c.n_heads, true);
+  get("n_kv_heads", c.n_kv_heads, false);
+  get("d_head", c.d_head, false);
+  get("d_ff", c.d_ff, true);
+  get("max_seq_len", c.max_seq_len, true);
+  std::string norm = "pre", act = "gelu_tanh", pos = "learned";
+  get("norm", norm, false);
+  get("activation", act, false);
+  get("positions", pos, false);
+  try {
+    c.norm = parse_norm(norm);
+    c.activation = parse_activation(act);
+    c.positions = parse_positions(pos);
+  } catch (const Error& e) {
+    fail(source, ": config: ", e.what());
+  }
+  get("attn_bias", c.attn_bias, false);
+  get("mlp_bias", c.mlp_bias, false);
+  get("head_bias", c.head_bias, false);
+  get("layer_norm_eps", c.layer_norm_eps, false);
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    fail(source, ": ", e.what());
+  }
+  return c;
+}
+
+FeedForward::FeedForward(int64_t d_model, int64_t d_ff, Activation act, bool bias, Rng& rng)
+    : fc1(d_model, d_ff, bias, rng), fc2(d_ff, d_model, bias, rng), act(act) {
+  register_module("fc1", &fc1);
+  register_module("fc2", &fc2);
+}
+
+Tensor FeedForward::forward(const Tensor& x) const {
+  Tensor h = fc1.forward(x);  // (..., d_ff)
+  switch (act) {
+    case Activation::GeluTanh: h = gelu_tanh(h); break;
+    case Activation::GeluErf: h = gelu_erf(h); break;
+    case Activation::Relu: h = relu(h); break;
+  }
+  return fc2.forward(h);
+}
+
+TransformerBlock::TransformerBlock(const ModelConfig& c, Rng& rng, Rng* dropout_rng)
+    : norm(c.norm),
+      ln1(c.d_model, c.layer_norm_eps),
+      attn(c.attention(), rng, dropout_rng),
+      ln2(c.d_model, c.layer_norm_eps),
+      ffn(c.d_model, c.d_ff, c.activation, c.mlp_bias, rng),
+      resid_dropout(c.dropout, dropout_rng) {
+  register_module("ln1", &ln1);
+  register_module("attn", &attn);
+  register_module("ln2", &ln2);
+  register_module("ffn", &ffn);
+}
+
+Tensor TransformerBlock::forward(const Tensor& x, const MultiHeadAttention::Call& call_in,
+                                 BlockHooks* hooks) {
+  MultiHeadAttention::Call call = call_in;
+  if (hooks) call.hooks = &hooks->attn;
+  const bool keep = hooks && (hooks->record_resid || hooks->attn.record_grads);
+  Tensor mid, out;
+  if (norm == Norm::Pre) {  // x = x + attn(ln1(x)); x = x + ffn(ln2(x))
+    mid = add(x, resid_dropout.forward(attn.forward(ln1.forward(x), Tensor(), call)));
+    out = add(mid, resid_dropout.forward(ffn.forward(ln2.forward(mid))));
+  } else {  // x = ln1(x + attn(x)); x = ln2(x + ffn(x))
+    mid = ln1.forward(add(x, resid_dropout.forward(attn.forward(x, Tensor(), call))));
+    out = ln2.forward(add(mid, resid_dropout.forward(ffn.forward(mid))));
+  }
+  if (keep) {
+    hooks->resid_pre = x;
+    hooks->resid_mid = mid;
+    hooks->resid_post = out;
+    if (hooks->attn.record_grads) {
+      if (x.requires_grad() && !x.is_leaf()) x.retain_grad();
+      if (mid.requires_grad()) mid.retain_grad();
+      if (out.requires_grad()) out.retain_grad();
+    }
+  }
+  return out;
+}
+
+TransformerLM::TransformerLM(const ModelConfig& c, uint64_t seed)
+    : cfg((c.validate(), c)),
+      init_rng(seed),
+      dropout_rng(seed ^ 0xD50F0u),
+      tok_emb(c.vocab_size, c.d_model, init_rng),
+      emb_dropout(c.dropout, &dropout_rng),
+      head(c.d_model, c.vocab_size, c.head_bias, init_rng) {
+  register_module("tok_emb", &tok_emb);
+  if (c.positions == Positions::Learned) {
+    pos_emb = std::make_unique<Embedding>(c.max_seq_len, c.d_model, init_rng);
+    register_module("pos_emb", pos_emb.get());
+  } else {
+    sinusoid = Tensor::empty({c.max_seq_len, c.d_model});
+    for (int64_t p = 0; p < c.max_seq_len; ++p)
+      for (int64_t i = 0; i < c.d_model; i += 2) {
+        const double angle = p / std::pow(10000.0, static_cast<double>(i) / c.d_model);
+        sinusoid.at({p, i}) = static_cast<float>(std::sin(angle));
+        if (i + 1 < c.d_model) sinusoid.at({p, i + 1}) = static_cast<float>(std::cos(angle));
+      }
+  }
+  for (int l = 0; l < c.n_layers; ++l) {
+    blocks.push_back(std::make_unique<TransformerBlock>(c, init_rng, &dropout_rng));
+    register_module("blocks." + std::to_string(l), blocks.back().get());
+  }
+  if (c.norm == Norm::Pre) {
+    ln_f = std::make_unique<LayerNorm>(c.d_model, c.layer_norm_eps);
+    register_module("ln_f", ln_f.get());
+  }
+  register_module("head", &head);
+}
+
+Tensor TransformerLM::forward(const Ids& ids, const ForwardOptions& opt) {
+  if (ids.shape.ndim != 2) fail("model: token ids must be (B, T), got ", ids.shape.str());
+  const int64_t B = ids.shape[0], T = ids.shape[1];
+  const int64_t offset = opt.kv_cache && !opt.kv_cache->empty() ? (*opt.kv_cache)[0].length() : 0;
+  if (offset + T > cfg.max_seq_len)
+    fail("model: sequence of length ", offset + T, " exceeds max_seq_len ", cfg.max_seq_len);
+  if (opt.hooks && static_cast<int>(opt.hooks->size()) != cfg.n_layers)
+    fail("model: ", opt.hooks->size(), " layer hooks for ", cfg.n_layers, " layers");
+  if (opt.kv_cache && opt.kv_cache->empty()) opt.kv_cache->resize(cfg.n_layers);
+  Tensor x = tok_emb.forward(ids);  // (B, T, d_model)
+  if (pos_emb) {
+    Ids pos(Shape{T});
+    for (int64_t t = 0; t < T; ++t) pos.data[t] = static_cast<int32_t>(offset + t);
+    x = add(x, pos_emb->forward(pos));  // (T, d_model) broadcast over B
+  } else {
+    x = add(x, slice(sinusoid, 0, offset, offset + T));
+  }
+  x = emb_dropout.forward(x);
+  MultiHeadAttention::Call call;
+  call.causal = true;
+  if (opt.key_padding.defined()) {
+    if (opt.key_padding.shape() != Shape({B, offset + T}))
+      fail("model: key_padding ", opt.key_padding.shape().str(), " must be (", B, ",", offset + T, ")");
+    call.key_padding = opt.key_padding;
+  }
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    call.kv_cache = opt.kv_cache ? &(*opt.kv_cache)[l] : nullptr;
+    x = blocks[l]->forward(x, call, opt.hooks ? &(*opt.hooks)[l] : nullptr);
+  }
+  if (ln_f) x = ln_f->forward(x);
+  return head.forward(x);  // (B, T, vocab)
+}
+
+void TransformerLM::set_gates_require_grad(bool on) {
+  for (auto& b : blocks) {
+    b->attn.gates.zero_grad();
+    b->attn.gates.requires_grad_(on);
+  }
+}
+
+std::vector<std::vector<float>> TransformerLM::gate_values() const {
+  std::vector<std::vector<float>> g;
+  for (auto& b : blocks) g.push_back(b->attn.gates.to_vector());
+  return g;
+}
+
+bool TransformerLM::gates_all_one() const {
+  for (auto& row : gate_values())
+    for (float v : row)
+      if (v != 1.f) return false;
+  return true;
+}
+
+Tensor head_rows(const Tensor& w, int head, int64_t d_head) {
+  if (w.ndim() != 2 || (head + 1) * d_head > w.size(0) || head < 0)
+    fail("head_rows: head ", head, " of d_head ", d_head, " outside ", w.shape().str());
+  NoGradGuard ng;
+  return slice(w, 0, head * d_head, (head + 1) * d_head);
+}
+Tensor head_cols(const Tensor& w, int head, int64_t d_head) {
+  if (w.ndim() != 2 || (head + 1) * d_head > w.size(1) || head < 0)
+    fail("head_cols: head ", head, " of d_head ", d_head, " outside ", w.shape().str());
+  NoGradGuard ng;
+  return slice(w, 1, head * d_head, (head + 1) * d_head);
+}
+
+}  // namespace hl

@@ -1,0 +1,107 @@
+// Multi-head attention for studying heads.
+//
+// `attention` is one fused op (forward + backward in models/attention.cpp): scores, masks,
+// softmax, dropout, P V and per-head gates, with no split/merge copies. Head h of
+// q (B, Tq, H*dh) is the (Tq, dh) matrix at column offset h*dh with leading dimension H*dh,
+// so each (batch, head) pair is a few single-threaded strided sgemm calls, run in parallel
+// over (batch, kv-head) with OpenMP. The op keeps the attention pattern P (B, H, Tq, Tk)
+// for analysis and can hand out dL/dP after backward.
+#pragma once
+#include <vector>
+
+#include "lib/nn.h"
+#include "lib/ops.h"
+
+namespace hl {
+
+// The differentiable ops defined in models/; tests/test_attention.cpp gradchecks each one.
+#define HEADLAB_MODEL_OPS(X) X(attention)
+
+struct AttentionArgs {
+  int n_heads = 1;
+  int n_kv_heads = 0;   // 0 = n_heads; query head h reads kv head h / (n_heads / n_kv_heads)
+  int d_head = 0;       // 0 = q's width / n_heads
+  float scale = 0.f;    // 0 = 1/sqrt(d_head)
+  bool causal = false;  // query i sees keys j <= i + (Tk - Tq) (so a KV cache works)
+  Tensor additive_mask; // broadcast to (B, H, Tq, Tk): e.g. (Tq,Tk), (B,1,1,Tk), (B,H,Tq,Tk)
+  Tensor key_padding;   // (B, Tk), non-zero = padded key (weight 0)
+  Tensor gates;         // (H) multipliers on each head's output; differentiable; may be undefined
+  float dropout = 0.f;  // on the attention weights, training only
+  Rng* rng = nullptr;   // for dropout
+  Tensor pattern_grad;  // if defined, (B,H,Tq,Tk): backward writes dL/dP into it
+};
+
+// q (B, Tq, H*dh), k and v (B, Tk, Hkv*dh) -> (B, Tq, H*dh): per head g_h * softmax(q k^T
+// * scale + mask) v, heads concatenated in order. If `pattern` is given it receives P
+// (B, H, Tq, Tk), the softmax output before dropout. A row whose keys are all masked gives
+// zeros, never NaN.
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionArgs& args,
+                 Tensor* pattern = nullptr);
+
+// Functional scaled dot-product attention without projections: q, k, v (T, H*dk) or
+// (B, T, H*dk), heads split by columns. Returns (output, pattern (B, H, Tq, Tk)).
+std::pair<Tensor, Tensor> scaled_dot_product_attention(const Tensor& q, const Tensor& k,
+                                                       const Tensor& v, int n_heads,
+                                                       bool causal = false,
+                                                       const Tensor& additive_mask = Tensor());
+
+// Everything a user may read or change inside one attention layer during a forward pass.
+// Costs nothing when `record` is false and no ablation is set.
+struct AttentionHooks {
+  bool record = false;         // keep q, k, v, z and the pattern
+  bool record_grads = false;   // also keep their gradients after backward (retain_grad)
+  // Head replacement before W_O: heads with ablate[h] get replacement[h] (zeros = zero
+  // ablation; a mean head output = mean ablation). `replacement` is (H*dh) or undefined.
+  std::vector<bool> ablate;
+  Tensor replacement;
+  // Filled by the forward pass when recording:
+  Tensor q, k, v;        // (B, T, H*dh) and (B, T, Hkv*dh)
+  Tensor z;              // (B, Tq, H*dh): head outputs (gates applied) before W_O
+  Tensor pattern;        // (B, H, Tq, Tk)
+  Tensor pattern_grad;   // (B, H, Tq, Tk): dL/dP after backward (when record_grads)
+};
+
+// Keys and values seen so far, for incremental decoding.
+struct KVCacheLayer {
+  Tensor k, v;  // (B, T_so_far, Hkv*dh)
+  int64_t length() const { return k.defined() ? k.size(1) : 0; }
+};
+
+struct AttentionConfig {
+  int64_t d_model = 64;
+  int n_heads = 4;
+  int n_kv_heads = 0;  // 0 = n_heads
+  int64_t d_head = 0;  // 0 = d_model / n_heads (must divide)
+  bool bias = false;
+  float dropout = 0.f;  // attention-weight dropout
+  int kv_heads() const { return n_kv_heads ? n_kv_heads : n_heads; }
+  int64_t head_dim() const { return d_head ? d_head : d_model / n_heads; }
+  void validate() const;  // throws naming the bad value
+};
+
+class MultiHeadAttention : public Module {
+ public:
+  MultiHeadAttention(const AttentionConfig& cfg, Rng& init_rng, Rng* dropout_rng = nullptr);
+
+  struct Call {
+    bool causal = false;
+    Tensor additive_mask;
+    Tensor key_padding;            // (B, Tk)
+    AttentionHooks* hooks = nullptr;
+    KVCacheLayer* kv_cache = nullptr;  // append this call's keys/values, attend to all
+    Tensor* pattern = nullptr;     // receives (B, H, Tq, Tk)
+  };
+  // x_q (B, Tq, d_model); x_kv (B, Tk, d_model) for cross-attention or undefined for self.
+  Tensor forward(const Tensor& x_q, const Tensor& x_kv, const Call& call);
+
+  AttentionConfig cfg;
+  Linear W_Q, W_K, W_V, W_O;
+  // Per-head gates (H), ones by default; not a parameter (not in checkpoints' tensors).
+  // Call gates.requires_grad_() to get dL/dg (Michel et al. head importance).
+  Tensor gates;
+
+ private:
+  Rng* dropout_rng_;
+};
+
+}  // namespace hl

@@ -1,0 +1,114 @@
+// FeedForward, TransformerBlock (pre- or post-norm) and the decoder-only TransformerLM, with
+// the exact semantics and parameter names of ../shared/INTEROP.md.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/attention.h"
+
+namespace hl {
+
+enum class Norm { Pre, Post };
+enum class Activation { GeluTanh, GeluErf, Relu };
+enum class Positions { Learned, Sinusoidal };
+
+struct ModelConfig {
+  int64_t vocab_size = 13;
+  int64_t d_model = 64;
+  int n_layers = 2;
+  int n_heads = 4;
+  int n_kv_heads = 0;   // 0 = n_heads
+  int64_t d_head = 0;   // 0 = d_model / n_heads
+  int64_t d_ff = 256;
+  int64_t max_seq_len = 64;
+  Norm norm = Norm::Pre;
+  Activation activation = Activation::GeluTanh;
+  Positions positions = Positions::Learned;
+  bool attn_bias = false;
+  bool mlp_bias = true;
+  bool head_bias = false;  // bias on the output Linear (the PyTorch bench model has one)
+  float layer_norm_eps = 1e-5f;
+  float dropout = 0.f;       // embeddings and residual branches
+  float attn_dropout = 0.f;  // attention weights
+
+  int kv_heads() const { return n_kv_heads ? n_kv_heads : n_heads; }
+  int64_t head_dim() const { return d_head ? d_head : d_model / n_heads; }
+  AttentionConfig attention() const;
+  void validate() const;  // one clear message for the first bad value
+  std::string to_json() const;  // INTEROP.md "config" metadata
+  static ModelConfig from_json(const std::string& text, const std::string& source);
+};
+
+std::string to_string(Norm n);
+std::string to_string(Activation a);
+std::string to_string(Positions p);
+Norm parse_norm(const std::string& s);
+Activation parse_activation(const std::string& s);
+Positions parse_positions(const std::string& s);
+
+class FeedForward : public Module {
+ public:
+  FeedForward(int64_t d_model, int64_t d_ff, Activation act, bool bias, Rng& rng);
+  Tensor forward(const Tensor& x) const;  // (..., d_model) -> (..., d_model)
+  Linear fc1, fc2;
+  Activation act;
+};
+
+// Per-layer view inside a forward pass (hooks and cache).
+struct BlockHooks {
+  AttentionHooks attn;
+  bool record_resid = false;
+  Tensor resid_pre, resid_mid, resid_post;  // (B, T, d_model): in, after attention, out
+};
+
+class TransformerBlock : public Module {
+ public:
+  TransformerBlock(const ModelConfig& cfg, Rng& rng, Rng* dropout_rng);
+  // x (B, T, d_model) -> (B, T, d_model)
+  Tensor forward(const Tensor& x, const MultiHeadAttention::Call& call, BlockHooks* hooks = nullptr);
+  Norm norm;
+  LayerNorm ln1;
+  MultiHeadAttention attn;
+  LayerNorm ln2;
+  FeedForward ffn;
+  Dropout resid_dropout;
+};
+
+// Everything the LM forward can be asked to do beyond computing logits.
+struct ForwardOptions {
+  Tensor key_padding;                    // (B, T), non-zero = padding (never attended to)
+  std::vector<BlockHooks>* hooks = nullptr;  // one per layer: record / ablate
+  std::vector<KVCacheLayer>* kv_cache = nullptr;  // incremental decoding (no grad)
+};
+
+class TransformerLM : public Module {
+ public:
+  TransformerLM(const ModelConfig& cfg, uint64_t seed);
+  // ids (B, T) -> logits (B, T, vocab). With a KV cache, positions continue after the cached
+  // tokens and only the new tokens' logits are returned.
+  Tensor forward(const Ids& ids, const ForwardOptions& opt = {});
+  // Per-head gates of layer l (H); ones unless pruned. Not parameters.
+  Tensor& gates(int layer) { return blocks.at(layer)->attn.gates; }
+  void set_gates_require_grad(bool on);
+  std::vector<std::vector<float>> gate_values() const;  // (n_layers, H)
+  bool gates_all_one() const;
+
+  ModelConfig cfg;
+  Rng init_rng;     // one stream for all initialisers, in construction order: a seed fixes the model
+  Rng dropout_rng;
+  Embedding tok_emb;
+  std::unique_ptr<Embedding> pos_emb;  // learned positions only
+  Tensor sinusoid;                     // (max_seq_len, d_model), sinusoidal positions only
+  Dropout emb_dropout;
+  std::vector<std::unique_ptr<TransformerBlock>> blocks;
+  std::unique_ptr<LayerNorm> ln_f;     // pre-norm only
+  Linear head;
+};
+
+// Row block of head h in a W_Q/W_K/W_V-shaped (heads*d_head, d_model) matrix, or column block
+// of W_O (d_model, heads*d_head): copies (d_head, d_model) or (d_model, d_head).
+Tensor head_rows(const Tensor& w, int head, int64_t d_head);
+Tensor head_cols(const Tensor& w, int head, int64_t d_head);
+
+}  // namespace hl

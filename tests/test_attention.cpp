@@ -1,0 +1,324 @@
+// Multi-head attention: the worked 5-token example, masks, gates, GQA/MQA, KV cache,
+// parameter counts, and gradchecks of the fused op against finite differences and against
+// an unfused composition of primitive ops.
+#define BOOST_TEST_MODULE attention
+#include <boost/test/unit_test.hpp>
+#include <cmath>
+#include <limits>
+
+#include "lib/gradcheck.h"
+#include "models/attention.h"
+
+using namespace hl;
+namespace tt = boost::test_tools;
+
+namespace {
+
+const Tensor Qx = Tensor::from({5, 4}, {1, 0, 1, 0, 0, 2, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 1});
+const Tensor Kx = Tensor::from({5, 4}, {0, 1, 0, 1, 1, 0, 1, 0, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0.5f, 0.5f});
+const Tensor Vx = Tensor::from({5, 4}, {1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, .5f, .5f, .5f, .5f});
+
+void check_rows(const Tensor& pattern, int head, const std::vector<std::vector<float>>& rows) {
+  for (int i = 0; i < 5; ++i)
+    for (int j = 0; j < 5; ++j)
+      BOOST_TEST(pattern.at({0, head, i, j}) == rows[i][j], tt::tolerance(1e-4f / std::max(rows[i][j], 1e-4f)));
+}
+
+Rng& rng() {
+  static Rng r(77);
+  return r;
+}
+Tensor rnd(const Shape& s) { return Tensor::randn(s, rng()).requires_grad_(); }
+
+// The same attention from primitive ops (reshape, permute, matmul, masked_fill, softmax).
+Tensor reference_attention(const Tensor& q, const Tensor& k, const Tensor& v, int H, int Hkv,
+                           bool causal, const Tensor& gates, const Tensor& additive = Tensor()) {
+  const int64_t B = q.size(0), Tq = q.size(1), Tk = k.size(1), dh = q.size(2) / H;
+  Tensor qh = permute(reshape(q, {B, Tq, H, dh}), {0, 2, 1, 3});  // (B,H,Tq,dh)
+  auto heads = [&](const Tensor& t) {
+    Tensor th = permute(reshape(t, {B, Tk, Hkv, dh}), {0, 2, 1, 3});  // (B,Hkv,Tk,dh)
+    std::vector<Tensor> rep;
+    for (int h = 0; h < H; ++h) rep.push_back(slice(th, 1, h / (H / Hkv), h / (H / Hkv) + 1));
+    return concat(rep, 1);  // (B,H,Tk,dh)
+  };
+  Tensor s = mul_scalar(matmul(qh, heads(k), false, true), 1.f / std::sqrt(float(dh)));
+  if (additive.defined()) s = add(s, additive);
+  if (causal) {
+    Tensor m = Tensor::zeros({Tq, Tk});
+    for (int64_t i = 0; i < Tq; ++i)
+      for (int64_t j = i + (Tk - Tq) + 1; j < Tk; ++j) m.at({i, j}) = 1.f;
+    s = masked_fill(s, m, -std::numeric_limits<float>::infinity());
+  }
+  Tensor o = matmul(softmax(s, -1), heads(v));  // (B,H,Tq,dh)
+  if (gates.defined()) o = mul(o, reshape(gates, {1, H, 1, 1}));
+  return reshape(permute(o, {0, 2, 1, 3}), {B, Tq, H * dh});
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(worked_example_two_heads) {
+  auto [out, pattern] = scaled_dot_product_attention(Qx, Kx, Vx, 2);
+  BOOST_TEST(pattern.shape() == Shape({1, 2, 5, 5}));
+  check_rows(pattern, 0, {{.1237f, .2509f, .2509f, .1237f, .2509f}, {.3664f, .0891f, .3664f, .0891f, .0891f},
+                          {.1811f, .1811f, .3673f, .0893f, .1811f}, {.2f, .2f, .2f, .2f, .2f},
+                          {.1237f, .2509f, .2509f, .1237f, .2509f}});
+  check_rows(pattern, 1, {{.1337f, .2711f, .1337f, .2711f, .1904f}, {.2711f, .1337f, .1337f, .2711f, .1904f},
+                          {.1337f, .2711f, .1337f, .2711f, .1904f}, {.1811f, .1811f, .0893f, .3673f, .1811f},
+                          {.2711f, .1337f, .1337f, .2711f, .1904f}});
+  const std::vector<std::vector<float>> rows = {{.2491f, .3763f, .2289f, .3663f}, {.4109f, .1336f, .2289f, .3663f},
+                                                {.2717f, .2717f, .2289f, .3663f}, {.3f, .3f, .1799f, .4579f},
+                                                {.2491f, .3763f, .2289f, .3663f}};
+  BOOST_TEST(out.shape() == Shape({5, 4}));
+  for (int i = 0; i < 5; ++i)
+    for (int j = 0; j < 4; ++j) BOOST_TEST(std::fabs(out.at({i, j}) - rows[i][j]) < 1e-4f);
+}
+
+BOOST_AUTO_TEST_CASE(worked_example_one_and_four_heads) {
+  auto [out1, p1] = scaled_dot_product_attention(Qx, Kx, Vx, 1);  // scale 1/sqrt(4) = 1/2
+  BOOST_TEST(std::fabs(p1.at({0, 0, 1, 0}) - .4026f) < 1e-4f);
+  BOOST_TEST(std::fabs(p1.at({0, 0, 1, 1}) - .0898f) < 1e-4f);
+  BOOST_TEST(std::fabs(p1.at({0, 0, 1, 2}) - .2442f) < 1e-4f);
+  auto [out4, p4] = scaled_dot_product_attention(Qx, Kx, Vx, 4);  // d_k = 1
+  BOOST_TEST(p4.shape() == Shape({1, 4, 5, 5}));
+  // head 0 uses column 0 only: score(i,j) = Q[i,0] K[j,0]
+  float e[5], s = 0;
+  for (int j = 0; j < 5; ++j) s += e[j] = std::exp(Qx.at({0, 0}) * Kx.at({j, 0}));
+  for (int j = 0; j < 5; ++j) BOOST_TEST(p4.at({0, 0, 0, j}) == e[j] / s, tt::tolerance(1e-5f));
+}
+
+BOOST_AUTO_TEST_CASE(identical_subspaces_give_identical_patterns) {
+  Tensor q = concat({slice(Qx, 1, 0, 2), slice(Qx, 1, 0, 2)}, 1);
+  Tensor k = concat({slice(Kx, 1, 0, 2), slice(Kx, 1, 0, 2)}, 1);
+  auto [out, p] = scaled_dot_product_attention(q, k, Vx, 2);
+  for (int i = 0; i < 5; ++i)
+    for (int j = 0; j < 5; ++j) BOOST_TEST(p.at({0, 0, i, j}) == p.at({0, 1, i, j}));
+}
+
+BOOST_AUTO_TEST_CASE(parameter_counts) {
+  Rng r(0);
+  AttentionConfig small;
+  small.d_model = 16;
+  small.n_heads = 2;
+  BOOST_TEST(MultiHeadAttention(small, r).num_parameters() == 1024);
+  AttentionConfig big;
+  big.d_model = 512;
+  big.n_heads = 8;
+  BOOST_TEST(MultiHeadAttention(big, r).num_parameters() == 1048576);
+  AttentionConfig gqa = big;
+  gqa.n_kv_heads = 2;  // K and V shrink to 2*64 rows each
+  BOOST_TEST(MultiHeadAttention(gqa, r).num_parameters() == 2 * 512 * 512 + 2 * 128 * 512);
+}
+
+BOOST_AUTO_TEST_CASE(rows_sum_to_one_and_causal_zeros) {
+  Tensor q = rnd({2, 6, 8}), k = rnd({2, 6, 8}), v = rnd({2, 6, 8});
+  AttentionArgs a;
+  a.n_heads = 2;
+  a.causal = true;
+  Tensor p;
+  attention(q, k, v, a, &p);
+  for (int b = 0; b < 2; ++b)
+    for (int h = 0; h < 2; ++h)
+      for (int i = 0; i < 6; ++i) {
+        float s = 0;
+        for (int j = 0; j < 6; ++j) {
+          s += p.at({b, h, i, j});
+          if (j > i) BOOST_TEST(p.at({b, h, i, j}) == 0.f);
+        }
+        BOOST_TEST(s == 1.f, tt::tolerance(1e-5f));
+      }
+}
+
+BOOST_AUTO_TEST_CASE(padded_keys_get_zero_weight) {
+  Tensor q = rnd({2, 4, 4}), k = rnd({2, 4, 4}), v = rnd({2, 4, 4});
+  AttentionArgs a;
+  a.n_heads = 2;
+  a.key_padding = Tensor::from({2, 4}, {0, 0, 1, 1, 0, 0, 0, 1});
+  Tensor p;
+  attention(q, k, v, a, &p);
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < 4; ++i) {
+      BOOST_TEST(p.at({0, h, i, 2}) == 0.f);
+      BOOST_TEST(p.at({0, h, i, 3}) == 0.f);
+      BOOST_TEST(p.at({1, h, i, 3}) == 0.f);
+      BOOST_TEST(p.at({1, h, i, 2}) > 0.f);
+    }
+}
+
+BOOST_AUTO_TEST_CASE(every_mask_broadcast_form_matches_the_full_mask) {
+  const int64_t B = 2, H = 2, T = 3;
+  Tensor q = rnd({B, T, 4}), k = rnd({B, T, 4}), v = rnd({B, T, 4});
+  Tensor m2 = Tensor::randn({T, T}, rng());
+  Tensor mb = Tensor::randn({B, 1, 1, T}, rng());
+  Tensor mf = Tensor::randn({B, H, T, T}, rng());
+  for (const Tensor& m : {m2, mb, mf}) {
+    AttentionArgs a;
+    a.n_heads = 2;
+    a.additive_mask = m;
+    Tensor fused = attention(q, k, v, a);
+    Tensor ref = reference_attention(q, k, v, 2, 2, false, Tensor(), m);
+    for (int64_t i = 0; i < fused.numel(); ++i) BOOST_TEST(fused.data()[i] == ref.data()[i], tt::tolerance(1e-5f));
+  }
+  AttentionArgs bad;
+  bad.n_heads = 2;
+  bad.additive_mask = Tensor::zeros({3, 2});
+  BOOST_CHECK_EXCEPTION(attention(q, k, v, bad), Error, [](const Error& e) {
+    return std::string(e.what()) == "attention: mask (3,2) does not broadcast to scores (B,H,Tq,Tk) = (2,2,3,3)";
+  });
+}
+
+BOOST_AUTO_TEST_CASE(fully_masked_rows_give_zeros_not_nan) {
+  Tensor q = rnd({1, 2, 2}), k = rnd({1, 2, 2}), v = rnd({1, 2, 2});
+  AttentionArgs a;
+  a.n_heads = 1;
+  a.key_padding = Tensor::ones({1, 2});
+  Tensor out = attention(q, k, v, a);
+  for (float x : out.to_vector()) BOOST_TEST(x == 0.f);
+  Rng r(1);
+  out.backward(Tensor::randn(out.shape(), r));
+  for (const Tensor& t : {q, k, v})
+    for (float g : t.grad().to_vector()) BOOST_TEST(std::isfinite(g));
+}
+
+BOOST_AUTO_TEST_CASE(fused_equals_unfused_forward_and_backward) {
+  struct Cfg { int H, Hkv; bool causal; int64_t Tq, Tk; };
+  for (Cfg c : {Cfg{2, 2, false, 5, 5}, Cfg{4, 2, true, 6, 6}, Cfg{4, 1, true, 3, 7}, Cfg{3, 3, false, 4, 2}}) {
+    const int64_t dh = 3;
+    Tensor q = rnd({2, c.Tq, c.H * dh}), k = rnd({2, c.Tk, c.Hkv * dh}), v = rnd({2, c.Tk, c.Hkv * dh});
+    Tensor g = Tensor::uniform({c.H}, rng(), 0.5f, 1.5f).requires_grad_();
+    AttentionArgs a;
+    a.n_heads = c.H;
+    a.n_kv_heads = c.Hkv;
+    a.causal = c.causal;
+    a.gates = g;
+    Tensor up = Tensor::randn({2, c.Tq, c.H * dh}, rng());
+    Tensor fused = attention(q, k, v, a);
+    fused.backward(up);
+    std::vector<std::vector<float>> grads;
+    for (const Tensor& t : {q, k, v, g}) {
+      grads.push_back(t.grad().to_vector());
+      t.zero_grad();
+    }
+    Tensor ref = reference_attention(q, k, v, c.H, c.Hkv, c.causal, g);
+    ref.backward(up);
+    for (int64_t i = 0; i < fused.numel(); ++i) BOOST_TEST(fused.data()[i] == ref.data()[i], tt::tolerance(2e-5f));
+    int which = 0;
+    for (const Tensor& t : {q, k, v, g}) {
+      auto r = t.grad().to_vector();
+      for (size_t i = 0; i < r.size(); ++i) BOOST_TEST(std::fabs(grads[which][i] - r[i]) < 1e-4f);
+      ++which;
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(every_model_op_has_a_gradcheck) {
+#define HL_NAME(op) #op,
+  const std::vector<std::string> ops = {HEADLAB_MODEL_OPS(HL_NAME)};
+#undef HL_NAME
+  BOOST_TEST(ops == std::vector<std::string>{"attention"});  // update gradchecks below when this grows
+}
+
+BOOST_AUTO_TEST_CASE(gradcheck_attention_op) {
+  struct Cfg { const char* what; int H, Hkv; bool causal; bool pad; bool mask; float drop; };
+  for (Cfg c : {Cfg{"mha", 2, 2, false, false, false, 0.f}, Cfg{"gqa causal", 4, 2, true, false, false, 0.f},
+                Cfg{"mqa padding", 2, 1, false, true, false, 0.f}, Cfg{"additive mask", 2, 2, false, false, true, 0.f},
+                Cfg{"dropout", 2, 2, true, false, false, 0.3f}}) {
+    const int64_t B = 2, T = 4, dh = 3;
+    Tensor q = rnd({B, T, c.H * dh}), k = rnd({B, T, c.Hkv * dh}), v = rnd({B, T, c.Hkv * dh});
+    Tensor g = Tensor::uniform({c.H}, rng(), 0.5f, 1.5f).requires_grad_();
+    Tensor pad = Tensor::from({B, T}, {0, 0, 0, 1, 0, 1, 0, 0});
+    Tensor mask = Tensor::randn({B, 1, 1, T}, rng());
+    auto fn = [&](const std::vector<Tensor>& in) {
+      AttentionArgs a;
+      a.n_heads = c.H;
+      a.n_kv_heads = c.Hkv;
+      a.causal = c.causal;
+      a.gates = in[3];
+      if (c.pad) a.key_padding = pad;
+      if (c.mask) a.additive_mask = mask;
+      Rng r(5);  // the same dropout mask every evaluation
+      a.dropout = c.drop;
+      a.rng = &r;
+      return attention(in[0], in[1], in[2], a);
+    };
+    GradcheckResult res = gradcheck(fn, {q, k, v, g});
+    BOOST_TEST_CONTEXT(c.what) { BOOST_TEST(res.ok, res.message); }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(gate_zero_equals_zeroed_wo_columns) {
+  Rng r(3);
+  AttentionConfig cfg;
+  cfg.d_model = 8;
+  cfg.n_heads = 4;
+  cfg.bias = true;
+  MultiHeadAttention gated(cfg, r);
+  Rng r2(3);
+  MultiHeadAttention zeroed(cfg, r2);
+  gated.gates.data()[2] = 0.f;
+  for (int64_t row = 0; row < 8; ++row)
+    for (int64_t c = 2 * 2; c < 3 * 2; ++c) zeroed.W_O.weight.at({row, c}) = 0.f;
+  Tensor x = Tensor::randn({2, 5, 8}, rng());
+  MultiHeadAttention::Call call;
+  call.causal = true;
+  Tensor a = gated.forward(x, Tensor(), call), b = zeroed.forward(x, Tensor(), call);
+  BOOST_TEST(a.to_vector() == b.to_vector());  // bit for bit
+  // zero-ablation through the hook equals gate 0 as well
+  Rng r3(3);
+  MultiHeadAttention hooked(cfg, r3);
+  AttentionHooks hk;
+  hk.ablate = {false, false, true, false};
+  call.hooks = &hk;
+  BOOST_TEST(hooked.forward(x, Tensor(), call).to_vector() == a.to_vector());
+}
+
+BOOST_AUTO_TEST_CASE(mha_module_gradcheck_all_variants) {
+  struct Cfg { const char* what; int64_t d_model; int H, Hkv; int64_t d_head; bool bias; };
+  for (Cfg c : {Cfg{"standard", 8, 2, 0, 0, true}, Cfg{"gqa", 8, 4, 2, 0, false}, Cfg{"mqa", 8, 4, 1, 0, true},
+                Cfg{"d_head != d_model/H", 6, 2, 0, 5, true}}) {
+    AttentionConfig cfg;
+    cfg.d_model = c.d_model;
+    cfg.n_heads = c.H;
+    cfg.n_kv_heads = c.Hkv;
+    cfg.d_head = c.d_head;
+    cfg.bias = c.bias;
+    Rng r(11);
+    MultiHeadAttention mha(cfg, r, nullptr);
+    for (int h = 0; h < c.H; ++h) mha.gates.data()[h] = 0.5f + 0.25f * h;
+    mha.gates.requires_grad_();
+    Tensor xq = rnd({2, 3, c.d_model}), xkv = rnd({2, 4, c.d_model});
+    std::vector<Tensor> inputs = mha.parameters();
+    inputs.push_back(xq);
+    inputs.push_back(xkv);
+    inputs.push_back(mha.gates);
+    auto fn = [&](const std::vector<Tensor>&) {
+      MultiHeadAttention::Call call;
+      return mha.forward(xq, xkv, call);  // cross-attention: Tq 3, Tk 4
+    };
+    GradcheckResult res = gradcheck(fn, inputs);
+    BOOST_TEST_CONTEXT(c.what) { BOOST_TEST(res.ok, res.message); }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(kv_cache_decoding_equals_full_forward) {
+  AttentionConfig cfg;
+  cfg.d_model = 8;
+  cfg.n_heads = 4;
+  cfg.n_kv_heads = 2;
+  Rng r(4);
+  MultiHeadAttention mha(cfg, r);
+  Tensor x = Tensor::randn({2, 6, 8}, rng());
+  NoGradGuard ng;
+  MultiHeadAttention::Call full;
+  full.causal = true;
+  Tensor all = mha.forward(x, Tensor(), full);
+  KVCacheLayer cache;
+  MultiHeadAttention::Call inc;
+  inc.causal = true;
+  inc.kv_cache = &cache;
+  Tensor first = mha.forward(slice(x, 1, 0, 3), Tensor(), inc);  // a 3-token prompt
+  std::vector<Tensor> parts = {first};
+  for (int t = 3; t < 6; ++t) parts.push_back(mha.forward(slice(x, 1, t, t + 1), Tensor(), inc));
+  Tensor stitched = concat(parts, 1);
+  for (int64_t i = 0; i < all.numel(); ++i) BOOST_TEST(stitched.data()[i] == all.data()[i], tt::tolerance(1e-5f));
+  BOOST_TEST(cache.length() == 6);
+}
