@@ -1,1 +1,90 @@
-// placeholder
+#include "datasets/copy_task.h"
+
+#include <algorithm>
+
+namespace hl {
+
+void TaskConfig::validate() const {
+  if (name != "copy" && name != "reverse" && name != "varcopy")
+    fail("task: unknown task '", name, "' (expected copy, reverse or varcopy)");
+  if (alphabet < 1) fail("task: alphabet must be positive, got ", alphabet);
+  if (min_len < 1) fail("task: length must be positive, got ", min_len);
+  if (max_len < min_len) fail("task: max length ", max_len, " is below min length ", min_len);
+}
+
+TaskConfig TaskConfig::preset(const std::string& name) {
+  TaskConfig c;
+  c.name = name;
+  if (name == "reverse") c.reverse = true;
+  if (name == "varcopy") {
+    c.alphabet = 64;
+    c.min_len = 1;
+    c.max_len = 16;
+  }
+  c.validate();
+  return c;
+}
+
+CopyTask::CopyTask(const TaskConfig& cfg) : cfg_(cfg) { cfg_.validate(); }
+
+Batch CopyTask::make(const std::vector<std::vector<int32_t>>& symbols) const {
+  const int64_t B = static_cast<int64_t>(symbols.size()), T = seq_len();
+  Batch b;
+  b.inputs = Ids(Shape{B, T});
+  b.targets = Ids(Shape{B, T});
+  bool any_pad = false;
+  std::vector<int32_t> seq(T + 1);
+  for (int64_t r = 0; r < B; ++r) {
+    const auto& x = symbols[r];
+    const int n = static_cast<int>(x.size());
+    if (n < 1 || n > cfg_.max_len) fail("task: sequence length ", n, " outside 1..", cfg_.max_len);
+    for (int32_t s : x)
+      if (s < 0 || s >= cfg_.alphabet) fail("task: symbol ", s, " outside the alphabet 0..", cfg_.alphabet - 1);
+    std::fill(seq.begin(), seq.end(), pad());
+    seq[0] = bos();
+    for (int i = 0; i < n; ++i) seq[1 + i] = x[i];
+    seq[n + 1] = sep();
+    for (int i = 0; i < n; ++i) seq[n + 2 + i] = cfg_.reverse ? x[n - 1 - i] : x[i];
+    for (int64_t t = 0; t < T; ++t) {
+      b.inputs.at(r, t) = seq[t];
+      // input position t predicts seq[t+1]; it counts when seq[t+1] is a copied symbol
+      b.targets.at(r, t) = (t + 1 >= n + 2 && t + 1 < 2 * n + 2) ? seq[t + 1] : -1;
+      any_pad = any_pad || seq[t] == pad();
+    }
+    b.lengths.push_back(n);
+    b.symbols.push_back(x);
+  }
+  if (any_pad) {
+    b.key_padding = Tensor::zeros({B, T});
+    for (int64_t r = 0; r < B; ++r)
+      for (int64_t t = 0; t < T; ++t)
+        if (b.inputs.at(r, t) == pad()) b.key_padding.at({r, t}) = 1.f;
+  }
+  return b;
+}
+
+Batch CopyTask::sample(int batch_size, Rng& rng) const {
+  if (batch_size < 1) fail("task: batch size must be positive, got ", batch_size);
+  std::vector<std::vector<int32_t>> xs(batch_size);
+  for (auto& x : xs) {
+    const int n = cfg_.min_len + static_cast<int>(rng.below(static_cast<uint32_t>(cfg_.max_len - cfg_.min_len + 1)));
+    x.resize(n);
+    for (auto& s : x) s = static_cast<int32_t>(rng.below(static_cast<uint32_t>(cfg_.alphabet)));
+  }
+  return make(xs);
+}
+
+std::vector<Batch> CopyTask::held_out(int n, uint64_t seed, int batch_size) const {
+  Rng rng(seed);
+  std::vector<Batch> out;
+  for (int done = 0; done < n; done += batch_size) out.push_back(sample(std::min(batch_size, n - done), rng));
+  return out;
+}
+
+std::vector<int32_t> CopyTask::answer(const Batch& b, int64_t row) const {
+  std::vector<int32_t> y = b.symbols[row];
+  if (cfg_.reverse) std::reverse(y.begin(), y.end());
+  return y;
+}
+
+}  // namespace hl

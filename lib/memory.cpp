@@ -1,5 +1,7 @@
 #include "memory.h"
 
+#include <malloc.h>
+
 #include <cstdlib>
 #include <new>
 #include <unordered_map>
@@ -68,6 +70,9 @@ void buffer_free(float* p, size_t n_floats) {
 }
 
 PoolStats pool_stats() { return pool().stats; }
-void pool_trim() { pool().trim(); }
+void pool_trim() {
+  pool().trim();
+  malloc_trim(0);  // hand the freed pages back to the OS, so RSS falls after an evaluation
+}
 
 }  // namespace hl

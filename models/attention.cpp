@@ -1,5 +1,6 @@
 #include "models/attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -16,6 +17,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // Sizes of one attention call, derived once from the operands.
 struct AttnDims {
   int64_t B, Tq, Tk, H, Hkv, dh;
+  int64_t kv_rows;  // rows per batch entry in the k/v buffers (>= Tk)
   int64_t ldq() const { return H * dh; }    // row stride of q and of the output
   int64_t ldkv() const { return Hkv * dh; } // row stride of k and v
   int64_t group() const { return H / Hkv; } // query heads per kv head
@@ -28,7 +30,9 @@ AttnDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, cons
   AttnDims d;
   d.B = q.size(0);
   d.Tq = q.size(1);
-  d.Tk = k.size(1);
+  d.kv_rows = k.size(1);
+  d.Tk = a.kv_len ? a.kv_len : k.size(1);
+  if (d.Tk < 1 || d.Tk > d.kv_rows) fail("attention: kv_len ", a.kv_len, " outside 1..", d.kv_rows);
   d.H = a.n_heads;
   d.Hkv = a.n_kv_heads ? a.n_kv_heads : a.n_heads;
   if (d.H < 1 || d.Hkv < 1 || d.H % d.Hkv)
@@ -132,8 +136,8 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
   for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
     const int64_t b = bh / d.H, h = bh % d.H, kvh = h / d.group();
     const float* Qh = Q + b * d.Tq * d.ldq() + h * d.dh;     // (Tq, dh), ld H*dh
-    const float* Kh = K + b * d.Tk * d.ldkv() + kvh * d.dh;  // (Tk, dh), ld Hkv*dh
-    const float* Vh = V + b * d.Tk * d.ldkv() + kvh * d.dh;
+    const float* Kh = K + b * d.kv_rows * d.ldkv() + kvh * d.dh;  // (Tk, dh), ld Hkv*dh
+    const float* Vh = V + b * d.kv_rows * d.ldkv() + kvh * d.dh;
     float* S = Pp + bh * TT;                                  // (Tq, Tk)
     gemm(false, true, d.Tq, d.Tk, d.dh, scale, Qh, d.ldq(), Kh, d.ldkv(), 0.f, S, d.Tk);
     masked_softmax_rows(S, d, b, h, causal, pad, am, ms);
@@ -170,8 +174,8 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
 #pragma omp parallel for schedule(static)
              for (int64_t bk = 0; bk < d.B * d.Hkv; ++bk) {
                const int64_t b = bk / d.Hkv, kvh = bk % d.Hkv;
-               const float* Kh = K + b * d.Tk * d.ldkv() + kvh * d.dh;
-               const float* Vh = V + b * d.Tk * d.ldkv() + kvh * d.dh;
+               const float* Kh = K + b * d.kv_rows * d.ldkv() + kvh * d.dh;
+               const float* Vh = V + b * d.kv_rows * d.ldkv() + kvh * d.dh;
                for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
                  const int64_t bh = b * d.H + h;
                  const float* Qh = Q + b * d.Tq * d.ldq() + h * d.dh;
@@ -188,7 +192,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
                  }
                  if (dV)  // dV_h += g Pd^T dO_h
                    gemm(true, false, d.Tk, d.dh, d.Tq, g, Wh, d.Tk, dOh, d.ldq(), 1.f,
-                        dV + b * d.Tk * d.ldkv() + kvh * d.dh, d.ldkv());
+                        dV + b * d.kv_rows * d.ldkv() + kvh * d.dh, d.ldkv());
                  // dL/dP = g U (times the dropout mask)
                  for (int64_t i = 0; i < TT; ++i) Uh[i] *= M ? g * M[bh * TT + i] : g;
                  if (dPout)
@@ -206,7 +210,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
                         dQ + b * d.Tq * d.ldq() + h * d.dh, d.ldq());
                  if (dK)  // dK_h += scale dS^T Q_h
                    gemm(true, false, d.Tk, d.dh, d.Tq, scale, Uh, d.Tk, Qh, d.ldq(), 1.f,
-                        dK + b * d.Tk * d.ldkv() + kvh * d.dh, d.ldkv());
+                        dK + b * d.kv_rows * d.ldkv() + kvh * d.dh, d.ldkv());
                }
              }
              if (dG)  // fixed-order reduction over the batch
@@ -266,14 +270,29 @@ Tensor MultiHeadAttention::forward(const Tensor& x_q, const Tensor& x_kv_in, con
   Tensor q = W_Q.forward(x_q);   // (B, Tq, H*dh)
   Tensor k = W_K.forward(x_kv);  // (B, Tk, Hkv*dh)
   Tensor v = W_V.forward(x_kv);
-  if (call.kv_cache) {
+  int64_t kv_len = 0;
+  if (call.kv_cache) {  // append this call's rows to the cache buffers, attend to all of them
     KVCacheLayer& c = *call.kv_cache;
-    if (c.k.defined()) {
-      k = concat({c.k, k}, 1);
-      v = concat({c.v, v}, 1);
+    const int64_t B = k.size(0), T = k.size(1), W = k.size(2), need = c.len + T;
+    if (!c.k.defined() || c.k.size(0) != B || c.k.size(1) < need) {
+      const int64_t cap = std::max(need, c.capacity);
+      Tensor nk = Tensor::zeros({B, cap, W}), nv = Tensor::zeros({B, cap, W});
+      for (int64_t b = 0; b < B && c.len > 0; ++b) {
+        std::memcpy(nk.data() + b * cap * W, c.k.data() + b * c.k.size(1) * W, sizeof(float) * c.len * W);
+        std::memcpy(nv.data() + b * cap * W, c.v.data() + b * c.v.size(1) * W, sizeof(float) * c.len * W);
+      }
+      c.k = nk;
+      c.v = nv;
     }
-    c.k = k.detach();
-    c.v = v.detach();
+    const int64_t cap = c.k.size(1);
+    for (int64_t b = 0; b < B; ++b) {
+      std::memcpy(c.k.data() + (b * cap + c.len) * W, k.data() + b * T * W, sizeof(float) * T * W);
+      std::memcpy(c.v.data() + (b * cap + c.len) * W, v.data() + b * T * W, sizeof(float) * T * W);
+    }
+    c.len = need;
+    kv_len = need;
+    k = c.k;
+    v = c.v;
   }
   AttentionArgs a;
   a.n_heads = cfg.n_heads;
@@ -285,9 +304,10 @@ Tensor MultiHeadAttention::forward(const Tensor& x_q, const Tensor& x_kv_in, con
   a.gates = gates;
   a.dropout = training() ? cfg.dropout : 0.f;
   a.rng = dropout_rng_;
+  a.kv_len = kv_len;
   AttentionHooks* hk = call.hooks;
   if (hk && hk->record_grads)
-    a.pattern_grad = Tensor::zeros({x_q.size(0), cfg.n_heads, q.size(1), k.size(1)});
+    a.pattern_grad = Tensor::zeros({x_q.size(0), cfg.n_heads, q.size(1), kv_len ? kv_len : k.size(1)});
   Tensor pattern;
   const bool want_pattern = (hk && hk->record) || call.pattern;
   Tensor z = attention(q, k, v, a, want_pattern ? &pattern : nullptr);  // (B, Tq, H*dh)

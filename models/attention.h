@@ -29,6 +29,8 @@ struct AttentionArgs {
   float dropout = 0.f;  // on the attention weights, training only
   Rng* rng = nullptr;   // for dropout
   Tensor pattern_grad;  // if defined, (B,H,Tq,Tk): backward writes dL/dP into it
+  int64_t kv_len = 0;   // 0 = k.size(1); else only the first kv_len rows of k and v are keys
+                        // (a KV-cache buffer holds more rows than are filled)
 };
 
 // q (B, Tq, H*dh), k and v (B, Tk, Hkv*dh) -> (B, Tq, H*dh): per head g_h * softmax(q k^T
@@ -61,10 +63,13 @@ struct AttentionHooks {
   Tensor pattern_grad;   // (B, H, Tq, Tk): dL/dP after backward (when record_grads)
 };
 
-// Keys and values seen so far, for incremental decoding.
+// Keys and values seen so far, for incremental decoding. The buffers are allocated once at
+// `capacity` rows and filled in place, so decoding allocates nothing per token.
 struct KVCacheLayer {
-  Tensor k, v;  // (B, T_so_far, Hkv*dh)
-  int64_t length() const { return k.defined() ? k.size(1) : 0; }
+  Tensor k, v;         // (B, capacity, Hkv*dh); rows [0, len) are valid
+  int64_t len = 0;
+  int64_t capacity = 0;  // rows to allocate (the LM sets max_seq_len); 0 = what is needed
+  int64_t length() const { return len; }
 };
 
 struct AttentionConfig {

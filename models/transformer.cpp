@@ -212,7 +212,10 @@ Tensor TransformerLM::forward(const Ids& ids, const ForwardOptions& opt) {
     fail("model: sequence of length ", offset + T, " exceeds max_seq_len ", cfg.max_seq_len);
   if (opt.hooks && static_cast<int>(opt.hooks->size()) != cfg.n_layers)
     fail("model: ", opt.hooks->size(), " layer hooks for ", cfg.n_layers, " layers");
-  if (opt.kv_cache && opt.kv_cache->empty()) opt.kv_cache->resize(cfg.n_layers);
+  if (opt.kv_cache && opt.kv_cache->empty()) {
+    opt.kv_cache->resize(cfg.n_layers);
+    for (auto& c : *opt.kv_cache) c.capacity = cfg.max_seq_len;
+  }
   Tensor x = tok_emb.forward(ids);  // (B, T, d_model)
   if (pos_emb) {
     Ids pos(Shape{T});

@@ -1,0 +1,208 @@
+// headlab grads / headlab attn: look inside a trained model.
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "lib/fileutil.h"
+#include "models/checkpoint.h"
+#include "train/commands.h"
+#include "train/plot.h"
+
+namespace hl {
+
+using json = nlohmann::json;
+
+namespace {
+
+// The task a checkpoint was trained on (from its "task" metadata), else the flags' task.
+TaskConfig task_for(const SafetensorsFile& f, const TaskConfig& fallback) {
+  auto it = f.metadata.find("task");
+  if (it == f.metadata.end()) return fallback;
+  try {
+    const json t = json::parse(it->second);
+    TaskConfig c;
+    c.name = t.at("name");
+    c.alphabet = t.at("alphabet");
+    c.min_len = t.at("min_len");
+    c.max_len = t.at("max_len");
+    c.reverse = t.at("reverse");
+    return c;
+  } catch (const json::exception&) {
+    fail(f.source, ": task metadata is unreadable");
+  }
+}
+
+// input_ids and targets from a batch file, checked against the model.
+Batch load_batch_file(const std::string& path, const ModelConfig& cfg) {
+  SafetensorsFile f = read_safetensors(path);
+  Batch b;
+  b.inputs = f.ids("input_ids");
+  b.targets = f.ids("targets");
+  if (b.inputs.shape.ndim != 2) fail(path, ": input_ids must be (B, T), got ", b.inputs.shape.str());
+  if (b.targets.shape != b.inputs.shape)
+    fail(path, ": targets ", b.targets.shape.str(), " must have the shape of input_ids ", b.inputs.shape.str());
+  if (b.inputs.shape[1] > cfg.max_seq_len)
+    fail(path, ": sequences of length ", b.inputs.shape[1], " exceed the model's max_seq_len ", cfg.max_seq_len);
+  for (int32_t v : b.inputs.data)
+    if (v < 0 || v >= cfg.vocab_size) fail(path, ": input id ", v, " outside the vocabulary 0..", cfg.vocab_size - 1);
+  for (int32_t v : b.targets.data)
+    if (v < -1 || v >= cfg.vocab_size) fail(path, ": target ", v, " outside -1..", cfg.vocab_size - 1);
+  return b;
+}
+
+struct Source {
+  std::string checkpoint, batch_file, tokens;
+  TaskConfig task = TaskConfig::preset("copy");
+  uint64_t seed = 0;
+  int batch_size = 8;
+  int threads = 2;
+};
+
+void add_source_flags(CLI::App* sub, Source& s, bool tokens) {
+  sub->add_option("--checkpoint", s.checkpoint, "Model checkpoint (safetensors)")->required();
+  if (tokens)
+    sub->add_option("--tokens", s.tokens, "Token ids of one sequence, e.g. \"11 3 4 12 3 4\" (else drawn from the task)");
+  else
+    sub->add_option("--batch", s.batch_file, "Batch file (input_ids, targets) instead of drawing one from the task");
+  sub->add_option("--task", s.task.name, "Task to draw from when the checkpoint does not name one")
+      ->capture_default_str()->check(CLI::IsMember({"copy", "reverse", "varcopy"}));
+  sub->add_option("--seed", s.seed, "Seed of the drawn batch")->capture_default_str();
+  if (!tokens) sub->add_option("--batch-size", s.batch_size, "Sequences in the drawn batch")->capture_default_str();
+  sub->add_option("--threads", s.threads, "Threads")->capture_default_str();
+}
+
+// Loads the model and the batch a command works on.
+std::pair<std::unique_ptr<TransformerLM>, Batch> load_inputs(const Source& s) {
+  SafetensorsFile f = read_safetensors(s.checkpoint);
+  auto model = load_model(f);
+  set_num_threads(s.threads);
+  if (!s.batch_file.empty()) return {std::move(model), load_batch_file(s.batch_file, model->cfg)};
+  TaskConfig tc = task_for(f, TaskConfig::preset(s.task.name));
+  CopyTask task(tc);
+  if (task.vocab_size() != model->cfg.vocab_size)
+    fail(s.checkpoint, ": the model's vocabulary (", model->cfg.vocab_size, ") does not fit task ", tc.name,
+         " with alphabet ", tc.alphabet, " (", task.vocab_size(), ")");
+  if (!s.tokens.empty()) {
+    std::vector<int32_t> ids;
+    std::stringstream ss(s.tokens);
+    std::string tok;
+    while (ss >> tok) {
+      for (char& c : tok)
+        if (c == ',') c = ' ';
+      std::stringstream inner(tok);
+      long v;
+      while (inner >> v) ids.push_back(static_cast<int32_t>(v));
+    }
+    if (ids.empty()) fail("--tokens: no token ids given");
+    Batch b;
+    b.inputs = Ids(Shape{1, static_cast<int64_t>(ids.size())}, ids);
+    b.targets = Ids(Shape{1, static_cast<int64_t>(ids.size())});
+    std::fill(b.targets.data.begin(), b.targets.data.end(), -1);
+    for (int32_t v : ids)
+      if (v < 0 || v >= model->cfg.vocab_size) fail("--tokens: id ", v, " outside the vocabulary 0..", model->cfg.vocab_size - 1);
+    if (static_cast<int64_t>(ids.size()) > model->cfg.max_seq_len)
+      fail("--tokens: ", ids.size(), " tokens exceed the model's max_seq_len ", model->cfg.max_seq_len);
+    return {std::move(model), b};
+  }
+  Rng rng(s.seed);
+  return {std::move(model), task.sample(s.batch_size, rng)};
+}
+
+int run_grads(const Source& s, const std::string& out) {
+  auto [model, batch] = load_inputs(s);
+  model->eval();  // dropout off
+  std::vector<BlockHooks> hooks(model->cfg.n_layers);
+  for (auto& h : hooks) h.attn.record = true;
+  ForwardOptions opt;
+  opt.hooks = &hooks;
+  opt.key_padding = batch.key_padding;
+  Tensor logits = model->forward(batch.inputs, opt);
+  Tensor loss = cross_entropy(logits, batch.targets);
+  loss.backward();
+  SafetensorsWriter w;
+  w.add("loss", loss);
+  for (auto& [name, t] : model->named_parameters())
+    w.add("grad." + name, t.grad().defined() ? t.grad() : Tensor::zeros(t.shape()));
+  for (int l = 0; l < model->cfg.n_layers; ++l) w.add("attn." + std::to_string(l), hooks[l].attn.pattern);
+  w.add_ids("input_ids", batch.inputs, DType::I64);
+  w.add_ids("targets", batch.targets, DType::I64);
+  w.set_meta("format", "headlab-grads");
+  w.set_meta("checkpoint", s.checkpoint);
+  w.write(out);
+  std::printf("loss %.6f; wrote %zu gradients and %d attention maps to %s\n", loss.item(),
+              model->named_parameters().size(), model->cfg.n_layers, out.c_str());
+  return 0;
+}
+
+std::string token_label(int32_t id, const TaskConfig& t) {
+  if (id == t.alphabet) return "PAD";
+  if (id == t.alphabet + 1) return "BOS";
+  if (id == t.alphabet + 2) return "SEP";
+  return std::to_string(id);
+}
+
+int run_attn(const Source& s, const std::string& out) {
+  auto [model, batch] = load_inputs(s);
+  Batch one = batch;
+  if (batch.size() > 1) fail("attn: one sequence at a time");
+  NoGradGuard ng;
+  model->eval();
+  std::vector<BlockHooks> hooks(model->cfg.n_layers);
+  for (auto& h : hooks) h.attn.record = true;
+  ForwardOptions opt;
+  opt.hooks = &hooks;
+  opt.key_padding = one.key_padding;
+  model->forward(one.inputs, opt);
+  make_dirs(out);
+  SafetensorsWriter w;
+  for (int l = 0; l < model->cfg.n_layers; ++l) w.add("attn." + std::to_string(l), hooks[l].attn.pattern);
+  w.add_ids("input_ids", one.inputs, DType::I64);
+  w.set_meta("format", "headlab-attention");
+  w.write(out + "/attn.safetensors");
+  SafetensorsFile f = read_safetensors(s.checkpoint);
+  const TaskConfig tc = task_for(f, TaskConfig::preset(s.task.name));
+  const int64_t T = one.inputs.shape[1];
+  std::vector<std::string> labels;
+  for (int64_t t = 0; t < T; ++t) labels.push_back(token_label(one.inputs.at(0, t), tc));
+  std::vector<Heatmap> maps;
+  const int H = model->cfg.n_heads;
+  for (int l = 0; l < model->cfg.n_layers; ++l)
+    for (int h = 0; h < H; ++h) {
+      Heatmap m;
+      m.title = "layer " + std::to_string(l) + " head " + std::to_string(h);
+      m.rows = m.cols = static_cast<int>(T);
+      const float* p = hooks[l].attn.pattern.data() + static_cast<int64_t>(h) * T * T;
+      m.values.assign(p, p + T * T);
+      m.xlabels = m.ylabels = labels;
+      maps.push_back(m);
+    }
+  const bool drawn = plot_heatmap_grid(out + "/attn.png", "Attention weights (rows: queries, columns: keys)",
+                                       model->cfg.n_layers, H, maps, "key", "query", 0.f, 1.f);
+  std::printf("wrote %s/attn.safetensors%s (%d layers x %d heads, %lld tokens)\n", out.c_str(),
+              drawn ? (" and " + out + "/attn.png").c_str() : "", model->cfg.n_layers, H, static_cast<long long>(T));
+  return 0;
+}
+
+}  // namespace
+
+void add_grads_command(CLI::App& app, CommandRunner& runner) {
+  CLI::App* sub = app.add_subcommand("grads", "Loss, every parameter gradient and attention maps of one batch (safetensors)");
+  auto s = std::make_shared<Source>();
+  auto out = std::make_shared<std::string>();
+  add_source_flags(sub, *s, false);
+  sub->add_option("--out", *out, "Output file (safetensors: loss, grad.<name>, attn.<layer>)")->required();
+  sub->callback([&runner, s, out] { runner = [=] { return run_grads(*s, *out); }; });
+}
+
+void add_attn_command(CLI::App& app, CommandRunner& runner) {
+  CLI::App* sub = app.add_subcommand("attn", "Attention weights of every layer and head for one sequence (safetensors + PNG grid)");
+  auto s = std::make_shared<Source>();
+  auto out = std::make_shared<std::string>();
+  s->batch_size = 1;
+  add_source_flags(sub, *s, true);
+  sub->add_option("--out", *out, "Output directory")->required();
+  sub->callback([&runner, s, out] { runner = [=] { return run_attn(*s, *out); }; });
+}
+
+}  // namespace hl

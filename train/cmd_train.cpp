@@ -1,0 +1,168 @@
+// headlab train: trains a transformer on the copy task, with live progress, held-out evals,
+// atomic checkpoints and exact resume.
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "lib/fileutil.h"
+#include "lib/safetensors.h"
+#include "train/atlas.h"
+#include "train/commands.h"
+#include "train/progress.h"
+
+namespace hl {
+
+using json = nlohmann::json;
+
+namespace {
+
+// Flags that define the run: given with --resume they must agree with the checkpoint.
+const std::vector<std::pair<std::string, std::string>> kIdentityFlags = {
+    {"--d-model", "/model/d_model"}, {"--layers", "/model/n_layers"}, {"--heads", "/model/n_heads"},
+    {"--kv-heads", "/model/n_kv_heads"}, {"--d-head", "/model/d_head"}, {"--d-ff", "/model/d_ff"},
+    {"--norm", "/model/norm"}, {"--activation", "/model/activation"}, {"--positions", "/model/positions"},
+    {"--attn-bias", "/model/attn_bias"}, {"--mlp-bias", "/model/mlp_bias"}, {"--dropout", "/dropout"},
+    {"--attn-dropout", "/attn_dropout"}, {"--task", "/task/name"}, {"--length", "/task/max_len"},
+    {"--min-length", "/task/min_len"}, {"--alphabet", "/task/alphabet"}, {"--batch", "/batch"},
+    {"--lr", "/lr"}, {"--schedule", "/schedule"}, {"--warmup", "/warmup"}, {"--min-lr-ratio", "/min_lr_ratio"},
+    {"--optimizer", "/optimizer"}, {"--weight-decay", "/weight_decay"}, {"--momentum", "/momentum"},
+    {"--clip", "/clip"}, {"--seed", "/seed"}, {"--eval-size", "/eval_size"}, {"--eval-seed", "/eval_seed"}};
+
+TrainArgs resume_args(TrainFlags& flags, const std::string& out) {
+  const std::string path = out + "/checkpoint.safetensors";
+  if (!file_exists(path)) fail("--resume: no checkpoint to resume in ", out, " (", path, " is missing)");
+  SafetensorsFile f = read_safetensors(path);
+  json st;
+  try {
+    st = json::parse(f.meta("train_state"));
+  } catch (const json::exception&) {
+    fail(path, ": train_state metadata is not valid JSON");
+  }
+  TrainArgs stored = TrainArgs::from_json(st.at("args").dump(), path);
+  TrainArgs given = flags.resolve();
+  // The model config stored holds vocab/max_seq_len from the task: compare the flag values.
+  const json a = json::parse(given.to_json()), b = json::parse(stored.to_json());
+  for (auto& [flag, ptr] : kIdentityFlags) {
+    if (!flags.given(flag)) continue;
+    const json::json_pointer p(ptr);
+    if (a.at(p) != b.at(p))
+      fail(flag, " ", a.at(p).dump(), " does not match the run being resumed (", b.at(p).dump(), " in ", path, ")");
+  }
+  TrainArgs r = stored;
+  if (flags.given("--steps")) r.steps = given.steps;
+  if (flags.given("--threads")) r.threads = given.threads;
+  if (flags.given("--eval-every")) r.eval_every = given.eval_every;
+  if (flags.given("--checkpoint-every")) r.checkpoint_every = given.checkpoint_every;
+  if (flags.given("--skip-nonfinite")) r.skip_nonfinite = true;
+  if (flags.given("--eval-ar")) r.eval_autoregressive = true;
+  r.out = out;
+  r.resume = true;
+  return r;
+}
+
+void write_summary(const std::string& out, const TrainArgs& args, const TrainResult& r) {
+  const EvalResult& e = r.final_eval;
+  json j = {{"config", json::parse(args.to_json())},
+            {"final", {{"step", r.steps}, {"loss", e.loss}, {"perplexity", std::exp(e.loss)},
+                       {"token_acc", e.token_acc}, {"exact_match", e.exact_match},
+                       {"ar_exact_match", e.ar_exact_match}}},
+            {"first_step_99", r.first_step_99 >= 0 ? json(r.first_step_99) : json(nullptr)},
+            {"wall_s", r.wall_s},
+            {"steps", r.steps},
+            {"skipped_steps", r.skipped_steps},
+            {"parameters", r.params},
+            {"peak_rss_kb", r.peak_rss_kb}};
+  write_file_atomic(out + "/summary.json", j.dump(2) + "\n");
+}
+
+int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool quiet, int64_t log_grads,
+              const std::vector<int64_t>& dump_at) {
+  const std::string out = out_flag.empty() ? default_out_dir("train") : out_flag;
+  TrainArgs args = resume ? resume_args(flags, out) : flags.resolve();
+  if (!resume) {
+    args.out = out;
+    args.log_grads_every = log_grads;
+    args.dump_grads_at = dump_at;
+  }
+  Trainer trainer(args);
+  const TrainArgs& a = trainer.args();
+  std::fprintf(stderr, "headlab train: %lld parameters, %d layers x %d heads (d_model %lld, d_head %lld), task %s "
+               "(alphabet %d, length %d..%d), %lld steps, %d threads -> %s\n",
+               static_cast<long long>(trainer.model().num_parameters()), a.model.n_layers, a.model.n_heads,
+               static_cast<long long>(a.model.d_model), static_cast<long long>(a.model.head_dim()),
+               a.task.name.c_str(), a.task.alphabet, a.task.min_len, a.task.max_len,
+               static_cast<long long>(a.steps), a.threads, a.out.c_str());
+  ProgressBar bar("train", a.steps, !quiet && stderr_is_terminal());
+  double last_acc = -1;
+  TrainObserver obs;
+  obs.on_step = [&](int64_t step, int64_t total, float loss, double tps) {
+    char status[160];
+    std::snprintf(status, sizeof status, "loss %.4f acc %s %.1fk tok/s", loss,
+                  last_acc < 0 ? "-" : percent(last_acc).c_str(), tps / 1000);
+    bar.update(step, status);
+  };
+  obs.on_eval = [&](int64_t step, const EvalResult& e) {
+    last_acc = e.token_acc;
+    if (!bar.enabled() && !quiet)
+      std::fprintf(stderr, "step %lld/%lld  held-out loss %.4f  token_acc %s  exact %s\n",
+                   static_cast<long long>(step), static_cast<long long>(a.steps), e.loss,
+                   percent(e.token_acc).c_str(), percent(e.exact_match).c_str());
+  };
+  std::unique_ptr<GradAtlas> atlas;
+  if (a.log_grads_every > 0 || !a.dump_grads_at.empty()) {
+    atlas = std::make_unique<GradAtlas>(a.out, a.log_grads_every, a.dump_grads_at, a.resume);
+    atlas->set_probe(trainer.task().held_out(64, a.eval_seed, 64)[0]);
+    obs.on_gradients = [&](int64_t step, TransformerLM& m) { atlas->observe(step, m); };
+  }
+  TrainResult r;
+  try {
+    r = trainer.run(obs);
+  } catch (const NonFiniteError& e) {
+    bar.finish();
+    std::fprintf(stderr, "headlab train: %s\n", e.what());
+    return 3;
+  }
+  bar.finish();
+  if (atlas) atlas->finish(trainer.model());
+  write_summary(a.out, a, r);
+  const EvalResult& e = r.final_eval;
+  std::printf("\n");
+  print_table({{"metric", "value"},
+               {"steps", std::to_string(r.steps)},
+               {"train time", format_duration(r.wall_s) + " (" + std::to_string(static_cast<int>(r.wall_s)) + " s)"},
+               {"held-out loss", std::to_string(e.loss)},
+               {"token accuracy", percent(e.token_acc)},
+               {"exact match (teacher-forced)", percent(e.exact_match)},
+               {"exact match (greedy, KV cache)", e.ar_exact_match >= 0 ? percent(e.ar_exact_match) : "-"},
+               {"first step >= 99% token acc", r.first_step_99 >= 0 ? std::to_string(r.first_step_99) : "never"},
+               {"parameters", std::to_string(r.params)},
+               {"peak RSS", std::to_string(r.peak_rss_kb / 1024) + " MiB"},
+               {"outputs", a.out + "/{model,checkpoint}.safetensors, metrics.jsonl, summary.json"}});
+  return 0;
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app, CommandRunner& runner) {
+  CLI::App* sub = app.add_subcommand("train", "Train a transformer on the copy task");
+  auto flags = std::make_shared<TrainFlags>();
+  auto out = std::make_shared<std::string>();
+  auto resume = std::make_shared<bool>(false);
+  auto quiet = std::make_shared<bool>(false);
+  auto log_grads = std::make_shared<int64_t>(0);
+  auto dump_at = std::make_shared<std::vector<int64_t>>();
+  flags->add(sub);
+  sub->add_option("--out", *out, "Output directory (default: runs/train-<date>-<time>)");
+  sub->add_flag("--resume", *resume, "Continue the run in --out from its last checkpoint");
+  sub->add_flag("--quiet", *quiet, "No progress output");
+  sub->add_option("--log-grads", *log_grads,
+                  "Gradient atlas: every N steps log per-head gradient and weight norms of W_Q/W_K/W_V/W_O "
+                  "(grad_atlas.csv) and attention entropy; 0 = off")->capture_default_str();
+  sub->add_option("--dump-grads-at", *dump_at, "Steps at which to dump every gradient (grads/step_N.safetensors) "
+                                               "and per-head W_QK / W_OV singular values")->delimiter(',');
+  sub->callback([&runner, flags, out, resume, quiet, log_grads, dump_at] {
+    runner = [=] { return run_train(*flags, *out, *resume, *quiet, *log_grads, *dump_at); };
+  });
+}
+
+}  // namespace hl

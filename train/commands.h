@@ -1,0 +1,38 @@
+// The headlab subcommands. Each registers its flags on the CLI11 app and runs when chosen.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <string>
+
+#include "train/trainer.h"
+
+namespace hl {
+
+// Registers model, task and optimisation flags (shared by train, ablate and prune), each
+// with its default shown in --help.
+struct TrainFlags {
+  TrainArgs args;
+  std::string norm = "pre", activation = "gelu_erf", positions = "learned";
+  void add(CLI::App* app, bool with_run_flags = true);
+  TrainArgs resolve();  // parses the string flags into args, applies task presets
+  bool given(const std::string& flag) const { return app_ && app_->count(flag) > 0; }
+
+ private:
+  CLI::App* app_ = nullptr;
+};
+
+// Adds `name` to app; `run` is called with the parsed flags after parsing succeeded.
+using CommandRunner = std::function<int()>;
+void add_train_command(CLI::App& app, CommandRunner& runner);
+void add_grads_command(CLI::App& app, CommandRunner& runner);
+void add_attn_command(CLI::App& app, CommandRunner& runner);
+void add_bench_command(CLI::App& app, CommandRunner& runner);
+void add_ablate_command(CLI::App& app, CommandRunner& runner);
+void add_prune_command(CLI::App& app, CommandRunner& runner);
+
+// Shared helpers for commands.
+std::string default_out_dir(const std::string& command);  // runs/<command>-YYYYmmdd-HHMMSS
+std::string percent(double v);                              // 0.9871 -> "98.71%"
+void print_table(const std::vector<std::vector<std::string>>& rows);  // first row = header
+
+}  // namespace hl

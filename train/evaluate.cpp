@@ -1,0 +1,96 @@
+#include "train/evaluate.h"
+
+#include <map>
+
+namespace hl {
+
+namespace {
+// Restores train/eval mode on scope exit.
+struct EvalMode {
+  TransformerLM& m;
+  bool was;
+  explicit EvalMode(TransformerLM& model) : m(model), was(model.training()) { m.eval(); }
+  ~EvalMode() { m.train(was); }
+};
+}  // namespace
+
+std::vector<std::vector<int32_t>> greedy_answers(TransformerLM& model, const CopyTask& task,
+                                                 const Batch& batch) {
+  EvalMode mode(model);
+  NoGradGuard ng;
+  std::map<int, std::vector<int64_t>> rows_by_len;
+  for (int64_t r = 0; r < batch.size(); ++r) rows_by_len[batch.lengths[r]].push_back(r);
+  std::vector<std::vector<int32_t>> out(batch.size());
+  for (auto& [n, rows] : rows_by_len) {
+    const int64_t G = static_cast<int64_t>(rows.size());
+    Ids prompt(Shape{G, n + 2});
+    for (int64_t g = 0; g < G; ++g)
+      for (int t = 0; t < n + 2; ++t) prompt.at(g, t) = batch.inputs.at(rows[g], t);
+    std::vector<KVCacheLayer> cache;
+    ForwardOptions opt;
+    opt.kv_cache = &cache;
+    Tensor logits = model.forward(prompt, opt);  // (G, n+2, V)
+    const int64_t V = logits.size(2);
+    Ids next(Shape{G, 1});
+    for (int i = 0; i < n; ++i) {
+      const int64_t T = logits.size(1);
+      for (int64_t g = 0; g < G; ++g) {
+        const float* l = logits.data() + (g * T + T - 1) * V;
+        int32_t best = 0;
+        for (int64_t v = 1; v < V; ++v)
+          if (l[v] > l[best]) best = static_cast<int32_t>(v);
+        next.at(g, 0) = best;
+        out[rows[g]].push_back(best);
+      }
+      if (i + 1 < n) logits = model.forward(next, opt);  // (G, 1, V)
+    }
+  }
+  (void)task;
+  return out;
+}
+
+EvalResult evaluate(TransformerLM& model, const CopyTask& task, const std::vector<Batch>& data,
+                    bool autoregressive, std::vector<BlockHooks>* hooks) {
+  EvalMode mode(model);
+  NoGradGuard ng;
+  EvalResult r;
+  double loss_sum = 0;
+  int64_t correct = 0, exact = 0, ar_exact = 0;
+  for (const Batch& b : data) {
+    ForwardOptions opt;
+    opt.key_padding = b.key_padding;
+    opt.hooks = hooks;
+    Tensor logits = model.forward(b.inputs, opt);  // (B, T, V)
+    const int64_t B = b.size(), T = b.inputs.shape[1], V = logits.size(2);
+    int64_t counted = 0;
+    for (int32_t t : b.targets.data) counted += t >= 0;
+    loss_sum += static_cast<double>(cross_entropy(logits, b.targets).item()) * counted;
+    r.tokens += counted;
+    for (int64_t row = 0; row < B; ++row) {
+      bool all = true;
+      for (int64_t t = 0; t < T; ++t) {
+        const int32_t target = b.targets.at(row, t);
+        if (target < 0) continue;
+        const float* l = logits.data() + (row * T + t) * V;
+        int32_t best = 0;
+        for (int64_t v = 1; v < V; ++v)
+          if (l[v] > l[best]) best = static_cast<int32_t>(v);
+        correct += best == target;
+        all = all && best == target;
+      }
+      exact += all;
+    }
+    r.sequences += B;
+    if (autoregressive) {
+      auto answers = greedy_answers(model, task, b);
+      for (int64_t row = 0; row < B; ++row) ar_exact += answers[row] == task.answer(b, row);
+    }
+  }
+  r.loss = r.tokens ? loss_sum / r.tokens : 0;
+  r.token_acc = r.tokens ? static_cast<double>(correct) / r.tokens : 0;
+  r.exact_match = r.sequences ? static_cast<double>(exact) / r.sequences : 0;
+  if (autoregressive) r.ar_exact_match = r.sequences ? static_cast<double>(ar_exact) / r.sequences : 0;
+  return r;
+}
+
+}  // namespace hl

@@ -1,0 +1,111 @@
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+
+#include "train/commands.h"
+
+namespace hl {
+
+void TrainFlags::add(CLI::App* app, bool with_run_flags) {
+  TrainArgs& a = args;
+  app_ = app;
+  app->add_option("--d-model", a.model.d_model, "Model width")->capture_default_str();
+  app->add_option("--layers", a.model.n_layers, "Transformer blocks")->capture_default_str();
+  app->add_option("--heads", a.model.n_heads, "Attention heads per layer")->capture_default_str();
+  app->add_option("--kv-heads", a.model.n_kv_heads, "Key/value heads (GQA/MQA); 0 = --heads")->capture_default_str();
+  app->add_option("--d-head", a.model.d_head, "Head size; 0 = d_model / heads")->capture_default_str();
+  app->add_option("--d-ff", a.model.d_ff, "Feed-forward width")->capture_default_str();
+  app->add_option("--norm", norm, "pre or post LayerNorm")->capture_default_str()->check(CLI::IsMember({"pre", "post"}));
+  app->add_option("--activation", activation, "gelu_erf, gelu_tanh or relu")
+      ->capture_default_str()->check(CLI::IsMember({"gelu_erf", "gelu_tanh", "relu"}));
+  app->add_option("--positions", positions, "learned or sinusoidal")
+      ->capture_default_str()->check(CLI::IsMember({"learned", "sinusoidal"}));
+  app->add_option("--attn-bias", a.model.attn_bias, "Biases on W_Q, W_K, W_V, W_O")->capture_default_str();
+  app->add_option("--mlp-bias", a.model.mlp_bias, "Biases on the feed-forward layers")->capture_default_str();
+  app->add_option("--dropout", a.model.dropout, "Dropout on embeddings and residual branches")->capture_default_str();
+  app->add_option("--attn-dropout", a.model.attn_dropout, "Dropout on attention weights")->capture_default_str();
+  app->add_option("--task", a.task.name, "copy, reverse or varcopy (alphabet 64, lengths 1..16)")
+      ->capture_default_str()->check(CLI::IsMember({"copy", "reverse", "varcopy"}));
+  app->add_option("--length", a.task.max_len, "Sequence length L (the maximum, for variable lengths)")->capture_default_str();
+  app->add_option("--min-length", a.task.min_len, "Minimum length; 0 = --length (fixed length)")->capture_default_str();
+  app->add_option("--alphabet", a.task.alphabet, "Number of symbols")->capture_default_str();
+  app->add_option("--batch", a.batch, "Sequences per step")->capture_default_str();
+  app->add_option("--steps", a.steps, "Training steps")->capture_default_str();
+  app->add_option("--lr", a.lr, "Peak learning rate")->capture_default_str();
+  app->add_option("--schedule", a.schedule, "constant, cosine or linear (after warmup)")
+      ->capture_default_str()->check(CLI::IsMember({"constant", "cosine", "linear"}));
+  app->add_option("--warmup", a.warmup, "Linear warmup steps")->capture_default_str();
+  app->add_option("--min-lr-ratio", a.min_lr_ratio, "Final lr / peak lr for cosine and linear")->capture_default_str();
+  app->add_option("--optimizer", a.optimizer, "adamw, adam or sgd")
+      ->capture_default_str()->check(CLI::IsMember({"adamw", "adam", "sgd"}));
+  app->add_option("--weight-decay", a.weight_decay, "Weight decay")->capture_default_str();
+  app->add_flag("--decay-all", a.decay_all, "Also decay biases, LayerNorm and embeddings");
+  app->add_option("--momentum", a.momentum, "SGD momentum")->capture_default_str();
+  app->add_option("--clip", a.clip, "Clip gradients to this global norm; 0 = off")->capture_default_str();
+  app->add_option("--seed", a.seed, "Seed of initialisation, data and dropout")->capture_default_str();
+  app->add_option("--threads", a.threads, "Threads (OpenMP and OpenBLAS)")->capture_default_str();
+  app->add_option("--eval-every", a.eval_every, "Evaluate on the held-out set every N steps")->capture_default_str();
+  app->add_option("--eval-size", a.eval_size, "Held-out sequences")->capture_default_str();
+  app->add_option("--eval-seed", a.eval_seed, "Seed of the held-out set")->capture_default_str();
+  if (with_run_flags) {
+    app->add_option("--checkpoint-every", a.checkpoint_every, "Checkpoint every N steps (and at the end)")->capture_default_str();
+    app->add_flag("--eval-ar", a.eval_autoregressive, "Greedy autoregressive exact match at every eval (always at the end)");
+    app->add_flag("--skip-nonfinite", a.skip_nonfinite, "Skip steps with a non-finite loss or gradient instead of stopping");
+  }
+}
+
+TrainArgs TrainFlags::resolve() {
+  TrainArgs a = args;
+  // --task varcopy is a preset: its alphabet and lengths apply unless given explicitly.
+  if (a.task.name == "varcopy") {
+    const TaskConfig p = TaskConfig::preset("varcopy");
+    if (!given("--alphabet")) a.task.alphabet = p.alphabet;
+    if (!given("--min-length")) a.task.min_len = p.min_len;
+    if (!given("--length")) a.task.max_len = p.max_len;
+  }
+  a.model.norm = parse_norm(norm);
+  a.model.activation = parse_activation(activation);
+  a.model.positions = parse_positions(positions);
+  if (a.task.name == "reverse") a.task.reverse = true;
+  if (a.task.min_len == 0) a.task.min_len = a.task.max_len;
+  return a;
+}
+
+std::string default_out_dir(const std::string& command) {
+  const std::time_t t = std::time(nullptr);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", std::localtime(&t));
+  return "runs/" + command + "-" + buf;
+}
+
+std::string percent(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f%%", 100.0 * v);
+  return buf;
+}
+
+void print_table(const std::vector<std::vector<std::string>>& rows) {
+  if (rows.empty()) return;
+  std::vector<size_t> w(rows[0].size(), 0);
+  for (auto& r : rows)
+    for (size_t c = 0; c < r.size() && c < w.size(); ++c) w[c] = std::max(w[c], r[c].size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::string line;
+    for (size_t c = 0; c < rows[i].size(); ++c) {
+      const std::string& s = rows[i][c];
+      const bool numeric = !s.empty() && (std::isdigit(static_cast<unsigned char>(s[0])) || s[0] == '-');
+      const bool left = c == 0 || !numeric;
+      const std::string padding(w[c] - s.size(), ' ');
+      line += (c ? "  " : "") + (left ? s + padding : padding + s);
+    }
+    std::printf("%s\n", line.c_str());
+    if (i == 0) {
+      std::string rule;
+      for (size_t c = 0; c < w.size(); ++c) rule += (c ? "  " : "") + std::string(w[c], '-');
+      std::printf("%s\n", rule.c_str());
+    }
+  }
+}
+
+}  // namespace hl

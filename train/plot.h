@@ -1,0 +1,33 @@
+// PNG plots through gnuplot (Debian's gnuplot-nox, pngcairo terminal). Data go to a temp
+// directory, gnuplot writes a temp PNG, which is renamed into place: no half-written plots.
+// If gnuplot is missing or fails, a warning is printed and false returned (plots are
+// never fatal: the tables and CSV/JSON are the results).
+#pragma once
+#include <string>
+#include <vector>
+
+namespace hl {
+
+struct Heatmap {
+  std::string title;
+  int rows = 0, cols = 0;
+  std::vector<float> values;  // row-major
+  std::vector<std::string> xlabels, ylabels;  // optional tick labels
+};
+
+// A grid of heatmaps (e.g. layers x heads). vmin == vmax: each map scales on its own.
+bool plot_heatmap_grid(const std::string& path, const std::string& title, int grid_rows, int grid_cols,
+                       const std::vector<Heatmap>& maps, const std::string& xlabel,
+                       const std::string& ylabel, float vmin = 0.f, float vmax = 0.f);
+
+struct Series {
+  std::string name;
+  std::vector<double> x, y;
+  std::vector<double> lo, hi;  // optional band (min-max over seeds)
+};
+
+bool plot_lines(const std::string& path, const std::string& title, const std::string& xlabel,
+                const std::string& ylabel, const std::vector<Series>& series, bool log_y = false,
+                bool log_x = false);
+
+}  // namespace hl

@@ -1,0 +1,98 @@
+// The training loop shared by `train`, `ablate` and `prune`: model + copy task + optimizer,
+// held-out evaluation, atomic checkpoints, exact resume, non-finite detection.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "datasets/copy_task.h"
+#include "lib/optim.h"
+#include "models/transformer.h"
+#include "train/evaluate.h"
+
+namespace hl {
+
+struct TrainArgs {
+  ModelConfig model;  // vocab_size and max_seq_len are set from the task
+  TaskConfig task;
+  int batch = 64;
+  int64_t steps = 600;
+  float lr = 3e-3f;
+  std::string schedule = "cosine";
+  int64_t warmup = 50;
+  float min_lr_ratio = 0.1f;
+  std::string optimizer = "adamw";
+  float weight_decay = 0.01f;
+  bool decay_all = false;  // AdamW: also decay biases, LayerNorm and embeddings
+  float beta1 = 0.9f, beta2 = 0.999f, momentum = 0.9f;
+  float clip = 1.0f;       // global-norm clipping; 0 = off
+  uint64_t seed = 0;
+  int threads = 2;
+  int64_t eval_every = 100;
+  int64_t checkpoint_every = 200;
+  int eval_size = 1000;
+  uint64_t eval_seed = 1234;
+  bool eval_autoregressive = false;  // at every eval (always done at the end)
+  bool skip_nonfinite = false;
+  std::string out;
+  bool resume = false;
+  // gradient atlas (train --log-grads)
+  int64_t log_grads_every = 0;
+  std::vector<int64_t> dump_grads_at;
+
+  std::string to_json() const;
+  static TrainArgs from_json(const std::string& text, const std::string& source);
+  void validate() const;
+};
+
+struct TrainResult {
+  EvalResult final_eval;
+  int64_t steps = 0;
+  double wall_s = 0;
+  int64_t params = 0;
+  long peak_rss_kb = 0;
+  int64_t skipped_steps = 0;
+  int64_t first_step_99 = -1;  // first eval step with token accuracy >= 99%
+  std::vector<std::pair<int64_t, EvalResult>> curve;  // (step, eval) over training
+};
+
+// Something to watch a run: called after each step (for progress) and at each eval.
+struct TrainObserver {
+  std::function<void(int64_t step, int64_t total, float loss, double tokens_per_s)> on_step;
+  std::function<void(int64_t step, const EvalResult&)> on_eval;
+  // After backward (gradients present), before the optimizer step.
+  std::function<void(int64_t step, TransformerLM& model)> on_gradients;
+};
+
+// Raised for a non-finite loss or gradient: names the step; the last checkpoint is intact.
+struct NonFiniteError : Error {
+  using Error::Error;
+};
+
+class Trainer {
+ public:
+  explicit Trainer(TrainArgs args);
+  TrainResult run(const TrainObserver& obs = {});
+  TransformerLM& model() { return *model_; }
+  const CopyTask& task() const { return task_; }
+  const TrainArgs& args() const { return args_; }
+  const std::vector<Batch>& held_out() const { return held_out_; }
+  std::string checkpoint_path() const;
+
+ private:
+  void save(int64_t step, double wall_s);
+  int64_t restore(double& wall_s);  // returns the step to continue from
+  TrainArgs args_;
+  CopyTask task_;
+  std::unique_ptr<TransformerLM> model_;
+  std::unique_ptr<Optimizer> opt_;
+  LrSchedule sched_;
+  Rng data_rng_;
+  std::vector<Batch> held_out_;
+};
+
+long peak_rss_kb();
+std::string eval_json(int64_t step, const EvalResult& e, float lr, double tokens_per_s, double wall_s);
+
+}  // namespace hl
