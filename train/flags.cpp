@@ -10,6 +10,7 @@ namespace hl {
 void TrainFlags::add(CLI::App* app, bool with_run_flags) {
   TrainArgs& a = args;
   app_ = app;
+  a.task.min_len = 0;  // shown as "0 = --length"; resolve() fills it in
   app->add_option("--d-model", a.model.d_model, "Model width")->capture_default_str();
   app->add_option("--layers", a.model.n_layers, "Transformer blocks")->capture_default_str();
   app->add_option("--heads", a.model.n_heads, "Attention heads per layer")->capture_default_str();

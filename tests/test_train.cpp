@@ -1,0 +1,248 @@
+// Copy-task data, the training loop (learning, exact resume, determinism, non-finite stop),
+// and the grads command against in-process autograd.
+#define BOOST_TEST_MODULE train
+#include <boost/test/unit_test.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "lib/fileutil.h"
+#include "models/checkpoint.h"
+#include "train/trainer.h"
+
+using namespace hl;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+std::string fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("headlab-test-" + name);
+  fs::remove_all(d);
+  return d.string();
+}
+TrainArgs small_args(const std::string& out) {
+  TrainArgs a;
+  a.model.d_model = 32;
+  a.model.n_layers = 2;
+  a.model.n_heads = 2;
+  a.model.d_ff = 64;
+  a.task = TaskConfig::preset("copy");
+  a.task.alphabet = 5;
+  a.task.min_len = a.task.max_len = 4;
+  a.batch = 32;
+  a.steps = 40;
+  a.eval_every = 10;
+  a.checkpoint_every = 20;
+  a.eval_size = 64;
+  a.warmup = 5;
+  a.model.dropout = 0.1f;  // exercises the dropout RNG in resume
+  a.out = out;
+  return a;
+}
+// metrics.jsonl without the wall-clock fields.
+std::vector<std::string> metrics_without_time(const std::string& dir) {
+  std::ifstream in(dir + "/metrics.jsonl");
+  std::vector<std::string> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    json j = json::parse(line);
+    j.erase("wall_s");
+    j.erase("tokens_per_s");
+    out.push_back(j.dump());
+  }
+  return out;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(copy_layout_and_targets) {
+  TaskConfig c = TaskConfig::preset("copy");
+  c.alphabet = 5;
+  c.min_len = c.max_len = 3;
+  CopyTask task(c);
+  BOOST_TEST(task.vocab_size() == 8);
+  BOOST_TEST(task.seq_len() == 7);
+  Batch b = task.make({{1, 2, 3}});
+  const int BOS = 6, SEP = 7;
+  BOOST_TEST(b.inputs.data == (std::vector<int32_t>{BOS, 1, 2, 3, SEP, 1, 2}));
+  BOOST_TEST(b.targets.data == (std::vector<int32_t>{-1, -1, -1, -1, 1, 2, 3}));
+  BOOST_TEST(!b.key_padding.defined());
+  TaskConfig r = c;
+  r.reverse = true;
+  Batch rb = CopyTask(r).make({{1, 2, 3}});
+  BOOST_TEST(rb.inputs.data == (std::vector<int32_t>{BOS, 1, 2, 3, SEP, 3, 2}));
+  BOOST_TEST(rb.targets.data == (std::vector<int32_t>{-1, -1, -1, -1, 3, 2, 1}));
+}
+
+BOOST_AUTO_TEST_CASE(variable_length_padding_and_mask) {
+  TaskConfig c = TaskConfig::preset("varcopy");
+  BOOST_TEST(c.alphabet == 64);
+  CopyTask task(c);
+  BOOST_TEST(task.vocab_size() == 67);
+  BOOST_TEST(task.seq_len() == 33);  // padded to 34 tokens, input is all but the last
+  Batch b = task.make({{5, 9}, std::vector<int32_t>(16, 1)});
+  const int PAD = 64, BOS = 65, SEP = 66;
+  // row 0: BOS 5 9 SEP 5 9 PAD...
+  BOOST_TEST(b.inputs.at(0, 0) == BOS);
+  BOOST_TEST(b.inputs.at(0, 3) == SEP);
+  BOOST_TEST(b.inputs.at(0, 5) == 9);
+  BOOST_TEST(b.inputs.at(0, 6) == PAD);
+  int counted = 0;
+  for (int t = 0; t < 33; ++t) counted += b.targets.at(0, t) >= 0;
+  BOOST_TEST(counted == 2);
+  BOOST_TEST(b.targets.at(0, 3) == 5);
+  BOOST_TEST(b.targets.at(0, 4) == 9);
+  BOOST_TEST(b.targets.at(0, 5) == -1);  // predicting PAD does not count
+  BOOST_TEST(b.key_padding.at({0, 6}) == 1.f);
+  BOOST_TEST(b.key_padding.at({0, 5}) == 0.f);
+  BOOST_TEST(b.key_padding.at({1, 32}) == 0.f);  // the full-length row has no padding
+  Rng rng(1);
+  Batch s = task.sample(200, rng);
+  int lo = 99, hi = 0;
+  for (int n : s.lengths) lo = std::min(lo, n), hi = std::max(hi, n);
+  BOOST_TEST(lo == 1);
+  BOOST_TEST(hi == 16);
+}
+
+BOOST_AUTO_TEST_CASE(held_out_is_fixed_and_seeded) {
+  CopyTask task(TaskConfig::preset("copy"));
+  auto a = task.held_out(100, 7, 30), b = task.held_out(100, 7, 30), c = task.held_out(100, 8, 30);
+  BOOST_TEST(a.size() == 4u);
+  BOOST_TEST(a[3].size() == 10);
+  BOOST_TEST(a[0].inputs.data == b[0].inputs.data);
+  BOOST_TEST(a[0].inputs.data != c[0].inputs.data);
+}
+
+BOOST_AUTO_TEST_CASE(tiny_copy_run_learns_within_30_seconds) {
+  const auto t0 = std::chrono::steady_clock::now();
+  TrainArgs a = small_args("");
+  a.model.dropout = 0.f;
+  a.steps = 300;
+  a.eval_every = 300;
+  a.lr = 3e-3f;
+  Trainer t(a);
+  TrainResult r = t.run();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  BOOST_TEST(secs < 30.0);
+  BOOST_TEST(r.final_eval.loss < 0.05);  // chance level is log(5) = 1.61
+  BOOST_TEST(r.final_eval.token_acc > 0.99);
+  BOOST_TEST(r.final_eval.ar_exact_match > 0.9);
+}
+
+BOOST_AUTO_TEST_CASE(same_seed_same_metrics_and_resume_equals_uninterrupted) {
+  const std::string full = fresh_dir("full"), again = fresh_dir("again"), cut = fresh_dir("cut");
+  Trainer(small_args(full)).run();
+  Trainer(small_args(again)).run();
+  BOOST_TEST(metrics_without_time(full) == metrics_without_time(again), boost::test_tools::per_element());
+  BOOST_TEST(metrics_without_time(full).size() == 4u);
+  {  // "crash" at step 25: after the step-20 checkpoint and the step-20 eval
+    Trainer t(small_args(cut));
+    TrainObserver obs;
+    obs.on_step = [](int64_t step, int64_t, float, double) {
+      if (step == 25) throw std::runtime_error("simulated crash");
+    };
+    BOOST_CHECK_THROW(t.run(obs), std::runtime_error);
+  }
+  TrainArgs r = small_args(cut);
+  r.resume = true;
+  Trainer(r).run();
+  BOOST_TEST(metrics_without_time(full) == metrics_without_time(cut), boost::test_tools::per_element());
+  // the final models are identical bit for bit
+  auto m1 = read_safetensors(full + "/model.safetensors"), m2 = read_safetensors(cut + "/model.safetensors");
+  for (auto& [name, t] : m1.tensors) BOOST_TEST(t.bytes == m2.get(name).bytes);
+}
+
+BOOST_AUTO_TEST_CASE(resume_rejects_a_different_model) {
+  const std::string dir = fresh_dir("mismatch");
+  TrainArgs a = small_args(dir);
+  a.steps = 20;
+  Trainer(a).run();
+  TrainArgs b = small_args(dir);
+  b.model.d_ff = 48;
+  b.resume = true;
+  BOOST_CHECK_EXCEPTION(Trainer(b).run(), Error, [](const Error& e) {
+    return std::string(e.what()).find("checkpoint config does not match the flags: d_ff is 64 in the checkpoint but 48") !=
+           std::string::npos;
+  });
+  TrainArgs c = small_args(dir);  // without --resume an existing run is never overwritten
+  BOOST_CHECK_EXCEPTION(Trainer{c}, Error, [](const Error& e) {
+    return std::string(e.what()).find("already holds a run") != std::string::npos;
+  });
+}
+
+BOOST_AUTO_TEST_CASE(non_finite_loss_stops_and_keeps_the_checkpoint) {
+  const std::string dir = fresh_dir("nan");
+  TrainArgs a = small_args(dir);
+  a.model.dropout = 0.f;
+  a.steps = 40;
+  a.checkpoint_every = 5;
+  a.clip = 0.f;
+  Trainer t(a);
+  TrainObserver obs;  // poison the weights after step 12: the next loss is NaN
+  obs.on_step = [&](int64_t step, int64_t, float, double) {
+    if (step == 12) t.model().head.weight.data()[0] = std::numeric_limits<float>::quiet_NaN();
+  };
+  BOOST_CHECK_EXCEPTION(t.run(obs), NonFiniteError, [](const NonFiniteError& e) {
+    return std::string(e.what()).find("step 13: loss is nan; stopping (the last good checkpoint, step 10, is intact") == 0;
+  });
+  auto f = read_safetensors(dir + "/checkpoint.safetensors");
+  BOOST_TEST(json::parse(f.meta("train_state"))["step"] == 10);
+  for (float v : f.f32("head.weight").to_vector()) BOOST_TEST(std::isfinite(v));
+  // with --skip-nonfinite the run goes on to the end and counts the skipped steps (here
+  // every step after the poisoning, since the weights stay NaN)
+  const std::string dir2 = fresh_dir("nan-skip");
+  TrainArgs s = small_args(dir2);
+  s.skip_nonfinite = true;
+  s.steps = 10;
+  s.eval_every = 10;
+  Trainer t2(s);
+  TrainObserver obs2;
+  obs2.on_step = [&](int64_t step, int64_t, float, double) {
+    if (step == 3) t2.model().head.weight.data()[0] = std::numeric_limits<float>::quiet_NaN();
+  };
+  TrainResult r = t2.run(obs2);
+  BOOST_TEST(r.skipped_steps == 7);
+  BOOST_TEST(r.steps == 10);
+}
+
+BOOST_AUTO_TEST_CASE(grads_command_matches_in_process_autograd) {
+  const std::string dir = fresh_dir("grads");
+  make_dirs(dir);
+  ModelConfig c;
+  c.vocab_size = 13;
+  c.d_model = 16;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.d_ff = 32;
+  c.max_seq_len = 33;
+  TransformerLM m(c, 42);
+  save_checkpoint(dir + "/m.safetensors", m);
+  CopyTask task(TaskConfig::preset("copy"));
+  Rng rng(5);
+  Batch b = task.sample(3, rng);
+  SafetensorsWriter bw;
+  bw.add_ids("input_ids", b.inputs, DType::I64);
+  bw.add_ids("targets", b.targets, DType::I64);
+  bw.write(dir + "/batch.safetensors");
+  const std::string cmd = std::string(HEADLAB_BINARY) + " grads --threads 2 --checkpoint " + dir +
+                          "/m.safetensors --batch " + dir + "/batch.safetensors --out " + dir + "/g.safetensors > /dev/null";
+  BOOST_REQUIRE(std::system(cmd.c_str()) == 0);
+  set_num_threads(2);
+  std::vector<BlockHooks> hooks(2);
+  for (auto& h : hooks) h.attn.record = true;
+  ForwardOptions opt;
+  opt.hooks = &hooks;
+  Tensor loss = cross_entropy(m.forward(b.inputs, opt), b.targets);
+  loss.backward();
+  auto g = read_safetensors(dir + "/g.safetensors");
+  BOOST_TEST(g.f32("loss").item() == loss.item());
+  for (auto& [name, t] : m.named_parameters()) {
+    Tensor dumped = g.f32("grad." + name);
+    BOOST_TEST(dumped.shape() == t.shape());
+    BOOST_TEST(dumped.to_vector() == t.grad().to_vector());
+  }
+  BOOST_TEST(g.f32("attn.1").shape() == Shape({3, 4, 33, 33}));
+  BOOST_TEST(g.f32("attn.1").to_vector() == hooks[1].attn.pattern.to_vector());
+}
