@@ -69,7 +69,11 @@ class LayerNorm : public Module {
 class Dropout : public Module {
  public:
   Dropout(float p, Rng* rng) : p(p), rng_(rng) {}
-  Tensor forward(const Tensor& x) const { return dropout(x, p, *rng_, training() && p > 0.f); }
+  Tensor forward(const Tensor& x) const {
+    if (!training() || p == 0.f) return x;
+    HL_CHECK(rng_ != nullptr, "Dropout: p = ", p, " needs a random generator");
+    return dropout(x, p, *rng_, true);
+  }
   float p;
 
  private:
