@@ -4,8 +4,10 @@
 
 #include "autograd.h"
 #include "broadcast.h"
+#include "fastmath.h"
 #include "ops.h"
 #include "parallel.h"
+#include "profile.h"
 
 namespace hl {
 
@@ -32,34 +34,62 @@ BroadcastPlan plan_broadcast(const char* op, const Shape& a, const Shape& b) {
 
 namespace {
 
+// If b's shape is a's trailing dims (leading 1s allowed), the size of that block; else 0.
+int64_t suffix_block(const Shape& a, const Shape& b) {
+  int lead = 0;
+  while (lead < b.ndim && b[lead] == 1) ++lead;
+  const int k = b.ndim - lead;
+  if (k == 0 || k > a.ndim || b.ndim > a.ndim) return 0;
+  for (int d = 0; d < k; ++d)
+    if (b[lead + d] != a[a.ndim - k + d]) return 0;
+  return b.numel();
+}
+
 // z = f(x, y) with broadcasting. dfx(x, y, z, g) and dfy(...) are the contributions of one
 // output element to dL/dx and dL/dy.
 template <class F, class DX, class DY>
 Tensor binary_op(const char* name, const Tensor& a, const Tensor& b, F f, DX dfx, DY dfy) {
+  HL_PROFILE(Elementwise);
   const BroadcastPlan plan = plan_broadcast(name, a.shape(), b.shape());
   Tensor out = Tensor::empty(plan.out);
   const float *x = a.data(), *y = b.data();
   float* z = out.data();
   const int64_t n = out.numel();
+  const int64_t inner = suffix_block(a.shape(), b.shape());
   if (plan.same) {
 #pragma omp parallel for schedule(static) if (n >= kParallelMinElems)
     for (int64_t i = 0; i < n; ++i) z[i] = f(x[i], y[i]);
+  } else if (inner > 0) {  // b repeats along a's leading dims (bias, positions): no index math
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElems)
+    for (int64_t o = 0; o < n / inner; ++o)
+      for (int64_t j = 0; j < inner; ++j) z[o * inner + j] = f(x[o * inner + j], y[j]);
   } else {
     for_each_broadcast(plan, [&](int64_t i, int64_t ia, int64_t ib) { z[i] = f(x[ia], y[ib]); });
   }
   if (needs_graph({&a, &b}))
     attach(out, name, {a, b}, [a, b, dfx, dfy, name](TensorImpl& self) {
+      HL_PROFILE(Elementwise);
       const BroadcastPlan plan = plan_broadcast(name, a.shape(), b.shape());
       const float *g = self.grad->data(), *z = self.data(), *x = a.data(), *y = b.data();
       float* gx = grad_buffer(a);
       float* gy = grad_buffer(b);
       const int64_t n = self.shape.numel();
+      const int64_t inner = suffix_block(a.shape(), b.shape());
       if (plan.same) {
 #pragma omp parallel for schedule(static) if (n >= kParallelMinElems)
         for (int64_t i = 0; i < n; ++i) {
           if (gx) gx[i] += dfx(x[i], y[i], z[i], g[i]);
           if (gy) gy[i] += dfy(x[i], y[i], z[i], g[i]);
         }
+      } else if (inner > 0) {
+        if (gx) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElems)
+          for (int64_t i = 0; i < n; ++i) gx[i] += dfx(x[i], y[i % inner], z[i], g[i]);
+        }
+        if (gy)  // rows in order: a fixed summation order
+          for (int64_t o = 0; o < n / inner; ++o)
+            for (int64_t j = 0; j < inner; ++j)
+              gy[j] += dfy(x[o * inner + j], y[j], z[o * inner + j], g[o * inner + j]);
       } else {  // sequential: broadcast inputs receive from many outputs
         for_each_broadcast(plan, [&](int64_t i, int64_t ia, int64_t ib) {
           if (gx) gx[ia] += dfx(x[ia], y[ib], z[i], g[i]);
@@ -73,6 +103,7 @@ Tensor binary_op(const char* name, const Tensor& a, const Tensor& b, F f, DX dfx
 // y = f(x); df(x, y, g) is dL/dx for one element.
 template <class F, class DF>
 Tensor unary_op(const char* name, const Tensor& a, F f, DF df) {
+  HL_PROFILE(Elementwise);
   Tensor out = Tensor::empty(a.shape());
   const float* x = a.data();
   float* y = out.data();
@@ -81,6 +112,7 @@ Tensor unary_op(const char* name, const Tensor& a, F f, DF df) {
   for (int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
   if (needs_graph({&a}))
     attach(out, name, {a}, [a, df](TensorImpl& self) {
+      HL_PROFILE(Elementwise);
       float* gx = grad_buffer(a);
       const float *g = self.grad->data(), *y = self.data(), *x = a.data();
       const int64_t n = self.shape.numel();
@@ -160,18 +192,18 @@ Tensor relu(const Tensor& x) {
 Tensor gelu_tanh(const Tensor& x) {
   return unary_op(
       "gelu_tanh", x,
-      [](float v) { return 0.5f * v * (1.f + std::tanh(kSqrt2OverPi * (v + kGeluCoeff * v * v * v))); },
+      [](float v) { return 0.5f * v * (1.f + tanh_fast(kSqrt2OverPi * (v + kGeluCoeff * v * v * v))); },
       [](float v, float, float g) {
-        const float t = std::tanh(kSqrt2OverPi * (v + kGeluCoeff * v * v * v));
+        const float t = tanh_fast(kSqrt2OverPi * (v + kGeluCoeff * v * v * v));
         const float du = kSqrt2OverPi * (1.f + 3.f * kGeluCoeff * v * v);
         return g * (0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * du);
       });
 }
 Tensor gelu_erf(const Tensor& x) {
   return unary_op(
-      "gelu_erf", x, [](float v) { return 0.5f * v * (1.f + std::erf(v * kInvSqrt2)); },
+      "gelu_erf", x, [](float v) { return 0.5f * v * (1.f + erf_fast(v * kInvSqrt2)); },
       [](float v, float, float g) {
-        return g * (0.5f * (1.f + std::erf(v * kInvSqrt2)) + v * kInvSqrt2Pi * std::exp(-0.5f * v * v));
+        return g * (0.5f * (1.f + erf_fast(v * kInvSqrt2)) + v * kInvSqrt2Pi * exp_fast(-0.5f * v * v));
       });
 }
 

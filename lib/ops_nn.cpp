@@ -1,13 +1,16 @@
 // Fused neural-net ops: softmax / log_softmax, masked_fill, cross_entropy (log-softmax + NLL),
 // layer_norm, embedding, dropout.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "autograd.h"
 #include "broadcast.h"
+#include "fastmath.h"
 #include "ops.h"
 #include "parallel.h"
+#include "profile.h"
 
 namespace hl {
 
@@ -54,23 +57,26 @@ void softmax_forward(const float* x, float* y, AxisRows r, bool log_out) {
       continue;
     }
     float s = 0.f;
-    for (int64_t a = 0; a < r.A; ++a) s += std::exp(x[base + a * st] - m);
+#pragma omp simd reduction(+ : s)
+    for (int64_t a = 0; a < r.A; ++a) s += exp_fast(x[base + a * st] - m);
     if (log_out) {
       const float lse = m + std::log(s);
       for (int64_t a = 0; a < r.A; ++a) y[base + a * st] = x[base + a * st] - lse;
     } else {
       const float inv = 1.f / s;
-      for (int64_t a = 0; a < r.A; ++a) y[base + a * st] = std::exp(x[base + a * st] - m) * inv;
+      for (int64_t a = 0; a < r.A; ++a) y[base + a * st] = exp_fast(x[base + a * st] - m) * inv;
     }
   }
 }
 
 Tensor softmax_impl(const char* name, const Tensor& x, int axis, bool log_out) {
+  HL_PROFILE(SoftmaxCE);
   const AxisRows r = axis_rows(name, x.shape(), axis);
   Tensor y = Tensor::empty(x.shape());
   softmax_forward(x.data(), y.data(), r, log_out);
   if (needs_graph({&x}))
     attach(y, name, {x}, [x, r, log_out](TensorImpl& self) {
+      HL_PROFILE(SoftmaxCE);
       // Backward from the saved output y: softmax dx = y (g - sum g y);
       // log_softmax dx = g - exp(y) sum g.
       const float *g = self.grad->data(), *Y = self.data();
@@ -84,7 +90,7 @@ Tensor softmax_impl(const char* name, const Tensor& x, int axis, bool log_out) {
           dot += log_out ? g[base + a * st] : g[base + a * st] * Y[base + a * st];
         for (int64_t a = 0; a < r.A; ++a) {
           const int64_t k = base + a * st;
-          gx[k] += log_out ? g[k] - std::exp(Y[k]) * dot : Y[k] * (g[k] - dot);
+          gx[k] += log_out ? g[k] - exp_fast(Y[k]) * dot : Y[k] * (g[k] - dot);
         }
       }
     });
@@ -97,6 +103,7 @@ Tensor softmax(const Tensor& x, int axis) { return softmax_impl("softmax", x, ax
 Tensor log_softmax(const Tensor& x, int axis) { return softmax_impl("log_softmax", x, axis, true); }
 
 Tensor masked_fill(const Tensor& x, const Tensor& mask, float value) {
+  HL_PROFILE(Elementwise);
   const BroadcastPlan plan = plan_broadcast("masked_fill", x.shape(), mask.shape());
   if (plan.out != x.shape())
     fail("masked_fill: mask ", mask.shape().str(), " does not broadcast to input ", x.shape().str());
@@ -106,6 +113,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, float value) {
   for_each_broadcast(plan, [&](int64_t i, int64_t, int64_t im) { Y[i] = M[im] != 0.f ? value : X[i]; });
   if (needs_graph({&x}))
     attach(y, "masked_fill", {x}, [x, mask](TensorImpl& self) {
+      HL_PROFILE(Elementwise);
       const BroadcastPlan plan = plan_broadcast("masked_fill", x.shape(), mask.shape());
       const float *g = self.grad->data(), *M = mask.data();
       float* gx = grad_buffer(x);
@@ -118,6 +126,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, float value) {
 
 // loss = mean over counted rows r of (logsumexp(x_r) - x_r[t_r]).
 Tensor cross_entropy(const Tensor& logits, const Ids& targets, int ignore_index) {
+  HL_PROFILE(SoftmaxCE);
   HL_CHECK(logits.ndim() >= 1, "cross_entropy: logits need a class axis, got ", logits.shape().str());
   const int64_t C = logits.shape().back(), N = C ? logits.numel() / C : 0;
   if (targets.numel() != N)
@@ -140,7 +149,8 @@ Tensor cross_entropy(const Tensor& logits, const Ids& targets, int ignore_index)
     float m = kNegInf;
     for (int64_t c = 0; c < C; ++c) m = std::max(m, x[c]);
     float s = 0.f;
-    for (int64_t c = 0; c < C; ++c) s += std::exp(x[c] - m);
+#pragma omp simd reduction(+ : s)
+    for (int64_t c = 0; c < C; ++c) s += exp_fast(x[c] - m);
     L[r] = m + std::log(s);
   }
   double total = 0.0;  // fixed-order sum: deterministic for any thread count
@@ -150,6 +160,7 @@ Tensor cross_entropy(const Tensor& logits, const Ids& targets, int ignore_index)
   if (needs_graph({&logits}))
     attach(loss, "cross_entropy", {logits},
            [logits, lse, ids, N, C, count, ignore_index](TensorImpl& self) {
+      HL_PROFILE(SoftmaxCE);
              if (count == 0) return;
              const float g = self.grad->data()[0] / static_cast<float>(count);
              const float *X = logits.data(), *L = lse.data();
@@ -159,13 +170,14 @@ Tensor cross_entropy(const Tensor& logits, const Ids& targets, int ignore_index)
              for (int64_t r = 0; r < N; ++r) {
                if (T[r] == ignore_index) continue;
                for (int64_t c = 0; c < C; ++c)
-                 gx[r * C + c] += g * (std::exp(X[r * C + c] - L[r]) - (c == T[r] ? 1.f : 0.f));
+                 gx[r * C + c] += g * (exp_fast(X[r * C + c] - L[r]) - (c == T[r] ? 1.f : 0.f));
              }
            });
   return loss;
 }
 
 Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) {
+  HL_PROFILE(LayerNorm);
   HL_CHECK(x.ndim() >= 1, "layer_norm: input needs a feature axis, got ", x.shape().str());
   const int64_t D = x.shape().back(), N = D ? x.numel() / D : 0;
   if (w.defined() && (w.ndim() != 1 || w.size(0) != D))
@@ -180,9 +192,11 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) 
   for (int64_t r = 0; r < N; ++r) {
     const float* xr = X + r * D;
     float mu = 0.f;
+#pragma omp simd reduction(+ : mu)
     for (int64_t j = 0; j < D; ++j) mu += xr[j];
     mu /= static_cast<float>(D);
     float var = 0.f;  // biased variance, as PyTorch
+#pragma omp simd reduction(+ : var)
     for (int64_t j = 0; j < D; ++j) var += (xr[j] - mu) * (xr[j] - mu);
     var /= static_cast<float>(D);
     const float rstd = 1.f / std::sqrt(var + eps);
@@ -196,6 +210,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) 
   }
   if (needs_graph({&x, &w, &b}))
     attach(y, "layer_norm", {x, w, b}, [x, w, b, stats, N, D](TensorImpl& self) {
+      HL_PROFILE(LayerNorm);
       const float *g = self.grad->data(), *X = x.data(), *S = stats.data();
       const float* W = w.defined() ? w.data() : nullptr;
       float* gx = grad_buffer(x);
@@ -208,6 +223,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) 
           const float mu = S[2 * r], rstd = S[2 * r + 1];
           const float *xr = X + r * D, *gr = g + r * D;
           float m1 = 0.f, m2 = 0.f;
+#pragma omp simd reduction(+ : m1, m2)
           for (int64_t j = 0; j < D; ++j) {
             const float dxhat = gr[j] * (W ? W[j] : 1.f);
             m1 += dxhat;
@@ -222,20 +238,27 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) 
           }
         }
       }
-      if (gw || gb)  // sequential over rows: a fixed summation order
-        for (int64_t r = 0; r < N; ++r) {
-          const float mu = S[2 * r], rstd = S[2 * r + 1];
-          const float *xr = X + r * D, *gr = g + r * D;
-          for (int64_t j = 0; j < D; ++j) {
-            if (gw) gw[j] += gr[j] * (xr[j] - mu) * rstd;
-            if (gb) gb[j] += gr[j];
+      if (gw || gb) {  // threads own column ranges; rows run in order: a fixed summation order
+        const int64_t chunk = 16;
+#pragma omp parallel for schedule(static) if (N * D >= kParallelMinElems)
+        for (int64_t j0 = 0; j0 < D; j0 += chunk) {
+          const int64_t j1 = std::min(D, j0 + chunk);
+          for (int64_t r = 0; r < N; ++r) {
+            const float mu = S[2 * r], rstd = S[2 * r + 1];
+            const float *xr = X + r * D, *gr = g + r * D;
+            for (int64_t j = j0; j < j1; ++j) {
+              if (gw) gw[j] += gr[j] * (xr[j] - mu) * rstd;
+              if (gb) gb[j] += gr[j];
+            }
           }
         }
+      }
     });
   return y;
 }
 
 Tensor embedding(const Tensor& w, const Ids& ids) {
+  HL_PROFILE(Embedding);
   HL_CHECK(w.ndim() == 2, "embedding: weight must be (vocab, dim), got ", w.shape().str());
   const int64_t V = w.size(0), D = w.size(1), n = ids.numel();
   for (int32_t id : ids.data)
@@ -247,6 +270,7 @@ Tensor embedding(const Tensor& w, const Ids& ids) {
     std::memcpy(y.data() + i * D, w.data() + int64_t(ids.data[i]) * D, sizeof(float) * D);
   if (needs_graph({&w}))
     attach(y, "embedding", {w}, [w, saved = save_ids(ids), n, D](TensorImpl& self) {
+      HL_PROFILE(Embedding);
       const float* g = self.grad->data();
       const int32_t* I = saved_ids(saved);
       float* gw = grad_buffer(w);
@@ -257,6 +281,7 @@ Tensor embedding(const Tensor& w, const Ids& ids) {
 }
 
 Tensor dropout(const Tensor& x, float p, Rng& rng, bool training) {
+  HL_PROFILE(Elementwise);
   HL_CHECK(p >= 0.f && p < 1.f, "dropout: probability must be in [0, 1), got ", p);
   if (!training || p == 0.f) return x;
   Tensor mask = Tensor::empty(x.shape());  // saved: 0 or 1/(1-p)
@@ -267,6 +292,7 @@ Tensor dropout(const Tensor& x, float p, Rng& rng, bool training) {
   for (int64_t i = 0, n = x.numel(); i < n; ++i) y.data()[i] = x.data()[i] * M[i];
   if (needs_graph({&x}))
     attach(y, "dropout", {x}, [x, mask](TensorImpl& self) {
+      HL_PROFILE(Elementwise);
       const float *g = self.grad->data(), *M = mask.data();
       float* gx = grad_buffer(x);
       for (int64_t i = 0, n = self.shape.numel(); i < n; ++i) gx[i] += g[i] * M[i];

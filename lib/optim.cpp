@@ -3,10 +3,13 @@
 #include <cmath>
 
 #include "core.h"
+#include "parallel.h"
+#include "profile.h"
 
 namespace hl {
 
 void Optimizer::zero_grad() {
+  HL_PROFILE(Optimizer);
   for (auto& p : params_) p.param.zero_grad();
 }
 
@@ -41,6 +44,7 @@ SGD::SGD(std::vector<NamedParam> params, float lr_, float momentum, float weight
 }
 
 void SGD::step() {
+  HL_PROFILE(Optimizer);
   ++steps_;
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor g = params_[i].param.grad();
@@ -79,6 +83,7 @@ Adam::Adam(std::vector<NamedParam> params, float lr_, float beta1, float beta2, 
 }
 
 void Adam::step() {
+  HL_PROFILE(Optimizer);
   ++steps_;
   const float bc1 = 1.f - std::pow(beta1, static_cast<float>(steps_));
   const float bc2 = 1.f - std::pow(beta2, static_cast<float>(steps_));
@@ -90,7 +95,9 @@ void Adam::step() {
     const float* G = g.data();
     const float wd = params_[i].decay ? weight_decay : 0.f;
     const float shrink = 1.f - lr * wd;
-    for (int64_t k = 0, n = g.numel(); k < n; ++k) {
+    const int64_t n = g.numel();
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMinElems)
+    for (int64_t k = 0; k < n; ++k) {
       float gk = G[k];
       if (decoupled) p[k] *= shrink;
       else gk += wd * p[k];
@@ -127,6 +134,7 @@ float grad_norm(const std::vector<Tensor>& params) {
 }
 
 float clip_grad_norm(const std::vector<Tensor>& params, float max_norm) {
+  HL_PROFILE(Optimizer);
   const float norm = grad_norm(params);
   if (max_norm > 0.f && norm > max_norm && std::isfinite(norm)) {
     const float scale = max_norm / (norm + 1e-6f);  // as torch.nn.utils.clip_grad_norm_

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "autograd.h"
+#include "profile.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -240,4 +241,12 @@ void set_num_threads(int n) {
 }
 int num_threads() { return omp_get_max_threads(); }
 
+}  // namespace hl
+
+namespace hl {
+const char* prof_cat_name(ProfCat c) {
+  static const char* names[] = {"matmul", "attention", "layernorm", "softmax/cross-entropy",
+                                "elementwise", "embedding", "optimizer"};
+  return names[static_cast<int>(c)];
+}
 }  // namespace hl

@@ -7,6 +7,8 @@
 
 #include "lib/autograd.h"
 #include "lib/broadcast.h"
+#include "lib/fastmath.h"
+#include "lib/profile.h"
 
 namespace hl {
 
@@ -94,8 +96,9 @@ void masked_softmax_rows(float* S, const AttnDims& d, int64_t b, int64_t h, bool
       continue;
     }
     float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < d.Tk; ++j) {
-      row[j] = std::exp(row[j] - m);
+      row[j] = exp_fast(row[j] - m);
       sum += row[j];
     }
     const float inv = 1.f / sum;
@@ -107,6 +110,7 @@ void masked_softmax_rows(float* S, const AttnDims& d, int64_t b, int64_t h, bool
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionArgs& a,
                  Tensor* pattern) {
+  HL_PROFILE(Attention);
   const AttnDims d = check_attention(q, k, v, a);
   const float scale = a.scale > 0.f ? a.scale : 1.f / std::sqrt(static_cast<float>(d.dh));
   MaskStrides ms;
@@ -156,6 +160,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
   if (needs_graph({&q, &k, &v, &a.gates}))
     attach(out, "attention", {q, k, v, a.gates},
            [q, k, v, gates = a.gates, P, Pd, drop_mask, pg = a.pattern_grad, d, scale](TensorImpl& self) {
+      HL_PROFILE(Attention);
              const float *dO = self.grad->data(), *Q = q.data(), *K = k.data(), *V = v.data();
              const float *Pp = P.data(), *Pdp = Pd.data();
              const float* M = drop_mask.defined() ? drop_mask.data() : nullptr;
@@ -202,6 +207,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
                    float* r = Uh + i * d.Tk;
                    const float* p = Ph + i * d.Tk;
                    float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
                    for (int64_t j = 0; j < d.Tk; ++j) dot += r[j] * p[j];
                    for (int64_t j = 0; j < d.Tk; ++j) r[j] = p[j] * (r[j] - dot);
                  }

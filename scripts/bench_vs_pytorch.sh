@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# headlab vs PyTorch, measured side by side in one run (not part of CI).
+# Alternates `headlab bench --one CFG` and ../shared/bench/torch_step.py for each config,
+# ROUNDS times, under one environment (../shared/bench/torch_env.sh: passive OpenMP waiting,
+# no malloc trimming), and prints medians and ratios.
+#
+# OPENBLAS_CORETYPE: Debian's OpenBLAS 0.3.21 does not recognise this CPU and falls back to its
+# Prescott kernels when the variable is unset, for PyTorch as for headlab. Both run with the
+# same kernels: CORE (default SkylakeX, the AVX-512 ones); CORE=unset runs with it unset.
+# Usage: scripts/bench_vs_pytorch.sh [CONFIGS...]   (default: S M L)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SHARED=${SHARED:-$(cd .. && pwd)/shared/bench}
+ROUNDS=${ROUNDS:-3}
+THREADS=${THREADS:-2}
+CORE=${CORE:-SkylakeX}
+configs=("$@"); [ ${#configs[@]} -gt 0 ] || configs=(S M L)
+
+if ! dpkg-query -W -f='${Status}' python3-torch 2>/dev/null | grep -q "install ok installed"; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch
+fi
+bash scripts/build.sh >/dev/null
+# shellcheck disable=SC1091
+source "$SHARED/torch_env.sh"
+if [ "$CORE" = unset ]; then unset OPENBLAS_CORETYPE; export HEADLAB_BLAS_CORE_CHOSEN=keep; else export OPENBLAS_CORETYPE=$CORE; fi
+
+out=$(mktemp -d)
+for cfg in "${configs[@]}"; do
+  steps=50; [ "$cfg" = S ] || steps=30
+  for r in $(seq "$ROUNDS"); do
+    echo "round $r/$ROUNDS: $cfg" >&2
+    ./build/headlab bench --one "$cfg" --threads "$THREADS" --steps "$steps" --warmup 5 >> "$out/headlab.jsonl"
+    /usr/bin/python3 "$SHARED/torch_step.py" --config "$cfg" --steps "$steps" --threads "$THREADS" --mode train >> "$out/torch_train.jsonl"
+    /usr/bin/python3 "$SHARED/torch_step.py" --config "$cfg" --steps "$steps" --threads "$THREADS" --mode forward >> "$out/torch_fwd.jsonl"
+  done
+done
+/usr/bin/python3 - "$out" "${OPENBLAS_CORETYPE:-unset}" "$THREADS" <<'PY'
+import json, statistics, sys
+d, core, threads = sys.argv[1], sys.argv[2], sys.argv[3]
+load = lambda f: [json.loads(l) for l in open(f"{d}/{f}") if l.strip()]
+hl, tt, tf = load("headlab.jsonl"), load("torch_train.jsonl"), load("torch_fwd.jsonl")
+med = lambda xs: statistics.median(xs)
+print(f"OPENBLAS_CORETYPE={core}, {threads} threads, medians over rounds of per-run medians")
+print(f"{'cfg':4} {'headlab train ms':>16} {'torch train ms':>15} {'speed-up':>9} {'headlab fwd ms':>15} {'torch fwd ms':>13} {'speed-up':>9} {'headlab RSS MiB':>16} {'torch RSS MiB':>14}")
+for cfg in dict.fromkeys(r["config"] for r in hl):
+    h = [r for r in hl if r["config"] == cfg]; a = [r for r in tt if r["config"] == cfg]; f = [r for r in tf if r["config"] == cfg]
+    ht, at = med([r["train_ms_median"] for r in h]), med([r["ms_median"] for r in a])
+    hf, af = med([r["fwd_ms_median"] for r in h]), med([r["ms_median"] for r in f])
+    hr, ar = med([r["peak_rss_kb"] for r in h]) / 1024, med([r["peak_rss_kb"] for r in a]) / 1024
+    print(f"{cfg:4} {ht:16.2f} {at:15.2f} {at/ht:8.2f}x {hf:15.2f} {af:13.2f} {af/hf:8.2f}x {hr:16.1f} {ar:14.1f}")
+PY
+rm -rf "$out"

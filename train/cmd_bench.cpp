@@ -1,0 +1,325 @@
+// headlab bench: training-step and forward timings of the S, M, L configurations of
+// issue 5 (the PyTorch reference in ../shared/bench), with GFLOP/s, the fraction of the sgemm
+// peak measured here on the linked BLAS, peak RSS and heap allocations per step.
+// Each configuration runs in its own child process, so its peak RSS is its own.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "lib/optim.h"
+#include "lib/profile.h"
+#include "train/alloc_counter.h"
+#include "train/commands.h"
+
+extern "C" char* openblas_get_corename();
+
+namespace hl {
+
+using json = nlohmann::json;
+using clk = std::chrono::steady_clock;
+
+namespace {
+
+struct BenchConfig {
+  std::string name;
+  int64_t d_model = 64;
+  int layers = 2, heads = 4;
+  int64_t d_ff = 256;
+  int batch = 64;
+  int64_t T = 33;
+};
+
+BenchConfig named_config(const std::string& s) {
+  if (s == "S") return {"S", 64, 2, 4, 256, 64, 33};
+  if (s == "M") return {"M", 256, 4, 8, 1024, 32, 128};
+  if (s == "L") return {"L", 768, 2, 12, 3072, 8, 128};
+  // custom: d_model,layers,heads,d_ff,batch,T
+  BenchConfig c;
+  c.name = s;
+  std::vector<int64_t> v;
+  std::stringstream ss(s);
+  std::string tok;
+  while (std::getline(ss, tok, ',')) {
+    try {
+      v.push_back(std::stoll(tok));
+    } catch (...) {
+      fail("--config: '", s, "' is neither S, M, L nor d_model,layers,heads,d_ff,batch,T");
+    }
+  }
+  if (v.size() != 6) fail("--config: '", s, "' is neither S, M, L nor d_model,layers,heads,d_ff,batch,T");
+  for (int64_t x : v)
+    if (x < 1) fail("--config: '", s, "': every size must be positive");
+  c.d_model = v[0], c.layers = static_cast<int>(v[1]), c.heads = static_cast<int>(v[2]);
+  c.d_ff = v[3], c.batch = static_cast<int>(v[4]), c.T = v[5];
+  return c;
+}
+
+constexpr int64_t kVocab = 13;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// FLOP formulas of ../shared/bench/gpt.py.
+double matmul_weights(const BenchConfig& c) {
+  return c.layers * (4.0 * c.d_model * c.d_model + 2.0 * c.d_model * c.d_ff) + c.d_model * kVocab;
+}
+double train_flops(const BenchConfig& c) {
+  return 6 * matmul_weights(c) * c.batch * c.T + 12.0 * c.layers * c.batch * c.T * c.T * c.d_model;
+}
+double fwd_flops(const BenchConfig& c) {
+  return 2 * matmul_weights(c) * c.batch * c.T + 4.0 * c.layers * c.batch * c.T * c.T * c.d_model;
+}
+
+// One configuration, in this process: prints one JSON line.
+json bench_one(const BenchConfig& bc, int threads, int steps, int warmup, bool profile) {
+  set_num_threads(threads);
+  ModelConfig c;
+  c.vocab_size = kVocab;
+  c.d_model = bc.d_model;
+  c.n_layers = bc.layers;
+  c.n_heads = bc.heads;
+  c.d_ff = bc.d_ff;
+  c.max_seq_len = bc.T;
+  c.activation = Activation::GeluErf;
+  c.attn_bias = c.mlp_bias = c.head_bias = true;
+  c.validate();
+  TransformerLM model(c, 0);
+  std::vector<NamedParam> params;
+  for (auto& [n, t] : model.named_parameters()) params.push_back({n, t, true});  // decay all, as the reference
+  Adam opt(params, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, true);
+  Rng rng(0);
+  std::vector<std::pair<Ids, Ids>> batches;
+  for (int i = 0; i < 8; ++i) {
+    Ids in(Shape{bc.batch, bc.T}), tg(Shape{bc.batch, bc.T});
+    for (int64_t b = 0; b < bc.batch; ++b) {
+      int32_t prev = static_cast<int32_t>(rng.below(kVocab));
+      for (int64_t t = 0; t < bc.T; ++t) {
+        const int32_t next = static_cast<int32_t>(rng.below(kVocab));
+        in.at(b, t) = prev;
+        tg.at(b, t) = next;
+        prev = next;
+      }
+    }
+    batches.push_back({in, tg});
+  }
+  auto train_step = [&](int i) {
+    const auto& [in, tg] = batches[i % batches.size()];
+    Tensor loss = cross_entropy(model.forward(in), tg);
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+  };
+  std::vector<double> train_ms, fwd_ms;
+  for (int i = 0; i < warmup; ++i) train_step(i);
+  const uint64_t mallocs0 = alloc_counter::count();
+  const size_t heap0 = pool_stats().heap_allocs;
+  for (int i = 0; i < steps; ++i) {
+    const auto t0 = clk::now();
+    train_step(i);
+    train_ms.push_back(std::chrono::duration<double, std::milli>(clk::now() - t0).count());
+  }
+  const double mallocs = static_cast<double>(alloc_counter::count() - mallocs0) / steps;
+  const double heap = static_cast<double>(pool_stats().heap_allocs - heap0) / steps;
+  json prof = json::object();
+  if (profile) {
+    Profiler::reset();
+    Profiler::enabled = true;
+    const int n = 5;
+    const auto t0 = clk::now();
+    for (int i = 0; i < n; ++i) train_step(i);
+    const double total = std::chrono::duration<double, std::milli>(clk::now() - t0).count() / n;
+    Profiler::enabled = false;
+    double accounted = 0;
+    for (int k = 0; k < static_cast<int>(ProfCat::kCount); ++k) {
+      const double ms = Profiler::seconds[k] * 1e3 / n;
+      prof[prof_cat_name(static_cast<ProfCat>(k))] = ms;
+      accounted += ms;
+    }
+    prof["graph/allocation/other"] = total - accounted;
+    prof["total"] = total;
+  }
+  model.eval();
+  {
+    NoGradGuard ng;
+    for (int i = 0; i < warmup + steps; ++i) {
+      const auto t0 = clk::now();
+      Tensor logits = model.forward(batches[i % batches.size()].first);
+      if (i >= warmup) fwd_ms.push_back(std::chrono::duration<double, std::milli>(clk::now() - t0).count());
+    }
+  }
+  const double med = median(train_ms);
+  json j = {{"config", bc.name}, {"threads", threads}, {"steps", steps},
+            {"train_ms_median", med},
+            {"train_ms_min", *std::min_element(train_ms.begin(), train_ms.end())},
+            {"train_ms_max", *std::max_element(train_ms.begin(), train_ms.end())},
+            {"fwd_ms_median", median(fwd_ms)},
+            {"fwd_ms_min", *std::min_element(fwd_ms.begin(), fwd_ms.end())},
+            {"fwd_ms_max", *std::max_element(fwd_ms.begin(), fwd_ms.end())},
+            {"tokens_per_s", bc.batch * bc.T / (med / 1e3)},
+            {"train_gflops", train_flops(bc) / (med / 1e3) * 1e-9},
+            {"fwd_gflops", fwd_flops(bc) / (median(fwd_ms) / 1e3) * 1e-9},
+            {"peak_rss_kb", peak_rss_kb()},
+            {"mallocs_per_step", alloc_counter::available() ? json(mallocs) : json(nullptr)},
+            {"pool_misses_per_step", heap},
+            {"params", model.num_parameters()}};
+  if (profile) j["profile_ms"] = prof;
+  return j;
+}
+
+// sgemm GFLOP/s on square matrices, median of repeats, on `threads` threads.
+json sgemm_peak(int threads) {
+  set_num_threads(threads);
+  const int64_t n = 2048;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.f);
+  std::vector<double> g;
+  for (int r = 0; r < 7; ++r) {
+    const auto t0 = clk::now();
+    gemm(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
+    const double s = std::chrono::duration<double>(clk::now() - t0).count();
+    if (r >= 2) g.push_back(2.0 * n * n * n / s * 1e-9);
+  }
+  return {{"threads", threads}, {"sgemm_gflops", median(g)}};
+}
+
+std::string self_exe() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) fail("bench: cannot find the headlab binary (/proc/self/exe)");
+  buf[n] = 0;
+  return buf;
+}
+
+json run_child(const std::string& args) {
+  const std::string cmd = self_exe() + " bench " + args;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) fail("bench: cannot start ", cmd);
+  std::string out;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int rc = ::pclose(p);
+  if (rc != 0) fail("bench: child failed: ", cmd);
+  try {
+    return json::parse(out.substr(out.rfind('{', out.find_last_of('}')) == std::string::npos ? 0 : out.find('{')));
+  } catch (const json::exception&) {
+    fail("bench: unreadable child output from ", cmd, ": ", out.substr(0, 200));
+  }
+}
+
+std::string fmt(double v, int prec = 1) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.*f", prec, v);
+  return b;
+}
+
+struct BenchOpts {
+  std::vector<std::string> configs = {"S", "M", "L"};
+  std::vector<int> threads = {2};
+  int steps = 30, warmup = 5;  // >= 30 timed steps, as issue 5 asks
+  bool profile = false, json_out = false;
+  std::string one;
+  bool peak = false;
+  std::string out_json;
+};
+
+int run_bench(const BenchOpts& o) {
+  if (!o.one.empty()) {  // child mode
+    const json j = bench_one(named_config(o.one), o.threads.at(0), o.steps, o.warmup, o.profile);
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  if (o.peak) {
+    std::printf("%s\n", sgemm_peak(o.threads.at(0)).dump().c_str());
+    return 0;
+  }
+  if (o.steps < 1 || o.warmup < 0) fail("bench: --steps must be positive and --warmup not negative");
+  for (const std::string& c : o.configs) named_config(c);  // validate before any work
+  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+  const char* auto_from = std::getenv("HEADLAB_BLAS_CORE_CHOSEN");
+  std::fprintf(stderr, "headlab bench: %d timed steps after %d warm-up; OpenBLAS kernels %s (OPENBLAS_CORETYPE=%s%s)\n",
+               o.steps, o.warmup, openblas_get_corename(), coretype ? coretype : "(unset)",
+               auto_from ? (std::string(", set by headlab: OpenBLAS detected ") + auto_from).c_str() : "");
+  std::map<int, double> peaks;
+  for (int t : o.threads) peaks[t] = run_child("--peak --threads " + std::to_string(t))["sgemm_gflops"];
+  std::vector<json> results;
+  std::vector<std::vector<std::string>> rows = {{"config", "threads", "train ms (median)", "min-max", "fwd ms", "min-max",
+                                                 "tokens/s", "train GFLOP/s", "% sgemm peak", "peak RSS MiB",
+                                                 "mallocs/step"}};
+  for (const std::string& c : o.configs)
+    for (int t : o.threads) {
+      std::fprintf(stderr, "  running %s on %d thread%s...\n", c.c_str(), t, t > 1 ? "s" : "");
+      json j = run_child("--one " + c + " --threads " + std::to_string(t) + " --steps " + std::to_string(o.steps) +
+                         " --warmup " + std::to_string(o.warmup) + (o.profile ? " --profile" : ""));
+      j["sgemm_peak_gflops"] = peaks[t];
+      results.push_back(j);
+      rows.push_back({c, std::to_string(t), fmt(j["train_ms_median"], 2),
+                      fmt(j["train_ms_min"], 2) + "-" + fmt(j["train_ms_max"], 2), fmt(j["fwd_ms_median"], 2),
+                      fmt(j["fwd_ms_min"], 2) + "-" + fmt(j["fwd_ms_max"], 2), fmt(j["tokens_per_s"], 0),
+                      fmt(j["train_gflops"], 1), fmt(100.0 * j["train_gflops"].get<double>() / peaks[t], 1),
+                      fmt(j["peak_rss_kb"].get<double>() / 1024, 1),
+                      j["mallocs_per_step"].is_null() ? "n/a" : fmt(j["mallocs_per_step"], 1)});
+    }
+  std::printf("\n");
+  print_table(rows);
+  std::printf("\nsgemm peak (2048^3, this BLAS):");
+  for (auto& [t, g] : peaks) std::printf("  %d thread%s %.0f GFLOP/s", t, t > 1 ? "s" : "", g);
+  std::printf("\n");
+  if (o.threads.size() > 1) {  // scaling
+    std::printf("\nthread scaling (train step, median):\n");
+    for (const std::string& c : o.configs) {
+      double t1 = 0, tn = 0;
+      int n = 0;
+      for (auto& j : results)
+        if (j["config"] == c) {
+          if (j["threads"] == o.threads.front()) t1 = j["train_ms_median"];
+          if (j["threads"] == o.threads.back()) tn = j["train_ms_median"], n = j["threads"];
+        }
+      std::printf("  %s: %d -> %d threads: %.2fx faster\n", c.c_str(), o.threads.front(), n, tn > 0 ? t1 / tn : 0);
+    }
+  }
+  if (o.profile) {
+    std::printf("\nper-op breakdown of one training step (ms, mean of 5 steps):\n");
+    std::vector<std::vector<std::string>> prow = {{"category"}};
+    for (auto& j : results) prow[0].push_back(j["config"].get<std::string>() + "/" + std::to_string(j["threads"].get<int>()));
+    for (auto it = results[0]["profile_ms"].begin(); it != results[0]["profile_ms"].end(); ++it) {
+      std::vector<std::string> r = {it.key()};
+      for (auto& j : results) r.push_back(fmt(j["profile_ms"][it.key()], 2));
+      prow.push_back(r);
+    }
+    print_table(prow);
+  }
+  if (!o.out_json.empty()) {
+    json all = {{"openblas_coretype", coretype ? coretype : "(unset)"}, {"results", results}};
+    std::FILE* f = std::fopen(o.out_json.c_str(), "w");
+    if (!f) fail(o.out_json, ": cannot write");
+    std::fprintf(f, "%s\n", all.dump(1).c_str());
+    std::fclose(f);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, CommandRunner& runner) {
+  CLI::App* sub = app.add_subcommand("bench", "Time training steps and forwards of configs S, M, L (see issue 5)");
+  auto o = std::make_shared<BenchOpts>();
+  sub->add_option("--config", o->configs, "S, M, L or d_model,layers,heads,d_ff,batch,T")
+      ->delimiter(' ')->capture_default_str();
+  sub->add_option("--threads", o->threads, "Thread counts to run, e.g. --threads 1 2")->capture_default_str();
+  sub->add_option("--steps", o->steps, "Timed steps (after warm-up)")->capture_default_str();
+  sub->add_option("--warmup", o->warmup, "Warm-up steps")->capture_default_str();
+  sub->add_flag("--profile", o->profile, "Add a per-op breakdown of a training step");
+  sub->add_option("--json", o->out_json, "Also write all results to this JSON file");
+  sub->add_option("--one", o->one, "(internal) run one config in this process and print JSON")->group("");
+  sub->add_flag("--peak", o->peak, "(internal) measure the sgemm peak and print JSON")->group("");
+  sub->callback([&runner, o] { runner = [=] { return run_bench(*o); }; });
+}
+
+}  // namespace hl
