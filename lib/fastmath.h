@@ -35,12 +35,18 @@ inline float exp_fast(float x) {
   return x != x ? x : y;
 }
 
-inline float erf_fast(float x) {
+// erf(x), also handing out exp(-x^2), which it computes anyway (GELU's derivative needs it).
+inline float erf_fast(float x, float& exp_neg_x2) {
   const float ax = std::fabs(x);
   const float t = 1.f / (1.f + 0.3275911f * ax);
   const float poly = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
-  const float y = 1.f - poly * exp_fast(-ax * ax);
+  exp_neg_x2 = exp_fast(-ax * ax);
+  const float y = 1.f - poly * exp_neg_x2;
   return std::copysign(y, x);
+}
+inline float erf_fast(float x) {
+  float unused;
+  return erf_fast(x, unused);
 }
 
 inline float tanh_fast(float x) {

@@ -203,7 +203,9 @@ Tensor gelu_erf(const Tensor& x) {
   return unary_op(
       "gelu_erf", x, [](float v) { return 0.5f * v * (1.f + erf_fast(v * kInvSqrt2)); },
       [](float v, float, float g) {
-        return g * (0.5f * (1.f + erf_fast(v * kInvSqrt2)) + v * kInvSqrt2Pi * exp_fast(-0.5f * v * v));
+        float gauss;  // exp(-v^2/2), shared with the erf
+        const float e = erf_fast(v * kInvSqrt2, gauss);
+        return g * (0.5f * (1.f + e) + v * kInvSqrt2Pi * gauss);
       });
 }
 

@@ -155,8 +155,11 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   so[so.ndim - 1] = outf;
   Tensor y = Tensor::empty(so);
   float* Y = y.data();
-  if (b.defined())
-    for (int64_t r = 0; r < R; ++r) std::copy(b.data(), b.data() + outf, Y + r * outf);
+  if (b.defined()) {
+    const float* B = b.data();
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t o = 0; o < outf; ++o) Y[r * outf + o] = B[o];
+  }
   gemm(false, true, R, outf, in, 1.f, x.data(), in, w.data(), in, b.defined() ? 1.f : 0.f, Y, outf);
   if (needs_graph({&x, &w, &b}))
     attach(y, "linear", {x, w, b}, [x, w, b, R, in, outf](TensorImpl& self) {
@@ -166,9 +169,10 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
         gemm(false, false, R, in, outf, 1.f, g, outf, w.data(), in, 1.f, gx, in);
       if (float* gw = grad_buffer(w))      // dW (out,in) += dY^T X
         gemm(true, false, outf, in, R, 1.f, g, outf, x.data(), in, 1.f, gw, in);
-      if (float* gb = grad_buffer(b))      // db (out) += column sums of dY
+      if (float* gb = grad_buffer(b)) {    // db (out) += column sums of dY, rows in order
         for (int64_t r = 0; r < R; ++r)
           for (int64_t o = 0; o < outf; ++o) gb[o] += g[r * outf + o];
+      }
     });
   return y;
 }

@@ -228,6 +228,8 @@ BOOST_AUTO_TEST_CASE(grads_command_matches_in_process_autograd) {
   bw.write(dir + "/batch.safetensors");
   const std::string cmd = std::string(HEADLAB_BINARY) + " grads --threads 2 --checkpoint " + dir +
                           "/m.safetensors --batch " + dir + "/batch.safetensors --out " + dir + "/g.safetensors > /dev/null";
+  // Same BLAS kernels in both processes: keep headlab from choosing others (see train/main.cpp).
+  ::setenv("HEADLAB_BLAS_CORE_CHOSEN", "as-the-test", 1);
   BOOST_REQUIRE(std::system(cmd.c_str()) == 0);
   set_num_threads(2);
   std::vector<BlockHooks> hooks(2);
