@@ -57,12 +57,11 @@ Tensor binary_op(const char* name, const Tensor& a, const Tensor& b, F f, DX dfx
   const int64_t n = out.numel();
   const int64_t inner = suffix_block(a.shape(), b.shape());
   if (plan.same) {
-#pragma omp parallel for schedule(static) if (n >= kParallelMinElems)
-    for (int64_t i = 0; i < n; ++i) z[i] = f(x[i], y[i]);
+    parallel_for(n, n, [&](int64_t i) { z[i] = f(x[i], y[i]); });
   } else if (inner > 0) {  // b repeats along a's leading dims (bias, positions): no index math
-#pragma omp parallel for schedule(static) if (n >= kParallelMinElems)
-    for (int64_t o = 0; o < n / inner; ++o)
+    parallel_for(n / inner, n, [&](int64_t o) {
       for (int64_t j = 0; j < inner; ++j) z[o * inner + j] = f(x[o * inner + j], y[j]);
+    });
   } else {
     for_each_broadcast(plan, [&](int64_t i, int64_t ia, int64_t ib) { z[i] = f(x[ia], y[ib]); });
   }
@@ -76,16 +75,16 @@ Tensor binary_op(const char* name, const Tensor& a, const Tensor& b, F f, DX dfx
       const int64_t n = self.shape.numel();
       const int64_t inner = suffix_block(a.shape(), b.shape());
       if (plan.same) {
-#pragma omp parallel for schedule(static) if (n >= kParallelMinElems)
-        for (int64_t i = 0; i < n; ++i) {
-          if (gx) gx[i] += dfx(x[i], y[i], z[i], g[i]);
-          if (gy) gy[i] += dfy(x[i], y[i], z[i], g[i]);
-        }
+        if (gx) parallel_for(n, n, [&](int64_t i) { gx[i] += dfx(x[i], y[i], z[i], g[i]); });
+        if (gy) parallel_for(n, n, [&](int64_t i) { gy[i] += dfy(x[i], y[i], z[i], g[i]); });
       } else if (inner > 0) {
-        if (gx) {
-#pragma omp parallel for schedule(static) if (n >= kParallelMinElems)
-          for (int64_t i = 0; i < n; ++i) gx[i] += dfx(x[i], y[i % inner], z[i], g[i]);
-        }
+        if (gx)
+          parallel_for(n / inner, n, [&](int64_t o) {
+            for (int64_t j = 0; j < inner; ++j) {
+              const int64_t i = o * inner + j;
+              gx[i] += dfx(x[i], y[j], z[i], g[i]);
+            }
+          });
         if (gy)  // rows in order: a fixed summation order
           for (int64_t o = 0; o < n / inner; ++o)
             for (int64_t j = 0; j < inner; ++j)
@@ -108,16 +107,14 @@ Tensor unary_op(const char* name, const Tensor& a, F f, DF df) {
   const float* x = a.data();
   float* y = out.data();
   const int64_t n = a.numel();
-#pragma omp parallel for schedule(static) if (n >= kParallelMinElems)
-  for (int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
+  parallel_for(n, n, [&](int64_t i) { y[i] = f(x[i]); });
   if (needs_graph({&a}))
     attach(out, name, {a}, [a, df](TensorImpl& self) {
       HL_PROFILE(Elementwise);
       float* gx = grad_buffer(a);
       const float *g = self.grad->data(), *y = self.data(), *x = a.data();
       const int64_t n = self.shape.numel();
-#pragma omp parallel for schedule(static) if (n >= kParallelMinElems)
-      for (int64_t i = 0; i < n; ++i) gx[i] += df(x[i], y[i], g[i]);
+      parallel_for(n, n, [&](int64_t i) { gx[i] += df(x[i], y[i], g[i]); });
     });
   return out;
 }

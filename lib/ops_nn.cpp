@@ -47,14 +47,13 @@ AxisRows axis_rows(const char* op, const Shape& s, int axis) {
 // (log_softmax) instead of NaN.
 void softmax_forward(const float* x, float* y, AxisRows r, bool log_out) {
   const int64_t rows = r.outer * r.inner;
-#pragma omp parallel for schedule(static) if (rows * r.A >= kParallelMinElems)
-  for (int64_t row = 0; row < rows; ++row) {
+  parallel_for(rows, rows * r.A, [&](int64_t row) {
     const int64_t base = (row / r.inner) * r.A * r.inner + row % r.inner, st = r.inner;
     float m = kNegInf;
     for (int64_t a = 0; a < r.A; ++a) m = std::max(m, x[base + a * st]);
     if (m == kNegInf) {
       for (int64_t a = 0; a < r.A; ++a) y[base + a * st] = log_out ? kNegInf : 0.f;
-      continue;
+      return;
     }
     float s = 0.f;
 #pragma omp simd reduction(+ : s)
@@ -66,7 +65,7 @@ void softmax_forward(const float* x, float* y, AxisRows r, bool log_out) {
       const float inv = 1.f / s;
       for (int64_t a = 0; a < r.A; ++a) y[base + a * st] = exp_fast(x[base + a * st] - m) * inv;
     }
-  }
+  });
 }
 
 Tensor softmax_impl(const char* name, const Tensor& x, int axis, bool log_out) {
@@ -82,8 +81,7 @@ Tensor softmax_impl(const char* name, const Tensor& x, int axis, bool log_out) {
       const float *g = self.grad->data(), *Y = self.data();
       float* gx = grad_buffer(x);
       const int64_t rows = r.outer * r.inner;
-#pragma omp parallel for schedule(static) if (rows * r.A >= kParallelMinElems)
-      for (int64_t row = 0; row < rows; ++row) {
+      parallel_for(rows, rows * r.A, [&](int64_t row) {
         const int64_t base = (row / r.inner) * r.A * r.inner + row % r.inner, st = r.inner;
         float dot = 0.f;
         for (int64_t a = 0; a < r.A; ++a)
@@ -92,7 +90,7 @@ Tensor softmax_impl(const char* name, const Tensor& x, int axis, bool log_out) {
           const int64_t k = base + a * st;
           gx[k] += log_out ? g[k] - exp_fast(Y[k]) * dot : Y[k] * (g[k] - dot);
         }
-      }
+      });
     });
   return y;
 }
@@ -143,8 +141,7 @@ Tensor cross_entropy(const Tensor& logits, const Ids& targets, int ignore_index)
   const float* X = logits.data();
   float* L = lse.data();
   const int32_t* T = targets.data.data();
-#pragma omp parallel for schedule(static) if (N * C >= kParallelMinElems)
-  for (int64_t r = 0; r < N; ++r) {
+  parallel_for(N, N * C, [&](int64_t r) {
     const float* x = X + r * C;
     float m = kNegInf;
     for (int64_t c = 0; c < C; ++c) m = std::max(m, x[c]);
@@ -152,7 +149,7 @@ Tensor cross_entropy(const Tensor& logits, const Ids& targets, int ignore_index)
 #pragma omp simd reduction(+ : s)
     for (int64_t c = 0; c < C; ++c) s += exp_fast(x[c] - m);
     L[r] = m + std::log(s);
-  }
+  });
   double total = 0.0;  // fixed-order sum: deterministic for any thread count
   for (int64_t r = 0; r < N; ++r)
     if (T[r] != ignore_index) total += static_cast<double>(L[r]) - X[r * C + T[r]];
@@ -166,12 +163,11 @@ Tensor cross_entropy(const Tensor& logits, const Ids& targets, int ignore_index)
              const float *X = logits.data(), *L = lse.data();
              const int32_t* T = saved_ids(ids);
              float* gx = grad_buffer(logits);
-#pragma omp parallel for schedule(static) if (N * C >= kParallelMinElems)
-             for (int64_t r = 0; r < N; ++r) {
-               if (T[r] == ignore_index) continue;
+             parallel_for(N, N * C, [&](int64_t r) {
+               if (T[r] == ignore_index) return;
                for (int64_t c = 0; c < C; ++c)
                  gx[r * C + c] += g * (exp_fast(X[r * C + c] - L[r]) - (c == T[r] ? 1.f : 0.f));
-             }
+             });
            });
   return loss;
 }
@@ -188,8 +184,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) 
   Tensor stats = Tensor::empty({N, 2});  // saved: (mean, rstd) per row
   const float *X = x.data(), *W = w.defined() ? w.data() : nullptr, *B = b.defined() ? b.data() : nullptr;
   float *Y = y.data(), *S = stats.data();
-#pragma omp parallel for schedule(static) if (N * D >= kParallelMinElems)
-  for (int64_t r = 0; r < N; ++r) {
+  parallel_for(N, N * D, [&](int64_t r) {
     const float* xr = X + r * D;
     float mu = 0.f;
 #pragma omp simd reduction(+ : mu)
@@ -207,7 +202,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) 
       const float xhat = (xr[j] - mu) * rstd;
       yr[j] = xhat * (W ? W[j] : 1.f) + (B ? B[j] : 0.f);
     }
-  }
+  });
   if (needs_graph({&x, &w, &b}))
     attach(y, "layer_norm", {x, w, b}, [x, w, b, stats, N, D](TensorImpl& self) {
       HL_PROFILE(LayerNorm);
@@ -218,8 +213,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) 
       float* gb = grad_buffer(b);
       if (gx) {
         // dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = g w
-#pragma omp parallel for schedule(static) if (N * D >= kParallelMinElems)
-        for (int64_t r = 0; r < N; ++r) {
+        parallel_for(N, N * D, [&](int64_t r) {
           const float mu = S[2 * r], rstd = S[2 * r + 1];
           const float *xr = X + r * D, *gr = g + r * D;
           float m1 = 0.f, m2 = 0.f;
@@ -236,13 +230,12 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) 
             const float dxhat = gr[j] * (W ? W[j] : 1.f);
             gxr[j] += rstd * (dxhat - m1 - (xr[j] - mu) * rstd * m2);
           }
-        }
+        });
       }
       if (gw || gb) {  // threads own column ranges; rows run in order: a fixed summation order
         const int64_t chunk = 16;
-#pragma omp parallel for schedule(static) if (N * D >= kParallelMinElems)
-        for (int64_t j0 = 0; j0 < D; j0 += chunk) {
-          const int64_t j1 = std::min(D, j0 + chunk);
+        parallel_for((D + chunk - 1) / chunk, N * D, [&](int64_t c) {
+          const int64_t j0 = c * chunk, j1 = std::min(D, j0 + chunk);
           for (int64_t r = 0; r < N; ++r) {
             const float mu = S[2 * r], rstd = S[2 * r + 1];
             const float *xr = X + r * D, *gr = g + r * D;
@@ -251,7 +244,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) 
               if (gb) gb[j] += gr[j];
             }
           }
-        }
+        });
       }
     });
   return y;

@@ -1,5 +1,6 @@
 #include "optim.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core.h"
@@ -95,16 +96,17 @@ void Adam::step() {
     const float* G = g.data();
     const float wd = params_[i].decay ? weight_decay : 0.f;
     const float shrink = 1.f - lr * wd;
-    const int64_t n = g.numel();
-#pragma omp parallel for simd schedule(static) if (n >= kParallelMinElems)
-    for (int64_t k = 0; k < n; ++k) {
-      float gk = G[k];
-      if (decoupled) p[k] *= shrink;
-      else gk += wd * p[k];
-      m[k] = beta1 * m[k] + (1.f - beta1) * gk;
-      v[k] = beta2 * v[k] + (1.f - beta2) * gk * gk;
-      p[k] -= step_size * m[k] / (std::sqrt(v[k]) * inv_sqrt_bc2 + eps);
-    }
+    const int64_t n = g.numel(), chunk = 4096;
+    parallel_for((n + chunk - 1) / chunk, n, [&](int64_t c) {
+      for (int64_t k = c * chunk; k < std::min(n, (c + 1) * chunk); ++k) {
+        float gk = G[k];
+        if (decoupled) p[k] *= shrink;
+        else gk += wd * p[k];
+        m[k] = beta1 * m[k] + (1.f - beta1) * gk;
+        v[k] = beta2 * v[k] + (1.f - beta2) * gk * gk;
+        p[k] -= step_size * m[k] / (std::sqrt(v[k]) * inv_sqrt_bc2 + eps);
+      }
+    });
   }
 }
 

@@ -8,6 +8,7 @@
 #include "lib/autograd.h"
 #include "lib/broadcast.h"
 #include "lib/fastmath.h"
+#include "lib/parallel.h"
 #include "lib/profile.h"
 
 namespace hl {
@@ -77,33 +78,40 @@ MaskStrides mask_strides(const Tensor& mask, const AttnDims& d) {
   return m;
 }
 
-// In place: row = softmax(row + masks) over the keys query i may see.
-void masked_softmax_rows(float* S, const AttnDims& d, int64_t b, int64_t h, bool causal,
-                         const float* pad, const float* am, const MaskStrides& ms) {
-  for (int64_t i = 0; i < d.Tq; ++i) {
-    float* row = S + i * d.Tk;
-    const int64_t last = causal ? i + (d.Tk - d.Tq) : d.Tk - 1;  // last visible key
-    float m = kNegInf;
-    for (int64_t j = 0; j < d.Tk; ++j) {
-      float s = row[j];
-      if (j > last || (pad && pad[b * d.Tk + j] != 0.f)) s = kNegInf;
-      else if (am) s += am[b * ms.s[0] + h * ms.s[1] + i * ms.s[2] + j * ms.s[3]];
-      row[j] = s;
-      m = std::max(m, s);
-    }
-    if (m == kNegInf) {  // nothing visible: zero weights, not NaN
-      std::fill(row, row + d.Tk, 0.f);
-      continue;
-    }
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < d.Tk; ++j) {
-      row[j] = exp_fast(row[j] - m);
-      sum += row[j];
-    }
-    const float inv = 1.f / sum;
-    for (int64_t j = 0; j < d.Tk; ++j) row[j] *= inv;
+// Queries are processed in row blocks. Under a causal mask a block of queries sees only the
+// keys up to its last query, so scores, weights and their gradients to the right of that are
+// never computed (about 40% less work at T = 128); they are exact zeros in P.
+int64_t block_rows(const AttnDims& d, bool causal) { return causal && d.Tq >= 64 ? 32 : d.Tq; }
+int64_t visible_keys(const AttnDims& d, bool causal, int64_t i1) {
+  return causal ? std::max<int64_t>(0, std::min(d.Tk, i1 + (d.Tk - d.Tq))) : d.Tk;
+}
+
+// In place: row = softmax(row + masks) over the first `ke` columns (computed by the caller);
+// columns from ke on are set to 0.
+void masked_softmax_row(float* row, int64_t ke, const AttnDims& d, int64_t b, int64_t h, int64_t i,
+                        bool causal, const float* pad, const float* am, const MaskStrides& ms) {
+  const int64_t last = causal ? i + (d.Tk - d.Tq) : d.Tk - 1;  // last visible key
+  float m = kNegInf;
+  for (int64_t j = 0; j < ke; ++j) {
+    float s = row[j];
+    if (j > last || (pad && pad[b * d.Tk + j] != 0.f)) s = kNegInf;
+    else if (am) s += am[b * ms.s[0] + h * ms.s[1] + i * ms.s[2] + j * ms.s[3]];
+    row[j] = s;
+    m = std::max(m, s);
   }
+  std::fill(row + ke, row + d.Tk, 0.f);
+  if (m == kNegInf) {  // nothing visible: zero weights, not NaN
+    std::fill(row, row + ke, 0.f);
+    return;
+  }
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < ke; ++j) {
+    row[j] = exp_fast(row[j] - m);
+    sum += row[j];
+  }
+  const float inv = 1.f / sum;
+  for (int64_t j = 0; j < ke; ++j) row[j] *= inv;
 }
 
 }  // namespace
@@ -134,33 +142,39 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
   const float *Q = q.data(), *K = k.data(), *V = v.data();
   float *Pp = P.data(), *Pdp = Pd.data(), *O = out.data();
   const float* M = drop ? drop_mask.data() : nullptr;
-  const int64_t TT = d.Tq * d.Tk;
+  const int64_t TT = d.Tq * d.Tk, BR = block_rows(d, causal);
 
-#pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
+  parallel_for(d.B * d.H, d.B * d.H * TT * d.dh, [&](int64_t bh) {
     const int64_t b = bh / d.H, h = bh % d.H, kvh = h / d.group();
-    const float* Qh = Q + b * d.Tq * d.ldq() + h * d.dh;     // (Tq, dh), ld H*dh
+    const float* Qh = Q + b * d.Tq * d.ldq() + h * d.dh;          // (Tq, dh), ld H*dh
     const float* Kh = K + b * d.kv_rows * d.ldkv() + kvh * d.dh;  // (Tk, dh), ld Hkv*dh
     const float* Vh = V + b * d.kv_rows * d.ldkv() + kvh * d.dh;
-    float* S = Pp + bh * TT;                                  // (Tq, Tk)
-    gemm(false, true, d.Tq, d.Tk, d.dh, scale, Qh, d.ldq(), Kh, d.ldkv(), 0.f, S, d.Tk);
-    masked_softmax_rows(S, d, b, h, causal, pad, am, ms);
-    const float* W = S;
-    if (M) {
-      float* SD = Pdp + bh * TT;
-      for (int64_t i = 0; i < TT; ++i) SD[i] = S[i] * M[bh * TT + i];
-      W = SD;
-    }
+    float* S = Pp + bh * TT;                                       // (Tq, Tk)
+    float* Oh = O + b * d.Tq * d.ldq() + h * d.dh;                 // (Tq, dh), ld H*dh
     const float g = gates ? gates[h] : 1.f;
-    gemm(false, false, d.Tq, d.dh, d.Tk, g, W, d.Tk, Vh, d.ldkv(), 0.f,
-         O + b * d.Tq * d.ldq() + h * d.dh, d.ldq());
-  }
+    for (int64_t i0 = 0; i0 < d.Tq; i0 += BR) {
+      const int64_t i1 = std::min(d.Tq, i0 + BR), rows = i1 - i0, ke = visible_keys(d, causal, i1);
+      // scores (rows, ke) = scale Q_h[i0:i1] K_h[:ke]^T
+      gemm(false, true, rows, ke, d.dh, scale, Qh + i0 * d.ldq(), d.ldq(), Kh, d.ldkv(), 0.f, S + i0 * d.Tk, d.Tk);
+      for (int64_t i = i0; i < i1; ++i) masked_softmax_row(S + i * d.Tk, ke, d, b, h, i, causal, pad, am, ms);
+      const float* W = S + i0 * d.Tk;
+      if (M) {
+        float* SD = Pdp + bh * TT + i0 * d.Tk;
+        for (int64_t e = 0; e < rows * d.Tk; ++e) SD[e] = W[e] * M[bh * TT + i0 * d.Tk + e];
+        W = SD;
+      }
+      if (ke > 0)  // out_h[i0:i1] = g P[:, :ke] V_h[:ke]
+        gemm(false, false, rows, d.dh, ke, g, W, d.Tk, Vh, d.ldkv(), 0.f, Oh + i0 * d.ldq(), d.ldq());
+      else
+        for (int64_t i = i0; i < i1; ++i) std::fill(Oh + i * d.ldq(), Oh + i * d.ldq() + d.dh, 0.f);
+    }
+  });
   if (pattern) *pattern = P.detach();
 
   if (needs_graph({&q, &k, &v, &a.gates}))
     attach(out, "attention", {q, k, v, a.gates},
-           [q, k, v, gates = a.gates, P, Pd, drop_mask, pg = a.pattern_grad, d, scale](TensorImpl& self) {
-      HL_PROFILE(Attention);
+           [q, k, v, gates = a.gates, P, Pd, drop_mask, pg = a.pattern_grad, d, scale, causal](TensorImpl& self) {
+             HL_PROFILE(Attention);
              const float *dO = self.grad->data(), *Q = q.data(), *K = k.data(), *V = v.data();
              const float *Pp = P.data(), *Pdp = Pd.data();
              const float* M = drop_mask.defined() ? drop_mask.data() : nullptr;
@@ -170,55 +184,62 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
              float* dV = grad_buffer(v);
              float* dG = grad_buffer(gates);
              float* dPout = pg.defined() ? pg.data() : nullptr;
-             const int64_t TT = d.Tq * d.Tk;
+             const int64_t TT = d.Tq * d.Tk, BR = block_rows(d, causal);
              Tensor work = Tensor::empty({d.B, d.H, d.Tq, d.Tk});  // dL/dP, then dL/dS
              Tensor gate_part = Tensor::zeros({d.B, d.H});         // per (b,h) dL/dg
              float *U = work.data(), *GP = gate_part.data();
              // Parallel over (batch, kv head): query heads sharing a kv head run in order,
              // so dK and dV rows are never written by two threads.
-#pragma omp parallel for schedule(static)
-             for (int64_t bk = 0; bk < d.B * d.Hkv; ++bk) {
+             parallel_for(d.B * d.Hkv, d.B * d.H * TT * d.dh, [&](int64_t bk) {
                const int64_t b = bk / d.Hkv, kvh = bk % d.Hkv;
                const float* Kh = K + b * d.kv_rows * d.ldkv() + kvh * d.dh;
                const float* Vh = V + b * d.kv_rows * d.ldkv() + kvh * d.dh;
+               float* dKh = dK ? dK + b * d.kv_rows * d.ldkv() + kvh * d.dh : nullptr;
+               float* dVh = dV ? dV + b * d.kv_rows * d.ldkv() + kvh * d.dh : nullptr;
                for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
                  const int64_t bh = b * d.H + h;
                  const float* Qh = Q + b * d.Tq * d.ldq() + h * d.dh;
                  const float* dOh = dO + b * d.Tq * d.ldq() + h * d.dh;
-                 const float *Ph = Pp + bh * TT, *Wh = Pdp + bh * TT;
-                 float* Uh = U + bh * TT;
+                 float* dQh = dQ ? dQ + b * d.Tq * d.ldq() + h * d.dh : nullptr;
                  const float g = G ? G[h] : 1.f;
-                 // Uh = dO_h V_h^T (Tq, Tk): the gradient w.r.t. the weights, before the gate
-                 gemm(false, true, d.Tq, d.Tk, d.dh, 1.f, dOh, d.ldq(), Vh, d.ldkv(), 0.f, Uh, d.Tk);
-                 if (dG) {
-                   double s = 0;
-                   for (int64_t i = 0; i < TT; ++i) s += static_cast<double>(Uh[i]) * Wh[i];
-                   GP[bh] = static_cast<float>(s);
-                 }
-                 if (dV)  // dV_h += g Pd^T dO_h
-                   gemm(true, false, d.Tk, d.dh, d.Tq, g, Wh, d.Tk, dOh, d.ldq(), 1.f,
-                        dV + b * d.kv_rows * d.ldkv() + kvh * d.dh, d.ldkv());
-                 // dL/dP = g U (times the dropout mask)
-                 for (int64_t i = 0; i < TT; ++i) Uh[i] *= M ? g * M[bh * TT + i] : g;
-                 if (dPout)
-                   for (int64_t i = 0; i < TT; ++i) dPout[bh * TT + i] += Uh[i];
-                 // softmax backward from the saved output: dS = P (dP - rowsum(dP P))
-                 for (int64_t i = 0; i < d.Tq; ++i) {
-                   float* r = Uh + i * d.Tk;
-                   const float* p = Ph + i * d.Tk;
-                   float dot = 0.f;
+                 double gate_sum = 0;
+                 for (int64_t i0 = 0; i0 < d.Tq; i0 += BR) {
+                   const int64_t i1 = std::min(d.Tq, i0 + BR), rows = i1 - i0, ke = visible_keys(d, causal, i1);
+                   if (ke == 0) continue;  // fully masked rows: no gradient flows
+                   const float* Pb = Pp + bh * TT + i0 * d.Tk;   // (rows, Tk) weights
+                   const float* Wb = Pdp + bh * TT + i0 * d.Tk;  // after dropout
+                   float* Ub = U + bh * TT + i0 * d.Tk;
+                   const float* dOb = dOh + i0 * d.ldq();
+                   // Ub = dO_h V_h^T (rows, ke): dL/d(weights) before the gate
+                   gemm(false, true, rows, ke, d.dh, 1.f, dOb, d.ldq(), Vh, d.ldkv(), 0.f, Ub, d.Tk);
+                   if (dVh)  // dV_h[:ke] += g Pd^T dO_h
+                     gemm(true, false, ke, d.dh, rows, g, Wb, d.Tk, dOb, d.ldq(), 1.f, dVh, d.ldkv());
+                   for (int64_t r = 0; r < rows; ++r) {
+                     float* u = Ub + r * d.Tk;
+                     const float *p = Pb + r * d.Tk, *w = Wb + r * d.Tk;
+                     if (dG)
+                       for (int64_t j = 0; j < ke; ++j) gate_sum += static_cast<double>(u[j]) * w[j];
+                     // dL/dP = g U (times the dropout mask); reported as 0 where masked
+                     const float* m = M ? M + bh * TT + (i0 + r) * d.Tk : nullptr;
+                     for (int64_t j = 0; j < ke; ++j) u[j] *= m ? g * m[j] : g;
+                     if (dPout) {
+                       float* dp = dPout + bh * TT + (i0 + r) * d.Tk;
+                       for (int64_t j = 0; j < ke; ++j) dp[j] += p[j] > 0.f ? u[j] : 0.f;
+                     }
+                     // softmax backward from the saved output: dS = P (dP - rowsum(dP P))
+                     float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-                   for (int64_t j = 0; j < d.Tk; ++j) dot += r[j] * p[j];
-                   for (int64_t j = 0; j < d.Tk; ++j) r[j] = p[j] * (r[j] - dot);
+                     for (int64_t j = 0; j < ke; ++j) dot += u[j] * p[j];
+                     for (int64_t j = 0; j < ke; ++j) u[j] = p[j] * (u[j] - dot);
+                   }
+                   if (dQh)  // dQ_h[i0:i1] += scale dS K_h[:ke]
+                     gemm(false, false, rows, d.dh, ke, scale, Ub, d.Tk, Kh, d.ldkv(), 1.f, dQh + i0 * d.ldq(), d.ldq());
+                   if (dKh)  // dK_h[:ke] += scale dS^T Q_h[i0:i1]
+                     gemm(true, false, ke, d.dh, rows, scale, Ub, d.Tk, Qh + i0 * d.ldq(), d.ldq(), 1.f, dKh, d.ldkv());
                  }
-                 if (dQ)  // dQ_h += scale dS K_h
-                   gemm(false, false, d.Tq, d.dh, d.Tk, scale, Uh, d.Tk, Kh, d.ldkv(), 1.f,
-                        dQ + b * d.Tq * d.ldq() + h * d.dh, d.ldq());
-                 if (dK)  // dK_h += scale dS^T Q_h
-                   gemm(true, false, d.Tk, d.dh, d.Tq, scale, Uh, d.Tk, Qh, d.ldq(), 1.f,
-                        dK + b * d.kv_rows * d.ldkv() + kvh * d.dh, d.ldkv());
+                 if (dG) GP[bh] = static_cast<float>(gate_sum);
                }
-             }
+             });
              if (dG)  // fixed-order reduction over the batch
                for (int64_t h = 0; h < d.H; ++h)
                  for (int64_t b = 0; b < d.B; ++b) dG[h] += GP[b * d.H + h];

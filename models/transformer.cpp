@@ -218,9 +218,10 @@ Tensor TransformerLM::forward(const Ids& ids, const ForwardOptions& opt) {
   }
   Tensor x = tok_emb.forward(ids);  // (B, T, d_model)
   if (pos_emb) {
-    Ids pos(Shape{T});
-    for (int64_t t = 0; t < T; ++t) pos.data[t] = static_cast<int32_t>(offset + t);
-    x = add(x, pos_emb->forward(pos));  // (T, d_model) broadcast over B
+    positions_.shape = Shape{T};  // reused: no allocation per forward
+    positions_.data.resize(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) positions_.data[t] = static_cast<int32_t>(offset + t);
+    x = add(x, pos_emb->forward(positions_));  // (T, d_model) broadcast over B
   } else {
     x = add(x, slice(sinusoid, 0, offset, offset + T));
   }

@@ -104,6 +104,9 @@ class TransformerLM : public Module {
   std::vector<std::unique_ptr<TransformerBlock>> blocks;
   std::unique_ptr<LayerNorm> ln_f;     // pre-norm only
   Linear head;
+
+ private:
+  Ids positions_;  // position ids of the last forward, kept to avoid an allocation per step
 };
 
 // Row block of head h in a W_Q/W_K/W_V-shaped (heads*d_head, d_model) matrix, or column block
