@@ -2,6 +2,7 @@
 
 #include <malloc.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <new>
 #include <unordered_map>
@@ -41,6 +42,7 @@ float* buffer_alloc(size_t n_floats) {
   size_t bytes = rounded_bytes(n_floats);
   Pool& P = pool();
   P.stats.bytes_live += bytes;
+  P.stats.bytes_peak = std::max(P.stats.bytes_peak, P.stats.bytes_live);
 #ifndef HEADLAB_NO_POOL
   auto it = P.free_by_size.find(bytes);
   if (it != P.free_by_size.end() && !it->second.empty()) {
@@ -70,6 +72,7 @@ void buffer_free(float* p, size_t n_floats) {
 }
 
 PoolStats pool_stats() { return pool().stats; }
+void pool_reset_peak() { pool().stats.bytes_peak = pool().stats.bytes_live; }
 void pool_trim() {
   pool().trim();
   malloc_trim(0);  // hand the freed pages back to the OS, so RSS falls after an evaluation

@@ -21,8 +21,10 @@ struct PoolStats {
   size_t bytes_live = 0;     // handed out and not yet returned
   size_t bytes_cached = 0;   // returned, kept for reuse
   size_t heap_allocs = 0;    // buffers that had to come from the heap (cache misses)
+  size_t bytes_peak = 0;     // most bytes live at once since the last pool_reset_peak()
 };
 PoolStats pool_stats();
+void pool_reset_peak();
 void pool_trim();  // gives cached buffers back to the heap
 
 // A free list for objects of one type. Objects are recycled, never returned to the heap.

@@ -124,10 +124,15 @@ void Adam::load_state(const std::vector<std::pair<std::string, Tensor>>& state, 
   steps_ = steps;
 }
 
-float grad_norm(const std::vector<Tensor>& params) {
+namespace {
+const Tensor& param_of(const Tensor& t) { return t; }
+const Tensor& param_of(const NamedParam& p) { return p.param; }
+
+template <class P>
+float grad_norm_of(const std::vector<P>& params) {
   double s = 0;
-  for (const Tensor& p : params) {
-    Tensor g = p.grad();
+  for (const P& p : params) {
+    Tensor g = param_of(p).grad();
     if (!g.defined()) continue;
     const float* G = g.data();
     for (int64_t k = 0, n = g.numel(); k < n; ++k) s += static_cast<double>(G[k]) * G[k];
@@ -135,19 +140,27 @@ float grad_norm(const std::vector<Tensor>& params) {
   return static_cast<float>(std::sqrt(s));
 }
 
-float clip_grad_norm(const std::vector<Tensor>& params, float max_norm) {
+template <class P>
+float clip_grad_norm_of(const std::vector<P>& params, float max_norm) {
   HL_PROFILE(Optimizer);
-  const float norm = grad_norm(params);
+  const float norm = grad_norm_of(params);
   if (max_norm > 0.f && norm > max_norm && std::isfinite(norm)) {
     const float scale = max_norm / (norm + 1e-6f);  // as torch.nn.utils.clip_grad_norm_
-    for (const Tensor& p : params) {
-      Tensor g = p.grad();
+    for (const P& p : params) {
+      Tensor g = param_of(p).grad();
       if (!g.defined()) continue;
       float* G = g.data();
       for (int64_t k = 0, n = g.numel(); k < n; ++k) G[k] *= scale;
     }
   }
   return norm;
+}
+}  // namespace
+
+float grad_norm(const std::vector<Tensor>& params) { return grad_norm_of(params); }
+float clip_grad_norm(const std::vector<Tensor>& params, float max_norm) { return clip_grad_norm_of(params, max_norm); }
+float clip_grad_norm(const std::vector<NamedParam>& params, float max_norm) {
+  return clip_grad_norm_of(params, max_norm);
 }
 
 ScheduleKind parse_schedule(const std::string& name) {

@@ -63,6 +63,7 @@ class Adam : public Optimizer {
 
 // Scales all gradients so their global L2 norm is at most max_norm; returns the norm before.
 float clip_grad_norm(const std::vector<Tensor>& params, float max_norm);
+float clip_grad_norm(const std::vector<NamedParam>& params, float max_norm);
 // Global L2 norm of the gradients (missing gradients count as zero).
 float grad_norm(const std::vector<Tensor>& params);
 

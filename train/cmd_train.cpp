@@ -60,21 +60,6 @@ TrainArgs resume_args(TrainFlags& flags, const std::string& out) {
   return r;
 }
 
-void write_summary(const std::string& out, const TrainArgs& args, const TrainResult& r) {
-  const EvalResult& e = r.final_eval;
-  json j = {{"config", json::parse(args.to_json())},
-            {"final", {{"step", r.steps}, {"loss", e.loss}, {"perplexity", std::exp(e.loss)},
-                       {"token_acc", e.token_acc}, {"exact_match", e.exact_match},
-                       {"ar_exact_match", e.ar_exact_match}}},
-            {"first_step_99", r.first_step_99 >= 0 ? json(r.first_step_99) : json(nullptr)},
-            {"wall_s", r.wall_s},
-            {"steps", r.steps},
-            {"skipped_steps", r.skipped_steps},
-            {"parameters", r.params},
-            {"peak_rss_kb", r.peak_rss_kb}};
-  write_file_atomic(out + "/summary.json", j.dump(2) + "\n");
-}
-
 int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool quiet, int64_t log_grads,
               const std::vector<int64_t>& dump_at) {
   const std::string out = out_flag.empty() ? default_out_dir("train") : out_flag;

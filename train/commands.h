@@ -13,7 +13,7 @@ namespace hl {
 struct TrainFlags {
   TrainArgs args;
   std::string norm = "pre", activation = "gelu_erf", positions = "learned";
-  void add(CLI::App* app, bool with_run_flags = true);
+  void add(CLI::App* app, bool with_run_flags = true, bool with_heads = true);
   TrainArgs resolve();  // parses the string flags into args, applies task presets
   bool given(const std::string& flag) const { return app_ && app_->count(flag) > 0; }
 
@@ -29,6 +29,10 @@ void add_attn_command(CLI::App& app, CommandRunner& runner);
 void add_bench_command(CLI::App& app, CommandRunner& runner);
 void add_ablate_command(CLI::App& app, CommandRunner& runner);
 void add_prune_command(CLI::App& app, CommandRunner& runner);
+
+// The regime that separates head counts (variable-length copy, d_model 32, 600 steps):
+// the defaults of ablate and prune.
+void set_experiment_defaults(TrainArgs& a);
 
 // Shared helpers for commands.
 std::string default_out_dir(const std::string& command);  // runs/<command>-YYYYmmdd-HHMMSS

@@ -7,13 +7,13 @@
 
 namespace hl {
 
-void TrainFlags::add(CLI::App* app, bool with_run_flags) {
+void TrainFlags::add(CLI::App* app, bool with_run_flags, bool with_heads) {
   TrainArgs& a = args;
   app_ = app;
   a.task.min_len = 0;  // shown as "0 = --length"; resolve() fills it in
   app->add_option("--d-model", a.model.d_model, "Model width")->capture_default_str();
   app->add_option("--layers", a.model.n_layers, "Transformer blocks")->capture_default_str();
-  app->add_option("--heads", a.model.n_heads, "Attention heads per layer")->capture_default_str();
+  if (with_heads) app->add_option("--heads", a.model.n_heads, "Attention heads per layer")->capture_default_str();
   app->add_option("--kv-heads", a.model.n_kv_heads, "Key/value heads (GQA/MQA); 0 = --heads")->capture_default_str();
   app->add_option("--d-head", a.model.d_head, "Head size; 0 = d_model / heads")->capture_default_str();
   app->add_option("--d-ff", a.model.d_ff, "Feed-forward width")->capture_default_str();

@@ -189,6 +189,7 @@ void Trainer::save(int64_t step, double wall_s) {
                 {"data_rng", rng_json(data_rng_)},
                 {"dropout_rng", rng_json(model_->dropout_rng)},
                 {"wall_s", wall_s},
+                {"train_s", train_s_so_far_},
                 {"args", json::parse(args_.to_json())}};
   const std::string task = task_json(args_.task).dump();
   save_checkpoint(checkpoint_path(), *model_, extra, {{"train_state", state.dump()}, {"task", task}});
@@ -219,7 +220,53 @@ int64_t Trainer::restore(double& wall_s) {
   rng_from_json(data_rng_, st.at("data_rng"), path);
   rng_from_json(model_->dropout_rng, st.at("dropout_rng"), path);
   wall_s = st.at("wall_s").get<double>();
+  train_s_so_far_ = st.value("train_s", 0.0);
   return st.at("step").get<int64_t>();
+}
+
+void write_summary(const std::string& out, const TrainArgs& args, const TrainResult& r) {
+  const EvalResult& e = r.final_eval;
+  json j = {{"config", json::parse(args.to_json())},
+            {"final", {{"step", r.steps}, {"loss", e.loss}, {"perplexity", std::exp(e.loss)},
+                       {"token_acc", e.token_acc}, {"exact_match", e.exact_match},
+                       {"ar_exact_match", e.ar_exact_match}}},
+            {"first_step_99", r.first_step_99 >= 0 ? json(r.first_step_99) : json(nullptr)},
+            {"wall_s", r.wall_s},
+            {"train_s", r.train_s},
+            {"steps", r.steps},
+            {"skipped_steps", r.skipped_steps},
+            {"parameters", r.params},
+            {"peak_tensor_bytes", r.peak_tensor_bytes},
+            {"peak_rss_kb", r.peak_rss_kb}};
+  write_file_atomic(out + "/summary.json", j.dump(2) + "\n");
+}
+
+std::pair<float, float> train_step(TransformerLM& model, Optimizer& opt, const Batch& batch, float clip,
+                                   const std::function<void(TransformerLM&)>& on_gradients) {
+  ForwardOptions fo;
+  fo.key_padding = batch.key_padding;
+  Tensor logits = model.forward(batch.inputs, fo);  // (B, T, V)
+  Tensor loss = cross_entropy(logits, batch.targets);
+  loss.backward();
+  const float loss_v = loss.item();
+  const float norm = clip_grad_norm(opt.params(), clip);
+  if (std::isfinite(loss_v) && std::isfinite(norm)) {
+    if (on_gradients) on_gradients(model);
+    opt.step();
+  }
+  opt.zero_grad();
+  return {loss_v, norm};
+}
+
+void finetune(TransformerLM& model, const CopyTask& task, int steps, float lr, int batch, uint64_t seed) {
+  std::vector<NamedParam> params;
+  for (auto& [name, t] : model.named_parameters()) params.push_back({name, t, t.ndim() >= 2});
+  Adam opt(params, lr, 0.9f, 0.999f, 1e-8f, 0.01f, true);
+  Rng rng(seed);
+  const bool was = model.training();
+  model.train();
+  for (int i = 0; i < steps; ++i) train_step(model, opt, task.sample(batch, rng), 1.f);
+  model.train(was);
 }
 
 TrainResult Trainer::run(const TrainObserver& obs) {
@@ -262,20 +309,18 @@ TrainResult Trainer::run(const TrainObserver& obs) {
   auto wall = [&] { return wall_offset + std::chrono::duration<double>(clock::now() - t0).count(); };
   auto window_start = clock::now();
   int64_t window_tokens = 0;
-  const std::vector<Tensor> params = model_->parameters();
   model_->train();
+  pool_reset_peak();
   int64_t last_ckpt = start;
   for (int64_t step = start; step < args_.steps; ++step) {
     const float lr = sched_.at(step);
     opt_->lr = lr;
     Batch batch = task_.sample(args_.batch, data_rng_);
-    ForwardOptions fo;
-    fo.key_padding = batch.key_padding;
-    Tensor logits = model_->forward(batch.inputs, fo);  // (B, T, V)
-    Tensor loss = cross_entropy(logits, batch.targets);
-    loss.backward();
-    const float loss_v = loss.item();
-    const float norm = clip_grad_norm(params, args_.clip);
+    const auto step_start = clock::now();
+    const auto [loss_v, norm] = train_step(*model_, *opt_, batch, args_.clip, [&](TransformerLM& m) {
+      if (obs.on_gradients) obs.on_gradients(step + 1, m);
+    });
+    train_s_so_far_ += std::chrono::duration<double>(clock::now() - step_start).count();
     if (!std::isfinite(loss_v) || !std::isfinite(norm)) {
       const std::string what = !std::isfinite(loss_v) ? "loss is " + std::to_string(loss_v)
                                                        : "gradient norm is " + std::to_string(norm);
@@ -287,11 +332,6 @@ TrainResult Trainer::run(const TrainObserver& obs) {
                              "; --skip-nonfinite skips such steps instead)");
       }
       ++res.skipped_steps;
-      opt_->zero_grad();
-    } else {
-      if (obs.on_gradients) obs.on_gradients(step + 1, *model_);
-      opt_->step();
-      opt_->zero_grad();
     }
     window_tokens += batch.inputs.numel();
     if (obs.on_step) {
@@ -323,7 +363,9 @@ TrainResult Trainer::run(const TrainObserver& obs) {
   if (metrics) std::fclose(metrics);
   res.steps = args_.steps;
   res.wall_s = wall();
+  res.train_s = train_s_so_far_;
   res.peak_rss_kb = peak_rss_kb();
+  res.peak_tensor_bytes = pool_stats().bytes_peak;
   if (!res.curve.empty()) res.final_eval = res.curve.back().second;
   if (start >= args_.steps) {  // resumed a finished run: evaluate once more for the summary
     res.final_eval = evaluate(*model_, task_, held_out_, true);

@@ -54,6 +54,8 @@ struct TrainResult {
   long peak_rss_kb = 0;
   int64_t skipped_steps = 0;
   int64_t first_step_99 = -1;  // first eval step with token accuracy >= 99%
+  double train_s = 0;          // time in training steps (evaluations excluded)
+  size_t peak_tensor_bytes = 0;  // most tensor memory live at once during the run
   std::vector<std::pair<int64_t, EvalResult>> curve;  // (step, eval) over training
 };
 
@@ -90,9 +92,20 @@ class Trainer {
   LrSchedule sched_;
   Rng data_rng_;
   std::vector<Batch> held_out_;
+  double train_s_so_far_ = 0;  // time in training steps, carried across resumes
 };
 
 long peak_rss_kb();
+
+// summary.json of a finished run: configuration, final metrics, timings, sizes.
+void write_summary(const std::string& out_dir, const TrainArgs& args, const TrainResult& r);
+
+// One optimisation step on a batch (forward, loss, backward, clip, step, zero_grad); returns
+// the loss and the gradient norm before clipping. Non-finite values skip the update.
+std::pair<float, float> train_step(TransformerLM& model, Optimizer& opt, const Batch& batch, float clip,
+                                   const std::function<void(TransformerLM&)>& on_gradients = {});
+// Fine-tunes a model in place for `steps` AdamW steps at a constant lr (used by prune).
+void finetune(TransformerLM& model, const CopyTask& task, int steps, float lr, int batch, uint64_t seed);
 std::string eval_json(int64_t step, const EvalResult& e, float lr, double tokens_per_s, double wall_s);
 
 }  // namespace hl

@@ -1,0 +1,236 @@
+#include "train/heads.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace hl {
+
+namespace {
+HeadGrid grid(const TransformerLM& m, double v = 0) {
+  return HeadGrid(m.cfg.n_layers, std::vector<double>(m.cfg.n_heads, v));
+}
+struct EvalModeGuard {
+  TransformerLM& m;
+  bool was;
+  explicit EvalModeGuard(TransformerLM& model) : m(model), was(model.training()) { m.eval(); }
+  ~EvalModeGuard() { m.train(was); }
+};
+bool is_pad(const Batch& b, int64_t row, int64_t t) {
+  return b.key_padding.defined() && b.key_padding.at({row, t}) != 0.f;
+}
+}  // namespace
+
+std::vector<Tensor> mean_head_outputs(TransformerLM& model, const std::vector<Batch>& data) {
+  EvalModeGuard mode(model);
+  NoGradGuard ng;
+  const int L = model.cfg.n_layers;
+  const int64_t W = model.cfg.n_heads * model.cfg.head_dim();
+  std::vector<std::vector<double>> sums(L, std::vector<double>(W, 0.0));
+  int64_t count = 0;
+  for (const Batch& b : data) {
+    std::vector<BlockHooks> hooks(L);
+    for (auto& h : hooks) h.attn.record = true;
+    ForwardOptions opt;
+    opt.hooks = &hooks;
+    opt.key_padding = b.key_padding;
+    model.forward(b.inputs, opt);
+    const int64_t B = b.size(), T = b.inputs.shape[1];
+    for (int64_t r = 0; r < B; ++r)
+      for (int64_t t = 0; t < T; ++t) {
+        if (is_pad(b, r, t)) continue;
+        for (int l = 0; l < L; ++l) {
+          const float* z = hooks[l].attn.z.data() + (r * T + t) * W;
+          for (int64_t j = 0; j < W; ++j) sums[l][j] += z[j];
+        }
+        ++count;
+      }
+  }
+  std::vector<Tensor> out;
+  for (int l = 0; l < L; ++l) {
+    Tensor m = Tensor::empty({W});
+    for (int64_t j = 0; j < W; ++j) m.data()[j] = static_cast<float>(count ? sums[l][j] / count : 0.0);
+    out.push_back(m);
+  }
+  return out;
+}
+
+AblationResult single_head_ablation(TransformerLM& model, const CopyTask& task, const std::vector<Batch>& data) {
+  AblationResult r;
+  r.base = evaluate(model, task, data, false);
+  r.d_loss = r.d_acc = r.d_loss_mean = r.d_acc_mean = grid(model);
+  const std::vector<Tensor> means = mean_head_outputs(model, data);
+  const int L = model.cfg.n_layers, H = model.cfg.n_heads;
+  for (int l = 0; l < L; ++l)
+    for (int h = 0; h < H; ++h)
+      for (int mode = 0; mode < 2; ++mode) {
+        std::vector<BlockHooks> hooks(L);
+        hooks[l].attn.ablate.assign(H, false);
+        hooks[l].attn.ablate[h] = true;
+        if (mode == 1) hooks[l].attn.replacement = means[l];
+        const EvalResult e = evaluate(model, task, data, false, &hooks);
+        (mode == 0 ? r.d_loss : r.d_loss_mean)[l][h] = e.loss - r.base.loss;
+        (mode == 0 ? r.d_acc : r.d_acc_mean)[l][h] = e.token_acc - r.base.token_acc;
+      }
+  return r;
+}
+
+namespace {
+// Runs forward + backward of the summed token loss on each batch; calls visit(batch, hooks).
+void backward_each(TransformerLM& model, const std::vector<Batch>& data, bool record,
+                   const std::function<void(const Batch&, std::vector<BlockHooks>&)>& visit) {
+  EvalModeGuard mode(model);
+  for (const Batch& b : data) {
+    std::vector<BlockHooks> hooks(model.cfg.n_layers);
+    for (auto& h : hooks) {
+      h.attn.record = record;
+      h.attn.record_grads = record;
+    }
+    ForwardOptions opt;
+    opt.hooks = &hooks;
+    opt.key_padding = b.key_padding;
+    Tensor logits = model.forward(b.inputs, opt);
+    int64_t counted = 0;
+    for (int32_t t : b.targets.data) counted += t >= 0;
+    Tensor loss = mul_scalar(cross_entropy(logits, b.targets), static_cast<float>(counted));  // summed
+    loss.backward();
+    visit(b, hooks);
+    model.zero_grad();
+  }
+}
+}  // namespace
+
+HeadGrid gate_gradients(TransformerLM& model, const std::vector<Batch>& data) {
+  model.set_gates_require_grad(true);
+  HeadGrid g = grid(model);
+  backward_each(model, data, false, [&](const Batch&, std::vector<BlockHooks>&) {
+    for (int l = 0; l < model.cfg.n_layers; ++l) {
+      const Tensor gg = model.gates(l).grad();
+      for (int h = 0; h < model.cfg.n_heads; ++h) g[l][h] += gg.defined() ? gg.data()[h] : 0.0;
+      model.gates(l).zero_grad();
+    }
+  });
+  model.set_gates_require_grad(false);
+  return g;
+}
+
+HeadGrid head_importance(TransformerLM& model, const std::vector<Batch>& data, bool normalize_per_layer) {
+  HeadGrid imp = grid(model);
+  const int H = model.cfg.n_heads;
+  const int64_t dh = model.cfg.head_dim(), W = H * dh;
+  int64_t n_tokens = 0;
+  backward_each(model, data, true, [&](const Batch& b, std::vector<BlockHooks>& hooks) {
+    const int64_t B = b.size(), T = b.inputs.shape[1];
+    for (int32_t t : b.targets.data) n_tokens += t >= 0;
+    for (int l = 0; l < model.cfg.n_layers; ++l) {
+      const Tensor& z = hooks[l].attn.z;
+      const Tensor gz = z.grad();
+      if (!gz.defined()) continue;
+      for (int64_t r = 0; r < B; ++r)
+        for (int64_t t = 0; t < T; ++t) {
+          if (is_pad(b, r, t)) continue;
+          const float *zz = z.data() + (r * T + t) * W, *gg = gz.data() + (r * T + t) * W;
+          for (int h = 0; h < H; ++h) {
+            double s = 0;
+            for (int64_t j = h * dh; j < (h + 1) * dh; ++j) s += static_cast<double>(zz[j]) * gg[j];
+            imp[l][h] += std::fabs(s);
+          }
+        }
+    }
+  });
+  for (auto& row : imp) {
+    for (double& v : row) v /= std::max<int64_t>(n_tokens, 1);
+    if (normalize_per_layer) {
+      double n = 0;
+      for (double v : row) n += v * v;
+      n = std::sqrt(n);
+      if (n > 0)
+        for (double& v : row) v /= n;
+    }
+  }
+  return imp;
+}
+
+HeadStats attention_statistics(TransformerLM& model, const std::vector<Batch>& data) {
+  EvalModeGuard mode(model);
+  NoGradGuard ng;
+  HeadStats s{grid(model), grid(model), grid(model), grid(model)};
+  const int L = model.cfg.n_layers, H = model.cfg.n_heads;
+  int64_t queries = 0;
+  for (const Batch& b : data) {
+    std::vector<BlockHooks> hooks(L);
+    for (auto& h : hooks) h.attn.record = true;
+    ForwardOptions opt;
+    opt.hooks = &hooks;
+    opt.key_padding = b.key_padding;
+    model.forward(b.inputs, opt);
+    const int64_t B = b.size(), T = b.inputs.shape[1];
+    for (int64_t r = 0; r < B; ++r)
+      for (int64_t i = 0; i < T; ++i) {
+        if (is_pad(b, r, i)) continue;
+        int64_t visible = 0;
+        for (int64_t j = 0; j <= i; ++j) visible += !is_pad(b, r, j);
+        for (int l = 0; l < L; ++l)
+          for (int h = 0; h < H; ++h) {
+            const float* row = hooks[l].attn.pattern.data() + ((r * H + h) * T + i) * T;
+            double e = 0, mx = -1;
+            int64_t arg = 0;
+            for (int64_t j = 0; j <= i; ++j) {
+              if (row[j] > 0) e -= row[j] * std::log(static_cast<double>(row[j]));
+              if (row[j] > mx) mx = row[j], arg = j;
+            }
+            s.entropy[l][h] += e;
+            s.entropy_norm[l][h] += visible > 1 ? e / std::log(static_cast<double>(visible)) : 0.0;
+            s.confidence[l][h] += mx;
+            s.argmax_distance[l][h] += static_cast<double>(i - arg);
+          }
+        ++queries;
+      }
+  }
+  for (HeadGrid* g : {&s.entropy, &s.entropy_norm, &s.confidence, &s.argmax_distance})
+    for (auto& row : *g)
+      for (double& v : row) v /= std::max<int64_t>(queries, 1);
+  return s;
+}
+
+std::vector<PruneStep> prune_curve(TransformerLM& model, const CopyTask& task, const std::vector<Batch>& data,
+                                   const std::function<HeadGrid(TransformerLM&)>& rank, const PruneOptions& opts) {
+  const int L = model.cfg.n_layers, H = model.cfg.n_heads, total = L * H;
+  const int per_step = std::max(1, static_cast<int>(std::lround(opts.step_fraction * total)));
+  std::vector<PruneStep> curve;
+  PruneStep s0;
+  s0.eval = evaluate(model, task, data, false);
+  curve.push_back(s0);
+  auto alive = [&](int l, int h) { return model.gates(l).data()[h] != 0.f; };
+  HeadGrid scores = rank(model);
+  int pruned = 0;
+  while (true) {
+    if (opts.recompute && pruned > 0) scores = rank(model);
+    std::vector<std::pair<double, std::pair<int, int>>> cand;
+    std::vector<int> left(L, 0);
+    for (int l = 0; l < L; ++l)
+      for (int h = 0; h < H; ++h)
+        if (alive(l, h)) {
+          ++left[l];
+          cand.push_back({scores[l][h], {l, h}});
+        }
+    std::stable_sort(cand.begin(), cand.end(), [](auto& a, auto& b) { return a.first < b.first; });
+    PruneStep st;
+    for (auto& [score, lh] : cand) {
+      if (static_cast<int>(st.removed.size()) == per_step) break;
+      if (left[lh.first] <= opts.min_per_layer) continue;
+      --left[lh.first];
+      st.removed.push_back(lh);
+    }
+    if (st.removed.empty()) break;
+    for (auto& [l, h] : st.removed) model.gates(l).data()[h] = 0.f;
+    pruned += static_cast<int>(st.removed.size());
+    if (opts.finetune_steps > 0 && opts.finetune) opts.finetune(model, opts.finetune_steps);
+    st.pruned = pruned;
+    st.fraction = static_cast<double>(pruned) / total;
+    st.eval = evaluate(model, task, data, false);
+    curve.push_back(st);
+  }
+  return curve;
+}
+
+}  // namespace hl

@@ -1,0 +1,60 @@
+// Head-level analyses for `headlab prune` (and users): single-head ablation, Michel et al.
+// (2019) importance, mean head outputs, attention statistics (Voita et al. 2019), and
+// iterative pruning through the head gates.
+#pragma once
+#include <functional>
+#include <vector>
+
+#include "datasets/copy_task.h"
+#include "models/transformer.h"
+#include "train/evaluate.h"
+
+namespace hl {
+
+using HeadGrid = std::vector<std::vector<double>>;  // [layer][head]
+
+// Mean of each layer's head outputs z (before W_O) over the non-padding positions: (H*d_head).
+std::vector<Tensor> mean_head_outputs(TransformerLM& model, const std::vector<Batch>& data);
+
+struct AblationResult {
+  HeadGrid d_loss, d_acc;            // zero-ablation: change in held-out loss and token accuracy
+  HeadGrid d_loss_mean, d_acc_mean;  // mean-ablation
+  EvalResult base;
+};
+// Ablates each head alone (zero, then mean) and evaluates on `data`.
+AblationResult single_head_ablation(TransformerLM& model, const CopyTask& task, const std::vector<Batch>& data);
+
+// Michel et al. importance I_h = (1/n) sum over positions t of |sum_d z_h[t,d] dL/dz_h[t,d]|,
+// L the summed token loss, n the number of counted target tokens; z_h is the gated head
+// output, so sum_d z_h . dL/dz_h = g_h dL/dg_h per position. With normalize, each layer is
+// divided by its l2 norm. Gates keep their values (pruned heads score 0).
+HeadGrid head_importance(TransformerLM& model, const std::vector<Batch>& data, bool normalize_per_layer);
+// dL/dg for every gate, L the summed token loss over `data` (for tests and users).
+HeadGrid gate_gradients(TransformerLM& model, const std::vector<Batch>& data);
+
+struct HeadStats {
+  HeadGrid entropy, entropy_norm, confidence, argmax_distance;
+};
+// Over non-padding queries: entropy -sum A log A (and divided by log #visible keys), confidence
+// (max weight, Voita et al.), mean |i - argmax_j A_ij|.
+HeadStats attention_statistics(TransformerLM& model, const std::vector<Batch>& data);
+
+struct PruneStep {
+  int pruned = 0;  // heads removed so far
+  double fraction = 0;
+  EvalResult eval;
+  std::vector<std::pair<int, int>> removed;  // (layer, head) removed at this step
+};
+struct PruneOptions {
+  double step_fraction = 0.1;  // of all heads per step (at least one head)
+  int min_per_layer = 0;
+  bool recompute = false;      // re-rank after each step (importance order only)
+  int finetune_steps = 0;      // between steps
+  std::function<void(TransformerLM&, int steps)> finetune;  // trains the model in place
+};
+// Removes heads (gate = 0) in the order given by `rank` (lowest score first), re-asking rank
+// after each step when opts.recompute; evaluates after every step.
+std::vector<PruneStep> prune_curve(TransformerLM& model, const CopyTask& task, const std::vector<Batch>& data,
+                                   const std::function<HeadGrid(TransformerLM&)>& rank, const PruneOptions& opts);
+
+}  // namespace hl
