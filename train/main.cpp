@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
   hl::add_attn_command(app, runner);
   hl::add_bench_command(app, runner);
   hl::add_ablate_command(app, runner);
+  hl::add_prune_command(app, runner);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

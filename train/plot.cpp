@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -72,9 +73,13 @@ bool plot_heatmap_grid(const std::string& path, const std::string& title, int gr
                        const std::vector<Heatmap>& maps, const std::string& xlabel,
                        const std::string& ylabel, float vmin, float vmax) {
   const fs::path dir = make_tmp_dir();
-  const int cell = maps.empty() ? 300 : std::max(220, std::min(420, 14 * std::max(maps[0].rows, maps[0].cols) + 120));
+  // Panel size: small grids (layers x heads) get ~40 px per cell, token maps ~14 px.
+  const int m = maps.empty() ? 8 : std::max(maps[0].rows, maps[0].cols);
+  const int cell = m <= 16 ? std::clamp(40 * m + 140, 260, 600) : std::clamp(14 * m + 120, 220, 420);
   std::ostringstream gp;
-  gp << "set terminal pngcairo size " << grid_cols * cell + 80 << "," << grid_rows * cell + 60
+  const double aspect = maps.empty() ? 1.0 : std::min(1.0, static_cast<double>(maps[0].rows) / std::max(1, maps[0].cols));
+  const int panel_h = static_cast<int>(cell * aspect) + (aspect < 1.0 ? 130 : 0);
+  gp << "set terminal pngcairo size " << grid_cols * cell + 80 << "," << grid_rows * panel_h + 60
      << " font 'sans,8'\nset output '" << (dir / "out.png").string() << "'\n"
      << "set palette defined (0 '#ffffff', 0.25 '#c6dbef', 0.5 '#6baed6', 0.75 '#2171b5', 1 '#08306b')\n"
      << "set multiplot layout " << grid_rows << "," << grid_cols << " title " << quote(title) << "\n"

@@ -1,0 +1,255 @@
+// Head analyses: importance vs finite differences, ablation invariants, attention statistics,
+// pruning, gradient atlas norms, and the ablate command's table and resume.
+#define BOOST_TEST_MODULE heads
+#include <boost/test/unit_test.hpp>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "lib/fileutil.h"
+#include "train/atlas.h"
+#include "train/heads.h"
+
+using namespace hl;
+namespace tt = boost::test_tools;
+namespace fs = std::filesystem;
+
+namespace {
+TaskConfig tiny_task() {
+  TaskConfig c = TaskConfig::preset("copy");
+  c.alphabet = 5;
+  c.min_len = 2;
+  c.max_len = 4;  // variable length: padding and masks are exercised
+  return c;
+}
+ModelConfig tiny_model(int heads = 4) {
+  ModelConfig c;
+  c.vocab_size = 8;
+  c.d_model = 8;
+  c.n_layers = 2;
+  c.n_heads = heads;
+  c.d_ff = 16;
+  c.max_seq_len = 9;
+  return c;
+}
+// A model with weights large enough that every head matters.
+std::unique_ptr<TransformerLM> make_model(uint64_t seed, int heads = 4) {
+  auto m = std::make_unique<TransformerLM>(tiny_model(heads), seed);
+  Rng r(seed + 1);
+  for (auto& [name, p] : m->named_parameters())
+    if (name.find("ln") == std::string::npos) init_normal(p, r, 0.3f);
+  return m;
+}
+double summed_loss(TransformerLM& m, const std::vector<Batch>& data) {
+  NoGradGuard ng;
+  double s = 0;
+  for (const Batch& b : data) {
+    ForwardOptions o;
+    o.key_padding = b.key_padding;
+    int64_t n = 0;
+    for (int32_t t : b.targets.data) n += t >= 0;
+    s += static_cast<double>(cross_entropy(m.forward(b.inputs, o), b.targets).item()) * n;
+  }
+  return s;
+}
+std::string run(const std::string& cmd) {
+  std::string out;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  BOOST_REQUIRE(::pclose(p) == 0);
+  return out;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(gate_gradient_equals_finite_difference) {
+  auto m = make_model(1);
+  CopyTask task(tiny_task());
+  const auto data = task.held_out(6, 3, 3);
+  const HeadGrid g = gate_gradients(*m, data);
+  for (int l = 0; l < 2; ++l)
+    for (int h = 0; h < 4; ++h) {
+      const float eps = 2e-3f;
+      m->gates(l).data()[h] = 1.f + eps;
+      const double lp = summed_loss(*m, data);
+      m->gates(l).data()[h] = 1.f - eps;
+      const double lm = summed_loss(*m, data);
+      m->gates(l).data()[h] = 1.f;
+      const double fd = (lp - lm) / (2 * eps);
+      BOOST_TEST(g[l][h] == fd, tt::tolerance(2e-3));
+    }
+}
+
+BOOST_AUTO_TEST_CASE(importance_on_one_token_is_the_absolute_gate_derivative) {
+  // With a single position, I_h = |sum_d z_h dL/dz_h| = |dL/dg_h| exactly (gate 1).
+  auto m = make_model(2);
+  Batch b;
+  b.inputs = Ids(Shape{1, 1}, {6});
+  b.targets = Ids(Shape{1, 1}, {3});
+  const std::vector<Batch> one = {b};
+  const HeadGrid imp = head_importance(*m, one, false);
+  const HeadGrid g = gate_gradients(*m, one);
+  for (int l = 0; l < 2; ++l)
+    for (int h = 0; h < 4; ++h) BOOST_TEST(imp[l][h] == std::fabs(g[l][h]), tt::tolerance(1e-4));
+  // Over many tokens the per-token absolute values make I_h >= |dL/dg_h| / n.
+  CopyTask task(tiny_task());
+  const auto data = task.held_out(8, 5, 8);
+  const HeadGrid imp2 = head_importance(*m, data, false), g2 = gate_gradients(*m, data);
+  int64_t n = 0;
+  for (int32_t t : data[0].targets.data) n += t >= 0;
+  for (int l = 0; l < 2; ++l)
+    for (int h = 0; h < 4; ++h) BOOST_TEST(imp2[l][h] * n >= std::fabs(g2[l][h]) * (1 - 1e-5));
+  // normalised per layer: unit l2 norm
+  const HeadGrid nrm = head_importance(*m, data, true);
+  for (int l = 0; l < 2; ++l) {
+    double s = 0;
+    for (double v : nrm[l]) s += v * v;
+    BOOST_TEST(s == 1.0, tt::tolerance(1e-9));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(ablating_a_head_with_zero_wo_changes_nothing) {
+  auto m = make_model(3);
+  Tensor wo = m->blocks[1]->attn.W_O.weight;  // (8, 8): head 2 owns columns 4..5
+  for (int64_t r = 0; r < 8; ++r)
+    for (int64_t c = 4; c < 6; ++c) wo.at({r, c}) = 0.f;
+  CopyTask task(tiny_task());
+  const auto data = task.held_out(10, 4, 5);
+  const AblationResult a = single_head_ablation(*m, task, data);
+  BOOST_TEST(a.d_loss[1][2] == 0.0);
+  BOOST_TEST(a.d_acc[1][2] == 0.0);
+  BOOST_TEST(a.d_loss_mean[1][2] == 0.0);
+  BOOST_TEST(a.d_loss[0][0] != 0.0);  // and a live head does change it
+}
+
+BOOST_AUTO_TEST_CASE(pruning_through_gates_equals_zeroed_wo_columns) {
+  CopyTask task(tiny_task());
+  const auto data = task.held_out(10, 4, 5);
+  auto m = make_model(4);
+  PruneOptions o;
+  o.step_fraction = 0.25;  // 2 of 8 heads per step
+  o.min_per_layer = 1;
+  const auto curve = prune_curve(*m, task, data, [](TransformerLM& mm) { return gate_gradients(mm, {}); }, o);
+  BOOST_TEST(curve.size() == 4u);  // 0, 2, 4, 6 removed: one head must stay in each layer
+  BOOST_TEST(curve.back().pruned == 6);
+  for (int l = 0; l < 2; ++l) {
+    int alive = 0;
+    for (int h = 0; h < 4; ++h) alive += m->gates(l).data()[h] != 0.f;
+    BOOST_TEST(alive == 1);
+  }
+  // the same model with gates back at 1 but W_O columns of the pruned heads zeroed
+  auto z = make_model(4);
+  for (int l = 0; l < 2; ++l)
+    for (int h = 0; h < 4; ++h)
+      if (m->gates(l).data()[h] == 0.f)
+        for (int64_t r = 0; r < 8; ++r)
+          for (int64_t c = 2 * h; c < 2 * h + 2; ++c) z->blocks[l]->attn.W_O.weight.at({r, c}) = 0.f;
+  const EvalResult a = evaluate(*m, task, data, false), b = evaluate(*z, task, data, false);
+  BOOST_TEST(a.loss == b.loss);
+  BOOST_TEST(curve.back().eval.loss == a.loss);
+}
+
+BOOST_AUTO_TEST_CASE(uniform_attention_statistics_are_exact) {
+  auto m = make_model(5);
+  for (auto& blk : m->blocks) blk->attn.W_Q.weight.fill_(0.f);  // q = 0: every visible key equal
+  CopyTask task(tiny_task());
+  TaskConfig fixed = tiny_task();
+  fixed.min_len = fixed.max_len = 4;  // no padding: query i sees i+1 keys
+  CopyTask ftask(fixed);
+  const auto data = ftask.held_out(4, 1, 4);
+  const HeadStats s = attention_statistics(*m, data);
+  const int T = ftask.seq_len();
+  double conf = 0, dist = 0, ent = 0;
+  for (int i = 0; i < T; ++i) {
+    conf += 1.0 / (i + 1);
+    dist += i;  // the first of equal weights is the argmax: key 0
+    ent += std::log(i + 1.0);
+  }
+  for (int l = 0; l < 2; ++l)
+    for (int h = 0; h < 4; ++h) {
+      BOOST_TEST(s.entropy_norm[l][h] == (T - 1.0) / T, tt::tolerance(1e-5));
+      BOOST_TEST(s.entropy[l][h] == ent / T, tt::tolerance(1e-5));
+      BOOST_TEST(s.confidence[l][h] == conf / T, tt::tolerance(1e-5));
+      BOOST_TEST(s.argmax_distance[l][h] == dist / T, tt::tolerance(1e-9));
+    }
+}
+
+BOOST_AUTO_TEST_CASE(atlas_norms_equal_slices_of_the_full_gradient) {
+  ModelConfig c = tiny_model();
+  c.n_kv_heads = 2;
+  TransformerLM m(c, 6);
+  CopyTask task(tiny_task());
+  const auto data = task.held_out(4, 2, 4);
+  ForwardOptions o;
+  o.key_padding = data[0].key_padding;
+  cross_entropy(m.forward(data[0].inputs, o), data[0].targets).backward();
+  const auto rows = head_gradient_norms(m, 7);
+  BOOST_TEST(rows.size() == 2u * (4 + 2 + 2 + 4));
+  for (const HeadNormRow& r : rows) {
+    const auto& attn = m.blocks[r.layer]->attn;
+    const Tensor& w = r.matrix == "W_Q" ? attn.W_Q.weight : r.matrix == "W_K" ? attn.W_K.weight
+                    : r.matrix == "W_V" ? attn.W_V.weight : attn.W_O.weight;
+    const Tensor g = w.grad();
+    double s = 0, sw = 0;
+    for (int64_t i = 0; i < w.size(0); ++i)
+      for (int64_t j = 0; j < w.size(1); ++j) {
+        const bool mine = r.matrix == "W_O" ? j / 2 == r.head : i / 2 == r.head;  // d_head 2
+        if (!mine) continue;
+        s += double(g.at({i, j})) * g.at({i, j});
+        sw += double(w.at({i, j})) * w.at({i, j});
+      }
+    BOOST_TEST(r.grad_norm == std::sqrt(s), tt::tolerance(1e-9));
+    BOOST_TEST(r.weight_norm == std::sqrt(sw), tt::tolerance(1e-9));
+    BOOST_TEST(r.step == 7);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(circuit_singular_values) {
+  // singular values of a known matrix: diag(3, 2) rotated
+  const std::vector<double> m = {0, 2, 3, 0};
+  auto sv = singular_values(m, 2, 2);
+  BOOST_TEST(sv[0] == 3.0, tt::tolerance(1e-12));
+  BOOST_TEST(sv[1] == 2.0, tt::tolerance(1e-12));
+  // the QK circuit of a head equals the svd of W_Q^h^T W_K^h computed densely
+  TransformerLM lm(tiny_model(2), 9);
+  const auto qk = qk_circuit_singular_values(lm, 0, 1);
+  const Tensor wq = head_rows(lm.blocks[0]->attn.W_Q.weight, 1, 4), wk = head_rows(lm.blocks[0]->attn.W_K.weight, 1, 4);
+  std::vector<double> dense(64, 0.0);
+  for (int i = 0; i < 8; ++i)
+    for (int j = 0; j < 8; ++j)
+      for (int t = 0; t < 4; ++t) dense[i * 8 + j] += double(wq.at({t, i})) * wk.at({t, j});
+  const auto ref = singular_values(dense, 8, 8);
+  BOOST_TEST(qk.size() == 4u);
+  for (size_t i = 0; i < 4; ++i) BOOST_TEST(qk[i] == ref[i], tt::tolerance(1e-5));
+  BOOST_TEST(ref[4] < 1e-6);  // rank <= d_head
+}
+
+BOOST_AUTO_TEST_CASE(ablate_command_table_and_resume) {
+  const std::string out = (fs::temp_directory_path() / "headlab-test-ablate").string();
+  fs::remove_all(out);
+  const std::string cmd = std::string(HEADLAB_BINARY) +
+                          " ablate --head-counts 1,2 --seeds 2 --steps 12 --eval-every 6 --eval-size 16 --d-model 8"
+                          " --d-ff 16 --task copy --length 3 --alphabet 4 --batch 8 --threads 1 --out " + out;
+  const std::string first = run(cmd);
+  std::ifstream csv(out + "/ablation.csv");
+  std::string header, line;
+  std::getline(csv, header);
+  BOOST_TEST(header.find("heads,d_head,params,seeds,loss_mean") == 0u);
+  for (const char* col : {"token_acc_mean", "exact_tf_mean", "exact_ar_mean", "first_step_99_mean", "time_rel", "memory_rel"})
+    BOOST_TEST(header.find(col) != std::string::npos);
+  int rows = 0;
+  while (std::getline(csv, line)) rows += !line.empty();
+  BOOST_TEST(rows == 2);
+  BOOST_TEST(first.find("(already done)") == std::string::npos);
+  // a rerun reads every finished run back instead of training it again
+  fs::remove(out + "/runs/H2-seed1/summary.json");  // ... except one "interrupted" run
+  const auto kept = fs::last_write_time(out + "/runs/H1-seed0/metrics.jsonl");
+  const std::string second = run(cmd);
+  size_t done = 0;
+  for (size_t p = second.find("(already done)"); p != std::string::npos; p = second.find("(already done)", p + 1)) ++done;
+  BOOST_TEST(done == 3u);
+  BOOST_TEST((fs::last_write_time(out + "/runs/H1-seed0/metrics.jsonl") == kept));
+  BOOST_TEST(fs::exists(out + "/runs/H2-seed1/summary.json"));
+}

@@ -1,0 +1,268 @@
+// headlab prune: which heads matter. Single-head ablation (zero and mean), Michel et al.
+// importance, attention statistics, and accuracy as heads are removed in three orders
+// (importance, single-head ablation, random). Trains its own 8-head model first unless given
+// a checkpoint. Resumable: the base run and each finished curve are kept in --out.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "lib/fileutil.h"
+#include "models/checkpoint.h"
+#include "train/commands.h"
+#include "train/heads.h"
+#include "train/plot.h"
+#include "train/progress.h"
+
+namespace hl {
+
+using json = nlohmann::json;
+
+namespace {
+
+struct PruneOpts {
+  std::string checkpoint, out;
+  int heads = 8;
+  int64_t train_steps = 1500;
+  double step_fraction = 0.1;
+  bool recompute = false, normalize = false, quiet = false;
+  int min_per_layer = 0;
+  int finetune_steps = 0;
+  float finetune_lr = 1e-3f;
+  int random_seeds = 3;
+  double save_fraction = 0.5;
+};
+
+std::string fmt(double v, int prec) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.*f", prec, v);
+  return b;
+}
+
+json curve_json(const std::vector<PruneStep>& c) {
+  json a = json::array();
+  for (const PruneStep& s : c) {
+    json removed = json::array();
+    for (auto& [l, h] : s.removed) removed.push_back({l, h});
+    a.push_back({{"pruned", s.pruned}, {"fraction", s.fraction}, {"loss", s.eval.loss}, {"token_acc", s.eval.token_acc},
+                 {"exact_match", s.eval.exact_match}, {"removed", removed}});
+  }
+  return a;
+}
+
+json grid_json(const HeadGrid& g) { return json(g); }
+
+int run_prune(TrainFlags& flags, const PruneOpts& o) {
+  const std::string out = o.out.empty() ? default_out_dir("prune") : o.out;
+  make_dirs(out + "/curves");
+  if (o.step_fraction <= 0 || o.step_fraction > 1) fail("--step-fraction must be in (0, 1], got ", o.step_fraction);
+  if (o.random_seeds < 0) fail("--random-seeds must not be negative");
+  std::string ckpt = o.checkpoint;
+  TrainArgs base = flags.resolve();
+  if (ckpt.empty()) {  // the default: train an 8-head model on the experiment regime
+    base.model.n_heads = o.heads;
+    base.steps = o.train_steps;
+    base.checkpoint_every = std::max<int64_t>(1, base.steps / 5);
+    base.out = out + "/base";
+    ckpt = base.out + "/model.safetensors";
+    if (!file_exists(base.out + "/summary.json")) {
+      base.resume = file_exists(base.out + "/checkpoint.safetensors");
+      std::fprintf(stderr, "headlab prune: training the base model (%d heads, %lld steps) in %s\n", o.heads,
+                   static_cast<long long>(base.steps), base.out.c_str());
+      Trainer t(base);
+      ProgressBar bar("base model", base.steps, !o.quiet && stderr_is_terminal());
+      TrainObserver obs;
+      obs.on_step = [&](int64_t step, int64_t, float loss, double) { bar.update(step, "loss " + fmt(loss, 3)); };
+      const TrainResult r = t.run(obs);
+      bar.finish();
+      write_summary(base.out, t.args(), r);
+    } else {
+      std::fprintf(stderr, "headlab prune: base model already trained in %s\n", base.out.c_str());
+    }
+  }
+  set_num_threads(base.threads);
+  const SafetensorsFile file = read_safetensors(ckpt);
+  auto fresh_model = [&] { return load_model(file); };
+  std::unique_ptr<TransformerLM> model = fresh_model();
+  TaskConfig tc = base.task;
+  if (file.metadata.count("task")) {
+    const json t = json::parse(file.meta("task"));
+    tc.name = t.at("name");
+    tc.alphabet = t.at("alphabet");
+    tc.min_len = t.at("min_len");
+    tc.max_len = t.at("max_len");
+    tc.reverse = t.at("reverse");
+  }
+  CopyTask task(tc);
+  if (task.vocab_size() != model->cfg.vocab_size)
+    fail(ckpt, ": the model's vocabulary (", model->cfg.vocab_size, ") does not fit task ", tc.name, " (",
+         task.vocab_size(), ")");
+  const std::vector<Batch> data = task.held_out(base.eval_size, base.eval_seed, 128);
+  const int L = model->cfg.n_layers, H = model->cfg.n_heads;
+  std::fprintf(stderr, "headlab prune: %d layers x %d heads, %d held-out sequences -> %s\n", L, H, base.eval_size, out.c_str());
+
+  // ---- per-head analyses ----------------------------------------------------------------------
+  std::fprintf(stderr, "  single-head ablation (zero and mean)...\n");
+  const AblationResult abl = single_head_ablation(*model, task, data);
+  std::fprintf(stderr, "  importance and attention statistics...\n");
+  const HeadGrid imp = head_importance(*model, data, o.normalize);
+  const HeadStats st = attention_statistics(*model, data);
+  std::string csv = "layer,head,d_loss_zero,d_acc_zero,d_loss_mean,d_acc_mean,importance,entropy,entropy_norm,confidence,argmax_distance\n";
+  std::vector<std::vector<std::string>> table = {{"layer", "head", "dloss zero", "dacc zero %", "dloss mean", "dacc mean %",
+                                                  "importance", "entropy", "entropy/log n", "confidence", "argmax dist"}};
+  for (int l = 0; l < L; ++l)
+    for (int h = 0; h < H; ++h) {
+      const std::vector<double> v = {abl.d_loss[l][h], abl.d_acc[l][h], abl.d_loss_mean[l][h], abl.d_acc_mean[l][h], imp[l][h],
+                                     st.entropy[l][h], st.entropy_norm[l][h], st.confidence[l][h], st.argmax_distance[l][h]};
+      csv += std::to_string(l) + "," + std::to_string(h);
+      for (double x : v) csv += "," + fmt(x, 6);
+      csv += "\n";
+      table.push_back({std::to_string(l), std::to_string(h), fmt(v[0], 4), fmt(100 * v[1], 2), fmt(v[2], 4), fmt(100 * v[3], 2),
+                       fmt(v[4], 4), fmt(v[5], 3), fmt(v[6], 3), fmt(v[7], 3), fmt(v[8], 2)});
+    }
+  write_file_atomic(out + "/heads.csv", csv);
+  std::printf("\nbase model: held-out loss %.4f, token accuracy %s\n\nper head (d = change when that head alone is removed):\n\n",
+              abl.base.loss, percent(abl.base.token_acc).c_str());
+  print_table(table);
+
+  // ---- pruning curves -----------------------------------------------------------------------
+  PruneOptions popt;
+  popt.step_fraction = o.step_fraction;
+  popt.min_per_layer = o.min_per_layer;
+  popt.finetune_steps = o.finetune_steps;
+  popt.finetune = [&](TransformerLM& m, int steps) { finetune(m, task, steps, o.finetune_lr, base.batch, base.seed + 99); };
+  struct Order {
+    std::string name;
+    std::function<HeadGrid(TransformerLM&)> rank;
+    bool recompute;
+  };
+  std::vector<Order> orders = {
+      {"importance", [&](TransformerLM& m) { return head_importance(m, data, o.normalize); }, o.recompute},
+      {"ablation", [&](TransformerLM&) { return abl.d_loss; }, false}};
+  for (int s = 0; s < o.random_seeds; ++s)
+    orders.push_back({"random" + std::to_string(s), [s, L, H](TransformerLM&) {
+                        Rng r(1000 + s);
+                        HeadGrid g(L, std::vector<double>(H));
+                        for (auto& row : g)
+                          for (double& v : row) v = r.uniform();
+                        return g;
+                      }, false});
+  std::map<std::string, json> curves;
+  for (const Order& ord : orders) {
+    const std::string path = out + "/curves/" + ord.name + ".json";
+    if (file_exists(path)) {
+      curves[ord.name] = json::parse(read_file(path));
+      continue;
+    }
+    std::fprintf(stderr, "  pruning in %s order...\n", ord.name.c_str());
+    auto m = fresh_model();
+    PruneOptions po = popt;
+    po.recompute = ord.recompute;
+    curves[ord.name] = curve_json(prune_curve(*m, task, data, ord.rank, po));
+    write_file_atomic(path, curves[ord.name].dump() + "\n");
+  }
+  // table and CSV: accuracy vs fraction pruned
+  std::string ccsv = "order,pruned,fraction,loss,token_acc,exact_match\n";
+  for (auto& [name, c] : curves)
+    for (const json& s : c)
+      ccsv += name + "," + std::to_string(s["pruned"].get<int>()) + "," + fmt(s["fraction"], 4) + "," + fmt(s["loss"], 6) +
+              "," + fmt(s["token_acc"], 6) + "," + fmt(s["exact_match"], 6) + "\n";
+  write_file_atomic(out + "/prune_curves.csv", ccsv);
+  std::vector<std::vector<std::string>> ct = {{"heads pruned", "fraction", "importance acc %", "ablation-order acc %",
+                                               "random acc % (mean [min-max])"}};
+  Series s_imp, s_abl, s_rnd;
+  s_imp.name = "importance (Michel et al.)";
+  s_abl.name = "single-head ablation order";
+  s_rnd.name = "random order (" + std::to_string(o.random_seeds) + " seeds)";
+  const size_t n_steps = curves["importance"].size();
+  for (size_t i = 0; i < n_steps; ++i) {
+    const json& a = curves["importance"][i];
+    const double frac = a["fraction"];
+    const double ia = a["token_acc"];
+    const double ab = i < curves["ablation"].size() ? curves["ablation"][i]["token_acc"].get<double>() : NAN;
+    std::vector<double> rv;
+    for (int s = 0; s < o.random_seeds; ++s) {
+      const json& c = curves["random" + std::to_string(s)];
+      if (i < c.size()) rv.push_back(c[i]["token_acc"]);
+    }
+    double mean = 0, lo = 1, hi = 0;
+    for (double v : rv) mean += v, lo = std::min(lo, v), hi = std::max(hi, v);
+    if (!rv.empty()) mean /= rv.size();
+    ct.push_back({std::to_string(a["pruned"].get<int>()), fmt(frac, 3), fmt(100 * ia, 2), fmt(100 * ab, 2),
+                  rv.empty() ? "-" : fmt(100 * mean, 2) + " [" + fmt(100 * lo, 2) + "-" + fmt(100 * hi, 2) + "]"});
+    s_imp.x.push_back(frac), s_imp.y.push_back(100 * ia);
+    s_abl.x.push_back(frac), s_abl.y.push_back(100 * ab);
+    if (!rv.empty()) s_rnd.x.push_back(frac), s_rnd.y.push_back(100 * mean), s_rnd.lo.push_back(100 * lo), s_rnd.hi.push_back(100 * hi);
+  }
+  std::printf("\nheld-out token accuracy as heads are removed (%s%s%s):\n\n",
+              o.recompute ? "importance recomputed after each step" : "importance computed once",
+              o.finetune_steps ? (", " + std::to_string(o.finetune_steps) + " fine-tuning steps between steps").c_str() : "",
+              o.min_per_layer ? (", at least " + std::to_string(o.min_per_layer) + " heads per layer").c_str() : "");
+  print_table(ct);
+  std::vector<Series> plot_series = {s_imp, s_abl};
+  if (!s_rnd.x.empty()) plot_series.push_back(s_rnd);
+  plot_lines(out + "/prune_curves.png", "Token accuracy vs fraction of heads pruned", "fraction of heads pruned",
+             "held-out token accuracy (%)", plot_series);
+  auto heat = [&](const std::string& title, const HeadGrid& g) {
+    Heatmap m;
+    m.title = title;
+    m.rows = L, m.cols = H;
+    for (auto& row : g)
+      for (double v : row) m.values.push_back(static_cast<float>(v));
+    for (int h = 0; h < H; ++h) m.xlabels.push_back(std::to_string(h));
+    for (int l = 0; l < L; ++l) m.ylabels.push_back(std::to_string(l));
+    return m;
+  };
+  plot_heatmap_grid(out + "/head_importance.png", "Which heads matter", 3, 1,
+                    {heat("importance (Michel et al.)", imp), heat("loss increase, zero-ablated", abl.d_loss),
+                     heat("loss increase, mean-ablated", abl.d_loss_mean)},
+                    "head", "layer");
+
+  // ---- the pruned model --------------------------------------------------------------------
+  auto pruned = fresh_model();
+  int removed = 0;
+  for (const json& s : curves["importance"]) {
+    if (s["fraction"].get<double>() > o.save_fraction + 1e-9) break;
+    for (const json& lh : s["removed"]) pruned->gates(lh[0].get<int>()).data()[lh[1].get<int>()] = 0.f;
+    removed = s["pruned"];
+  }
+  save_checkpoint(out + "/pruned_model.safetensors", *pruned, {}, {{"task", file.metadata.count("task") ? file.meta("task") : "{}"}});
+  write_file_atomic(out + "/prune.json",
+                    json({{"checkpoint", ckpt}, {"base", {{"loss", abl.base.loss}, {"token_acc", abl.base.token_acc}}},
+                          {"importance", grid_json(imp)}, {"d_loss_zero", grid_json(abl.d_loss)},
+                          {"d_loss_mean", grid_json(abl.d_loss_mean)}, {"entropy", grid_json(st.entropy)},
+                          {"confidence", grid_json(st.confidence)}, {"curves", curves},
+                          {"pruned_model", {{"heads_removed", removed}, {"gates", pruned->gate_values()}}}})
+                            .dump(1) + "\n");
+  std::printf("\nwrote %s/{heads.csv,prune_curves.csv,prune.json,head_importance.png,prune_curves.png}\n"
+              "pruned model (%d of %d heads removed by importance): %s/pruned_model.safetensors\n",
+              out.c_str(), removed, L * H, out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+void add_prune_command(CLI::App& app, CommandRunner& runner) {
+  CLI::App* sub = app.add_subcommand("prune", "Which heads matter: ablation, importance, pruning curves (trains an 8-head model first)");
+  auto flags = std::make_shared<TrainFlags>();
+  auto o = std::make_shared<PruneOpts>();
+  set_experiment_defaults(flags->args);
+  flags->add(sub, false, false);
+  sub->add_option("--checkpoint", o->checkpoint, "Model to analyse (default: train one in OUT/base)");
+  sub->add_option("--out", o->out, "Output directory (default: runs/prune-<date>-<time>); rerun to resume");
+  sub->add_option("--base-heads", o->heads, "Heads of the base model trained when no checkpoint is given")->capture_default_str();
+  sub->add_option("--train-steps", o->train_steps, "Steps of that base training")->capture_default_str();
+  sub->add_option("--step-fraction", o->step_fraction, "Fraction of all heads removed per step")->capture_default_str();
+  sub->add_flag("--recompute", o->recompute, "Recompute importance after each pruning step");
+  sub->add_flag("--normalize", o->normalize, "Normalise importance per layer by its l2 norm");
+  sub->add_option("--min-per-layer", o->min_per_layer, "Keep at least this many heads per layer")->capture_default_str();
+  sub->add_option("--finetune", o->finetune_steps, "Fine-tuning steps between pruning steps")->capture_default_str();
+  sub->add_option("--finetune-lr", o->finetune_lr, "Learning rate of that fine-tuning")->capture_default_str();
+  sub->add_option("--random-seeds", o->random_seeds, "Random pruning orders (baseline)")->capture_default_str();
+  sub->add_option("--save-fraction", o->save_fraction, "Save the importance-pruned model at this fraction")->capture_default_str();
+  sub->add_flag("--quiet", o->quiet, "No progress output");
+  sub->callback([&runner, flags, o] { runner = [=] { return run_prune(*flags, *o); }; });
+}
+
+}  // namespace hl
