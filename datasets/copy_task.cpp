@@ -1,6 +1,7 @@
 #include "datasets/copy_task.h"
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 
 namespace hl {
 
@@ -23,6 +24,28 @@ TaskConfig TaskConfig::preset(const std::string& name) {
   }
   c.validate();
   return c;
+}
+
+std::string TaskConfig::to_json() const {
+  return nlohmann::json{{"name", name}, {"alphabet", alphabet}, {"min_len", min_len}, {"max_len", max_len},
+                        {"reverse", reverse}}
+      .dump();
+}
+
+TaskConfig TaskConfig::from_json(const std::string& text, const std::string& source) {
+  try {
+    const nlohmann::json t = nlohmann::json::parse(text);
+    TaskConfig c;
+    c.name = t.at("name");
+    c.alphabet = t.at("alphabet");
+    c.min_len = t.at("min_len");
+    c.max_len = t.at("max_len");
+    c.reverse = t.at("reverse");
+    c.validate();
+    return c;
+  } catch (const nlohmann::json::exception& e) {
+    fail(source, ": task description is unreadable (", e.what(), ")");
+  }
 }
 
 CopyTask::CopyTask(const TaskConfig& cfg) : cfg_(cfg) { cfg_.validate(); }

@@ -21,6 +21,9 @@ struct TaskConfig {
   void validate() const;
   // Named presets; "varcopy" separates head counts (see issue 6 / README).
   static TaskConfig preset(const std::string& name);
+  // As stored in checkpoints' "task" metadata.
+  std::string to_json() const;
+  static TaskConfig from_json(const std::string& text, const std::string& source);
 };
 
 struct Batch {

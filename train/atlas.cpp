@@ -9,6 +9,7 @@
 
 #include "lib/fileutil.h"
 #include "lib/safetensors.h"
+#include "train/heads.h"
 #include "train/plot.h"
 
 namespace hl {
@@ -146,46 +147,6 @@ std::vector<HeadNormRow> head_gradient_norms(const TransformerLM& model, int64_t
   return rows;
 }
 
-std::vector<HeadEntropy> attention_entropy(TransformerLM& model, const Batch& batch) {
-  NoGradGuard ng;
-  const bool was = model.training();
-  model.eval();
-  std::vector<BlockHooks> hooks(model.cfg.n_layers);
-  for (auto& h : hooks) h.attn.record = true;
-  ForwardOptions opt;
-  opt.hooks = &hooks;
-  opt.key_padding = batch.key_padding;
-  model.forward(batch.inputs, opt);
-  model.train(was);
-  std::vector<HeadEntropy> out;
-  const int64_t B = batch.size(), T = batch.inputs.shape[1];
-  for (int l = 0; l < model.cfg.n_layers; ++l) {
-    const Tensor& P = hooks[l].attn.pattern;  // (B, H, T, T)
-    const int H = model.cfg.n_heads;
-    for (int h = 0; h < H; ++h) {
-      double sum = 0, sum_norm = 0;
-      int64_t n = 0;
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t i = 0; i < T; ++i) {
-          if (batch.key_padding.defined() && batch.key_padding.at({b, i}) != 0.f) continue;
-          const float* row = P.data() + ((b * H + h) * T + i) * T;
-          double e = 0;
-          int64_t visible = 0;
-          for (int64_t j = 0; j <= i; ++j) {
-            if (batch.key_padding.defined() && batch.key_padding.at({b, j}) != 0.f) continue;
-            ++visible;
-            if (row[j] > 0) e -= row[j] * std::log(static_cast<double>(row[j]));
-          }
-          sum += e;
-          sum_norm += visible > 1 ? e / std::log(static_cast<double>(visible)) : 0.0;
-          ++n;
-        }
-      out.push_back({l, h, n ? sum / n : 0, n ? sum_norm / n : 0});
-    }
-  }
-  return out;
-}
-
 GradAtlas::GradAtlas(std::string out, int64_t every, std::vector<int64_t> dump_at, bool resume)
     : out_(std::move(out)), every_(every), dump_at_(std::move(dump_at)) {
   if (!resume) return;
@@ -234,12 +195,15 @@ void GradAtlas::observe(int64_t step, TransformerLM& model) {
                     r.matrix.c_str(), r.grad_norm, r.weight_norm);
       norm_rows_.push_back(buf);
     }
-    if (has_probe_)
-      for (const HeadEntropy& e : attention_entropy(model, probe_)) {
-        std::snprintf(buf, sizeof buf, "%lld,%d,%d,%.8g,%.8g", static_cast<long long>(step), e.layer, e.head,
-                      e.entropy, e.entropy_norm);
-        entropy_rows_.push_back(buf);
-      }
+    if (has_probe_) {
+      const HeadStats st = attention_statistics(model, {probe_});
+      for (int l = 0; l < model.cfg.n_layers; ++l)
+        for (int h = 0; h < model.cfg.n_heads; ++h) {
+          std::snprintf(buf, sizeof buf, "%lld,%d,%d,%.8g,%.8g", static_cast<long long>(step), l, h, st.entropy[l][h],
+                        st.entropy_norm[l][h]);
+          entropy_rows_.push_back(buf);
+        }
+    }
   }
   if (dump) {
     make_dirs(out_ + "/grads");

@@ -31,14 +31,6 @@ std::vector<double> singular_values(std::vector<double> m, int rows, int cols);
 std::vector<double> qk_circuit_singular_values(const TransformerLM& model, int layer, int head);
 std::vector<double> ov_circuit_singular_values(const TransformerLM& model, int layer, int head);
 
-// Mean attention entropy per (layer, head) over the non-padding queries of a batch:
-// entropy = -sum A log A; entropy_norm divides by log(number of visible keys).
-struct HeadEntropy {
-  int layer, head;
-  double entropy, entropy_norm;
-};
-std::vector<HeadEntropy> attention_entropy(TransformerLM& model, const Batch& batch);
-
 class GradAtlas {
  public:
   GradAtlas(std::string out, int64_t every, std::vector<int64_t> dump_at, bool resume);

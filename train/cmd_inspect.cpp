@@ -15,23 +15,15 @@ using json = nlohmann::json;
 
 namespace {
 
+}  // namespace
+
 // The task a checkpoint was trained on (from its "task" metadata), else the flags' task.
 TaskConfig task_for(const SafetensorsFile& f, const TaskConfig& fallback) {
   auto it = f.metadata.find("task");
-  if (it == f.metadata.end()) return fallback;
-  try {
-    const json t = json::parse(it->second);
-    TaskConfig c;
-    c.name = t.at("name");
-    c.alphabet = t.at("alphabet");
-    c.min_len = t.at("min_len");
-    c.max_len = t.at("max_len");
-    c.reverse = t.at("reverse");
-    return c;
-  } catch (const json::exception&) {
-    fail(f.source, ": task metadata is unreadable");
-  }
+  return it == f.metadata.end() ? fallback : TaskConfig::from_json(it->second, f.source);
 }
+
+namespace {
 
 // input_ids and targets from a batch file, checked against the model.
 Batch load_batch_file(const std::string& path, const ModelConfig& cfg) {

@@ -85,15 +85,7 @@ int run_prune(TrainFlags& flags, const PruneOpts& o) {
   const SafetensorsFile file = read_safetensors(ckpt);
   auto fresh_model = [&] { return load_model(file); };
   std::unique_ptr<TransformerLM> model = fresh_model();
-  TaskConfig tc = base.task;
-  if (file.metadata.count("task")) {
-    const json t = json::parse(file.meta("task"));
-    tc.name = t.at("name");
-    tc.alphabet = t.at("alphabet");
-    tc.min_len = t.at("min_len");
-    tc.max_len = t.at("max_len");
-    tc.reverse = t.at("reverse");
-  }
+  const TaskConfig tc = task_for(file, base.task);
   CopyTask task(tc);
   if (task.vocab_size() != model->cfg.vocab_size)
     fail(ckpt, ": the model's vocabulary (", model->cfg.vocab_size, ") does not fit task ", tc.name, " (",
@@ -227,7 +219,7 @@ int run_prune(TrainFlags& flags, const PruneOpts& o) {
     for (const json& lh : s["removed"]) pruned->gates(lh[0].get<int>()).data()[lh[1].get<int>()] = 0.f;
     removed = s["pruned"];
   }
-  save_checkpoint(out + "/pruned_model.safetensors", *pruned, {}, {{"task", file.metadata.count("task") ? file.meta("task") : "{}"}});
+  save_checkpoint(out + "/pruned_model.safetensors", *pruned, {}, {{"task", tc.to_json()}});
   write_file_atomic(out + "/prune.json",
                     json({{"checkpoint", ckpt}, {"base", {{"loss", abl.base.loss}, {"token_acc", abl.base.token_acc}}},
                           {"importance", grid_json(imp)}, {"d_loss_zero", grid_json(abl.d_loss)},

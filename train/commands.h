@@ -4,6 +4,7 @@
 #include <functional>
 #include <string>
 
+#include "lib/safetensors.h"
 #include "train/trainer.h"
 
 namespace hl {
@@ -35,6 +36,8 @@ void add_prune_command(CLI::App& app, CommandRunner& runner);
 void set_experiment_defaults(TrainArgs& a);
 
 // Shared helpers for commands.
+// The task a checkpoint was trained on (its "task" metadata), else `fallback`.
+TaskConfig task_for(const SafetensorsFile& f, const TaskConfig& fallback);
 std::string default_out_dir(const std::string& command);  // runs/<command>-YYYYmmdd-HHMMSS
 std::string percent(double v);                              // 0.9871 -> "98.71%"
 void print_table(const std::vector<std::vector<std::string>>& rows);  // first row = header

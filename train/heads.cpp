@@ -20,20 +20,25 @@ bool is_pad(const Batch& b, int64_t row, int64_t t) {
 }
 }  // namespace
 
-std::vector<Tensor> mean_head_outputs(TransformerLM& model, const std::vector<Batch>& data) {
+std::vector<BlockHooks> recorded_forward(TransformerLM& model, const Batch& b) {
   EvalModeGuard mode(model);
   NoGradGuard ng;
+  std::vector<BlockHooks> hooks(model.cfg.n_layers);
+  for (auto& h : hooks) h.attn.record = true;
+  ForwardOptions opt;
+  opt.hooks = &hooks;
+  opt.key_padding = b.key_padding;
+  model.forward(b.inputs, opt);
+  return hooks;
+}
+
+std::vector<Tensor> mean_head_outputs(TransformerLM& model, const std::vector<Batch>& data) {
   const int L = model.cfg.n_layers;
   const int64_t W = model.cfg.n_heads * model.cfg.head_dim();
   std::vector<std::vector<double>> sums(L, std::vector<double>(W, 0.0));
   int64_t count = 0;
   for (const Batch& b : data) {
-    std::vector<BlockHooks> hooks(L);
-    for (auto& h : hooks) h.attn.record = true;
-    ForwardOptions opt;
-    opt.hooks = &hooks;
-    opt.key_padding = b.key_padding;
-    model.forward(b.inputs, opt);
+    const std::vector<BlockHooks> hooks = recorded_forward(model, b);
     const int64_t B = b.size(), T = b.inputs.shape[1];
     for (int64_t r = 0; r < B; ++r)
       for (int64_t t = 0; t < T; ++t) {
@@ -151,18 +156,11 @@ HeadGrid head_importance(TransformerLM& model, const std::vector<Batch>& data, b
 }
 
 HeadStats attention_statistics(TransformerLM& model, const std::vector<Batch>& data) {
-  EvalModeGuard mode(model);
-  NoGradGuard ng;
   HeadStats s{grid(model), grid(model), grid(model), grid(model)};
   const int L = model.cfg.n_layers, H = model.cfg.n_heads;
   int64_t queries = 0;
   for (const Batch& b : data) {
-    std::vector<BlockHooks> hooks(L);
-    for (auto& h : hooks) h.attn.record = true;
-    ForwardOptions opt;
-    opt.hooks = &hooks;
-    opt.key_padding = b.key_padding;
-    model.forward(b.inputs, opt);
+    const std::vector<BlockHooks> hooks = recorded_forward(model, b);
     const int64_t B = b.size(), T = b.inputs.shape[1];
     for (int64_t r = 0; r < B; ++r)
       for (int64_t i = 0; i < T; ++i) {

@@ -13,6 +13,10 @@ namespace hl {
 
 using HeadGrid = std::vector<std::vector<double>>;  // [layer][head]
 
+// Forward pass of one batch with dropout off, no graph, every layer recording (q, k, v, z,
+// pattern); returns the hooks.
+std::vector<BlockHooks> recorded_forward(TransformerLM& model, const Batch& batch);
+
 // Mean of each layer's head outputs z (before W_O) over the non-padding positions: (H*d_head).
 std::vector<Tensor> mean_head_outputs(TransformerLM& model, const std::vector<Batch>& data);
 

@@ -24,11 +24,6 @@ long peak_rss_kb() {
 
 namespace {
 
-json task_json(const TaskConfig& t) {
-  return {{"name", t.name}, {"alphabet", t.alphabet}, {"min_len", t.min_len}, {"max_len", t.max_len},
-          {"reverse", t.reverse}};
-}
-
 json rng_json(const Rng& r) {
   json a = json::array();
   for (uint64_t w : r.state()) a.push_back(w);
@@ -58,7 +53,7 @@ std::string TrainArgs::to_json() const {
   json j = {{"model", json::parse(model.to_json())},
             {"dropout", model.dropout},
             {"attn_dropout", model.attn_dropout},
-            {"task", task_json(task)},
+            {"task", json::parse(task.to_json())},
             {"batch", batch},
             {"steps", steps},
             {"lr", lr},
@@ -93,12 +88,7 @@ TrainArgs TrainArgs::from_json(const std::string& text, const std::string& sourc
     a.model = ModelConfig::from_json(j.at("model").dump(), source);
     a.model.dropout = j.at("dropout").get<float>();
     a.model.attn_dropout = j.at("attn_dropout").get<float>();
-    const json& t = j.at("task");
-    a.task.name = t.at("name").get<std::string>();
-    a.task.alphabet = t.at("alphabet").get<int>();
-    a.task.min_len = t.at("min_len").get<int>();
-    a.task.max_len = t.at("max_len").get<int>();
-    a.task.reverse = t.at("reverse").get<bool>();
+    a.task = TaskConfig::from_json(j.at("task").dump(), source);
     a.batch = j.at("batch").get<int>();
     a.steps = j.at("steps").get<int64_t>();
     a.lr = j.at("lr").get<float>();
@@ -191,7 +181,7 @@ void Trainer::save(int64_t step, double wall_s) {
                 {"wall_s", wall_s},
                 {"train_s", train_s_so_far_},
                 {"args", json::parse(args_.to_json())}};
-  const std::string task = task_json(args_.task).dump();
+  const std::string task = args_.task.to_json();
   save_checkpoint(checkpoint_path(), *model_, extra, {{"train_state", state.dump()}, {"task", task}});
   save_checkpoint(args_.out + "/model.safetensors", *model_, {}, {{"task", task}});
 }
