@@ -118,6 +118,8 @@ json bench_one(const BenchConfig& bc, int threads, int steps, int warmup, bool p
     opt.zero_grad();
   };
   std::vector<double> train_ms, fwd_ms;
+  train_ms.reserve(steps);  // the measurement itself must not allocate in the timed loop
+  fwd_ms.reserve(steps);
   for (int i = 0; i < warmup; ++i) train_step(i);
   const uint64_t mallocs0 = alloc_counter::count();
   const size_t heap0 = pool_stats().heap_allocs;
