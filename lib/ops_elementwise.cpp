@@ -70,14 +70,21 @@ Tensor binary_op(const char* name, const Tensor& a, const Tensor& b, F f, DX dfx
       HL_PROFILE(Elementwise);
       const BroadcastPlan plan = plan_broadcast(name, a.shape(), b.shape());
       const float *g = self.grad->data(), *z = self.data(), *x = a.data(), *y = b.data();
-      float* gx = grad_buffer(a);
-      float* gy = grad_buffer(b);
       const int64_t n = self.shape.numel();
       const int64_t inner = suffix_block(a.shape(), b.shape());
-      if (plan.same) {
-        if (gx) parallel_for(n, n, [&](int64_t i) { gx[i] += dfx(x[i], y[i], z[i], g[i]); });
-        if (gy) parallel_for(n, n, [&](int64_t i) { gy[i] += dfy(x[i], y[i], z[i], g[i]); });
-      } else if (inner > 0) {
+      if (plan.same) {  // fresh gradient buffers are written, not accumulated
+        bool fx = false, fy = false;
+        float* gx = grad_buffer_for_overwrite(a, fx);
+        if (gx && fx) parallel_for(n, n, [&](int64_t i) { gx[i] = dfx(x[i], y[i], z[i], g[i]); });
+        else if (gx) parallel_for(n, n, [&](int64_t i) { gx[i] += dfx(x[i], y[i], z[i], g[i]); });
+        float* gy = grad_buffer_for_overwrite(b, fy);  // after gx: a and b may be one tensor
+        if (gy && fy) parallel_for(n, n, [&](int64_t i) { gy[i] = dfy(x[i], y[i], z[i], g[i]); });
+        else if (gy) parallel_for(n, n, [&](int64_t i) { gy[i] += dfy(x[i], y[i], z[i], g[i]); });
+        return;
+      }
+      float* gx = grad_buffer(a);
+      float* gy = grad_buffer(b);
+      if (inner > 0) {
         if (gx)
           parallel_for(n / inner, n, [&](int64_t o) {
             for (int64_t j = 0; j < inner; ++j) {
@@ -111,10 +118,12 @@ Tensor unary_op(const char* name, const Tensor& a, F f, DF df) {
   if (needs_graph({&a}))
     attach(out, name, {a}, [a, df](TensorImpl& self) {
       HL_PROFILE(Elementwise);
-      float* gx = grad_buffer(a);
+      bool fresh;
+      float* gx = grad_buffer_for_overwrite(a, fresh);
       const float *g = self.grad->data(), *y = self.data(), *x = a.data();
       const int64_t n = self.shape.numel();
-      parallel_for(n, n, [&](int64_t i) { gx[i] += df(x[i], y[i], g[i]); });
+      if (fresh) parallel_for(n, n, [&](int64_t i) { gx[i] = df(x[i], y[i], g[i]); });
+      else parallel_for(n, n, [&](int64_t i) { gx[i] += df(x[i], y[i], g[i]); });
     });
   return out;
 }

@@ -7,6 +7,7 @@
 
 #include "autograd.h"
 #include "ops.h"
+#include "parallel.h"
 #include "profile.h"
 
 namespace hl {
@@ -115,25 +116,29 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
       HL_PROFILE(Matmul);
       const MatmulPlan p = plan_matmul(a, b, ta, tb);
       const int64_t lda = a.shape().back(), ldb = b.shape().back();
-      float* ga = grad_buffer(a);
-      float* gb = grad_buffer(b);
+      bool fresh_a, fresh_b;  // fresh buffers are written with beta = 0 (no zero fill)
+      float* ga = grad_buffer_for_overwrite(a, fresh_a);
+      float* gb = grad_buffer_for_overwrite(b, fresh_b);
       for (int64_t i = 0; i < p.batch; ++i) {
         const float* g = self.grad->data() + i * p.M * p.N;  // dC (M,N)
         const float* A = a.data() + i * p.a_step;
         const float* B = b.data() + i * p.b_step;
+        // a shared operand (step 0) accumulates over the batch: only its first block overwrites
+        const float beta_a = fresh_a && (p.a_step != 0 || i == 0) ? 0.f : 1.f;
+        const float beta_b = fresh_b && (p.b_step != 0 || i == 0) ? 0.f : 1.f;
         if (ga) {
           float* dA = ga + i * p.a_step;
           if (!ta)  // dA (M,K) += dC op(B)^T
-            gemm(false, !tb, p.M, p.K, p.N, 1.f, g, p.N, B, ldb, 1.f, dA, lda);
+            gemm(false, !tb, p.M, p.K, p.N, 1.f, g, p.N, B, ldb, beta_a, dA, lda);
           else      // dA (K,M) += op(B) dC^T
-            gemm(tb, true, p.K, p.M, p.N, 1.f, B, ldb, g, p.N, 1.f, dA, lda);
+            gemm(tb, true, p.K, p.M, p.N, 1.f, B, ldb, g, p.N, beta_a, dA, lda);
         }
         if (gb) {
           float* dB = gb + i * p.b_step;
           if (!tb)  // dB (K,N) += op(A)^T dC
-            gemm(!ta, false, p.K, p.N, p.M, 1.f, A, lda, g, p.N, 1.f, dB, ldb);
+            gemm(!ta, false, p.K, p.N, p.M, 1.f, A, lda, g, p.N, beta_b, dB, ldb);
           else      // dB (N,K) += dC^T op(A)
-            gemm(true, ta, p.N, p.K, p.M, 1.f, g, p.N, A, lda, 1.f, dB, ldb);
+            gemm(true, ta, p.N, p.K, p.M, 1.f, g, p.N, A, lda, beta_b, dB, ldb);
         }
       }
     });
@@ -156,21 +161,27 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   float* Y = y.data();
   if (b.defined()) {
     const float* B = b.data();
-    for (int64_t r = 0; r < R; ++r)
+    parallel_for(R, R * outf, [&](int64_t r) {
       for (int64_t o = 0; o < outf; ++o) Y[r * outf + o] = B[o];
+    });
   }
   gemm(false, true, R, outf, in, 1.f, x.data(), in, w.data(), in, b.defined() ? 1.f : 0.f, Y, outf);
   if (needs_graph({&x, &w, &b}))
     attach(y, "linear", {x, w, b}, [x, w, b, R, in, outf](TensorImpl& self) {
       HL_PROFILE(Matmul);
       const float* g = self.grad->data();  // (R, out)
-      if (float* gx = grad_buffer(x))      // dX (R,in) += dY W
-        gemm(false, false, R, in, outf, 1.f, g, outf, w.data(), in, 1.f, gx, in);
-      if (float* gw = grad_buffer(w))      // dW (out,in) += dY^T X
-        gemm(true, false, outf, in, R, 1.f, g, outf, x.data(), in, 1.f, gw, in);
-      if (float* gb = grad_buffer(b)) {    // db (out) += column sums of dY, rows in order
-        for (int64_t r = 0; r < R; ++r)
-          for (int64_t o = 0; o < outf; ++o) gb[o] += g[r * outf + o];
+      bool fresh;                           // fresh buffers: beta = 0, no zero fill
+      if (float* gx = grad_buffer_for_overwrite(x, fresh))  // dX (R,in) += dY W
+        gemm(false, false, R, in, outf, 1.f, g, outf, w.data(), in, fresh ? 0.f : 1.f, gx, in);
+      if (float* gw = grad_buffer_for_overwrite(w, fresh))  // dW (out,in) += dY^T X
+        gemm(true, false, outf, in, R, 1.f, g, outf, x.data(), in, fresh ? 0.f : 1.f, gw, in);
+      if (float* gb = grad_buffer(b)) {  // db (out) += column sums of dY; threads own columns,
+        const int64_t chunk = 64;         // rows run in order: a fixed summation order
+        parallel_for((outf + chunk - 1) / chunk, R * outf, [&](int64_t c) {
+          const int64_t o0 = c * chunk, o1 = std::min(outf, o0 + chunk);
+          for (int64_t r = 0; r < R; ++r)
+            for (int64_t o = o0; o < o1; ++o) gb[o] += g[r * outf + o];
+        });
       }
     });
   return y;

@@ -208,7 +208,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) 
       HL_PROFILE(LayerNorm);
       const float *g = self.grad->data(), *X = x.data(), *S = stats.data();
       const float* W = w.defined() ? w.data() : nullptr;
-      float* gx = grad_buffer(x);
+      bool fresh;  // a fresh dx buffer is written, not accumulated
+      float* gx = grad_buffer_for_overwrite(x, fresh);
       float* gw = grad_buffer(w);
       float* gb = grad_buffer(b);
       if (gx) {
@@ -228,7 +229,9 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) 
           float* gxr = gx + r * D;
           for (int64_t j = 0; j < D; ++j) {
             const float dxhat = gr[j] * (W ? W[j] : 1.f);
-            gxr[j] += rstd * (dxhat - m1 - (xr[j] - mu) * rstd * m2);
+            const float v = rstd * (dxhat - m1 - (xr[j] - mu) * rstd * m2);
+            if (fresh) gxr[j] = v;
+            else gxr[j] += v;
           }
         });
       }

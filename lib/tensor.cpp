@@ -161,6 +161,17 @@ float* grad_buffer(const Tensor& t) {
   return p->grad->data();
 }
 
+float* grad_buffer_for_overwrite(const Tensor& t, bool& fresh) {
+  fresh = false;
+  if (!t.defined() || !t.requires_grad()) return nullptr;
+  TensorImpl* p = t.impl();
+  if (!p->grad) {
+    p->grad = Tensor::empty(p->shape).ref();
+    fresh = true;
+  }
+  return p->grad->data();
+}
+
 void Tensor::backward(const Tensor& grad_output, bool retain_graph) const {
   HL_CHECK(defined(), "backward: undefined tensor");
   HL_CHECK(requires_grad(), "backward: tensor of shape ", shape().str(),
@@ -211,10 +222,7 @@ void Tensor::backward(const Tensor& grad_output, bool retain_graph) const {
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     TensorImpl* node = *it;
     if (node->grad && node->backward) {
-      TensorImpl& self = *node;
-      HL_CHECK(static_cast<bool>(node->backward), "backward: graph of op ", node->op,
-               " was already freed; pass retain_graph=true to the first backward");
-      node->backward(self);
+      node->backward(*node);
     } else if (!node->backward && !node->is_leaf()) {
       fail("backward: graph of op ", node->op,
            " was already freed; pass retain_graph=true to the first backward");

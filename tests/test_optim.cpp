@@ -104,3 +104,22 @@ BOOST_AUTO_TEST_CASE(modules_name_and_count_parameters) {
   Linear nb(4, 3, false, rng);
   BOOST_TEST(nb.num_parameters() == 12);
 }
+
+BOOST_AUTO_TEST_CASE(initialisers_are_seeded_and_bounded) {
+  Rng a(5), b(5);
+  Tensor x = Tensor::empty({64, 32}), y = Tensor::empty({64, 32});
+  init_xavier_uniform(x, a);
+  init_xavier_uniform(y, b);
+  BOOST_TEST(x.to_vector() == y.to_vector());
+  const float bound = std::sqrt(6.f / (64 + 32));
+  float lo = 1, hi = -1;
+  for (float v : x.to_vector()) lo = std::min(lo, v), hi = std::max(hi, v);
+  BOOST_TEST(lo >= -bound);
+  BOOST_TEST(hi <= bound);
+  BOOST_TEST(hi > 0.9f * bound);  // the range is actually used
+  Tensor n = Tensor::empty({200, 100});
+  init_normal(n, a, 0.02f);
+  double s2 = 0;
+  for (float v : n.to_vector()) s2 += double(v) * v;
+  BOOST_TEST(std::sqrt(s2 / n.numel()) == 0.02, tt::tolerance(0.02));
+}
