@@ -121,8 +121,8 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
                {"exact match (greedy, KV cache)", e.ar_exact_match >= 0 ? percent(e.ar_exact_match) : "-"},
                {"first step >= 99% token acc", r.first_step_99 >= 0 ? std::to_string(r.first_step_99) : "never"},
                {"parameters", std::to_string(r.params)},
-               {"peak RSS", std::to_string(r.peak_rss_kb / 1024) + " MiB"},
-               {"outputs", a.out + "/{model,checkpoint}.safetensors, metrics.jsonl, summary.json"}});
+               {"peak RSS", std::to_string(r.peak_rss_kb / 1024) + " MiB"}});
+  std::printf("\nwrote %s/{model,checkpoint}.safetensors, metrics.jsonl, summary.json\n", a.out.c_str());
   return 0;
 }
 
