@@ -46,6 +46,7 @@ check "attn rejects bad token" nonzero "id 99 outside the vocabulary" -- "$HL" a
 # kill -9 at arbitrary moments: the last checkpoint always loads, and --resume finishes.
 "$HL" train $small --steps 100000 --checkpoint-every 1 --eval-every 1000 --quiet --out "$T/kill" >/dev/null 2>&1 &
 pid=$!
+for _ in $(seq 300); do [ -f "$T/kill/checkpoint.safetensors" ] && break; sleep 0.1; done  # first checkpoint
 ok=1
 for i in 1 2 3 4 5 6; do
   sleep 0.$((RANDOM % 4 + 2))
