@@ -50,51 +50,72 @@ TaskConfig TaskConfig::from_json(const std::string& text, const std::string& sou
 
 CopyTask::CopyTask(const TaskConfig& cfg) : cfg_(cfg) { cfg_.validate(); }
 
-Batch CopyTask::make(const std::vector<std::vector<int32_t>>& symbols) const {
-  const int64_t B = static_cast<int64_t>(symbols.size()), T = seq_len();
-  Batch b;
-  b.inputs = Ids(Shape{B, T});
-  b.targets = Ids(Shape{B, T});
+int64_t Batch::counted_targets() const {
+  int64_t n = 0;
+  for (int32_t t : targets.data) n += t >= 0;
+  return n;
+}
+
+void CopyTask::encode(Batch& b) const {
+  const int64_t B = static_cast<int64_t>(b.symbols.size()), T = seq_len();
+  b.inputs.shape = b.targets.shape = Shape{B, T};
+  b.inputs.data.resize(static_cast<size_t>(B * T));
+  b.targets.data.resize(static_cast<size_t>(B * T));
+  b.lengths.resize(static_cast<size_t>(B));
   bool any_pad = false;
-  std::vector<int32_t> seq(T + 1);
   for (int64_t r = 0; r < B; ++r) {
-    const auto& x = symbols[r];
+    const auto& x = b.symbols[r];
     const int n = static_cast<int>(x.size());
     if (n < 1 || n > cfg_.max_len) fail("task: sequence length ", n, " outside 1..", cfg_.max_len);
     for (int32_t s : x)
       if (s < 0 || s >= cfg_.alphabet) fail("task: symbol ", s, " outside the alphabet 0..", cfg_.alphabet - 1);
-    std::fill(seq.begin(), seq.end(), pad());
-    seq[0] = bos();
-    for (int i = 0; i < n; ++i) seq[1 + i] = x[i];
-    seq[n + 1] = sep();
-    for (int i = 0; i < n; ++i) seq[n + 2 + i] = cfg_.reverse ? x[n - 1 - i] : x[i];
+    // token t of [BOS, x1..xn, SEP, y1..yn, PAD...] (y = x, or x reversed)
+    auto token = [&](int64_t t) -> int32_t {
+      if (t == 0) return bos();
+      if (t <= n) return x[t - 1];
+      if (t == n + 1) return sep();
+      if (t < 2 * n + 2) return cfg_.reverse ? x[2 * n + 1 - t] : x[t - n - 2];
+      return pad();
+    };
     for (int64_t t = 0; t < T; ++t) {
-      b.inputs.at(r, t) = seq[t];
-      // input position t predicts seq[t+1]; it counts when seq[t+1] is a copied symbol
-      b.targets.at(r, t) = (t + 1 >= n + 2 && t + 1 < 2 * n + 2) ? seq[t + 1] : -1;
-      any_pad = any_pad || seq[t] == pad();
+      b.inputs.at(r, t) = token(t);
+      // input position t predicts token t+1; it counts when that is a copied symbol
+      b.targets.at(r, t) = (t + 1 >= n + 2 && t + 1 < 2 * n + 2) ? token(t + 1) : -1;
+      any_pad = any_pad || b.inputs.at(r, t) == pad();
     }
-    b.lengths.push_back(n);
-    b.symbols.push_back(x);
+    b.lengths[r] = n;
   }
+  b.key_padding = Tensor();
   if (any_pad) {
     b.key_padding = Tensor::zeros({B, T});
     for (int64_t r = 0; r < B; ++r)
       for (int64_t t = 0; t < T; ++t)
         if (b.inputs.at(r, t) == pad()) b.key_padding.at({r, t}) = 1.f;
   }
+}
+
+Batch CopyTask::make(const std::vector<std::vector<int32_t>>& symbols) const {
+  Batch b;
+  b.symbols = symbols;
+  encode(b);
   return b;
 }
 
-Batch CopyTask::sample(int batch_size, Rng& rng) const {
+void CopyTask::sample_into(Batch& b, int batch_size, Rng& rng) const {
   if (batch_size < 1) fail("task: batch size must be positive, got ", batch_size);
-  std::vector<std::vector<int32_t>> xs(batch_size);
-  for (auto& x : xs) {
+  b.symbols.resize(static_cast<size_t>(batch_size));  // inner vectors keep their capacity
+  for (auto& x : b.symbols) {
     const int n = cfg_.min_len + static_cast<int>(rng.below(static_cast<uint32_t>(cfg_.max_len - cfg_.min_len + 1)));
     x.resize(n);
     for (auto& s : x) s = static_cast<int32_t>(rng.below(static_cast<uint32_t>(cfg_.alphabet)));
   }
-  return make(xs);
+  encode(b);
+}
+
+Batch CopyTask::sample(int batch_size, Rng& rng) const {
+  Batch b;
+  sample_into(b, batch_size, rng);
+  return b;
 }
 
 std::vector<Batch> CopyTask::held_out(int n, uint64_t seed, int batch_size) const {

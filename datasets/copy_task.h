@@ -33,6 +33,7 @@ struct Batch {
   std::vector<int> lengths;                   // n per row
   std::vector<std::vector<int32_t>> symbols;  // x per row
   int64_t size() const { return inputs.shape[0]; }
+  int64_t counted_targets() const;  // targets that count in the loss (not -1)
 };
 
 class CopyTask {
@@ -46,6 +47,9 @@ class CopyTask {
   const TaskConfig& config() const { return cfg_; }
 
   Batch sample(int batch_size, Rng& rng) const;
+  // The same draw into an existing batch, reusing its buffers: the training loop's steady
+  // state allocates nothing.
+  void sample_into(Batch& b, int batch_size, Rng& rng) const;
   Batch make(const std::vector<std::vector<int32_t>>& symbols) const;  // explicit sequences
   // The fixed held-out set: n sequences from their own seed, cut into batches.
   std::vector<Batch> held_out(int n, uint64_t seed, int batch_size) const;
@@ -53,6 +57,7 @@ class CopyTask {
   std::vector<int32_t> answer(const Batch& b, int64_t row) const;
 
  private:
+  void encode(Batch& b) const;  // inputs, targets, padding, lengths from b.symbols
   TaskConfig cfg_;
 };
 

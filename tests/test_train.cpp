@@ -10,6 +10,7 @@
 
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
+#include "train/alloc_counter.h"
 #include "train/trainer.h"
 
 using namespace hl;
@@ -103,6 +104,41 @@ BOOST_AUTO_TEST_CASE(variable_length_padding_and_mask) {
   for (int n : s.lengths) lo = std::min(lo, n), hi = std::max(hi, n);
   BOOST_TEST(lo == 1);
   BOOST_TEST(hi == 16);
+}
+
+BOOST_AUTO_TEST_CASE(sample_into_equals_sample_and_reuses_buffers) {
+  CopyTask task(TaskConfig::preset("varcopy"));
+  Rng a(3), b(3);
+  Batch reused;
+  for (int i = 0; i < 3; ++i) {
+    const Batch fresh = task.sample(16, a);
+    task.sample_into(reused, 16, b);
+    BOOST_TEST(reused.inputs.data == fresh.inputs.data);
+    BOOST_TEST(reused.targets.data == fresh.targets.data);
+    BOOST_TEST(reused.lengths == fresh.lengths);
+    BOOST_TEST(reused.key_padding.to_vector() == fresh.key_padding.to_vector());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_training_step_allocates_nothing_in_its_steady_state) {
+  if (!alloc_counter::available()) return;  // sanitizer builds intercept malloc themselves
+  TrainArgs a = small_args("");
+  a.task = TaskConfig::preset("varcopy");  // padding masks included
+  a.model.dropout = 0.1f;
+  Trainer t(a);
+  std::vector<NamedParam> params;
+  for (auto& [name, p] : t.model().named_parameters()) params.push_back({name, p, true});
+  Adam opt(params, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, true);
+  Rng rng(1);
+  Batch b;
+  auto step = [&] {
+    t.task().sample_into(b, 16, rng);
+    train_step(t.model(), opt, b, 1.f);
+  };
+  for (int i = 0; i < 30; ++i) step();  // buffers reach the sizes of the longest draws
+  const uint64_t before = alloc_counter::count();
+  for (int i = 0; i < 20; ++i) step();
+  BOOST_TEST(alloc_counter::count() - before == 0u);
 }
 
 BOOST_AUTO_TEST_CASE(held_out_is_fixed_and_seeded) {

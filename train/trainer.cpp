@@ -255,7 +255,11 @@ void finetune(TransformerLM& model, const CopyTask& task, int steps, float lr, i
   Rng rng(seed);
   const bool was = model.training();
   model.train();
-  for (int i = 0; i < steps; ++i) train_step(model, opt, task.sample(batch, rng), 1.f);
+  Batch b;
+  for (int i = 0; i < steps; ++i) {
+    task.sample_into(b, batch, rng);
+    train_step(model, opt, b, 1.f);
+  }
   model.train(was);
 }
 
@@ -305,7 +309,8 @@ TrainResult Trainer::run(const TrainObserver& obs) {
   for (int64_t step = start; step < args_.steps; ++step) {
     const float lr = sched_.at(step);
     opt_->lr = lr;
-    Batch batch = task_.sample(args_.batch, data_rng_);
+    task_.sample_into(batch_, args_.batch, data_rng_);
+    const Batch& batch = batch_;
     const auto step_start = clock::now();
     const auto [loss_v, norm] = train_step(*model_, *opt_, batch, args_.clip, [&](TransformerLM& m) {
       if (obs.on_gradients) obs.on_gradients(step + 1, m);

@@ -93,6 +93,7 @@ class Trainer {
   Rng data_rng_;
   std::vector<Batch> held_out_;
   double train_s_so_far_ = 0;  // time in training steps, carried across resumes
+  Batch batch_;                // the training batch, refilled in place every step
 };
 
 long peak_rss_kb();
