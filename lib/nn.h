@@ -39,6 +39,19 @@ class Module {
   bool training_ = true;
 };
 
+// Puts a module in eval mode for a scope and restores its previous mode.
+class EvalScope {
+ public:
+  explicit EvalScope(Module& m) : m_(m), was_(m.training()) { m_.eval(); }
+  ~EvalScope() { m_.train(was_); }
+  EvalScope(const EvalScope&) = delete;
+  EvalScope& operator=(const EvalScope&) = delete;
+
+ private:
+  Module& m_;
+  bool was_;
+};
+
 // Initialisers (seeded through the library's Rng).
 void init_normal(Tensor& t, Rng& rng, float std = 0.02f);
 void init_xavier_uniform(Tensor& t, Rng& rng);  // (out, in): U(+-sqrt(6/(in+out)))

@@ -226,7 +226,7 @@ void GradAtlas::observe(int64_t step, TransformerLM& model) {
   write_csvs();
 }
 
-void GradAtlas::finish(TransformerLM& model) {
+void GradAtlas::finish() {
   if (norm_rows_.empty()) return;
   // Heatmaps of gradient norm: rows = layer.head, columns = logged steps, one per matrix.
   std::map<std::string, std::map<std::pair<int, int>, std::vector<double>>> by_matrix;
@@ -271,7 +271,6 @@ void GradAtlas::finish(TransformerLM& model) {
     plot_lines(out_ + "/attn_entropy.png", "Attention entropy per head (normalised)", "step",
                "entropy / log(visible keys)", all);
   }
-  (void)model;
 }
 
 }  // namespace hl

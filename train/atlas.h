@@ -36,7 +36,7 @@ class GradAtlas {
   GradAtlas(std::string out, int64_t every, std::vector<int64_t> dump_at, bool resume);
   void set_probe(const Batch& probe) { probe_ = probe; has_probe_ = true; }
   void observe(int64_t step, TransformerLM& model);  // after backward, before the optimizer step
-  void finish(TransformerLM& model);                 // plots
+  void finish();  // plots
 
  private:
   void write_csvs() const;

@@ -71,14 +71,9 @@ Stat stat(const std::vector<double>& v) {
   s.mean /= static_cast<double>(v.size());
   return s;
 }
-std::string fmt(double v, int prec) {
-  char b[64];
-  std::snprintf(b, sizeof b, "%.*f", prec, v);
-  return b;
-}
 std::string with_range(const Stat& s, int prec, bool pct = false) {
   const double k = pct ? 100.0 : 1.0;
-  return fmt(k * s.mean, prec) + " [" + fmt(k * s.lo, prec) + "-" + fmt(k * s.hi, prec) + "]";
+  return fixed(k * s.mean, prec) + " [" + fixed(k * s.lo, prec) + "-" + fixed(k * s.hi, prec) + "]";
 }
 
 struct AblateOpts {
@@ -188,19 +183,19 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
       if (r->first_99 >= 0) reach.push_back(static_cast<double>(r->first_99));
     const Stat f99 = stat(reach);
     const std::string f99s = reach.empty() ? "never"
-                                           : fmt(f99.mean, 0) + (reach.size() < rs.size()
+                                           : fixed(f99.mean, 0) + (reach.size() < rs.size()
                                                                      ? " (" + std::to_string(reach.size()) + "/" + std::to_string(rs.size()) + ")"
                                                                      : "");
     table.push_back({std::to_string(h), std::to_string(rs[0]->d_head), std::to_string(rs[0]->params), with_range(loss, 3),
-                     fmt(ppl.mean, 3), with_range(acc, 1, true), with_range(ex, 1, true), with_range(ar, 1, true), f99s,
-                     fmt(t1 > 0 ? ts.mean / t1 : 0, 2) + "x", fmt(m1 > 0 ? mem.mean / m1 : 0, 2) + "x"});
+                     fixed(ppl.mean, 3), with_range(acc, 1, true), with_range(ex, 1, true), with_range(ar, 1, true), f99s,
+                     fixed(t1 > 0 ? ts.mean / t1 : 0, 2) + "x", fixed(m1 > 0 ? mem.mean / m1 : 0, 2) + "x"});
     csv += std::to_string(h) + "," + std::to_string(rs[0]->d_head) + "," + std::to_string(rs[0]->params) + "," +
-           std::to_string(rs.size()) + "," + fmt(loss.mean, 6) + "," + fmt(loss.lo, 6) + "," + fmt(loss.hi, 6) + "," +
-           fmt(ppl.mean, 6) + "," + fmt(acc.mean, 6) + "," + fmt(acc.lo, 6) + "," + fmt(acc.hi, 6) + "," +
-           fmt(ex.mean, 6) + "," + fmt(ex.lo, 6) + "," + fmt(ex.hi, 6) + "," + fmt(ar.mean, 6) + "," + fmt(ar.lo, 6) +
-           "," + fmt(ar.hi, 6) + "," + (reach.empty() ? "" : fmt(f99.mean, 1)) + "," + std::to_string(reach.size()) +
-           "," + fmt(ts.mean, 4) + "," + fmt(t1 > 0 ? ts.mean / t1 : 0, 4) + "," + fmt(mem.mean / 1048576.0, 4) + "," +
-           fmt(m1 > 0 ? mem.mean / m1 : 0, 4) + "\n";
+           std::to_string(rs.size()) + "," + fixed(loss.mean, 6) + "," + fixed(loss.lo, 6) + "," + fixed(loss.hi, 6) + "," +
+           fixed(ppl.mean, 6) + "," + fixed(acc.mean, 6) + "," + fixed(acc.lo, 6) + "," + fixed(acc.hi, 6) + "," +
+           fixed(ex.mean, 6) + "," + fixed(ex.lo, 6) + "," + fixed(ex.hi, 6) + "," + fixed(ar.mean, 6) + "," + fixed(ar.lo, 6) +
+           "," + fixed(ar.hi, 6) + "," + (reach.empty() ? "" : fixed(f99.mean, 1)) + "," + std::to_string(reach.size()) +
+           "," + fixed(ts.mean, 4) + "," + fixed(t1 > 0 ? ts.mean / t1 : 0, 4) + "," + fixed(mem.mean / 1048576.0, 4) + "," +
+           fixed(m1 > 0 ? mem.mean / m1 : 0, 4) + "\n";
     summary.push_back({{"heads", h}, {"d_head", rs[0]->d_head}, {"params", rs[0]->params},
                        {"loss", {loss.mean, loss.lo, loss.hi}}, {"token_acc", {acc.mean, acc.lo, acc.hi}},
                        {"exact_match", {ex.mean, ex.lo, ex.hi}}, {"ar_exact_match", {ar.mean, ar.lo, ar.hi}},
@@ -210,9 +205,9 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
   std::string runs_csv = "heads,seed,d_head,params,loss,token_acc,exact_tf,exact_ar,first_step_99,train_s,peak_tensor_bytes\n";
   for (const RunRecord& r : runs)
     runs_csv += std::to_string(r.heads) + "," + std::to_string(r.seed) + "," + std::to_string(r.d_head) + "," +
-                std::to_string(r.params) + "," + fmt(r.loss, 6) + "," + fmt(r.token_acc, 6) + "," + fmt(r.exact, 6) +
-                "," + fmt(r.ar_exact, 6) + "," + (r.first_99 >= 0 ? std::to_string(r.first_99) : "") + "," +
-                fmt(r.train_s, 4) + "," + fmt(r.peak_bytes, 0) + "\n";
+                std::to_string(r.params) + "," + fixed(r.loss, 6) + "," + fixed(r.token_acc, 6) + "," + fixed(r.exact, 6) +
+                "," + fixed(r.ar_exact, 6) + "," + (r.first_99 >= 0 ? std::to_string(r.first_99) : "") + "," +
+                fixed(r.train_s, 4) + "," + fixed(r.peak_bytes, 0) + "\n";
   write_file_atomic(out + "/ablation.csv", csv);
   write_file_atomic(out + "/ablation_runs.csv", runs_csv);
   write_file_atomic(out + "/ablation.json",

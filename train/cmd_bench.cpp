@@ -215,11 +215,6 @@ json run_child(const std::string& args) {
   }
 }
 
-std::string fmt(double v, int prec = 1) {
-  char b[64];
-  std::snprintf(b, sizeof b, "%.*f", prec, v);
-  return b;
-}
 
 struct BenchOpts {
   std::vector<std::string> configs = {"S", "M", "L"};
@@ -261,12 +256,12 @@ int run_bench(const BenchOpts& o) {
                          " --warmup " + std::to_string(o.warmup) + (o.profile ? " --profile" : ""));
       j["sgemm_peak_gflops"] = peaks[t];
       results.push_back(j);
-      rows.push_back({c, std::to_string(t), fmt(j["train_ms_median"], 2),
-                      fmt(j["train_ms_min"], 2) + "-" + fmt(j["train_ms_max"], 2), fmt(j["fwd_ms_median"], 2),
-                      fmt(j["fwd_ms_min"], 2) + "-" + fmt(j["fwd_ms_max"], 2), fmt(j["tokens_per_s"], 0),
-                      fmt(j["train_gflops"], 1), fmt(100.0 * j["train_gflops"].get<double>() / peaks[t], 1),
-                      fmt(j["peak_rss_kb"].get<double>() / 1024, 1),
-                      j["mallocs_per_step"].is_null() ? "n/a" : fmt(j["mallocs_per_step"], 1)});
+      rows.push_back({c, std::to_string(t), fixed(j["train_ms_median"], 2),
+                      fixed(j["train_ms_min"], 2) + "-" + fixed(j["train_ms_max"], 2), fixed(j["fwd_ms_median"], 2),
+                      fixed(j["fwd_ms_min"], 2) + "-" + fixed(j["fwd_ms_max"], 2), fixed(j["tokens_per_s"], 0),
+                      fixed(j["train_gflops"], 1), fixed(100.0 * j["train_gflops"].get<double>() / peaks[t], 1),
+                      fixed(j["peak_rss_kb"].get<double>() / 1024, 1),
+                      j["mallocs_per_step"].is_null() ? "n/a" : fixed(j["mallocs_per_step"], 1)});
     }
   std::printf("\n");
   print_table(rows);
@@ -292,7 +287,7 @@ int run_bench(const BenchOpts& o) {
     for (auto& j : results) prow[0].push_back(j["config"].get<std::string>() + "/" + std::to_string(j["threads"].get<int>()));
     for (auto it = results[0]["profile_ms"].begin(); it != results[0]["profile_ms"].end(); ++it) {
       std::vector<std::string> r = {it.key()};
-      for (auto& j : results) r.push_back(fmt(j["profile_ms"][it.key()], 2));
+      for (auto& j : results) r.push_back(fixed(j["profile_ms"][it.key()], 2));
       prow.push_back(r);
     }
     print_table(prow);

@@ -135,9 +135,8 @@ std::string token_label(int32_t id, const TaskConfig& t) {
 }
 
 int run_attn(const Source& s, const std::string& out) {
-  auto [model, batch] = load_inputs(s);
-  Batch one = batch;
-  if (batch.size() > 1) fail("attn: one sequence at a time");
+  auto [model, one] = load_inputs(s);
+  if (one.size() > 1) fail("attn: one sequence at a time");
   NoGradGuard ng;
   model->eval();
   std::vector<BlockHooks> hooks(model->cfg.n_layers);

@@ -34,11 +34,6 @@ struct PruneOpts {
   double save_fraction = 0.5;
 };
 
-std::string fmt(double v, int prec) {
-  char b[64];
-  std::snprintf(b, sizeof b, "%.*f", prec, v);
-  return b;
-}
 
 json curve_json(const std::vector<PruneStep>& c) {
   json a = json::array();
@@ -73,7 +68,7 @@ int run_prune(TrainFlags& flags, const PruneOpts& o) {
       Trainer t(base);
       ProgressBar bar("base model", base.steps, !o.quiet && stderr_is_terminal());
       TrainObserver obs;
-      obs.on_step = [&](int64_t step, int64_t, float loss, double) { bar.update(step, "loss " + fmt(loss, 3)); };
+      obs.on_step = [&](int64_t step, int64_t, float loss, double) { bar.update(step, "loss " + fixed(loss, 3)); };
       const TrainResult r = t.run(obs);
       bar.finish();
       write_summary(base.out, t.args(), r);
@@ -108,10 +103,10 @@ int run_prune(TrainFlags& flags, const PruneOpts& o) {
       const std::vector<double> v = {abl.d_loss[l][h], abl.d_acc[l][h], abl.d_loss_mean[l][h], abl.d_acc_mean[l][h], imp[l][h],
                                      st.entropy[l][h], st.entropy_norm[l][h], st.confidence[l][h], st.argmax_distance[l][h]};
       csv += std::to_string(l) + "," + std::to_string(h);
-      for (double x : v) csv += "," + fmt(x, 6);
+      for (double x : v) csv += "," + fixed(x, 6);
       csv += "\n";
-      table.push_back({std::to_string(l), std::to_string(h), fmt(v[0], 4), fmt(100 * v[1], 2), fmt(v[2], 4), fmt(100 * v[3], 2),
-                       fmt(v[4], 4), fmt(v[5], 3), fmt(v[6], 3), fmt(v[7], 3), fmt(v[8], 2)});
+      table.push_back({std::to_string(l), std::to_string(h), fixed(v[0], 4), fixed(100 * v[1], 2), fixed(v[2], 4), fixed(100 * v[3], 2),
+                       fixed(v[4], 4), fixed(v[5], 3), fixed(v[6], 3), fixed(v[7], 3), fixed(v[8], 2)});
     }
   write_file_atomic(out + "/heads.csv", csv);
   std::printf("\nbase model: held-out loss %.4f, token accuracy %s\n\nper head (d = change when that head alone is removed):\n\n",
@@ -158,8 +153,8 @@ int run_prune(TrainFlags& flags, const PruneOpts& o) {
   std::string ccsv = "order,pruned,fraction,loss,token_acc,exact_match\n";
   for (auto& [name, c] : curves)
     for (const json& s : c)
-      ccsv += name + "," + std::to_string(s["pruned"].get<int>()) + "," + fmt(s["fraction"], 4) + "," + fmt(s["loss"], 6) +
-              "," + fmt(s["token_acc"], 6) + "," + fmt(s["exact_match"], 6) + "\n";
+      ccsv += name + "," + std::to_string(s["pruned"].get<int>()) + "," + fixed(s["fraction"], 4) + "," + fixed(s["loss"], 6) +
+              "," + fixed(s["token_acc"], 6) + "," + fixed(s["exact_match"], 6) + "\n";
   write_file_atomic(out + "/prune_curves.csv", ccsv);
   std::vector<std::vector<std::string>> ct = {{"heads pruned", "fraction", "importance acc %", "ablation-order acc %",
                                                "random acc % (mean [min-max])"}};
@@ -181,8 +176,8 @@ int run_prune(TrainFlags& flags, const PruneOpts& o) {
     double mean = 0, lo = 1, hi = 0;
     for (double v : rv) mean += v, lo = std::min(lo, v), hi = std::max(hi, v);
     if (!rv.empty()) mean /= rv.size();
-    ct.push_back({std::to_string(a["pruned"].get<int>()), fmt(frac, 3), fmt(100 * ia, 2), fmt(100 * ab, 2),
-                  rv.empty() ? "-" : fmt(100 * mean, 2) + " [" + fmt(100 * lo, 2) + "-" + fmt(100 * hi, 2) + "]"});
+    ct.push_back({std::to_string(a["pruned"].get<int>()), fixed(frac, 3), fixed(100 * ia, 2), fixed(100 * ab, 2),
+                  rv.empty() ? "-" : fixed(100 * mean, 2) + " [" + fixed(100 * lo, 2) + "-" + fixed(100 * hi, 2) + "]"});
     s_imp.x.push_back(frac), s_imp.y.push_back(100 * ia);
     s_abl.x.push_back(frac), s_abl.y.push_back(100 * ab);
     if (!rv.empty()) s_rnd.x.push_back(frac), s_rnd.y.push_back(100 * mean), s_rnd.lo.push_back(100 * lo), s_rnd.hi.push_back(100 * hi);

@@ -108,7 +108,7 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
     return 3;
   }
   bar.finish();
-  if (atlas) atlas->finish(trainer.model());
+  if (atlas) atlas->finish();
   write_summary(a.out, a, r);
   const EvalResult& e = r.final_eval;
   std::printf("\n");

@@ -40,6 +40,7 @@ void set_experiment_defaults(TrainArgs& a);
 TaskConfig task_for(const SafetensorsFile& f, const TaskConfig& fallback);
 std::string default_out_dir(const std::string& command);  // runs/<command>-YYYYmmdd-HHMMSS
 std::string percent(double v);                              // 0.9871 -> "98.71%"
+std::string fixed(double v, int decimals);                  // 3.14159, 2 -> "3.14"
 void print_table(const std::vector<std::vector<std::string>>& rows);  // first row = header
 
 }  // namespace hl

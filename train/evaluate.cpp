@@ -5,18 +5,17 @@
 namespace hl {
 
 namespace {
-// Restores train/eval mode on scope exit.
-struct EvalMode {
-  TransformerLM& m;
-  bool was;
-  explicit EvalMode(TransformerLM& model) : m(model), was(model.training()) { m.eval(); }
-  ~EvalMode() { m.train(was); }
-};
+// Index of the largest of n logits (the first on ties).
+int32_t argmax(const float* l, int64_t n) {
+  int32_t best = 0;
+  for (int64_t v = 1; v < n; ++v)
+    if (l[v] > l[best]) best = static_cast<int32_t>(v);
+  return best;
+}
 }  // namespace
 
-std::vector<std::vector<int32_t>> greedy_answers(TransformerLM& model, const CopyTask& task,
-                                                 const Batch& batch) {
-  EvalMode mode(model);
+std::vector<std::vector<int32_t>> greedy_answers(TransformerLM& model, const Batch& batch) {
+  EvalScope mode(model);
   NoGradGuard ng;
   std::map<int, std::vector<int64_t>> rows_by_len;
   for (int64_t r = 0; r < batch.size(); ++r) rows_by_len[batch.lengths[r]].push_back(r);
@@ -35,23 +34,19 @@ std::vector<std::vector<int32_t>> greedy_answers(TransformerLM& model, const Cop
     for (int i = 0; i < n; ++i) {
       const int64_t T = logits.size(1);
       for (int64_t g = 0; g < G; ++g) {
-        const float* l = logits.data() + (g * T + T - 1) * V;
-        int32_t best = 0;
-        for (int64_t v = 1; v < V; ++v)
-          if (l[v] > l[best]) best = static_cast<int32_t>(v);
+        const int32_t best = argmax(logits.data() + (g * T + T - 1) * V, V);
         next.at(g, 0) = best;
         out[rows[g]].push_back(best);
       }
       if (i + 1 < n) logits = model.forward(next, opt);  // (G, 1, V)
     }
   }
-  (void)task;
   return out;
 }
 
 EvalResult evaluate(TransformerLM& model, const CopyTask& task, const std::vector<Batch>& data,
                     bool autoregressive, std::vector<BlockHooks>* hooks) {
-  EvalMode mode(model);
+  EvalScope mode(model);
   NoGradGuard ng;
   EvalResult r;
   double loss_sum = 0;
@@ -62,8 +57,7 @@ EvalResult evaluate(TransformerLM& model, const CopyTask& task, const std::vecto
     opt.hooks = hooks;
     Tensor logits = model.forward(b.inputs, opt);  // (B, T, V)
     const int64_t B = b.size(), T = b.inputs.shape[1], V = logits.size(2);
-    int64_t counted = 0;
-    for (int32_t t : b.targets.data) counted += t >= 0;
+    const int64_t counted = b.counted_targets();
     loss_sum += static_cast<double>(cross_entropy(logits, b.targets).item()) * counted;
     r.tokens += counted;
     for (int64_t row = 0; row < B; ++row) {
@@ -71,10 +65,7 @@ EvalResult evaluate(TransformerLM& model, const CopyTask& task, const std::vecto
       for (int64_t t = 0; t < T; ++t) {
         const int32_t target = b.targets.at(row, t);
         if (target < 0) continue;
-        const float* l = logits.data() + (row * T + t) * V;
-        int32_t best = 0;
-        for (int64_t v = 1; v < V; ++v)
-          if (l[v] > l[best]) best = static_cast<int32_t>(v);
+        const int32_t best = argmax(logits.data() + (row * T + t) * V, V);
         correct += best == target;
         all = all && best == target;
       }
@@ -82,7 +73,7 @@ EvalResult evaluate(TransformerLM& model, const CopyTask& task, const std::vecto
     }
     r.sequences += B;
     if (autoregressive) {
-      auto answers = greedy_answers(model, task, b);
+      auto answers = greedy_answers(model, b);
       for (int64_t row = 0; row < B; ++row) ar_exact += answers[row] == task.answer(b, row);
     }
   }

@@ -21,7 +21,6 @@ EvalResult evaluate(TransformerLM& model, const CopyTask& task, const std::vecto
                     bool autoregressive, std::vector<BlockHooks>* hooks = nullptr);
 
 // Greedy decoding of the answers for the rows of a batch, grouped by length (KV cache).
-std::vector<std::vector<int32_t>> greedy_answers(TransformerLM& model, const CopyTask& task,
-                                                 const Batch& batch);
+std::vector<std::vector<int32_t>> greedy_answers(TransformerLM& model, const Batch& batch);
 
 }  // namespace hl

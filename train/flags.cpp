@@ -80,6 +80,12 @@ std::string default_out_dir(const std::string& command) {
   return "runs/" + command + "-" + buf;
 }
 
+std::string fixed(double v, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  return buf;
+}
+
 std::string percent(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f%%", 100.0 * v);

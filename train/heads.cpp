@@ -9,19 +9,13 @@ namespace {
 HeadGrid grid(const TransformerLM& m, double v = 0) {
   return HeadGrid(m.cfg.n_layers, std::vector<double>(m.cfg.n_heads, v));
 }
-struct EvalModeGuard {
-  TransformerLM& m;
-  bool was;
-  explicit EvalModeGuard(TransformerLM& model) : m(model), was(model.training()) { m.eval(); }
-  ~EvalModeGuard() { m.train(was); }
-};
 bool is_pad(const Batch& b, int64_t row, int64_t t) {
   return b.key_padding.defined() && b.key_padding.at({row, t}) != 0.f;
 }
 }  // namespace
 
 std::vector<BlockHooks> recorded_forward(TransformerLM& model, const Batch& b) {
-  EvalModeGuard mode(model);
+  EvalScope mode(model);
   NoGradGuard ng;
   std::vector<BlockHooks> hooks(model.cfg.n_layers);
   for (auto& h : hooks) h.attn.record = true;
@@ -83,7 +77,7 @@ namespace {
 // Runs forward + backward of the summed token loss on each batch; calls visit(batch, hooks).
 void backward_each(TransformerLM& model, const std::vector<Batch>& data, bool record,
                    const std::function<void(const Batch&, std::vector<BlockHooks>&)>& visit) {
-  EvalModeGuard mode(model);
+  EvalScope mode(model);
   for (const Batch& b : data) {
     std::vector<BlockHooks> hooks(model.cfg.n_layers);
     for (auto& h : hooks) {
@@ -94,9 +88,7 @@ void backward_each(TransformerLM& model, const std::vector<Batch>& data, bool re
     opt.hooks = &hooks;
     opt.key_padding = b.key_padding;
     Tensor logits = model.forward(b.inputs, opt);
-    int64_t counted = 0;
-    for (int32_t t : b.targets.data) counted += t >= 0;
-    Tensor loss = mul_scalar(cross_entropy(logits, b.targets), static_cast<float>(counted));  // summed
+    Tensor loss = mul_scalar(cross_entropy(logits, b.targets), static_cast<float>(b.counted_targets()));  // summed
     loss.backward();
     visit(b, hooks);
     model.zero_grad();
@@ -125,7 +117,7 @@ HeadGrid head_importance(TransformerLM& model, const std::vector<Batch>& data, b
   int64_t n_tokens = 0;
   backward_each(model, data, true, [&](const Batch& b, std::vector<BlockHooks>& hooks) {
     const int64_t B = b.size(), T = b.inputs.shape[1];
-    for (int32_t t : b.targets.data) n_tokens += t >= 0;
+    n_tokens += b.counted_targets();
     for (int l = 0; l < model.cfg.n_layers; ++l) {
       const Tensor& z = hooks[l].attn.z;
       const Tensor gz = z.grad();
