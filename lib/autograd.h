@@ -11,6 +11,8 @@
 // Closures capture what backward needs (inputs, saved statistics) but never `out` itself,
 // which they receive as `self` (capturing it would make a reference cycle).
 #pragma once
+#include <span>
+
 #include "tensor.h"
 
 namespace hl {
@@ -41,5 +43,14 @@ float* grad_buffer(const Tensor& t);
 // set: the caller must then write every element (gemm with beta = 0, `=` instead of `+=`).
 // Saves a memset and a read of zeros on most activation gradients.
 float* grad_buffer_for_overwrite(const Tensor& t, bool& fresh);
+
+// For tensors that lie back to back in one storage (see storage_view): their gradients as
+// one contiguous block, so one kernel can write all of them. If none has a gradient yet, one
+// uninitialised block is allocated and each gets a view of it (`fresh` is set: write every
+// element). Returns nullptr when the gradients cannot be one block (a tensor needs no
+// gradient, or existing gradients are separate buffers): the caller then goes tensor by tensor.
+float* grad_slab_for_overwrite(std::span<const Tensor> ts, bool& fresh);
+// True if ts[i+1] starts where ts[i] ends in the same storage.
+bool back_to_back(std::span<const Tensor> ts);
 
 }  // namespace hl

@@ -4,6 +4,7 @@
 // HEADLAB_OPS is the op list. tests/test_gradcheck.cpp holds one gradcheck case per entry
 // and fails when an entry has none, so an op cannot be added without its gradient test.
 #pragma once
+#include <span>
 #include <vector>
 
 #include "tensor.h"
@@ -13,7 +14,7 @@ namespace hl {
 #define HEADLAB_OPS(X)                                                                 \
   X(add) X(sub) X(mul) X(div) X(neg) X(add_scalar) X(mul_scalar) X(pow)                 \
   X(exp) X(log) X(sqrt) X(tanh) X(sigmoid) X(relu) X(gelu_tanh) X(gelu_erf)             \
-  X(matmul) X(linear) X(sum) X(mean) X(max)                                             \
+  X(matmul) X(linear) X(linear_stacked) X(sum) X(mean) X(max)                                             \
   X(softmax) X(log_softmax) X(masked_fill) X(cross_entropy) X(layer_norm)               \
   X(embedding) X(dropout) X(reshape) X(permute) X(transpose) X(slice) X(concat) X(split)
 
@@ -53,6 +54,11 @@ Tensor gelu_erf(const Tensor& x);   // 0.5x(1+erf(x/sqrt(2)))
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 // x (..., in), weight (out, in) [PyTorch layout], bias (out) or undefined -> (..., out)
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// Several linears of one input, outputs side by side: x (..., in), weights (out_i, in),
+// biases (out_i) or undefined -> (..., sum out_i). One sgemm when the weights are back to back
+// in one storage (storage_view), e.g. W_Q, W_K, W_V of self-attention. Recorded as "linear".
+constexpr int kMaxStacked = 3;
+Tensor linear_stacked(const Tensor& x, std::span<const Tensor> weights, std::span<const Tensor> biases);
 
 // ---- reductions (axes empty = all axes) --------------------------------------------------------
 Tensor sum(const Tensor& x, std::vector<int> axes = {}, bool keepdim = false);

@@ -145,45 +145,102 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   return out;
 }
 
-// y (R, out) = x (R, in) W^T (in, out) + b: one sgemm(NoTrans, Trans), bias preloaded.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  const Tensor ws[1] = {w}, bs[1] = {b};
+  return linear_stacked(x, ws, bs);
+}
+
+// y (R, N) = x (R, in) [W_0; W_1; ...]^T + [b_0, b_1, ...], N = sum of out_i. When the
+// weights lie back to back in one storage (a parameter slab), the product is one sgemm
+// (NoTrans, Trans) over all of them and so is each product of backward; otherwise one call
+// per weight on its column block. Biases are preloaded into y (beta = 1).
+Tensor linear_stacked(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> bs) {
   HL_PROFILE(Matmul);
+  const int64_t n = static_cast<int64_t>(ws.size());
+  if (n < 1 || n > kMaxStacked || bs.size() != ws.size())
+    fail("linear: ", n, " weights and ", bs.size(), " biases (need 1..", kMaxStacked, " of each)");
   const Shape& sx = x.shape();
-  if (w.ndim() != 2 || sx.ndim < 1 || sx.back() != w.size(1))
-    fail("linear: input ", sx.str(), " and weight ", w.shape().str(),
-         ": input features must equal weight columns (weight is (out, in))");
-  const int64_t in = w.size(1), outf = w.size(0), R = sx.numel() / std::max<int64_t>(in, 1);
-  if (b.defined() && (b.ndim() != 1 || b.size(0) != outf))
-    fail("linear: bias ", b.shape().str(), " does not match weight ", w.shape().str());
+  const int64_t in = ws[0].ndim() == 2 ? ws[0].size(1) : -1;
+  int64_t N = 0;
+  bool any_bias = false;
+  for (int64_t i = 0; i < n; ++i) {
+    const Tensor &w = ws[i], &b = bs[i];
+    if (w.ndim() != 2 || sx.ndim < 1 || sx.back() != w.size(1))
+      fail("linear: input ", sx.str(), " and weight ", w.shape().str(),
+           ": input features must equal weight columns (weight is (out, in))");
+    if (b.defined() && (b.ndim() != 1 || b.size(0) != w.size(0)))
+      fail("linear: bias ", b.shape().str(), " does not match weight ", w.shape().str());
+    N += w.size(0);
+    any_bias = any_bias || b.defined();
+  }
+  const int64_t R = sx.numel() / std::max<int64_t>(in, 1);
   Shape so = sx;
-  so[so.ndim - 1] = outf;
+  so[so.ndim - 1] = N;
   Tensor y = Tensor::empty(so);
   float* Y = y.data();
-  if (b.defined()) {
-    const float* B = b.data();
-    parallel_for(R, R * outf, [&](int64_t r) {
-      for (int64_t o = 0; o < outf; ++o) Y[r * outf + o] = B[o];
-    });
-  }
-  gemm(false, true, R, outf, in, 1.f, x.data(), in, w.data(), in, b.defined() ? 1.f : 0.f, Y, outf);
-  if (needs_graph({&x, &w, &b}))
-    attach(y, "linear", {x, w, b}, [x, w, b, R, in, outf](TensorImpl& self) {
-      HL_PROFILE(Matmul);
-      const float* g = self.grad->data();  // (R, out)
-      bool fresh;                           // fresh buffers: beta = 0, no zero fill
-      if (float* gx = grad_buffer_for_overwrite(x, fresh))  // dX (R,in) += dY W
-        gemm(false, false, R, in, outf, 1.f, g, outf, w.data(), in, fresh ? 0.f : 1.f, gx, in);
-      if (float* gw = grad_buffer_for_overwrite(w, fresh))  // dW (out,in) += dY^T X
-        gemm(true, false, outf, in, R, 1.f, g, outf, x.data(), in, fresh ? 0.f : 1.f, gw, in);
-      if (float* gb = grad_buffer(b)) {  // db (out) += column sums of dY; threads own columns,
-        const int64_t chunk = 64;         // rows run in order: a fixed summation order
-        parallel_for((outf + chunk - 1) / chunk, R * outf, [&](int64_t c) {
-          const int64_t o0 = c * chunk, o1 = std::min(outf, o0 + chunk);
-          for (int64_t r = 0; r < R; ++r)
-            for (int64_t o = o0; o < o1; ++o) gb[o] += g[r * outf + o];
-        });
+  if (any_bias) {
+    parallel_for(R, R * N, [&](int64_t r) {
+      float* row = Y + r * N;
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t out = ws[i].size(0);
+        if (bs[i].defined()) std::copy(bs[i].data(), bs[i].data() + out, row);
+        else std::fill(row, row + out, 0.f);
+        row += out;
       }
     });
+  }
+  const float beta = any_bias ? 1.f : 0.f;
+  if (back_to_back(ws)) {
+    gemm(false, true, R, N, in, 1.f, x.data(), in, ws[0].data(), in, beta, Y, N);
+  } else {
+    for (int64_t i = 0, col = 0; i < n; col += ws[i].size(0), ++i)
+      gemm(false, true, R, ws[i].size(0), in, 1.f, x.data(), in, ws[i].data(), in, beta, Y + col, N);
+  }
+  bool record = needs_graph({&x});
+  for (int64_t i = 0; i < n; ++i) record = record || needs_graph({&ws[i], &bs[i]});
+  if (record) {
+    // Closure captures: x and up to kMaxStacked weights and biases (unused slots undefined).
+    Tensor w[kMaxStacked], b[kMaxStacked];
+    for (int64_t i = 0; i < n; ++i) w[i] = ws[i], b[i] = bs[i];
+    attach(y, "linear", {x, w[0], w[1], w[2], b[0], b[1], b[2]},
+           [x, w0 = w[0], w1 = w[1], w2 = w[2], b0 = b[0], b1 = b[1], b2 = b[2], n, R, in, N](TensorImpl& self) {
+             HL_PROFILE(Matmul);
+             const Tensor w[kMaxStacked] = {w0, w1, w2}, b[kMaxStacked] = {b0, b1, b2};
+             const std::span<const Tensor> ws(w, n);
+             const float* g = self.grad->data();  // dY (R, N)
+             const bool one_block = back_to_back(ws);
+             bool fresh;  // fresh buffers are written with beta = 0 (no zero fill)
+             if (float* gx = grad_buffer_for_overwrite(x, fresh)) {  // dX (R,in) += dY W
+               if (one_block) {
+                 gemm(false, false, R, in, N, 1.f, g, N, w0.data(), in, fresh ? 0.f : 1.f, gx, in);
+               } else {
+                 for (int64_t i = 0, col = 0; i < n; col += w[i].size(0), ++i)
+                   gemm(false, false, R, in, w[i].size(0), 1.f, g + col, N, w[i].data(), in,
+                        fresh && i == 0 ? 0.f : 1.f, gx, in);
+               }
+             }
+             if (float* gw = one_block ? grad_slab_for_overwrite(ws, fresh) : nullptr) {
+               gemm(true, false, N, in, R, 1.f, g, N, x.data(), in, fresh ? 0.f : 1.f, gw, in);  // dW += dY^T X
+             } else {
+               for (int64_t i = 0, col = 0; i < n; col += w[i].size(0), ++i)
+                 if (float* gwi = grad_buffer_for_overwrite(w[i], fresh))
+                   gemm(true, false, w[i].size(0), in, R, 1.f, g + col, N, x.data(), in, fresh ? 0.f : 1.f, gwi, in);
+             }
+             for (int64_t i = 0, col = 0; i < n; col += w[i].size(0), ++i) {
+               float* gb = grad_buffer(b[i]);
+               if (!gb) continue;
+               // db (out) += column sums of dY's block; threads own columns and rows run in
+               // order: a fixed summation order
+               const int64_t out = w[i].size(0), chunk = 64;
+               const float* gc = g + col;
+               parallel_for((out + chunk - 1) / chunk, R * out, [&](int64_t c) {
+                 const int64_t o0 = c * chunk, o1 = std::min(out, o0 + chunk);
+                 for (int64_t r = 0; r < R; ++r)
+                   for (int64_t o = o0; o < o1; ++o) gb[o] += gc[r * N + o];
+               });
+             }
+           });
+  }
   return y;
 }
 

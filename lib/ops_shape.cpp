@@ -136,7 +136,8 @@ Tensor slice(const Tensor& x, int axis_in, int64_t start, int64_t end) {
 
 Tensor concat(const std::vector<Tensor>& xs, int axis_in) {
   HL_CHECK(!xs.empty(), "concat: no tensors given");
-  if (xs.size() > static_cast<size_t>(kMaxParents)) {  // a node has at most kMaxParents parents
+  constexpr size_t kParts = 4;  // tensors joined by one node; more are joined in a tree
+  if (xs.size() > kParts) {
     const size_t half = xs.size() / 2;
     return concat({concat(std::vector<Tensor>(xs.begin(), xs.begin() + half), axis_in),
                    concat(std::vector<Tensor>(xs.begin() + half, xs.end()), axis_in)},
@@ -167,11 +168,11 @@ Tensor concat(const std::vector<Tensor>& xs, int axis_in) {
   bool any = false;
   for (const Tensor* t : inputs) any = any || needs_graph({t});
   if (any) {
-    Tensor p[kMaxParents];
+    Tensor p[kParts];
     for (size_t i = 0; i < xs.size(); ++i) p[i] = xs[i];
     attach(y, "concat", {p[0], p[1], p[2], p[3]},
            [p0 = p[0], p1 = p[1], p2 = p[2], p3 = p[3], axis, outer, inner](TensorImpl& self) {
-             const Tensor parts[kMaxParents] = {p0, p1, p2, p3};
+             const Tensor parts[kParts] = {p0, p1, p2, p3};
              const float* g = self.grad->data();
              const int64_t total = self.shape[axis];
              int64_t at = 0;

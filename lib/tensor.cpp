@@ -172,6 +172,53 @@ float* grad_buffer_for_overwrite(const Tensor& t, bool& fresh) {
   return p->grad->data();
 }
 
+Tensor storage_view(const Tensor& base, int64_t offset, const Shape& shape) {
+  HL_CHECK(offset >= 0 && offset + shape.numel() <= base.numel(), "storage_view: ", shape.str(),
+           " at offset ", offset, " does not fit in ", base.shape().str());
+  Ref<TensorImpl> t(new TensorImpl());
+  t->storage = base.impl()->storage;
+  t->offset = base.impl()->offset + offset;
+  t->shape = shape;
+  return Tensor(std::move(t));
+}
+
+namespace {
+bool impls_back_to_back(const TensorImpl* a, const TensorImpl* b) {
+  return a && b && a->storage.get() == b->storage.get() && a->offset + a->shape.numel() == b->offset;
+}
+}  // namespace
+
+bool back_to_back(std::span<const Tensor> ts) {
+  for (size_t i = 0; i < ts.size(); ++i)
+    if (!ts[i].defined() || (i > 0 && !impls_back_to_back(ts[i - 1].impl(), ts[i].impl()))) return false;
+  return !ts.empty();
+}
+
+float* grad_slab_for_overwrite(std::span<const Tensor> ts, bool& fresh) {
+  fresh = false;
+  if (!back_to_back(ts)) return nullptr;
+  int64_t total = 0, with_grad = 0;
+  for (const Tensor& t : ts) {
+    if (!t.requires_grad()) return nullptr;
+    total += t.numel();
+    with_grad += t.impl()->grad ? 1 : 0;
+  }
+  if (with_grad == 0) {
+    Tensor slab = Tensor::empty({total});
+    int64_t at = 0;
+    for (const Tensor& t : ts) {
+      t.impl()->grad = storage_view(slab, at, t.shape()).ref();
+      at += t.numel();
+    }
+    fresh = true;
+    return slab.data();
+  }
+  for (size_t i = 0; i < ts.size(); ++i)
+    if (!ts[i].impl()->grad || (i > 0 && !impls_back_to_back(ts[i - 1].impl()->grad.get(), ts[i].impl()->grad.get())))
+      return nullptr;
+  return ts[0].impl()->grad->data();
+}
+
 void Tensor::backward(const Tensor& grad_output, bool retain_graph) const {
   HL_CHECK(defined(), "backward: undefined tensor");
   HL_CHECK(requires_grad(), "backward: tensor of shape ", shape().str(),

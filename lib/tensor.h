@@ -21,7 +21,7 @@
 
 namespace hl {
 
-constexpr int kMaxParents = 4;
+constexpr int kMaxParents = 8;  // linear_stacked: x, 3 weights, 3 biases
 
 struct Storage {
   int refs = 0;
@@ -117,6 +117,11 @@ class Tensor {
  private:
   Ref<TensorImpl> impl_;
 };
+
+// A leaf of `shape` over base's storage from element `offset` (relative to base's data):
+// writes through either are seen by both. Used for parameter slabs, e.g. W_Q, W_K and W_V as
+// consecutive rows of one (3d, d) block so one sgemm computes all three projections.
+Tensor storage_view(const Tensor& base, int64_t offset, const Shape& shape);
 
 // ---- grad mode ------------------------------------------------------------------------------
 bool grad_enabled();

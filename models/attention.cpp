@@ -21,10 +21,29 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 struct AttnDims {
   int64_t B, Tq, Tk, H, Hkv, dh;
   int64_t kv_rows;  // rows per batch entry in the k/v buffers (>= Tk)
-  int64_t ldq() const { return H * dh; }    // row stride of q and of the output
-  int64_t ldkv() const { return Hkv * dh; } // row stride of k and v
-  int64_t group() const { return H / Hkv; } // query heads per kv head
+  // Where q, k and v live: row strides and column offsets into their tensors' rows. Separate
+  // tensors: q (B,Tq,H*dh), k and v (B,Tk,Hkv*dh), offsets 0. Packed: one (B,T,(H+2Hkv)dh).
+  int64_t q_ld = 0, kv_ld = 0, q_off = 0, k_off = 0, v_off = 0;
+  int64_t ldq() const { return q_ld; }       // row stride of q
+  int64_t ldkv() const { return kv_ld; }     // row stride of k and v
+  int64_t ldo() const { return H * dh; }     // row stride of the output
+  int64_t group() const { return H / Hkv; }  // query heads per kv head
 };
+
+// The checks every layout shares (heads, masks, gates); d.B, Tq, Tk and kv_rows are set.
+void check_attention_args(AttnDims& d, const AttentionArgs& a) {
+  if (a.gates.defined() && (a.gates.ndim() != 1 || a.gates.size(0) != d.H))
+    fail("attention: gates ", a.gates.shape().str(), " must be (", d.H, ")");
+  if (a.key_padding.defined() && a.key_padding.shape() != Shape({d.B, d.Tk}))
+    fail("attention: key_padding ", a.key_padding.shape().str(), " must be (", d.B, ",", d.Tk, ")");
+  if (a.pattern_grad.defined() && a.pattern_grad.shape() != Shape({d.B, d.H, d.Tq, d.Tk}))
+    fail("attention: pattern_grad ", a.pattern_grad.shape().str(), " must be (B,H,Tq,Tk)");
+  if (a.dropout > 0.f && !a.rng) fail("attention: dropout needs a random generator");
+}
+
+void check_heads(int64_t H, int64_t Hkv) {
+  if (H < 1 || Hkv < 1 || H % Hkv) fail("attention: n_kv_heads ", Hkv, " must divide n_heads ", H);
+}
 
 AttnDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionArgs& a) {
   auto shapes = [&] { return q.shape().str() + ", k " + k.shape().str() + ", v " + v.shape().str(); };
@@ -38,20 +57,35 @@ AttnDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, cons
   if (d.Tk < 1 || d.Tk > d.kv_rows) fail("attention: kv_len ", a.kv_len, " outside 1..", d.kv_rows);
   d.H = a.n_heads;
   d.Hkv = a.n_kv_heads ? a.n_kv_heads : a.n_heads;
-  if (d.H < 1 || d.Hkv < 1 || d.H % d.Hkv)
-    fail("attention: n_kv_heads ", d.Hkv, " must divide n_heads ", d.H);
+  check_heads(d.H, d.Hkv);
   d.dh = a.d_head ? a.d_head : q.size(2) / d.H;
   if (d.dh < 1 || q.size(2) != d.H * d.dh)
     fail("attention: q ", q.shape().str(), " is not ", d.H, " heads of d_head ", d.dh);
   if (k.size(2) != d.Hkv * d.dh || v.shape() != k.shape() || k.size(0) != d.B)
     fail("attention: q ", shapes(), ": k and v must be (", d.B, ", Tk, ", d.Hkv * d.dh, ")");
-  if (a.gates.defined() && (a.gates.ndim() != 1 || a.gates.size(0) != d.H))
-    fail("attention: gates ", a.gates.shape().str(), " must be (", d.H, ")");
-  if (a.key_padding.defined() && a.key_padding.shape() != Shape({d.B, d.Tk}))
-    fail("attention: key_padding ", a.key_padding.shape().str(), " must be (", d.B, ",", d.Tk, ")");
-  if (a.pattern_grad.defined() && a.pattern_grad.shape() != Shape({d.B, d.H, d.Tq, d.Tk}))
-    fail("attention: pattern_grad ", a.pattern_grad.shape().str(), " must be (B,H,Tq,Tk)");
-  if (a.dropout > 0.f && !a.rng) fail("attention: dropout needs a random generator");
+  d.q_ld = d.H * d.dh;
+  d.kv_ld = d.Hkv * d.dh;
+  check_attention_args(d, a);
+  return d;
+}
+
+AttnDims check_attention_packed(const Tensor& qkv, const AttentionArgs& a) {
+  AttnDims d;
+  d.H = a.n_heads;
+  d.Hkv = a.n_kv_heads ? a.n_kv_heads : a.n_heads;
+  check_heads(d.H, d.Hkv);
+  if (qkv.ndim() != 3)
+    fail("attention: packed qkv ", qkv.shape().str(), ": expected (B, T, (heads + 2 kv_heads) d_head)");
+  d.dh = a.d_head ? a.d_head : qkv.size(2) / (d.H + 2 * d.Hkv);
+  if (d.dh < 1 || qkv.size(2) != (d.H + 2 * d.Hkv) * d.dh)
+    fail("attention: packed qkv ", qkv.shape().str(), " is not ", d.H, " + 2 x ", d.Hkv, " heads of d_head ", d.dh);
+  if (a.kv_len) fail("attention: packed qkv takes no kv_len (self-attention over its own rows)");
+  d.B = qkv.size(0);
+  d.Tq = d.Tk = d.kv_rows = qkv.size(1);
+  d.q_ld = d.kv_ld = qkv.size(2);
+  d.k_off = d.H * d.dh;
+  d.v_off = (d.H + d.Hkv) * d.dh;
+  check_attention_args(d, a);
   return d;
 }
 
@@ -116,10 +150,13 @@ void masked_softmax_row(float* row, int64_t ke, const AttnDims& d, int64_t b, in
 
 }  // namespace
 
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionArgs& a,
-                 Tensor* pattern) {
-  HL_PROFILE(Attention);
-  const AttnDims d = check_attention(q, k, v, a);
+namespace {
+
+// The op for both layouts: q, k, v are three tensors, or one packed tensor passed three times
+// (then it is the only tensor parent and its gradient block receives dQ, dK and dV).
+Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const AttnDims& d,
+                      const AttentionArgs& a, Tensor* pattern) {
+  const bool packed = q.same(k);
   const float scale = a.scale > 0.f ? a.scale : 1.f / std::sqrt(static_cast<float>(d.dh));
   MaskStrides ms;
   if (a.additive_mask.defined()) ms = mask_strides(a.additive_mask, d);
@@ -138,19 +175,19 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
     float* M = drop_mask.data();
     for (int64_t i = 0, n = P.numel(); i < n; ++i) M[i] = a.rng->uniform() < a.dropout ? 0.f : keep;
   }
-  Tensor out = Tensor::empty({d.B, d.Tq, d.H * d.dh});
-  const float *Q = q.data(), *K = k.data(), *V = v.data();
+  Tensor out = Tensor::empty({d.B, d.Tq, d.ldo()});
+  const float *Q = q.data() + d.q_off, *K = k.data() + d.k_off, *V = v.data() + d.v_off;
   float *Pp = P.data(), *Pdp = Pd.data(), *O = out.data();
   const float* M = drop ? drop_mask.data() : nullptr;
   const int64_t TT = d.Tq * d.Tk, BR = block_rows(d, causal);
 
   parallel_for(d.B * d.H, d.B * d.H * TT * d.dh, [&](int64_t bh) {
     const int64_t b = bh / d.H, h = bh % d.H, kvh = h / d.group();
-    const float* Qh = Q + b * d.Tq * d.ldq() + h * d.dh;          // (Tq, dh), ld H*dh
-    const float* Kh = K + b * d.kv_rows * d.ldkv() + kvh * d.dh;  // (Tk, dh), ld Hkv*dh
+    const float* Qh = Q + b * d.Tq * d.ldq() + h * d.dh;          // (Tq, dh), ld ldq
+    const float* Kh = K + b * d.kv_rows * d.ldkv() + kvh * d.dh;  // (Tk, dh), ld ldkv
     const float* Vh = V + b * d.kv_rows * d.ldkv() + kvh * d.dh;
     float* S = Pp + bh * TT;                                       // (Tq, Tk)
-    float* Oh = O + b * d.Tq * d.ldq() + h * d.dh;                 // (Tq, dh), ld H*dh
+    float* Oh = O + b * d.Tq * d.ldo() + h * d.dh;                 // (Tq, dh), ld H*dh
     const float g = gates ? gates[h] : 1.f;
     for (int64_t i0 = 0; i0 < d.Tq; i0 += BR) {
       const int64_t i1 = std::min(d.Tq, i0 + BR), rows = i1 - i0, ke = visible_keys(d, causal, i1);
@@ -164,24 +201,28 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
         W = SD;
       }
       if (ke > 0)  // out_h[i0:i1] = g P[:, :ke] V_h[:ke]
-        gemm(false, false, rows, d.dh, ke, g, W, d.Tk, Vh, d.ldkv(), 0.f, Oh + i0 * d.ldq(), d.ldq());
+        gemm(false, false, rows, d.dh, ke, g, W, d.Tk, Vh, d.ldkv(), 0.f, Oh + i0 * d.ldo(), d.ldo());
       else
-        for (int64_t i = i0; i < i1; ++i) std::fill(Oh + i * d.ldq(), Oh + i * d.ldq() + d.dh, 0.f);
+        for (int64_t i = i0; i < i1; ++i) std::fill(Oh + i * d.ldo(), Oh + i * d.ldo() + d.dh, 0.f);
     }
   });
   if (pattern) *pattern = P.detach();
 
   if (needs_graph({&q, &k, &v, &a.gates}))
-    attach(out, "attention", {q, k, v, a.gates},
+    attach(out, "attention", {q, packed ? Tensor() : k, packed ? Tensor() : v, a.gates},
            [q, k, v, gates = a.gates, P, Pd, drop_mask, pg = a.pattern_grad, d, scale, causal](TensorImpl& self) {
              HL_PROFILE(Attention);
-             const float *dO = self.grad->data(), *Q = q.data(), *K = k.data(), *V = v.data();
+             const float *dO = self.grad->data(), *Q = q.data() + d.q_off, *K = k.data() + d.k_off,
+                         *V = v.data() + d.v_off;
              const float *Pp = P.data(), *Pdp = Pd.data();
              const float* M = drop_mask.defined() ? drop_mask.data() : nullptr;
              const float* G = gates.defined() ? gates.data() : nullptr;
-             float* dQ = grad_buffer(q);
+             float* dQ = grad_buffer(q);  // the same zeroed block three times when packed
              float* dK = grad_buffer(k);
              float* dV = grad_buffer(v);
+             if (dQ) dQ += d.q_off;
+             if (dK) dK += d.k_off;
+             if (dV) dV += d.v_off;
              float* dG = grad_buffer(gates);
              float* dPout = pg.defined() ? pg.data() : nullptr;
              const int64_t TT = d.Tq * d.Tk, BR = block_rows(d, causal);
@@ -199,7 +240,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
                for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
                  const int64_t bh = b * d.H + h;
                  const float* Qh = Q + b * d.Tq * d.ldq() + h * d.dh;
-                 const float* dOh = dO + b * d.Tq * d.ldq() + h * d.dh;
+                 const float* dOh = dO + b * d.Tq * d.ldo() + h * d.dh;
                  float* dQh = dQ ? dQ + b * d.Tq * d.ldq() + h * d.dh : nullptr;
                  const float g = G ? G[h] : 1.f;
                  double gate_sum = 0;
@@ -209,11 +250,11 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
                    const float* Pb = Pp + bh * TT + i0 * d.Tk;   // (rows, Tk) weights
                    const float* Wb = Pdp + bh * TT + i0 * d.Tk;  // after dropout
                    float* Ub = U + bh * TT + i0 * d.Tk;
-                   const float* dOb = dOh + i0 * d.ldq();
+                   const float* dOb = dOh + i0 * d.ldo();
                    // Ub = dO_h V_h^T (rows, ke): dL/d(weights) before the gate
-                   gemm(false, true, rows, ke, d.dh, 1.f, dOb, d.ldq(), Vh, d.ldkv(), 0.f, Ub, d.Tk);
+                   gemm(false, true, rows, ke, d.dh, 1.f, dOb, d.ldo(), Vh, d.ldkv(), 0.f, Ub, d.Tk);
                    if (dVh)  // dV_h[:ke] += g Pd^T dO_h
-                     gemm(true, false, ke, d.dh, rows, g, Wb, d.Tk, dOb, d.ldq(), 1.f, dVh, d.ldkv());
+                     gemm(true, false, ke, d.dh, rows, g, Wb, d.Tk, dOb, d.ldo(), 1.f, dVh, d.ldkv());
                    for (int64_t r = 0; r < rows; ++r) {
                      float* u = Ub + r * d.Tk;
                      const float *p = Pb + r * d.Tk, *w = Wb + r * d.Tk;
@@ -245,6 +286,19 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
                  for (int64_t b = 0; b < d.B; ++b) dG[h] += GP[b * d.H + h];
            });
   return out;
+}
+
+}  // namespace
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionArgs& a,
+                 Tensor* pattern) {
+  HL_PROFILE(Attention);
+  return attention_impl(q, k, v, check_attention(q, k, v, a), a, pattern);
+}
+
+Tensor attention_packed(const Tensor& qkv, const AttentionArgs& a, Tensor* pattern) {
+  HL_PROFILE(Attention);
+  return attention_impl(qkv, qkv, qkv, check_attention_packed(qkv, a), a, pattern);
 }
 
 std::pair<Tensor, Tensor> scaled_dot_product_attention(const Tensor& q, const Tensor& k,
@@ -290,13 +344,38 @@ MultiHeadAttention::MultiHeadAttention(const AttentionConfig& c, Rng& rng, Rng* 
   register_module("W_K", &W_K);
   register_module("W_V", &W_V);
   register_module("W_O", &W_O);
+  // Move the initialised W_Q, W_K, W_V (and biases) into one slab each, as views.
+  auto into_slab = [](std::initializer_list<Tensor*> parts) {
+    int64_t total = 0;
+    for (Tensor* t : parts) total += t->numel();
+    Tensor slab = Tensor::empty({total});
+    int64_t at = 0;
+    for (Tensor* t : parts) {
+      Tensor view = storage_view(slab, at, t->shape());
+      view.copy_from(*t);
+      view.requires_grad_(true);
+      *t = view;
+      at += view.numel();
+    }
+  };
+  into_slab({&W_Q.weight, &W_K.weight, &W_V.weight});
+  if (c.bias) into_slab({&W_Q.bias, &W_K.bias, &W_V.bias});
 }
 
 Tensor MultiHeadAttention::forward(const Tensor& x_q, const Tensor& x_kv_in, const Call& call) {
+  AttentionHooks* hk = call.hooks;
+  // Self-attention with nothing to record: one projection, one packed attention, no copies.
+  const bool packed = !x_kv_in.defined() && !call.kv_cache && !(hk && (hk->record || hk->record_grads));
   const Tensor& x_kv = x_kv_in.defined() ? x_kv_in : x_q;
-  Tensor q = W_Q.forward(x_q);   // (B, Tq, H*dh)
-  Tensor k = W_K.forward(x_kv);  // (B, Tk, Hkv*dh)
-  Tensor v = W_V.forward(x_kv);
+  Tensor q, k, v, qkv;
+  if (packed) {
+    const Tensor ws[3] = {W_Q.weight, W_K.weight, W_V.weight}, bs[3] = {W_Q.bias, W_K.bias, W_V.bias};
+    qkv = linear_stacked(x_q, ws, bs);  // (B, T, (H + 2 Hkv) dh)
+  } else {
+    q = W_Q.forward(x_q);   // (B, Tq, H*dh)
+    k = W_K.forward(x_kv);  // (B, Tk, Hkv*dh)
+    v = W_V.forward(x_kv);
+  }
   int64_t kv_len = 0;
   if (call.kv_cache) {  // append this call's rows to the cache buffers, attend to all of them
     KVCacheLayer& c = *call.kv_cache;
@@ -332,12 +411,12 @@ Tensor MultiHeadAttention::forward(const Tensor& x_q, const Tensor& x_kv_in, con
   a.dropout = training() ? cfg.dropout : 0.f;
   a.rng = dropout_rng_;
   a.kv_len = kv_len;
-  AttentionHooks* hk = call.hooks;
   if (hk && hk->record_grads)
     a.pattern_grad = Tensor::zeros({x_q.size(0), cfg.n_heads, q.size(1), kv_len ? kv_len : k.size(1)});
   Tensor pattern;
   const bool want_pattern = (hk && hk->record) || call.pattern;
-  Tensor z = attention(q, k, v, a, want_pattern ? &pattern : nullptr);  // (B, Tq, H*dh)
+  Tensor* pattern_out = want_pattern ? &pattern : nullptr;
+  Tensor z = packed ? attention_packed(qkv, a, pattern_out) : attention(q, k, v, a, pattern_out);  // (B, Tq, H*dh)
   if (call.pattern) *call.pattern = pattern;
   if (hk) {
     bool any = false;

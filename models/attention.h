@@ -15,7 +15,7 @@
 namespace hl {
 
 // The differentiable ops defined in models/; tests/test_attention.cpp gradchecks each one.
-#define HEADLAB_MODEL_OPS(X) X(attention)
+#define HEADLAB_MODEL_OPS(X) X(attention) X(attention_packed)
 
 struct AttentionArgs {
   int n_heads = 1;
@@ -39,6 +39,11 @@ struct AttentionArgs {
 // zeros, never NaN.
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionArgs& args,
                  Tensor* pattern = nullptr);
+
+// The same op on one packed tensor qkv (B, T, (H + 2 Hkv) dh) whose columns are q's heads, then
+// k's, then v's (the output of one linear_stacked over W_Q, W_K, W_V): self-attention with no
+// copies to split it. Gradients land in one (B, T, (H + 2 Hkv) dh) block. No kv_len.
+Tensor attention_packed(const Tensor& qkv, const AttentionArgs& args, Tensor* pattern = nullptr);
 
 // Functional scaled dot-product attention without projections: q, k, v (T, H*dk) or
 // (B, T, H*dk), heads split by columns. Returns (output, pattern (B, H, Tq, Tk)).
@@ -100,6 +105,9 @@ class MultiHeadAttention : public Module {
   Tensor forward(const Tensor& x_q, const Tensor& x_kv, const Call& call);
 
   AttentionConfig cfg;
+  // W_Q, W_K and W_V (and their biases) are consecutive rows of one block of storage, so
+  // self-attention projects with one sgemm (linear_stacked) and feeds attention_packed. Each
+  // is still its own parameter with its own name and gradient (views of one gradient block).
   Linear W_Q, W_K, W_V, W_O;
   // Per-head gates (H), ones by default; not a parameter (not in checkpoints' tensors).
   // Call gates.requires_grad_() to get dL/dg (Michel et al. head importance).

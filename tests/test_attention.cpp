@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "lib/autograd.h"
 #include "lib/gradcheck.h"
 #include "models/attention.h"
 
@@ -217,7 +218,107 @@ BOOST_AUTO_TEST_CASE(every_model_op_has_a_gradcheck) {
 #define HL_NAME(op) #op,
   const std::vector<std::string> ops = {HEADLAB_MODEL_OPS(HL_NAME)};
 #undef HL_NAME
-  BOOST_TEST(ops == std::vector<std::string>{"attention"});  // update gradchecks below when this grows
+  BOOST_TEST(ops == (std::vector<std::string>{"attention", "attention_packed"}));  // update gradchecks below when this grows
+}
+
+// q, k, v (B, T, .) side by side in one packed tensor (B, T, (H + 2 Hkv) dh), as linear_stacked makes it.
+Tensor pack_qkv(const Tensor& q, const Tensor& k, const Tensor& v) { return concat({q, k, v}, 2); }
+
+BOOST_AUTO_TEST_CASE(gradcheck_attention_packed_op) {
+  struct Cfg { const char* what; int H, Hkv; bool causal; bool pad; float drop; int64_t T; };
+  for (Cfg c : {Cfg{"mha", 2, 2, false, false, 0.f, 4}, Cfg{"gqa causal", 4, 2, true, false, 0.f, 4},
+                Cfg{"mqa padding", 2, 1, false, true, 0.f, 4}, Cfg{"dropout", 2, 2, true, false, 0.3f, 4},
+                Cfg{"causal row blocks", 2, 1, true, false, 0.f, 66}}) {
+    const int64_t B = 2, dh = 3;
+    Tensor qkv = rnd({B, c.T, (c.H + 2 * c.Hkv) * dh});
+    Tensor g = Tensor::uniform({c.H}, rng(), 0.5f, 1.5f).requires_grad_();
+    Tensor pad = Tensor::zeros({B, c.T});
+    pad.at({0, c.T - 1}) = 1.f;
+    pad.at({1, 1}) = 1.f;
+    auto fn = [&](const std::vector<Tensor>& in) {
+      AttentionArgs a;
+      a.n_heads = c.H;
+      a.n_kv_heads = c.Hkv;
+      a.causal = c.causal;
+      a.gates = in[1];
+      if (c.pad) a.key_padding = pad;
+      Rng r(5);  // the same dropout mask every evaluation
+      a.dropout = c.drop;
+      a.rng = &r;
+      return attention_packed(in[0], a);
+    };
+    GradcheckResult res = gradcheck(fn, {qkv, g});
+    BOOST_TEST_CONTEXT(c.what) { BOOST_TEST(res.ok, res.message); }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(packed_attention_equals_separate_q_k_v_bit_for_bit) {
+  struct Cfg { int H, Hkv; bool causal; int64_t T; };
+  for (Cfg c : {Cfg{2, 2, false, 5}, Cfg{4, 2, true, 6}, Cfg{4, 1, true, 70}}) {
+    const int64_t B = 2, dh = 3;
+    Tensor q = rnd({B, c.T, c.H * dh}), k = rnd({B, c.T, c.Hkv * dh}), v = rnd({B, c.T, c.Hkv * dh});
+    Tensor qkv = pack_qkv(q, k, v).detach().requires_grad_();
+    AttentionArgs a;
+    a.n_heads = c.H;
+    a.n_kv_heads = c.Hkv;
+    a.causal = c.causal;
+    a.gates = Tensor::uniform({c.H}, rng(), 0.5f, 1.5f);
+    Tensor up = Tensor::randn({B, c.T, c.H * dh}, rng());
+    Tensor p1, p2;
+    Tensor separate = attention(q, k, v, a, &p1);
+    Tensor packed = attention_packed(qkv, a, &p2);
+    separate.backward(up);
+    packed.backward(up);
+    BOOST_TEST(packed.to_vector() == separate.to_vector());
+    BOOST_TEST(p2.to_vector() == p1.to_vector());
+    BOOST_TEST(qkv.grad().to_vector() == pack_qkv(q.grad(), k.grad(), v.grad()).to_vector());
+  }
+  AttentionArgs bad;
+  bad.n_heads = 2;
+  BOOST_CHECK_EXCEPTION(attention_packed(Tensor::zeros({1, 3, 10}), bad), Error, [](const Error& e) {
+    return std::string(e.what()) == "attention: packed qkv (1,3,10) is not 2 + 2 x 2 heads of d_head 1";
+  });
+}
+
+BOOST_AUTO_TEST_CASE(self_attention_takes_the_packed_path_and_matches_the_separate_one) {
+  // No hooks: W_Q, W_K, W_V project with one sgemm into attention_packed. Recording hooks take
+  // the path with separate q, k, v tensors. Same outputs and same gradient of every parameter.
+  for (int Hkv : {4, 2}) {
+    AttentionConfig cfg;
+    cfg.d_model = 8;
+    cfg.n_heads = 4;
+    cfg.n_kv_heads = Hkv;
+    cfg.bias = true;
+    Rng r(9);
+    MultiHeadAttention mha(cfg, r);
+    const Tensor wq = mha.W_Q.weight, wk = mha.W_K.weight, wv = mha.W_V.weight;
+    BOOST_TEST(back_to_back(std::vector<Tensor>{wq, wk, wv}));
+    Tensor x = Tensor::randn({2, 5, 8}, rng());
+    Tensor up = Tensor::randn({2, 5, 8}, rng());
+    MultiHeadAttention::Call call;
+    call.causal = true;
+    Tensor fast = mha.forward(x, Tensor(), call);
+    fast.backward(up);
+    // the three weight gradients are one block (written by one sgemm)
+    BOOST_TEST(back_to_back(std::vector<Tensor>{wq.grad(), wk.grad(), wv.grad()}));
+    std::vector<std::vector<float>> grads;
+    for (const Tensor& p : mha.parameters()) grads.push_back(p.grad().to_vector());
+    mha.zero_grad();
+    AttentionHooks hk;
+    hk.record = true;
+    call.hooks = &hk;
+    Tensor slow = mha.forward(x, Tensor(), call);
+    slow.backward(up);
+    BOOST_TEST(hk.q.defined());  // really the separate path
+    for (int64_t i = 0; i < fast.numel(); ++i)
+      BOOST_TEST(std::fabs(fast.data()[i] - slow.data()[i]) <= 1e-6f + 1e-5f * std::fabs(slow.data()[i]));
+    size_t which = 0;
+    for (const Tensor& p : mha.parameters()) {
+      auto g = p.grad().to_vector();
+      for (size_t i = 0; i < g.size(); ++i) BOOST_TEST(std::fabs(grads[which][i] - g[i]) <= 1e-6f + 1e-5f * std::fabs(g[i]));
+      ++which;
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(gradcheck_attention_op) {
@@ -299,6 +400,14 @@ BOOST_AUTO_TEST_CASE(mha_module_gradcheck_all_variants) {
     };
     GradcheckResult res = gradcheck(fn, inputs);
     BOOST_TEST_CONTEXT(c.what) { BOOST_TEST(res.ok, res.message); }
+    inputs.erase(inputs.end() - 2);  // self-attention (the packed path): xq only
+    auto self_fn = [&](const std::vector<Tensor>&) {
+      MultiHeadAttention::Call call;
+      call.causal = true;
+      return mha.forward(xq, Tensor(), call);
+    };
+    GradcheckResult self_res = gradcheck(self_fn, inputs);
+    BOOST_TEST_CONTEXT(c.what << " self-attention") { BOOST_TEST(self_res.ok, self_res.message); }
   }
 }
 

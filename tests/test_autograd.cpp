@@ -3,6 +3,7 @@
 #include <fstream>
 #include <string>
 
+#include "lib/autograd.h"
 #include "lib/ops.h"
 
 using namespace hl;
@@ -137,4 +138,41 @@ BOOST_AUTO_TEST_CASE(memory_is_flat_over_10k_iterations) {
 #else
   (void)rss;
 #endif
+}
+
+BOOST_AUTO_TEST_CASE(storage_views_share_data_and_stacked_linear_gradients_form_one_block) {
+  Tensor slab = Tensor::from({10}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
+  Tensor a = storage_view(slab, 0, {2, 2}).requires_grad_(), b = storage_view(slab, 4, {3, 2}).requires_grad_();
+  BOOST_TEST(b.at({0, 1}) == 6.f);
+  b.at({0, 1}) = -6.f;  // writes through
+  BOOST_TEST(slab.data()[5] == -6.f);
+  BOOST_TEST(back_to_back(std::vector<Tensor>{a, b}));
+  BOOST_TEST(!back_to_back(std::vector<Tensor>{b, a}));
+  BOOST_CHECK_EXCEPTION(storage_view(slab, 6, {3, 2}), Error, [](const Error& e) {
+    return std::string(e.what()) == "storage_view: (3,2) at offset 6 does not fit in (10)";
+  });
+  // y = x [a; b]^T: dA = dY[:, :2]^T x, dB = dY[:, 2:]^T x, one block; a second backward adds
+  Tensor x = Tensor::from({1, 2}, {1, -1});
+  const Tensor ws[2] = {a, b}, bs[2] = {Tensor(), Tensor()};
+  Tensor y = linear_stacked(x, ws, bs);  // (1, 5) = {1-2, 3-4, 5+6, 7-8, 9-10}
+  BOOST_TEST(y.to_vector() == (std::vector<float>{-1, -1, 11, -1, -1}));
+  const Tensor up = Tensor::from({1, 5}, {1, 2, 3, 4, 5});
+  y.backward(up);
+  BOOST_TEST(back_to_back(std::vector<Tensor>{a.grad(), b.grad()}));
+  BOOST_TEST(a.grad().to_vector() == (std::vector<float>{1, -1, 2, -2}));
+  BOOST_TEST(b.grad().to_vector() == (std::vector<float>{3, -3, 4, -4, 5, -5}));
+  linear_stacked(x, ws, bs).backward(up);
+  BOOST_TEST(a.grad().to_vector() == (std::vector<float>{2, -2, 4, -4}));
+  BOOST_TEST(b.grad().to_vector() == (std::vector<float>{6, -6, 8, -8, 10, -10}));
+  // gradients that are separate buffers are accumulated one by one
+  a.zero_grad();
+  b.zero_grad();
+  a.impl()->grad = Tensor::zeros({2, 2}).ref();
+  linear_stacked(x, ws, bs).backward(up);
+  BOOST_TEST(a.grad().to_vector() == (std::vector<float>{1, -1, 2, -2}));
+  BOOST_TEST(b.grad().to_vector() == (std::vector<float>{3, -3, 4, -4, 5, -5}));
+  BOOST_CHECK_EXCEPTION(linear_stacked(Tensor::zeros({1, 3}), ws, bs), Error, [](const Error& e) {
+    return std::string(e.what()) ==
+           "linear: input (1,3) and weight (2,2): input features must equal weight columns (weight is (out, in))";
+  });
 }

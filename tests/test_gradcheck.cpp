@@ -99,6 +99,19 @@ std::vector<OpCase> cases_for(const std::string& op) {
   } else if (op == "linear") {
     add_case("bias", {rnd({2, 3, 4}), rnd({5, 4}), rnd({5})}, [](V in) { return linear(IN(0), IN(1), IN(2)); });
     add_case("no bias", {rnd({3, 4}), rnd({2, 4})}, [](V in) { return linear(IN(0), IN(1)); });
+  } else if (op == "linear_stacked") {
+    // weights back to back in one slab (one sgemm per product) and separate ones (one each)
+    Tensor slab = Tensor::randn({(2 + 3 + 2) * 4}, rng());
+    Tensor w0 = storage_view(slab, 0, {2, 4}).requires_grad_(), w1 = storage_view(slab, 8, {3, 4}).requires_grad_(),
+           w2 = storage_view(slab, 20, {2, 4}).requires_grad_();
+    add_case("slab, one bias missing", {rnd({2, 3, 4}), w0, w1, w2, rnd({2}), rnd({2})}, [](V in) {
+      const Tensor ws[3] = {IN(1), IN(2), IN(3)}, bs[3] = {IN(4), Tensor(), IN(5)};
+      return linear_stacked(IN(0), ws, bs);
+    });
+    add_case("separate weights", {rnd({5, 4}), rnd({3, 4}), rnd({2, 4}), rnd({3})}, [](V in) {
+      const Tensor ws[2] = {IN(1), IN(2)}, bs[2] = {IN(3), Tensor()};
+      return linear_stacked(IN(0), ws, bs);
+    });
   } else if (op == "sum") {
     add_case("axis 1", {rnd({2, 3, 4})}, [](V in) { return sum(IN(0), {1}); });
     add_case("axes 0,2 keepdim", {rnd({2, 3, 4})}, [](V in) { return sum(IN(0), {0, 2}, true); });
