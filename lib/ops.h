@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "activations.h"
 #include "tensor.h"
 
 namespace hl {
@@ -14,7 +15,7 @@ namespace hl {
 #define HEADLAB_OPS(X)                                                                 \
   X(add) X(sub) X(mul) X(div) X(neg) X(add_scalar) X(mul_scalar) X(pow)                 \
   X(exp) X(log) X(sqrt) X(tanh) X(sigmoid) X(relu) X(gelu_tanh) X(gelu_erf)             \
-  X(matmul) X(linear) X(linear_stacked) X(sum) X(mean) X(max)                                             \
+  X(matmul) X(linear) X(linear_stacked) X(linear_act) X(sum) X(mean) X(max)                                             \
   X(softmax) X(log_softmax) X(masked_fill) X(cross_entropy) X(layer_norm)               \
   X(embedding) X(dropout) X(reshape) X(permute) X(transpose) X(slice) X(concat) X(split)
 
@@ -59,6 +60,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // in one storage (storage_view), e.g. W_Q, W_K, W_V of self-attention. Recorded as "linear".
 constexpr int kMaxStacked = 3;
 Tensor linear_stacked(const Tensor& x, std::span<const Tensor> weights, std::span<const Tensor> biases);
+// act(linear(x, weight, bias)) in one pass over the output (the FFN's first layer).
+Tensor linear_act(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act);
 
 // ---- reductions (axes empty = all axes) --------------------------------------------------------
 Tensor sum(const Tensor& x, std::vector<int> axes = {}, bool keepdim = false);

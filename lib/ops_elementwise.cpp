@@ -4,7 +4,7 @@
 
 #include "autograd.h"
 #include "broadcast.h"
-#include "fastmath.h"
+#include "activations.h"
 #include "ops.h"
 #include "parallel.h"
 #include "profile.h"
@@ -128,11 +128,6 @@ Tensor unary_op(const char* name, const Tensor& a, F f, DF df) {
   return out;
 }
 
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kGeluCoeff = 0.044715f;
-constexpr float kInvSqrt2 = 0.7071067811865476f;
-constexpr float kInvSqrt2Pi = 0.3989422804014327f;
-
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
@@ -192,27 +187,13 @@ Tensor sigmoid(const Tensor& x) {
                   [](float, float y, float g) { return g * y * (1.f - y); });
 }
 Tensor relu(const Tensor& x) {
-  return unary_op("relu", x, [](float v) { return v > 0.f ? v : 0.f; },
-                  [](float v, float, float g) { return v > 0.f ? g : 0.f; });
+  return unary_op("relu", x, [](float v) { return act::relu(v); }, [](float v, float, float g) { return act::relu_backward(v, g); });
 }
 Tensor gelu_tanh(const Tensor& x) {
-  return unary_op(
-      "gelu_tanh", x,
-      [](float v) { return 0.5f * v * (1.f + tanh_fast(kSqrt2OverPi * (v + kGeluCoeff * v * v * v))); },
-      [](float v, float, float g) {
-        const float t = tanh_fast(kSqrt2OverPi * (v + kGeluCoeff * v * v * v));
-        const float du = kSqrt2OverPi * (1.f + 3.f * kGeluCoeff * v * v);
-        return g * (0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * du);
-      });
+  return unary_op("gelu_tanh", x, [](float v) { return act::gelu_tanh(v); }, [](float v, float, float g) { return act::gelu_tanh_backward(v, g); });
 }
 Tensor gelu_erf(const Tensor& x) {
-  return unary_op(
-      "gelu_erf", x, [](float v) { return 0.5f * v * (1.f + erf_fast(v * kInvSqrt2)); },
-      [](float v, float, float g) {
-        float gauss;  // exp(-v^2/2), shared with the erf
-        const float e = erf_fast(v * kInvSqrt2, gauss);
-        return g * (0.5f * (1.f + e) + v * kInvSqrt2Pi * gauss);
-      });
+  return unary_op("gelu_erf", x, [](float v) { return act::gelu_erf(v); }, [](float v, float, float g) { return act::gelu_erf_backward(v, g); });
 }
 
 }  // namespace hl

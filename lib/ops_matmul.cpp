@@ -145,24 +145,223 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   return out;
 }
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
-  const Tensor ws[1] = {w}, bs[1] = {b};
-  return linear_stacked(x, ws, bs);
+// ---- linear layers -------------------------------------------------------------------------
+//
+// y = act(x W^T + b) for one or several weights (linear, linear_stacked, linear_act). Rows of
+// x are split into one block per thread and each thread does everything for its rows in one
+// parallel region, while they are in cache:
+//   forward:  bias fill, sgemm (NoTrans, Trans), activation;
+//   backward: dU = dY * act'(U), dX rows = dU W, a partial dW = dU^T X over its rows and partial
+//             column sums for db; then the partials are added in thread order (a fixed order,
+//             so results depend on the thread count but not on timing).
+// When the weight is large next to the rows (e.g. L: 1024 rows, 3072 x 768 weight) the partial
+// dW would cost more than it saves; dW is then one gemm split over dW's rows.
+
+namespace {
+
+struct LinearArgs {
+  const float* X;
+  int64_t R, in, N;  // x (R, in), y (R, N)
+  std::span<const Tensor> ws, bs;
+  bool one_block;  // weights back to back: one sgemm for all
+};
+
+int linear_threads(const LinearArgs& a) {
+  if (omp_in_parallel() || 2.0 * a.R * a.N * a.in < 32768.0 * 16) return 1;
+  return omp_get_max_threads();
 }
 
-// y (R, N) = x (R, in) [W_0; W_1; ...]^T + [b_0, b_1, ...], N = sum of out_i. When the
-// weights lie back to back in one storage (a parameter slab), the product is one sgemm
-// (NoTrans, Trans) over all of them and so is each product of backward; otherwise one call
-// per weight on its column block. Biases are preloaded into y (beta = 1).
-Tensor linear_stacked(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> bs) {
-  HL_PROFILE(Matmul);
+// Runs f(t, n) on n threads in one region (n = 1: on the caller, no OpenMP region at all).
+template <class F>
+void run_on_threads(int nt, F&& f) {
+  if (nt <= 1) {
+    f(0, 1);
+    return;
+  }
+#pragma omp parallel num_threads(nt)
+  f(omp_get_thread_num(), omp_get_num_threads());
+}
+
+// Rows [lo, hi) of thread t of n, boundaries on multiples of 16 (the kernels' register tiles).
+std::pair<int64_t, int64_t> row_block(int64_t R, int t, int n) {
+  const int64_t lo = std::min(R, (R * t / n + 15) / 16 * 16);
+  const int64_t hi = t + 1 == n ? R : std::min(R, (R * (t + 1) / n + 15) / 16 * 16);
+  return {lo, std::max(lo, hi)};
+}
+
+// U (R, N) = X W^T + b, then post(lo, hi) on each thread's rows.
+template <class Post>
+void linear_forward(const LinearArgs& a, float* U, Post post) {
+  bool any_bias = false;
+  for (const Tensor& b : a.bs) any_bias = any_bias || b.defined();
+  run_on_threads(linear_threads(a), [&](int t, int n) {
+    const auto [lo, hi] = row_block(a.R, t, n);
+    if (hi == lo) return;
+    if (any_bias)
+      for (int64_t r = lo; r < hi; ++r) {
+        float* row = U + r * a.N;
+        for (size_t i = 0; i < a.ws.size(); ++i) {
+          const int64_t out = a.ws[i].size(0);
+          if (a.bs[i].defined()) std::copy(a.bs[i].data(), a.bs[i].data() + out, row);
+          else std::fill(row, row + out, 0.f);
+          row += out;
+        }
+      }
+    const float beta = any_bias ? 1.f : 0.f;
+    const float* X = a.X + lo * a.in;
+    if (a.one_block) {
+      sgemm_call(false, true, hi - lo, a.N, a.in, 1.f, X, a.in, a.ws[0].data(), a.in, beta, U + lo * a.N, a.N);
+    } else {
+      for (size_t i = 0, col = 0; i < a.ws.size(); col += a.ws[i].size(0), ++i)
+        sgemm_call(false, true, hi - lo, a.ws[i].size(0), a.in, 1.f, X, a.in, a.ws[i].data(), a.in, beta,
+                   U + lo * a.N + col, a.N);
+    }
+    post(lo, hi);
+  });
+}
+
+// Where dW goes: one block for all weights (slab) or one buffer per weight; beta 0 = overwrite.
+struct WeightGrads {
+  float* slab = nullptr;
+  float slab_beta = 0.f;
+  float* each[kMaxStacked] = {};
+  float each_beta[kMaxStacked] = {};
+  bool any() const { return slab || each[0] || each[1] || each[2]; }
+};
+
+WeightGrads weight_grads(std::span<const Tensor> ws, bool one_block) {
+  WeightGrads g;
+  bool fresh;
+  if (one_block && (g.slab = grad_slab_for_overwrite(ws, fresh))) {
+    g.slab_beta = fresh ? 0.f : 1.f;
+    return g;
+  }
+  for (size_t i = 0; i < ws.size(); ++i) {
+    g.each[i] = grad_buffer_for_overwrite(ws[i], fresh);
+    g.each_beta[i] = fresh ? 0.f : 1.f;
+  }
+  return g;
+}
+
+// Backward of U = X W^T + b given dU: pre(lo, hi) first makes rows [lo, hi) of dU (for an
+// activation; a no-op when dU is dY itself). gx may be null (x needs no gradient).
+template <class Pre>
+void linear_backward(const LinearArgs& a, const float* dU, Pre pre, float* gx, bool gx_fresh) {
+  const WeightGrads gw = weight_grads(a.ws, a.one_block);
+  float* gb[kMaxStacked] = {};
+  bool any_gb = false;
+  for (size_t i = 0; i < a.bs.size(); ++i) any_gb = (gb[i] = grad_buffer(a.bs[i])) || any_gb;
+  const int nt = linear_threads(a);
+  // partial dW over row blocks only when the weight is small next to the rows
+  const bool partial_dw = nt > 1 && gw.any() && a.R >= 2 * std::max(a.N, a.in);
+  const int64_t wsize = a.N * a.in;
+  // threads 1.. : a partial dW (N, in) (if partial_dw) and partial db (N) each
+  const int64_t part_size = (partial_dw ? wsize : 0) + a.N, sums_at = partial_dw ? wsize : 0;
+  Tensor scratch;
+  if (nt > 1 && (partial_dw || any_gb)) scratch = Tensor::empty({nt - 1, part_size});
+
+  run_on_threads(nt, [&](int t, int n) {
+    const auto [lo, hi] = row_block(a.R, t, n);
+    const int64_t rows = hi - lo;
+    if (rows > 0) {
+      pre(lo, hi);
+      const float* dUb = dU + lo * a.N;
+      if (gx) {  // dX rows (R,in) (+)= dU W
+        if (a.one_block) {
+          sgemm_call(false, false, rows, a.in, a.N, 1.f, dUb, a.N, a.ws[0].data(), a.in, gx_fresh ? 0.f : 1.f,
+                     gx + lo * a.in, a.in);
+        } else {
+          for (size_t i = 0, col = 0; i < a.ws.size(); col += a.ws[i].size(0), ++i)
+            sgemm_call(false, false, rows, a.in, a.ws[i].size(0), 1.f, dUb + col, a.N, a.ws[i].data(), a.in,
+                       gx_fresh && i == 0 ? 0.f : 1.f, gx + lo * a.in, a.in);
+        }
+      }
+    }
+    float* part = t > 0 && scratch.defined() ? scratch.data() + (t - 1) * part_size : nullptr;
+    const float* X = a.X + lo * a.in;
+    if (partial_dw && rows > 0) {  // dW (N, in) over this block's rows: thread 0 into dW
+      if (t > 0) {
+        sgemm_call(true, false, a.N, a.in, rows, 1.f, dU + lo * a.N, a.N, X, a.in, 0.f, part, a.in);
+      } else if (gw.slab) {  // (thread 0's rows start at 0)
+        sgemm_call(true, false, a.N, a.in, rows, 1.f, dU, a.N, X, a.in, gw.slab_beta, gw.slab, a.in);
+      } else {
+        for (size_t i = 0, col = 0; i < a.ws.size(); col += a.ws[i].size(0), ++i)
+          if (gw.each[i])
+            sgemm_call(true, false, a.ws[i].size(0), a.in, rows, 1.f, dU + col, a.N, X, a.in, gw.each_beta[i],
+                       gw.each[i], a.in);
+      }
+    } else if (partial_dw && t > 0) {
+      std::fill(part, part + wsize, 0.f);
+    }
+    if (any_gb) {  // column sums of this block's dU rows: thread 0 into db, others to scratch
+      float* sums = part ? part + sums_at : nullptr;
+      if (sums) std::fill(sums, sums + a.N, 0.f);
+      for (int64_t r = lo; r < hi; ++r) {
+        const float* row = dU + r * a.N;
+        if (sums) {
+#pragma omp simd
+          for (int64_t o = 0; o < a.N; ++o) sums[o] += row[o];
+        } else {
+          for (size_t i = 0, col = 0; i < a.bs.size(); col += a.ws[i].size(0), ++i)
+            if (gb[i]) {
+              const int64_t out = a.ws[i].size(0);
+#pragma omp simd
+              for (int64_t o = 0; o < out; ++o) gb[i][o] += row[col + o];
+            }
+        }
+      }
+    }
+    if (n == 1) return;
+#pragma omp barrier
+    // add the partials of threads 1.. in order; rows of dW split over the threads
+    const int64_t parts = n - 1;
+    if (partial_dw) {
+      const auto [w0, w1] = row_block(a.N, t, n);
+      for (int64_t row = w0; row < w1; ++row) {
+        float* dst = nullptr;
+        if (gw.slab) {
+          dst = gw.slab + row * a.in;
+        } else {
+          int64_t i = 0, col = 0;
+          while (row >= col + a.ws[i].size(0)) col += a.ws[i++].size(0);
+          if (gw.each[i]) dst = gw.each[i] + (row - col) * a.in;
+        }
+        if (!dst) continue;
+        for (int64_t p = 0; p < parts; ++p) {
+          const float* src = scratch.data() + p * part_size + row * a.in;
+#pragma omp simd
+          for (int64_t k = 0; k < a.in; ++k) dst[k] += src[k];
+        }
+      }
+    }
+    if (any_gb && t == 0)
+      for (int64_t p = 0; p < parts; ++p) {
+        const float* src = scratch.data() + p * part_size + sums_at;
+        for (size_t i = 0, col = 0; i < a.bs.size(); col += a.ws[i].size(0), ++i)
+          if (gb[i])
+            for (int64_t o = 0; o < a.ws[i].size(0); ++o) gb[i][o] += src[col + o];
+      }
+  });
+  if (gw.any() && !partial_dw) {  // dW (N, in) (+)= dU^T X as one product split over dW's rows
+    if (gw.slab) {
+      gemm(true, false, a.N, a.in, a.R, 1.f, dU, a.N, a.X, a.in, gw.slab_beta, gw.slab, a.in);
+    } else {
+      for (size_t i = 0, col = 0; i < a.ws.size(); col += a.ws[i].size(0), ++i)
+        if (gw.each[i])
+          gemm(true, false, a.ws[i].size(0), a.in, a.R, 1.f, dU + col, a.N, a.X, a.in, gw.each_beta[i], gw.each[i], a.in);
+    }
+  }
+}
+
+// Checks shapes; returns (R, in, N).
+LinearArgs plan_linear(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> bs) {
   const int64_t n = static_cast<int64_t>(ws.size());
   if (n < 1 || n > kMaxStacked || bs.size() != ws.size())
     fail("linear: ", n, " weights and ", bs.size(), " biases (need 1..", kMaxStacked, " of each)");
   const Shape& sx = x.shape();
-  const int64_t in = ws[0].ndim() == 2 ? ws[0].size(1) : -1;
-  int64_t N = 0;
-  bool any_bias = false;
+  LinearArgs a;
+  a.in = ws[0].ndim() == 2 ? ws[0].size(1) : -1;
+  a.N = 0;
   for (int64_t i = 0; i < n; ++i) {
     const Tensor &w = ws[i], &b = bs[i];
     if (w.ndim() != 2 || sx.ndim < 1 || sx.back() != w.size(1))
@@ -170,77 +369,98 @@ Tensor linear_stacked(const Tensor& x, std::span<const Tensor> ws, std::span<con
            ": input features must equal weight columns (weight is (out, in))");
     if (b.defined() && (b.ndim() != 1 || b.size(0) != w.size(0)))
       fail("linear: bias ", b.shape().str(), " does not match weight ", w.shape().str());
-    N += w.size(0);
-    any_bias = any_bias || b.defined();
+    a.N += w.size(0);
   }
-  const int64_t R = sx.numel() / std::max<int64_t>(in, 1);
-  Shape so = sx;
-  so[so.ndim - 1] = N;
-  Tensor y = Tensor::empty(so);
-  float* Y = y.data();
-  if (any_bias) {
-    parallel_for(R, R * N, [&](int64_t r) {
-      float* row = Y + r * N;
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t out = ws[i].size(0);
-        if (bs[i].defined()) std::copy(bs[i].data(), bs[i].data() + out, row);
-        else std::fill(row, row + out, 0.f);
-        row += out;
-      }
-    });
-  }
-  const float beta = any_bias ? 1.f : 0.f;
-  if (back_to_back(ws)) {
-    gemm(false, true, R, N, in, 1.f, x.data(), in, ws[0].data(), in, beta, Y, N);
-  } else {
-    for (int64_t i = 0, col = 0; i < n; col += ws[i].size(0), ++i)
-      gemm(false, true, R, ws[i].size(0), in, 1.f, x.data(), in, ws[i].data(), in, beta, Y + col, N);
-  }
+  a.X = x.data();
+  a.R = sx.numel() / std::max<int64_t>(a.in, 1);
+  a.ws = ws;
+  a.bs = bs;
+  a.one_block = back_to_back(ws);
+  return a;
+}
+
+Shape with_last(Shape s, int64_t last) {
+  s[s.ndim - 1] = last;
+  return s;
+}
+
+bool linear_needs_graph(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> bs) {
   bool record = needs_graph({&x});
-  for (int64_t i = 0; i < n; ++i) record = record || needs_graph({&ws[i], &bs[i]});
-  if (record) {
-    // Closure captures: x and up to kMaxStacked weights and biases (unused slots undefined).
+  for (size_t i = 0; i < ws.size(); ++i) record = record || needs_graph({&ws[i], &bs[i]});
+  return record;
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  const Tensor ws[1] = {w}, bs[1] = {b};
+  return linear_stacked(x, ws, bs);
+}
+
+Tensor linear_stacked(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> bs) {
+  HL_PROFILE(Matmul);
+  const LinearArgs a = plan_linear(x, ws, bs);
+  Tensor y = Tensor::empty(with_last(x.shape(), a.N));
+  linear_forward(a, y.data(), [](int64_t, int64_t) {});
+  if (linear_needs_graph(x, ws, bs)) {
+    // The closure keeps x and up to kMaxStacked weights and biases (unused slots undefined).
     Tensor w[kMaxStacked], b[kMaxStacked];
-    for (int64_t i = 0; i < n; ++i) w[i] = ws[i], b[i] = bs[i];
+    for (size_t i = 0; i < ws.size(); ++i) w[i] = ws[i], b[i] = bs[i];
+    const int n = static_cast<int>(ws.size());
     attach(y, "linear", {x, w[0], w[1], w[2], b[0], b[1], b[2]},
-           [x, w0 = w[0], w1 = w[1], w2 = w[2], b0 = b[0], b1 = b[1], b2 = b[2], n, R, in, N](TensorImpl& self) {
+           [x, w0 = w[0], w1 = w[1], w2 = w[2], b0 = b[0], b1 = b[1], b2 = b[2], n](TensorImpl& self) {
              HL_PROFILE(Matmul);
              const Tensor w[kMaxStacked] = {w0, w1, w2}, b[kMaxStacked] = {b0, b1, b2};
-             const std::span<const Tensor> ws(w, n);
-             const float* g = self.grad->data();  // dY (R, N)
-             const bool one_block = back_to_back(ws);
-             bool fresh;  // fresh buffers are written with beta = 0 (no zero fill)
-             if (float* gx = grad_buffer_for_overwrite(x, fresh)) {  // dX (R,in) += dY W
-               if (one_block) {
-                 gemm(false, false, R, in, N, 1.f, g, N, w0.data(), in, fresh ? 0.f : 1.f, gx, in);
-               } else {
-                 for (int64_t i = 0, col = 0; i < n; col += w[i].size(0), ++i)
-                   gemm(false, false, R, in, w[i].size(0), 1.f, g + col, N, w[i].data(), in,
-                        fresh && i == 0 ? 0.f : 1.f, gx, in);
-               }
-             }
-             if (float* gw = one_block ? grad_slab_for_overwrite(ws, fresh) : nullptr) {
-               gemm(true, false, N, in, R, 1.f, g, N, x.data(), in, fresh ? 0.f : 1.f, gw, in);  // dW += dY^T X
-             } else {
-               for (int64_t i = 0, col = 0; i < n; col += w[i].size(0), ++i)
-                 if (float* gwi = grad_buffer_for_overwrite(w[i], fresh))
-                   gemm(true, false, w[i].size(0), in, R, 1.f, g + col, N, x.data(), in, fresh ? 0.f : 1.f, gwi, in);
-             }
-             for (int64_t i = 0, col = 0; i < n; col += w[i].size(0), ++i) {
-               float* gb = grad_buffer(b[i]);
-               if (!gb) continue;
-               // db (out) += column sums of dY's block; threads own columns and rows run in
-               // order: a fixed summation order
-               const int64_t out = w[i].size(0), chunk = 64;
-               const float* gc = g + col;
-               parallel_for((out + chunk - 1) / chunk, R * out, [&](int64_t c) {
-                 const int64_t o0 = c * chunk, o1 = std::min(out, o0 + chunk);
-                 for (int64_t r = 0; r < R; ++r)
-                   for (int64_t o = o0; o < o1; ++o) gb[o] += gc[r * N + o];
-               });
-             }
+             const LinearArgs a = plan_linear(x, std::span<const Tensor>(w, n), std::span<const Tensor>(b, n));
+             bool fresh;  // a fresh dX buffer is written with beta = 0 (no zero fill)
+             float* gx = grad_buffer_for_overwrite(x, fresh);
+             linear_backward(a, self.grad->data(), [](int64_t, int64_t) {}, gx, fresh);
            });
   }
+  return y;
+}
+
+Tensor linear_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation activation) {
+  HL_PROFILE(Matmul);
+  const Tensor ws[1] = {w}, bs[1] = {b};
+  const LinearArgs a = plan_linear(x, ws, bs);
+  const bool record = linear_needs_graph(x, ws, bs);
+  Tensor y = Tensor::empty(with_last(x.shape(), a.N));
+  Tensor u = record ? Tensor::empty(y.shape()) : y;  // pre-activation x W^T + b, kept for backward
+  float *U = u.data(), *Y = y.data();
+  const int64_t N = a.N;
+  auto apply = [&](auto f) {
+    linear_forward(a, U, [&](int64_t lo, int64_t hi) {
+      for (int64_t e = lo * N; e < hi * N; ++e) Y[e] = f(U[e]);
+    });
+  };
+  switch (activation) {
+    case Activation::GeluTanh: apply([](float v) { return act::gelu_tanh(v); }); break;
+    case Activation::GeluErf: apply([](float v) { return act::gelu_erf(v); }); break;
+    case Activation::Relu: apply([](float v) { return act::relu(v); }); break;
+  }
+  if (record)
+    attach(y, "linear_act", {x, w, b}, [x, w, b, u, activation](TensorImpl& self) {
+      HL_PROFILE(Matmul);
+      const Tensor ws[1] = {w}, bs[1] = {b};
+      const LinearArgs a = plan_linear(x, ws, bs);
+      const int64_t N = a.N;
+      Tensor du = Tensor::empty(u.shape());  // dL/dU
+      const float *G = self.grad->data(), *U = u.data();
+      float* dU = du.data();
+      bool fresh;
+      float* gx = grad_buffer_for_overwrite(x, fresh);
+      auto run = [&](auto backward) {
+        linear_backward(a, dU, [&](int64_t lo, int64_t hi) {
+          for (int64_t e = lo * N; e < hi * N; ++e) dU[e] = backward(U[e], G[e]);
+        }, gx, fresh);
+      };
+      switch (activation) {
+        case Activation::GeluTanh: run([](float v, float g) { return act::gelu_tanh_backward(v, g); }); break;
+        case Activation::GeluErf: run([](float v, float g) { return act::gelu_erf_backward(v, g); }); break;
+        case Activation::Relu: run([](float v, float g) { return act::relu_backward(v, g); }); break;
+      }
+    });
   return y;
 }
 

@@ -125,12 +125,7 @@ FeedForward::FeedForward(int64_t d_model, int64_t d_ff, Activation act, bool bia
 }
 
 Tensor FeedForward::forward(const Tensor& x) const {
-  Tensor h = fc1.forward(x);  // (..., d_ff)
-  switch (act) {
-    case Activation::GeluTanh: h = gelu_tanh(h); break;
-    case Activation::GeluErf: h = gelu_erf(h); break;
-    case Activation::Relu: h = relu(h); break;
-  }
+  Tensor h = linear_act(x, fc1.weight, fc1.bias, act);  // (..., d_ff): act(fc1(x)) in one pass
   return fc2.forward(h);
 }
 

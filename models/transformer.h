@@ -10,7 +10,6 @@
 namespace hl {
 
 enum class Norm { Pre, Post };
-enum class Activation { GeluTanh, GeluErf, Relu };
 enum class Positions { Learned, Sinusoidal };
 
 struct ModelConfig {

@@ -176,3 +176,51 @@ BOOST_AUTO_TEST_CASE(storage_views_share_data_and_stacked_linear_gradients_form_
            "linear: input (1,3) and weight (2,2): input features must equal weight columns (weight is (out, in))";
   });
 }
+
+BOOST_AUTO_TEST_CASE(threaded_linear_kernels_equal_a_matmul_reference) {
+  // Shapes big enough for the two-thread paths: row blocks with partial dW summed after a
+  // barrier (many rows, small weight) and dW as one product (few rows, big weight); stacked
+  // weights in one slab and separate; with and without a fused activation.
+  set_num_threads(2);
+  Rng rng(31);
+  struct Cfg { const char* what; int64_t R, in; std::vector<int64_t> outs; bool slab; bool gelu; };
+  for (const Cfg& c : {Cfg{"partial dW, slab", 707, 24, {8, 16, 8}, true, false},
+                       Cfg{"partial dW, separate", 707, 24, {8, 16, 8}, false, false},
+                       Cfg{"partial dW, gelu", 707, 24, {40}, true, true},
+                       Cfg{"one dW product, slab", 41, 300, {100, 200}, true, false},
+                       Cfg{"one dW product, gelu", 41, 300, {300}, false, true}}) {
+    int64_t N = 0;
+    for (int64_t o : c.outs) N += o;
+    Tensor slab = Tensor::randn({N * c.in}, rng);
+    std::vector<Tensor> ws, bs, ref_ws, ref_bs;
+    int64_t at = 0;
+    for (int64_t o : c.outs) {
+      Tensor w = c.slab ? storage_view(slab, at, {o, c.in}) : Tensor::randn({o, c.in}, rng);
+      ws.push_back(w.requires_grad_());
+      bs.push_back(Tensor::randn({o}, rng).requires_grad_());
+      ref_ws.push_back(w.clone().requires_grad_());
+      ref_bs.push_back(bs.back().clone().requires_grad_());
+      at += o * c.in;
+    }
+    Tensor x = Tensor::randn({c.R, c.in}, rng).requires_grad_(), xr = x.clone().requires_grad_();
+    Tensor y = c.gelu ? linear_act(x, ws[0], bs[0], Activation::GeluErf) : linear_stacked(x, ws, bs);
+    Tensor yr = add(matmul(xr, concat(ref_ws, 0), false, true), concat(ref_bs, 0));
+    if (c.gelu) yr = gelu_erf(yr);
+    Tensor up = Tensor::randn(y.shape(), rng);
+    y.backward(up);
+    yr.backward(up);
+    auto close = [&](const Tensor& a, const Tensor& b, const char* what) {
+      auto va = a.to_vector(), vb = b.to_vector();
+      BOOST_TEST_REQUIRE(va.size() == vb.size());
+      float worst = 0;
+      for (size_t i = 0; i < va.size(); ++i) worst = std::max(worst, std::fabs(va[i] - vb[i]) / (1.f + std::fabs(vb[i])));
+      BOOST_TEST_CONTEXT(c.what << ": " << what) { BOOST_TEST(worst < 1e-5f); }
+    };
+    close(y, yr, "output");
+    close(x.grad(), xr.grad(), "dX");
+    for (size_t i = 0; i < ws.size(); ++i) {
+      close(ws[i].grad(), ref_ws[i].grad(), "dW");
+      close(bs[i].grad(), ref_bs[i].grad(), "db");
+    }
+  }
+}

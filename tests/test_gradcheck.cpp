@@ -99,6 +99,17 @@ std::vector<OpCase> cases_for(const std::string& op) {
   } else if (op == "linear") {
     add_case("bias", {rnd({2, 3, 4}), rnd({5, 4}), rnd({5})}, [](V in) { return linear(IN(0), IN(1), IN(2)); });
     add_case("no bias", {rnd({3, 4}), rnd({2, 4})}, [](V in) { return linear(IN(0), IN(1)); });
+  } else if (op == "linear_act") {
+    add_case("gelu_erf", {rnd({2, 3, 4}), rnd({5, 4}), rnd({5})},
+             [](V in) { return linear_act(IN(0), IN(1), IN(2), Activation::GeluErf); });
+    add_case("gelu_tanh no bias", {rnd({3, 4}), rnd({6, 4})},
+             [](V in) { return linear_act(IN(0), IN(1), Tensor(), Activation::GeluTanh); });
+    // relu: x W^T + b kept >= 0.1 from the kink (W = I, b = 0 pass away_from_zero values through)
+    Tensor eye = Tensor::zeros({4, 4});
+    for (int i = 0; i < 4; ++i) eye.at({i, i}) = 1.f;
+    add_case("relu", {away_from_zero({3, 4})}, [eye](V in) {
+      return linear_act(IN(0), eye, Tensor::zeros({4}), Activation::Relu);
+    });
   } else if (op == "linear_stacked") {
     // weights back to back in one slab (one sgemm per product) and separate ones (one each)
     Tensor slab = Tensor::randn({(2 + 3 + 2) * 4}, rng());
