@@ -41,10 +41,7 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
   const int64_t total = by_rows ? M : N;
 #pragma omp parallel num_threads(nt)
   {
-    const int t = omp_get_thread_num(), n = omp_get_num_threads();
-    // block boundaries on multiples of 16 rows/columns (the kernels' register tiles)
-    const int64_t lo = std::min(total, (total * t / n + 15) / 16 * 16);
-    const int64_t hi = t + 1 == n ? total : std::min(total, (total * (t + 1) / n + 15) / 16 * 16);
+    const auto [lo, hi] = row_block(total, omp_get_thread_num(), omp_get_num_threads());
     if (hi > lo) {
       if (by_rows)
         sgemm_call(trans_a, trans_b, hi - lo, N, K, alpha, trans_a ? A + lo : A + lo * lda, lda, B, ldb, beta,
@@ -167,26 +164,7 @@ struct LinearArgs {
 };
 
 int linear_threads(const LinearArgs& a) {
-  if (omp_in_parallel() || 2.0 * a.R * a.N * a.in < 32768.0 * 16) return 1;
-  return omp_get_max_threads();
-}
-
-// Runs f(t, n) on n threads in one region (n = 1: on the caller, no OpenMP region at all).
-template <class F>
-void run_on_threads(int nt, F&& f) {
-  if (nt <= 1) {
-    f(0, 1);
-    return;
-  }
-#pragma omp parallel num_threads(nt)
-  f(omp_get_thread_num(), omp_get_num_threads());
-}
-
-// Rows [lo, hi) of thread t of n, boundaries on multiples of 16 (the kernels' register tiles).
-std::pair<int64_t, int64_t> row_block(int64_t R, int t, int n) {
-  const int64_t lo = std::min(R, (R * t / n + 15) / 16 * 16);
-  const int64_t hi = t + 1 == n ? R : std::min(R, (R * (t + 1) / n + 15) / 16 * 16);
-  return {lo, std::max(lo, hi)};
+  return 2.0 * a.R * a.N * a.in < 32768.0 * 16 ? 1 : threads_for(kParallelMinElems);
 }
 
 // U (R, N) = X W^T + b, then post(lo, hi) on each thread's rows.

@@ -212,43 +212,65 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) 
       float* gx = grad_buffer_for_overwrite(x, fresh);
       float* gw = grad_buffer(w);
       float* gb = grad_buffer(b);
-      if (gx) {
-        // dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = g w
-        parallel_for(N, N * D, [&](int64_t r) {
+      // Each thread: dx for its rows, and partial dw, db over them (thread 0 straight into
+      // dw, db; the others into scratch, added after a barrier in thread order).
+      const int nt = threads_for(N * D);
+      Tensor scratch = nt > 1 && (gw || gb) ? Tensor::empty({nt - 1, 2 * D}) : Tensor();
+      run_on_threads(nt, [&](int t, int n) {
+        const auto [lo, hi] = row_block(N, t, n);
+        float* pw = gw;
+        float* pb = gb;
+        if (t > 0 && scratch.defined()) {
+          pw = scratch.data() + (t - 1) * 2 * D;
+          pb = pw + D;
+          std::fill(pw, pw + 2 * D, 0.f);
+        }
+        for (int64_t r = lo; r < hi; ++r) {
           const float mu = S[2 * r], rstd = S[2 * r + 1];
           const float *xr = X + r * D, *gr = g + r * D;
-          float m1 = 0.f, m2 = 0.f;
+          if (gx) {  // dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = g w
+            float m1 = 0.f, m2 = 0.f;
 #pragma omp simd reduction(+ : m1, m2)
-          for (int64_t j = 0; j < D; ++j) {
-            const float dxhat = gr[j] * (W ? W[j] : 1.f);
-            m1 += dxhat;
-            m2 += dxhat * (xr[j] - mu) * rstd;
-          }
-          m1 /= static_cast<float>(D);
-          m2 /= static_cast<float>(D);
-          float* gxr = gx + r * D;
-          for (int64_t j = 0; j < D; ++j) {
-            const float dxhat = gr[j] * (W ? W[j] : 1.f);
-            const float v = rstd * (dxhat - m1 - (xr[j] - mu) * rstd * m2);
-            if (fresh) gxr[j] = v;
-            else gxr[j] += v;
-          }
-        });
-      }
-      if (gw || gb) {  // threads own column ranges; rows run in order: a fixed summation order
-        const int64_t chunk = 16;
-        parallel_for((D + chunk - 1) / chunk, N * D, [&](int64_t c) {
-          const int64_t j0 = c * chunk, j1 = std::min(D, j0 + chunk);
-          for (int64_t r = 0; r < N; ++r) {
-            const float mu = S[2 * r], rstd = S[2 * r + 1];
-            const float *xr = X + r * D, *gr = g + r * D;
-            for (int64_t j = j0; j < j1; ++j) {
-              if (gw) gw[j] += gr[j] * (xr[j] - mu) * rstd;
-              if (gb) gb[j] += gr[j];
+            for (int64_t j = 0; j < D; ++j) {
+              const float dxhat = gr[j] * (W ? W[j] : 1.f);
+              m1 += dxhat;
+              m2 += dxhat * (xr[j] - mu) * rstd;
+            }
+            m1 /= static_cast<float>(D);
+            m2 /= static_cast<float>(D);
+            float* gxr = gx + r * D;
+            auto dx = [&](int64_t j) {
+              const float dxhat = gr[j] * (W ? W[j] : 1.f);
+              return rstd * (dxhat - m1 - (xr[j] - mu) * rstd * m2);
+            };
+            if (fresh) {
+#pragma omp simd
+              for (int64_t j = 0; j < D; ++j) gxr[j] = dx(j);
+            } else {
+#pragma omp simd
+              for (int64_t j = 0; j < D; ++j) gxr[j] += dx(j);
             }
           }
-        });
-      }
+          if (pw) {
+#pragma omp simd
+            for (int64_t j = 0; j < D; ++j) pw[j] += gr[j] * (xr[j] - mu) * rstd;
+          }
+          if (pb) {
+#pragma omp simd
+            for (int64_t j = 0; j < D; ++j) pb[j] += gr[j];
+          }
+        }
+        if (n == 1 || !scratch.defined()) return;
+#pragma omp barrier
+        if (t != 0) return;
+        for (int p = 0; p < n - 1; ++p) {
+          const float* part = scratch.data() + p * 2 * D;
+          for (int64_t j = 0; j < D; ++j) {
+            if (gw) gw[j] += part[j];
+            if (gb) gb[j] += part[D + j];
+          }
+        }
+      });
     });
   return y;
 }

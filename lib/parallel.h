@@ -3,7 +3,9 @@
 #pragma once
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <utility>
 
 namespace hl {
 
@@ -22,6 +24,32 @@ inline void parallel_for(int64_t n, int64_t work, F&& f) {
   }
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) f(i);
+}
+
+// Runs f(t, n) once on each of n threads in one region, for kernels whose threads share more
+// than one loop (e.g. work on their own rows, a barrier, then add partial sums in thread
+// order). n <= 1 runs f(0, 1) on the caller without entering OpenMP.
+template <class F>
+inline void run_on_threads(int n, F&& f) {
+  if (n <= 1) {
+    f(0, 1);
+    return;
+  }
+#pragma omp parallel num_threads(n)
+  f(omp_get_thread_num(), omp_get_num_threads());
+}
+
+// Threads for a kernel touching `work` elements: all of them, or 1 when small or nested.
+inline int threads_for(int64_t work) {
+  return work < kParallelMinElems || omp_in_parallel() ? 1 : omp_get_max_threads();
+}
+
+// Rows [lo, hi) of thread t of n, boundaries on multiples of 16 (whole register tiles and
+// cache lines).
+inline std::pair<int64_t, int64_t> row_block(int64_t rows, int t, int n) {
+  const int64_t lo = std::min(rows, (rows * t / n + 15) / 16 * 16);
+  const int64_t hi = t + 1 == n ? rows : std::min(rows, (rows * (t + 1) / n + 15) / 16 * 16);
+  return {lo, std::max(lo, hi)};
 }
 
 }  // namespace hl
