@@ -175,16 +175,19 @@ void linear_forward(const LinearArgs& a, float* U, Post post) {
   run_on_threads(linear_threads(a), [&](int t, int n) {
     const auto [lo, hi] = row_block(a.R, t, n);
     if (hi == lo) return;
-    if (any_bias)
-      for (int64_t r = lo; r < hi; ++r) {
-        float* row = U + r * a.N;
-        for (size_t i = 0; i < a.ws.size(); ++i) {
-          const int64_t out = a.ws[i].size(0);
-          if (a.bs[i].defined()) std::copy(a.bs[i].data(), a.bs[i].data() + out, row);
-          else std::fill(row, row + out, 0.f);
-          row += out;
-        }
+    if (any_bias) {
+      float* first = U + lo * a.N;  // row lo = the biases side by side; later rows copy it
+      for (size_t i = 0, col = 0; i < a.ws.size(); col += a.ws[i].size(0), ++i) {
+        const int64_t out = a.ws[i].size(0);
+        if (a.bs[i].defined()) std::copy(a.bs[i].data(), a.bs[i].data() + out, first + col);
+        else std::fill(first + col, first + col + out, 0.f);
       }
+      for (int64_t r = lo + 1; r < hi; ++r) {
+        float* row = U + r * a.N;
+#pragma omp simd
+        for (int64_t o = 0; o < a.N; ++o) row[o] = first[o];
+      }
+    }
     const float beta = any_bias ? 1.f : 0.f;
     const float* X = a.X + lo * a.in;
     if (a.one_block) {
