@@ -57,10 +57,16 @@ Tensor binary_op(const char* name, const Tensor& a, const Tensor& b, F f, DX dfx
   const int64_t n = out.numel();
   const int64_t inner = suffix_block(a.shape(), b.shape());
   if (plan.same) {
-    parallel_for(n, n, [&](int64_t i) { z[i] = f(x[i], y[i]); });
+    parallel_ranges(n, n, [&](int64_t lo, int64_t hi) {
+      const float *xs = x, *ys = y;  // locals, so the loop vectorises (see parallel_ranges)
+      float* zs = z;
+      for (int64_t i = lo; i < hi; ++i) zs[i] = f(xs[i], ys[i]);
+    });
   } else if (inner > 0) {  // b repeats along a's leading dims (bias, positions): no index math
     parallel_for(n / inner, n, [&](int64_t o) {
-      for (int64_t j = 0; j < inner; ++j) z[o * inner + j] = f(x[o * inner + j], y[j]);
+      const float *xs = x + o * inner, *ys = y;
+      float* zs = z + o * inner;
+      for (int64_t j = 0; j < inner; ++j) zs[j] = f(xs[j], ys[j]);
     });
   } else {
     for_each_broadcast(plan, [&](int64_t i, int64_t ia, int64_t ib) { z[i] = f(x[ia], y[ib]); });
@@ -74,12 +80,21 @@ Tensor binary_op(const char* name, const Tensor& a, const Tensor& b, F f, DX dfx
       const int64_t inner = suffix_block(a.shape(), b.shape());
       if (plan.same) {  // fresh gradient buffers are written, not accumulated
         bool fx = false, fy = false;
+        // d (+)= df(x, y, z, g) elementwise, pointers as locals (see parallel_ranges)
+        auto grad_pass = [&](float* d, bool overwrite, auto df) {
+          parallel_ranges(n, n, [&](int64_t lo, int64_t hi) {
+            const float *xs = x, *ys = y, *zs = z, *gs = g;
+            float* ds = d;
+            if (overwrite)
+              for (int64_t i = lo; i < hi; ++i) ds[i] = df(xs[i], ys[i], zs[i], gs[i]);
+            else
+              for (int64_t i = lo; i < hi; ++i) ds[i] += df(xs[i], ys[i], zs[i], gs[i]);
+          });
+        };
         float* gx = grad_buffer_for_overwrite(a, fx);
-        if (gx && fx) parallel_for(n, n, [&](int64_t i) { gx[i] = dfx(x[i], y[i], z[i], g[i]); });
-        else if (gx) parallel_for(n, n, [&](int64_t i) { gx[i] += dfx(x[i], y[i], z[i], g[i]); });
+        if (gx) grad_pass(gx, fx, dfx);
         float* gy = grad_buffer_for_overwrite(b, fy);  // after gx: a and b may be one tensor
-        if (gy && fy) parallel_for(n, n, [&](int64_t i) { gy[i] = dfy(x[i], y[i], z[i], g[i]); });
-        else if (gy) parallel_for(n, n, [&](int64_t i) { gy[i] += dfy(x[i], y[i], z[i], g[i]); });
+        if (gy) grad_pass(gy, fy, dfy);
         return;
       }
       float* gx = grad_buffer(a);
@@ -87,15 +102,16 @@ Tensor binary_op(const char* name, const Tensor& a, const Tensor& b, F f, DX dfx
       if (inner > 0) {
         if (gx)
           parallel_for(n / inner, n, [&](int64_t o) {
-            for (int64_t j = 0; j < inner; ++j) {
-              const int64_t i = o * inner + j;
-              gx[i] += dfx(x[i], y[j], z[i], g[i]);
-            }
+            const float *xs = x + o * inner, *ys = y, *zs = z + o * inner, *gs = g + o * inner;
+            float* ds = gx + o * inner;
+            for (int64_t j = 0; j < inner; ++j) ds[j] += dfx(xs[j], ys[j], zs[j], gs[j]);
           });
         if (gy)  // rows in order: a fixed summation order
-          for (int64_t o = 0; o < n / inner; ++o)
-            for (int64_t j = 0; j < inner; ++j)
-              gy[j] += dfy(x[o * inner + j], y[j], z[o * inner + j], g[o * inner + j]);
+          for (int64_t o = 0; o < n / inner; ++o) {
+            const float *xs = x + o * inner, *ys = y, *zs = z + o * inner, *gs = g + o * inner;
+            float* ds = gy;
+            for (int64_t j = 0; j < inner; ++j) ds[j] += dfy(xs[j], ys[j], zs[j], gs[j]);
+          }
       } else {  // sequential: broadcast inputs receive from many outputs
         for_each_broadcast(plan, [&](int64_t i, int64_t ia, int64_t ib) {
           if (gx) gx[ia] += dfx(x[ia], y[ib], z[i], g[i]);
@@ -114,7 +130,11 @@ Tensor unary_op(const char* name, const Tensor& a, F f, DF df) {
   const float* x = a.data();
   float* y = out.data();
   const int64_t n = a.numel();
-  parallel_for(n, n, [&](int64_t i) { y[i] = f(x[i]); });
+  parallel_ranges(n, n, [&](int64_t lo, int64_t hi) {
+    const float* xs = x;  // locals, so the loop vectorises (see parallel_ranges)
+    float* ys = y;
+    for (int64_t i = lo; i < hi; ++i) ys[i] = f(xs[i]);
+  });
   if (needs_graph({&a}))
     attach(out, name, {a}, [a, df](TensorImpl& self) {
       HL_PROFILE(Elementwise);
@@ -122,8 +142,14 @@ Tensor unary_op(const char* name, const Tensor& a, F f, DF df) {
       float* gx = grad_buffer_for_overwrite(a, fresh);
       const float *g = self.grad->data(), *y = self.data(), *x = a.data();
       const int64_t n = self.shape.numel();
-      if (fresh) parallel_for(n, n, [&](int64_t i) { gx[i] = df(x[i], y[i], g[i]); });
-      else parallel_for(n, n, [&](int64_t i) { gx[i] += df(x[i], y[i], g[i]); });
+      parallel_ranges(n, n, [&](int64_t lo, int64_t hi) {
+        const float *xs = x, *ys = y, *gs = g;
+        float* ds = gx;
+        if (fresh)
+          for (int64_t i = lo; i < hi; ++i) ds[i] = df(xs[i], ys[i], gs[i]);
+        else
+          for (int64_t i = lo; i < hi; ++i) ds[i] += df(xs[i], ys[i], gs[i]);
+      });
     });
   return out;
 }

@@ -39,6 +39,13 @@ inline void run_on_threads(int n, F&& f) {
   f(omp_get_thread_num(), omp_get_num_threads());
 }
 
+// for each thread's contiguous part [lo, hi) of [0, n): f(lo, hi) (all on the caller when
+// `work` is small). For elementwise loops: copy the pointers into locals inside f. GCC does
+// not vectorise a loop whose pointers it loads through a lambda's by-reference captures,
+// which is what `parallel_for(n, n, [&](i) { y[i] = ... })` compiles to.
+template <class F>
+inline void parallel_ranges(int64_t n, int64_t work, F&& f);
+
 // Threads for a kernel touching `work` elements: all of them, or 1 when small or nested.
 inline int threads_for(int64_t work) {
   return work < kParallelMinElems || omp_in_parallel() ? 1 : omp_get_max_threads();
@@ -50,6 +57,14 @@ inline std::pair<int64_t, int64_t> row_block(int64_t rows, int t, int n) {
   const int64_t lo = std::min(rows, (rows * t / n + 15) / 16 * 16);
   const int64_t hi = t + 1 == n ? rows : std::min(rows, (rows * (t + 1) / n + 15) / 16 * 16);
   return {lo, std::max(lo, hi)};
+}
+
+template <class F>
+inline void parallel_ranges(int64_t n, int64_t work, F&& f) {
+  run_on_threads(n < 32 ? 1 : threads_for(work), [&](int t, int k) {
+    const auto [lo, hi] = row_block(n, t, k);
+    if (hi > lo) f(lo, hi);
+  });
 }
 
 }  // namespace hl
