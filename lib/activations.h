@@ -27,7 +27,7 @@ inline float gelu_tanh_backward(float v, float g) {
 }
 
 // 0.5 v (1 + erf(v / sqrt 2))
-inline float gelu_erf(float v) { return 0.5f * v * (1.f + erf_fast(v * kInvSqrt2)); }
+inline float gelu_erf(float v) { return 0.5f * v * (1.f + erf_rational(v * kInvSqrt2)); }
 inline float gelu_erf_backward(float v, float g) {
   float gauss;  // exp(-v^2/2), shared with the erf
   const float e = erf_fast(v * kInvSqrt2, gauss);

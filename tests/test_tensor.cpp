@@ -1,6 +1,7 @@
 #define BOOST_TEST_MODULE tensor
 #include <boost/test/unit_test.hpp>
 
+#include "lib/fastmath.h"
 #include "lib/ops.h"
 
 using namespace hl;
@@ -155,4 +156,31 @@ BOOST_AUTO_TEST_CASE(dropout_is_seeded_and_identity_in_eval) {
   BOOST_TEST(zeros > 200);
   BOOST_TEST(zeros < 300);
   BOOST_TEST(dropout(x, 0.25f, r1, false).same(x));
+}
+
+BOOST_AUTO_TEST_CASE(fast_math_matches_libm_within_the_documented_bounds) {
+  double worst_exp = 0, worst_erf = 0, worst_erf_rational = 0, worst_tanh = 0, worst_gauss = 0;
+  for (double x = -9; x <= 9; x += 1.37e-4) {
+    const float xf = static_cast<float>(x);
+    float gauss;
+    worst_erf = std::max(worst_erf, std::fabs(hl::erf_fast(xf, gauss) - std::erf(double(xf))));
+    worst_gauss = std::max(worst_gauss, std::fabs(gauss - std::exp(-double(xf) * xf)));
+    worst_erf_rational = std::max(worst_erf_rational, std::fabs(hl::erf_rational(xf) - std::erf(double(xf))));
+    worst_tanh = std::max(worst_tanh, std::fabs(hl::tanh_fast(xf) - std::tanh(double(xf))));
+  }
+  for (double x = -80; x <= 80; x += 1.1e-3) {  // relative: exp spans many decades
+    const float xf = static_cast<float>(x);
+    const double e = std::exp(double(xf));
+    worst_exp = std::max(worst_exp, std::fabs(hl::exp_fast(xf) - e) / e);
+  }
+  BOOST_TEST(worst_erf < 5e-7);
+  BOOST_TEST(worst_gauss < 1e-7);
+  BOOST_TEST(worst_erf_rational < 4e-7);
+  BOOST_TEST(worst_tanh < 1.5e-7);
+  BOOST_TEST(worst_exp < 1.5e-7);  // ~1 ulp
+  BOOST_TEST(hl::exp_fast(100.f) == INFINITY);
+  BOOST_TEST(hl::exp_fast(-100.f) == 0.f);
+  BOOST_TEST(std::isnan(hl::exp_fast(NAN)));
+  BOOST_TEST(std::isnan(hl::erf_rational(NAN)));
+  BOOST_TEST(hl::erf_rational(30.f) == hl::erf_rational(4.f));
 }
