@@ -221,9 +221,13 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
              const float *Pp = P.data(), *Pdp = Pd.data();
              const float* M = drop_mask.defined() ? drop_mask.data() : nullptr;
              const float* G = gates.defined() ? gates.data() : nullptr;
-             float* dQ = grad_buffer(q);  // the same zeroed block three times when packed
-             float* dK = grad_buffer(k);
-             float* dV = grad_buffer(v);
+             // Fresh gradient buffers are not zeroed here: each parallel task zeroes the blocks it
+             // accumulates into (in cache, on its own thread). Packed: one buffer, fresh or not.
+             bool fresh_q, fresh_k, fresh_v;
+             float* dQ = grad_buffer_for_overwrite(q, fresh_q);
+             float* dK = grad_buffer_for_overwrite(k, fresh_k);
+             float* dV = grad_buffer_for_overwrite(v, fresh_v);
+             if (q.same(k)) fresh_k = fresh_v = fresh_q;
              if (dQ) dQ += d.q_off;
              if (dK) dK += d.k_off;
              if (dV) dV += d.v_off;
@@ -241,6 +245,13 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
                const float* Vh = V + b * d.kv_rows * d.ldkv() + kvh * d.dh;
                float* dKh = dK ? dK + b * d.kv_rows * d.ldkv() + kvh * d.dh : nullptr;
                float* dVh = dV ? dV + b * d.kv_rows * d.ldkv() + kvh * d.dh : nullptr;
+               auto zero_block = [&](float* base, int64_t rows, int64_t ld) {  // (rows, dh) at ld
+                 for (int64_t r = 0; r < rows; ++r) std::fill(base + r * ld, base + r * ld + d.dh, 0.f);
+               };
+               if (dKh && fresh_k) zero_block(dKh, d.kv_rows, d.ldkv());
+               if (dVh && fresh_v) zero_block(dVh, d.kv_rows, d.ldkv());
+               for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h)
+                 if (dQ && fresh_q) zero_block(dQ + b * d.Tq * d.ldq() + h * d.dh, d.Tq, d.ldq());
                for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
                  const int64_t bh = b * d.H + h;
                  const float* Qh = Q + b * d.Tq * d.ldq() + h * d.dh;
