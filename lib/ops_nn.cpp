@@ -190,14 +190,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) 
   float *Y = y.data(), *S = stats.data();
   parallel_for(N, N * D, [&](int64_t r) {
     const float *xr = X + r * D, *Wr = W, *Br = B;  // locals: see layer_norm's backward
-    float mu = 0.f;
-#pragma omp simd reduction(+ : mu)
-    for (int64_t j = 0; j < D; ++j) mu += xr[j];
-    mu /= static_cast<float>(D);
-    float var = 0.f;  // biased variance, as PyTorch
-#pragma omp simd reduction(+ : var)
-    for (int64_t j = 0; j < D; ++j) var += (xr[j] - mu) * (xr[j] - mu);
-    var /= static_cast<float>(D);
+    const float mu = sum_lanes(xr, D) / static_cast<float>(D);
+    const float var = sum_sq_dev_lanes(xr, D, mu) / static_cast<float>(D);  // biased, as PyTorch
     const float rstd = 1.f / std::sqrt(var + eps);
     S[2 * r] = mu;
     S[2 * r + 1] = rstd;

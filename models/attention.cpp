@@ -5,7 +5,6 @@
 #include <cstring>
 #include <limits>
 
-#include <immintrin.h>
 
 #include "lib/autograd.h"
 #include "lib/broadcast.h"
@@ -122,13 +121,10 @@ int64_t visible_keys(const AttnDims& d, bool causal, int64_t i1) {
   return causal ? std::max<int64_t>(0, std::min(d.Tk, i1 + (d.Tk - d.Tq))) : d.Tk;
 }
 
-// The max of row[0, min(n, last + 1)) and the sum of row[0, n). With AVX-512 the lanes are
-// combined by a tree of shuffles; GCC's `omp simd reduction` ends in 16 dependent scalar
-// operations, which on rows of 33 keys cost as much as the exp (S: 3% of a training step).
+// The max of row[0, min(n, last + 1)). With AVX-512 the lanes are combined by a tree of
+// shuffles; GCC's `omp simd reduction` ends in 16 dependent scalar operations, which on rows
+// of 33 keys cost as much as the exp (see sum_lanes in lib/fastmath.h).
 #ifdef __AVX512F__
-inline __mmask16 first_lanes(int64_t count) {
-  return count >= 16 ? __mmask16(0xFFFF) : count <= 0 ? __mmask16(0) : __mmask16((1u << count) - 1);
-}
 float masked_row_max(const float* row, int64_t n, int64_t last) {
   const int64_t vis = std::min(n, last + 1);
   __m512 m = _mm512_set1_ps(kNegInf);
@@ -136,23 +132,12 @@ float masked_row_max(const float* row, int64_t n, int64_t last) {
     m = _mm512_max_ps(m, _mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), first_lanes(vis - j), row + j));
   return _mm512_reduce_max_ps(m);
 }
-float row_sum(const float* row, int64_t n) {
-  __m512 s = _mm512_setzero_ps();
-  for (int64_t j = 0; j < n; j += 16) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(first_lanes(n - j), row + j));
-  return _mm512_reduce_add_ps(s);
-}
 #else
 float masked_row_max(const float* row, int64_t n, int64_t last) {
   float m = kNegInf;
 #pragma omp simd reduction(max : m)
   for (int64_t j = 0; j < n; ++j) m = std::max(m, j <= last ? row[j] : kNegInf);
   return m;
-}
-float row_sum(const float* row, int64_t n) {
-  float s = 0.f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t j = 0; j < n; ++j) s += row[j];
-  return s;
 }
 #endif
 
@@ -176,7 +161,7 @@ void masked_softmax_row(float* row, int64_t ke, const AttnDims& d, int64_t b, in
   }
 #pragma omp simd
   for (int64_t j = 0; j < ke; ++j) row[j] = j <= last ? exp_fast(row[j] - m) : 0.f;
-  const float inv = 1.f / row_sum(row, ke);
+  const float inv = 1.f / sum_lanes(row, ke);
 #pragma omp simd
   for (int64_t j = 0; j < ke; ++j) row[j] *= inv;
 }
@@ -317,9 +302,7 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
                        for (int64_t j = 0; j < ke; ++j) dp[j] += p[j] > 0.f ? u[j] : 0.f;
                      }
                      // softmax backward from the saved output: dS = P (dP - rowsum(dP P))
-                     float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-                     for (int64_t j = 0; j < ke; ++j) dot += u[j] * p[j];
+                     const float dot = dot_lanes(u, p, ke);
 #pragma omp simd
                      for (int64_t j = 0; j < ke; ++j) u[j] = p[j] * (u[j] - dot);
                    }
