@@ -7,6 +7,7 @@
 // plus float rounding); erf_rational < 4e-7; tanh_fast < 1.5e-7. All well inside float32
 // round-off of the outputs they feed.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -106,6 +107,13 @@ inline float sum_sq_dev_lanes(const float* x, int64_t n, float c) {
   }
   return _mm512_reduce_add_ps(s);
 }
+// max of x[0, n) (-inf when n <= 0)
+inline float max_lanes(const float* x, int64_t n) {
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < n; j += 16)
+    m = _mm512_max_ps(m, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), first_lanes(n - j), x + j));
+  return _mm512_reduce_max_ps(m);
+}
 // sum of a[j] b[j] over [0, n)
 inline float dot_lanes(const float* a, const float* b, int64_t n) {
   __m512 s = _mm512_setzero_ps();
@@ -116,6 +124,12 @@ inline float dot_lanes(const float* a, const float* b, int64_t n) {
   return _mm512_reduce_add_ps(s);
 }
 #else
+inline float max_lanes(const float* x, int64_t n) {
+  float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, x[j]);
+  return m;
+}
 inline float dot_lanes(const float* a, const float* b, int64_t n) {
   float s = 0.f;
 #pragma omp simd reduction(+ : s)

@@ -121,26 +121,6 @@ int64_t visible_keys(const AttnDims& d, bool causal, int64_t i1) {
   return causal ? std::max<int64_t>(0, std::min(d.Tk, i1 + (d.Tk - d.Tq))) : d.Tk;
 }
 
-// The max of row[0, min(n, last + 1)). With AVX-512 the lanes are combined by a tree of
-// shuffles; GCC's `omp simd reduction` ends in 16 dependent scalar operations, which on rows
-// of 33 keys cost as much as the exp (see sum_lanes in lib/fastmath.h).
-#ifdef __AVX512F__
-float masked_row_max(const float* row, int64_t n, int64_t last) {
-  const int64_t vis = std::min(n, last + 1);
-  __m512 m = _mm512_set1_ps(kNegInf);
-  for (int64_t j = 0; j < vis; j += 16)
-    m = _mm512_max_ps(m, _mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), first_lanes(vis - j), row + j));
-  return _mm512_reduce_max_ps(m);
-}
-#else
-float masked_row_max(const float* row, int64_t n, int64_t last) {
-  float m = kNegInf;
-#pragma omp simd reduction(max : m)
-  for (int64_t j = 0; j < n; ++j) m = std::max(m, j <= last ? row[j] : kNegInf);
-  return m;
-}
-#endif
-
 // In place: row = softmax(row + masks) over the first `ke` columns (computed by the caller);
 // columns from ke on are set to 0. The loops run over all ke columns for every row of a block
 // and mask causally by index, branch-free: rows of a block then have one trip count (row-
@@ -153,7 +133,7 @@ void masked_softmax_row(float* row, int64_t ke, const AttnDims& d, int64_t b, in
       if (pad && pad[b * d.Tk + j] != 0.f) row[j] = kNegInf;
       else if (am) row[j] += am[b * ms.s[0] + h * ms.s[1] + i * ms.s[2] + j * ms.s[3]];
     }
-  const float m = masked_row_max(row, ke, last);
+  const float m = max_lanes(row, std::min(ke, last + 1));  // over the visible keys
   std::fill(row + ke, row + d.Tk, 0.f);
   if (m == kNegInf) {  // nothing visible: zero weights, not NaN
     std::fill(row, row + ke, 0.f);
