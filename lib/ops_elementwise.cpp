@@ -46,9 +46,10 @@ int64_t suffix_block(const Shape& a, const Shape& b) {
 }
 
 // z = f(x, y) with broadcasting. dfx(x, y, z, g) and dfy(...) are the contributions of one
-// output element to dL/dx and dL/dy.
+// output element to dL/dx and dL/dy. dx_is_g: dL/dx = dL/dz (add, sub), so x may take over
+// the output's gradient buffer instead of a copy of it (the residual stream's adds).
 template <class F, class DX, class DY>
-Tensor binary_op(const char* name, const Tensor& a, const Tensor& b, F f, DX dfx, DY dfy) {
+Tensor binary_op(const char* name, const Tensor& a, const Tensor& b, F f, DX dfx, DY dfy, bool dx_is_g = false) {
   HL_PROFILE(Elementwise);
   const BroadcastPlan plan = plan_broadcast(name, a.shape(), b.shape());
   Tensor out = Tensor::empty(plan.out);
@@ -72,7 +73,7 @@ Tensor binary_op(const char* name, const Tensor& a, const Tensor& b, F f, DX dfx
     for_each_broadcast(plan, [&](int64_t i, int64_t ia, int64_t ib) { z[i] = f(x[ia], y[ib]); });
   }
   if (needs_graph({&a, &b}))
-    attach(out, name, {a, b}, [a, b, dfx, dfy, name](TensorImpl& self) {
+    attach(out, name, {a, b}, [a, b, dfx, dfy, name, dx_is_g](TensorImpl& self) {
       HL_PROFILE(Elementwise);
       const BroadcastPlan plan = plan_broadcast(name, a.shape(), b.shape());
       const float *g = self.grad->data(), *z = self.data(), *x = a.data(), *y = b.data();
@@ -91,8 +92,13 @@ Tensor binary_op(const char* name, const Tensor& a, const Tensor& b, F f, DX dfx
               for (int64_t i = lo; i < hi; ++i) ds[i] += df(xs[i], ys[i], zs[i], gs[i]);
           });
         };
-        float* gx = grad_buffer_for_overwrite(a, fx);
-        if (gx) grad_pass(gx, fx, dfx);
+        if (dx_is_g && a.requires_grad() && !a.impl()->grad && !self.retains_grad) {
+          // dL/dx = dL/dz exactly: x takes over this node's gradient buffer, which backward
+          // drops after this closure anyway (nothing else holds it: no retain_grad)
+          a.impl()->grad = self.grad;
+        } else if (float* gx = grad_buffer_for_overwrite(a, fx)) {
+          grad_pass(gx, fx, dfx);
+        }
         float* gy = grad_buffer_for_overwrite(b, fy);  // after gx: a and b may be one tensor
         if (gy) grad_pass(gy, fy, dfy);
         return;
@@ -159,12 +165,12 @@ Tensor unary_op(const char* name, const Tensor& a, F f, DF df) {
 Tensor add(const Tensor& a, const Tensor& b) {
   return binary_op("add", a, b, [](float x, float y) { return x + y; },
                    [](float, float, float, float g) { return g; },
-                   [](float, float, float, float g) { return g; });
+                   [](float, float, float, float g) { return g; }, /*dx_is_g=*/true);
 }
 Tensor sub(const Tensor& a, const Tensor& b) {
   return binary_op("sub", a, b, [](float x, float y) { return x - y; },
                    [](float, float, float, float g) { return g; },
-                   [](float, float, float, float g) { return -g; });
+                   [](float, float, float, float g) { return -g; }, /*dx_is_g=*/true);
 }
 Tensor mul(const Tensor& a, const Tensor& b) {
   return binary_op("mul", a, b, [](float x, float y) { return x * y; },

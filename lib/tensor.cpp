@@ -231,6 +231,18 @@ void Tensor::backward(const Tensor& grad_output, bool retain_graph) const {
     HL_CHECK(numel() == 1, "backward: a tensor of shape ", shape().str(),
              " needs an explicit grad_output");
   }
+  // A retained gradient (retain_grad) from an earlier backward is set aside and added back
+  // once the node has run: this pass propagates only its own gradient, as in PyTorch (the
+  // node's gradient buffer is also what its backward reads).
+  thread_local std::vector<std::pair<TensorImpl*, Ref<TensorImpl>>> earlier;
+  earlier.clear();
+  auto set_aside = [](TensorImpl* node) {
+    if (!node->is_leaf() && node->retains_grad && node->grad) {
+      earlier.push_back({node, node->grad});
+      node->grad.reset();
+    }
+  };
+  set_aside(impl_.get());
   float* g = grad_buffer(*this);
   if (grad_output.defined()) {
     const float* src = grad_output.data();
@@ -266,6 +278,8 @@ void Tensor::backward(const Tensor& grad_output, bool retain_graph) const {
   thread_local std::vector<Ref<TensorImpl>> keep;
   keep.assign(order.size(), Ref<TensorImpl>());
   for (size_t i = 0; i < order.size(); ++i) keep[i] = Ref<TensorImpl>(order[i]);
+  for (TensorImpl* node : order)
+    if (node != impl_.get()) set_aside(node);
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     TensorImpl* node = *it;
     if (node->grad && node->backward) {
@@ -274,6 +288,16 @@ void Tensor::backward(const Tensor& grad_output, bool retain_graph) const {
       fail("backward: graph of op ", node->op,
            " was already freed; pass retain_graph=true to the first backward");
     }
+    for (auto& [held, old] : earlier)  // add back a retained gradient of an earlier pass
+      if (held == node) {
+        if (!node->grad) {
+          node->grad = old;
+        } else {
+          float* dst = node->grad->data();
+          const float* src = old->data();
+          for (int64_t i = 0, n = node->shape.numel(); i < n; ++i) dst[i] += src[i];
+        }
+      }
     if (!retain_graph) {
       node->backward.reset();
       for (int p = 0; p < node->n_parents; ++p) node->parents[p].reset();
@@ -283,6 +307,7 @@ void Tensor::backward(const Tensor& grad_output, bool retain_graph) const {
   }
   if (!impl_->is_leaf() && !impl_->retains_grad) impl_->grad.reset();
   keep.clear();
+  earlier.clear();
 }
 
 bool grad_enabled() { return g_grad_enabled; }

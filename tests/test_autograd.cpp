@@ -224,3 +224,28 @@ BOOST_AUTO_TEST_CASE(threaded_linear_kernels_equal_a_matmul_reference) {
     }
   }
 }
+
+BOOST_AUTO_TEST_CASE(add_hands_its_gradient_buffer_to_the_first_input_safely) {
+  // add/sub give their first input the output's gradient buffer instead of a copy: the
+  // values must be those of a copy in every aliasing pattern
+  Tensor x = Tensor::from({3}, {1, 2, 3}).requires_grad_();
+  Tensor up = Tensor::from({3}, {0.5f, -1, 2});
+  add(x, x).backward(up);  // x + x: 2 g
+  BOOST_TEST(x.grad().to_vector() == (std::vector<float>{1, -2, 4}));
+  x.zero_grad();
+  sub(x, x).backward(up);  // x - x: 0
+  BOOST_TEST(x.grad().to_vector() == (std::vector<float>{0, 0, 0}));
+  x.zero_grad();
+  // a residual chain whose middle gradient is retained, backward twice (accumulates)
+  Tensor w = Tensor::from({3}, {2, 2, 2}).requires_grad_();
+  Tensor h = add(x, mul(x, w));  // h = x + x w
+  h.retain_grad();
+  Tensor out = add(h, mul(h, w));  // out = h + h w
+  out.backward(up, /*retain_graph=*/true);
+  BOOST_TEST(h.grad().to_vector() == (std::vector<float>{1.5f, -3, 6}));        // g (1 + w)
+  BOOST_TEST(x.grad().to_vector() == (std::vector<float>{4.5f, -9, 18}));       // g (1 + w)^2
+  out.backward(up);
+  BOOST_TEST(h.grad().to_vector() == (std::vector<float>{3, -6, 12}));
+  BOOST_TEST(x.grad().to_vector() == (std::vector<float>{9, -18, 36}));
+  BOOST_TEST(up.to_vector() == (std::vector<float>{0.5f, -1, 2}));  // grad_output untouched
+}
