@@ -20,6 +20,12 @@ void sgemm_call(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, flo
               static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A, static_cast<int>(lda), B,
               static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
 }
+// Threads for an (M,N) x K product: tiny products run on one thread (one call), as do
+// products inside a parallel region. (OpenBLAS's own threading is within 3% on the largest
+// shapes here, but it mallocs a job array per call; our splits allocate nothing.)
+int product_threads(int64_t M, int64_t N, int64_t K) {
+  return static_cast<double>(M) * N * K < 32768.0 * 16 || omp_in_parallel() ? 1 : omp_get_max_threads();
+}
 }  // namespace
 
 // Threads split C into blocks of rows (or of columns when C is wide), each computed by one
@@ -30,10 +36,8 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
           int64_t ldc) {
   if (M == 0 || N == 0) return;
-  const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
-  // Tiny products: one call. (OpenBLAS's own threading is within 3% on the largest shapes
-  // here, but it mallocs a job array per call; the split allocates nothing.)
-  if (nt == 1 || static_cast<double>(M) * N * K < 32768.0 * 16) {
+  const int nt = product_threads(M, N, K);
+  if (nt == 1) {
     sgemm_call(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
@@ -163,9 +167,7 @@ struct LinearArgs {
   bool one_block;  // weights back to back: one sgemm for all
 };
 
-int linear_threads(const LinearArgs& a) {
-  return 2.0 * a.R * a.N * a.in < 32768.0 * 16 ? 1 : threads_for(kParallelMinElems);
-}
+int linear_threads(const LinearArgs& a) { return product_threads(a.R, a.N, a.in); }
 
 // U (R, N) = X W^T + b, then post(lo, hi) on each thread's rows.
 template <class Post>
