@@ -26,24 +26,33 @@ std::vector<BlockHooks> recorded_forward(TransformerLM& model, const Batch& b) {
   return hooks;
 }
 
+namespace {
+// f(hooks, b, row, t, T) for every non-padded position of every batch, with the hooks of one
+// recorded forward per batch.
+template <class F>
+void for_each_token(TransformerLM& model, const std::vector<Batch>& data, F&& f) {
+  for (const Batch& b : data) {
+    const std::vector<BlockHooks> hooks = recorded_forward(model, b);
+    const int64_t B = b.size(), T = b.inputs.shape[1];
+    for (int64_t r = 0; r < B; ++r)
+      for (int64_t t = 0; t < T; ++t)
+        if (!is_pad(b, r, t)) f(hooks, b, r, t, T);
+  }
+}
+}  // namespace
+
 std::vector<Tensor> mean_head_outputs(TransformerLM& model, const std::vector<Batch>& data) {
   const int L = model.cfg.n_layers;
   const int64_t W = model.cfg.n_heads * model.cfg.head_dim();
   std::vector<std::vector<double>> sums(L, std::vector<double>(W, 0.0));
   int64_t count = 0;
-  for (const Batch& b : data) {
-    const std::vector<BlockHooks> hooks = recorded_forward(model, b);
-    const int64_t B = b.size(), T = b.inputs.shape[1];
-    for (int64_t r = 0; r < B; ++r)
-      for (int64_t t = 0; t < T; ++t) {
-        if (is_pad(b, r, t)) continue;
-        for (int l = 0; l < L; ++l) {
-          const float* z = hooks[l].attn.z.data() + (r * T + t) * W;
-          for (int64_t j = 0; j < W; ++j) sums[l][j] += z[j];
-        }
-        ++count;
-      }
-  }
+  for_each_token(model, data, [&](const std::vector<BlockHooks>& hooks, const Batch&, int64_t r, int64_t t, int64_t T) {
+    for (int l = 0; l < L; ++l) {
+      const float* z = hooks[l].attn.z.data() + (r * T + t) * W;
+      for (int64_t j = 0; j < W; ++j) sums[l][j] += z[j];
+    }
+    ++count;
+  });
   std::vector<Tensor> out;
   for (int l = 0; l < L; ++l) {
     Tensor m = Tensor::empty({W});
@@ -151,31 +160,25 @@ HeadStats attention_statistics(TransformerLM& model, const std::vector<Batch>& d
   HeadStats s{grid(model), grid(model), grid(model), grid(model)};
   const int L = model.cfg.n_layers, H = model.cfg.n_heads;
   int64_t queries = 0;
-  for (const Batch& b : data) {
-    const std::vector<BlockHooks> hooks = recorded_forward(model, b);
-    const int64_t B = b.size(), T = b.inputs.shape[1];
-    for (int64_t r = 0; r < B; ++r)
-      for (int64_t i = 0; i < T; ++i) {
-        if (is_pad(b, r, i)) continue;
-        int64_t visible = 0;
-        for (int64_t j = 0; j <= i; ++j) visible += !is_pad(b, r, j);
-        for (int l = 0; l < L; ++l)
-          for (int h = 0; h < H; ++h) {
-            const float* row = hooks[l].attn.pattern.data() + ((r * H + h) * T + i) * T;
-            double e = 0, mx = -1;
-            int64_t arg = 0;
-            for (int64_t j = 0; j <= i; ++j) {
-              if (row[j] > 0) e -= row[j] * std::log(static_cast<double>(row[j]));
-              if (row[j] > mx) mx = row[j], arg = j;
-            }
-            s.entropy[l][h] += e;
-            s.entropy_norm[l][h] += visible > 1 ? e / std::log(static_cast<double>(visible)) : 0.0;
-            s.confidence[l][h] += mx;
-            s.argmax_distance[l][h] += static_cast<double>(i - arg);
-          }
-        ++queries;
+  for_each_token(model, data, [&](const std::vector<BlockHooks>& hooks, const Batch& b, int64_t r, int64_t i, int64_t T) {
+    int64_t visible = 0;
+    for (int64_t j = 0; j <= i; ++j) visible += !is_pad(b, r, j);
+    for (int l = 0; l < L; ++l)
+      for (int h = 0; h < H; ++h) {
+        const float* row = hooks[l].attn.pattern.data() + ((r * H + h) * T + i) * T;
+        double e = 0, mx = -1;
+        int64_t arg = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          if (row[j] > 0) e -= row[j] * std::log(static_cast<double>(row[j]));
+          if (row[j] > mx) mx = row[j], arg = j;
+        }
+        s.entropy[l][h] += e;
+        s.entropy_norm[l][h] += visible > 1 ? e / std::log(static_cast<double>(visible)) : 0.0;
+        s.confidence[l][h] += mx;
+        s.argmax_distance[l][h] += static_cast<double>(i - arg);
       }
-  }
+    ++queries;
+  });
   for (HeadGrid* g : {&s.entropy, &s.entropy_norm, &s.confidence, &s.argmax_distance})
     for (auto& row : *g)
       for (double& v : row) v /= std::max<int64_t>(queries, 1);
