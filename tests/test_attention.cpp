@@ -224,34 +224,6 @@ BOOST_AUTO_TEST_CASE(every_model_op_has_a_gradcheck) {
 // q, k, v (B, T, .) side by side in one packed tensor (B, T, (H + 2 Hkv) dh), as linear_stacked makes it.
 Tensor pack_qkv(const Tensor& q, const Tensor& k, const Tensor& v) { return concat({q, k, v}, 2); }
 
-BOOST_AUTO_TEST_CASE(gradcheck_attention_packed_op) {
-  struct Cfg { const char* what; int H, Hkv; bool causal; bool pad; float drop; int64_t T; };
-  for (Cfg c : {Cfg{"mha", 2, 2, false, false, 0.f, 4}, Cfg{"gqa causal", 4, 2, true, false, 0.f, 4},
-                Cfg{"mqa padding", 2, 1, false, true, 0.f, 4}, Cfg{"dropout", 2, 2, true, false, 0.3f, 4},
-                Cfg{"causal row blocks", 2, 1, true, false, 0.f, 66}}) {
-    const int64_t B = 2, dh = 3;
-    Tensor qkv = rnd({B, c.T, (c.H + 2 * c.Hkv) * dh});
-    Tensor g = Tensor::uniform({c.H}, rng(), 0.5f, 1.5f).requires_grad_();
-    Tensor pad = Tensor::zeros({B, c.T});
-    pad.at({0, c.T - 1}) = 1.f;
-    pad.at({1, 1}) = 1.f;
-    auto fn = [&](const std::vector<Tensor>& in) {
-      AttentionArgs a;
-      a.n_heads = c.H;
-      a.n_kv_heads = c.Hkv;
-      a.causal = c.causal;
-      a.gates = in[1];
-      if (c.pad) a.key_padding = pad;
-      Rng r(5);  // the same dropout mask every evaluation
-      a.dropout = c.drop;
-      a.rng = &r;
-      return attention_packed(in[0], a);
-    };
-    GradcheckResult res = gradcheck(fn, {qkv, g});
-    BOOST_TEST_CONTEXT(c.what) { BOOST_TEST(res.ok, res.message); }
-  }
-}
-
 BOOST_AUTO_TEST_CASE(packed_attention_equals_separate_q_k_v_bit_for_bit) {
   struct Cfg { int H, Hkv; bool causal; int64_t T; };
   for (Cfg c : {Cfg{2, 2, false, 5}, Cfg{4, 2, true, 6}, Cfg{4, 1, true, 70}}) {
@@ -321,31 +293,46 @@ BOOST_AUTO_TEST_CASE(self_attention_takes_the_packed_path_and_matches_the_separa
   }
 }
 
-BOOST_AUTO_TEST_CASE(gradcheck_attention_op) {
-  struct Cfg { const char* what; int H, Hkv; bool causal; bool pad; bool mask; float drop; };
-  for (Cfg c : {Cfg{"mha", 2, 2, false, false, false, 0.f}, Cfg{"gqa causal", 4, 2, true, false, false, 0.f},
-                Cfg{"mqa padding", 2, 1, false, true, false, 0.f}, Cfg{"additive mask", 2, 2, false, false, true, 0.f},
-                Cfg{"dropout", 2, 2, true, false, false, 0.3f}}) {
-    const int64_t B = 2, T = 4, dh = 3;
-    Tensor q = rnd({B, T, c.H * dh}), k = rnd({B, T, c.Hkv * dh}), v = rnd({B, T, c.Hkv * dh});
+BOOST_AUTO_TEST_CASE(gradcheck_attention_op_both_layouts) {
+  // each configuration as separate q, k, v (attention) and as one packed tensor (attention_packed)
+  struct Cfg { const char* what; int H, Hkv; bool causal; bool pad; bool mask; float drop; int64_t T; };
+  for (Cfg c : {Cfg{"mha", 2, 2, false, false, false, 0.f, 4}, Cfg{"gqa causal", 4, 2, true, false, false, 0.f, 4},
+                Cfg{"mqa padding", 2, 1, false, true, false, 0.f, 4},
+                Cfg{"additive mask", 2, 2, false, false, true, 0.f, 4},
+                Cfg{"dropout", 2, 2, true, false, false, 0.3f, 4},
+                Cfg{"causal row blocks", 2, 1, true, false, false, 0.f, 66}}) {
+    const int64_t B = 2, dh = 3;
+    Tensor q = rnd({B, c.T, c.H * dh}), k = rnd({B, c.T, c.Hkv * dh}), v = rnd({B, c.T, c.Hkv * dh});
+    Tensor qkv = rnd({B, c.T, (c.H + 2 * c.Hkv) * dh});
     Tensor g = Tensor::uniform({c.H}, rng(), 0.5f, 1.5f).requires_grad_();
-    Tensor pad = Tensor::from({B, T}, {0, 0, 0, 1, 0, 1, 0, 0});
-    Tensor mask = Tensor::randn({B, 1, 1, T}, rng());
-    auto fn = [&](const std::vector<Tensor>& in) {
+    Tensor pad = Tensor::zeros({B, c.T});
+    pad.at({0, c.T - 1}) = 1.f;
+    pad.at({1, 1}) = 1.f;
+    Tensor mask = Tensor::randn({B, 1, 1, c.T}, rng());
+    auto args = [&](const Tensor& gates, Rng& r) {
       AttentionArgs a;
       a.n_heads = c.H;
       a.n_kv_heads = c.Hkv;
       a.causal = c.causal;
-      a.gates = in[3];
+      a.gates = gates;
       if (c.pad) a.key_padding = pad;
       if (c.mask) a.additive_mask = mask;
-      Rng r(5);  // the same dropout mask every evaluation
       a.dropout = c.drop;
       a.rng = &r;
-      return attention(in[0], in[1], in[2], a);
+      return a;
     };
-    GradcheckResult res = gradcheck(fn, {q, k, v, g});
-    BOOST_TEST_CONTEXT(c.what) { BOOST_TEST(res.ok, res.message); }
+    auto separate = [&](const std::vector<Tensor>& in) {
+      Rng r(5);  // the same dropout mask every evaluation
+      return attention(in[0], in[1], in[2], args(in[3], r));
+    };
+    auto packed = [&](const std::vector<Tensor>& in) {
+      Rng r(5);
+      return attention_packed(in[0], args(in[1], r));
+    };
+    GradcheckResult res = gradcheck(separate, {q, k, v, g});
+    BOOST_TEST_CONTEXT(c.what << " separate") { BOOST_TEST(res.ok, res.message); }
+    GradcheckResult res_packed = gradcheck(packed, {qkv, g});
+    BOOST_TEST_CONTEXT(c.what << " packed") { BOOST_TEST(res_packed.ok, res_packed.message); }
   }
 }
 
