@@ -30,11 +30,7 @@ Tensor reshape(const Tensor& x, const Shape& shape) {
   if (s.numel() != x.numel())
     fail("reshape: ", x.shape().str(), " to ", shape.str(), ": element counts differ (",
          x.numel(), " vs ", s.numel(), ")");
-  Ref<TensorImpl> v(new TensorImpl());
-  v->storage = x.impl()->storage;
-  v->offset = x.impl()->offset;
-  v->shape = s;
-  Tensor y(std::move(v));
+  Tensor y = storage_view(x, 0, s);
   if (needs_graph({&x}))
     attach(y, "reshape", {x}, [x](TensorImpl& self) {
       const float* g = self.grad->data();

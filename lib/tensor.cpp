@@ -144,13 +144,7 @@ Tensor& Tensor::requires_grad_(bool on) {
 }
 void Tensor::zero_grad() const { impl_->grad.reset(); }
 void Tensor::retain_grad() const { impl_->retains_grad = true; }
-Tensor Tensor::detach() const {
-  Ref<TensorImpl> t(new TensorImpl());
-  t->storage = impl_->storage;
-  t->offset = impl_->offset;
-  t->shape = impl_->shape;
-  return Tensor(std::move(t));
-}
+Tensor Tensor::detach() const { return storage_view(*this, 0, shape()); }
 
 float* grad_buffer(const Tensor& t) {
   if (!t.defined() || !t.requires_grad()) return nullptr;
