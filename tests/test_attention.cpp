@@ -1,14 +1,16 @@
 // Multi-head attention: the worked 5-token example, masks, gates, GQA/MQA, KV cache,
 // parameter counts, and gradchecks of the fused op against finite differences and against
-// an unfused composition of primitive ops.
+// a float64 reference with round-off bounds (tests/reference_attention.h).
 #define BOOST_TEST_MODULE attention
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <limits>
+#include <map>
 
 #include "lib/autograd.h"
 #include "lib/gradcheck.h"
 #include "models/attention.h"
+#include "tests/reference_model.h"
 
 using namespace hl;
 namespace tt = boost::test_tools;
@@ -31,28 +33,28 @@ Rng& rng() {
 }
 Tensor rnd(const Shape& s) { return Tensor::randn(s, rng()).requires_grad_(); }
 
-// The same attention from primitive ops (reshape, permute, matmul, masked_fill, softmax).
-Tensor reference_attention(const Tensor& q, const Tensor& k, const Tensor& v, int H, int Hkv,
-                           bool causal, const Tensor& gates, const Tensor& additive = Tensor()) {
-  const int64_t B = q.size(0), Tq = q.size(1), Tk = k.size(1), dh = q.size(2) / H;
-  Tensor qh = permute(reshape(q, {B, Tq, H, dh}), {0, 2, 1, 3});  // (B,H,Tq,dh)
-  auto heads = [&](const Tensor& t) {
-    Tensor th = permute(reshape(t, {B, Tk, Hkv, dh}), {0, 2, 1, 3});  // (B,Hkv,Tk,dh)
-    std::vector<Tensor> rep;
-    for (int h = 0; h < H; ++h) rep.push_back(slice(th, 1, h / (H / Hkv), h / (H / Hkv) + 1));
-    return concat(rep, 1);  // (B,H,Tk,dh)
-  };
-  Tensor s = mul_scalar(matmul(qh, heads(k), false, true), 1.f / std::sqrt(float(dh)));
-  if (additive.defined()) s = add(s, additive);
-  if (causal) {
-    Tensor m = Tensor::zeros({Tq, Tk});
-    for (int64_t i = 0; i < Tq; ++i)
-      for (int64_t j = i + (Tk - Tq) + 1; j < Tk; ++j) m.at({i, j}) = 1.f;
-    s = masked_fill(s, m, -std::numeric_limits<float>::infinity());
+// The float64 reference (tests/reference_attention.h) of attention(q, k, v, a) and, with `up`,
+// of its backward; q, k, v (B, T, heads*dh) as the op takes them.
+roundoff::AttnRef bounded_attention(const Tensor& q, const Tensor& k, const Tensor& v, int H, int Hkv, bool causal,
+                                    const Tensor& gates = Tensor(), const Tensor& up = Tensor(),
+                                    const Tensor& mask = Tensor()) {
+  roundoff::AttnSpec s;
+  s.B = q.size(0), s.Tq = q.size(1), s.Tk = k.size(1), s.H = H, s.Hkv = Hkv, s.dh = q.size(2) / H;
+  s.causal = causal;
+  if (gates.defined())
+    for (float g : gates.to_vector()) s.gates.push_back(g);
+  if (mask.defined()) {  // broadcast (..., Tq or 1, Tk or 1) over (B, H, Tq, Tk), aligned right
+    const Shape ms = mask.shape();
+    s.mask = [ms, data = mask.to_vector()](int64_t b, int64_t h, int64_t i, int64_t j) {
+      const int64_t idx[4] = {b, h, i, j};
+      int64_t at = 0;
+      for (int d = 0; d < ms.ndim; ++d) at = at * ms[d] + (ms[d] == 1 ? 0 : idx[4 - ms.ndim + d]);
+      return static_cast<double>(data[static_cast<size_t>(at)]);
+    };
   }
-  Tensor o = matmul(softmax(s, -1), heads(v));  // (B,H,Tq,dh)
-  if (gates.defined()) o = mul(o, reshape(gates, {1, H, 1, 1}));
-  return reshape(permute(o, {0, 2, 1, 3}), {B, Tq, H * dh});
+  using roundoff::exact_values;
+  return roundoff::reference_attention(s, exact_values(q), exact_values(k), exact_values(v),
+                                       up.defined() ? exact_values(up) : std::vector<roundoff::Bounded>{});
 }
 
 }  // namespace
@@ -156,9 +158,8 @@ BOOST_AUTO_TEST_CASE(every_mask_broadcast_form_matches_the_full_mask) {
     a.n_heads = 2;
     a.additive_mask = m;
     Tensor fused = attention(q, k, v, a);
-    Tensor ref = reference_attention(q, k, v, 2, 2, false, Tensor(), m);
-    for (int64_t i = 0; i < fused.numel(); ++i)
-      BOOST_TEST(std::fabs(fused.data()[i] - ref.data()[i]) <= 1e-6f + 1e-5f * std::fabs(ref.data()[i]));
+    roundoff::check_within(fused, bounded_attention(q, k, v, 2, 2, false, Tensor(), Tensor(), m).out,
+                           "mask " + m.shape().str());
   }
   AttentionArgs bad;
   bad.n_heads = 2;
@@ -181,7 +182,7 @@ BOOST_AUTO_TEST_CASE(fully_masked_rows_give_zeros_not_nan) {
     for (float g : t.grad().to_vector()) BOOST_TEST(std::isfinite(g));
 }
 
-BOOST_AUTO_TEST_CASE(fused_equals_unfused_forward_and_backward) {
+BOOST_AUTO_TEST_CASE(fused_equals_a_float64_reference_forward_and_backward) {
   struct Cfg { int H, Hkv; bool causal; int64_t Tq, Tk; };
   for (Cfg c : {Cfg{2, 2, false, 5, 5}, Cfg{4, 2, true, 6, 6}, Cfg{4, 1, true, 3, 7}, Cfg{3, 3, false, 4, 2}}) {
     const int64_t dh = 3;
@@ -195,21 +196,13 @@ BOOST_AUTO_TEST_CASE(fused_equals_unfused_forward_and_backward) {
     Tensor up = Tensor::randn({2, c.Tq, c.H * dh}, rng());
     Tensor fused = attention(q, k, v, a);
     fused.backward(up);
-    std::vector<std::vector<float>> grads;
-    for (const Tensor& t : {q, k, v, g}) {
-      grads.push_back(t.grad().to_vector());
-      t.zero_grad();
-    }
-    Tensor ref = reference_attention(q, k, v, c.H, c.Hkv, c.causal, g);
-    ref.backward(up);
-    // outputs are sums of O(1) products: compare to float32 round-off, absolute near zero
-    for (int64_t i = 0; i < fused.numel(); ++i)
-      BOOST_TEST(std::fabs(fused.data()[i] - ref.data()[i]) <= 1e-6f + 2e-5f * std::fabs(ref.data()[i]));
-    int which = 0;
-    for (const Tensor& t : {q, k, v, g}) {
-      auto r = t.grad().to_vector();
-      for (size_t i = 0; i < r.size(); ++i) BOOST_TEST(std::fabs(grads[which][i] - r[i]) < 1e-4f);
-      ++which;
+    const roundoff::AttnRef ref = bounded_attention(q, k, v, c.H, c.Hkv, c.causal, g, up);
+    BOOST_TEST_CONTEXT("H " << c.H << " Hkv " << c.Hkv << " causal " << c.causal) {
+      roundoff::check_within(fused, ref.out, "output");
+      roundoff::check_within(q.grad(), ref.dq, "dq");
+      roundoff::check_within(k.grad(), ref.dk, "dk");
+      roundoff::check_within(v.grad(), ref.dv, "dv");
+      roundoff::check_within(g.grad(), ref.dgates, "dgates");
     }
   }
 }
@@ -282,13 +275,17 @@ BOOST_AUTO_TEST_CASE(self_attention_takes_the_packed_path_and_matches_the_separa
     Tensor slow = mha.forward(x, Tensor(), call);
     slow.backward(up);
     BOOST_TEST(hk.q.defined());  // really the separate path
-    for (int64_t i = 0; i < fast.numel(); ++i)
-      BOOST_TEST(std::fabs(fast.data()[i] - slow.data()[i]) <= 1e-6f + 1e-5f * std::fabs(slow.data()[i]));
-    size_t which = 0;
-    for (const Tensor& p : mha.parameters()) {
-      auto g = p.grad().to_vector();
-      for (size_t i = 0; i < g.size(); ++i) BOOST_TEST(std::fabs(grads[which][i] - g[i]) <= 1e-6f + 1e-5f * std::fabs(g[i]));
-      ++which;
+    // both paths within the round-off of one float64 reference
+    const roundoff::MhaRef ref = roundoff::bounded_mha(mha, roundoff::from_tensor(x), 2, 5, true, up);
+    BOOST_TEST_CONTEXT("Hkv " << Hkv) {
+      roundoff::check_within(fast, ref.out, "packed output");
+      roundoff::check_within(slow, ref.out, "separate output");
+      size_t which = 0;
+      for (auto& [name, p] : mha.named_parameters()) {
+        const Tensor fast_grad = Tensor::from(p.shape(), grads[which++]);
+        roundoff::check_within(fast_grad, ref.grads.at(name), "packed d" + name);
+        roundoff::check_within(p.grad(), ref.grads.at(name), "separate d" + name);
+      }
     }
   }
 }
@@ -418,12 +415,13 @@ BOOST_AUTO_TEST_CASE(kv_cache_decoding_equals_full_forward) {
   std::vector<Tensor> parts = {first};
   for (int t = 3; t < 6; ++t) parts.push_back(mha.forward(slice(x, 1, t, t + 1), Tensor(), inc));
   Tensor stitched = concat(parts, 1);
-  for (int64_t i = 0; i < all.numel(); ++i)
-    BOOST_TEST(std::fabs(stitched.data()[i] - all.data()[i]) <= 1e-6f + 1e-5f * std::fabs(all.data()[i]));
+  const roundoff::MhaRef ref = roundoff::bounded_mha(mha, roundoff::from_tensor(x), 2, 6, true);
+  roundoff::check_within(all, ref.out, "full forward");
+  roundoff::check_within(stitched, ref.out, "decoded with the cache");
   BOOST_TEST(cache.length() == 6);
 }
 
-BOOST_AUTO_TEST_CASE(causal_row_blocks_equal_unfused_for_long_sequences) {
+BOOST_AUTO_TEST_CASE(causal_row_blocks_equal_a_float64_reference) {
   // T >= 64 takes the row-blocked causal path that skips masked scores.
   for (int Hkv : {2, 1}) {
     const int64_t T = 70, H = 2, dh = 4;
@@ -439,48 +437,16 @@ BOOST_AUTO_TEST_CASE(causal_row_blocks_equal_unfused_for_long_sequences) {
     Tensor pattern;
     Tensor fused = attention(q, k, v, a, &pattern);
     fused.backward(up);
-    std::vector<std::vector<float>> grads;
-    for (const Tensor& t : {q, k, v, g}) {
-      grads.push_back(t.grad().to_vector());
-      t.zero_grad();
+    const roundoff::AttnRef ref = bounded_attention(q, k, v, H, Hkv, true, g, up);
+    BOOST_TEST_CONTEXT("Hkv " << Hkv) {
+      roundoff::check_within(fused, ref.out, "output");
+      roundoff::check_within(pattern, ref.P, "pattern");
+      roundoff::check_within(q.grad(), ref.dq, "dq");
+      roundoff::check_within(k.grad(), ref.dk, "dk");
+      roundoff::check_within(v.grad(), ref.dv, "dv");
+      roundoff::check_within(g.grad(), ref.dgates, "dgates");
+      // dL/dP agrees where keys are visible and is exactly 0 where they are masked
+      roundoff::check_within(a.pattern_grad, ref.dP, "dL/dP");
     }
-    // reference with the weights as a retained intermediate: dL/dP to compare with pattern_grad
-    const int64_t B = 2;
-    Tensor qh = permute(reshape(q, {B, T, H, dh}), {0, 2, 1, 3});
-    auto heads = [&](const Tensor& t) {
-      Tensor th = permute(reshape(t, {B, T, Hkv, dh}), {0, 2, 1, 3});
-      std::vector<Tensor> rep;
-      for (int h = 0; h < H; ++h) rep.push_back(slice(th, 1, h / (H / Hkv), h / (H / Hkv) + 1));
-      return concat(rep, 1);
-    };
-    Tensor s = mul_scalar(matmul(qh, heads(k), false, true), 1.f / std::sqrt(float(dh)));
-    Tensor m = Tensor::zeros({T, T});
-    for (int64_t i = 0; i < T; ++i)
-      for (int64_t j = i + 1; j < T; ++j) m.at({i, j}) = 1.f;
-    Tensor p = softmax(masked_fill(s, m, -std::numeric_limits<float>::infinity()), -1);
-    p.retain_grad();
-    Tensor o = mul(matmul(p, heads(v)), reshape(g, {1, H, 1, 1}));
-    Tensor ref = reshape(permute(o, {0, 2, 1, 3}), {B, T, H * dh});
-    ref.backward(up);
-    // outputs are sums of O(1) products: compare to float32 round-off, absolute near zero
-    for (int64_t i = 0; i < fused.numel(); ++i)
-      BOOST_TEST(std::fabs(fused.data()[i] - ref.data()[i]) <= 1e-6f + 2e-5f * std::fabs(ref.data()[i]));
-    for (int64_t i = 0; i < pattern.numel(); ++i) BOOST_TEST(std::fabs(pattern.data()[i] - p.data()[i]) < 1e-6f);
-    int which = 0;
-    for (const Tensor& t : {q, k, v, g}) {
-      auto r = t.grad().to_vector();
-      for (size_t i = 0; i < r.size(); ++i) BOOST_TEST(std::fabs(grads[which][i] - r[i]) < 2e-4f);
-      ++which;
-    }
-    // dL/dP agrees where keys are visible and is 0 where they are masked
-    Tensor pg = a.pattern_grad, pr = p.grad();
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t i = 0; i < T; ++i)
-          for (int64_t j = 0; j < T; ++j) {
-            const float got = pg.at({b, h, i, j});
-            if (j > i) BOOST_TEST(got == 0.f);
-            else BOOST_TEST(std::fabs(got - pr.at({b, h, i, j})) < 1e-4f);
-          }
   }
 }
