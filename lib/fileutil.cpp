@@ -1,10 +1,14 @@
 #include "fileutil.h"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -67,5 +71,93 @@ void make_dirs(const std::string& path) {
 }
 
 bool file_exists(const std::string& path) { return std::filesystem::exists(path); }
+
+DirLock::DirLock(const std::string& dir) {
+  const std::string path = dir + "/.lock";
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail(path, ": cannot open the lock file: ", std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int e = errno;
+    char buf[32] = {0};
+    const ssize_t n = ::pread(fd_, buf, sizeof buf - 1, 0);
+    ::close(fd_);
+    fd_ = -1;
+    if (e != EWOULDBLOCK) fail(path, ": cannot lock: ", std::strerror(e));
+    const std::string pid = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "unknown";
+    fail(dir, " is in use by another headlab process (pid ", pid.substr(0, pid.find('\n')),
+         "): wait for it to finish or choose another --out");
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) < 0) {
+    // the lock holds without the pid; only the message of a second process is poorer
+  }
+}
+
+DirLock::~DirLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing releases the flock
+}
+
+void remove_stale_temp_files(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const size_t at = name.rfind(".tmp.");
+    if (name.empty() || name[0] != '.' || at == std::string::npos) continue;
+    const std::string pid = name.substr(at + 5);
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    const long p = std::strtol(pid.c_str(), nullptr, 10);
+    if (p > 0 && (::kill(static_cast<pid_t>(p), 0) == 0 || errno != ESRCH)) continue;  // its writer still runs
+    fs::remove(entry.path(), ec);
+  }
+}
+
+void refuse_output_over_input(const std::string& flag, const std::string& output,
+                              const std::vector<std::pair<std::string, std::string>>& inputs) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path out = fs::weakly_canonical(output, ec);
+  for (const auto& [in_flag, in] : inputs) {
+    if (in.empty()) continue;
+    std::error_code ec2;
+    const bool same = (!ec && out == fs::weakly_canonical(in, ec2)) || fs::equivalent(output, in, ec2);
+    if (same) fail(flag, " ", output, " is the same file as ", in_flag, " ", in, ": writing it would destroy the input; choose another output");
+  }
+}
+
+double available_memory_bytes() {
+  double avail = INFINITY;
+  if (FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char key[64];
+    unsigned long long kb;
+    while (std::fscanf(f, "%63s %llu kB", key, &kb) == 2)
+      if (std::string(key) == "MemAvailable:") {
+        avail = static_cast<double>(kb) * 1024.0;
+        break;
+      }
+    std::fclose(f);
+  }
+  auto read_number = [](const char* path) {
+    double v = INFINITY;
+    if (FILE* f = std::fopen(path, "r")) {
+      unsigned long long n;
+      if (std::fscanf(f, "%llu", &n) == 1) v = static_cast<double>(n);  // "max" reads as no limit
+      std::fclose(f);
+    }
+    return v;
+  };
+  const double limit = read_number("/sys/fs/cgroup/memory.max"), used = read_number("/sys/fs/cgroup/memory.current");
+  if (std::isfinite(limit)) avail = std::min(avail, limit - (std::isfinite(used) ? used : 0.0));
+  return avail;
+}
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 6) bytes /= 1024, ++u;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", bytes, units[u]);
+  return buf;
+}
 
 }  // namespace hl

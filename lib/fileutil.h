@@ -4,6 +4,8 @@
 // half-written one.
 #pragma once
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace hl {
 
@@ -11,5 +13,33 @@ std::string read_file(const std::string& path);  // throws hl::Error naming the 
 void write_file_atomic(const std::string& path, const std::string& bytes);
 void make_dirs(const std::string& path);  // mkdir -p
 bool file_exists(const std::string& path);
+
+// Exclusive ownership of a directory for one process: an advisory lock (flock) on DIR/.lock,
+// released when the object is destroyed or the process dies (even by kill -9). A second
+// process gets one clear error naming the directory and the owner's pid.
+class DirLock {
+ public:
+  explicit DirLock(const std::string& dir);
+  ~DirLock();
+  DirLock(const DirLock&) = delete;
+  DirLock& operator=(const DirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// Removes the temporary files (".NAME.tmp.PID") that write_file_atomic leaves when its process
+// is killed mid-write, for PIDs that no longer run. Call with the directory's lock held.
+void remove_stale_temp_files(const std::string& dir);
+
+// Fails when `output` names the same file as one of `inputs` (so writing it would destroy an
+// input), e.g. `grads --checkpoint m.safetensors --out m.safetensors`.
+void refuse_output_over_input(const std::string& flag, const std::string& output,
+                              const std::vector<std::pair<std::string, std::string>>& inputs);
+
+// Bytes of memory this process can still use: the smaller of the system's MemAvailable and
+// what the cgroup's memory.max leaves (a container or a memory-limited group).
+double available_memory_bytes();
+std::string format_bytes(double bytes);  // "1.5 GiB"
 
 }  // namespace hl

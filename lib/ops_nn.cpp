@@ -26,7 +26,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // Integer ids saved for backward inside a pooled tensor buffer (no heap allocation per step).
 Tensor save_ids(const Ids& ids) {
   Tensor t = Tensor::empty({ids.numel()});
-  std::memcpy(t.data(), ids.data.data(), sizeof(int32_t) * ids.data.size());
+  if (!ids.data.empty()) std::memcpy(t.data(), ids.data.data(), sizeof(int32_t) * ids.data.size());
   return t;
 }
 const int32_t* saved_ids(const Tensor& t) { return reinterpret_cast<const int32_t*>(t.data()); }

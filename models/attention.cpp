@@ -342,7 +342,7 @@ void AttentionConfig::validate() const {
   if (!d_head && d_model % n_heads)
     fail("attention: n_heads ", n_heads, " does not divide d_model ", d_model,
          " (give d_head explicitly to use any head size)");
-  if (dropout < 0.f || dropout >= 1.f) fail("attention: dropout must be in [0, 1), got ", dropout);
+  if (!(dropout >= 0.f && dropout < 1.f)) fail("attention: dropout must be in [0, 1), got ", dropout);
 }
 
 MultiHeadAttention::MultiHeadAttention(const AttentionConfig& c, Rng& rng, Rng* dropout_rng)

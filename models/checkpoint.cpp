@@ -1,6 +1,9 @@
 #include "models/checkpoint.h"
 
+#include <cmath>
 #include <nlohmann/json.hpp>
+
+#include "lib/fileutil.h"
 
 namespace hl {
 
@@ -34,11 +37,43 @@ ModelConfig checkpoint_config(const SafetensorsFile& f) {
   return ModelConfig::from_json(f.meta("config"), f.source);
 }
 
+void check_finite(const Tensor& t, const std::string& name, const std::string& source) {
+  const float* d = t.data();
+  for (int64_t i = 0, n = t.numel(); i < n; ++i)
+    if (!std::isfinite(d[i]))
+      fail(source, ": tensor '", name, "' holds a non-finite value (", d[i], " at element ", i, " of ", t.shape().str(),
+           "); refusing to use a model with NaN or Inf weights");
+}
+
+void check_checkpoint_tensors(const ModelConfig& cfg, const SafetensorsFile& f) {
+  const auto expected = parameter_shapes(cfg);
+  for (auto& [name, shape] : expected) {
+    auto it = f.tensors.find(name);
+    if (it == f.tensors.end()) fail(f.source, ": missing tensor '", name, "' that its config needs");
+    if (it->second.shape != shape)
+      fail(f.source, ": tensor '", name, "' has shape ", it->second.shape.str(), " but the config (d_model ", cfg.d_model,
+           ", ", cfg.n_layers, " layers, ", cfg.n_heads, " heads, d_ff ", cfg.d_ff, ", vocab ", cfg.vocab_size,
+           ", max_seq_len ", cfg.max_seq_len, ") needs ", shape.str());
+  }
+  for (auto& [name, st] : f.tensors) {
+    if (name.rfind("optim.", 0) == 0 || name.rfind("state.", 0) == 0) continue;
+    bool known = false;
+    for (auto& [pn, shape] : expected) known = known || pn == name;
+    if (!known) fail(f.source, ": unexpected tensor '", name, "' (not a parameter of the model its config describes)");
+  }
+  // what the tensors cannot vouch for (a sinusoid table of max_seq_len rows) must still fit
+  const double need = estimate_step_bytes(cfg, 1, 1, false), have = available_memory_bytes();
+  if (need > have)
+    fail(f.source, ": the model its config describes needs about ", format_bytes(need), " of memory, more than the ",
+         format_bytes(have), " available");
+}
+
 void load_parameters(TransformerLM& model, const SafetensorsFile& f) {
   auto params = model.named_parameters();
   for (auto& [name, t] : params) {
     Shape s = t.shape();
     Tensor src = f.f32(name, &s);
+    check_finite(src, name, f.source);
     t.copy_from(src);
   }
   for (auto& [name, st] : f.tensors) {
@@ -58,14 +93,18 @@ void load_parameters(TransformerLM& model, const SafetensorsFile& f) {
         fail(f.source, ": config head_gates[", l, "] must have ", model.cfg.n_heads, " numbers");
       for (int h = 0; h < model.cfg.n_heads; ++h) {
         if (!g[l][h].is_number()) fail(f.source, ": config head_gates[", l, "][", h, "] is not a number");
-        model.gates(l).data()[h] = g[l][h].get<float>();
+        const float v = g[l][h].get<float>();
+        if (!std::isfinite(v)) fail(f.source, ": config head_gates[", l, "][", h, "] is not finite");
+        model.gates(l).data()[h] = v;
       }
     }
   }
 }
 
 std::unique_ptr<TransformerLM> load_model(const SafetensorsFile& f) {
-  auto model = std::make_unique<TransformerLM>(checkpoint_config(f), 0);
+  const ModelConfig cfg = checkpoint_config(f);
+  check_checkpoint_tensors(cfg, f);
+  auto model = std::make_unique<TransformerLM>(cfg, 0);
   load_parameters(*model, f);
   return model;
 }

@@ -22,11 +22,19 @@ void save_checkpoint(const std::string& path, const TransformerLM& model,
 
 // Config from a checkpoint's metadata (gates not included).
 ModelConfig checkpoint_config(const SafetensorsFile& f);
+// Checks, before any model is built, that the file's tensors are exactly the parameters `cfg`
+// describes (names and shapes; extra tensors only under "optim." or "state.") and that the
+// model fits in memory: a config that claims more than its tensors is refused in
+// milliseconds, not after allocating gigabytes.
+void check_checkpoint_tensors(const ModelConfig& cfg, const SafetensorsFile& f);
 // Builds the model a checkpoint describes and loads its parameters and head gates.
 std::unique_ptr<TransformerLM> load_model(const SafetensorsFile& f);
 std::unique_ptr<TransformerLM> load_model(const std::string& path);
-// Copies parameters into an existing model: every parameter must be present with its shape,
-// and no tensor outside the model may appear except under "optim." or "state.".
+// Copies parameters into an existing model: every parameter must be present with its shape
+// and hold only finite values, and no tensor outside the model may appear except under
+// "optim." or "state.".
 void load_parameters(TransformerLM& model, const SafetensorsFile& f);
+// Fails naming the tensor and the first bad element if t holds NaN or Inf.
+void check_finite(const Tensor& t, const std::string& name, const std::string& source);
 
 }  // namespace hl

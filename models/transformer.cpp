@@ -50,8 +50,21 @@ void ModelConfig::validate() const {
   positive("n_heads", n_heads);
   positive("d_ff", d_ff);
   positive("max_seq_len", max_seq_len);
-  if (dropout < 0.f || dropout >= 1.f) fail("model config: dropout must be in [0, 1), got ", dropout);
-  if (!(layer_norm_eps > 0.f)) fail("model config: layer_norm_eps must be positive, got ", layer_norm_eps);
+  // Caps far above what a CPU trains, so a corrupt config is refused before anything is sized
+  // by it (a sinusoidal model has no tensor that could contradict max_seq_len).
+  auto at_most = [](const char* name, int64_t v, int64_t cap) {
+    if (v > cap) fail("model config: ", name, " ", v, " is above the supported maximum ", cap);
+  };
+  at_most("vocab_size", vocab_size, int64_t{1} << 24);
+  at_most("d_model", d_model, int64_t{1} << 16);
+  at_most("n_layers", n_layers, 1024);
+  at_most("n_heads", n_heads, 4096);
+  at_most("d_ff", d_ff, int64_t{1} << 20);
+  at_most("max_seq_len", max_seq_len, int64_t{1} << 20);
+  if (!(dropout >= 0.f && dropout < 1.f)) fail("model config: dropout must be in [0, 1), got ", dropout);
+  if (!(attn_dropout >= 0.f && attn_dropout < 1.f)) fail("model config: attn_dropout must be in [0, 1), got ", attn_dropout);
+  if (!(layer_norm_eps > 0.f) || !std::isfinite(layer_norm_eps))
+    fail("model config: layer_norm_eps must be positive, got ", layer_norm_eps);
   attention().validate();
 }
 
@@ -181,9 +194,11 @@ TransformerLM::TransformerLM(const ModelConfig& c, uint64_t seed)
     register_module("pos_emb", pos_emb.get());
   } else {
     sinusoid = Tensor::empty({c.max_seq_len, c.d_model});
+    std::vector<double> inv_freq;  // 1 / 10000^(i / d_model) for even i
+    for (int64_t i = 0; i < c.d_model; i += 2) inv_freq.push_back(1.0 / std::pow(10000.0, static_cast<double>(i) / c.d_model));
     for (int64_t p = 0; p < c.max_seq_len; ++p)
       for (int64_t i = 0; i < c.d_model; i += 2) {
-        const double angle = p / std::pow(10000.0, static_cast<double>(i) / c.d_model);
+        const double angle = p * inv_freq[static_cast<size_t>(i / 2)];
         sinusoid.at({p, i}) = static_cast<float>(std::sin(angle));
         if (i + 1 < c.d_model) sinusoid.at({p, i + 1}) = static_cast<float>(std::cos(angle));
       }
@@ -254,6 +269,57 @@ bool TransformerLM::gates_all_one() const {
     for (float v : row)
       if (v != 1.f) return false;
   return true;
+}
+
+std::vector<std::pair<std::string, Shape>> parameter_shapes(const ModelConfig& c) {
+  const int64_t D = c.d_model, dh = c.head_dim(), Hq = c.n_heads * dh, Hkv = c.kv_heads() * dh;
+  std::vector<std::pair<std::string, Shape>> p;
+  auto linear = [&](const std::string& name, int64_t out, int64_t in, bool bias) {
+    p.push_back({name + ".weight", Shape{out, in}});
+    if (bias) p.push_back({name + ".bias", Shape{out}});
+  };
+  auto norm = [&](const std::string& name) {
+    p.push_back({name + ".weight", Shape{D}});
+    p.push_back({name + ".bias", Shape{D}});
+  };
+  p.push_back({"tok_emb.weight", Shape{c.vocab_size, D}});
+  if (c.positions == Positions::Learned) p.push_back({"pos_emb.weight", Shape{c.max_seq_len, D}});
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string b = "blocks." + std::to_string(l) + ".";
+    norm(b + "ln1");
+    linear(b + "attn.W_Q", Hq, D, c.attn_bias);
+    linear(b + "attn.W_K", Hkv, D, c.attn_bias);
+    linear(b + "attn.W_V", Hkv, D, c.attn_bias);
+    linear(b + "attn.W_O", D, Hq, c.attn_bias);
+    norm(b + "ln2");
+    linear(b + "ffn.fc1", c.d_ff, D, c.mlp_bias);
+    linear(b + "ffn.fc2", D, c.d_ff, c.mlp_bias);
+  }
+  if (c.norm == Norm::Pre) norm("ln_f");
+  linear("head", c.vocab_size, D, c.head_bias);
+  return p;
+}
+
+int64_t parameter_count(const ModelConfig& cfg) {
+  int64_t n = 0;
+  for (auto& [name, shape] : parameter_shapes(cfg)) n += shape.numel();
+  return n;
+}
+
+double estimate_step_bytes(const ModelConfig& c, int64_t B, int64_t T, bool training) {
+  const double D = static_cast<double>(c.d_model), F = static_cast<double>(c.d_ff),
+               W = static_cast<double>(c.n_heads * c.head_dim()), Wkv = static_cast<double>(c.kv_heads() * c.head_dim()),
+               H = c.n_heads, V = static_cast<double>(c.vocab_size), tokens = static_cast<double>(B) * static_cast<double>(T);
+  double params = 0;
+  for (auto& [name, shape] : parameter_shapes(c)) params += static_cast<double>(shape.numel());
+  if (c.positions == Positions::Sinusoidal) params += static_cast<double>(c.max_seq_len) * D;  // the table
+  // per token and layer: residuals, two norms, q/k/v, head outputs, W_O output, FFN in and out;
+  // per sequence and layer: the (H, T, T) pattern (and in backward its gradient work buffer)
+  const double per_token_layer = 6 * D + W + 2 * Wkv + W + 2 * F;
+  const double pattern = H * static_cast<double>(T) * static_cast<double>(T) * static_cast<double>(B);
+  double acts = c.n_layers * (tokens * per_token_layer + pattern) + tokens * (2 * D + 2 * V);
+  if (training) acts *= 2;  // their gradients
+  return 4.0 * ((training ? 4 : 1) * params + acts);
 }
 
 Tensor head_rows(const Tensor& w, int head, int64_t d_head) {

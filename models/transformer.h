@@ -108,6 +108,18 @@ class TransformerLM : public Module {
   Ids positions_;  // position ids of the last forward, kept to avoid an allocation per step
 };
 
+// Every parameter's INTEROP name and shape for a config, in named_parameters() order, computed
+// without building the model (so a checkpoint's config can be checked against its tensors
+// before anything is allocated).
+std::vector<std::pair<std::string, Shape>> parameter_shapes(const ModelConfig& cfg);
+int64_t parameter_count(const ModelConfig& cfg);
+
+// About how many bytes a forward (and, with training, backward and an Adam step) of a batch of
+// B sequences of T tokens needs: parameters (x4 when training: weights, gradients, two Adam
+// moments), activations kept for backward and their gradients, the attention patterns. An
+// estimate for refusing what cannot fit, not an exact count.
+double estimate_step_bytes(const ModelConfig& cfg, int64_t B, int64_t T, bool training);
+
 // Row block of head h in a W_Q/W_K/W_V-shaped (heads*d_head, d_model) matrix, or column block
 // of W_O (d_model, heads*d_head): copies (d_head, d_model) or (d_model, d_head).
 Tensor head_rows(const Tensor& w, int head, int64_t d_head);

@@ -21,7 +21,7 @@ check "help lists subcommands" 0 "train.*grads|grads" -- "$HL" --help
 check "train --help shows defaults" 0 "--d-model.*64" -- "$HL" train --help
 check "train --help shows --resume" 0 "--resume" -- "$HL" train --help
 check "unknown flag" nonzero "--bogus" -- "$HL" train --bogus
-check "non-positive size" nonzero "d_model must be positive, got 0" -- "$HL" train --d-model 0 --out "$T/x"
+check "non-positive size" nonzero "--d-model: value 0 is outside \[1, 65536\]" -- "$HL" train --d-model 0 --out "$T/x"
 check "heads must divide d_model" nonzero "n_heads 3 does not divide d_model 64" -- "$HL" train --heads 3 --out "$T/x"
 check "kv-heads must divide heads" nonzero "n_kv_heads 3 must divide n_heads 4" -- "$HL" train --kv-heads 3 --out "$T/x"
 check "bad choice" nonzero "norm" -- "$HL" train --norm middle
@@ -41,7 +41,7 @@ check "refuse to overwrite a run" nonzero "already holds a run" -- "$HL" train $
 check "resume to more steps" 0 "token accuracy" -- "$HL" train --steps 40 --resume --out "$T/run"
 check "grads from task" 0 "wrote .* gradients" -- "$HL" grads --checkpoint "$T/run/model.safetensors" --batch-size 2 --out "$T/g.st"
 check "attn with tokens" 0 "attn.safetensors" -- "$HL" attn --checkpoint "$T/run/model.safetensors" --tokens "6 1 2 3 4 7 1 2" --out "$T/attn"
-check "attn rejects bad token" nonzero "id 99 outside the vocabulary" -- "$HL" attn --checkpoint "$T/run/model.safetensors" --tokens "6 99" --out "$T/attn2"
+check "attn rejects bad token" nonzero "99 is outside 0..7" -- "$HL" attn --checkpoint "$T/run/model.safetensors" --tokens "6 99" --out "$T/attn2"
 
 # kill -9 at arbitrary moments: the last checkpoint always loads, and --resume finishes.
 "$HL" train $small --steps 100000 --checkpoint-every 1 --eval-every 1000 --quiet --out "$T/kill" >/dev/null 2>&1 &
@@ -60,6 +60,116 @@ done
 kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
 [ $ok = 1 ] && [ -f "$T/kill/checkpoint.safetensors" ] && { pass=$((pass+1)); echo "ok   checkpoint survives kill -9 (6 kills)"; } \
   || { fail=$((fail+1)); echo "FAIL checkpoint after kill -9"; }
+
+# ---- reliability: bad input never costs a result ----------------------------------------------
+ok()   { pass=$((pass+1)); echo "ok   $1"; }
+bad()  { fail=$((fail+1)); echo "FAIL $1"; }
+# peak RSS (KiB) and wall seconds of a command, its exit code last: "rss secs rc"
+measure() { python3 -c 'import resource,subprocess,sys,time
+t=time.time(); rc=subprocess.call(sys.argv[1:],stdout=subprocess.DEVNULL,stderr=open(sys.argv[0] if False else "/dev/null","w"))
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, round(time.time()-t,3), rc)' "$@"; }
+
+# Two writers of one run directory: the second is refused while the first holds it.
+"$HL" train $small --steps 100000 --checkpoint-every 5 --eval-every 1000 --quiet --seed 7 --out "$T/conc" >/dev/null 2>&1 &
+pid=$!
+for _ in $(seq 300); do [ -f "$T/conc/checkpoint.safetensors" ] && break; sleep 0.05; done
+check "second train on a locked --out" nonzero "conc is in use by another headlab process \(pid $pid\)" -- "$HL" train $small --steps 30 --seed 8 --out "$T/conc"
+# Ctrl-C: stops at a step boundary, writes checkpoint and summary, says how to resume (exit 130)
+kill -INT $pid; wait $pid; rc=$?
+if [ $rc = 130 ] && grep -q '"finished": false' "$T/conc/summary.json"; then ok "SIGINT stops at a step with checkpoint and summary"; else bad "SIGINT (exit $rc)"; fi
+reached=$(python3 -c "import json; print(json.load(open('$T/conc/summary.json'))['steps'])")
+check "resume after SIGINT" 0 "token accuracy" -- "$HL" train --resume --steps $((reached + 5)) --out "$T/conc"
+check "resume refuses fewer steps than reached" nonzero "--steps 10 is below step $((reached + 5))" -- "$HL" train --resume --steps 10 --out "$T/conc"
+"$HL" ablate --head-counts 1 --seeds 1 --steps 3000 --d-model 8 --d-ff 16 --eval-size 16 --threads 1 --quiet --out "$T/abc" >/dev/null 2>&1 &
+pid=$!
+for _ in $(seq 300); do [ -f "$T/abc/.lock" ] && break; sleep 0.05; done
+sleep 0.2
+check "second ablate on a locked --out" nonzero "abc is in use by another headlab process" -- "$HL" ablate --head-counts 1 --seeds 1 --steps 30 --d-model 8 --d-ff 16 --eval-size 16 --out "$T/abc"
+kill -9 $pid; wait $pid 2>/dev/null
+
+# Corrupt checkpoints: a config claiming a huge model, NaN weights.
+python3 - "$T" <<'PY'
+import json, struct, sys
+T = sys.argv[1]
+d = open(T + "/run/model.safetensors", "rb").read()
+n = struct.unpack("<Q", d[:8])[0]
+def write(name, header, data):
+    hb = json.dumps(header).encode(); hb += b" " * ((8 - len(hb) % 8) % 8)
+    open(T + "/" + name, "wb").write(struct.pack("<Q", len(hb)) + hb + data)
+for key, value, name in [("d_model", 4096, "huge_d"), ("n_layers", 48, "huge_l"), ("max_seq_len", 10**8, "huge_s"), ("vocab_size", 10**9, "huge_v")]:
+    h = json.loads(d[8:8 + n]); cfg = json.loads(h["__metadata__"]["config"]); cfg[key] = value
+    h["__metadata__"]["config"] = json.dumps(cfg); write(name + ".safetensors", h, d[8 + n:])
+h = json.loads(d[8:8 + n]); off = 8 + n + h["blocks.0.attn.W_Q.weight"]["data_offsets"][0] + 12
+b = bytearray(d); b[off:off + 4] = struct.pack("<f", float("nan")); open(T + "/nan.safetensors", "wb").write(bytes(b))
+b = {"input_ids": {"dtype": "I64", "shape": [0, 5], "data_offsets": [0, 0]}, "targets": {"dtype": "I64", "shape": [0, 5], "data_offsets": [0, 0]}}
+write("empty_batch.safetensors", b, b"")
+PY
+for f in huge_d huge_l huge_s huge_v; do
+  for cmd in grads attn prune; do
+    extra=""; [ $cmd = prune ] && extra="--out $T/pr_$f --quiet"; [ $cmd != prune ] && extra="--out $T/o_$f"
+    read -r rss secs rc < <(measure "$HL" $cmd --checkpoint "$T/$f.safetensors" $extra)
+    if [ "$rc" != 0 ] && [ "$rss" -lt 102400 ] && python3 -c "import sys; sys.exit(not $secs < 1.0)"; then ok "$cmd refuses $f config (${secs}s, ${rss} KiB)"
+    else bad "$cmd on $f config: exit $rc, ${secs}s, ${rss} KiB"; fi
+  done
+done
+check "huge config names the tensor" nonzero "tensor 'tok_emb.weight' has shape \(8,16\) but the config .* needs \(8,4096\)" -- "$HL" grads --checkpoint "$T/huge_d.safetensors" --out "$T/g2.st"
+check "NaN weight rejected on load" nonzero "tensor 'blocks.0.attn.W_Q.weight' holds a non-finite value \(nan at element 3" -- "$HL" attn --checkpoint "$T/nan.safetensors" --out "$T/nanattn"
+check "NaN weight rejected by prune" nonzero "holds a non-finite value" -- "$HL" prune --checkpoint "$T/nan.safetensors" --out "$T/nanprune" --quiet
+check "empty batch rejected" nonzero "input_ids \(0,5\) holds no tokens" -- "$HL" grads --checkpoint "$T/run/model.safetensors" --batch "$T/empty_batch.safetensors" --out "$T/g3.st"
+check "output over input refused" nonzero "--out .*model.safetensors is the same file as --checkpoint" -- "$HL" grads --checkpoint "$T/run/model.safetensors" --out "$T/run/../run/model.safetensors"
+"$HL" grads --checkpoint "$T/run/model.safetensors" --batch-size 2 --out "$T/g4.st" >/dev/null 2>&1 && python3 -c "import sys; d=open('$T/run/model.safetensors','rb').read(8); sys.exit(0)" && ok "model intact after refused overwrite" || bad "model after refused overwrite"
+
+# Non-finite: a diverging run stops, and every checkpoint it left has finite weights.
+check "diverging run stops" 3 "not finite|is -?nan|is inf" -- "$HL" train $small --lr 100 --optimizer sgd --momentum 0 --clip 0 --warmup 0 --checkpoint-every 1 --steps 60 --out "$T/div"
+check "its last checkpoint loads (finite weights)" 0 "wrote" -- "$HL" grads --checkpoint "$T/div/checkpoint.safetensors" --batch-size 2 --out "$T/g5.st"
+"$HL" train $small --lr 100 --optimizer sgd --momentum 0 --clip 0 --warmup 0 --checkpoint-every 1 --steps 60 --skip-nonfinite --quiet --out "$T/div2" >/dev/null 2>&1
+check "--skip-nonfinite never leaves a non-finite model" 0 "wrote" -- "$HL" grads --checkpoint "$T/div2/model.safetensors" --batch-size 2 --out "$T/g6.st"
+if ! grep -q null "$T/div/metrics.jsonl" "$T/div2/metrics.jsonl"; then ok "no null (non-finite) metric written"; else bad "null in metrics"; fi
+
+# Sizes and values: one clear line naming the flag, non-zero exit, nothing left behind.
+while IFS='|' read -r want args; do
+  check "bound: $args" nonzero "$want" -- "$HL" $args --out "$T/bounds"
+  [ ! -e "$T/bounds" ] || { bad "bound: $args left $T/bounds behind"; rm -rf "$T/bounds"; }
+done <<'EOF2'
+--batch 100000000 of 33-token|train --batch 100000000
+--length 100000|train --length 100000
+--eval-size 2000000000|train --eval-size 2000000000
+--d-model: value 1000000 is outside|train --d-model 1000000
+--min-lr-ratio|train --min-lr-ratio -5
+--clip: 'nan'|train --clip nan
+--weight-decay: 'nan'|train --weight-decay nan
+--momentum: 'nan'|train --momentum nan
+--seed: value -1|train --seed -1
+--dump-grads-at: value -5|train --dump-grads-at -5
+--lr|train --lr 3e38
+--save-fraction: value 5|prune --save-fraction 5
+--step-fraction: 'nan'|prune --step-fraction nan
+--min-per-layer: value -1|prune --min-per-layer -1
+--finetune: value -5|prune --finetune -5
+--head-counts: 2 is given twice|ablate --head-counts 2,2
+EOF2
+check "bad --config" nonzero "'8x' is not a whole number" -- "$HL" bench --config 16,1,2,32,4,8x
+check "grads --batch-size bound" nonzero "--batch-size 100000000: a forward and backward of that batch needs about" -- "$HL" grads --checkpoint "$T/run/model.safetensors" --batch-size 100000000 --out "$T/g7.st"
+check "--tokens rejects a non-number" nonzero "'x' is not a whole number" -- "$HL" attn --checkpoint "$T/run/model.safetensors" --tokens "6 x 4 7" --out "$T/at1"
+check "--tokens rejects wrap-around" nonzero "4294967299 is outside 0..7" -- "$HL" attn --checkpoint "$T/run/model.safetensors" --tokens "6 4294967299" --out "$T/at2"
+
+# Reruns of sweeps with other settings are refused (or recomputed with --force).
+ab="--head-counts 1 --seeds 1 --d-model 8 --d-ff 16 --eval-size 16 --eval-every 10 --threads 1 --quiet"
+"$HL" ablate $ab --steps 20 --lr 0.01 --out "$T/ab" >/dev/null 2>&1
+check "ablate rerun with other flags refused" nonzero "runs/H1-seed0 holds a run made with other settings \(lr is 0.01 in the existing run but 0.05 now\)" -- "$HL" ablate $ab --steps 20 --lr 0.05 --out "$T/ab"
+check "ablate rerun with the same flags reuses" 0 "head-count ablation" -- "$HL" ablate $ab --steps 20 --lr 0.01 --out "$T/ab"
+check "ablate --force recomputes" 0 "head-count ablation: task varcopy, 40 steps" -- "$HL" ablate $ab --steps 40 --lr 0.05 --force --out "$T/ab"
+"$HL" prune --checkpoint "$T/run/model.safetensors" --random-seeds 1 --quiet --out "$T/pr" >/dev/null 2>&1
+check "prune with another checkpoint refused" nonzero "pr holds pruning results made with other settings \(checkpoint" -- "$HL" prune --checkpoint "$T/kill/checkpoint.safetensors" --random-seeds 1 --quiet --out "$T/pr"
+check "prune --out over its input refused" nonzero "is the same file as --checkpoint" -- "$HL" prune --checkpoint "$T/pr/pruned_model.safetensors" --quiet --out "$T/pr"
+
+# A killed writer's temporary files are cleaned on the next run; a dead one's only.
+touch "$T/run/.checkpoint.safetensors.tmp.999999999"
+"$HL" train --resume --steps 41 --quiet --out "$T/run" >/dev/null 2>&1
+[ ! -e "$T/run/.checkpoint.safetensors.tmp.999999999" ] && ok "stale temp file removed" || bad "stale temp file left"
+# Write errors on the metrics file stop the run with a message.
+mkdir -p "$T/full" && ln -s /dev/full "$T/full/metrics.jsonl"
+check "metrics write error" nonzero "metrics.jsonl: write failed: No space left on device" -- "$HL" train $small --steps 20 --eval-every 5 --out "$T/full"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -220,26 +220,64 @@ BOOST_AUTO_TEST_CASE(non_finite_loss_stops_and_keeps_the_checkpoint) {
     if (step == 12) t.model().head.weight.data()[0] = std::numeric_limits<float>::quiet_NaN();
   };
   BOOST_CHECK_EXCEPTION(t.run(obs), NonFiniteError, [](const NonFiniteError& e) {
-    return std::string(e.what()).find("step 13: loss is nan; stopping (the last good checkpoint, step 10, is intact") == 0;
+    return std::string(e.what()).find("step 13: parameter head.weight is no longer finite; stopping without saving it "
+                                      "(the last good checkpoint, step 10, is intact") == 0;
   });
   auto f = read_safetensors(dir + "/checkpoint.safetensors");
   BOOST_TEST(json::parse(f.meta("train_state"))["step"] == 10);
   for (float v : f.f32("head.weight").to_vector()) BOOST_TEST(std::isfinite(v));
-  // with --skip-nonfinite the run goes on to the end and counts the skipped steps (here
-  // every step after the poisoning, since the weights stay NaN)
+  // A checkpoint is never written with non-finite weights, even when the loss is finite
+  // (here the weights break between the step and the checkpoint at step 15).
+  const std::string dir_w = fresh_dir("nan-weights");
+  TrainArgs w = small_args(dir_w);
+  w.steps = 20;
+  w.checkpoint_every = 5;
+  Trainer tw(w);
+  TrainObserver obs_w;
+  obs_w.on_step = [&](int64_t step, int64_t, float, double) {
+    if (step == 15) tw.model().blocks[0]->ffn.fc1.weight.data()[0] = std::numeric_limits<float>::infinity();
+  };
+  BOOST_CHECK_EXCEPTION(tw.run(obs_w), NonFiniteError, [](const NonFiniteError& e) {
+    return std::string(e.what()).find("step 15: parameter blocks.0.ffn.fc1.weight is no longer finite") == 0;
+  });
+  BOOST_TEST(json::parse(read_safetensors(dir_w + "/checkpoint.safetensors").meta("train_state"))["step"] == 10);
+  // With --skip-nonfinite, steps whose loss is not finite while the weights are (an overflow)
+  // are skipped and counted: embeddings of 3e38 overflow every layer norm's mean for steps 4-6,
+  // then are restored.
   const std::string dir2 = fresh_dir("nan-skip");
   TrainArgs s = small_args(dir2);
   s.skip_nonfinite = true;
   s.steps = 10;
   s.eval_every = 10;
   Trainer t2(s);
+  std::vector<float> saved;
   TrainObserver obs2;
   obs2.on_step = [&](int64_t step, int64_t, float, double) {
-    if (step == 3) t2.model().head.weight.data()[0] = std::numeric_limits<float>::quiet_NaN();
+    Tensor& emb = t2.model().tok_emb.weight;
+    if (step == 3) {
+      saved = emb.to_vector();
+      emb.fill_(3e38f);
+    }
+    if (step == 6) emb.copy_from(Tensor::from(emb.shape(), saved));
   };
   TrainResult r = t2.run(obs2);
-  BOOST_TEST(r.skipped_steps == 7);
+  BOOST_TEST(r.skipped_steps == 3);
   BOOST_TEST(r.steps == 10);
+  // but a skipped step cannot mend broken weights: then the run stops (no checkpoint yet here)
+  const std::string dir3 = fresh_dir("nan-skip-weights");
+  TrainArgs s3 = small_args(dir3);
+  s3.skip_nonfinite = true;
+  s3.steps = 10;
+  Trainer t3(s3);
+  TrainObserver obs3;
+  obs3.on_step = [&](int64_t step, int64_t, float, double) {
+    if (step == 3) t3.model().head.weight.data()[0] = std::numeric_limits<float>::quiet_NaN();
+  };
+  BOOST_CHECK_EXCEPTION(t3.run(obs3), NonFiniteError, [](const NonFiniteError& e) {
+    return std::string(e.what()).find("step 4: parameter head.weight is no longer finite; stopping without saving it "
+                                      "(no checkpoint was written yet") == 0;
+  });
+  BOOST_TEST(!file_exists(dir3 + "/checkpoint.safetensors"));
 }
 
 BOOST_AUTO_TEST_CASE(grads_command_matches_in_process_autograd) {

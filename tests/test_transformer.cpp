@@ -141,6 +141,29 @@ BOOST_AUTO_TEST_CASE(checkpoint_round_trip_is_exact) {
   std::filesystem::remove(path);
 }
 
+BOOST_AUTO_TEST_CASE(parameter_shapes_are_the_models_parameters) {
+  // the shapes a checkpoint is checked against before any model is built are exactly the ones
+  // the model has, for every kind of config
+  for (int variant = 0; variant < 4; ++variant) {
+    ModelConfig c = tiny(variant % 2 ? Norm::Post : Norm::Pre);
+    c.positions = variant >= 2 ? Positions::Sinusoidal : Positions::Learned;
+    c.attn_bias = variant == 1;
+    c.mlp_bias = variant != 2;
+    c.head_bias = variant == 3;
+    c.n_heads = 4;
+    c.n_kv_heads = variant == 3 ? 2 : 0;
+    TransformerLM m(c, 1);
+    const auto expected = parameter_shapes(c);
+    const auto params = m.named_parameters();
+    BOOST_TEST_REQUIRE(expected.size() == params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      BOOST_TEST(expected[i].first == params[i].first);
+      BOOST_TEST(expected[i].second == params[i].second.shape());
+    }
+    BOOST_TEST(parameter_count(c) == m.num_parameters());
+  }
+}
+
 BOOST_AUTO_TEST_CASE(checkpoint_rejects_mismatches) {
   TransformerLM m(tiny(), 5);
   SafetensorsWriter w;
@@ -148,7 +171,8 @@ BOOST_AUTO_TEST_CASE(checkpoint_rejects_mismatches) {
   w.add("extra.weight", Tensor::zeros({2}));
   SafetensorsFile f = parse_safetensors(w.serialize(), "x.safetensors");
   BOOST_CHECK_EXCEPTION(load_model(f), Error, [](const Error& e) {
-    return std::string(e.what()) == "x.safetensors: unexpected tensor 'extra.weight' (not a parameter of this model)";
+    return std::string(e.what()) ==
+           "x.safetensors: unexpected tensor 'extra.weight' (not a parameter of the model its config describes)";
   });
   // a parameter with the wrong shape: config says d_ff 16 but the tensors are for 12
   SafetensorsWriter w2;
@@ -157,7 +181,9 @@ BOOST_AUTO_TEST_CASE(checkpoint_rejects_mismatches) {
   other.d_ff = 16;
   w2.set_meta("config", other.to_json());
   BOOST_CHECK_EXCEPTION(load_model(parse_safetensors(w2.serialize(), "y.safetensors")), Error, [](const Error& e) {
-    return std::string(e.what()) == "y.safetensors: tensor 'blocks.0.ffn.fc1.weight' has shape (12,8), expected (16,8)";
+    return std::string(e.what()) ==
+           "y.safetensors: tensor 'blocks.0.ffn.fc1.weight' has shape (12,8) but the config (d_model 8, 2 layers, 2 heads, "
+           "d_ff 16, vocab 7, max_seq_len 6) needs (16,8)";
   });
   SafetensorsWriter w3;
   w3.add("tok_emb.weight", Tensor::zeros({7, 8}));

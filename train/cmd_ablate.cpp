@@ -29,8 +29,17 @@ struct RunRecord {
   std::vector<std::pair<int64_t, EvalResult>> curve;
 };
 
+RunRecord read_run_files(const std::string& dir, int heads, uint64_t seed);
 // Reads a finished run back from its summary.json and metrics.jsonl.
 RunRecord read_run(const std::string& dir, int heads, uint64_t seed) {
+  try {
+    return read_run_files(dir, heads, seed);
+  } catch (const json::exception& e) {
+    fail(dir, ": the finished run stored there is unreadable (", e.what(), "); rerun with --force to recompute it");
+  }
+}
+
+RunRecord read_run_files(const std::string& dir, int heads, uint64_t seed) {
   RunRecord r;
   r.heads = heads;
   r.seed = seed;
@@ -84,7 +93,25 @@ struct AblateOpts {
   bool quick = false;
   std::string out;
   bool quiet = false;
+  bool force = false;  // recompute runs made with other settings instead of refusing
 };
+
+// The arguments of run (heads h, seed index s) of the sweep.
+TrainArgs run_args(const TrainArgs& base, const AblateOpts& o, const std::string& out, int h, int s) {
+  TrainArgs a = base;
+  a.model.n_heads = h;
+  a.model.n_kv_heads = 0;
+  if (o.policy == "fixed-d-model") {
+    a.model.d_head = 0;
+  } else {
+    a.model.d_head = o.fixed_d_head;
+    a.model.d_model = h * o.fixed_d_head;
+  }
+  a.seed = base.seed + static_cast<uint64_t>(s);
+  a.checkpoint_every = std::max<int64_t>(1, a.steps / 4);
+  a.out = out + "/runs/H" + std::to_string(h) + "-seed" + std::to_string(a.seed);
+  return a;
+}
 
 int run_ablate(TrainFlags& flags, AblateOpts o) {
   TrainArgs base = flags.resolve();
@@ -95,14 +122,21 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
   }
   if (o.seeds < 1) fail("--seeds must be positive, got ", o.seeds);
   if (o.head_counts.empty()) fail("--head-counts: give at least one head count");
-  for (int h : o.head_counts) {
+  for (size_t i = 0; i < o.head_counts.size(); ++i) {
+    const int h = o.head_counts[i];
     if (h < 1) fail("--head-counts: head counts must be positive, got ", h);
+    if (std::find(o.head_counts.begin(), o.head_counts.begin() + i, h) != o.head_counts.begin() + i)
+      fail("--head-counts: ", h, " is given twice");
     if (o.policy == "fixed-d-model" && base.model.d_model % h)
       fail("--head-counts: ", h, " heads do not divide d_model ", base.model.d_model,
            " (use --policy fixed-d-head to grow d_model instead)");
   }
   const std::string out = o.out.empty() ? default_out_dir("ablate") : o.out;
+  // every run's settings and memory are checked before the sweep makes any directory
+  for (int h : o.head_counts)
+    for (int s = 0; s < o.seeds; ++s) check_training_resources(run_args(base, o, out, h, s));
   make_dirs(out + "/runs");
+  const DirLock lock(out);
   const int64_t total_steps = static_cast<int64_t>(o.head_counts.size()) * o.seeds * base.steps;
   std::fprintf(stderr, "headlab ablate: heads %s x %d seeds, %s, task %s, %lld steps each -> %s\n",
                [&] { std::string s; for (int h : o.head_counts) s += (s.empty() ? "" : ",") + std::to_string(h); return s; }().c_str(),
@@ -115,19 +149,9 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
   for (int h : o.head_counts)
     for (int s = 0; s < o.seeds; ++s) {
       ++index;
-      TrainArgs a = base;
-      a.model.n_heads = h;
-      a.model.n_kv_heads = 0;
-      if (o.policy == "fixed-d-model") {
-        a.model.d_head = 0;
-      } else {
-        a.model.d_head = o.fixed_d_head;
-        a.model.d_model = h * o.fixed_d_head;
-      }
-      a.seed = base.seed + static_cast<uint64_t>(s);
-      a.checkpoint_every = std::max<int64_t>(1, a.steps / 4);
-      a.out = out + "/runs/H" + std::to_string(h) + "-seed" + std::to_string(a.seed);
-      const bool finished = file_exists(a.out + "/summary.json");
+      TrainArgs a = run_args(base, o, out, h, s);
+      reuse_only_if_same_settings(a.out, a, o.force, "--force");
+      const bool finished = run_finished(a.out);
       if (!finished) {
         a.resume = file_exists(a.out + "/checkpoint.safetensors");
         Trainer t(a);
@@ -138,8 +162,16 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
                         static_cast<unsigned long long>(a.seed), loss);
           bar.update(done_steps + step, status);
         };
-        const TrainResult r = t.run(obs);
-        write_summary(a.out, t.args(), r);
+        try {
+          const TrainResult r = t.run(obs);
+          write_summary(a.out, t.args(), r);
+        } catch (const Interrupted& e) {
+          bar.finish();
+          write_summary(a.out, t.args(), t.partial_result(), /*finished=*/false);
+          std::fprintf(stderr, "headlab ablate: interrupted in run %d/%d (%s); rerun the same command to continue\n",
+                       index, n_runs, e.what());
+          return 130;
+        }
       }
       done_steps += base.steps;
       runs.push_back(read_run(a.out, h, a.seed));
@@ -283,14 +315,17 @@ void add_ablate_command(CLI::App& app, CommandRunner& runner) {
   auto o = std::make_shared<AblateOpts>();
   set_experiment_defaults(flags->args);
   flags->add(sub, false, false);
-  sub->add_option("--head-counts", o->head_counts, "Head counts to compare")->delimiter(',')->capture_default_str();
-  sub->add_option("--seeds", o->seeds, "Seeds per head count")->capture_default_str();
+  sub->add_option("--head-counts", o->head_counts, "Head counts to compare")->delimiter(',')->capture_default_str()
+      ->check(in_range(1, 4096));
+  sub->add_option("--seeds", o->seeds, "Seeds per head count")->capture_default_str()->check(in_range(1, 1e6));
   sub->add_option("--policy", o->policy, "fixed-d-model (d_head = d_model/H) or fixed-d-head (d_model = H*d_head)")
       ->capture_default_str()->check(CLI::IsMember({"fixed-d-model", "fixed-d-head"}));
-  sub->add_option("--fixed-d-head", o->fixed_d_head, "d_head for --policy fixed-d-head")->capture_default_str();
+  sub->add_option("--fixed-d-head", o->fixed_d_head, "d_head for --policy fixed-d-head")->capture_default_str()
+      ->check(in_range(1, 1 << 16));
   sub->add_flag("--quick", o->quick, "1 seed, 300 steps, 500 held-out sequences (unless given)");
   sub->add_option("--out", o->out, "Output directory (default: runs/ablate-<date>-<time>); rerun to resume");
   sub->add_flag("--quiet", o->quiet, "No progress output");
+  sub->add_flag("--force", o->force, "Recompute runs in --out that were made with other settings (default: refuse)");
   sub->callback([&runner, flags, o] { runner = [=] { return run_ablate(*flags, *o); }; });
 }
 

@@ -45,16 +45,9 @@ BenchConfig named_config(const std::string& s) {
   std::vector<int64_t> v;
   std::stringstream ss(s);
   std::string tok;
-  while (std::getline(ss, tok, ',')) {
-    try {
-      v.push_back(std::stoll(tok));
-    } catch (...) {
-      fail("--config: '", s, "' is neither S, M, L nor d_model,layers,heads,d_ff,batch,T");
-    }
-  }
+  while (std::getline(ss, tok, ','))
+    v.push_back(parse_int(tok, 1, 1 << 24, "--config '" + s + "' (S, M, L or d_model,layers,heads,d_ff,batch,T)"));
   if (v.size() != 6) fail("--config: '", s, "' is neither S, M, L nor d_model,layers,heads,d_ff,batch,T");
-  for (int64_t x : v)
-    if (x < 1) fail("--config: '", s, "': every size must be positive");
   c.d_model = v[0], c.layers = static_cast<int>(v[1]), c.heads = static_cast<int>(v[2]);
   c.d_ff = v[3], c.batch = static_cast<int>(v[4]), c.T = v[5];
   return c;

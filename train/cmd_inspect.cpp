@@ -1,4 +1,5 @@
 // headlab grads / headlab attn: look inside a trained model.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -32,6 +33,7 @@ Batch load_batch_file(const std::string& path, const ModelConfig& cfg) {
   b.inputs = f.ids("input_ids");
   b.targets = f.ids("targets");
   if (b.inputs.shape.ndim != 2) fail(path, ": input_ids must be (B, T), got ", b.inputs.shape.str());
+  if (b.inputs.numel() == 0) fail(path, ": input_ids ", b.inputs.shape.str(), " holds no tokens");
   if (b.targets.shape != b.inputs.shape)
     fail(path, ": targets ", b.targets.shape.str(), " must have the shape of input_ids ", b.inputs.shape.str());
   if (b.inputs.shape[1] > cfg.max_seq_len)
@@ -59,9 +61,10 @@ void add_source_flags(CLI::App* sub, Source& s, bool tokens) {
     sub->add_option("--batch", s.batch_file, "Batch file (input_ids, targets) instead of drawing one from the task");
   sub->add_option("--task", s.task.name, "Task to draw from when the checkpoint does not name one")
       ->capture_default_str()->check(CLI::IsMember({"copy", "reverse", "varcopy"}));
-  sub->add_option("--seed", s.seed, "Seed of the drawn batch")->capture_default_str();
-  if (!tokens) sub->add_option("--batch-size", s.batch_size, "Sequences in the drawn batch")->capture_default_str();
-  sub->add_option("--threads", s.threads, "Threads")->capture_default_str();
+  sub->add_option("--seed", s.seed, "Seed of the drawn batch")->capture_default_str()->check(in_range(0, 1.8e19));
+  if (!tokens)
+    sub->add_option("--batch-size", s.batch_size, "Sequences in the drawn batch")->capture_default_str()->check(in_range(1, 1 << 30));
+  sub->add_option("--threads", s.threads, "Threads")->capture_default_str()->check(in_range(1, 1024));
 }
 
 // Loads the model and the batch a command works on.
@@ -77,15 +80,12 @@ std::pair<std::unique_ptr<TransformerLM>, Batch> load_inputs(const Source& s) {
          " with alphabet ", tc.alphabet, " (", task.vocab_size(), ")");
   if (!s.tokens.empty()) {
     std::vector<int32_t> ids;
-    std::stringstream ss(s.tokens);
+    std::string text = s.tokens;
+    std::replace(text.begin(), text.end(), ',', ' ');
+    std::stringstream ss(text);
     std::string tok;
-    while (ss >> tok) {
-      for (char& c : tok)
-        if (c == ',') c = ' ';
-      std::stringstream inner(tok);
-      long v;
-      while (inner >> v) ids.push_back(static_cast<int32_t>(v));
-    }
+    while (ss >> tok)
+      ids.push_back(static_cast<int32_t>(parse_int(tok, 0, model->cfg.vocab_size - 1, "--tokens (ids of the vocabulary)")));
     if (ids.empty()) fail("--tokens: no token ids given");
     Batch b;
     b.inputs = Ids(Shape{1, static_cast<int64_t>(ids.size())}, ids);
@@ -97,12 +97,19 @@ std::pair<std::unique_ptr<TransformerLM>, Batch> load_inputs(const Source& s) {
       fail("--tokens: ", ids.size(), " tokens exceed the model's max_seq_len ", model->cfg.max_seq_len);
     return {std::move(model), b};
   }
+  const double need = estimate_step_bytes(model->cfg, s.batch_size, task.seq_len(), true), have = available_memory_bytes();
+  if (need > have)
+    fail("--batch-size ", s.batch_size, ": a forward and backward of that batch needs about ", format_bytes(need),
+         " of memory, more than the ", format_bytes(have), " available");
   Rng rng(s.seed);
   return {std::move(model), task.sample(s.batch_size, rng)};
 }
 
 int run_grads(const Source& s, const std::string& out) {
+  refuse_output_over_input("--out", out, {{"--checkpoint", s.checkpoint}, {"--batch", s.batch_file}});
   auto [model, batch] = load_inputs(s);
+  if (batch.counted_targets() == 0)
+    fail(s.batch_file.empty() ? std::string("the batch") : s.batch_file, ": no target counts in the loss (every target is -1)");
   model->eval();  // dropout off
   std::vector<BlockHooks> hooks(model->cfg.n_layers);
   for (auto& h : hooks) h.attn.record = true;
@@ -135,6 +142,8 @@ std::string token_label(int32_t id, const TaskConfig& t) {
 }
 
 int run_attn(const Source& s, const std::string& out) {
+  refuse_output_over_input("--out", out, {{"--checkpoint", s.checkpoint}});
+  refuse_output_over_input("--out", out + "/attn.safetensors", {{"--checkpoint", s.checkpoint}});
   auto [model, one] = load_inputs(s);
   if (one.size() > 1) fail("attn: one sequence at a time");
   NoGradGuard ng;

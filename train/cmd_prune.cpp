@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -32,7 +33,17 @@ struct PruneOpts {
   float finetune_lr = 1e-3f;
   int random_seeds = 3;
   double save_fraction = 0.5;
+  bool force = false;  // recompute results in --out made with other settings instead of refusing
 };
+
+// FNV-1a of a file's bytes: a rerun with another checkpoint under the same path is noticed.
+std::string fingerprint(const std::string& bytes) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%zu bytes, fnv1a %016llx", bytes.size(), static_cast<unsigned long long>(h));
+  return buf;
+}
 
 
 json curve_json(const std::vector<PruneStep>& c) {
@@ -50,18 +61,30 @@ json grid_json(const HeadGrid& g) { return json(g); }
 
 int run_prune(TrainFlags& flags, const PruneOpts& o) {
   const std::string out = o.out.empty() ? default_out_dir("prune") : o.out;
-  make_dirs(out + "/curves");
-  if (o.step_fraction <= 0 || o.step_fraction > 1) fail("--step-fraction must be in (0, 1], got ", o.step_fraction);
-  if (o.random_seeds < 0) fail("--random-seeds must not be negative");
+  if (!(o.step_fraction > 0 && o.step_fraction <= 1)) fail("--step-fraction must be in (0, 1], got ", o.step_fraction);
+  if (!(o.save_fraction >= 0 && o.save_fraction <= 1)) fail("--save-fraction must be in [0, 1], got ", o.save_fraction);
+  if (o.random_seeds < 0) fail("--random-seeds must not be negative, got ", o.random_seeds);
+  if (o.min_per_layer < 0) fail("--min-per-layer must not be negative, got ", o.min_per_layer);
+  if (o.finetune_steps < 0) fail("--finetune must not be negative, got ", o.finetune_steps);
+  if (!(o.finetune_lr > 0 && o.finetune_lr <= 100)) fail("--finetune-lr must be in (0, 100], got ", o.finetune_lr);
   std::string ckpt = o.checkpoint;
   TrainArgs base = flags.resolve();
+  refuse_output_over_input("--out", out + "/pruned_model.safetensors", {{"--checkpoint", ckpt}});
   if (ckpt.empty()) {  // the default: train an 8-head model on the experiment regime
     base.model.n_heads = o.heads;
     base.steps = o.train_steps;
     base.checkpoint_every = std::max<int64_t>(1, base.steps / 5);
     base.out = out + "/base";
+    check_training_resources(base);  // before any directory is made
+  } else {
+    base.validate();
+  }
+  make_dirs(out + "/curves");
+  const DirLock lock(out);
+  if (ckpt.empty()) {
     ckpt = base.out + "/model.safetensors";
-    if (!file_exists(base.out + "/summary.json")) {
+    reuse_only_if_same_settings(base.out, base, o.force, "--force");
+    if (!run_finished(base.out)) {
       base.resume = file_exists(base.out + "/checkpoint.safetensors");
       std::fprintf(stderr, "headlab prune: training the base model (%d heads, %lld steps) in %s\n", o.heads,
                    static_cast<long long>(base.steps), base.out.c_str());
@@ -69,15 +92,50 @@ int run_prune(TrainFlags& flags, const PruneOpts& o) {
       ProgressBar bar("base model", base.steps, !o.quiet && stderr_is_terminal());
       TrainObserver obs;
       obs.on_step = [&](int64_t step, int64_t, float loss, double) { bar.update(step, "loss " + fixed(loss, 3)); };
-      const TrainResult r = t.run(obs);
-      bar.finish();
-      write_summary(base.out, t.args(), r);
+      try {
+        const TrainResult r = t.run(obs);
+        bar.finish();
+        write_summary(base.out, t.args(), r);
+      } catch (const Interrupted& e) {
+        bar.finish();
+        write_summary(base.out, t.args(), t.partial_result(), /*finished=*/false);
+        std::fprintf(stderr, "headlab prune: interrupted while training the base model (%s); rerun the same command to continue\n",
+                     e.what());
+        return 130;
+      }
     } else {
       std::fprintf(stderr, "headlab prune: base model already trained in %s\n", base.out.c_str());
     }
   }
   set_num_threads(base.threads);
-  const SafetensorsFile file = read_safetensors(ckpt);
+  const std::string ckpt_bytes = read_file(ckpt);
+  const SafetensorsFile file = parse_safetensors(ckpt_bytes, ckpt);
+  // Curves and tables already in --out are reused only if they were made with these settings.
+  const json settings = {{"checkpoint", ckpt}, {"checkpoint_file", fingerprint(ckpt_bytes)},
+                         {"step_fraction", o.step_fraction}, {"recompute", o.recompute}, {"normalize", o.normalize},
+                         {"min_per_layer", o.min_per_layer}, {"finetune", o.finetune_steps}, {"finetune_lr", o.finetune_lr},
+                         {"random_seeds", o.random_seeds}, {"eval_size", base.eval_size}, {"eval_seed", base.eval_seed},
+                         {"batch", base.batch}, {"seed", base.seed}};
+  const std::string settings_path = out + "/prune_settings.json";
+  if (file_exists(settings_path)) {
+    json old;
+    try {
+      old = json::parse(read_file(settings_path));
+    } catch (const json::exception& e) {
+      fail(settings_path, ": unreadable (", e.what(), "); pass --force to recompute");
+    }
+    for (auto it = settings.begin(); it != settings.end() && old != settings; ++it) {
+      if (old.value(it.key(), json()) == it.value()) continue;
+      if (!o.force)
+        fail(out, " holds pruning results made with other settings (", it.key(), " was ", old.value(it.key(), json()).dump(),
+             ", now ", it.value().dump(), "): rerun with the same flags, choose another --out, or pass --force to recompute");
+      std::error_code ec;
+      std::filesystem::remove_all(out + "/curves", ec);
+      make_dirs(out + "/curves");
+      break;
+    }
+  }
+  write_file_atomic(settings_path, settings.dump(2) + "\n");
   auto fresh_model = [&] { return load_model(file); };
   std::unique_ptr<TransformerLM> model = fresh_model();
   const TaskConfig tc = task_for(file, base.task);
@@ -238,17 +296,18 @@ void add_prune_command(CLI::App& app, CommandRunner& runner) {
   flags->add(sub, false, false);
   sub->add_option("--checkpoint", o->checkpoint, "Model to analyse (default: train one in OUT/base)");
   sub->add_option("--out", o->out, "Output directory (default: runs/prune-<date>-<time>); rerun to resume");
-  sub->add_option("--base-heads", o->heads, "Heads of the base model trained when no checkpoint is given")->capture_default_str();
-  sub->add_option("--train-steps", o->train_steps, "Steps of that base training")->capture_default_str();
-  sub->add_option("--step-fraction", o->step_fraction, "Fraction of all heads removed per step")->capture_default_str();
+  sub->add_option("--base-heads", o->heads, "Heads of the base model trained when no checkpoint is given")->capture_default_str()->check(in_range(1, 4096));
+  sub->add_option("--train-steps", o->train_steps, "Steps of that base training")->capture_default_str()->check(in_range(1, 1e15));
+  sub->add_option("--step-fraction", o->step_fraction, "Fraction of all heads removed per step")->capture_default_str()->check(in_range(1e-9, 1));
   sub->add_flag("--recompute", o->recompute, "Recompute importance after each pruning step");
   sub->add_flag("--normalize", o->normalize, "Normalise importance per layer by its l2 norm");
-  sub->add_option("--min-per-layer", o->min_per_layer, "Keep at least this many heads per layer")->capture_default_str();
-  sub->add_option("--finetune", o->finetune_steps, "Fine-tuning steps between pruning steps")->capture_default_str();
-  sub->add_option("--finetune-lr", o->finetune_lr, "Learning rate of that fine-tuning")->capture_default_str();
-  sub->add_option("--random-seeds", o->random_seeds, "Random pruning orders (baseline)")->capture_default_str();
-  sub->add_option("--save-fraction", o->save_fraction, "Save the importance-pruned model at this fraction")->capture_default_str();
+  sub->add_option("--min-per-layer", o->min_per_layer, "Keep at least this many heads per layer")->capture_default_str()->check(in_range(0, 4096));
+  sub->add_option("--finetune", o->finetune_steps, "Fine-tuning steps between pruning steps")->capture_default_str()->check(in_range(0, 1e9));
+  sub->add_option("--finetune-lr", o->finetune_lr, "Learning rate of that fine-tuning")->capture_default_str()->check(in_range(1e-30, 100));
+  sub->add_option("--random-seeds", o->random_seeds, "Random pruning orders (baseline)")->capture_default_str()->check(in_range(0, 1000));
+  sub->add_option("--save-fraction", o->save_fraction, "Save the importance-pruned model at this fraction")->capture_default_str()->check(in_range(0, 1));
   sub->add_flag("--quiet", o->quiet, "No progress output");
+  sub->add_flag("--force", o->force, "Recompute results in --out that were made with other settings (default: refuse)");
   sub->callback([&runner, flags, o] { runner = [=] { return run_prune(*flags, *o); }; });
 }
 

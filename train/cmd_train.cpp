@@ -106,6 +106,13 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
     bar.finish();
     std::fprintf(stderr, "headlab train: %s\n", e.what());
     return 3;
+  } catch (const Interrupted& e) {
+    bar.finish();
+    if (atlas) atlas->finish();
+    write_summary(a.out, a, trainer.partial_result(), /*finished=*/false);
+    std::fprintf(stderr, "headlab train: interrupted: %s; continue with: headlab train --resume --out %s\n", e.what(),
+                 a.out.c_str());
+    return 130;
   }
   bar.finish();
   if (atlas) atlas->finish();
@@ -142,9 +149,9 @@ void add_train_command(CLI::App& app, CommandRunner& runner) {
   sub->add_flag("--quiet", *quiet, "No progress output");
   sub->add_option("--log-grads", *log_grads,
                   "Gradient atlas: every N steps log per-head gradient and weight norms of W_Q/W_K/W_V/W_O "
-                  "(grad_atlas.csv) and attention entropy; 0 = off")->capture_default_str();
+                  "(grad_atlas.csv) and attention entropy; 0 = off")->capture_default_str()->check(in_range(0, 1e15));
   sub->add_option("--dump-grads-at", *dump_at, "Steps at which to dump every gradient (grads/step_N.safetensors) "
-                                               "and per-head W_QK / W_OV singular values")->delimiter(',');
+                                               "and per-head W_QK / W_OV singular values")->delimiter(',')->check(in_range(1, 1e15));
   sub->callback([&runner, flags, out, resume, quiet, log_grads, dump_at] {
     runner = [=] { return run_train(*flags, *out, *resume, *quiet, *log_grads, *dump_at); };
   });

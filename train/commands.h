@@ -42,5 +42,13 @@ std::string default_out_dir(const std::string& command);  // runs/<command>-YYYY
 std::string percent(double v);                              // 0.9871 -> "98.71%"
 std::string fixed(double v, int decimals);                  // 3.14159, 2 -> "3.14"
 void print_table(const std::vector<std::vector<std::string>>& rows);  // first row = header
+// A whole decimal integer in [lo, hi] (no trailing characters, no wrap-around), else an error
+// naming `what` and the text.
+int64_t parse_int(const std::string& text, int64_t lo, int64_t hi, const std::string& what);
+// CLI11 check for a number in [lo, hi] (finite; NaN and Inf rejected), shown in --help.
+CLI::Validator in_range(double lo, double hi);
+// Installs the Ctrl-C / SIGTERM handler: the first signal asks training loops to stop at the next
+// step boundary (request_stop), a second one ends the process at once.
+void install_stop_handler();
 
 }  // namespace hl

@@ -1,4 +1,9 @@
 #include <cctype>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <csignal>
+#include <cstdlib>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -11,12 +16,12 @@ void TrainFlags::add(CLI::App* app, bool with_run_flags, bool with_heads) {
   TrainArgs& a = args;
   app_ = app;
   a.task.min_len = 0;  // shown as "0 = --length"; resolve() fills it in
-  app->add_option("--d-model", a.model.d_model, "Model width")->capture_default_str();
-  app->add_option("--layers", a.model.n_layers, "Transformer blocks")->capture_default_str();
-  if (with_heads) app->add_option("--heads", a.model.n_heads, "Attention heads per layer")->capture_default_str();
-  app->add_option("--kv-heads", a.model.n_kv_heads, "Key/value heads (GQA/MQA); 0 = --heads")->capture_default_str();
-  app->add_option("--d-head", a.model.d_head, "Head size; 0 = d_model / heads")->capture_default_str();
-  app->add_option("--d-ff", a.model.d_ff, "Feed-forward width")->capture_default_str();
+  app->add_option("--d-model", a.model.d_model, "Model width")->capture_default_str()->check(in_range(1, 1 << 16));
+  app->add_option("--layers", a.model.n_layers, "Transformer blocks")->capture_default_str()->check(in_range(1, 1024));
+  if (with_heads) app->add_option("--heads", a.model.n_heads, "Attention heads per layer")->capture_default_str()->check(in_range(1, 4096));
+  app->add_option("--kv-heads", a.model.n_kv_heads, "Key/value heads (GQA/MQA); 0 = --heads")->capture_default_str()->check(in_range(0, 4096));
+  app->add_option("--d-head", a.model.d_head, "Head size; 0 = d_model / heads")->capture_default_str()->check(in_range(0, 1 << 20));
+  app->add_option("--d-ff", a.model.d_ff, "Feed-forward width")->capture_default_str()->check(in_range(1, 1 << 20));
   app->add_option("--norm", norm, "pre or post LayerNorm")->capture_default_str()->check(CLI::IsMember({"pre", "post"}));
   app->add_option("--activation", activation, "gelu_erf, gelu_tanh or relu")
       ->capture_default_str()->check(CLI::IsMember({"gelu_erf", "gelu_tanh", "relu"}));
@@ -24,33 +29,33 @@ void TrainFlags::add(CLI::App* app, bool with_run_flags, bool with_heads) {
       ->capture_default_str()->check(CLI::IsMember({"learned", "sinusoidal"}));
   app->add_option("--attn-bias", a.model.attn_bias, "Biases on W_Q, W_K, W_V, W_O")->capture_default_str();
   app->add_option("--mlp-bias", a.model.mlp_bias, "Biases on the feed-forward layers")->capture_default_str();
-  app->add_option("--dropout", a.model.dropout, "Dropout on embeddings and residual branches")->capture_default_str();
-  app->add_option("--attn-dropout", a.model.attn_dropout, "Dropout on attention weights")->capture_default_str();
+  app->add_option("--dropout", a.model.dropout, "Dropout on embeddings and residual branches")->capture_default_str()->check(in_range(0, 0.999));
+  app->add_option("--attn-dropout", a.model.attn_dropout, "Dropout on attention weights")->capture_default_str()->check(in_range(0, 0.999));
   app->add_option("--task", a.task.name, "copy, reverse or varcopy (alphabet 64, lengths 1..16)")
       ->capture_default_str()->check(CLI::IsMember({"copy", "reverse", "varcopy"}));
-  app->add_option("--length", a.task.max_len, "Sequence length L (the maximum, for variable lengths)")->capture_default_str();
-  app->add_option("--min-length", a.task.min_len, "Minimum length; 0 = --length (fixed length)")->capture_default_str();
-  app->add_option("--alphabet", a.task.alphabet, "Number of symbols")->capture_default_str();
-  app->add_option("--batch", a.batch, "Sequences per step")->capture_default_str();
-  app->add_option("--steps", a.steps, "Training steps")->capture_default_str();
-  app->add_option("--lr", a.lr, "Peak learning rate")->capture_default_str();
+  app->add_option("--length", a.task.max_len, "Sequence length L (the maximum, for variable lengths)")->capture_default_str()->check(in_range(1, 1 << 20));
+  app->add_option("--min-length", a.task.min_len, "Minimum length; 0 = --length (fixed length)")->capture_default_str()->check(in_range(0, 1 << 20));
+  app->add_option("--alphabet", a.task.alphabet, "Number of symbols")->capture_default_str()->check(in_range(1, 1 << 24));
+  app->add_option("--batch", a.batch, "Sequences per step")->capture_default_str()->check(in_range(1, INT_MAX));
+  app->add_option("--steps", a.steps, "Training steps")->capture_default_str()->check(in_range(1, 1e15));
+  app->add_option("--lr", a.lr, "Peak learning rate")->capture_default_str()->check(in_range(1e-30, 100));
   app->add_option("--schedule", a.schedule, "constant, cosine or linear (after warmup)")
       ->capture_default_str()->check(CLI::IsMember({"constant", "cosine", "linear"}));
-  app->add_option("--warmup", a.warmup, "Linear warmup steps")->capture_default_str();
-  app->add_option("--min-lr-ratio", a.min_lr_ratio, "Final lr / peak lr for cosine and linear")->capture_default_str();
+  app->add_option("--warmup", a.warmup, "Linear warmup steps")->capture_default_str()->check(in_range(0, 1e15));
+  app->add_option("--min-lr-ratio", a.min_lr_ratio, "Final lr / peak lr for cosine and linear")->capture_default_str()->check(in_range(0, 1));
   app->add_option("--optimizer", a.optimizer, "adamw, adam or sgd")
       ->capture_default_str()->check(CLI::IsMember({"adamw", "adam", "sgd"}));
-  app->add_option("--weight-decay", a.weight_decay, "Weight decay")->capture_default_str();
+  app->add_option("--weight-decay", a.weight_decay, "Weight decay")->capture_default_str()->check(in_range(0, 1e3));
   app->add_flag("--decay-all", a.decay_all, "Also decay biases, LayerNorm and embeddings");
-  app->add_option("--momentum", a.momentum, "SGD momentum")->capture_default_str();
-  app->add_option("--clip", a.clip, "Clip gradients to this global norm; 0 = off")->capture_default_str();
-  app->add_option("--seed", a.seed, "Seed of initialisation, data and dropout")->capture_default_str();
-  app->add_option("--threads", a.threads, "Threads (OpenMP and OpenBLAS)")->capture_default_str();
-  app->add_option("--eval-every", a.eval_every, "Evaluate on the held-out set every N steps")->capture_default_str();
-  app->add_option("--eval-size", a.eval_size, "Held-out sequences")->capture_default_str();
-  app->add_option("--eval-seed", a.eval_seed, "Seed of the held-out set")->capture_default_str();
+  app->add_option("--momentum", a.momentum, "SGD momentum")->capture_default_str()->check(in_range(0, 0.999999));
+  app->add_option("--clip", a.clip, "Clip gradients to this global norm; 0 = off")->capture_default_str()->check(in_range(0, 1e12));
+  app->add_option("--seed", a.seed, "Seed of initialisation, data and dropout")->capture_default_str()->check(in_range(0, 1.8e19));
+  app->add_option("--threads", a.threads, "Threads (OpenMP and OpenBLAS)")->capture_default_str()->check(in_range(1, 1024));
+  app->add_option("--eval-every", a.eval_every, "Evaluate on the held-out set every N steps")->capture_default_str()->check(in_range(1, 1e15));
+  app->add_option("--eval-size", a.eval_size, "Held-out sequences")->capture_default_str()->check(in_range(1, INT_MAX));
+  app->add_option("--eval-seed", a.eval_seed, "Seed of the held-out set")->capture_default_str()->check(in_range(0, 1.8e19));
   if (with_run_flags) {
-    app->add_option("--checkpoint-every", a.checkpoint_every, "Checkpoint every N steps (and at the end)")->capture_default_str();
+    app->add_option("--checkpoint-every", a.checkpoint_every, "Checkpoint every N steps (and at the end)")->capture_default_str()->check(in_range(1, 1e15));
     app->add_flag("--eval-ar", a.eval_autoregressive, "Greedy autoregressive exact match at every eval (always at the end)");
     app->add_flag("--skip-nonfinite", a.skip_nonfinite, "Skip steps with a non-finite loss or gradient instead of stopping");
   }
@@ -71,6 +76,41 @@ TrainArgs TrainFlags::resolve() {
   if (a.task.name == "reverse") a.task.reverse = true;
   if (a.task.min_len == 0) a.task.min_len = a.task.max_len;
   return a;
+}
+
+int64_t parse_int(const std::string& text, int64_t lo, int64_t hi, const std::string& what) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = text.empty() ? 0 : std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno == ERANGE)
+    fail(what, ": '", text, "' is not a whole number");
+  if (v < lo || v > hi) fail(what, ": ", v, " is outside ", lo, "..", hi);
+  return v;
+}
+
+CLI::Validator in_range(double lo, double hi) {
+  const std::string desc = "[" + CLI::detail::to_string(lo) + " - " + CLI::detail::to_string(hi) + "]";
+  return CLI::Validator(
+      [lo, hi](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        if (s.empty() || *end != '\0' || !std::isfinite(v)) return "'" + s + "' is not a finite number";
+        if (v < lo || v > hi) return "value " + s + " is outside [" + CLI::detail::to_string(lo) + ", " + CLI::detail::to_string(hi) + "]";
+        return "";
+      },
+      desc);
+}
+
+namespace {
+extern "C" void on_stop_signal(int sig) {
+  request_stop();
+  std::signal(sig, SIG_DFL);  // a second Ctrl-C ends the process at once
+}
+}  // namespace
+
+void install_stop_handler() {
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
 }
 
 std::string default_out_dir(const std::string& command) {

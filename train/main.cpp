@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  hl::install_stop_handler();
   try {
     return runner ? runner() : 0;
   } catch (const hl::Error& e) {

@@ -2,11 +2,17 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <set>
 #include <sstream>
 
 #include "lib/fileutil.h"
@@ -119,22 +125,35 @@ TrainArgs TrainArgs::from_json(const std::string& text, const std::string& sourc
 }
 
 void TrainArgs::validate() const {
-  auto positive = [](const char* flag, int64_t v) {
-    if (v < 1) fail("--", flag, " must be positive, got ", v);
+  auto at_least = [](const char* flag, int64_t v, int64_t lo) {
+    if (v < lo) fail("--", flag, " must be at least ", lo, ", got ", v);
   };
-  positive("batch", batch);
-  positive("steps", steps);
-  positive("eval-every", eval_every);
-  positive("checkpoint-every", checkpoint_every);
-  positive("eval-size", eval_size);
-  positive("threads", threads);
-  if (!(lr > 0.f) || !std::isfinite(lr)) fail("--lr must be a positive number, got ", lr);
-  if (warmup < 0) fail("--warmup must not be negative, got ", warmup);
-  if (weight_decay < 0.f) fail("--weight-decay must not be negative, got ", weight_decay);
-  if (clip < 0.f) fail("--clip must not be negative, got ", clip);
+  // NaN fails every comparison, so each range is written as "inside" and negated
+  auto in_range = [](const char* flag, double v, double lo, double hi, bool hi_open = false) {
+    const bool ok = std::isfinite(v) && v >= lo && (hi_open ? v < hi : v <= hi);
+    if (!ok) fail("--", flag, " must be in [", lo, ", ", hi, hi_open ? ")" : "]", ", got ", v);
+  };
+  at_least("batch", batch, 1);
+  at_least("steps", steps, 1);
+  at_least("eval-every", eval_every, 1);
+  at_least("checkpoint-every", checkpoint_every, 1);
+  at_least("eval-size", eval_size, 1);
+  at_least("threads", threads, 1);
+  if (threads > 1024) fail("--threads must be at most 1024, got ", threads);
+  if (!(lr > 0.f && lr <= 100.f)) fail("--lr must be in (0, 100], got ", lr);
+  at_least("warmup", warmup, 0);
+  in_range("min-lr-ratio", min_lr_ratio, 0, 1);
+  in_range("weight-decay", weight_decay, 0, 1e3);
+  in_range("momentum", momentum, 0, 1, true);
+  in_range("beta1", beta1, 0, 1, true);
+  in_range("beta2", beta2, 0, 1, true);
+  in_range("clip", clip, 0, 1e12);
+  in_range("dropout", model.dropout, 0, 1, true);
+  in_range("attn-dropout", model.attn_dropout, 0, 1, true);
   if (optimizer != "adamw" && optimizer != "adam" && optimizer != "sgd")
     fail("--optimizer must be adamw, adam or sgd, got '", optimizer, "'");
-  if (log_grads_every < 0) fail("--log-grads must not be negative, got ", log_grads_every);
+  at_least("log-grads", log_grads_every, 0);
+  for (int64_t s : dump_grads_at) at_least("dump-grads-at", s, 1);
   parse_schedule(schedule);
   task.validate();
   ModelConfig m = model;
@@ -142,10 +161,113 @@ void TrainArgs::validate() const {
   m.validate();
 }
 
+namespace {
+// The config the trainer builds: the task sets the vocabulary and the sequence length.
+ModelConfig model_for(const TrainArgs& a, const CopyTask& task) {
+  ModelConfig m = a.model;
+  m.vocab_size = task.vocab_size();
+  m.max_seq_len = std::max<int64_t>(m.max_seq_len, task.seq_len());
+  return m;
+}
+}  // namespace
+
+void check_training_resources(const TrainArgs& a) {
+  a.validate();
+  const CopyTask task(a.task);
+  const ModelConfig m = model_for(a, task);
+  const int64_t T = task.seq_len();
+  // the parts a user controls: the model's size, the training batch, the held-out set (its
+  // token ids, and the forward of one evaluation batch of up to 128 sequences)
+  const int eval_batch = std::min(a.eval_size, 128);
+  const double params = 16.0 * static_cast<double>(parameter_count(m));
+  const double step = estimate_step_bytes(m, a.batch, T, true) - params;
+  const double eval_data = 20.0 * static_cast<double>(a.eval_size) * static_cast<double>(T);  // ids, targets, padding
+  const double eval_forward = estimate_step_bytes(m, eval_batch, T, false);
+  const double need = params + step + eval_data + eval_forward, have = available_memory_bytes();
+  if (need <= have) return;
+  const std::string seq = std::to_string(T) + "-token sequences (--length " + std::to_string(a.task.max_len) + ")";
+  std::string what;
+  const double most = std::max({params, step, eval_data, eval_forward});
+  if (most == params)
+    what = "a model of d_model " + std::to_string(m.d_model) + ", " + std::to_string(m.n_layers) + " layers, d_ff " +
+           std::to_string(m.d_ff) + " and a vocabulary of " + std::to_string(m.vocab_size) + " (--d-model, --layers, --d-ff)";
+  else if (most == step)
+    what = "--batch " + std::to_string(a.batch) + " of " + seq;
+  else if (most == eval_data)
+    what = "--eval-size " + std::to_string(a.eval_size) + " held-out sequences of " + std::to_string(T) + " tokens";
+  else
+    what = "held-out batches of " + std::to_string(eval_batch) + " " + seq;
+  fail(what, ": training needs about ", format_bytes(need), " of memory, more than the ", format_bytes(have),
+       " available");
+}
+
+namespace {
+volatile std::sig_atomic_t g_stop = 0;
+}
+void request_stop() { g_stop = 1; }
+bool stop_requested() { return g_stop != 0; }
+void clear_stop_request() { g_stop = 0; }
+
+std::string stored_run_args(const std::string& dir) {
+  try {
+    if (file_exists(dir + "/summary.json")) return json::parse(read_file(dir + "/summary.json")).at("config").dump();
+    if (file_exists(dir + "/checkpoint.safetensors")) {
+      const SafetensorsFile f = read_safetensors(dir + "/checkpoint.safetensors");
+      return json::parse(f.meta("train_state")).at("args").dump();
+    }
+  } catch (const json::exception& e) {
+    fail(dir, ": the run stored there is unreadable (", e.what(), "); remove it or choose another --out");
+  }
+  return "null";
+}
+
+std::string first_setting_difference(const std::string& stored_json, const std::string& now_json) {
+  static const std::set<std::string> ignored = {"/threads", "/checkpoint_every", "/skip_nonfinite"};
+  const json diff = json::diff(json::parse(stored_json), json::parse(now_json));
+  for (const json& op : diff) {
+    const std::string path = op.at("path");
+    if (ignored.count(path)) continue;
+    const json::json_pointer ptr(path);
+    const json before = json::parse(stored_json).value(ptr, json()), after = json::parse(now_json).value(ptr, json());
+    auto show = [](const json& v) {  // float settings as the user typed them (0.01, not 0.009999999776)
+      if (!v.is_number_float()) return v.dump();
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.7g", v.get<double>());
+      return std::string(buf);
+    };
+    return path.substr(1) + " is " + show(before) + " in the existing run but " + show(after) + " now";
+  }
+  return "";
+}
+
+void reuse_only_if_same_settings(const std::string& dir, const TrainArgs& args, bool force, const std::string& force_flag) {
+  const std::string stored = stored_run_args(dir);
+  if (stored == "null") return;
+  TrainArgs now = args;  // as the trainer stores them: vocabulary and length from the task
+  now.model = model_for(args, CopyTask(args.task));
+  const std::string diff = first_setting_difference(stored, now.to_json());
+  if (diff.empty()) return;
+  if (force) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    if (ec) fail(dir, ": cannot remove the old run: ", ec.message());
+    return;
+  }
+  fail(dir, " holds a run made with other settings (", diff, "): rerun with the same flags, choose another --out, or pass ",
+       force_flag, " to discard it and recompute");
+}
+
 Trainer::Trainer(TrainArgs args) : args_(std::move(args)), task_(args_.task), data_rng_(0) {
-  args_.validate();
-  args_.model.vocab_size = task_.vocab_size();
-  args_.model.max_seq_len = std::max<int64_t>(args_.model.max_seq_len, task_.seq_len());
+  check_training_resources(args_);  // before anything is allocated or created
+  args_.model = model_for(args_, task_);
+  if (!args_.out.empty()) {
+    make_dirs(args_.out);
+    lock_ = std::make_unique<DirLock>(args_.out);
+    remove_stale_temp_files(args_.out);
+    if (!args_.resume && file_exists(checkpoint_path()))
+      fail(args_.out, " already holds a run (checkpoint.safetensors): pass --resume to continue it, "
+                      "or choose another --out");
+  }
   model_ = std::make_unique<TransformerLM>(args_.model, args_.seed);
   std::vector<NamedParam> params;
   for (auto& [name, t] : model_->named_parameters()) {
@@ -160,15 +282,29 @@ Trainer::Trainer(TrainArgs args) : args_(std::move(args)), task_(args_.task), da
   sched_ = LrSchedule{parse_schedule(args_.schedule), args_.lr, args_.warmup, args_.steps, args_.min_lr_ratio};
   data_rng_.seed_with(args_.seed * 0x9E3779B97F4A7C15ull + 0x5EED);
   held_out_ = task_.held_out(args_.eval_size, args_.eval_seed, std::min(args_.eval_size, 128));
-  if (!args_.out.empty()) {
-    make_dirs(args_.out);
-    if (!args_.resume && file_exists(checkpoint_path()))
-      fail(args_.out, " already holds a run (checkpoint.safetensors): pass --resume to continue it, "
-                      "or choose another --out");
-  }
 }
 
 std::string Trainer::checkpoint_path() const { return args_.out + "/checkpoint.safetensors"; }
+
+namespace {
+std::string last_good(int64_t last_ckpt, const std::string& path) {
+  return last_ckpt > 0 ? "the last good checkpoint, step " + std::to_string(last_ckpt) + ", is intact" +
+                             (path.empty() ? "" : " in " + path)
+                       : "no checkpoint was written yet";
+}
+}  // namespace
+
+void Trainer::check_weights_finite(int64_t step, int64_t last_ckpt) const {
+  for (auto& [name, t] : model_->named_parameters()) {
+    const float* d = t.data();
+    for (int64_t i = 0, n = t.numel(); i < n; ++i)
+      if (!std::isfinite(d[i]))
+        throw NonFiniteError("step " + std::to_string(step) + ": parameter " + name +
+                             " is no longer finite; stopping without saving it (" +
+                             last_good(last_ckpt, args_.out.empty() ? "" : checkpoint_path()) +
+                             "; try a smaller --lr or --clip)");
+  }
+}
 
 void Trainer::save(int64_t step, double wall_s) {
   if (args_.out.empty()) return;
@@ -214,9 +350,20 @@ int64_t Trainer::restore(double& wall_s) {
   return st.at("step").get<int64_t>();
 }
 
-void write_summary(const std::string& out, const TrainArgs& args, const TrainResult& r) {
+bool run_finished(const std::string& dir) {
+  const std::string path = dir + "/summary.json";
+  if (!file_exists(path)) return false;
+  try {
+    return json::parse(read_file(path)).value("finished", true);
+  } catch (const json::exception& e) {
+    fail(path, ": unreadable (", e.what(), ")");
+  }
+}
+
+void write_summary(const std::string& out, const TrainArgs& args, const TrainResult& r, bool finished) {
   const EvalResult& e = r.final_eval;
-  json j = {{"config", json::parse(args.to_json())},
+  json j = {{"finished", finished},
+            {"config", json::parse(args.to_json())},
             {"final", {{"step", r.steps}, {"loss", e.loss}, {"perplexity", std::exp(e.loss)},
                        {"token_acc", e.token_acc}, {"exact_match", e.exact_match},
                        {"ar_exact_match", e.ar_exact_match}}},
@@ -273,6 +420,9 @@ TrainResult Trainer::run(const TrainObserver& obs) {
   const std::string metrics_path = args_.out.empty() ? "" : args_.out + "/metrics.jsonl";
   if (args_.resume) {
     start = restore(wall_offset);
+    if (start > args_.steps)
+      fail("--steps ", args_.steps, " is below step ", start, ", which the run in ", args_.out,
+           " has already reached: give --steps ", start, " or more");
     // Drop eval lines written after the checkpoint (a crash between eval and checkpoint).
     if (file_exists(metrics_path)) {
       std::ifstream in(metrics_path);
@@ -298,7 +448,11 @@ TrainResult Trainer::run(const TrainObserver& obs) {
     }
   }
   FILE* metrics = metrics_path.empty() ? nullptr : std::fopen(metrics_path.c_str(), start ? "a" : "w");
-  if (!metrics_path.empty() && !metrics) fail(metrics_path, ": cannot open for writing");
+  if (!metrics_path.empty() && !metrics) fail(metrics_path, ": cannot open for writing: ", std::strerror(errno));
+  struct Closer {
+    FILE*& f;
+    ~Closer() { if (f) std::fclose(f); }
+  } closer{metrics};
   const auto t0 = clock::now();
   auto wall = [&] { return wall_offset + std::chrono::duration<double>(clock::now() - t0).count(); };
   auto window_start = clock::now();
@@ -319,13 +473,12 @@ TrainResult Trainer::run(const TrainObserver& obs) {
     if (!std::isfinite(loss_v) || !std::isfinite(norm)) {
       const std::string what = !std::isfinite(loss_v) ? "loss is " + std::to_string(loss_v)
                                                        : "gradient norm is " + std::to_string(norm);
-      if (!args_.skip_nonfinite) {
-        if (metrics) std::fclose(metrics);
-        throw NonFiniteError("step " + std::to_string(step + 1) + ": " + what + "; stopping (the last good checkpoint, step " +
-                             std::to_string(last_ckpt) + ", is intact" +
-                             (args_.out.empty() ? "" : " in " + checkpoint_path()) +
+      // a skipped step cannot help when the weights themselves are already broken
+      check_weights_finite(step + 1, last_ckpt);
+      if (!args_.skip_nonfinite)
+        throw NonFiniteError("step " + std::to_string(step + 1) + ": " + what + "; stopping (" +
+                             last_good(last_ckpt, args_.out.empty() ? "" : checkpoint_path()) +
                              "; --skip-nonfinite skips such steps instead)");
-      }
       ++res.skipped_steps;
     }
     window_tokens += batch.inputs.numel();
@@ -339,23 +492,40 @@ TrainResult Trainer::run(const TrainObserver& obs) {
       const double tps = secs > 0 ? window_tokens / secs : 0;
       EvalResult e = evaluate(*model_, task_, held_out_, args_.eval_autoregressive || last);
       pool_trim();  // eval-sized buffers are not needed by the training steps
+      if (!std::isfinite(e.loss)) {
+        check_weights_finite(step + 1, last_ckpt);
+        throw NonFiniteError("step " + std::to_string(step + 1) + ": the held-out loss is " + std::to_string(e.loss) +
+                             "; stopping (" + last_good(last_ckpt, args_.out.empty() ? "" : checkpoint_path()) + ")");
+      }
       res.curve.push_back({step + 1, e});
       if (res.first_step_99 < 0 && e.token_acc >= 0.99) res.first_step_99 = step + 1;
       if (metrics) {
         const std::string line = eval_json(step + 1, e, lr, tps, wall()) + "\n";
-        std::fwrite(line.data(), 1, line.size(), metrics);
-        std::fflush(metrics);
+        if (std::fwrite(line.data(), 1, line.size(), metrics) != line.size() || std::fflush(metrics) != 0)
+          fail(metrics_path, ": write failed: ", std::strerror(errno), " (", last_good(last_ckpt, checkpoint_path()), ")");
       }
       if (obs.on_eval) obs.on_eval(step + 1, e);
       window_start = clock::now();
       window_tokens = 0;
     }
-    if ((step + 1) % args_.checkpoint_every == 0 || last) {
+    const bool stop = stop_requested();
+    if ((step + 1) % args_.checkpoint_every == 0 || last || stop) {
+      check_weights_finite(step + 1, last_ckpt);  // nothing non-finite is ever checkpointed
       save(step + 1, wall());
       last_ckpt = step + 1;
     }
+    if (stop && !last) {
+      res.steps = step + 1;
+      res.wall_s = wall();
+      res.train_s = train_s_so_far_;
+      res.peak_rss_kb = peak_rss_kb();
+      if (!res.curve.empty()) res.final_eval = res.curve.back().second;
+      partial_ = res;
+      throw Interrupted("stopped at step " + std::to_string(step + 1) + " of " + std::to_string(args_.steps) +
+                            (args_.out.empty() ? "" : "; checkpoint written to " + checkpoint_path()),
+                        step + 1);
+    }
   }
-  if (metrics) std::fclose(metrics);
   res.steps = args_.steps;
   res.wall_s = wall();
   res.train_s = train_s_so_far_;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "datasets/copy_task.h"
+#include "lib/fileutil.h"
 #include "lib/optim.h"
 #include "models/transformer.h"
 #include "train/evaluate.h"
@@ -67,23 +68,55 @@ struct TrainObserver {
   std::function<void(int64_t step, TransformerLM& model)> on_gradients;
 };
 
-// Raised for a non-finite loss or gradient: names the step; the last checkpoint is intact.
+// Raised for a non-finite loss, gradient, held-out loss or weight: names the step; nothing
+// non-finite is ever checkpointed, so the last checkpoint is intact and good.
 struct NonFiniteError : Error {
   using Error::Error;
 };
 
+// Raised when a stop was requested (Ctrl-C): the run stopped at a step boundary and its
+// checkpoint is written. `step` is the step reached.
+struct Interrupted : Error {
+  Interrupted(const std::string& what, int64_t step) : Error(what), step(step) {}
+  int64_t step;
+};
+// Asks running training loops to stop at the next step boundary (async-signal-safe: a SIGINT
+// handler may call it).
+void request_stop();
+bool stop_requested();
+void clear_stop_request();
+
+// Checks a run's arguments and that it fits in memory, before anything is allocated or any
+// directory is made: one message naming the flag and the estimate.
+void check_training_resources(const TrainArgs& args);
+
+// The arguments of the run stored in `dir` (its summary.json, else its checkpoint), or null
+// JSON when the directory holds no run.
+std::string stored_run_args(const std::string& dir);
+// "steps is 80 in the existing run but 200 now" for the first setting that differs (settings
+// that do not change results, such as threads and checkpoint frequency, are ignored), or "".
+std::string first_setting_difference(const std::string& stored_json, const std::string& now_json);
+// A sweep reuses what `dir` holds only if it was made with the same settings: refuses
+// otherwise, naming the first difference, or with `force` deletes the old run.
+void reuse_only_if_same_settings(const std::string& dir, const TrainArgs& args, bool force, const std::string& force_flag);
+
 class Trainer {
  public:
   explicit Trainer(TrainArgs args);
+  // Trains from the start or the last checkpoint to args.steps. Throws NonFiniteError,
+  // Interrupted (after writing the checkpoint) or Error (e.g. a metrics write failed).
   TrainResult run(const TrainObserver& obs = {});
   TransformerLM& model() { return *model_; }
   const CopyTask& task() const { return task_; }
   const TrainArgs& args() const { return args_; }
   const std::vector<Batch>& held_out() const { return held_out_; }
   std::string checkpoint_path() const;
+  // After run() threw Interrupted: the result up to the step it stopped at (for a summary).
+  const TrainResult& partial_result() const { return partial_; }
 
  private:
   void save(int64_t step, double wall_s);
+  void check_weights_finite(int64_t step, int64_t last_ckpt) const;
   int64_t restore(double& wall_s);  // returns the step to continue from
   TrainArgs args_;
   CopyTask task_;
@@ -94,12 +127,17 @@ class Trainer {
   std::vector<Batch> held_out_;
   double train_s_so_far_ = 0;  // time in training steps, carried across resumes
   Batch batch_;                // the training batch, refilled in place every step
+  std::unique_ptr<DirLock> lock_;  // owns args.out while the trainer lives
+  TrainResult partial_;
 };
 
 long peak_rss_kb();
 
-// summary.json of a finished run: configuration, final metrics, timings, sizes.
-void write_summary(const std::string& out_dir, const TrainArgs& args, const TrainResult& r);
+// summary.json of a run: configuration, final metrics, timings, sizes; `finished` is false for a
+// run stopped early (Ctrl-C), which sweeps then continue instead of reading back.
+void write_summary(const std::string& out_dir, const TrainArgs& args, const TrainResult& r, bool finished = true);
+// Whether `dir` holds a finished run (a summary.json that does not say finished: false).
+bool run_finished(const std::string& dir);
 
 // One optimisation step on a batch (forward, loss, backward, clip, step, zero_grad); returns
 // the loss and the gradient norm before clipping. Non-finite values skip the update.
