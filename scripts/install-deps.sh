@@ -10,6 +10,7 @@ PKGS=(
   nlohmann-json3-dev               # JSON: safetensors headers, metrics, summaries
   libcli11-dev                     # command-line flags with --help
   gnuplot-nox                      # PNG plots (heatmaps, curves)
+  python3                          # tests: crafting corrupt files, measuring peak memory
 )
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
