@@ -4,6 +4,7 @@
 // HEADLAB_OPS is the op list. tests/test_gradcheck.cpp holds one gradcheck case per entry
 // and fails when an entry has none, so an op cannot be added without its gradient test.
 #pragma once
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -17,7 +18,7 @@ namespace hl {
   X(exp) X(log) X(sqrt) X(tanh) X(sigmoid) X(relu) X(gelu_tanh) X(gelu_erf)             \
   X(matmul) X(linear) X(linear_stacked) X(linear_act) X(sum) X(mean) X(max)                                             \
   X(softmax) X(log_softmax) X(masked_fill) X(cross_entropy) X(layer_norm)               \
-  X(embedding) X(dropout) X(reshape) X(permute) X(transpose) X(slice) X(concat) X(split)
+  X(embedding) X(dropout) X(reshape) X(permute) X(transpose) X(slice) X(concat) X(split) X(tap)
 
 // Integer indices (token ids, targets): no gradient, so a plain array with a shape.
 struct Ids {
@@ -91,6 +92,9 @@ Tensor transpose(const Tensor& x, int axis0, int axis1);
 Tensor slice(const Tensor& x, int axis, int64_t start, int64_t end);  // [start, end)
 Tensor concat(const std::vector<Tensor>& xs, int axis);
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int axis);
+// The identity (a view of x's storage) whose backward first hands the incoming gradient to
+// on_grad: how backward hooks see dL/d(activation) at a named hook point.
+Tensor tap(const Tensor& x, std::function<void(const Tensor& grad)> on_grad);
 
 // ---- operators ---------------------------------------------------------------------------------
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }

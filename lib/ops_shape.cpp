@@ -40,6 +40,19 @@ Tensor reshape(const Tensor& x, const Shape& shape) {
   return y;
 }
 
+Tensor tap(const Tensor& x, std::function<void(const Tensor& grad)> on_grad) {
+  Tensor y = storage_view(x, 0, x.shape());
+  if (needs_graph({&x}))
+    attach(y, "tap", {x}, [x, on_grad = std::move(on_grad)](TensorImpl& self) {
+      const Tensor g(self.grad);
+      if (on_grad) on_grad(g);
+      const float* gp = self.grad->data();
+      float* gx = grad_buffer(x);
+      for (int64_t i = 0, n = self.shape.numel(); i < n; ++i) gx[i] += gp[i];
+    });
+  return y;
+}
+
 namespace {
 // Output dim d of permute(x, perm) walks input dim perm[d]: strides for for_each_broadcast.
 BroadcastPlan permute_plan(const Shape& in, const std::vector<int>& perm) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 
 
 #include "lib/autograd.h"
@@ -150,6 +151,17 @@ void masked_softmax_row(float* row, int64_t ke, const AttnDims& d, int64_t b, in
 
 namespace {
 
+// Where backward reports dL/dP: the tensor and the callback, held together so the backward
+// closure stays small (one pointer); none is allocated when nobody asked.
+struct PatternGradSink {
+  Tensor grad;
+  std::function<void(const Tensor&)> on_grad;
+};
+std::shared_ptr<PatternGradSink> pattern_grad_sink(const AttentionArgs& a) {
+  if (!a.pattern_grad.defined()) return nullptr;
+  return std::make_shared<PatternGradSink>(PatternGradSink{a.pattern_grad, a.on_pattern_grad});
+}
+
 // The op for both layouts: q, k, v are three tensors, or one packed tensor passed three times
 // (then it is the only tensor parent and its gradient block receives dQ, dK and dV).
 Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const AttnDims& d,
@@ -208,7 +220,7 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
 
   if (needs_graph({&q, &k, &v, &a.gates}))
     attach(out, "attention", {q, packed ? Tensor() : k, packed ? Tensor() : v, a.gates},
-           [q, k, v, gates = a.gates, P, Pd, drop_mask, pg = a.pattern_grad, d, scale, causal](TensorImpl& self) {
+           [q, k, v, gates = a.gates, P, Pd, drop_mask, sink = pattern_grad_sink(a), d, scale, causal](TensorImpl& self) {
              HL_PROFILE(Attention);
              const float *dO = self.grad->data(), *Q = q.data() + d.q_off, *K = k.data() + d.k_off,
                          *V = v.data() + d.v_off;
@@ -226,7 +238,7 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
              if (dK) dK += d.k_off;
              if (dV) dV += d.v_off;
              float* dG = grad_buffer(gates);
-             float* dPout = pg.defined() ? pg.data() : nullptr;
+             float* dPout = sink ? sink->grad.data() : nullptr;
              const int64_t TT = d.Tq * d.Tk, BR = block_rows(d, causal);
              Tensor work = Tensor::empty({d.B, d.H, d.Tq, d.Tk});  // dL/dP, then dL/dS
              Tensor gate_part = Tensor::zeros({d.B, d.H});         // per (b,h) dL/dg
@@ -297,6 +309,7 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
              if (dG)  // fixed-order reduction over the batch
                for (int64_t h = 0; h < d.H; ++h)
                  for (int64_t b = 0; b < d.B; ++b) dG[h] += GP[b * d.H + h];
+             if (sink && sink->on_grad) sink->on_grad(sink->grad);
            });
   return out;
 }
@@ -375,19 +388,99 @@ MultiHeadAttention::MultiHeadAttention(const AttentionConfig& c, Rng& rng, Rng* 
   if (c.bias) into_slab({&W_Q.bias, &W_K.bias, &W_V.bias});
 }
 
+namespace {
+
+// Unfused pieces of attention, from differentiable primitive ops, for hooks that replace the
+// scores or the pattern (the fused op computes them in place and cannot take a replacement).
+// Heads of k/v (B, Tk, Hkv*dh) as (B, H, Tk, dh), each query head reading its kv head.
+Tensor kv_heads_for_queries(const Tensor& t, int64_t Tk, int H, int Hkv, int64_t dh) {
+  const int64_t B = t.size(0);
+  const Tensor rows = t.size(1) == Tk ? t : slice(t, 1, 0, Tk);  // a KV-cache buffer has spare rows
+  Tensor th = permute(reshape(rows, {B, Tk, Hkv, dh}), {0, 2, 1, 3});  // (B, Hkv, Tk, dh)
+  if (Hkv == H) return th;
+  std::vector<Tensor> per_head;
+  for (int h = 0; h < H; ++h) per_head.push_back(slice(th, 1, h / (H / Hkv), h / (H / Hkv) + 1));
+  return concat(per_head, 1);  // (B, H, Tk, dh)
+}
+
+// Scaled, masked scores (B, H, Tq, Tk): masked keys are -inf (weight 0 after softmax).
+Tensor attention_scores(const Tensor& q, const Tensor& k, const AttentionArgs& a, int64_t Tk) {
+  const int64_t B = q.size(0), Tq = q.size(1), H = a.n_heads, dh = a.d_head;
+  const Tensor qh = permute(reshape(q, {B, Tq, H, dh}), {0, 2, 1, 3});  // (B, H, Tq, dh)
+  const float scale = a.scale > 0.f ? a.scale : 1.f / std::sqrt(static_cast<float>(dh));
+  Tensor s = mul_scalar(matmul(qh, kv_heads_for_queries(k, Tk, a.n_heads, a.n_kv_heads, dh), false, true), scale);
+  if (a.additive_mask.defined()) s = add(s, a.additive_mask);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  if (a.causal) {
+    Tensor m = Tensor::zeros({Tq, Tk});
+    for (int64_t i = 0; i < Tq; ++i)
+      for (int64_t j = i + (Tk - Tq) + 1; j < Tk; ++j) m.at({i, j}) = 1.f;
+    s = masked_fill(s, m, neg_inf);
+  }
+  if (a.key_padding.defined()) s = masked_fill(s, reshape(a.key_padding, {B, 1, 1, Tk}), neg_inf);
+  return s;
+}
+
+// dL/dS (B, H, Tq, Tk) of S -> softmax(S) = P from dL/dP: P (dP - rowsum(dP P)), rows in double.
+Tensor softmax_backward(const Tensor& P, const Tensor& dP) {
+  Tensor dS = Tensor::empty(P.shape());
+  const int64_t n = P.size(-1), rows = P.numel() / n;
+  const float *p = P.data(), *g = dP.data();
+  float* o = dS.data();
+  for (int64_t r = 0; r < rows; ++r) {
+    double dot = 0;
+    for (int64_t j = 0; j < n; ++j) dot += static_cast<double>(g[r * n + j]) * p[r * n + j];
+    for (int64_t j = 0; j < n; ++j) o[r * n + j] = static_cast<float>(p[r * n + j] * (g[r * n + j] - dot));
+  }
+  return dS;
+}
+
+// Head outputs z (B, Tq, H*dh) = g_h P_h V_h from a pattern P (B, H, Tq, Tk).
+Tensor attention_from_pattern(const Tensor& P, const Tensor& v, const AttentionArgs& a) {
+  const int64_t B = P.size(0), H = P.size(1), Tq = P.size(2), Tk = P.size(3), dh = a.d_head;
+  Tensor zh = matmul(P, kv_heads_for_queries(v, Tk, a.n_heads, a.n_kv_heads, dh));  // (B, H, Tq, dh)
+  if (a.gates.defined()) zh = mul(zh, reshape(a.gates, {1, H, 1, 1}));
+  return reshape(permute(zh, {0, 2, 1, 3}), {B, Tq, H * dh});
+}
+
+}  // namespace
+
 Tensor MultiHeadAttention::forward(const Tensor& x_q, const Tensor& x_kv_in, const Call& call) {
-  AttentionHooks* hk = call.hooks;
-  // Self-attention with nothing to record: one projection, one packed attention, no copies.
-  const bool packed = !x_kv_in.defined() && !call.kv_cache && !(hk && (hk->record || hk->record_grads));
+  const Hooks* hk = call.hooks;
+  const std::string& pre = call.hook_prefix;
+  auto hooked = [&](const char* n) { return hk && hk->any(pre + n); };
+  const int H = cfg.n_heads, Hkv = cfg.kv_heads();
+  const int64_t dh = cfg.head_dim();
+  // A hook sees (B, T, heads, d_head); a replacement goes back to (B, T, heads*d_head).
+  auto hook_heads = [&](const char* n, const Tensor& t, int heads) {
+    if (!hooked(n)) return t;
+    const Tensor view = reshape(t, {t.size(0), t.size(1), heads, dh});
+    const Tensor r = hk->apply(pre + n, view);
+    return r.same(view) ? t : reshape(r, t.shape());
+  };
+  // Self-attention: one projection and one packed attention, no copies (the fast path). Only a
+  // hook that replaces (or needs the gradient of) q, k or v splits them.
+  const bool packed = !x_kv_in.defined() && !call.kv_cache;
   const Tensor& x_kv = x_kv_in.defined() ? x_kv_in : x_q;
   Tensor q, k, v, qkv;
+  auto split_packed = [&] {  // q, k, v as tensors of their own (copies), e.g. for the scores
+    if (q.defined()) return;
+    std::vector<Tensor> parts = split(qkv, {H * dh, Hkv * dh, Hkv * dh}, 2);
+    q = parts[0], k = parts[1], v = parts[2];
+  };
   if (packed) {
     const Tensor ws[3] = {W_Q.weight, W_K.weight, W_V.weight}, bs[3] = {W_Q.bias, W_K.bias, W_V.bias};
     qkv = linear_stacked(x_q, ws, bs);  // (B, T, (H + 2 Hkv) dh)
+    if (hooked("hook_q") || hooked("hook_k") || hooked("hook_v")) {
+      split_packed();
+      const Tensor q2 = hook_heads("hook_q", q, H), k2 = hook_heads("hook_k", k, Hkv), v2 = hook_heads("hook_v", v, Hkv);
+      if (!q2.same(q) || !k2.same(k) || !v2.same(v)) qkv = concat({q2, k2, v2}, 2);
+      q = q2, k = k2, v = v2;
+    }
   } else {
-    q = W_Q.forward(x_q);   // (B, Tq, H*dh)
-    k = W_K.forward(x_kv);  // (B, Tk, Hkv*dh)
-    v = W_V.forward(x_kv);
+    q = hook_heads("hook_q", W_Q.forward(x_q), H);    // (B, Tq, H*dh)
+    k = hook_heads("hook_k", W_K.forward(x_kv), Hkv);  // (B, Tk, Hkv*dh)
+    v = hook_heads("hook_v", W_V.forward(x_kv), Hkv);
   }
   int64_t kv_len = 0;
   if (call.kv_cache) {  // append this call's rows to the cache buffers, attend to all of them
@@ -414,9 +507,9 @@ Tensor MultiHeadAttention::forward(const Tensor& x_q, const Tensor& x_kv_in, con
     v = c.v;
   }
   AttentionArgs a;
-  a.n_heads = cfg.n_heads;
-  a.n_kv_heads = cfg.kv_heads();
-  a.d_head = static_cast<int>(cfg.head_dim());
+  a.n_heads = H;
+  a.n_kv_heads = Hkv;
+  a.d_head = static_cast<int>(dh);
   a.causal = call.causal;
   a.additive_mask = call.additive_mask;
   a.key_padding = call.key_padding;
@@ -424,44 +517,75 @@ Tensor MultiHeadAttention::forward(const Tensor& x_q, const Tensor& x_kv_in, con
   a.dropout = training() ? cfg.dropout : 0.f;
   a.rng = dropout_rng_;
   a.kv_len = kv_len;
-  if (hk && hk->record_grads)
-    a.pattern_grad = Tensor::zeros({x_q.size(0), cfg.n_heads, q.size(1), kv_len ? kv_len : k.size(1)});
-  Tensor pattern;
-  const bool want_pattern = (hk && hk->record) || call.pattern;
-  Tensor* pattern_out = want_pattern ? &pattern : nullptr;
-  Tensor z = packed ? attention_packed(qkv, a, pattern_out) : attention(q, k, v, a, pattern_out);  // (B, Tq, H*dh)
-  if (call.pattern) *call.pattern = pattern;
-  if (hk) {
-    bool any = false;
-    for (bool b : hk->ablate) any = any || b;
-    if (any) {
-      if (static_cast<int>(hk->ablate.size()) != cfg.n_heads)
-        fail("attention hooks: ablate has ", hk->ablate.size(), " entries for ", cfg.n_heads, " heads");
-      const int64_t dh = cfg.head_dim(), width = cfg.n_heads * dh;
-      if (hk->replacement.defined() && hk->replacement.shape() != Shape({width}))
-        fail("attention hooks: replacement ", hk->replacement.shape().str(), " must be (", width, ")");
-      Tensor keep = Tensor::ones({width}), repl = Tensor::zeros({width});
-      for (int h = 0; h < cfg.n_heads; ++h)
-        if (hk->ablate[h])
-          for (int64_t j = h * dh; j < (h + 1) * dh; ++j) {
-            keep.data()[j] = 0.f;
-            if (hk->replacement.defined()) repl.data()[j] = hk->replacement.data()[j];
-          }
-      z = add(mul(z, keep), repl);
+  const int64_t B = x_q.size(0), Tq = x_q.size(1), Tk = kv_len ? kv_len : (packed ? Tq : k.size(1));
+
+  // Scores and pattern. The fused op hands out the pattern for reading and, in backward, dL/dP
+  // (from which dL/dS follows) for backward hooks; only a hook that replaces the scores or the
+  // pattern takes the unfused path from there on.
+  const std::string scores_name = hk ? pre + "hook_attn_scores" : std::string(),  // no strings
+                    pattern_name = hk ? pre + "hook_pattern" : std::string();      // without hooks
+  Tensor z, P;
+  if (hk && hk->has_forward(scores_name)) {  // recomputed beside the fused kernel for the hook
+    split_packed();
+    const Tensor S = attention_scores(q, k, a, Tk);
+    const Tensor S2 = hk->apply(scores_name, S, /*tap_for_backward=*/false);
+    if (!S2.same(S)) P = softmax(hk->tapped(scores_name, S2), -1);  // masked keys: -inf, weight 0
+  }
+  if (P.defined()) {  // unfused from the scores on
+    if (hooked("hook_pattern")) P = hk->apply(pattern_name, P);
+    if (a.dropout > 0.f) P = dropout(P, a.dropout, *a.rng, true);
+    z = attention_from_pattern(P, v, a);
+  } else {
+    const bool pattern_hooked = hooked("hook_pattern");
+    const bool grads_wanted = hk && grad_enabled() && (hk->has_backward(pattern_name) || hk->has_backward(scores_name));
+    // the fused op's P, shared with the backward hook of the scores (allocated only for hooks)
+    auto pattern = pattern_hooked || grads_wanted ? std::make_shared<Tensor>() : nullptr;
+    if (grads_wanted) {
+      a.pattern_grad = Tensor::zeros({B, H, Tq, Tk});
+      a.on_pattern_grad = [hooks = *hk, pattern_name, scores_name, pattern](const Tensor& dP) {
+        if (hooks.has_backward(pattern_name)) hooks.backward_at(pattern_name, dP);
+        if (hooks.has_backward(scores_name)) hooks.backward_at(scores_name, softmax_backward(*pattern, dP));
+      };
     }
-    if (hk->record || hk->record_grads) {
-      hk->q = q;
-      hk->k = k;
-      hk->v = v;
-      hk->z = z;
-      hk->pattern = pattern;
-      hk->pattern_grad = a.pattern_grad;
-      if (hk->record_grads && z.requires_grad()) {
-        z.retain_grad();
-        q.retain_grad();
-        k.retain_grad();
-        v.retain_grad();
+    const bool want_pattern = pattern_hooked || grads_wanted;
+    z = packed ? attention_packed(qkv, a, want_pattern ? pattern.get() : nullptr)  // qkv holds any replacement
+               : attention(q, k, v, a, want_pattern ? pattern.get() : nullptr);
+    if (pattern_hooked) {
+      const Tensor P2 = hk->apply(pattern_name, *pattern, /*tap_for_backward=*/false);  // detached
+      if (!P2.same(*pattern)) {
+        split_packed();
+        z = attention_from_pattern(hk->tapped(pattern_name, P2), v, a);  // the replacement decides the output
       }
+    }
+  }
+  z = hook_heads("hook_z", z, H);  // (B, Tq, H*dh)
+  if (hooked("hook_result")) {
+    const std::string result_name = pre + "hook_result";
+    Tensor result;  // (B, Tq, H, d_model): each head's z_h W_O[:, h]^T; their sum (+ bias) is the output
+    if (hk->has_forward(result_name)) {
+      std::vector<Tensor> per_head;
+      for (int h = 0; h < H; ++h) {
+        const Tensor zh = slice(z, 2, h * dh, (h + 1) * dh), wh = slice(W_O.weight, 1, h * dh, (h + 1) * dh);
+        per_head.push_back(reshape(matmul(zh, wh, false, true), {B, Tq, 1, cfg.d_model}));
+      }
+      result = concat(per_head, 2);
+      const Tensor r2 = hk->apply(result_name, result, /*tap_for_backward=*/false);
+      if (!r2.same(result)) {
+        const Tensor out = sum(hk->tapped(result_name, r2), {2});
+        return W_O.bias.defined() ? add(out, W_O.bias) : out;
+      }
+    }
+    // Not replaced: the output keeps the fused path. dL/d(result_h) is dL/d(output) for every h.
+    if (hk->has_backward(result_name) && grad_enabled()) {
+      const Hooks hooks = *hk;
+      const int heads = H;
+      return tap(W_O.forward(z), [hooks, result_name, heads](const Tensor& g) {  // g (B, Tq, d_model)
+        const int64_t rows = g.numel() / g.size(-1), D = g.size(-1);
+        Tensor per_head = Tensor::empty({g.size(0), g.size(1), heads, D});
+        for (int64_t r = 0; r < rows; ++r)
+          for (int h = 0; h < heads; ++h) std::copy(g.data() + r * D, g.data() + (r + 1) * D, per_head.data() + (r * heads + h) * D);
+        hooks.backward_at(result_name, per_head);
+      });
     }
   }
   return W_O.forward(z);

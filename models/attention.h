@@ -11,6 +11,7 @@
 
 #include "lib/nn.h"
 #include "lib/ops.h"
+#include "models/hooks.h"
 
 namespace hl {
 
@@ -28,7 +29,8 @@ struct AttentionArgs {
   Tensor gates;         // (H) multipliers on each head's output; differentiable; may be undefined
   float dropout = 0.f;  // on the attention weights, training only
   Rng* rng = nullptr;   // for dropout
-  Tensor pattern_grad;  // if defined, (B,H,Tq,Tk): backward writes dL/dP into it
+  Tensor pattern_grad;  // if defined, (B,H,Tq,Tk), zeros: backward adds dL/dP into it
+  std::function<void(const Tensor& dP)> on_pattern_grad;  // then called with it (backward hooks)
   int64_t kv_len = 0;   // 0 = k.size(1); else only the first kv_len rows of k and v are keys
                         // (a KV-cache buffer holds more rows than are filled)
 };
@@ -51,22 +53,6 @@ std::pair<Tensor, Tensor> scaled_dot_product_attention(const Tensor& q, const Te
                                                        const Tensor& v, int n_heads,
                                                        bool causal = false,
                                                        const Tensor& additive_mask = Tensor());
-
-// Everything a user may read or change inside one attention layer during a forward pass.
-// Costs nothing when `record` is false and no ablation is set.
-struct AttentionHooks {
-  bool record = false;         // keep q, k, v, z and the pattern
-  bool record_grads = false;   // also keep their gradients after backward (retain_grad)
-  // Head replacement before W_O: heads with ablate[h] get replacement[h] (zeros = zero
-  // ablation; a mean head output = mean ablation). `replacement` is (H*dh) or undefined.
-  std::vector<bool> ablate;
-  Tensor replacement;
-  // Filled by the forward pass when recording:
-  Tensor q, k, v;        // (B, T, H*dh) and (B, T, Hkv*dh)
-  Tensor z;              // (B, Tq, H*dh): head outputs (gates applied) before W_O
-  Tensor pattern;        // (B, H, Tq, Tk)
-  Tensor pattern_grad;   // (B, H, Tq, Tk): dL/dP after backward (when record_grads)
-};
 
 // Keys and values seen so far, for incremental decoding. The buffers are allocated once at
 // `capacity` rows and filled in place, so decoding allocates nothing per token.
@@ -97,11 +83,15 @@ class MultiHeadAttention : public Module {
     bool causal = false;
     Tensor additive_mask;
     Tensor key_padding;            // (B, Tk)
-    AttentionHooks* hooks = nullptr;
     KVCacheLayer* kv_cache = nullptr;  // append this call's keys/values, attend to all
-    Tensor* pattern = nullptr;     // receives (B, H, Tq, Tk)
+    const Hooks* hooks = nullptr;  // hook points hook_prefix + hook_q, hook_k, hook_v,
+    std::string hook_prefix;       //   hook_attn_scores, hook_pattern, hook_z, hook_result
   };
   // x_q (B, Tq, d_model); x_kv (B, Tk, d_model) for cross-attention or undefined for self.
+  // Hook points (shapes): hook_q (B,Tq,H,dh), hook_k and hook_v (B,Tk,Hkv,dh),
+  // hook_attn_scores (B,H,Tq,Tk) scaled and masked (-inf) before softmax, hook_pattern
+  // (B,H,Tq,Tk), hook_z (B,Tq,H,dh) gated head outputs before W_O, hook_result (B,Tq,H,d_model)
+  // each head's contribution to the output (computed only when hooked; W_O's bias not included).
   Tensor forward(const Tensor& x_q, const Tensor& x_kv, const Call& call);
 
   AttentionConfig cfg;

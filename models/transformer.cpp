@@ -137,8 +137,24 @@ FeedForward::FeedForward(int64_t d_model, int64_t d_ff, Activation act, bool bia
   register_module("fc2", &fc2);
 }
 
-Tensor FeedForward::forward(const Tensor& x) const {
-  Tensor h = linear_act(x, fc1.weight, fc1.bias, act);  // (..., d_ff): act(fc1(x)) in one pass
+namespace {
+Tensor activation(const Tensor& x, Activation a) {
+  switch (a) {
+    case Activation::Relu: return relu(x);
+    case Activation::GeluTanh: return gelu_tanh(x);
+    case Activation::GeluErf: return gelu_erf(x);
+  }
+  return x;
+}
+}  // namespace
+
+Tensor FeedForward::forward(const Tensor& x, const Hooks* hk, const std::string& prefix) const {
+  Tensor h;  // (..., d_ff)
+  if (hk && hk->any(prefix + "hook_pre"))  // the pre-activation exists only on request
+    h = activation(hk->apply(prefix + "hook_pre", linear(x, fc1.weight, fc1.bias)), act);
+  else
+    h = linear_act(x, fc1.weight, fc1.bias, act);  // act(fc1(x)) in one pass
+  if (hk) h = hk->apply(prefix + "hook_post", h);
   return fc2.forward(h);
 }
 
@@ -155,30 +171,27 @@ TransformerBlock::TransformerBlock(const ModelConfig& c, Rng& rng, Rng* dropout_
   register_module("ffn", &ffn);
 }
 
-Tensor TransformerBlock::forward(const Tensor& x, const MultiHeadAttention::Call& call_in,
-                                 BlockHooks* hooks) {
+Tensor TransformerBlock::forward(const Tensor& x_in, const MultiHeadAttention::Call& call_in, const Hooks* hk,
+                                 const std::string& prefix) {
+  auto hook = [&](const char* name, const Tensor& t) { return hk ? hk->apply(prefix + name, t) : t; };
   MultiHeadAttention::Call call = call_in;
-  if (hooks) call.hooks = &hooks->attn;
-  const bool keep = hooks && (hooks->record_resid || hooks->attn.record_grads);
-  Tensor mid, out;
+  if (hk) {
+    call.hooks = hk;
+    call.hook_prefix = prefix + "attn.";
+  }
+  const std::string mlp = hk ? prefix + "mlp." : std::string();
+  const Tensor x = hook("hook_resid_pre", x_in);
   if (norm == Norm::Pre) {  // x = x + attn(ln1(x)); x = x + ffn(ln2(x))
-    mid = add(x, resid_dropout.forward(attn.forward(ln1.forward(x), Tensor(), call)));
-    out = add(mid, resid_dropout.forward(ffn.forward(ln2.forward(mid))));
-  } else {  // x = ln1(x + attn(x)); x = ln2(x + ffn(x))
-    mid = ln1.forward(add(x, resid_dropout.forward(attn.forward(x, Tensor(), call))));
-    out = ln2.forward(add(mid, resid_dropout.forward(ffn.forward(mid))));
+    const Tensor a = hook("hook_attn_out", resid_dropout.forward(attn.forward(hook("ln1.hook_normalized", ln1.forward(x)), Tensor(), call)));
+    const Tensor mid = hook("hook_resid_mid", add(x, a));
+    const Tensor m = hook("hook_mlp_out", resid_dropout.forward(ffn.forward(hook("ln2.hook_normalized", ln2.forward(mid)), hk, mlp)));
+    return hook("hook_resid_post", add(mid, m));
   }
-  if (keep) {
-    hooks->resid_pre = x;
-    hooks->resid_mid = mid;
-    hooks->resid_post = out;
-    if (hooks->attn.record_grads) {
-      if (x.requires_grad() && !x.is_leaf()) x.retain_grad();
-      if (mid.requires_grad()) mid.retain_grad();
-      if (out.requires_grad()) out.retain_grad();
-    }
-  }
-  return out;
+  // post-norm: x = ln1(x + attn(x)); x = ln2(x + ffn(x))
+  const Tensor a = hook("hook_attn_out", resid_dropout.forward(attn.forward(x, Tensor(), call)));
+  const Tensor mid = hook("hook_resid_mid", ln1.forward(add(x, a)));
+  const Tensor m = hook("hook_mlp_out", resid_dropout.forward(ffn.forward(mid, hk, mlp)));
+  return hook("hook_resid_post", ln2.forward(add(mid, m)));
 }
 
 TransformerLM::TransformerLM(const ModelConfig& c, uint64_t seed)
@@ -220,22 +233,23 @@ Tensor TransformerLM::forward(const Ids& ids, const ForwardOptions& opt) {
   const int64_t offset = opt.kv_cache && !opt.kv_cache->empty() ? (*opt.kv_cache)[0].length() : 0;
   if (offset + T > cfg.max_seq_len)
     fail("model: sequence of length ", offset + T, " exceeds max_seq_len ", cfg.max_seq_len);
-  if (opt.hooks && static_cast<int>(opt.hooks->size()) != cfg.n_layers)
-    fail("model: ", opt.hooks->size(), " layer hooks for ", cfg.n_layers, " layers");
   if (opt.kv_cache && opt.kv_cache->empty()) {
     opt.kv_cache->resize(cfg.n_layers);
     for (auto& c : *opt.kv_cache) c.capacity = cfg.max_seq_len;
   }
-  Tensor x = tok_emb.forward(ids);  // (B, T, d_model)
+  const Hooks* hk = opt.hooks;
+  auto hook = [&](const char* name, const Tensor& t) { return hk ? hk->apply(name, t) : t; };  // no string without hooks
+  const Tensor tok = hook("hook_embed", tok_emb.forward(ids));  // (B, T, d_model)
+  Tensor pos;                                                    // (T, d_model), broadcast over B
   if (pos_emb) {
     positions_.shape = Shape{T};  // reused: no allocation per forward
     positions_.data.resize(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) positions_.data[t] = static_cast<int32_t>(offset + t);
-    x = add(x, pos_emb->forward(positions_));  // (T, d_model) broadcast over B
+    pos = pos_emb->forward(positions_);
   } else {
-    x = add(x, slice(sinusoid, 0, offset, offset + T));
+    pos = slice(sinusoid, 0, offset, offset + T);
   }
-  x = emb_dropout.forward(x);
+  Tensor x = emb_dropout.forward(add(tok, hook("hook_pos_embed", pos)));
   MultiHeadAttention::Call call;
   call.causal = true;
   if (opt.key_padding.defined()) {
@@ -245,10 +259,51 @@ Tensor TransformerLM::forward(const Ids& ids, const ForwardOptions& opt) {
   }
   for (int l = 0; l < cfg.n_layers; ++l) {
     call.kv_cache = opt.kv_cache ? &(*opt.kv_cache)[l] : nullptr;
-    x = blocks[l]->forward(x, call, opt.hooks ? &(*opt.hooks)[l] : nullptr);
+    x = blocks[l]->forward(x, call, hk, hk ? "blocks." + std::to_string(l) + "." : std::string());
   }
-  if (ln_f) x = ln_f->forward(x);
+  if (ln_f) x = hook("ln_final.hook_normalized", ln_f->forward(x));
   return head.forward(x);  // (B, T, vocab)
+}
+
+std::pair<Tensor, ActivationCache> TransformerLM::run_with_cache(const Ids& ids, NameFilter filter, bool with_grads,
+                                                                 const Tensor& key_padding) {
+  ActivationCache cache;
+  Hooks hooks;
+  hooks.cache(cache, std::move(filter), with_grads);
+  ForwardOptions opt;
+  opt.hooks = &hooks;
+  opt.key_padding = key_padding;
+  Tensor logits = forward(ids, opt);
+  return {logits, cache};
+}
+
+std::vector<std::pair<std::string, std::string>> hook_points(const ModelConfig& c) {
+  const std::string H = std::to_string(c.n_heads), Hkv = std::to_string(c.kv_heads()), dh = std::to_string(c.head_dim()),
+                    D = std::to_string(c.d_model), F = std::to_string(c.d_ff);
+  const std::string resid = "(B, T, " + D + ")";
+  std::vector<std::pair<std::string, std::string>> p = {{"hook_embed", resid}, {"hook_pos_embed", "(T, " + D + ")"}};
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string b = "blocks." + std::to_string(l) + ".";
+    const bool pre = c.norm == Norm::Pre;
+    p.push_back({b + "hook_resid_pre", resid});
+    if (pre) p.push_back({b + "ln1.hook_normalized", resid});
+    p.push_back({b + "attn.hook_q", "(B, T, " + H + ", " + dh + ")"});
+    p.push_back({b + "attn.hook_k", "(B, T, " + Hkv + ", " + dh + ")"});
+    p.push_back({b + "attn.hook_v", "(B, T, " + Hkv + ", " + dh + ")"});
+    p.push_back({b + "attn.hook_attn_scores", "(B, " + H + ", T, T)"});
+    p.push_back({b + "attn.hook_pattern", "(B, " + H + ", T, T)"});
+    p.push_back({b + "attn.hook_z", "(B, T, " + H + ", " + dh + ")"});
+    p.push_back({b + "attn.hook_result", "(B, T, " + H + ", " + D + ")"});
+    p.push_back({b + "hook_attn_out", resid});
+    p.push_back({b + "hook_resid_mid", resid});
+    if (pre) p.push_back({b + "ln2.hook_normalized", resid});
+    p.push_back({b + "mlp.hook_pre", "(B, T, " + F + ")"});
+    p.push_back({b + "mlp.hook_post", "(B, T, " + F + ")"});
+    p.push_back({b + "hook_mlp_out", resid});
+    p.push_back({b + "hook_resid_post", resid});
+  }
+  if (c.norm == Norm::Pre) p.push_back({"ln_final.hook_normalized", resid});
+  return p;
 }
 
 void TransformerLM::set_gates_require_grad(bool on) {

@@ -49,23 +49,22 @@ Positions parse_positions(const std::string& s);
 class FeedForward : public Module {
  public:
   FeedForward(int64_t d_model, int64_t d_ff, Activation act, bool bias, Rng& rng);
-  Tensor forward(const Tensor& x) const;  // (..., d_model) -> (..., d_model)
+  // (..., d_model) -> (..., d_model). Hook points prefix + hook_pre (..., d_ff) before the
+  // activation and hook_post (..., d_ff) after it.
+  Tensor forward(const Tensor& x, const Hooks* hooks = nullptr, const std::string& prefix = "") const;
   Linear fc1, fc2;
   Activation act;
-};
-
-// Per-layer view inside a forward pass (hooks and cache).
-struct BlockHooks {
-  AttentionHooks attn;
-  bool record_resid = false;
-  Tensor resid_pre, resid_mid, resid_post;  // (B, T, d_model): in, after attention, out
 };
 
 class TransformerBlock : public Module {
  public:
   TransformerBlock(const ModelConfig& cfg, Rng& rng, Rng* dropout_rng);
-  // x (B, T, d_model) -> (B, T, d_model)
-  Tensor forward(const Tensor& x, const MultiHeadAttention::Call& call, BlockHooks* hooks = nullptr);
+  // x (B, T, d_model) -> (B, T, d_model). Hook points (prefix "blocks.{l}."): hook_resid_pre,
+  // ln1.hook_normalized (pre-norm), attn.*, hook_attn_out, hook_resid_mid, ln2.hook_normalized
+  // (pre-norm), mlp.hook_pre, mlp.hook_post, hook_mlp_out, hook_resid_post; all (B, T, d_model)
+  // but the attention's and the MLP's (d_ff).
+  Tensor forward(const Tensor& x, const MultiHeadAttention::Call& call, const Hooks* hooks = nullptr,
+                 const std::string& prefix = "");
   Norm norm;
   LayerNorm ln1;
   MultiHeadAttention attn;
@@ -77,7 +76,7 @@ class TransformerBlock : public Module {
 // Everything the LM forward can be asked to do beyond computing logits.
 struct ForwardOptions {
   Tensor key_padding;                    // (B, T), non-zero = padding (never attended to)
-  std::vector<BlockHooks>* hooks = nullptr;  // one per layer: record / ablate
+  const Hooks* hooks = nullptr;          // named hook points (models/hooks.h); none = fast path
   std::vector<KVCacheLayer>* kv_cache = nullptr;  // incremental decoding (no grad)
 };
 
@@ -87,6 +86,10 @@ class TransformerLM : public Module {
   // ids (B, T) -> logits (B, T, vocab). With a KV cache, positions continue after the cached
   // tokens and only the new tokens' logits are returned.
   Tensor forward(const Ids& ids, const ForwardOptions& opt = {});
+  // The forward with every activation whose name passes `filter` recorded (and, with_grads, its
+  // gradient filled in by a later backward): returns (logits (B, T, vocab), cache).
+  std::pair<Tensor, ActivationCache> run_with_cache(const Ids& ids, NameFilter filter, bool with_grads = false,
+                                                    const Tensor& key_padding = Tensor());
   // Per-head gates of layer l (H); ones unless pruned. Not parameters.
   Tensor& gates(int layer) { return blocks.at(layer)->attn.gates; }
   void set_gates_require_grad(bool on);
@@ -107,6 +110,10 @@ class TransformerLM : public Module {
  private:
   Ids positions_;  // position ids of the last forward, kept to avoid an allocation per step
 };
+
+// The hook points of a model with this config, in forward order: name and shape, e.g.
+// ("blocks.0.attn.hook_pattern", "(B, 4, T, T)").
+std::vector<std::pair<std::string, std::string>> hook_points(const ModelConfig& cfg);
 
 // Every parameter's INTEROP name and shape for a config, in named_parameters() order, computed
 // without building the model (so a checkpoint's config can be checked against its tensors

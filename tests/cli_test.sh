@@ -25,6 +25,7 @@ check "non-positive size" nonzero "--d-model: value 0 is outside \[1, 65536\]" -
 check "heads must divide d_model" nonzero "n_heads 3 does not divide d_model 64" -- "$HL" train --heads 3 --out "$T/x"
 check "kv-heads must divide heads" nonzero "n_kv_heads 3 must divide n_heads 4" -- "$HL" train --kv-heads 3 --out "$T/x"
 check "bad choice" nonzero "norm" -- "$HL" train --norm middle
+check "hooks lists the hook points" 0 "blocks.1.attn.hook_pattern +\(B, 2, T, T\)" -- "$HL" hooks --heads 2
 check "missing checkpoint" nonzero "/nonexistent.safetensors: cannot open" -- "$HL" grads --checkpoint /nonexistent.safetensors --out "$T/g.st"
 
 # A small run to have a real checkpoint.

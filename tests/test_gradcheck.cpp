@@ -164,6 +164,8 @@ std::vector<OpCase> cases_for(const std::string& op) {
     });
   } else if (op == "reshape") {
     add_case("(2,3,4)->(6,-1)", {rnd({2, 3, 4})}, [](V in) { return reshape(IN(0), {6, -1}); });
+  } else if (op == "tap") {
+    add_case("(2,3) with a callback", {rnd({2, 3})}, [](V in) { return tap(IN(0), [](const Tensor&) {}); });
   } else if (op == "permute") {
     add_case("(2,3,4) by 2,0,1", {rnd({2, 3, 4})}, [](V in) { return permute(IN(0), {2, 0, 1}); });
   } else if (op == "transpose") {

@@ -306,11 +306,8 @@ BOOST_AUTO_TEST_CASE(grads_command_matches_in_process_autograd) {
   ::setenv("HEADLAB_BLAS_CORE_CHOSEN", "as-the-test", 1);
   BOOST_REQUIRE(std::system(cmd.c_str()) == 0);
   set_num_threads(2);
-  std::vector<BlockHooks> hooks(2);
-  for (auto& h : hooks) h.attn.record = true;
-  ForwardOptions opt;
-  opt.hooks = &hooks;
-  Tensor loss = cross_entropy(m.forward(b.inputs, opt), b.targets);
+  auto [logits, cache] = m.run_with_cache(b.inputs, names_ending_with("hook_pattern"));
+  Tensor loss = cross_entropy(logits, b.targets);
   loss.backward();
   auto g = read_safetensors(dir + "/g.safetensors");
   BOOST_TEST(g.f32("loss").item() == loss.item());
@@ -320,5 +317,5 @@ BOOST_AUTO_TEST_CASE(grads_command_matches_in_process_autograd) {
     BOOST_TEST(dumped.to_vector() == t.grad().to_vector());
   }
   BOOST_TEST(g.f32("attn.1").shape() == Shape({3, 4, 33, 33}));
-  BOOST_TEST(g.f32("attn.1").to_vector() == hooks[1].attn.pattern.to_vector());
+  BOOST_TEST(g.f32("attn.1").to_vector() == cache["blocks.1.attn.hook_pattern"].to_vector());
 }

@@ -224,35 +224,40 @@ BOOST_AUTO_TEST_CASE(lm_kv_cache_decoding_equals_full_forward) {
 BOOST_AUTO_TEST_CASE(hooks_record_activations_and_gradients) {
   ModelConfig c = tiny();
   TransformerLM m(c, 4);
-  std::vector<BlockHooks> hooks(c.n_layers);
-  for (auto& h : hooks) {
-    h.attn.record = true;
-    h.attn.record_grads = true;
-    h.record_resid = true;
-  }
-  ForwardOptions opt;
-  opt.hooks = &hooks;
   const Ids ids = ids_2x5();
-  Tensor logits = m.forward(ids, opt);
+  auto [logits, cache] = m.run_with_cache(ids, all_names(), /*with_grads=*/true);
   Ids targets(Shape{2, 5}, {3, 5, 2, 6, 1, 4, 4, 1, 2, -1});
   cross_entropy(logits, targets).backward();
+  // exactly the documented hook points, with the documented shapes
+  const auto points = hook_points(c);
+  auto concrete = [](const std::string& doc) {  // "(B, T, 8)" -> "(2,5,8)" for B = 2, T = 5
+    std::string out;
+    for (char ch : doc)
+      if (ch != ' ') out += ch == 'B' ? std::string("2") : ch == 'T' ? std::string("5") : std::string(1, ch);
+    return out;
+  };
+  BOOST_TEST(cache.size() == points.size());
+  for (auto& [name, shape] : points) {
+    BOOST_TEST_CONTEXT(name) {
+      BOOST_TEST_REQUIRE(cache.has(name));
+      BOOST_TEST(cache[name].shape().str() == concrete(shape));
+    }
+  }
   for (int l = 0; l < c.n_layers; ++l) {
-    BlockHooks& h = hooks[l];
-    BOOST_TEST(h.attn.pattern.shape() == Shape({2, 2, 5, 5}));
-    BOOST_TEST(h.attn.z.shape() == Shape({2, 5, 8}));
-    BOOST_TEST(h.attn.z.grad().defined());
-    BOOST_TEST(h.resid_post.grad().defined());
-    BOOST_TEST(h.attn.pattern_grad.shape() == Shape({2, 2, 5, 5}));
-    // dL/dW_O = dL/dout^T z: its column block for head 1 comes from z's head-1 slice only.
-    Tensor gwo = m.blocks[l]->attn.W_O.weight.grad();  // (8, 8)
-    Tensor dout = reshape(h.resid_mid.grad(), {10, 8});  // grad of the attention output
-    Tensor z1 = reshape(slice(h.attn.z, 2, 4, 8), {10, 4});
+    const std::string b = "blocks." + std::to_string(l) + ".";
+    BOOST_TEST(cache[b + "attn.hook_pattern"].shape() == Shape({2, 2, 5, 5}));
+    BOOST_TEST(cache[b + "attn.hook_z"].shape() == Shape({2, 5, 2, 4}));
+    BOOST_TEST(cache.grad(b + "attn.hook_z").shape() == Shape({2, 5, 2, 4}));
+    BOOST_TEST(cache.grad(b + "attn.hook_pattern").shape() == Shape({2, 2, 5, 5}));
+    BOOST_TEST(cache.grad(b + "hook_resid_post").shape() == Shape({2, 5, 8}));
+    // dL/dW_O = dL/d(attn out)^T z: its column block for head 1 comes from z's head-1 slice only
+    Tensor gwo = m.blocks[l]->attn.W_O.weight.grad();             // (8, 8)
+    Tensor dout = reshape(cache.grad(b + "hook_attn_out"), {10, 8});
+    Tensor z1 = reshape(slice(cache[b + "attn.hook_z"], 2, 1, 2), {10, 4});
     // both are sums of 10 products of the same float32 values, added in different orders
     const roundoff::Mat expect = roundoff::matmul(roundoff::from_tensor(dout), roundoff::from_tensor(z1), true, false);  // (8, 4)
     roundoff::check_within(head_cols(gwo, 1, 4), expect, "W_O head-1 gradient block");
   }
-  // the pattern gradient agrees with a finite difference through the gate identity:
-  // dL/dg_h = sum(dL/dP * P) for a gate of 1 (softmax weights scale with the gate)
 }
 
 BOOST_AUTO_TEST_CASE(gate_zero_in_lm_equals_zeroed_columns_and_hook_ablation) {
@@ -262,8 +267,8 @@ BOOST_AUTO_TEST_CASE(gate_zero_in_lm_equals_zeroed_columns_and_hook_ablation) {
   Tensor wo = b.blocks[0]->attn.W_O.weight;
   for (int64_t r = 0; r < 8; ++r)
     for (int64_t col = 4; col < 8; ++col) wo.at({r, col}) = 0.f;
-  std::vector<BlockHooks> hooks(c.n_layers);
-  hooks[0].attn.ablate = {false, true};
+  Hooks hooks;  // zero head 1 of layer 0's z
+  hooks.add_forward("blocks.0.attn.hook_z", [](const Tensor& z, const std::string&) { return replace_head(z, 1); });
   ForwardOptions opt;
   opt.hooks = &hooks;
   const Ids ids = ids_2x5();
@@ -279,24 +284,20 @@ BOOST_AUTO_TEST_CASE(mean_ablation_replaces_a_head_with_its_mean) {
   TransformerLM m(c, 8);
   const Ids ids = ids_2x5();
   NoGradGuard ng;
-  std::vector<BlockHooks> rec(c.n_layers);
-  rec[1].attn.record = true;
-  ForwardOptions o1;
-  o1.hooks = &rec;
-  m.forward(ids, o1);
-  Tensor mean_z = mean(reshape(rec[1].attn.z, {10, 8}), {0});  // (8)
-  std::vector<BlockHooks> abl(c.n_layers);
-  abl[1].attn.ablate = {true, false};
-  abl[1].attn.replacement = mean_z;
-  abl[1].attn.record = true;
-  ForwardOptions o2;
-  o2.hooks = &abl;
-  m.forward(ids, o2);
+  const ActivationCache rec = m.run_with_cache(ids, name_is("blocks.1.attn.hook_z")).second;
+  const Tensor z = rec["blocks.1.attn.hook_z"];                   // (2, 5, 2, 4)
+  const Tensor mean_z0 = mean(reshape(slice(z, 2, 0, 1), {10, 4}), {0});  // head 0's mean output (4)
+  ActivationCache after;
+  Hooks hooks;
+  hooks.add_forward("blocks.1.attn.hook_z", [&](const Tensor& zz, const std::string&) { return replace_head(zz, 0, mean_z0); });
+  hooks.cache(after, name_is("blocks.1.attn.hook_z"));
+  ForwardOptions o;
+  o.hooks = &hooks;
+  m.forward(ids, o);
+  const Tensor got = after["blocks.1.attn.hook_z"];  // the cache records the replacement
   for (int64_t r = 0; r < 10; ++r)
-    for (int64_t j = 0; j < 8; ++j) {
-      const float got = abl[1].attn.z.data()[r * 8 + j];
-      BOOST_TEST(got == (j < 4 ? mean_z.data()[j] : rec[1].attn.z.data()[r * 8 + j]));
-    }
+    for (int64_t j = 0; j < 8; ++j)
+      BOOST_TEST(got.data()[r * 8 + j] == (j < 4 ? mean_z0.data()[j] : z.data()[r * 8 + j]));
 }
 
 BOOST_AUTO_TEST_CASE(config_validation_messages) {

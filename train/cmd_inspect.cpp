@@ -26,6 +26,8 @@ TaskConfig task_for(const SafetensorsFile& f, const TaskConfig& fallback) {
 
 namespace {
 
+std::string pattern_hook(int layer) { return "blocks." + std::to_string(layer) + ".attn.hook_pattern"; }
+
 // input_ids and targets from a batch file, checked against the model.
 Batch load_batch_file(const std::string& path, const ModelConfig& cfg) {
   SafetensorsFile f = read_safetensors(path);
@@ -111,19 +113,14 @@ int run_grads(const Source& s, const std::string& out) {
   if (batch.counted_targets() == 0)
     fail(s.batch_file.empty() ? std::string("the batch") : s.batch_file, ": no target counts in the loss (every target is -1)");
   model->eval();  // dropout off
-  std::vector<BlockHooks> hooks(model->cfg.n_layers);
-  for (auto& h : hooks) h.attn.record = true;
-  ForwardOptions opt;
-  opt.hooks = &hooks;
-  opt.key_padding = batch.key_padding;
-  Tensor logits = model->forward(batch.inputs, opt);
+  auto [logits, cache] = model->run_with_cache(batch.inputs, names_ending_with("attn.hook_pattern"), false, batch.key_padding);
   Tensor loss = cross_entropy(logits, batch.targets);
   loss.backward();
   SafetensorsWriter w;
   w.add("loss", loss);
   for (auto& [name, t] : model->named_parameters())
     w.add("grad." + name, t.grad().defined() ? t.grad() : Tensor::zeros(t.shape()));
-  for (int l = 0; l < model->cfg.n_layers; ++l) w.add("attn." + std::to_string(l), hooks[l].attn.pattern);
+  for (int l = 0; l < model->cfg.n_layers; ++l) w.add("attn." + std::to_string(l), cache[pattern_hook(l)]);
   w.add_ids("input_ids", batch.inputs, DType::I64);
   w.add_ids("targets", batch.targets, DType::I64);
   w.set_meta("format", "headlab-grads");
@@ -148,15 +145,11 @@ int run_attn(const Source& s, const std::string& out) {
   if (one.size() > 1) fail("attn: one sequence at a time");
   NoGradGuard ng;
   model->eval();
-  std::vector<BlockHooks> hooks(model->cfg.n_layers);
-  for (auto& h : hooks) h.attn.record = true;
-  ForwardOptions opt;
-  opt.hooks = &hooks;
-  opt.key_padding = one.key_padding;
-  model->forward(one.inputs, opt);
+  const ActivationCache cache =
+      model->run_with_cache(one.inputs, names_ending_with("attn.hook_pattern"), false, one.key_padding).second;
   make_dirs(out);
   SafetensorsWriter w;
-  for (int l = 0; l < model->cfg.n_layers; ++l) w.add("attn." + std::to_string(l), hooks[l].attn.pattern);
+  for (int l = 0; l < model->cfg.n_layers; ++l) w.add("attn." + std::to_string(l), cache[pattern_hook(l)]);
   w.add_ids("input_ids", one.inputs, DType::I64);
   w.set_meta("format", "headlab-attention");
   w.write(out + "/attn.safetensors");
@@ -172,7 +165,7 @@ int run_attn(const Source& s, const std::string& out) {
       Heatmap m;
       m.title = "layer " + std::to_string(l) + " head " + std::to_string(h);
       m.rows = m.cols = static_cast<int>(T);
-      const float* p = hooks[l].attn.pattern.data() + static_cast<int64_t>(h) * T * T;
+      const float* p = cache[pattern_hook(l)].data() + static_cast<int64_t>(h) * T * T;
       m.values.assign(p, p + T * T);
       m.xlabels = m.ylabels = labels;
       maps.push_back(m);

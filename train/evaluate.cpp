@@ -45,7 +45,7 @@ std::vector<std::vector<int32_t>> greedy_answers(TransformerLM& model, const Bat
 }
 
 EvalResult evaluate(TransformerLM& model, const CopyTask& task, const std::vector<Batch>& data,
-                    bool autoregressive, std::vector<BlockHooks>* hooks) {
+                    bool autoregressive, const Hooks* hooks) {
   EvalScope mode(model);
   NoGradGuard ng;
   EvalResult r;

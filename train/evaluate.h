@@ -16,9 +16,9 @@ struct EvalResult {
   int64_t tokens = 0, sequences = 0;
 };
 
-// Runs with dropout off and no graph; `hooks` (one per layer) can ablate heads or record.
+// Runs with dropout off and no graph; `hooks` can ablate heads, patch or record.
 EvalResult evaluate(TransformerLM& model, const CopyTask& task, const std::vector<Batch>& data,
-                    bool autoregressive, std::vector<BlockHooks>* hooks = nullptr);
+                    bool autoregressive, const Hooks* hooks = nullptr);
 
 // Greedy decoding of the answers for the rows of a batch, grouped by length (KV cache).
 std::vector<std::vector<int32_t>> greedy_answers(TransformerLM& model, const Batch& batch);

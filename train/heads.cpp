@@ -14,29 +14,33 @@ bool is_pad(const Batch& b, int64_t row, int64_t t) {
 }
 }  // namespace
 
-std::vector<BlockHooks> recorded_forward(TransformerLM& model, const Batch& b) {
+ActivationCache recorded_forward(TransformerLM& model, const Batch& b, NameFilter filter) {
   EvalScope mode(model);
   NoGradGuard ng;
-  std::vector<BlockHooks> hooks(model.cfg.n_layers);
-  for (auto& h : hooks) h.attn.record = true;
-  ForwardOptions opt;
-  opt.hooks = &hooks;
-  opt.key_padding = b.key_padding;
-  model.forward(b.inputs, opt);
-  return hooks;
+  return model.run_with_cache(b.inputs, std::move(filter), false, b.key_padding).second;
 }
 
 namespace {
-// f(hooks, b, row, t, T) for every non-padded position of every batch, with the hooks of one
-// recorded forward per batch.
+std::string layer_hook(int l, const char* name) { return "blocks." + std::to_string(l) + ".attn." + name; }
+
+// Per layer, the activation `name` (e.g. "hook_z") of one recorded forward, as raw pointers.
+std::vector<const float*> per_layer(const ActivationCache& c, int layers, const char* name) {
+  std::vector<const float*> p;
+  for (int l = 0; l < layers; ++l) p.push_back(c[layer_hook(l, name)].data());
+  return p;
+}
+
+// f(acts, b, row, t, T) for every non-padded position of every batch, with `name` of each layer
+// from one recorded forward per batch.
 template <class F>
-void for_each_token(TransformerLM& model, const std::vector<Batch>& data, F&& f) {
+void for_each_token(TransformerLM& model, const std::vector<Batch>& data, const char* name, F&& f) {
   for (const Batch& b : data) {
-    const std::vector<BlockHooks> hooks = recorded_forward(model, b);
+    const ActivationCache cache = recorded_forward(model, b, names_ending_with(std::string("attn.") + name));
+    const std::vector<const float*> acts = per_layer(cache, model.cfg.n_layers, name);
     const int64_t B = b.size(), T = b.inputs.shape[1];
     for (int64_t r = 0; r < B; ++r)
       for (int64_t t = 0; t < T; ++t)
-        if (!is_pad(b, r, t)) f(hooks, b, r, t, T);
+        if (!is_pad(b, r, t)) f(acts, b, r, t, T);
   }
 }
 }  // namespace
@@ -46,9 +50,9 @@ std::vector<Tensor> mean_head_outputs(TransformerLM& model, const std::vector<Ba
   const int64_t W = model.cfg.n_heads * model.cfg.head_dim();
   std::vector<std::vector<double>> sums(L, std::vector<double>(W, 0.0));
   int64_t count = 0;
-  for_each_token(model, data, [&](const std::vector<BlockHooks>& hooks, const Batch&, int64_t r, int64_t t, int64_t T) {
+  for_each_token(model, data, "hook_z", [&](const std::vector<const float*>& zs, const Batch&, int64_t r, int64_t t, int64_t T) {
     for (int l = 0; l < L; ++l) {
-      const float* z = hooks[l].attn.z.data() + (r * T + t) * W;
+      const float* z = zs[l] + (r * T + t) * W;  // (B, T, H, dh)
       for (int64_t j = 0; j < W; ++j) sums[l][j] += z[j];
     }
     ++count;
@@ -68,13 +72,16 @@ AblationResult single_head_ablation(TransformerLM& model, const CopyTask& task, 
   r.d_loss = r.d_acc = r.d_loss_mean = r.d_acc_mean = grid(model);
   const std::vector<Tensor> means = mean_head_outputs(model, data);
   const int L = model.cfg.n_layers, H = model.cfg.n_heads;
+  const int64_t dh = model.cfg.head_dim();
   for (int l = 0; l < L; ++l)
     for (int h = 0; h < H; ++h)
       for (int mode = 0; mode < 2; ++mode) {
-        std::vector<BlockHooks> hooks(L);
-        hooks[l].attn.ablate.assign(H, false);
-        hooks[l].attn.ablate[h] = true;
-        if (mode == 1) hooks[l].attn.replacement = means[l];
+        // head h of layer l's z replaced by zeros, or by its mean output
+        const Tensor value = mode == 1 ? slice(means[l], 0, h * dh, (h + 1) * dh) : Tensor();
+        Hooks hooks;
+        hooks.add_forward(layer_hook(l, "hook_z"), [h, value](const Tensor& z, const std::string&) {
+          return replace_head(z, h, value);
+        });
         const EvalResult e = evaluate(model, task, data, false, &hooks);
         (mode == 0 ? r.d_loss : r.d_loss_mean)[l][h] = e.loss - r.base.loss;
         (mode == 0 ? r.d_acc : r.d_acc_mean)[l][h] = e.token_acc - r.base.token_acc;
@@ -83,23 +90,16 @@ AblationResult single_head_ablation(TransformerLM& model, const CopyTask& task, 
 }
 
 namespace {
-// Runs forward + backward of the summed token loss on each batch; calls visit(batch, hooks).
-void backward_each(TransformerLM& model, const std::vector<Batch>& data, bool record,
-                   const std::function<void(const Batch&, std::vector<BlockHooks>&)>& visit) {
+// Runs forward + backward of the summed token loss on each batch, caching the activations
+// (and gradients) that pass `filter`; calls visit(batch, cache).
+void backward_each(TransformerLM& model, const std::vector<Batch>& data, NameFilter filter,
+                   const std::function<void(const Batch&, const ActivationCache&)>& visit) {
   EvalScope mode(model);
   for (const Batch& b : data) {
-    std::vector<BlockHooks> hooks(model.cfg.n_layers);
-    for (auto& h : hooks) {
-      h.attn.record = record;
-      h.attn.record_grads = record;
-    }
-    ForwardOptions opt;
-    opt.hooks = &hooks;
-    opt.key_padding = b.key_padding;
-    Tensor logits = model.forward(b.inputs, opt);
+    auto [logits, cache] = model.run_with_cache(b.inputs, filter, true, b.key_padding);
     Tensor loss = mul_scalar(cross_entropy(logits, b.targets), static_cast<float>(b.counted_targets()));  // summed
     loss.backward();
-    visit(b, hooks);
+    visit(b, cache);
     model.zero_grad();
   }
 }
@@ -108,7 +108,7 @@ void backward_each(TransformerLM& model, const std::vector<Batch>& data, bool re
 HeadGrid gate_gradients(TransformerLM& model, const std::vector<Batch>& data) {
   model.set_gates_require_grad(true);
   HeadGrid g = grid(model);
-  backward_each(model, data, false, [&](const Batch&, std::vector<BlockHooks>&) {
+  backward_each(model, data, [](const std::string&) { return false; }, [&](const Batch&, const ActivationCache&) {
     for (int l = 0; l < model.cfg.n_layers; ++l) {
       const Tensor gg = model.gates(l).grad();
       for (int h = 0; h < model.cfg.n_heads; ++h) g[l][h] += gg.defined() ? gg.data()[h] : 0.0;
@@ -124,13 +124,13 @@ HeadGrid head_importance(TransformerLM& model, const std::vector<Batch>& data, b
   const int H = model.cfg.n_heads;
   const int64_t dh = model.cfg.head_dim(), W = H * dh;
   int64_t n_tokens = 0;
-  backward_each(model, data, true, [&](const Batch& b, std::vector<BlockHooks>& hooks) {
+  backward_each(model, data, names_ending_with("attn.hook_z"), [&](const Batch& b, const ActivationCache& cache) {
     const int64_t B = b.size(), T = b.inputs.shape[1];
     n_tokens += b.counted_targets();
     for (int l = 0; l < model.cfg.n_layers; ++l) {
-      const Tensor& z = hooks[l].attn.z;
-      const Tensor gz = z.grad();
-      if (!gz.defined()) continue;
+      const std::string name = layer_hook(l, "hook_z");
+      if (!cache.has_grad(name)) continue;
+      const Tensor &z = cache[name], &gz = cache.grad(name);  // (B, T, H, dh)
       for (int64_t r = 0; r < B; ++r)
         for (int64_t t = 0; t < T; ++t) {
           if (is_pad(b, r, t)) continue;
@@ -160,12 +160,13 @@ HeadStats attention_statistics(TransformerLM& model, const std::vector<Batch>& d
   HeadStats s{grid(model), grid(model), grid(model), grid(model)};
   const int L = model.cfg.n_layers, H = model.cfg.n_heads;
   int64_t queries = 0;
-  for_each_token(model, data, [&](const std::vector<BlockHooks>& hooks, const Batch& b, int64_t r, int64_t i, int64_t T) {
+  for_each_token(model, data, "hook_pattern", [&](const std::vector<const float*>& patterns, const Batch& b, int64_t r,
+                                                   int64_t i, int64_t T) {
     int64_t visible = 0;
     for (int64_t j = 0; j <= i; ++j) visible += !is_pad(b, r, j);
     for (int l = 0; l < L; ++l)
       for (int h = 0; h < H; ++h) {
-        const float* row = hooks[l].attn.pattern.data() + ((r * H + h) * T + i) * T;
+        const float* row = patterns[l] + ((r * H + h) * T + i) * T;  // (B, H, T, T)
         double e = 0, mx = -1;
         int64_t arg = 0;
         for (int64_t j = 0; j <= i; ++j) {

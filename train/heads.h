@@ -13,9 +13,9 @@ namespace hl {
 
 using HeadGrid = std::vector<std::vector<double>>;  // [layer][head]
 
-// Forward pass of one batch with dropout off, no graph, every layer recording (q, k, v, z,
-// pattern); returns the hooks.
-std::vector<BlockHooks> recorded_forward(TransformerLM& model, const Batch& batch);
+// Forward pass of one batch with dropout off and no graph, recording the activations whose
+// names pass `filter` (hook names, models/hooks.h).
+ActivationCache recorded_forward(TransformerLM& model, const Batch& batch, NameFilter filter);
 
 // Mean of each layer's head outputs z (before W_O) over the non-padding positions: (H*d_head).
 std::vector<Tensor> mean_head_outputs(TransformerLM& model, const std::vector<Batch>& data);
