@@ -1,67 +1,17 @@
 #include "datasets/copy_task.h"
 
 #include <algorithm>
-#include <nlohmann/json.hpp>
 
 namespace hl {
 
-void TaskConfig::validate() const {
-  if (name != "copy" && name != "reverse" && name != "varcopy")
-    fail("task: unknown task '", name, "' (expected copy, reverse or varcopy)");
-  if (alphabet < 1) fail("task: alphabet must be positive, got ", alphabet);
-  if (min_len < 1) fail("task: length must be positive, got ", min_len);
-  if (max_len < min_len) fail("task: max length ", max_len, " is below min length ", min_len);
-}
-
-TaskConfig TaskConfig::preset(const std::string& name) {
-  TaskConfig c;
-  c.name = name;
-  if (name == "reverse") c.reverse = true;
-  if (name == "varcopy") {
-    c.alphabet = 64;
-    c.min_len = 1;
-    c.max_len = 16;
-  }
-  c.validate();
-  return c;
-}
-
-std::string TaskConfig::to_json() const {
-  return nlohmann::json{{"name", name}, {"alphabet", alphabet}, {"min_len", min_len}, {"max_len", max_len},
-                        {"reverse", reverse}}
-      .dump();
-}
-
-TaskConfig TaskConfig::from_json(const std::string& text, const std::string& source) {
-  try {
-    const nlohmann::json t = nlohmann::json::parse(text);
-    TaskConfig c;
-    c.name = t.at("name");
-    c.alphabet = t.at("alphabet");
-    c.min_len = t.at("min_len");
-    c.max_len = t.at("max_len");
-    c.reverse = t.at("reverse");
-    c.validate();
-    return c;
-  } catch (const nlohmann::json::exception& e) {
-    fail(source, ": task description is unreadable (", e.what(), ")");
-  }
-}
-
-CopyTask::CopyTask(const TaskConfig& cfg) : cfg_(cfg) { cfg_.validate(); }
-
-int64_t Batch::counted_targets() const {
-  int64_t n = 0;
-  for (int32_t t : targets.data) n += t >= 0;
-  return n;
-}
+CopyTask::CopyTask(const TaskConfig& cfg) : Task(cfg) { cfg_.validate(); }
 
 void CopyTask::encode(Batch& b) const {
   const int64_t B = static_cast<int64_t>(b.symbols.size()), T = seq_len();
   b.inputs.shape = b.targets.shape = Shape{B, T};
   b.inputs.data.resize(static_cast<size_t>(B * T));
   b.targets.data.resize(static_cast<size_t>(B * T));
-  b.lengths.resize(static_cast<size_t>(B));
+  b.prompt_len.resize(static_cast<size_t>(B));
   bool any_pad = false;
   for (int64_t r = 0; r < B; ++r) {
     const auto& x = b.symbols[r];
@@ -83,7 +33,7 @@ void CopyTask::encode(Batch& b) const {
       b.targets.at(r, t) = (t + 1 >= n + 2 && t + 1 < 2 * n + 2) ? token(t + 1) : -1;
       any_pad = any_pad || b.inputs.at(r, t) == pad();
     }
-    b.lengths[r] = n;
+    b.prompt_len[r] = n + 2;  // [BOS, x, SEP], then the answer y
   }
   b.key_padding = Tensor();
   if (any_pad) {
@@ -112,23 +62,11 @@ void CopyTask::sample_into(Batch& b, int batch_size, Rng& rng) const {
   encode(b);
 }
 
-Batch CopyTask::sample(int batch_size, Rng& rng) const {
-  Batch b;
-  sample_into(b, batch_size, rng);
-  return b;
-}
-
-std::vector<Batch> CopyTask::held_out(int n, uint64_t seed, int batch_size) const {
-  Rng rng(seed);
-  std::vector<Batch> out;
-  for (int done = 0; done < n; done += batch_size) out.push_back(sample(std::min(batch_size, n - done), rng));
-  return out;
-}
-
-std::vector<int32_t> CopyTask::answer(const Batch& b, int64_t row) const {
-  std::vector<int32_t> y = b.symbols[row];
-  if (cfg_.reverse) std::reverse(y.begin(), y.end());
-  return y;
+std::string CopyTask::token_text(int32_t id) const {
+  if (id == pad()) return "PAD";
+  if (id == bos()) return "BOS";
+  if (id == sep()) return "SEP";
+  return std::to_string(id);
 }
 
 }  // namespace hl

@@ -10,6 +10,7 @@
 
 #include "lib/fileutil.h"
 #include "train/atlas.h"
+#include "datasets/copy_task.h"
 #include "train/heads.h"
 
 using namespace hl;

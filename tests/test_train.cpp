@@ -101,7 +101,7 @@ BOOST_AUTO_TEST_CASE(variable_length_padding_and_mask) {
   Rng rng(1);
   Batch s = task.sample(200, rng);
   int lo = 99, hi = 0;
-  for (int n : s.lengths) lo = std::min(lo, n), hi = std::max(hi, n);
+  for (int p : s.prompt_len) lo = std::min(lo, p - 2), hi = std::max(hi, p - 2);  // prompt [BOS, x, SEP]
   BOOST_TEST(lo == 1);
   BOOST_TEST(hi == 16);
 }
@@ -115,7 +115,7 @@ BOOST_AUTO_TEST_CASE(sample_into_equals_sample_and_reuses_buffers) {
     task.sample_into(reused, 16, b);
     BOOST_TEST(reused.inputs.data == fresh.inputs.data);
     BOOST_TEST(reused.targets.data == fresh.targets.data);
-    BOOST_TEST(reused.lengths == fresh.lengths);
+    BOOST_TEST(reused.prompt_len == fresh.prompt_len);
     BOOST_TEST(reused.key_padding.to_vector() == fresh.key_padding.to_vector());
   }
 }

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "datasets/copy_task.h"
+#include "datasets/task.h"
 #include "models/transformer.h"
 
 namespace hl {

@@ -47,7 +47,7 @@ int run_hooks(TrainFlags& flags, const std::string& checkpoint) {
     const TrainArgs a = flags.resolve();
     a.validate();
     cfg = a.model;
-    cfg.vocab_size = CopyTask(a.task).vocab_size();
+    cfg.vocab_size = make_task(a.task)->vocab_size();
   }
   std::printf("hook points of a %d-layer, %d-head model (d_model %lld, d_head %lld, %s-norm); B = batch, T = tokens\n\n",
               cfg.n_layers, cfg.n_heads, static_cast<long long>(cfg.d_model), static_cast<long long>(cfg.head_dim()),

@@ -62,7 +62,7 @@ void add_source_flags(CLI::App* sub, Source& s, bool tokens) {
   else
     sub->add_option("--batch", s.batch_file, "Batch file (input_ids, targets) instead of drawing one from the task");
   sub->add_option("--task", s.task.name, "Task to draw from when the checkpoint does not name one")
-      ->capture_default_str()->check(CLI::IsMember({"copy", "reverse", "varcopy"}));
+      ->capture_default_str()->check(CLI::IsMember(task_names()));
   sub->add_option("--seed", s.seed, "Seed of the drawn batch")->capture_default_str()->check(in_range(0, 1.8e19));
   if (!tokens)
     sub->add_option("--batch-size", s.batch_size, "Sequences in the drawn batch")->capture_default_str()->check(in_range(1, 1 << 30));
@@ -76,10 +76,10 @@ std::pair<std::unique_ptr<TransformerLM>, Batch> load_inputs(const Source& s) {
   set_num_threads(s.threads);
   if (!s.batch_file.empty()) return {std::move(model), load_batch_file(s.batch_file, model->cfg)};
   TaskConfig tc = task_for(f, TaskConfig::preset(s.task.name));
-  CopyTask task(tc);
-  if (task.vocab_size() != model->cfg.vocab_size)
+  const std::unique_ptr<Task> task = make_task(tc);
+  if (task->vocab_size() != model->cfg.vocab_size)
     fail(s.checkpoint, ": the model's vocabulary (", model->cfg.vocab_size, ") does not fit task ", tc.name,
-         " with alphabet ", tc.alphabet, " (", task.vocab_size(), ")");
+         " with alphabet ", tc.alphabet, " (", task->vocab_size(), ")");
   if (!s.tokens.empty()) {
     std::vector<int32_t> ids;
     std::string text = s.tokens;
@@ -99,12 +99,12 @@ std::pair<std::unique_ptr<TransformerLM>, Batch> load_inputs(const Source& s) {
       fail("--tokens: ", ids.size(), " tokens exceed the model's max_seq_len ", model->cfg.max_seq_len);
     return {std::move(model), b};
   }
-  const double need = estimate_step_bytes(model->cfg, s.batch_size, task.seq_len(), true), have = available_memory_bytes();
+  const double need = estimate_step_bytes(model->cfg, s.batch_size, task->seq_len(), true), have = available_memory_bytes();
   if (need > have)
     fail("--batch-size ", s.batch_size, ": a forward and backward of that batch needs about ", format_bytes(need),
          " of memory, more than the ", format_bytes(have), " available");
   Rng rng(s.seed);
-  return {std::move(model), task.sample(s.batch_size, rng)};
+  return {std::move(model), task->sample(s.batch_size, rng)};
 }
 
 int run_grads(const Source& s, const std::string& out) {
@@ -131,13 +131,6 @@ int run_grads(const Source& s, const std::string& out) {
   return 0;
 }
 
-std::string token_label(int32_t id, const TaskConfig& t) {
-  if (id == t.alphabet) return "PAD";
-  if (id == t.alphabet + 1) return "BOS";
-  if (id == t.alphabet + 2) return "SEP";
-  return std::to_string(id);
-}
-
 int run_attn(const Source& s, const std::string& out) {
   refuse_output_over_input("--out", out, {{"--checkpoint", s.checkpoint}});
   refuse_output_over_input("--out", out + "/attn.safetensors", {{"--checkpoint", s.checkpoint}});
@@ -154,10 +147,10 @@ int run_attn(const Source& s, const std::string& out) {
   w.set_meta("format", "headlab-attention");
   w.write(out + "/attn.safetensors");
   SafetensorsFile f = read_safetensors(s.checkpoint);
-  const TaskConfig tc = task_for(f, TaskConfig::preset(s.task.name));
+  const std::unique_ptr<Task> task = make_task(task_for(f, TaskConfig::preset(s.task.name)));
   const int64_t T = one.inputs.shape[1];
   std::vector<std::string> labels;
-  for (int64_t t = 0; t < T; ++t) labels.push_back(token_label(one.inputs.at(0, t), tc));
+  for (int64_t t = 0; t < T; ++t) labels.push_back(task->token_text(one.inputs.at(0, t)));
   std::vector<Heatmap> maps;
   const int H = model->cfg.n_heads;
   for (int l = 0; l < model->cfg.n_layers; ++l)

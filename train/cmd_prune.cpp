@@ -139,7 +139,8 @@ int run_prune(TrainFlags& flags, const PruneOpts& o) {
   auto fresh_model = [&] { return load_model(file); };
   std::unique_ptr<TransformerLM> model = fresh_model();
   const TaskConfig tc = task_for(file, base.task);
-  CopyTask task(tc);
+  const std::unique_ptr<Task> task_ptr = make_task(tc);
+  const Task& task = *task_ptr;
   if (task.vocab_size() != model->cfg.vocab_size)
     fail(ckpt, ": the model's vocabulary (", model->cfg.vocab_size, ") does not fit task ", tc.name, " (",
          task.vocab_size(), ")");

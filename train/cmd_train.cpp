@@ -65,6 +65,8 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
   const std::string out = out_flag.empty() ? default_out_dir("train") : out_flag;
   TrainArgs args = resume ? resume_args(flags, out) : flags.resolve();
   if (!resume) {
+    refuse_output_over_input("--out", out + "/model.safetensors", {{"--init", args.init}});
+    refuse_output_over_input("--out", out + "/checkpoint.safetensors", {{"--init", args.init}});
     args.out = out;
     args.log_grads_every = log_grads;
     args.dump_grads_at = dump_at;
@@ -136,7 +138,7 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
 }  // namespace
 
 void add_train_command(CLI::App& app, CommandRunner& runner) {
-  CLI::App* sub = app.add_subcommand("train", "Train a transformer on the copy task");
+  CLI::App* sub = app.add_subcommand("train", "Train a transformer on a task (copy by default; see --task)");
   auto flags = std::make_shared<TrainFlags>();
   auto out = std::make_shared<std::string>();
   auto resume = std::make_shared<bool>(false);
@@ -146,6 +148,7 @@ void add_train_command(CLI::App& app, CommandRunner& runner) {
   flags->add(sub);
   sub->add_option("--out", *out, "Output directory (default: runs/train-<date>-<time>)");
   sub->add_flag("--resume", *resume, "Continue the run in --out from its last checkpoint");
+  sub->add_option("--init", flags->args.init, "Start from the weights in this checkpoint (same model config), e.g. made in PyTorch");
   sub->add_flag("--quiet", *quiet, "No progress output");
   sub->add_option("--log-grads", *log_grads,
                   "Gradient atlas: every N steps log per-head gradient and weight norms of W_Q/W_K/W_V/W_O "

@@ -13,7 +13,7 @@ namespace hl {
 // with its default shown in --help.
 struct TrainFlags {
   TrainArgs args;
-  std::string norm = "pre", activation = "gelu_erf", positions = "learned";
+  std::string norm = "pre", activation = "gelu_erf", positions = "learned", shuffle = "on";
   void add(CLI::App* app, bool with_run_flags = true, bool with_heads = true);
   TrainArgs resolve();  // parses the string flags into args, applies task presets
   bool given(const std::string& flag) const { return app_ && app_->count(flag) > 0; }

@@ -17,18 +17,26 @@ int32_t argmax(const float* l, int64_t n) {
 std::vector<std::vector<int32_t>> greedy_answers(TransformerLM& model, const Batch& batch) {
   EvalScope mode(model);
   NoGradGuard ng;
-  std::map<int, std::vector<int64_t>> rows_by_len;
-  for (int64_t r = 0; r < batch.size(); ++r) rows_by_len[batch.lengths[r]].push_back(r);
+  // rows by (prompt length, answer length): each group decodes in one batch
+  std::map<std::pair<int, int>, std::vector<int64_t>> groups;
+  for (int64_t r = 0; r < batch.size(); ++r) {
+    if (batch.prompt_len.empty() || batch.prompt_len[r] < 1) continue;
+    int answer = 0;
+    for (int64_t t = 0; t < batch.targets.shape[1]; ++t) answer += batch.targets.at(r, t) >= 0;
+    groups[{batch.prompt_len[r], answer}].push_back(r);
+  }
   std::vector<std::vector<int32_t>> out(batch.size());
-  for (auto& [n, rows] : rows_by_len) {
+  for (auto& [key, rows] : groups) {
+    const auto [p, n] = key;
+    if (n == 0) continue;
     const int64_t G = static_cast<int64_t>(rows.size());
-    Ids prompt(Shape{G, n + 2});
+    Ids prompt(Shape{G, p});
     for (int64_t g = 0; g < G; ++g)
-      for (int t = 0; t < n + 2; ++t) prompt.at(g, t) = batch.inputs.at(rows[g], t);
+      for (int t = 0; t < p; ++t) prompt.at(g, t) = batch.inputs.at(rows[g], t);
     std::vector<KVCacheLayer> cache;
     ForwardOptions opt;
     opt.kv_cache = &cache;
-    Tensor logits = model.forward(prompt, opt);  // (G, n+2, V)
+    Tensor logits = model.forward(prompt, opt);  // (G, p, V)
     const int64_t V = logits.size(2);
     Ids next(Shape{G, 1});
     for (int i = 0; i < n; ++i) {
@@ -44,13 +52,13 @@ std::vector<std::vector<int32_t>> greedy_answers(TransformerLM& model, const Bat
   return out;
 }
 
-EvalResult evaluate(TransformerLM& model, const CopyTask& task, const std::vector<Batch>& data,
+EvalResult evaluate(TransformerLM& model, const Task& task, const std::vector<Batch>& data,
                     bool autoregressive, const Hooks* hooks) {
   EvalScope mode(model);
   NoGradGuard ng;
   EvalResult r;
   double loss_sum = 0;
-  int64_t correct = 0, exact = 0, ar_exact = 0;
+  int64_t correct = 0, exact = 0, ar_exact = 0, ar_rows = 0;
   for (const Batch& b : data) {
     ForwardOptions opt;
     opt.key_padding = b.key_padding;
@@ -74,13 +82,17 @@ EvalResult evaluate(TransformerLM& model, const CopyTask& task, const std::vecto
     r.sequences += B;
     if (autoregressive) {
       auto answers = greedy_answers(model, b);
-      for (int64_t row = 0; row < B; ++row) ar_exact += answers[row] == task.answer(b, row);
+      for (int64_t row = 0; row < B; ++row) {
+        if (b.prompt_len.empty() || b.prompt_len[row] < 1) continue;  // no answer to decode (text, tokens)
+        ++ar_rows;
+        ar_exact += answers[row] == task.answer(b, row);
+      }
     }
   }
   r.loss = r.tokens ? loss_sum / r.tokens : 0;
   r.token_acc = r.tokens ? static_cast<double>(correct) / r.tokens : 0;
   r.exact_match = r.sequences ? static_cast<double>(exact) / r.sequences : 0;
-  if (autoregressive) r.ar_exact_match = r.sequences ? static_cast<double>(ar_exact) / r.sequences : 0;
+  if (autoregressive && ar_rows) r.ar_exact_match = static_cast<double>(ar_exact) / ar_rows;
   return r;
 }
 

@@ -31,11 +31,16 @@ void TrainFlags::add(CLI::App* app, bool with_run_flags, bool with_heads) {
   app->add_option("--mlp-bias", a.model.mlp_bias, "Biases on the feed-forward layers")->capture_default_str();
   app->add_option("--dropout", a.model.dropout, "Dropout on embeddings and residual branches")->capture_default_str()->check(in_range(0, 0.999));
   app->add_option("--attn-dropout", a.model.attn_dropout, "Dropout on attention weights")->capture_default_str()->check(in_range(0, 0.999));
-  app->add_option("--task", a.task.name, "copy, reverse or varcopy (alphabet 64, lengths 1..16)")
-      ->capture_default_str()->check(CLI::IsMember({"copy", "reverse", "varcopy"}));
-  app->add_option("--length", a.task.max_len, "Sequence length L (the maximum, for variable lengths)")->capture_default_str()->check(in_range(1, 1 << 20));
-  app->add_option("--min-length", a.task.min_len, "Minimum length; 0 = --length (fixed length)")->capture_default_str()->check(in_range(0, 1 << 20));
-  app->add_option("--alphabet", a.task.alphabet, "Number of symbols")->capture_default_str()->check(in_range(1, 1 << 24));
+  std::string task_help = "Task:";
+  for (const TaskInfo& t : task_registry()) task_help += "\n  " + t.name + ": " + t.help;
+  app->add_option("--task", a.task.name, task_help)->capture_default_str()->check(CLI::IsMember(task_names()));
+  app->add_option("--data", a.task.data, "Data file of --task text (any UTF-8 file) or tokens (.safetensors or .npy)");
+  app->add_option("--eval-data", a.task.eval_data, "Held-out file of --task tokens (default: the last 10% of the rows)");
+  app->add_option("--shuffle", shuffle, "--task tokens: on = random rows, off = consecutive rows in file order")
+      ->capture_default_str()->check(CLI::IsMember({"on", "off"}));
+  app->add_option("--length", a.task.max_len, "Length: copy tasks the (largest) n; induction the tokens repeated; text the context in bytes")->capture_default_str()->check(in_range(1, 1 << 19));
+  app->add_option("--min-length", a.task.min_len, "Copy tasks: the smallest n; 0 = --length (fixed length)")->capture_default_str()->check(in_range(0, 1 << 19));
+  app->add_option("--alphabet", a.task.alphabet, "Symbols of the copy tasks and induction; --task tokens: the vocabulary (0 = largest id + 1)")->capture_default_str()->check(in_range(0, 1 << 24));
   app->add_option("--batch", a.batch, "Sequences per step")->capture_default_str()->check(in_range(1, INT_MAX));
   app->add_option("--steps", a.steps, "Training steps")->capture_default_str()->check(in_range(1, 1e15));
   app->add_option("--lr", a.lr, "Peak learning rate")->capture_default_str()->check(in_range(1e-30, 100));
@@ -63,18 +68,18 @@ void TrainFlags::add(CLI::App* app, bool with_run_flags, bool with_heads) {
 
 TrainArgs TrainFlags::resolve() {
   TrainArgs a = args;
-  // --task varcopy is a preset: its alphabet and lengths apply unless given explicitly.
-  if (a.task.name == "varcopy") {
-    const TaskConfig p = TaskConfig::preset("varcopy");
-    if (!given("--alphabet")) a.task.alphabet = p.alphabet;
-    if (!given("--min-length")) a.task.min_len = p.min_len;
-    if (!given("--length")) a.task.max_len = p.max_len;
-  }
+  // A task's preset (alphabet, lengths) applies to what was not given explicitly; e.g.
+  // varcopy: alphabet 64, n in 1..16; induction: 16 of 32 tokens; text: 64-byte context.
+  const TaskConfig p = TaskConfig::preset(a.task.name);
+  if (!given("--alphabet")) a.task.alphabet = p.alphabet;
+  if (!given("--length")) a.task.max_len = p.max_len;
+  if (!given("--min-length")) a.task.min_len = p.min_len != p.max_len ? p.min_len : 0;
+  if (a.task.min_len == 0) a.task.min_len = a.task.max_len;  // fixed length
+  a.task.reverse = p.reverse;
+  a.task.shuffle = shuffle == "on";
   a.model.norm = parse_norm(norm);
   a.model.activation = parse_activation(activation);
   a.model.positions = parse_positions(positions);
-  if (a.task.name == "reverse") a.task.reverse = true;
-  if (a.task.min_len == 0) a.task.min_len = a.task.max_len;
   return a;
 }
 

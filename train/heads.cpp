@@ -66,7 +66,7 @@ std::vector<Tensor> mean_head_outputs(TransformerLM& model, const std::vector<Ba
   return out;
 }
 
-AblationResult single_head_ablation(TransformerLM& model, const CopyTask& task, const std::vector<Batch>& data) {
+AblationResult single_head_ablation(TransformerLM& model, const Task& task, const std::vector<Batch>& data) {
   AblationResult r;
   r.base = evaluate(model, task, data, false);
   r.d_loss = r.d_acc = r.d_loss_mean = r.d_acc_mean = grid(model);
@@ -186,7 +186,7 @@ HeadStats attention_statistics(TransformerLM& model, const std::vector<Batch>& d
   return s;
 }
 
-std::vector<PruneStep> prune_curve(TransformerLM& model, const CopyTask& task, const std::vector<Batch>& data,
+std::vector<PruneStep> prune_curve(TransformerLM& model, const Task& task, const std::vector<Batch>& data,
                                    const std::function<HeadGrid(TransformerLM&)>& rank, const PruneOptions& opts) {
   const int L = model.cfg.n_layers, H = model.cfg.n_heads, total = L * H;
   const int per_step = std::max(1, static_cast<int>(std::lround(opts.step_fraction * total)));

@@ -5,7 +5,7 @@
 #include <functional>
 #include <vector>
 
-#include "datasets/copy_task.h"
+#include "datasets/task.h"
 #include "models/transformer.h"
 #include "train/evaluate.h"
 
@@ -26,7 +26,7 @@ struct AblationResult {
   EvalResult base;
 };
 // Ablates each head alone (zero, then mean) and evaluates on `data`.
-AblationResult single_head_ablation(TransformerLM& model, const CopyTask& task, const std::vector<Batch>& data);
+AblationResult single_head_ablation(TransformerLM& model, const Task& task, const std::vector<Batch>& data);
 
 // Michel et al. importance I_h = (1/n) sum over positions t of |sum_d z_h[t,d] dL/dz_h[t,d]|,
 // L the summed token loss, n the number of counted target tokens; z_h is the gated head
@@ -58,7 +58,7 @@ struct PruneOptions {
 };
 // Removes heads (gate = 0) in the order given by `rank` (lowest score first), re-asking rank
 // after each step when opts.recompute; evaluates after every step.
-std::vector<PruneStep> prune_curve(TransformerLM& model, const CopyTask& task, const std::vector<Batch>& data,
+std::vector<PruneStep> prune_curve(TransformerLM& model, const Task& task, const std::vector<Batch>& data,
                                    const std::function<HeadGrid(TransformerLM&)>& rank, const PruneOptions& opts);
 
 }  // namespace hl

@@ -83,6 +83,7 @@ std::string TrainArgs::to_json() const {
             {"skip_nonfinite", skip_nonfinite},
             {"log_grads_every", log_grads_every},
             {"dump_grads_at", dump_grads_at}};
+  if (!init.empty()) j["init"] = init;
   return j.dump();
 }
 
@@ -118,6 +119,7 @@ TrainArgs TrainArgs::from_json(const std::string& text, const std::string& sourc
     a.skip_nonfinite = j.at("skip_nonfinite").get<bool>();
     a.log_grads_every = j.at("log_grads_every").get<int64_t>();
     a.dump_grads_at = j.at("dump_grads_at").get<std::vector<int64_t>>();
+    a.init = j.value("init", std::string());
     return a;
   } catch (const json::exception& e) {
     fail(source, ": training arguments are unreadable (", e.what(), ")");
@@ -163,7 +165,7 @@ void TrainArgs::validate() const {
 
 namespace {
 // The config the trainer builds: the task sets the vocabulary and the sequence length.
-ModelConfig model_for(const TrainArgs& a, const CopyTask& task) {
+ModelConfig model_for(const TrainArgs& a, const Task& task) {
   ModelConfig m = a.model;
   m.vocab_size = task.vocab_size();
   m.max_seq_len = std::max<int64_t>(m.max_seq_len, task.seq_len());
@@ -173,9 +175,9 @@ ModelConfig model_for(const TrainArgs& a, const CopyTask& task) {
 
 void check_training_resources(const TrainArgs& a) {
   a.validate();
-  const CopyTask task(a.task);
-  const ModelConfig m = model_for(a, task);
-  const int64_t T = task.seq_len();
+  const std::unique_ptr<Task> task = make_task(a.task);  // reads a data file, if the task has one
+  const ModelConfig m = model_for(a, *task);
+  const int64_t T = task->seq_len();
   // the parts a user controls: the model's size, the training batch, the held-out set (its
   // token ids, and the forward of one evaluation batch of up to 128 sequences)
   const int eval_batch = std::min(a.eval_size, 128);
@@ -244,7 +246,7 @@ void reuse_only_if_same_settings(const std::string& dir, const TrainArgs& args, 
   const std::string stored = stored_run_args(dir);
   if (stored == "null") return;
   TrainArgs now = args;  // as the trainer stores them: vocabulary and length from the task
-  now.model = model_for(args, CopyTask(args.task));
+  now.model = model_for(args, *make_task(args.task));
   const std::string diff = first_setting_difference(stored, now.to_json());
   if (diff.empty()) return;
   if (force) {
@@ -257,9 +259,10 @@ void reuse_only_if_same_settings(const std::string& dir, const TrainArgs& args, 
        force_flag, " to discard it and recompute");
 }
 
-Trainer::Trainer(TrainArgs args) : args_(std::move(args)), task_(args_.task), data_rng_(0) {
+Trainer::Trainer(TrainArgs args) : args_(std::move(args)), data_rng_(0) {
   check_training_resources(args_);  // before anything is allocated or created
-  args_.model = model_for(args_, task_);
+  task_ = make_task(args_.task);
+  args_.model = model_for(args_, *task_);
   if (!args_.out.empty()) {
     make_dirs(args_.out);
     lock_ = std::make_unique<DirLock>(args_.out);
@@ -281,7 +284,12 @@ Trainer::Trainer(TrainArgs args) : args_(std::move(args)), task_(args_.task), da
                                   args_.optimizer == "adamw");
   sched_ = LrSchedule{parse_schedule(args_.schedule), args_.lr, args_.warmup, args_.steps, args_.min_lr_ratio};
   data_rng_.seed_with(args_.seed * 0x9E3779B97F4A7C15ull + 0x5EED);
-  held_out_ = task_.held_out(args_.eval_size, args_.eval_seed, std::min(args_.eval_size, 128));
+  held_out_ = task_->held_out(args_.eval_size, args_.eval_seed, std::min(args_.eval_size, 128));
+  if (!args_.init.empty() && !args_.resume) {  // weights made elsewhere (e.g. PyTorch), same config
+    const SafetensorsFile f = read_safetensors(args_.init);
+    check_checkpoint_tensors(args_.model, f);
+    load_parameters(*model_, f);
+  }
 }
 
 std::string Trainer::checkpoint_path() const { return args_.out + "/checkpoint.safetensors"; }
@@ -395,7 +403,7 @@ std::pair<float, float> train_step(TransformerLM& model, Optimizer& opt, const B
   return {loss_v, norm};
 }
 
-void finetune(TransformerLM& model, const CopyTask& task, int steps, float lr, int batch, uint64_t seed) {
+void finetune(TransformerLM& model, const Task& task, int steps, float lr, int batch, uint64_t seed) {
   std::vector<NamedParam> params;
   for (auto& [name, t] : model.named_parameters()) params.push_back({name, t, t.ndim() >= 2});
   Adam opt(params, lr, 0.9f, 0.999f, 1e-8f, 0.01f, true);
@@ -423,6 +431,7 @@ TrainResult Trainer::run(const TrainObserver& obs) {
     if (start > args_.steps)
       fail("--steps ", args_.steps, " is below step ", start, ", which the run in ", args_.out,
            " has already reached: give --steps ", start, " or more");
+    task_->seek(start, args_.batch);  // a task reading its rows in order continues where it stopped
     // Drop eval lines written after the checkpoint (a crash between eval and checkpoint).
     if (file_exists(metrics_path)) {
       std::ifstream in(metrics_path);
@@ -463,7 +472,7 @@ TrainResult Trainer::run(const TrainObserver& obs) {
   for (int64_t step = start; step < args_.steps; ++step) {
     const float lr = sched_.at(step);
     opt_->lr = lr;
-    task_.sample_into(batch_, args_.batch, data_rng_);
+    task_->sample_into(batch_, args_.batch, data_rng_);
     const Batch& batch = batch_;
     const auto step_start = clock::now();
     const auto [loss_v, norm] = train_step(*model_, *opt_, batch, args_.clip, [&](TransformerLM& m) {
@@ -490,7 +499,7 @@ TrainResult Trainer::run(const TrainObserver& obs) {
     if ((step + 1) % args_.eval_every == 0 || last) {
       const double secs = std::chrono::duration<double>(clock::now() - window_start).count();
       const double tps = secs > 0 ? window_tokens / secs : 0;
-      EvalResult e = evaluate(*model_, task_, held_out_, args_.eval_autoregressive || last);
+      EvalResult e = evaluate(*model_, *task_, held_out_, args_.eval_autoregressive || last);
       pool_trim();  // eval-sized buffers are not needed by the training steps
       if (!std::isfinite(e.loss)) {
         check_weights_finite(step + 1, last_ckpt);
@@ -533,7 +542,7 @@ TrainResult Trainer::run(const TrainObserver& obs) {
   res.peak_tensor_bytes = pool_stats().bytes_peak;
   if (!res.curve.empty()) res.final_eval = res.curve.back().second;
   if (start >= args_.steps) {  // resumed a finished run: evaluate once more for the summary
-    res.final_eval = evaluate(*model_, task_, held_out_, true);
+    res.final_eval = evaluate(*model_, *task_, held_out_, true);
   }
   return res;
 }

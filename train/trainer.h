@@ -1,4 +1,4 @@
-// The training loop shared by `train`, `ablate` and `prune`: model + copy task + optimizer,
+// The training loop shared by `train`, `ablate` and `prune`: model + task + optimizer,
 // held-out evaluation, atomic checkpoints, exact resume, non-finite detection.
 #pragma once
 #include <functional>
@@ -6,7 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "datasets/copy_task.h"
+#include "datasets/copy_task.h"  // CopyTask for callers that build copy batches by hand
+#include "datasets/task.h"
 #include "lib/fileutil.h"
 #include "lib/optim.h"
 #include "models/transformer.h"
@@ -17,6 +18,7 @@ namespace hl {
 struct TrainArgs {
   ModelConfig model;  // vocab_size and max_seq_len are set from the task
   TaskConfig task;
+  std::string init;   // start from these weights (a checkpoint of the same config) instead of random ones
   int batch = 64;
   int64_t steps = 600;
   float lr = 3e-3f;
@@ -107,7 +109,7 @@ class Trainer {
   // Interrupted (after writing the checkpoint) or Error (e.g. a metrics write failed).
   TrainResult run(const TrainObserver& obs = {});
   TransformerLM& model() { return *model_; }
-  const CopyTask& task() const { return task_; }
+  const Task& task() const { return *task_; }
   const TrainArgs& args() const { return args_; }
   const std::vector<Batch>& held_out() const { return held_out_; }
   std::string checkpoint_path() const;
@@ -119,7 +121,7 @@ class Trainer {
   void check_weights_finite(int64_t step, int64_t last_ckpt) const;
   int64_t restore(double& wall_s);  // returns the step to continue from
   TrainArgs args_;
-  CopyTask task_;
+  std::unique_ptr<Task> task_;
   std::unique_ptr<TransformerLM> model_;
   std::unique_ptr<Optimizer> opt_;
   LrSchedule sched_;
@@ -144,7 +146,7 @@ bool run_finished(const std::string& dir);
 std::pair<float, float> train_step(TransformerLM& model, Optimizer& opt, const Batch& batch, float clip,
                                    const std::function<void(TransformerLM&)>& on_gradients = {});
 // Fine-tunes a model in place for `steps` AdamW steps at a constant lr (used by prune).
-void finetune(TransformerLM& model, const CopyTask& task, int steps, float lr, int batch, uint64_t seed);
+void finetune(TransformerLM& model, const Task& task, int steps, float lr, int batch, uint64_t seed);
 std::string eval_json(int64_t step, const EvalResult& e, float lr, double tokens_per_s, double wall_s);
 
 }  // namespace hl

@@ -1,0 +1,134 @@
+#include "datasets/task.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "datasets/copy_task.h"
+
+namespace hl {
+
+// Defined in datasets/induction.cpp, text.cpp and tokens.cpp.
+std::unique_ptr<Task> make_induction_task(const TaskConfig& cfg);
+std::unique_ptr<Task> make_text_task(const TaskConfig& cfg);
+std::unique_ptr<Task> make_tokens_task(const TaskConfig& cfg);
+
+const std::vector<TaskInfo>& task_registry() {
+  static const std::vector<TaskInfo> tasks = {
+      {"copy", "[BOS x SEP x]: copy n symbols (alphabet 10, n = 16)"},
+      {"reverse", "[BOS x SEP reversed x] (alphabet 10, n = 16)"},
+      {"varcopy", "copy with n uniform in 1..16, alphabet 64 (padded): separates head counts"},
+      {"induction", "[BOS r r]: n = 16 random tokens of 32 repeated; loss on the repeat"},
+      {"text", "byte-level language modelling on --data FILE (held out: its last 10%)"},
+      {"tokens", "your sequences: --data FILE (.safetensors or .npy) with input_ids (N, T)"}};
+  return tasks;
+}
+
+std::vector<std::string> task_names() {
+  std::vector<std::string> n;
+  for (const TaskInfo& t : task_registry()) n.push_back(t.name);
+  return n;
+}
+
+namespace {
+bool is_copy_family(const std::string& name) { return name == "copy" || name == "reverse" || name == "varcopy"; }
+}  // namespace
+
+void TaskConfig::validate() const {
+  const auto names = task_names();
+  if (std::find(names.begin(), names.end(), name) == names.end()) {
+    std::string list;
+    for (auto& n : names) list += (list.empty() ? "" : ", ") + n;
+    fail("task: unknown task '", name, "' (expected one of ", list, ")");
+  }
+  if (is_copy_family(name)) {
+    if (alphabet < 1) fail("task: alphabet must be positive, got ", alphabet);
+    if (min_len < 1) fail("task: length must be positive, got ", min_len);
+    if (max_len < min_len) fail("task: max length ", max_len, " is below min length ", min_len);
+  }
+  if (name == "induction") {
+    if (alphabet < 2) fail("task induction: --alphabet must be at least 2, got ", alphabet);
+    if (max_len < 2) fail("task induction: --length (tokens repeated) must be at least 2, got ", max_len);
+  }
+  if (name == "text" && max_len < 1) fail("task text: --length (context) must be positive, got ", max_len);
+  if ((name == "text" || name == "tokens") && data.empty()) fail("task ", name, ": give the data file with --data");
+  if (name == "tokens" && alphabet < 0) fail("task tokens: --alphabet (vocabulary) must not be negative");
+  if (alphabet > (1 << 24)) fail("task: alphabet ", alphabet, " is above the supported maximum ", 1 << 24);
+  if (max_len > (1 << 19)) fail("task: length ", max_len, " is above the supported maximum ", 1 << 19);
+}
+
+TaskConfig TaskConfig::preset(const std::string& name) {
+  TaskConfig c;
+  c.name = name;
+  if (name == "reverse") c.reverse = true;
+  if (name == "varcopy") c.alphabet = 64, c.min_len = 1, c.max_len = 16;
+  if (name == "induction") c.alphabet = 32, c.min_len = c.max_len = 16;
+  if (name == "text") c.alphabet = 256, c.min_len = c.max_len = 64;
+  if (name == "tokens") c.alphabet = 0;
+  return c;
+}
+
+std::string TaskConfig::to_json() const {
+  nlohmann::json j = {{"name", name}, {"alphabet", alphabet}, {"min_len", min_len}, {"max_len", max_len}, {"reverse", reverse}};
+  if (!data.empty()) j["data"] = data;  // only the file-backed tasks have these
+  if (!eval_data.empty()) j["eval_data"] = eval_data;
+  if (!shuffle) j["shuffle"] = shuffle;
+  return j.dump();
+}
+
+TaskConfig TaskConfig::from_json(const std::string& text, const std::string& source) {
+  try {
+    const nlohmann::json t = nlohmann::json::parse(text);
+    TaskConfig c;
+    c.name = t.at("name");
+    c.alphabet = t.at("alphabet");
+    c.min_len = t.at("min_len");
+    c.max_len = t.at("max_len");
+    c.reverse = t.at("reverse");
+    c.data = t.value("data", std::string());
+    c.eval_data = t.value("eval_data", std::string());
+    c.shuffle = t.value("shuffle", true);
+    c.validate();
+    return c;
+  } catch (const nlohmann::json::exception& e) {
+    fail(source, ": task description is unreadable (", e.what(), ")");
+  }
+}
+
+int64_t Batch::counted_targets() const {
+  int64_t n = 0;
+  for (int32_t t : targets.data) n += t >= 0;
+  return n;
+}
+
+std::vector<Batch> Task::held_out(int n, uint64_t seed, int batch_size) const {
+  Rng rng(seed);
+  std::vector<Batch> out;
+  for (int done = 0; done < n; done += batch_size) out.push_back(sample(std::min(batch_size, n - done), rng));
+  return out;
+}
+
+Batch Task::sample(int batch_size, Rng& rng) const {
+  Batch b;
+  sample_into(b, batch_size, rng);
+  return b;
+}
+
+std::string Task::token_text(int32_t id) const { return std::to_string(id); }
+
+std::vector<int32_t> Task::answer(const Batch& b, int64_t row) const {
+  std::vector<int32_t> y;
+  const int64_t T = b.targets.shape[1];
+  for (int64_t t = 0; t < T; ++t)
+    if (b.targets.at(row, t) >= 0) y.push_back(b.targets.at(row, t));
+  return y;
+}
+
+std::unique_ptr<Task> make_task(const TaskConfig& cfg) {
+  cfg.validate();
+  if (is_copy_family(cfg.name)) return std::make_unique<CopyTask>(cfg);
+  if (cfg.name == "induction") return make_induction_task(cfg);
+  if (cfg.name == "text") return make_text_task(cfg);
+  return make_tokens_task(cfg);
+}
+
+}  // namespace hl

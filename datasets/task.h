@@ -1,0 +1,79 @@
+// Tasks: what a model is trained and evaluated on. One interface (fill a reused batch, a
+// seeded held-out set, vocabulary and special tokens, decoding for display, which positions
+// are answers for greedy evaluation) and a registry that feeds the command line's --task.
+//
+//   copy, reverse, varcopy   [BOS, x1..xn, SEP, y1..yn] with y = x or reversed (copy_task.h)
+//   induction                [BOS, r1..rn, r1..rn], random tokens repeated; loss on the repeat
+//   text                     byte-level language modelling on a UTF-8 file (--data)
+//   tokens                   sequences a user wrote into a safetensors or .npy file (--data)
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lib/ops.h"
+
+namespace hl {
+
+struct TaskConfig {
+  std::string name = "copy";  // a registered task (task_registry())
+  int alphabet = 10;          // symbols (copy family, induction); tokens: vocabulary, 0 = from the data
+  int min_len = 16;           // copy family: n is uniform in [min_len, max_len]
+  int max_len = 16;           // copy family: longest n; induction: repeated length; text: context
+  bool reverse = false;       // copy family: y = reversed x
+  std::string data;           // text: a UTF-8 file; tokens: .safetensors or .npy
+  std::string eval_data;      // tokens: held-out file (default: the last 10% of the rows)
+  bool shuffle = true;        // tokens: false = training batches are consecutive rows in file order
+  void validate() const;
+  // The task's own defaults (e.g. varcopy: alphabet 64, n in 1..16; induction: 32 tokens).
+  static TaskConfig preset(const std::string& name);
+  std::string to_json() const;  // as stored in checkpoints' "task" metadata
+  static TaskConfig from_json(const std::string& text, const std::string& source);
+};
+
+struct Batch {
+  Ids inputs;          // (B, T)
+  Ids targets;         // (B, T), -1 = not in the loss
+  Tensor key_padding;  // (B, T), 1 where the input is padding; undefined when nothing is padded
+  // Per row: how many input tokens form the prompt of a greedy answer (the answer is the row's
+  // counted targets, in order, predicted from position prompt_len - 1 on); 0 = no answer.
+  std::vector<int> prompt_len;
+  std::vector<std::vector<int32_t>> symbols;  // scratch of the copy tasks (x per row)
+  int64_t size() const { return inputs.shape[0]; }
+  int64_t counted_targets() const;  // targets that count in the loss (not -1)
+};
+
+class Task {
+ public:
+  explicit Task(TaskConfig cfg) : cfg_(std::move(cfg)) {}
+  virtual ~Task() = default;
+  const TaskConfig& config() const { return cfg_; }
+  virtual int vocab_size() const = 0;
+  virtual int seq_len() const = 0;  // model input length T
+  // A training batch drawn with rng into b, reusing its buffers (the training loop's steady
+  // state allocates nothing).
+  virtual void sample_into(Batch& b, int batch_size, Rng& rng) const = 0;
+  // The fixed held-out set: n sequences from their own seed, cut into batches.
+  virtual std::vector<Batch> held_out(int n, uint64_t seed, int batch_size) const;
+  virtual std::string token_text(int32_t id) const;  // for display: "BOS", "7", "e", "\n"
+  // The answer a model should produce greedily for row `row`: its counted targets in order.
+  std::vector<int32_t> answer(const Batch& b, int64_t row) const;
+  Batch sample(int batch_size, Rng& rng) const;
+  // Puts a task that reads its data in order where it would be after `batches_drawn` batches
+  // (a resumed run continues where it stopped); random tasks need nothing.
+  virtual void seek(int64_t batches_drawn, int batch_size) const {}
+
+ protected:
+  TaskConfig cfg_;
+};
+
+// Builds the task a config names (after validating it); fails listing the known tasks.
+std::unique_ptr<Task> make_task(const TaskConfig& cfg);
+
+struct TaskInfo {
+  std::string name, help;
+};
+const std::vector<TaskInfo>& task_registry();  // for --task's choices and --help
+std::vector<std::string> task_names();
+
+}  // namespace hl

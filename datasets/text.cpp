@@ -1,0 +1,74 @@
+// text: byte-level language modelling on any file (UTF-8 text, read as bytes 0..255). The
+// model sees windows of --length bytes and predicts each next byte; training windows start
+// anywhere in the first 90% of the file, held-out windows in the last 10%.
+#include <cctype>
+#include <cstdio>
+
+#include "datasets/task.h"
+#include "lib/fileutil.h"
+
+namespace hl {
+
+namespace {
+
+class TextTask : public Task {
+ public:
+  explicit TextTask(const TaskConfig& cfg) : Task(cfg), bytes_(read_file(cfg.data)) {
+    split_ = bytes_.size() - bytes_.size() / 10;  // held out: the last 10%
+    const size_t need = static_cast<size_t>(cfg.max_len) + 1;
+    if (split_ < need || bytes_.size() - split_ < need)
+      fail(cfg.data, ": ", bytes_.size(), " bytes are too few for --length ", cfg.max_len,
+           " (each of the training 90% and the held-out 10% needs at least ", need, " bytes)");
+  }
+  int vocab_size() const override { return 256; }
+  int seq_len() const override { return cfg_.max_len; }
+
+  std::string token_text(int32_t id) const override {
+    if (id == '\n') return "\\n";
+    if (id == '\t') return "\\t";
+    if (id >= 32 && id < 127) return std::string(1, static_cast<char>(id));
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "\\x%02x", id & 0xff);
+    return buf;
+  }
+
+  void sample_into(Batch& b, int batch_size, Rng& rng) const override { windows(b, batch_size, rng, 0, split_); }
+
+  std::vector<Batch> held_out(int n, uint64_t seed, int batch_size) const override {
+    Rng rng(seed);
+    std::vector<Batch> out;
+    for (int done = 0; done < n; done += batch_size) {
+      out.emplace_back();
+      windows(out.back(), std::min(batch_size, n - done), rng, split_, bytes_.size());
+    }
+    return out;
+  }
+
+ private:
+  // batch_size windows of T + 1 bytes starting uniformly in [begin, end - T - 1]
+  void windows(Batch& b, int batch_size, Rng& rng, size_t begin, size_t end) const {
+    if (batch_size < 1) fail("task: batch size must be positive, got ", batch_size);
+    const int64_t B = batch_size, T = seq_len();
+    b.inputs.shape = b.targets.shape = Shape{B, T};
+    b.inputs.data.resize(static_cast<size_t>(B * T));
+    b.targets.data.resize(static_cast<size_t>(B * T));
+    b.prompt_len.assign(static_cast<size_t>(B), 0);  // no greedy answers: every position counts
+    b.key_padding = Tensor();
+    const uint64_t starts = end - begin - static_cast<uint64_t>(T);
+    for (int64_t r = 0; r < B; ++r) {
+      const size_t s = begin + static_cast<size_t>(rng.next_u64() % starts);
+      for (int64_t t = 0; t < T; ++t) {
+        b.inputs.at(r, t) = static_cast<unsigned char>(bytes_[s + t]);
+        b.targets.at(r, t) = static_cast<unsigned char>(bytes_[s + t + 1]);
+      }
+    }
+  }
+  std::string bytes_;
+  size_t split_;
+};
+
+}  // namespace
+
+std::unique_ptr<Task> make_text_task(const TaskConfig& cfg) { return std::make_unique<TextTask>(cfg); }
+
+}  // namespace hl

@@ -1,0 +1,230 @@
+// tokens: sequences a user wrote (from Python or anything) into a file:
+//   .safetensors  input_ids (N, T) I32/I64; optional targets (N, T) I32/I64 (-1 = not in the
+//                 loss) and loss_mask (N, T) F32/I32/I64 (0 = not in the loss)
+//   .npy          input_ids (N, T) int32/int64 (little-endian, C order)
+// Without targets a row is language modelling: position t predicts input t+1. The vocabulary is
+// --alphabet, or the largest id + 1 when that is 0. Held out: --eval-data, or the last 10% of
+// the rows. Training batches are rows drawn at random, or with --shuffle off consecutive rows
+// in file order (wrapping around).
+#include <algorithm>
+#include <cstring>
+
+#include "datasets/task.h"
+#include "lib/fileutil.h"
+#include "lib/safetensors.h"
+
+namespace hl {
+
+namespace {
+
+struct Rows {
+  int64_t n = 0, T = 0;
+  std::vector<int32_t> ids, targets;  // (n, T)
+};
+
+// input_ids from a .npy file: version 1-3 header, '<i4' or '<i8', C order, 2-d.
+Ids read_npy(const std::string& path) {
+  const std::string bytes = read_file(path);
+  auto bad = [&](auto&&... why) { fail(path, ": not a valid .npy file of input_ids: ", why...); };
+  if (bytes.size() < 10 || bytes.compare(0, 6, "\x93NUMPY") != 0) bad("the magic string \\x93NUMPY is missing");
+  const int major = static_cast<unsigned char>(bytes[6]);
+  size_t header_len, at;
+  if (major == 1) {
+    header_len = static_cast<unsigned char>(bytes[8]) | static_cast<unsigned char>(bytes[9]) << 8;
+    at = 10;
+  } else if (major == 2 || major == 3) {
+    if (bytes.size() < 12) bad("truncated header");
+    header_len = 0;
+    for (int i = 3; i >= 0; --i) header_len = header_len << 8 | static_cast<unsigned char>(bytes[8 + i]);
+    at = 12;
+  } else {
+    bad("unsupported version ", major);
+  }
+  if (at + header_len > bytes.size()) bad("the header runs past the end of the file");
+  const std::string header = bytes.substr(at, header_len);
+  auto field = [&](const std::string& key) {
+    const size_t k = header.find("'" + key + "'");
+    if (k == std::string::npos) bad("the header has no '", key, "'");
+    return header.substr(header.find(':', k) + 1);
+  };
+  const std::string descr = field("descr");
+  const size_t q = descr.find('\'');
+  const std::string dtype = descr.substr(q + 1, descr.find('\'', q + 1) - q - 1);
+  size_t item;
+  if (dtype == "<i4") item = 4;
+  else if (dtype == "<i8") item = 8;
+  else bad("dtype '", dtype, "' is not int32 or int64 (little-endian)");
+  if (field("fortran_order").find("False") != 0 && field("fortran_order").find(" False") != 0) bad("Fortran order is not supported");
+  const std::string sh = field("shape");
+  std::vector<int64_t> dims;
+  for (size_t i = sh.find('(') + 1; i < sh.size() && sh[i] != ')';) {
+    if (std::isdigit(static_cast<unsigned char>(sh[i]))) {
+      size_t used;
+      dims.push_back(std::stoll(sh.substr(i), &used));
+      i += used;
+    } else {
+      ++i;
+    }
+  }
+  if (dims.size() != 2) bad("input_ids must be (N, T), got ", dims.size(), " dimensions");
+  const uint64_t count = static_cast<uint64_t>(dims[0]) * static_cast<uint64_t>(dims[1]);
+  const size_t data = at + header_len;
+  if (bytes.size() - data < count * item)
+    bad("truncated: shape (", dims[0], ", ", dims[1], ") needs ", count * item, " bytes of data, the file has ", bytes.size() - data);
+  Ids out(Shape{dims[0], dims[1]});
+  for (uint64_t i = 0; i < count; ++i) {
+    int64_t v;
+    if (item == 8) {
+      std::memcpy(&v, bytes.data() + data + 8 * i, 8);
+    } else {
+      int32_t w;
+      std::memcpy(&w, bytes.data() + data + 4 * i, 4);
+      v = w;
+    }
+    if (v < 0 || v > (1 << 24)) fail(path, ": input_ids value ", v, " at row ", i / dims[1], ", position ", i % dims[1], " is outside 0..", 1 << 24);
+    out.data[i] = static_cast<int32_t>(v);
+  }
+  return out;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// One file's rows with their targets (given, or next-token), loss mask applied; ids checked.
+Rows read_rows(const std::string& path) {
+  Rows r;
+  Ids ids, targets;
+  std::vector<float> mask;
+  if (ends_with(path, ".npy")) {
+    ids = read_npy(path);
+  } else {
+    const SafetensorsFile f = read_safetensors(path);
+    if (!f.has("input_ids")) fail(path, ": no 'input_ids' tensor (expected input_ids (N, T), optional targets and loss_mask)");
+    for (const char* name : {"input_ids", "targets"})
+      if (f.has(name) && f.get(name).dtype == DType::F32)
+        fail(path, ": '", name, "' is F32; token ids must be I32 or I64");
+    ids = f.ids("input_ids");
+    if (ids.shape.ndim != 2) fail(path, ": input_ids must be (N, T), got ", ids.shape.str());
+    if (f.has("targets")) {
+      targets = f.ids("targets");
+      if (targets.shape != ids.shape)
+        fail(path, ": targets has shape ", targets.shape.str(), " but input_ids is ", ids.shape.str());
+    }
+    if (f.has("loss_mask")) {
+      const StTensor& m = f.get("loss_mask");
+      if (m.shape != ids.shape) fail(path, ": loss_mask has shape ", m.shape.str(), " but input_ids is ", ids.shape.str());
+      if (m.dtype == DType::F32) {
+        mask = f.f32("loss_mask").to_vector();
+      } else {
+        for (int32_t v : f.ids("loss_mask").data) mask.push_back(static_cast<float>(v));
+      }
+    }
+  }
+  r.n = ids.shape[0];
+  r.T = ids.shape[1];
+  if (r.n < 1 || r.T < 1) fail(path, ": input_ids ", ids.shape.str(), " holds no tokens");
+  for (int64_t i = 0; i < ids.numel(); ++i)
+    if (ids.data[i] < 0) fail(path, ": input_ids has the negative id ", ids.data[i], " at row ", i / r.T, ", position ", i % r.T);
+  r.ids = ids.data;
+  if (targets.numel()) {
+    r.targets = targets.data;
+    for (int64_t i = 0; i < targets.numel(); ++i)
+      if (r.targets[i] < -1) fail(path, ": targets has ", r.targets[i], " at row ", i / r.T, ", position ", i % r.T, " (only -1 may be negative)");
+  } else {  // language modelling: position t predicts input t+1
+    r.targets.assign(r.ids.size(), -1);
+    for (int64_t row = 0; row < r.n; ++row)
+      for (int64_t t = 0; t + 1 < r.T; ++t) r.targets[row * r.T + t] = r.ids[row * r.T + t + 1];
+  }
+  for (size_t i = 0; i < mask.size(); ++i)
+    if (mask[i] == 0.f) r.targets[i] = -1;
+  return r;
+}
+
+class TokensTask : public Task {
+ public:
+  explicit TokensTask(const TaskConfig& cfg) : Task(cfg) {
+    Rows all = read_rows(cfg.data);
+    if (!cfg.eval_data.empty()) {
+      train_ = std::move(all);
+      eval_ = read_rows(cfg.eval_data);
+      if (eval_.T != train_.T)
+        fail(cfg.eval_data, ": sequences of ", eval_.T, " tokens, but ", cfg.data, " has ", train_.T);
+    } else {
+      if (all.n < 2) fail(cfg.data, ": ", all.n, " row is too few: the last 10% of the rows (at least one) are held out");
+      const int64_t held = std::max<int64_t>(1, all.n / 10), kept = all.n - held;
+      train_.n = kept, eval_.n = held, train_.T = eval_.T = all.T;
+      train_.ids.assign(all.ids.begin(), all.ids.begin() + kept * all.T);
+      train_.targets.assign(all.targets.begin(), all.targets.begin() + kept * all.T);
+      eval_.ids.assign(all.ids.begin() + kept * all.T, all.ids.end());
+      eval_.targets.assign(all.targets.begin() + kept * all.T, all.targets.end());
+    }
+    int32_t top = 0;
+    for (const Rows* r : {&train_, &eval_}) {
+      for (int32_t v : r->ids) top = std::max(top, v);
+      for (int32_t v : r->targets) top = std::max(top, v);
+    }
+    vocab_ = cfg.alphabet > 0 ? cfg.alphabet : top + 1;
+    if (top >= vocab_)
+      fail(cfg.alphabet > 0 ? "--alphabet " : "", cfg.alphabet > 0 ? std::to_string(cfg.alphabet) + ": " : "", cfg.data,
+           " holds the id ", top, ", outside the vocabulary 0..", vocab_ - 1);
+  }
+  int vocab_size() const override { return vocab_; }
+  int seq_len() const override { return static_cast<int>(train_.T); }
+
+  void sample_into(Batch& b, int batch_size, Rng& rng) const override {
+    if (batch_size < 1) fail("task: batch size must be positive, got ", batch_size);
+    std::vector<int64_t>& rows = rows_scratch_;
+    rows.resize(static_cast<size_t>(batch_size));
+    for (auto& r : rows) {
+      if (cfg_.shuffle) {
+        r = static_cast<int64_t>(rng.next_u64() % static_cast<uint64_t>(train_.n));
+      } else {  // consecutive rows in file order (seek() places a resumed run)
+        r = next_row_;
+        next_row_ = (next_row_ + 1) % train_.n;
+      }
+    }
+    fill(b, train_, rows);
+  }
+
+  std::vector<Batch> held_out(int n, uint64_t, int batch_size) const override {
+    std::vector<Batch> out;
+    const int64_t count = std::min<int64_t>(n, eval_.n);
+    for (int64_t done = 0; done < count; done += batch_size) {
+      std::vector<int64_t> rows;
+      for (int64_t r = done; r < std::min<int64_t>(count, done + batch_size); ++r) rows.push_back(r);
+      out.emplace_back();
+      fill(out.back(), eval_, rows);
+    }
+    return out;
+  }
+
+  void seek(int64_t batches_drawn, int batch_size) const override {
+    next_row_ = static_cast<int64_t>((static_cast<uint64_t>(batches_drawn) * static_cast<uint64_t>(batch_size)) %
+                                     static_cast<uint64_t>(train_.n));
+  }
+
+ private:
+  static void fill(Batch& b, const Rows& src, const std::vector<int64_t>& rows) {
+    const int64_t B = static_cast<int64_t>(rows.size()), T = src.T;
+    b.inputs.shape = b.targets.shape = Shape{B, T};
+    b.inputs.data.resize(static_cast<size_t>(B * T));
+    b.targets.data.resize(static_cast<size_t>(B * T));
+    b.prompt_len.assign(static_cast<size_t>(B), 0);
+    b.key_padding = Tensor();
+    for (int64_t i = 0; i < B; ++i) {
+      std::copy_n(src.ids.begin() + rows[i] * T, T, b.inputs.data.begin() + i * T);
+      std::copy_n(src.targets.begin() + rows[i] * T, T, b.targets.data.begin() + i * T);
+    }
+  }
+  Rows train_, eval_;
+  int vocab_ = 0;
+  mutable int64_t next_row_ = 0;
+  mutable std::vector<int64_t> rows_scratch_;
+};
+
+}  // namespace
+
+std::unique_ptr<Task> make_tokens_task(const TaskConfig& cfg) { return std::make_unique<TokensTask>(cfg); }
+
+}  // namespace hl

@@ -1,0 +1,219 @@
+// Tasks: the registry, induction and text learn what they should, tokens files are read and
+// their errors named, training can start from given weights.
+#define BOOST_TEST_MODULE tasks
+#include <boost/test/unit_test.hpp>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+
+#include "lib/fileutil.h"
+#include "lib/safetensors.h"
+#include "models/checkpoint.h"
+#include "train/trainer.h"
+
+using namespace hl;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string tmp(const std::string& name) { return (fs::temp_directory_path() / ("headlab-tasks-" + name)).string(); }
+
+TrainArgs args_for(const std::string& task) {
+  TrainArgs a;
+  a.task = TaskConfig::preset(task);
+  a.threads = 2;
+  a.eval_size = 256;
+  return a;
+}
+
+// A tokens file: input_ids (N, T) of int64 and, when given, targets and loss_mask.
+void write_tokens(const std::string& path, int64_t N, int64_t T, std::function<int64_t(int64_t, int64_t)> id,
+                  bool with_mask = false, Shape mask_shape = Shape()) {
+  SafetensorsWriter w;
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t t = 0; t < T; ++t) ids.push_back(id(i, t));
+  w.add_i64("input_ids", Shape{N, T}, ids);
+  if (with_mask) {
+    if (mask_shape.ndim == 0) mask_shape = Shape{N, T};
+    w.add("loss_mask", Tensor::ones(mask_shape));
+  }
+  w.write(path);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(registry_lists_every_task_and_builds_it) {
+  const std::vector<std::string> names = task_names();
+  BOOST_TEST(names == (std::vector<std::string>{"copy", "reverse", "varcopy", "induction", "text", "tokens"}));
+  for (const std::string& n : {"copy", "reverse", "varcopy", "induction"}) {
+    const auto t = make_task(TaskConfig::preset(n));
+    Rng rng(1);
+    const Batch b = t->sample(4, rng);
+    BOOST_TEST(b.inputs.shape == Shape({4, t->seq_len()}));
+    for (int32_t v : b.inputs.data) BOOST_TEST((v >= 0 && v < t->vocab_size()));
+  }
+  TaskConfig bad;
+  bad.name = "nope";
+  BOOST_TEST(error_of([&] { make_task(bad); }) ==
+             "task: unknown task 'nope' (expected one of copy, reverse, varcopy, induction, text, tokens)");
+}
+
+BOOST_AUTO_TEST_CASE(induction_sequences_repeat_and_count_the_repeat) {
+  TaskConfig c = TaskConfig::preset("induction");
+  c.max_len = 5;
+  const auto t = make_task(c);
+  Rng rng(3);
+  const Batch b = t->sample(3, rng);
+  BOOST_TEST(t->seq_len() == 10);
+  BOOST_TEST(t->vocab_size() == 33);
+  for (int64_t r = 0; r < 3; ++r) {
+    BOOST_TEST(b.inputs.at(r, 0) == 32);  // BOS
+    for (int64_t i = 1; i < 5; ++i) BOOST_TEST(b.inputs.at(r, i + 5) == b.inputs.at(r, i));  // r repeated
+    for (int64_t tpos = 0; tpos < 5; ++tpos) BOOST_TEST(b.targets.at(r, tpos) == -1);
+    for (int64_t tpos = 5; tpos < 10; ++tpos) BOOST_TEST(b.targets.at(r, tpos) == b.inputs.at(r, tpos - 4));  // r_{t-4}
+    BOOST_TEST(b.prompt_len[r] == 6);
+    BOOST_TEST(t->answer(b, r) == std::vector<int32_t>(b.inputs.data.begin() + r * 10 + 1, b.inputs.data.begin() + r * 10 + 6));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_two_layer_model_learns_induction) {
+  // the default budget (600 steps, d_model 64, 2 layers, 4 heads) on the default induction task
+  TrainArgs a = args_for("induction");
+  Trainer t(a);
+  const TrainResult r = t.run();
+  BOOST_TEST(r.final_eval.token_acc >= 0.9, "token accuracy on the repeated half " << r.final_eval.token_acc);
+}
+
+BOOST_AUTO_TEST_CASE(text_beats_the_unigram_entropy_of_its_file) {
+  const std::string file = "/usr/share/common-licenses/GPL-3";  // on every Debian machine
+  const std::string bytes = read_file(file);
+  std::map<unsigned char, double> count;
+  for (char ch : bytes) count[static_cast<unsigned char>(ch)] += 1;
+  double entropy = 0;  // nats per byte, of the whole file
+  for (auto& [ch, n] : count) entropy -= n / bytes.size() * std::log(n / bytes.size());
+  TrainArgs a = args_for("text");
+  a.task.data = file;
+  a.steps = 300;
+  a.eval_every = 300;
+  Trainer t(a);
+  BOOST_TEST(t.task().vocab_size() == 256);
+  const TrainResult r = t.run();
+  BOOST_TEST(r.final_eval.loss < entropy, "held-out loss " << r.final_eval.loss << " vs unigram entropy " << entropy);
+  BOOST_TEST(r.final_eval.ar_exact_match == -1.0);  // no prompts: no greedy evaluation
+  BOOST_TEST(t.task().token_text('\n') == "\\n");
+  BOOST_TEST(t.task().token_text('a') == "a");
+}
+
+BOOST_AUTO_TEST_CASE(tokens_files_are_read_split_and_checked) {
+  const std::string good = tmp("good.safetensors");
+  write_tokens(good, 20, 6, [](int64_t i, int64_t t) { return (i + t) % 7; });
+  TaskConfig c = TaskConfig::preset("tokens");
+  c.data = good;
+  auto task = make_task(c);
+  BOOST_TEST(task->vocab_size() == 7);
+  BOOST_TEST(task->seq_len() == 6);
+  const auto held = task->held_out(1000, 0, 128);  // the last 10%: rows 18 and 19
+  BOOST_TEST_REQUIRE(held.size() == 1u);
+  BOOST_TEST(held[0].inputs.shape == Shape({2, 6}));
+  BOOST_TEST(held[0].inputs.at(0, 0) == 18 % 7);
+  // language modelling targets: the next input, the last position not counted
+  BOOST_TEST(held[0].targets.at(0, 0) == held[0].inputs.at(0, 1));
+  BOOST_TEST(held[0].targets.at(0, 5) == -1);
+  // --shuffle off: consecutive training rows in file order, wrapping around
+  c.shuffle = false;
+  task = make_task(c);
+  Rng rng(1);
+  Batch b;
+  for (int step = 0; step < 3; ++step) {
+    task->sample_into(b, 7, rng);
+    for (int64_t r = 0; r < 7; ++r) BOOST_TEST(b.inputs.at(r, 0) == ((step * 7 + r) % 18 + 0) % 7);
+  }
+  // a .npy file gives the same rows
+  {
+    std::string header = "{'descr': '<i8', 'fortran_order': False, 'shape': (20, 6), }";
+    while ((10 + header.size() + 1) % 64) header += ' ';
+    header += '\n';
+    std::string npy = std::string("\x93NUMPY\x01\x00", 8);
+    npy += static_cast<char>(header.size() & 0xff);
+    npy += static_cast<char>(header.size() >> 8);
+    npy += header;
+    for (int64_t i = 0; i < 20; ++i)
+      for (int64_t t = 0; t < 6; ++t) {
+        const int64_t v = (i + t) % 7;
+        npy.append(reinterpret_cast<const char*>(&v), 8);
+      }
+    write_file_atomic(tmp("good.npy"), npy);
+    TaskConfig n = TaskConfig::preset("tokens");
+    n.data = tmp("good.npy");
+    const auto from_npy = make_task(n)->held_out(10, 0, 10);
+    BOOST_TEST(from_npy[0].inputs.data == held[0].inputs.data);
+    BOOST_TEST(from_npy[0].targets.data == held[0].targets.data);
+    write_file_atomic(tmp("trunc.npy"), npy.substr(0, npy.size() - 5));
+    n.data = tmp("trunc.npy");
+    BOOST_TEST(error_of([&] { make_task(n); }) ==
+               tmp("trunc.npy") + ": not a valid .npy file of input_ids: truncated: shape (20, 6) needs 960 bytes of data, the file has 955");
+  }
+  // errors: one line naming the file, the field and the shapes
+  auto err = [&](const std::string& path, int vocab = 0) {
+    TaskConfig e = TaskConfig::preset("tokens");
+    e.data = path;
+    e.alphabet = vocab;
+    return error_of([&] { make_task(e); });
+  };
+  BOOST_TEST(err(good, 5) == "--alphabet 5: " + good + " holds the id 6, outside the vocabulary 0..4");
+  const std::string neg = tmp("neg.safetensors");
+  write_tokens(neg, 4, 3, [](int64_t i, int64_t t) { return i == 2 && t == 1 ? -3 : 1; });
+  BOOST_TEST(err(neg) == neg + ": input_ids has the negative id -3 at row 2, position 1");
+  const std::string mask = tmp("mask.safetensors");
+  write_tokens(mask, 4, 3, [](int64_t, int64_t) { return 1; }, true, Shape{4, 2});
+  BOOST_TEST(err(mask) == mask + ": loss_mask has shape (4,2) but input_ids is (4,3)");
+  const std::string f32 = tmp("f32.safetensors");
+  {
+    SafetensorsWriter w;
+    w.add("input_ids", Tensor::zeros({4, 3}));
+    w.write(f32);
+  }
+  BOOST_TEST(err(f32) == f32 + ": 'input_ids' is F32; token ids must be I32 or I64");
+  const std::string trunc = tmp("trunc.safetensors");
+  write_file_atomic(trunc, read_file(good).substr(0, 100));
+  BOOST_TEST(err(trunc).find(trunc + ": not a valid safetensors file") == 0);
+}
+
+BOOST_AUTO_TEST_CASE(training_on_tokens_and_from_given_weights) {
+  const std::string data = tmp("train.safetensors");
+  write_tokens(data, 200, 12, [](int64_t i, int64_t t) { return (3 * i + t) % 9; });  // each row counts up
+  TrainArgs a = args_for("tokens");
+  a.task.data = data;
+  a.steps = 150;
+  a.eval_every = 150;
+  a.model.d_model = 32;
+  a.model.d_ff = 64;
+  Trainer t(a);
+  const TrainResult r = t.run();
+  BOOST_TEST(r.final_eval.token_acc > 0.95, "next token of a counting sequence: " << r.final_eval.token_acc);
+  // --init: a new run starts from these weights exactly
+  const std::string ckpt = tmp("init.safetensors");
+  save_checkpoint(ckpt, t.model());
+  TrainArgs b = a;
+  b.init = ckpt;
+  b.seed = 77;  // its own seed would draw other weights
+  Trainer from(b);
+  auto p = t.model().named_parameters(), q = from.model().named_parameters();
+  for (size_t i = 0; i < p.size(); ++i) BOOST_TEST(p[i].second.to_vector() == q[i].second.to_vector());
+  TrainArgs wrong = b;
+  wrong.model.d_ff = 48;
+  BOOST_TEST(error_of([&] { Trainer x(wrong); }).find(ckpt + ": tensor 'blocks.0.ffn.fc1.weight' has shape (64,32) but the config") == 0);
+}
