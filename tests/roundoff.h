@@ -63,6 +63,10 @@ inline Bounded exp(Bounded a) {
   const double y = std::exp(a.v);
   return {y, y * (std::expm1(a.e) + kExpRel) + u * y};
 }
+inline Bounded log(Bounded a) {  // glibc's logf: < 1 ulp; d log = da / a
+  const double y = std::log(a.v);
+  return {y, a.e / a.v + 2 * u * std::fabs(y) + u};
+}
 inline Bounded erf(Bounded a) {  // erf' <= 2/sqrt(pi)
   return {std::erf(a.v), 1.1283791670955126 * a.e + kErfAbs};
 }
