@@ -10,7 +10,6 @@ Usage: /usr/bin/python3 scripts/check_vs_pytorch.py [path/to/headlab]
 """
 import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
@@ -22,37 +21,10 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "shared", "bench"))
 from gpt import GPT  # noqa: E402
+sys.path.insert(0, HERE)
+from safetensors_np import read_safetensors, write_safetensors  # noqa: E402
 
 VOCAB, D, LAYERS, HEADS, DFF, T, B = 13, 32, 2, 4, 64, 33, 4
-
-
-def write_safetensors(path, tensors, metadata=None):
-    header, blobs, off = {}, [], 0
-    for name, (dtype, arr) in tensors.items():
-        raw = np.ascontiguousarray(arr).tobytes()
-        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [off, off + len(raw)]}
-        blobs.append(raw)
-        off += len(raw)
-    if metadata:
-        header["__metadata__"] = metadata
-    h = json.dumps(header).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-
-
-def read_safetensors(path):
-    data = open(path, "rb").read()
-    n = struct.unpack("<Q", data[:8])[0]
-    header = json.loads(data[8:8 + n])
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        b, end = e["data_offsets"]
-        dt = {"F32": np.float32, "I64": np.int64, "I32": np.int32}[e["dtype"]]
-        out[name] = np.frombuffer(data[8 + n + b:8 + n + end], dtype=dt).reshape(e["shape"])
-    return out
 
 
 def interop_name(name):
@@ -74,9 +46,9 @@ def main():
                mlp_bias=True, head_bias=True, layer_norm_eps=1e-5)
     with tempfile.TemporaryDirectory() as tmp:
         ckpt, batch, out = (os.path.join(tmp, n) for n in ("m.safetensors", "b.safetensors", "g.safetensors"))
-        write_safetensors(ckpt, {interop_name(n): ("F32", p.detach().numpy()) for n, p in model.state_dict().items()},
+        write_safetensors(ckpt, {interop_name(n): p.detach().numpy() for n, p in model.state_dict().items()},
                           {"format": "headlab-checkpoint", "format_version": "1", "config": json.dumps(cfg)})
-        write_safetensors(batch, {"input_ids": ("I64", idx.numpy()), "targets": ("I64", tgt.numpy())})
+        write_safetensors(batch, {"input_ids": idx.numpy(), "targets": tgt.numpy()})
         subprocess.run([headlab, "grads", "--checkpoint", ckpt, "--batch", batch, "--out", out], check=True)
         got = read_safetensors(out)
 

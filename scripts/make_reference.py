@@ -24,7 +24,6 @@ and the hyperparameters in the metadata key "reference".
 import json
 import math
 import os
-import struct
 import sys
 
 import numpy as np
@@ -34,6 +33,8 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "shared", "bench"))
 from gpt import GPT  # noqa: E402
+sys.path.insert(0, HERE)
+from safetensors_np import write_safetensors  # noqa: E402
 
 VOCAB, D, LAYERS, HEADS, DFF, T, B = 13, 32, 2, 4, 64, 17, 4
 STEPS, HELD = 20, 8
@@ -44,22 +45,6 @@ OUT = os.path.join(HERE, "..", "tests", "data", "reference_gpt.safetensors")
 
 def interop_name(name):
     return name.replace(".W1.", ".ffn.fc1.").replace(".W2.", ".ffn.fc2.")
-
-
-def write_safetensors(path, tensors, metadata):
-    header, blobs, off = {}, [], 0
-    for name, arr in tensors.items():
-        arr = np.ascontiguousarray(arr)
-        dtype = {np.dtype("float32"): "F32", np.dtype("int64"): "I64"}[arr.dtype]
-        raw = arr.tobytes()
-        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [off, off + len(raw)]}
-        blobs.append(raw)
-        off += len(raw)
-    header["__metadata__"] = metadata
-    h = json.dumps(header).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
 def lr_at(step):
