@@ -5,6 +5,7 @@ set -euo pipefail
 PKGS=(
   g++ cmake make pkg-config        # toolchain
   libopenblas-openmp-dev           # CBLAS sgemm; OpenMP build shares our thread pool
+  liblapacke-dev                   # LAPACK's C interface (SVD, QR of head circuits); LAPACK from OpenBLAS
   libomp-dev                       # harmless if g++'s libgomp is used; kept for clang users
   libboost-test-dev                # Boost.Test: the unit test framework
   nlohmann-json3-dev               # JSON: safetensors headers, metrics, summaries

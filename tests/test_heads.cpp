@@ -11,7 +11,7 @@
 #include "lib/fileutil.h"
 #include "train/atlas.h"
 #include "datasets/copy_task.h"
-#include "train/heads.h"
+#include "analysis/heads.h"
 
 using namespace hl;
 namespace tt = boost::test_tools;

@@ -1,5 +1,7 @@
 #include "train/atlas.h"
 
+#include "analysis/circuits.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -9,143 +11,10 @@
 
 #include "lib/fileutil.h"
 #include "lib/safetensors.h"
-#include "train/heads.h"
+#include "analysis/heads.h"
 #include "train/plot.h"
 
 namespace hl {
-
-namespace {
-
-double frob(const Tensor& t) {
-  double s = 0;
-  for (int64_t i = 0; i < t.numel(); ++i) s += static_cast<double>(t.data()[i]) * t.data()[i];
-  return std::sqrt(s);
-}
-
-// Columns of a (rows x k) matrix orthonormalised (modified Gram-Schmidt); returns R (k x k),
-// with A = Q R. Used to shrink a D x D low-rank product to a k x k core.
-std::vector<double> qr_r(const std::vector<double>& a, int rows, int k) {
-  std::vector<double> q = a, r(static_cast<size_t>(k) * k, 0.0);
-  for (int j = 0; j < k; ++j) {
-    for (int i = 0; i < j; ++i) {
-      double dot = 0;
-      for (int t = 0; t < rows; ++t) dot += q[t * k + i] * q[t * k + j];
-      r[i * k + j] = dot;
-      for (int t = 0; t < rows; ++t) q[t * k + j] -= dot * q[t * k + i];
-    }
-    double n = 0;
-    for (int t = 0; t < rows; ++t) n += q[t * k + j] * q[t * k + j];
-    n = std::sqrt(n);
-    r[j * k + j] = n;
-    if (n > 0)
-      for (int t = 0; t < rows; ++t) q[t * k + j] /= n;
-  }
-  return r;
-}
-
-// Singular values of X Y where X (D x k) and Y (k x D): R_x R_y'^T with Y^T = Q_y R_y'.
-std::vector<double> low_rank_product_svals(const std::vector<double>& X, const std::vector<double>& YT, int D, int k) {
-  const std::vector<double> rx = qr_r(X, D, k), ry = qr_r(YT, D, k);
-  std::vector<double> core(static_cast<size_t>(k) * k, 0.0);
-  for (int i = 0; i < k; ++i)
-    for (int j = 0; j < k; ++j)
-      for (int t = 0; t < k; ++t) core[i * k + j] += rx[i * k + t] * ry[j * k + t];
-  return singular_values(core, k, k);
-}
-
-std::vector<double> to_double(const Tensor& t) { return std::vector<double>(t.data(), t.data() + t.numel()); }
-
-std::vector<double> transpose(const std::vector<double>& a, int rows, int cols) {
-  std::vector<double> t(a.size());
-  for (int i = 0; i < rows; ++i)
-    for (int j = 0; j < cols; ++j) t[j * rows + i] = a[i * cols + j];
-  return t;
-}
-
-double stable_rank(const std::vector<double>& sv) {
-  if (sv.empty() || sv[0] == 0) return 0;
-  double s = 0;
-  for (double v : sv) s += v * v;
-  return s / (sv[0] * sv[0]);
-}
-
-}  // namespace
-
-std::vector<double> singular_values(std::vector<double> m, int rows, int cols) {
-  // One-sided Jacobi: rotate column pairs until orthogonal; the column norms are the values.
-  for (int sweep = 0; sweep < 60; ++sweep) {
-    double off = 0;
-    for (int p = 0; p < cols; ++p)
-      for (int q = p + 1; q < cols; ++q) {
-        double a = 0, b = 0, c = 0;
-        for (int i = 0; i < rows; ++i) {
-          a += m[i * cols + p] * m[i * cols + p];
-          b += m[i * cols + q] * m[i * cols + q];
-          c += m[i * cols + p] * m[i * cols + q];
-        }
-        if (std::fabs(c) <= 1e-15 * std::sqrt(a * b)) continue;
-        off = std::max(off, std::fabs(c) / std::sqrt(a * b));
-        const double zeta = (b - a) / (2 * c);
-        const double t = (zeta >= 0 ? 1 : -1) / (std::fabs(zeta) + std::sqrt(1 + zeta * zeta));
-        const double cs = 1 / std::sqrt(1 + t * t), sn = cs * t;
-        for (int i = 0; i < rows; ++i) {
-          const double x = m[i * cols + p], y = m[i * cols + q];
-          m[i * cols + p] = cs * x - sn * y;
-          m[i * cols + q] = sn * x + cs * y;
-        }
-      }
-    if (off < 1e-12) break;
-  }
-  std::vector<double> sv(cols);
-  for (int j = 0; j < cols; ++j) {
-    double n = 0;
-    for (int i = 0; i < rows; ++i) n += m[i * cols + j] * m[i * cols + j];
-    sv[j] = std::sqrt(n);
-  }
-  std::sort(sv.rbegin(), sv.rend());
-  return sv;
-}
-
-std::vector<double> qk_circuit_singular_values(const TransformerLM& model, int layer, int head) {
-  const auto& attn = model.blocks.at(layer)->attn;
-  const int64_t dh = attn.cfg.head_dim(), D = attn.cfg.d_model;
-  const int kv = head / (attn.cfg.n_heads / attn.cfg.kv_heads());
-  // W_QK = W_Q^h^T W_K^h  (D x D) = X Y with X = W_Q^h^T (D x dh), Y = W_K^h (dh x D)
-  const std::vector<double> X = transpose(to_double(head_rows(attn.W_Q.weight, head, dh)), dh, D);
-  const std::vector<double> YT = transpose(to_double(head_rows(attn.W_K.weight, kv, dh)), dh, D);
-  return low_rank_product_svals(X, YT, static_cast<int>(D), static_cast<int>(dh));
-}
-
-std::vector<double> ov_circuit_singular_values(const TransformerLM& model, int layer, int head) {
-  const auto& attn = model.blocks.at(layer)->attn;
-  const int64_t dh = attn.cfg.head_dim(), D = attn.cfg.d_model;
-  const int kv = head / (attn.cfg.n_heads / attn.cfg.kv_heads());
-  // W_OV = W_O^h W_V^h (D x D) = X Y with X = W_O^h (D x dh), Y = W_V^h (dh x D)
-  const std::vector<double> X = to_double(head_cols(attn.W_O.weight, head, dh));
-  const std::vector<double> YT = transpose(to_double(head_rows(attn.W_V.weight, kv, dh)), dh, D);
-  return low_rank_product_svals(X, YT, static_cast<int>(D), static_cast<int>(dh));
-}
-
-std::vector<HeadNormRow> head_gradient_norms(const TransformerLM& model, int64_t step) {
-  std::vector<HeadNormRow> rows;
-  for (int l = 0; l < static_cast<int>(model.blocks.size()); ++l) {
-    const auto& attn = model.blocks[l]->attn;
-    const int64_t dh = attn.cfg.head_dim();
-    auto add = [&](const char* name, const Tensor& w, int heads, bool cols) {
-      const Tensor g = w.grad();
-      for (int h = 0; h < heads; ++h) {
-        const Tensor wb = cols ? head_cols(w, h, dh) : head_rows(w, h, dh);
-        const double gn = g.defined() ? frob(cols ? head_cols(g, h, dh) : head_rows(g, h, dh)) : 0.0;
-        rows.push_back({step, l, h, name, gn, frob(wb)});
-      }
-    };
-    add("W_Q", attn.W_Q.weight, attn.cfg.n_heads, false);
-    add("W_K", attn.W_K.weight, attn.cfg.kv_heads(), false);
-    add("W_V", attn.W_V.weight, attn.cfg.kv_heads(), false);
-    add("W_O", attn.W_O.weight, attn.cfg.n_heads, true);
-  }
-  return rows;
-}
 
 GradAtlas::GradAtlas(std::string out, int64_t every, std::vector<int64_t> dump_at, bool resume)
     : out_(std::move(out)), every_(every), dump_at_(std::move(dump_at)) {

@@ -10,26 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "analysis/circuits.h"
 #include "datasets/task.h"
 #include "models/transformer.h"
 
 namespace hl {
-
-struct HeadNormRow {
-  int64_t step;
-  int layer, head;
-  std::string matrix;  // W_Q, W_K, W_V, W_O
-  double grad_norm, weight_norm;
-};
-
-// Per-head Frobenius norms of the current gradients and weights of every attention layer.
-std::vector<HeadNormRow> head_gradient_norms(const TransformerLM& model, int64_t step);
-
-// Singular values (descending) of a small dense matrix (rows x cols, row-major).
-std::vector<double> singular_values(std::vector<double> m, int rows, int cols);
-// Singular values of W_Q^h^T W_K^h (QK circuit) or W_O^h W_V^h (OV circuit), rank <= d_head.
-std::vector<double> qk_circuit_singular_values(const TransformerLM& model, int layer, int head);
-std::vector<double> ov_circuit_singular_values(const TransformerLM& model, int layer, int head);
 
 class GradAtlas {
  public:

@@ -12,7 +12,7 @@
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
 #include "train/commands.h"
-#include "train/heads.h"
+#include "analysis/heads.h"
 #include "train/plot.h"
 #include "train/progress.h"
 

@@ -11,7 +11,7 @@
 #include "lib/fileutil.h"
 #include "lib/optim.h"
 #include "models/transformer.h"
-#include "train/evaluate.h"
+#include "analysis/evaluate.h"
 
 namespace hl {
 

@@ -1,4 +1,4 @@
-#include "train/evaluate.h"
+#include "analysis/evaluate.h"
 
 #include <map>
 

@@ -1,4 +1,4 @@
-#include "train/heads.h"
+#include "analysis/heads.h"
 
 #include <algorithm>
 #include <cmath>

@@ -7,7 +7,7 @@
 
 #include "datasets/task.h"
 #include "models/transformer.h"
-#include "train/evaluate.h"
+#include "analysis/evaluate.h"
 
 namespace hl {
 

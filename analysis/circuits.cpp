@@ -1,0 +1,110 @@
+#include "analysis/circuits.h"
+
+#include <lapacke.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace hl {
+
+namespace {
+
+double frob(const Tensor& t) {
+  double s = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) s += static_cast<double>(t.data()[i]) * t.data()[i];
+  return std::sqrt(s);
+}
+
+std::vector<double> to_double(const Tensor& t) { return std::vector<double>(t.data(), t.data() + t.numel()); }
+
+std::vector<double> transpose(const std::vector<double>& a, int rows, int cols) {
+  std::vector<double> t(a.size());
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j < cols; ++j) t[j * rows + i] = a[i * cols + j];
+  return t;
+}
+
+// R (k x k, upper triangular) of A = Q R for a row-major (rows x k) matrix, rows >= k.
+std::vector<double> qr_r(std::vector<double> a, int rows, int k) {
+  std::vector<double> tau(static_cast<size_t>(k));
+  const lapack_int info = LAPACKE_dgeqrf(LAPACK_ROW_MAJOR, rows, k, a.data(), k, tau.data());
+  if (info != 0) fail("circuits: LAPACK dgeqrf failed (info ", info, ")");
+  std::vector<double> r(static_cast<size_t>(k) * k, 0.0);
+  for (int i = 0; i < k; ++i)
+    for (int j = i; j < k; ++j) r[i * k + j] = a[i * k + j];
+  return r;
+}
+
+// Singular values of X Y for X (D x k) and Y (k x D) given as Y^T (D x k): those of the k x k
+// core R_x R_y^T, since X Y = Q_x (R_x R_y^T) Q_y^T with orthonormal Q_x, Q_y.
+std::vector<double> low_rank_product_svals(const std::vector<double>& X, const std::vector<double>& YT, int D, int k) {
+  if (D < k) fail("circuits: d_model ", D, " is below d_head ", k);
+  const std::vector<double> rx = qr_r(X, D, k), ry = qr_r(YT, D, k);
+  std::vector<double> core(static_cast<size_t>(k) * k, 0.0);
+  for (int i = 0; i < k; ++i)
+    for (int j = 0; j < k; ++j)
+      for (int t = 0; t < k; ++t) core[i * k + j] += rx[i * k + t] * ry[j * k + t];
+  return singular_values(core, k, k);
+}
+
+}  // namespace
+
+std::vector<double> singular_values(std::vector<double> m, int rows, int cols) {
+  const int n = std::min(rows, cols);
+  std::vector<double> s(static_cast<size_t>(n)), superb(static_cast<size_t>(std::max(1, n - 1)));
+  if (n == 0) return s;
+  const lapack_int info =
+      LAPACKE_dgesvd(LAPACK_ROW_MAJOR, 'N', 'N', rows, cols, m.data(), cols, s.data(), nullptr, 1, nullptr, 1, superb.data());
+  if (info != 0) fail("singular_values: LAPACK dgesvd did not converge (info ", info, ")");
+  return s;  // descending
+}
+
+double stable_rank(const std::vector<double>& sv) {
+  if (sv.empty() || sv[0] == 0) return 0;
+  double s = 0;
+  for (double v : sv) s += v * v;
+  return s / (sv[0] * sv[0]);
+}
+
+std::vector<double> qk_circuit_singular_values(const TransformerLM& model, int layer, int head) {
+  const auto& attn = model.blocks.at(layer)->attn;
+  const int64_t dh = attn.cfg.head_dim(), D = attn.cfg.d_model;
+  const int kv = head / (attn.cfg.n_heads / attn.cfg.kv_heads());
+  // W_QK = W_Q^h^T W_K^h (D x D) = X Y with X = W_Q^h^T (D x dh), Y = W_K^h (dh x D)
+  const std::vector<double> X = transpose(to_double(head_rows(attn.W_Q.weight, head, dh)), dh, D);
+  const std::vector<double> YT = transpose(to_double(head_rows(attn.W_K.weight, kv, dh)), dh, D);
+  return low_rank_product_svals(X, YT, static_cast<int>(D), static_cast<int>(dh));
+}
+
+std::vector<double> ov_circuit_singular_values(const TransformerLM& model, int layer, int head) {
+  const auto& attn = model.blocks.at(layer)->attn;
+  const int64_t dh = attn.cfg.head_dim(), D = attn.cfg.d_model;
+  const int kv = head / (attn.cfg.n_heads / attn.cfg.kv_heads());
+  // W_OV = W_O^h W_V^h (D x D) = X Y with X = W_O^h (D x dh), Y = W_V^h (dh x D)
+  const std::vector<double> X = to_double(head_cols(attn.W_O.weight, head, dh));
+  const std::vector<double> YT = transpose(to_double(head_rows(attn.W_V.weight, kv, dh)), dh, D);
+  return low_rank_product_svals(X, YT, static_cast<int>(D), static_cast<int>(dh));
+}
+
+std::vector<HeadNormRow> head_gradient_norms(const TransformerLM& model, int64_t step) {
+  std::vector<HeadNormRow> rows;
+  for (int l = 0; l < static_cast<int>(model.blocks.size()); ++l) {
+    const auto& attn = model.blocks[l]->attn;
+    const int64_t dh = attn.cfg.head_dim();
+    auto add = [&](const char* name, const Tensor& w, int heads, bool cols) {
+      const Tensor g = w.grad();
+      for (int h = 0; h < heads; ++h) {
+        const Tensor wb = cols ? head_cols(w, h, dh) : head_rows(w, h, dh);
+        const double gn = g.defined() ? frob(cols ? head_cols(g, h, dh) : head_rows(g, h, dh)) : 0.0;
+        rows.push_back({step, l, h, name, gn, frob(wb)});
+      }
+    };
+    add("W_Q", attn.W_Q.weight, attn.cfg.n_heads, false);
+    add("W_K", attn.W_K.weight, attn.cfg.kv_heads(), false);
+    add("W_V", attn.W_V.weight, attn.cfg.kv_heads(), false);
+    add("W_O", attn.W_O.weight, attn.cfg.n_heads, true);
+  }
+  return rows;
+}
+
+}  // namespace hl
