@@ -294,7 +294,7 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
 
 }  // namespace
 
-// The regime that separates head counts (issue 6): variable-length copy, small model.
+// The regime that separates head counts: variable-length copy, small model.
 void set_experiment_defaults(TrainArgs& a) {
   a.task = TaskConfig::preset("varcopy");
   a.model.d_model = 32;

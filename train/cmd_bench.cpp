@@ -298,7 +298,7 @@ int run_bench(const BenchOpts& o) {
 }  // namespace
 
 void add_bench_command(CLI::App& app, CommandRunner& runner) {
-  CLI::App* sub = app.add_subcommand("bench", "Time training steps and forwards of configs S, M, L (see issue 5)");
+  CLI::App* sub = app.add_subcommand("bench", "Time training steps and forwards of the benchmark configs S, M, L (or your own), with a per-op profile");
   auto o = std::make_shared<BenchOpts>();
   sub->add_option("--config", o->configs, "S, M, L or d_model,layers,heads,d_ff,batch,T")
       ->delimiter(' ')->capture_default_str();
