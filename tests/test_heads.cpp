@@ -10,6 +10,7 @@
 
 #include "lib/fileutil.h"
 #include "train/atlas.h"
+#include "train/sweep.h"
 #include "datasets/copy_task.h"
 #include "analysis/heads.h"
 
@@ -260,4 +261,54 @@ BOOST_AUTO_TEST_CASE(ablate_command_table_and_resume) {
   BOOST_TEST(done == 3u);
   BOOST_TEST((fs::last_write_time(out + "/runs/H1-seed0/metrics.jsonl") == kept));
   BOOST_TEST(fs::exists(out + "/runs/H2-seed1/summary.json"));
+}
+
+BOOST_AUTO_TEST_CASE(head_count_sweep_is_callable_in_process) {
+  const std::string out = (fs::temp_directory_path() / "headlab-test-sweep").string();
+  fs::remove_all(out);
+  TrainArgs base;
+  base.task = TaskConfig::preset("copy");
+  base.task.max_len = base.task.min_len = 3;
+  base.task.alphabet = 4;
+  base.model.d_model = 8;
+  base.model.d_ff = 16;
+  base.batch = 8;
+  base.steps = 12;
+  base.eval_every = 6;
+  base.eval_size = 16;
+  base.threads = 1;
+  SweepOptions o;
+  o.head_counts = {1, 2};
+  o.seeds = 2;
+  int steps_seen = 0;
+  SweepObserver obs;
+  obs.on_step = [&](int, int total, const TrainArgs&, int64_t, float) { BOOST_TEST(total == 4); ++steps_seen; };
+  const std::vector<SweepRun> runs = run_head_count_sweep(base, o, out, obs);
+  BOOST_TEST_REQUIRE(runs.size() == 4u);
+  BOOST_TEST(steps_seen == 4 * 12);
+  const int heads[] = {1, 1, 2, 2};
+  for (int i = 0; i < 4; ++i) {
+    BOOST_TEST(runs[i].heads == heads[i]);
+    BOOST_TEST(runs[i].seed == static_cast<uint64_t>(i % 2));
+    BOOST_TEST(runs[i].d_head == 8 / heads[i]);
+    BOOST_TEST(runs[i].curve.size() == 2u);  // evals at steps 6 and 12
+    BOOST_TEST(!runs[i].reused);
+    BOOST_TEST((runs[i].token_acc >= 0 && runs[i].token_acc <= 1));
+  }
+  // the same call again reads every run back, with the same numbers
+  const std::vector<SweepRun> again = run_head_count_sweep(base, o, out);
+  for (int i = 0; i < 4; ++i) {
+    BOOST_TEST(again[i].reused);
+    BOOST_TEST(again[i].loss == runs[i].loss);
+  }
+  // other settings are refused, or recomputed with force
+  TrainArgs other = base;
+  other.lr = 0.01f;
+  BOOST_CHECK_EXCEPTION(run_head_count_sweep(other, o, out), Error, [](const Error& e) {
+    return std::string(e.what()).find("holds a run made with other settings (lr is 0.003 in the existing run but 0.01 now)") !=
+           std::string::npos;
+  });
+  o.force = true;
+  const std::vector<SweepRun> forced = run_head_count_sweep(other, o, out);
+  BOOST_TEST(!forced[0].reused);
 }

@@ -1,6 +1,7 @@
-// headlab ablate: head-count ablation. Trains one model per (head count, seed) with everything
-// else fixed, then tables, CSV/JSON and plots. Interrupted sweeps resume: finished runs are
-// read back, an unfinished one continues from its checkpoint.
+// headlab ablate: head-count ablation. The sweep (train/sweep.h) trains one model per (head
+// count, seed) with everything else fixed; this command prints its table and writes CSV, JSON
+// and plots. Interrupted sweeps resume: finished runs are read back, an unfinished one
+// continues from its checkpoint.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -11,6 +12,7 @@
 
 #include "lib/fileutil.h"
 #include "train/commands.h"
+#include "train/sweep.h"
 #include "train/plot.h"
 #include "train/progress.h"
 
@@ -19,54 +21,6 @@ namespace hl {
 using json = nlohmann::json;
 
 namespace {
-
-struct RunRecord {
-  int heads = 0;
-  uint64_t seed = 0;
-  int64_t d_head = 0, params = 0;
-  double loss = 0, token_acc = 0, exact = 0, ar_exact = 0, train_s = 0, peak_bytes = 0;
-  int64_t first_99 = -1;
-  std::vector<std::pair<int64_t, EvalResult>> curve;
-};
-
-RunRecord read_run_files(const std::string& dir, int heads, uint64_t seed);
-// Reads a finished run back from its summary.json and metrics.jsonl.
-RunRecord read_run(const std::string& dir, int heads, uint64_t seed) {
-  try {
-    return read_run_files(dir, heads, seed);
-  } catch (const json::exception& e) {
-    fail(dir, ": the finished run stored there is unreadable (", e.what(), "); rerun with --force to recompute it");
-  }
-}
-
-RunRecord read_run_files(const std::string& dir, int heads, uint64_t seed) {
-  RunRecord r;
-  r.heads = heads;
-  r.seed = seed;
-  const json s = json::parse(read_file(dir + "/summary.json"));
-  r.d_head = s.at("config").at("model").at("d_head");
-  r.params = s.at("parameters");
-  const json& f = s.at("final");
-  r.loss = f.at("loss");
-  r.token_acc = f.at("token_acc");
-  r.exact = f.at("exact_match");
-  r.ar_exact = f.at("ar_exact_match");
-  r.train_s = s.at("train_s");
-  r.peak_bytes = s.at("peak_tensor_bytes");
-  r.first_99 = s.at("first_step_99").is_null() ? -1 : s.at("first_step_99").get<int64_t>();
-  std::ifstream in(dir + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    const json j = json::parse(line);
-    EvalResult e;
-    e.loss = j.at("loss");
-    e.token_acc = j.at("token_acc");
-    e.exact_match = j.at("exact_match");
-    r.curve.push_back({j.at("step").get<int64_t>(), e});
-  }
-  return r;
-}
 
 struct Stat {
   double mean = 0, lo = 0, hi = 0;
@@ -86,114 +40,60 @@ std::string with_range(const Stat& s, int prec, bool pct = false) {
 }
 
 struct AblateOpts {
-  std::vector<int> head_counts = {1, 2, 4, 8, 16};
-  int seeds = 3;
-  std::string policy = "fixed-d-model";
-  int64_t fixed_d_head = 8;
+  SweepOptions sweep;
   bool quick = false;
   std::string out;
   bool quiet = false;
-  bool force = false;  // recompute runs made with other settings instead of refusing
 };
-
-// The arguments of run (heads h, seed index s) of the sweep.
-TrainArgs run_args(const TrainArgs& base, const AblateOpts& o, const std::string& out, int h, int s) {
-  TrainArgs a = base;
-  a.model.n_heads = h;
-  a.model.n_kv_heads = 0;
-  if (o.policy == "fixed-d-model") {
-    a.model.d_head = 0;
-  } else {
-    a.model.d_head = o.fixed_d_head;
-    a.model.d_model = h * o.fixed_d_head;
-  }
-  a.seed = base.seed + static_cast<uint64_t>(s);
-  a.checkpoint_every = std::max<int64_t>(1, a.steps / 4);
-  a.out = out + "/runs/H" + std::to_string(h) + "-seed" + std::to_string(a.seed);
-  return a;
-}
 
 int run_ablate(TrainFlags& flags, AblateOpts o) {
   TrainArgs base = flags.resolve();
   if (o.quick) {
-    if (!flags.given("--seeds")) o.seeds = 1;
+    if (!flags.given("--seeds")) o.sweep.seeds = 1;
     if (!flags.given("--steps")) base.steps = 300;
     if (!flags.given("--eval-size")) base.eval_size = 500;
   }
-  if (o.seeds < 1) fail("--seeds must be positive, got ", o.seeds);
-  if (o.head_counts.empty()) fail("--head-counts: give at least one head count");
-  for (size_t i = 0; i < o.head_counts.size(); ++i) {
-    const int h = o.head_counts[i];
-    if (h < 1) fail("--head-counts: head counts must be positive, got ", h);
-    if (std::find(o.head_counts.begin(), o.head_counts.begin() + i, h) != o.head_counts.begin() + i)
-      fail("--head-counts: ", h, " is given twice");
-    if (o.policy == "fixed-d-model" && base.model.d_model % h)
-      fail("--head-counts: ", h, " heads do not divide d_model ", base.model.d_model,
-           " (use --policy fixed-d-head to grow d_model instead)");
-  }
   const std::string out = o.out.empty() ? default_out_dir("ablate") : o.out;
-  // every run's settings and memory are checked before the sweep makes any directory
-  for (int h : o.head_counts)
-    for (int s = 0; s < o.seeds; ++s) check_training_resources(run_args(base, o, out, h, s));
-  make_dirs(out + "/runs");
-  const DirLock lock(out);
-  const int64_t total_steps = static_cast<int64_t>(o.head_counts.size()) * o.seeds * base.steps;
+  check_sweep(base, o.sweep, out);  // before the first line of output or any directory
+  const int64_t total_steps = static_cast<int64_t>(o.sweep.head_counts.size()) * o.sweep.seeds * base.steps;
   std::fprintf(stderr, "headlab ablate: heads %s x %d seeds, %s, task %s, %lld steps each -> %s\n",
-               [&] { std::string s; for (int h : o.head_counts) s += (s.empty() ? "" : ",") + std::to_string(h); return s; }().c_str(),
-               o.seeds, o.policy.c_str(), base.task.name.c_str(), static_cast<long long>(base.steps), out.c_str());
+               [&] { std::string s; for (int h : o.sweep.head_counts) s += (s.empty() ? "" : ",") + std::to_string(h); return s; }().c_str(),
+               o.sweep.seeds, o.sweep.policy.c_str(), base.task.name.c_str(), static_cast<long long>(base.steps), out.c_str());
   ProgressBar bar("ablate", total_steps, !o.quiet && stderr_is_terminal());
-  std::vector<RunRecord> runs;
-  int64_t done_steps = 0;
-  int index = 0;
-  const int n_runs = static_cast<int>(o.head_counts.size()) * o.seeds;
-  for (int h : o.head_counts)
-    for (int s = 0; s < o.seeds; ++s) {
-      ++index;
-      TrainArgs a = run_args(base, o, out, h, s);
-      reuse_only_if_same_settings(a.out, a, o.force, "--force");
-      const bool finished = run_finished(a.out);
-      if (!finished) {
-        a.resume = file_exists(a.out + "/checkpoint.safetensors");
-        Trainer t(a);
-        TrainObserver obs;
-        obs.on_step = [&](int64_t step, int64_t, float loss, double) {
-          char status[128];
-          std::snprintf(status, sizeof status, "run %d/%d H=%d seed %llu loss %.3f", index, n_runs, h,
-                        static_cast<unsigned long long>(a.seed), loss);
-          bar.update(done_steps + step, status);
-        };
-        try {
-          const TrainResult r = t.run(obs);
-          write_summary(a.out, t.args(), r);
-        } catch (const Interrupted& e) {
-          bar.finish();
-          write_summary(a.out, t.args(), t.partial_result(), /*finished=*/false);
-          std::fprintf(stderr, "headlab ablate: interrupted in run %d/%d (%s); rerun the same command to continue\n",
-                       index, n_runs, e.what());
-          return 130;
-        }
-      }
-      done_steps += base.steps;
-      runs.push_back(read_run(a.out, h, a.seed));
-      const RunRecord& rr = runs.back();
-      if (!bar.enabled() && !o.quiet)
-        std::fprintf(stderr, "run %d/%d H=%d seed %llu: token_acc %s, exact (greedy) %s%s\n", index, n_runs, h,
-                     static_cast<unsigned long long>(a.seed), percent(rr.token_acc).c_str(),
-                     percent(rr.ar_exact).c_str(), finished ? " (already done)" : "");
-    }
+  SweepObserver obs;
+  obs.on_step = [&](int index, int total, const TrainArgs& run, int64_t step, float loss) {
+    char status[128];
+    std::snprintf(status, sizeof status, "run %d/%d H=%d seed %llu loss %.3f", index, total, run.model.n_heads,
+                  static_cast<unsigned long long>(run.seed), loss);
+    bar.update((index - 1) * base.steps + step, status);
+  };
+  obs.on_run = [&](int index, int total, const SweepRun& rr) {
+    if (!bar.enabled() && !o.quiet)
+      std::fprintf(stderr, "run %d/%d H=%d seed %llu: token_acc %s, exact (greedy) %s%s\n", index, total, rr.heads,
+                   static_cast<unsigned long long>(rr.seed), percent(rr.token_acc).c_str(), percent(rr.ar_exact).c_str(),
+                   rr.reused ? " (already done)" : "");
+  };
+  std::vector<SweepRun> runs;
+  try {
+    runs = run_head_count_sweep(base, o.sweep, out, obs);
+  } catch (const Interrupted& e) {
+    bar.finish();
+    std::fprintf(stderr, "headlab ablate: interrupted (%s); rerun the same command to continue\n", e.what());
+    return 130;
+  }
   bar.finish();
 
   // ---- per head count ---------------------------------------------------------------------
-  std::map<int, std::vector<const RunRecord*>> by_h;
-  for (const RunRecord& r : runs) by_h[r.heads].push_back(&r);
+  std::map<int, std::vector<const SweepRun*>> by_h;
+  for (const SweepRun& r : runs) by_h[r.heads].push_back(&r);
   auto col = [&](int h, auto f) {
     std::vector<double> v;
-    for (const RunRecord* r : by_h[h]) v.push_back(f(*r));
+    for (const SweepRun* r : by_h[h]) v.push_back(f(*r));
     return stat(v);
   };
-  const int h1 = o.head_counts.front();
-  const double t1 = col(h1, [](const RunRecord& r) { return r.train_s; }).mean;
-  const double m1 = col(h1, [](const RunRecord& r) { return r.peak_bytes; }).mean;
+  const int h1 = o.sweep.head_counts.front();
+  const double t1 = col(h1, [](const SweepRun& r) { return r.train_s; }).mean;
+  const double m1 = col(h1, [](const SweepRun& r) { return r.peak_bytes; }).mean;
   std::vector<std::vector<std::string>> table = {{"heads", "d_head", "params", "loss", "perplexity", "token acc %",
                                                   "exact (tf) %", "exact (greedy) %", "step to 99%",
                                                   "time vs H=" + std::to_string(h1), "memory vs H=" + std::to_string(h1)}};
@@ -201,17 +101,17 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
   std::string csv = "heads,d_head,params,seeds,loss_mean,loss_min,loss_max,perplexity_mean,token_acc_mean,token_acc_min,"
                     "token_acc_max,exact_tf_mean,exact_tf_min,exact_tf_max,exact_ar_mean,exact_ar_min,exact_ar_max,"
                     "first_step_99_mean,runs_reaching_99,train_s_mean,time_rel,peak_tensor_mib_mean,memory_rel\n";
-  for (int h : o.head_counts) {
+  for (int h : o.sweep.head_counts) {
     const auto& rs = by_h[h];
-    const Stat loss = col(h, [](const RunRecord& r) { return r.loss; });
-    const Stat ppl = col(h, [](const RunRecord& r) { return std::exp(r.loss); });
-    const Stat acc = col(h, [](const RunRecord& r) { return r.token_acc; });
-    const Stat ex = col(h, [](const RunRecord& r) { return r.exact; });
-    const Stat ar = col(h, [](const RunRecord& r) { return r.ar_exact; });
-    const Stat ts = col(h, [](const RunRecord& r) { return r.train_s; });
-    const Stat mem = col(h, [](const RunRecord& r) { return r.peak_bytes; });
+    const Stat loss = col(h, [](const SweepRun& r) { return r.loss; });
+    const Stat ppl = col(h, [](const SweepRun& r) { return std::exp(r.loss); });
+    const Stat acc = col(h, [](const SweepRun& r) { return r.token_acc; });
+    const Stat ex = col(h, [](const SweepRun& r) { return r.exact; });
+    const Stat ar = col(h, [](const SweepRun& r) { return r.ar_exact; });
+    const Stat ts = col(h, [](const SweepRun& r) { return r.train_s; });
+    const Stat mem = col(h, [](const SweepRun& r) { return r.peak_bytes; });
     std::vector<double> reach;
-    for (const RunRecord* r : rs)
+    for (const SweepRun* r : rs)
       if (r->first_99 >= 0) reach.push_back(static_cast<double>(r->first_99));
     const Stat f99 = stat(reach);
     const std::string f99s = reach.empty() ? "never"
@@ -235,7 +135,7 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
                        {"runs_reaching_99", reach.size()}, {"train_s", ts.mean}, {"peak_tensor_bytes", mem.mean}});
   }
   std::string runs_csv = "heads,seed,d_head,params,loss,token_acc,exact_tf,exact_ar,first_step_99,train_s,peak_tensor_bytes\n";
-  for (const RunRecord& r : runs)
+  for (const SweepRun& r : runs)
     runs_csv += std::to_string(r.heads) + "," + std::to_string(r.seed) + "," + std::to_string(r.d_head) + "," +
                 std::to_string(r.params) + "," + fixed(r.loss, 6) + "," + fixed(r.token_acc, 6) + "," + fixed(r.exact, 6) +
                 "," + fixed(r.ar_exact, 6) + "," + (r.first_99 >= 0 ? std::to_string(r.first_99) : "") + "," +
@@ -243,22 +143,22 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
   write_file_atomic(out + "/ablation.csv", csv);
   write_file_atomic(out + "/ablation_runs.csv", runs_csv);
   write_file_atomic(out + "/ablation.json",
-                    json({{"config", json::parse(base.to_json())}, {"policy", o.policy}, {"seeds", o.seeds},
+                    json({{"config", json::parse(base.to_json())}, {"policy", o.sweep.policy}, {"seeds", o.sweep.seeds},
                           {"by_heads", summary}}).dump(2) + "\n");
   std::printf("\nhead-count ablation: task %s, %lld steps, %d seed%s, %s (mean [min-max] over seeds)\n\n",
-              base.task.name.c_str(), static_cast<long long>(base.steps), o.seeds, o.seeds > 1 ? "s" : "",
-              o.policy.c_str());
+              base.task.name.c_str(), static_cast<long long>(base.steps), o.sweep.seeds, o.sweep.seeds > 1 ? "s" : "",
+              o.sweep.policy.c_str());
   print_table(table);
 
   // ---- plots -----------------------------------------------------------------------------
   std::vector<Series> loss_curves, acc_curves;
-  for (int h : o.head_counts) {
+  for (int h : o.sweep.head_counts) {
     Series ls, as;
     ls.name = as.name = "H=" + std::to_string(h);
     const auto& rs = by_h[h];
     for (size_t i = 0; i < rs[0]->curve.size(); ++i) {
       std::vector<double> lv, av;
-      for (const RunRecord* r : rs)
+      for (const SweepRun* r : rs)
         if (i < r->curve.size()) lv.push_back(r->curve[i].second.loss), av.push_back(r->curve[i].second.token_acc);
       const Stat l = stat(lv), a = stat(av);
       const double step = static_cast<double>(rs[0]->curve[i].first);
@@ -275,13 +175,13 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
   ex.name = "exact match (greedy)";
   tm.name = "training time vs H=" + std::to_string(h1);
   mem.name = "peak tensor memory vs H=" + std::to_string(h1);
-  for (int h : o.head_counts) {
-    const Stat a = col(h, [](const RunRecord& r) { return r.token_acc; });
-    const Stat e = col(h, [](const RunRecord& r) { return r.ar_exact; });
+  for (int h : o.sweep.head_counts) {
+    const Stat a = col(h, [](const SweepRun& r) { return r.token_acc; });
+    const Stat e = col(h, [](const SweepRun& r) { return r.ar_exact; });
     acc.x.push_back(h), acc.y.push_back(100 * a.mean), acc.lo.push_back(100 * a.lo), acc.hi.push_back(100 * a.hi);
     ex.x.push_back(h), ex.y.push_back(100 * e.mean), ex.lo.push_back(100 * e.lo), ex.hi.push_back(100 * e.hi);
-    tm.x.push_back(h), tm.y.push_back(col(h, [](const RunRecord& r) { return r.train_s; }).mean / std::max(t1, 1e-9));
-    mem.x.push_back(h), mem.y.push_back(col(h, [](const RunRecord& r) { return r.peak_bytes; }).mean / std::max(m1, 1.0));
+    tm.x.push_back(h), tm.y.push_back(col(h, [](const SweepRun& r) { return r.train_s; }).mean / std::max(t1, 1e-9));
+    mem.x.push_back(h), mem.y.push_back(col(h, [](const SweepRun& r) { return r.peak_bytes; }).mean / std::max(m1, 1.0));
   }
   plot_lines(out + "/accuracy_vs_heads.png", "Accuracy at the end of training vs number of heads", "heads",
              "accuracy (%)", {acc, ex}, false, true);
@@ -315,17 +215,17 @@ void add_ablate_command(CLI::App& app, CommandRunner& runner) {
   auto o = std::make_shared<AblateOpts>();
   set_experiment_defaults(flags->args);
   flags->add(sub, false, false);
-  sub->add_option("--head-counts", o->head_counts, "Head counts to compare")->delimiter(',')->capture_default_str()
+  sub->add_option("--head-counts", o->sweep.head_counts, "Head counts to compare")->delimiter(',')->capture_default_str()
       ->check(in_range(1, 4096));
-  sub->add_option("--seeds", o->seeds, "Seeds per head count")->capture_default_str()->check(in_range(1, 1e6));
-  sub->add_option("--policy", o->policy, "fixed-d-model (d_head = d_model/H) or fixed-d-head (d_model = H*d_head)")
+  sub->add_option("--seeds", o->sweep.seeds, "Seeds per head count")->capture_default_str()->check(in_range(1, 1e6));
+  sub->add_option("--policy", o->sweep.policy, "fixed-d-model (d_head = d_model/H) or fixed-d-head (d_model = H*d_head)")
       ->capture_default_str()->check(CLI::IsMember({"fixed-d-model", "fixed-d-head"}));
-  sub->add_option("--fixed-d-head", o->fixed_d_head, "d_head for --policy fixed-d-head")->capture_default_str()
+  sub->add_option("--fixed-d-head", o->sweep.fixed_d_head, "d_head for --policy fixed-d-head")->capture_default_str()
       ->check(in_range(1, 1 << 16));
   sub->add_flag("--quick", o->quick, "1 seed, 300 steps, 500 held-out sequences (unless given)");
   sub->add_option("--out", o->out, "Output directory (default: runs/ablate-<date>-<time>); rerun to resume");
   sub->add_flag("--quiet", o->quiet, "No progress output");
-  sub->add_flag("--force", o->force, "Recompute runs in --out that were made with other settings (default: refuse)");
+  sub->add_flag("--force", o->sweep.force, "Recompute runs in --out that were made with other settings (default: refuse)");
   sub->callback([&runner, flags, o] { runner = [=] { return run_ablate(*flags, *o); }; });
 }
 

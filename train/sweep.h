@@ -1,0 +1,48 @@
+// Head-count sweeps as a library: one training run per (head count, seed) with everything
+// else fixed, each in OUT/runs/H<h>-seed<s>/ so an interrupted sweep continues (finished runs
+// are read back, an unfinished one resumes from its checkpoint; runs made with other settings
+// are refused, or recomputed with force). Returns the runs as data; `headlab ablate` prints and
+// plots them, and C++ (or Python) callers can use them directly.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "train/trainer.h"
+
+namespace hl {
+
+struct SweepOptions {
+  std::vector<int> head_counts = {1, 2, 4, 8, 16};
+  int seeds = 3;                        // seeds base.seed, base.seed + 1, ...
+  std::string policy = "fixed-d-model"; // or "fixed-d-head": d_model = heads x fixed_d_head
+  int64_t fixed_d_head = 8;
+  bool force = false;                   // recompute runs made with other settings
+};
+
+struct SweepRun {
+  int heads = 0;
+  uint64_t seed = 0;
+  int64_t d_head = 0, params = 0;
+  double loss = 0, token_acc = 0, exact = 0, ar_exact = 0, train_s = 0, peak_bytes = 0;
+  int64_t first_99 = -1;  // first eval step with token accuracy >= 99%, or -1
+  bool reused = false;    // read back from an earlier invocation
+  std::vector<std::pair<int64_t, EvalResult>> curve;
+};
+
+struct SweepObserver {
+  // during a run: its index (1-based) of `total`, its arguments, the step reached and the loss
+  std::function<void(int index, int total, const TrainArgs& run, int64_t step, float loss)> on_step;
+  std::function<void(int index, int total, const SweepRun& run)> on_run;  // after each run
+};
+
+// The arguments of run (heads h, seed index s) of a sweep into `out`.
+TrainArgs sweep_run_args(const TrainArgs& base, const SweepOptions& o, const std::string& out, int h, int s);
+// Checks the options and every run's resources before anything is created.
+void check_sweep(const TrainArgs& base, const SweepOptions& o, const std::string& out);
+// Runs (or reads back) every run, in head-count order then seed order. Throws Interrupted after
+// writing the interrupted run's checkpoint and summary (rerunning continues it).
+std::vector<SweepRun> run_head_count_sweep(const TrainArgs& base, const SweepOptions& o, const std::string& out,
+                                           const SweepObserver& obs = {});
+
+}  // namespace hl
