@@ -55,71 +55,36 @@ std::string eval_json(int64_t step, const EvalResult& e, float lr, double tokens
   return j.dump();
 }
 
+// The run settings that are plain members of TrainArgs, each spelled once here: to_json and
+// from_json both come from this list (a missing key reads as the default, so files written
+// before a setting existed still load). The model and task have JSON of their own (INTEROP).
+#define HEADLAB_TRAIN_SETTINGS(X)                                                                   \
+  X(batch) X(steps) X(lr) X(schedule) X(warmup) X(min_lr_ratio) X(optimizer) X(weight_decay)        \
+  X(decay_all) X(beta1) X(beta2) X(momentum) X(clip) X(seed) X(threads) X(eval_every)               \
+  X(checkpoint_every) X(eval_size) X(eval_seed) X(eval_autoregressive) X(skip_nonfinite)            \
+  X(log_grads_every) X(dump_grads_at) X(init)
+
 std::string TrainArgs::to_json() const {
-  json j = {{"model", json::parse(model.to_json())},
-            {"dropout", model.dropout},
-            {"attn_dropout", model.attn_dropout},
-            {"task", json::parse(task.to_json())},
-            {"batch", batch},
-            {"steps", steps},
-            {"lr", lr},
-            {"schedule", schedule},
-            {"warmup", warmup},
-            {"min_lr_ratio", min_lr_ratio},
-            {"optimizer", optimizer},
-            {"weight_decay", weight_decay},
-            {"decay_all", decay_all},
-            {"beta1", beta1},
-            {"beta2", beta2},
-            {"momentum", momentum},
-            {"clip", clip},
-            {"seed", seed},
-            {"threads", threads},
-            {"eval_every", eval_every},
-            {"checkpoint_every", checkpoint_every},
-            {"eval_size", eval_size},
-            {"eval_seed", eval_seed},
-            {"eval_autoregressive", eval_autoregressive},
-            {"skip_nonfinite", skip_nonfinite},
-            {"log_grads_every", log_grads_every},
-            {"dump_grads_at", dump_grads_at}};
-  if (!init.empty()) j["init"] = init;
+  json j = {{"model", json::parse(model.to_json())}, {"dropout", model.dropout}, {"attn_dropout", model.attn_dropout},
+            {"task", json::parse(task.to_json())}};
+#define HEADLAB_TO_JSON(field) j[#field] = field;
+  HEADLAB_TRAIN_SETTINGS(HEADLAB_TO_JSON)
+#undef HEADLAB_TO_JSON
   return j.dump();
 }
 
 TrainArgs TrainArgs::from_json(const std::string& text, const std::string& source) {
-  json j;
   try {
-    j = json::parse(text);
+    const json j = json::parse(text);
     TrainArgs a;
     a.model = ModelConfig::from_json(j.at("model").dump(), source);
-    a.model.dropout = j.at("dropout").get<float>();
-    a.model.attn_dropout = j.at("attn_dropout").get<float>();
+    a.model.dropout = j.value("dropout", a.model.dropout);
+    a.model.attn_dropout = j.value("attn_dropout", a.model.attn_dropout);
     a.task = TaskConfig::from_json(j.at("task").dump(), source);
-    a.batch = j.at("batch").get<int>();
-    a.steps = j.at("steps").get<int64_t>();
-    a.lr = j.at("lr").get<float>();
-    a.schedule = j.at("schedule").get<std::string>();
-    a.warmup = j.at("warmup").get<int64_t>();
-    a.min_lr_ratio = j.at("min_lr_ratio").get<float>();
-    a.optimizer = j.at("optimizer").get<std::string>();
-    a.weight_decay = j.at("weight_decay").get<float>();
-    a.decay_all = j.at("decay_all").get<bool>();
-    a.beta1 = j.at("beta1").get<float>();
-    a.beta2 = j.at("beta2").get<float>();
-    a.momentum = j.at("momentum").get<float>();
-    a.clip = j.at("clip").get<float>();
-    a.seed = j.at("seed").get<uint64_t>();
-    a.threads = j.at("threads").get<int>();
-    a.eval_every = j.at("eval_every").get<int64_t>();
-    a.checkpoint_every = j.at("checkpoint_every").get<int64_t>();
-    a.eval_size = j.at("eval_size").get<int>();
-    a.eval_seed = j.at("eval_seed").get<uint64_t>();
-    a.eval_autoregressive = j.at("eval_autoregressive").get<bool>();
-    a.skip_nonfinite = j.at("skip_nonfinite").get<bool>();
-    a.log_grads_every = j.at("log_grads_every").get<int64_t>();
-    a.dump_grads_at = j.at("dump_grads_at").get<std::vector<int64_t>>();
-    a.init = j.value("init", std::string());
+#define HEADLAB_FROM_JSON(field) \
+  if (j.contains(#field)) j.at(#field).get_to(a.field);
+    HEADLAB_TRAIN_SETTINGS(HEADLAB_FROM_JSON)
+#undef HEADLAB_FROM_JSON
     return a;
   } catch (const json::exception& e) {
     fail(source, ": training arguments are unreadable (", e.what(), ")");
@@ -247,7 +212,9 @@ void reuse_only_if_same_settings(const std::string& dir, const TrainArgs& args, 
   if (stored == "null") return;
   TrainArgs now = args;  // as the trainer stores them: vocabulary and length from the task
   now.model = model_for(args, *make_task(args.task));
-  const std::string diff = first_setting_difference(stored, now.to_json());
+  // read back and written again: a setting the stored run predates compares as its default
+  const std::string then = TrainArgs::from_json(stored, dir).to_json();
+  const std::string diff = first_setting_difference(then, now.to_json());
   if (diff.empty()) return;
   if (force) {
     std::error_code ec;
