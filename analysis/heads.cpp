@@ -227,4 +227,12 @@ std::vector<PruneStep> prune_curve(TransformerLM& model, const Task& task, const
   return curve;
 }
 
+HeadGrid random_ranking(int n_layers, int n_heads, uint64_t seed) {
+  Rng r(seed);
+  HeadGrid g(n_layers, std::vector<double>(n_heads));
+  for (auto& row : g)
+    for (double& v : row) v = r.uniform();
+  return g;
+}
+
 }  // namespace hl

@@ -56,6 +56,8 @@ struct PruneOptions {
   int finetune_steps = 0;      // between steps
   std::function<void(TransformerLM&, int steps)> finetune;  // trains the model in place
 };
+// Scores uniform in [0, 1) from `seed`: ranked by prune_curve, a random pruning order (baseline).
+HeadGrid random_ranking(int n_layers, int n_heads, uint64_t seed);
 // Removes heads (gate = 0) in the order given by `rank` (lowest score first), re-asking rank
 // after each step when opts.recompute; evaluates after every step.
 std::vector<PruneStep> prune_curve(TransformerLM& model, const Task& task, const std::vector<Batch>& data,

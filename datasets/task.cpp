@@ -71,7 +71,7 @@ std::string TaskConfig::to_json() const {
   nlohmann::json j = {{"name", name}, {"alphabet", alphabet}, {"min_len", min_len}, {"max_len", max_len}, {"reverse", reverse}};
   if (!data.empty()) j["data"] = data;  // only the file-backed tasks have these
   if (!eval_data.empty()) j["eval_data"] = eval_data;
-  if (!shuffle) j["shuffle"] = shuffle;
+  j["shuffle"] = shuffle;
   return j.dump();
 }
 

@@ -6,11 +6,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
 #include "train/alloc_counter.h"
+#include "train/settings.h"
 #include "train/trainer.h"
 
 using namespace hl;
@@ -316,4 +318,93 @@ BOOST_AUTO_TEST_CASE(grads_command_matches_in_process_autograd) {
   }
   BOOST_TEST(g.f32("attn.1").shape() == Shape({3, 4, 33, 33}));
   BOOST_TEST(g.f32("attn.1").to_vector() == cache["blocks.1.attn.hook_pattern"].to_vector());
+}
+
+// Each row of the flag table writes the member that TrainArgs::to_json() keeps at the row's JSON
+// pointer: changing the member through the row changes exactly that value.
+BOOST_AUTO_TEST_CASE(every_flag_row_writes_the_setting_its_json_pointer_names) {
+  const auto all_given = [](const std::string&) { return true; };
+  const TrainFlagValues defaults;
+  const json before = json::parse(resolve_train_flags(defaults, all_given).to_json());
+  for (const TrainSetting& s : train_settings()) {
+    BOOST_TEST_CONTEXT(s.flag) {
+      BOOST_TEST(find_train_setting(s.flag) == &s);
+      BOOST_TEST(find_train_setting(s.name()) == &s);
+      TrainFlagValues v;
+      std::visit(
+          [&](auto* field) {
+            using T = std::remove_pointer_t<decltype(field)>;
+            if constexpr (std::is_same_v<T, bool>) {
+              *field = !*field;
+            } else if constexpr (std::is_same_v<T, std::string>) {
+              *field = s.choices.empty() ? "some-file" : (*field == s.choices[0] ? s.choices[1] : s.choices[0]);
+            } else {
+              *field = static_cast<T>(*field == static_cast<T>(s.lo) ? s.lo + 1 : s.lo);
+            }
+          },
+          s.field(v));
+      const json after = json::parse(resolve_train_flags(v, all_given).to_json());
+      const json::json_pointer p(s.json_pointer);
+      BOOST_TEST(after.contains(p));
+      BOOST_TEST(after.value(p, json()) != before.value(p, json()));
+      // ...and nothing else but derived values (d_head follows d_model, kv_heads follows heads,
+      // a fixed min_len follows the length, reverse follows the task)
+      json rest_after = after, rest_before = before;
+      for (json* j : {&rest_after, &rest_before})
+        for (const std::string& path : {std::string("/model/d_head"), std::string("/model/n_kv_heads"),
+                                                   std::string("/task/min_len"), std::string("/task/reverse"), s.json_pointer}) {
+          const json::json_pointer q(path);
+          if (j->contains(q)) j->at(q.parent_pointer()).erase(q.back());
+        }
+      BOOST_TEST(rest_after == rest_before);
+    }
+  }
+}
+
+// --resume: flags that define the run must match the stored run (also ones that are easy to
+// forget, such as --decay-all and --data); --steps and --threads may change.
+BOOST_AUTO_TEST_CASE(resume_checks_given_flags_against_the_stored_run) {
+  TrainArgs stored = small_args("");
+  TrainArgs given = stored;
+  given.steps = 80;
+  given.threads = 1;
+  given.decay_all = true;
+  const auto given_flags = [](std::set<std::string> flags) {
+    return [flags](const std::string& f) { return flags.count(f) > 0; };
+  };
+  const TrainArgs r = resume_with_flags(stored, given, given_flags({"--steps", "--threads"}), "ckpt");
+  BOOST_TEST(r.steps == 80);
+  BOOST_TEST(r.threads == 1);
+  BOOST_TEST(r.decay_all == false);
+  BOOST_TEST(r.model.d_model == stored.model.d_model);
+  BOOST_CHECK_EXCEPTION(resume_with_flags(stored, given, given_flags({"--decay-all"}), "ckpt"), Error, [](const Error& e) {
+    return std::string(e.what()) == "--decay-all true does not match the run being resumed (false in ckpt)";
+  });
+  given.task.data = "other.txt";
+  BOOST_CHECK_EXCEPTION(resume_with_flags(stored, given, given_flags({"--data"}), "ckpt"), Error, [](const Error& e) {
+    return std::string(e.what()) == "--data \"other.txt\" does not match the run being resumed (null in ckpt)";
+  });
+  // a setting given on resume equal to the stored one is fine
+  BOOST_CHECK_NO_THROW(resume_with_flags(stored, stored, given_flags({"--d-model", "--lr", "--task"}), "ckpt"));
+}
+
+BOOST_AUTO_TEST_CASE(validate_applies_the_table_ranges_and_choices) {
+  auto message = [](TrainArgs a) {
+    try {
+      a.validate();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("valid");
+  };
+  TrainArgs a = small_args("");
+  BOOST_TEST(message(a) == "valid");
+  a.lr = std::nanf("");
+  BOOST_TEST(message(a) == "--lr must be in [1e-30, 100], got a non-finite number");
+  a = small_args("");
+  a.optimizer = "lion";
+  BOOST_TEST(message(a) == "--optimizer must be one of adamw, adam, sgd, got 'lion'");
+  a = small_args("");
+  a.threads = 2000;
+  BOOST_TEST(message(a) == "--threads must be in [1, 1024], got 2000");
 }

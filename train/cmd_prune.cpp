@@ -187,13 +187,7 @@ int run_prune(TrainFlags& flags, const PruneOpts& o) {
       {"importance", [&](TransformerLM& m) { return head_importance(m, data, o.normalize); }, o.recompute},
       {"ablation", [&](TransformerLM&) { return abl.d_loss; }, false}};
   for (int s = 0; s < o.random_seeds; ++s)
-    orders.push_back({"random" + std::to_string(s), [s, L, H](TransformerLM&) {
-                        Rng r(1000 + s);
-                        HeadGrid g(L, std::vector<double>(H));
-                        for (auto& row : g)
-                          for (double& v : row) v = r.uniform();
-                        return g;
-                      }, false});
+    orders.push_back({"random" + std::to_string(s), [s, L, H](TransformerLM&) { return random_ranking(L, H, 1000 + s); }, false});
   std::map<std::string, json> curves;
   for (const Order& ord : orders) {
     const std::string path = out + "/curves/" + ord.name + ".json";

@@ -16,18 +16,6 @@ using json = nlohmann::json;
 
 namespace {
 
-// Flags that define the run: given with --resume they must agree with the checkpoint.
-const std::vector<std::pair<std::string, std::string>> kIdentityFlags = {
-    {"--d-model", "/model/d_model"}, {"--layers", "/model/n_layers"}, {"--heads", "/model/n_heads"},
-    {"--kv-heads", "/model/n_kv_heads"}, {"--d-head", "/model/d_head"}, {"--d-ff", "/model/d_ff"},
-    {"--norm", "/model/norm"}, {"--activation", "/model/activation"}, {"--positions", "/model/positions"},
-    {"--attn-bias", "/model/attn_bias"}, {"--mlp-bias", "/model/mlp_bias"}, {"--dropout", "/dropout"},
-    {"--attn-dropout", "/attn_dropout"}, {"--task", "/task/name"}, {"--length", "/task/max_len"},
-    {"--min-length", "/task/min_len"}, {"--alphabet", "/task/alphabet"}, {"--batch", "/batch"},
-    {"--lr", "/lr"}, {"--schedule", "/schedule"}, {"--warmup", "/warmup"}, {"--min-lr-ratio", "/min_lr_ratio"},
-    {"--optimizer", "/optimizer"}, {"--weight-decay", "/weight_decay"}, {"--momentum", "/momentum"},
-    {"--clip", "/clip"}, {"--seed", "/seed"}, {"--eval-size", "/eval_size"}, {"--eval-seed", "/eval_seed"}};
-
 TrainArgs resume_args(TrainFlags& flags, const std::string& out) {
   const std::string path = out + "/checkpoint.safetensors";
   if (!file_exists(path)) fail("--resume: no checkpoint to resume in ", out, " (", path, " is missing)");
@@ -38,23 +26,8 @@ TrainArgs resume_args(TrainFlags& flags, const std::string& out) {
   } catch (const json::exception&) {
     fail(path, ": train_state metadata is not valid JSON");
   }
-  TrainArgs stored = TrainArgs::from_json(st.at("args").dump(), path);
-  TrainArgs given = flags.resolve();
-  // The model config stored holds vocab/max_seq_len from the task: compare the flag values.
-  const json a = json::parse(given.to_json()), b = json::parse(stored.to_json());
-  for (auto& [flag, ptr] : kIdentityFlags) {
-    if (!flags.given(flag)) continue;
-    const json::json_pointer p(ptr);
-    if (a.at(p) != b.at(p))
-      fail(flag, " ", a.at(p).dump(), " does not match the run being resumed (", b.at(p).dump(), " in ", path, ")");
-  }
-  TrainArgs r = stored;
-  if (flags.given("--steps")) r.steps = given.steps;
-  if (flags.given("--threads")) r.threads = given.threads;
-  if (flags.given("--eval-every")) r.eval_every = given.eval_every;
-  if (flags.given("--checkpoint-every")) r.checkpoint_every = given.checkpoint_every;
-  if (flags.given("--skip-nonfinite")) r.skip_nonfinite = true;
-  if (flags.given("--eval-ar")) r.eval_autoregressive = true;
+  const TrainArgs stored = TrainArgs::from_json(st.at("args").dump(), path);
+  TrainArgs r = resume_with_flags(stored, flags.resolve(), [&](const std::string& f) { return flags.given(f); }, path);
   r.out = out;
   r.resume = true;
   return r;

@@ -5,17 +5,20 @@
 #include <string>
 
 #include "lib/safetensors.h"
+#include "train/settings.h"
 #include "train/trainer.h"
 
 namespace hl {
 
-// Registers model, task and optimisation flags (shared by train, ablate and prune), each
-// with its default shown in --help.
+// Registers the rows of train_settings() (model, task and optimisation flags, shared by train,
+// ablate, prune and hooks), each with its default and range shown in --help.
 struct TrainFlags {
-  TrainArgs args;
-  std::string norm = "pre", activation = "gelu_erf", positions = "learned", shuffle = "on";
+  TrainFlagValues values;
+  TrainArgs& args = values.args;
+  TrainFlags() = default;
+  TrainFlags(const TrainFlags&) = delete;  // `args` refers to this object's values
   void add(CLI::App* app, bool with_run_flags = true, bool with_heads = true);
-  TrainArgs resolve();  // parses the string flags into args, applies task presets
+  TrainArgs resolve() const;  // parses the text flags into args, applies task presets
   bool given(const std::string& flag) const { return app_ && app_->count(flag) > 0; }
 
  private:

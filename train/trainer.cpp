@@ -17,6 +17,7 @@
 
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
+#include "train/settings.h"
 
 namespace hl {
 
@@ -92,35 +93,29 @@ TrainArgs TrainArgs::from_json(const std::string& text, const std::string& sourc
 }
 
 void TrainArgs::validate() const {
-  auto at_least = [](const char* flag, int64_t v, int64_t lo) {
-    if (v < lo) fail("--", flag, " must be at least ", lo, ", got ", v);
-  };
-  // NaN fails every comparison, so each range is written as "inside" and negated
-  auto in_range = [](const char* flag, double v, double lo, double hi, bool hi_open = false) {
-    const bool ok = std::isfinite(v) && v >= lo && (hi_open ? v < hi : v <= hi);
-    if (!ok) fail("--", flag, " must be in [", lo, ", ", hi, hi_open ? ")" : "]", ", got ", v);
-  };
-  at_least("batch", batch, 1);
-  at_least("steps", steps, 1);
-  at_least("eval-every", eval_every, 1);
-  at_least("checkpoint-every", checkpoint_every, 1);
-  at_least("eval-size", eval_size, 1);
-  at_least("threads", threads, 1);
-  if (threads > 1024) fail("--threads must be at most 1024, got ", threads);
-  if (!(lr > 0.f && lr <= 100.f)) fail("--lr must be in (0, 100], got ", lr);
-  at_least("warmup", warmup, 0);
-  in_range("min-lr-ratio", min_lr_ratio, 0, 1);
-  in_range("weight-decay", weight_decay, 0, 1e3);
-  in_range("momentum", momentum, 0, 1, true);
-  in_range("beta1", beta1, 0, 1, true);
-  in_range("beta2", beta2, 0, 1, true);
-  in_range("clip", clip, 0, 1e12);
-  in_range("dropout", model.dropout, 0, 1, true);
-  in_range("attn-dropout", model.attn_dropout, 0, 1, true);
-  if (optimizer != "adamw" && optimizer != "adam" && optimizer != "sgd")
-    fail("--optimizer must be adamw, adam or sgd, got '", optimizer, "'");
-  at_least("log-grads", log_grads_every, 0);
-  for (int64_t s : dump_grads_at) at_least("dump-grads-at", s, 1);
+  // The ranges and choices of the flag table, read where to_json() keeps each setting. NaN fails
+  // every comparison, so each range is written as "inside" and negated.
+  const json j = json::parse(to_json());
+  for (const TrainSetting& s : train_settings()) {
+    const json::json_pointer p(s.json_pointer);
+    if (!j.contains(p)) continue;
+    const json& v = j.at(p);
+    if (!std::isnan(s.lo)) {
+      // JSON has no NaN or infinity: a non-finite float reads back as null
+      const double x = v.is_number() ? v.get<double>() : NAN;
+      if (!(std::isfinite(x) && x >= s.lo && x <= s.hi))
+        fail(s.flag, " must be in [", s.lo, ", ", s.hi, "], got ", v.is_number() ? v.dump() : "a non-finite number");
+    }
+    if (!s.choices.empty() && v.is_string() &&
+        std::find(s.choices.begin(), s.choices.end(), v.get<std::string>()) == s.choices.end()) {
+      std::string list;
+      for (const std::string& c : s.choices) list += (list.empty() ? "" : ", ") + c;
+      fail(s.flag, " must be one of ", list, ", got '", v.get<std::string>(), "'");
+    }
+  }
+  if (log_grads_every < 0) fail("--log-grads must be at least 0, got ", log_grads_every);
+  for (int64_t s : dump_grads_at)
+    if (s < 1) fail("--dump-grads-at must be at least 1, got ", s);
   parse_schedule(schedule);
   task.validate();
   ModelConfig m = model;
@@ -189,7 +184,9 @@ std::string stored_run_args(const std::string& dir) {
 }
 
 std::string first_setting_difference(const std::string& stored_json, const std::string& now_json) {
-  static const std::set<std::string> ignored = {"/threads", "/checkpoint_every", "/skip_nonfinite"};
+  std::set<std::string> ignored;  // settings that leave results alone
+  for (const TrainSetting& s : train_settings())
+    if (s.on_resume == OnResume::kIncidental) ignored.insert(s.json_pointer);
   const json diff = json::diff(json::parse(stored_json), json::parse(now_json));
   for (const json& op : diff) {
     const std::string path = op.at("path");

@@ -1,0 +1,134 @@
+#include "train/settings.h"
+
+#include <climits>
+#include <nlohmann/json.hpp>
+
+// Rows leave trailing members (range, choices, switches) at their defaults.
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+
+namespace hl {
+
+namespace {
+using R = OnResume;
+// FIELD(model.d_model): the member a flag writes, as a function of the values
+#define FIELD(member) [](TrainFlagValues& v) -> FieldRef { return &v.member; }
+constexpr double kMany = 1e15;  // "no limit" in practice
+
+std::vector<TrainSetting> make_table() {
+  std::string task_help = "Task:";
+  for (const TaskInfo& t : task_registry()) task_help += "\n  " + t.name + ": " + t.help;
+  // clang-format off
+  return {
+    {"--d-model", "/model/d_model", "Model width", FIELD(args.model.d_model), R::kMustMatch, 1, 1 << 16},
+    {"--layers", "/model/n_layers", "Transformer blocks", FIELD(args.model.n_layers), R::kMustMatch, 1, 1024},
+    {"--heads", "/model/n_heads", "Attention heads per layer", FIELD(args.model.n_heads), R::kMustMatch, 1, 4096},
+    {"--kv-heads", "/model/n_kv_heads", "Key/value heads (GQA/MQA); 0 = --heads", FIELD(args.model.n_kv_heads), R::kMustMatch, 0, 4096},
+    {"--d-head", "/model/d_head", "Head size; 0 = d_model / heads", FIELD(args.model.d_head), R::kMustMatch, 0, 1 << 20},
+    {"--d-ff", "/model/d_ff", "Feed-forward width", FIELD(args.model.d_ff), R::kMustMatch, 1, 1 << 20},
+    {"--norm", "/model/norm", "pre or post LayerNorm", FIELD(norm), R::kMustMatch, NAN, NAN, {"pre", "post"}},
+    {"--activation", "/model/activation", "gelu_erf, gelu_tanh or relu", FIELD(activation), R::kMustMatch, NAN, NAN,
+     {"gelu_erf", "gelu_tanh", "relu"}},
+    {"--positions", "/model/positions", "learned or sinusoidal", FIELD(positions), R::kMustMatch, NAN, NAN,
+     {"learned", "sinusoidal"}},
+    {"--attn-bias", "/model/attn_bias", "Biases on W_Q, W_K, W_V, W_O", FIELD(args.model.attn_bias)},
+    {"--mlp-bias", "/model/mlp_bias", "Biases on the feed-forward layers", FIELD(args.model.mlp_bias)},
+    {"--dropout", "/dropout", "Dropout on embeddings and residual branches", FIELD(args.model.dropout), R::kMustMatch, 0, 0.999},
+    {"--attn-dropout", "/attn_dropout", "Dropout on attention weights", FIELD(args.model.attn_dropout), R::kMustMatch, 0, 0.999},
+    {"--task", "/task/name", task_help, FIELD(args.task.name), R::kMustMatch, NAN, NAN, task_names()},
+    {"--data", "/task/data", "Data file of --task text (any UTF-8 file) or tokens (.safetensors or .npy)", FIELD(args.task.data)},
+    {"--eval-data", "/task/eval_data", "Held-out file of --task tokens (default: the last 10% of the rows)", FIELD(args.task.eval_data)},
+    {"--shuffle", "/task/shuffle", "--task tokens: on = random rows, off = consecutive rows in file order", FIELD(shuffle),
+     R::kMustMatch, NAN, NAN, {"on", "off"}},
+    {"--length", "/task/max_len", "Length: copy tasks the (largest) n; induction the tokens repeated; text the context in bytes",
+     FIELD(args.task.max_len), R::kMustMatch, 1, 1 << 19},
+    {"--min-length", "/task/min_len", "Copy tasks: the smallest n; 0 = --length (fixed length)", FIELD(args.task.min_len),
+     R::kMustMatch, 0, 1 << 19},
+    {"--alphabet", "/task/alphabet", "Symbols of the copy tasks and induction; --task tokens: the vocabulary (0 = largest id + 1)",
+     FIELD(args.task.alphabet), R::kMustMatch, 0, 1 << 24},
+    {"--batch", "/batch", "Sequences per step", FIELD(args.batch), R::kMustMatch, 1, INT_MAX},
+    {"--steps", "/steps", "Training steps", FIELD(args.steps), R::kMayChange, 1, kMany},
+    {"--lr", "/lr", "Peak learning rate", FIELD(args.lr), R::kMustMatch, 1e-30, 100},
+    {"--schedule", "/schedule", "constant, cosine or linear (after warmup)", FIELD(args.schedule), R::kMustMatch, NAN, NAN,
+     {"constant", "cosine", "linear"}},
+    {"--warmup", "/warmup", "Linear warmup steps", FIELD(args.warmup), R::kMustMatch, 0, kMany},
+    {"--min-lr-ratio", "/min_lr_ratio", "Final lr / peak lr for cosine and linear", FIELD(args.min_lr_ratio), R::kMustMatch, 0, 1},
+    {"--optimizer", "/optimizer", "adamw, adam or sgd", FIELD(args.optimizer), R::kMustMatch, NAN, NAN, {"adamw", "adam", "sgd"}},
+    {"--weight-decay", "/weight_decay", "Weight decay", FIELD(args.weight_decay), R::kMustMatch, 0, 1e3},
+    {"--decay-all", "/decay_all", "Also decay biases, LayerNorm and embeddings", FIELD(args.decay_all), R::kMustMatch, NAN, NAN, {},
+     /*is_switch=*/true},
+    {"--momentum", "/momentum", "SGD momentum", FIELD(args.momentum), R::kMustMatch, 0, 0.999999},
+    {"--clip", "/clip", "Clip gradients to this global norm; 0 = off", FIELD(args.clip), R::kMustMatch, 0, 1e12},
+    {"--seed", "/seed", "Seed of initialisation, data and dropout", FIELD(args.seed), R::kMustMatch, 0, 1.8e19},
+    {"--threads", "/threads", "Threads (OpenMP and OpenBLAS)", FIELD(args.threads), R::kIncidental, 1, 1024},
+    {"--eval-every", "/eval_every", "Evaluate on the held-out set every N steps", FIELD(args.eval_every), R::kMayChange, 1, kMany},
+    {"--eval-size", "/eval_size", "Held-out sequences", FIELD(args.eval_size), R::kMustMatch, 1, INT_MAX},
+    {"--eval-seed", "/eval_seed", "Seed of the held-out set", FIELD(args.eval_seed), R::kMustMatch, 0, 1.8e19},
+    {"--checkpoint-every", "/checkpoint_every", "Checkpoint every N steps (and at the end)", FIELD(args.checkpoint_every),
+     R::kIncidental, 1, kMany, {}, false, /*train_only=*/true},
+    {"--eval-ar", "/eval_autoregressive", "Greedy autoregressive exact match at every eval (always at the end)",
+     FIELD(args.eval_autoregressive), R::kMayChange, NAN, NAN, {}, true, true},
+    {"--skip-nonfinite", "/skip_nonfinite", "Skip steps with a non-finite loss or gradient instead of stopping",
+     FIELD(args.skip_nonfinite), R::kIncidental, NAN, NAN, {}, true, true},
+  };
+  // clang-format on
+}
+#undef FIELD
+
+}  // namespace
+
+std::string TrainSetting::name() const {
+  std::string n = flag.substr(2);
+  for (char& c : n)
+    if (c == '-') c = '_';
+  return n;
+}
+
+const std::vector<TrainSetting>& train_settings() {
+  static const std::vector<TrainSetting> table = make_table();
+  return table;
+}
+
+const TrainSetting* find_train_setting(const std::string& flag_or_name) {
+  for (const TrainSetting& s : train_settings())
+    if (s.flag == flag_or_name || s.name() == flag_or_name) return &s;
+  return nullptr;
+}
+
+TrainArgs resolve_train_flags(const TrainFlagValues& v, const std::function<bool(const std::string&)>& given) {
+  TrainArgs a = v.args;
+  // A task's preset (alphabet, lengths) applies to what was not given explicitly; e.g.
+  // varcopy: alphabet 64, n in 1..16; induction: 16 of 32 tokens; text: 64-byte context.
+  const TaskConfig p = TaskConfig::preset(a.task.name);
+  if (!given("--alphabet")) a.task.alphabet = p.alphabet;
+  if (!given("--length")) a.task.max_len = p.max_len;
+  if (!given("--min-length")) a.task.min_len = p.min_len != p.max_len ? p.min_len : 0;
+  if (a.task.min_len == 0) a.task.min_len = a.task.max_len;  // fixed length
+  a.task.reverse = p.reverse;
+  a.task.shuffle = v.shuffle == "on";
+  a.model.norm = parse_norm(v.norm);
+  a.model.activation = parse_activation(v.activation);
+  a.model.positions = parse_positions(v.positions);
+  return a;
+}
+
+TrainArgs resume_with_flags(const TrainArgs& stored, const TrainArgs& given,
+                            const std::function<bool(const std::string&)>& given_flag, const std::string& source) {
+  using json = nlohmann::json;
+  const json now = json::parse(given.to_json());
+  json then = json::parse(stored.to_json());
+  for (const TrainSetting& s : train_settings()) {
+    if (!given_flag(s.flag)) continue;
+    const json::json_pointer p(s.json_pointer);
+    const json a = now.value(p, json()), b = then.value(p, json());
+    if (s.on_resume == OnResume::kMustMatch) {
+      if (a != b) fail(s.flag, " ", a.dump(), " does not match the run being resumed (", b.dump(), " in ", source, ")");
+    } else {
+      then[p] = a;
+    }
+  }
+  TrainArgs r = TrainArgs::from_json(then.dump(), source);
+  r.init = stored.init;
+  return r;
+}
+
+}  // namespace hl

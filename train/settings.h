@@ -1,0 +1,58 @@
+// Every flag of a training run, spelled once. The CLI registers its options from this table,
+// TrainArgs::validate() checks its ranges and choices, `train --resume` and the sweeps decide
+// from it which settings must match a stored run, and the Python module maps keyword
+// arguments (d_model=32) to the same rows.
+#pragma once
+#include <cmath>
+#include <functional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "train/trainer.h"
+
+namespace hl {
+
+// The values behind the flags: TrainArgs, plus the flags typed as text and parsed into enums by
+// resolve_train_flags().
+struct TrainFlagValues {
+  TrainArgs args;
+  std::string norm = "pre", activation = "gelu_erf", positions = "learned", shuffle = "on";
+  TrainFlagValues() { args.task.min_len = 0; }  // "0 = --length"; resolve fills it in
+};
+
+enum class OnResume {
+  kMustMatch,   // defines the run: with --resume it must equal the stored value; sweeps refuse a difference
+  kMayChange,   // with --resume it replaces the stored value (--steps to train further); sweeps refuse a difference
+  kIncidental,  // may change anytime and leaves results alone (threads, checkpoint frequency); sweeps ignore it
+};
+
+using FieldRef = std::variant<int*, int64_t*, uint64_t*, float*, bool*, std::string*>;
+
+struct TrainSetting {
+  std::string flag;          // "--d-model"
+  std::string json_pointer;  // where TrainArgs::to_json() keeps it: "/model/d_model"
+  std::string help;
+  FieldRef (*field)(TrainFlagValues&);
+  OnResume on_resume = OnResume::kMustMatch;
+  double lo = NAN, hi = NAN;         // numbers: the inclusive range
+  std::vector<std::string> choices;  // text: the accepted values
+  bool is_switch = false;            // given without a value (--decay-all)
+  bool train_only = false;           // run control that only `headlab train` has
+  std::string name() const;          // "d_model": the keyword in Python
+};
+
+const std::vector<TrainSetting>& train_settings();
+// The row of "--d-model" or "d_model", or null.
+const TrainSetting* find_train_setting(const std::string& flag_or_name);
+
+// The run the flags describe: parses the text flags and applies the task's preset (alphabet,
+// lengths) to what was not given.
+TrainArgs resolve_train_flags(const TrainFlagValues& v, const std::function<bool(const std::string& flag)>& given);
+
+// `train --resume`: the stored run, with the given flags that may change applied; a given flag that
+// defines the run and differs from the stored value is an error naming both and `source`.
+TrainArgs resume_with_flags(const TrainArgs& stored, const TrainArgs& given,
+                            const std::function<bool(const std::string& flag)>& given_flag, const std::string& source);
+
+}  // namespace hl
