@@ -70,6 +70,16 @@ class Task {
 // Builds the task a config names (after validating it); fails listing the known tasks.
 std::unique_ptr<Task> make_task(const TaskConfig& cfg);
 
+// The `tokens` task from sequences in memory (e.g. NumPy arrays from Python) instead of a file:
+// input_ids (N, T); targets (N, T) or empty for next-token targets; loss_mask N*T values or
+// empty. `eval` null = the last 10% of the rows. cfg.data and cfg.eval_data name the arrays in
+// messages; the same checks as for files apply.
+struct TokenArrays {
+  Ids input_ids, targets;
+  std::vector<float> loss_mask;
+};
+std::unique_ptr<Task> make_tokens_task(const TaskConfig& cfg, const TokenArrays& train, const TokenArrays* eval);
+
 struct TaskInfo {
   std::string name, help;
 };

@@ -8,6 +8,7 @@
 // in file order (wrapping around).
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "datasets/task.h"
 #include "lib/fileutil.h"
@@ -91,6 +92,35 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// Rows with their targets (given, or next-token), loss mask applied; ids checked. `source`
+// names the file (or the arrays) in messages.
+Rows rows_from(const Ids& ids, const Ids& targets, const std::vector<float>& mask, const std::string& path) {
+  Rows r;
+  if (ids.shape.ndim != 2) fail(path, ": input_ids must be (N, T), got ", ids.shape.str());
+  if (targets.numel() && targets.shape != ids.shape)
+    fail(path, ": targets has shape ", targets.shape.str(), " but input_ids is ", ids.shape.str());
+  if (!mask.empty() && static_cast<int64_t>(mask.size()) != ids.numel())
+    fail(path, ": loss_mask has ", mask.size(), " values but input_ids is ", ids.shape.str());
+  r.n = ids.shape[0];
+  r.T = ids.shape[1];
+  if (r.n < 1 || r.T < 1) fail(path, ": input_ids ", ids.shape.str(), " holds no tokens");
+  for (int64_t i = 0; i < ids.numel(); ++i)
+    if (ids.data[i] < 0) fail(path, ": input_ids has the negative id ", ids.data[i], " at row ", i / r.T, ", position ", i % r.T);
+  r.ids = ids.data;
+  if (targets.numel()) {
+    r.targets = targets.data;
+    for (int64_t i = 0; i < targets.numel(); ++i)
+      if (r.targets[i] < -1) fail(path, ": targets has ", r.targets[i], " at row ", i / r.T, ", position ", i % r.T, " (only -1 may be negative)");
+  } else {  // language modelling: position t predicts input t+1
+    r.targets.assign(r.ids.size(), -1);
+    for (int64_t row = 0; row < r.n; ++row)
+      for (int64_t t = 0; t + 1 < r.T; ++t) r.targets[row * r.T + t] = r.ids[row * r.T + t + 1];
+  }
+  for (size_t i = 0; i < mask.size(); ++i)
+    if (mask[i] == 0.f) r.targets[i] = -1;
+  return r;
+}
+
 // One file's rows with their targets (given, or next-token), loss mask applied; ids checked.
 Rows read_rows(const std::string& path) {
   Rows r;
@@ -121,33 +151,17 @@ Rows read_rows(const std::string& path) {
       }
     }
   }
-  r.n = ids.shape[0];
-  r.T = ids.shape[1];
-  if (r.n < 1 || r.T < 1) fail(path, ": input_ids ", ids.shape.str(), " holds no tokens");
-  for (int64_t i = 0; i < ids.numel(); ++i)
-    if (ids.data[i] < 0) fail(path, ": input_ids has the negative id ", ids.data[i], " at row ", i / r.T, ", position ", i % r.T);
-  r.ids = ids.data;
-  if (targets.numel()) {
-    r.targets = targets.data;
-    for (int64_t i = 0; i < targets.numel(); ++i)
-      if (r.targets[i] < -1) fail(path, ": targets has ", r.targets[i], " at row ", i / r.T, ", position ", i % r.T, " (only -1 may be negative)");
-  } else {  // language modelling: position t predicts input t+1
-    r.targets.assign(r.ids.size(), -1);
-    for (int64_t row = 0; row < r.n; ++row)
-      for (int64_t t = 0; t + 1 < r.T; ++t) r.targets[row * r.T + t] = r.ids[row * r.T + t + 1];
-  }
-  for (size_t i = 0; i < mask.size(); ++i)
-    if (mask[i] == 0.f) r.targets[i] = -1;
-  return r;
+  return rows_from(ids, targets, mask, path);
 }
 
 class TokensTask : public Task {
  public:
-  explicit TokensTask(const TaskConfig& cfg) : Task(cfg) {
-    Rows all = read_rows(cfg.data);
-    if (!cfg.eval_data.empty()) {
+  explicit TokensTask(const TaskConfig& cfg)
+      : TokensTask(cfg, read_rows(cfg.data), cfg.eval_data.empty() ? std::optional<Rows>() : read_rows(cfg.eval_data)) {}
+  TokensTask(const TaskConfig& cfg, Rows all, std::optional<Rows> eval) : Task(cfg) {
+    if (eval) {
       train_ = std::move(all);
-      eval_ = read_rows(cfg.eval_data);
+      eval_ = std::move(*eval);
       if (eval_.T != train_.T)
         fail(cfg.eval_data, ": sequences of ", eval_.T, " tokens, but ", cfg.data, " has ", train_.T);
     } else {
@@ -226,5 +240,13 @@ class TokensTask : public Task {
 }  // namespace
 
 std::unique_ptr<Task> make_tokens_task(const TaskConfig& cfg) { return std::make_unique<TokensTask>(cfg); }
+
+std::unique_ptr<Task> make_tokens_task(const TaskConfig& cfg, const TokenArrays& train, const TokenArrays* eval) {
+  cfg.validate();
+  Rows rows = rows_from(train.input_ids, train.targets, train.loss_mask, cfg.data);
+  std::optional<Rows> held;
+  if (eval) held = rows_from(eval->input_ids, eval->targets, eval->loss_mask, cfg.eval_data);
+  return std::make_unique<TokensTask>(cfg, std::move(rows), std::move(held));
+}
 
 }  // namespace hl

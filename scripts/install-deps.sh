@@ -12,6 +12,9 @@ PKGS=(
   libcli11-dev                     # command-line flags with --help
   gnuplot-nox                      # PNG plots (heatmaps, curves)
   python3                          # tests: crafting corrupt files, measuring peak memory
+  python3-dev pybind11-dev         # the `headlab` Python module (pybind11: C++ <-> Python bindings)
+  python3-numpy                    # NumPy arrays as views of headlab tensors
+  python3-pytest                   # the Python tests (run by ctest)
 )
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi

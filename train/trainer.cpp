@@ -133,9 +133,11 @@ ModelConfig model_for(const TrainArgs& a, const Task& task) {
 }
 }  // namespace
 
-void check_training_resources(const TrainArgs& a) {
+void check_training_resources(const TrainArgs& a, const Task* given_task) {
   a.validate();
-  const std::unique_ptr<Task> task = make_task(a.task);  // reads a data file, if the task has one
+  std::unique_ptr<Task> own;
+  if (!given_task) own = make_task(a.task);  // reads a data file, if the task has one
+  const Task* task = given_task ? given_task : own.get();
   const ModelConfig m = model_for(a, *task);
   const int64_t T = task->seq_len();
   // the parts a user controls: the model's size, the training batch, the held-out set (its
@@ -223,9 +225,11 @@ void reuse_only_if_same_settings(const std::string& dir, const TrainArgs& args, 
        force_flag, " to discard it and recompute");
 }
 
-Trainer::Trainer(TrainArgs args) : args_(std::move(args)), data_rng_(0) {
-  check_training_resources(args_);  // before anything is allocated or created
-  task_ = make_task(args_.task);
+Trainer::Trainer(TrainArgs args) : Trainer(std::move(args), nullptr) {}
+
+Trainer::Trainer(TrainArgs args, std::unique_ptr<Task> task) : args_(std::move(args)), task_(std::move(task)), data_rng_(0) {
+  check_training_resources(args_, task_.get());  // before anything is allocated or created
+  if (!task_) task_ = make_task(args_.task);
   args_.model = model_for(args_, *task_);
   if (!args_.out.empty()) {
     make_dirs(args_.out);
@@ -382,8 +386,35 @@ void finetune(TransformerLM& model, const Task& task, int steps, float lr, int b
   model.train(was);
 }
 
+std::pair<float, float> Trainer::step_at(int64_t step, const std::function<void(TransformerLM&)>& on_gradients) {
+  opt_->lr = sched_.at(step);
+  task_->sample_into(batch_, args_.batch, data_rng_);
+  return train_step(*model_, *opt_, batch_, args_.clip, on_gradients);
+}
+
+std::pair<float, float> Trainer::step(const std::function<void(TransformerLM&)>& on_gradients) {
+  if (ran_) fail("Trainer: step() after run(): use one or the other on a trainer");
+  if (manual_step_ < 0) {
+    double wall = 0;
+    manual_step_ = args_.resume ? restore(wall) : 0;
+    task_->seek(manual_step_, args_.batch);
+  }
+  set_num_threads(args_.threads);
+  model_->train();
+  const auto r = step_at(manual_step_, on_gradients);
+  ++manual_step_;
+  return r;
+}
+
+EvalResult Trainer::evaluate_held_out(bool autoregressive) {
+  set_num_threads(args_.threads);
+  return evaluate(*model_, *task_, held_out_, autoregressive);
+}
+
 TrainResult Trainer::run(const TrainObserver& obs) {
   using clock = std::chrono::steady_clock;
+  if (manual_step_ >= 0) fail("Trainer: run() after step(): use one or the other on a trainer");
+  ran_ = true;
   set_num_threads(args_.threads);
   TrainResult res;
   res.params = model_->num_parameters();
@@ -435,11 +466,9 @@ TrainResult Trainer::run(const TrainObserver& obs) {
   int64_t last_ckpt = start;
   for (int64_t step = start; step < args_.steps; ++step) {
     const float lr = sched_.at(step);
-    opt_->lr = lr;
-    task_->sample_into(batch_, args_.batch, data_rng_);
     const Batch& batch = batch_;
     const auto step_start = clock::now();
-    const auto [loss_v, norm] = train_step(*model_, *opt_, batch, args_.clip, [&](TransformerLM& m) {
+    const auto [loss_v, norm] = step_at(step, [&](TransformerLM& m) {
       if (obs.on_gradients) obs.on_gradients(step + 1, m);
     });
     train_s_so_far_ += std::chrono::duration<double>(clock::now() - step_start).count();

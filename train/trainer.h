@@ -90,7 +90,7 @@ void clear_stop_request();
 
 // Checks a run's arguments and that it fits in memory, before anything is allocated or any
 // directory is made: one message naming the flag and the estimate.
-void check_training_resources(const TrainArgs& args);
+void check_training_resources(const TrainArgs& args, const Task* task = nullptr);  // null: args.task's
 
 // The arguments of the run stored in `dir` (its summary.json, else its checkpoint), or null
 // JSON when the directory holds no run.
@@ -105,10 +105,19 @@ void reuse_only_if_same_settings(const std::string& dir, const TrainArgs& args, 
 class Trainer {
  public:
   explicit Trainer(TrainArgs args);
+  // With a task built by the caller (e.g. token arrays from Python) instead of args.task's.
+  Trainer(TrainArgs args, std::unique_ptr<Task> task);
   // Trains from the start or the last checkpoint to args.steps. Throws NonFiniteError,
   // Interrupted (after writing the checkpoint) or Error (e.g. a metrics write failed).
   TrainResult run(const TrainObserver& obs = {});
+  // A loop of the caller's own (Python's Trainer.step): one optimisation step on the next
+  // training batch at the schedule's learning rate, exactly as run() takes it; returns (loss,
+  // gradient norm before clipping). Counts from 0, or from the checkpoint with args.resume.
+  std::pair<float, float> step(const std::function<void(TransformerLM&)>& on_gradients = {});
+  int64_t steps_done() const { return manual_step_; }
+  EvalResult evaluate_held_out(bool autoregressive = false);
   TransformerLM& model() { return *model_; }
+  Optimizer& optimizer() { return *opt_; }
   const Task& task() const { return *task_; }
   const TrainArgs& args() const { return args_; }
   const std::vector<Batch>& held_out() const { return held_out_; }
@@ -120,6 +129,7 @@ class Trainer {
   void save(int64_t step, double wall_s);
   void check_weights_finite(int64_t step, int64_t last_ckpt) const;
   int64_t restore(double& wall_s);  // returns the step to continue from
+  std::pair<float, float> step_at(int64_t step, const std::function<void(TransformerLM&)>& on_gradients);
   TrainArgs args_;
   std::unique_ptr<Task> task_;
   std::unique_ptr<TransformerLM> model_;
@@ -131,6 +141,8 @@ class Trainer {
   Batch batch_;                // the training batch, refilled in place every step
   std::unique_ptr<DirLock> lock_;  // owns args.out while the trainer lives
   TrainResult partial_;
+  int64_t manual_step_ = -1;  // step()'s position; -1 = not started
+  bool ran_ = false;
 };
 
 long peak_rss_kb();

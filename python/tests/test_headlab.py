@@ -1,0 +1,376 @@
+"""The Python module against the C++ library and the command line: views, conversions,
+autograd, hooks, training (bit for bit with `headlab train`), gradients (bit for bit with
+`headlab grads`), errors, Ctrl-C and leaks. Run by ctest (see python/CMakeLists.txt)."""
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import headlab as hl
+
+HEADLAB = os.environ.get("HEADLAB_BINARY", "headlab")
+sys.path.insert(0, os.path.join(os.environ.get("HEADLAB_SOURCE_DIR", "."), "scripts"))
+from safetensors_np import read_safetensors, write_safetensors  # noqa: E402
+
+
+def small_model(seed=0, **kw):
+    cfg = dict(d_model=32, layers=2, heads=4, d_ff=64, vocab_size=13)
+    cfg.update(kw)
+    return hl.TransformerLM(hl.ModelConfig(**cfg), seed=seed)
+
+
+def ids_batch(seed=0, B=3, T=10, vocab=13):
+    return np.random.default_rng(seed).integers(0, vocab, size=(B, T))
+
+
+def metrics(run_dir):
+    rows = []
+    for line in open(os.path.join(run_dir, "metrics.jsonl")):
+        j = json.loads(line)
+        j.pop("wall_s"), j.pop("tokens_per_s")
+        rows.append(j)
+    return rows
+
+
+# ---- tensors ------------------------------------------------------------------------------------
+
+def test_asarray_is_a_view_both_ways():
+    m = small_model()
+    w = m.named_parameters()["blocks.0.attn.W_Q.weight"]
+    a = np.asarray(w)
+    assert a.dtype == np.float32 and a.shape == (32, 32) and a.flags["C_CONTIGUOUS"]
+    assert np.shares_memory(a, np.asarray(w))
+    before = np.asarray(m(ids_batch())).copy()
+    a[:] = 0  # a write through the array changes the model
+    assert np.all(np.asarray(m.named_parameters()["blocks.0.attn.W_Q.weight"]) == 0)
+    assert not np.array_equal(np.asarray(m(ids_batch())), before)
+    # a write by C++ (an optimiser step) shows in the array
+    t = hl.Trainer(steps=2, eval_size=8, d_model=32, heads=4)
+    view = np.asarray(t.model.named_parameters()["head.weight"])
+    copy = view.copy()
+    t.step()
+    assert not np.array_equal(view, copy)
+
+
+def test_the_array_keeps_the_tensor_alive():
+    a = np.asarray(hl.tensor(np.arange(6, dtype=np.float32).reshape(2, 3)))
+    import gc
+    gc.collect()
+    assert a.tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_tensor_copies_and_converts():
+    src = np.arange(6, dtype=np.float32).reshape(2, 3)
+    t = hl.tensor(src)
+    src[0, 0] = 99
+    assert np.asarray(t)[0, 0] == 0  # a copy, never a view
+    d = hl.tensor(np.array([0.1, 1 / 3], dtype=np.float64))
+    assert np.asarray(d).dtype == np.float32
+    assert np.asarray(d).tolist() == np.array([0.1, 1 / 3], dtype=np.float32).tolist()  # rounded as float32
+    assert t.shape == (2, 3)
+    with pytest.raises(TypeError, match="expected a float array, got dtype int64"):
+        hl.tensor(np.arange(3, dtype=np.int64))
+    with pytest.raises(ValueError, match=r"at most 6 dimensions, got shape \(1, 1, 1, 1, 1, 1, 1\)"):
+        hl.tensor(np.zeros((1,) * 7, dtype=np.float32))
+    with pytest.raises(TypeError, match="token ids must be integers, got dtype float32"):
+        small_model()(np.zeros((1, 4), dtype=np.float32))
+    with pytest.raises(ValueError, match=r"expected \(T\) or \(B, T\) token ids, got shape \(1, 2, 3\)"):
+        small_model()(np.zeros((1, 2, 3), dtype=np.int64))
+
+
+def test_autograd_from_python():
+    x = hl.tensor(np.array([1.0, -2.0, 3.0], dtype=np.float32), requires_grad=True)
+    y = (x * x).sum()
+    y.backward()
+    assert np.asarray(x.grad).tolist() == [2.0, -4.0, 6.0]
+    with hl.no_grad():
+        assert not hl.grad_enabled()
+        z = (x * x).sum()
+    assert hl.grad_enabled()
+    assert not z.requires_grad
+    with pytest.raises(ValueError, match="does not require grad"):
+        z.backward()
+
+
+# ---- models and checkpoints ---------------------------------------------------------------------
+
+def test_model_config_takes_the_cli_names_and_defaults():
+    c = hl.ModelConfig()
+    assert (c.d_model, c.layers, c.heads, c.d_ff, c.norm, c.activation) == (64, 2, 4, 256, "pre", "gelu_erf")
+    c = hl.ModelConfig(d_model=48, heads=6, kv_heads=2, norm="post")
+    assert (c.d_head, c.kv_heads, c.norm) == (8, 2, "post")
+    with pytest.raises(TypeError, match="unknown setting 'n_heads'"):
+        hl.ModelConfig(n_heads=4)
+    with pytest.raises(ValueError, match="norm must be one of pre, post, got 'mid'"):
+        hl.ModelConfig(norm="mid")
+
+
+def test_checkpoints_round_trip_with_the_cli(tmp_path):
+    m = small_model(seed=3)
+    path = str(tmp_path / "m.safetensors")
+    m.save(path)
+    tensors = read_safetensors(path)
+    for name, t in m.named_parameters().items():
+        assert np.array_equal(tensors[name], np.asarray(t))
+    again = hl.TransformerLM.load(path)
+    ids = ids_batch()
+    assert np.array_equal(np.asarray(again(ids)), np.asarray(m(ids)))
+    # the CLI reads it
+    out = subprocess.run([HEADLAB, "hooks", "--checkpoint", path], capture_output=True, text=True)
+    assert out.returncode == 0 and "blocks.1.attn.hook_pattern" in out.stdout
+
+
+def test_errors_carry_the_cli_message(tmp_path):
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}")
+    with pytest.raises(hl.HeadlabError) as e:
+        hl.TransformerLM.load(str(bad))
+    cli = subprocess.run([HEADLAB, "hooks", "--checkpoint", str(bad)], capture_output=True, text=True)
+    assert cli.returncode != 0
+    assert str(e.value) in cli.stderr
+    assert isinstance(e.value, ValueError)
+
+
+def test_head_weights_are_the_blocks_of_the_parameters():
+    m = small_model()
+    p = {k: np.asarray(v) for k, v in m.named_parameters().items()}
+    w = m.head_weights(1, 2)
+    assert np.array_equal(w["W_Q"], p["blocks.1.attn.W_Q.weight"][16:24])
+    assert np.array_equal(w["W_O"], p["blocks.1.attn.W_O.weight"][:, 16:24])
+    m.loss(ids_batch(), ids_batch(1)).backward()
+    g = m.head_weights(1, 2, grads=True)
+    assert np.array_equal(g["W_K"], np.asarray(m.named_parameters()["blocks.1.attn.W_K.weight"].grad)[16:24])
+    with pytest.raises(IndexError, match=r"head \(2, 0\) is outside 2 layers x 4 heads"):
+        m.head_weights(2, 0)
+
+
+# ---- hooks --------------------------------------------------------------------------------------
+
+def test_zero_ablation_hook_equals_gate_zero():
+    m = small_model(seed=1)
+    ids = ids_batch()
+
+    def zero_head_2(z, name):
+        z = z.copy()
+        z[:, :, 2, :] = 0
+        return z
+
+    hooked = np.asarray(m.run_with_hooks(ids, fwd_hooks=[("blocks.0.attn.hook_z", zero_head_2)])).copy()
+    np.asarray(m.gates(0))[2] = 0.0
+    gated = np.asarray(m(ids))
+    assert np.array_equal(hooked, gated)
+
+
+def test_patching_with_the_clean_cache_restores_the_clean_logits():
+    m = small_model(seed=2)
+    clean, corrupt = ids_batch(0), ids_batch(1)
+    clean_logits, cache = m.run_with_cache(clean)
+    names = [n for n, _ in hl.hook_points(m.config)]
+    assert sorted(cache.keys()) == sorted(names)
+    patched = m.run_with_hooks(corrupt, fwd_hooks=[(n, lambda x, n: cache[n]) for n in names])
+    assert np.array_equal(np.asarray(patched), np.asarray(clean_logits))
+    assert not np.array_equal(np.asarray(m(corrupt)), np.asarray(clean_logits))
+
+
+def test_a_cache_holds_exactly_the_requested_names_and_is_read_only():
+    m = small_model()
+    _, cache = m.run_with_cache(ids_batch(), names=["blocks.1.attn.hook_pattern", "hook_embed"])
+    assert sorted(cache.keys()) == ["blocks.1.attn.hook_pattern", "hook_embed"]
+    p = cache["blocks.1.attn.hook_pattern"]
+    assert p.shape == (3, 4, 10, 10)
+    assert np.allclose(p.sum(-1), 1, atol=1e-6)
+    with pytest.raises(ValueError):
+        p[0, 0, 0, 0] = 1
+    with pytest.raises(ValueError, match="unknown hook point 'blocks.9.hook_z'"):
+        m.run_with_hooks(ids_batch(), fwd_hooks=[("blocks.9.hook_z", lambda x, n: None)])
+    with pytest.raises(ValueError, match="replacement has shape"):
+        m.run_with_hooks(ids_batch(), fwd_hooks=[("hook_embed", lambda x, n: np.zeros((1, 2), np.float32))])
+
+
+def test_backward_hooks_see_the_cached_gradients():
+    m = small_model(seed=4)
+    ids, targets = ids_batch(), ids_batch(5)
+    logits, cache = m.run_with_cache(ids, names=["blocks.1.attn.hook_pattern", "blocks.0.hook_resid_mid"], with_grads=True)
+    hl.cross_entropy(logits, targets).backward()
+    seen = {}
+    logits2 = m.run_with_hooks(ids, bwd_hooks=[(n, lambda g, n: seen.__setitem__(n, g.copy()))
+                                               for n in ["blocks.1.attn.hook_pattern", "blocks.0.hook_resid_mid"]])
+    hl.cross_entropy(logits2, targets).backward()
+    for n in seen:
+        assert np.array_equal(seen[n], cache.grad(n)), n
+    assert len(seen) == 2
+
+
+# ---- training -----------------------------------------------------------------------------------
+
+def test_training_from_python_equals_the_cli_bit_for_bit(tmp_path):
+    cli_dir, py_dir = str(tmp_path / "cli"), str(tmp_path / "py")
+    subprocess.run([HEADLAB, "train", "--quiet", "--out", cli_dir], check=True, capture_output=True)
+    t = hl.Trainer(out=py_dir)
+    r = t.run(progress=False)
+    assert metrics(cli_dir) == metrics(py_dir)
+    assert len(metrics(py_dir)) == 6
+    assert r["final_eval"]["token_acc"] == metrics(cli_dir)[-1]["token_acc"]
+    a, b = read_safetensors(cli_dir + "/model.safetensors"), read_safetensors(py_dir + "/model.safetensors")
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_manual_steps_follow_the_same_batches_as_run():
+    settings = dict(steps=30, eval_size=50, task="varcopy", d_model=32)
+    a = hl.Trainer(**settings)
+    a.run(progress=False)
+    b = hl.Trainer(**settings)
+    losses = [b.step()[0] for _ in range(30)]
+    assert all(np.isfinite(losses)) and b.steps_done == 30
+    pa, pb = a.model.named_parameters(), b.model.named_parameters()
+    assert all(np.array_equal(np.asarray(pa[k]), np.asarray(pb[k])) for k in pa)
+    assert a.evaluate() == b.evaluate()
+    with pytest.raises(hl.HeadlabError, match="run\\(\\) after step\\(\\)"):
+        b.run(progress=False)
+
+
+def test_token_arrays_train_as_the_same_file_does(tmp_path):
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 20, size=(200, 12)).astype(np.int64)
+    np.save(tmp_path / "ids.npy", ids)
+    settings = dict(task="tokens", steps=20, eval_every=10, batch=16)
+    hl.Trainer(data=str(tmp_path / "ids.npy"), out=str(tmp_path / "file"), **settings).run(progress=False)
+    hl.Trainer(data=ids, out=str(tmp_path / "arrays"), **settings).run(progress=False)
+    assert metrics(str(tmp_path / "file")) == metrics(str(tmp_path / "arrays"))
+    with pytest.raises(ValueError, match=r"loss_mask has shape \(3, 4\) but input_ids is \(200, 12\)"):
+        hl.Trainer(data={"input_ids": ids, "loss_mask": np.ones((3, 4))}, **settings)
+    with pytest.raises(hl.HeadlabError, match="holds the id 19, outside the vocabulary 0..9"):
+        hl.Trainer(data=ids, alphabet=10, **settings)
+
+
+def test_ctrl_c_stops_at_a_step_with_the_checkpoint_and_resume_finishes_the_same(tmp_path):
+    settings = dict(steps=40, eval_every=10, checkpoint_every=100, eval_size=64, d_model=32)
+    full = str(tmp_path / "full")
+    hl.Trainer(out=full, **settings).run(progress=False)
+
+    def interrupt_at_15(step, total, loss, tps):
+        if step == 15:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    run = str(tmp_path / "run")
+    with pytest.raises(KeyboardInterrupt, match="stopped at step 1[56] of 40"):
+        hl.Trainer(out=run, **settings).run(callback=interrupt_at_15, progress=False)
+    assert os.path.exists(run + "/checkpoint.safetensors")
+    hl.Trainer(out=run, resume=True).run(progress=False)
+    assert metrics(full) == metrics(run)
+
+
+def test_settings_are_checked_by_keyword():
+    with pytest.raises(ValueError, match=r"lr must be in \[1e-30, 100\]|lr must be in"):
+        hl.Trainer(lr=-1.0)
+    with pytest.raises(TypeError, match="unknown setting 'learning_rate'"):
+        hl.Trainer(learning_rate=0.1)
+    with pytest.raises(ValueError, match="task must be one of"):
+        hl.Trainer(task="sorting")
+
+
+# ---- gradients against the CLI and PyTorch ------------------------------------------------------
+
+def test_gradients_equal_headlab_grads_bit_for_bit(tmp_path):
+    m = small_model(seed=5)
+    ckpt, batch, out = (str(tmp_path / n) for n in ("m.safetensors", "b.safetensors", "g.safetensors"))
+    m.save(ckpt)
+    ids, targets = ids_batch(7, B=4, T=12).astype(np.int32), ids_batch(8, B=4, T=12).astype(np.int32)
+    targets[:, :3] = -1
+    write_safetensors(batch, {"input_ids": ids, "targets": targets})
+    subprocess.run([HEADLAB, "grads", "--checkpoint", ckpt, "--batch", batch, "--out", out, "--threads", "2"],
+                   check=True, capture_output=True)
+    cli = read_safetensors(out)
+    hl.set_num_threads(2)
+    loss = m.loss(ids, targets)
+    loss.backward()
+    assert np.float32(loss.item()) == cli["loss"].reshape(())
+    for name, p in m.named_parameters().items():
+        assert np.array_equal(np.asarray(p.grad), cli["grad." + name]), name
+
+
+def test_gradients_match_pytorch_when_it_is_installed(tmp_path):
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (optional: Debian's python3-torch)")
+    try:
+        import check_vs_pytorch as ref  # the reference GPT of ../shared/bench in PyTorch, INTEROP names
+    except ImportError as e:
+        pytest.skip(f"the PyTorch reference model is not available: {e}")
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    V, D, L, H, FF, T, B = 13, 32, 2, 4, 64, 16, 3
+    model = ref.GPT(V, D, L, H, FF, max_len=T)
+    with torch.no_grad():  # larger than the 0.02 init, so every gradient is sizeable
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    cfg = dict(vocab_size=V, d_model=D, n_layers=L, n_heads=H, n_kv_heads=H, d_head=D // H, d_ff=FF, max_seq_len=T,
+               norm="pre", activation="gelu_erf", positions="learned", attn_bias=True, mlp_bias=True,
+               head_bias=True, layer_norm_eps=1e-5)
+    path = str(tmp_path / "m.safetensors")
+    write_safetensors(path, {ref.interop_name(n): p.detach().numpy() for n, p in model.state_dict().items()},
+                      {"format": "headlab-checkpoint", "format_version": "1", "config": json.dumps(cfg)})
+    idx, tgt = torch.randint(0, V, (B, T)), torch.randint(0, V, (B, T))
+    tgt[:, :3] = -1
+    torch_loss = F.cross_entropy(model(idx).reshape(-1, V), tgt.reshape(-1), ignore_index=-1)
+    torch_loss.backward()
+    m = hl.TransformerLM.load(path)
+    loss = m.loss(idx.numpy(), tgt.numpy())
+    loss.backward()
+    assert abs(loss.item() - torch_loss.item()) <= 1e-5 * abs(torch_loss.item())
+    ours = m.named_parameters()
+    largest = max(np.abs(p.grad.numpy()).max() for p in model.parameters())
+    for n, p in model.named_parameters():
+        want = p.grad.numpy()
+        got = np.asarray(ours[ref.interop_name(n)].grad)
+        if "W_K.bias" in n:  # truly 0 (softmax ignores a shift shared by a row): round-off on both sides
+            assert np.abs(got).max() <= 1e-5 * largest and np.abs(want).max() <= 1e-5 * largest, n
+        else:  # relative to the gradient's own scale
+            assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), n
+
+
+# ---- analyses -----------------------------------------------------------------------------------
+
+def test_analyses_return_arrays_that_agree_with_each_other():
+    t = hl.Trainer(task="varcopy", d_model=32, steps=150, eval_size=200)
+    t.run(progress=False)
+    data = t.task.held_out(200)
+    imp = hl.head_importance(t.model, data)
+    assert imp.shape == (2, 4) and np.all(imp >= 0)
+    abl = hl.single_head_ablation(t.model, t.task, data)
+    assert abl["d_loss"].shape == (2, 4)
+    assert abs(abl["base"]["loss"] - hl.evaluate(t.model, t.task, data)["loss"]) == 0
+    st = hl.attention_statistics(t.model, data)
+    assert np.all(st["entropy_norm"] <= 1 + 1e-9)
+    curve = hl.prune_curve(t.model, t.task, data, order="importance")
+    assert curve["fraction"][-1] == 1.0 and len(curve["removed"]) == len(curve["fraction"])
+    assert np.all(t.model.gate_values() == 1)  # pruned a copy
+    assert len(hl.qk_singular_values(t.model, 0, 1)) == 8
+    t.model.loss(data[0]["input_ids"], data[0]["targets"]).backward()
+    norms = hl.head_gradient_norms(t.model)
+    g = np.asarray(t.model.named_parameters()["blocks.0.attn.W_Q.weight"].grad)[8:16]
+    assert np.isclose(norms["grad_W_Q"][0, 1], np.linalg.norm(g.astype(np.float64)), rtol=1e-6)
+
+
+# ---- memory -------------------------------------------------------------------------------------
+
+def test_no_leak_over_10000_forward_backward_calls():
+    m = small_model(d_model=16, layers=1, heads=2, d_ff=32)
+    ids, targets = ids_batch(0, B=2, T=8), ids_batch(1, B=2, T=8)
+
+    def once():
+        m.loss(ids, targets).backward()
+        _, cache = m.run_with_cache(ids, names=["blocks.0.attn.hook_pattern"])
+        np.asarray(cache["blocks.0.attn.hook_pattern"]).sum()
+
+    for _ in range(200):
+        once()
+    live = hl.live_tensors()
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for _ in range(10000):
+        once()
+    assert hl.live_tensors() == live
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 8 * 1024  # KiB
