@@ -15,6 +15,7 @@ PKGS=(
   python3-dev pybind11-dev         # the `headlab` Python module (pybind11: C++ <-> Python bindings)
   python3-numpy                    # NumPy arrays as views of headlab tensors
   python3-pytest                   # the Python tests (run by ctest)
+  python3-matplotlib               # plots in the Python guide's example (docs/python.md; tested)
 )
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi

@@ -398,9 +398,9 @@ std::pair<float, float> Trainer::step(const std::function<void(TransformerLM&)>&
     double wall = 0;
     manual_step_ = args_.resume ? restore(wall) : 0;
     task_->seek(manual_step_, args_.batch);
+    set_num_threads(args_.threads);  // once: both stay as set (evaluation restores the mode)
+    model_->train();
   }
-  set_num_threads(args_.threads);
-  model_->train();
   const auto r = step_at(manual_step_, on_gradients);
   ++manual_step_;
   return r;

@@ -374,3 +374,17 @@ def test_no_leak_over_10000_forward_backward_calls():
         once()
     assert hl.live_tensors() == live
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 8 * 1024  # KiB
+
+
+# ---- the guide ----------------------------------------------------------------------------------
+
+def test_the_worked_example_of_the_python_guide_runs(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (Debian's python3-matplotlib)")
+    guide = open(os.path.join(os.environ.get("HEADLAB_SOURCE_DIR", "."), "docs", "python.md")).read()
+    code = guide.split("```python\n")[1].split("```")[0]
+    # plt.show() draws nothing without a display; the module as this test imported it
+    env = dict(os.environ, MPLBACKEND="Agg", PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(hl.__file__))))
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "without L0H2" in out.stdout
+    assert os.path.exists(tmp_path / "runs" / "varcopy-py" / "model.safetensors")
