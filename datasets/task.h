@@ -80,6 +80,9 @@ struct TokenArrays {
 };
 std::unique_ptr<Task> make_tokens_task(const TaskConfig& cfg, const TokenArrays& train, const TokenArrays* eval);
 
+// How the text task shows a byte: printable ASCII as itself, "\\n", "\\t", else "\\x1f".
+std::string byte_token_text(int32_t id);
+
 struct TaskInfo {
   std::string name, help;
 };

@@ -9,6 +9,15 @@
 
 namespace hl {
 
+std::string byte_token_text(int32_t id) {
+  if (id == '\n') return "\\n";
+  if (id == '\t') return "\\t";
+  if (id >= 32 && id < 127) return std::string(1, static_cast<char>(id));
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "\\x%02x", id & 0xff);
+  return buf;
+}
+
 namespace {
 
 class TextTask : public Task {
@@ -23,14 +32,7 @@ class TextTask : public Task {
   int vocab_size() const override { return 256; }
   int seq_len() const override { return cfg_.max_len; }
 
-  std::string token_text(int32_t id) const override {
-    if (id == '\n') return "\\n";
-    if (id == '\t') return "\\t";
-    if (id >= 32 && id < 127) return std::string(1, static_cast<char>(id));
-    char buf[8];
-    std::snprintf(buf, sizeof buf, "\\x%02x", id & 0xff);
-    return buf;
-  }
+  std::string token_text(int32_t id) const override { return byte_token_text(id); }
 
   void sample_into(Batch& b, int batch_size, Rng& rng) const override { windows(b, batch_size, rng, 0, split_); }
 

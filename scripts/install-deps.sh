@@ -16,6 +16,8 @@ PKGS=(
   python3-numpy                    # NumPy arrays as views of headlab tensors
   python3-pytest                   # the Python tests (run by ctest)
   python3-matplotlib               # plots in the Python guide's example (docs/python.md; tested)
+  chromium chromium-driver         # the browser tests of `headlab view` (headless)
+  python3-selenium                 #   and the library that drives the browser
 )
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi

@@ -105,6 +105,7 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
                {"parameters", std::to_string(r.params)},
                {"peak RSS", std::to_string(r.peak_rss_kb / 1024) + " MiB"}});
   std::printf("\nwrote %s/{model,checkpoint}.safetensors, metrics.jsonl, summary.json\n", a.out.c_str());
+  std::printf("look at its heads: headlab view %s\n", a.out.c_str());
   return 0;
 }
 

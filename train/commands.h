@@ -34,6 +34,7 @@ void add_bench_command(CLI::App& app, CommandRunner& runner);
 void add_ablate_command(CLI::App& app, CommandRunner& runner);
 void add_prune_command(CLI::App& app, CommandRunner& runner);
 void add_hooks_command(CLI::App& app, CommandRunner& runner);
+void add_view_command(CLI::App& app, CommandRunner& runner);
 
 // The regime that separates head counts (variable-length copy, d_model 32, 600 steps):
 // the defaults of ablate and prune.

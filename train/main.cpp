@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
   hl::add_ablate_command(app, runner);
   hl::add_prune_command(app, runner);
   hl::add_hooks_command(app, runner);
+  hl::add_view_command(app, runner);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,158 @@
+"""`headlab view` in a real browser (Debian's chromium + chromedriver through selenium): the
+page opens with no console errors, shows every head, the hovered row's weights equal the
+attention tensor, user text renders literally and runs no script, runs without atlas or
+pruning data still render, and bad input writes nothing."""
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import headlab as hl
+
+HEADLAB = os.environ.get("HEADLAB_BINARY", "headlab")
+BUILD = os.path.dirname(os.path.abspath(HEADLAB))
+GPL = "/usr/share/common-licenses/GPL-3"
+
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (Debian's python3-selenium)")
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def browser():
+    chromium = shutil.which("chromium")
+    driver_path = shutil.which("chromedriver")
+    if not chromium or not driver_path:
+        pytest.skip("chromium and chromium-driver are not installed")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        opts.add_argument(a)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    d = webdriver.Chrome(service=Service(executable_path=driver_path), options=opts)
+    yield d
+    d.quit()
+
+
+def view(*args):
+    return subprocess.run([HEADLAB, "view", *args], capture_output=True, text=True)
+
+
+def open_page(driver, path):
+    driver.get("file://" + os.path.abspath(path))
+    WebDriverWait(driver, 30).until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "1")
+    return [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]
+
+
+@pytest.fixture(scope="module")
+def copy_run(tmp_path_factory):
+    run = str(tmp_path_factory.mktemp("view") / "run")
+    subprocess.run([HEADLAB, "train", "--quiet", "--steps", "200", "--eval-every", "50", "--eval-size", "200",
+                    "--log-grads", "50", "--out", run], check=True, capture_output=True)
+    return run
+
+
+def test_the_head_view_shows_the_attention_tensor(browser, copy_run):
+    r = view(copy_run)
+    assert r.returncode == 0, r.stderr
+    page = os.path.join(copy_run, "view.html")
+    assert os.path.getsize(page) < 2e6
+    assert open_page(browser, page) == []
+    # every head in the model view
+    assert len(browser.find_elements(By.CSS_SELECTOR, "canvas.thumb")) == 2 * 4
+    # layer 1, head 2 alone, hover query token 5
+    Select(browser.find_element(By.ID, "layer")).select_by_value("1")
+    browser.find_element(By.ID, "heads-none").click()
+    browser.find_element(By.ID, "head-2").click()
+    token5 = browser.find_element(By.CSS_SELECTOR, '#left-tokens .tok[data-index="5"]')
+    ActionChains(browser).move_to_element(token5).perform()
+    cells = browser.find_elements(By.CSS_SELECTOR, '#weights td[data-head="2"]')
+    shown = [float(c.text) for c in cells]
+    assert len(shown) == 6 and not browser.find_elements(By.CSS_SELECTOR, '#weights td[data-head="1"]')
+    # the same example from the library: held-out row 0 of the run's task and seed
+    model = hl.TransformerLM.load(os.path.join(copy_run, "model.safetensors"))
+    ids = hl.Task("copy").held_out(n=4, seed=1234, batch=4)[0]["input_ids"][:1]
+    _, cache = model.run_with_cache(ids, names=["blocks.1.attn.hook_pattern"])
+    want = cache["blocks.1.attn.hook_pattern"][0, 2, 5, :6]
+    assert np.all(np.abs(np.array(shown) - want) <= 0.0005 + 1e-6), (shown, want)
+    # the token texts are the task's
+    left = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#left-tokens .tok")]
+    assert left[0] == "BOS" and len(left) == 33  # [BOS x SEP x] without its last token
+    # run panels present: training curves and the gradient atlas; no pruning data
+    assert browser.find_element(By.ID, "panel-training").is_displayed()
+    assert browser.find_element(By.ID, "panel-atlas").is_displayed()
+    assert not browser.find_element(By.ID, "panel-prune").is_displayed()
+    # all heads again, still hovering: the screenshot (README) shows the lines and the weights
+    browser.find_element(By.ID, "heads-all").click()
+    ActionChains(browser).move_to_element(browser.find_element(By.CSS_SELECTOR, '#left-tokens .tok[data-index="20"]')).perform()
+    browser.save_screenshot(os.path.join(BUILD, "view_screenshot.png"))
+    assert os.path.getsize(os.path.join(BUILD, "view_screenshot.png")) > 10000
+    # click a thumbnail to enlarge it
+    browser.find_element(By.CSS_SELECTOR, 'canvas.thumb[data-layer="1"][data-head="3"]').click()
+    assert browser.find_element(By.ID, "enlarged-title").text.startswith("layer 1 head 3")
+
+
+def test_user_text_renders_literally_and_runs_no_script(browser, tmp_path):
+    ckpt = str(tmp_path / "text.safetensors")
+    hl.TransformerLM(hl.ModelConfig(vocab_size=256, max_seq_len=96, d_model=16, layers=1, heads=2, d_ff=32)).save(ckpt)
+    text = "<script>alert(1)</script> \"q\" 'a' & <img src=x onerror=\"document.title='pwned'\">"
+    r = view("--checkpoint", ckpt, "--text", text, "--out", str(tmp_path / "t.html"))
+    assert r.returncode == 0, r.stderr
+    assert open_page(browser, str(tmp_path / "t.html")) == []
+    assert browser.title == "headlab view"
+    alerts = browser.execute_script("return typeof window.alert")  # the page still works and no alert is open
+    assert alerts == "function"
+    shown = "".join(e.get_attribute("textContent") for e in browser.find_elements(By.CSS_SELECTOR, "#left-tokens .tok"))
+    assert shown == text
+    assert not browser.find_elements(By.CSS_SELECTOR, "#left-tokens img, #left-tokens script")
+
+
+def test_a_run_without_atlas_or_prune_data_renders_with_those_panels_hidden(browser, tmp_path):
+    run = str(tmp_path / "plain")
+    subprocess.run([HEADLAB, "train", "--quiet", "--steps", "20", "--eval-size", "50", "--out", run], check=True,
+                   capture_output=True)
+    os.remove(os.path.join(run, "metrics.jsonl"))
+    assert view(run).returncode == 0
+    assert open_page(browser, os.path.join(run, "view.html")) == []
+    for panel in ("panel-training", "panel-atlas", "panel-entropy", "panel-prune"):
+        assert not browser.find_element(By.ID, panel).is_displayed(), panel
+    assert len(browser.find_elements(By.CSS_SELECTOR, "canvas.thumb")) == 8
+
+
+def test_missing_or_corrupt_input_is_one_line_and_writes_nothing(tmp_path):
+    r = view(str(tmp_path / "nothing"))
+    assert r.returncode != 0 and r.stderr.count("\n") == 1 and "not a directory" in r.stderr
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{broken")
+    r = view(str(run))
+    assert r.returncode != 0 and r.stderr.count("\n") == 1 and "model.safetensors" in r.stderr
+    assert not os.path.exists(run / "view.html")
+    good = tmp_path / "good"
+    subprocess.run([HEADLAB, "train", "--quiet", "--steps", "10", "--eval-size", "20", "--out", str(good)], check=True,
+                   capture_output=True)
+    (good / "grad_atlas.csv").write_text("step,layer,head,matrix,grad_norm,weight_norm\n10,0,1\n")
+    r = view(str(good))
+    assert r.returncode != 0 and "grad_atlas.csv:2: 3 fields, expected 6" in r.stderr
+    assert not os.path.exists(good / "view.html")
+    assert not [f for f in os.listdir(good) if f.startswith(".view.html")]
+
+
+@pytest.mark.skipif(not os.path.exists(GPL), reason="no " + GPL)
+def test_a_12_layer_12_head_128_token_page_stays_under_20_mb(browser, tmp_path):
+    t = hl.Trainer(task="text", data=GPL, length=128, layers=12, heads=12, d_model=96, d_ff=128, steps=1, batch=2,
+                   eval_size=8)
+    ckpt = str(tmp_path / "big.safetensors")
+    t.save(ckpt)
+    r = view("--checkpoint", ckpt, "--out", str(tmp_path / "big.html"))
+    assert r.returncode == 0, r.stderr
+    size = os.path.getsize(tmp_path / "big.html")
+    assert size < 20e6
+    assert open_page(browser, str(tmp_path / "big.html")) == []
+    assert len(browser.find_elements(By.CSS_SELECTOR, "canvas.thumb")) == 144
+    ms = browser.execute_script("return +document.body.dataset.renderMs")
+    print(f"\n12x12 heads, 128 tokens: {size / 1e6:.1f} MB, rendered in {ms:.0f} ms")
