@@ -107,4 +107,93 @@ std::vector<HeadNormRow> head_gradient_norms(const TransformerLM& model, int64_t
   return rows;
 }
 
+double composition_score(const std::vector<double>& A, const std::vector<double>& B, int D) {
+  double ab = 0, a = 0, b = 0;
+  for (int i = 0; i < D; ++i)
+    for (int j = 0; j < D; ++j) {
+      double s = 0;
+      for (int t = 0; t < D; ++t) s += A[i * D + t] * B[t * D + j];
+      ab += s * s;
+      a += A[i * D + j] * A[i * D + j];
+      b += B[i * D + j] * B[i * D + j];
+    }
+  return a > 0 && b > 0 ? std::sqrt(ab / (a * b)) : 0.0;
+}
+
+namespace {
+
+// A D x D matrix as X Y, X (D x k) and Y (k x D), both row-major.
+struct Factored {
+  std::vector<double> X, Y;
+  int D = 0, k = 0;
+  Factored transposed() const { return {transpose(Y, k, D), transpose(X, D, k), D, k}; }
+};
+
+// (rows x inner) * (inner x cols), row-major.
+std::vector<double> matmul(const std::vector<double>& a, const std::vector<double>& b, int rows, int inner, int cols) {
+  std::vector<double> c(static_cast<size_t>(rows) * cols, 0.0);
+  for (int i = 0; i < rows; ++i)
+    for (int t = 0; t < inner; ++t) {
+      const double v = a[i * inner + t];
+      for (int j = 0; j < cols; ++j) c[i * cols + j] += v * b[t * cols + j];
+    }
+  return c;
+}
+
+// ||X Y||_F^2 = trace((X^T X)(Y Y^T)): k x k Gram matrices instead of the D x D product.
+double frob2(const Factored& f) {
+  const std::vector<double> gx = matmul(transpose(f.X, f.D, f.k), f.X, f.k, f.D, f.k);
+  const std::vector<double> gy = matmul(f.Y, transpose(f.Y, f.k, f.D), f.k, f.D, f.k);
+  double s = 0;
+  for (int i = 0; i < f.k; ++i)
+    for (int j = 0; j < f.k; ++j) s += gx[i * f.k + j] * gy[j * f.k + i];
+  return std::max(0.0, s);
+}
+
+// F1 F2 = X1 (Y1 X2 Y2): still rank k1.
+Factored product(const Factored& f1, const Factored& f2) {
+  const std::vector<double> m = matmul(f1.Y, f2.X, f1.k, f1.D, f2.k);  // k1 x k2
+  return {f1.X, matmul(m, f2.Y, f1.k, f2.k, f1.D), f1.D, f1.k};
+}
+
+Factored ov_factors(const TransformerLM& model, int layer, int head) {
+  const auto& attn = model.blocks.at(layer)->attn;
+  const int64_t dh = attn.cfg.head_dim(), D = attn.cfg.d_model;
+  const int kv = head / (attn.cfg.n_heads / attn.cfg.kv_heads());
+  return {to_double(head_cols(attn.W_O.weight, head, dh)), to_double(head_rows(attn.W_V.weight, kv, dh)),
+          static_cast<int>(D), static_cast<int>(dh)};
+}
+Factored qk_factors(const TransformerLM& model, int layer, int head) {
+  const auto& attn = model.blocks.at(layer)->attn;
+  const int64_t dh = attn.cfg.head_dim(), D = attn.cfg.d_model;
+  const int kv = head / (attn.cfg.n_heads / attn.cfg.kv_heads());
+  return {transpose(to_double(head_rows(attn.W_Q.weight, head, dh)), dh, D), to_double(head_rows(attn.W_K.weight, kv, dh)),
+          static_cast<int>(D), static_cast<int>(dh)};
+}
+
+double score(const Factored& b, const Factored& a) {
+  const double na = frob2(a), nb = frob2(b);
+  return na > 0 && nb > 0 ? std::sqrt(frob2(product(b, a)) / (na * nb)) : 0.0;
+}
+
+}  // namespace
+
+CompositionScores composition_scores(const TransformerLM& model, int layer_a, int layer_b) {
+  const int L = model.cfg.n_layers, H = model.cfg.n_heads;
+  if (layer_a < 0 || layer_b >= L || layer_a >= layer_b)
+    fail("composition_scores: layers ", layer_a, " -> ", layer_b, " must satisfy 0 <= a < b < ", L);
+  CompositionScores c;
+  c.q = c.k = c.v = std::vector<std::vector<double>>(H, std::vector<double>(H, 0.0));
+  for (int ha = 0; ha < H; ++ha) {
+    const Factored ov_a = ov_factors(model, layer_a, ha);
+    for (int hb = 0; hb < H; ++hb) {
+      const Factored qk_b = qk_factors(model, layer_b, hb);
+      c.q[ha][hb] = score(qk_b.transposed(), ov_a);
+      c.k[ha][hb] = score(qk_b, ov_a);
+      c.v[ha][hb] = score(ov_factors(model, layer_b, hb), ov_a);
+    }
+  }
+  return c;
+}
+
 }  // namespace hl

@@ -28,4 +28,19 @@ std::vector<double> qk_circuit_singular_values(const TransformerLM& model, int l
 std::vector<double> ov_circuit_singular_values(const TransformerLM& model, int layer, int head);
 double stable_rank(const std::vector<double>& singular_values);  // sum s^2 / s_max^2
 
+// ||A B||_F / (||A||_F ||B||_F) of two D x D row-major matrices: 1 when B's output directions are
+// A's input directions (e.g. u v^T and v w^T), 0 when orthogonal; unchanged by scaling either.
+// 0 when either is zero.
+double composition_score(const std::vector<double>& A, const std::vector<double>& B, int D);
+
+// Composition of heads of `layer_a` into heads of a later `layer_b` (Elhage et al. 2021), with
+// W_OV = W_O^h W_V^h and W_QK = W_Q^h^T W_K^h (D x D): Q-composition ||W_QK^B^T W_OV^A||,
+// K-composition ||W_QK^B W_OV^A||, V-composition ||W_OV^B W_OV^A||, each divided by the two
+// norms. Grids [head of layer_a][head of layer_b]. Computed through the d_head-sized factors
+// (Gram matrices), never forming D x D products, so any width is cheap.
+struct CompositionScores {
+  std::vector<std::vector<double>> q, k, v;
+};
+CompositionScores composition_scores(const TransformerLM& model, int layer_a, int layer_b);
+
 }  // namespace hl

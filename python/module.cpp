@@ -15,6 +15,8 @@
 #include <set>
 
 #include "analysis/circuits.h"
+#include "analysis/detectors.h"
+#include "analysis/patching.h"
 #include "analysis/evaluate.h"
 #include "analysis/heads.h"
 #include "lib/fileutil.h"
@@ -774,6 +776,51 @@ PYBIND11_MODULE(_core, m) {
     (void)H;
     return d;
   }, "Gradient atlas of the current gradients: per-head Frobenius norms (L, H or H_kv) of grads and weights");
+  m.def("repeated_random_tokens", [](int n, int k, int vocab, uint64_t seed) { return PyData{repeated_random_tokens(n, k, vocab, seed)}; },
+        py::arg("n"), py::arg("k"), py::arg("vocab"), py::arg("seed") = 1234,
+        "The detectors' probe: n sequences [r_1..r_k, r_1..r_k] of uniform random tokens");
+  m.def("detect_heads", [](TransformerLM& model, const PyData& data, const std::string& kind, bool exclude_bos,
+                           bool exclude_current_token) {
+    HeadGrid g;
+    const Detector d = parse_detector(kind);
+    {
+      py::gil_scoped_release release;
+      g = detect_heads(model, data.batches, d, {exclude_bos, exclude_current_token});
+    }
+    return grid_array(g);
+  }, py::arg("model"), py::arg("data"), py::arg("kind") = "induction", py::arg("exclude_bos") = false,
+     py::arg("exclude_current_token") = false,
+     "TransformerLens-style detector scores (L, H): previous_token, duplicate_token or induction");
+  m.def("activation_patching", [](TransformerLM& model, const PyTask& task, const PyData& data, uint64_t seed) {
+    if (data.batches.empty()) throw py::value_error("activation_patching: no data");
+    const PatchingInputs in = corrupt_one_symbol(data.batches[0], task.task->config().alphabet, seed);
+    PatchingResult r;
+    {
+      py::gil_scoped_release release;
+      r = activation_patching(model, in);
+    }
+    py::dict d;
+    d["z_exact"] = grid_array(r.z_exact);
+    d["z_attribution"] = grid_array(r.z_attribution);
+    d["resid_exact"] = grid_array(r.resid_exact);
+    d["resid_attribution"] = grid_array(r.resid_attribution);
+    d["clean_metric"] = r.clean_metric;
+    d["corrupted_metric"] = r.corrupted_metric;
+    d["z_correlation"] = r.z_correlation;
+    d["resid_correlation"] = r.resid_correlation;
+    d["clean_ids"] = ids_to_array(in.clean);
+    d["corrupted_ids"] = ids_to_array(in.corrupted);
+    return d;
+  }, py::arg("model"), py::arg("task"), py::arg("data"), py::arg("seed") = 1234,
+     "Patching per head (hook_z, (L, H)) and per residual position ((L, T)), exact and attribution, normalised clean=1, corrupted=0");
+  m.def("composition_scores", [](const TransformerLM& model, int layer_a, int layer_b) {
+    const CompositionScores c = composition_scores(model, layer_a, layer_b);
+    py::dict d;
+    d["q"] = grid_array(c.q);
+    d["k"] = grid_array(c.k);
+    d["v"] = grid_array(c.v);
+    return d;
+  }, py::arg("model"), py::arg("layer_a"), py::arg("layer_b"), "Q/K/V composition [head of layer_a][head of layer_b]");
   m.def("qk_singular_values", [](const TransformerLM& model, int layer, int head) { return qk_circuit_singular_values(model, layer, head); });
   m.def("ov_singular_values", [](const TransformerLM& model, int layer, int head) { return ov_circuit_singular_values(model, layer, head); });
 }

@@ -172,5 +172,18 @@ touch "$T/run/.checkpoint.safetensors.tmp.999999999"
 mkdir -p "$T/full" && ln -s /dev/full "$T/full/metrics.jsonl"
 check "metrics write error" nonzero "metrics.jsonl: write failed: No space left on device" -- "$HL" train $small --steps 20 --eval-every 5 --out "$T/full"
 
+# What heads do: detect, patch, compose, prune --method l0 on the small run's model.
+M="$T/run/model.safetensors"
+check "detect writes its table" 0 "previous_token" -- "$HL" detect --checkpoint "$M" --examples 8 --out "$T/det"
+check "detect CSV" 0 "^layer,head,previous_token,duplicate_token,induction" -- cat "$T/det/detect.csv"
+check "detect probe longer than the model" nonzero "exceed the model's max_seq_len" -- "$HL" detect --checkpoint "$M" --length 1000 --out "$T/det2"
+[ ! -e "$T/det2" ] && ok "no output directory after a refused detect" || bad "detect left a directory"
+check "compose needs two layers" nonzero "composition needs at least 2 layers, the model has 1" -- "$HL" compose --checkpoint "$M" --out "$T/co"
+check "patch" 0 "correlation of attribution with exact patching" -- "$HL" patch --checkpoint "$M" --examples 16 --out "$T/pa"
+check "patch CSVs" 0 "^layer,position,exact,attribution" -- cat "$T/pa/patch_resid.csv"
+check "prune --method l0" 0 "keeps [0-9]+ heads" -- "$HL" prune --checkpoint "$M" --method l0 --l0-steps 20 --quiet --out "$T/l0"
+check "l0 model saved" 0 "head_gates|headlab-checkpoint" -- head -c 2000 "$T/l0/l0_model.safetensors"
+check "bad lambda" nonzero "--lambda" -- "$HL" prune --checkpoint "$M" --method l0 --lambda -1 --out "$T/l0b"
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -2,6 +2,7 @@
 // their errors named, training can start from given weights.
 #define BOOST_TEST_MODULE tasks
 #include <boost/test/unit_test.hpp>
+#include <set>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -96,6 +97,29 @@ BOOST_AUTO_TEST_CASE(induction_sequences_repeat_and_count_the_repeat) {
     BOOST_TEST(b.prompt_len[r] == 6);
     BOOST_TEST(t->answer(b, r) == std::vector<int32_t>(b.inputs.data.begin() + r * 10 + 1, b.inputs.data.begin() + r * 10 + 6));
   }
+}
+
+BOOST_AUTO_TEST_CASE(induction_with_variable_lengths_pads_after_the_repeat) {
+  TaskConfig c = TaskConfig::preset("induction");
+  c.min_len = 3;
+  c.max_len = 6;
+  const auto t = make_task(c);
+  BOOST_TEST(t->vocab_size() == 34);  // 32 symbols, BOS, PAD
+  Rng rng(4);
+  const Batch b = t->sample(50, rng);
+  std::set<int> lengths;
+  for (int64_t r = 0; r < 50; ++r) {
+    const int n = b.prompt_len[r] - 1;
+    lengths.insert(n);
+    BOOST_TEST((n >= 3 && n <= 6));
+    for (int64_t i = 1; i < n; ++i) BOOST_TEST(b.inputs.at(r, i + n) == b.inputs.at(r, i));
+    for (int64_t p = 0; p < 12; ++p) {
+      BOOST_TEST(b.key_padding.at({r, p}) == (p >= 2 * n ? 1.f : 0.f));
+      BOOST_TEST(b.targets.at(r, p) == (p >= n && p < 2 * n ? b.inputs.at(r, p + 1 - n) : -1));
+      if (p >= 2 * n) BOOST_TEST(b.inputs.at(r, p) == 33);  // PAD
+    }
+  }
+  BOOST_TEST(lengths.size() == 4u);  // every n in 3..6 drawn
 }
 
 BOOST_AUTO_TEST_CASE(a_two_layer_model_learns_induction) {

@@ -14,6 +14,7 @@
 #include "train/commands.h"
 #include "analysis/heads.h"
 #include "train/plot.h"
+#include "train/l0.h"
 #include "train/progress.h"
 
 namespace hl {
@@ -34,7 +35,91 @@ struct PruneOpts {
   int random_seeds = 3;
   double save_fraction = 0.5;
   bool force = false;  // recompute results in --out made with other settings instead of refusing
+  std::string method = "michel";  // or l0
+  double lambda = 0.05;
+  int target_heads = 0;  // l0: search lambda for this many heads; 0 = use --lambda
+  int l0_steps = 300;
 };
+
+// --method l0: fine-tune copies of the model with hard-concrete gates, at --lambda or at lambdas
+// searched for --target-heads; compare the heads kept with the top heads by Michel importance.
+int run_l0(const PruneOpts& o, const std::string& out, const SafetensorsFile& file, const Task& task,
+           const std::vector<Batch>& data, const TrainArgs& base) {
+  std::unique_ptr<TransformerLM> reference = load_model(file);
+  const int L = reference->cfg.n_layers, H = reference->cfg.n_heads;
+  const HeadGrid imp = head_importance(*reference, data, false);
+  auto run = [&](double lambda) {
+    auto m = load_model(file);
+    L0Options lo;
+    lo.lambda = lambda;
+    lo.steps = o.l0_steps;
+    lo.lr = o.finetune_lr;
+    lo.batch = base.batch;
+    lo.seed = base.seed + 7;
+    L0Result r = l0_finetune(*m, task, data, lo);
+    std::fprintf(stderr, "  lambda %-10g heads kept %3d / %d, token accuracy %s\n", lambda, r.heads_kept, L * H,
+                 percent(r.eval.token_acc).c_str());
+    return std::make_pair(r, std::move(m));
+  };
+  std::vector<std::pair<L0Result, std::unique_ptr<TransformerLM>>> runs;
+  if (o.target_heads > 0) {
+    if (o.target_heads > L * H) fail("--target-heads ", o.target_heads, " is more than the model's ", L * H, " heads");
+    double lo = 0, hi = o.lambda;  // kept(lo) >= target > kept(hi) once bracketed
+    runs.push_back(run(hi));
+    while (runs.back().first.heads_kept > o.target_heads && hi < 1e3) runs.push_back(run(hi *= 4));
+    if (runs.back().first.heads_kept < o.target_heads) {
+      lo = hi / 4 > o.lambda / 2 ? hi / 4 : 0;
+      for (int i = 0; i < 6 && runs.back().first.heads_kept != o.target_heads; ++i) {
+        const double mid = lo > 0 ? std::sqrt(lo * hi) : hi / 4;
+        runs.push_back(run(mid));
+        (runs.back().first.heads_kept > o.target_heads ? lo : hi) = mid;
+      }
+    }
+  } else {
+    runs.push_back(run(o.lambda));
+  }
+  // the run to keep: the target's head count (or the closest above it), else the last
+  size_t best = runs.size() - 1;
+  for (size_t i = 0; i < runs.size(); ++i)
+    if (o.target_heads > 0 && runs[i].first.heads_kept >= o.target_heads &&
+        (runs[best].first.heads_kept < o.target_heads || runs[i].first.heads_kept < runs[best].first.heads_kept))
+      best = i;
+  std::string csv = "lambda,heads_kept,loss,token_acc,exact_match,gates\n";
+  std::vector<std::vector<std::string>> table = {{"lambda", "heads kept", "held-out loss", "token acc %", "exact %"}};
+  for (auto& [r, m] : runs) {
+    std::string g;
+    for (auto& row : r.gates)
+      for (float v : row) g += (g.empty() ? "" : " ") + fixed(v, 3);
+    csv += fixed(r.lambda, 6) + "," + std::to_string(r.heads_kept) + "," + fixed(r.eval.loss, 6) + "," + fixed(r.eval.token_acc, 6) +
+           "," + fixed(r.eval.exact_match, 6) + "," + g + "\n";
+    table.push_back({fixed(r.lambda, 4), std::to_string(r.heads_kept), fixed(r.eval.loss, 4), fixed(100 * r.eval.token_acc, 2),
+                     fixed(100 * r.eval.exact_match, 2)});
+  }
+  write_file_atomic(out + "/l0.csv", csv);
+  std::printf("\nhard-concrete L0 gates (%d fine-tuning steps per lambda):\n\n", o.l0_steps);
+  print_table(table);
+  // the surviving heads against the same number of top heads by importance
+  const L0Result& r = runs[best].first;
+  std::vector<std::pair<double, std::pair<int, int>>> ranked;
+  for (int l = 0; l < L; ++l)
+    for (int h = 0; h < H; ++h) ranked.push_back({-imp[l][h], {l, h}});
+  std::sort(ranked.begin(), ranked.end());
+  std::string kept, top;
+  int overlap = 0;
+  for (int i = 0; i < r.heads_kept; ++i) {
+    const auto [l, h] = ranked[i].second;
+    top += " L" + std::to_string(l) + "H" + std::to_string(h);
+    overlap += r.gates[l][h] > 0.f;
+  }
+  for (int l = 0; l < L; ++l)
+    for (int h = 0; h < H; ++h)
+      if (r.gates[l][h] > 0.f) kept += " L" + std::to_string(l) + "H" + std::to_string(h);
+  std::printf("\nlambda %g keeps %d heads:%s\ntop %d by Michel importance:%s\noverlap: %d of %d\n", r.lambda, r.heads_kept,
+              kept.c_str(), r.heads_kept, top.c_str(), overlap, r.heads_kept);
+  save_checkpoint(out + "/l0_model.safetensors", *runs[best].second, {}, {{"task", task.config().to_json()}});
+  std::printf("wrote %s/l0.csv, l0_model.safetensors (the gated model of lambda %g)\n", out.c_str(), r.lambda);
+  return 0;
+}
 
 // FNV-1a of a file's bytes: a rerun with another checkpoint under the same path is noticed.
 std::string fingerprint(const std::string& bytes) {
@@ -147,6 +232,7 @@ int run_prune(TrainFlags& flags, const PruneOpts& o) {
   const std::vector<Batch> data = task.held_out(base.eval_size, base.eval_seed, 128);
   const int L = model->cfg.n_layers, H = model->cfg.n_heads;
   std::fprintf(stderr, "headlab prune: %d layers x %d heads, %d held-out sequences -> %s\n", L, H, base.eval_size, out.c_str());
+  if (o.method == "l0") return run_l0(o, out, file, task, data, base);
 
   // ---- per-head analyses ----------------------------------------------------------------------
   std::fprintf(stderr, "  single-head ablation (zero and mean)...\n");
@@ -303,6 +389,13 @@ void add_prune_command(CLI::App& app, CommandRunner& runner) {
   sub->add_option("--save-fraction", o->save_fraction, "Save the importance-pruned model at this fraction")->capture_default_str()->check(in_range(0, 1));
   sub->add_flag("--quiet", o->quiet, "No progress output");
   sub->add_flag("--force", o->force, "Recompute results in --out that were made with other settings (default: refuse)");
+  sub->add_option("--method", o->method, "michel: importance, ablation and random orders; l0: hard-concrete gates (Voita et al.)")
+      ->capture_default_str()->check(CLI::IsMember({"michel", "l0"}));
+  sub->add_option("--lambda", o->lambda, "l0: weight of the expected number of open heads (the start of the search with --target-heads)")
+      ->capture_default_str()->check(in_range(0, 1e6));
+  sub->add_option("--target-heads", o->target_heads, "l0: search lambda until this many heads stay open; 0 = just --lambda")
+      ->capture_default_str()->check(in_range(0, 1 << 20));
+  sub->add_option("--l0-steps", o->l0_steps, "l0: fine-tuning steps per lambda")->capture_default_str()->check(in_range(1, 1e9));
   sub->callback([&runner, flags, o] { runner = [=] { return run_prune(*flags, *o); }; });
 }
 

@@ -35,6 +35,7 @@ void add_ablate_command(CLI::App& app, CommandRunner& runner);
 void add_prune_command(CLI::App& app, CommandRunner& runner);
 void add_hooks_command(CLI::App& app, CommandRunner& runner);
 void add_view_command(CLI::App& app, CommandRunner& runner);
+void add_role_commands(CLI::App& app, CommandRunner& runner);  // detect, patch, compose
 
 // The regime that separates head counts (variable-length copy, d_model 32, 600 steps):
 // the defaults of ablate and prune.

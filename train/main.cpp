@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
   hl::add_prune_command(app, runner);
   hl::add_hooks_command(app, runner);
   hl::add_view_command(app, runner);
+  hl::add_role_commands(app, runner);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -349,6 +349,13 @@ def test_analyses_return_arrays_that_agree_with_each_other():
     assert curve["fraction"][-1] == 1.0 and len(curve["removed"]) == len(curve["fraction"])
     assert np.all(t.model.gate_values() == 1)  # pruned a copy
     assert len(hl.qk_singular_values(t.model, 0, 1)) == 8
+    # the head-role analyses
+    probe = hl.repeated_random_tokens(20, 8, t.model.config.vocab_size)
+    assert hl.detect_heads(t.model, probe, "previous_token").shape == (2, 4)
+    comp = hl.composition_scores(t.model, 0, 1)
+    assert comp["k"].shape == (4, 4) and np.all((comp["k"] >= 0) & (comp["k"] <= 1))
+    patch = hl.activation_patching(t.model, t.task, data)
+    assert patch["z_exact"].shape == (2, 4) and patch["resid_exact"].shape[0] == 2
     t.model.loss(data[0]["input_ids"], data[0]["targets"]).backward()
     norms = hl.head_gradient_norms(t.model)
     g = np.asarray(t.model.named_parameters()["blocks.0.attn.W_Q.weight"].grad)[8:16]

@@ -1,0 +1,112 @@
+#include "analysis/detectors.h"
+
+namespace hl {
+
+std::string to_string(Detector d) {
+  switch (d) {
+    case Detector::PreviousToken: return "previous_token";
+    case Detector::DuplicateToken: return "duplicate_token";
+    case Detector::Induction: return "induction";
+  }
+  return "?";
+}
+
+Detector parse_detector(const std::string& name) {
+  for (Detector d : {Detector::PreviousToken, Detector::DuplicateToken, Detector::Induction})
+    if (to_string(d) == name) return d;
+  fail("detector '", name, "' is not one of previous_token, duplicate_token, induction");
+}
+
+std::vector<float> detection_pattern(Detector kind, const std::vector<int32_t>& tok) {
+  const int64_t T = static_cast<int64_t>(tok.size());
+  std::vector<float> D(static_cast<size_t>(T * T), 0.f);
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t j = 0; j <= i; ++j) {
+      bool on = false;
+      switch (kind) {
+        case Detector::PreviousToken: on = j == i - 1; break;
+        case Detector::DuplicateToken: on = j < i && tok[j] == tok[i]; break;
+        case Detector::Induction: on = j >= 1 && tok[j - 1] == tok[i] && j - 1 < i; break;
+      }
+      D[i * T + j] = on ? 1.f : 0.f;
+    }
+  return D;
+}
+
+double detection_score(const float* A, const float* D, int64_t T, const DetectorOptions& opt) {
+  double on = 0, all = 0;
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t j = 0; j < T; ++j) {
+      if ((opt.exclude_bos && j == 0) || (opt.exclude_current_token && i == j)) continue;
+      const double a = A[i * T + j];
+      all += a;
+      on += a * D[i * T + j];
+    }
+  return all > 0 ? on / all : 0.0;
+}
+
+HeadGrid detect_heads(TransformerLM& model, const std::vector<Batch>& data, Detector kind, const DetectorOptions& opt,
+                      const std::vector<float>& pattern, int64_t pattern_T) {
+  const int L = model.cfg.n_layers, H = model.cfg.n_heads;
+  HeadGrid score(L, std::vector<double>(H, 0.0));
+  int64_t sequences = 0;
+  std::vector<float> A, D;
+  for (const Batch& b : data) {
+    const ActivationCache cache = recorded_forward(model, b, names_ending_with("attn.hook_pattern"));
+    const int64_t B = b.size(), T = b.inputs.shape[1];
+    for (int64_t r = 0; r < B; ++r) {
+      int64_t n = T;  // this row's length: trailing padding removed
+      if (b.key_padding.defined())
+        while (n > 0 && b.key_padding.at({r, n - 1}) != 0.f) --n;
+      if (n == 0) continue;
+      if (!pattern.empty()) {
+        if (n > pattern_T) fail("detection pattern: ", pattern_T, " x ", pattern_T, " is smaller than sequences of ", n, " tokens");
+        D.assign(static_cast<size_t>(n * n), 0.f);
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j < n; ++j) D[i * n + j] = pattern[i * pattern_T + j];
+      } else {
+        const std::vector<int32_t> tok(b.inputs.data.begin() + r * T, b.inputs.data.begin() + r * T + n);
+        D = detection_pattern(kind, tok);
+      }
+      A.resize(static_cast<size_t>(n * n));
+      for (int l = 0; l < L; ++l) {
+        const float* P = cache["blocks." + std::to_string(l) + ".attn.hook_pattern"].data();  // (B, H, T, T)
+        for (int h = 0; h < H; ++h) {
+          const float* src = P + ((r * H + h) * T) * T;
+          for (int64_t i = 0; i < n; ++i)
+            for (int64_t j = 0; j < n; ++j) A[i * n + j] = src[i * T + j];
+          score[l][h] += detection_score(A.data(), D.data(), n, opt);
+        }
+      }
+      ++sequences;
+    }
+  }
+  if (sequences == 0) fail("detect_heads: no sequences to score");
+  for (auto& row : score)
+    for (double& v : row) v /= static_cast<double>(sequences);
+  return score;
+}
+
+std::vector<Batch> repeated_random_tokens(int n, int k, int vocab, uint64_t seed) {
+  if (n < 1 || k < 1 || vocab < 1) fail("repeated_random_tokens: n, k and vocab must be positive");
+  Rng rng(seed);
+  std::vector<Batch> out;
+  for (int done = 0; done < n; done += 64) {
+    const int64_t B = std::min(64, n - done), T = 2 * k;
+    Batch b;
+    b.inputs = Ids(Shape{B, T});
+    b.targets = Ids(Shape{B, T});
+    b.prompt_len.assign(static_cast<size_t>(B), 0);
+    for (int64_t r = 0; r < B; ++r)
+      for (int t = 0; t < k; ++t) {
+        const auto v = static_cast<int32_t>(rng.next_u64() % static_cast<uint64_t>(vocab));
+        b.inputs.at(r, t) = b.inputs.at(r, t + k) = v;
+      }
+    for (int64_t r = 0; r < B; ++r)  // next-token targets on the repeated half
+      for (int64_t t = 0; t < T; ++t) b.targets.at(r, t) = t >= k - 1 && t + 1 < T ? b.inputs.at(r, t + 1) : -1;
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+}  // namespace hl

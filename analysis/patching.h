@@ -1,0 +1,53 @@
+// Activation patching per head and per residual-stream position, with attribution patching
+// (its first-order approximation) beside it (Meng et al. 2022; Nanda 2023). The metric is the
+// logit difference between the clean and the corrupted answer at each row's answer position,
+// averaged over rows, and reported normalised: (m - m_corrupted) / (m_clean - m_corrupted), so
+// the clean run scores 1 and the corrupted run 0.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "analysis/heads.h"
+
+namespace hl {
+
+struct PatchAnswer {
+  int64_t row = 0, pos = 0;               // logits of this row at this position
+  int32_t clean = 0, corrupted = 0;       // the clean and the corrupted answer token
+};
+struct PatchingInputs {
+  Ids clean, corrupted;  // (B, T), equal but where the corruption is
+  std::vector<PatchAnswer> answers;
+  std::vector<int64_t> source_pos;  // per row, the position changed
+};
+
+// From a task's held-out batch: in each row, one source symbol (unique in the row, and its copy
+// counted exactly once among the targets) is replaced by a symbol the row does not use; the
+// answer is the target position of that copy. For tasks whose rows repeat their prompt (copy,
+// reverse, varcopy, induction). `alphabet` = the symbols that may be used; rows with no such
+// symbol are left out. Fails when no row qualifies.
+PatchingInputs corrupt_one_symbol(const Batch& batch, int alphabet, uint64_t seed);
+
+// Mean over answers of logits[row, pos, clean] - logits[row, pos, corrupted]: a one-element tensor,
+// differentiable in the logits.
+Tensor logit_difference(const Tensor& logits, const std::vector<PatchAnswer>& answers);
+
+struct PatchingResult {
+  double clean_metric = 0, corrupted_metric = 0;  // logit differences (not normalised)
+  HeadGrid z_exact, z_attribution;                // (layers, heads): hook_z of one head patched
+  HeadGrid resid_exact, resid_attribution;        // (layers, T): hook_resid_pre at one position patched
+  double z_correlation = 0, resid_correlation = 0;  // Pearson, exact vs attribution
+};
+// Runs the clean and corrupted inputs, then the corrupted one with each head's hook_z (all
+// positions) and each layer's hook_resid_pre at each position taken from the clean run; and one
+// backward of the corrupted run for the attribution (clean - corrupted) . d metric / d activation.
+PatchingResult activation_patching(TransformerLM& model, const PatchingInputs& in);
+
+// Normalised metric with the whole activation `name` of the corrupted run replaced by the clean
+// run's: (exact, attribution). Equal when the metric is linear in that activation (e.g.
+// ln_final.hook_normalized, read out by the linear unembedding).
+std::pair<double, double> patch_whole_activation(TransformerLM& model, const PatchingInputs& in, const std::string& name);
+
+double pearson(const HeadGrid& a, const HeadGrid& b);
+
+}  // namespace hl

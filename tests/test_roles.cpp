@@ -1,0 +1,290 @@
+// What heads do: detectors (patterns, scores, exclusions), composition scores, activation and
+// attribution patching.
+#define BOOST_TEST_MODULE roles
+#include <boost/test/unit_test.hpp>
+#include <algorithm>
+#include <cmath>
+
+#include "analysis/circuits.h"
+#include "analysis/detectors.h"
+#include "analysis/patching.h"
+#include "lib/gradcheck.h"
+#include "models/l0_gates.h"
+#include "train/l0.h"
+#include "train/trainer.h"
+#include "roundoff.h"
+
+using namespace hl;
+
+namespace {
+// uniform causal attention: A[i][j] = 1/(i+1) for j <= i
+std::vector<float> uniform_causal(int64_t T) {
+  std::vector<float> A(static_cast<size_t>(T * T), 0.f);
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t j = 0; j <= i; ++j) A[i * T + j] = 1.f / static_cast<float>(i + 1);
+  return A;
+}
+std::vector<std::pair<int64_t, int64_t>> cells(const std::vector<float>& D, int64_t T) {
+  std::vector<std::pair<int64_t, int64_t>> c;
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t j = 0; j < T; ++j)
+      if (D[i * T + j] != 0.f) c.push_back({i, j});
+  return c;
+}
+using Cells = std::vector<std::pair<int64_t, int64_t>>;
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(detection_patterns_are_transformer_lens_s) {
+  const std::vector<int32_t> tok = {5, 1, 2, 1, 2};
+  BOOST_TEST((cells(detection_pattern(Detector::PreviousToken, tok), 5) == Cells{{1, 0}, {2, 1}, {3, 2}, {4, 3}}));
+  BOOST_TEST((cells(detection_pattern(Detector::DuplicateToken, tok), 5) == Cells{{3, 1}, {4, 2}}));
+  // induction: attend to the token after an earlier copy of the current token
+  BOOST_TEST((cells(detection_pattern(Detector::Induction, tok), 5) == Cells{{3, 2}, {4, 3}}));
+}
+
+BOOST_AUTO_TEST_CASE(a_pattern_equal_to_the_detection_pattern_scores_one) {
+  const std::vector<int32_t> tok = {3, 7, 7, 1, 3, 7};
+  for (Detector d : {Detector::PreviousToken, Detector::DuplicateToken, Detector::Induction}) {
+    const std::vector<float> D = detection_pattern(d, tok);
+    BOOST_TEST(detection_score(D.data(), D.data(), 6, {}) == 1.0);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(uniform_attention_scores_the_expected_fraction) {
+  const int64_t T = 9;
+  const std::vector<float> A = uniform_causal(T);
+  std::vector<int32_t> tok(T);
+  for (int64_t t = 0; t < T; ++t) tok[t] = static_cast<int32_t>(t);
+  const std::vector<float> D = detection_pattern(Detector::PreviousToken, tok);
+  // each row sums to 1 (total T); rows i >= 1 put 1/(i+1) on i-1
+  double on = 0;
+  for (int64_t i = 1; i < T; ++i) on += 1.0 / (i + 1);
+  BOOST_TEST(detection_score(A.data(), D.data(), T, {}) == on / T, boost::test_tools::tolerance(1e-6));
+  // BOS excluded: column 0 is dropped from both sums; row 1's previous token is BOS
+  double all = 0, on_bos = 0;
+  for (int64_t i = 1; i < T; ++i) all += static_cast<double>(i) / (i + 1), on_bos += i >= 2 ? 1.0 / (i + 1) : 0.0;
+  BOOST_TEST(detection_score(A.data(), D.data(), T, {.exclude_bos = true}) == on_bos / all, boost::test_tools::tolerance(1e-6));
+  // current token excluded: the diagonal (1/(i+1) per row) leaves both sums
+  double all_cur = 0;
+  for (int64_t i = 0; i < T; ++i) all_cur += static_cast<double>(i) / (i + 1);
+  BOOST_TEST(detection_score(A.data(), D.data(), T, {.exclude_current_token = true}) == on / all_cur,
+             boost::test_tools::tolerance(1e-6));
+}
+
+BOOST_AUTO_TEST_CASE(a_model_with_uniform_attention_scores_the_formula_on_the_probe) {
+  ModelConfig c;
+  c.vocab_size = 11;
+  c.d_model = 16;
+  c.n_heads = 2;
+  c.d_ff = 32;
+  c.max_seq_len = 16;
+  TransformerLM m(c, 3);
+  for (auto& b : m.blocks) b->attn.W_Q.weight.fill_(0.f);  // all scores 0: uniform causal attention
+  const int k = 6;
+  const std::vector<Batch> probe = repeated_random_tokens(20, k, 11, 5);
+  BOOST_TEST(probe.size() == 1u);
+  BOOST_TEST(probe[0].inputs.shape == (Shape{20, 2 * k}));
+  for (int64_t r = 0; r < 20; ++r)
+    for (int t = 0; t < k; ++t) BOOST_TEST(probe[0].inputs.at(r, t) == probe[0].inputs.at(r, t + k));
+  const HeadGrid s = detect_heads(m, probe, Detector::PreviousToken, {});
+  double on = 0;
+  for (int64_t i = 1; i < 2 * k; ++i) on += 1.0 / (i + 1);
+  for (auto& row : s)
+    for (double v : row) BOOST_TEST(v == on / (2 * k), boost::test_tools::tolerance(1e-5));
+}
+
+BOOST_AUTO_TEST_CASE(composition_is_one_for_shared_directions_zero_for_orthogonal_and_scale_free) {
+  const int D = 4;
+  auto outer = [&](std::vector<double> a, std::vector<double> b) {
+    std::vector<double> m(D * D);
+    for (int i = 0; i < D; ++i)
+      for (int j = 0; j < D; ++j) m[i * D + j] = a[i] * b[j];
+    return m;
+  };
+  const std::vector<double> u = {1, 0, 0, 0}, v = {0, 0.6, 0.8, 0}, w = {0, 0, 0, 1}, x = {0, 0.8, -0.6, 0};
+  BOOST_TEST(composition_score(outer(u, v), outer(v, w), D) == 1.0, boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(composition_score(outer(u, v), outer(x, w), D) == 0.0, boost::test_tools::tolerance(1e-12));
+  std::vector<double> A = outer(u, v), B = outer({0, 0.6, 0.8, 0.1}, w);
+  const double s = composition_score(A, B, D);
+  for (double& a : A) a *= 3.5;
+  for (double& b : B) b *= -0.01;
+  BOOST_TEST(composition_score(A, B, D) == s, boost::test_tools::tolerance(1e-12));
+}
+
+BOOST_AUTO_TEST_CASE(model_composition_scores_equal_the_products_formed_in_full) {
+  ModelConfig c;
+  c.vocab_size = 7;
+  c.d_model = 12;
+  c.n_heads = 3;
+  c.d_ff = 16;
+  TransformerLM m(c, 9);
+  const CompositionScores cs = composition_scores(m, 0, 1);
+  const int D = 12, dh = 4;
+  auto block = [&](const Tensor& w, int h, bool cols) { return cols ? head_cols(w, h, dh) : head_rows(w, h, dh); };
+  // D x D from (D x dh) * (dh x D), or its transpose
+  auto full = [&](const Tensor& x, const Tensor& y, bool transpose_x) {
+    std::vector<double> r(D * D, 0.0);
+    for (int i = 0; i < D; ++i)
+      for (int j = 0; j < D; ++j)
+        for (int t = 0; t < dh; ++t)
+          r[i * D + j] += static_cast<double>(transpose_x ? x.data()[t * D + i] : x.data()[i * dh + t]) * y.data()[t * D + j];
+    return r;
+  };
+  auto tr = [&](std::vector<double> a) {
+    std::vector<double> t(a.size());
+    for (int i = 0; i < D; ++i)
+      for (int j = 0; j < D; ++j) t[j * D + i] = a[i * D + j];
+    return t;
+  };
+  for (int a = 0; a < 3; ++a)
+    for (int b = 0; b < 3; ++b) {
+      const auto& A = m.blocks[0]->attn;
+      const auto& B = m.blocks[1]->attn;
+      const std::vector<double> ov_a = full(block(A.W_O.weight, a, true), block(A.W_V.weight, a, false), false);
+      const std::vector<double> ov_b = full(block(B.W_O.weight, b, true), block(B.W_V.weight, b, false), false);
+      const std::vector<double> qk_b = full(block(B.W_Q.weight, b, false), block(B.W_K.weight, b, false), true);
+      BOOST_TEST(cs.q[a][b] == composition_score(tr(qk_b), ov_a, D), boost::test_tools::tolerance(1e-9));
+      BOOST_TEST(cs.k[a][b] == composition_score(qk_b, ov_a, D), boost::test_tools::tolerance(1e-9));
+      BOOST_TEST(cs.v[a][b] == composition_score(ov_b, ov_a, D), boost::test_tools::tolerance(1e-9));
+    }
+}
+
+namespace {
+// A copy model trained a little, so clean and corrupted answers differ.
+std::unique_ptr<Trainer> trained_copy_model() {
+  TrainArgs a;
+  a.model.d_model = 32;
+  a.model.n_heads = 4;
+  a.model.d_ff = 64;
+  a.task = TaskConfig::preset("copy");
+  a.task.min_len = a.task.max_len = 6;
+  a.steps = 150;
+  a.eval_size = 32;
+  a.eval_every = 150;
+  auto t = std::make_unique<Trainer>(a);
+  t->run();
+  return t;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(patching_the_clean_activation_gives_one_and_the_corrupted_gives_zero) {
+  auto t = trained_copy_model();
+  TransformerLM& m = t->model();
+  const std::vector<Batch> held = t->task().held_out(1, 77, 1);  // one row: one source position
+  const PatchingInputs in = corrupt_one_symbol(held[0], 10, 3);
+  BOOST_TEST(in.answers.size() == 1u);
+  const int64_t p = in.source_pos[0];
+  BOOST_TEST(in.clean.at(0, p) != in.corrupted.at(0, p));
+  BOOST_TEST(in.answers[0].clean == in.clean.at(0, p));
+  const PatchingResult r = activation_patching(m, in);
+  BOOST_TEST(r.clean_metric > r.corrupted_metric);
+  BOOST_TEST(r.resid_exact[0][p] == 1.0);  // the only input that differs, restored
+  for (int64_t q = 0; q < p; ++q) BOOST_TEST(r.resid_exact[0][q] == 0.0);  // identical before it
+  for (int l = 0; l < 2; ++l)
+    for (double v : r.z_exact[l]) BOOST_TEST(std::isfinite(v));
+  BOOST_TEST(std::isfinite(r.z_correlation));
+  BOOST_TEST(m.gates_all_one());
+}
+
+BOOST_AUTO_TEST_CASE(attribution_equals_exact_patching_where_the_metric_is_linear) {
+  auto t = trained_copy_model();
+  TransformerLM& m = t->model();
+  const std::vector<Batch> held = t->task().held_out(16, 78, 16);
+  const PatchingInputs in = corrupt_one_symbol(held[0], 10, 4);
+  // the logits are a linear function of ln_final's output x (the unembedding W x + b), so in exact
+  // arithmetic exact == attribution. In float32 each is a sum of dot products of the answer rows
+  // of W with x: below gamma(K) times S, the sum of the magnitudes of those terms (K = d_model *
+  // answers + 2 terms at most in one sum), for the metrics of both runs and the span they divide by.
+  const auto [exact, attr] = patch_whole_activation(m, in, "ln_final.hook_normalized");
+  BOOST_TEST(exact == 1.0);  // the whole output of ln_final from the clean run gives the clean logits
+  const std::string name = "ln_final.hook_normalized";
+  EvalScope mode(m);
+  NoGradGuard ng;
+  const Tensor xc = m.run_with_cache(in.clean, name_is(name)).second[name];
+  const Tensor xk = m.run_with_cache(in.corrupted, name_is(name)).second[name];
+  const Tensor& W = m.head.weight;  // (V, D)
+  const int64_t D = W.size(1), T = in.clean.shape[1];
+  double S = 0, span = 0;
+  for (const PatchAnswer& a : in.answers)
+    for (int64_t d = 0; d < D; ++d) {
+      const double w = std::fabs(W.at({a.clean, d})) + std::fabs(W.at({a.corrupted, d}));
+      S += w * (std::fabs(xc.data()[(a.row * T + a.pos) * D + d]) + std::fabs(xk.data()[(a.row * T + a.pos) * D + d]));
+      span += (static_cast<double>(W.at({a.clean, d})) - W.at({a.corrupted, d})) *
+              (static_cast<double>(xc.data()[(a.row * T + a.pos) * D + d]) - xk.data()[(a.row * T + a.pos) * D + d]);
+    }
+  const double n = static_cast<double>(in.answers.size());
+  const double K = static_cast<double>(D) * n + 2;
+  const double bound = 3 * roundoff::gamma(K) * (S / n) / std::fabs(span / n) * (1 + std::fabs(exact));
+  BOOST_TEST(std::fabs(exact - attr) <= bound, "exact " << exact << " attribution " << attr << " bound " << bound);
+}
+
+// ---- hard-concrete L0 gates ---------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(hard_concrete_draws_are_exactly_0_and_1_as_often_as_the_closed_form_says) {
+  const HardConcrete hc;
+  const int64_t N = 100000;
+  for (float log_a : {-1.f, 0.5f, 2.f}) {
+    const Tensor a = Tensor::full({N}, log_a);
+    Tensor noise = Tensor::empty({N});
+    Rng rng(11);
+    for (int64_t i = 0; i < N; ++i) {
+      const double u = hc.eps + (1 - 2 * hc.eps) * rng.uniform();
+      noise.data()[i] = static_cast<float>(std::log(u) - std::log1p(-u));
+    }
+    const Tensor gate = hard_concrete_gate(a, noise, hc);
+    int64_t zeros = 0, ones = 0;
+    for (float v : gate.to_vector()) zeros += v == 0.f, ones += v == 1.f;
+    const double p0 = hard_concrete_p_zero(log_a, hc), p1 = hard_concrete_p_one(log_a, hc);
+    // within 5 binomial standard deviations (the draws are independent)
+    BOOST_TEST(std::fabs(zeros / double(N) - p0) <= 5 * std::sqrt(p0 * (1 - p0) / N), "log_a " << log_a << " p0 " << p0);
+    BOOST_TEST(std::fabs(ones / double(N) - p1) <= 5 * std::sqrt(p1 * (1 - p1) / N), "log_a " << log_a << " p1 " << p1);
+    BOOST_TEST(p0 > 0.01);
+    BOOST_TEST(p1 > 0.01);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(the_evaluation_gate_is_the_clipped_stretched_sigmoid) {
+  const HardConcrete hc;
+  const std::vector<float> a = {-5.f, -2.f, -0.5f, 0.f, 0.7f, 2.f, 4.f};
+  const std::vector<float> g = hard_concrete_eval_gate(Tensor::from({7}, a), hc).to_vector();
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double want = std::clamp(1.0 / (1.0 + std::exp(-a[i])) * (hc.r - hc.l) + hc.l, 0.0, 1.0);
+    BOOST_TEST(g[i] == want, boost::test_tools::tolerance(1e-6));
+  }
+  BOOST_TEST(g.front() == 0.f);  // exactly closed
+  BOOST_TEST(g.back() == 1.f);   // exactly open
+}
+
+BOOST_AUTO_TEST_CASE(the_penalty_and_the_sampled_gate_pass_gradcheck_in_log_a) {
+  const HardConcrete hc;
+  // log_a and noise such that every sample lies strictly inside (0, 1): away from the clip's kinks
+  Tensor log_a = Tensor::from({4}, {-0.3f, 0.2f, 0.9f, 1.4f});
+  log_a.requires_grad_();
+  const Tensor noise = Tensor::from({4}, {0.4f, -0.2f, -0.9f, -1.0f});
+  const std::vector<float> inside = hard_concrete_gate(log_a, noise, hc).to_vector();
+  for (float v : inside) BOOST_TEST((v > 0.05f && v < 0.95f));
+  const GradcheckResult g1 = gradcheck([&](const std::vector<Tensor>& in) { return sum(mul(hard_concrete_gate(in[0], noise, hc), Tensor::from({4}, {1.f, -2.f, 0.5f, 3.f}))); }, {log_a});
+  BOOST_TEST(g1.ok, g1.message);
+  const GradcheckResult g2 = gradcheck([&](const std::vector<Tensor>& in) { return hard_concrete_penalty(in[0], hc); }, {log_a});
+  BOOST_TEST(g2.ok, g2.message);
+  // the penalty is the expected number of open gates: sum of 1 - P(g = 0)
+  double open = 0;
+  for (float a : log_a.to_vector()) open += 1 - hard_concrete_p_zero(a, hc);
+  BOOST_TEST(hard_concrete_penalty(log_a, hc).item() == open, boost::test_tools::tolerance(1e-5));
+}
+
+BOOST_AUTO_TEST_CASE(lambda_zero_keeps_every_head_and_a_large_lambda_closes_all) {
+  auto t = trained_copy_model();
+  const std::vector<Batch> data = t->task().held_out(64, 5, 64);
+  L0Options o;
+  o.steps = 60;
+  o.lambda = 0;
+  TransformerLM& m = t->model();
+  const L0Result keep = l0_finetune(m, t->task(), data, o);
+  BOOST_TEST(keep.heads_kept == 8);
+  o.lambda = 100;
+  const L0Result none = l0_finetune(m, t->task(), data, o);
+  BOOST_TEST(none.heads_kept == 0);
+  for (auto& row : none.gates)
+    for (float g : row) BOOST_TEST(g == 0.f);
+}
