@@ -47,10 +47,10 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
   Trainer trainer(args);
   const TrainArgs& a = trainer.args();
   std::fprintf(stderr, "headlab train: %lld parameters, %d layers x %d heads (d_model %lld, d_head %lld), task %s "
-               "(alphabet %d, length %d..%d), %lld steps, %d threads -> %s\n",
+               "(vocabulary %d, %d tokens per sequence), %lld steps, %d threads -> %s\n",
                static_cast<long long>(trainer.model().num_parameters()), a.model.n_layers, a.model.n_heads,
                static_cast<long long>(a.model.d_model), static_cast<long long>(a.model.head_dim()),
-               a.task.name.c_str(), a.task.alphabet, a.task.min_len, a.task.max_len,
+               a.task.name.c_str(), trainer.task().vocab_size(), trainer.task().seq_len(),
                static_cast<long long>(a.steps), a.threads, a.out.c_str());
   ProgressBar bar("train", a.steps, !quiet && stderr_is_terminal());
   double last_acc = -1;
