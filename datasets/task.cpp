@@ -100,6 +100,21 @@ int64_t Batch::counted_targets() const {
   return n;
 }
 
+void Batch::rows_into(int64_t lo, int64_t hi, Batch& out) const {
+  if (lo < 0 || hi > size() || lo > hi) fail("Batch::rows_into: rows [", lo, ", ", hi, ") of a batch of ", size());
+  const int64_t T = inputs.shape[1];
+  out.inputs.shape = out.targets.shape = Shape{hi - lo, T};
+  out.inputs.data.assign(inputs.data.begin() + lo * T, inputs.data.begin() + hi * T);
+  out.targets.data.assign(targets.data.begin() + lo * T, targets.data.begin() + hi * T);
+  out.prompt_len.assign(prompt_len.begin() + lo, prompt_len.begin() + hi);
+  if (key_padding.defined()) {
+    if (!out.key_padding.defined() || out.key_padding.shape() != Shape{hi - lo, T}) out.key_padding = Tensor::zeros({hi - lo, T});
+    std::copy_n(key_padding.data() + lo * T, (hi - lo) * T, out.key_padding.data());
+  } else {
+    out.key_padding = Tensor();
+  }
+}
+
 std::vector<Batch> Task::held_out(int n, uint64_t seed, int batch_size) const {
   Rng rng(seed);
   std::vector<Batch> out;

@@ -41,6 +41,8 @@ struct Batch {
   std::vector<std::vector<int32_t>> symbols;  // scratch of the copy tasks (x per row)
   int64_t size() const { return inputs.shape[0]; }
   int64_t counted_targets() const;  // targets that count in the loss (not -1)
+  // Rows [lo, hi) into `out`, reusing its buffers (a rank's share of a data-parallel batch).
+  void rows_into(int64_t lo, int64_t hi, Batch& out) const;
 };
 
 class Task {

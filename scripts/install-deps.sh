@@ -18,6 +18,7 @@ PKGS=(
   python3-matplotlib               # plots in the Python guide's example (docs/python.md; tested)
   chromium chromium-driver         # the browser tests of `headlab view` (headless)
   python3-selenium                 #   and the library that drives the browser
+  libopenmpi-dev openmpi-bin       # MPI: sweeps across machines, data-parallel training (mpirun)
 )
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi

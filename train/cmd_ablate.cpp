@@ -12,6 +12,7 @@
 
 #include "lib/fileutil.h"
 #include "train/commands.h"
+#include "train/distributed.h"
 #include "train/sweep.h"
 #include "train/plot.h"
 #include "train/progress.h"
@@ -55,10 +56,19 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
   }
   const std::string out = o.out.empty() ? default_out_dir("ablate") : o.out;
   check_sweep(base, o.sweep, out);  // before the first line of output or any directory
+  // under mpirun the ranks share the runs; rank 0 reports and writes the tables
+  ProcessGroup* group = in_multi_rank_job() ? job() : nullptr;
+  if (group && group->rank() != 0) {
+    run_head_count_sweep(base, o.sweep, out, {}, group);
+    return 0;
+  }
   const int64_t total_steps = static_cast<int64_t>(o.sweep.head_counts.size()) * o.sweep.seeds * base.steps;
   std::fprintf(stderr, "headlab ablate: heads %s x %d seeds, %s, task %s, %lld steps each -> %s\n",
                [&] { std::string s; for (int h : o.sweep.head_counts) s += (s.empty() ? "" : ",") + std::to_string(h); return s; }().c_str(),
                o.sweep.seeds, o.sweep.policy.c_str(), base.task.name.c_str(), static_cast<long long>(base.steps), out.c_str());
+  if (group)
+    std::fprintf(stderr, "headlab ablate: %d ranks take the runs as they become free, %d threads each\n", group->size(),
+                 base.threads);
   ProgressBar bar("ablate", total_steps, !o.quiet && stderr_is_terminal());
   SweepObserver obs;
   obs.on_step = [&](int index, int total, const TrainArgs& run, int64_t step, float loss) {
@@ -75,7 +85,7 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
   };
   std::vector<SweepRun> runs;
   try {
-    runs = run_head_count_sweep(base, o.sweep, out, obs);
+    runs = run_head_count_sweep(base, o.sweep, out, obs, group);
   } catch (const Interrupted& e) {
     bar.finish();
     std::fprintf(stderr, "headlab ablate: interrupted (%s); rerun the same command to continue\n", e.what());

@@ -8,6 +8,7 @@
 #include "lib/safetensors.h"
 #include "train/atlas.h"
 #include "train/commands.h"
+#include "train/distributed.h"
 #include "train/progress.h"
 
 namespace hl {
@@ -44,14 +45,21 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
     args.log_grads_every = log_grads;
     args.dump_grads_at = dump_at;
   }
-  Trainer trainer(args);
+  // under mpirun: data-parallel over the ranks; rank 0 reports and writes every file
+  ProcessGroup* group = in_multi_rank_job() ? job() : nullptr;
+  const bool rank0 = !group || group->rank() == 0;
+  quiet = quiet || !rank0;
+  Trainer trainer(args, nullptr, group);
   const TrainArgs& a = trainer.args();
-  std::fprintf(stderr, "headlab train: %lld parameters, %d layers x %d heads (d_model %lld, d_head %lld), task %s "
+  if (rank0) std::fprintf(stderr, "headlab train: %lld parameters, %d layers x %d heads (d_model %lld, d_head %lld), task %s "
                "(vocabulary %d, %d tokens per sequence), %lld steps, %d threads -> %s\n",
                static_cast<long long>(trainer.model().num_parameters()), a.model.n_layers, a.model.n_heads,
                static_cast<long long>(a.model.d_model), static_cast<long long>(a.model.head_dim()),
                a.task.name.c_str(), trainer.task().vocab_size(), trainer.task().seq_len(),
                static_cast<long long>(a.steps), a.threads, a.out.c_str());
+  if (rank0 && group)
+    std::fprintf(stderr, "headlab train: data-parallel over %d ranks: %d of the %d sequences of each batch per rank\n",
+                 group->size(), a.batch / group->size(), a.batch);
   ProgressBar bar("train", a.steps, !quiet && stderr_is_terminal());
   double last_acc = -1;
   TrainObserver obs;
@@ -69,7 +77,7 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
                    percent(e.token_acc).c_str(), percent(e.exact_match).c_str());
   };
   std::unique_ptr<GradAtlas> atlas;
-  if (a.log_grads_every > 0 || !a.dump_grads_at.empty()) {
+  if (rank0 && (a.log_grads_every > 0 || !a.dump_grads_at.empty())) {
     atlas = std::make_unique<GradAtlas>(a.out, a.log_grads_every, a.dump_grads_at, a.resume);
     atlas->set_probe(trainer.task().held_out(64, a.eval_seed, 64)[0]);
     obs.on_gradients = [&](int64_t step, TransformerLM& m) { atlas->observe(step, m); };
@@ -80,9 +88,11 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
   } catch (const NonFiniteError& e) {
     bar.finish();
     std::fprintf(stderr, "headlab train: %s\n", e.what());
+    if (group) group->abort(3);  // the held-out loss is rank 0's alone: the others may be mid-step
     return 3;
   } catch (const Interrupted& e) {
     bar.finish();
+    if (!rank0) return 130;  // every rank stops at the same step; rank 0 writes
     if (atlas) atlas->finish();
     write_summary(a.out, a, trainer.partial_result(), /*finished=*/false);
     std::fprintf(stderr, "headlab train: interrupted: %s; continue with: headlab train --resume --out %s\n", e.what(),
@@ -90,6 +100,7 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
     return 130;
   }
   bar.finish();
+  if (!rank0) return 0;
   if (atlas) atlas->finish();
   write_summary(a.out, a, r);
   const EvalResult& e = r.final_eval;

@@ -12,6 +12,7 @@
 #include <variant>
 
 #include "train/commands.h"
+#include "train/distributed.h"
 
 namespace hl {
 
@@ -41,7 +42,9 @@ void TrainFlags::add(CLI::App* app, bool with_run_flags, bool with_heads) {
 }
 
 TrainArgs TrainFlags::resolve() const {
-  return resolve_train_flags(values, [this](const std::string& flag) { return given(flag); });
+  TrainArgs a = resolve_train_flags(values, [this](const std::string& flag) { return given(flag); });
+  if (!given("--threads")) a.threads = default_threads(a.threads);  // under mpirun: this rank's share of the cores
+  return a;
 }
 
 int64_t parse_int(const std::string& text, int64_t lo, int64_t hi, const std::string& what) {
@@ -94,7 +97,9 @@ std::string default_out_dir(const std::string& command) {
   const std::time_t t = std::time(nullptr);
   char buf[64];
   std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", std::localtime(&t));
-  return "runs/" + command + "-" + buf;
+  std::string dir = std::string("runs/") + command + "-" + buf;
+  if (in_multi_rank_job()) job()->broadcast(dir);  // the ranks' clocks may read different seconds
+  return dir;
 }
 
 std::string fixed(double v, int decimals) {

@@ -3,9 +3,14 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 
 #include "train/commands.h"
+#include "train/distributed.h"
+#ifdef HEADLAB_HAVE_MPI
+#include "train/mpi_job.h"
+#endif
 
 extern "C" char* openblas_get_corename();
 
@@ -27,6 +32,16 @@ void select_blas_kernels(char** argv) {
   ::setenv("OPENBLAS_CORETYPE", pick, 1);
   ::setenv("HEADLAB_BLAS_CORE_CHOSEN", core.c_str(), 1);
   ::execv("/proc/self/exe", argv);  // if this fails, run on with OpenBLAS's own choice
+}
+// One line naming the error (the rank too, in an MPI job); in an MPI job every rank then ends,
+// so no rank waits forever for one that has given up.
+int report_error(const char* what) {
+  if (hl::in_multi_rank_job() && hl::job()->rank() > 0)
+    std::fprintf(stderr, "headlab: rank %d: error: %s\n", hl::job()->rank(), what);
+  else
+    std::fprintf(stderr, "headlab: error: %s\n", what);
+  if (hl::in_multi_rank_job()) hl::job()->abort(1);
+  return 1;
 }
 }  // namespace
 
@@ -50,14 +65,33 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  // Started by mpirun or srun: join the job. Only train (data-parallel) and ablate (runs shared
+  // among the ranks) work across ranks; the other commands refuse rather than run N times.
+  std::unique_ptr<hl::ProcessGroup> mpi;
+  const int launched_ranks = hl::launcher_world_size();
+#ifdef HEADLAB_HAVE_MPI
+  if (launched_ranks > 0) {
+    mpi = hl::start_mpi_job(argc, argv);
+    hl::set_job(mpi.get());
+  }
+#else
+  if (launched_ranks > 1) {
+    std::fprintf(stderr, "headlab: error: started as one of %d MPI ranks, but this headlab was built without MPI "
+                         "(install libopenmpi-dev and rebuild)\n", launched_ranks);
+    return 1;
+  }
+#endif
+  const std::string command = app.get_subcommands().front()->get_name();
+  if (hl::in_multi_rank_job() && command != "train" && command != "ablate") {
+    if (hl::job()->rank() == 0)
+      std::fprintf(stderr, "headlab: error: headlab %s runs in one process; across MPI ranks only train and ablate "
+                           "run: start it without mpirun\n", command.c_str());
+    return 1;
+  }
   hl::install_stop_handler();
   try {
     return runner ? runner() : 0;
-  } catch (const hl::Error& e) {
-    std::fprintf(stderr, "headlab: error: %s\n", e.what());
-    return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "headlab: error: %s\n", e.what());
-    return 1;
+    return report_error(e.what());
   }
 }

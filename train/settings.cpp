@@ -59,7 +59,7 @@ std::vector<TrainSetting> make_table() {
     {"--momentum", "/momentum", "SGD momentum", FIELD(args.momentum), R::kMustMatch, 0, 0.999999},
     {"--clip", "/clip", "Clip gradients to this global norm; 0 = off", FIELD(args.clip), R::kMustMatch, 0, 1e12},
     {"--seed", "/seed", "Seed of initialisation, data and dropout", FIELD(args.seed), R::kMustMatch, 0, 1.8e19},
-    {"--threads", "/threads", "Threads (OpenMP and OpenBLAS)", FIELD(args.threads), R::kIncidental, 1, 1024},
+    {"--threads", "/threads", "Threads (OpenMP and OpenBLAS); under mpirun: the cores of a node shared among its ranks", FIELD(args.threads), R::kIncidental, 1, 1024},
     {"--eval-every", "/eval_every", "Evaluate on the held-out set every N steps", FIELD(args.eval_every), R::kMayChange, 1, kMany},
     {"--eval-size", "/eval_size", "Held-out sequences", FIELD(args.eval_size), R::kMustMatch, 1, INT_MAX},
     {"--eval-seed", "/eval_seed", "Seed of the held-out set", FIELD(args.eval_seed), R::kMustMatch, 0, 1.8e19},

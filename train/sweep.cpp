@@ -87,8 +87,78 @@ void check_sweep(const TrainArgs& base, const SweepOptions& o, const std::string
     for (int s = 0; s < o.seeds; ++s) check_training_resources(sweep_run_args(base, o, out, h, s));
 }
 
+namespace {
+
+// Trains one run of a sweep to its end, continuing from its checkpoint if it has one.
+void train_run(TrainArgs a, int index, int total, const SweepObserver& obs) {
+  a.resume = file_exists(a.out + "/checkpoint.safetensors");
+  Trainer t(a);
+  TrainObserver to;
+  if (obs.on_step) to.on_step = [&](int64_t step, int64_t, float loss, double) { obs.on_step(index, total, a, step, loss); };
+  try {
+    write_summary(a.out, t.args(), t.run(to));
+  } catch (const Interrupted&) {
+    write_summary(a.out, t.args(), t.partial_result(), /*finished=*/false);
+    throw;
+  }
+}
+
+std::vector<SweepRun> sweep_across_ranks(const TrainArgs& base, const SweepOptions& o, const std::string& out,
+                                         const SweepObserver& obs, ProcessGroup& group) {
+  std::vector<std::pair<int, int>> all;  // (heads, seed index) in the single-process order
+  for (int h : o.head_counts)
+    for (int s = 0; s < o.seeds; ++s) all.push_back({h, s});
+  const int total = static_cast<int>(all.size());
+  // Rank 0 checks the sweep, holds its directory and decides which runs are left; it tells the
+  // others, and every rank then takes runs from that list.
+  std::unique_ptr<DirLock> lock;
+  std::string todo_text;
+  if (group.rank() == 0) {
+    check_sweep(base, o, out);
+    make_dirs(out + "/runs");
+    lock = std::make_unique<DirLock>(out);
+    json todo = json::array();
+    for (int i = 0; i < total; ++i) {
+      const TrainArgs a = sweep_run_args(base, o, out, all[i].first, all[i].second);
+      reuse_only_if_same_settings(a.out, a, o.force, "--force");
+      if (!run_finished(a.out)) todo.push_back(i);
+    }
+    todo_text = todo.dump();
+  }
+  group.broadcast(todo_text);
+  const std::vector<int> todo = json::parse(todo_text).get<std::vector<int>>();
+  const std::vector<std::string> made = group.share_work(static_cast<int>(todo.size()), [&](int item) {
+    const int i = todo[static_cast<size_t>(item)];
+    const TrainArgs a = sweep_run_args(base, o, out, all[i].first, all[i].second);
+    train_run(a, i + 1, total, group.rank() == 0 ? obs : SweepObserver{});
+    return json{{"summary", read_file(a.out + "/summary.json")}, {"metrics", read_file(a.out + "/metrics.jsonl")}}.dump();
+  });
+  if (group.rank() != 0) return {};
+  for (size_t k = 0; k < todo.size(); ++k) {
+    // a run made on another machine (no shared filesystem): its files into rank 0's `out`,
+    // summary last (it marks the run finished)
+    const TrainArgs a = sweep_run_args(base, o, out, all[todo[k]].first, all[todo[k]].second);
+    if (run_finished(a.out)) continue;
+    const json files = json::parse(made[k]);
+    make_dirs(a.out);
+    write_file_atomic(a.out + "/metrics.jsonl", files.at("metrics").get<std::string>());
+    write_file_atomic(a.out + "/summary.json", files.at("summary").get<std::string>());
+  }
+  std::vector<SweepRun> runs;
+  for (int i = 0; i < total; ++i) {
+    const TrainArgs a = sweep_run_args(base, o, out, all[i].first, all[i].second);
+    runs.push_back(read_run(a.out, all[i].first, a.seed));
+    runs.back().reused = std::find(todo.begin(), todo.end(), i) == todo.end();
+    if (obs.on_run) obs.on_run(i + 1, total, runs.back());
+  }
+  return runs;
+}
+
+}  // namespace
+
 std::vector<SweepRun> run_head_count_sweep(const TrainArgs& base, const SweepOptions& o, const std::string& out,
-                                           const SweepObserver& obs) {
+                                           const SweepObserver& obs, ProcessGroup* group) {
+  if (group && group->size() > 1) return sweep_across_ranks(base, o, out, obs, *group);
   check_sweep(base, o, out);  // before any directory is made
   make_dirs(out + "/runs");
   const DirLock lock(out);
@@ -98,21 +168,10 @@ std::vector<SweepRun> run_head_count_sweep(const TrainArgs& base, const SweepOpt
   for (int h : o.head_counts)
     for (int s = 0; s < o.seeds; ++s) {
       ++index;
-      TrainArgs a = sweep_run_args(base, o, out, h, s);
+      const TrainArgs a = sweep_run_args(base, o, out, h, s);
       reuse_only_if_same_settings(a.out, a, o.force, "--force");
       const bool finished = run_finished(a.out);
-      if (!finished) {
-        a.resume = file_exists(a.out + "/checkpoint.safetensors");
-        Trainer t(a);
-        TrainObserver to;
-        if (obs.on_step) to.on_step = [&](int64_t step, int64_t, float loss, double) { obs.on_step(index, total, a, step, loss); };
-        try {
-          write_summary(a.out, t.args(), t.run(to));
-        } catch (const Interrupted&) {
-          write_summary(a.out, t.args(), t.partial_result(), /*finished=*/false);
-          throw;
-        }
-      }
+      if (!finished) train_run(a, index, total, obs);
       runs.push_back(read_run(a.out, h, a.seed));
       runs.back().reused = finished;
       if (obs.on_run) obs.on_run(index, total, runs.back());

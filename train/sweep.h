@@ -42,7 +42,12 @@ TrainArgs sweep_run_args(const TrainArgs& base, const SweepOptions& o, const std
 void check_sweep(const TrainArgs& base, const SweepOptions& o, const std::string& out);
 // Runs (or reads back) every run, in head-count order then seed order. Throws Interrupted after
 // writing the interrupted run's checkpoint and summary (rerunning continues it).
+// With a group of several ranks (an MPI job) the runs left to do are shared among the ranks,
+// each rank taking the next one as it becomes free; every run is trained alone as in a single
+// process, so the results are the same bits. Rank 0 gets every run back (and writes the files of
+// runs made on other machines into its own copy of `out` when it does not see them), the other
+// ranks an empty vector.
 std::vector<SweepRun> run_head_count_sweep(const TrainArgs& base, const SweepOptions& o, const std::string& out,
-                                           const SweepObserver& obs = {});
+                                           const SweepObserver& obs = {}, ProcessGroup* group = nullptr);
 
 }  // namespace hl

@@ -15,6 +15,7 @@
 #include <set>
 #include <sstream>
 
+#include "lib/autograd.h"
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
 #include "train/settings.h"
@@ -227,14 +228,22 @@ void reuse_only_if_same_settings(const std::string& dir, const TrainArgs& args, 
 
 Trainer::Trainer(TrainArgs args) : Trainer(std::move(args), nullptr) {}
 
-Trainer::Trainer(TrainArgs args, std::unique_ptr<Task> task) : args_(std::move(args)), task_(std::move(task)), data_rng_(0) {
+Trainer::Trainer(TrainArgs args, std::unique_ptr<Task> task, ProcessGroup* group)
+    : args_(std::move(args)), task_(std::move(task)), data_rng_(0) {
+  if (group && group->size() > 1) {
+    if (args_.batch < group->size())
+      fail("--batch ", args_.batch, " is smaller than the ", group->size(), " ranks: each rank needs at least one row");
+    group_ = group;
+  }
   check_training_resources(args_, task_.get());  // before anything is allocated or created
   if (!task_) task_ = make_task(args_.task);
   args_.model = model_for(args_, *task_);
   if (!args_.out.empty()) {
-    make_dirs(args_.out);
-    lock_ = std::make_unique<DirLock>(args_.out);
-    remove_stale_temp_files(args_.out);
+    if (writes_files()) {
+      make_dirs(args_.out);
+      lock_ = std::make_unique<DirLock>(args_.out);
+      remove_stale_temp_files(args_.out);
+    }
     if (!args_.resume && file_exists(checkpoint_path()))
       fail(args_.out, " already holds a run (checkpoint.safetensors): pass --resume to continue it, "
                       "or choose another --out");
@@ -283,7 +292,7 @@ void Trainer::check_weights_finite(int64_t step, int64_t last_ckpt) const {
 }
 
 void Trainer::save(int64_t step, double wall_s) {
-  if (args_.out.empty()) return;
+  if (!writes_files()) return;
   NamedTensors extra;
   for (auto& [name, t] : opt_->state()) extra.push_back({"optim." + name, t});
   json state = {{"step", step},
@@ -362,13 +371,18 @@ std::pair<float, float> train_step(TransformerLM& model, Optimizer& opt, const B
   Tensor loss = cross_entropy(logits, batch.targets);
   loss.backward();
   const float loss_v = loss.item();
+  return {loss_v, apply_gradients(model, opt, loss_v, clip, on_gradients)};
+}
+
+float apply_gradients(TransformerLM& model, Optimizer& opt, float loss, float clip,
+                      const std::function<void(TransformerLM&)>& on_gradients) {
   const float norm = clip_grad_norm(opt.params(), clip);
-  if (std::isfinite(loss_v) && std::isfinite(norm)) {
+  if (std::isfinite(loss) && std::isfinite(norm)) {
     if (on_gradients) on_gradients(model);
     opt.step();
   }
   opt.zero_grad();
-  return {loss_v, norm};
+  return norm;
 }
 
 void finetune(TransformerLM& model, const Task& task, int steps, float lr, int batch, uint64_t seed) {
@@ -389,7 +403,50 @@ void finetune(TransformerLM& model, const Task& task, int steps, float lr, int b
 std::pair<float, float> Trainer::step_at(int64_t step, const std::function<void(TransformerLM&)>& on_gradients) {
   opt_->lr = sched_.at(step);
   task_->sample_into(batch_, args_.batch, data_rng_);
+  if (group_) return data_parallel_step(on_gradients);
   return train_step(*model_, *opt_, batch_, args_.clip, on_gradients);
+}
+
+std::pair<float, float> Trainer::data_parallel_step(const std::function<void(TransformerLM&)>& on_gradients) {
+  // This rank's rows of the global batch. Its mean loss is weighted by its share of the batch's
+  // counted targets, so the gradients summed over the ranks are those of the global batch's
+  // mean loss, as one process computes them up to the order of the additions.
+  const int64_t B = batch_.size(), rank = group_->rank(), ranks = group_->size();
+  batch_.rows_into(B * rank / ranks, B * (rank + 1) / ranks, shard_);
+  const int64_t mine = shard_.counted_targets(), all = batch_.counted_targets();
+  float weighted_loss = 0;
+  if (mine > 0) {
+    ForwardOptions fo;
+    fo.key_padding = shard_.key_padding;
+    const Tensor logits = model_->forward(shard_.inputs, fo);  // (B / ranks, T, V)
+    const Tensor loss = cross_entropy(logits, shard_.targets) * (static_cast<float>(mine) / static_cast<float>(all));
+    loss.backward();
+    weighted_loss = loss.item();
+  }
+  // Every gradient, the weighted loss and this rank's stop request in one buffer, summed over
+  // the ranks in rank order: every rank then takes the same step and stops at the same one.
+  const std::vector<NamedParam>& params = opt_->params();
+  int64_t n = 2;
+  for (const NamedParam& p : params) n += p.param.numel();
+  summed_.resize(static_cast<size_t>(n));  // allocates on the first step only
+  float* at = summed_.data();
+  for (const NamedParam& p : params) {
+    const Tensor g = p.param.grad();
+    if (g.defined()) std::copy_n(g.data(), g.numel(), at);
+    else std::fill_n(at, p.param.numel(), 0.f);
+    at += p.param.numel();
+  }
+  at[0] = weighted_loss;
+  at[1] = stop_requested() ? 1.f : 0.f;
+  group_->sum_in_rank_order(summed_.data(), n);
+  at = summed_.data();
+  for (const NamedParam& p : params) {
+    if (float* g = grad_buffer(p.param)) std::copy_n(at, p.param.numel(), g);
+    at += p.param.numel();
+  }
+  const float loss_v = at[0];  // 0 when no rank has a counted target, as cross_entropy gives
+  group_stop_ = at[1] > 0;
+  return {loss_v, apply_gradients(*model_, *opt_, loss_v, args_.clip, on_gradients)};
 }
 
 std::pair<float, float> Trainer::step(const std::function<void(TransformerLM&)>& on_gradients) {
@@ -420,7 +477,7 @@ TrainResult Trainer::run(const TrainObserver& obs) {
   res.params = model_->num_parameters();
   double wall_offset = 0;
   int64_t start = 0;
-  const std::string metrics_path = args_.out.empty() ? "" : args_.out + "/metrics.jsonl";
+  const std::string metrics_path = writes_files() ? args_.out + "/metrics.jsonl" : "";
   if (args_.resume) {
     start = restore(wall_offset);
     if (start > args_.steps)
@@ -489,7 +546,9 @@ TrainResult Trainer::run(const TrainObserver& obs) {
       obs.on_step(step + 1, args_.steps, loss_v, secs > 0 ? window_tokens / secs : 0);
     }
     const bool last = step + 1 == args_.steps;
-    if ((step + 1) % args_.eval_every == 0 || last) {
+    // with data-parallel ranks rank 0 alone evaluates (the weights are the same on every rank)
+    const bool evaluates = !group_ || group_->rank() == 0;
+    if (evaluates && ((step + 1) % args_.eval_every == 0 || last)) {
       const double secs = std::chrono::duration<double>(clock::now() - window_start).count();
       const double tps = secs > 0 ? window_tokens / secs : 0;
       EvalResult e = evaluate(*model_, *task_, held_out_, args_.eval_autoregressive || last);
@@ -510,7 +569,7 @@ TrainResult Trainer::run(const TrainObserver& obs) {
       window_start = clock::now();
       window_tokens = 0;
     }
-    const bool stop = stop_requested();
+    const bool stop = group_ ? group_stop_ : stop_requested();
     if ((step + 1) % args_.checkpoint_every == 0 || last || stop) {
       check_weights_finite(step + 1, last_ckpt);  // nothing non-finite is ever checkpointed
       save(step + 1, wall());
@@ -534,7 +593,7 @@ TrainResult Trainer::run(const TrainObserver& obs) {
   res.peak_rss_kb = peak_rss_kb();
   res.peak_tensor_bytes = pool_stats().bytes_peak;
   if (!res.curve.empty()) res.final_eval = res.curve.back().second;
-  if (start >= args_.steps) {  // resumed a finished run: evaluate once more for the summary
+  if (start >= args_.steps && (!group_ || group_->rank() == 0)) {  // resumed a finished run: evaluate once more
     res.final_eval = evaluate(*model_, *task_, held_out_, true);
   }
   return res;

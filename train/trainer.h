@@ -12,6 +12,7 @@
 #include "lib/optim.h"
 #include "models/transformer.h"
 #include "analysis/evaluate.h"
+#include "train/distributed.h"
 
 namespace hl {
 
@@ -105,8 +106,12 @@ void reuse_only_if_same_settings(const std::string& dir, const TrainArgs& args, 
 class Trainer {
  public:
   explicit Trainer(TrainArgs args);
-  // With a task built by the caller (e.g. token arrays from Python) instead of args.task's.
-  Trainer(TrainArgs args, std::unique_ptr<Task> task);
+  // With a task built by the caller (e.g. token arrays from Python) instead of args.task's
+  // (null: args.task's). With a group of several ranks the run is data-parallel: every rank
+  // draws the same global batch of args.batch rows and takes its share of the rows, the
+  // gradients are summed across the ranks before clipping, and only rank 0 evaluates and
+  // writes files. A group of one rank changes nothing.
+  Trainer(TrainArgs args, std::unique_ptr<Task> task, ProcessGroup* group = nullptr);
   // Trains from the start or the last checkpoint to args.steps. Throws NonFiniteError,
   // Interrupted (after writing the checkpoint) or Error (e.g. a metrics write failed).
   TrainResult run(const TrainObserver& obs = {});
@@ -130,6 +135,8 @@ class Trainer {
   void check_weights_finite(int64_t step, int64_t last_ckpt) const;
   int64_t restore(double& wall_s);  // returns the step to continue from
   std::pair<float, float> step_at(int64_t step, const std::function<void(TransformerLM&)>& on_gradients);
+  std::pair<float, float> data_parallel_step(const std::function<void(TransformerLM&)>& on_gradients);
+  bool writes_files() const { return !args_.out.empty() && (!group_ || group_->rank() == 0); }
   TrainArgs args_;
   std::unique_ptr<Task> task_;
   std::unique_ptr<TransformerLM> model_;
@@ -143,6 +150,10 @@ class Trainer {
   TrainResult partial_;
   int64_t manual_step_ = -1;  // step()'s position; -1 = not started
   bool ran_ = false;
+  ProcessGroup* group_ = nullptr;  // data-parallel ranks (more than one), or null
+  Batch shard_;                    // this rank's rows of batch_
+  std::vector<float> summed_;      // gradients, loss and stop requests summed over the ranks
+  bool group_stop_ = false;        // a rank asked to stop: all stop after this step
 };
 
 long peak_rss_kb();
@@ -157,6 +168,10 @@ bool run_finished(const std::string& dir);
 // the loss and the gradient norm before clipping. Non-finite values skip the update.
 std::pair<float, float> train_step(TransformerLM& model, Optimizer& opt, const Batch& batch, float clip,
                                    const std::function<void(TransformerLM&)>& on_gradients = {});
+// The second half of a step, once the gradients are in: clip, step (unless the loss or the norm is
+// not finite), zero_grad; returns the gradient norm before clipping.
+float apply_gradients(TransformerLM& model, Optimizer& opt, float loss, float clip,
+                      const std::function<void(TransformerLM&)>& on_gradients);
 // Fine-tunes a model in place for `steps` AdamW steps at a constant lr (used by prune).
 void finetune(TransformerLM& model, const Task& task, int steps, float lr, int batch, uint64_t seed);
 std::string eval_json(int64_t step, const EvalResult& e, float lr, double tokens_per_s, double wall_s);

@@ -1,0 +1,166 @@
+// ProcessGroup over MPI (MPI_COMM_WORLD). Linked only into the headlab executable.
+#include "train/mpi_job.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+
+#include "train/trainer.h"  // Interrupted
+
+namespace hl {
+
+namespace {
+
+enum Tag : int { kAskForWork = 1, kWorkItem = 2, kWorkResult = 3 };
+
+class MpiJob : public ProcessGroup {
+ public:
+  MpiJob() {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    MPI_Comm node;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+    MPI_Comm_size(node, &ranks_on_node_);
+    MPI_Comm_free(&node);
+  }
+  ~MpiJob() override { MPI_Finalize(); }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int ranks_on_node() const override { return ranks_on_node_; }
+
+  void sum_in_rank_order(float* data, int64_t n) override {
+    if (size_ == 1) return;
+    // Gather each rank's values and add them locally in rank order (the same on every rank), a
+    // chunk at a time so the buffer stays bounded: for small models this costs about what an
+    // allreduce does, and unlike an allreduce its result never depends on the algorithm chosen.
+    const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 22) / size_);  // 16 MiB gathered per round
+    const int64_t c_max = std::min(chunk, n);
+    if (static_cast<int64_t>(gathered_.size()) < c_max * size_) gathered_.resize(static_cast<size_t>(c_max * size_));
+    for (int64_t off = 0; off < n; off += chunk) {
+      const int c = static_cast<int>(std::min(chunk, n - off));
+      MPI_Allgather(data + off, c, MPI_FLOAT, gathered_.data(), c, MPI_FLOAT, MPI_COMM_WORLD);
+      float* out = data + off;
+      for (int i = 0; i < c; ++i) {
+        float s = gathered_[static_cast<size_t>(i)];
+        for (int r = 1; r < size_; ++r) s += gathered_[static_cast<size_t>(r) * c + i];
+        out[i] = s;
+      }
+    }
+  }
+
+  void broadcast(std::string& text) override {
+    long long len = static_cast<long long>(text.size());
+    MPI_Bcast(&len, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+    text.resize(static_cast<size_t>(len));
+    if (len > 0) MPI_Bcast(text.data(), static_cast<int>(len), MPI_CHAR, 0, MPI_COMM_WORLD);
+  }
+
+  std::vector<std::string> share_work(int n, const std::function<std::string(int)>& work) override {
+    if (rank_ != 0) {
+      for (;;) {
+        int item = -1;
+        MPI_Send(nullptr, 0, MPI_INT, 0, kAskForWork, MPI_COMM_WORLD);
+        MPI_Recv(&item, 1, MPI_INT, 0, kWorkItem, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        if (item < 0) return {};
+        run_or_abort([&] {
+          // the item's index, then its text, in one message
+          const std::string text = work(item);
+          std::string msg(sizeof(int), '\0');
+          std::copy_n(reinterpret_cast<const char*>(&item), sizeof(int), msg.data());
+          msg += text;
+          MPI_Send(msg.data(), static_cast<int>(msg.size()), MPI_CHAR, 0, kWorkResult, MPI_COMM_WORLD);
+        });
+      }
+    }
+    // Rank 0 works too: a thread of its own answers the other ranks (it alone calls MPI while it
+    // runs: MPI_THREAD_SERIALIZED) and sleeps between polls, so it costs no core.
+    std::vector<std::string> results(static_cast<size_t>(n));
+    std::mutex m;
+    int next = 0;
+    auto take = [&] {
+      std::lock_guard<std::mutex> lock(m);
+      return next < n ? next++ : -1;
+    };
+    std::thread server([&] {
+      int told_done = 0;
+      std::string buf;
+      while (told_done < size_ - 1) {
+        int flag = 0;
+        MPI_Status st;
+        MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &flag, &st);
+        if (!flag) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          continue;
+        }
+        if (st.MPI_TAG == kAskForWork) {
+          MPI_Recv(nullptr, 0, MPI_INT, st.MPI_SOURCE, kAskForWork, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+          const int item = take();
+          if (item < 0) ++told_done;
+          MPI_Send(&item, 1, MPI_INT, st.MPI_SOURCE, kWorkItem, MPI_COMM_WORLD);
+        } else {  // a result: a rank sends it before asking again, so all are in when all are done
+          int count = 0;
+          MPI_Get_count(&st, MPI_CHAR, &count);
+          buf.resize(static_cast<size_t>(count));
+          MPI_Recv(buf.data(), count, MPI_CHAR, st.MPI_SOURCE, kWorkResult, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+          int item = 0;
+          std::copy_n(buf.data(), sizeof(int), reinterpret_cast<char*>(&item));
+          std::lock_guard<std::mutex> lock(m);
+          results[static_cast<size_t>(item)] = buf.substr(sizeof(int));
+        }
+      }
+    });
+    // an error here must not unwind past the running thread: it ends the job instead
+    run_or_abort([&] {
+      for (int item; (item = take()) >= 0;) {
+        std::string text = work(item);
+        std::lock_guard<std::mutex> lock(m);
+        results[static_cast<size_t>(item)] = std::move(text);
+      }
+    });
+    server.join();
+    return results;
+  }
+
+  [[noreturn]] void abort(int code) override {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);  // not reached
+  }
+
+ private:
+  template <typename F>
+  void run_or_abort(F&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "headlab: rank %d: error: %s\n", rank_, e.what());
+      abort(dynamic_cast<const Interrupted*>(&e) ? 130 : 1);
+    }
+  }
+
+  int rank_ = 0, size_ = 1, ranks_on_node_ = 1;
+  std::vector<float> gathered_;
+};
+
+}  // namespace
+
+std::unique_ptr<ProcessGroup> start_mpi_job(int& argc, char**& argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  auto j = std::make_unique<MpiJob>();
+  if (provided < MPI_THREAD_SERIALIZED && j->size() > 1) {
+    std::fprintf(stderr, "headlab: error: this MPI library does not allow calls from a second thread "
+                         "(MPI_THREAD_SERIALIZED), which sweeps across ranks need\n");
+    j->abort(1);
+  }
+  return j;
+}
+
+}  // namespace hl
