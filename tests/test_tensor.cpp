@@ -3,6 +3,8 @@
 
 #include "lib/fastmath.h"
 #include "lib/ops.h"
+#include "lib/rng.h"
+#include "tests/roundoff.h"
 
 using namespace hl;
 
@@ -183,4 +185,45 @@ BOOST_AUTO_TEST_CASE(fast_math_matches_libm_within_the_documented_bounds) {
   BOOST_TEST(std::isnan(hl::exp_fast(NAN)));
   BOOST_TEST(std::isnan(hl::erf_rational(NAN)));
   BOOST_TEST(hl::erf_rational(30.f) == hl::erf_rational(4.f));
+}
+
+// gemm (every product goes through it: OpenBLAS, or our kernel for NN products with 3..8 columns
+// past a multiple of 16) against a float64 product, within gamma(K + 2) of the summed magnitudes:
+// every transpose combination, widths on both sides of each switch, strided operands, beta 0
+// (C holds NaN and must not be read) and beta 1.
+BOOST_AUTO_TEST_CASE(gemm_matches_float64_for_every_shape_class) {
+  Rng rng(5);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (int64_t M : {1, 5, 8, 13, 33})
+        for (int64_t N : {1, 2, 3, 4, 7, 8, 9, 12, 16, 19, 24, 27, 40})
+          for (int64_t K : {1, 7, 32, 33, 70})
+            for (float beta : {0.f, 1.f}) {
+              const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 2, ldc = N + 5;  // strided
+              std::vector<float> A((ta ? K : M) * lda), B((tb ? N : K) * ldb), C(M * ldc);
+              for (float& v : A) v = rng.uniform() * 2 - 1;
+              for (float& v : B) v = rng.uniform() * 2 - 1;
+              for (float& v : C) v = beta == 0.f ? NAN : rng.uniform() * 2 - 1;
+              const std::vector<float> C0 = C;
+              const float alpha = 0.75f;
+              gemm(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+              bool ok = true;
+              for (int64_t i = 0; i < M; ++i)
+                for (int64_t j = 0; j < N; ++j) {
+                  double ref = 0, mag = 0;
+                  for (int64_t k = 0; k < K; ++k) {
+                    const double a = ta ? A[k * lda + i] : A[i * lda + k], b = tb ? B[j * ldb + k] : B[k * ldb + j];
+                    ref += a * b;
+                    mag += std::fabs(a * b);
+                  }
+                  const double c0 = beta == 0.f ? 0.0 : C0[i * ldc + j];
+                  ref = alpha * ref + beta * c0;
+                  const double bound = roundoff::gamma(static_cast<double>(K + 2)) * (alpha * mag + std::fabs(c0));
+                  ok = ok && std::fabs(C[i * ldc + j] - ref) <= bound;
+                }
+              for (int64_t i = 0; i < M; ++i)  // the padding between rows of C is untouched
+                for (int64_t j = N; j < ldc; ++j)
+                  ok = ok && (std::isnan(C0[i * ldc + j]) ? std::isnan(C[i * ldc + j]) : C[i * ldc + j] == C0[i * ldc + j]);
+              BOOST_TEST(ok, "gemm ta " << ta << " tb " << tb << " M " << M << " N " << N << " K " << K << " beta " << beta);
+            }
 }
