@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -33,12 +34,16 @@ struct BenchConfig {
   int64_t d_ff = 256;
   int batch = 64;
   int64_t T = 33;
+  int64_t vocab = 13;  // the copy task's
 };
 
 BenchConfig named_config(const std::string& s) {
   if (s == "S") return {"S", 64, 2, 4, 256, 64, 33};
   if (s == "M") return {"M", 256, 4, 8, 1024, 32, 128};
   if (s == "L") return {"L", 768, 2, 12, 3072, 8, 128};
+  // the varcopy study model (ablate's default) with 1, 4 and 16 heads: PyTorch's torch_step.py
+  // has the same configs
+  if (s == "V1" || s == "V4" || s == "V16") return {s, 32, 2, std::stoi(s.substr(1)), 128, 64, 33, 67};
   // custom: d_model,layers,heads,d_ff,batch,T
   BenchConfig c;
   c.name = s;
@@ -46,14 +51,13 @@ BenchConfig named_config(const std::string& s) {
   std::stringstream ss(s);
   std::string tok;
   while (std::getline(ss, tok, ','))
-    v.push_back(parse_int(tok, 1, 1 << 24, "--config '" + s + "' (S, M, L or d_model,layers,heads,d_ff,batch,T)"));
-  if (v.size() != 6) fail("--config: '", s, "' is neither S, M, L nor d_model,layers,heads,d_ff,batch,T");
+    v.push_back(parse_int(tok, 1, 1 << 24, "--config '" + s + "' (S, M, L, V1, V4, V16 or d_model,layers,heads,d_ff,batch,T)"));
+  if (v.size() != 6) fail("--config: '", s, "' is neither S, M, L, V1, V4, V16 nor d_model,layers,heads,d_ff,batch,T");
   c.d_model = v[0], c.layers = static_cast<int>(v[1]), c.heads = static_cast<int>(v[2]);
   c.d_ff = v[3], c.batch = static_cast<int>(v[4]), c.T = v[5];
   return c;
 }
 
-constexpr int64_t kVocab = 13;
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -62,7 +66,7 @@ double median(std::vector<double> v) {
 
 // FLOP formulas of ../shared/bench/gpt.py.
 double matmul_weights(const BenchConfig& c) {
-  return c.layers * (4.0 * c.d_model * c.d_model + 2.0 * c.d_model * c.d_ff) + c.d_model * kVocab;
+  return c.layers * (4.0 * c.d_model * c.d_model + 2.0 * c.d_model * c.d_ff) + c.d_model * c.vocab;
 }
 double train_flops(const BenchConfig& c) {
   return 6 * matmul_weights(c) * c.batch * c.T + 12.0 * c.layers * c.batch * c.T * c.T * c.d_model;
@@ -75,7 +79,7 @@ double fwd_flops(const BenchConfig& c) {
 json bench_one(const BenchConfig& bc, int threads, int steps, int warmup, bool profile) {
   set_num_threads(threads);
   ModelConfig c;
-  c.vocab_size = kVocab;
+  c.vocab_size = bc.vocab;
   c.d_model = bc.d_model;
   c.n_layers = bc.layers;
   c.n_heads = bc.heads;
@@ -93,9 +97,9 @@ json bench_one(const BenchConfig& bc, int threads, int steps, int warmup, bool p
   for (int i = 0; i < 8; ++i) {
     Ids in(Shape{bc.batch, bc.T}), tg(Shape{bc.batch, bc.T});
     for (int64_t b = 0; b < bc.batch; ++b) {
-      int32_t prev = static_cast<int32_t>(rng.below(kVocab));
+      int32_t prev = static_cast<int32_t>(rng.below(static_cast<uint32_t>(bc.vocab)));
       for (int64_t t = 0; t < bc.T; ++t) {
-        const int32_t next = static_cast<int32_t>(rng.below(kVocab));
+        const int32_t next = static_cast<int32_t>(rng.below(static_cast<uint32_t>(bc.vocab)));
         in.at(b, t) = prev;
         tg.at(b, t) = next;
         prev = next;
@@ -216,8 +220,24 @@ struct BenchOpts {
   bool profile = false, json_out = false;
   std::string one;
   bool peak = false;
+  bool sweep = false;  // also time the default head-count sweep (headlab ablate)
   std::string out_json;
 };
+
+// Wall time of the default `headlab ablate` (15 runs) in a fresh directory, on `threads` threads.
+double time_default_sweep(int threads) {
+  char dir[] = "/tmp/headlab-bench-sweep-XXXXXX";
+  if (!::mkdtemp(dir)) fail("bench: cannot make a temporary directory for the sweep");
+  const std::string cmd = "'" + self_exe() + "' ablate --quiet --threads " + std::to_string(threads) + " --out '" +
+                          std::string(dir) + "/sweep' >/dev/null";
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = std::system(cmd.c_str());
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (rc != 0) fail("bench: the sweep failed: ", cmd);
+  return secs;
+}
 
 int run_bench(const BenchOpts& o) {
   if (!o.one.empty()) {  // child mode
@@ -274,6 +294,15 @@ int run_bench(const BenchOpts& o) {
       std::printf("  %s: %d -> %d threads: %.2fx faster\n", c.c_str(), o.threads.front(), n, tn > 0 ? t1 / tn : 0);
     }
   }
+  if (o.sweep) {
+    std::fprintf(stderr, "  running the default sweep (headlab ablate: 5 head counts x 3 seeds x 600 steps)...\n");
+    std::printf("\ndefault sweep (headlab ablate, 15 runs of varcopy), wall time:");
+    for (int t : o.threads) {
+      const double secs = time_default_sweep(t);
+      std::printf("  %d thread%s %.1f s", t, t > 1 ? "s" : "", secs);
+    }
+    std::printf("\n");
+  }
   if (o.profile) {
     std::printf("\nper-op breakdown of one training step (ms, mean of 5 steps):\n");
     std::vector<std::vector<std::string>> prow = {{"category"}};
@@ -300,12 +329,15 @@ int run_bench(const BenchOpts& o) {
 void add_bench_command(CLI::App& app, CommandRunner& runner) {
   CLI::App* sub = app.add_subcommand("bench", "Time training steps and forwards of the benchmark configs S, M, L (or your own), with a per-op profile");
   auto o = std::make_shared<BenchOpts>();
-  sub->add_option("--config", o->configs, "S, M, L or d_model,layers,heads,d_ff,batch,T")
+  sub->add_option("--config", o->configs,
+                  "S, M, L (the speed configs), V1, V4, V16 (ablate's varcopy model with 1, 4, 16 heads) or "
+                  "d_model,layers,heads,d_ff,batch,T")
       ->delimiter(' ')->capture_default_str();
   sub->add_option("--threads", o->threads, "Thread counts to run, e.g. --threads 1 2")->capture_default_str();
   sub->add_option("--steps", o->steps, "Timed steps (after warm-up)")->capture_default_str();
   sub->add_option("--warmup", o->warmup, "Warm-up steps")->capture_default_str();
   sub->add_flag("--profile", o->profile, "Add a per-op breakdown of a training step");
+  sub->add_flag("--sweep", o->sweep, "Also time the default head-count sweep (headlab ablate, about a minute)");
   sub->add_option("--json", o->out_json, "Also write all results to this JSON file");
   sub->add_option("--one", o->one, "(internal) run one config in this process and print JSON")->group("");
   sub->add_flag("--peak", o->peak, "(internal) measure the sgemm peak and print JSON")->group("");
