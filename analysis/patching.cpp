@@ -27,6 +27,18 @@ PatchingInputs corrupt_one_symbol(const Batch& b, int alphabet, uint64_t seed) {
         if (b.targets.at(r, t) == s) ++answers, at = t;
       if (in_prompt == 1 && answers == 1 && at >= p) choices.push_back({p, at});
     }
+    if (prompt == 0)  // language-modelling rows (tokens, text): the source may be anywhere before
+      for (int64_t p = 0; p < T; ++p) {
+        // a symbol the model has seen once, at p, when it must predict it at `at`
+        const int32_t s = b.inputs.at(r, p);
+        if (s < 0 || s >= alphabet) continue;
+        int64_t at = p + 1;
+        while (at < T && b.targets.at(r, at) != s) ++at;
+        if (at >= T) continue;
+        int seen = 0;
+        for (int64_t t = 0; t <= at; ++t) seen += b.inputs.at(r, t) == s;
+        if (seen == 1) choices.push_back({p, at});
+      }
     std::vector<int32_t> unused;
     for (int32_t s = 0; s < alphabet; ++s)
       if (!used.count(s)) unused.push_back(s);

@@ -24,8 +24,10 @@ struct PatchingInputs {
 // From a task's held-out batch: in each row, one source symbol (unique in the row, and its copy
 // counted exactly once among the targets) is replaced by a symbol the row does not use; the
 // answer is the target position of that copy. For tasks whose rows repeat their prompt (copy,
-// reverse, varcopy, induction). `alphabet` = the symbols that may be used; rows with no such
-// symbol are left out. Fails when no row qualifies.
+// reverse, varcopy, induction); in rows without a prompt (tokens, text) the source is a symbol
+// seen exactly once up to a later position whose target it is (e.g. the first copy of a repeat).
+// `alphabet` = the symbols that may be used; rows with no such symbol are left out. Fails when no
+// row qualifies.
 PatchingInputs corrupt_one_symbol(const Batch& batch, int alphabet, uint64_t seed);
 
 // Mean over answers of logits[row, pos, clean] - logits[row, pos, corrupted]: a one-element tensor,

@@ -51,6 +51,8 @@ class Task {
   virtual ~Task() = default;
   const TaskConfig& config() const { return cfg_; }
   virtual int vocab_size() const = 0;
+  // Ids 0..n-1 are ordinary symbols (BOS, SEP and PAD come after them): what a corruption may use.
+  virtual int symbols() const { return cfg_.alphabet; }
   virtual int seq_len() const = 0;  // model input length T
   // A training batch drawn with rng into b, reusing its buffers (the training loop's steady
   // state allocates nothing).

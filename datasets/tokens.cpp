@@ -184,6 +184,7 @@ class TokensTask : public Task {
            " holds the id ", top, ", outside the vocabulary 0..", vocab_ - 1);
   }
   int vocab_size() const override { return vocab_; }
+  int symbols() const override { return vocab_; }  // no special tokens
   int seq_len() const override { return static_cast<int>(train_.T); }
 
   void sample_into(Batch& b, int batch_size, Rng& rng) const override {

@@ -793,7 +793,7 @@ PYBIND11_MODULE(_core, m) {
      "TransformerLens-style detector scores (L, H): previous_token, duplicate_token or induction");
   m.def("activation_patching", [](TransformerLM& model, const PyTask& task, const PyData& data, uint64_t seed) {
     if (data.batches.empty()) throw py::value_error("activation_patching: no data");
-    const PatchingInputs in = corrupt_one_symbol(data.batches[0], task.task->config().alphabet, seed);
+    const PatchingInputs in = corrupt_one_symbol(data.batches[0], task.task->symbols(), seed);
     PatchingResult r;
     {
       py::gil_scoped_release release;

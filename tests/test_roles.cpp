@@ -4,6 +4,7 @@
 #include <boost/test/unit_test.hpp>
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "analysis/circuits.h"
 #include "analysis/detectors.h"
@@ -184,6 +185,27 @@ BOOST_AUTO_TEST_CASE(patching_the_clean_activation_gives_one_and_the_corrupted_g
     for (double v : r.z_exact[l]) BOOST_TEST(std::isfinite(v));
   BOOST_TEST(std::isfinite(r.z_correlation));
   BOOST_TEST(m.gates_all_one());
+}
+
+BOOST_AUTO_TEST_CASE(rows_without_a_prompt_corrupt_a_symbol_seen_once_before_it_is_predicted) {
+  // a language-modelling row (tokens, text): 5 1 2 3 9 1 2 3, loss on the repeat's 2 and 3
+  Batch b;
+  b.inputs = Ids(Shape{1, 8}, {5, 1, 2, 3, 9, 1, 2, 3});
+  b.targets = Ids(Shape{1, 8}, {-1, -1, -1, -1, -1, 2, 3, -1});
+  std::set<std::pair<int64_t, int64_t>> seen;  // (source, answer) over seeds
+  for (uint64_t seed = 0; seed < 40; ++seed) {
+    const PatchingInputs in = corrupt_one_symbol(b, 12, seed);
+    BOOST_REQUIRE(in.answers.size() == 1u);
+    const int64_t p = in.source_pos[0], at = in.answers[0].pos;
+    seen.insert({p, at});
+    BOOST_TEST(in.answers[0].clean == b.inputs.at(0, p));
+    BOOST_TEST(b.targets.at(0, at) == in.answers[0].clean);
+    const int32_t c = in.answers[0].corrupted;  // a symbol the row does not use
+    BOOST_TEST((c >= 0 && c < 12 && c != 1 && c != 2 && c != 3 && c != 5 && c != 9));
+    for (int64_t t = 0; t < 8; ++t) BOOST_TEST(in.corrupted.at(0, t) == (t == p ? c : b.inputs.at(0, t)));
+  }
+  // 2 at 2 answers at 5, 3 at 3 answers at 6; 1 is seen twice before any answer, 5 and 9 never
+  BOOST_TEST((seen == std::set<std::pair<int64_t, int64_t>>{{2, 5}, {3, 6}}));
 }
 
 BOOST_AUTO_TEST_CASE(attribution_equals_exact_patching_where_the_metric_is_linear) {

@@ -132,7 +132,7 @@ int run_patch(const RoleOpts& o) {
   Loaded m = load(o);
   const Task& task = task_of(m, o.checkpoint);
   const std::vector<Batch> held = task.held_out(o.examples, o.seed, o.examples);
-  const PatchingInputs in = corrupt_one_symbol(held[0], m.config.alphabet, o.seed);
+  const PatchingInputs in = corrupt_one_symbol(held[0], task.symbols(), o.seed);
   const PatchingResult r = activation_patching(*m.model, in);
   make_dirs(out);
   std::printf("activation patching, %zu rows of task %s (one source symbol corrupted); logit difference clean %.4f, "
