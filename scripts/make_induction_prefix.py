@@ -40,6 +40,7 @@ def main():
         ids[r, m:m + n] = block
         ids[r, m + n:m + 2 * n] = block
         mask[r, m + n:m + 2 * n - 1] = 1
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     write_safetensors(a.out, {"input_ids": ids, "loss_mask": mask})
     print(f"wrote {a.out}: {a.rows} rows of {a.length} tokens")
 

@@ -78,12 +78,15 @@ bool plot_heatmap_grid(const std::string& path, const std::string& title, int gr
   const int cell = m <= 16 ? std::clamp(40 * m + 140, 260, 600) : std::clamp(14 * m + 120, 220, 420);
   std::ostringstream gp;
   const double aspect = maps.empty() ? 1.0 : std::min(1.0, static_cast<double>(maps[0].rows) / std::max(1, maps[0].cols));
-  const int panel_h = static_cast<int>(cell * aspect) + (aspect < 1.0 ? 130 : 0);
+  // Square cells, unless the map is so wide (a few heads over hundreds of steps) that square
+  // cells would make a strip: then the panel keeps a height of 0.4 its width.
+  const double shown = std::max(aspect, 0.4);
+  const int panel_h = static_cast<int>(cell * shown) + (shown < 1.0 ? 130 : 0);
   gp << "set terminal pngcairo size " << grid_cols * cell + 80 << "," << grid_rows * panel_h + 60
      << " font 'sans,8'\nset output '" << (dir / "out.png").string() << "'\n"
      << "set palette defined (0 '#ffffff', 0.25 '#c6dbef', 0.5 '#6baed6', 0.75 '#2171b5', 1 '#08306b')\n"
      << "set multiplot layout " << grid_rows << "," << grid_cols << " title " << quote(title) << "\n"
-     << "set size ratio -1\nset tics scale 0\n";
+     << (aspect < shown ? "set size ratio " + std::to_string(shown) : std::string("set size ratio -1")) << "\nset tics scale 0\n";
   for (size_t m = 0; m < maps.size(); ++m) {
     const Heatmap& h = maps[m];
     const fs::path data = dir / ("m" + std::to_string(m) + ".dat");
