@@ -106,7 +106,8 @@ void Batch::rows_into(int64_t lo, int64_t hi, Batch& out) const {
   out.inputs.shape = out.targets.shape = Shape{hi - lo, T};
   out.inputs.data.assign(inputs.data.begin() + lo * T, inputs.data.begin() + hi * T);
   out.targets.data.assign(targets.data.begin() + lo * T, targets.data.begin() + hi * T);
-  out.prompt_len.assign(prompt_len.begin() + lo, prompt_len.begin() + hi);
+  if (prompt_len.empty()) out.prompt_len.clear();  // a batch made by hand may have none
+  else out.prompt_len.assign(prompt_len.begin() + lo, prompt_len.begin() + hi);
   if (key_padding.defined()) {
     if (!out.key_padding.defined() || out.key_padding.shape() != Shape{hi - lo, T}) out.key_padding = Tensor::zeros({hi - lo, T});
     std::copy_n(key_padding.data() + lo * T, (hi - lo) * T, out.key_padding.data());

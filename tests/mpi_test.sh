@@ -34,11 +34,13 @@ else:
     print(json.dumps(strip(json.load(open(path))), sort_keys=True))
 EOF
 }
-same_results() {  # same_results NAME FILE_A FILE_B
+same_results() {  # same_results NAME FILE_A FILE_B (both must exist and hold results)
+  if [ ! -s "$2" ] || [ ! -s "$3" ]; then bad "$1 (missing or empty: $2 / $3)"; return; fi
   if cmp -s <(results "$2") <(results "$3"); then ok "$1"; else bad "$1"; diff <(results "$2") <(results "$3") | head -6; fi
 }
 
-small="--d-model 32 --layers 2 --heads 4 --d-ff 64 --batch 32 --eval-size 200 --eval-every 10 --threads 1 --quiet"
+# constant lr after 5 warmup steps: a run resumed with more --steps follows the same schedule
+small="--d-model 32 --layers 2 --heads 4 --d-ff 64 --batch 32 --eval-size 200 --eval-every 10 --threads 1 --quiet --schedule constant --warmup 5"
 
 # ---- sweeps: ranks take runs as they become free; tables equal the single-process sweep's
 "$HL" ablate --quick --threads 1 --quiet --out one >one.log 2>&1 || bad "1-process ablate --quick" one.log
@@ -47,8 +49,8 @@ grep -q "2 ranks take the runs" two.log && ok "2-rank ablate says it shares the 
 for f in ablation.csv ablation_runs.csv ablation.json; do same_results "2-rank ablate --quick: $f as one process" "one/$f" "two/$f"; done
 for d in one/runs/*; do same_results "2-rank ablate: $(basename "$d") metrics as one process" "$d/metrics.jsonl" "two/runs/$(basename "$d")/metrics.jsonl"; done
 # rerun with another number of ranks: every run is finished and read back
-"${MPIRUN[@]}" -np 2 "$HL" ablate --quick --threads 1 --out one >rerun.log 2>&1 && grep -q "already done" rerun.log \
-  && ok "rerun of a finished sweep under 2 ranks reads every run back" || bad "rerun under 2 ranks" rerun.log
+"${MPIRUN[@]}" -np 2 "$HL" ablate --quick --threads 1 --out one >rerun.log 2>&1 && [ "$(grep -c "already done" rerun.log)" = 5 ] \
+  && ok "rerun of a finished sweep under 2 ranks reads all 5 runs back" || bad "rerun under 2 ranks" rerun.log
 # an interrupted sweep: remove two finished runs, rerun under 2 ranks: only they are trained again
 rm -rf one/runs/H4-seed0 one/runs/H16-seed0
 "${MPIRUN[@]}" -np 2 "$HL" ablate --quick --threads 1 --out one >resume.log 2>&1 || bad "2-rank sweep resume" resume.log
@@ -85,8 +87,28 @@ EOF
 tail -1 dp1/metrics.jsonl >dp1.last.jsonl; tail -1 dpr/metrics.jsonl >dpr.last.jsonl
 same_results "2-rank resume: final metrics equal the uninterrupted 2-rank run" dp1.last.jsonl dpr.last.jsonl
 cmp -s dp1/model.safetensors dpr/model.safetensors && ok "2-rank resume: identical weights" || bad "2-rank resume: weights differ"
-grep -q ", 1 threads ->" <("${MPIRUN[@]}" -np 2 "$HL" train --d-model 16 --layers 1 --heads 2 --d-ff 16 --batch 4 --eval-size 8 --steps 1 --out thr 2>&1) \
+# --bind-to none: each rank may use both cores, so the 1 comes from sharing them, not from binding
+grep -q ", 1 threads ->" <("${MPIRUN[@]}" --bind-to none -np 2 "$HL" train --d-model 16 --layers 1 --heads 2 --d-ff 16 --batch 4 --eval-size 8 --steps 1 --out thr 2>&1) \
   && ok "under mpirun -np 2 each rank takes 1 of the 2 cores by default" || bad "threads per rank"
+
+# dropout: masks come from (seed, step, rank), so a resumed run draws the same ones
+"${MPIRUN[@]}" -np 2 "$HL" train $small --dropout 0.1 --steps 30 --out do1 >do1.log 2>&1 || bad "2-rank train with dropout" do1.log
+"${MPIRUN[@]}" -np 2 "$HL" train $small --dropout 0.1 --steps 20 --checkpoint-every 10 --out do2 >do2.log 2>&1 || bad "2-rank dropout to 20" do2.log
+"${MPIRUN[@]}" -np 2 "$HL" train --resume --steps 30 --quiet --out do2 >do3.log 2>&1 || bad "2-rank dropout resume" do3.log
+cmp -s do1/model.safetensors do2/model.safetensors && ok "2-rank dropout run resumes bit for bit" || bad "2-rank dropout resume differs"
+
+# ---- Ctrl-C: every rank stops at the same step, rank 0 writes the checkpoint and an unfinished summary
+"${MPIRUN[@]}" -np 2 "$HL" train $small --steps 1000000 --checkpoint-every 100000 --out cc >cc.log 2>&1 &
+mp=$!
+for _ in $(seq 1 300); do grep -q '"step":20' cc/metrics.jsonl 2>/dev/null && break; sleep 0.1; done
+kill -INT $mp
+for _ in $(seq 1 300); do kill -0 $mp 2>/dev/null || break; sleep 0.1; done
+if kill -0 $mp 2>/dev/null; then bad "2-rank train still running 30 s after Ctrl-C" cc.log; pkill -9 -P $mp; kill -9 $mp; fi
+wait $mp
+grep -q "interrupted: stopped at step .*continue with: mpirun -np 2 headlab train --resume" cc.log \
+  && python3 -c "import json,sys; s=json.load(open('cc/summary.json')); sys.exit(0 if s['finished'] is False and s['steps'] > 0 else 1)" \
+  && "$HL" grads --checkpoint cc/checkpoint.safetensors --task copy --batch-size 4 --out cc.grads.safetensors >/dev/null 2>&1 \
+  && ok "Ctrl-C under 2 ranks: one stop step, checkpoint and unfinished summary written" || bad "Ctrl-C under 2 ranks" cc.log
 
 # ---- a rank that dies ends the job (non-zero, within 30 s), and the last checkpoint loads
 "${MPIRUN[@]}" -np 2 "$HL" train $small --steps 100000 --checkpoint-every 5 --out dead >dead.log 2>&1 &

@@ -31,6 +31,7 @@ TrainArgs resume_args(TrainFlags& flags, const std::string& out) {
   TrainArgs r = resume_with_flags(stored, flags.resolve(), [&](const std::string& f) { return flags.given(f); }, path);
   r.out = out;
   r.resume = true;
+  if (!flags.given("--threads")) r.threads = default_threads(r.threads);  // under mpirun: this rank's share
   return r;
 }
 
@@ -95,8 +96,9 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
     if (!rank0) return 130;  // every rank stops at the same step; rank 0 writes
     if (atlas) atlas->finish();
     write_summary(a.out, a, trainer.partial_result(), /*finished=*/false);
-    std::fprintf(stderr, "headlab train: interrupted: %s; continue with: headlab train --resume --out %s\n", e.what(),
-                 a.out.c_str());
+    const std::string launcher = group ? "mpirun -np " + std::to_string(group->size()) + " " : "";
+    std::fprintf(stderr, "headlab train: interrupted: %s; continue with: %sheadlab train --resume --out %s\n", e.what(),
+                 launcher.c_str(), a.out.c_str());
     return 130;
   }
   bar.finish();

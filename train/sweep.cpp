@@ -130,6 +130,9 @@ std::vector<SweepRun> sweep_across_ranks(const TrainArgs& base, const SweepOptio
   const std::vector<std::string> made = group.share_work(static_cast<int>(todo.size()), [&](int item) {
     const int i = todo[static_cast<size_t>(item)];
     const TrainArgs a = sweep_run_args(base, o, out, all[i].first, all[i].second);
+    // this rank's copy of the run (its own disk, without a shared filesystem) must be of the same
+    // settings before it is continued
+    reuse_only_if_same_settings(a.out, a, o.force, "--force");
     train_run(a, i + 1, total, group.rank() == 0 ? obs : SweepObserver{});
     return json{{"summary", read_file(a.out + "/summary.json")}, {"metrics", read_file(a.out + "/metrics.jsonl")}}.dump();
   });

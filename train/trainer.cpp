@@ -403,17 +403,23 @@ void finetune(TransformerLM& model, const Task& task, int steps, float lr, int b
 std::pair<float, float> Trainer::step_at(int64_t step, const std::function<void(TransformerLM&)>& on_gradients) {
   opt_->lr = sched_.at(step);
   task_->sample_into(batch_, args_.batch, data_rng_);
-  if (group_) return data_parallel_step(on_gradients);
+  if (group_) return data_parallel_step(step, on_gradients);
   return train_step(*model_, *opt_, batch_, args_.clip, on_gradients);
 }
 
-std::pair<float, float> Trainer::data_parallel_step(const std::function<void(TransformerLM&)>& on_gradients) {
+std::pair<float, float> Trainer::data_parallel_step(int64_t step,
+                                                    const std::function<void(TransformerLM&)>& on_gradients) {
   // This rank's rows of the global batch. Its mean loss is weighted by its share of the batch's
   // counted targets, so the gradients summed over the ranks are those of the global batch's
   // mean loss, as one process computes them up to the order of the additions.
   const int64_t B = batch_.size(), rank = group_->rank(), ranks = group_->size();
   batch_.rows_into(B * rank / ranks, B * (rank + 1) / ranks, shard_);
   const int64_t mine = shard_.counted_targets(), all = batch_.counted_targets();
+  // Dropout masks of this rank's rows: from (seed, step, rank), so the ranks draw different masks
+  // and a resumed run draws the same ones (the checkpoint holds rank 0's generator only).
+  if (args_.model.dropout > 0.f || args_.model.attn_dropout > 0.f)
+    model_->dropout_rng.seed_with((args_.seed * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(step) << 20) ^
+                                  static_cast<uint64_t>(rank) ^ 0xD9D9u);
   float weighted_loss = 0;
   if (mine > 0) {
     ForwardOptions fo;
@@ -423,10 +429,13 @@ std::pair<float, float> Trainer::data_parallel_step(const std::function<void(Tra
     loss.backward();
     weighted_loss = loss.item();
   }
-  // Every gradient, the weighted loss and this rank's stop request in one buffer, summed over
-  // the ranks in rank order: every rank then takes the same step and stops at the same one.
+  // Every gradient, whether this rank has it, the weighted loss and this rank's stop request in
+  // one buffer, summed over the ranks in rank order: every rank then takes the same step and
+  // stops at the same one. A parameter no rank has a gradient for keeps none (the optimizer
+  // skips it, as in one process).
   const std::vector<NamedParam>& params = opt_->params();
-  int64_t n = 2;
+  const int64_t np = static_cast<int64_t>(params.size());
+  int64_t n = np + 2;
   for (const NamedParam& p : params) n += p.param.numel();
   summed_.resize(static_cast<size_t>(n));  // allocates on the first step only
   float* at = summed_.data();
@@ -436,14 +445,20 @@ std::pair<float, float> Trainer::data_parallel_step(const std::function<void(Tra
     else std::fill_n(at, p.param.numel(), 0.f);
     at += p.param.numel();
   }
+  float* has = at;  // (np) 1 where this rank has the gradient
+  for (int64_t i = 0; i < np; ++i) has[i] = params[static_cast<size_t>(i)].param.grad().defined() ? 1.f : 0.f;
+  at += np;
   at[0] = weighted_loss;
   at[1] = stop_requested() ? 1.f : 0.f;
   group_->sum_in_rank_order(summed_.data(), n);
-  at = summed_.data();
-  for (const NamedParam& p : params) {
-    if (float* g = grad_buffer(p.param)) std::copy_n(at, p.param.numel(), g);
-    at += p.param.numel();
+  const float* sum = summed_.data();
+  for (int64_t i = 0; i < np; ++i) {
+    const Tensor& p = params[static_cast<size_t>(i)].param;
+    if (has[i] > 0.f)
+      if (float* g = grad_buffer(p)) std::copy_n(sum, p.numel(), g);
+    sum += p.numel();
   }
+  at = summed_.data() + n - 2;
   const float loss_v = at[0];  // 0 when no rank has a counted target, as cross_entropy gives
   group_stop_ = at[1] > 0;
   return {loss_v, apply_gradients(*model_, *opt_, loss_v, args_.clip, on_gradients)};

@@ -135,7 +135,7 @@ class Trainer {
   void check_weights_finite(int64_t step, int64_t last_ckpt) const;
   int64_t restore(double& wall_s);  // returns the step to continue from
   std::pair<float, float> step_at(int64_t step, const std::function<void(TransformerLM&)>& on_gradients);
-  std::pair<float, float> data_parallel_step(const std::function<void(TransformerLM&)>& on_gradients);
+  std::pair<float, float> data_parallel_step(int64_t step, const std::function<void(TransformerLM&)>& on_gradients);
   bool writes_files() const { return !args_.out.empty() && (!group_ || group_->rank() == 0); }
   TrainArgs args_;
   std::unique_ptr<Task> task_;
