@@ -58,7 +58,6 @@ BenchConfig named_config(const std::string& s) {
   return c;
 }
 
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];

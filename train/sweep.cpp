@@ -105,9 +105,9 @@ void train_run(TrainArgs a, int index, int total, const SweepObserver& obs) {
 
 std::vector<SweepRun> sweep_across_ranks(const TrainArgs& base, const SweepOptions& o, const std::string& out,
                                          const SweepObserver& obs, ProcessGroup& group) {
-  std::vector<std::pair<int, int>> all;  // (heads, seed index) in the single-process order
+  std::vector<TrainArgs> all;  // every run, in the single-process order
   for (int h : o.head_counts)
-    for (int s = 0; s < o.seeds; ++s) all.push_back({h, s});
+    for (int s = 0; s < o.seeds; ++s) all.push_back(sweep_run_args(base, o, out, h, s));
   const int total = static_cast<int>(all.size());
   // Rank 0 checks the sweep, holds its directory and decides which runs are left; it tells the
   // others, and every rank then takes runs from that list.
@@ -119,9 +119,8 @@ std::vector<SweepRun> sweep_across_ranks(const TrainArgs& base, const SweepOptio
     lock = std::make_unique<DirLock>(out);
     json todo = json::array();
     for (int i = 0; i < total; ++i) {
-      const TrainArgs a = sweep_run_args(base, o, out, all[i].first, all[i].second);
-      reuse_only_if_same_settings(a.out, a, o.force, "--force");
-      if (!run_finished(a.out)) todo.push_back(i);
+      reuse_only_if_same_settings(all[i].out, all[i], o.force, "--force");
+      if (!run_finished(all[i].out)) todo.push_back(i);
     }
     todo_text = todo.dump();
   }
@@ -129,10 +128,10 @@ std::vector<SweepRun> sweep_across_ranks(const TrainArgs& base, const SweepOptio
   const std::vector<int> todo = json::parse(todo_text).get<std::vector<int>>();
   const std::vector<std::string> made = group.share_work(static_cast<int>(todo.size()), [&](int item) {
     const int i = todo[static_cast<size_t>(item)];
-    const TrainArgs a = sweep_run_args(base, o, out, all[i].first, all[i].second);
-    // this rank's copy of the run (its own disk, without a shared filesystem) must be of the same
-    // settings before it is continued
-    reuse_only_if_same_settings(a.out, a, o.force, "--force");
+    const TrainArgs& a = all[i];
+    // another rank's copy of the run (its own disk, without a shared filesystem) must be of the
+    // same settings before it is continued; rank 0 checked its own above
+    if (group.rank() != 0) reuse_only_if_same_settings(a.out, a, o.force, "--force");
     train_run(a, i + 1, total, group.rank() == 0 ? obs : SweepObserver{});
     return json{{"summary", read_file(a.out + "/summary.json")}, {"metrics", read_file(a.out + "/metrics.jsonl")}}.dump();
   });
@@ -140,17 +139,16 @@ std::vector<SweepRun> sweep_across_ranks(const TrainArgs& base, const SweepOptio
   for (size_t k = 0; k < todo.size(); ++k) {
     // a run made on another machine (no shared filesystem): its files into rank 0's `out`,
     // summary last (it marks the run finished)
-    const TrainArgs a = sweep_run_args(base, o, out, all[todo[k]].first, all[todo[k]].second);
-    if (run_finished(a.out)) continue;
+    const std::string& dir = all[todo[k]].out;
+    if (run_finished(dir)) continue;
     const json files = json::parse(made[k]);
-    make_dirs(a.out);
-    write_file_atomic(a.out + "/metrics.jsonl", files.at("metrics").get<std::string>());
-    write_file_atomic(a.out + "/summary.json", files.at("summary").get<std::string>());
+    make_dirs(dir);
+    write_file_atomic(dir + "/metrics.jsonl", files.at("metrics").get<std::string>());
+    write_file_atomic(dir + "/summary.json", files.at("summary").get<std::string>());
   }
   std::vector<SweepRun> runs;
   for (int i = 0; i < total; ++i) {
-    const TrainArgs a = sweep_run_args(base, o, out, all[i].first, all[i].second);
-    runs.push_back(read_run(a.out, all[i].first, a.seed));
+    runs.push_back(read_run(all[i].out, all[i].model.n_heads, all[i].seed));
     runs.back().reused = std::find(todo.begin(), todo.end(), i) == todo.end();
     if (obs.on_run) obs.on_run(i + 1, total, runs.back());
   }

@@ -363,12 +363,16 @@ void write_summary(const std::string& out, const TrainArgs& args, const TrainRes
   write_file_atomic(out + "/summary.json", j.dump(2) + "\n");
 }
 
-std::pair<float, float> train_step(TransformerLM& model, Optimizer& opt, const Batch& batch, float clip,
-                                   const std::function<void(TransformerLM&)>& on_gradients) {
+Tensor batch_loss(TransformerLM& model, const Batch& batch) {
   ForwardOptions fo;
   fo.key_padding = batch.key_padding;
-  Tensor logits = model.forward(batch.inputs, fo);  // (B, T, V)
-  Tensor loss = cross_entropy(logits, batch.targets);
+  const Tensor logits = model.forward(batch.inputs, fo);  // (B, T, V)
+  return cross_entropy(logits, batch.targets);
+}
+
+std::pair<float, float> train_step(TransformerLM& model, Optimizer& opt, const Batch& batch, float clip,
+                                   const std::function<void(TransformerLM&)>& on_gradients) {
+  const Tensor loss = batch_loss(model, batch);
   loss.backward();
   const float loss_v = loss.item();
   return {loss_v, apply_gradients(model, opt, loss_v, clip, on_gradients)};
@@ -422,10 +426,7 @@ std::pair<float, float> Trainer::data_parallel_step(int64_t step,
                                   static_cast<uint64_t>(rank) ^ 0xD9D9u);
   float weighted_loss = 0;
   if (mine > 0) {
-    ForwardOptions fo;
-    fo.key_padding = shard_.key_padding;
-    const Tensor logits = model_->forward(shard_.inputs, fo);  // (B / ranks, T, V)
-    const Tensor loss = cross_entropy(logits, shard_.targets) * (static_cast<float>(mine) / static_cast<float>(all));
+    const Tensor loss = batch_loss(*model_, shard_) * (static_cast<float>(mine) / static_cast<float>(all));
     loss.backward();
     weighted_loss = loss.item();
   }
@@ -439,14 +440,15 @@ std::pair<float, float> Trainer::data_parallel_step(int64_t step,
   for (const NamedParam& p : params) n += p.param.numel();
   summed_.resize(static_cast<size_t>(n));  // allocates on the first step only
   float* at = summed_.data();
-  for (const NamedParam& p : params) {
-    const Tensor g = p.param.grad();
+  float* has = summed_.data() + n - 2 - np;  // (np) 1 where this rank has the gradient
+  for (int64_t i = 0; i < np; ++i) {
+    const Tensor& p = params[static_cast<size_t>(i)].param;
+    const Tensor g = p.grad();
     if (g.defined()) std::copy_n(g.data(), g.numel(), at);
-    else std::fill_n(at, p.param.numel(), 0.f);
-    at += p.param.numel();
+    else std::fill_n(at, p.numel(), 0.f);
+    has[i] = g.defined() ? 1.f : 0.f;
+    at += p.numel();
   }
-  float* has = at;  // (np) 1 where this rank has the gradient
-  for (int64_t i = 0; i < np; ++i) has[i] = params[static_cast<size_t>(i)].param.grad().defined() ? 1.f : 0.f;
   at += np;
   at[0] = weighted_loss;
   at[1] = stop_requested() ? 1.f : 0.f;
@@ -562,8 +564,7 @@ TrainResult Trainer::run(const TrainObserver& obs) {
     }
     const bool last = step + 1 == args_.steps;
     // with data-parallel ranks rank 0 alone evaluates (the weights are the same on every rank)
-    const bool evaluates = !group_ || group_->rank() == 0;
-    if (evaluates && ((step + 1) % args_.eval_every == 0 || last)) {
+    if (leads() && ((step + 1) % args_.eval_every == 0 || last)) {
       const double secs = std::chrono::duration<double>(clock::now() - window_start).count();
       const double tps = secs > 0 ? window_tokens / secs : 0;
       EvalResult e = evaluate(*model_, *task_, held_out_, args_.eval_autoregressive || last);
@@ -608,7 +609,7 @@ TrainResult Trainer::run(const TrainObserver& obs) {
   res.peak_rss_kb = peak_rss_kb();
   res.peak_tensor_bytes = pool_stats().bytes_peak;
   if (!res.curve.empty()) res.final_eval = res.curve.back().second;
-  if (start >= args_.steps && (!group_ || group_->rank() == 0)) {  // resumed a finished run: evaluate once more
+  if (start >= args_.steps && leads()) {  // resumed a finished run: evaluate once more for the summary
     res.final_eval = evaluate(*model_, *task_, held_out_, true);
   }
   return res;

@@ -136,7 +136,8 @@ class Trainer {
   int64_t restore(double& wall_s);  // returns the step to continue from
   std::pair<float, float> step_at(int64_t step, const std::function<void(TransformerLM&)>& on_gradients);
   std::pair<float, float> data_parallel_step(int64_t step, const std::function<void(TransformerLM&)>& on_gradients);
-  bool writes_files() const { return !args_.out.empty() && (!group_ || group_->rank() == 0); }
+  bool leads() const { return !group_ || group_->rank() == 0; }  // alone, or rank 0: evaluates and writes
+  bool writes_files() const { return !args_.out.empty() && leads(); }
   TrainArgs args_;
   std::unique_ptr<Task> task_;
   std::unique_ptr<TransformerLM> model_;
@@ -164,6 +165,8 @@ void write_summary(const std::string& out_dir, const TrainArgs& args, const Trai
 // Whether `dir` holds a finished run (a summary.json that does not say finished: false).
 bool run_finished(const std::string& dir);
 
+// The mean cross-entropy of a batch's counted targets (forward with its padding mask).
+Tensor batch_loss(TransformerLM& model, const Batch& batch);
 // One optimisation step on a batch (forward, loss, backward, clip, step, zero_grad); returns
 // the loss and the gradient norm before clipping. Non-finite values skip the update.
 std::pair<float, float> train_step(TransformerLM& model, Optimizer& opt, const Batch& batch, float clip,
