@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <vector>
 
 
 #include "lib/autograd.h"
@@ -147,9 +148,167 @@ void masked_softmax_row(float* row, int64_t ke, const AttnDims& d, int64_t b, in
   for (int64_t j = 0; j < ke; ++j) row[j] *= inv;
 }
 
+
+// ---- Small heads -----------------------------------------------------------------------------
+// At d_head <= 4 a (batch, head) slice is a 33 x 33 product of rank 2-4. Along a row of keys
+// that is too little work for the row's softmax reductions (max, sum, dot: horizontal, with
+// long latency chains) and far too little for six sgemm calls per slice. These kernels put 16
+// query rows in the 16 lanes of a register and walk the keys one at a time: every reduction of
+// the softmax and its backward is then a plain vertical add or max. The slice's weights are kept
+// transposed, (Tk, Tq), in P's storage; `pattern` gets them in the usual layout. Used with the
+// causal mask and key padding, not with an additive mask or attention dropout.
+#ifdef __AVX512F__
+constexpr int64_t kSmallHeadMax = 4, kSmallKeysMax = 128;
+
+// One (batch, head) slice, forward. q, k, v: (T, dh) at their row strides; pad (Tk): keys to
+// hide where nonzero, or null; PT (Tk, Tq) receives the weights transposed, o (Tq, dh) at
+// stride ldo the output g P V.
+void small_head_forward(const AttnDims& d, bool causal, const float* pad, float scale, float g, const float* q,
+                        const float* k, const float* v, float* PT, float* o) {
+  alignas(64) float st[kSmallKeysMax * 16];  // scores, then exponentials: (key, lane)
+  alignas(64) float ot[kSmallHeadMax * 16];
+  for (int64_t i0 = 0; i0 < d.Tq; i0 += 16) {
+    const __mmask16 rows = first_lanes(d.Tq - i0);
+    __m512 qt[kSmallHeadMax];  // scale q^T for these rows: (dh, lanes)
+    for (int64_t c = 0; c < d.dh; ++c)
+      qt[c] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), rows,
+                                       _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                          _mm512_set1_epi32(static_cast<int>(d.ldq()))),
+                                       q + i0 * d.ldq() + c, 4);
+    for (int64_t c = 0; c < d.dh; ++c) qt[c] = _mm512_mul_ps(qt[c], _mm512_set1_ps(scale));
+    // lane l (query i0 + l) sees keys j <= i0 + l + (Tk - Tq) under the causal mask
+    const __m512i lane_last = _mm512_add_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                               _mm512_set1_epi32(static_cast<int>(i0 + d.Tk - d.Tq)));
+    // keys no row of this block sees (causal) are skipped: their weights are stored as zeros
+    const int64_t kend = causal ? std::max<int64_t>(0, std::min(d.Tk, i0 + 16 + (d.Tk - d.Tq))) : d.Tk;
+    for (int64_t j = kend; j < d.Tk; ++j) _mm512_mask_storeu_ps(PT + j * d.Tq + i0, rows, _mm512_setzero_ps());
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < kend; ++j) {
+      __m512 sj = _mm512_setzero_ps();
+      for (int64_t c = 0; c < d.dh; ++c) sj = _mm512_fmadd_ps(qt[c], _mm512_set1_ps(k[j * d.ldkv() + c]), sj);
+      __mmask16 vis = pad && pad[j] != 0.f ? __mmask16(0) : rows;
+      if (causal) vis &= _mm512_cmp_epi32_mask(_mm512_set1_epi32(static_cast<int>(j)), lane_last, _MM_CMPINT_LE);
+      sj = _mm512_mask_blend_ps(vis, _mm512_set1_ps(-INFINITY), sj);
+      _mm512_store_ps(st + 16 * j, sj);
+      mx = _mm512_max_ps(mx, sj);
+    }
+    // rows that see nothing get zero weights, not NaN
+    const __mmask16 any = _mm512_cmp_ps_mask(mx, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+    mx = _mm512_maskz_mov_ps(any, mx);
+    alignas(64) float m[16];
+    _mm512_store_ps(m, mx);
+    for (int64_t j = 0; j < kend; ++j) {
+      float* e = st + 16 * j;
+#pragma omp simd aligned(e, m : 64)
+      for (int64_t l = 0; l < 16; ++l) e[l] = exp_fast(e[l] - m[l]);  // exp(-inf) = 0: hidden keys
+    }
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < kend; ++j) sum = _mm512_add_ps(sum, _mm512_load_ps(st + 16 * j));
+    const __m512 inv = _mm512_maskz_div_ps(any, _mm512_set1_ps(1.f), sum);
+    __m512 acc[kSmallHeadMax];
+    for (int64_t c = 0; c < d.dh; ++c) acc[c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < kend; ++j) {
+      const __m512 pj = _mm512_mul_ps(_mm512_load_ps(st + 16 * j), inv);
+      _mm512_mask_storeu_ps(PT + j * d.Tq + i0, rows, pj);
+      for (int64_t c = 0; c < d.dh; ++c) acc[c] = _mm512_fmadd_ps(pj, _mm512_set1_ps(v[j * d.ldkv() + c]), acc[c]);
+    }
+    for (int64_t c = 0; c < d.dh; ++c) _mm512_store_ps(ot + 16 * c, _mm512_mul_ps(acc[c], _mm512_set1_ps(g)));
+    for (int64_t l = 0; l < std::min<int64_t>(16, d.Tq - i0); ++l)
+      for (int64_t c = 0; c < d.dh; ++c) o[(i0 + l) * d.ldo() + c] = ot[16 * c + l];
+  }
+}
+
+// One (batch, head) slice, backward, from the transposed weights PT (Tk, Tq) and the output
+// gradient do (Tq, dh). dq (+)= scale dS K; dk_lanes, dv_lanes (Tk, dh, 16 lanes) += per-lane
+// terms of scale dS^T q and g P^T dO (the caller sums the lanes once per slice group);
+// gate_acc += lanes of sum (dO V^T) * P; dp (Tq, Tk), if asked, += dL/dP where P > 0.
+// dS = P (g U - rowsum(g U P)) with U = dO V^T.
+void small_head_backward(const AttnDims& d, bool causal, float scale, float g, const float* PT, const float* q, const float* k,
+                         const float* v, const float* dout, float* dq, float* dk_lanes, float* dv_lanes,
+                         __m512& gate_acc, float* dp) {
+  alignas(64) float ub[kSmallKeysMax * 16];
+  alignas(64) float dqt[kSmallHeadMax * 16];
+  const __m512i lane_idx = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  for (int64_t i0 = 0; i0 < d.Tq; i0 += 16) {
+    const __mmask16 rows = first_lanes(d.Tq - i0);
+    __m512 qt[kSmallHeadMax], dot_[kSmallHeadMax];
+    for (int64_t c = 0; c < d.dh; ++c) {
+      qt[c] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), rows,
+                                       _mm512_mullo_epi32(lane_idx, _mm512_set1_epi32(static_cast<int>(d.ldq()))),
+                                       q + i0 * d.ldq() + c, 4);
+      dot_[c] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), rows,
+                                         _mm512_mullo_epi32(lane_idx, _mm512_set1_epi32(static_cast<int>(d.ldo()))),
+                                         dout + i0 * d.ldo() + c, 4);
+    }
+    // keys past kend have zero weight for every row of the block (causal): nothing flows
+    const int64_t kend = causal ? std::max<int64_t>(0, std::min(d.Tk, i0 + 16 + (d.Tk - d.Tq))) : d.Tk;
+    __m512 dot = _mm512_setzero_ps();
+    for (int64_t j = 0; j < kend; ++j) {
+      const __m512 pj = _mm512_maskz_loadu_ps(rows, PT + j * d.Tq + i0);
+      __m512 u = _mm512_setzero_ps();
+      for (int64_t c = 0; c < d.dh; ++c) u = _mm512_fmadd_ps(dot_[c], _mm512_set1_ps(v[j * d.ldkv() + c]), u);
+      gate_acc = _mm512_fmadd_ps(u, pj, gate_acc);
+      u = _mm512_mul_ps(u, _mm512_set1_ps(g));  // dL/dP
+      dot = _mm512_fmadd_ps(u, pj, dot);
+      _mm512_store_ps(ub + 16 * j, u);
+      if (dp) {  // analyses only: scattered into the (Tq, Tk) layout
+        const __mmask16 seen = _mm512_mask_cmp_ps_mask(rows, pj, _mm512_setzero_ps(), _CMP_GT_OQ);
+        const __m512i at = _mm512_mullo_epi32(lane_idx, _mm512_set1_epi32(static_cast<int>(d.Tk)));
+        float* base = dp + i0 * d.Tk + j;
+        const __m512 old = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), seen, at, base, 4);
+        _mm512_mask_i32scatter_ps(base, seen, at, _mm512_add_ps(old, u), 4);
+      }
+    }
+    __m512 dqacc[kSmallHeadMax];
+    for (int64_t c = 0; c < d.dh; ++c) dqacc[c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < kend; ++j) {
+      const __m512 pj = _mm512_maskz_loadu_ps(rows, PT + j * d.Tq + i0);
+      const __m512 ds = _mm512_mul_ps(pj, _mm512_sub_ps(_mm512_load_ps(ub + 16 * j), dot));
+      const __m512 gp = _mm512_mul_ps(pj, _mm512_set1_ps(g));
+      for (int64_t c = 0; c < d.dh; ++c) {
+        dqacc[c] = _mm512_fmadd_ps(ds, _mm512_set1_ps(k[j * d.ldkv() + c]), dqacc[c]);
+        float* dkl = dk_lanes + (j * d.dh + c) * 16;
+        float* dvl = dv_lanes + (j * d.dh + c) * 16;
+        _mm512_store_ps(dkl, _mm512_fmadd_ps(ds, qt[c], _mm512_load_ps(dkl)));
+        _mm512_store_ps(dvl, _mm512_fmadd_ps(gp, dot_[c], _mm512_load_ps(dvl)));
+      }
+    }
+    if (dq) {
+      for (int64_t c = 0; c < d.dh; ++c) _mm512_store_ps(dqt + 16 * c, _mm512_mul_ps(dqacc[c], _mm512_set1_ps(scale)));
+      for (int64_t l = 0; l < std::min<int64_t>(16, d.Tq - i0); ++l)
+        for (int64_t c = 0; c < d.dh; ++c) dq[(i0 + l) * d.ldq() + c] += dqt[16 * c + l];
+    }
+  }
+}
+
+bool small_head_kernels(const AttnDims& d) { return d.dh <= kSmallHeadMax && d.Tk <= kSmallKeysMax; }
+
+// A per-thread buffer of at least n floats, 64-byte aligned: it grows once, later steps
+// allocate nothing.
+float* thread_scratch(size_t n) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < n + 16) buf.resize(n + 16);
+  const uintptr_t at = reinterpret_cast<uintptr_t>(buf.data());
+  return buf.data() + ((64 - at % 64) % 64) / sizeof(float);
+}
+#endif
+
 }  // namespace
 
 namespace {
+
+// P as the small-head kernels keep it, each (batch, head) slice transposed to (Tk, Tq), in the
+// usual layout: (B, H, Tq, Tk).
+Tensor transpose_slices(const Tensor& PT) {
+  const int64_t slices = PT.size(0) * PT.size(1), Tq = PT.size(2), Tk = PT.size(3);
+  Tensor out = Tensor::empty(PT.shape());
+  const float* in = PT.data();
+  float* o = out.data();
+  for (int64_t s = 0; s < slices; ++s)
+    for (int64_t j = 0; j < Tk; ++j)
+      for (int64_t i = 0; i < Tq; ++i) o[s * Tq * Tk + i * Tk + j] = in[s * Tq * Tk + j * Tq + i];
+  return out;
+}
 
 // Where backward reports dL/dP: the tensor and the callback, held together so the backward
 // closure stays small (one pointer); none is allocated when nobody asked.
@@ -190,6 +349,11 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
   float *Pp = P.data(), *Pdp = Pd.data(), *O = out.data();
   const float* M = drop ? drop_mask.data() : nullptr;
   const int64_t TT = d.Tq * d.Tk, BR = block_rows(d, causal);
+#ifdef __AVX512F__
+  const bool small = small_head_kernels(d) && !am && !drop;  // then P holds each slice transposed
+#else
+  const bool small = false;
+#endif
 
   parallel_for(d.B * d.H, d.B * d.H * TT * d.dh, [&](int64_t bh) {
     const int64_t b = bh / d.H, h = bh % d.H, kvh = h / d.group();
@@ -199,6 +363,12 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
     float* S = Pp + bh * TT;                                       // (Tq, Tk)
     float* Oh = O + b * d.Tq * d.ldo() + h * d.dh;                 // (Tq, dh), ld H*dh
     const float g = gates ? gates[h] : 1.f;
+#ifdef __AVX512F__
+    if (small) {
+      small_head_forward(d, causal, pad ? pad + b * d.Tk : nullptr, scale, g, Qh, Kh, Vh, S, Oh);
+      return;
+    }
+#endif
     for (int64_t i0 = 0; i0 < d.Tq; i0 += BR) {
       const int64_t i1 = std::min(d.Tq, i0 + BR), rows = i1 - i0, ke = visible_keys(d, causal, i1);
       // scores (rows, ke) = scale Q_h[i0:i1] K_h[:ke]^T
@@ -216,11 +386,11 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
         for (int64_t i = i0; i < i1; ++i) std::fill(Oh + i * d.ldo(), Oh + i * d.ldo() + d.dh, 0.f);
     }
   });
-  if (pattern) *pattern = P.detach();
+  if (pattern) *pattern = small ? transpose_slices(P) : P.detach();
 
   if (needs_graph({&q, &k, &v, &a.gates}))
     attach(out, "attention", {q, packed ? Tensor() : k, packed ? Tensor() : v, a.gates},
-           [q, k, v, gates = a.gates, P, Pd, drop_mask, sink = pattern_grad_sink(a), d, scale, causal](TensorImpl& self) {
+           [q, k, v, gates = a.gates, P, Pd, drop_mask, sink = pattern_grad_sink(a), d, scale, causal, small](TensorImpl& self) {
              HL_PROFILE(Attention);
              const float *dO = self.grad->data(), *Q = q.data() + d.q_off, *K = k.data() + d.k_off,
                          *V = v.data() + d.v_off;
@@ -240,9 +410,9 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
              float* dG = grad_buffer(gates);
              float* dPout = sink ? sink->grad.data() : nullptr;
              const int64_t TT = d.Tq * d.Tk, BR = block_rows(d, causal);
-             Tensor work = Tensor::empty({d.B, d.H, d.Tq, d.Tk});  // dL/dP, then dL/dS
-             Tensor gate_part = Tensor::zeros({d.B, d.H});         // per (b,h) dL/dg
-             float *U = work.data(), *GP = gate_part.data();
+             Tensor work = small ? Tensor() : Tensor::empty({d.B, d.H, d.Tq, d.Tk});  // dL/dP, then dL/dS
+             Tensor gate_part = Tensor::zeros({d.B, d.H});                           // per (b,h) dL/dg
+             float *U = small ? nullptr : work.data(), *GP = gate_part.data();
              // Parallel over (batch, kv head): query heads sharing a kv head run in order,
              // so dK and dV rows are never written by two threads.
              parallel_for(d.B * d.Hkv, d.B * d.H * TT * d.dh, [&](int64_t bk) {
@@ -258,6 +428,30 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
                if (dVh && fresh_v) zero_block(dVh, d.kv_rows, d.ldkv());
                for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h)
                  if (dQ && fresh_q) zero_block(dQ + b * d.Tq * d.ldq() + h * d.dh, d.Tq, d.ldq());
+#ifdef __AVX512F__
+               if (small) {
+                 const int64_t KS = d.Tk * d.dh * 16;
+                 float* dk_lanes = thread_scratch(static_cast<size_t>(2 * KS));  // (Tk, dh, 16) each
+                 float* dv_lanes = dk_lanes + KS;
+                 std::fill(dk_lanes, dk_lanes + 2 * KS, 0.f);
+                 for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
+                   const int64_t bh = b * d.H + h;
+                   const float g = G ? G[h] : 1.f;
+                   __m512 gate_acc = _mm512_setzero_ps();
+                   small_head_backward(d, causal, scale, g, Pp + bh * TT, Q + b * d.Tq * d.ldq() + h * d.dh, Kh, Vh,
+                                       dO + b * d.Tq * d.ldo() + h * d.dh, dQ ? dQ + b * d.Tq * d.ldq() + h * d.dh : nullptr,
+                                       dk_lanes, dv_lanes, gate_acc, dPout ? dPout + bh * TT : nullptr);
+                   if (dG) GP[bh] = _mm512_reduce_add_ps(gate_acc);
+                 }
+                 for (int64_t j = 0; j < d.Tk; ++j)  // dK_h, dV_h += the lanes' sums
+                   for (int64_t c = 0; c < d.dh; ++c) {
+                     const int64_t at = (j * d.dh + c) * 16;
+                     if (dKh) dKh[j * d.ldkv() + c] += scale * _mm512_reduce_add_ps(_mm512_load_ps(dk_lanes + at));
+                     if (dVh) dVh[j * d.ldkv() + c] += _mm512_reduce_add_ps(_mm512_load_ps(dv_lanes + at));
+                   }
+                 return;
+               }
+#endif
                for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
                  const int64_t bh = b * d.H + h;
                  const float* Qh = Q + b * d.Tq * d.ldq() + h * d.dh;

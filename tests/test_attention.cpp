@@ -183,9 +183,12 @@ BOOST_AUTO_TEST_CASE(fully_masked_rows_give_zeros_not_nan) {
 }
 
 BOOST_AUTO_TEST_CASE(fused_equals_a_float64_reference_forward_and_backward) {
+  // d_head <= 4 takes the small-head kernels (16 query rows per register: 37 rows make a partial
+  // third block), 8 the sgemm path
   struct Cfg { int H, Hkv; bool causal; int64_t Tq, Tk; };
-  for (Cfg c : {Cfg{2, 2, false, 5, 5}, Cfg{4, 2, true, 6, 6}, Cfg{4, 1, true, 3, 7}, Cfg{3, 3, false, 4, 2}}) {
-    const int64_t dh = 3;
+  for (int64_t dh : {1, 3, 4, 8})
+  for (Cfg c : {Cfg{2, 2, false, 5, 5}, Cfg{4, 2, true, 6, 6}, Cfg{4, 1, true, 3, 7}, Cfg{3, 3, false, 4, 2},
+                Cfg{2, 1, true, 37, 37}, Cfg{2, 2, false, 20, 37}, Cfg{2, 2, true, 37, 20}}) {
     Tensor q = rnd({2, c.Tq, c.H * dh}), k = rnd({2, c.Tk, c.Hkv * dh}), v = rnd({2, c.Tk, c.Hkv * dh});
     Tensor g = Tensor::uniform({c.H}, rng(), 0.5f, 1.5f).requires_grad_();
     AttentionArgs a;
@@ -197,7 +200,8 @@ BOOST_AUTO_TEST_CASE(fused_equals_a_float64_reference_forward_and_backward) {
     Tensor fused = attention(q, k, v, a);
     fused.backward(up);
     const roundoff::AttnRef ref = bounded_attention(q, k, v, c.H, c.Hkv, c.causal, g, up);
-    BOOST_TEST_CONTEXT("H " << c.H << " Hkv " << c.Hkv << " causal " << c.causal) {
+    BOOST_TEST_CONTEXT("d_head " << dh << " H " << c.H << " Hkv " << c.Hkv << " causal " << c.causal << " Tq " << c.Tq
+                                  << " Tk " << c.Tk) {
       roundoff::check_within(fused, ref.out, "output");
       roundoff::check_within(q.grad(), ref.dq, "dq");
       roundoff::check_within(k.grad(), ref.dk, "dk");
@@ -419,9 +423,11 @@ BOOST_AUTO_TEST_CASE(kv_cache_decoding_equals_full_forward) {
 }
 
 BOOST_AUTO_TEST_CASE(causal_row_blocks_equal_a_float64_reference) {
-  // T >= 64 takes the row-blocked causal path that skips masked scores.
+  // T >= 64 takes the row-blocked causal path that skips masked scores (d_head 8), or the
+  // small-head kernels' blocks of 16 rows (d_head 4); both report dL/dP.
+  for (int64_t dh : {4, 8})
   for (int Hkv : {2, 1}) {
-    const int64_t T = 70, H = 2, dh = 4;
+    const int64_t T = 70, H = 2;
     Tensor q = rnd({2, T, H * dh}), k = rnd({2, T, Hkv * dh}), v = rnd({2, T, Hkv * dh});
     Tensor g = Tensor::uniform({H}, rng(), 0.5f, 1.5f).requires_grad_();
     AttentionArgs a;
@@ -435,7 +441,7 @@ BOOST_AUTO_TEST_CASE(causal_row_blocks_equal_a_float64_reference) {
     Tensor fused = attention(q, k, v, a, &pattern);
     fused.backward(up);
     const roundoff::AttnRef ref = bounded_attention(q, k, v, H, Hkv, true, g, up);
-    BOOST_TEST_CONTEXT("Hkv " << Hkv) {
+    BOOST_TEST_CONTEXT("d_head " << dh << " Hkv " << Hkv) {
       roundoff::check_within(fused, ref.out, "output");
       roundoff::check_within(pattern, ref.P, "pattern");
       roundoff::check_within(q.grad(), ref.dq, "dq");
