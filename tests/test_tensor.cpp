@@ -187,17 +187,22 @@ BOOST_AUTO_TEST_CASE(fast_math_matches_libm_within_the_documented_bounds) {
   BOOST_TEST(hl::erf_rational(30.f) == hl::erf_rational(4.f));
 }
 
-// gemm (every product goes through it: OpenBLAS, or our kernel for NN products with 3..8 columns
-// past a multiple of 16) against a float64 product, within gamma(K + 2) of the summed magnitudes:
-// every transpose combination, widths on both sides of each switch, strided operands, beta 0
-// (C holds NaN and must not be read) and beta 1.
+// gemm (every product goes through it: OpenBLAS, our small-product kernel (K <= 128 and N <= 128,
+// or A transposed with N <= 32 and M <= 128; B transposed only for M >= 4K), or our kernel for NN
+// products with 3..8 columns past a multiple of 16) against a float64 product, within gamma(K + 2)
+// of the summed magnitudes: every transpose combination, sizes on both sides of each switch
+// (16 and 32 columns, 6-row blocks), strided operands, beta 0 (C holds NaN and must not be read)
+// and beta 1.
 BOOST_AUTO_TEST_CASE(gemm_matches_float64_for_every_shape_class) {
   Rng rng(5);
+  struct Sizes { std::vector<int64_t> M, N, K; };
+  for (const Sizes& z : {Sizes{{1, 5, 8, 13, 33}, {1, 2, 3, 4, 7, 8, 9, 12, 16, 17, 19, 24, 27, 32, 33, 40}, {1, 7, 32, 33, 70}},
+                         Sizes{{130}, {20, 40, 130}, {9, 129}}})
   for (bool ta : {false, true})
     for (bool tb : {false, true})
-      for (int64_t M : {1, 5, 8, 13, 33})
-        for (int64_t N : {1, 2, 3, 4, 7, 8, 9, 12, 16, 19, 24, 27, 40})
-          for (int64_t K : {1, 7, 32, 33, 70})
+      for (int64_t M : z.M)
+        for (int64_t N : z.N)
+          for (int64_t K : z.K)
             for (float beta : {0.f, 1.f}) {
               const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 2, ldc = N + 5;  // strided
               std::vector<float> A((ta ? K : M) * lda), B((tb ? N : K) * ldb), C(M * ldc);
