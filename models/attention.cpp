@@ -160,6 +160,11 @@ void masked_softmax_row(float* row, int64_t ke, const AttnDims& d, int64_t b, in
 #ifdef __AVX512F__
 constexpr int64_t kSmallHeadMax = 4, kSmallKeysMax = 128;
 
+// Query rows go 16 to a block, the odd rows in the first block: under the causal mask the first
+// rows see the fewest keys, so the partial block is the cheapest one (T = 33: 1 + 16 + 16 rows
+// walk 1 + 17 + 33 keys, not 16 + 32 + 33).
+int64_t first_block_rows(int64_t Tq) { return Tq % 16 ? Tq % 16 : 16; }
+
 // One (batch, head) slice, forward. q, k, v: (T, dh) at their row strides; pad (Tk): keys to
 // hide where nonzero, or null; PT (Tk, Tq) receives the weights transposed, o (Tq, dh) at
 // stride ldo the output g P V.
@@ -167,8 +172,8 @@ void small_head_forward(const AttnDims& d, bool causal, const float* pad, float 
                         const float* k, const float* v, float* PT, float* o) {
   alignas(64) float st[kSmallKeysMax * 16];  // scores, then exponentials: (key, lane)
   alignas(64) float ot[kSmallHeadMax * 16];
-  for (int64_t i0 = 0; i0 < d.Tq; i0 += 16) {
-    const __mmask16 rows = first_lanes(d.Tq - i0);
+  for (int64_t i0 = 0, n = first_block_rows(d.Tq); i0 < d.Tq; i0 += n, n = 16) {
+    const __mmask16 rows = first_lanes(n);
     __m512 qt[kSmallHeadMax];  // scale q^T for these rows: (dh, lanes)
     for (int64_t c = 0; c < d.dh; ++c)
       qt[c] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), rows,
@@ -180,7 +185,7 @@ void small_head_forward(const AttnDims& d, bool causal, const float* pad, float 
     const __m512i lane_last = _mm512_add_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                                _mm512_set1_epi32(static_cast<int>(i0 + d.Tk - d.Tq)));
     // keys no row of this block sees (causal) are skipped: their weights are stored as zeros
-    const int64_t kend = causal ? std::max<int64_t>(0, std::min(d.Tk, i0 + 16 + (d.Tk - d.Tq))) : d.Tk;
+    const int64_t kend = causal ? std::max<int64_t>(0, std::min(d.Tk, i0 + n + (d.Tk - d.Tq))) : d.Tk;
     for (int64_t j = kend; j < d.Tk; ++j) _mm512_mask_storeu_ps(PT + j * d.Tq + i0, rows, _mm512_setzero_ps());
     __m512 mx = _mm512_set1_ps(-INFINITY);
     for (int64_t j = 0; j < kend; ++j) {
@@ -213,7 +218,7 @@ void small_head_forward(const AttnDims& d, bool causal, const float* pad, float 
       for (int64_t c = 0; c < d.dh; ++c) acc[c] = _mm512_fmadd_ps(pj, _mm512_set1_ps(v[j * d.ldkv() + c]), acc[c]);
     }
     for (int64_t c = 0; c < d.dh; ++c) _mm512_store_ps(ot + 16 * c, _mm512_mul_ps(acc[c], _mm512_set1_ps(g)));
-    for (int64_t l = 0; l < std::min<int64_t>(16, d.Tq - i0); ++l)
+    for (int64_t l = 0; l < n; ++l)
       for (int64_t c = 0; c < d.dh; ++c) o[(i0 + l) * d.ldo() + c] = ot[16 * c + l];
   }
 }
@@ -229,8 +234,8 @@ void small_head_backward(const AttnDims& d, bool causal, float scale, float g, c
   alignas(64) float ub[kSmallKeysMax * 16];
   alignas(64) float dqt[kSmallHeadMax * 16];
   const __m512i lane_idx = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  for (int64_t i0 = 0; i0 < d.Tq; i0 += 16) {
-    const __mmask16 rows = first_lanes(d.Tq - i0);
+  for (int64_t i0 = 0, n = first_block_rows(d.Tq); i0 < d.Tq; i0 += n, n = 16) {
+    const __mmask16 rows = first_lanes(n);
     __m512 qt[kSmallHeadMax], dot_[kSmallHeadMax];
     for (int64_t c = 0; c < d.dh; ++c) {
       qt[c] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), rows,
@@ -241,7 +246,7 @@ void small_head_backward(const AttnDims& d, bool causal, float scale, float g, c
                                          dout + i0 * d.ldo() + c, 4);
     }
     // keys past kend have zero weight for every row of the block (causal): nothing flows
-    const int64_t kend = causal ? std::max<int64_t>(0, std::min(d.Tk, i0 + 16 + (d.Tk - d.Tq))) : d.Tk;
+    const int64_t kend = causal ? std::max<int64_t>(0, std::min(d.Tk, i0 + n + (d.Tk - d.Tq))) : d.Tk;
     __m512 dot = _mm512_setzero_ps();
     for (int64_t j = 0; j < kend; ++j) {
       const __m512 pj = _mm512_maskz_loadu_ps(rows, PT + j * d.Tq + i0);
@@ -275,7 +280,7 @@ void small_head_backward(const AttnDims& d, bool causal, float scale, float g, c
     }
     if (dq) {
       for (int64_t c = 0; c < d.dh; ++c) _mm512_store_ps(dqt + 16 * c, _mm512_mul_ps(dqacc[c], _mm512_set1_ps(scale)));
-      for (int64_t l = 0; l < std::min<int64_t>(16, d.Tq - i0); ++l)
+      for (int64_t l = 0; l < n; ++l)
         for (int64_t c = 0; c < d.dh; ++c) dq[(i0 + l) * d.ldq() + c] += dqt[16 * c + l];
     }
   }
