@@ -165,32 +165,33 @@ constexpr int64_t kSmallHeadMax = 4, kSmallKeysMax = 128;
 // walk 1 + 17 + 33 keys, not 16 + 32 + 33).
 int64_t first_block_rows(int64_t Tq) { return Tq % 16 ? Tq % 16 : 16; }
 
-// One (batch, head) slice, forward. q, k, v: (T, dh) at their row strides; pad (Tk): keys to
-// hide where nonzero, or null; PT (Tk, Tq) receives the weights transposed, o (Tq, dh) at
-// stride ldo the output g P V.
+// One (batch, head) slice of DH = d_head, forward. q, k, v: (T, dh) at their row strides; pad
+// (Tk): keys to hide where nonzero, or null; PT (Tk, Tq) receives the weights transposed (null:
+// not kept), o (Tq, dh) at stride ldo the output g P V.
+template <int DH>
 void small_head_forward(const AttnDims& d, bool causal, const float* pad, float scale, float g, const float* q,
                         const float* k, const float* v, float* PT, float* o) {
   alignas(64) float st[kSmallKeysMax * 16];  // scores, then exponentials: (key, lane)
-  alignas(64) float ot[kSmallHeadMax * 16];
+  alignas(64) float ot[DH * 16];
   for (int64_t i0 = 0, n = first_block_rows(d.Tq); i0 < d.Tq; i0 += n, n = 16) {
     const __mmask16 rows = first_lanes(n);
-    __m512 qt[kSmallHeadMax];  // scale q^T for these rows: (dh, lanes)
-    for (int64_t c = 0; c < d.dh; ++c)
+    __m512 qt[DH];  // scale q^T for these rows: (dh, lanes)
+    _Pragma("GCC unroll 4") for (int64_t c = 0; c < DH; ++c)
       qt[c] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), rows,
                                        _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                                           _mm512_set1_epi32(static_cast<int>(d.ldq()))),
                                        q + i0 * d.ldq() + c, 4);
-    for (int64_t c = 0; c < d.dh; ++c) qt[c] = _mm512_mul_ps(qt[c], _mm512_set1_ps(scale));
+    _Pragma("GCC unroll 4") for (int64_t c = 0; c < DH; ++c) qt[c] = _mm512_mul_ps(qt[c], _mm512_set1_ps(scale));
     // lane l (query i0 + l) sees keys j <= i0 + l + (Tk - Tq) under the causal mask
     const __m512i lane_last = _mm512_add_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                                _mm512_set1_epi32(static_cast<int>(i0 + d.Tk - d.Tq)));
-    // keys no row of this block sees (causal) are skipped: their weights are stored as zeros
+    // keys no row of this block sees (causal) are skipped; their weights are not stored (read
+    // back as zeros by transpose_slices, never read by the backward)
     const int64_t kend = causal ? std::max<int64_t>(0, std::min(d.Tk, i0 + n + (d.Tk - d.Tq))) : d.Tk;
-    for (int64_t j = kend; j < d.Tk; ++j) _mm512_mask_storeu_ps(PT + j * d.Tq + i0, rows, _mm512_setzero_ps());
     __m512 mx = _mm512_set1_ps(-INFINITY);
     for (int64_t j = 0; j < kend; ++j) {
       __m512 sj = _mm512_setzero_ps();
-      for (int64_t c = 0; c < d.dh; ++c) sj = _mm512_fmadd_ps(qt[c], _mm512_set1_ps(k[j * d.ldkv() + c]), sj);
+      _Pragma("GCC unroll 4") for (int64_t c = 0; c < DH; ++c) sj = _mm512_fmadd_ps(qt[c], _mm512_set1_ps(k[j * d.ldkv() + c]), sj);
       __mmask16 vis = pad && pad[j] != 0.f ? __mmask16(0) : rows;
       if (causal) vis &= _mm512_cmp_epi32_mask(_mm512_set1_epi32(static_cast<int>(j)), lane_last, _MM_CMPINT_LE);
       sj = _mm512_mask_blend_ps(vis, _mm512_set1_ps(-INFINITY), sj);
@@ -210,16 +211,16 @@ void small_head_forward(const AttnDims& d, bool causal, const float* pad, float 
     __m512 sum = _mm512_setzero_ps();
     for (int64_t j = 0; j < kend; ++j) sum = _mm512_add_ps(sum, _mm512_load_ps(st + 16 * j));
     const __m512 inv = _mm512_maskz_div_ps(any, _mm512_set1_ps(1.f), sum);
-    __m512 acc[kSmallHeadMax];
-    for (int64_t c = 0; c < d.dh; ++c) acc[c] = _mm512_setzero_ps();
+    __m512 acc[DH];
+    _Pragma("GCC unroll 4") for (int64_t c = 0; c < DH; ++c) acc[c] = _mm512_setzero_ps();
     for (int64_t j = 0; j < kend; ++j) {
       const __m512 pj = _mm512_mul_ps(_mm512_load_ps(st + 16 * j), inv);
-      _mm512_mask_storeu_ps(PT + j * d.Tq + i0, rows, pj);
-      for (int64_t c = 0; c < d.dh; ++c) acc[c] = _mm512_fmadd_ps(pj, _mm512_set1_ps(v[j * d.ldkv() + c]), acc[c]);
+      if (PT) _mm512_mask_storeu_ps(PT + j * d.Tq + i0, rows, pj);
+      _Pragma("GCC unroll 4") for (int64_t c = 0; c < DH; ++c) acc[c] = _mm512_fmadd_ps(pj, _mm512_set1_ps(v[j * d.ldkv() + c]), acc[c]);
     }
-    for (int64_t c = 0; c < d.dh; ++c) _mm512_store_ps(ot + 16 * c, _mm512_mul_ps(acc[c], _mm512_set1_ps(g)));
+    _Pragma("GCC unroll 4") for (int64_t c = 0; c < DH; ++c) _mm512_store_ps(ot + 16 * c, _mm512_mul_ps(acc[c], _mm512_set1_ps(g)));
     for (int64_t l = 0; l < n; ++l)
-      for (int64_t c = 0; c < d.dh; ++c) o[(i0 + l) * d.ldo() + c] = ot[16 * c + l];
+      _Pragma("GCC unroll 4") for (int64_t c = 0; c < DH; ++c) o[(i0 + l) * d.ldo() + c] = ot[16 * c + l];
   }
 }
 
@@ -228,16 +229,17 @@ void small_head_forward(const AttnDims& d, bool causal, const float* pad, float 
 // terms of scale dS^T q and g P^T dO (the caller sums the lanes once per slice group);
 // gate_acc += lanes of sum (dO V^T) * P; dp (Tq, Tk), if asked, += dL/dP where P > 0.
 // dS = P (g U - rowsum(g U P)) with U = dO V^T.
+template <int DH>
 void small_head_backward(const AttnDims& d, bool causal, float scale, float g, const float* PT, const float* q, const float* k,
                          const float* v, const float* dout, float* dq, float* dk_lanes, float* dv_lanes,
                          __m512& gate_acc, float* dp) {
   alignas(64) float ub[kSmallKeysMax * 16];
-  alignas(64) float dqt[kSmallHeadMax * 16];
+  alignas(64) float dqt[DH * 16];
   const __m512i lane_idx = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   for (int64_t i0 = 0, n = first_block_rows(d.Tq); i0 < d.Tq; i0 += n, n = 16) {
     const __mmask16 rows = first_lanes(n);
-    __m512 qt[kSmallHeadMax], dot_[kSmallHeadMax];
-    for (int64_t c = 0; c < d.dh; ++c) {
+    __m512 qt[DH], dot_[DH];
+    _Pragma("GCC unroll 4") for (int64_t c = 0; c < DH; ++c) {
       qt[c] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), rows,
                                        _mm512_mullo_epi32(lane_idx, _mm512_set1_epi32(static_cast<int>(d.ldq()))),
                                        q + i0 * d.ldq() + c, 4);
@@ -251,7 +253,7 @@ void small_head_backward(const AttnDims& d, bool causal, float scale, float g, c
     for (int64_t j = 0; j < kend; ++j) {
       const __m512 pj = _mm512_maskz_loadu_ps(rows, PT + j * d.Tq + i0);
       __m512 u = _mm512_setzero_ps();
-      for (int64_t c = 0; c < d.dh; ++c) u = _mm512_fmadd_ps(dot_[c], _mm512_set1_ps(v[j * d.ldkv() + c]), u);
+      _Pragma("GCC unroll 4") for (int64_t c = 0; c < DH; ++c) u = _mm512_fmadd_ps(dot_[c], _mm512_set1_ps(v[j * d.ldkv() + c]), u);
       gate_acc = _mm512_fmadd_ps(u, pj, gate_acc);
       u = _mm512_mul_ps(u, _mm512_set1_ps(g));  // dL/dP
       dot = _mm512_fmadd_ps(u, pj, dot);
@@ -264,24 +266,24 @@ void small_head_backward(const AttnDims& d, bool causal, float scale, float g, c
         _mm512_mask_i32scatter_ps(base, seen, at, _mm512_add_ps(old, u), 4);
       }
     }
-    __m512 dqacc[kSmallHeadMax];
-    for (int64_t c = 0; c < d.dh; ++c) dqacc[c] = _mm512_setzero_ps();
+    __m512 dqacc[DH];
+    _Pragma("GCC unroll 4") for (int64_t c = 0; c < DH; ++c) dqacc[c] = _mm512_setzero_ps();
     for (int64_t j = 0; j < kend; ++j) {
       const __m512 pj = _mm512_maskz_loadu_ps(rows, PT + j * d.Tq + i0);
       const __m512 ds = _mm512_mul_ps(pj, _mm512_sub_ps(_mm512_load_ps(ub + 16 * j), dot));
       const __m512 gp = _mm512_mul_ps(pj, _mm512_set1_ps(g));
-      for (int64_t c = 0; c < d.dh; ++c) {
+      _Pragma("GCC unroll 4") for (int64_t c = 0; c < DH; ++c) {
         dqacc[c] = _mm512_fmadd_ps(ds, _mm512_set1_ps(k[j * d.ldkv() + c]), dqacc[c]);
-        float* dkl = dk_lanes + (j * d.dh + c) * 16;
-        float* dvl = dv_lanes + (j * d.dh + c) * 16;
+        float* dkl = dk_lanes + (j * DH + c) * 16;
+        float* dvl = dv_lanes + (j * DH + c) * 16;
         _mm512_store_ps(dkl, _mm512_fmadd_ps(ds, qt[c], _mm512_load_ps(dkl)));
         _mm512_store_ps(dvl, _mm512_fmadd_ps(gp, dot_[c], _mm512_load_ps(dvl)));
       }
     }
     if (dq) {
-      for (int64_t c = 0; c < d.dh; ++c) _mm512_store_ps(dqt + 16 * c, _mm512_mul_ps(dqacc[c], _mm512_set1_ps(scale)));
+      _Pragma("GCC unroll 4") for (int64_t c = 0; c < DH; ++c) _mm512_store_ps(dqt + 16 * c, _mm512_mul_ps(dqacc[c], _mm512_set1_ps(scale)));
       for (int64_t l = 0; l < n; ++l)
-        for (int64_t c = 0; c < d.dh; ++c) dq[(i0 + l) * d.ldq() + c] += dqt[16 * c + l];
+        _Pragma("GCC unroll 4") for (int64_t c = 0; c < DH; ++c) dq[(i0 + l) * d.ldq() + c] += dqt[16 * c + l];
     }
   }
 }
@@ -302,16 +304,17 @@ float* thread_scratch(size_t n) {
 
 namespace {
 
-// P as the small-head kernels keep it, each (batch, head) slice transposed to (Tk, Tq), in the
-// usual layout: (B, H, Tq, Tk).
-Tensor transpose_slices(const Tensor& PT) {
+// P as the small-head kernels keep it, each (batch, head) slice transposed to (Tk, Tq) and
+// nothing stored for keys a causal row does not see, in the usual layout: (B, H, Tq, Tk).
+Tensor transpose_slices(const Tensor& PT, bool causal) {
   const int64_t slices = PT.size(0) * PT.size(1), Tq = PT.size(2), Tk = PT.size(3);
   Tensor out = Tensor::empty(PT.shape());
   const float* in = PT.data();
   float* o = out.data();
   for (int64_t s = 0; s < slices; ++s)
-    for (int64_t j = 0; j < Tk; ++j)
-      for (int64_t i = 0; i < Tq; ++i) o[s * Tq * Tk + i * Tk + j] = in[s * Tq * Tk + j * Tq + i];
+    for (int64_t i = 0; i < Tq; ++i)
+      for (int64_t j = 0; j < Tk; ++j)
+        o[s * Tq * Tk + i * Tk + j] = causal && j > i + (Tk - Tq) ? 0.f : in[s * Tq * Tk + j * Tq + i];
   return out;
 }
 
@@ -340,8 +343,16 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
   const bool causal = a.causal;
   const bool drop = a.dropout > 0.f;
 
-  Tensor P = Tensor::empty({d.B, d.H, d.Tq, d.Tk});  // softmax output, saved for backward
-  Tensor drop_mask, Pd = P;                           // Pd: weights after dropout
+#ifdef __AVX512F__
+  const bool small = small_head_kernels(d) && !am && !drop;  // then P holds each slice transposed
+#else
+  const bool small = false;
+#endif
+  const bool grad = needs_graph({&q, &k, &v, &a.gates});
+  // the small-head kernels keep the weights only for backward or `pattern` (evaluation needs neither)
+  const bool keep_weights = !small || grad || pattern;
+  Tensor P = keep_weights ? Tensor::empty({d.B, d.H, d.Tq, d.Tk}) : Tensor();  // softmax output, saved for backward
+  Tensor drop_mask, Pd = P;                                                     // Pd: weights after dropout
   if (drop) {  // drawn sequentially before the parallel loop: deterministic
     drop_mask = Tensor::empty(P.shape());
     Pd = Tensor::empty(P.shape());
@@ -351,26 +362,28 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
   }
   Tensor out = Tensor::empty({d.B, d.Tq, d.ldo()});
   const float *Q = q.data() + d.q_off, *K = k.data() + d.k_off, *V = v.data() + d.v_off;
-  float *Pp = P.data(), *Pdp = Pd.data(), *O = out.data();
+  float *Pp = P.defined() ? P.data() : nullptr, *Pdp = Pd.defined() ? Pd.data() : nullptr, *O = out.data();
   const float* M = drop ? drop_mask.data() : nullptr;
   const int64_t TT = d.Tq * d.Tk, BR = block_rows(d, causal);
-#ifdef __AVX512F__
-  const bool small = small_head_kernels(d) && !am && !drop;  // then P holds each slice transposed
-#else
-  const bool small = false;
-#endif
 
   parallel_for(d.B * d.H, d.B * d.H * TT * d.dh, [&](int64_t bh) {
     const int64_t b = bh / d.H, h = bh % d.H, kvh = h / d.group();
     const float* Qh = Q + b * d.Tq * d.ldq() + h * d.dh;          // (Tq, dh), ld ldq
     const float* Kh = K + b * d.kv_rows * d.ldkv() + kvh * d.dh;  // (Tk, dh), ld ldkv
     const float* Vh = V + b * d.kv_rows * d.ldkv() + kvh * d.dh;
-    float* S = Pp + bh * TT;                                       // (Tq, Tk)
+    float* S = Pp ? Pp + bh * TT : nullptr;                        // (Tq, Tk); null: weights not kept
     float* Oh = O + b * d.Tq * d.ldo() + h * d.dh;                 // (Tq, dh), ld H*dh
     const float g = gates ? gates[h] : 1.f;
 #ifdef __AVX512F__
     if (small) {
-      small_head_forward(d, causal, pad ? pad + b * d.Tk : nullptr, scale, g, Qh, Kh, Vh, S, Oh);
+      const float* pb = pad ? pad + b * d.Tk : nullptr;
+      float* PT = keep_weights ? S : nullptr;
+      switch (d.dh) {
+        case 1: small_head_forward<1>(d, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
+        case 2: small_head_forward<2>(d, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
+        case 3: small_head_forward<3>(d, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
+        default: small_head_forward<4>(d, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
+      }
       return;
     }
 #endif
@@ -391,9 +404,9 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
         for (int64_t i = i0; i < i1; ++i) std::fill(Oh + i * d.ldo(), Oh + i * d.ldo() + d.dh, 0.f);
     }
   });
-  if (pattern) *pattern = small ? transpose_slices(P) : P.detach();
+  if (pattern) *pattern = small ? transpose_slices(P, causal) : P.detach();
 
-  if (needs_graph({&q, &k, &v, &a.gates}))
+  if (grad)
     attach(out, "attention", {q, packed ? Tensor() : k, packed ? Tensor() : v, a.gates},
            [q, k, v, gates = a.gates, P, Pd, drop_mask, sink = pattern_grad_sink(a), d, scale, causal, small](TensorImpl& self) {
              HL_PROFILE(Attention);
@@ -443,9 +456,16 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
                    const int64_t bh = b * d.H + h;
                    const float g = G ? G[h] : 1.f;
                    __m512 gate_acc = _mm512_setzero_ps();
-                   small_head_backward(d, causal, scale, g, Pp + bh * TT, Q + b * d.Tq * d.ldq() + h * d.dh, Kh, Vh,
-                                       dO + b * d.Tq * d.ldo() + h * d.dh, dQ ? dQ + b * d.Tq * d.ldq() + h * d.dh : nullptr,
-                                       dk_lanes, dv_lanes, gate_acc, dPout ? dPout + bh * TT : nullptr);
+                   const float *PT = Pp + bh * TT, *Qh = Q + b * d.Tq * d.ldq() + h * d.dh,
+                               *dOh = dO + b * d.Tq * d.ldo() + h * d.dh;
+                   float* dQh = dQ ? dQ + b * d.Tq * d.ldq() + h * d.dh : nullptr;
+                   float* dPh = dPout ? dPout + bh * TT : nullptr;
+                   switch (d.dh) {
+                     case 1: small_head_backward<1>(d, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
+                     case 2: small_head_backward<2>(d, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
+                     case 3: small_head_backward<3>(d, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
+                     default: small_head_backward<4>(d, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
+                   }
                    if (dG) GP[bh] = _mm512_reduce_add_ps(gate_acc);
                  }
                  for (int64_t j = 0; j < d.Tk; ++j)  // dK_h, dV_h += the lanes' sums
