@@ -150,7 +150,7 @@ void masked_softmax_row(float* row, int64_t ke, const AttnDims& d, int64_t b, in
 
 
 // ---- Small heads -----------------------------------------------------------------------------
-// At d_head <= 4 a (batch, head) slice is a 33 x 33 product of rank 2-4. Along a row of keys
+// At d_head <= 8 a (batch, head) slice is a 33 x 33 product of rank 2-8. Along a row of keys
 // that is too little work for the row's softmax reductions (max, sum, dot: horizontal, with
 // long latency chains) and far too little for six sgemm calls per slice. These kernels put 16
 // query rows in the 16 lanes of a register and walk the keys one at a time: every reduction of
@@ -158,7 +158,7 @@ void masked_softmax_row(float* row, int64_t ke, const AttnDims& d, int64_t b, in
 // transposed, (Tk, Tq), in P's storage; `pattern` gets them in the usual layout. Used with the
 // causal mask and key padding, not with an additive mask or attention dropout.
 #ifdef __AVX512F__
-constexpr int64_t kSmallHeadMax = 4, kSmallKeysMax = 128;
+constexpr int64_t kSmallHeadMax = 8, kSmallKeysMax = 128;
 
 // Query rows go 16 to a block, the odd rows in the first block: under the causal mask the first
 // rows see the fewest keys, so the partial block is the cheapest one (T = 33: 1 + 16 + 16 rows
@@ -176,12 +176,12 @@ void small_head_forward(const AttnDims& d, bool causal, const float* pad, float 
   for (int64_t i0 = 0, n = first_block_rows(d.Tq); i0 < d.Tq; i0 += n, n = 16) {
     const __mmask16 rows = first_lanes(n);
     __m512 qt[DH];  // scale q^T for these rows: (dh, lanes)
-    _Pragma("GCC unroll 4") for (int64_t c = 0; c < DH; ++c)
+    _Pragma("GCC unroll 8") for (int64_t c = 0; c < DH; ++c)
       qt[c] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), rows,
                                        _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                                           _mm512_set1_epi32(static_cast<int>(d.ldq()))),
                                        q + i0 * d.ldq() + c, 4);
-    _Pragma("GCC unroll 4") for (int64_t c = 0; c < DH; ++c) qt[c] = _mm512_mul_ps(qt[c], _mm512_set1_ps(scale));
+    _Pragma("GCC unroll 8") for (int64_t c = 0; c < DH; ++c) qt[c] = _mm512_mul_ps(qt[c], _mm512_set1_ps(scale));
     // lane l (query i0 + l) sees keys j <= i0 + l + (Tk - Tq) under the causal mask
     const __m512i lane_last = _mm512_add_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                                _mm512_set1_epi32(static_cast<int>(i0 + d.Tk - d.Tq)));
@@ -191,7 +191,7 @@ void small_head_forward(const AttnDims& d, bool causal, const float* pad, float 
     __m512 mx = _mm512_set1_ps(-INFINITY);
     for (int64_t j = 0; j < kend; ++j) {
       __m512 sj = _mm512_setzero_ps();
-      _Pragma("GCC unroll 4") for (int64_t c = 0; c < DH; ++c) sj = _mm512_fmadd_ps(qt[c], _mm512_set1_ps(k[j * d.ldkv() + c]), sj);
+      _Pragma("GCC unroll 8") for (int64_t c = 0; c < DH; ++c) sj = _mm512_fmadd_ps(qt[c], _mm512_set1_ps(k[j * d.ldkv() + c]), sj);
       __mmask16 vis = pad && pad[j] != 0.f ? __mmask16(0) : rows;
       if (causal) vis &= _mm512_cmp_epi32_mask(_mm512_set1_epi32(static_cast<int>(j)), lane_last, _MM_CMPINT_LE);
       sj = _mm512_mask_blend_ps(vis, _mm512_set1_ps(-INFINITY), sj);
@@ -212,15 +212,15 @@ void small_head_forward(const AttnDims& d, bool causal, const float* pad, float 
     for (int64_t j = 0; j < kend; ++j) sum = _mm512_add_ps(sum, _mm512_load_ps(st + 16 * j));
     const __m512 inv = _mm512_maskz_div_ps(any, _mm512_set1_ps(1.f), sum);
     __m512 acc[DH];
-    _Pragma("GCC unroll 4") for (int64_t c = 0; c < DH; ++c) acc[c] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 8") for (int64_t c = 0; c < DH; ++c) acc[c] = _mm512_setzero_ps();
     for (int64_t j = 0; j < kend; ++j) {
       const __m512 pj = _mm512_mul_ps(_mm512_load_ps(st + 16 * j), inv);
       if (PT) _mm512_mask_storeu_ps(PT + j * d.Tq + i0, rows, pj);
-      _Pragma("GCC unroll 4") for (int64_t c = 0; c < DH; ++c) acc[c] = _mm512_fmadd_ps(pj, _mm512_set1_ps(v[j * d.ldkv() + c]), acc[c]);
+      _Pragma("GCC unroll 8") for (int64_t c = 0; c < DH; ++c) acc[c] = _mm512_fmadd_ps(pj, _mm512_set1_ps(v[j * d.ldkv() + c]), acc[c]);
     }
-    _Pragma("GCC unroll 4") for (int64_t c = 0; c < DH; ++c) _mm512_store_ps(ot + 16 * c, _mm512_mul_ps(acc[c], _mm512_set1_ps(g)));
+    _Pragma("GCC unroll 8") for (int64_t c = 0; c < DH; ++c) _mm512_store_ps(ot + 16 * c, _mm512_mul_ps(acc[c], _mm512_set1_ps(g)));
     for (int64_t l = 0; l < n; ++l)
-      _Pragma("GCC unroll 4") for (int64_t c = 0; c < DH; ++c) o[(i0 + l) * d.ldo() + c] = ot[16 * c + l];
+      _Pragma("GCC unroll 8") for (int64_t c = 0; c < DH; ++c) o[(i0 + l) * d.ldo() + c] = ot[16 * c + l];
   }
 }
 
@@ -239,7 +239,7 @@ void small_head_backward(const AttnDims& d, bool causal, float scale, float g, c
   for (int64_t i0 = 0, n = first_block_rows(d.Tq); i0 < d.Tq; i0 += n, n = 16) {
     const __mmask16 rows = first_lanes(n);
     __m512 qt[DH], dot_[DH];
-    _Pragma("GCC unroll 4") for (int64_t c = 0; c < DH; ++c) {
+    _Pragma("GCC unroll 8") for (int64_t c = 0; c < DH; ++c) {
       qt[c] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), rows,
                                        _mm512_mullo_epi32(lane_idx, _mm512_set1_epi32(static_cast<int>(d.ldq()))),
                                        q + i0 * d.ldq() + c, 4);
@@ -253,7 +253,7 @@ void small_head_backward(const AttnDims& d, bool causal, float scale, float g, c
     for (int64_t j = 0; j < kend; ++j) {
       const __m512 pj = _mm512_maskz_loadu_ps(rows, PT + j * d.Tq + i0);
       __m512 u = _mm512_setzero_ps();
-      _Pragma("GCC unroll 4") for (int64_t c = 0; c < DH; ++c) u = _mm512_fmadd_ps(dot_[c], _mm512_set1_ps(v[j * d.ldkv() + c]), u);
+      _Pragma("GCC unroll 8") for (int64_t c = 0; c < DH; ++c) u = _mm512_fmadd_ps(dot_[c], _mm512_set1_ps(v[j * d.ldkv() + c]), u);
       gate_acc = _mm512_fmadd_ps(u, pj, gate_acc);
       u = _mm512_mul_ps(u, _mm512_set1_ps(g));  // dL/dP
       dot = _mm512_fmadd_ps(u, pj, dot);
@@ -267,12 +267,12 @@ void small_head_backward(const AttnDims& d, bool causal, float scale, float g, c
       }
     }
     __m512 dqacc[DH];
-    _Pragma("GCC unroll 4") for (int64_t c = 0; c < DH; ++c) dqacc[c] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 8") for (int64_t c = 0; c < DH; ++c) dqacc[c] = _mm512_setzero_ps();
     for (int64_t j = 0; j < kend; ++j) {
       const __m512 pj = _mm512_maskz_loadu_ps(rows, PT + j * d.Tq + i0);
       const __m512 ds = _mm512_mul_ps(pj, _mm512_sub_ps(_mm512_load_ps(ub + 16 * j), dot));
       const __m512 gp = _mm512_mul_ps(pj, _mm512_set1_ps(g));
-      _Pragma("GCC unroll 4") for (int64_t c = 0; c < DH; ++c) {
+      _Pragma("GCC unroll 8") for (int64_t c = 0; c < DH; ++c) {
         dqacc[c] = _mm512_fmadd_ps(ds, _mm512_set1_ps(k[j * d.ldkv() + c]), dqacc[c]);
         float* dkl = dk_lanes + (j * DH + c) * 16;
         float* dvl = dv_lanes + (j * DH + c) * 16;
@@ -281,9 +281,9 @@ void small_head_backward(const AttnDims& d, bool causal, float scale, float g, c
       }
     }
     if (dq) {
-      _Pragma("GCC unroll 4") for (int64_t c = 0; c < DH; ++c) _mm512_store_ps(dqt + 16 * c, _mm512_mul_ps(dqacc[c], _mm512_set1_ps(scale)));
+      _Pragma("GCC unroll 8") for (int64_t c = 0; c < DH; ++c) _mm512_store_ps(dqt + 16 * c, _mm512_mul_ps(dqacc[c], _mm512_set1_ps(scale)));
       for (int64_t l = 0; l < n; ++l)
-        _Pragma("GCC unroll 4") for (int64_t c = 0; c < DH; ++c) dq[(i0 + l) * d.ldq() + c] += dqt[16 * c + l];
+        _Pragma("GCC unroll 8") for (int64_t c = 0; c < DH; ++c) dq[(i0 + l) * d.ldq() + c] += dqt[16 * c + l];
     }
   }
 }
@@ -382,7 +382,11 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
         case 1: small_head_forward<1>(d, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
         case 2: small_head_forward<2>(d, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
         case 3: small_head_forward<3>(d, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
-        default: small_head_forward<4>(d, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
+        case 4: small_head_forward<4>(d, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
+        case 5: small_head_forward<5>(d, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
+        case 6: small_head_forward<6>(d, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
+        case 7: small_head_forward<7>(d, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
+        default: small_head_forward<8>(d, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
       }
       return;
     }
@@ -464,7 +468,11 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
                      case 1: small_head_backward<1>(d, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
                      case 2: small_head_backward<2>(d, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
                      case 3: small_head_backward<3>(d, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
-                     default: small_head_backward<4>(d, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
+                     case 4: small_head_backward<4>(d, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
+                     case 5: small_head_backward<5>(d, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
+                     case 6: small_head_backward<6>(d, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
+                     case 7: small_head_backward<7>(d, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
+                     default: small_head_backward<8>(d, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
                    }
                    if (dG) GP[bh] = _mm512_reduce_add_ps(gate_acc);
                  }
