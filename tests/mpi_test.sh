@@ -66,6 +66,8 @@ cmp -s alone/model.safetensors np1/model.safetensors && ok "-np 1 weights equal 
 "${MPIRUN[@]}" -np 2 "$HL" train $small --steps 30 --out dp2 >dp2.log 2>&1 || bad "2-rank train again" dp2.log
 grep -q "data-parallel over 2 ranks: 16 of the 32 sequences" dp1.log && ok "2-rank train says how the batch is split" || bad "2-rank train message" dp1.log
 same_results "two 2-rank runs: identical metrics" dp1/metrics.jsonl dp2/metrics.jsonl
+python3 -c "import json,sys; sys.exit(0 if [json.load(open(f))['ranks'] for f in sys.argv[1:]] == [2, 1] else 1)" \
+  dp1/summary.json alone/summary.json && ok "summary.json records the ranks (2 and 1)" || bad "ranks in summary.json"
 cmp -s dp1/model.safetensors dp2/model.safetensors && ok "two 2-rank runs: identical weights" || bad "two 2-rank runs: weights differ"
 python3 - alone/metrics.jsonl dp1/metrics.jsonl <<'EOF' && ok "2-rank metrics equal one process on the same global batch to 1e-5" || bad "2-rank vs one process"
 import json, sys
@@ -139,6 +141,10 @@ print(json.loads(json.loads(f.read(n))['__metadata__']['train_state'])['step'])"
 "${MPIRUN[@]}" -np 2 "$HL" prune --out p >p.log 2>&1
 [ $? -ne 0 ] && [ "$(grep -c "headlab prune runs in one process" p.log)" = 1 ] && [ ! -e p ] \
   && ok "prune under 2 ranks refuses with one message" || bad "prune under 2 ranks" p.log
+# a mistyped flag: every rank parses it, rank 0 alone says so
+"${MPIRUN[@]}" -np 2 "$HL" train --stpes 5 --out typo >typo.log 2>&1
+[ $? -ne 0 ] && [ "$(grep -c "stpes" typo.log)" = 1 ] && [ ! -e typo ] \
+  && ok "a flag typo under 2 ranks gets one message" || bad "flag typo under 2 ranks" typo.log
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -35,8 +35,10 @@ Stat stat(const std::vector<double>& v) {
   s.mean /= static_cast<double>(v.size());
   return s;
 }
+// mean [min-max] over the seeds; one value alone has no range to show
 std::string with_range(const Stat& s, int prec, bool pct = false) {
   const double k = pct ? 100.0 : 1.0;
+  if (s.lo == s.hi) return fixed(k * s.mean, prec);
   return fixed(k * s.mean, prec) + " [" + fixed(k * s.lo, prec) + "-" + fixed(k * s.hi, prec) + "]";
 }
 

@@ -22,6 +22,12 @@ int launcher_world_size() {
   return std::getenv("PMIX_RANK") ? 1 : 0;
 }
 
+int launcher_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
+    if (const char* v = std::getenv(var)) return std::max(0, std::atoi(v));
+  return 0;
+}
+
 int default_threads_per_rank(int ranks_on_node) {
   cpu_set_t set;
   const long online = sysconf(_SC_NPROCESSORS_ONLN);

@@ -40,6 +40,8 @@ inline bool in_multi_rank_job() { return job() && job()->size() > 1; }
 // How many ranks the launcher started, from its environment (mpirun, srun), or 0 when this
 // process was not started by an MPI launcher.
 int launcher_world_size();
+// This process's rank as the launcher names it before MPI starts (0 when not launched).
+int launcher_rank();
 // Threads for one rank when --threads is not given: the cores this process may run on, shared
 // among the ranks on this node (at least 1).
 int default_threads_per_rank(int ranks_on_node);

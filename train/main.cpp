@@ -63,6 +63,12 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // under mpirun every rank parses the same flags: rank 0 alone says what is wrong (or prints --help)
+    // (the others wait a moment, so the launcher does not end rank 0 before it has said it)
+    if (hl::launcher_rank() > 0) {
+      ::usleep(500000);
+      return e.get_exit_code();
+    }
     return app.exit(e);
   }
   // Started by mpirun or srun: join the job. Only train (data-parallel) and ablate (runs shared

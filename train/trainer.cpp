@@ -358,6 +358,7 @@ void write_summary(const std::string& out, const TrainArgs& args, const TrainRes
             {"steps", r.steps},
             {"skipped_steps", r.skipped_steps},
             {"parameters", r.params},
+            {"ranks", r.ranks},
             {"peak_tensor_bytes", r.peak_tensor_bytes},
             {"peak_rss_kb", r.peak_rss_kb}};
   write_file_atomic(out + "/summary.json", j.dump(2) + "\n");
@@ -492,6 +493,7 @@ TrainResult Trainer::run(const TrainObserver& obs) {
   set_num_threads(args_.threads);
   TrainResult res;
   res.params = model_->num_parameters();
+  res.ranks = group_ ? group_->size() : 1;
   double wall_offset = 0;
   int64_t start = 0;
   const std::string metrics_path = writes_files() ? args_.out + "/metrics.jsonl" : "";

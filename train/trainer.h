@@ -60,6 +60,7 @@ struct TrainResult {
   int64_t first_step_99 = -1;  // first eval step with token accuracy >= 99%
   double train_s = 0;          // time in training steps (evaluations excluded)
   size_t peak_tensor_bytes = 0;  // most tensor memory live at once during the run
+  int ranks = 1;                 // processes that shared each batch (MPI data parallelism)
   std::vector<std::pair<int64_t, EvalResult>> curve;  // (step, eval) over training
 };
 
