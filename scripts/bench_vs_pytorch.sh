@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # headlab vs PyTorch, measured side by side in one run (not part of CI).
 # Alternates `headlab bench --one CFG` and ../shared/bench/torch_step.py for each config,
-# ROUNDS times, under one environment (../shared/bench/torch_env.sh: passive OpenMP waiting,
-# no malloc trimming), and prints medians and ratios.
+# ROUNDS times, and prints medians and ratios. PyTorch runs under ../shared/bench/torch_env.sh
+# (passive OpenMP waiting, no malloc trimming), headlab under the same minus the passive waiting
+# (HEADLAB_ENV, below).
 #
 # OPENBLAS_CORETYPE: Debian's OpenBLAS 0.3.21 does not recognise this CPU and falls back to its
 # Prescott kernels when the variable is unset, for PyTorch as for headlab. Both run with the
 # same kernels: CORE (default SkylakeX, the AVX-512 ones); CORE=unset runs with it unset.
-# Usage: scripts/bench_vs_pytorch.sh [CONFIGS...]   (default: S M L)
+# Usage: scripts/bench_vs_pytorch.sh [CONFIGS...]   (default: S M L V1 V4 V16)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED=${SHARED:-$(cd .. && pwd)/shared/bench}
 ROUNDS=${ROUNDS:-3}
 THREADS=${THREADS:-2}
 CORE=${CORE:-SkylakeX}
-configs=("$@"); [ ${#configs[@]} -gt 0 ] || configs=(S M L)
+configs=("$@"); [ ${#configs[@]} -gt 0 ] || configs=(S M L V1 V4 V16)
 
 if ! dpkg-query -W -f='${Status}' python3-torch 2>/dev/null | grep -q "install ok installed"; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch
@@ -24,23 +25,29 @@ bash scripts/build.sh >/dev/null
 source "$SHARED/torch_env.sh"
 if [ "$CORE" = unset ]; then unset OPENBLAS_CORETYPE; export HEADLAB_BLAS_CORE_CHOSEN=keep; else export OPENBLAS_CORETYPE=$CORE; fi
 
+# torch_env.sh makes OpenMP threads sleep between parallel regions (PyTorch's workers would
+# otherwise fight OpenBLAS's); headlab, which runs ~100 short regions a step, loses 2-4 ms a step
+# to the wake-ups on these hosts. HEADLAB_ENV=best (default) runs headlab with OpenMP's default
+# waiting, each side in its best environment; HEADLAB_ENV=same runs headlab under torch_env.sh too.
+HL_ENV=(env -u OMP_WAIT_POLICY)
+[ "${HEADLAB_ENV:-best}" = same ] && HL_ENV=(env)
 out=$(mktemp -d)
 for cfg in "${configs[@]}"; do
-  steps=50; [ "$cfg" = S ] || steps=30
+  steps=30; case $cfg in S|V*) steps=50;; esac
   for r in $(seq "$ROUNDS"); do
     echo "round $r/$ROUNDS: $cfg" >&2
-    ./build/headlab bench --one "$cfg" --threads "$THREADS" --steps "$steps" --warmup 5 >> "$out/headlab.jsonl"
+    "${HL_ENV[@]}" ./build/headlab bench --one "$cfg" --threads "$THREADS" --steps "$steps" --warmup 5 >> "$out/headlab.jsonl"
     /usr/bin/python3 "$SHARED/torch_step.py" --config "$cfg" --steps "$steps" --threads "$THREADS" --mode train >> "$out/torch_train.jsonl"
     /usr/bin/python3 "$SHARED/torch_step.py" --config "$cfg" --steps "$steps" --threads "$THREADS" --mode forward >> "$out/torch_fwd.jsonl"
   done
 done
-/usr/bin/python3 - "$out" "${OPENBLAS_CORETYPE:-unset}" "$THREADS" <<'PY'
+/usr/bin/python3 - "$out" "${OPENBLAS_CORETYPE:-unset}" "$THREADS" "${HEADLAB_ENV:-best}" <<'PY'
 import json, statistics, sys
 d, core, threads = sys.argv[1], sys.argv[2], sys.argv[3]
 load = lambda f: [json.loads(l) for l in open(f"{d}/{f}") if l.strip()]
 hl, tt, tf = load("headlab.jsonl"), load("torch_train.jsonl"), load("torch_fwd.jsonl")
 med = lambda xs: statistics.median(xs)
-print(f"OPENBLAS_CORETYPE={core}, {threads} threads, medians over rounds of per-run medians")
+print(f"OPENBLAS_CORETYPE={core}, {threads} threads, headlab environment: {sys.argv[4]}, medians over rounds of per-run medians")
 print(f"{'cfg':4} {'headlab train ms':>16} {'torch train ms':>15} {'speed-up':>9} {'headlab fwd ms':>15} {'torch fwd ms':>13} {'speed-up':>9} {'headlab RSS MiB':>16} {'torch RSS MiB':>14}")
 for cfg in dict.fromkeys(r["config"] for r in hl):
     h = [r for r in hl if r["config"] == cfg]; a = [r for r in tt if r["config"] == cfg]; f = [r for r in tf if r["config"] == cfg]
