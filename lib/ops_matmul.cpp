@@ -150,7 +150,8 @@ const float* transposed_b(const float* B, int64_t ldb, int64_t N, int64_t K) {
 // otherwise OpenBLAS.
 // Debian 12's OpenBLAS 0.3.21 with its SkylakeX kernels calls malloc in every row-major NN product
 // whose N leaves 1..8 columns past a multiple of 16 (K >= 32): attention's P V and dS K with a
-// small d_head, once per (batch, head). Leftovers of 3..8 columns go to gemm_nn_narrow instead,
+// small d_head, once per (batch, head). Of the NN products small_gemm does not take (K or N
+// above 128), leftovers of 3..8 columns go to gemm_nn_narrow instead,
 // which is also faster there (33 x 33 x n, one thread: n = 4 193 vs 215 ns, n = 8 207 vs 407 ns).
 // At 1..2 columns (d_head <= 2) OpenBLAS's kernel stays: it is 25% faster per call than any kernel
 // of ours we measured (157 vs 181-210 ns), which outweighs its malloc.
