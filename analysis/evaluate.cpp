@@ -14,25 +14,30 @@ int32_t argmax(const float* l, int64_t n) {
 }
 }  // namespace
 
-std::vector<std::vector<int32_t>> greedy_answers(TransformerLM& model, const Batch& batch) {
+std::vector<std::vector<std::vector<int32_t>>> greedy_answers(TransformerLM& model, std::span<const Batch> data) {
   EvalScope mode(model);
   NoGradGuard ng;
-  // rows by (prompt length, answer length): each group decodes in one batch
-  std::map<std::pair<int, int>, std::vector<int64_t>> groups;
-  for (int64_t r = 0; r < batch.size(); ++r) {
-    if (batch.prompt_len.empty() || batch.prompt_len[r] < 1) continue;
-    int answer = 0;
-    for (int64_t t = 0; t < batch.targets.shape[1]; ++t) answer += batch.targets.at(r, t) >= 0;
-    groups[{batch.prompt_len[r], answer}].push_back(r);
+  // rows of all batches by (prompt length, answer length): each group decodes in one batch, so a
+  // held-out set of the copy tasks takes 16 groups, not 16 per batch
+  std::map<std::pair<int, int>, std::vector<std::pair<size_t, int64_t>>> groups;  // -> (batch, row)
+  std::vector<std::vector<std::vector<int32_t>>> out(data.size());
+  for (size_t i = 0; i < data.size(); ++i) {
+    const Batch& batch = data[i];
+    out[i].resize(static_cast<size_t>(batch.size()));
+    for (int64_t r = 0; r < batch.size(); ++r) {
+      if (batch.prompt_len.empty() || batch.prompt_len[r] < 1) continue;
+      int answer = 0;
+      for (int64_t t = 0; t < batch.targets.shape[1]; ++t) answer += batch.targets.at(r, t) >= 0;
+      groups[{batch.prompt_len[r], answer}].push_back({i, r});
+    }
   }
-  std::vector<std::vector<int32_t>> out(batch.size());
   for (auto& [key, rows] : groups) {
     const auto [p, n] = key;
     if (n == 0) continue;
     const int64_t G = static_cast<int64_t>(rows.size());
     Ids prompt(Shape{G, p});
     for (int64_t g = 0; g < G; ++g)
-      for (int t = 0; t < p; ++t) prompt.at(g, t) = batch.inputs.at(rows[g], t);
+      for (int t = 0; t < p; ++t) prompt.at(g, t) = data[rows[g].first].inputs.at(rows[g].second, t);
     std::vector<KVCacheLayer> cache;
     ForwardOptions opt;
     opt.kv_cache = &cache;
@@ -44,12 +49,16 @@ std::vector<std::vector<int32_t>> greedy_answers(TransformerLM& model, const Bat
       for (int64_t g = 0; g < G; ++g) {
         const int32_t best = argmax(logits.data() + (g * T + T - 1) * V, V);
         next.at(g, 0) = best;
-        out[rows[g]].push_back(best);
+        out[rows[g].first][static_cast<size_t>(rows[g].second)].push_back(best);
       }
       if (i + 1 < n) logits = model.forward(next, opt);  // (G, 1, V)
     }
   }
   return out;
+}
+
+std::vector<std::vector<int32_t>> greedy_answers(TransformerLM& model, const Batch& batch) {
+  return greedy_answers(model, std::span<const Batch>(&batch, 1))[0];
 }
 
 EvalResult evaluate(TransformerLM& model, const Task& task, const std::vector<Batch>& data,
@@ -59,35 +68,45 @@ EvalResult evaluate(TransformerLM& model, const Task& task, const std::vector<Ba
   EvalResult r;
   double loss_sum = 0;
   int64_t correct = 0, exact = 0, ar_exact = 0, ar_rows = 0;
+  std::vector<int32_t> live_len;  // positions up to each row's last target (see live_positions)
+  Ids live_targets;
   for (const Batch& b : data) {
     ForwardOptions opt;
     opt.key_padding = b.key_padding;
     opt.hooks = hooks;
-    Tensor logits = model.forward(b.inputs, opt);  // (B, T, V)
-    const int64_t B = b.size(), T = b.inputs.shape[1], V = logits.size(2);
+    const int64_t B = b.size(), T = b.inputs.shape[1];
+    const bool live = !hooks && b.live_positions(live_len, live_targets);
+    if (live) opt.live_len = live_len;
+    // (B, T, V), or with live_len the live positions' rows (row 0's, then row 1's, ...)
+    const Tensor logits = model.forward(b.inputs, opt);
+    const int64_t V = logits.size(-1);
     const int64_t counted = b.counted_targets();
-    loss_sum += static_cast<double>(cross_entropy(logits, b.targets).item()) * counted;
+    loss_sum += static_cast<double>(cross_entropy(logits, live ? live_targets : b.targets).item()) * counted;
     r.tokens += counted;
+    const float* row_logits = logits.data();  // position (row, 0)
     for (int64_t row = 0; row < B; ++row) {
+      const int64_t positions = live ? live_len[static_cast<size_t>(row)] : T;
       bool all = true;
-      for (int64_t t = 0; t < T; ++t) {
+      for (int64_t t = 0; t < positions; ++t) {
         const int32_t target = b.targets.at(row, t);
         if (target < 0) continue;
-        const int32_t best = argmax(logits.data() + (row * T + t) * V, V);
+        const int32_t best = argmax(row_logits + t * V, V);
         correct += best == target;
         all = all && best == target;
       }
       exact += all;
+      row_logits += positions * V;
     }
     r.sequences += B;
-    if (autoregressive) {
-      auto answers = greedy_answers(model, b);
-      for (int64_t row = 0; row < B; ++row) {
-        if (b.prompt_len.empty() || b.prompt_len[row] < 1) continue;  // no answer to decode (text, tokens)
+  }
+  if (autoregressive) {
+    const auto answers = greedy_answers(model, data);  // [batch][row]
+    for (size_t i = 0; i < data.size(); ++i)
+      for (int64_t row = 0; row < data[i].size(); ++row) {
+        if (data[i].prompt_len.empty() || data[i].prompt_len[row] < 1) continue;  // no answer to decode (text, tokens)
         ++ar_rows;
-        ar_exact += answers[row] == task.answer(b, row);
+        ar_exact += answers[i][static_cast<size_t>(row)] == task.answer(data[i], row);
       }
-    }
   }
   r.loss = r.tokens ? loss_sum / r.tokens : 0;
   r.token_acc = r.tokens ? static_cast<double>(correct) / r.tokens : 0;

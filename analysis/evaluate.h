@@ -1,6 +1,7 @@
 // Held-out evaluation on a task: loss, token accuracy and exact match teacher-forced, and (for
 // tasks whose rows have prompts) exact match under greedy decoding with the KV cache.
 #pragma once
+#include <span>
 #include <vector>
 
 #include "datasets/task.h"
@@ -23,5 +24,8 @@ EvalResult evaluate(TransformerLM& model, const Task& task, const std::vector<Ba
 // Greedy decoding of the answers of the rows of a batch that have prompts (others: empty),
 // grouped by prompt and answer length (KV cache).
 std::vector<std::vector<int32_t>> greedy_answers(TransformerLM& model, const Batch& batch);
+// The same over several batches at once (rows of one prompt and answer length decode together
+// whichever batch they are in): answers[batch][row].
+std::vector<std::vector<std::vector<int32_t>>> greedy_answers(TransformerLM& model, std::span<const Batch> data);
 
 }  // namespace hl

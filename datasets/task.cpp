@@ -100,6 +100,26 @@ int64_t Batch::counted_targets() const {
   return n;
 }
 
+bool Batch::live_positions(std::vector<int32_t>& len, Ids& packed_targets) const {
+  const int64_t B = size(), T = inputs.shape[1];
+  int64_t n = 0;
+  len.resize(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t last = 0;  // one past the last counted target
+    for (int64_t t = 0; t < T; ++t)
+      if (targets.at(b, t) >= 0) last = static_cast<int32_t>(t + 1);
+    len[static_cast<size_t>(b)] = last;
+    n += last;
+  }
+  if (n == 0 || n == B * T) return false;
+  packed_targets.shape = Shape{n};
+  packed_targets.data.reserve(static_cast<size_t>(B * T));  // once: later batches reuse it
+  packed_targets.data.resize(static_cast<size_t>(n));
+  for (int64_t b = 0, i = 0; b < B; ++b)
+    for (int32_t t = 0; t < len[static_cast<size_t>(b)]; ++t) packed_targets.data[static_cast<size_t>(i++)] = targets.at(b, t);
+  return true;
+}
+
 void Batch::rows_into(int64_t lo, int64_t hi, Batch& out) const {
   if (lo < 0 || hi > size() || lo > hi) fail("Batch::rows_into: rows [", lo, ", ", hi, ") of a batch of ", size());
   const int64_t T = inputs.shape[1];

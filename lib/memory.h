@@ -2,7 +2,7 @@
 // the small fixed-size objects (tensor handles, storages) created by every op.
 //
 // Why: a training step creates the same buffers in the same sizes every iteration. Keeping
-// freed buffers in exact-size buckets makes the steady state allocate nothing from the heap
+// freed buffers in size-class buckets makes the steady state allocate nothing from the heap
 // (DESIGN.md), and keeps peak RSS equal to the peak of live tensors.
 // Not thread-safe: tensors are created and destroyed on the calling thread only; OpenMP
 // loops inside ops compute into buffers allocated before the loop.

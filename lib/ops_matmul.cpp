@@ -179,9 +179,11 @@ void sgemm_call(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, flo
 }
 // Threads for an (M,N) x K product: tiny products run on one thread (one call), as do
 // products inside a parallel region. (OpenBLAS's own threading is within 3% on the largest
-// shapes here, but it mallocs a job array per call; our splits allocate nothing.)
+// shapes here, but it mallocs a job array per call; our splits allocate nothing.) The limit is
+// OpenBLAS's own (M N K <= 65536 x 4 runs single-threaded in it): a product we leave on one
+// thread outside a parallel region must not be one that OpenBLAS would thread itself.
 int product_threads(int64_t M, int64_t N, int64_t K) {
-  return static_cast<double>(M) * N * K < 32768.0 * 16 || omp_in_parallel() ? 1 : omp_get_max_threads();
+  return static_cast<double>(M) * N * K <= 65536.0 * 4 || omp_in_parallel() ? 1 : omp_get_max_threads();
 }
 }  // namespace
 

@@ -27,6 +27,21 @@ struct AttnDims {
   // Where q, k and v live: row strides and column offsets into their tensors' rows. Separate
   // tensors: q (B,Tq,H*dh), k and v (B,Tk,Hkv*dh), offsets 0. Packed: one (B,T,(H+2Hkv)dh).
   int64_t q_ld = 0, kv_ld = 0, q_off = 0, k_off = 0, v_off = 0;
+  // Sequences of their own lengths packed back to back (attention_varlen): sequence b is rows
+  // [starts[b], starts[b + 1]) of q, k, v and the output; Tq = Tk = kv_rows = the longest.
+  // Undefined: sequence b starts at row b * Tq of q and the output, b * kv_rows of k and v.
+  // (B + 1); the buffer is kept alive by attention_impl's caller and its backward
+  const int32_t* starts = nullptr;
+  int64_t q_row(int64_t b) const { return starts ? starts[b] : b * Tq; }
+  int64_t kv_row(int64_t b) const { return starts ? starts[b] : b * kv_rows; }
+  // Sequence b's dims (its length as Tq, Tk and kv_rows when varlen)
+  AttnDims seq(int64_t b) const {
+    if (!starts) return *this;
+    AttnDims s = *this;
+    s.Tq = s.Tk = s.kv_rows = starts[b + 1] - starts[b];
+    s.starts = nullptr;
+    return s;
+  }
   int64_t ldq() const { return q_ld; }       // row stride of q
   int64_t ldkv() const { return kv_ld; }     // row stride of k and v
   int64_t ldo() const { return H * dh; }     // row stride of the output
@@ -127,12 +142,13 @@ int64_t visible_keys(const AttnDims& d, bool causal, int64_t i1) {
 // columns from ke on are set to 0. The loops run over all ke columns for every row of a block
 // and mask causally by index, branch-free: rows of a block then have one trip count (row-
 // dependent lengths cost a mispredicted loop exit per loop and were 1.8x slower at T = 33).
+// pad: this sequence's (Tk) key padding or null.
 void masked_softmax_row(float* row, int64_t ke, const AttnDims& d, int64_t b, int64_t h, int64_t i,
                         bool causal, const float* pad, const float* am, const MaskStrides& ms) {
   const int64_t last = causal ? i + (d.Tk - d.Tq) : d.Tk - 1;  // last visible key
   if (pad || am)
     for (int64_t j = 0; j < ke; ++j) {
-      if (pad && pad[b * d.Tk + j] != 0.f) row[j] = kNegInf;
+      if (pad && pad[j] != 0.f) row[j] = kNegInf;
       else if (am) row[j] += am[b * ms.s[0] + h * ms.s[1] + i * ms.s[2] + j * ms.s[3]];
     }
   const float m = max_lanes(row, std::min(ke, last + 1));  // over the visible keys
@@ -331,8 +347,9 @@ std::shared_ptr<PatternGradSink> pattern_grad_sink(const AttentionArgs& a) {
 
 // The op for both layouts: q, k, v are three tensors, or one packed tensor passed three times
 // (then it is the only tensor parent and its gradient block receives dQ, dK and dV).
+// starts_buffer: what d.starts points into (varlen), kept alive for backward.
 Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const AttnDims& d,
-                      const AttentionArgs& a, Tensor* pattern) {
+                      const AttentionArgs& a, Tensor* pattern, const Tensor& starts_buffer = Tensor()) {
   const bool packed = q.same(k);
   const float scale = a.scale > 0.f ? a.scale : 1.f / std::sqrt(static_cast<float>(d.dh));
   MaskStrides ms;
@@ -360,7 +377,8 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
     float* M = drop_mask.data();
     for (int64_t i = 0, n = P.numel(); i < n; ++i) M[i] = a.rng->uniform() < a.dropout ? 0.f : keep;
   }
-  Tensor out = Tensor::empty({d.B, d.Tq, d.ldo()});
+  Tensor out = d.starts ? Tensor::empty({d.starts[d.B], d.ldo()})  // (n, H*dh)
+                                  : Tensor::empty({d.B, d.Tq, d.ldo()});
   const float *Q = q.data() + d.q_off, *K = k.data() + d.k_off, *V = v.data() + d.v_off;
   float *Pp = P.defined() ? P.data() : nullptr, *Pdp = Pd.defined() ? Pd.data() : nullptr, *O = out.data();
   const float* M = drop ? drop_mask.data() : nullptr;
@@ -368,42 +386,45 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
 
   parallel_for(d.B * d.H, d.B * d.H * TT * d.dh, [&](int64_t bh) {
     const int64_t b = bh / d.H, h = bh % d.H, kvh = h / d.group();
-    const float* Qh = Q + b * d.Tq * d.ldq() + h * d.dh;          // (Tq, dh), ld ldq
-    const float* Kh = K + b * d.kv_rows * d.ldkv() + kvh * d.dh;  // (Tk, dh), ld ldkv
-    const float* Vh = V + b * d.kv_rows * d.ldkv() + kvh * d.dh;
-    float* S = Pp ? Pp + bh * TT : nullptr;                        // (Tq, Tk); null: weights not kept
-    float* Oh = O + b * d.Tq * d.ldo() + h * d.dh;                 // (Tq, dh), ld H*dh
+    const AttnDims ds = d.seq(b);  // this sequence's Tq, Tk (varlen) or d's
+    if (ds.Tq == 0) return;
+    const float* Qh = Q + d.q_row(b) * d.ldq() + h * d.dh;    // (Tq, dh), ld ldq
+    const float* Kh = K + d.kv_row(b) * d.ldkv() + kvh * d.dh;  // (Tk, dh), ld ldkv
+    const float* Vh = V + d.kv_row(b) * d.ldkv() + kvh * d.dh;
+    float* S = Pp ? Pp + bh * TT : nullptr;                      // (Tq, Tk); null: weights not kept
+    float* Oh = O + d.q_row(b) * d.ldo() + h * d.dh;             // (Tq, dh), ld H*dh
     const float g = gates ? gates[h] : 1.f;
+    const float* pb = pad ? pad + b * d.Tk : nullptr;            // (Tk) this sequence's padding
 #ifdef __AVX512F__
     if (small) {
-      const float* pb = pad ? pad + b * d.Tk : nullptr;
       float* PT = keep_weights ? S : nullptr;
       switch (d.dh) {
-        case 1: small_head_forward<1>(d, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
-        case 2: small_head_forward<2>(d, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
-        case 3: small_head_forward<3>(d, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
-        case 4: small_head_forward<4>(d, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
-        case 5: small_head_forward<5>(d, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
-        case 6: small_head_forward<6>(d, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
-        case 7: small_head_forward<7>(d, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
-        default: small_head_forward<8>(d, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
+        case 1: small_head_forward<1>(ds, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
+        case 2: small_head_forward<2>(ds, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
+        case 3: small_head_forward<3>(ds, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
+        case 4: small_head_forward<4>(ds, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
+        case 5: small_head_forward<5>(ds, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
+        case 6: small_head_forward<6>(ds, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
+        case 7: small_head_forward<7>(ds, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
+        default: small_head_forward<8>(ds, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
       }
       return;
     }
 #endif
-    for (int64_t i0 = 0; i0 < d.Tq; i0 += BR) {
-      const int64_t i1 = std::min(d.Tq, i0 + BR), rows = i1 - i0, ke = visible_keys(d, causal, i1);
+    const int64_t BRs = d.starts ? block_rows(ds, causal) : BR;
+    for (int64_t i0 = 0; i0 < ds.Tq; i0 += BRs) {
+      const int64_t i1 = std::min(ds.Tq, i0 + BRs), rows = i1 - i0, ke = visible_keys(ds, causal, i1);
       // scores (rows, ke) = scale Q_h[i0:i1] K_h[:ke]^T
-      gemm(false, true, rows, ke, d.dh, scale, Qh + i0 * d.ldq(), d.ldq(), Kh, d.ldkv(), 0.f, S + i0 * d.Tk, d.Tk);
-      for (int64_t i = i0; i < i1; ++i) masked_softmax_row(S + i * d.Tk, ke, d, b, h, i, causal, pad, am, ms);
-      const float* W = S + i0 * d.Tk;
+      gemm(false, true, rows, ke, d.dh, scale, Qh + i0 * d.ldq(), d.ldq(), Kh, d.ldkv(), 0.f, S + i0 * ds.Tk, ds.Tk);
+      for (int64_t i = i0; i < i1; ++i) masked_softmax_row(S + i * ds.Tk, ke, ds, b, h, i, causal, pb, am, ms);
+      const float* W = S + i0 * ds.Tk;
       if (M) {
-        float* SD = Pdp + bh * TT + i0 * d.Tk;
-        for (int64_t e = 0; e < rows * d.Tk; ++e) SD[e] = W[e] * M[bh * TT + i0 * d.Tk + e];
+        float* SD = Pdp + bh * TT + i0 * ds.Tk;
+        for (int64_t e = 0; e < rows * ds.Tk; ++e) SD[e] = W[e] * M[bh * TT + i0 * ds.Tk + e];
         W = SD;
       }
       if (ke > 0)  // out_h[i0:i1] = g P[:, :ke] V_h[:ke]
-        gemm(false, false, rows, d.dh, ke, g, W, d.Tk, Vh, d.ldkv(), 0.f, Oh + i0 * d.ldo(), d.ldo());
+        gemm(false, false, rows, d.dh, ke, g, W, ds.Tk, Vh, d.ldkv(), 0.f, Oh + i0 * d.ldo(), d.ldo());
       else
         for (int64_t i = i0; i < i1; ++i) std::fill(Oh + i * d.ldo(), Oh + i * d.ldo() + d.dh, 0.f);
     }
@@ -412,7 +433,7 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
 
   if (grad)
     attach(out, "attention", {q, packed ? Tensor() : k, packed ? Tensor() : v, a.gates},
-           [q, k, v, gates = a.gates, P, Pd, drop_mask, sink = pattern_grad_sink(a), d, scale, causal, small](TensorImpl& self) {
+           [q, k, v, gates = a.gates, P, Pd, drop_mask, sink = pattern_grad_sink(a), d, starts_buffer, scale, causal, small](TensorImpl& self) {
              HL_PROFILE(Attention);
              const float *dO = self.grad->data(), *Q = q.data() + d.q_off, *K = k.data() + d.k_off,
                          *V = v.data() + d.v_off;
@@ -439,20 +460,22 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
              // so dK and dV rows are never written by two threads.
              parallel_for(d.B * d.Hkv, d.B * d.H * TT * d.dh, [&](int64_t bk) {
                const int64_t b = bk / d.Hkv, kvh = bk % d.Hkv;
-               const float* Kh = K + b * d.kv_rows * d.ldkv() + kvh * d.dh;
-               const float* Vh = V + b * d.kv_rows * d.ldkv() + kvh * d.dh;
-               float* dKh = dK ? dK + b * d.kv_rows * d.ldkv() + kvh * d.dh : nullptr;
-               float* dVh = dV ? dV + b * d.kv_rows * d.ldkv() + kvh * d.dh : nullptr;
+               const AttnDims ds = d.seq(b);  // this sequence's Tq, Tk, kv_rows (varlen) or d's
+               if (ds.Tq == 0) return;
+               const float* Kh = K + d.kv_row(b) * d.ldkv() + kvh * d.dh;
+               const float* Vh = V + d.kv_row(b) * d.ldkv() + kvh * d.dh;
+               float* dKh = dK ? dK + d.kv_row(b) * d.ldkv() + kvh * d.dh : nullptr;
+               float* dVh = dV ? dV + d.kv_row(b) * d.ldkv() + kvh * d.dh : nullptr;
                auto zero_block = [&](float* base, int64_t rows, int64_t ld) {  // (rows, dh) at ld
                  for (int64_t r = 0; r < rows; ++r) std::fill(base + r * ld, base + r * ld + d.dh, 0.f);
                };
-               if (dKh && fresh_k) zero_block(dKh, d.kv_rows, d.ldkv());
-               if (dVh && fresh_v) zero_block(dVh, d.kv_rows, d.ldkv());
+               if (dKh && fresh_k) zero_block(dKh, ds.kv_rows, d.ldkv());
+               if (dVh && fresh_v) zero_block(dVh, ds.kv_rows, d.ldkv());
                for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h)
-                 if (dQ && fresh_q) zero_block(dQ + b * d.Tq * d.ldq() + h * d.dh, d.Tq, d.ldq());
+                 if (dQ && fresh_q) zero_block(dQ + d.q_row(b) * d.ldq() + h * d.dh, ds.Tq, d.ldq());
 #ifdef __AVX512F__
                if (small) {
-                 const int64_t KS = d.Tk * d.dh * 16;
+                 const int64_t KS = ds.Tk * d.dh * 16;
                  float* dk_lanes = thread_scratch(static_cast<size_t>(2 * KS));  // (Tk, dh, 16) each
                  float* dv_lanes = dk_lanes + KS;
                  std::fill(dk_lanes, dk_lanes + 2 * KS, 0.f);
@@ -460,23 +483,23 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
                    const int64_t bh = b * d.H + h;
                    const float g = G ? G[h] : 1.f;
                    __m512 gate_acc = _mm512_setzero_ps();
-                   const float *PT = Pp + bh * TT, *Qh = Q + b * d.Tq * d.ldq() + h * d.dh,
-                               *dOh = dO + b * d.Tq * d.ldo() + h * d.dh;
-                   float* dQh = dQ ? dQ + b * d.Tq * d.ldq() + h * d.dh : nullptr;
+                   const float *PT = Pp + bh * TT, *Qh = Q + d.q_row(b) * d.ldq() + h * d.dh,
+                               *dOh = dO + d.q_row(b) * d.ldo() + h * d.dh;
+                   float* dQh = dQ ? dQ + d.q_row(b) * d.ldq() + h * d.dh : nullptr;
                    float* dPh = dPout ? dPout + bh * TT : nullptr;
                    switch (d.dh) {
-                     case 1: small_head_backward<1>(d, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
-                     case 2: small_head_backward<2>(d, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
-                     case 3: small_head_backward<3>(d, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
-                     case 4: small_head_backward<4>(d, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
-                     case 5: small_head_backward<5>(d, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
-                     case 6: small_head_backward<6>(d, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
-                     case 7: small_head_backward<7>(d, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
-                     default: small_head_backward<8>(d, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
+                     case 1: small_head_backward<1>(ds, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
+                     case 2: small_head_backward<2>(ds, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
+                     case 3: small_head_backward<3>(ds, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
+                     case 4: small_head_backward<4>(ds, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
+                     case 5: small_head_backward<5>(ds, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
+                     case 6: small_head_backward<6>(ds, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
+                     case 7: small_head_backward<7>(ds, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
+                     default: small_head_backward<8>(ds, causal, scale, g, PT, Qh, Kh, Vh, dOh, dQh, dk_lanes, dv_lanes, gate_acc, dPh); break;
                    }
                    if (dG) GP[bh] = _mm512_reduce_add_ps(gate_acc);
                  }
-                 for (int64_t j = 0; j < d.Tk; ++j)  // dK_h, dV_h += the lanes' sums
+                 for (int64_t j = 0; j < ds.Tk; ++j)  // dK_h, dV_h += the lanes' sums
                    for (int64_t c = 0; c < d.dh; ++c) {
                      const int64_t at = (j * d.dh + c) * 16;
                      if (dKh) dKh[j * d.ldkv() + c] += scale * _mm512_reduce_add_ps(_mm512_load_ps(dk_lanes + at));
@@ -487,37 +510,38 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
 #endif
                for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
                  const int64_t bh = b * d.H + h;
-                 const float* Qh = Q + b * d.Tq * d.ldq() + h * d.dh;
-                 const float* dOh = dO + b * d.Tq * d.ldo() + h * d.dh;
-                 float* dQh = dQ ? dQ + b * d.Tq * d.ldq() + h * d.dh : nullptr;
+                 const float* Qh = Q + d.q_row(b) * d.ldq() + h * d.dh;
+                 const float* dOh = dO + d.q_row(b) * d.ldo() + h * d.dh;
+                 float* dQh = dQ ? dQ + d.q_row(b) * d.ldq() + h * d.dh : nullptr;
                  const float g = G ? G[h] : 1.f;
                  double gate_sum = 0;
-                 for (int64_t i0 = 0; i0 < d.Tq; i0 += BR) {
-                   const int64_t i1 = std::min(d.Tq, i0 + BR), rows = i1 - i0, ke = visible_keys(d, causal, i1);
+                 const int64_t BRs = d.starts ? block_rows(ds, causal) : BR;
+                 for (int64_t i0 = 0; i0 < ds.Tq; i0 += BRs) {
+                   const int64_t i1 = std::min(ds.Tq, i0 + BRs), rows = i1 - i0, ke = visible_keys(ds, causal, i1);
                    if (ke == 0) continue;  // fully masked rows: no gradient flows
-                   const float* Pb = Pp + bh * TT + i0 * d.Tk;   // (rows, Tk) weights
-                   const float* Wb = Pdp + bh * TT + i0 * d.Tk;  // after dropout
-                   float* Ub = U + bh * TT + i0 * d.Tk;
+                   const float* Pb = Pp + bh * TT + i0 * ds.Tk;   // (rows, Tk) weights
+                   const float* Wb = Pdp + bh * TT + i0 * ds.Tk;  // after dropout
+                   float* Ub = U + bh * TT + i0 * ds.Tk;
                    const float* dOb = dOh + i0 * d.ldo();
                    // Ub = dO_h V_h^T (rows, ke): dL/d(weights) before the gate
-                   gemm(false, true, rows, ke, d.dh, 1.f, dOb, d.ldo(), Vh, d.ldkv(), 0.f, Ub, d.Tk);
+                   gemm(false, true, rows, ke, d.dh, 1.f, dOb, d.ldo(), Vh, d.ldkv(), 0.f, Ub, ds.Tk);
                    if (dVh)  // dV_h[:ke] += g Pd^T dO_h
-                     gemm(true, false, ke, d.dh, rows, g, Wb, d.Tk, dOb, d.ldo(), 1.f, dVh, d.ldkv());
+                     gemm(true, false, ke, d.dh, rows, g, Wb, ds.Tk, dOb, d.ldo(), 1.f, dVh, d.ldkv());
                    for (int64_t r = 0; r < rows; ++r) {
-                     float* u = Ub + r * d.Tk;
-                     const float *p = Pb + r * d.Tk, *w = Wb + r * d.Tk;
+                     float* u = Ub + r * ds.Tk;
+                     const float *p = Pb + r * ds.Tk, *w = Wb + r * ds.Tk;
                      if (dG)
                        for (int64_t j = 0; j < ke; ++j) gate_sum += static_cast<double>(u[j]) * w[j];
                      // dL/dP = g U (times the dropout mask); reported as 0 where masked
                      if (M) {
-                       const float* m = M + bh * TT + (i0 + r) * d.Tk;
+                       const float* m = M + bh * TT + (i0 + r) * ds.Tk;
                        for (int64_t j = 0; j < ke; ++j) u[j] *= g * m[j];
                      } else if (g != 1.f) {
 #pragma omp simd
                        for (int64_t j = 0; j < ke; ++j) u[j] *= g;
                      }
                      if (dPout) {
-                       float* dp = dPout + bh * TT + (i0 + r) * d.Tk;
+                       float* dp = dPout + bh * TT + (i0 + r) * ds.Tk;
                        for (int64_t j = 0; j < ke; ++j) dp[j] += p[j] > 0.f ? u[j] : 0.f;
                      }
                      // softmax backward from the saved output: dS = P (dP - rowsum(dP P))
@@ -526,9 +550,9 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
                      for (int64_t j = 0; j < ke; ++j) u[j] = p[j] * (u[j] - dot);
                    }
                    if (dQh)  // dQ_h[i0:i1] += scale dS K_h[:ke]
-                     gemm(false, false, rows, d.dh, ke, scale, Ub, d.Tk, Kh, d.ldkv(), 1.f, dQh + i0 * d.ldq(), d.ldq());
+                     gemm(false, false, rows, d.dh, ke, scale, Ub, ds.Tk, Kh, d.ldkv(), 1.f, dQh + i0 * d.ldq(), d.ldq());
                    if (dKh)  // dK_h[:ke] += scale dS^T Q_h[i0:i1]
-                     gemm(true, false, ke, d.dh, rows, scale, Ub, d.Tk, Qh + i0 * d.ldq(), d.ldq(), 1.f, dKh, d.ldkv());
+                     gemm(true, false, ke, d.dh, rows, scale, Ub, ds.Tk, Qh + i0 * d.ldq(), d.ldq(), 1.f, dKh, d.ldkv());
                  }
                  if (dG) GP[bh] = static_cast<float>(gate_sum);
                }
@@ -547,6 +571,40 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
                  Tensor* pattern) {
   HL_PROFILE(Attention);
   return attention_impl(q, k, v, check_attention(q, k, v, a), a, pattern);
+}
+
+Tensor attention_varlen(const Tensor& qkv, std::span<const int32_t> len, const AttentionArgs& a) {
+  HL_PROFILE(Attention);
+  AttnDims d;
+  d.H = a.n_heads;
+  d.Hkv = a.n_kv_heads ? a.n_kv_heads : a.n_heads;
+  check_heads(d.H, d.Hkv);
+  if (qkv.ndim() != 2)
+    fail("attention: packed sequences ", qkv.shape().str(), ": expected (rows, (heads + 2 kv_heads) d_head)");
+  d.dh = a.d_head ? a.d_head : qkv.size(1) / (d.H + 2 * d.Hkv);
+  if (d.dh < 1 || qkv.size(1) != (d.H + 2 * d.Hkv) * d.dh)
+    fail("attention: packed sequences ", qkv.shape().str(), " are not ", d.H, " + 2 x ", d.Hkv, " heads of d_head ", d.dh);
+  if (a.kv_len || a.pattern_grad.defined() || a.on_pattern_grad)
+    fail("attention: packed sequences take no kv_len and give no pattern gradient");
+  d.B = static_cast<int64_t>(len.size());
+  const Tensor starts_buffer = Tensor::empty({d.B + 1});
+  int32_t* starts = reinterpret_cast<int32_t*>(starts_buffer.data());
+  d.starts = starts;
+  int64_t rows = 0, longest = 0;
+  for (int64_t b = 0; b < d.B; ++b) {
+    if (len[static_cast<size_t>(b)] < 0) fail("attention: sequence length ", len[static_cast<size_t>(b)], " < 0");
+    starts[b] = static_cast<int32_t>(rows);
+    rows += len[static_cast<size_t>(b)];
+    longest = std::max<int64_t>(longest, len[static_cast<size_t>(b)]);
+  }
+  starts[d.B] = static_cast<int32_t>(rows);
+  if (rows != qkv.size(0)) fail("attention: sequence lengths add up to ", rows, ", qkv has ", qkv.size(0), " rows");
+  d.Tq = d.Tk = d.kv_rows = longest;
+  d.q_ld = d.kv_ld = qkv.size(1);
+  d.k_off = d.H * d.dh;
+  d.v_off = (d.H + d.Hkv) * d.dh;
+  check_attention_args(d, a);
+  return attention_impl(qkv, qkv, qkv, d, a, nullptr, starts_buffer);
 }
 
 Tensor attention_packed(const Tensor& qkv, const AttentionArgs& a, Tensor* pattern) {
@@ -672,6 +730,21 @@ Tensor attention_from_pattern(const Tensor& P, const Tensor& v, const AttentionA
 
 }  // namespace
 
+AttentionArgs MultiHeadAttention::args_for(const Call& call, int64_t kv_len) const {
+  AttentionArgs a;
+  a.n_heads = cfg.n_heads;
+  a.n_kv_heads = cfg.kv_heads();
+  a.d_head = static_cast<int>(cfg.head_dim());
+  a.causal = call.causal;
+  a.additive_mask = call.additive_mask;
+  a.key_padding = call.key_padding;
+  a.gates = gates;
+  a.dropout = training() ? cfg.dropout : 0.f;
+  a.rng = dropout_rng_;
+  a.kv_len = kv_len;
+  return a;
+}
+
 Tensor MultiHeadAttention::forward(const Tensor& x_q, const Tensor& x_kv_in, const Call& call) {
   const Hooks* hk = call.hooks;
   const std::string& pre = call.hook_prefix;
@@ -685,6 +758,12 @@ Tensor MultiHeadAttention::forward(const Tensor& x_q, const Tensor& x_kv_in, con
     const Tensor r = hk->apply(pre + n, view);
     return r.same(view) ? t : reshape(r, t.shape());
   };
+  if (!call.live_len.empty()) {  // x_q (n, d_model): sequences packed back to back
+    if (x_kv_in.defined() || call.kv_cache || hk) fail("attention: packed sequences are for self-attention without hooks or cache");
+    const Tensor ws[3] = {W_Q.weight, W_K.weight, W_V.weight}, bs[3] = {W_Q.bias, W_K.bias, W_V.bias};
+    const Tensor qkv = linear_stacked(x_q, ws, bs);  // (n, (H + 2 Hkv) dh)
+    return W_O.forward(attention_varlen(qkv, call.live_len, args_for(call, 0)));  // (n, d_model)
+  }
   // Self-attention: one projection and one packed attention, no copies (the fast path). Only a
   // hook that replaces (or needs the gradient of) q, k or v splits them.
   const bool packed = !x_kv_in.defined() && !call.kv_cache;
@@ -733,17 +812,7 @@ Tensor MultiHeadAttention::forward(const Tensor& x_q, const Tensor& x_kv_in, con
     k = c.k;
     v = c.v;
   }
-  AttentionArgs a;
-  a.n_heads = H;
-  a.n_kv_heads = Hkv;
-  a.d_head = static_cast<int>(dh);
-  a.causal = call.causal;
-  a.additive_mask = call.additive_mask;
-  a.key_padding = call.key_padding;
-  a.gates = gates;
-  a.dropout = training() ? cfg.dropout : 0.f;
-  a.rng = dropout_rng_;
-  a.kv_len = kv_len;
+  AttentionArgs a = args_for(call, kv_len);
   const int64_t B = x_q.size(0), Tq = x_q.size(1), Tk = kv_len ? kv_len : (packed ? Tq : k.size(1));
 
   // Scores and pattern. The fused op hands out the pattern for reading and, in backward, dL/dP

@@ -47,6 +47,12 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
 // copies to split it. Gradients land in one (B, T, (H + 2 Hkv) dh) block. No kv_len.
 Tensor attention_packed(const Tensor& qkv, const AttentionArgs& args, Tensor* pattern = nullptr);
 
+// Self-attention within each of B sequences of their own lengths, packed back to back: qkv
+// (sum of len, (H + 2 Hkv) dh) as in attention_packed, sequence b being len[b] consecutive rows
+// -> (sum of len, H*dh). No position is computed beyond its sequence (a batch's padding costs
+// nothing). key_padding, if given, is (B, longest len). No pattern, additive mask or kv_len.
+Tensor attention_varlen(const Tensor& qkv, std::span<const int32_t> len, const AttentionArgs& a);
+
 // Functional scaled dot-product attention without projections: q, k, v (T, H*dk) or
 // (B, T, H*dk), heads split by columns. Returns (output, pattern (B, H, Tq, Tk)).
 std::pair<Tensor, Tensor> scaled_dot_product_attention(const Tensor& q, const Tensor& k,
@@ -84,6 +90,9 @@ class MultiHeadAttention : public Module {
     Tensor additive_mask;
     Tensor key_padding;            // (B, Tk)
     KVCacheLayer* kv_cache = nullptr;  // append this call's keys/values, attend to all
+    // Sequences packed back to back: x_q is (sum of live_len, d_model), sequence b its live_len[b]
+    // consecutive rows (self-attention without hooks or cache); the output is the same shape.
+    std::span<const int32_t> live_len;
     const Hooks* hooks = nullptr;  // hook points hook_prefix + hook_q, hook_k, hook_v,
     std::string hook_prefix;       //   hook_attn_scores, hook_pattern, hook_z, hook_result
   };
@@ -104,6 +113,7 @@ class MultiHeadAttention : public Module {
   Tensor gates;
 
  private:
+  AttentionArgs args_for(const Call& call, int64_t kv_len) const;  // the op's arguments for a call
   Rng* dropout_rng_;
 };
 

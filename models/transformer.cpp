@@ -237,6 +237,7 @@ Tensor TransformerLM::forward(const Ids& ids, const ForwardOptions& opt) {
     opt.kv_cache->resize(cfg.n_layers);
     for (auto& c : *opt.kv_cache) c.capacity = cfg.max_seq_len;
   }
+  if (!opt.live_len.empty()) return forward_live(ids, opt);
   const Hooks* hk = opt.hooks;
   auto hook = [&](const char* name, const Tensor& t) { return hk ? hk->apply(name, t) : t; };  // no string without hooks
   const Tensor tok = hook("hook_embed", tok_emb.forward(ids));  // (B, T, d_model)
@@ -263,6 +264,43 @@ Tensor TransformerLM::forward(const Ids& ids, const ForwardOptions& opt) {
   }
   if (ln_f) x = hook("ln_final.hook_normalized", ln_f->forward(x));
   return head.forward(x);  // (B, T, vocab)
+}
+
+Tensor TransformerLM::forward_live(const Ids& ids, const ForwardOptions& opt) {
+  const int64_t B = ids.shape[0], T = ids.shape[1];
+  if (opt.hooks || opt.kv_cache) fail("model: live_len cannot be combined with hooks or a KV cache");
+  if (static_cast<int64_t>(opt.live_len.size()) != B)
+    fail("model: live_len has ", opt.live_len.size(), " entries for ", B, " rows");
+  int64_t n = 0, T_live = 0;
+  for (int32_t len : opt.live_len) {
+    if (len < 0 || len > T) fail("model: live_len ", len, " outside 0..", T);
+    n += len;
+    T_live = std::max<int64_t>(T_live, len);
+  }
+  if (n == 0) fail("model: live_len leaves no position to compute");
+  for (Ids* v : {&live_ids_, &live_positions_}) {
+    v->shape = Shape{n};
+    v->data.reserve(static_cast<size_t>(B * T));  // once for every later batch of this size
+    v->data.resize(static_cast<size_t>(n));
+  }
+  for (int64_t b = 0, i = 0; b < B; ++b)
+    for (int32_t t = 0; t < opt.live_len[static_cast<size_t>(b)]; ++t, ++i) {
+      live_ids_.data[static_cast<size_t>(i)] = ids.at(b, t);
+      live_positions_.data[static_cast<size_t>(i)] = t;
+    }
+  const Tensor pos = pos_emb ? pos_emb->forward(live_positions_) : embedding(sinusoid, live_positions_);  // (n, d_model)
+  Tensor x = emb_dropout.forward(add(tok_emb.forward(live_ids_), pos));                                 // (n, d_model)
+  MultiHeadAttention::Call call;
+  call.causal = true;
+  call.live_len = opt.live_len;
+  if (opt.key_padding.defined()) {
+    if (opt.key_padding.shape() != Shape({B, T}))
+      fail("model: key_padding ", opt.key_padding.shape().str(), " must be (", B, ",", T, ")");
+    call.key_padding = T_live == T ? opt.key_padding : slice(opt.key_padding, 1, 0, T_live);
+  }
+  for (auto& block : blocks) x = block->forward(x, call);
+  if (ln_f) x = ln_f->forward(x);
+  return head.forward(x);  // (n, vocab)
 }
 
 std::pair<Tensor, ActivationCache> TransformerLM::run_with_cache(const Ids& ids, NameFilter filter, bool with_grads,

@@ -2,6 +2,7 @@
 // the exact semantics and parameter names of ../shared/INTEROP.md.
 #pragma once
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,11 @@ struct ForwardOptions {
   Tensor key_padding;                    // (B, T), non-zero = padding (never attended to)
   const Hooks* hooks = nullptr;          // named hook points (models/hooks.h); none = fast path
   std::vector<KVCacheLayer>* kv_cache = nullptr;  // incremental decoding (no grad)
+  // Compute only the first live_len[b] positions of row b (0 <= live_len[b] <= T): in a causal
+  // model later positions change nothing before them, so the padding after a row's last target
+  // costs nothing. Logits then come back packed, (sum of live_len, vocab): row 0's positions,
+  // then row 1's, and so on. Not with hooks or a KV cache. Empty = every position.
+  std::span<const int32_t> live_len;
 };
 
 class TransformerLM : public Module {
@@ -108,7 +114,9 @@ class TransformerLM : public Module {
   Linear head;
 
  private:
+  Tensor forward_live(const Ids& ids, const ForwardOptions& opt);  // forward with live_len
   Ids positions_;  // position ids of the last forward, kept to avoid an allocation per step
+  Ids live_ids_, live_positions_;  // the live positions' token and position ids (reused)
 };
 
 // The hook points of a model with this config, in forward order: name and shape, e.g.

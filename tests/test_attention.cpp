@@ -249,6 +249,63 @@ BOOST_AUTO_TEST_CASE(packed_attention_equals_separate_q_k_v_bit_for_bit) {
   });
 }
 
+BOOST_AUTO_TEST_CASE(varlen_attention_equals_each_sequence_alone_bit_for_bit) {
+  // Sequences of their own lengths packed back to back give what each gives alone as a batch
+  // of one (the same kernels over the same rows), in output and every gradient: small-head
+  // kernels (d_head 2, 8), the sgemm path (12) and its causal row blocks (length 70), GQA, an
+  // empty sequence, key padding.
+  struct Cfg { int64_t dh; int H, Hkv; bool causal, padded; };
+  for (Cfg c : {Cfg{2, 4, 4, true, false}, Cfg{8, 2, 1, true, true}, Cfg{12, 2, 2, true, false},
+                Cfg{12, 4, 2, false, true}}) {
+    const std::vector<int32_t> len = {5, 0, 17, 70, 1};
+    const int64_t W = (c.H + 2 * c.Hkv) * c.dh, longest = 70;
+    int64_t n = 0;
+    for (int32_t l : len) n += l;
+    Tensor qkv = Tensor::randn({n, W}, rng()).requires_grad_();
+    Tensor gates = Tensor::uniform({c.H}, rng(), 0.5f, 1.5f).requires_grad_();
+    Tensor pad = Tensor::zeros({static_cast<int64_t>(len.size()), longest});
+    if (c.padded)  // hide a few keys of the longer sequences
+      for (int64_t b = 0; b < pad.size(0); ++b)
+        for (int64_t j = 1; j < len[b]; j += 3) pad.at({b, j}) = 1.f;
+    AttentionArgs a;
+    a.n_heads = c.H;
+    a.n_kv_heads = c.Hkv;
+    a.causal = c.causal;
+    a.gates = gates;
+    if (c.padded) a.key_padding = pad;
+    const Tensor up = Tensor::randn({n, c.H * c.dh}, rng());
+    Tensor out = attention_varlen(qkv, len, a);
+    out.backward(up);
+    BOOST_TEST_CONTEXT("d_head " << c.dh << " H " << c.H << " Hkv " << c.Hkv) {
+      BOOST_TEST(out.shape() == Shape({n, c.H * c.dh}));
+      std::vector<float> want_dgates(static_cast<size_t>(c.H), 0.f);
+      int64_t row = 0;
+      for (size_t b = 0; b < len.size(); ++b) {
+        const int64_t L = len[b];
+        if (L == 0) continue;
+        Tensor one = reshape(slice(qkv.detach(), 0, row, row + L), {1, L, W}).detach().requires_grad_();
+        Tensor g1 = gates.detach().requires_grad_();
+        AttentionArgs a1 = a;
+        a1.gates = g1;
+        if (c.padded) a1.key_padding = slice(slice(pad, 0, b, b + 1), 1, 0, L);
+        Tensor alone = attention_packed(one, a1);
+        alone.backward(reshape(slice(up, 0, row, row + L), {1, L, c.H * c.dh}));
+        BOOST_TEST(slice(out, 0, row, row + L).detach().to_vector() == alone.to_vector());
+        BOOST_TEST(slice(qkv.grad(), 0, row, row + L).to_vector() == one.grad().to_vector());
+        for (int h = 0; h < c.H; ++h) want_dgates[h] += g1.grad().to_vector()[h];  // in batch order, as the op
+        row += L;
+      }
+      BOOST_TEST(gates.grad().to_vector() == want_dgates);
+    }
+  }
+  AttentionArgs bad;
+  bad.n_heads = 2;
+  const std::vector<int32_t> len = {2, 2};
+  BOOST_CHECK_EXCEPTION(attention_varlen(Tensor::zeros({5, 6}), len, bad), Error, [](const Error& e) {
+    return std::string(e.what()) == "attention: sequence lengths add up to 4, qkv has 5 rows";
+  });
+}
+
 BOOST_AUTO_TEST_CASE(self_attention_takes_the_packed_path_and_matches_the_separate_one) {
   // Self-attention: W_Q, W_K, W_V project with one sgemm into attention_packed; cross-attention
   // takes the path with separate q, k, v tensors. Same outputs and same gradient of every parameter.

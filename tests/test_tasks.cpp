@@ -16,6 +16,7 @@
 #include "train/trainer.h"
 
 using namespace hl;
+namespace tt = boost::test_tools;
 namespace fs = std::filesystem;
 
 namespace {
@@ -64,6 +65,28 @@ std::string error_of(const std::function<void()>& f) {
 }
 
 }  // namespace
+
+BOOST_AUTO_TEST_CASE(live_positions_end_at_each_rows_last_target) {
+  Batch b;
+  b.inputs = Ids(Shape{3, 4}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12});
+  b.targets = Ids(Shape{3, 4}, {-1, 3, -1, -1,  /**/ -1, -1, -1, -1,  /**/ 7, -1, 8, -1});
+  std::vector<int32_t> len;
+  Ids packed;
+  BOOST_TEST(b.live_positions(len, packed));
+  BOOST_TEST(len == std::vector<int32_t>({2, 0, 3}), tt::per_element());
+  BOOST_TEST(packed.shape == Shape({5}));
+  BOOST_TEST(packed.data == std::vector<int32_t>({-1, 3, 7, -1, 8}), tt::per_element());
+  b.targets = Ids(Shape{3, 4}, std::vector<int32_t>(12, -1));  // nothing counts
+  BOOST_TEST(!b.live_positions(len, packed));
+  b.targets = Ids(Shape{3, 4}, std::vector<int32_t>(12, 0));  // every position counts
+  BOOST_TEST(!b.live_positions(len, packed));
+  // varcopy: a row of n symbols is live up to its last answer position, 2n + 1
+  auto task = make_task(TaskConfig::preset("varcopy"));
+  Rng r(3);
+  Batch v = task->sample(16, r);
+  BOOST_TEST(v.live_positions(len, packed));
+  for (int64_t row = 0; row < 16; ++row) BOOST_TEST(len[row] == 2 * v.prompt_len[row] - 3);
+}
 
 BOOST_AUTO_TEST_CASE(registry_lists_every_task_and_builds_it) {
   const std::vector<std::string> names = task_names();

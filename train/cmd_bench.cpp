@@ -63,20 +63,29 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// FLOP formulas of ../shared/bench/gpt.py.
+// FLOP formulas of ../shared/bench/gpt.py, over the positions computed: `positions` in all and
+// `squares` the sum over sequences of their length squared (B T and B T^2 for full batches).
 double matmul_weights(const BenchConfig& c) {
   return c.layers * (4.0 * c.d_model * c.d_model + 2.0 * c.d_model * c.d_ff) + c.d_model * c.vocab;
 }
-double train_flops(const BenchConfig& c) {
-  return 6 * matmul_weights(c) * c.batch * c.T + 12.0 * c.layers * c.batch * c.T * c.T * c.d_model;
+double train_flops(const BenchConfig& c, double positions, double squares) {
+  return 6 * matmul_weights(c) * positions + 12.0 * c.layers * squares * c.d_model;
 }
-double fwd_flops(const BenchConfig& c) {
-  return 2 * matmul_weights(c) * c.batch * c.T + 4.0 * c.layers * c.batch * c.T * c.T * c.d_model;
+double fwd_flops(const BenchConfig& c, double positions, double squares) {
+  return 2 * matmul_weights(c) * positions + 4.0 * c.layers * squares * c.d_model;
 }
 
 // One configuration, in this process: prints one JSON line.
-json bench_one(const BenchConfig& bc, int threads, int steps, int warmup, bool profile) {
+// task_name empty: random tokens at every position (the PyTorch reference's data); else that
+// task's batches, stepped as the trainer does (positions after a row's last target skipped).
+json bench_one(BenchConfig bc, int threads, int steps, int warmup, bool profile, const std::string& task_name) {
   set_num_threads(threads);
+  std::unique_ptr<Task> task;
+  if (!task_name.empty()) {
+    task = make_task(TaskConfig::preset(task_name));
+    bc.vocab = task->vocab_size();
+    bc.T = task->seq_len();
+  }
   ModelConfig c;
   c.vocab_size = bc.vocab;
   c.d_model = bc.d_model;
@@ -106,9 +115,22 @@ json bench_one(const BenchConfig& bc, int threads, int steps, int warmup, bool p
     }
     batches.push_back({in, tg});
   }
+  std::vector<Batch> task_batches;
+  double positions = static_cast<double>(bc.batch) * bc.T, squares = positions * bc.T;  // per step
+  if (task) {
+    Rng data_rng(1);
+    std::vector<int32_t> len;
+    Ids packed;
+    positions = squares = 0;
+    for (int i = 0; i < 8; ++i) {
+      task_batches.push_back(task->sample(bc.batch, data_rng));
+      if (!task_batches.back().live_positions(len, packed)) len.assign(static_cast<size_t>(bc.batch), static_cast<int32_t>(bc.T));
+      for (int32_t l : len) positions += l / 8.0, squares += static_cast<double>(l) * l / 8.0;
+    }
+  }
   auto train_step = [&](int i) {
     const auto& [in, tg] = batches[i % batches.size()];
-    Tensor loss = cross_entropy(model.forward(in), tg);
+    Tensor loss = task ? batch_loss(model, task_batches[i % task_batches.size()]) : cross_entropy(model.forward(in), tg);
     loss.backward();
     opt.step();
     opt.zero_grad();
@@ -116,6 +138,8 @@ json bench_one(const BenchConfig& bc, int threads, int steps, int warmup, bool p
   std::vector<double> train_ms, fwd_ms;
   train_ms.reserve(steps);  // the measurement itself must not allocate in the timed loop
   fwd_ms.reserve(steps);
+  // a task's batches differ in size: warm up on each of them, so the pool has seen every size
+  if (task) warmup = std::max<int>(warmup, static_cast<int>(task_batches.size()));
   for (int i = 0; i < warmup; ++i) train_step(i);
   const uint64_t mallocs0 = alloc_counter::count();
   const size_t heap0 = pool_stats().heap_allocs;
@@ -147,9 +171,13 @@ json bench_one(const BenchConfig& bc, int threads, int steps, int warmup, bool p
   model.eval();
   {
     NoGradGuard ng;
+    std::vector<int32_t> len;
+    Ids packed;
     for (int i = 0; i < warmup + steps; ++i) {
       const auto t0 = clk::now();
-      Tensor logits = model.forward(batches[i % batches.size()].first);
+      ForwardOptions fo;  // a task's batch: its live positions, as in evaluation
+      if (task && task_batches[i % task_batches.size()].live_positions(len, packed)) fo.live_len = len;
+      Tensor logits = model.forward(task ? task_batches[i % task_batches.size()].inputs : batches[i % batches.size()].first, fo);
       if (i >= warmup) fwd_ms.push_back(std::chrono::duration<double, std::milli>(clk::now() - t0).count());
     }
   }
@@ -161,9 +189,11 @@ json bench_one(const BenchConfig& bc, int threads, int steps, int warmup, bool p
             {"fwd_ms_median", median(fwd_ms)},
             {"fwd_ms_min", *std::min_element(fwd_ms.begin(), fwd_ms.end())},
             {"fwd_ms_max", *std::max_element(fwd_ms.begin(), fwd_ms.end())},
-            {"tokens_per_s", bc.batch * bc.T / (med / 1e3)},
-            {"train_gflops", train_flops(bc) / (med / 1e3) * 1e-9},
-            {"fwd_gflops", fwd_flops(bc) / (median(fwd_ms) / 1e3) * 1e-9},
+            {"task", task_name},
+            {"positions_per_step", positions},
+            {"tokens_per_s", positions / (med / 1e3)},
+            {"train_gflops", train_flops(bc, positions, squares) / (med / 1e3) * 1e-9},
+            {"fwd_gflops", fwd_flops(bc, positions, squares) / (median(fwd_ms) / 1e3) * 1e-9},
             {"peak_rss_kb", peak_rss_kb()},
             {"mallocs_per_step", alloc_counter::available() ? json(mallocs) : json(nullptr)},
             {"pool_misses_per_step", heap},
@@ -220,27 +250,42 @@ struct BenchOpts {
   std::string one;
   bool peak = false;
   bool sweep = false;  // also time the default head-count sweep (headlab ablate)
+  std::string task;    // empty: random tokens
   std::string out_json;
 };
 
+struct SweepTime {
+  double wall_s = 0;
+  double eval_share = 0;  // of the runs' wall time, time in held-out evaluation
+};
+
 // Wall time of the default `headlab ablate` (15 runs) in a fresh directory, on `threads` threads.
-double time_default_sweep(int threads) {
+SweepTime time_default_sweep(int threads) {
   char dir[] = "/tmp/headlab-bench-sweep-XXXXXX";
   if (!::mkdtemp(dir)) fail("bench: cannot make a temporary directory for the sweep");
   const std::string cmd = "'" + self_exe() + "' ablate --quiet --threads " + std::to_string(threads) + " --out '" +
                           std::string(dir) + "/sweep' >/dev/null";
   const auto t0 = std::chrono::steady_clock::now();
   const int rc = std::system(cmd.c_str());
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  SweepTime r;
+  r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double run_wall = 0, eval = 0;
   std::error_code ec;
+  if (rc == 0)
+    for (const auto& e : std::filesystem::directory_iterator(std::string(dir) + "/sweep/runs", ec)) {
+      const json s = json::parse(read_file(e.path().string() + "/summary.json"));
+      run_wall += s.at("wall_s").get<double>();
+      eval += s.value("eval_s", 0.0);
+    }
+  r.eval_share = run_wall > 0 ? eval / run_wall : 0;
   std::filesystem::remove_all(dir, ec);
   if (rc != 0) fail("bench: the sweep failed: ", cmd);
-  return secs;
+  return r;
 }
 
 int run_bench(const BenchOpts& o) {
   if (!o.one.empty()) {  // child mode
-    const json j = bench_one(named_config(o.one), o.threads.at(0), o.steps, o.warmup, o.profile);
+    const json j = bench_one(named_config(o.one), o.threads.at(0), o.steps, o.warmup, o.profile, o.task);
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
@@ -250,6 +295,7 @@ int run_bench(const BenchOpts& o) {
   }
   if (o.steps < 1 || o.warmup < 0) fail("bench: --steps must be positive and --warmup not negative");
   for (const std::string& c : o.configs) named_config(c);  // validate before any work
+  if (!o.task.empty()) make_task(TaskConfig::preset(o.task));
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
   const char* auto_from = std::getenv("HEADLAB_BLAS_CORE_CHOSEN");
   std::fprintf(stderr, "headlab bench: %d timed steps after %d warm-up; OpenBLAS kernels %s (OPENBLAS_CORETYPE=%s%s)\n",
@@ -265,7 +311,8 @@ int run_bench(const BenchOpts& o) {
     for (int t : o.threads) {
       std::fprintf(stderr, "  running %s on %d thread%s...\n", c.c_str(), t, t > 1 ? "s" : "");
       json j = run_child("--one " + c + " --threads " + std::to_string(t) + " --steps " + std::to_string(o.steps) +
-                         " --warmup " + std::to_string(o.warmup) + (o.profile ? " --profile" : ""));
+                         " --warmup " + std::to_string(o.warmup) + (o.profile ? " --profile" : "") +
+                         (o.task.empty() ? "" : " --task " + o.task));
       j["sgemm_peak_gflops"] = peaks[t];
       results.push_back(j);
       rows.push_back({c, std::to_string(t), fixed(j["train_ms_median"], 2),
@@ -295,10 +342,11 @@ int run_bench(const BenchOpts& o) {
   }
   if (o.sweep) {
     std::fprintf(stderr, "  running the default sweep (headlab ablate: 5 head counts x 3 seeds x 600 steps)...\n");
-    std::printf("\ndefault sweep (headlab ablate, 15 runs of varcopy), wall time:");
+    std::printf("\ndefault sweep (headlab ablate, 15 runs of varcopy):");
     for (int t : o.threads) {
-      const double secs = time_default_sweep(t);
-      std::printf("  %d thread%s %.1f s", t, t > 1 ? "s" : "", secs);
+      const SweepTime s = time_default_sweep(t);
+      std::printf("  %d thread%s %.1f s wall, evaluation %.1f%% of the runs' time", t, t > 1 ? "s" : "", s.wall_s,
+                  100 * s.eval_share);
     }
     std::printf("\n");
   }
@@ -336,7 +384,12 @@ void add_bench_command(CLI::App& app, CommandRunner& runner) {
   sub->add_option("--steps", o->steps, "Timed steps (after warm-up)")->capture_default_str();
   sub->add_option("--warmup", o->warmup, "Warm-up steps")->capture_default_str();
   sub->add_flag("--profile", o->profile, "Add a per-op breakdown of a training step");
-  sub->add_flag("--sweep", o->sweep, "Also time the default head-count sweep (headlab ablate, about a minute)");
+  sub->add_flag("--sweep", o->sweep, "Also time the default head-count sweep (headlab ablate, about half a minute)");
+  sub->add_option("--task", o->task,
+                  "Step on this task's batches as training does (positions after each row's last target are "
+                  "not computed; tokens/s and GFLOP/s count the positions computed) instead of random tokens at "
+                  "every position, the PyTorch reference's data. The task sets vocabulary and length")
+      ->check(CLI::IsMember(task_names()));
   sub->add_option("--json", o->out_json, "Also write all results to this JSON file");
   sub->add_option("--one", o->one, "(internal) run one config in this process and print JSON")->group("");
   sub->add_flag("--peak", o->peak, "(internal) measure the sgemm peak and print JSON")->group("");

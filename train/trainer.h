@@ -59,6 +59,7 @@ struct TrainResult {
   int64_t skipped_steps = 0;
   int64_t first_step_99 = -1;  // first eval step with token accuracy >= 99%
   double train_s = 0;          // time in training steps (evaluations excluded)
+  double eval_s = 0;           // time in held-out evaluations
   size_t peak_tensor_bytes = 0;  // most tensor memory live at once during the run
   int ranks = 1;                 // processes that shared each batch (MPI data parallelism)
   std::vector<std::pair<int64_t, EvalResult>> curve;  // (step, eval) over training
@@ -147,6 +148,7 @@ class Trainer {
   Rng data_rng_;
   std::vector<Batch> held_out_;
   double train_s_so_far_ = 0;  // time in training steps, carried across resumes
+  double eval_s_so_far_ = 0;   // time in evaluations, likewise
   Batch batch_;                // the training batch, refilled in place every step
   std::unique_ptr<DirLock> lock_;  // owns args.out while the trainer lives
   TrainResult partial_;
