@@ -261,7 +261,7 @@ Trainer::Trainer(TrainArgs args, std::unique_ptr<Task> task, ProcessGroup* group
                                   args_.optimizer == "adamw");
   sched_ = LrSchedule{parse_schedule(args_.schedule), args_.lr, args_.warmup, args_.steps, args_.min_lr_ratio};
   data_rng_.seed_with(args_.seed * 0x9E3779B97F4A7C15ull + 0x5EED);
-  held_out_ = task_->held_out(args_.eval_size, args_.eval_seed, std::min(args_.eval_size, getenv("HL_EB") ? atoi(getenv("HL_EB")) : 128));
+  held_out_ = task_->held_out(args_.eval_size, args_.eval_seed, std::min(args_.eval_size, 128));
   if (!args_.init.empty() && !args_.resume) {  // weights made elsewhere (e.g. PyTorch), same config
     const SafetensorsFile f = read_safetensors(args_.init);
     check_checkpoint_tensors(args_.model, f);
