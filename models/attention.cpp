@@ -174,6 +174,9 @@ void masked_softmax_row(float* row, int64_t ke, const AttnDims& d, int64_t b, in
 // transposed, (Tk, Tq), in P's storage; `pattern` gets them in the usual layout. Used with the
 // causal mask and key padding, not with an additive mask or attention dropout.
 #ifdef __AVX512F__
+// Up to d_head 8 forward and backward; the forward also at d_head 16 (the S model's heads: its
+// forward 2.75 -> 2.41 ms), whose backward with these kernels was slower than the sgemm path's
+// (the per-lane dK, dV sums grow with d_head), so it keeps that one.
 constexpr int64_t kSmallHeadMax = 8, kSmallKeysMax = 128;
 
 // Query rows go 16 to a block, the odd rows in the first block: under the causal mask the first
@@ -192,12 +195,12 @@ void small_head_forward(const AttnDims& d, bool causal, const float* pad, float 
   for (int64_t i0 = 0, n = first_block_rows(d.Tq); i0 < d.Tq; i0 += n, n = 16) {
     const __mmask16 rows = first_lanes(n);
     __m512 qt[DH];  // scale q^T for these rows: (dh, lanes)
-    _Pragma("GCC unroll 8") for (int64_t c = 0; c < DH; ++c)
+    _Pragma("GCC unroll 16") for (int64_t c = 0; c < DH; ++c)
       qt[c] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), rows,
                                        _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                                           _mm512_set1_epi32(static_cast<int>(d.ldq()))),
                                        q + i0 * d.ldq() + c, 4);
-    _Pragma("GCC unroll 8") for (int64_t c = 0; c < DH; ++c) qt[c] = _mm512_mul_ps(qt[c], _mm512_set1_ps(scale));
+    _Pragma("GCC unroll 16") for (int64_t c = 0; c < DH; ++c) qt[c] = _mm512_mul_ps(qt[c], _mm512_set1_ps(scale));
     // lane l (query i0 + l) sees keys j <= i0 + l + (Tk - Tq) under the causal mask
     const __m512i lane_last = _mm512_add_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                                _mm512_set1_epi32(static_cast<int>(i0 + d.Tk - d.Tq)));
@@ -207,7 +210,7 @@ void small_head_forward(const AttnDims& d, bool causal, const float* pad, float 
     __m512 mx = _mm512_set1_ps(-INFINITY);
     for (int64_t j = 0; j < kend; ++j) {
       __m512 sj = _mm512_setzero_ps();
-      _Pragma("GCC unroll 8") for (int64_t c = 0; c < DH; ++c) sj = _mm512_fmadd_ps(qt[c], _mm512_set1_ps(k[j * d.ldkv() + c]), sj);
+      _Pragma("GCC unroll 16") for (int64_t c = 0; c < DH; ++c) sj = _mm512_fmadd_ps(qt[c], _mm512_set1_ps(k[j * d.ldkv() + c]), sj);
       __mmask16 vis = pad && pad[j] != 0.f ? __mmask16(0) : rows;
       if (causal) vis &= _mm512_cmp_epi32_mask(_mm512_set1_epi32(static_cast<int>(j)), lane_last, _MM_CMPINT_LE);
       sj = _mm512_mask_blend_ps(vis, _mm512_set1_ps(-INFINITY), sj);
@@ -228,15 +231,15 @@ void small_head_forward(const AttnDims& d, bool causal, const float* pad, float 
     for (int64_t j = 0; j < kend; ++j) sum = _mm512_add_ps(sum, _mm512_load_ps(st + 16 * j));
     const __m512 inv = _mm512_maskz_div_ps(any, _mm512_set1_ps(1.f), sum);
     __m512 acc[DH];
-    _Pragma("GCC unroll 8") for (int64_t c = 0; c < DH; ++c) acc[c] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 16") for (int64_t c = 0; c < DH; ++c) acc[c] = _mm512_setzero_ps();
     for (int64_t j = 0; j < kend; ++j) {
       const __m512 pj = _mm512_mul_ps(_mm512_load_ps(st + 16 * j), inv);
       if (PT) _mm512_mask_storeu_ps(PT + j * d.Tq + i0, rows, pj);
-      _Pragma("GCC unroll 8") for (int64_t c = 0; c < DH; ++c) acc[c] = _mm512_fmadd_ps(pj, _mm512_set1_ps(v[j * d.ldkv() + c]), acc[c]);
+      _Pragma("GCC unroll 16") for (int64_t c = 0; c < DH; ++c) acc[c] = _mm512_fmadd_ps(pj, _mm512_set1_ps(v[j * d.ldkv() + c]), acc[c]);
     }
-    _Pragma("GCC unroll 8") for (int64_t c = 0; c < DH; ++c) _mm512_store_ps(ot + 16 * c, _mm512_mul_ps(acc[c], _mm512_set1_ps(g)));
+    _Pragma("GCC unroll 16") for (int64_t c = 0; c < DH; ++c) _mm512_store_ps(ot + 16 * c, _mm512_mul_ps(acc[c], _mm512_set1_ps(g)));
     for (int64_t l = 0; l < n; ++l)
-      _Pragma("GCC unroll 8") for (int64_t c = 0; c < DH; ++c) o[(i0 + l) * d.ldo() + c] = ot[16 * c + l];
+      _Pragma("GCC unroll 16") for (int64_t c = 0; c < DH; ++c) o[(i0 + l) * d.ldo() + c] = ot[16 * c + l];
   }
 }
 
@@ -255,7 +258,7 @@ void small_head_backward(const AttnDims& d, bool causal, float scale, float g, c
   for (int64_t i0 = 0, n = first_block_rows(d.Tq); i0 < d.Tq; i0 += n, n = 16) {
     const __mmask16 rows = first_lanes(n);
     __m512 qt[DH], dot_[DH];
-    _Pragma("GCC unroll 8") for (int64_t c = 0; c < DH; ++c) {
+    _Pragma("GCC unroll 16") for (int64_t c = 0; c < DH; ++c) {
       qt[c] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), rows,
                                        _mm512_mullo_epi32(lane_idx, _mm512_set1_epi32(static_cast<int>(d.ldq()))),
                                        q + i0 * d.ldq() + c, 4);
@@ -269,7 +272,7 @@ void small_head_backward(const AttnDims& d, bool causal, float scale, float g, c
     for (int64_t j = 0; j < kend; ++j) {
       const __m512 pj = _mm512_maskz_loadu_ps(rows, PT + j * d.Tq + i0);
       __m512 u = _mm512_setzero_ps();
-      _Pragma("GCC unroll 8") for (int64_t c = 0; c < DH; ++c) u = _mm512_fmadd_ps(dot_[c], _mm512_set1_ps(v[j * d.ldkv() + c]), u);
+      _Pragma("GCC unroll 16") for (int64_t c = 0; c < DH; ++c) u = _mm512_fmadd_ps(dot_[c], _mm512_set1_ps(v[j * d.ldkv() + c]), u);
       gate_acc = _mm512_fmadd_ps(u, pj, gate_acc);
       u = _mm512_mul_ps(u, _mm512_set1_ps(g));  // dL/dP
       dot = _mm512_fmadd_ps(u, pj, dot);
@@ -283,12 +286,12 @@ void small_head_backward(const AttnDims& d, bool causal, float scale, float g, c
       }
     }
     __m512 dqacc[DH];
-    _Pragma("GCC unroll 8") for (int64_t c = 0; c < DH; ++c) dqacc[c] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 16") for (int64_t c = 0; c < DH; ++c) dqacc[c] = _mm512_setzero_ps();
     for (int64_t j = 0; j < kend; ++j) {
       const __m512 pj = _mm512_maskz_loadu_ps(rows, PT + j * d.Tq + i0);
       const __m512 ds = _mm512_mul_ps(pj, _mm512_sub_ps(_mm512_load_ps(ub + 16 * j), dot));
       const __m512 gp = _mm512_mul_ps(pj, _mm512_set1_ps(g));
-      _Pragma("GCC unroll 8") for (int64_t c = 0; c < DH; ++c) {
+      _Pragma("GCC unroll 16") for (int64_t c = 0; c < DH; ++c) {
         dqacc[c] = _mm512_fmadd_ps(ds, _mm512_set1_ps(k[j * d.ldkv() + c]), dqacc[c]);
         float* dkl = dk_lanes + (j * DH + c) * 16;
         float* dvl = dv_lanes + (j * DH + c) * 16;
@@ -297,14 +300,14 @@ void small_head_backward(const AttnDims& d, bool causal, float scale, float g, c
       }
     }
     if (dq) {
-      _Pragma("GCC unroll 8") for (int64_t c = 0; c < DH; ++c) _mm512_store_ps(dqt + 16 * c, _mm512_mul_ps(dqacc[c], _mm512_set1_ps(scale)));
+      _Pragma("GCC unroll 16") for (int64_t c = 0; c < DH; ++c) _mm512_store_ps(dqt + 16 * c, _mm512_mul_ps(dqacc[c], _mm512_set1_ps(scale)));
       for (int64_t l = 0; l < n; ++l)
-        _Pragma("GCC unroll 8") for (int64_t c = 0; c < DH; ++c) dq[(i0 + l) * d.ldq() + c] += dqt[16 * c + l];
+        _Pragma("GCC unroll 16") for (int64_t c = 0; c < DH; ++c) dq[(i0 + l) * d.ldq() + c] += dqt[16 * c + l];
     }
   }
 }
 
-bool small_head_kernels(const AttnDims& d) { return d.dh <= kSmallHeadMax && d.Tk <= kSmallKeysMax; }
+bool small_head_kernels(const AttnDims& d) { return (d.dh <= kSmallHeadMax || d.dh == 16) && d.Tk <= kSmallKeysMax; }
 
 // A per-thread buffer of at least n floats, 64-byte aligned: it grows once, later steps
 // allocate nothing.
@@ -361,13 +364,16 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
   const bool drop = a.dropout > 0.f;
 
 #ifdef __AVX512F__
-  const bool small = small_head_kernels(d) && !am && !drop;  // then P holds each slice transposed
+  const bool small_fwd = small_head_kernels(d) && !am && !drop;
+  // the small-head backward up to d_head 8 (at 16 the sgemm path's is faster): then P holds
+  // each slice transposed; else the forward transposes its weights into P's usual layout
+  const bool small = small_fwd && d.dh <= kSmallHeadMax;
 #else
-  const bool small = false;
+  const bool small_fwd = false, small = false;
 #endif
   const bool grad = needs_graph({&q, &k, &v, &a.gates});
   // the small-head kernels keep the weights only for backward or `pattern` (evaluation needs neither)
-  const bool keep_weights = !small || grad || pattern;
+  const bool keep_weights = !small_fwd || grad || pattern;
   Tensor P = keep_weights ? Tensor::empty({d.B, d.H, d.Tq, d.Tk}) : Tensor();  // softmax output, saved for backward
   Tensor drop_mask, Pd = P;                                                     // Pd: weights after dropout
   if (drop) {  // drawn sequentially before the parallel loop: deterministic
@@ -396,8 +402,10 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
     const float g = gates ? gates[h] : 1.f;
     const float* pb = pad ? pad + b * d.Tk : nullptr;            // (Tk) this sequence's padding
 #ifdef __AVX512F__
-    if (small) {
-      float* PT = keep_weights ? S : nullptr;
+    if (small_fwd) {
+      // d_head 16: the weights go through a transposed scratch (zeros where not stored) into S
+      float* PT = !keep_weights ? nullptr : small ? S : thread_scratch(static_cast<size_t>(ds.Tq * ds.Tk));
+      if (PT && !small) std::fill(PT, PT + ds.Tq * ds.Tk, 0.f);
       switch (d.dh) {
         case 1: small_head_forward<1>(ds, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
         case 2: small_head_forward<2>(ds, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
@@ -406,8 +414,12 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
         case 5: small_head_forward<5>(ds, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
         case 6: small_head_forward<6>(ds, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
         case 7: small_head_forward<7>(ds, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
-        default: small_head_forward<8>(ds, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
+        case 8: small_head_forward<8>(ds, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
+        default: small_head_forward<16>(ds, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
       }
+      if (PT && !small)  // S (Tq, Tk) = PT^T
+        for (int64_t i = 0; i < ds.Tq; ++i)
+          for (int64_t j = 0; j < ds.Tk; ++j) S[i * ds.Tk + j] = PT[j * ds.Tq + i];
       return;
     }
 #endif

@@ -184,9 +184,9 @@ BOOST_AUTO_TEST_CASE(fully_masked_rows_give_zeros_not_nan) {
 
 BOOST_AUTO_TEST_CASE(fused_equals_a_float64_reference_forward_and_backward) {
   // d_head <= 8 takes the small-head kernels (16 query rows per register: 37 rows make a partial
-  // first block), 9 the sgemm path
+  // first block), 16 the small-head forward with the sgemm path's backward, 9 the sgemm path
   struct Cfg { int H, Hkv; bool causal; int64_t Tq, Tk; };
-  for (int64_t dh : {1, 3, 4, 8, 9})
+  for (int64_t dh : {1, 3, 4, 8, 9, 16})
   for (Cfg c : {Cfg{2, 2, false, 5, 5}, Cfg{4, 2, true, 6, 6}, Cfg{4, 1, true, 3, 7}, Cfg{3, 3, false, 4, 2},
                 Cfg{2, 1, true, 37, 37}, Cfg{2, 2, false, 20, 37}, Cfg{2, 2, true, 37, 20}}) {
     Tensor q = rnd({2, c.Tq, c.H * dh}), k = rnd({2, c.Tk, c.Hkv * dh}), v = rnd({2, c.Tk, c.Hkv * dh});
@@ -252,10 +252,10 @@ BOOST_AUTO_TEST_CASE(packed_attention_equals_separate_q_k_v_bit_for_bit) {
 BOOST_AUTO_TEST_CASE(varlen_attention_equals_each_sequence_alone_bit_for_bit) {
   // Sequences of their own lengths packed back to back give what each gives alone as a batch
   // of one (the same kernels over the same rows), in output and every gradient: small-head
-  // kernels (d_head 2, 8), the sgemm path (12) and its causal row blocks (length 70), GQA, an
+  // kernels (d_head 2, 8; 16 forward), the sgemm path (12) and its causal row blocks (length 70), GQA, an
   // empty sequence, key padding.
   struct Cfg { int64_t dh; int H, Hkv; bool causal, padded; };
-  for (Cfg c : {Cfg{2, 4, 4, true, false}, Cfg{8, 2, 1, true, true}, Cfg{12, 2, 2, true, false},
+  for (Cfg c : {Cfg{2, 4, 4, true, false}, Cfg{8, 2, 1, true, true}, Cfg{16, 2, 2, true, true}, Cfg{12, 2, 2, true, false},
                 Cfg{12, 4, 2, false, true}}) {
     const std::vector<int32_t> len = {5, 0, 17, 70, 1};
     const int64_t W = (c.H + 2 * c.Hkv) * c.dh, longest = 70;
@@ -481,8 +481,8 @@ BOOST_AUTO_TEST_CASE(kv_cache_decoding_equals_full_forward) {
 
 BOOST_AUTO_TEST_CASE(causal_row_blocks_equal_a_float64_reference) {
   // T >= 64 takes the row-blocked causal path that skips masked scores (d_head 12), or the
-  // small-head kernels' blocks of 16 rows (d_head 4); both report dL/dP.
-  for (int64_t dh : {4, 12})
+  // small-head kernels' blocks of 16 rows (d_head 4; 16: forward only); all report dL/dP.
+  for (int64_t dh : {4, 12, 16})
   for (int Hkv : {2, 1}) {
     const int64_t T = 70, H = 2;
     Tensor q = rnd({2, T, H * dh}), k = rnd({2, T, Hkv * dh}), v = rnd({2, T, Hkv * dh});
