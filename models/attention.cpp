@@ -87,22 +87,30 @@ AttnDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, cons
   return d;
 }
 
-AttnDims check_attention_packed(const Tensor& qkv, const AttentionArgs& a) {
+// The column layout of one packed qkv tensor (..., (H + 2 Hkv) dh) of `ndim` axes: q's heads,
+// then k's, then v's. `what` and `expected` name it in messages.
+AttnDims packed_columns(const Tensor& qkv, const AttentionArgs& a, int ndim, const char* what, const char* expected) {
   AttnDims d;
   d.H = a.n_heads;
   d.Hkv = a.n_kv_heads ? a.n_kv_heads : a.n_heads;
   check_heads(d.H, d.Hkv);
-  if (qkv.ndim() != 3)
-    fail("attention: packed qkv ", qkv.shape().str(), ": expected (B, T, (heads + 2 kv_heads) d_head)");
-  d.dh = a.d_head ? a.d_head : qkv.size(2) / (d.H + 2 * d.Hkv);
-  if (d.dh < 1 || qkv.size(2) != (d.H + 2 * d.Hkv) * d.dh)
-    fail("attention: packed qkv ", qkv.shape().str(), " is not ", d.H, " + 2 x ", d.Hkv, " heads of d_head ", d.dh);
+  if (qkv.ndim() != ndim) fail("attention: ", what, " ", qkv.shape().str(), ": expected ", expected);
+  const int64_t W = qkv.size(ndim - 1);
+  d.dh = a.d_head ? a.d_head : W / (d.H + 2 * d.Hkv);
+  if (d.dh < 1 || W != (d.H + 2 * d.Hkv) * d.dh)
+    fail("attention: ", what, " ", qkv.shape().str(), " ", ndim == 3 ? "is" : "are", " not ", d.H, " + 2 x ", d.Hkv,
+         " heads of d_head ", d.dh);
+  d.q_ld = d.kv_ld = W;
+  d.k_off = d.H * d.dh;
+  d.v_off = (d.H + d.Hkv) * d.dh;
+  return d;
+}
+
+AttnDims check_attention_packed(const Tensor& qkv, const AttentionArgs& a) {
+  AttnDims d = packed_columns(qkv, a, 3, "packed qkv", "(B, T, (heads + 2 kv_heads) d_head)");
   if (a.kv_len) fail("attention: packed qkv takes no kv_len (self-attention over its own rows)");
   d.B = qkv.size(0);
   d.Tq = d.Tk = d.kv_rows = qkv.size(1);
-  d.q_ld = d.kv_ld = qkv.size(2);
-  d.k_off = d.H * d.dh;
-  d.v_off = (d.H + d.Hkv) * d.dh;
   check_attention_args(d, a);
   return d;
 }
@@ -587,15 +595,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
 
 Tensor attention_varlen(const Tensor& qkv, std::span<const int32_t> len, const AttentionArgs& a) {
   HL_PROFILE(Attention);
-  AttnDims d;
-  d.H = a.n_heads;
-  d.Hkv = a.n_kv_heads ? a.n_kv_heads : a.n_heads;
-  check_heads(d.H, d.Hkv);
-  if (qkv.ndim() != 2)
-    fail("attention: packed sequences ", qkv.shape().str(), ": expected (rows, (heads + 2 kv_heads) d_head)");
-  d.dh = a.d_head ? a.d_head : qkv.size(1) / (d.H + 2 * d.Hkv);
-  if (d.dh < 1 || qkv.size(1) != (d.H + 2 * d.Hkv) * d.dh)
-    fail("attention: packed sequences ", qkv.shape().str(), " are not ", d.H, " + 2 x ", d.Hkv, " heads of d_head ", d.dh);
+  AttnDims d = packed_columns(qkv, a, 2, "packed sequences", "(rows, (heads + 2 kv_heads) d_head)");
   if (a.kv_len || a.pattern_grad.defined() || a.on_pattern_grad)
     fail("attention: packed sequences take no kv_len and give no pattern gradient");
   d.B = static_cast<int64_t>(len.size());
@@ -612,9 +612,6 @@ Tensor attention_varlen(const Tensor& qkv, std::span<const int32_t> len, const A
   starts[d.B] = static_cast<int32_t>(rows);
   if (rows != qkv.size(0)) fail("attention: sequence lengths add up to ", rows, ", qkv has ", qkv.size(0), " rows");
   d.Tq = d.Tk = d.kv_rows = longest;
-  d.q_ld = d.kv_ld = qkv.size(1);
-  d.k_off = d.H * d.dh;
-  d.v_off = (d.H + d.Hkv) * d.dh;
   check_attention_args(d, a);
   return attention_impl(qkv, qkv, qkv, d, a, nullptr, starts_buffer);
 }
