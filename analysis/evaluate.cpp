@@ -31,9 +31,8 @@ std::vector<std::vector<std::vector<int32_t>>> greedy_answers(TransformerLM& mod
       groups[{batch.prompt_len[r], answer}].push_back({i, r});
     }
   }
-  for (auto& [key, rows] : groups) {
-    const auto [p, n] = key;
-    if (n == 0) continue;
+  // decodes rows (batch, row) of prompt length p and answer length n together, KV-cached
+  auto decode = [&](std::span<const std::pair<size_t, int64_t>> rows, int p, int n) {
     const int64_t G = static_cast<int64_t>(rows.size());
     Ids prompt(Shape{G, p});
     for (int64_t g = 0; g < G; ++g)
@@ -53,7 +52,13 @@ std::vector<std::vector<std::vector<int32_t>>> greedy_answers(TransformerLM& mod
       }
       if (i + 1 < n) logits = model.forward(next, opt);  // (G, 1, V)
     }
-  }
+  };
+  constexpr size_t kMaxDecodeRows = 256;  // per decoding batch: bounds the KV cache's memory
+  for (auto& [key, rows] : groups)
+    if (key.second > 0)
+      for (size_t at = 0; at < rows.size(); at += kMaxDecodeRows)
+        decode(std::span<const std::pair<size_t, int64_t>>(rows).subspan(at, std::min(kMaxDecodeRows, rows.size() - at)),
+               key.first, key.second);
   return out;
 }
 
@@ -69,33 +74,36 @@ EvalResult evaluate(TransformerLM& model, const Task& task, const std::vector<Ba
   double loss_sum = 0;
   int64_t correct = 0, exact = 0, ar_exact = 0, ar_rows = 0;
   std::vector<int32_t> live_len;  // positions up to each row's last target (see live_positions)
-  Ids live_targets;
+  Ids output_rows, live_targets;   // of those, the ones with a target, and their targets
   for (const Batch& b : data) {
     ForwardOptions opt;
     opt.key_padding = b.key_padding;
     opt.hooks = hooks;
     const int64_t B = b.size(), T = b.inputs.shape[1];
-    const bool live = !hooks && b.live_positions(live_len, live_targets);
-    if (live) opt.live_len = live_len;
-    // (B, T, V), or with live_len the live positions' rows (row 0's, then row 1's, ...)
+    const bool live = !hooks && b.live_positions(live_len, output_rows, live_targets);
+    if (live) {
+      opt.live_len = live_len;
+      opt.output_rows = &output_rows;
+    }
+    // (B, T, V), or with live positions a row per counted target (row 0's, then row 1's, ...)
     const Tensor logits = model.forward(b.inputs, opt);
     const int64_t V = logits.size(-1);
     const int64_t counted = b.counted_targets();
     loss_sum += static_cast<double>(cross_entropy(logits, live ? live_targets : b.targets).item()) * counted;
     r.tokens += counted;
-    const float* row_logits = logits.data();  // position (row, 0)
+    const float* next_target_logits = logits.data();  // live: the next counted target's row
     for (int64_t row = 0; row < B; ++row) {
-      const int64_t positions = live ? live_len[static_cast<size_t>(row)] : T;
       bool all = true;
-      for (int64_t t = 0; t < positions; ++t) {
+      for (int64_t t = 0; t < T; ++t) {
         const int32_t target = b.targets.at(row, t);
         if (target < 0) continue;
-        const int32_t best = argmax(row_logits + t * V, V);
+        const float* l = live ? next_target_logits : logits.data() + (row * T + t) * V;
+        next_target_logits += V;
+        const int32_t best = argmax(l, V);
         correct += best == target;
         all = all && best == target;
       }
       exact += all;
-      row_logits += positions * V;
     }
     r.sequences += B;
   }

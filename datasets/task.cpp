@@ -100,7 +100,7 @@ int64_t Batch::counted_targets() const {
   return n;
 }
 
-bool Batch::live_positions(std::vector<int32_t>& len, Ids& packed_targets) const {
+bool Batch::live_positions(std::vector<int32_t>& len, Ids& output_rows, Ids& out_targets) const {
   const int64_t B = size(), T = inputs.shape[1];
   int64_t n = 0;
   len.resize(static_cast<size_t>(B));
@@ -112,11 +112,17 @@ bool Batch::live_positions(std::vector<int32_t>& len, Ids& packed_targets) const
     n += last;
   }
   if (n == 0 || n == B * T) return false;
-  packed_targets.shape = Shape{n};
-  packed_targets.data.reserve(static_cast<size_t>(B * T));  // once: later batches reuse it
-  packed_targets.data.resize(static_cast<size_t>(n));
+  output_rows.data.reserve(static_cast<size_t>(B * T));  // once: later batches reuse them
+  out_targets.data.reserve(static_cast<size_t>(B * T));
+  output_rows.data.clear();
+  out_targets.data.clear();
   for (int64_t b = 0, i = 0; b < B; ++b)
-    for (int32_t t = 0; t < len[static_cast<size_t>(b)]; ++t) packed_targets.data[static_cast<size_t>(i++)] = targets.at(b, t);
+    for (int32_t t = 0; t < len[static_cast<size_t>(b)]; ++t, ++i)
+      if (targets.at(b, t) >= 0) {
+        output_rows.data.push_back(static_cast<int32_t>(i));
+        out_targets.data.push_back(targets.at(b, t));
+      }
+  output_rows.shape = out_targets.shape = Shape{static_cast<int64_t>(output_rows.data.size())};
   return true;
 }
 

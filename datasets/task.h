@@ -42,11 +42,12 @@ struct Batch {
   int64_t size() const { return inputs.shape[0]; }
   int64_t counted_targets() const;  // targets that count in the loss (not -1)
   // Per row, the positions up to and including its last counted target: all that a loss or an
-  // accuracy reads, and all a causal model needs (TransformerLM's ForwardOptions::live_len);
-  // with those positions' targets packed in the same order as the model's packed logits.
-  // Reuses the buffers. False, with nothing filled, when every position is live or no target
-  // counts (then the plain forward is the one to use).
-  bool live_positions(std::vector<int32_t>& len, Ids& packed_targets) const;
+  // accuracy reads, and all a causal model needs (TransformerLM's ForwardOptions::live_len).
+  // Of those positions packed row after row, the ones with a counted target (output_rows) and
+  // their targets in the same order (the rows of the model's logits with output_rows).
+  // Reuses the buffers. False when every position is live or no target counts (then the plain
+  // forward is the one to use; only len is filled).
+  bool live_positions(std::vector<int32_t>& len, Ids& output_rows, Ids& targets) const;
   // Rows [lo, hi) into `out`, reusing its buffers (a rank's share of a data-parallel batch).
   void rows_into(int64_t lo, int64_t hi, Batch& out) const;
 };

@@ -13,17 +13,26 @@ namespace {
 
 constexpr size_t kAlign = 64;
 
-// The size class of a buffer: 64-byte multiples up to 4 KiB, then eight classes per doubling
-// (at most 12.5% unused). Batches whose size varies from step to step (the live positions of
-// padded tasks) then reuse a few classes instead of missing the cache on every new size.
+// A tensor's bytes: whole 64-byte lines (what the statistics count).
+size_t tensor_bytes(size_t n_floats) {
+  const size_t bytes = n_floats ? n_floats * sizeof(float) : kAlign;
+  return (bytes + kAlign - 1) / kAlign * kAlign;
+}
+
+// The size class of a pooled buffer: 64-byte multiples up to 4 KiB, then eight classes per
+// doubling (at most 12.5% unused). Batches whose size varies from step to step (the live
+// positions of padded tasks) then reuse a few classes instead of missing the cache on every new
+// size. Without the pool (sanitizer builds) a buffer is its tensor's size, so AddressSanitizer
+// sees any read past it.
 size_t rounded_bytes(size_t n_floats) {
-  size_t bytes = n_floats * sizeof(float);
-  if (bytes == 0) bytes = kAlign;
+  const size_t bytes = tensor_bytes(n_floats);
   size_t step = kAlign;
+#ifndef HEADLAB_NO_POOL
   if (bytes > 4096) {
     const int top = 63 - __builtin_clzll(bytes);  // bytes in [2^top, 2^(top+1))
     step = size_t{1} << (top - 3);
   }
+#endif
   return (bytes + step - 1) / step * step;
 }
 
@@ -47,9 +56,9 @@ Pool& pool() {
 }  // namespace
 
 float* buffer_alloc(size_t n_floats) {
-  size_t bytes = rounded_bytes(n_floats);
+  const size_t bytes = rounded_bytes(n_floats);
   Pool& P = pool();
-  P.stats.bytes_live += bytes;
+  P.stats.bytes_live += tensor_bytes(n_floats);
   P.stats.bytes_peak = std::max(P.stats.bytes_peak, P.stats.bytes_live);
 #ifndef HEADLAB_NO_POOL
   auto it = P.free_by_size.find(bytes);
@@ -68,9 +77,9 @@ float* buffer_alloc(size_t n_floats) {
 
 void buffer_free(float* p, size_t n_floats) {
   if (!p) return;
-  size_t bytes = rounded_bytes(n_floats);
+  const size_t bytes = rounded_bytes(n_floats);
   Pool& P = pool();
-  P.stats.bytes_live -= bytes;
+  P.stats.bytes_live -= tensor_bytes(n_floats);
 #ifndef HEADLAB_NO_POOL
   P.free_by_size[bytes].push_back(p);
   P.stats.bytes_cached += bytes;

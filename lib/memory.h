@@ -18,7 +18,7 @@ float* buffer_alloc(size_t n_floats);  // 64-byte aligned, contents undefined
 void buffer_free(float* p, size_t n_floats);
 
 struct PoolStats {
-  size_t bytes_live = 0;     // handed out and not yet returned
+  size_t bytes_live = 0;     // of tensors handed out and not yet returned (their own size)
   size_t bytes_cached = 0;   // returned, kept for reuse
   size_t heap_allocs = 0;    // buffers that had to come from the heap (cache misses)
   size_t bytes_peak = 0;     // most bytes live at once since the last pool_reset_peak()

@@ -18,7 +18,7 @@ namespace hl {
   X(exp) X(log) X(sqrt) X(tanh) X(sigmoid) X(relu) X(gelu_tanh) X(gelu_erf)             \
   X(matmul) X(linear) X(linear_stacked) X(linear_act) X(sum) X(mean) X(max)                                             \
   X(softmax) X(log_softmax) X(masked_fill) X(cross_entropy) X(layer_norm)               \
-  X(embedding) X(dropout) X(reshape) X(permute) X(transpose) X(slice) X(concat) X(split) X(tap)
+  X(embedding) X(gather_rows) X(dropout) X(reshape) X(permute) X(transpose) X(slice) X(concat) X(split) X(tap)
 
 // Integer indices (token ids, targets): no gradient, so a plain array with a shape.
 struct Ids {
@@ -82,6 +82,9 @@ Tensor cross_entropy(const Tensor& logits, const Ids& targets, int ignore_index 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);
 // weight (V, D), ids (...) -> (..., D). Backward scatter-adds (repeated ids accumulate).
 Tensor embedding(const Tensor& weight, const Ids& ids);
+// x viewed as rows of its last axis (R, D) -> (n, D): rows[i] for each i, in order. Backward
+// adds each row's gradient back (a repeated row accumulates).
+Tensor gather_rows(const Tensor& x, const Ids& rows);
 // Inverted dropout with a mask drawn from rng; the identity when !training or p == 0.
 Tensor dropout(const Tensor& x, float p, Rng& rng, bool training);
 

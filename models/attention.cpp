@@ -596,8 +596,8 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
 Tensor attention_varlen(const Tensor& qkv, std::span<const int32_t> len, const AttentionArgs& a) {
   HL_PROFILE(Attention);
   AttnDims d = packed_columns(qkv, a, 2, "packed sequences", "(rows, (heads + 2 kv_heads) d_head)");
-  if (a.kv_len || a.pattern_grad.defined() || a.on_pattern_grad)
-    fail("attention: packed sequences take no kv_len and give no pattern gradient");
+  if (a.kv_len || a.pattern_grad.defined() || a.on_pattern_grad || a.additive_mask.defined())
+    fail("attention: packed sequences take no kv_len or additive mask and give no pattern gradient");
   d.B = static_cast<int64_t>(len.size());
   const Tensor starts_buffer = Tensor::empty({d.B + 1});
   int32_t* starts = reinterpret_cast<int32_t*>(starts_buffer.data());
@@ -771,7 +771,8 @@ Tensor MultiHeadAttention::forward(const Tensor& x_q, const Tensor& x_kv_in, con
     if (x_kv_in.defined() || call.kv_cache || hk) fail("attention: packed sequences are for self-attention without hooks or cache");
     const Tensor ws[3] = {W_Q.weight, W_K.weight, W_V.weight}, bs[3] = {W_Q.bias, W_K.bias, W_V.bias};
     const Tensor qkv = linear_stacked(x_q, ws, bs);  // (n, (H + 2 Hkv) dh)
-    return W_O.forward(attention_varlen(qkv, call.live_len, args_for(call, 0)));  // (n, d_model)
+    const Tensor z = attention_varlen(qkv, call.live_len, args_for(call, 0));  // (n, H*dh)
+    return W_O.forward(call.output_rows ? gather_rows(z, *call.output_rows) : z);  // (n or output rows, d_model)
   }
   // Self-attention: one projection and one packed attention, no copies (the fast path). Only a
   // hook that replaces (or needs the gradient of) q, k or v splits them.

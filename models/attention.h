@@ -93,6 +93,7 @@ class MultiHeadAttention : public Module {
     // Sequences packed back to back: x_q is (sum of live_len, d_model), sequence b its live_len[b]
     // consecutive rows (self-attention without hooks or cache); the output is the same shape.
     std::span<const int32_t> live_len;
+    const Ids* output_rows = nullptr;  // with live_len: the output only at these packed rows
     const Hooks* hooks = nullptr;  // hook points hook_prefix + hook_q, hook_k, hook_v,
     std::string hook_prefix;       //   hook_attn_scores, hook_pattern, hook_z, hook_result
   };

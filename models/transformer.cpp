@@ -181,15 +181,17 @@ Tensor TransformerBlock::forward(const Tensor& x_in, const MultiHeadAttention::C
   }
   const std::string mlp = hk ? prefix + "mlp." : std::string();
   const Tensor x = hook("hook_resid_pre", x_in);
+  // with output_rows, attention reads every row and the block goes on with only those rows
+  const Tensor x_out = call.output_rows ? gather_rows(x, *call.output_rows) : x;
   if (norm == Norm::Pre) {  // x = x + attn(ln1(x)); x = x + ffn(ln2(x))
     const Tensor a = hook("hook_attn_out", resid_dropout.forward(attn.forward(hook("ln1.hook_normalized", ln1.forward(x)), Tensor(), call)));
-    const Tensor mid = hook("hook_resid_mid", add(x, a));
+    const Tensor mid = hook("hook_resid_mid", add(x_out, a));
     const Tensor m = hook("hook_mlp_out", resid_dropout.forward(ffn.forward(hook("ln2.hook_normalized", ln2.forward(mid)), hk, mlp)));
     return hook("hook_resid_post", add(mid, m));
   }
   // post-norm: x = ln1(x + attn(x)); x = ln2(x + ffn(x))
   const Tensor a = hook("hook_attn_out", resid_dropout.forward(attn.forward(x, Tensor(), call)));
-  const Tensor mid = hook("hook_resid_mid", ln1.forward(add(x, a)));
+  const Tensor mid = hook("hook_resid_mid", ln1.forward(add(x_out, a)));
   const Tensor m = hook("hook_mlp_out", resid_dropout.forward(ffn.forward(mid, hk, mlp)));
   return hook("hook_resid_post", ln2.forward(add(mid, m)));
 }
@@ -238,6 +240,7 @@ Tensor TransformerLM::forward(const Ids& ids, const ForwardOptions& opt) {
     for (auto& c : *opt.kv_cache) c.capacity = cfg.max_seq_len;
   }
   if (!opt.live_len.empty()) return forward_live(ids, opt);
+  if (opt.output_rows) fail("model: output_rows needs live_len");
   const Hooks* hk = opt.hooks;
   auto hook = [&](const char* name, const Tensor& t) { return hk ? hk->apply(name, t) : t; };  // no string without hooks
   const Tensor tok = hook("hook_embed", tok_emb.forward(ids));  // (B, T, d_model)
@@ -296,11 +299,19 @@ Tensor TransformerLM::forward_live(const Ids& ids, const ForwardOptions& opt) {
   if (opt.key_padding.defined()) {
     if (opt.key_padding.shape() != Shape({B, T}))
       fail("model: key_padding ", opt.key_padding.shape().str(), " must be (", B, ",", T, ")");
-    call.key_padding = T_live == T ? opt.key_padding : slice(opt.key_padding, 1, 0, T_live);
+    bool padded = false;  // the copy tasks pad only after the last target: nothing to hide then
+    for (int64_t b = 0; b < B && !padded; ++b)
+      for (int32_t t = 0; t < opt.live_len[static_cast<size_t>(b)] && !padded; ++t)
+        padded = opt.key_padding.data()[b * T + t] != 0.f;
+    if (padded) call.key_padding = T_live == T ? opt.key_padding : slice(opt.key_padding, 1, 0, T_live);
   }
-  for (auto& block : blocks) x = block->forward(x, call);
+  for (size_t l = 0; l < blocks.size(); ++l) {
+    if (l + 1 == blocks.size()) call.output_rows = opt.output_rows;  // the last block: only those rows on
+    x = blocks[l]->forward(x, call);
+  }
+  if (opt.output_rows && blocks.empty()) x = gather_rows(x, *opt.output_rows);
   if (ln_f) x = ln_f->forward(x);
-  return head.forward(x);  // (n, vocab)
+  return head.forward(x);  // (n or output rows, vocab)
 }
 
 std::pair<Tensor, ActivationCache> TransformerLM::run_with_cache(const Ids& ids, NameFilter filter, bool with_grads,

@@ -84,6 +84,9 @@ struct ForwardOptions {
   // costs nothing. Logits then come back packed, (sum of live_len, vocab): row 0's positions,
   // then row 1's, and so on. Not with hooks or a KV cache. Empty = every position.
   std::span<const int32_t> live_len;
+  // With live_len: logits only for these of the packed positions (e.g. those with a target; the
+  // last block then runs its attention output, feed-forward and the head on them alone).
+  const Ids* output_rows = nullptr;
 };
 
 class TransformerLM : public Module {

@@ -71,13 +71,15 @@ struct MhaRef {
   std::map<std::string, std::vector<Bounded>> grads;
 };
 inline MhaRef bounded_mha(const hl::MultiHeadAttention& mha, const Mat& X, int64_t B, int64_t T, bool causal,
-                          const hl::Tensor& up = hl::Tensor()) {
+                          const hl::Tensor& up = hl::Tensor(), const hl::Tensor& key_padding = hl::Tensor()) {
   const hl::AttentionConfig& c = mha.cfg;
   const int64_t D = c.d_model;
   auto project = [&](const hl::Linear& lin) { return linear(X, lin.weight, lin.bias); };
   AttnSpec s;
   s.B = B, s.Tq = s.Tk = T, s.H = c.n_heads, s.Hkv = c.kv_heads(), s.dh = c.head_dim(), s.causal = causal;
   for (float g : mha.gates.to_vector()) s.gates.push_back(g);
+  if (key_padding.defined())  // (B, T), nonzero = hidden key
+    for (float p : key_padding.to_vector()) s.key_padded.push_back(p != 0.f);
   const Mat q = project(mha.W_Q), k = project(mha.W_K), v = project(mha.W_V), Wo = from_tensor(mha.W_O.weight);
   std::vector<Bounded> dz;
   Mat Up;
@@ -109,9 +111,9 @@ inline MhaRef bounded_mha(const hl::MultiHeadAttention& mha, const Mat& X, int64
 }
 
 
-// Logits (B*T, vocab) of model.forward(ids): embeddings, blocks (pre- or post-norm), final
-// norm, head. No dropout (evaluation).
-inline Mat bounded_logits(const hl::TransformerLM& m, const hl::Ids& ids) {
+// Logits (B*T, vocab) of model.forward(ids) (with key_padding (B, T) if given): embeddings,
+// blocks (pre- or post-norm), final norm, head. No dropout (evaluation).
+inline Mat bounded_logits(const hl::TransformerLM& m, const hl::Ids& ids, const hl::Tensor& key_padding = hl::Tensor()) {
   const int64_t B = ids.shape[0], T = ids.shape[1], D = m.cfg.d_model;
   Mat x(B * T, D);
   for (int64_t b = 0; b < B; ++b)
@@ -122,7 +124,7 @@ inline Mat bounded_logits(const hl::TransformerLM& m, const hl::Ids& ids) {
         x(b * T + t, j) = tok + pos;
       }
   for (const auto& blk : m.blocks) {
-    auto attn = [&](const Mat& in) { return mat(bounded_mha(blk->attn, in, B, T, true).out, D); };
+    auto attn = [&](const Mat& in) { return mat(bounded_mha(blk->attn, in, B, T, true, hl::Tensor(), key_padding).out, D); };
     auto ffn = [&](const Mat& in) {
       Mat h = linear(in, blk->ffn.fc1.weight, blk->ffn.fc1.bias);
       for (Bounded& v : h.a) v = activation(v, blk->ffn.act);

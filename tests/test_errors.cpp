@@ -50,6 +50,8 @@ BOOST_AUTO_TEST_CASE(axes_out_of_range) {
 BOOST_AUTO_TEST_CASE(indices_out_of_range) {
   BOOST_TEST(message_of([] { embedding(Tensor::zeros({13, 4}), Ids(Shape{2}, {3, 15})); }) ==
              "embedding: index 15 out of range for vocabulary of 13");
+  BOOST_TEST(message_of([] { gather_rows(Tensor::zeros({2, 3, 4}), Ids(Shape{2}, {5, 6})); }) ==
+             "gather_rows: row 6 outside 0..5");
   BOOST_TEST(message_of([] { cross_entropy(Tensor::zeros({2, 5}), Ids(Shape{2}, {1, 7})); }) ==
              "cross_entropy: target 7 out of range for 5 classes");
   BOOST_TEST(message_of([] { Tensor t = Tensor::zeros({2, 3}); t.at({2, 0}); }) ==

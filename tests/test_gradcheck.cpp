@@ -157,6 +157,9 @@ std::vector<OpCase> cases_for(const std::string& op) {
   } else if (op == "embedding") {
     Ids ids(Shape{2, 3}, {1, 4, 1, 0, 6, 1});
     add_case("repeats", {rnd({7, 4})}, [ids](V in) { return embedding(IN(0), ids); });
+  } else if (op == "gather_rows") {
+    Ids rows(Shape{4}, {5, 0, 5, 2});  // a repeated row accumulates
+    add_case("(2,3,4) rows 5,0,5,2", {rnd({2, 3, 4})}, [rows](V in) { return gather_rows(IN(0), rows); });
   } else if (op == "dropout") {
     add_case("p=0.3", {rnd({4, 6})}, [](V in) {
       Rng r(9);  // same mask on every evaluation

@@ -71,20 +71,23 @@ BOOST_AUTO_TEST_CASE(live_positions_end_at_each_rows_last_target) {
   b.inputs = Ids(Shape{3, 4}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12});
   b.targets = Ids(Shape{3, 4}, {-1, 3, -1, -1,  /**/ -1, -1, -1, -1,  /**/ 7, -1, 8, -1});
   std::vector<int32_t> len;
-  Ids packed;
-  BOOST_TEST(b.live_positions(len, packed));
+  Ids rows, targets;
+  BOOST_TEST(b.live_positions(len, rows, targets));
   BOOST_TEST(len == std::vector<int32_t>({2, 0, 3}), tt::per_element());
-  BOOST_TEST(packed.shape == Shape({5}));
-  BOOST_TEST(packed.data == std::vector<int32_t>({-1, 3, 7, -1, 8}), tt::per_element());
+  // packed positions: row 0's 0,1 then row 2's 0,1,2 -> targets at packed 1, 2 and 4
+  BOOST_TEST(rows.shape == Shape({3}));
+  BOOST_TEST(rows.data == std::vector<int32_t>({1, 2, 4}), tt::per_element());
+  BOOST_TEST(targets.data == std::vector<int32_t>({3, 7, 8}), tt::per_element());
   b.targets = Ids(Shape{3, 4}, std::vector<int32_t>(12, -1));  // nothing counts
-  BOOST_TEST(!b.live_positions(len, packed));
+  BOOST_TEST(!b.live_positions(len, rows, targets));
   b.targets = Ids(Shape{3, 4}, std::vector<int32_t>(12, 0));  // every position counts
-  BOOST_TEST(!b.live_positions(len, packed));
+  BOOST_TEST(!b.live_positions(len, rows, targets));
   // varcopy: a row of n symbols is live up to its last answer position, 2n + 1
   auto task = make_task(TaskConfig::preset("varcopy"));
   Rng r(3);
   Batch v = task->sample(16, r);
-  BOOST_TEST(v.live_positions(len, packed));
+  BOOST_TEST(v.live_positions(len, rows, targets));
+  BOOST_TEST(targets.numel() == v.counted_targets());
   for (int64_t row = 0; row < 16; ++row) BOOST_TEST(len[row] == 2 * v.prompt_len[row] - 3);
 }
 

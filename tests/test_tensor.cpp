@@ -128,6 +128,9 @@ BOOST_AUTO_TEST_CASE(nn_values) {
   Tensor e = embedding(w, Ids(Shape{1, 2}, {2, 0}));
   BOOST_TEST(e.shape() == Shape({1, 2, 2}));
   BOOST_TEST(e.to_vector() == (std::vector<float>{5, 6, 1, 2}));
+  Tensor gr = gather_rows(reshape(w, {1, 3, 2}), Ids(Shape{3}, {2, 2, 0}));  // rows of the last axis
+  BOOST_TEST(gr.shape() == Shape({3, 2}));
+  BOOST_TEST(gr.to_vector() == (std::vector<float>{5, 6, 5, 6, 1, 2}));
 }
 
 BOOST_AUTO_TEST_CASE(fully_masked_softmax_row_has_no_nan) {

@@ -122,6 +122,39 @@ BOOST_AUTO_TEST_CASE(live_positions_forward_equals_the_full_forward) {
     }
     GradcheckResult res = gradcheck([&](const std::vector<Tensor>&) { return m.forward(ids, opt); }, m.parameters());
     BOOST_TEST(res.ok, res.message);
+    // output_rows: the logits of some of the packed positions only (the last block's tail and
+    // the head run on those), the same values
+    const Ids out_rows(Shape{3}, {1, 2, 6});  // (0,1), (0,2), (1,3)
+    opt.output_rows = &out_rows;
+    {
+      NoGradGuard ng;
+      const Tensor some = m.forward(ids, opt);
+      BOOST_TEST(some.shape() == Shape({3, 7}));
+      const roundoff::Mat ref = roundoff::bounded_logits(m, ids);
+      const int64_t at[3] = {1, 2, 5 + 3};
+      for (int64_t i = 0; i < 3; ++i)
+        for (int64_t v = 0; v < 7; ++v) BOOST_TEST(std::fabs(some.at({i, v}) - ref(at[i], v).v) <= ref(at[i], v).e);
+    }
+    res = gradcheck([&](const std::vector<Tensor>&) { return m.forward(ids, opt); }, m.parameters());
+    BOOST_TEST(res.ok, res.message);
+    opt.output_rows = nullptr;
+  }
+  {  // an empty row, and key padding inside and after the live positions
+    TransformerLM m(tiny(), 6);
+    const Ids ids = ids_2x5();
+    Tensor pad = Tensor::zeros({2, 5});
+    pad.at({1, 1}) = 1.f;
+    pad.at({1, 4}) = 1.f;
+    const std::vector<int32_t> live = {0, 3};
+    ForwardOptions opt;
+    opt.live_len = live;
+    opt.key_padding = pad;
+    NoGradGuard ng;
+    const Tensor packed = m.forward(ids, opt);  // row 1's positions 0..2
+    BOOST_TEST(packed.shape() == Shape({3, 7}));
+    const roundoff::Mat ref = roundoff::bounded_logits(m, ids, pad);
+    for (int64_t t = 0; t < 3; ++t)
+      for (int64_t v = 0; v < 7; ++v) BOOST_TEST(std::fabs(packed.at({t, v}) - ref(5 + t, v).v) <= ref(5 + t, v).e);
   }
   TransformerLM m(tiny(), 5);
   const std::vector<int32_t> too_long = {3, 6};

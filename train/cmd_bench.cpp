@@ -63,16 +63,22 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// FLOP formulas of ../shared/bench/gpt.py, over the positions computed: `positions` in all and
-// `squares` the sum over sequences of their length squared (B T and B T^2 for full batches).
-double matmul_weights(const BenchConfig& c) {
-  return c.layers * (4.0 * c.d_model * c.d_model + 2.0 * c.d_model * c.d_ff) + c.d_model * c.vocab;
+// FLOP formulas of ../shared/bench/gpt.py, over the positions computed: `positions` in all,
+// `squares` the sum over sequences of their length squared (B T and B T^2 for full batches) and
+// `outputs` the positions that go on past the last block's attention (all, or those with a
+// target: its W_O, feed-forward and the head run on those alone).
+struct Work {
+  double positions, squares, outputs;
+};
+double matmul_macs(const BenchConfig& c, const Work& w) {  // multiply-adds of the weight products
+  const double d = c.d_model, tail = d * d + 2.0 * d * c.d_ff;  // W_O and the feed-forward
+  return c.layers * 3.0 * d * d * w.positions + (c.layers - 1) * tail * w.positions + (tail + d * c.vocab) * w.outputs;
 }
-double train_flops(const BenchConfig& c, double positions, double squares) {
-  return 6 * matmul_weights(c) * positions + 12.0 * c.layers * squares * c.d_model;
+double train_flops(const BenchConfig& c, const Work& w) {
+  return 6 * matmul_macs(c, w) + 12.0 * c.layers * w.squares * c.d_model;
 }
-double fwd_flops(const BenchConfig& c, double positions, double squares) {
-  return 2 * matmul_weights(c) * positions + 4.0 * c.layers * squares * c.d_model;
+double fwd_flops(const BenchConfig& c, const Work& w) {
+  return 2 * matmul_macs(c, w) + 4.0 * c.layers * w.squares * c.d_model;
 }
 
 // One configuration, in this process: prints one JSON line.
@@ -116,16 +122,22 @@ json bench_one(BenchConfig bc, int threads, int steps, int warmup, bool profile,
     batches.push_back({in, tg});
   }
   std::vector<Batch> task_batches;
-  double positions = static_cast<double>(bc.batch) * bc.T, squares = positions * bc.T;  // per step
+  const double full = static_cast<double>(bc.batch) * bc.T;
+  Work work{full, full * bc.T, full};  // per step
   if (task) {
     Rng data_rng(1);
     std::vector<int32_t> len;
-    Ids packed;
-    positions = squares = 0;
+    Ids rows, targets;
+    work = {0, 0, 0};
     for (int i = 0; i < 8; ++i) {
       task_batches.push_back(task->sample(bc.batch, data_rng));
-      if (!task_batches.back().live_positions(len, packed)) len.assign(static_cast<size_t>(bc.batch), static_cast<int32_t>(bc.T));
-      for (int32_t l : len) positions += l / 8.0, squares += static_cast<double>(l) * l / 8.0;
+      if (task_batches.back().live_positions(len, rows, targets)) {
+        work.outputs += rows.numel() / 8.0;
+      } else {
+        len.assign(static_cast<size_t>(bc.batch), static_cast<int32_t>(bc.T));
+        work.outputs += full / 8.0;
+      }
+      for (int32_t l : len) work.positions += l / 8.0, work.squares += static_cast<double>(l) * l / 8.0;
     }
   }
   auto train_step = [&](int i) {
@@ -172,11 +184,15 @@ json bench_one(BenchConfig bc, int threads, int steps, int warmup, bool profile,
   {
     NoGradGuard ng;
     std::vector<int32_t> len;
-    Ids packed;
+    Ids rows, targets;
     for (int i = 0; i < warmup + steps; ++i) {
       const auto t0 = clk::now();
       ForwardOptions fo;  // a task's batch: its live positions, as in evaluation
-      if (task && task_batches[i % task_batches.size()].live_positions(len, packed)) fo.live_len = len;
+      if (task) fo.key_padding = task_batches[i % task_batches.size()].key_padding;
+      if (task && task_batches[i % task_batches.size()].live_positions(len, rows, targets)) {
+        fo.live_len = len;
+        fo.output_rows = &rows;
+      }
       Tensor logits = model.forward(task ? task_batches[i % task_batches.size()].inputs : batches[i % batches.size()].first, fo);
       if (i >= warmup) fwd_ms.push_back(std::chrono::duration<double, std::milli>(clk::now() - t0).count());
     }
@@ -190,10 +206,10 @@ json bench_one(BenchConfig bc, int threads, int steps, int warmup, bool profile,
             {"fwd_ms_min", *std::min_element(fwd_ms.begin(), fwd_ms.end())},
             {"fwd_ms_max", *std::max_element(fwd_ms.begin(), fwd_ms.end())},
             {"task", task_name},
-            {"positions_per_step", positions},
-            {"tokens_per_s", positions / (med / 1e3)},
-            {"train_gflops", train_flops(bc, positions, squares) / (med / 1e3) * 1e-9},
-            {"fwd_gflops", fwd_flops(bc, positions, squares) / (median(fwd_ms) / 1e3) * 1e-9},
+            {"positions_per_step", work.positions},
+            {"tokens_per_s", work.positions / (med / 1e3)},
+            {"train_gflops", train_flops(bc, work) / (med / 1e3) * 1e-9},
+            {"fwd_gflops", fwd_flops(bc, work) / (median(fwd_ms) / 1e3) * 1e-9},
             {"peak_rss_kb", peak_rss_kb()},
             {"mallocs_per_step", alloc_counter::available() ? json(mallocs) : json(nullptr)},
             {"pool_misses_per_step", heap},
