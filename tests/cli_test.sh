@@ -150,6 +150,7 @@ done <<'EOF2'
 --head-counts: 2 is given twice|ablate --head-counts 2,2
 EOF2
 check "bad --config" nonzero "'8x' is not a whole number" -- "$HL" bench --config 16,1,2,32,4,8x
+check "bench --task takes tasks that make their data" nonzero "--task: text not in \{copy,reverse,varcopy,induction\}" -- "$HL" bench --task text
 check "grads --batch-size bound" nonzero "--batch-size 100000000: a forward and backward of that batch needs about" -- "$HL" grads --checkpoint "$T/run/model.safetensors" --batch-size 100000000 --out "$T/g7.st"
 check "--tokens rejects a non-number" nonzero "'x' is not a whole number" -- "$HL" attn --checkpoint "$T/run/model.safetensors" --tokens "6 x 4 7" --out "$T/at1"
 check "--tokens rejects wrap-around" nonzero "4294967299 is outside 0..7" -- "$HL" attn --checkpoint "$T/run/model.safetensors" --tokens "6 4294967299" --out "$T/at2"
