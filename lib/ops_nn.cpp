@@ -313,25 +313,15 @@ Tensor embedding(const Tensor& w, const Ids& ids) {
   return y;
 }
 
+// Rows of an activation are looked up as embedding rows are (one gather, one scatter-add
+// backward); only the checks and their messages are gather_rows' own.
 Tensor gather_rows(const Tensor& x, const Ids& rows) {
-  HL_PROFILE(Embedding);
   HL_CHECK(x.ndim() >= 1, "gather_rows: x must have at least one axis");
-  const int64_t D = x.size(x.ndim() - 1), R = D ? x.numel() / D : 0, n = rows.numel();
+  const int64_t D = x.size(x.ndim() - 1), R = D ? x.numel() / D : 0;
   if (rows.shape.ndim != 1) fail("gather_rows: rows must be one list, got ", rows.shape.str());
   for (int32_t r : rows.data)
     if (r < 0 || r >= R) fail("gather_rows: row ", r, " outside 0..", R - 1);
-  Tensor y = Tensor::empty({n, D});
-  for (int64_t i = 0; i < n; ++i) std::memcpy(y.data() + i * D, x.data() + int64_t(rows.data[i]) * D, sizeof(float) * D);
-  if (needs_graph({&x}))
-    attach(y, "gather_rows", {x}, [x, saved = save_ids(rows), n, D](TensorImpl& self) {
-      HL_PROFILE(Embedding);
-      const float* g = self.grad->data();
-      const int32_t* I = saved_ids(saved);
-      float* gx = grad_buffer(x);
-      for (int64_t i = 0; i < n; ++i)  // sequential: a repeated row accumulates in a fixed order
-        for (int64_t j = 0; j < D; ++j) gx[int64_t(I[i]) * D + j] += g[i * D + j];
-    });
-  return y;
+  return embedding(reshape(x, {R, D}), rows);  // (n, D)
 }
 
 Tensor dropout(const Tensor& x, float p, Rng& rng, bool training) {
