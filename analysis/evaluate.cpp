@@ -66,6 +66,20 @@ std::vector<std::vector<int32_t>> greedy_answers(TransformerLM& model, const Bat
   return greedy_answers(model, std::span<const Batch>(&batch, 1))[0];
 }
 
+Tensor forward_batch(TransformerLM& model, const Batch& batch, BatchScratch& scratch, const Ids*& targets,
+                     const Hooks* hooks) {
+  ForwardOptions opt;
+  opt.key_padding = batch.key_padding;
+  opt.hooks = hooks;
+  targets = &batch.targets;
+  if (!hooks && batch.live_positions(scratch.live_len, scratch.output_rows, scratch.targets)) {
+    opt.live_len = scratch.live_len;
+    opt.output_rows = &scratch.output_rows;
+    targets = &scratch.targets;
+  }
+  return model.forward(batch.inputs, opt);
+}
+
 EvalResult evaluate(TransformerLM& model, const Task& task, const std::vector<Batch>& data,
                     bool autoregressive, const Hooks* hooks) {
   EvalScope mode(model);
@@ -73,23 +87,16 @@ EvalResult evaluate(TransformerLM& model, const Task& task, const std::vector<Ba
   EvalResult r;
   double loss_sum = 0;
   int64_t correct = 0, exact = 0, ar_exact = 0, ar_rows = 0;
-  std::vector<int32_t> live_len;  // positions up to each row's last target (see live_positions)
-  Ids output_rows, live_targets;   // of those, the ones with a target, and their targets
+  BatchScratch scratch;
   for (const Batch& b : data) {
-    ForwardOptions opt;
-    opt.key_padding = b.key_padding;
-    opt.hooks = hooks;
     const int64_t B = b.size(), T = b.inputs.shape[1];
-    const bool live = !hooks && b.live_positions(live_len, output_rows, live_targets);
-    if (live) {
-      opt.live_len = live_len;
-      opt.output_rows = &output_rows;
-    }
-    // (B, T, V), or with live positions a row per counted target (row 0's, then row 1's, ...)
-    const Tensor logits = model.forward(b.inputs, opt);
+    const Ids* targets = nullptr;
+    // (B, T, V), or a row per counted target (row 0's, then row 1's, ...)
+    const Tensor logits = forward_batch(model, b, scratch, targets, hooks);
+    const bool live = targets != &b.targets;
     const int64_t V = logits.size(-1);
     const int64_t counted = b.counted_targets();
-    loss_sum += static_cast<double>(cross_entropy(logits, live ? live_targets : b.targets).item()) * counted;
+    loss_sum += static_cast<double>(cross_entropy(logits, *targets).item()) * counted;
     r.tokens += counted;
     const float* next_target_logits = logits.data();  // live: the next counted target's row
     for (int64_t row = 0; row < B; ++row) {

@@ -17,6 +17,19 @@ struct EvalResult {
   int64_t tokens = 0, sequences = 0;
 };
 
+// Buffers of forward_batch, reused from call to call (no allocation once they have grown).
+struct BatchScratch {
+  std::vector<int32_t> live_len;
+  Ids output_rows, targets;
+};
+
+// The forward of a batch as training and evaluation run it. When the batch has positions after
+// a row's last counted target (and no hooks): only each row's live positions are computed and
+// the logits come back at the counted targets alone, (targets, V), with `targets` set to
+// scratch.targets. Otherwise the plain forward, logits (B, T, V) and `targets` = &batch.targets.
+Tensor forward_batch(TransformerLM& model, const Batch& batch, BatchScratch& scratch, const Ids*& targets,
+                     const Hooks* hooks = nullptr);
+
 // Runs with dropout off and no graph; `hooks` can ablate heads, patch or record.
 EvalResult evaluate(TransformerLM& model, const Task& task, const std::vector<Batch>& data,
                     bool autoregressive, const Hooks* hooks = nullptr);

@@ -183,17 +183,13 @@ json bench_one(BenchConfig bc, int threads, int steps, int warmup, bool profile,
   model.eval();
   {
     NoGradGuard ng;
-    std::vector<int32_t> len;
-    Ids rows, targets;
+    BatchScratch scratch;
+    const Ids* targets = nullptr;
     for (int i = 0; i < warmup + steps; ++i) {
       const auto t0 = clk::now();
-      ForwardOptions fo;  // a task's batch: its live positions, as in evaluation
-      if (task) fo.key_padding = task_batches[i % task_batches.size()].key_padding;
-      if (task && task_batches[i % task_batches.size()].live_positions(len, rows, targets)) {
-        fo.live_len = len;
-        fo.output_rows = &rows;
-      }
-      Tensor logits = model.forward(task ? task_batches[i % task_batches.size()].inputs : batches[i % batches.size()].first, fo);
+      // a task's batch as evaluation runs it (live positions, logits at targets)
+      Tensor logits = task ? forward_batch(model, task_batches[i % task_batches.size()], scratch, targets)
+                           : model.forward(batches[i % batches.size()].first);
       if (i >= warmup) fwd_ms.push_back(std::chrono::duration<double, std::milli>(clk::now() - t0).count());
     }
   }

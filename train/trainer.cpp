@@ -368,19 +368,12 @@ void write_summary(const std::string& out, const TrainArgs& args, const TrainRes
 }
 
 Tensor batch_loss(TransformerLM& model, const Batch& batch) {
-  ForwardOptions fo;
-  fo.key_padding = batch.key_padding;
   // positions after a row's last target are not computed (the copy tasks' padding: about 45%),
   // and the last block's feed-forward and the head run only where there is a target
-  thread_local std::vector<int32_t> live_len;  // reused: no allocation per step
-  thread_local Ids output_rows, targets;
-  if (batch.live_positions(live_len, output_rows, targets)) {
-    fo.live_len = live_len;
-    fo.output_rows = &output_rows;
-    return cross_entropy(model.forward(batch.inputs, fo), targets);  // logits (targets, V)
-  }
-  const Tensor logits = model.forward(batch.inputs, fo);  // (B, T, V)
-  return cross_entropy(logits, batch.targets);
+  thread_local BatchScratch scratch;  // reused: no allocation per step
+  const Ids* targets = nullptr;
+  const Tensor logits = forward_batch(model, batch, scratch, targets);
+  return cross_entropy(logits, *targets);
 }
 
 std::pair<float, float> train_step(TransformerLM& model, Optimizer& opt, const Batch& batch, float clip,
