@@ -2,6 +2,8 @@
 
 #include <map>
 
+#include "lib/parallel.h"
+
 namespace hl {
 
 namespace {
@@ -12,27 +14,27 @@ int32_t argmax(const float* l, int64_t n) {
     if (l[v] > l[best]) best = static_cast<int32_t>(v);
   return best;
 }
-}  // namespace
 
-std::vector<std::vector<std::vector<int32_t>>> greedy_answers(TransformerLM& model, std::span<const Batch> data) {
+
+// Greedy decoding of rows (batch, row) of `data`; answers[batch][row], empty for rows not asked.
+using RowRef = std::pair<size_t, int64_t>;  // (batch, row)
+std::vector<std::vector<std::vector<int32_t>>> decode_rows(TransformerLM& model, std::span<const Batch> data,
+                                                           std::span<const RowRef> wanted) {
   EvalScope mode(model);
   NoGradGuard ng;
-  // rows of all batches by (prompt length, answer length): each group decodes in one batch, so a
-  // held-out set of the copy tasks takes 16 groups, not 16 per batch
-  std::map<std::pair<int, int>, std::vector<std::pair<size_t, int64_t>>> groups;  // -> (batch, row)
+  // rows by (prompt length, answer length): each group decodes in one batch, so a held-out set
+  // of the copy tasks takes 16 groups, not 16 per batch
+  std::map<std::pair<int, int>, std::vector<RowRef>> groups;
   std::vector<std::vector<std::vector<int32_t>>> out(data.size());
-  for (size_t i = 0; i < data.size(); ++i) {
+  for (size_t i = 0; i < data.size(); ++i) out[i].resize(static_cast<size_t>(data[i].size()));
+  for (const auto& [i, r] : wanted) {
     const Batch& batch = data[i];
-    out[i].resize(static_cast<size_t>(batch.size()));
-    for (int64_t r = 0; r < batch.size(); ++r) {
-      if (batch.prompt_len.empty() || batch.prompt_len[r] < 1) continue;
-      int answer = 0;
-      for (int64_t t = 0; t < batch.targets.shape[1]; ++t) answer += batch.targets.at(r, t) >= 0;
-      groups[{batch.prompt_len[r], answer}].push_back({i, r});
-    }
+    int answer = 0;
+    for (int64_t t = 0; t < batch.targets.shape[1]; ++t) answer += batch.targets.at(r, t) >= 0;
+    groups[{batch.prompt_len[r], answer}].push_back({i, r});
   }
-  // decodes rows (batch, row) of prompt length p and answer length n together, KV-cached
-  auto decode = [&](std::span<const std::pair<size_t, int64_t>> rows, int p, int n) {
+  // decodes rows of prompt length p and answer length n together, KV-cached
+  auto decode = [&](std::span<const RowRef> rows, int p, int n) {
     const int64_t G = static_cast<int64_t>(rows.size());
     Ids prompt(Shape{G, p});
     for (int64_t g = 0; g < G; ++g)
@@ -57,9 +59,36 @@ std::vector<std::vector<std::vector<int32_t>>> greedy_answers(TransformerLM& mod
   for (auto& [key, rows] : groups)
     if (key.second > 0)
       for (size_t at = 0; at < rows.size(); at += kMaxDecodeRows)
-        decode(std::span<const std::pair<size_t, int64_t>>(rows).subspan(at, std::min(kMaxDecodeRows, rows.size() - at)),
-               key.first, key.second);
+        decode(std::span<const RowRef>(rows).subspan(at, std::min(kMaxDecodeRows, rows.size() - at)), key.first,
+               key.second);
   return out;
+}
+
+// Whether greedy decoding of `row` feeds the model exactly its teacher-forced inputs for as long
+// as every prediction is right: the counted targets are the positions from prompt_len - 1 on,
+// back to back, and each is the next position's input. Then the greedy answer is right exactly
+// when every teacher-forced prediction is (the first wrong prediction is the same token in both,
+// as everything before it is), and evaluation need not decode the row. The copy and induction
+// tasks' rows all have this form.
+bool answer_follows_prompt(const Batch& b, int64_t row) {
+  const int64_t T = b.targets.shape[1], first = b.prompt_len[row] - 1;
+  int64_t end = first;  // one past the answer's last position
+  while (end < T && b.targets.at(row, end) >= 0) ++end;
+  for (int64_t t = 0; t < T; ++t)
+    if ((t < first || t >= end) && b.targets.at(row, t) >= 0) return false;  // counted outside the answer
+  for (int64_t t = first; t + 1 < end; ++t)
+    if (b.inputs.at(row, t + 1) != b.targets.at(row, t)) return false;
+  return true;
+}
+
+}  // namespace
+
+std::vector<std::vector<std::vector<int32_t>>> greedy_answers(TransformerLM& model, std::span<const Batch> data) {
+  std::vector<RowRef> rows;
+  for (size_t i = 0; i < data.size(); ++i)
+    for (int64_t r = 0; r < data[i].size(); ++r)
+      if (!data[i].prompt_len.empty() && data[i].prompt_len[r] >= 1) rows.push_back({i, r});
+  return decode_rows(model, data, rows);
 }
 
 std::vector<std::vector<int32_t>> greedy_answers(TransformerLM& model, const Batch& batch) {
@@ -88,6 +117,8 @@ EvalResult evaluate(TransformerLM& model, const Task& task, const std::vector<Ba
   double loss_sum = 0;
   int64_t correct = 0, exact = 0, ar_exact = 0, ar_rows = 0;
   BatchScratch scratch;
+  std::vector<RowRef> to_decode;  // rows whose greedy answer does not follow from the predictions here
+  std::vector<int32_t> row_first, row_correct;
   for (const Batch& b : data) {
     const int64_t B = b.size(), T = b.inputs.shape[1];
     const Ids* targets = nullptr;
@@ -98,30 +129,40 @@ EvalResult evaluate(TransformerLM& model, const Task& task, const std::vector<Ba
     const int64_t counted = b.counted_targets();
     loss_sum += static_cast<double>(cross_entropy(logits, *targets).item()) * counted;
     r.tokens += counted;
-    const float* next_target_logits = logits.data();  // live: the next counted target's row
-    for (int64_t row = 0; row < B; ++row) {
-      bool all = true;
+    // per row: its counted targets predicted right, and whether all are (rows in parallel: the
+    // argmax over the vocabulary at every target is most of this)
+    row_first.resize(static_cast<size_t>(B));  // live: the row's first logits row
+    row_correct.resize(static_cast<size_t>(B));
+    for (int64_t row = 0, at = 0; row < B; ++row) {
+      row_first[row] = at;
+      for (int64_t t = 0; t < T; ++t) at += b.targets.at(row, t) >= 0;
+    }
+    const float* L = logits.data();
+    parallel_for(B, counted * V, [&](int64_t row) {
+      int32_t right = 0, at = row_first[row];
       for (int64_t t = 0; t < T; ++t) {
         const int32_t target = b.targets.at(row, t);
         if (target < 0) continue;
-        const float* l = live ? next_target_logits : logits.data() + (row * T + t) * V;
-        next_target_logits += V;
-        const int32_t best = argmax(l, V);
-        correct += best == target;
-        all = all && best == target;
+        right += argmax(L + (live ? at++ : row * T + t) * V, V) == target;
       }
+      row_correct[row] = right;
+    });
+    for (int64_t row = 0; row < B; ++row) {
+      correct += row_correct[row];
+      const bool all = row_correct[row] == (row + 1 < B ? row_first[row + 1] : counted) - row_first[row];
       exact += all;
+      if (!autoregressive || b.prompt_len.empty() || b.prompt_len[row] < 1) continue;  // no answer (text, tokens)
+      ++ar_rows;
+      if (answer_follows_prompt(b, row))
+        ar_exact += all;
+      else
+        to_decode.push_back({static_cast<size_t>(&b - data.data()), row});
     }
     r.sequences += B;
   }
-  if (autoregressive) {
-    const auto answers = greedy_answers(model, data);  // [batch][row]
-    for (size_t i = 0; i < data.size(); ++i)
-      for (int64_t row = 0; row < data[i].size(); ++row) {
-        if (data[i].prompt_len.empty() || data[i].prompt_len[row] < 1) continue;  // no answer to decode (text, tokens)
-        ++ar_rows;
-        ar_exact += answers[i][static_cast<size_t>(row)] == task.answer(data[i], row);
-      }
+  if (!to_decode.empty()) {
+    const auto answers = decode_rows(model, data, to_decode);  // [batch][row]
+    for (const auto& [i, row] : to_decode) ar_exact += answers[i][static_cast<size_t>(row)] == task.answer(data[i], row);
   }
   r.loss = r.tokens ? loss_sum / r.tokens : 0;
   r.token_acc = r.tokens ? static_cast<double>(correct) / r.tokens : 0;

@@ -1,5 +1,5 @@
 // Held-out evaluation on a task: loss, token accuracy and exact match teacher-forced, and (for
-// tasks whose rows have prompts) exact match under greedy decoding with the KV cache.
+// tasks whose rows have prompts) exact match under greedy decoding.
 #pragma once
 #include <span>
 #include <vector>
@@ -31,6 +31,11 @@ Tensor forward_batch(TransformerLM& model, const Batch& batch, BatchScratch& scr
                      const Hooks* hooks = nullptr);
 
 // Runs with dropout off and no graph; `hooks` can ablate heads, patch or record.
+// Greedy exact match needs no decoding for rows whose answer follows the prompt as the row's
+// own inputs (every copy and induction row): greedy decoding then sees the teacher-forced
+// inputs until its first wrong token, which the teacher-forced predictions show too, so the row
+// is a greedy exact match exactly when it is a teacher-forced one. Other rows with prompts are
+// decoded (KV cache, without `hooks`).
 EvalResult evaluate(TransformerLM& model, const Task& task, const std::vector<Batch>& data,
                     bool autoregressive, const Hooks* hooks = nullptr);
 

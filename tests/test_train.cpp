@@ -173,6 +173,50 @@ BOOST_AUTO_TEST_CASE(tiny_copy_run_learns) {
   BOOST_TEST(r.final_eval.ar_exact_match > 0.9);
 }
 
+// Greedy exact match as evaluation reports it (from the teacher-forced predictions where a
+// row's answer is its own next inputs, decoded otherwise) against decoding every row.
+BOOST_AUTO_TEST_CASE(greedy_exact_match_equals_decoding) {
+  TrainArgs a = small_args("");
+  a.task = TaskConfig::preset("varcopy");
+  a.task.alphabet = 8;
+  a.task.max_len = 8;
+  a.model.dropout = 0.f;
+  a.steps = 120;  // partly trained: some rows right, some wrong
+  a.eval_every = 120;
+  a.eval_size = 256;
+  Trainer t(a);
+  t.run();
+  TransformerLM& model = t.model();
+  const std::vector<Batch>& data = t.held_out();
+  auto decoded_fraction = [&](const std::vector<Batch>& batches) {
+    const auto answers = greedy_answers(model, batches);
+    int64_t right = 0, rows = 0;
+    for (size_t i = 0; i < batches.size(); ++i)
+      for (int64_t r = 0; r < batches[i].size(); ++r, ++rows)
+        right += answers[i][static_cast<size_t>(r)] == t.task().answer(batches[i], r);
+    return static_cast<double>(right) / static_cast<double>(rows);
+  };
+  const EvalResult e = evaluate(model, t.task(), data, true);
+  const double decoded = decoded_fraction(data);
+  BOOST_TEST(e.ar_exact_match == decoded);
+  BOOST_TEST(e.ar_exact_match == e.exact_match);
+  BOOST_TEST(decoded > 0.1);
+  BOOST_TEST(decoded < 0.9);
+  // the first answer input of every row replaced: the teacher-forced predictions after it no
+  // longer show what greedy decoding does, so evaluation decodes; the greedy answers are the same
+  // (same prompts, same targets)
+  std::vector<Batch> changed = data;
+  for (Batch& b : changed)
+    for (int64_t r = 0; r < b.size(); ++r) {
+      int32_t& x = b.inputs.at(r, b.prompt_len[r]);
+      if (b.targets.at(r, b.prompt_len[r]) >= 0) x = (x + 1) % a.task.alphabet;
+    }
+  const EvalResult c = evaluate(model, t.task(), changed, true);
+  BOOST_TEST(c.ar_exact_match == decoded);
+  BOOST_TEST(c.exact_match < decoded);
+  BOOST_TEST_MESSAGE("greedy exact match " << decoded << ", teacher-forced on the changed inputs " << c.exact_match);
+}
+
 BOOST_AUTO_TEST_CASE(same_seed_same_metrics_and_resume_equals_uninterrupted) {
   const std::string full = fresh_dir("full"), again = fresh_dir("again"), cut = fresh_dir("cut");
   Trainer(small_args(full)).run();

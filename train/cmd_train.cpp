@@ -113,7 +113,7 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
                {"held-out loss", std::to_string(e.loss)},
                {"token accuracy", percent(e.token_acc)},
                {"exact match (teacher-forced)", percent(e.exact_match)},
-               {"exact match (greedy, KV cache)", e.ar_exact_match >= 0 ? percent(e.ar_exact_match) : "-"},
+               {"exact match (greedy)", e.ar_exact_match >= 0 ? percent(e.ar_exact_match) : "-"},
                {"first step >= 99% token acc", r.first_step_99 >= 0 ? std::to_string(r.first_step_99) : "never"},
                {"parameters", std::to_string(r.params)},
                {"peak RSS", std::to_string(r.peak_rss_kb / 1024) + " MiB"}});
