@@ -102,16 +102,20 @@ int64_t Batch::counted_targets() const {
 
 bool Batch::live_positions(std::vector<int32_t>& len, Ids& output_rows, Ids& out_targets) const {
   const int64_t B = size(), T = inputs.shape[1];
-  int64_t n = 0;
+  int64_t counted = 0;
   len.resize(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {
     int32_t last = 0;  // one past the last counted target
     for (int64_t t = 0; t < T; ++t)
-      if (targets.at(b, t) >= 0) last = static_cast<int32_t>(t + 1);
+      if (targets.at(b, t) >= 0) {
+        last = static_cast<int32_t>(t + 1);
+        ++counted;
+      }
     len[static_cast<size_t>(b)] = last;
-    n += last;
   }
-  if (n == 0 || n == B * T) return false;
+  // rows live to the end still gain when some positions have no target (the last block's
+  // output side runs only on the targets)
+  if (counted == 0 || counted == B * T) return false;
   output_rows.data.reserve(static_cast<size_t>(B * T));  // once: later batches reuse them
   out_targets.data.reserve(static_cast<size_t>(B * T));
   output_rows.data.clear();

@@ -45,8 +45,8 @@ struct Batch {
   // accuracy reads, and all a causal model needs (TransformerLM's ForwardOptions::live_len).
   // Of those positions packed row after row, the ones with a counted target (output_rows) and
   // their targets in the same order (the rows of the model's logits with output_rows).
-  // Reuses the buffers. False when every position is live or no target counts (then the plain
-  // forward is the one to use; only len is filled).
+  // Reuses the buffers. False when every position counts or none does (then the plain forward
+  // is the one to use; only len is filled).
   bool live_positions(std::vector<int32_t>& len, Ids& output_rows, Ids& targets) const;
   // Rows [lo, hi) into `out`, reusing its buffers (a rank's share of a data-parallel batch).
   void rows_into(int64_t lo, int64_t hi, Batch& out) const;

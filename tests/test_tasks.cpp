@@ -82,6 +82,12 @@ BOOST_AUTO_TEST_CASE(live_positions_end_at_each_rows_last_target) {
   BOOST_TEST(!b.live_positions(len, rows, targets));
   b.targets = Ids(Shape{3, 4}, std::vector<int32_t>(12, 0));  // every position counts
   BOOST_TEST(!b.live_positions(len, rows, targets));
+  // every row live to the end, but the first position of each has no target: output rows only
+  b.targets = Ids(Shape{3, 4}, {-1, 2, 3, 4, /**/ -1, 6, 7, 8, /**/ -1, 10, 11, 12});
+  BOOST_TEST(b.live_positions(len, rows, targets));
+  BOOST_TEST(len == std::vector<int32_t>({4, 4, 4}), tt::per_element());
+  BOOST_TEST(rows.data == std::vector<int32_t>({1, 2, 3, 5, 6, 7, 9, 10, 11}), tt::per_element());
+  BOOST_TEST(targets.data == std::vector<int32_t>({2, 3, 4, 6, 7, 8, 10, 11, 12}), tt::per_element());
   // varcopy: a row of n symbols is live up to its last answer position, 2n + 1
   auto task = make_task(TaskConfig::preset("varcopy"));
   Rng r(3);

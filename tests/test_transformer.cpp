@@ -139,6 +139,26 @@ BOOST_AUTO_TEST_CASE(live_positions_forward_equals_the_full_forward) {
     BOOST_TEST(res.ok, res.message);
     opt.output_rows = nullptr;
   }
+  {  // every row live to the end, logits at some positions (induction's rows: targets on the repeat)
+    TransformerLM m(tiny(), 7);
+    const Ids ids = ids_2x5();
+    const std::vector<int32_t> live = {5, 5};
+    const Ids out_rows(Shape{4}, {2, 4, 7, 9});  // (0,2), (0,4), (1,2), (1,4)
+    ForwardOptions opt;
+    opt.live_len = live;
+    opt.output_rows = &out_rows;
+    {
+      NoGradGuard ng;
+      const Tensor some = m.forward(ids, opt);
+      BOOST_TEST(some.shape() == Shape({4, 7}));
+      const roundoff::Mat ref = roundoff::bounded_logits(m, ids);
+      for (int64_t i = 0; i < 4; ++i)
+        for (int64_t v = 0; v < 7; ++v)
+          BOOST_TEST(std::fabs(some.at({i, v}) - ref(out_rows.data[i], v).v) <= ref(out_rows.data[i], v).e);
+    }
+    const GradcheckResult res = gradcheck([&](const std::vector<Tensor>&) { return m.forward(ids, opt); }, m.parameters());
+    BOOST_TEST(res.ok, res.message);
+  }
   {  // an empty row, and key padding inside and after the live positions
     TransformerLM m(tiny(), 6);
     const Ids ids = ids_2x5();
