@@ -150,6 +150,8 @@ done <<'EOF2'
 --head-counts: 2 is given twice|ablate --head-counts 2,2
 EOF2
 check "bad --config" nonzero "'8x' is not a whole number" -- "$HL" bench --config 16,1,2,32,4,8x
+check "bench config whose heads do not divide d_model" nonzero "--config '32,2,3,128,64,33': 3 heads do not divide d_model 32" -- "$HL" bench --config 32,2,3,128,64,33
+check "bench --threads 0" nonzero "--threads: value 0 is outside \[1, 4096\]" -- "$HL" bench --threads 0
 check "bench --task takes tasks that make their data" nonzero "--task: text not in \{copy,reverse,varcopy,induction\}" -- "$HL" bench --task text
 check "grads --batch-size bound" nonzero "--batch-size 100000000: a forward and backward of that batch needs about" -- "$HL" grads --checkpoint "$T/run/model.safetensors" --batch-size 100000000 --out "$T/g7.st"
 check "--tokens rejects a non-number" nonzero "'x' is not a whole number" -- "$HL" attn --checkpoint "$T/run/model.safetensors" --tokens "6 x 4 7" --out "$T/at1"

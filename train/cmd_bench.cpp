@@ -55,6 +55,8 @@ BenchConfig named_config(const std::string& s) {
   if (v.size() != 6) fail("--config: '", s, "' is neither S, M, L, V1, V4, V16 nor d_model,layers,heads,d_ff,batch,T");
   c.d_model = v[0], c.layers = static_cast<int>(v[1]), c.heads = static_cast<int>(v[2]);
   c.d_ff = v[3], c.batch = static_cast<int>(v[4]), c.T = v[5];
+  if (c.d_model % c.heads)
+    fail("--config '", s, "': ", c.heads, " heads do not divide d_model ", c.d_model);
   return c;
 }
 
@@ -400,7 +402,8 @@ void add_bench_command(CLI::App& app, CommandRunner& runner) {
                   "S, M, L (the speed configs), V1, V4, V16 (ablate's varcopy model with 1, 4, 16 heads) or "
                   "d_model,layers,heads,d_ff,batch,T")
       ->delimiter(' ')->capture_default_str();
-  sub->add_option("--threads", o->threads, "Thread counts to run, e.g. --threads 1 2")->capture_default_str();
+  sub->add_option("--threads", o->threads, "Thread counts to run, e.g. --threads 1 2")->capture_default_str()
+      ->check(in_range(1, 4096));
   sub->add_option("--steps", o->steps, "Timed steps (after warm-up)")->capture_default_str();
   sub->add_option("--warmup", o->warmup, "Warm-up steps")->capture_default_str();
   sub->add_flag("--profile", o->profile, "Add a per-op breakdown of a training step");
