@@ -67,6 +67,10 @@ class Task {
   // The fixed held-out set: n sequences from their own seed, cut into batches.
   virtual std::vector<Batch> held_out(int n, uint64_t seed, int batch_size) const;
   virtual std::string token_text(int32_t id) const;  // for display: "BOS", "7", "e", "\n"
+  // Whether a row's counted targets form one answer, so "every target of the row right" (exact
+  // match) means something: true for the generated tasks and for token files with targets or a
+  // loss mask; false for language modelling (text, token files of input_ids alone).
+  virtual bool rows_are_answers() const { return true; }
   // The answer a model should produce greedily for row `row`: its counted targets in order.
   std::vector<int32_t> answer(const Batch& b, int64_t row) const;
   Batch sample(int batch_size, Rng& rng) const;

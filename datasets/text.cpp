@@ -33,6 +33,7 @@ class TextTask : public Task {
   int seq_len() const override { return cfg_.max_len; }
 
   std::string token_text(int32_t id) const override { return byte_token_text(id); }
+  bool rows_are_answers() const override { return false; }
 
   void sample_into(Batch& b, int batch_size, Rng& rng) const override { windows(b, batch_size, rng, 0, split_); }
 

@@ -21,6 +21,7 @@ namespace {
 struct Rows {
   int64_t n = 0, T = 0;
   std::vector<int32_t> ids, targets;  // (n, T)
+  bool answers = false;  // targets or a loss mask were given (not plain next-token prediction)
 };
 
 // input_ids from a .npy file: version 1-3 header, '<i4' or '<i8', C order, 2-d.
@@ -107,6 +108,7 @@ Rows rows_from(const Ids& ids, const Ids& targets, const std::vector<float>& mas
   for (int64_t i = 0; i < ids.numel(); ++i)
     if (ids.data[i] < 0) fail(path, ": input_ids has the negative id ", ids.data[i], " at row ", i / r.T, ", position ", i % r.T);
   r.ids = ids.data;
+  r.answers = targets.numel() > 0 || !mask.empty();
   if (targets.numel()) {
     r.targets = targets.data;
     for (int64_t i = 0; i < targets.numel(); ++i)
@@ -168,6 +170,7 @@ class TokensTask : public Task {
       if (all.n < 2) fail(cfg.data, ": ", all.n, " row is too few: the last 10% of the rows (at least one) are held out");
       const int64_t held = std::max<int64_t>(1, all.n / 10), kept = all.n - held;
       train_.n = kept, eval_.n = held, train_.T = eval_.T = all.T;
+      train_.answers = eval_.answers = all.answers;
       train_.ids.assign(all.ids.begin(), all.ids.begin() + kept * all.T);
       train_.targets.assign(all.targets.begin(), all.targets.begin() + kept * all.T);
       eval_.ids.assign(all.ids.begin() + kept * all.T, all.ids.end());
@@ -186,6 +189,7 @@ class TokensTask : public Task {
   int vocab_size() const override { return vocab_; }
   int symbols() const override { return vocab_; }  // no special tokens
   int seq_len() const override { return static_cast<int>(train_.T); }
+  bool rows_are_answers() const override { return eval_.answers; }  // what evaluation scores
 
   void sample_into(Batch& b, int batch_size, Rng& rng) const override {
     if (batch_size < 1) fail("task: batch size must be positive, got ", batch_size);

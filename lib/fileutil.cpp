@@ -70,6 +70,16 @@ void make_dirs(const std::string& path) {
   if (ec) fail(path, ": cannot create directory: ", ec.message());
 }
 
+void check_can_write(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  std::error_code ec;
+  if (path.empty() || fs::is_directory(target, ec)) fail(path, ": cannot write: is a directory");
+  if (!fs::is_directory(dir, ec)) fail(path, ": cannot write: no directory ", dir.string());
+  if (::access(dir.c_str(), W_OK) != 0) fail(path, ": cannot write: ", dir.string(), ": ", std::strerror(errno));
+}
+
 bool file_exists(const std::string& path) { return std::filesystem::exists(path); }
 
 DirLock::DirLock(const std::string& dir) {

@@ -12,6 +12,10 @@ namespace hl {
 std::string read_file(const std::string& path);  // throws hl::Error naming the path
 void write_file_atomic(const std::string& path, const std::string& bytes);
 void make_dirs(const std::string& path);  // mkdir -p
+// Fails, naming the path and why, unless write_file_atomic(path, ...) could write it now (its
+// directory exists and is writable, and path is not a directory): a command checks its
+// output paths before hours of work rather than after.
+void check_can_write(const std::string& path);
 bool file_exists(const std::string& path);
 
 // Exclusive ownership of a directory for one process: an advisory lock (flock) on DIR/.lock,

@@ -106,6 +106,7 @@ BOOST_AUTO_TEST_CASE(registry_lists_every_task_and_builds_it) {
     const Batch b = t->sample(4, rng);
     BOOST_TEST(b.inputs.shape == Shape({4, t->seq_len()}));
     for (int32_t v : b.inputs.data) BOOST_TEST((v >= 0 && v < t->vocab_size()));
+    BOOST_TEST(t->rows_are_answers());
   }
   TaskConfig bad;
   bad.name = "nope";
@@ -177,6 +178,7 @@ BOOST_AUTO_TEST_CASE(text_beats_the_unigram_entropy_of_its_file) {
   a.eval_every = 300;
   Trainer t(a);
   BOOST_TEST(t.task().vocab_size() == 256);
+  BOOST_TEST(!t.task().rows_are_answers());
   const TrainResult r = t.run();
   BOOST_TEST(r.final_eval.loss < entropy, "held-out loss " << r.final_eval.loss << " vs unigram entropy " << entropy);
   BOOST_TEST(r.final_eval.ar_exact_match == -1.0);  // no prompts: no greedy evaluation
@@ -192,6 +194,17 @@ BOOST_AUTO_TEST_CASE(tokens_files_are_read_split_and_checked) {
   auto task = make_task(c);
   BOOST_TEST(task->vocab_size() == 7);
   BOOST_TEST(task->seq_len() == 6);
+  BOOST_TEST(!task->rows_are_answers());  // input_ids alone: language modelling
+  {
+    const std::string masked = tmp("masked.safetensors");
+    write_tokens(masked, 20, 6, [](int64_t i, int64_t t) { return (i + t) % 7; }, true);
+    TaskConfig m = TaskConfig::preset("tokens");
+    m.data = masked;
+    BOOST_TEST(make_task(m)->rows_are_answers());  // a loss mask marks each row's answer
+    m.data = good;
+    m.eval_data = masked;  // evaluation scores the held-out file's rows
+    BOOST_TEST(make_task(m)->rows_are_answers());
+  }
   const auto held = task->held_out(1000, 0, 128);  // the last 10%: rows 18 and 19
   BOOST_TEST_REQUIRE(held.size() == 1u);
   BOOST_TEST(held[0].inputs.shape == Shape({2, 6}));

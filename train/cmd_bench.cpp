@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "lib/fileutil.h"
 #include "lib/optim.h"
 #include "lib/profile.h"
 #include "train/alloc_counter.h"
@@ -45,14 +46,17 @@ BenchConfig named_config(const std::string& s) {
   // has the same configs
   if (s == "V1" || s == "V4" || s == "V16") return {s, 32, 2, std::stoi(s.substr(1)), 128, 64, 33, 67};
   // custom: d_model,layers,heads,d_ff,batch,T
+  const char* forms = "S, M, L, V1, V4, V16 or six numbers d_model,layers,heads,d_ff,batch,T; several are separated "
+                      "by spaces (--config V1 V4)";
+  if (s.empty() || s.find_first_not_of("0123456789,") != std::string::npos)
+    fail("--config: unknown config '", s, "': give ", forms);
   BenchConfig c;
   c.name = s;
   std::vector<int64_t> v;
   std::stringstream ss(s);
   std::string tok;
-  while (std::getline(ss, tok, ','))
-    v.push_back(parse_int(tok, 1, 1 << 24, "--config '" + s + "' (S, M, L, V1, V4, V16 or d_model,layers,heads,d_ff,batch,T)"));
-  if (v.size() != 6) fail("--config: '", s, "' is neither S, M, L, V1, V4, V16 nor d_model,layers,heads,d_ff,batch,T");
+  while (std::getline(ss, tok, ',')) v.push_back(parse_int(tok, 1, 1 << 24, "--config '" + s + "'"));
+  if (v.size() != 6) fail("--config '", s, "': ", v.size(), " numbers; give ", forms);
   c.d_model = v[0], c.layers = static_cast<int>(v[1]), c.heads = static_cast<int>(v[2]);
   c.d_ff = v[3], c.batch = static_cast<int>(v[4]), c.T = v[5];
   if (c.d_model % c.heads)
@@ -196,7 +200,7 @@ json bench_one(BenchConfig bc, int threads, int steps, int warmup, bool profile,
     }
   }
   const double med = median(train_ms);
-  json j = {{"config", bc.name}, {"threads", threads}, {"steps", steps},
+  json j = {{"config", bc.name}, {"threads", threads}, {"steps", steps}, {"T", bc.T}, {"vocab", bc.vocab},
             {"train_ms_median", med},
             {"train_ms_min", *std::min_element(train_ms.begin(), train_ms.end())},
             {"train_ms_max", *std::max_element(train_ms.begin(), train_ms.end())},
@@ -309,7 +313,9 @@ int run_bench(const BenchOpts& o) {
   }
   if (o.steps < 1 || o.warmup < 0) fail("bench: --steps must be positive and --warmup not negative");
   for (const std::string& c : o.configs) named_config(c);  // validate before any work
-  if (!o.task.empty()) make_task(TaskConfig::preset(o.task));
+  std::unique_ptr<Task> task;
+  if (!o.task.empty()) task = make_task(TaskConfig::preset(o.task));
+  if (!o.out_json.empty()) check_can_write(o.out_json);
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
   const char* auto_from = std::getenv("HEADLAB_BLAS_CORE_CHOSEN");
   std::fprintf(stderr, "headlab bench: %d timed steps after %d warm-up; OpenBLAS kernels %s (OPENBLAS_CORETYPE=%s%s)\n",
@@ -329,7 +335,9 @@ int run_bench(const BenchOpts& o) {
                          (o.task.empty() ? "" : " --task " + o.task));
       j["sgemm_peak_gflops"] = peaks[t];
       results.push_back(j);
-      rows.push_back({c, std::to_string(t), fixed(j["train_ms_median"], 2),
+      // a task sets the length: say so where it differs from the config's own
+      const std::string label = j["T"] == named_config(c).T ? c : c + " (T " + std::to_string(j["T"].get<int64_t>()) + ")";
+      rows.push_back({label, std::to_string(t), fixed(j["train_ms_median"], 2),
                       fixed(j["train_ms_min"], 2) + "-" + fixed(j["train_ms_max"], 2), fixed(j["fwd_ms_median"], 2),
                       fixed(j["fwd_ms_min"], 2) + "-" + fixed(j["fwd_ms_max"], 2), fixed(j["tokens_per_s"], 0),
                       fixed(j["train_gflops"], 1), fixed(100.0 * j["train_gflops"].get<double>() / peaks[t], 1),
@@ -338,7 +346,13 @@ int run_bench(const BenchOpts& o) {
     }
   std::printf("\n");
   print_table(rows);
-  std::printf("\nsgemm peak (2048^3, this BLAS):");
+  if (task)
+    std::printf("\ndata: %s batches as training steps them (T %d and vocabulary %d from the task; positions after "
+                "a row's last target not computed)\n",
+                o.task.c_str(), task->seq_len(), task->vocab_size());
+  else
+    std::printf("\ndata: random tokens at every position, as the PyTorch reference (--task NAME for a task's batches)\n");
+  std::printf("sgemm peak (2048^3, this BLAS):");
   for (auto& [t, g] : peaks) std::printf("  %d thread%s %.0f GFLOP/s", t, t > 1 ? "s" : "", g);
   std::printf("\n");
   if (o.threads.size() > 1) {  // scaling
@@ -377,10 +391,7 @@ int run_bench(const BenchOpts& o) {
   }
   if (!o.out_json.empty()) {
     json all = {{"openblas_coretype", coretype ? coretype : "(unset)"}, {"results", results}};
-    std::FILE* f = std::fopen(o.out_json.c_str(), "w");
-    if (!f) fail(o.out_json, ": cannot write");
-    std::fprintf(f, "%s\n", all.dump(1).c_str());
-    std::fclose(f);
+    write_file_atomic(o.out_json, all.dump(1) + "\n");
   }
   return 0;
 }
@@ -412,7 +423,20 @@ void add_bench_command(CLI::App& app, CommandRunner& runner) {
                   "Step on this task's batches as training does (positions after each row's last target are "
                   "not computed; tokens/s and GFLOP/s count the positions computed) instead of random tokens at "
                   "every position, the PyTorch reference's data. The task sets vocabulary and length")
-      ->check(CLI::IsMember(generated_tasks()));
+      ->check(CLI::Validator(
+          [](std::string& name) -> std::string {
+            const std::vector<std::string> ok = generated_tasks();
+            if (std::find(ok.begin(), ok.end(), name) != ok.end()) return "";
+            std::string list;
+            for (const std::string& n : ok) {
+              if (!list.empty()) list += ", ";
+              list += n;
+            }
+            if (name == "text" || name == "tokens")
+              return name + " reads a data file, which bench does not take; one of " + list;
+            return "unknown task '" + name + "'; one of " + list;
+          },
+          "TASK"));
   sub->add_option("--json", o->out_json, "Also write all results to this JSON file");
   sub->add_option("--one", o->one, "(internal) run one config in this process and print JSON")->group("");
   sub->add_flag("--peak", o->peak, "(internal) measure the sgemm peak and print JSON")->group("");

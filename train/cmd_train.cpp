@@ -70,12 +70,14 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
                   last_acc < 0 ? "-" : percent(last_acc).c_str(), tps / 1000);
     bar.update(step, status);
   };
+  // language modelling (text, token files without targets) has no answers to match exactly
+  const bool answers = trainer.task().rows_are_answers();
   obs.on_eval = [&](int64_t step, const EvalResult& e) {
     last_acc = e.token_acc;
     if (!bar.enabled() && !quiet)
-      std::fprintf(stderr, "step %lld/%lld  held-out loss %.4f  token_acc %s  exact %s\n",
-                   static_cast<long long>(step), static_cast<long long>(a.steps), e.loss,
-                   percent(e.token_acc).c_str(), percent(e.exact_match).c_str());
+      std::fprintf(stderr, "step %lld/%lld  held-out loss %.4f  token_acc %s%s\n", static_cast<long long>(step),
+                   static_cast<long long>(a.steps), e.loss, percent(e.token_acc).c_str(),
+                   answers ? ("  exact " + percent(e.exact_match)).c_str() : "");
   };
   std::unique_ptr<GradAtlas> atlas;
   if (rank0 && (a.log_grads_every > 0 || !a.dump_grads_at.empty())) {
@@ -107,16 +109,20 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
   write_summary(a.out, a, r);
   const EvalResult& e = r.final_eval;
   std::printf("\n");
-  print_table({{"metric", "value"},
-               {"steps", std::to_string(r.steps)},
-               {"train time", format_duration(r.wall_s) + " (" + std::to_string(static_cast<int>(r.wall_s)) + " s)"},
-               {"held-out loss", std::to_string(e.loss)},
-               {"token accuracy", percent(e.token_acc)},
-               {"exact match (teacher-forced)", percent(e.exact_match)},
-               {"exact match (greedy)", e.ar_exact_match >= 0 ? percent(e.ar_exact_match) : "-"},
-               {"first step >= 99% token acc", r.first_step_99 >= 0 ? std::to_string(r.first_step_99) : "never"},
-               {"parameters", std::to_string(r.params)},
-               {"peak RSS", std::to_string(r.peak_rss_kb / 1024) + " MiB"}});
+  std::vector<std::vector<std::string>> table = {
+      {"metric", "value"},
+      {"steps", std::to_string(r.steps)},
+      {"train time", format_duration(r.wall_s) + " (" + fixed(r.wall_s, 1) + " s)"},
+      {"held-out loss", std::to_string(e.loss)},
+      {"token accuracy", percent(e.token_acc)}};
+  if (answers) {
+    table.push_back({"exact match (teacher-forced)", percent(e.exact_match)});
+    table.push_back({"exact match (greedy)", e.ar_exact_match >= 0 ? percent(e.ar_exact_match) : "-"});
+  }
+  table.push_back({"first step >= 99% token acc", r.first_step_99 >= 0 ? std::to_string(r.first_step_99) : "never"});
+  table.push_back({"parameters", std::to_string(r.params)});
+  table.push_back({"peak RSS", std::to_string(r.peak_rss_kb / 1024) + " MiB"});
+  print_table(table);
   std::printf("\nwrote %s/{model,checkpoint}.safetensors, metrics.jsonl, summary.json\n", a.out.c_str());
   std::printf("look at its heads: headlab view %s\n", a.out.c_str());
   return 0;
