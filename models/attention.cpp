@@ -327,6 +327,24 @@ float* thread_scratch(size_t n) {
 }
 #endif
 
+// Score-shaped products (rows, ke) = X (rows, dh) Y^T with Y (Tk, dh) the slice's keys (or values,
+// in backward): with Y^T copied once per slice, each query block's product is an NN one that
+// small_gemm computes without packing (OpenBLAS packs both operands per call: at d_head 32,
+// T = 128 about a third of attention's time). Null where OpenBLAS keeps the product (no AVX-512,
+// or sizes small_gemm does not take).
+const float* keys_transposed(const float* Y, int64_t ldy, int64_t Tk, int64_t dh) {
+#ifdef __AVX512F__
+  if (Tk > 128 || dh > 128) return nullptr;
+  float* YT = thread_scratch(static_cast<size_t>(dh * Tk));  // (dh, Tk)
+  for (int64_t j = 0; j < Tk; ++j)
+    for (int64_t c = 0; c < dh; ++c) YT[c * Tk + j] = Y[j * ldy + c];
+  return YT;
+#else
+  (void)Y, (void)ldy, (void)Tk, (void)dh;
+  return nullptr;
+#endif
+}
+
 }  // namespace
 
 namespace {
@@ -432,10 +450,13 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
     }
 #endif
     const int64_t BRs = d.starts ? block_rows(ds, causal) : BR;
+    // K_h^T (dh, Tk), once per slice where that makes every score block a product small_gemm takes
+    const float* KT = keys_transposed(Kh, d.ldkv(), ds.Tk, d.dh);
     for (int64_t i0 = 0; i0 < ds.Tq; i0 += BRs) {
       const int64_t i1 = std::min(ds.Tq, i0 + BRs), rows = i1 - i0, ke = visible_keys(ds, causal, i1);
       // scores (rows, ke) = scale Q_h[i0:i1] K_h[:ke]^T
-      gemm(false, true, rows, ke, d.dh, scale, Qh + i0 * d.ldq(), d.ldq(), Kh, d.ldkv(), 0.f, S + i0 * ds.Tk, ds.Tk);
+      if (KT) gemm(false, false, rows, ke, d.dh, scale, Qh + i0 * d.ldq(), d.ldq(), KT, ds.Tk, 0.f, S + i0 * ds.Tk, ds.Tk);
+      else gemm(false, true, rows, ke, d.dh, scale, Qh + i0 * d.ldq(), d.ldq(), Kh, d.ldkv(), 0.f, S + i0 * ds.Tk, ds.Tk);
       for (int64_t i = i0; i < i1; ++i) masked_softmax_row(S + i * ds.Tk, ke, ds, b, h, i, causal, pb, am, ms);
       const float* W = S + i0 * ds.Tk;
       if (M) {
@@ -528,6 +549,7 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
                  return;
                }
 #endif
+               const float* VT = keys_transposed(Vh, d.ldkv(), ds.Tk, d.dh);  // V_h^T (dh, Tk) or null
                for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
                  const int64_t bh = b * d.H + h;
                  const float* Qh = Q + d.q_row(b) * d.ldq() + h * d.dh;
@@ -544,7 +566,8 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
                    float* Ub = U + bh * TT + i0 * ds.Tk;
                    const float* dOb = dOh + i0 * d.ldo();
                    // Ub = dO_h V_h^T (rows, ke): dL/d(weights) before the gate
-                   gemm(false, true, rows, ke, d.dh, 1.f, dOb, d.ldo(), Vh, d.ldkv(), 0.f, Ub, ds.Tk);
+                   if (VT) gemm(false, false, rows, ke, d.dh, 1.f, dOb, d.ldo(), VT, ds.Tk, 0.f, Ub, ds.Tk);
+                   else gemm(false, true, rows, ke, d.dh, 1.f, dOb, d.ldo(), Vh, d.ldkv(), 0.f, Ub, ds.Tk);
                    if (dVh)  // dV_h[:ke] += g Pd^T dO_h
                      gemm(true, false, ke, d.dh, rows, g, Wb, ds.Tk, dOb, d.ldo(), 1.f, dVh, d.ldkv());
                    for (int64_t r = 0; r < rows; ++r) {
