@@ -607,6 +607,9 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("name", [](const PyTask& t) { return t.task->config().name; })
       .def_property_readonly("vocab_size", [](const PyTask& t) { return t.task->vocab_size(); })
       .def_property_readonly("seq_len", [](const PyTask& t) { return t.task->seq_len(); })
+      .def_property_readonly("rows_are_answers", [](const PyTask& t) { return t.task->rows_are_answers(); },
+                             "Whether a row's targets form one answer, so exact match means something (False for "
+                             "language modelling: text, token data without targets or loss_mask)")
       .def("held_out", [](const PyTask& t, int n, uint64_t seed, int batch) { return PyData{t.task->held_out(n, seed, batch)}; },
            py::arg("n") = 1000, py::arg("seed") = 1234, py::arg("batch") = 128)
       .def("sample", [](const PyTask& t, int batch, uint64_t seed) {
