@@ -15,7 +15,6 @@ int32_t argmax(const float* l, int64_t n) {
   return best;
 }
 
-
 // Greedy decoding of rows (batch, row) of `data`; answers[batch][row], empty for rows not asked.
 using RowRef = std::pair<size_t, int64_t>;  // (batch, row)
 std::vector<std::vector<std::vector<int32_t>>> decode_rows(TransformerLM& model, std::span<const Batch> data,

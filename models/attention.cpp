@@ -7,7 +7,6 @@
 #include <memory>
 #include <vector>
 
-
 #include "lib/autograd.h"
 #include "lib/broadcast.h"
 #include "lib/fastmath.h"
@@ -171,7 +170,6 @@ void masked_softmax_row(float* row, int64_t ke, const AttnDims& d, int64_t b, in
 #pragma omp simd
   for (int64_t j = 0; j < ke; ++j) row[j] *= inv;
 }
-
 
 // ---- Small heads -----------------------------------------------------------------------------
 // At d_head <= 8 a (batch, head) slice is a 33 x 33 product of rank 2-8. Along a row of keys

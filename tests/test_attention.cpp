@@ -454,29 +454,35 @@ BOOST_AUTO_TEST_CASE(mha_module_gradcheck_all_variants) {
 }
 
 BOOST_AUTO_TEST_CASE(kv_cache_decoding_equals_full_forward) {
-  AttentionConfig cfg;
-  cfg.d_model = 8;
-  cfg.n_heads = 4;
-  cfg.n_kv_heads = 2;
-  Rng r(4);
-  MultiHeadAttention mha(cfg, r);
-  Tensor x = Tensor::randn({2, 6, 8}, rng());
-  NoGradGuard ng;
-  MultiHeadAttention::Call full;
-  full.causal = true;
-  Tensor all = mha.forward(x, Tensor(), full);
-  KVCacheLayer cache;
-  MultiHeadAttention::Call inc;
-  inc.causal = true;
-  inc.kv_cache = &cache;
-  Tensor first = mha.forward(slice(x, 1, 0, 3), Tensor(), inc);  // a 3-token prompt
-  std::vector<Tensor> parts = {first};
-  for (int t = 3; t < 6; ++t) parts.push_back(mha.forward(slice(x, 1, t, t + 1), Tensor(), inc));
-  Tensor stitched = concat(parts, 1);
-  const roundoff::MhaRef ref = roundoff::bounded_mha(mha, roundoff::from_tensor(x), 2, 6, true);
-  roundoff::check_within(all, ref.out, "full forward");
-  roundoff::check_within(stitched, ref.out, "decoded with the cache");
-  BOOST_TEST(cache.length() == 6);
+  // d_head 2: the small-head kernels; 12: the sgemm path (scores from a transposed copy of the
+  // cache's first kv_len rows)
+  for (int64_t d_model : {8, 48}) {
+    AttentionConfig cfg;
+    cfg.d_model = d_model;
+    cfg.n_heads = 4;
+    cfg.n_kv_heads = 2;
+    Rng r(4);
+    MultiHeadAttention mha(cfg, r);
+    Tensor x = Tensor::randn({2, 6, d_model}, rng());
+    NoGradGuard ng;
+    MultiHeadAttention::Call full;
+    full.causal = true;
+    Tensor all = mha.forward(x, Tensor(), full);
+    KVCacheLayer cache;
+    MultiHeadAttention::Call inc;
+    inc.causal = true;
+    inc.kv_cache = &cache;
+    Tensor first = mha.forward(slice(x, 1, 0, 3), Tensor(), inc);  // a 3-token prompt
+    std::vector<Tensor> parts = {first};
+    for (int t = 3; t < 6; ++t) parts.push_back(mha.forward(slice(x, 1, t, t + 1), Tensor(), inc));
+    Tensor stitched = concat(parts, 1);
+    const roundoff::MhaRef ref = roundoff::bounded_mha(mha, roundoff::from_tensor(x), 2, 6, true);
+    BOOST_TEST_CONTEXT("d_model " << d_model) {
+      roundoff::check_within(all, ref.out, "full forward");
+      roundoff::check_within(stitched, ref.out, "decoded with the cache");
+      BOOST_TEST(cache.length() == 6);
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(causal_row_blocks_equal_a_float64_reference) {

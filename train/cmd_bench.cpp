@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <chrono>
 #include <cstdio>
@@ -48,7 +49,8 @@ BenchConfig named_config(const std::string& s) {
   // custom: d_model,layers,heads,d_ff,batch,T
   const char* forms = "S, M, L, V1, V4, V16 or six numbers d_model,layers,heads,d_ff,batch,T; several are separated "
                       "by spaces (--config V1 V4)";
-  if (s.empty() || s.find_first_not_of("0123456789,") != std::string::npos)
+  // a name (no comma) or names joined by commas; numbers with a comma go to parse_int's message
+  if (s.empty() || s.find(',') == std::string::npos || !std::isdigit(static_cast<unsigned char>(s[0])))
     fail("--config: unknown config '", s, "': give ", forms);
   BenchConfig c;
   c.name = s;
@@ -259,7 +261,6 @@ json run_child(const std::string& args) {
   }
 }
 
-
 struct BenchOpts {
   std::vector<std::string> configs = {"S", "M", "L"};
   std::vector<int> threads = {2};
@@ -433,10 +434,17 @@ void add_bench_command(CLI::App& app, CommandRunner& runner) {
               list += n;
             }
             if (name == "text" || name == "tokens")
-              return name + " reads a data file, which bench does not take; one of " + list;
-            return "unknown task '" + name + "'; one of " + list;
+              return name + " reads a data file, which bench does not take; give one of " + list;
+            return "unknown task '" + name + "'; give one of " + list;
           },
-          "TASK"));
+          [] {  // shown in --help as the option's type, as CLI::IsMember would
+            std::string set;
+            for (const std::string& n : generated_tasks()) {
+              set += set.empty() ? "{" : ",";
+              set += n;
+            }
+            return set + "}";
+          }()));
   sub->add_option("--json", o->out_json, "Also write all results to this JSON file");
   sub->add_option("--one", o->one, "(internal) run one config in this process and print JSON")->group("");
   sub->add_flag("--peak", o->peak, "(internal) measure the sgemm peak and print JSON")->group("");

@@ -246,7 +246,7 @@ def test_token_arrays_train_as_the_same_file_does(tmp_path):
         hl.Trainer(data={"input_ids": ids, "loss_mask": np.ones((3, 4))}, **settings)
     with pytest.raises(hl.HeadlabError, match="holds the id 19, outside the vocabulary 0..9"):
         hl.Trainer(data=ids, alphabet=10, **settings)
-    # input_ids alone are language modelling; a loss mask marks answers that exact match scores
+    # input_ids alone are language modelling; with targets or a loss mask the rows count as answers
     assert not hl.Task("tokens", data=ids).rows_are_answers
     assert hl.Task("tokens", data={"input_ids": ids, "loss_mask": np.ones(ids.shape)}).rows_are_answers
     assert hl.Task("copy").rows_are_answers
