@@ -334,8 +334,8 @@ const float* keys_transposed(const float* Y, int64_t ldy, int64_t Tk, int64_t dh
 #ifdef __AVX512F__
   if (Tk > 128 || dh > 128) return nullptr;
   float* YT = thread_scratch(static_cast<size_t>(dh * Tk));  // (dh, Tk)
-  for (int64_t j = 0; j < Tk; ++j)
-    for (int64_t c = 0; c < dh; ++c) YT[c * Tk + j] = Y[j * ldy + c];
+  for (int64_t c = 0; c < dh; ++c)  // written in order; the Tk rows read stay in L1 across c
+    for (int64_t j = 0; j < Tk; ++j) YT[c * Tk + j] = Y[j * ldy + c];
   return YT;
 #else
   (void)Y, (void)ldy, (void)Tk, (void)dh;
