@@ -410,6 +410,15 @@ std::vector<std::string> generated_tasks() {
 void add_bench_command(CLI::App& app, CommandRunner& runner) {
   CLI::App* sub = app.add_subcommand("bench", "Time training steps and forwards of the benchmark configs S, M, L (or your own), with a per-op profile");
   auto o = std::make_shared<BenchOpts>();
+  const std::vector<std::string> tasks = generated_tasks();
+  auto joined = [&tasks](const char* sep) {
+    std::string s;
+    for (const std::string& n : tasks) {
+      if (!s.empty()) s += sep;
+      s += n;
+    }
+    return s;
+  };
   sub->add_option("--config", o->configs,
                   "S, M, L (the speed configs), V1, V4, V16 (ablate's varcopy model with 1, 4, 16 heads) or "
                   "d_model,layers,heads,d_ff,batch,T")
@@ -425,26 +434,13 @@ void add_bench_command(CLI::App& app, CommandRunner& runner) {
                   "not computed; tokens/s and GFLOP/s count the positions computed) instead of random tokens at "
                   "every position, the PyTorch reference's data. The task sets vocabulary and length")
       ->check(CLI::Validator(
-          [](std::string& name) -> std::string {
-            const std::vector<std::string> ok = generated_tasks();
-            if (std::find(ok.begin(), ok.end(), name) != ok.end()) return "";
-            std::string list;
-            for (const std::string& n : ok) {
-              if (!list.empty()) list += ", ";
-              list += n;
-            }
+          [tasks, list = joined(", ")](std::string& name) -> std::string {
+            if (std::find(tasks.begin(), tasks.end(), name) != tasks.end()) return "";
             if (name == "text" || name == "tokens")
               return name + " reads a data file, which bench does not take; give one of " + list;
             return "unknown task '" + name + "'; give one of " + list;
           },
-          [] {  // shown in --help as the option's type, as CLI::IsMember would
-            std::string set;
-            for (const std::string& n : generated_tasks()) {
-              set += set.empty() ? "{" : ",";
-              set += n;
-            }
-            return set + "}";
-          }()));
+          "{" + joined(",") + "}"));  // shown in --help as the option's type, as CLI::IsMember would
   sub->add_option("--json", o->out_json, "Also write all results to this JSON file");
   sub->add_option("--one", o->one, "(internal) run one config in this process and print JSON")->group("");
   sub->add_flag("--peak", o->peak, "(internal) measure the sgemm peak and print JSON")->group("");
