@@ -164,9 +164,31 @@ void masked_softmax_row(float* row, int64_t ke, const AttnDims& d, int64_t b, in
     std::fill(row, row + ke, 0.f);
     return;
   }
-#pragma omp simd
-  for (int64_t j = 0; j < ke; ++j) row[j] = j <= last ? exp_fast(row[j] - m) : 0.f;
-  const float inv = 1.f / sum_lanes(row, ke);
+  // The exponentials are summed as they are made, in one pass (`omp simd reduction` would end
+  // each row in sixteen dependent scalar adds: GCC's, see fastmath.h).
+#ifdef __AVX512F__
+  const int64_t seen = std::min(ke, last + 1);  // keys the row sees; columns [seen, ke) get 0
+  const __m512 vm = _mm512_set1_ps(m);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t j = 0; j < ke; j += 16) {
+    alignas(64) float e[16];  // lanes past `seen` read -inf, whose exponential is 0
+    _mm512_store_ps(e, _mm512_sub_ps(_mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), first_lanes(seen - j), row + j), vm));
+    for (int l = 0; l < 16; ++l) e[l] = exp_fast(e[l]);
+    const __m512 ev = _mm512_load_ps(e);
+    _mm512_mask_storeu_ps(row + j, first_lanes(ke - j), ev);
+    acc = _mm512_add_ps(acc, ev);
+  }
+  const float sum = _mm512_reduce_add_ps(acc);
+#else
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < ke; ++j) {
+    const float e = j <= last ? exp_fast(row[j] - m) : 0.f;
+    row[j] = e;
+    sum += e;
+  }
+#endif
+  const float inv = 1.f / sum;
 #pragma omp simd
   for (int64_t j = 0; j < ke; ++j) row[j] *= inv;
 }
@@ -314,33 +336,87 @@ void small_head_backward(const AttnDims& d, bool causal, float scale, float g, c
 }
 
 bool small_head_kernels(const AttnDims& d) { return (d.dh <= kSmallHeadMax || d.dh == 16) && d.Tk <= kSmallKeysMax; }
+#endif
 
-// A per-thread buffer of at least n floats, 64-byte aligned: it grows once, later steps
-// allocate nothing.
-float* thread_scratch(size_t n) {
-  thread_local std::vector<float> buf;
+// Per-thread buffers a task of the sgemm path holds at once: a slice's Q, K, V and dO copied
+// contiguous, K and V transposed, a block of weights and its gradient, the slice's dK, dV and dQ.
+// (The small-head kernels use kScratchWeights.)
+enum ScratchSlot {
+  kScratchQ, kScratchK, kScratchV, kScratchDO, kScratchKT, kScratchVT, kScratchWeights, kScratchGrads, kScratchSums,
+  kScratchSlots
+};
+
+// A per-thread buffer of at least n floats, 64-byte aligned, one per slot: it grows once, later
+// steps allocate nothing.
+float* thread_scratch(size_t n, ScratchSlot slot) {
+  thread_local std::vector<float> bufs[kScratchSlots];
+  std::vector<float>& buf = bufs[slot];
   if (buf.size() < n + 16) buf.resize(n + 16);
   const uintptr_t at = reinterpret_cast<uintptr_t>(buf.data());
   return buf.data() + ((64 - at % 64) % 64) / sizeof(float);
 }
-#endif
+
+// X (n, dh) at row stride ld copied into a contiguous per-thread block (n, dh). A head is a block
+// of columns whose rows are a whole row of q (or qkv) apart, 3 KB at M's shapes: read in place,
+// a slice's rows fall into a few sets of L1 and evict each other while a product walks them
+// again for every block of output rows. Copied once per slice, they stay in L1.
+void load_rows(float* to, const float* X, int64_t ld, int64_t n, int64_t dh) {
+  for (int64_t r = 0; r < n; ++r)
+#pragma omp simd
+    for (int64_t c = 0; c < dh; ++c) to[r * dh + c] = X[r * ld + c];
+}
+const float* contiguous_rows(const float* X, int64_t ld, int64_t n, int64_t dh, ScratchSlot slot) {
+  float* C = thread_scratch(static_cast<size_t>(n * dh), slot);
+  load_rows(C, X, ld, n, dh);
+  return C;
+}
+
+// The contiguous (n, dh) block X written back to rows at stride ld.
+void store_rows(float* to, int64_t ld, const float* X, int64_t n, int64_t dh) {
+  for (int64_t r = 0; r < n; ++r)
+#pragma omp simd
+    for (int64_t c = 0; c < dh; ++c) to[r * ld + c] = X[r * dh + c];
+}
 
 // Score-shaped products (rows, ke) = X (rows, dh) Y^T with Y (Tk, dh) the slice's keys (or values,
-// in backward): with Y^T copied once per slice, each query block's product is an NN one that
-// small_gemm computes without packing (OpenBLAS packs both operands per call: at d_head 32,
-// T = 128 about a third of attention's time). Null where OpenBLAS keeps the product (no AVX-512,
-// or sizes small_gemm does not take).
-const float* keys_transposed(const float* Y, int64_t ldy, int64_t Tk, int64_t dh) {
+// in backward): with Y^T made once per slice from its contiguous copy, each query block's product
+// is an NN one that small_gemm computes without packing (OpenBLAS packs both operands per call: at
+// d_head 32, T = 128 about a third of attention's time). Null where OpenBLAS keeps the product (no
+// AVX-512, or sizes small_gemm does not take).
+const float* transposed(const float* Y, int64_t Tk, int64_t dh, ScratchSlot slot) {
 #ifdef __AVX512F__
   if (Tk > 128 || dh > 128) return nullptr;
-  float* YT = thread_scratch(static_cast<size_t>(dh * Tk));  // (dh, Tk)
-  for (int64_t c = 0; c < dh; ++c)  // written in order; the Tk rows read stay in L1 across c
-    for (int64_t j = 0; j < Tk; ++j) YT[c * Tk + j] = Y[j * ldy + c];
+  float* YT = thread_scratch(static_cast<size_t>(dh * Tk), slot);  // (dh, Tk)
+  for (int64_t c = 0; c < dh; ++c)
+    for (int64_t j = 0; j < Tk; ++j) YT[c * Tk + j] = Y[j * dh + c];
   return YT;
 #else
-  (void)Y, (void)ldy, (void)Tk, (void)dh;
+  (void)Y, (void)Tk, (void)dh, (void)slot;
   return nullptr;
 #endif
+}
+
+// What the sgemm path needs to make one slice's weights: the forward computes them and, when
+// P is not kept, backward computes them again with the same calls on the same inputs (so the
+// same bits).
+struct SliceScores {
+  const AttnDims* ds;  // the sequence's dims
+  int64_t b, h;
+  const float *Qc, *Kc, *KT;  // Q_h (Tq, dh) and K_h (Tk, dh) contiguous, K_h^T (dh, Tk) or null
+  int64_t dh;
+  float scale;
+  bool causal;
+  const float *pad, *am;  // this sequence's key padding (Tk) and the additive mask, or null
+  const MaskStrides* ms;
+};
+
+// W (i1 - i0, Tk) at stride Tk = the weights of query rows [i0, i1), which see keys [0, ke):
+// softmax(scale Q_h[i0:i1] K_h[:ke]^T + masks), zeros from column ke on.
+void block_weights(const SliceScores& s, int64_t i0, int64_t i1, int64_t ke, float* W) {
+  const int64_t Tk = s.ds->Tk, rows = i1 - i0;
+  if (s.KT) gemm(false, false, rows, ke, s.dh, s.scale, s.Qc + i0 * s.dh, s.dh, s.KT, Tk, 0.f, W, Tk);
+  else gemm(false, true, rows, ke, s.dh, s.scale, s.Qc + i0 * s.dh, s.dh, s.Kc, s.dh, 0.f, W, Tk);
+  for (int64_t i = i0; i < i1; ++i) masked_softmax_row(W + (i - i0) * Tk, ke, *s.ds, s.b, s.h, i, s.causal, s.pad, s.am, *s.ms);
 }
 
 }  // namespace
@@ -361,15 +437,19 @@ Tensor transpose_slices(const Tensor& PT, bool causal) {
   return out;
 }
 
-// Where backward reports dL/dP: the tensor and the callback, held together so the backward
-// closure stays small (one pointer); none is allocated when nobody asked.
-struct PatternGradSink {
-  Tensor grad;
-  std::function<void(const Tensor&)> on_grad;
+// What backward needs of the less common arguments: where it reports dL/dP (the tensor and the
+// callback) and the masks it applies again when it recomputes the weights. Held together so the
+// backward closure stays small (one pointer); none is allocated when no call uses them.
+struct BackwardExtras {
+  Tensor pattern_grad;
+  std::function<void(const Tensor&)> on_pattern_grad;
+  Tensor key_padding, additive_mask;
+  MaskStrides ms;
 };
-std::shared_ptr<PatternGradSink> pattern_grad_sink(const AttentionArgs& a) {
-  if (!a.pattern_grad.defined()) return nullptr;
-  return std::make_shared<PatternGradSink>(PatternGradSink{a.pattern_grad, a.on_pattern_grad});
+std::shared_ptr<BackwardExtras> backward_extras(const AttentionArgs& a, const MaskStrides& ms) {
+  if (!a.pattern_grad.defined() && !a.key_padding.defined() && !a.additive_mask.defined()) return nullptr;
+  return std::make_shared<BackwardExtras>(
+      BackwardExtras{a.pattern_grad, a.on_pattern_grad, a.key_padding, a.additive_mask, ms});
 }
 
 // The op for both layouts: q, k, v are three tensors, or one packed tensor passed three times
@@ -396,8 +476,12 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
   const bool small_fwd = false, small = false;
 #endif
   const bool grad = needs_graph({&q, &k, &v, &a.gates});
-  // the small-head kernels keep the weights only for backward or `pattern` (evaluation needs neither)
-  const bool keep_weights = !small_fwd || grad || pattern;
+  // P is kept only where something reads it after the forward. The small-head kernels' backward
+  // does (evaluation does not). The sgemm path's backward computes each block's weights again
+  // from Q and K (block_weights: the same calls, the same bits), unless `pattern`, a dL/dP sink
+  // or dropout needs all of P: at M's shapes P is 17 MB a layer, and writing it out and reading
+  // it back cost more than computing the scores twice (attention 8.7 -> 5.9 ms a layer).
+  const bool keep_weights = small_fwd ? grad || pattern : pattern || drop || a.pattern_grad.defined();
   Tensor P = keep_weights ? Tensor::empty({d.B, d.H, d.Tq, d.Tk}) : Tensor();  // softmax output, saved for backward
   Tensor drop_mask, Pd = P;                                                     // Pd: weights after dropout
   if (drop) {  // drawn sequentially before the parallel loop: deterministic
@@ -428,7 +512,7 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
 #ifdef __AVX512F__
     if (small_fwd) {
       // d_head 16: the weights go through a transposed scratch (zeros where not stored) into S
-      float* PT = !keep_weights ? nullptr : small ? S : thread_scratch(static_cast<size_t>(ds.Tq * ds.Tk));
+      float* PT = !keep_weights ? nullptr : small ? S : thread_scratch(static_cast<size_t>(ds.Tq * ds.Tk), kScratchWeights);
       if (PT && !small) std::fill(PT, PT + ds.Tq * ds.Tk, 0.f);
       switch (d.dh) {
         case 1: small_head_forward<1>(ds, causal, pb, scale, g, Qh, Kh, Vh, PT, Oh); break;
@@ -448,22 +532,25 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
     }
 #endif
     const int64_t BRs = d.starts ? block_rows(ds, causal) : BR;
-    // K_h^T (dh, Tk), once per slice where that makes every score block a product small_gemm takes
-    const float* KT = keys_transposed(Kh, d.ldkv(), ds.Tk, d.dh);
+    const float* Qc = contiguous_rows(Qh, d.ldq(), ds.Tq, d.dh, kScratchQ);  // (Tq, dh)
+    const float* Kc = contiguous_rows(Kh, d.ldkv(), ds.Tk, d.dh, kScratchK);  // (Tk, dh)
+    const float* Vc = contiguous_rows(Vh, d.ldkv(), ds.Tk, d.dh, kScratchV);  // (Tk, dh)
+    const float* KT = transposed(Kc, ds.Tk, d.dh, kScratchKT);                // (dh, Tk) or null
+    const SliceScores sc{&ds, b, h, Qc, Kc, KT, d.dh, scale, causal, pb, am, &ms};
+    // a block's weights go into P, or (P not kept) into a per-thread (BRs, Tk) block
+    float* block = S ? nullptr : thread_scratch(static_cast<size_t>(BRs * ds.Tk), kScratchWeights);
     for (int64_t i0 = 0; i0 < ds.Tq; i0 += BRs) {
       const int64_t i1 = std::min(ds.Tq, i0 + BRs), rows = i1 - i0, ke = visible_keys(ds, causal, i1);
-      // scores (rows, ke) = scale Q_h[i0:i1] K_h[:ke]^T
-      if (KT) gemm(false, false, rows, ke, d.dh, scale, Qh + i0 * d.ldq(), d.ldq(), KT, ds.Tk, 0.f, S + i0 * ds.Tk, ds.Tk);
-      else gemm(false, true, rows, ke, d.dh, scale, Qh + i0 * d.ldq(), d.ldq(), Kh, d.ldkv(), 0.f, S + i0 * ds.Tk, ds.Tk);
-      for (int64_t i = i0; i < i1; ++i) masked_softmax_row(S + i * ds.Tk, ke, ds, b, h, i, causal, pb, am, ms);
-      const float* W = S + i0 * ds.Tk;
+      float* Wk = S ? S + i0 * ds.Tk : block;  // (rows, Tk)
+      block_weights(sc, i0, i1, ke, Wk);
+      const float* W = Wk;
       if (M) {
         float* SD = Pdp + bh * TT + i0 * ds.Tk;
         for (int64_t e = 0; e < rows * ds.Tk; ++e) SD[e] = W[e] * M[bh * TT + i0 * ds.Tk + e];
         W = SD;
       }
       if (ke > 0)  // out_h[i0:i1] = g P[:, :ke] V_h[:ke]
-        gemm(false, false, rows, d.dh, ke, g, W, ds.Tk, Vh, d.ldkv(), 0.f, Oh + i0 * d.ldo(), d.ldo());
+        gemm(false, false, rows, d.dh, ke, g, W, ds.Tk, Vc, d.dh, 0.f, Oh + i0 * d.ldo(), d.ldo());
       else
         for (int64_t i = i0; i < i1; ++i) std::fill(Oh + i * d.ldo(), Oh + i * d.ldo() + d.dh, 0.f);
     }
@@ -472,11 +559,17 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
 
   if (grad)
     attach(out, "attention", {q, packed ? Tensor() : k, packed ? Tensor() : v, a.gates},
-           [q, k, v, gates = a.gates, P, Pd, drop_mask, sink = pattern_grad_sink(a), d, starts_buffer, scale, causal, small](TensorImpl& self) {
+           [q, k, v, gates = a.gates, P, Pd, drop_mask, extras = backward_extras(a, ms), d, starts_buffer, scale, causal,
+            small](TensorImpl& self) {
              HL_PROFILE(Attention);
              const float *dO = self.grad->data(), *Q = q.data() + d.q_off, *K = k.data() + d.k_off,
                          *V = v.data() + d.v_off;
-             const float *Pp = P.data(), *Pdp = Pd.data();
+             // P not kept (the sgemm path in training): each block's weights are computed again
+             const bool recompute = !P.defined();
+             const float *Pp = recompute ? nullptr : P.data(), *Pdp = recompute ? nullptr : Pd.data();
+             const float* pad = extras && extras->key_padding.defined() ? extras->key_padding.data() : nullptr;
+             const float* am = extras && extras->additive_mask.defined() ? extras->additive_mask.data() : nullptr;
+             const MaskStrides ms = extras ? extras->ms : MaskStrides();
              const float* M = drop_mask.defined() ? drop_mask.data() : nullptr;
              const float* G = gates.defined() ? gates.data() : nullptr;
              // Fresh gradient buffers are not zeroed here: each parallel task zeroes the blocks it
@@ -490,11 +583,11 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
              if (dK) dK += d.k_off;
              if (dV) dV += d.v_off;
              float* dG = grad_buffer(gates);
-             float* dPout = sink ? sink->grad.data() : nullptr;
+             float* dPout = extras && extras->pattern_grad.defined() ? extras->pattern_grad.data() : nullptr;
              const int64_t TT = d.Tq * d.Tk, BR = block_rows(d, causal);
-             Tensor work = small ? Tensor() : Tensor::empty({d.B, d.H, d.Tq, d.Tk});  // dL/dP, then dL/dS
+             Tensor work = small || recompute ? Tensor() : Tensor::empty({d.B, d.H, d.Tq, d.Tk});  // dL/dP, then dL/dS
              Tensor gate_part = Tensor::zeros({d.B, d.H});                           // per (b,h) dL/dg
-             float *U = small ? nullptr : work.data(), *GP = gate_part.data();
+             float *U = work.defined() ? work.data() : nullptr, *GP = gate_part.data();
              // Parallel over (batch, kv head): query heads sharing a kv head run in order,
              // so dK and dV rows are never written by two threads.
              parallel_for(d.B * d.Hkv, d.B * d.H * TT * d.dh, [&](int64_t bk) {
@@ -508,14 +601,14 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
                auto zero_block = [&](float* base, int64_t rows, int64_t ld) {  // (rows, dh) at ld
                  for (int64_t r = 0; r < rows; ++r) std::fill(base + r * ld, base + r * ld + d.dh, 0.f);
                };
-               if (dKh && fresh_k) zero_block(dKh, ds.kv_rows, d.ldkv());
-               if (dVh && fresh_v) zero_block(dVh, ds.kv_rows, d.ldkv());
-               for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h)
-                 if (dQ && fresh_q) zero_block(dQ + d.q_row(b) * d.ldq() + h * d.dh, ds.Tq, d.ldq());
 #ifdef __AVX512F__
                if (small) {
+                 if (dKh && fresh_k) zero_block(dKh, ds.kv_rows, d.ldkv());
+                 if (dVh && fresh_v) zero_block(dVh, ds.kv_rows, d.ldkv());
+                 for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h)
+                   if (dQ && fresh_q) zero_block(dQ + d.q_row(b) * d.ldq() + h * d.dh, ds.Tq, d.ldq());
                  const int64_t KS = ds.Tk * d.dh * 16;
-                 float* dk_lanes = thread_scratch(static_cast<size_t>(2 * KS));  // (Tk, dh, 16) each
+                 float* dk_lanes = thread_scratch(static_cast<size_t>(2 * KS), kScratchWeights);  // (Tk, dh, 16) each
                  float* dv_lanes = dk_lanes + KS;
                  std::fill(dk_lanes, dk_lanes + 2 * KS, 0.f);
                  for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
@@ -547,27 +640,63 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
                  return;
                }
 #endif
-               const float* VT = keys_transposed(Vh, d.ldkv(), ds.Tk, d.dh);  // V_h^T (dh, Tk) or null
+               const float* Kc = contiguous_rows(Kh, d.ldkv(), ds.Tk, d.dh, kScratchK);  // (Tk, dh)
+               const float* Vc = contiguous_rows(Vh, d.ldkv(), ds.Tk, d.dh, kScratchV);  // (Tk, dh)
+               const float* VT = transposed(Vc, ds.Tk, d.dh, kScratchVT);                // (dh, Tk) or null
+               const float* KT = recompute ? transposed(Kc, ds.Tk, d.dh, kScratchKT) : nullptr;
+               const int64_t BRs = d.starts ? block_rows(ds, causal) : BR;
+               // recomputed: a block's weights and dL/dP, then dL/dS, in per-thread (BRs, Tk) blocks
+               float* w_block = recompute ? thread_scratch(static_cast<size_t>(BRs * ds.Tk), kScratchWeights) : nullptr;
+               float* u_block = recompute ? thread_scratch(static_cast<size_t>(BRs * ds.Tk), kScratchGrads) : nullptr;
+               const float* pb = pad ? pad + b * d.Tk : nullptr;
+               // dK_h, dV_h and dQ_h are summed in contiguous per-thread blocks (Tk or Tq, dh), read
+               // from the gradient and written back once: in it their rows are a whole row of qkv
+               // apart (3 KB at M's shapes), a stride that maps them onto a few sets of L1.
+               float* sums = thread_scratch(static_cast<size_t>((2 * ds.Tk + ds.Tq) * d.dh), kScratchSums);
+               float* dKc = dKh ? sums : nullptr;                           // (Tk, dh)
+               float* dVc = dVh ? sums + ds.Tk * d.dh : nullptr;            // (Tk, dh)
+               float* dQc = sums + 2 * ds.Tk * d.dh;                        // (Tq, dh)
+               // into a fresh gradient the sums are written, not added (rows past Tk: a KV-cache
+               // buffer's unfilled ones, whose gradient is 0)
+               auto start_sums = [&](float* sum, float* grad, int64_t ld, int64_t n, int64_t rows, bool fresh) {
+                 if (fresh) {
+                   std::fill(sum, sum + n * d.dh, 0.f);
+                   zero_block(grad + n * ld, rows - n, ld);
+                 } else {
+                   load_rows(sum, grad, ld, n, d.dh);
+                 }
+               };
+               if (dKc) start_sums(dKc, dKh, d.ldkv(), ds.Tk, ds.kv_rows, fresh_k);
+               if (dVc) start_sums(dVc, dVh, d.ldkv(), ds.Tk, ds.kv_rows, fresh_v);
                for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
                  const int64_t bh = b * d.H + h;
-                 const float* Qh = Q + d.q_row(b) * d.ldq() + h * d.dh;
-                 const float* dOh = dO + d.q_row(b) * d.ldo() + h * d.dh;
+                 const float* Qc = contiguous_rows(Q + d.q_row(b) * d.ldq() + h * d.dh, d.ldq(), ds.Tq, d.dh, kScratchQ);
+                 const float* dOc = contiguous_rows(dO + d.q_row(b) * d.ldo() + h * d.dh, d.ldo(), ds.Tq, d.dh, kScratchDO);
                  float* dQh = dQ ? dQ + d.q_row(b) * d.ldq() + h * d.dh : nullptr;
+                 if (dQh) start_sums(dQc, dQh, d.ldq(), ds.Tq, ds.Tq, fresh_q);
                  const float g = G ? G[h] : 1.f;
                  double gate_sum = 0;
-                 const int64_t BRs = d.starts ? block_rows(ds, causal) : BR;
+                 const SliceScores sc{&ds, b, h, Qc, Kc, KT, d.dh, scale, causal, pb, am, &ms};
                  for (int64_t i0 = 0; i0 < ds.Tq; i0 += BRs) {
                    const int64_t i1 = std::min(ds.Tq, i0 + BRs), rows = i1 - i0, ke = visible_keys(ds, causal, i1);
                    if (ke == 0) continue;  // fully masked rows: no gradient flows
-                   const float* Pb = Pp + bh * TT + i0 * ds.Tk;   // (rows, Tk) weights
-                   const float* Wb = Pdp + bh * TT + i0 * ds.Tk;  // after dropout
-                   float* Ub = U + bh * TT + i0 * ds.Tk;
-                   const float* dOb = dOh + i0 * d.ldo();
+                   const float *Pb, *Wb;  // (rows, Tk) weights, and after dropout
+                   float* Ub;
+                   if (recompute) {
+                     block_weights(sc, i0, i1, ke, w_block);
+                     Pb = Wb = w_block;
+                     Ub = u_block;
+                   } else {
+                     Pb = Pp + bh * TT + i0 * ds.Tk;
+                     Wb = Pdp + bh * TT + i0 * ds.Tk;
+                     Ub = U + bh * TT + i0 * ds.Tk;
+                   }
+                   const float* dOb = dOc + i0 * d.dh;
                    // Ub = dO_h V_h^T (rows, ke): dL/d(weights) before the gate
-                   if (VT) gemm(false, false, rows, ke, d.dh, 1.f, dOb, d.ldo(), VT, ds.Tk, 0.f, Ub, ds.Tk);
-                   else gemm(false, true, rows, ke, d.dh, 1.f, dOb, d.ldo(), Vh, d.ldkv(), 0.f, Ub, ds.Tk);
-                   if (dVh)  // dV_h[:ke] += g Pd^T dO_h
-                     gemm(true, false, ke, d.dh, rows, g, Wb, ds.Tk, dOb, d.ldo(), 1.f, dVh, d.ldkv());
+                   if (VT) gemm(false, false, rows, ke, d.dh, 1.f, dOb, d.dh, VT, ds.Tk, 0.f, Ub, ds.Tk);
+                   else gemm(false, true, rows, ke, d.dh, 1.f, dOb, d.dh, Vc, d.dh, 0.f, Ub, ds.Tk);
+                   if (dVc)  // dV_h[:ke] += g Pd^T dO_h
+                     gemm(true, false, ke, d.dh, rows, g, Wb, ds.Tk, dOb, d.dh, 1.f, dVc, d.dh);
                    for (int64_t r = 0; r < rows; ++r) {
                      float* u = Ub + r * ds.Tk;
                      const float *p = Pb + r * ds.Tk, *w = Wb + r * ds.Tk;
@@ -591,17 +720,20 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
                      for (int64_t j = 0; j < ke; ++j) u[j] = p[j] * (u[j] - dot);
                    }
                    if (dQh)  // dQ_h[i0:i1] += scale dS K_h[:ke]
-                     gemm(false, false, rows, d.dh, ke, scale, Ub, ds.Tk, Kh, d.ldkv(), 1.f, dQh + i0 * d.ldq(), d.ldq());
-                   if (dKh)  // dK_h[:ke] += scale dS^T Q_h[i0:i1]
-                     gemm(true, false, ke, d.dh, rows, scale, Ub, ds.Tk, Qh + i0 * d.ldq(), d.ldq(), 1.f, dKh, d.ldkv());
+                     gemm(false, false, rows, d.dh, ke, scale, Ub, ds.Tk, Kc, d.dh, 1.f, dQc + i0 * d.dh, d.dh);
+                   if (dKc)  // dK_h[:ke] += scale dS^T Q_h[i0:i1]
+                     gemm(true, false, ke, d.dh, rows, scale, Ub, ds.Tk, Qc + i0 * d.dh, d.dh, 1.f, dKc, d.dh);
                  }
+                 if (dQh) store_rows(dQh, d.ldq(), dQc, ds.Tq, d.dh);
                  if (dG) GP[bh] = static_cast<float>(gate_sum);
                }
+               if (dKc) store_rows(dKh, d.ldkv(), dKc, ds.Tk, d.dh);
+               if (dVc) store_rows(dVh, d.ldkv(), dVc, ds.Tk, d.dh);
              });
              if (dG)  // fixed-order reduction over the batch
                for (int64_t h = 0; h < d.H; ++h)
                  for (int64_t b = 0; b < d.B; ++b) dG[h] += GP[b * d.H + h];
-             if (sink && sink->on_grad) sink->on_grad(sink->grad);
+             if (dPout && extras->on_pattern_grad) extras->on_pattern_grad(extras->pattern_grad);
            });
   return out;
 }

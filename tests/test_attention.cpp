@@ -519,3 +519,52 @@ BOOST_AUTO_TEST_CASE(causal_row_blocks_equal_a_float64_reference) {
     }
   }
 }
+
+BOOST_AUTO_TEST_CASE(recomputed_weights_give_the_kept_weights_gradients_bit_for_bit) {
+  // Without `pattern` (training) the sgemm path keeps no P: backward computes each block's weights
+  // again. Asking for the pattern keeps P (B,H,Tq,Tk) and backward reads it. Both must give the same
+  // output and gradients to the bit: one block (T 33), causal row blocks (70), scores through
+  // OpenBLAS (150); GQA, key padding, an additive mask, gates with a gradient.
+  struct Cfg { int64_t dh, T; int H, Hkv; bool causal, padded, masked; };
+  for (Cfg c : {Cfg{12, 33, 2, 2, true, false, false}, Cfg{32, 70, 4, 2, true, true, false},
+                Cfg{12, 70, 2, 1, false, true, true}, Cfg{32, 150, 2, 2, true, false, true},
+                Cfg{24, 40, 3, 3, false, false, false}}) {
+    const int64_t B = 2;
+    Tensor q0 = Tensor::randn({B, c.T, c.H * c.dh}, rng()), k0 = Tensor::randn({B, c.T, c.Hkv * c.dh}, rng()),
+           v0 = Tensor::randn({B, c.T, c.Hkv * c.dh}, rng()), g0 = Tensor::uniform({c.H}, rng(), 0.5f, 1.5f);
+    Tensor up = Tensor::randn({B, c.T, c.H * c.dh}, rng());
+    Tensor pad, mask;
+    if (c.padded) {  // the second sequence's last 5 keys hidden
+      std::vector<float> p(static_cast<size_t>(B * c.T), 0.f);
+      for (int64_t j = c.T - 5; j < c.T; ++j) p[static_cast<size_t>(c.T + j)] = 1.f;
+      pad = Tensor::from({B, c.T}, p);
+    }
+    if (c.masked) mask = Tensor::randn({c.T, c.T}, rng());
+    struct Run { std::vector<float> out, dq, dk, dv, dg; };
+    auto run = [&](bool keep_pattern) {
+      Tensor q = q0.detach().requires_grad_(), k = k0.detach().requires_grad_(), v = v0.detach().requires_grad_();
+      Tensor g = g0.detach().requires_grad_();
+      AttentionArgs a;
+      a.n_heads = c.H;
+      a.n_kv_heads = c.Hkv;
+      a.causal = c.causal;
+      a.gates = g;
+      a.key_padding = pad;
+      a.additive_mask = mask;
+      Tensor pattern;
+      Tensor out = attention(q, k, v, a, keep_pattern ? &pattern : nullptr);
+      out.backward(up);
+      return Run{out.to_vector(), q.grad().to_vector(), k.grad().to_vector(), v.grad().to_vector(),
+                 g.grad().to_vector()};
+    };
+    const Run kept = run(true), recomputed = run(false);
+    BOOST_TEST_CONTEXT("d_head " << c.dh << " T " << c.T << " H " << c.H << " Hkv " << c.Hkv << " causal " << c.causal
+                                  << " padded " << c.padded << " masked " << c.masked) {
+      BOOST_TEST(recomputed.out == kept.out);
+      BOOST_TEST(recomputed.dq == kept.dq);
+      BOOST_TEST(recomputed.dk == kept.dk);
+      BOOST_TEST(recomputed.dv == kept.dv);
+      BOOST_TEST(recomputed.dg == kept.dg);
+    }
+  }
+}
