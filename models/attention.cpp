@@ -137,10 +137,16 @@ MaskStrides mask_strides(const Tensor& mask, const AttnDims& d) {
   return m;
 }
 
+// Slices of at least this many keys (the sgemm path) take causal row blocks, are copied
+// contiguous and keep no weights for backward. Shorter ones (the study models' T = 33) fit in
+// L1 as they are, and their P is small: copies and recomputed scores cost more than they save
+// there (V1's attention backward 0.086 -> 0.142 ms with them).
+constexpr int64_t kLongSlice = 64;
+
 // Queries are processed in row blocks. Under a causal mask a block of queries sees only the
 // keys up to its last query, so scores, weights and their gradients to the right of that are
 // never computed (about 40% less work at T = 128); they are exact zeros in P.
-int64_t block_rows(const AttnDims& d, bool causal) { return causal && d.Tq >= 64 ? 32 : d.Tq; }
+int64_t block_rows(const AttnDims& d, bool causal) { return causal && d.Tq >= kLongSlice ? 32 : d.Tq; }
 int64_t visible_keys(const AttnDims& d, bool causal, int64_t i1) {
   return causal ? std::max<int64_t>(0, std::min(d.Tk, i1 + (d.Tk - d.Tq))) : d.Tk;
 }
@@ -164,30 +170,35 @@ void masked_softmax_row(float* row, int64_t ke, const AttnDims& d, int64_t b, in
     std::fill(row, row + ke, 0.f);
     return;
   }
-  // The exponentials are summed as they are made, in one pass (`omp simd reduction` would end
-  // each row in sixteen dependent scalar adds: GCC's, see fastmath.h).
-#ifdef __AVX512F__
-  const int64_t seen = std::min(ke, last + 1);  // keys the row sees; columns [seen, ke) get 0
-  const __m512 vm = _mm512_set1_ps(m);
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t j = 0; j < ke; j += 16) {
-    alignas(64) float e[16];  // lanes past `seen` read -inf, whose exponential is 0
-    _mm512_store_ps(e, _mm512_sub_ps(_mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), first_lanes(seen - j), row + j), vm));
-    for (int l = 0; l < 16; ++l) e[l] = exp_fast(e[l]);
-    const __m512 ev = _mm512_load_ps(e);
-    _mm512_mask_storeu_ps(row + j, first_lanes(ke - j), ev);
-    acc = _mm512_add_ps(acc, ev);
-  }
-  const float sum = _mm512_reduce_add_ps(acc);
-#else
+  // The exponentials are summed as they are made, in one pass. On long rows sixteen lanes at a
+  // time with the sum in a register (GCC's `omp simd reduction` ends each row in sixteen dependent
+  // scalar adds, see fastmath.h: M's attention 6.9 -> 6.4 ms a layer); on rows of a few vectors
+  // (T = 33) the compiler's loop is faster (V1's forward 0.069 -> 0.060 ms).
   float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < ke; ++j) {
-    const float e = j <= last ? exp_fast(row[j] - m) : 0.f;
-    row[j] = e;
-    sum += e;
-  }
+#ifdef __AVX512F__
+  if (ke >= kLongSlice) {
+    const int64_t seen = std::min(ke, last + 1);  // keys the row sees; columns [seen, ke) get 0
+    const __m512 vm = _mm512_set1_ps(m);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t j = 0; j < ke; j += 16) {
+      alignas(64) float e[16];  // lanes past `seen` read -inf, whose exponential is 0
+      _mm512_store_ps(e, _mm512_sub_ps(_mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), first_lanes(seen - j), row + j), vm));
+      for (int l = 0; l < 16; ++l) e[l] = exp_fast(e[l]);
+      const __m512 ev = _mm512_load_ps(e);
+      _mm512_mask_storeu_ps(row + j, first_lanes(ke - j), ev);
+      acc = _mm512_add_ps(acc, ev);
+    }
+    sum = _mm512_reduce_add_ps(acc);
+  } else
 #endif
+  {
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < ke; ++j) {
+      const float e = j <= last ? exp_fast(row[j] - m) : 0.f;
+      row[j] = e;
+      sum += e;
+    }
+  }
   const float inv = 1.f / sum;
 #pragma omp simd
   for (int64_t j = 0; j < ke; ++j) row[j] *= inv;
@@ -356,39 +367,37 @@ float* thread_scratch(size_t n, ScratchSlot slot) {
   return buf.data() + ((64 - at % 64) % 64) / sizeof(float);
 }
 
-// X (n, dh) at row stride ld copied into a contiguous per-thread block (n, dh). A head is a block
+// A slice's (n, dh) rows: where they are (at stride ld), or a contiguous copy. A head is a block
 // of columns whose rows are a whole row of q (or qkv) apart, 3 KB at M's shapes: read in place,
-// a slice's rows fall into a few sets of L1 and evict each other while a product walks them
-// again for every block of output rows. Copied once per slice, they stay in L1.
+// a long slice's rows fall into a few sets of L1 and evict each other while a product walks
+// them again for every block of output rows. Copied once per slice, they stay in L1.
+struct Rows {
+  const float* p;
+  int64_t ld;
+};
 void load_rows(float* to, const float* X, int64_t ld, int64_t n, int64_t dh) {
   for (int64_t r = 0; r < n; ++r)
 #pragma omp simd
     for (int64_t c = 0; c < dh; ++c) to[r * dh + c] = X[r * ld + c];
 }
-const float* contiguous_rows(const float* X, int64_t ld, int64_t n, int64_t dh, ScratchSlot slot) {
+Rows slice_rows(const float* X, int64_t ld, int64_t n, int64_t dh, bool copy, ScratchSlot slot) {
+  if (!copy) return {X, ld};
   float* C = thread_scratch(static_cast<size_t>(n * dh), slot);
   load_rows(C, X, ld, n, dh);
-  return C;
-}
-
-// The contiguous (n, dh) block X written back to rows at stride ld.
-void store_rows(float* to, int64_t ld, const float* X, int64_t n, int64_t dh) {
-  for (int64_t r = 0; r < n; ++r)
-#pragma omp simd
-    for (int64_t c = 0; c < dh; ++c) to[r * ld + c] = X[r * dh + c];
+  return {C, dh};
 }
 
 // Score-shaped products (rows, ke) = X (rows, dh) Y^T with Y (Tk, dh) the slice's keys (or values,
-// in backward): with Y^T made once per slice from its contiguous copy, each query block's product
-// is an NN one that small_gemm computes without packing (OpenBLAS packs both operands per call: at
-// d_head 32, T = 128 about a third of attention's time). Null where OpenBLAS keeps the product (no
-// AVX-512, or sizes small_gemm does not take).
-const float* transposed(const float* Y, int64_t Tk, int64_t dh, ScratchSlot slot) {
+// in backward): with Y^T made once per slice, each query block's product is an NN one that
+// small_gemm computes without packing (OpenBLAS packs both operands per call: at d_head 32,
+// T = 128 about a third of attention's time). Null where OpenBLAS keeps the product (no AVX-512,
+// or sizes small_gemm does not take).
+const float* transposed(Rows Y, int64_t Tk, int64_t dh, ScratchSlot slot) {
 #ifdef __AVX512F__
   if (Tk > 128 || dh > 128) return nullptr;
   float* YT = thread_scratch(static_cast<size_t>(dh * Tk), slot);  // (dh, Tk)
   for (int64_t c = 0; c < dh; ++c)
-    for (int64_t j = 0; j < Tk; ++j) YT[c * Tk + j] = Y[j * dh + c];
+    for (int64_t j = 0; j < Tk; ++j) YT[c * Tk + j] = Y.p[j * Y.ld + c];
   return YT;
 #else
   (void)Y, (void)Tk, (void)dh, (void)slot;
@@ -402,7 +411,8 @@ const float* transposed(const float* Y, int64_t Tk, int64_t dh, ScratchSlot slot
 struct SliceScores {
   const AttnDims* ds;  // the sequence's dims
   int64_t b, h;
-  const float *Qc, *Kc, *KT;  // Q_h (Tq, dh) and K_h (Tk, dh) contiguous, K_h^T (dh, Tk) or null
+  Rows Qh, Kh;      // Q_h (Tq, dh), K_h (Tk, dh)
+  const float* KT;  // K_h^T (dh, Tk) or null
   int64_t dh;
   float scale;
   bool causal;
@@ -414,8 +424,9 @@ struct SliceScores {
 // softmax(scale Q_h[i0:i1] K_h[:ke]^T + masks), zeros from column ke on.
 void block_weights(const SliceScores& s, int64_t i0, int64_t i1, int64_t ke, float* W) {
   const int64_t Tk = s.ds->Tk, rows = i1 - i0;
-  if (s.KT) gemm(false, false, rows, ke, s.dh, s.scale, s.Qc + i0 * s.dh, s.dh, s.KT, Tk, 0.f, W, Tk);
-  else gemm(false, true, rows, ke, s.dh, s.scale, s.Qc + i0 * s.dh, s.dh, s.Kc, s.dh, 0.f, W, Tk);
+  const float* Qb = s.Qh.p + i0 * s.Qh.ld;
+  if (s.KT) gemm(false, false, rows, ke, s.dh, s.scale, Qb, s.Qh.ld, s.KT, Tk, 0.f, W, Tk);
+  else gemm(false, true, rows, ke, s.dh, s.scale, Qb, s.Qh.ld, s.Kh.p, s.Kh.ld, 0.f, W, Tk);
   for (int64_t i = i0; i < i1; ++i) masked_softmax_row(W + (i - i0) * Tk, ke, *s.ds, s.b, s.h, i, s.causal, s.pad, s.am, *s.ms);
 }
 
@@ -481,7 +492,8 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
   // from Q and K (block_weights: the same calls, the same bits), unless `pattern`, a dL/dP sink
   // or dropout needs all of P: at M's shapes P is 17 MB a layer, and writing it out and reading
   // it back cost more than computing the scores twice (attention 8.7 -> 5.9 ms a layer).
-  const bool keep_weights = small_fwd ? grad || pattern : pattern || drop || a.pattern_grad.defined();
+  const bool keep_weights =
+      small_fwd ? grad || pattern : pattern || drop || a.pattern_grad.defined() || (grad && d.Tk < kLongSlice);
   Tensor P = keep_weights ? Tensor::empty({d.B, d.H, d.Tq, d.Tk}) : Tensor();  // softmax output, saved for backward
   Tensor drop_mask, Pd = P;                                                     // Pd: weights after dropout
   if (drop) {  // drawn sequentially before the parallel loop: deterministic
@@ -532,11 +544,12 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
     }
 #endif
     const int64_t BRs = d.starts ? block_rows(ds, causal) : BR;
-    const float* Qc = contiguous_rows(Qh, d.ldq(), ds.Tq, d.dh, kScratchQ);  // (Tq, dh)
-    const float* Kc = contiguous_rows(Kh, d.ldkv(), ds.Tk, d.dh, kScratchK);  // (Tk, dh)
-    const float* Vc = contiguous_rows(Vh, d.ldkv(), ds.Tk, d.dh, kScratchV);  // (Tk, dh)
-    const float* KT = transposed(Kc, ds.Tk, d.dh, kScratchKT);                // (dh, Tk) or null
-    const SliceScores sc{&ds, b, h, Qc, Kc, KT, d.dh, scale, causal, pb, am, &ms};
+    const bool copy = ds.Tk >= kLongSlice;
+    const Rows Qs = slice_rows(Qh, d.ldq(), ds.Tq, d.dh, copy, kScratchQ);   // (Tq, dh)
+    const Rows Ks = slice_rows(Kh, d.ldkv(), ds.Tk, d.dh, copy, kScratchK);  // (Tk, dh)
+    const Rows Vs = slice_rows(Vh, d.ldkv(), ds.Tk, d.dh, copy, kScratchV);  // (Tk, dh)
+    const float* KT = transposed(Ks, ds.Tk, d.dh, kScratchKT);               // (dh, Tk) or null
+    const SliceScores sc{&ds, b, h, Qs, Ks, KT, d.dh, scale, causal, pb, am, &ms};
     // a block's weights go into P, or (P not kept) into a per-thread (BRs, Tk) block
     float* block = S ? nullptr : thread_scratch(static_cast<size_t>(BRs * ds.Tk), kScratchWeights);
     for (int64_t i0 = 0; i0 < ds.Tq; i0 += BRs) {
@@ -550,7 +563,7 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
         W = SD;
       }
       if (ke > 0)  // out_h[i0:i1] = g P[:, :ke] V_h[:ke]
-        gemm(false, false, rows, d.dh, ke, g, W, ds.Tk, Vc, d.dh, 0.f, Oh + i0 * d.ldo(), d.ldo());
+        gemm(false, false, rows, d.dh, ke, g, W, ds.Tk, Vs.p, Vs.ld, 0.f, Oh + i0 * d.ldo(), d.ldo());
       else
         for (int64_t i = i0; i < i1; ++i) std::fill(Oh + i * d.ldo(), Oh + i * d.ldo() + d.dh, 0.f);
     }
@@ -640,43 +653,51 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
                  return;
                }
 #endif
-               const float* Kc = contiguous_rows(Kh, d.ldkv(), ds.Tk, d.dh, kScratchK);  // (Tk, dh)
-               const float* Vc = contiguous_rows(Vh, d.ldkv(), ds.Tk, d.dh, kScratchV);  // (Tk, dh)
-               const float* VT = transposed(Vc, ds.Tk, d.dh, kScratchVT);                // (dh, Tk) or null
-               const float* KT = recompute ? transposed(Kc, ds.Tk, d.dh, kScratchKT) : nullptr;
+               const bool copy = ds.Tk >= kLongSlice;
+               const Rows Ks = slice_rows(Kh, d.ldkv(), ds.Tk, d.dh, copy, kScratchK);  // (Tk, dh)
+               const Rows Vs = slice_rows(Vh, d.ldkv(), ds.Tk, d.dh, copy, kScratchV);  // (Tk, dh)
+               const float* VT = transposed(Vs, ds.Tk, d.dh, kScratchVT);               // (dh, Tk) or null
+               const float* KT = recompute ? transposed(Ks, ds.Tk, d.dh, kScratchKT) : nullptr;
                const int64_t BRs = d.starts ? block_rows(ds, causal) : BR;
                // recomputed: a block's weights and dL/dP, then dL/dS, in per-thread (BRs, Tk) blocks
                float* w_block = recompute ? thread_scratch(static_cast<size_t>(BRs * ds.Tk), kScratchWeights) : nullptr;
                float* u_block = recompute ? thread_scratch(static_cast<size_t>(BRs * ds.Tk), kScratchGrads) : nullptr;
                const float* pb = pad ? pad + b * d.Tk : nullptr;
-               // dK_h, dV_h and dQ_h are summed in contiguous per-thread blocks (Tk or Tq, dh), read
-               // from the gradient and written back once: in it their rows are a whole row of qkv
-               // apart (3 KB at M's shapes), a stride that maps them onto a few sets of L1.
-               float* sums = thread_scratch(static_cast<size_t>((2 * ds.Tk + ds.Tq) * d.dh), kScratchSums);
-               float* dKc = dKh ? sums : nullptr;                           // (Tk, dh)
-               float* dVc = dVh ? sums + ds.Tk * d.dh : nullptr;            // (Tk, dh)
-               float* dQc = sums + 2 * ds.Tk * d.dh;                        // (Tq, dh)
-               // into a fresh gradient the sums are written, not added (rows past Tk: a KV-cache
-               // buffer's unfilled ones, whose gradient is 0)
-               auto start_sums = [&](float* sum, float* grad, int64_t ld, int64_t n, int64_t rows, bool fresh) {
-                 if (fresh) {
-                   std::fill(sum, sum + n * d.dh, 0.f);
-                   zero_block(grad + n * ld, rows - n, ld);
-                 } else {
-                   load_rows(sum, grad, ld, n, d.dh);
-                 }
+               // dK_h, dV_h and dQ_h (rows, dh) are summed where they are or, for a long slice, in
+               // contiguous per-thread blocks read from the gradient and written back once (their rows
+               // are a row of qkv apart, as Q's). Into a fresh gradient nothing is read: the sums start
+               // at 0 (rows past Tk, a KV-cache buffer's unfilled ones, get gradient 0).
+               struct Sums {
+                 float* p;  // where the products add
+                 int64_t ld;
                };
-               if (dKc) start_sums(dKc, dKh, d.ldkv(), ds.Tk, ds.kv_rows, fresh_k);
-               if (dVc) start_sums(dVc, dVh, d.ldkv(), ds.Tk, ds.kv_rows, fresh_v);
+               float* blocks = copy ? thread_scratch(static_cast<size_t>((2 * ds.Tk + ds.Tq) * d.dh), kScratchSums) : nullptr;
+               auto start_sums = [&](float* grad, int64_t ld, int64_t n, int64_t rows, bool fresh, int64_t at) {
+                 if (!grad) return Sums{nullptr, 0};
+                 if (fresh) zero_block(grad + (copy ? n : 0) * ld, copy ? rows - n : rows, ld);
+                 if (!copy) return Sums{grad, ld};
+                 float* sum = blocks + at;
+                 if (fresh) std::fill(sum, sum + n * d.dh, 0.f);
+                 else load_rows(sum, grad, ld, n, d.dh);
+                 return Sums{sum, d.dh};
+               };
+               auto finish_sums = [&](float* grad, int64_t ld, int64_t n, Sums sums) {
+                 if (grad && copy)
+                   for (int64_t r = 0; r < n; ++r)
+#pragma omp simd
+                     for (int64_t c = 0; c < d.dh; ++c) grad[r * ld + c] = sums.p[r * d.dh + c];
+               };
+               const Sums dKs = start_sums(dKh, d.ldkv(), ds.Tk, ds.kv_rows, fresh_k, 0);
+               const Sums dVs = start_sums(dVh, d.ldkv(), ds.Tk, ds.kv_rows, fresh_v, ds.Tk * d.dh);
                for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
                  const int64_t bh = b * d.H + h;
-                 const float* Qc = contiguous_rows(Q + d.q_row(b) * d.ldq() + h * d.dh, d.ldq(), ds.Tq, d.dh, kScratchQ);
-                 const float* dOc = contiguous_rows(dO + d.q_row(b) * d.ldo() + h * d.dh, d.ldo(), ds.Tq, d.dh, kScratchDO);
+                 const Rows Qs = slice_rows(Q + d.q_row(b) * d.ldq() + h * d.dh, d.ldq(), ds.Tq, d.dh, copy, kScratchQ);
+                 const Rows dOs = slice_rows(dO + d.q_row(b) * d.ldo() + h * d.dh, d.ldo(), ds.Tq, d.dh, copy, kScratchDO);
                  float* dQh = dQ ? dQ + d.q_row(b) * d.ldq() + h * d.dh : nullptr;
-                 if (dQh) start_sums(dQc, dQh, d.ldq(), ds.Tq, ds.Tq, fresh_q);
+                 const Sums dQs = start_sums(dQh, d.ldq(), ds.Tq, ds.Tq, fresh_q, 2 * ds.Tk * d.dh);
                  const float g = G ? G[h] : 1.f;
                  double gate_sum = 0;
-                 const SliceScores sc{&ds, b, h, Qc, Kc, KT, d.dh, scale, causal, pb, am, &ms};
+                 const SliceScores sc{&ds, b, h, Qs, Ks, KT, d.dh, scale, causal, pb, am, &ms};
                  for (int64_t i0 = 0; i0 < ds.Tq; i0 += BRs) {
                    const int64_t i1 = std::min(ds.Tq, i0 + BRs), rows = i1 - i0, ke = visible_keys(ds, causal, i1);
                    if (ke == 0) continue;  // fully masked rows: no gradient flows
@@ -691,12 +712,12 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
                      Wb = Pdp + bh * TT + i0 * ds.Tk;
                      Ub = U + bh * TT + i0 * ds.Tk;
                    }
-                   const float* dOb = dOc + i0 * d.dh;
+                   const float* dOb = dOs.p + i0 * dOs.ld;
                    // Ub = dO_h V_h^T (rows, ke): dL/d(weights) before the gate
-                   if (VT) gemm(false, false, rows, ke, d.dh, 1.f, dOb, d.dh, VT, ds.Tk, 0.f, Ub, ds.Tk);
-                   else gemm(false, true, rows, ke, d.dh, 1.f, dOb, d.dh, Vc, d.dh, 0.f, Ub, ds.Tk);
-                   if (dVc)  // dV_h[:ke] += g Pd^T dO_h
-                     gemm(true, false, ke, d.dh, rows, g, Wb, ds.Tk, dOb, d.dh, 1.f, dVc, d.dh);
+                   if (VT) gemm(false, false, rows, ke, d.dh, 1.f, dOb, dOs.ld, VT, ds.Tk, 0.f, Ub, ds.Tk);
+                   else gemm(false, true, rows, ke, d.dh, 1.f, dOb, dOs.ld, Vs.p, Vs.ld, 0.f, Ub, ds.Tk);
+                   if (dVs.p)  // dV_h[:ke] += g Pd^T dO_h
+                     gemm(true, false, ke, d.dh, rows, g, Wb, ds.Tk, dOb, dOs.ld, 1.f, dVs.p, dVs.ld);
                    for (int64_t r = 0; r < rows; ++r) {
                      float* u = Ub + r * ds.Tk;
                      const float *p = Pb + r * ds.Tk, *w = Wb + r * ds.Tk;
@@ -719,16 +740,16 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
 #pragma omp simd
                      for (int64_t j = 0; j < ke; ++j) u[j] = p[j] * (u[j] - dot);
                    }
-                   if (dQh)  // dQ_h[i0:i1] += scale dS K_h[:ke]
-                     gemm(false, false, rows, d.dh, ke, scale, Ub, ds.Tk, Kc, d.dh, 1.f, dQc + i0 * d.dh, d.dh);
-                   if (dKc)  // dK_h[:ke] += scale dS^T Q_h[i0:i1]
-                     gemm(true, false, ke, d.dh, rows, scale, Ub, ds.Tk, Qc + i0 * d.dh, d.dh, 1.f, dKc, d.dh);
+                   if (dQs.p)  // dQ_h[i0:i1] += scale dS K_h[:ke]
+                     gemm(false, false, rows, d.dh, ke, scale, Ub, ds.Tk, Ks.p, Ks.ld, 1.f, dQs.p + i0 * dQs.ld, dQs.ld);
+                   if (dKs.p)  // dK_h[:ke] += scale dS^T Q_h[i0:i1]
+                     gemm(true, false, ke, d.dh, rows, scale, Ub, ds.Tk, Qs.p + i0 * Qs.ld, Qs.ld, 1.f, dKs.p, dKs.ld);
                  }
-                 if (dQh) store_rows(dQh, d.ldq(), dQc, ds.Tq, d.dh);
+                 finish_sums(dQh, d.ldq(), ds.Tq, dQs);
                  if (dG) GP[bh] = static_cast<float>(gate_sum);
                }
-               if (dKc) store_rows(dKh, d.ldkv(), dKc, ds.Tk, d.dh);
-               if (dVc) store_rows(dVh, d.ldkv(), dVc, ds.Tk, d.dh);
+               finish_sums(dKh, d.ldkv(), ds.Tk, dKs);
+               finish_sums(dVh, d.ldkv(), ds.Tk, dVs);
              });
              if (dG)  // fixed-order reduction over the batch
                for (int64_t h = 0; h < d.H; ++h)
