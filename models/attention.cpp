@@ -492,8 +492,15 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
   // from Q and K (block_weights: the same calls, the same bits), unless `pattern`, a dL/dP sink
   // or dropout needs all of P: at M's shapes P is 17 MB a layer, and writing it out and reading
   // it back cost more than computing the scores twice (attention 8.7 -> 5.9 ms a layer).
-  const bool keep_weights =
-      small_fwd ? grad || pattern : pattern || drop || a.pattern_grad.defined() || (grad && d.Tk < kLongSlice);
+  // Recomputed weights repeat the forward's bits only where backward makes the same product calls
+  // in the same threading context: the forward runs (batch, head) pairs and backward (batch, kv
+  // head) pairs, each in one parallel region when there are two or more, else on the caller, where
+  // gemm (and OpenBLAS) may split a product differently. (B = 1 with one kv head and several query
+  // heads keeps P.)
+  const bool same_context = (d.B * d.H >= 2) == (d.B * d.Hkv >= 2);
+  const bool keep_weights = small_fwd ? grad || pattern
+                                      : pattern || drop || a.pattern_grad.defined() ||
+                                            (grad && (d.Tk < kLongSlice || !same_context));
   Tensor P = keep_weights ? Tensor::empty({d.B, d.H, d.Tq, d.Tk}) : Tensor();  // softmax output, saved for backward
   Tensor drop_mask, Pd = P;                                                     // Pd: weights after dropout
   if (drop) {  // drawn sequentially before the parallel loop: deterministic
@@ -595,6 +602,7 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
              if (dQ) dQ += d.q_off;
              if (dK) dK += d.k_off;
              if (dV) dV += d.v_off;
+             const bool grads_alias = (dQ && (dQ == dK || dQ == dV)) || (dK && dK == dV);
              float* dG = grad_buffer(gates);
              float* dPout = extras && extras->pattern_grad.defined() ? extras->pattern_grad.data() : nullptr;
              const int64_t TT = d.Tq * d.Tk, BR = block_rows(d, causal);
@@ -666,23 +674,26 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
                // dK_h, dV_h and dQ_h (rows, dh) are summed where they are or, for a long slice, in
                // contiguous per-thread blocks read from the gradient and written back once (their rows
                // are a row of qkv apart, as Q's). Into a fresh gradient nothing is read: the sums start
-               // at 0 (rows past Tk, a KV-cache buffer's unfilled ones, get gradient 0).
+               // at 0 (rows past Tk, a KV-cache buffer's unfilled ones, get gradient 0). Where two of
+               // q, k, v are one tensor (attention(x, x, x)) their gradients are one block, summed in
+               // place.
                struct Sums {
                  float* p;  // where the products add
                  int64_t ld;
                };
-               float* blocks = copy ? thread_scratch(static_cast<size_t>((2 * ds.Tk + ds.Tq) * d.dh), kScratchSums) : nullptr;
+               const bool sum_in_blocks = copy && !grads_alias;
+               float* blocks = sum_in_blocks ? thread_scratch(static_cast<size_t>((2 * ds.Tk + ds.Tq) * d.dh), kScratchSums) : nullptr;
                auto start_sums = [&](float* grad, int64_t ld, int64_t n, int64_t rows, bool fresh, int64_t at) {
                  if (!grad) return Sums{nullptr, 0};
-                 if (fresh) zero_block(grad + (copy ? n : 0) * ld, copy ? rows - n : rows, ld);
-                 if (!copy) return Sums{grad, ld};
+                 if (fresh) zero_block(grad + (sum_in_blocks ? n : 0) * ld, sum_in_blocks ? rows - n : rows, ld);
+                 if (!sum_in_blocks) return Sums{grad, ld};
                  float* sum = blocks + at;
                  if (fresh) std::fill(sum, sum + n * d.dh, 0.f);
                  else load_rows(sum, grad, ld, n, d.dh);
                  return Sums{sum, d.dh};
                };
                auto finish_sums = [&](float* grad, int64_t ld, int64_t n, Sums sums) {
-                 if (grad && copy)
+                 if (grad && sum_in_blocks)
                    for (int64_t r = 0; r < n; ++r)
 #pragma omp simd
                      for (int64_t c = 0; c < d.dh; ++c) grad[r * ld + c] = sums.p[r * d.dh + c];

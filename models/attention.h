@@ -26,6 +26,8 @@ struct AttentionArgs {
   bool causal = false;  // query i sees keys j <= i + (Tk - Tq) (so a KV cache works)
   Tensor additive_mask; // broadcast to (B, H, Tq, Tk): e.g. (Tq,Tk), (B,1,1,Tk), (B,H,Tq,Tk)
   Tensor key_padding;   // (B, Tk), non-zero = padded key (weight 0)
+                        // (both masks are read again in backward, which may recompute the
+                        // weights: change neither in place between forward and backward)
   Tensor gates;         // (H) multipliers on each head's output; differentiable; may be undefined
   float dropout = 0.f;  // on the attention weights, training only
   Rng* rng = nullptr;   // for dropout

@@ -523,20 +523,22 @@ BOOST_AUTO_TEST_CASE(causal_row_blocks_equal_a_float64_reference) {
 BOOST_AUTO_TEST_CASE(recomputed_weights_give_the_kept_weights_gradients_bit_for_bit) {
   // Without `pattern` (training) the sgemm path keeps no P: backward computes each block's weights
   // again. Asking for the pattern keeps P (B,H,Tq,Tk) and backward reads it. Both must give the same
-  // output and gradients to the bit: one block (T 33), causal row blocks (70), scores through
-  // OpenBLAS (150); GQA, key padding, an additive mask, gates with a gradient.
-  struct Cfg { int64_t dh, T; int H, Hkv; bool causal, padded, masked; };
+  // output and gradients to the bit: one block (T 33, P kept either way), causal row blocks (70),
+  // scores through OpenBLAS (150); GQA, key padding, an additive mask, gates with a gradient; one
+  // batch entry with one kv head (backward then runs on the caller, the forward in a parallel
+  // region, where products split differently: that case keeps P).
+  struct Cfg { int64_t dh, T; int H, Hkv; bool causal, padded, masked; int64_t B = 2; };
   for (Cfg c : {Cfg{12, 33, 2, 2, true, false, false}, Cfg{32, 70, 4, 2, true, true, false},
                 Cfg{12, 70, 2, 1, false, true, true}, Cfg{32, 150, 2, 2, true, false, true},
-                Cfg{24, 40, 3, 3, false, false, false}}) {
-    const int64_t B = 2;
+                Cfg{24, 40, 3, 3, false, false, false}, Cfg{64, 300, 4, 1, false, false, false, 1}}) {
+    const int64_t B = c.B;
     Tensor q0 = Tensor::randn({B, c.T, c.H * c.dh}, rng()), k0 = Tensor::randn({B, c.T, c.Hkv * c.dh}, rng()),
            v0 = Tensor::randn({B, c.T, c.Hkv * c.dh}, rng()), g0 = Tensor::uniform({c.H}, rng(), 0.5f, 1.5f);
     Tensor up = Tensor::randn({B, c.T, c.H * c.dh}, rng());
     Tensor pad, mask;
     if (c.padded) {  // the second sequence's last 5 keys hidden
       std::vector<float> p(static_cast<size_t>(B * c.T), 0.f);
-      for (int64_t j = c.T - 5; j < c.T; ++j) p[static_cast<size_t>(c.T + j)] = 1.f;
+      for (int64_t j = c.T - 5; j < c.T; ++j) p[static_cast<size_t>((B - 1) * c.T + j)] = 1.f;
       pad = Tensor::from({B, c.T}, p);
     }
     if (c.masked) mask = Tensor::randn({c.T, c.T}, rng());
@@ -565,6 +567,32 @@ BOOST_AUTO_TEST_CASE(recomputed_weights_give_the_kept_weights_gradients_bit_for_
       BOOST_TEST(recomputed.dk == kept.dk);
       BOOST_TEST(recomputed.dv == kept.dv);
       BOOST_TEST(recomputed.dg == kept.dg);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(one_tensor_as_two_of_q_k_v_sums_their_gradients) {
+  // attention(x, x, x) and attention(q, x, x): the gradient of x is the sum of what the roles it
+  // plays receive (within the float64 reference's bound), on short slices and on long ones, whose
+  // gradients are otherwise summed in separate blocks.
+  for (int64_t T : {20, 70})
+  for (bool all_three : {true, false}) {
+    const int64_t B = 2, H = 2, dh = 32;
+    Tensor x = rnd({B, T, H * dh}), q = rnd({B, T, H * dh});
+    Tensor up = Tensor::randn({B, T, H * dh}, rng());
+    AttentionArgs a;
+    a.n_heads = H;
+    a.causal = true;
+    const Tensor& qq = all_three ? x : q;
+    Tensor out = attention(qq, x, x, a);
+    out.backward(up);
+    const roundoff::AttnRef ref = bounded_attention(qq, x, x, H, H, true, Tensor(), up);
+    std::vector<roundoff::Bounded> dx(ref.dk.size());
+    for (size_t i = 0; i < dx.size(); ++i) dx[i] = ref.dk[i] + ref.dv[i] + (all_three ? ref.dq[i] : roundoff::Bounded{});
+    BOOST_TEST_CONTEXT("T " << T << (all_three ? " attention(x, x, x)" : " attention(q, x, x)")) {
+      roundoff::check_within(out, ref.out, "output");
+      roundoff::check_within(x.grad(), dx, "dx");
+      if (!all_three) roundoff::check_within(q.grad(), ref.dq, "dq");
     }
   }
 }
