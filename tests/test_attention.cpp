@@ -596,3 +596,50 @@ BOOST_AUTO_TEST_CASE(one_tensor_as_two_of_q_k_v_sums_their_gradients) {
     }
   }
 }
+
+BOOST_AUTO_TEST_CASE(long_slices_accumulate_fill_kv_buffers_and_hide_padded_rows) {
+  // The long-slice path (T >= 64: contiguous sums, recomputed weights) where its gradients are
+  // not fresh or not every row is a key: a second backward into the same tensors doubles the
+  // gradient exactly; keys and values in buffers longer than kv_len give, bit for bit, what
+  // buffers of exactly kv_len rows give, and 0 on the rows past it; a sequence whose every key is
+  // padded gives zeros and no NaN.
+  const int64_t B = 2, T = 70, rows = 80, H = 2, dh = 32;
+  Tensor q = rnd({B, T, H * dh}), kb = rnd({B, rows, H * dh}), vb = rnd({B, rows, H * dh});
+  Tensor k = slice(kb, 1, 0, T).detach().requires_grad_(), v = slice(vb, 1, 0, T).detach().requires_grad_();
+  Tensor up = Tensor::randn({B, T, H * dh}, rng());
+  AttentionArgs a;
+  a.n_heads = H;
+  a.causal = true;
+  Tensor exact_rows = attention(q, k, v, a);
+  exact_rows.backward(up);
+  const std::vector<float> dq1 = q.grad().to_vector(), dk1 = k.grad().to_vector(), dv1 = v.grad().to_vector();
+  attention(q, k, v, a).backward(up);  // accumulates
+  const std::vector<float> dq2 = q.grad().to_vector();
+  for (size_t i = 0; i < dq1.size(); ++i) BOOST_TEST_REQUIRE(dq2[i] == 2.f * dq1[i]);
+
+  a.kv_len = T;
+  Tensor q2 = q.detach().requires_grad_();
+  Tensor buffered = attention(q2, kb, vb, a);
+  buffered.backward(up);
+  BOOST_TEST(buffered.to_vector() == exact_rows.to_vector());
+  BOOST_TEST(q2.grad().to_vector() == dq1);
+  BOOST_TEST(slice(kb.grad(), 1, 0, T).to_vector() == dk1);
+  BOOST_TEST(slice(vb.grad(), 1, 0, T).to_vector() == dv1);
+  for (float g : slice(kb.grad(), 1, T, rows).to_vector()) BOOST_TEST_REQUIRE(g == 0.f);
+  for (float g : slice(vb.grad(), 1, T, rows).to_vector()) BOOST_TEST_REQUIRE(g == 0.f);
+
+  AttentionArgs p;
+  p.n_heads = H;
+  std::vector<float> pad(static_cast<size_t>(B * T), 0.f);
+  std::fill(pad.begin() + T, pad.end(), 1.f);  // the second sequence: every key hidden
+  p.key_padding = Tensor::from({B, T}, pad);
+  Tensor q3 = q.detach().requires_grad_(), k3 = k.detach().requires_grad_(), v3 = v.detach().requires_grad_();
+  Tensor out = attention(q3, k3, v3, p);
+  out.backward(up);
+  const std::vector<float> o = out.to_vector(), g = q3.grad().to_vector();
+  for (int64_t i = B * T * H * dh / 2; i < B * T * H * dh; ++i) {
+    BOOST_TEST_REQUIRE(o[static_cast<size_t>(i)] == 0.f);
+    BOOST_TEST_REQUIRE(g[static_cast<size_t>(i)] == 0.f);
+  }
+  for (float x : k3.grad().to_vector()) BOOST_TEST_REQUIRE(std::isfinite(x));
+}
