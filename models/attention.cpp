@@ -375,10 +375,16 @@ struct Rows {
   const float* p;
   int64_t ld;
 };
+// Rows at stride ld to a contiguous (n, dh) block, and back.
 void load_rows(float* to, const float* X, int64_t ld, int64_t n, int64_t dh) {
   for (int64_t r = 0; r < n; ++r)
 #pragma omp simd
     for (int64_t c = 0; c < dh; ++c) to[r * dh + c] = X[r * ld + c];
+}
+void store_rows(float* to, int64_t ld, const float* X, int64_t n, int64_t dh) {
+  for (int64_t r = 0; r < n; ++r)
+#pragma omp simd
+    for (int64_t c = 0; c < dh; ++c) to[r * ld + c] = X[r * dh + c];
 }
 Rows slice_rows(const float* X, int64_t ld, int64_t n, int64_t dh, bool copy, ScratchSlot slot) {
   if (!copy) return {X, ld};
@@ -450,15 +456,17 @@ Tensor transpose_slices(const Tensor& PT, bool causal) {
 
 // What backward needs of the less common arguments: where it reports dL/dP (the tensor and the
 // callback) and the masks it applies again when it recomputes the weights. Held together so the
-// backward closure stays small (one pointer); none is allocated when no call uses them.
+// backward closure stays small (one pointer); allocated only when backward reads them (a dL/dP
+// sink, or recomputed weights under a mask), so a plain training step allocates nothing here.
 struct BackwardExtras {
   Tensor pattern_grad;
   std::function<void(const Tensor&)> on_pattern_grad;
   Tensor key_padding, additive_mask;
   MaskStrides ms;
 };
-std::shared_ptr<BackwardExtras> backward_extras(const AttentionArgs& a, const MaskStrides& ms) {
-  if (!a.pattern_grad.defined() && !a.key_padding.defined() && !a.additive_mask.defined()) return nullptr;
+std::shared_ptr<BackwardExtras> backward_extras(const AttentionArgs& a, const MaskStrides& ms, bool recompute) {
+  const bool masks = recompute && (a.key_padding.defined() || a.additive_mask.defined());
+  if (!a.pattern_grad.defined() && !masks) return nullptr;
   return std::make_shared<BackwardExtras>(
       BackwardExtras{a.pattern_grad, a.on_pattern_grad, a.key_padding, a.additive_mask, ms});
 }
@@ -490,8 +498,8 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
   // P is kept only where something reads it after the forward. The small-head kernels' backward
   // does (evaluation does not). The sgemm path's backward computes each block's weights again
   // from Q and K (block_weights: the same calls, the same bits), unless `pattern`, a dL/dP sink
-  // or dropout needs all of P: at M's shapes P is 17 MB a layer, and writing it out and reading
-  // it back cost more than computing the scores twice (attention 8.7 -> 5.9 ms a layer).
+  // or dropout needs all of P: at M's shapes P is 17 MB a layer (M's peak 489 -> 426 MiB), and
+  // computing the scores twice costs about what writing P out and reading it back did.
   // Recomputed weights repeat the forward's bits only where backward makes the same product calls
   // in the same threading context: the forward runs (batch, head) pairs and backward (batch, kv
   // head) pairs, each in one parallel region when there are two or more, else on the caller, where
@@ -579,7 +587,7 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
 
   if (grad)
     attach(out, "attention", {q, packed ? Tensor() : k, packed ? Tensor() : v, a.gates},
-           [q, k, v, gates = a.gates, P, Pd, drop_mask, extras = backward_extras(a, ms), d, starts_buffer, scale, causal,
+           [q, k, v, gates = a.gates, P, Pd, drop_mask, extras = backward_extras(a, ms, !keep_weights), d, starts_buffer, scale, causal,
             small](TensorImpl& self) {
              HL_PROFILE(Attention);
              const float *dO = self.grad->data(), *Q = q.data() + d.q_off, *K = k.data() + d.k_off,
@@ -693,10 +701,7 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const A
                  return Sums{sum, d.dh};
                };
                auto finish_sums = [&](float* grad, int64_t ld, int64_t n, Sums sums) {
-                 if (grad && sum_in_blocks)
-                   for (int64_t r = 0; r < n; ++r)
-#pragma omp simd
-                     for (int64_t c = 0; c < d.dh; ++c) grad[r * ld + c] = sums.p[r * d.dh + c];
+                 if (grad && sum_in_blocks) store_rows(grad, ld, sums.p, n, d.dh);
                };
                const Sums dKs = start_sums(dKh, d.ldkv(), ds.Tk, ds.kv_rows, fresh_k, 0);
                const Sums dVs = start_sums(dVh, d.ldkv(), ds.Tk, ds.kv_rows, fresh_v, ds.Tk * d.dh);
