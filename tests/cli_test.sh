@@ -26,6 +26,8 @@ check "heads must divide d_model" nonzero "n_heads 3 does not divide d_model 64"
 check "kv-heads must divide heads" nonzero "n_kv_heads 3 must divide n_heads 4" -- "$HL" train --kv-heads 3 --out "$T/x"
 check "bad choice" nonzero "norm" -- "$HL" train --norm middle
 check "hooks lists the hook points" 0 "blocks.1.attn.hook_pattern +\(B, 2, T, T\)" -- "$HL" hooks --heads 2
+check "view takes --text or --tokens, not both" nonzero "(--text excludes --tokens|--tokens excludes --text)" -- "$HL" view --checkpoint /nonexistent.safetensors --text hi --tokens "1 2"
+check "view refuses an empty --text" nonzero "--text.*is empty" -- "$HL" view --checkpoint /nonexistent.safetensors --text ""
 check "missing checkpoint" nonzero "/nonexistent.safetensors: cannot open" -- "$HL" grads --checkpoint /nonexistent.safetensors --out "$T/g.st"
 
 # A small run to have a real checkpoint.

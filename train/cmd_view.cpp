@@ -260,8 +260,12 @@ void add_view_command(CLI::App& app, CommandRunner& runner) {
   sub->add_option("run", o->run, "Run directory of headlab train or prune (its model, metrics, gradient atlas, pruning results)");
   sub->add_option("--checkpoint", o->checkpoint, "A model checkpoint instead of a run directory");
   sub->add_option("--out", o->out, "Output file (default: RUN/view.html, or view.html beside the checkpoint)");
-  sub->add_option("--tokens", o->tokens, "Show these token ids (e.g. \"11 3 4 12 3 4\") instead of held-out examples");
-  sub->add_option("--text", o->text, "Show this text (models of --task text: one token per byte)");
+  // An empty value would silently show the held-out examples instead: refused, as is giving both.
+  const CLI::Validator given([](std::string& v) { return v.empty() ? std::string("is empty") : std::string(); }, "");
+  CLI::Option* tokens = sub->add_option("--tokens", o->tokens, "Show these token ids (e.g. \"11 3 4 12 3 4\") instead of held-out examples")
+                            ->check(given);
+  sub->add_option("--text", o->text, "Show this text (models of --task text: one token per byte)")
+      ->check(given)->excludes(tokens);
   sub->add_option("--task", o->task, "Task of the examples when the checkpoint does not name one")
       ->capture_default_str()->check(CLI::IsMember(task_names()));
   sub->add_option("--examples", o->examples, "Held-out examples to show")->capture_default_str()->check(in_range(1, 64));
