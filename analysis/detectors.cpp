@@ -1,5 +1,7 @@
 #include "analysis/detectors.h"
 
+#include "lib/stop.h"
+
 namespace hl {
 
 std::string to_string(Detector d) {
@@ -52,6 +54,7 @@ HeadGrid detect_heads(TransformerLM& model, const std::vector<Batch>& data, Dete
   int64_t sequences = 0;
   std::vector<float> A, D;
   for (const Batch& b : data) {
+    throw_if_stopped();
     const ActivationCache cache = recorded_forward(model, b, names_ending_with("attn.hook_pattern"));
     const int64_t B = b.size(), T = b.inputs.shape[1];
     for (int64_t r = 0; r < B; ++r) {

@@ -1,5 +1,7 @@
 #include "analysis/patching.h"
 
+#include "lib/stop.h"
+
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -141,6 +143,7 @@ PatchingResult activation_patching(TransformerLM& model, const PatchingInputs& i
     const Tensor &cz = clean[z], &kz = corrupt[z], &gz = corrupt.grad(z);  // (B, T, H, dh)
     const Tensor &cr = clean[res], &kr = corrupt[res], &gr = corrupt.grad(res);  // (B, T, D)
     for (int h = 0; h < H; ++h) {
+      throw_if_stopped();  // each head is a pass over every example
       auto head_h = [&](int64_t i) { return (i / dh) % H == h; };
       Hooks hooks;
       hooks.add_forward(z, [&](const Tensor& x, const std::string&) {
@@ -153,6 +156,7 @@ PatchingResult activation_patching(TransformerLM& model, const PatchingInputs& i
       r.z_attribution[l][h] = attribution(cz, kz, gz, head_h) / span;
     }
     for (int64_t t = 0; t < T; ++t) {
+      throw_if_stopped();
       auto at_t = [&](int64_t i) { return (i / D) % T == t; };
       Hooks hooks;
       hooks.add_forward(res, [&](const Tensor& x, const std::string&) {

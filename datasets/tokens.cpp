@@ -22,7 +22,11 @@ struct Rows {
   int64_t n = 0, T = 0;
   std::vector<int32_t> ids, targets;  // (n, T)
   bool answers = false;  // targets or a loss mask were given (not plain next-token prediction)
+  bool has_mask = false, has_targets = false;
 };
+
+// Token ids are 0 .. kMaxTokenId - 1 (a vocabulary of at most 2^24).
+constexpr int32_t kMaxTokenId = 1 << 24;
 
 // input_ids from a .npy file: version 1-3 header, '<i4' or '<i8', C order, 2-d.
 Ids read_npy(const std::string& path) {
@@ -58,21 +62,32 @@ Ids read_npy(const std::string& path) {
   else bad("dtype '", dtype, "' is not int32 or int64 (little-endian)");
   if (field("fortran_order").find("False") != 0 && field("fortran_order").find(" False") != 0) bad("Fortran order is not supported");
   const std::string sh = field("shape");
+  // "(N, T)": whole non-negative numbers and commas only
+  const size_t open = sh.find('('), close = sh.find(')');
+  if (open == std::string::npos || close == std::string::npos || close < open) bad("the shape is not a tuple: ", sh.substr(0, 40));
   std::vector<int64_t> dims;
-  for (size_t i = sh.find('(') + 1; i < sh.size() && sh[i] != ')';) {
-    if (std::isdigit(static_cast<unsigned char>(sh[i]))) {
-      size_t used;
-      dims.push_back(std::stoll(sh.substr(i), &used));
-      i += used;
-    } else {
+  for (size_t i = open + 1; i < close;) {
+    const char c = sh[i];
+    if (c == ' ' || c == ',') {
       ++i;
+    } else if (std::isdigit(static_cast<unsigned char>(c))) {
+      int64_t v = 0;
+      for (; i < close && std::isdigit(static_cast<unsigned char>(sh[i])); ++i)
+        if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, sh[i] - '0', &v))
+          bad("a dimension of the shape ", sh.substr(open, close - open + 1), " is too large");
+      dims.push_back(v);
+    } else {
+      bad("the shape ", sh.substr(open, close - open + 1), " holds '", std::string(1, c), "': dimensions are whole numbers of 0 or more");
     }
   }
   if (dims.size() != 2) bad("input_ids must be (N, T), got ", dims.size(), " dimensions");
-  const uint64_t count = static_cast<uint64_t>(dims[0]) * static_cast<uint64_t>(dims[1]);
+  uint64_t count = 0, need = 0;  // elements and bytes, checked for overflow
+  if (__builtin_mul_overflow(static_cast<uint64_t>(dims[0]), static_cast<uint64_t>(dims[1]), &count) ||
+      __builtin_mul_overflow(count, static_cast<uint64_t>(item), &need))
+    bad("the shape (", dims[0], ", ", dims[1], ") has more elements than any file can hold");
   const size_t data = at + header_len;
-  if (bytes.size() - data < count * item)
-    bad("truncated: shape (", dims[0], ", ", dims[1], ") needs ", count * item, " bytes of data, the file has ", bytes.size() - data);
+  if (bytes.size() - data < need)
+    bad("truncated: shape (", dims[0], ", ", dims[1], ") needs ", need, " bytes of data, the file has ", bytes.size() - data);
   Ids out(Shape{dims[0], dims[1]});
   for (uint64_t i = 0; i < count; ++i) {
     int64_t v;
@@ -83,7 +98,7 @@ Ids read_npy(const std::string& path) {
       std::memcpy(&w, bytes.data() + data + 4 * i, 4);
       v = w;
     }
-    if (v < 0 || v > (1 << 24)) fail(path, ": input_ids value ", v, " at row ", i / dims[1], ", position ", i % dims[1], " is outside 0..", 1 << 24);
+    if (v < 0 || v >= kMaxTokenId) fail(path, ": input_ids value ", v, " at row ", i / dims[1], ", position ", i % dims[1], " is outside 0..", kMaxTokenId - 1);
     out.data[i] = static_cast<int32_t>(v);
   }
   return out;
@@ -106,13 +121,18 @@ Rows rows_from(const Ids& ids, const Ids& targets, const std::vector<float>& mas
   r.T = ids.shape[1];
   if (r.n < 1 || r.T < 1) fail(path, ": input_ids ", ids.shape.str(), " holds no tokens");
   for (int64_t i = 0; i < ids.numel(); ++i)
-    if (ids.data[i] < 0) fail(path, ": input_ids has the negative id ", ids.data[i], " at row ", i / r.T, ", position ", i % r.T);
+    if (ids.data[i] < 0 || ids.data[i] >= kMaxTokenId)
+      fail(path, ": input_ids has the id ", ids.data[i], " at row ", i / r.T, ", position ", i % r.T, ", outside 0..", kMaxTokenId - 1);
   r.ids = ids.data;
   r.answers = targets.numel() > 0 || !mask.empty();
+  r.has_mask = !mask.empty();
+  r.has_targets = targets.numel() > 0;
   if (targets.numel()) {
     r.targets = targets.data;
     for (int64_t i = 0; i < targets.numel(); ++i)
-      if (r.targets[i] < -1) fail(path, ": targets has ", r.targets[i], " at row ", i / r.T, ", position ", i % r.T, " (only -1 may be negative)");
+      if (r.targets[i] < -1 || r.targets[i] >= kMaxTokenId)
+        fail(path, ": targets has ", r.targets[i], " at row ", i / r.T, ", position ", i % r.T, ", outside -1..", kMaxTokenId - 1,
+             " (-1: no target)");
   } else {  // language modelling: position t predicts input t+1
     r.targets.assign(r.ids.size(), -1);
     for (int64_t row = 0; row < r.n; ++row)
@@ -121,6 +141,17 @@ Rows rows_from(const Ids& ids, const Ids& targets, const std::vector<float>& mas
   for (size_t i = 0; i < mask.size(); ++i)
     if (mask[i] == 0.f) r.targets[i] = -1;
   return r;
+}
+
+// Fails unless some position of `r` has a target: a loss or a score over nothing is not 0.
+void require_targets(const Rows& r, const std::string& path, const char* purpose) {
+  for (int32_t t : r.targets)
+    if (t >= 0) return;
+  const std::string why = r.has_mask      ? "its loss_mask is 0 at every position that has a target"
+                          : r.has_targets ? "every target is -1"
+                          : r.T < 2       ? "sequences of " + std::to_string(r.T) + " token predict no next token"
+                                          : "no position has a next token";
+  fail(path, ": no position has a target (", why, "): nothing to ", purpose);
 }
 
 // One file's rows with their targets (given, or next-token), loss mask applied; ids checked.
@@ -171,11 +202,15 @@ class TokensTask : public Task {
       const int64_t held = std::max<int64_t>(1, all.n / 10), kept = all.n - held;
       train_.n = kept, eval_.n = held, train_.T = eval_.T = all.T;
       train_.answers = eval_.answers = all.answers;
+      train_.has_mask = eval_.has_mask = all.has_mask;
+      train_.has_targets = eval_.has_targets = all.has_targets;
       train_.ids.assign(all.ids.begin(), all.ids.begin() + kept * all.T);
       train_.targets.assign(all.targets.begin(), all.targets.begin() + kept * all.T);
       eval_.ids.assign(all.ids.begin() + kept * all.T, all.ids.end());
       eval_.targets.assign(all.targets.begin() + kept * all.T, all.targets.end());
     }
+    require_targets(train_, cfg.data + (eval ? "" : " (its first 90% of rows, for training)"), "learn");
+    require_targets(eval_, eval ? cfg.eval_data : cfg.data + " (its last 10% of rows, held out)", "measure");
     int32_t top = 0;
     for (const Rows* r : {&train_, &eval_}) {
       for (int32_t v : r->ids) top = std::max(top, v);

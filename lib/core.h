@@ -1,5 +1,6 @@
 // Basic vocabulary of headlab: shapes, errors, and a tiny intrusive refcount pointer.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <cstddef>
 #include <initializer_list>
@@ -84,19 +85,21 @@ inline int normalize_axis(const char* op, int axis, int ndim) {
   return a;
 }
 
-// Intrusive reference counting: one pointer-sized handle, no separate control block.
+// Intrusive reference counting: one pointer-sized handle, no separate control block. T::refs
+// is a std::atomic<int>, so handles to one object may be copied and dropped on several threads
+// (a model's parameters read by two threads at once).
 template <class T>
 class Ref {
  public:
   Ref() = default;
-  explicit Ref(T* p) : p_(p) { if (p_) ++p_->refs; }
-  Ref(const Ref& o) : p_(o.p_) { if (p_) ++p_->refs; }
+  explicit Ref(T* p) : p_(p) { if (p_) p_->refs.fetch_add(1, std::memory_order_relaxed); }
+  Ref(const Ref& o) : p_(o.p_) { if (p_) p_->refs.fetch_add(1, std::memory_order_relaxed); }
   Ref(Ref&& o) noexcept : p_(o.p_) { o.p_ = nullptr; }
   Ref& operator=(const Ref& o) { Ref(o).swap(*this); return *this; }
   Ref& operator=(Ref&& o) noexcept { Ref(std::move(o)).swap(*this); return *this; }
   ~Ref() { reset(); }
   void reset() {
-    if (p_ && --p_->refs == 0) delete p_;
+    if (p_ && p_->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete p_;
     p_ = nullptr;
   }
   void swap(Ref& o) noexcept { std::swap(p_, o.p_); }

@@ -19,12 +19,39 @@
 namespace hl {
 
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, ": cannot open: ", std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) fail(path, ": read error");
-  return ss.str();
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) fail(path, ": cannot open: ", std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st;
+  if (::fstat(fd, &st) != 0) fail(path, ": cannot read: ", std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) {
+    const char* kind = S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a pipe (FIFO)"
+                       : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : S_ISSOCK(st.st_mode) ? "a socket" : "not a file";
+    fail(path, ": is ", kind, ", not a regular file: give a file");
+  }
+  const double size = static_cast<double>(st.st_size);
+  check_fits_in_memory(size, path + " (" + format_bytes(size) + ")");
+  std::string bytes(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got < bytes.size()) {
+    const ssize_t n = ::read(fd, bytes.data() + got, bytes.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail(path, ": read error: ", std::strerror(errno));
+    if (n == 0) break;  // the file shrank while we read it
+    got += static_cast<size_t>(n);
+  }
+  bytes.resize(got);
+  return bytes;
+}
+
+void check_fits_in_memory(double need, const std::string& what) {
+  const double have = available_memory_bytes();
+  if (need > have)
+    fail(what, ": needs about ", format_bytes(need), " of memory, more than the ", format_bytes(have), " available");
 }
 
 void write_file_atomic(const std::string& path, const std::string& bytes) {
@@ -93,7 +120,10 @@ DirLock::DirLock(const std::string& dir) {
     ::close(fd_);
     fd_ = -1;
     if (e != EWOULDBLOCK) fail(path, ": cannot lock: ", std::strerror(e));
-    const std::string pid = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "unknown";
+    std::string pid = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "unknown";
+    pid = pid.substr(0, pid.find('\n'));
+    if (pid == std::to_string(::getpid()))
+      fail(dir, " is in use by another trainer of this process: let its run end (or delete it) first");
     fail(dir, " is in use by another headlab process (pid ", pid.substr(0, pid.find('\n')),
          "): wait for it to finish or choose another --out");
   }

@@ -9,7 +9,10 @@
 
 namespace hl {
 
-std::string read_file(const std::string& path);  // throws hl::Error naming the path
+// A regular file's bytes; throws hl::Error naming the path when it cannot be read, is not a
+// regular file (a directory, a FIFO, a device: never read until memory runs out or a writer
+// comes), or does not fit in the memory available.
+std::string read_file(const std::string& path);
 void write_file_atomic(const std::string& path, const std::string& bytes);
 void make_dirs(const std::string& path);  // mkdir -p
 // Fails, naming the path and why, unless write_file_atomic(path, ...) could write it now (its
@@ -45,5 +48,7 @@ void refuse_output_over_input(const std::string& flag, const std::string& output
 // what the cgroup's memory.max leaves (a container or a memory-limited group).
 double available_memory_bytes();
 std::string format_bytes(double bytes);  // "1.5 GiB"
+// Fails with "WHAT: needs about X of memory, more than the Y available" when need > available.
+void check_fits_in_memory(double need, const std::string& what);
 
 }  // namespace hl

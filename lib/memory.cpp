@@ -3,6 +3,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <new>
 #include <unordered_map>
@@ -12,6 +13,9 @@ namespace hl {
 namespace {
 
 constexpr size_t kAlign = 64;
+
+// Process-wide statistics (every thread's pool).
+std::atomic<size_t> g_bytes_live{0}, g_bytes_cached{0}, g_heap_allocs{0}, g_bytes_peak{0};
 
 // A tensor's bytes: whole 64-byte lines (what the statistics count).
 size_t tensor_bytes(size_t n_floats) {
@@ -36,40 +40,66 @@ size_t rounded_bytes(size_t n_floats) {
   return (bytes + step - 1) / step * step;
 }
 
+// One thread's cache of freed buffers by size class.
 struct Pool {
   std::unordered_map<size_t, std::vector<float*>> free_by_size;
-  PoolStats stats;
-  ~Pool() { trim(); }
+  size_t bytes_cached = 0;
   void trim() {
     for (auto& [bytes, list] : free_by_size)
       for (float* p : list) std::free(p);
     free_by_size.clear();
-    stats.bytes_cached = 0;
+    g_bytes_cached.fetch_sub(bytes_cached, std::memory_order_relaxed);
+    bytes_cached = 0;
   }
 };
 
-Pool& pool() {
-  static Pool* p = new Pool();  // never destroyed: tensors in static objects may outlive it
-  return *p;
+// Plain thread-locals (no destructor) stay readable while the thread's destructors run, so a
+// buffer freed by a static destructor at exit, after the reaper, goes straight to the heap.
+thread_local Pool* t_pool = nullptr;
+thread_local bool t_pool_ended = false;
+struct PoolReaper {
+  ~PoolReaper() {
+    if (t_pool) t_pool->trim();
+    delete t_pool;
+    t_pool = nullptr;
+    t_pool_ended = true;
+  }
+};
+
+Pool* pool() {  // null once the thread is ending
+  if (!t_pool && !t_pool_ended) {
+    static thread_local PoolReaper reaper;
+    (void)reaper;
+    t_pool = new Pool();
+  }
+  return t_pool;
+}
+
+void count_live(size_t bytes) {
+  const size_t live = g_bytes_live.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  size_t peak = g_bytes_peak.load(std::memory_order_relaxed);
+  while (live > peak && !g_bytes_peak.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
+  }
 }
 
 }  // namespace
 
 float* buffer_alloc(size_t n_floats) {
   const size_t bytes = rounded_bytes(n_floats);
-  Pool& P = pool();
-  P.stats.bytes_live += tensor_bytes(n_floats);
-  P.stats.bytes_peak = std::max(P.stats.bytes_peak, P.stats.bytes_live);
+  count_live(tensor_bytes(n_floats));
 #ifndef HEADLAB_NO_POOL
-  auto it = P.free_by_size.find(bytes);
-  if (it != P.free_by_size.end() && !it->second.empty()) {
-    float* p = it->second.back();
-    it->second.pop_back();
-    P.stats.bytes_cached -= bytes;
-    return p;
+  if (Pool* P = pool()) {
+    auto it = P->free_by_size.find(bytes);
+    if (it != P->free_by_size.end() && !it->second.empty()) {
+      float* p = it->second.back();
+      it->second.pop_back();
+      P->bytes_cached -= bytes;
+      g_bytes_cached.fetch_sub(bytes, std::memory_order_relaxed);
+      return p;
+    }
   }
 #endif
-  ++P.stats.heap_allocs;
+  g_heap_allocs.fetch_add(1, std::memory_order_relaxed);
   void* p = std::aligned_alloc(kAlign, bytes);
   if (!p) throw std::bad_alloc();
   return static_cast<float*>(p);
@@ -78,20 +108,29 @@ float* buffer_alloc(size_t n_floats) {
 void buffer_free(float* p, size_t n_floats) {
   if (!p) return;
   const size_t bytes = rounded_bytes(n_floats);
-  Pool& P = pool();
-  P.stats.bytes_live -= tensor_bytes(n_floats);
+  g_bytes_live.fetch_sub(tensor_bytes(n_floats), std::memory_order_relaxed);
 #ifndef HEADLAB_NO_POOL
-  P.free_by_size[bytes].push_back(p);
-  P.stats.bytes_cached += bytes;
-#else
-  std::free(p);
+  if (Pool* P = pool()) {
+    P->free_by_size[bytes].push_back(p);
+    P->bytes_cached += bytes;
+    g_bytes_cached.fetch_add(bytes, std::memory_order_relaxed);
+    return;
+  }
 #endif
+  std::free(p);
 }
 
-PoolStats pool_stats() { return pool().stats; }
-void pool_reset_peak() { pool().stats.bytes_peak = pool().stats.bytes_live; }
+PoolStats pool_stats() {
+  PoolStats s;
+  s.bytes_live = g_bytes_live.load(std::memory_order_relaxed);
+  s.bytes_cached = g_bytes_cached.load(std::memory_order_relaxed);
+  s.heap_allocs = g_heap_allocs.load(std::memory_order_relaxed);
+  s.bytes_peak = g_bytes_peak.load(std::memory_order_relaxed);
+  return s;
+}
+void pool_reset_peak() { g_bytes_peak.store(g_bytes_live.load(std::memory_order_relaxed), std::memory_order_relaxed); }
 void pool_trim() {
-  pool().trim();
+  if (Pool* P = pool()) P->trim();
   malloc_trim(0);  // hand the freed pages back to the OS, so RSS falls after an evaluation
 }
 

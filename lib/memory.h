@@ -4,8 +4,10 @@
 // Why: a training step creates the same buffers in the same sizes every iteration. Keeping
 // freed buffers in size-class buckets makes the steady state allocate nothing from the heap
 // (DESIGN.md), and keeps peak RSS equal to the peak of live tensors.
-// Not thread-safe: tensors are created and destroyed on the calling thread only; OpenMP
-// loops inside ops compute into buffers allocated before the loop.
+// Threads: each thread keeps its own cache (a buffer freed on another thread than the one
+// that allocated it joins the freeing thread's cache), so two threads running their own models
+// never share a free list; the statistics are process-wide atomics. A thread's cache is freed
+// when the thread ends. OpenMP loops inside ops compute into buffers allocated before the loop.
 // Build with -DHEADLAB_NO_POOL (the sanitizer build does) to bypass all caching, so that
 // AddressSanitizer sees every use-after-free.
 #pragma once
@@ -23,36 +25,53 @@ struct PoolStats {
   size_t heap_allocs = 0;    // buffers that had to come from the heap (cache misses)
   size_t bytes_peak = 0;     // most bytes live at once since the last pool_reset_peak()
 };
-PoolStats pool_stats();
+PoolStats pool_stats();  // process-wide
 void pool_reset_peak();
-void pool_trim();  // gives cached buffers back to the heap
+void pool_trim();  // gives the calling thread's cached buffers back to the heap
 
-// A free list for objects of one type. Objects are recycled, never returned to the heap.
+// A free list for objects of one type, one list per thread. Objects are recycled while the
+// thread lives and returned to the heap when it ends.
 template <class T>
 struct FreeList {
   static void* take() {
 #ifndef HEADLAB_NO_POOL
-    if (head) {
-      Node* n = head;
+    if (Node* n = head) {
       head = n->next;
       return n;
     }
 #endif
-    return ::operator new(sizeof(T) > sizeof(Node) ? sizeof(T) : sizeof(Node));
+    return ::operator new(kBytes);
   }
   static void give(void* p) {
 #ifndef HEADLAB_NO_POOL
-    Node* n = static_cast<Node*>(p);
-    n->next = head;
-    head = n;
-#else
-    ::operator delete(p);
+    if (!ended) {
+      static thread_local Reaper reaper;  // registers the thread-exit cleanup on first use
+      (void)reaper;
+      Node* n = static_cast<Node*>(p);
+      n->next = head;
+      head = n;
+      return;
+    }
 #endif
+    ::operator delete(p);
   }
 
  private:
   struct Node { Node* next; };
-  static inline Node* head = nullptr;
+  static constexpr size_t kBytes = sizeof(T) > sizeof(Node) ? sizeof(T) : sizeof(Node);
+  // Plain thread-locals stay readable after the thread's destructors ran (objects freed by
+  // static destructors at exit then go straight to the heap).
+  static inline thread_local Node* head = nullptr;
+  static inline thread_local bool ended = false;
+  struct Reaper {
+    ~Reaper() {
+      ended = true;
+      while (Node* n = head) {
+        head = n->next;
+        ::operator delete(n);
+      }
+    }
+  };
 };
 
 }  // namespace hl

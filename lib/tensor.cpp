@@ -1,11 +1,14 @@
 #include "tensor.h"
 
 #include <omp.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cblas.h>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <sstream>
 
 #include "autograd.h"
@@ -53,7 +56,7 @@ void TensorImpl::release_graph() {
   while (!pending.empty()) {
     Ref<TensorImpl> t = std::move(pending.back());
     pending.pop_back();
-    if (t->refs == 1) {  // about to die: hand its graph to the list first
+    if (t->refs.load(std::memory_order_acquire) == 1) {  // about to die: hand its graph to the list first
       for (int i = 0; i < t->n_parents; ++i) pending.push_back(std::move(t->parents[i]));
       t->n_parents = 0;
       t->backward.reset();
@@ -225,12 +228,43 @@ void Tensor::backward(const Tensor& grad_output, bool retain_graph) const {
     HL_CHECK(numel() == 1, "backward: a tensor of shape ", shape().str(),
              " needs an explicit grad_output");
   }
+  // The scratch lists of one backward pass. A pass run from inside another (a backward hook
+  // that calls backward on some other graph) gets lists of its own; the outermost pass reuses
+  // this thread's, so a training step allocates nothing. The lists are emptied on every exit,
+  // exceptions included, so no graph node outlives the pass in a thread-local.
+  struct Scratch {
+    std::vector<std::pair<TensorImpl*, Ref<TensorImpl>>> earlier;  // set-aside retained grads
+    std::vector<TensorImpl*> order;
+    std::vector<std::pair<TensorImpl*, int>> stack;
+    std::vector<Ref<TensorImpl>> keep;
+    void clear() {
+      earlier.clear();
+      order.clear();
+      stack.clear();
+      keep.clear();
+    }
+  };
+  thread_local Scratch outermost;
+  thread_local int depth = 0;
+  std::unique_ptr<Scratch> own = depth > 0 ? std::make_unique<Scratch>() : nullptr;
+  Scratch& S = own ? *own : outermost;
+  struct PassGuard {
+    Scratch& s;
+    explicit PassGuard(Scratch& s) : s(s) { ++depth; }
+    ~PassGuard() {
+      s.clear();
+      --depth;
+    }
+  } guard(S);
+  auto& earlier = S.earlier;
+  auto& order = S.order;
+  auto& stack = S.stack;
+  auto& keep = S.keep;
+
   // A retained gradient (retain_grad) from an earlier backward is set aside and added back
   // once the node has run: this pass propagates only its own gradient, as in PyTorch (the
   // node's gradient buffer is also what its backward reads).
-  thread_local std::vector<std::pair<TensorImpl*, Ref<TensorImpl>>> earlier;
-  earlier.clear();
-  auto set_aside = [](TensorImpl* node) {
+  auto set_aside = [&earlier](TensorImpl* node) {
     if (!node->is_leaf() && node->retains_grad && node->grad) {
       earlier.push_back({node, node->grad});
       node->grad.reset();
@@ -246,12 +280,8 @@ void Tensor::backward(const Tensor& grad_output, bool retain_graph) const {
   }
 
   // Reverse topological order by an iterative post-order DFS (no recursion depth limit).
-  static uint32_t epoch = 0;
+  thread_local uint32_t epoch = 0;
   ++epoch;
-  thread_local std::vector<TensorImpl*> order;
-  thread_local std::vector<std::pair<TensorImpl*, int>> stack;
-  order.clear();
-  stack.clear();
   stack.push_back({impl_.get(), 0});
   impl_->visit_mark = epoch;
   while (!stack.empty()) {
@@ -269,7 +299,6 @@ void Tensor::backward(const Tensor& grad_output, bool retain_graph) const {
   }
   // `order` is post-order (parents before children); run it backwards. Keep the nodes alive
   // while we free their links: a node may be referenced only by its child's parent list.
-  thread_local std::vector<Ref<TensorImpl>> keep;
   keep.assign(order.size(), Ref<TensorImpl>());
   for (size_t i = 0; i < order.size(); ++i) keep[i] = Ref<TensorImpl>(order[i]);
   for (TensorImpl* node : order)
@@ -300,16 +329,21 @@ void Tensor::backward(const Tensor& grad_output, bool retain_graph) const {
     if (!node->retains_grad && node != impl_.get()) node->grad.reset();
   }
   if (!impl_->is_leaf() && !impl_->retains_grad) impl_->grad.reset();
-  keep.clear();
-  earlier.clear();
 }
 
 bool grad_enabled() { return g_grad_enabled; }
 NoGradGuard::NoGradGuard() : prev_(g_grad_enabled) { g_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { g_grad_enabled = prev_; }
 
+int usable_cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+}
+
 void set_num_threads(int n) {
   HL_CHECK(n >= 1, "set_num_threads: need at least 1 thread, got ", n);
+  n = std::min(n, usable_cores());  // more threads than cores only wait for each other
   omp_set_num_threads(n);
   openblas_set_num_threads(n);
 }

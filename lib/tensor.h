@@ -24,7 +24,7 @@ namespace hl {
 constexpr int kMaxParents = 8;  // linear_stacked: x, 3 weights, 3 biases
 
 struct Storage {
-  int refs = 0;
+  std::atomic<int> refs{0};
   float* data = nullptr;
   size_t n_floats = 0;
   explicit Storage(size_t n) : data(buffer_alloc(n)), n_floats(n) {}
@@ -37,7 +37,7 @@ struct TensorImpl;
 using BackwardFn = InlineFunction<void(TensorImpl& self)>;
 
 struct TensorImpl {
-  int refs = 0;
+  std::atomic<int> refs{0};
   Ref<Storage> storage;
   int64_t offset = 0;  // in floats, into storage
   Shape shape;
@@ -54,15 +54,15 @@ struct TensorImpl {
   float* data() { return storage->data + offset; }
   bool is_leaf() const { return op == nullptr; }
 
-  TensorImpl() { ++live_count; }
+  TensorImpl() { live_count.fetch_add(1, std::memory_order_relaxed); }
   ~TensorImpl() {
     release_graph();
-    --live_count;
+    live_count.fetch_sub(1, std::memory_order_relaxed);
   }
   // Drops parents and closure without recursion, so a very long graph (100k ops) that is
   // dropped without backward cannot overflow the stack.
   void release_graph();
-  static inline int64_t live_count = 0;  // for leak tests
+  static inline std::atomic<int64_t> live_count{0};  // for leak tests
   static void* operator new(size_t) { return FreeList<TensorImpl>::take(); }
   static void operator delete(void* p) { FreeList<TensorImpl>::give(p); }
 };
@@ -138,8 +138,10 @@ class NoGradGuard {
 };
 
 // ---- threads --------------------------------------------------------------------------------
-// Sets the thread count of our OpenMP loops and of OpenBLAS (the OpenMP build shares the pool).
+// Sets the thread count of our OpenMP loops and of OpenBLAS (the OpenMP build shares the pool),
+// at most usable_cores(): more threads than cores only wait for each other.
 void set_num_threads(int n);
+int usable_cores();  // the cores this process may run on (its CPU affinity)
 int num_threads();
 
 }  // namespace hl

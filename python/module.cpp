@@ -42,11 +42,23 @@ std::string shape_text(const py::array& a) {
 }
 
 // A float32 copy of any real array (float64 is rounded); other dtypes raise TypeError.
+// Refuses an array whose copy (`bytes_per_element` each) would not fit in memory: a broadcast
+// view can describe 2^40 elements in a few bytes.
+void check_copy_fits(const py::array& a, double bytes_per_element, const std::string& what) {
+  double n = 1;
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) n *= static_cast<double>(a.shape(i));
+  if (n * bytes_per_element > available_memory_bytes())
+    throw py::value_error(what + ": an array of shape " + shape_text(a) + " needs about " + format_bytes(n * bytes_per_element) +
+                          " as headlab's copy, more than the " + format_bytes(available_memory_bytes()) + " available");
+}
+
 Tensor tensor_from_array(const py::array& a, const std::string& what) {
   const char kind = a.dtype().kind();
   if (kind != 'f') throw py::type_error(what + ": expected a float array, got dtype " + std::string(py::str(a.dtype())));
   if (a.ndim() > kMaxDims) throw py::value_error(what + ": at most " + std::to_string(kMaxDims) + " dimensions, got shape " + shape_text(a));
+  check_copy_fits(a, 2 * sizeof(float), what);  // NumPy's contiguous float32 copy, then ours
   const auto f = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(a);
+  if (!f) throw py::type_error(what + ": cannot convert an array of dtype " + std::string(py::str(a.dtype())) + " to float32");
   Shape s;
   s.ndim = static_cast<int>(f.ndim());
   for (int i = 0; i < s.ndim; ++i) s.dims[i] = f.shape(i);
@@ -63,7 +75,9 @@ Ids ids_from(const py::object& obj, const char* what = "ids") {
     throw py::type_error(std::string(what) + ": token ids must be integers, got dtype " + std::string(py::str(a.dtype())));
   if (a.ndim() == 1) a = a.reshape({py::ssize_t(1), a.shape(0)});
   if (a.ndim() != 2) throw py::value_error(std::string(what) + ": expected (T) or (B, T) token ids, got shape " + shape_text(a));
+  check_copy_fits(a, sizeof(int64_t) + sizeof(int32_t), what);
   const auto v = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(a);
+  if (!v) throw py::type_error(std::string(what) + ": cannot convert an array of dtype " + std::string(py::str(a.dtype())) + " to int64");
   Ids ids(Shape{v.shape(0), v.shape(1)});
   for (py::ssize_t i = 0; i < v.size(); ++i) {
     const int64_t x = v.data()[i];
@@ -219,11 +233,9 @@ Hooks hooks_from(const ModelConfig& cfg, const std::vector<std::pair<std::string
     hooks.add_forward(name, [fn = keep(f)](const Tensor& x, const std::string& n) -> Tensor {
       py::gil_scoped_acquire gil;
       py::object r;
-      try {
-        r = fn->fn(view_of(x, /*writeable=*/false), n);
-      } catch (py::error_already_set& e) {  // ends here, with the GIL held
-        throw Error("forward hook at " + n + " raised " + e.what());
-      }
+      // An exception the hook raises (KeyboardInterrupt and SystemExit included) reaches the
+      // caller as itself: error_already_set carries it through the C++ frames.
+      r = fn->fn(view_of(x, /*writeable=*/false), n);
       if (r.is_none()) return Tensor();
       py::array a = py::array::ensure(r);
       if (!a) throw py::type_error("hook at " + n + ": return None or an array, got " + std::string(py::str(r.get_type())));
@@ -238,11 +250,7 @@ Hooks hooks_from(const ModelConfig& cfg, const std::vector<std::pair<std::string
     check_hook_name(cfg, name);
     hooks.add_backward(name, [fn = keep(f)](const Tensor& g, const std::string& n) {
       py::gil_scoped_acquire gil;
-      try {
-        fn->fn(view_of(g.clone(), /*writeable=*/false), n);  // a copy: the gradient buffer is reused
-      } catch (py::error_already_set& e) {
-        throw Error("backward hook at " + n + " raised " + e.what());
-      }
+      fn->fn(view_of(g.clone(), /*writeable=*/false), n);  // a copy: the gradient buffer is reused
     });
   }
   return hooks;
@@ -278,6 +286,27 @@ bool interrupt_pending() {
   return false;
 }
 
+// Runs a long analysis without the GIL; Ctrl-C stops it between examples and raises
+// KeyboardInterrupt (the analysis writes nothing).
+template <class F>
+auto interruptible(F&& f) {
+  StopPoll poll([] {
+    py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() == 0) return false;
+    PyErr_Clear();
+    return true;
+  });
+  clear_stop_request();
+  try {
+    py::gil_scoped_release release;
+    return f();
+  } catch (const Stopped&) {
+    clear_stop_request();
+    PyErr_SetNone(PyExc_KeyboardInterrupt);
+    throw py::error_already_set();
+  }
+}
+
 // ---- Task and held-out data ---------------------------------------------------------------
 
 struct PyTask {
@@ -300,7 +329,13 @@ TokenArrays token_arrays(const py::object& obj, const std::string& what) {
       if (m.ndim() != 2 || m.shape(0) != t.input_ids.shape[0] || m.shape(1) != t.input_ids.shape[1])
         throw py::value_error(what + ": loss_mask has shape " + shape_text(m) + " but input_ids is (" +
                               std::to_string(t.input_ids.shape[0]) + ", " + std::to_string(t.input_ids.shape[1]) + ")");
+      const char kind = m.dtype().kind();  // bool, integers or floats: 0 = not counted
+      if (kind != 'b' && kind != 'i' && kind != 'u' && kind != 'f')
+        throw py::type_error(what + ": loss_mask must be bool, integer or float (0 = not counted), got dtype " +
+                             std::string(py::str(m.dtype())));
+      check_copy_fits(m, 2 * sizeof(float), what + ": loss_mask");
       const auto f = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(m);
+      if (!f) throw py::type_error(what + ": cannot convert loss_mask of dtype " + std::string(py::str(m.dtype())) + " to float32");
       t.loss_mask.assign(f.data(), f.data() + f.size());
     }
   } else {
@@ -359,20 +394,34 @@ py::dict run_trainer(Trainer& t, const py::object& on_step, const py::object& on
         request_stop();
         return;
       }
-      throw Error(std::string("training callback raised ") + e.what());
+      throw;
     }
   };
   obs.on_eval = [&](int64_t step, const EvalResult& e) {
+    if (interrupt_pending()) {  // Ctrl-C during the evaluation: stop after this step's checkpoint
+      interrupted = true;
+      request_stop();
+    }
     if (on_eval.is_none()) return;
     py::gil_scoped_acquire gil;
     try {
       on_eval(step, eval_dict(e));
     } catch (py::error_already_set& e) {
-      throw Error(std::string("evaluation callback raised ") + e.what());
+      if (e.matches(PyExc_KeyboardInterrupt)) {  // Ctrl-C while the callback ran: stop as for any Ctrl-C
+        interrupted = true;
+        request_stop();
+        return;
+      }
+      throw;
     }
   };
   clear_stop_request();
   TrainResult r;
+  // However run() ends, the output directory is free afterwards (resume=True in this process).
+  struct Release {
+    Trainer& t;
+    ~Release() { t.release_out_dir(); }
+  } release_dir{t};
   try {
     py::gil_scoped_release release;
     r = t.run(obs);
@@ -462,14 +511,19 @@ PYBIND11_MODULE(_core, m) {
       },
       py::arg("array"), py::arg("requires_grad") = false,
       "A float32 copy of a float array (float64 is rounded to float32); never a view");
-  m.def("cross_entropy", [](const Tensor& logits, const py::object& targets) { return cross_entropy(logits, ids_from(targets, "targets")); },
+  m.def("cross_entropy", [](const Tensor& logits, const py::object& targets) {
+    const Ids t = ids_from(targets, "targets");
+    if (std::none_of(t.data.begin(), t.data.end(), [](int32_t v) { return v >= 0; }))
+      throw py::value_error("cross_entropy: every target is -1 (not counted): the mean over no positions is undefined");
+    return cross_entropy(logits, t);
+  },
         py::arg("logits"), py::arg("targets"), "Mean cross-entropy of (B, T, V) logits over targets != -1");
   m.def("softmax", [](const Tensor& x, int axis) { return softmax(x, axis); }, py::arg("x"), py::arg("axis") = -1);
   m.def("grad_enabled", &grad_enabled);
   py::class_<NoGradGuard>(m, "_NoGradGuard").def(py::init<>());
   m.def("set_num_threads", &set_num_threads);
   m.def("num_threads", &num_threads);
-  m.def("live_tensors", [] { return TensorImpl::live_count; }, "Tensors alive now (for leak checks)");
+  m.def("live_tensors", [] { return TensorImpl::live_count.load(); }, "Tensors alive now (for leak checks)");
 
   // ---- models ---------------------------------------------------------------------------------
   py::class_<ModelConfig>(m, "ModelConfig", "Model settings with the CLI's names and defaults")
@@ -784,12 +838,8 @@ PYBIND11_MODULE(_core, m) {
         "The detectors' probe: n sequences [r_1..r_k, r_1..r_k] of uniform random tokens");
   m.def("detect_heads", [](TransformerLM& model, const PyData& data, const std::string& kind, bool exclude_bos,
                            bool exclude_current_token) {
-    HeadGrid g;
     const Detector d = parse_detector(kind);
-    {
-      py::gil_scoped_release release;
-      g = detect_heads(model, data.batches, d, {exclude_bos, exclude_current_token});
-    }
+    const HeadGrid g = interruptible([&] { return detect_heads(model, data.batches, d, {exclude_bos, exclude_current_token}); });
     return grid_array(g);
   }, py::arg("model"), py::arg("data"), py::arg("kind") = "induction", py::arg("exclude_bos") = false,
      py::arg("exclude_current_token") = false,
@@ -797,11 +847,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("activation_patching", [](TransformerLM& model, const PyTask& task, const PyData& data, uint64_t seed) {
     if (data.batches.empty()) throw py::value_error("activation_patching: no data");
     const PatchingInputs in = corrupt_one_symbol(data.batches[0], task.task->symbols(), seed);
-    PatchingResult r;
-    {
-      py::gil_scoped_release release;
-      r = activation_patching(model, in);
-    }
+    const PatchingResult r = interruptible([&] { return activation_patching(model, in); });
     py::dict d;
     d["z_exact"] = grid_array(r.z_exact);
     d["z_attribution"] = grid_array(r.z_attribution);

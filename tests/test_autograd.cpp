@@ -68,14 +68,14 @@ BOOST_AUTO_TEST_CASE(retain_grad_keeps_an_intermediate_gradient) {
 
 BOOST_AUTO_TEST_CASE(no_grad_records_no_graph) {
   Tensor x = Tensor::from({2}, {1, 2}).requires_grad_();
-  const int64_t before = TensorImpl::live_count;
+  const int64_t before = TensorImpl::live_count.load();
   {
     NoGradGuard guard;
     Tensor y = exp(mul(x, x));
     BOOST_TEST(!y.requires_grad());
     BOOST_TEST(y.is_leaf());
     BOOST_TEST(y.impl()->n_parents == 0);
-    BOOST_TEST(TensorImpl::live_count == before + 1);  // the intermediate x*x is already gone
+    BOOST_TEST(TensorImpl::live_count.load() == before + 1);  // the intermediate x*x is already gone
   }
   BOOST_TEST(grad_enabled());
   BOOST_TEST(exp(x).requires_grad());
@@ -128,11 +128,11 @@ BOOST_AUTO_TEST_CASE(memory_is_flat_over_10k_iterations) {
     b.zero_grad();
   };
   for (int i = 0; i < 100; ++i) step();
-  const int64_t live = TensorImpl::live_count;
+  const int64_t live = TensorImpl::live_count.load();
   const size_t bytes = pool_stats().bytes_live;
   const long rss = rss_kb();
   for (int i = 0; i < 10000; ++i) step();
-  BOOST_TEST(TensorImpl::live_count == live);
+  BOOST_TEST(TensorImpl::live_count.load() == live);
   BOOST_TEST(pool_stats().bytes_live == bytes);
 #ifndef HEADLAB_NO_POOL  // AddressSanitizer's quarantine holds freed memory on purpose
   BOOST_TEST(rss_kb() - rss < 1024);  // KiB

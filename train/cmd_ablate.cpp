@@ -91,7 +91,7 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
   } catch (const Interrupted& e) {
     bar.finish();
     std::fprintf(stderr, "headlab ablate: interrupted (%s); rerun the same command to continue\n", e.what());
-    return 130;
+    return stop_exit_code();
   }
   bar.finish();
 

@@ -18,6 +18,8 @@
 #include "lib/optim.h"
 #include "lib/profile.h"
 #include "train/alloc_counter.h"
+#include "lib/stop.h"
+#include "train/child_process.h"
 #include "train/commands.h"
 
 extern "C" char* openblas_get_corename();
@@ -63,6 +65,15 @@ BenchConfig named_config(const std::string& s) {
   c.d_ff = v[3], c.batch = static_cast<int>(v[4]), c.T = v[5];
   if (c.d_model % c.heads)
     fail("--config '", s, "': ", c.heads, " heads do not divide d_model ", c.d_model);
+  ModelConfig m;
+  m.vocab_size = c.vocab;
+  m.d_model = c.d_model;
+  m.n_layers = c.layers;
+  m.n_heads = c.heads;
+  m.d_ff = c.d_ff;
+  m.max_seq_len = c.T;
+  // before any child starts: the model, its optimiser state and one step's activations
+  check_fits_in_memory(estimate_step_bytes(m, c.batch, c.T, true), "--config '" + s + "'");
   return c;
 }
 
@@ -245,15 +256,16 @@ std::string self_exe() {
   return buf;
 }
 
-json run_child(const std::string& args) {
-  const std::string cmd = self_exe() + " bench " + args;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) fail("bench: cannot start ", cmd);
+// Runs `headlab bench ARGS...` (this binary) as a child and reads the JSON it prints.
+json run_child(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {self_exe(), "bench"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::string cmd;
+  for (const std::string& a : argv) cmd += (cmd.empty() ? "" : " ") + a;
   std::string out;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int rc = ::pclose(p);
-  if (rc != 0) fail("bench: child failed: ", cmd);
+  const int rc = run_child_process(argv, {}, &out);
+  throw_if_stopped();  // a stop request ended the child: stop here too
+  if (rc != 0) fail("bench: child failed (exit ", rc, "): ", cmd);
   try {
     return json::parse(out.substr(out.rfind('{', out.find_last_of('}')) == std::string::npos ? 0 : out.find('{')));
   } catch (const json::exception&) {
@@ -282,10 +294,11 @@ struct SweepTime {
 SweepTime time_default_sweep(int threads) {
   char dir[] = "/tmp/headlab-bench-sweep-XXXXXX";
   if (!::mkdtemp(dir)) fail("bench: cannot make a temporary directory for the sweep");
-  const std::string cmd = "'" + self_exe() + "' ablate --quiet --threads " + std::to_string(threads) + " --out '" +
-                          std::string(dir) + "/sweep' >/dev/null";
+  const std::vector<std::string> argv = {self_exe(), "ablate", "--quiet", "--threads", std::to_string(threads), "--out",
+                                         std::string(dir) + "/sweep"};
+  const std::string cmd = "headlab ablate --quiet --threads " + std::to_string(threads);
   const auto t0 = std::chrono::steady_clock::now();
-  const int rc = std::system(cmd.c_str());
+  const int rc = run_child_process(argv, {"", std::string(dir) + "/ablate.log"});
   SweepTime r;
   r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   double run_wall = 0, eval = 0;
@@ -298,7 +311,8 @@ SweepTime time_default_sweep(int threads) {
     }
   r.eval_share = run_wall > 0 ? eval / run_wall : 0;
   std::filesystem::remove_all(dir, ec);
-  if (rc != 0) fail("bench: the sweep failed: ", cmd);
+  throw_if_stopped();
+  if (rc != 0) fail("bench: the sweep failed (exit ", rc, "): ", cmd);
   return r;
 }
 
@@ -323,7 +337,7 @@ int run_bench(const BenchOpts& o) {
                o.steps, o.warmup, openblas_get_corename(), coretype ? coretype : "(unset)",
                auto_from ? (std::string(", set by headlab: OpenBLAS detected ") + auto_from).c_str() : "");
   std::map<int, double> peaks;
-  for (int t : o.threads) peaks[t] = run_child("--peak --threads " + std::to_string(t))["sgemm_gflops"];
+  for (int t : o.threads) peaks[t] = run_child({"--peak", "--threads", std::to_string(t)})["sgemm_gflops"];
   std::vector<json> results;
   std::vector<std::vector<std::string>> rows = {{"config", "threads", "train ms (median)", "min-max", "fwd ms", "min-max",
                                                  "tokens/s", "train GFLOP/s", "% sgemm peak", "peak RSS MiB",
@@ -331,9 +345,11 @@ int run_bench(const BenchOpts& o) {
   for (const std::string& c : o.configs)
     for (int t : o.threads) {
       std::fprintf(stderr, "  running %s on %d thread%s...\n", c.c_str(), t, t > 1 ? "s" : "");
-      json j = run_child("--one " + c + " --threads " + std::to_string(t) + " --steps " + std::to_string(o.steps) +
-                         " --warmup " + std::to_string(o.warmup) + (o.profile ? " --profile" : "") +
-                         (o.task.empty() ? "" : " --task " + o.task));
+      std::vector<std::string> args = {"--one", c, "--threads", std::to_string(t), "--steps", std::to_string(o.steps),
+                                       "--warmup", std::to_string(o.warmup)};
+      if (o.profile) args.push_back("--profile");
+      if (!o.task.empty()) args.insert(args.end(), {"--task", o.task});
+      json j = run_child(args);
       j["sgemm_peak_gflops"] = peaks[t];
       results.push_back(j);
       // a task sets the length: say so where it differs from the config's own

@@ -63,7 +63,6 @@ int run_l0(const PruneOpts& o, const std::string& out, const SafetensorsFile& fi
   };
   std::vector<std::pair<L0Result, std::unique_ptr<TransformerLM>>> runs;
   if (o.target_heads > 0) {
-    if (o.target_heads > L * H) fail("--target-heads ", o.target_heads, " is more than the model's ", L * H, " heads");
     double lo = 0, hi = o.lambda;  // kept(lo) >= target > kept(hi) once bracketed
     runs.push_back(run(hi));
     while (runs.back().first.heads_kept > o.target_heads && hi < 1e3) runs.push_back(run(hi *= 4));
@@ -152,6 +151,10 @@ int run_prune(TrainFlags& flags, const PruneOpts& o) {
   if (o.min_per_layer < 0) fail("--min-per-layer must not be negative, got ", o.min_per_layer);
   if (o.finetune_steps < 0) fail("--finetune must not be negative, got ", o.finetune_steps);
   if (!(o.finetune_lr > 0 && o.finetune_lr <= 100)) fail("--finetune-lr must be in (0, 100], got ", o.finetune_lr);
+  // the search for --target-heads multiplies --lambda until few enough heads stay open: from 0 it never moves
+  if (o.method == "l0" && o.target_heads > 0 && !(o.lambda > 0))
+    fail("--lambda ", o.lambda, " with --target-heads ", o.target_heads,
+         ": the search starts at --lambda and multiplies it, so it must be above 0 (e.g. --lambda 0.05)");
   std::string ckpt = o.checkpoint;
   TrainArgs base = flags.resolve();
   refuse_output_over_input("--out", out + "/pruned_model.safetensors", {{"--checkpoint", ckpt}});
@@ -186,7 +189,7 @@ int run_prune(TrainFlags& flags, const PruneOpts& o) {
         write_summary(base.out, t.args(), t.partial_result(), /*finished=*/false);
         std::fprintf(stderr, "headlab prune: interrupted while training the base model (%s); rerun the same command to continue\n",
                      e.what());
-        return 130;
+        return stop_exit_code();
       }
     } else {
       std::fprintf(stderr, "headlab prune: base model already trained in %s\n", base.out.c_str());
@@ -220,7 +223,6 @@ int run_prune(TrainFlags& flags, const PruneOpts& o) {
       break;
     }
   }
-  write_file_atomic(settings_path, settings.dump(2) + "\n");
   auto fresh_model = [&] { return load_model(file); };
   std::unique_ptr<TransformerLM> model = fresh_model();
   const TaskConfig tc = task_for(file, base.task);
@@ -229,8 +231,11 @@ int run_prune(TrainFlags& flags, const PruneOpts& o) {
   if (task.vocab_size() != model->cfg.vocab_size)
     fail(ckpt, ": the model's vocabulary (", model->cfg.vocab_size, ") does not fit task ", tc.name, " (",
          task.vocab_size(), ")");
-  const std::vector<Batch> data = task.held_out(base.eval_size, base.eval_seed, 128);
   const int L = model->cfg.n_layers, H = model->cfg.n_heads;
+  if (o.method == "l0" && o.target_heads > L * H)
+    fail("--target-heads ", o.target_heads, " is more than the model's ", L * H, " heads");
+  write_file_atomic(settings_path, settings.dump(2) + "\n");  // only once every flag is known to be usable
+  const std::vector<Batch> data = task.held_out(base.eval_size, base.eval_seed, 128);
   std::fprintf(stderr, "headlab prune: %d layers x %d heads, %d held-out sequences -> %s\n", L, H, base.eval_size, out.c_str());
   if (o.method == "l0") return run_l0(o, out, file, task, data, base);
 

@@ -95,13 +95,13 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
     return 3;
   } catch (const Interrupted& e) {
     bar.finish();
-    if (!rank0) return 130;  // every rank stops at the same step; rank 0 writes
+    if (!rank0) return stop_exit_code();  // every rank stops at the same step; rank 0 writes
     if (atlas) atlas->finish();
     write_summary(a.out, a, trainer.partial_result(), /*finished=*/false);
     const std::string launcher = group ? "mpirun -np " + std::to_string(group->size()) + " " : "";
     std::fprintf(stderr, "headlab train: interrupted: %s; continue with: %sheadlab train --resume --out %s\n", e.what(),
                  launcher.c_str(), a.out.c_str());
-    return 130;
+    return stop_exit_code();
   }
   bar.finish();
   if (!rank0) return 0;

@@ -83,7 +83,7 @@ CLI::Validator in_range(double lo, double hi) {
 
 namespace {
 extern "C" void on_stop_signal(int sig) {
-  request_stop();
+  request_stop(sig);
   std::signal(sig, SIG_DFL);  // a second Ctrl-C ends the process at once
 }
 }  // namespace

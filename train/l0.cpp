@@ -1,3 +1,4 @@
+#include "lib/stop.h"
 #include "train/l0.h"
 
 #include "lib/optim.h"
@@ -15,6 +16,7 @@ L0Result l0_finetune(TransformerLM& model, const Task& task, const std::vector<B
   Batch b;
   model.train();
   for (int step = 0; step < o.steps; ++step) {
+    throw_if_stopped();
     task.sample_into(b, o.batch, rng);
     gates.sample_into(model, rng);
     ForwardOptions fo;

@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -43,6 +44,18 @@ int report_error(const char* what) {
   if (hl::in_multi_rank_job()) hl::job()->abort(1);
   return 1;
 }
+// --threads above the cores this process may use runs on those cores (set_num_threads caps
+// it): said once, here, for every command.
+void warn_about_threads(const CLI::App& sub) {
+  const CLI::Option* opt = sub.get_option_no_throw("--threads");
+  if (!opt || opt->count() == 0 || (hl::job() && hl::job()->rank() > 0)) return;
+  int most = 0;
+  for (const std::string& v : opt->results()) most = std::max(most, std::atoi(v.c_str()));
+  const int cores = hl::usable_cores();
+  if (most > cores)
+    std::fprintf(stderr, "headlab: warning: --threads %d is more than the %d cores this process may use; using %d\n", most,
+                 cores, cores);
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -60,19 +73,10 @@ int main(int argc, char** argv) {
   hl::add_hooks_command(app, runner);
   hl::add_view_command(app, runner);
   hl::add_role_commands(app, runner);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    // under mpirun every rank parses the same flags: rank 0 alone says what is wrong (or prints --help)
-    // (the others wait a moment, so the launcher does not end rank 0 before it has said it)
-    if (hl::launcher_rank() > 0) {
-      ::usleep(500000);
-      return e.get_exit_code();
-    }
-    return app.exit(e);
-  }
-  // Started by mpirun or srun: join the job. Only train (data-parallel) and ablate (runs shared
-  // among the ranks) work across ranks; the other commands refuse rather than run N times.
+  // Started by mpirun or srun: join the job before parsing, so that ranks started with different
+  // arguments are told apart (start_mpi_job compares them) and a bad flag is said once, by rank 0.
+  // Only train (data-parallel) and ablate (runs shared among the ranks) work across ranks; the
+  // other commands refuse rather than run N times.
   std::unique_ptr<hl::ProcessGroup> mpi;
   const int launched_ranks = hl::launcher_world_size();
 #ifdef HEADLAB_HAVE_MPI
@@ -87,7 +91,15 @@ int main(int argc, char** argv) {
     return 1;
   }
 #endif
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // every rank has the same arguments (checked above), so rank 0 alone says what is wrong
+    if (mpi && mpi->rank() > 0) return e.get_exit_code();
+    return app.exit(e);
+  }
   const std::string command = app.get_subcommands().front()->get_name();
+  warn_about_threads(*app.get_subcommands().front());
   if (hl::in_multi_rank_job() && command != "train" && command != "ablate") {
     if (hl::job()->rank() == 0)
       std::fprintf(stderr, "headlab: error: headlab %s runs in one process; across MPI ranks only train and ablate "
@@ -97,6 +109,10 @@ int main(int argc, char** argv) {
   hl::install_stop_handler();
   try {
     return runner ? runner() : 0;
+  } catch (const hl::Stopped& e) {  // an analysis stopped between examples: nothing written
+    std::fprintf(stderr, "headlab %s: %s before the end; nothing was written\n", command.c_str(), e.what());
+    if (hl::in_multi_rank_job()) hl::job()->abort(hl::stop_exit_code());
+    return hl::stop_exit_code();
   } catch (const std::exception& e) {
     return report_error(e.what());
   }

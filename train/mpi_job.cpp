@@ -7,6 +7,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
 #include <mutex>
 #include <thread>
 
@@ -142,7 +145,7 @@ class MpiJob : public ProcessGroup {
       f();
     } catch (const std::exception& e) {
       std::fprintf(stderr, "headlab: rank %d: error: %s\n", rank_, e.what());
-      abort(dynamic_cast<const Interrupted*>(&e) ? 130 : 1);
+      abort(dynamic_cast<const Stopped*>(&e) ? stop_exit_code() : 1);
     }
   }
 
@@ -152,10 +155,70 @@ class MpiJob : public ProcessGroup {
 
 }  // namespace
 
+namespace {
+// Rank 0 sees every rank's arguments; any difference (another --steps, --seed, a bad flag on one
+// rank) is one line from rank 0 and exit 2 on every rank, before any flag is parsed: ranks that
+// ran different commands would hang in a collective or mix their results.
+void check_ranks_agree(int rank, int size, int argc, char** argv) {
+  std::string mine;
+  for (int i = 1; i < argc; ++i) mine += std::string(argv[i]) + '\0';
+  int len = static_cast<int>(mine.size());
+  std::vector<int> lens(static_cast<size_t>(size)), at(static_cast<size_t>(size));
+  MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+  std::string all;
+  if (rank == 0) {
+    int total = 0;
+    for (int r = 0; r < size; ++r) at[static_cast<size_t>(r)] = total, total += lens[static_cast<size_t>(r)];
+    all.resize(static_cast<size_t>(total));
+  }
+  MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), at.data(), MPI_CHAR, 0, MPI_COMM_WORLD);
+  int differ = 0;
+  if (rank == 0) {
+    auto split = [](const std::string& s) {
+      std::vector<std::string> v;
+      for (size_t i = 0; i < s.size();) {
+        const size_t end = s.find('\0', i);
+        v.push_back(s.substr(i, end - i));
+        i = end + 1;
+      }
+      return v;
+    };
+    const std::vector<std::string> first = split(mine);
+    for (int r = 1; r < size && !differ; ++r) {
+      const std::vector<std::string> other =
+          split(all.substr(static_cast<size_t>(at[static_cast<size_t>(r)]), static_cast<size_t>(lens[static_cast<size_t>(r)])));
+      if (other == first) continue;
+      differ = 1;
+      size_t i = 0;
+      while (i < first.size() && i < other.size() && first[i] == other[i]) ++i;
+      // show the flag with its value: from the flag before a differing value
+      const size_t from = i > 0 && ((i < first.size() && first[i].rfind("-", 0) != 0) ||
+                                    (i < other.size() && other[i].rfind("-", 0) != 0)) ? i - 1 : i;
+      auto show = [&](const std::vector<std::string>& v) {
+        std::string t;
+        for (size_t k = from; k < v.size() && k < from + 2; ++k) t += (t.empty() ? "" : " ") + v[k];
+        return t.empty() ? std::string("nothing there") : t;
+      };
+      std::fprintf(stderr,
+                   "headlab: error: the MPI ranks were started with different arguments: rank %d has '%s' where rank 0 "
+                   "has '%s'; start every rank with the same command\n",
+                   r, show(other).c_str(), show(first).c_str());
+    }
+  }
+  MPI_Bcast(&differ, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (differ) {
+    std::fflush(stderr);
+    MPI_Finalize();
+    std::exit(2);
+  }
+}
+}  // namespace
+
 std::unique_ptr<ProcessGroup> start_mpi_job(int& argc, char**& argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   auto j = std::make_unique<MpiJob>();
+  check_ranks_agree(j->rank(), j->size(), argc, argv);
   if (provided < MPI_THREAD_SERIALIZED && j->size() > 1) {
     std::fprintf(stderr, "headlab: error: this MPI library does not allow calls from a second thread "
                          "(MPI_THREAD_SERIALIZED at least), which sweeps across ranks need\n");

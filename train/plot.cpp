@@ -2,6 +2,9 @@
 
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -9,55 +12,71 @@
 #include <fstream>
 #include <sstream>
 
+#include "lib/core.h"
+#include "lib/fileutil.h"
+#include "train/child_process.h"
+
 namespace hl {
 
 namespace fs = std::filesystem;
 
 namespace {
 
+// Text as a gnuplot single-quoted string: inside one, gnuplot substitutes nothing (no
+// backquote commands, no @macros) and '' is the only escape. Control characters (a newline
+// would end the command) become '?'. The terminal is `noenhanced`, so _ ^ { } print as they are.
 std::string quote(const std::string& s) {
-  std::string out = "\"";
+  std::string out = "'";
   for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (c == '_') out += "\\\\";  // gnuplot enhanced text: literal underscore
-    out += c;
+    if (c == '\'') out += "''";
+    else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) out += '?';
+    else out += c;
   }
-  return out + "\"";
+  return out + "'";
 }
 
-// Runs a gnuplot script that writes `tmp_png`, then renames it to `path`.
-bool run_gnuplot(const std::string& script, const std::string& path, const fs::path& dir) {
-  const fs::path script_path = dir / "plot.gp";
-  std::ofstream(script_path) << script;
-  const std::string cmd = "gnuplot " + script_path.string() + " > " + (dir / "gnuplot.log").string() + " 2>&1";
-  const int rc = std::system(cmd.c_str());
-  const fs::path tmp_png = dir / "out.png";
-  if (rc != 0 || !fs::exists(tmp_png)) {
-    std::ifstream log(dir / "gnuplot.log");
-    std::stringstream ss;
-    ss << log.rdbuf();
+// A private temporary directory (mkdtemp: mode 0700, a fresh name), removed on every path.
+class PlotDir {
+ public:
+  PlotDir() {
+    std::error_code ec;
+    fs::path base = fs::temp_directory_path(ec);
+    if (ec || !fs::is_directory(base, ec)) base = "/tmp";
+    std::string templ = (base / "headlab-plot-XXXXXX").string();
+    if (!::mkdtemp(templ.data())) fail("plot: cannot make a temporary directory in ", base.string(), ": ", std::strerror(errno));
+    path_ = templ;
+  }
+  ~PlotDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  PlotDir(const PlotDir&) = delete;
+  PlotDir& operator=(const PlotDir&) = delete;
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+// Runs a gnuplot script in `dir` (it names only files there, by relative names: no path of
+// ours is ever inside the script), then writes its out.png to `path` through the atomic writer.
+bool run_gnuplot(const std::string& script, const std::string& path, const PlotDir& dir) {
+  write_file_atomic((dir.path() / "plot.gp").string(), script);
+  const std::string log_path = (dir.path() / "gnuplot.log").string();
+  const int rc = run_child_process({"gnuplot", "plot.gp"}, {dir.path().string(), log_path});
+  const fs::path png = dir.path() / "out.png";
+  if (rc != 0 || !fs::exists(png)) {
+    std::string log;
+    try {
+      log = read_file(log_path);
+    } catch (const Error&) {
+    }
     std::fprintf(stderr, "warning: could not draw %s (gnuplot %s): %s\n", path.c_str(),
-                 rc == 127 || rc == 32512 ? "not installed" : "failed", ss.str().substr(0, 300).c_str());
-    fs::remove_all(dir);
+                 rc == 127 ? "not installed" : "failed", log.substr(0, 300).c_str());
     return false;
   }
-  std::error_code ec;
-  fs::rename(tmp_png, path, ec);
-  if (ec) {  // across filesystems: copy next to the target, then rename
-    const std::string near = path + ".tmp";
-    fs::copy_file(tmp_png, near, fs::copy_options::overwrite_existing);
-    fs::rename(near, path);
-  }
-  fs::remove_all(dir);
+  write_file_atomic(path, read_file(png.string()));
   return true;
-}
-
-fs::path make_tmp_dir() {
-  static int counter = 0;
-  fs::path d = fs::temp_directory_path() /
-               ("headlab-plot-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-  fs::create_directories(d);
-  return d;
 }
 
 std::string tics(const char* axis, const std::vector<std::string>& labels) {
@@ -72,7 +91,7 @@ std::string tics(const char* axis, const std::vector<std::string>& labels) {
 bool plot_heatmap_grid(const std::string& path, const std::string& title, int grid_rows, int grid_cols,
                        const std::vector<Heatmap>& maps, const std::string& xlabel,
                        const std::string& ylabel, float vmin, float vmax) {
-  const fs::path dir = make_tmp_dir();
+  const PlotDir dir;
   // Panel size: small grids (layers x heads) get ~40 px per cell, token maps ~14 px.
   const int m = maps.empty() ? 8 : std::max(maps[0].rows, maps[0].cols);
   const int cell = m <= 16 ? std::clamp(40 * m + 140, 260, 600) : std::clamp(14 * m + 120, 220, 420);
@@ -82,15 +101,15 @@ bool plot_heatmap_grid(const std::string& path, const std::string& title, int gr
   // cells would make a strip: then the panel keeps a height of 0.4 its width.
   const double shown = std::max(aspect, 0.4);
   const int panel_h = static_cast<int>(cell * shown) + (shown < 1.0 ? 130 : 0);
-  gp << "set terminal pngcairo size " << grid_cols * cell + 80 << "," << grid_rows * panel_h + 60
-     << " font 'sans,8'\nset output '" << (dir / "out.png").string() << "'\n"
+  gp << "set terminal pngcairo noenhanced size " << grid_cols * cell + 80 << "," << grid_rows * panel_h + 60
+     << " font 'sans,8'\nset output 'out.png'\n"
      << "set palette defined (0 '#ffffff', 0.25 '#c6dbef', 0.5 '#6baed6', 0.75 '#2171b5', 1 '#08306b')\n"
      << "set multiplot layout " << grid_rows << "," << grid_cols << " title " << quote(title) << "\n"
      << (aspect < shown ? "set size ratio " + std::to_string(shown) : std::string("set size ratio -1")) << "\nset tics scale 0\n";
   for (size_t m = 0; m < maps.size(); ++m) {
     const Heatmap& h = maps[m];
-    const fs::path data = dir / ("m" + std::to_string(m) + ".dat");
-    std::ofstream f(data);
+    const std::string data = "m" + std::to_string(m) + ".dat";
+    std::ofstream f(dir.path() / data);
     for (int r = 0; r < h.rows; ++r) {
       for (int c = 0; c < h.cols; ++c) f << h.values[static_cast<size_t>(r) * h.cols + c] << (c + 1 < h.cols ? " " : "\n");
     }
@@ -101,7 +120,7 @@ bool plot_heatmap_grid(const std::string& path, const std::string& title, int gr
        << (h.ylabels.empty() ? "set ytics autofreq\n" : tics("y", h.ylabels)) << "set xtics rotate by 90 right\n";
     if (vmax > vmin) gp << "set cbrange [" << vmin << ":" << vmax << "]\n";
     else gp << "set autoscale cb\n";
-    gp << "plot '" << data.string() << "' matrix with image notitle\n";
+    gp << "plot '" << data << "' matrix with image notitle\n";
   }
   gp << "unset multiplot\n";
   return run_gnuplot(gp.str(), path, dir);
@@ -109,9 +128,9 @@ bool plot_heatmap_grid(const std::string& path, const std::string& title, int gr
 
 bool plot_lines(const std::string& path, const std::string& title, const std::string& xlabel,
                 const std::string& ylabel, const std::vector<Series>& series, bool log_y, bool log_x) {
-  const fs::path dir = make_tmp_dir();
+  const PlotDir dir;
   std::ostringstream gp;
-  gp << "set terminal pngcairo size 900,560 font 'sans,10'\nset output '" << (dir / "out.png").string() << "'\n"
+  gp << "set terminal pngcairo noenhanced size 900,560 font 'sans,10'\nset output 'out.png'\n"
      << "set title " << quote(title) << "\nset xlabel " << quote(xlabel) << "\nset ylabel " << quote(ylabel)
      << "\nset grid\nset key outside right\nset style fill transparent solid 0.2 noborder\n";
   if (log_y) gp << "set logscale y\n";
@@ -119,8 +138,8 @@ bool plot_lines(const std::string& path, const std::string& title, const std::st
   std::string plots;
   for (size_t s = 0; s < series.size(); ++s) {
     const Series& S = series[s];
-    const fs::path data = dir / ("s" + std::to_string(s) + ".dat");
-    std::ofstream f(data);
+    const std::string data = "s" + std::to_string(s) + ".dat";
+    std::ofstream f(dir.path() / data);
     const bool band = S.lo.size() == S.x.size() && S.hi.size() == S.x.size();
     for (size_t i = 0; i < S.x.size(); ++i) {
       f << S.x[i] << " " << S.y[i];
@@ -128,8 +147,8 @@ bool plot_lines(const std::string& path, const std::string& title, const std::st
       f << "\n";
     }
     const std::string color = "lc " + std::to_string(s + 1);
-    if (band) plots += (plots.empty() ? "" : ", ") + std::string("'") + data.string() + "' using 1:3:4 with filledcurves " + color + " notitle";
-    plots += (plots.empty() ? "" : ", ") + std::string("'") + data.string() + "' using 1:2 with linespoints " + color +
+    if (band) plots += (plots.empty() ? "" : ", ") + std::string("'") + data + "' using 1:3:4 with filledcurves " + color + " notitle";
+    plots += (plots.empty() ? "" : ", ") + std::string("'") + data + "' using 1:2 with linespoints " + color +
              " pt 7 ps 0.5 title " + quote(S.name);
   }
   gp << "plot " << (plots.empty() ? "NaN notitle" : plots) << "\n";

@@ -166,12 +166,6 @@ void check_training_resources(const TrainArgs& a, const Task* given_task) {
        " available");
 }
 
-namespace {
-volatile std::sig_atomic_t g_stop = 0;
-}
-void request_stop() { g_stop = 1; }
-bool stop_requested() { return g_stop != 0; }
-void clear_stop_request() { g_stop = 0; }
 
 std::string stored_run_args(const std::string& dir) {
   try {
@@ -236,6 +230,7 @@ Trainer::Trainer(TrainArgs args, std::unique_ptr<Task> task, ProcessGroup* group
     group_ = group;
   }
   check_training_resources(args_, task_.get());  // before anything is allocated or created
+  args_.threads = std::min(args_.threads, usable_cores());  // what runs is what the summary records
   if (!task_) task_ = make_task(args_.task);
   args_.model = model_for(args_, *task_);
   if (!args_.out.empty()) {

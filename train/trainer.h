@@ -10,6 +10,7 @@
 #include "datasets/task.h"
 #include "lib/fileutil.h"
 #include "lib/optim.h"
+#include "lib/stop.h"
 #include "models/transformer.h"
 #include "analysis/evaluate.h"
 #include "train/distributed.h"
@@ -81,15 +82,10 @@ struct NonFiniteError : Error {
 
 // Raised when a stop was requested (Ctrl-C): the run stopped at a step boundary and its
 // checkpoint is written. `step` is the step reached.
-struct Interrupted : Error {
-  Interrupted(const std::string& what, int64_t step) : Error(what), step(step) {}
+struct Interrupted : Stopped {
+  Interrupted(const std::string& what, int64_t step) : Stopped(what, stop_signal()), step(step) {}
   int64_t step;
 };
-// Asks running training loops to stop at the next step boundary (async-signal-safe: a SIGINT
-// handler may call it).
-void request_stop();
-bool stop_requested();
-void clear_stop_request();
 
 // Checks a run's arguments and that it fits in memory, before anything is allocated or any
 // directory is made: one message naming the flag and the estimate.
@@ -117,6 +113,9 @@ class Trainer {
   // Trains from the start or the last checkpoint to args.steps. Throws NonFiniteError,
   // Interrupted (after writing the checkpoint) or Error (e.g. a metrics write failed).
   TrainResult run(const TrainObserver& obs = {});
+  // Gives up the output directory's lock (after run() has ended, and its summary is written),
+  // so a new trainer in this process may resume the run while this object is still referenced.
+  void release_out_dir() { lock_.reset(); }
   // A loop of the caller's own (Python's Trainer.step): one optimisation step on the next
   // training batch at the schedule's learning rate, exactly as run() takes it; returns (loss,
   // gradient norm before clipping). Counts from 0, or from the checkpoint with args.resume.
