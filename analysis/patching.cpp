@@ -61,6 +61,10 @@ PatchingInputs corrupt_one_symbol(const Batch& b, int alphabet, uint64_t seed) {
   return in;
 }
 
+double patching_memory_bytes(const ModelConfig& cfg, int64_t rows, int64_t T) {
+  return estimate_step_bytes(cfg, rows, T, true);
+}
+
 Tensor logit_difference(const Tensor& logits, const std::vector<PatchAnswer>& answers) {
   const int64_t T = logits.size(1), V = logits.size(2);
   Tensor select = Tensor::zeros(logits.shape());  // +1/n at the clean answer, -1/n at the corrupted one

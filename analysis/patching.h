@@ -43,6 +43,9 @@ struct PatchingResult {
 // Runs the clean and corrupted inputs, then the corrupted one with each head's hook_z (all
 // positions) and each layer's hook_resid_pre at each position taken from the clean run; and one
 // backward of the corrupted run for the attribution (clean - corrupted) . d metric / d activation.
+// Bytes activation_patching needs for `rows` sequences of T tokens: the clean run's cache, the
+// corrupted run's with its gradients, and one forward pass at a time (an upper estimate).
+double patching_memory_bytes(const ModelConfig& cfg, int64_t rows, int64_t T);
 PatchingResult activation_patching(TransformerLM& model, const PatchingInputs& in);
 
 // Normalised metric with the whole activation `name` of the corrupted run replaced by the clean

@@ -1,6 +1,7 @@
 #include "datasets/task.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "datasets/copy_task.h"
@@ -146,7 +147,22 @@ void Batch::rows_into(int64_t lo, int64_t hi, Batch& out) const {
   }
 }
 
+void Task::check_held_out_request(int n, int batch_size) {
+  if (n < 1) fail("held-out data: the number of sequences must be at least 1, got ", n);
+  if (batch_size < 1) fail("held-out data: the batch size must be at least 1, got ", batch_size);
+}
+
+void TaskConfig::make_paths_absolute() {
+  for (std::string* p : {&data, &eval_data})
+    if (!p->empty() && p->front() != '(') {
+      std::error_code ec;
+      const std::filesystem::path abs = std::filesystem::absolute(*p, ec);
+      if (!ec) *p = abs.lexically_normal().string();
+    }
+}
+
 std::vector<Batch> Task::held_out(int n, uint64_t seed, int batch_size) const {
+  check_held_out_request(n, batch_size);
   Rng rng(seed);
   std::vector<Batch> out;
   for (int done = 0; done < n; done += batch_size) out.push_back(sample(std::min(batch_size, n - done), rng));

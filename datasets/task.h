@@ -25,6 +25,9 @@ struct TaskConfig {
   std::string eval_data;      // tokens: held-out file (default: the last 10% of the rows)
   bool shuffle = true;        // tokens: false = training batches are consecutive rows in file order
   void validate() const;
+  // data and eval_data as absolute paths (a run read from another directory finds its data);
+  // names in parentheses (arrays given from Python) stay as they are.
+  void make_paths_absolute();
   // The task's own defaults (e.g. varcopy: alphabet 64, n in 1..16; induction: 32 tokens).
   static TaskConfig preset(const std::string& name);
   std::string to_json() const;  // as stored in checkpoints' "task" metadata
@@ -66,6 +69,8 @@ class Task {
   virtual void sample_into(Batch& b, int batch_size, Rng& rng) const = 0;
   // The fixed held-out set: n sequences from their own seed, cut into batches.
   virtual std::vector<Batch> held_out(int n, uint64_t seed, int batch_size) const;
+  // What every held_out() checks first: n >= 1 sequences in batches of batch_size >= 1.
+  static void check_held_out_request(int n, int batch_size);
   virtual std::string token_text(int32_t id) const;  // for display: "BOS", "7", "e", "\n"
   // Whether a row's counted targets form one answer, so "every target of the row right" (exact
   // match) means something: true for the generated tasks and for token files with targets or a

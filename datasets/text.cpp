@@ -38,6 +38,7 @@ class TextTask : public Task {
   void sample_into(Batch& b, int batch_size, Rng& rng) const override { windows(b, batch_size, rng, 0, split_); }
 
   std::vector<Batch> held_out(int n, uint64_t seed, int batch_size) const override {
+    check_held_out_request(n, batch_size);
     Rng rng(seed);
     std::vector<Batch> out;
     for (int done = 0; done < n; done += batch_size) {

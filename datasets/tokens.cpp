@@ -242,6 +242,7 @@ class TokensTask : public Task {
   }
 
   std::vector<Batch> held_out(int n, uint64_t, int batch_size) const override {
+    check_held_out_request(n, batch_size);
     std::vector<Batch> out;
     const int64_t count = std::min<int64_t>(n, eval_.n);
     for (int64_t done = 0; done < count; done += batch_size) {

@@ -48,6 +48,24 @@ std::string read_file(const std::string& path) {
   return bytes;
 }
 
+bool is_valid_utf8(const std::string& text) {
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    size_t extra;
+    if (c < 0x80) extra = 0;
+    else if (c >= 0xc2 && c <= 0xdf) extra = 1;
+    else if (c >= 0xe0 && c <= 0xef) extra = 2;
+    else if (c >= 0xf0 && c <= 0xf4) extra = 3;
+    else return false;
+    if (i + extra >= n && extra > 0) return false;
+    for (size_t k = 1; k <= extra; ++k)
+      if ((static_cast<unsigned char>(text[i + k]) & 0xc0) != 0x80) return false;
+    i += extra + 1;
+  }
+  return true;
+}
+
 void check_fits_in_memory(double need, const std::string& what) {
   const double have = available_memory_bytes();
   if (need > have)

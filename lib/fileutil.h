@@ -20,6 +20,7 @@ void make_dirs(const std::string& path);  // mkdir -p
 // output paths before hours of work rather than after.
 void check_can_write(const std::string& path);
 bool file_exists(const std::string& path);
+bool is_valid_utf8(const std::string& text);
 
 // Exclusive ownership of a directory for one process: an advisory lock (flock) on DIR/.lock,
 // released when the object is destroyed or the process dies (even by kill -9). A second

@@ -10,7 +10,14 @@ namespace hl {
 using json = nlohmann::json;
 
 void add_model(SafetensorsWriter& w, const TransformerLM& model) {
-  for (auto& [name, t] : model.named_parameters()) w.add(name, t);
+  for (auto& [name, t] : model.named_parameters()) {
+    const float* d = t.data();  // a checkpoint that load() would refuse is never written
+    for (int64_t i = 0, n = t.numel(); i < n; ++i)
+      if (!std::isfinite(d[i]))
+        fail("save: the model's tensor '", name, "' holds a non-finite value (", d[i], " at element ", i, " of ",
+             t.shape().str(), "); refusing to write a checkpoint that cannot be loaded");
+    w.add(name, t);
+  }
   json cfg = json::parse(model.cfg.to_json());
   if (!model.gates_all_one()) cfg["head_gates"] = model.gate_values();
   w.set_meta("format", "headlab-checkpoint");

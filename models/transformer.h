@@ -100,7 +100,11 @@ class TransformerLM : public Module {
   std::pair<Tensor, ActivationCache> run_with_cache(const Ids& ids, NameFilter filter, bool with_grads = false,
                                                     const Tensor& key_padding = Tensor());
   // Per-head gates of layer l (H); ones unless pruned. Not parameters.
-  Tensor& gates(int layer) { return blocks.at(layer)->attn.gates; }
+  Tensor& gates(int layer) {
+    if (layer < 0 || layer >= static_cast<int>(blocks.size()))
+      fail("gates: layer ", layer, " is outside 0..", static_cast<int>(blocks.size()) - 1, " (the model has ", blocks.size(), " layers)");
+    return blocks[layer]->attn.gates;
+  }
   void set_gates_require_grad(bool on);
   std::vector<std::vector<float>> gate_values() const;  // (n_layers, H)
   bool gates_all_one() const;

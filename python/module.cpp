@@ -142,16 +142,18 @@ void set_setting(TrainFlagValues& v, const std::string& key, const py::handle& v
           if (!py::isinstance<py::str>(value)) throw py::type_error(key + ": expected a string");
           *field = value.cast<std::string>();
         } else if constexpr (std::is_floating_point_v<T>) {
+          if (!(py::isinstance<py::float_>(value) || py::isinstance<py::int_>(value)) || py::isinstance<py::bool_>(value))
+            throw py::type_error(key + ": expected a number, got " + std::string(py::str(value.get_type())));
           *field = value.cast<double>();
         } else {
           if (!py::isinstance<py::int_>(value) || py::isinstance<py::bool_>(value)) throw py::type_error(key + ": expected an integer");
           *field = value.cast<T>();
         }
         if constexpr (!std::is_same_v<T, bool> && !std::is_same_v<T, std::string>) {
-          const double x = static_cast<double>(*field);
-          if (!std::isnan(s->lo) && !(x >= s->lo && x <= s->hi))
-            throw py::value_error(key + " must be in [" + std::to_string(s->lo) + ", " + std::to_string(s->hi) + "], got " +
-                                  std::string(py::str(value)));
+          if (!std::isnan(s->lo)) {  // worded as the command line words it
+            const std::string problem = range_problem(std::string(py::str(value)), s->lo, s->hi);
+            if (!problem.empty()) throw py::value_error(key + ": " + problem);
+          }
         }
         if constexpr (std::is_same_v<T, std::string>) {
           if (!s->choices.empty() && std::find(s->choices.begin(), s->choices.end(), *field) == s->choices.end()) {
@@ -349,6 +351,7 @@ std::unique_ptr<Task> task_from(TrainArgs& a, const py::object& data, const py::
   const bool arrays = !data.is_none() && !py::isinstance<py::str>(data);
   if (!data.is_none() && !arrays) a.task.data = data.cast<std::string>();
   if (!eval_data.is_none() && py::isinstance<py::str>(eval_data)) a.task.eval_data = eval_data.cast<std::string>();
+  a.task.make_paths_absolute();
   if (!arrays) return nullptr;
   if (a.task.name != "tokens") throw py::value_error("arrays as data are sequences of task 'tokens' (task='tokens')");
   a.task.data = "(input_ids given from Python)";
@@ -846,6 +849,8 @@ PYBIND11_MODULE(_core, m) {
      "TransformerLens-style detector scores (L, H): previous_token, duplicate_token or induction");
   m.def("activation_patching", [](TransformerLM& model, const PyTask& task, const PyData& data, uint64_t seed) {
     if (data.batches.empty()) throw py::value_error("activation_patching: no data");
+    check_fits_in_memory(patching_memory_bytes(model.cfg, data.batches[0].size(), data.batches[0].inputs.shape[1]),
+                         "activation_patching: data of " + std::to_string(data.batches[0].size()) + " rows");
     const PatchingInputs in = corrupt_one_symbol(data.batches[0], task.task->symbols(), seed);
     const PatchingResult r = interruptible([&] { return activation_patching(model, in); });
     py::dict d;

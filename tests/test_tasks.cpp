@@ -256,7 +256,7 @@ BOOST_AUTO_TEST_CASE(tokens_files_are_read_split_and_checked) {
   BOOST_TEST(err(good, 5) == "--alphabet 5: " + good + " holds the id 6, outside the vocabulary 0..4");
   const std::string neg = tmp("neg.safetensors");
   write_tokens(neg, 4, 3, [](int64_t i, int64_t t) { return i == 2 && t == 1 ? -3 : 1; });
-  BOOST_TEST(err(neg) == neg + ": input_ids has the negative id -3 at row 2, position 1");
+  BOOST_TEST(err(neg) == neg + ": input_ids has the id -3 at row 2, position 1, outside 0..16777215");
   const std::string mask = tmp("mask.safetensors");
   write_tokens(mask, 4, 3, [](int64_t, int64_t) { return 1; }, true, Shape{4, 2});
   BOOST_TEST(err(mask) == mask + ": loss_mask has shape (4,2) but input_ids is (4,3)");

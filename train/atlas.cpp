@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -19,16 +20,37 @@ namespace hl {
 GradAtlas::GradAtlas(std::string out, int64_t every, std::vector<int64_t> dump_at, bool resume)
     : out_(std::move(out)), every_(every), dump_at_(std::move(dump_at)) {
   if (!resume) return;
-  auto load = [&](const std::string& name, std::vector<std::string>& rows) {
-    std::ifstream in(out_ + "/" + name);
+  // Rows of an earlier part of the run, checked: step, layer and head whole numbers, then the
+  // table's other columns (a file edited by hand is refused, naming the line).
+  auto load = [&](const std::string& name, std::vector<std::string>& rows, size_t columns, int number_column) {
+    const std::string path = out_ + "/" + name;
+    if (!file_exists(path)) return;
+    std::stringstream in(read_file(path));
     std::string line;
     std::getline(in, line);  // header
-    while (std::getline(in, line))
-      if (!line.empty()) rows.push_back(line);
+    for (int n = 2; std::getline(in, line); ++n) {
+      if (line.empty()) continue;
+      std::vector<std::string> f;
+      std::stringstream ss(line);
+      for (std::string x; std::getline(ss, x, ',');) f.push_back(x);
+      auto whole = [](const std::string& x) {
+        char* end = nullptr;
+        std::strtoll(x.c_str(), &end, 10);
+        return !x.empty() && *end == '\0';
+      };
+      auto number = [](const std::string& x) {
+        char* end = nullptr;
+        std::strtod(x.c_str(), &end);
+        return !x.empty() && *end == '\0';
+      };
+      if (f.size() < columns || !whole(f[0]) || !whole(f[1]) || !whole(f[2]) || !number(f[number_column]))
+        fail(path, ": line ", n, " is not a row of this table ('", line.substr(0, 60), "'); remove the file to start it again");
+      rows.push_back(line);
+    }
   };
-  load("grad_atlas.csv", norm_rows_);
-  load("attn_entropy.csv", entropy_rows_);
-  load("circuits.csv", circuit_rows_);
+  load("grad_atlas.csv", norm_rows_, 6, 4);
+  load("attn_entropy.csv", entropy_rows_, 5, 4);
+  load("circuits.csv", circuit_rows_, 6, 4);
 }
 
 void GradAtlas::write_csvs() const {

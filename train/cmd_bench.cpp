@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "train/run_dir.h"
 #include "lib/fileutil.h"
 #include "lib/optim.h"
 #include "lib/profile.h"
@@ -330,7 +331,10 @@ int run_bench(const BenchOpts& o) {
   for (const std::string& c : o.configs) named_config(c);  // validate before any work
   std::unique_ptr<Task> task;
   if (!o.task.empty()) task = make_task(TaskConfig::preset(o.task));
-  if (!o.out_json.empty()) check_can_write(o.out_json);
+  if (!o.out_json.empty()) {
+    check_can_write(o.out_json);
+    refuse_replacing_run_file("--json", o.out_json);
+  }
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
   const char* auto_from = std::getenv("HEADLAB_BLAS_CORE_CHOSEN");
   std::fprintf(stderr, "headlab bench: %d timed steps after %d warm-up; OpenBLAS kernels %s (OPENBLAS_CORETYPE=%s%s)\n",

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "train/run_dir.h"
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
 #include "train/commands.h"
@@ -109,6 +110,7 @@ std::pair<std::unique_ptr<TransformerLM>, Batch> load_inputs(const Source& s) {
 
 int run_grads(const Source& s, const std::string& out) {
   refuse_output_over_input("--out", out, {{"--checkpoint", s.checkpoint}, {"--batch", s.batch_file}});
+  refuse_replacing_run_file("--out", out);
   auto [model, batch] = load_inputs(s);
   if (batch.counted_targets() == 0)
     fail(s.batch_file.empty() ? std::string("the batch") : s.batch_file, ": no target counts in the loss (every target is -1)");
@@ -140,7 +142,7 @@ int run_attn(const Source& s, const std::string& out) {
   model->eval();
   const ActivationCache cache =
       model->run_with_cache(one.inputs, names_ending_with("attn.hook_pattern"), false, one.key_padding).second;
-  make_dirs(out);
+  claim_output_dir(out, "attn");
   SafetensorsWriter w;
   for (int l = 0; l < model->cfg.n_layers; ++l) w.add("attn." + std::to_string(l), cache[pattern_hook(l)]);
   w.add_ids("input_ids", one.inputs, DType::I64);

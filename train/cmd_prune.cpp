@@ -9,6 +9,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "train/run_dir.h"
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
 #include "train/commands.h"
@@ -167,6 +168,7 @@ int run_prune(TrainFlags& flags, const PruneOpts& o) {
   } else {
     base.validate();
   }
+  claim_output_dir(out, "prune");
   make_dirs(out + "/curves");
   const DirLock lock(out);
   if (ckpt.empty()) {

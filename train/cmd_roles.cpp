@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "train/run_dir.h"
 #include "analysis/circuits.h"
 #include "analysis/detectors.h"
 #include "analysis/patching.h"
@@ -115,7 +116,7 @@ int run_detect(const RoleOpts& o) {
       grids.push_back(detect_heads(*m.model, data, d, opt));
     }
   }
-  make_dirs(out);
+  claim_output_dir(out, "detect");
   std::printf("head detector scores (share of attention on the pattern; %d sequences of %s%s%s):\n\n", o.examples,
               o.data == "probe" ? "repeated random tokens" : ("task " + m.config.name).c_str(),
               o.exclude_bos ? ", BOS excluded" : "", o.exclude_current ? ", current token excluded" : "");
@@ -131,10 +132,13 @@ int run_patch(const RoleOpts& o) {
   const std::string out = o.out.empty() ? default_out_dir("patch") : o.out;
   Loaded m = load(o);
   const Task& task = task_of(m, o.checkpoint);
+  // every example is in one batch, cached twice, with gradients once
+  check_fits_in_memory(patching_memory_bytes(m.model->cfg, o.examples, task.seq_len()),
+                       "--examples " + std::to_string(o.examples) + " of " + std::to_string(task.seq_len()) + " tokens");
   const std::vector<Batch> held = task.held_out(o.examples, o.seed, o.examples);
   const PatchingInputs in = corrupt_one_symbol(held[0], task.symbols(), o.seed);
   const PatchingResult r = activation_patching(*m.model, in);
-  make_dirs(out);
+  claim_output_dir(out, "patch");
   std::printf("activation patching, %zu rows of task %s (one source symbol corrupted); logit difference clean %.4f, "
               "corrupted %.4f; 1 = the clean run's, 0 = the corrupted run's\n\nper head (hook_z):\n\n",
               in.answers.size(), m.config.name.c_str(), r.clean_metric, r.corrupted_metric);
@@ -161,7 +165,7 @@ int run_compose(const RoleOpts& o) {
   Loaded m = load(o);
   const int L = m.model->cfg.n_layers, H = m.model->cfg.n_heads;
   if (L < 2) fail(o.checkpoint, ": composition needs at least 2 layers, the model has ", L);
-  make_dirs(out);
+  claim_output_dir(out, "compose");
   std::string csv = "layer_a,head_a,layer_b,head_b,q,k,v\n";
   std::vector<std::vector<std::string>> table = {{"from", "to", "Q-comp", "K-comp", "V-comp"}};
   std::vector<Heatmap> maps;

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "train/run_dir.h"
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
 #include "train/commands.h"
@@ -177,6 +178,7 @@ int run_view(const ViewOpts& o) {
   }
   const std::string out = !o.out.empty() ? o.out : (o.run.empty() ? model_dir : o.run) + "/view.html";
   refuse_output_over_input("--out", out, {{"--checkpoint", ckpt}});
+  refuse_replacing_run_file("--out", out);
   set_num_threads(o.threads);
   const SafetensorsFile f = read_safetensors(ckpt);
   const std::unique_ptr<TransformerLM> model = load_model(f);
@@ -191,7 +193,19 @@ int run_view(const ViewOpts& o) {
   }
   std::vector<Example> examples = examples_for(o, cfg, task.get());
   const int L = cfg.n_layers, H = cfg.n_heads;
-  // fewer examples when the patterns would make the page too large
+  // fewer examples when the patterns would make the page too large, and a shorter first one when
+  // it alone would
+  if (!examples.empty()) {
+    const double per_pair = 2.0 * L * H;  // bytes per (query, key) pair of the causal triangle
+    const size_t T0 = examples[0].ids.size();
+    size_t fit = T0;
+    while (fit > 1 && per_pair * static_cast<double>(fit) * static_cast<double>(fit + 1) / 2 > kMaxPatternBytes) --fit;
+    if (fit < T0) {
+      std::fprintf(stderr, "headlab view: showing the first %zu of the %zu tokens of %s (the page stays under 20 MB)\n", fit,
+                   T0, examples[0].name.c_str());
+      examples[0].ids.resize(fit);
+    }
+  }
   double bytes = 0;
   size_t keep = 0;
   for (; keep < examples.size(); ++keep) {

@@ -44,6 +44,7 @@ void TrainFlags::add(CLI::App* app, bool with_run_flags, bool with_heads) {
 TrainArgs TrainFlags::resolve() const {
   TrainArgs a = resolve_train_flags(values, [this](const std::string& flag) { return given(flag); });
   if (!given("--threads")) a.threads = default_threads(a.threads);  // under mpirun: this rank's share of the cores
+  a.task.make_paths_absolute();
   return a;
 }
 
@@ -57,28 +58,9 @@ int64_t parse_int(const std::string& text, int64_t lo, int64_t hi, const std::st
   return v;
 }
 
-namespace {
-// 65536, 0.999, 1e-30: whole numbers without an exponent
-std::string number_text(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, v == std::floor(v) && std::fabs(v) < 1e9 ? "%.0f" : "%g", v);
-  return buf;
-}
-}  // namespace
-
 CLI::Validator in_range(double lo, double hi) {
-  const bool open_top = hi >= 1e9;  // "no limit" in practice: shown as a lower bound only
-  const std::string desc = open_top ? ">= " + number_text(lo) : "[" + number_text(lo) + " - " + number_text(hi) + "]";
-  return CLI::Validator(
-      [lo, hi, open_top](std::string& s) -> std::string {
-        char* end = nullptr;
-        const double v = std::strtod(s.c_str(), &end);
-        if (s.empty() || *end != '\0' || !std::isfinite(v)) return "'" + s + "' is not a finite number";
-        if (v < lo) return "value " + s + (open_top ? " is below " + number_text(lo) : " is outside [" + number_text(lo) + ", " + number_text(hi) + "]");
-        if (v > hi) return "value " + s + (open_top ? " is too large" : " is outside [" + number_text(lo) + ", " + number_text(hi) + "]");
-        return "";
-      },
-      desc);
+  return CLI::Validator([lo, hi](std::string& s) -> std::string { return range_problem(s, lo, hi); },
+                        range_text(lo, hi));
 }
 
 namespace {

@@ -1,12 +1,13 @@
 // headlab: train small transformers on the copy task and study their attention heads.
 #include <unistd.h>
 
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
 
+#include "lib/fileutil.h"
 #include "train/commands.h"
 #include "train/distributed.h"
 #ifdef HEADLAB_HAVE_MPI
@@ -60,6 +61,13 @@ void warn_about_threads(const CLI::App& sub) {
 
 int main(int argc, char** argv) {
   select_blas_kernels(argv);
+  // Paths and text are recorded in JSON (summaries, metadata), which holds UTF-8 only.
+  for (int i = 1; i < argc; ++i)
+    if (!hl::is_valid_utf8(argv[i])) {
+      std::fprintf(stderr, "headlab: error: argument %d is not valid UTF-8 text; headlab records paths and text in JSON, "
+                           "which holds UTF-8 only: rename the file or directory\n", i);
+      return 2;
+    }
   CLI::App app{"headlab: train small transformers and study multi-head attention, head by head"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "headlab 0.1");

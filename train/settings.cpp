@@ -1,12 +1,39 @@
 #include "train/settings.h"
 
 #include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 // Rows leave trailing members (range, choices, switches) at their defaults.
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 
 namespace hl {
+
+namespace {
+// 65536, 0.999, 1e-30: whole numbers without an exponent
+std::string number_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, v == std::floor(v) && std::fabs(v) < 1e9 ? "%.0f" : "%g", v);
+  return buf;
+}
+bool open_top(double hi) { return hi >= 1e9; }  // "no limit" in practice: shown as a lower bound only
+}  // namespace
+
+std::string range_text(double lo, double hi) {
+  return open_top(hi) ? ">= " + number_text(lo) : "[" + number_text(lo) + " - " + number_text(hi) + "]";
+}
+
+std::string range_problem(const std::string& text, double lo, double hi) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !std::isfinite(v)) return "'" + text + "' is not a finite number";
+  const std::string range = "[" + number_text(lo) + ", " + number_text(hi) + "]";
+  if (v < lo) return "value " + text + (open_top(hi) ? " is below " + number_text(lo) : " is outside " + range);
+  if (v > hi) return "value " + text + (open_top(hi) ? " is too large" : " is outside " + range);
+  return "";
+}
 
 namespace {
 using R = OnResume;

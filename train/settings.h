@@ -55,4 +55,10 @@ TrainArgs resolve_train_flags(const TrainFlagValues& v, const std::function<bool
 TrainArgs resume_with_flags(const TrainArgs& stored, const TrainArgs& given,
                             const std::function<bool(const std::string& flag)>& given_flag, const std::string& source);
 
+// The one wording of a setting's range, for the command line and Python alike: range_text
+// ("[0 - 100]", ">= 1") for --help, range_problem ("value 1000 is outside [0, 100]", or "" when
+// the text is a number in range) for errors.
+std::string range_text(double lo, double hi);
+std::string range_problem(const std::string& text, double lo, double hi);
+
 }  // namespace hl

@@ -1,3 +1,4 @@
+#include "train/run_dir.h"
 #include "train/sweep.h"
 
 #include <algorithm>
@@ -115,6 +116,7 @@ std::vector<SweepRun> sweep_across_ranks(const TrainArgs& base, const SweepOptio
   std::string todo_text;
   if (group.rank() == 0) {
     check_sweep(base, o, out);
+    claim_output_dir(out, "ablate");
     make_dirs(out + "/runs");
     lock = std::make_unique<DirLock>(out);
     json todo = json::array();
@@ -161,7 +163,8 @@ std::vector<SweepRun> run_head_count_sweep(const TrainArgs& base, const SweepOpt
                                            const SweepObserver& obs, ProcessGroup* group) {
   if (group && group->size() > 1) return sweep_across_ranks(base, o, out, obs, *group);
   check_sweep(base, o, out);  // before any directory is made
-  make_dirs(out + "/runs");
+  claim_output_dir(out, "ablate");
+    make_dirs(out + "/runs");
   const DirLock lock(out);
   std::vector<SweepRun> runs;
   const int total = static_cast<int>(o.head_counts.size()) * o.seeds;

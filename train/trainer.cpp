@@ -1,3 +1,4 @@
+#include "train/run_dir.h"
 #include "train/trainer.h"
 
 #include <sys/resource.h>
@@ -224,6 +225,7 @@ Trainer::Trainer(TrainArgs args) : Trainer(std::move(args), nullptr) {}
 
 Trainer::Trainer(TrainArgs args, std::unique_ptr<Task> task, ProcessGroup* group)
     : args_(std::move(args)), task_(std::move(task)), data_rng_(0) {
+  args_.task.make_paths_absolute();
   if (group && group->size() > 1) {
     if (args_.batch < group->size())
       fail("--batch ", args_.batch, " is smaller than the ", group->size(), " ranks: each rank needs at least one row");
@@ -235,7 +237,7 @@ Trainer::Trainer(TrainArgs args, std::unique_ptr<Task> task, ProcessGroup* group
   args_.model = model_for(args_, *task_);
   if (!args_.out.empty()) {
     if (writes_files()) {
-      make_dirs(args_.out);
+      claim_output_dir(args_.out, "train");
       lock_ = std::make_unique<DirLock>(args_.out);
       remove_stale_temp_files(args_.out);
     }

@@ -1,0 +1,64 @@
+#include "train/run_dir.h"
+
+#include <filesystem>
+
+#include "lib/core.h"
+#include "lib/fileutil.h"
+
+namespace hl {
+
+namespace fs = std::filesystem;
+
+namespace {
+constexpr const char* kMark = ".headlab-kind";
+
+// A directory from before the mark: its kind from the files only that kind writes.
+std::string kind_from_files(const fs::path& d) {
+  std::error_code ec;
+  auto has = [&](const char* name) { return fs::exists(d / name, ec); };
+  if (has("prune_settings.json") || has("prune.json") || has("l0.csv")) return "prune";
+  if (has("ablation.json") || has("ablation.csv")) return "ablate";
+  if (has("checkpoint.safetensors") || has("summary.json") || has("metrics.jsonl")) return "train";
+  if (has("detect.csv")) return "detect";
+  if (has("patch_heads.csv")) return "patch";
+  if (has("compose.csv")) return "compose";
+  if (has("attn.safetensors")) return "attn";
+  return "";
+}
+}  // namespace
+
+std::string output_dir_kind(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return "";
+  const fs::path mark = fs::path(dir) / kMark;
+  if (fs::exists(mark, ec)) {
+    std::string k = read_file(mark.string());
+    while (!k.empty() && (k.back() == '\n' || k.back() == ' ')) k.pop_back();
+    return k;
+  }
+  return kind_from_files(dir);
+}
+
+void claim_output_dir(const std::string& dir, const std::string& kind, const std::string& flag) {
+  const std::string held = output_dir_kind(dir);
+  if (!held.empty() && held != kind)
+    fail(flag, " ", dir, ": the directory holds the results of headlab ", held, "; headlab ", kind,
+         " writes to a directory of its own: choose another ", flag);
+  make_dirs(dir);
+  const std::string mark = (fs::path(dir) / kMark).string();
+  if (!file_exists(mark)) write_file_atomic(mark, kind + "\n");
+}
+
+void refuse_replacing_run_file(const std::string& flag, const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return;
+  const fs::path p(path);
+  const std::string kind = output_dir_kind(p.has_parent_path() ? p.parent_path().string() : ".");
+  if (kind != "train" && kind != "ablate" && kind != "prune") return;
+  const std::string ext = p.extension().string();
+  if (ext == ".safetensors" || ext == ".json" || ext == ".jsonl" || ext == ".csv")
+    fail(flag, " ", path, ": the file belongs to the ", kind, " run in ", p.parent_path().string(),
+         "; headlab does not replace a run's files: remove it first or choose another ", flag);
+}
+
+}  // namespace hl
