@@ -6,10 +6,13 @@
 
 #include <algorithm>
 #include <cblas.h>
+#include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <sstream>
+#include <vector>
 
 #include "autograd.h"
 #include "profile.h"
@@ -339,6 +342,50 @@ int usable_cores() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
   return std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+namespace {
+// Busy and total jiffies of each CPU (index = CPU number), from /proc/stat.
+std::vector<std::pair<uint64_t, uint64_t>> cpu_jiffies() {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  FILE* f = std::fopen("/proc/stat", "r");
+  if (!f) return out;
+  char line[512];
+  while (std::fgets(line, sizeof line, f)) {
+    if (std::strncmp(line, "cpu", 3) != 0 || !std::isdigit(static_cast<unsigned char>(line[3]))) continue;  // cpuN only
+    unsigned cpu;
+    unsigned long long v[8] = {0};
+    if (std::sscanf(line, "cpu%u %llu %llu %llu %llu %llu %llu %llu %llu", &cpu, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
+                    &v[6], &v[7]) < 5)
+      continue;
+    if (cpu >= out.size()) out.resize(cpu + 1);
+    const uint64_t idle = v[3] + v[4];  // idle + iowait
+    uint64_t total = 0;
+    for (unsigned long long x : v) total += x;
+    out[cpu] = {total - idle, total};
+  }
+  std::fclose(f);
+  return out;
+}
+}  // namespace
+
+int idle_cores(double window_s) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return usable_cores();
+  const auto a = cpu_jiffies();
+  ::usleep(static_cast<useconds_t>(window_s * 1e6));
+  const auto b = cpu_jiffies();
+  if (a.empty() || a.size() != b.size()) return usable_cores();
+  double busy = 0;
+  int cores = 0;
+  for (size_t c = 0; c < a.size(); ++c) {
+    if (!CPU_ISSET(c, &set)) continue;
+    ++cores;
+    const double dt = static_cast<double>(b[c].second - a[c].second);
+    if (dt > 0) busy += static_cast<double>(b[c].first - a[c].first) / dt;
+  }
+  if (cores == 0) return usable_cores();
+  return std::max(1, cores - static_cast<int>(busy + 0.5));
 }
 
 void set_num_threads(int n) {

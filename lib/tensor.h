@@ -142,6 +142,10 @@ class NoGradGuard {
 // at most usable_cores(): more threads than cores only wait for each other.
 void set_num_threads(int n);
 int usable_cores();  // the cores this process may run on (its CPU affinity)
+// Of those cores, how many other processes leave idle, sampled over `window_s` seconds of
+// /proc/stat (the calling process sleeps meanwhile): with one other CPU-bound process on two
+// cores, 1. Where /proc/stat cannot be read, usable_cores().
+int idle_cores(double window_s = 0.06);
 int num_threads();
 
 }  // namespace hl

@@ -106,7 +106,8 @@ int run_detect(const RoleOpts& o) {
     const SafetensorsFile pf = read_safetensors(o.pattern_file);
     if (!pf.has("pattern")) fail(o.pattern_file, ": no 'pattern' tensor (expected pattern (T, T), float32)");
     const Tensor p = pf.f32("pattern");
-    if (p.ndim() != 2 || p.size(0) != p.size(1)) fail(o.pattern_file, ": pattern must be (T, T), got ", p.shape().str());
+    if (p.ndim() != 2 || p.size(0) != p.size(1) || p.size(0) < 1)
+      fail(o.pattern_file, ": pattern must be (T, T) with T of 1 or more, got ", p.shape().str());
     check_finite(p, "pattern", o.pattern_file);
     names.push_back("custom");
     grids.push_back(detect_heads(*m.model, data, Detector::PreviousToken, opt, p.to_vector(), p.size(0)));

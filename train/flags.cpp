@@ -43,7 +43,20 @@ void TrainFlags::add(CLI::App* app, bool with_run_flags, bool with_heads) {
 
 TrainArgs TrainFlags::resolve() const {
   TrainArgs a = resolve_train_flags(values, [this](const std::string& flag) { return given(flag); });
-  if (!given("--threads")) a.threads = default_threads(a.threads);  // under mpirun: this rank's share of the cores
+  if (!given("--threads")) {
+    a.threads = default_threads(a.threads);  // under mpirun: this rank's share of the cores
+    // A core busy with another process would make every parallel region wait for it: use
+    // the idle ones (a run's thread count is in its summary; --threads N chooses it).
+    if (!in_multi_rank_job()) {
+      const int idle = idle_cores();
+      if (idle < a.threads) {
+        std::fprintf(stderr, "headlab: %d of the %d cores %s busy with other processes: running on %d thread%s "
+                             "(--threads %d to use them anyway)\n", usable_cores() - idle, usable_cores(),
+                     usable_cores() - idle == 1 ? "is" : "are", idle, idle == 1 ? "" : "s", a.threads);
+        a.threads = idle;
+      }
+    }
+  }
   a.task.make_paths_absolute();
   return a;
 }

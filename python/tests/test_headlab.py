@@ -210,7 +210,7 @@ def test_backward_hooks_see_the_cached_gradients():
 
 def test_training_from_python_equals_the_cli_bit_for_bit(tmp_path):
     cli_dir, py_dir = str(tmp_path / "cli"), str(tmp_path / "py")
-    subprocess.run([HEADLAB, "train", "--quiet", "--out", cli_dir], check=True, capture_output=True)
+    subprocess.run([HEADLAB, "train", "--quiet", "--threads", "2", "--out", cli_dir], check=True, capture_output=True)
     t = hl.Trainer(out=py_dir)
     r = t.run(progress=False)
     assert metrics(cli_dir) == metrics(py_dir)
