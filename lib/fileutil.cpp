@@ -19,20 +19,25 @@
 namespace hl {
 
 std::string read_file(const std::string& path) {
-  // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below.
+  // The type is checked before opening (opening a device can act on it), and again on what was
+  // opened (O_NONBLOCK: a FIFO swapped in meanwhile does not wait for a writer).
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) fail(path, ": cannot open: ", std::strerror(errno));
+  auto refuse_special = [&](const struct stat& st) {
+    if (S_ISREG(st.st_mode)) return;
+    const char* kind = S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a pipe (FIFO)"
+                       : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : S_ISSOCK(st.st_mode) ? "a socket" : "not a file";
+    fail(path, ": is ", kind, ", not a regular file: give a file");
+  };
+  refuse_special(st);
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) fail(path, ": cannot open: ", std::strerror(errno));
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
-  struct stat st;
   if (::fstat(fd, &st) != 0) fail(path, ": cannot read: ", std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) {
-    const char* kind = S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a pipe (FIFO)"
-                       : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : S_ISSOCK(st.st_mode) ? "a socket" : "not a file";
-    fail(path, ": is ", kind, ", not a regular file: give a file");
-  }
+  refuse_special(st);
   const double size = static_cast<double>(st.st_size);
   check_fits_in_memory(size, path + " (" + format_bytes(size) + ")");
   std::string bytes(static_cast<size_t>(st.st_size), '\0');
@@ -48,19 +53,31 @@ std::string read_file(const std::string& path) {
   return bytes;
 }
 
+// Well-formed UTF-8 as the Unicode standard defines it (its Table 3-7): no overlong forms, no
+// surrogates, nothing above U+10FFFF; what JSON writers accept.
 bool is_valid_utf8(const std::string& text) {
   const size_t n = text.size();
+  auto at = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
   for (size_t i = 0; i < n;) {
-    const auto c = static_cast<unsigned char>(text[i]);
+    const unsigned c = at(i);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
     size_t extra;
-    if (c < 0x80) extra = 0;
-    else if (c >= 0xc2 && c <= 0xdf) extra = 1;
-    else if (c >= 0xe0 && c <= 0xef) extra = 2;
-    else if (c >= 0xf0 && c <= 0xf4) extra = 3;
+    unsigned lo = 0x80, hi = 0xbf;  // the second byte's range
+    if (c >= 0xc2 && c <= 0xdf) extra = 1;
+    else if (c == 0xe0) extra = 2, lo = 0xa0;
+    else if ((c >= 0xe1 && c <= 0xec) || c == 0xee || c == 0xef) extra = 2;
+    else if (c == 0xed) extra = 2, hi = 0x9f;
+    else if (c == 0xf0) extra = 3, lo = 0x90;
+    else if (c >= 0xf1 && c <= 0xf3) extra = 3;
+    else if (c == 0xf4) extra = 3, hi = 0x8f;
     else return false;
-    if (i + extra >= n && extra > 0) return false;
-    for (size_t k = 1; k <= extra; ++k)
-      if ((static_cast<unsigned char>(text[i + k]) & 0xc0) != 0x80) return false;
+    if (i + extra >= n) return false;
+    if (at(i + 1) < lo || at(i + 1) > hi) return false;
+    for (size_t k = 2; k <= extra; ++k)
+      if ((at(i + k) & 0xc0) != 0x80) return false;
     i += extra + 1;
   }
   return true;
@@ -204,8 +221,19 @@ double available_memory_bytes() {
     }
     return v;
   };
-  const double limit = read_number("/sys/fs/cgroup/memory.max"), used = read_number("/sys/fs/cgroup/memory.current");
-  if (std::isfinite(limit)) avail = std::min(avail, limit - (std::isfinite(used) ? used : 0.0));
+  const double limit = read_number("/sys/fs/cgroup/memory.max");
+  double used = read_number("/sys/fs/cgroup/memory.current");
+  if (std::isfinite(limit) && std::isfinite(used)) {
+    // memory.current counts the page cache, which the kernel gives back on demand
+    if (FILE* f = std::fopen("/sys/fs/cgroup/memory.stat", "r")) {
+      char key[64];
+      unsigned long long n;
+      while (std::fscanf(f, "%63s %llu", key, &n) == 2)
+        if (std::string(key) == "inactive_file" || std::string(key) == "active_file") used -= static_cast<double>(n);
+      std::fclose(f);
+    }
+    avail = std::min(avail, limit - std::max(0.0, used));
+  }
   return avail;
 }
 

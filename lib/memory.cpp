@@ -44,6 +44,10 @@ size_t rounded_bytes(size_t n_floats) {
 struct Pool {
   std::unordered_map<size_t, std::vector<float*>> free_by_size;
   size_t bytes_cached = 0;
+  // Bytes this thread's allocations hold now (negative when other threads' buffers were freed
+  // here), and the most that its allocations and its cache held together: the cache never grows
+  // past that, so a thread that only drops what others made hands those buffers to the heap.
+  int64_t live = 0, high_water = 0;
   void trim() {
     for (auto& [bytes, list] : free_by_size)
       for (float* p : list) std::free(p);
@@ -89,6 +93,8 @@ float* buffer_alloc(size_t n_floats) {
   count_live(tensor_bytes(n_floats));
 #ifndef HEADLAB_NO_POOL
   if (Pool* P = pool()) {
+    P->live += static_cast<int64_t>(bytes);
+    P->high_water = std::max(P->high_water, P->live + static_cast<int64_t>(P->bytes_cached));
     auto it = P->free_by_size.find(bytes);
     if (it != P->free_by_size.end() && !it->second.empty()) {
       float* p = it->second.back();
@@ -110,7 +116,9 @@ void buffer_free(float* p, size_t n_floats) {
   const size_t bytes = rounded_bytes(n_floats);
   g_bytes_live.fetch_sub(tensor_bytes(n_floats), std::memory_order_relaxed);
 #ifndef HEADLAB_NO_POOL
-  if (Pool* P = pool()) {
+  Pool* P = pool();
+  if (P) P->live -= static_cast<int64_t>(bytes);
+  if (P && P->bytes_cached + bytes <= static_cast<size_t>(P->high_water)) {
     P->free_by_size[bytes].push_back(p);
     P->bytes_cached += bytes;
     g_bytes_cached.fetch_add(bytes, std::memory_order_relaxed);

@@ -16,9 +16,14 @@ struct Stopped : Error {
   int signal;  // SIGINT, SIGTERM, or 0 when a front end asked
 };
 
-// Async-signal-safe: a signal handler may call it. `signal` is remembered for the exit code.
+// Process-wide, async-signal-safe: a signal handler may call it. `signal` is remembered for the
+// exit code.
 void request_stop(int signal = 0);
-void clear_stop_request();
+// For the calling thread only (a front end's Ctrl-C noticed on the thread that runs the work):
+// other threads' work goes on.
+void request_stop_on_this_thread();
+void clear_stop_request();         // both kinds
+void clear_stop_on_this_thread();  // this thread's only
 // True once a stop was asked for, or when this thread's poll (below) reports one.
 bool stop_requested();
 int stop_signal();  // the signal of the request (0: none or a front end's)

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <sstream>
 #include <vector>
@@ -49,13 +50,43 @@ int64_t flat_index(const Shape& s, std::initializer_list<int64_t> index) {
 }  // namespace
 
 void TensorImpl::release_graph() {
-  thread_local std::vector<Ref<TensorImpl>> pending;
+  // The list lives behind plain thread-locals (no destructor of their own): a graph dropped by a
+  // static destructor after this thread's thread-locals are gone drains a list of its own.
+  using List = std::vector<Ref<TensorImpl>>;
+  thread_local List* pending_list = nullptr;
+  thread_local bool ended = false;
   thread_local bool draining = false;
+  struct Reaper {
+    ~Reaper() {
+      delete pending_list;
+      pending_list = nullptr;
+      ended = true;
+    }
+  };
+  std::unique_ptr<List> own;  // after the reaper: a list for this drain only
+  if (!pending_list) {
+    if (!ended) {
+      static thread_local Reaper reaper;
+      (void)reaper;
+      pending_list = new List();
+    } else {
+      own = std::make_unique<List>();
+      pending_list = own.get();
+    }
+  }
+  List& pending = *pending_list;
   for (int i = 0; i < n_parents; ++i) pending.push_back(std::move(parents[i]));
   n_parents = 0;
   backward.reset();  // its captured inputs are also in `pending`, so nothing dies here
   if (draining) return;  // an outer call drains the list
   draining = true;
+  struct Done {  // however the drain ends
+    std::unique_ptr<List>& own;
+    ~Done() {
+      draining = false;
+      if (own) pending_list = nullptr;
+    }
+  } done{own};
   while (!pending.empty()) {
     Ref<TensorImpl> t = std::move(pending.back());
     pending.pop_back();
@@ -65,7 +96,6 @@ void TensorImpl::release_graph() {
       t->backward.reset();
     }
   }
-  draining = false;
 }
 
 // ---- factories --------------------------------------------------------------------------------
@@ -253,12 +283,22 @@ void Tensor::backward(const Tensor& grad_output, bool retain_graph) const {
   Scratch& S = own ? *own : outermost;
   struct PassGuard {
     Scratch& s;
-    explicit PassGuard(Scratch& s) : s(s) { ++depth; }
+    TensorImpl* root;
+    int exceptions = std::uncaught_exceptions();
+    PassGuard(Scratch& s, TensorImpl* root) : s(s), root(root) { ++depth; }
     ~PassGuard() {
+      if (std::uncaught_exceptions() > exceptions) {
+        // A closure threw (a hook raised): intermediate nodes drop the gradients this pass
+        // left on them, and retained ones get back what they held before it, so a later
+        // backward through the same graph starts clean. Leaves keep what reached them.
+        for (TensorImpl* node : s.order)
+          if (!node->is_leaf() && !node->retains_grad && node != root) node->grad.reset();
+        for (auto& [held, old] : s.earlier) held->grad = old;
+      }
       s.clear();
       --depth;
     }
-  } guard(S);
+  } guard(S, impl_.get());
   auto& earlier = S.earlier;
   auto& order = S.order;
   auto& stack = S.stack;
@@ -338,11 +378,9 @@ bool grad_enabled() { return g_grad_enabled; }
 NoGradGuard::NoGradGuard() : prev_(g_grad_enabled) { g_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { g_grad_enabled = prev_; }
 
-int usable_cores() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
-}
+// The CPUs the process may use, as OpenMP counted them at start (with OMP_PROC_BIND the
+// calling thread's own affinity may since have been narrowed to one place).
+int usable_cores() { return std::max(1, omp_get_num_procs()); }
 
 namespace {
 // Busy and total jiffies of each CPU (index = CPU number), from /proc/stat.
@@ -372,6 +410,10 @@ std::vector<std::pair<uint64_t, uint64_t>> cpu_jiffies() {
 int idle_cores(double window_s) {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) != 0) return usable_cores();
+  if (CPU_COUNT(&set) < usable_cores()) {  // pinned by OMP_PROC_BIND: look at every CPU
+    CPU_ZERO(&set);
+    for (int c = 0; c < CPU_SETSIZE; ++c) CPU_SET(c, &set);
+  }
   const auto a = cpu_jiffies();
   ::usleep(static_cast<useconds_t>(window_s * 1e6));
   const auto b = cpu_jiffies();

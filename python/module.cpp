@@ -132,6 +132,11 @@ py::object json_to_py(const json& j) { return py::module_::import("json").attr("
 void set_setting(TrainFlagValues& v, const std::string& key, const py::handle& value) {
   const TrainSetting* s = find_train_setting(key);
   if (!s) throw py::type_error("unknown setting '" + key + "' (the names are the CLI's flags with _ for -, e.g. d_model)");
+  auto check_range = [&](double x) {  // worded as the command line words it
+    if (std::isnan(s->lo)) return;
+    const std::string problem = range_problem(x, std::string(py::str(value)), s->lo, s->hi);
+    if (!problem.empty()) throw py::value_error(key + ": " + problem);
+  };
   std::visit(
       [&](auto* field) {
         using T = std::remove_pointer_t<decltype(field)>;
@@ -142,18 +147,29 @@ void set_setting(TrainFlagValues& v, const std::string& key, const py::handle& v
           if (!py::isinstance<py::str>(value)) throw py::type_error(key + ": expected a string");
           *field = value.cast<std::string>();
         } else if constexpr (std::is_floating_point_v<T>) {
-          if (!(py::isinstance<py::float_>(value) || py::isinstance<py::int_>(value)) || py::isinstance<py::bool_>(value))
-            throw py::type_error(key + ": expected a number, got " + std::string(py::str(value.get_type())));
-          *field = value.cast<double>();
-        } else {
-          if (!py::isinstance<py::int_>(value) || py::isinstance<py::bool_>(value)) throw py::type_error(key + ": expected an integer");
-          *field = value.cast<T>();
-        }
-        if constexpr (!std::is_same_v<T, bool> && !std::is_same_v<T, std::string>) {
-          if (!std::isnan(s->lo)) {  // worded as the command line words it
-            const std::string problem = range_problem(std::string(py::str(value)), s->lo, s->hi);
-            if (!problem.empty()) throw py::value_error(key + ": " + problem);
+          // any real number (NumPy scalars too), not text or a bool
+          auto not_a_number = [&] { return py::type_error(key + ": expected a number, got " + std::string(py::str(value.get_type()))); };
+          if (py::isinstance<py::str>(value) || py::isinstance<py::bool_>(value) || !PyNumber_Check(value.ptr())) throw not_a_number();
+          const double x = PyFloat_AsDouble(value.ptr());
+          if (x == -1.0 && PyErr_Occurred()) {
+            PyErr_Clear();
+            throw not_a_number();
           }
+          check_range(x);
+          *field = x;
+        } else {
+          // an integer (NumPy's too, anything with __index__), not a bool
+          if (py::isinstance<py::bool_>(value) || !PyIndex_Check(value.ptr()))
+            throw py::type_error(key + ": expected an integer, got " + std::string(py::str(value.get_type())));
+          const py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(value.ptr()));
+          if (!i) throw py::error_already_set();
+          int overflow = 0;
+          const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+          const double x = overflow ? overflow * INFINITY : static_cast<double>(v);
+          check_range(x);
+          if (overflow || v < std::numeric_limits<T>::min() || v > std::numeric_limits<T>::max())
+            throw py::value_error(key + ": " + std::string(py::str(value)) + " is too large");
+          *field = static_cast<T>(v);
         }
         if constexpr (std::is_same_v<T, std::string>) {
           if (!s->choices.empty() && std::find(s->choices.begin(), s->choices.end(), *field) == s->choices.end()) {
@@ -277,35 +293,39 @@ NameFilter filter_from(const py::object& names) {
   return names_in(names.cast<std::vector<std::string>>());
 }
 
-// Ctrl-C while C++ computes with the GIL released: Python notes the signal, and the training
-// loop asks for it at each step (PyErr_CheckSignals needs the GIL).
-bool interrupt_pending() {
-  py::gil_scoped_acquire gil;
-  if (PyErr_CheckSignals() != 0) {
-    PyErr_Clear();  // re-raised as KeyboardInterrupt when the loop has stopped cleanly
-    return true;
-  }
-  return false;
-}
-
-// Runs a long analysis without the GIL; Ctrl-C stops it between examples and raises
-// KeyboardInterrupt (the analysis writes nothing).
-template <class F>
-auto interruptible(F&& f) {
-  StopPoll poll([] {
+// Ctrl-C (or any Python signal handler that raises) while C++ computes with the GIL released:
+// Python notes the signal, and long work asks between steps or examples (PyErr_CheckSignals
+// needs the GIL). The exception the handler raised is kept, to be raised as itself once the work
+// has stopped cleanly; only the calling thread's work stops.
+struct PendingSignal {
+  std::optional<py::error_already_set> error;
+  bool check() {  // with the GIL released
     py::gil_scoped_acquire gil;
     if (PyErr_CheckSignals() == 0) return false;
-    PyErr_Clear();
+    error.emplace();  // fetches (and clears) the handler's exception
     return true;
-  });
-  clear_stop_request();
+  }
+  // KeyboardInterrupt says where the work stopped; another handler's exception stays as it was.
+  [[noreturn]] void raise(const char* what) {
+    if (error && !error->matches(PyExc_KeyboardInterrupt)) throw *error;
+    PyErr_SetString(PyExc_KeyboardInterrupt, what);
+    throw py::error_already_set();
+  }
+};
+
+// Runs a long analysis without the GIL; Ctrl-C stops it between examples and raises
+// KeyboardInterrupt (or the signal handler's own exception); the analysis writes nothing.
+template <class F>
+auto interruptible(F&& f) {
+  PendingSignal pending;
+  StopPoll poll([&pending] { return pending.check(); });
+  clear_stop_on_this_thread();
   try {
     py::gil_scoped_release release;
     return f();
-  } catch (const Stopped&) {
-    clear_stop_request();
-    PyErr_SetNone(PyExc_KeyboardInterrupt);
-    throw py::error_already_set();
+  } catch (const Stopped& e) {
+    clear_stop_on_this_thread();
+    pending.raise(e.what());
   }
 }
 
@@ -379,63 +399,46 @@ struct PyTrainer {
 };
 
 py::dict run_trainer(Trainer& t, const py::object& on_step, const py::object& on_eval) {
+  if (t.has_run()) throw py::value_error("Trainer: run() was already called; make a new Trainer (resume=True continues a run)");
   TrainObserver obs;
-  std::string callback_error;
-  bool interrupted = false;
-  obs.on_step = [&](int64_t step, int64_t total, float loss, double tps) {
-    if (interrupt_pending()) {
-      interrupted = true;
-      request_stop();
-    }
-    if (on_step.is_none()) return;
+  PendingSignal pending;  // Ctrl-C noticed at a step: the trainer stops after that step's checkpoint
+  // A callback that raises KeyboardInterrupt (Ctrl-C while it ran) stops the run the same way.
+  auto call = [&](const py::object& fn, auto&&... args) {
+    if (fn.is_none()) return;
     py::gil_scoped_acquire gil;
     try {
-      on_step(step, total, loss, tps);
+      fn(std::forward<decltype(args)>(args)...);
     } catch (py::error_already_set& e) {
-      if (e.matches(PyExc_KeyboardInterrupt)) {  // Ctrl-C while the callback ran: stop as for any Ctrl-C
-        interrupted = true;
-        request_stop();
-        return;
-      }
-      throw;
+      if (!e.matches(PyExc_KeyboardInterrupt)) throw;
+      pending.error.emplace(std::move(e));
+      request_stop_on_this_thread();
     }
   };
+  obs.on_step = [&](int64_t step, int64_t total, float loss, double tps) { call(on_step, step, total, loss, tps); };
   obs.on_eval = [&](int64_t step, const EvalResult& e) {
-    if (interrupt_pending()) {  // Ctrl-C during the evaluation: stop after this step's checkpoint
-      interrupted = true;
-      request_stop();
-    }
     if (on_eval.is_none()) return;
     py::gil_scoped_acquire gil;
-    try {
-      on_eval(step, eval_dict(e));
-    } catch (py::error_already_set& e) {
-      if (e.matches(PyExc_KeyboardInterrupt)) {  // Ctrl-C while the callback ran: stop as for any Ctrl-C
-        interrupted = true;
-        request_stop();
-        return;
-      }
-      throw;
-    }
+    py::dict d = eval_dict(e);
+    call(on_eval, step, d);
   };
-  clear_stop_request();
+  StopPoll poll([&pending] { return pending.check(); });
+  clear_stop_on_this_thread();
   TrainResult r;
-  // However run() ends, the output directory is free afterwards (resume=True in this process).
+  // However run() ends, the output directory is free afterwards (resume=True in this process),
+  // and this thread's stop request is cleared.
   struct Release {
     Trainer& t;
-    ~Release() { t.release_out_dir(); }
+    ~Release() {
+      t.release_out_dir();
+      clear_stop_on_this_thread();
+    }
   } release_dir{t};
   try {
     py::gil_scoped_release release;
     r = t.run(obs);
   } catch (const Interrupted& e) {
-    clear_stop_request();
     if (!t.args().out.empty()) write_summary(t.args().out, t.args(), t.partial_result(), /*finished=*/false);
-    if (interrupted) {
-      PyErr_SetString(PyExc_KeyboardInterrupt, e.what());
-      throw py::error_already_set();
-    }
-    throw;
+    pending.raise(e.what());
   }
   if (!t.args().out.empty()) write_summary(t.args().out, t.args(), r);
   py::dict d;

@@ -57,7 +57,7 @@ int run_child_process(const std::vector<std::string>& argv, const ChildOptions& 
     ::close(pipe_fd[1]);
     char buf[4096];
     for (;;) {
-      if (!stopped && stop_requested()) {
+      if (opt.forward_stop && !stopped && stop_requested()) {
         ::kill(pid, SIGTERM);
         stopped = true;
       }
@@ -78,7 +78,7 @@ int run_child_process(const std::vector<std::string>& argv, const ChildOptions& 
     if (r == pid) break;
     if (r < 0 && errno != EINTR) return 127;
     if (r == 0) {  // still running (output to a file): poll for a stop request
-      if (!stopped && stop_requested()) {
+      if (opt.forward_stop && !stopped && stop_requested()) {
         ::kill(pid, SIGTERM);
         stopped = true;
       }

@@ -42,6 +42,20 @@ struct BenchConfig {
   int64_t vocab = 13;  // the copy task's
 };
 
+// The model of a config, as PyTorch's reference builds it (exact GELU, biases everywhere).
+ModelConfig model_config(const BenchConfig& bc) {
+  ModelConfig c;
+  c.vocab_size = bc.vocab;
+  c.d_model = bc.d_model;
+  c.n_layers = bc.layers;
+  c.n_heads = bc.heads;
+  c.d_ff = bc.d_ff;
+  c.max_seq_len = bc.T;
+  c.activation = Activation::GeluErf;
+  c.attn_bias = c.mlp_bias = c.head_bias = true;
+  return c;
+}
+
 BenchConfig named_config(const std::string& s) {
   if (s == "S") return {"S", 64, 2, 4, 256, 64, 33};
   if (s == "M") return {"M", 256, 4, 8, 1024, 32, 128};
@@ -66,15 +80,8 @@ BenchConfig named_config(const std::string& s) {
   c.d_ff = v[3], c.batch = static_cast<int>(v[4]), c.T = v[5];
   if (c.d_model % c.heads)
     fail("--config '", s, "': ", c.heads, " heads do not divide d_model ", c.d_model);
-  ModelConfig m;
-  m.vocab_size = c.vocab;
-  m.d_model = c.d_model;
-  m.n_layers = c.layers;
-  m.n_heads = c.heads;
-  m.d_ff = c.d_ff;
-  m.max_seq_len = c.T;
   // before any child starts: the model, its optimiser state and one step's activations
-  check_fits_in_memory(estimate_step_bytes(m, c.batch, c.T, true), "--config '" + s + "'");
+  check_fits_in_memory(estimate_step_bytes(model_config(c), c.batch, c.T, true), "--config '" + s + "'");
   return c;
 }
 
@@ -112,15 +119,7 @@ json bench_one(BenchConfig bc, int threads, int steps, int warmup, bool profile,
     bc.vocab = task->vocab_size();
     bc.T = task->seq_len();
   }
-  ModelConfig c;
-  c.vocab_size = bc.vocab;
-  c.d_model = bc.d_model;
-  c.n_layers = bc.layers;
-  c.n_heads = bc.heads;
-  c.d_ff = bc.d_ff;
-  c.max_seq_len = bc.T;
-  c.activation = Activation::GeluErf;
-  c.attn_bias = c.mlp_bias = c.head_bias = true;
+  ModelConfig c = model_config(bc);
   c.validate();
   TransformerLM model(c, 0);
   std::vector<NamedParam> params;
@@ -161,6 +160,7 @@ json bench_one(BenchConfig bc, int threads, int steps, int warmup, bool profile,
     }
   }
   auto train_step = [&](int i) {
+    throw_if_stopped();  // SIGTERM from the parent (or the terminal's Ctrl-C) ends the measurement
     const auto& [in, tg] = batches[i % batches.size()];
     Tensor loss = task ? batch_loss(model, task_batches[i % task_batches.size()]) : cross_entropy(model.forward(in), tg);
     loss.backward();
@@ -214,7 +214,7 @@ json bench_one(BenchConfig bc, int threads, int steps, int warmup, bool profile,
     }
   }
   const double med = median(train_ms);
-  json j = {{"config", bc.name}, {"threads", threads}, {"steps", steps}, {"T", bc.T}, {"vocab", bc.vocab},
+  json j = {{"config", bc.name}, {"threads", num_threads()}, {"steps", steps}, {"T", bc.T}, {"vocab", bc.vocab},
             {"train_ms_median", med},
             {"train_ms_min", *std::min_element(train_ms.begin(), train_ms.end())},
             {"train_ms_max", *std::max_element(train_ms.begin(), train_ms.end())},
@@ -241,12 +241,13 @@ json sgemm_peak(int threads) {
   std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.f);
   std::vector<double> g;
   for (int r = 0; r < 7; ++r) {
+    throw_if_stopped();
     const auto t0 = clk::now();
     gemm(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
     const double s = std::chrono::duration<double>(clk::now() - t0).count();
     if (r >= 2) g.push_back(2.0 * n * n * n / s * 1e-9);
   }
-  return {{"threads", threads}, {"sgemm_gflops", median(g)}};
+  return {{"threads", num_threads()}, {"sgemm_gflops", median(g)}};
 }
 
 std::string self_exe() {
@@ -264,7 +265,9 @@ json run_child(const std::vector<std::string>& args) {
   std::string cmd;
   for (const std::string& a : argv) cmd += (cmd.empty() ? "" : " ") + a;
   std::string out;
-  const int rc = run_child_process(argv, {}, &out);
+  ChildOptions opt;
+  opt.forward_stop = true;
+  const int rc = run_child_process(argv, opt, &out);
   throw_if_stopped();  // a stop request ended the child: stop here too
   if (rc != 0) fail("bench: child failed (exit ", rc, "): ", cmd);
   try {
@@ -299,7 +302,7 @@ SweepTime time_default_sweep(int threads) {
                                          std::string(dir) + "/sweep"};
   const std::string cmd = "headlab ablate --quiet --threads " + std::to_string(threads);
   const auto t0 = std::chrono::steady_clock::now();
-  const int rc = run_child_process(argv, {"", std::string(dir) + "/ablate.log"});
+  const int rc = run_child_process(argv, {"", std::string(dir) + "/ablate.log", true});
   SweepTime r;
   r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   double run_wall = 0, eval = 0;
@@ -358,7 +361,7 @@ int run_bench(const BenchOpts& o) {
       results.push_back(j);
       // a task sets the length: say so where it differs from the config's own
       const std::string label = j["T"] == named_config(c).T ? c : c + " (T " + std::to_string(j["T"].get<int64_t>()) + ")";
-      rows.push_back({label, std::to_string(t), fixed(j["train_ms_median"], 2),
+      rows.push_back({label, std::to_string(j["threads"].get<int>()), fixed(j["train_ms_median"], 2),
                       fixed(j["train_ms_min"], 2) + "-" + fixed(j["train_ms_max"], 2), fixed(j["fwd_ms_median"], 2),
                       fixed(j["fwd_ms_min"], 2) + "-" + fixed(j["fwd_ms_max"], 2), fixed(j["tokens_per_s"], 0),
                       fixed(j["train_gflops"], 1), fixed(100.0 * j["train_gflops"].get<double>() / peaks[t], 1),

@@ -1,5 +1,6 @@
 #include "train/settings.h"
 
+#include <charconv>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -26,9 +27,15 @@ std::string range_text(double lo, double hi) {
 }
 
 std::string range_problem(const std::string& text, double lo, double hi) {
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0' || !std::isfinite(v)) return "'" + text + "' is not a finite number";
+  double v = 0;  // from_chars: the same in every locale
+  const char* first = text.data() + (!text.empty() && text[0] == '+' ? 1 : 0);
+  const auto [end, ec] = std::from_chars(first, text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return "'" + text + "' is not a finite number";
+  return range_problem(v, text, lo, hi);
+}
+
+std::string range_problem(double v, const std::string& text, double lo, double hi) {
+  if (!std::isfinite(v)) return "'" + text + "' is not a finite number";
   const std::string range = "[" + number_text(lo) + ", " + number_text(hi) + "]";
   if (v < lo) return "value " + text + (open_top(hi) ? " is below " + number_text(lo) : " is outside " + range);
   if (v > hi) return "value " + text + (open_top(hi) ? " is too large" : " is outside " + range);

@@ -60,5 +60,6 @@ TrainArgs resume_with_flags(const TrainArgs& stored, const TrainArgs& given,
 // the text is a number in range) for errors.
 std::string range_text(double lo, double hi);
 std::string range_problem(const std::string& text, double lo, double hi);
+std::string range_problem(double value, const std::string& text, double lo, double hi);  // value parsed
 
 }  // namespace hl

@@ -491,6 +491,7 @@ EvalResult Trainer::evaluate_held_out(bool autoregressive) {
 TrainResult Trainer::run(const TrainObserver& obs) {
   using clock = std::chrono::steady_clock;
   if (manual_step_ >= 0) fail("Trainer: run() after step(): use one or the other on a trainer");
+  if (ran_) fail("Trainer: run() a second time: make a new trainer (with resume to continue the run)");
   ran_ = true;
   set_num_threads(args_.threads);
   TrainResult res;

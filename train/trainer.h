@@ -116,6 +116,7 @@ class Trainer {
   // Gives up the output directory's lock (after run() has ended, and its summary is written),
   // so a new trainer in this process may resume the run while this object is still referenced.
   void release_out_dir() { lock_.reset(); }
+  bool has_run() const { return ran_; }
   // A loop of the caller's own (Python's Trainer.step): one optimisation step on the next
   // training batch at the schedule's learning rate, exactly as run() takes it; returns (loss,
   // gradient norm before clipping). Counts from 0, or from the checkpoint with args.resume.
