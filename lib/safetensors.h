@@ -1,4 +1,4 @@
-// safetensors reader and writer (format in ../shared/INTEROP.md):
+// safetensors reader and writer (format in docs/formats.md):
 //   u64 little-endian N | N bytes of JSON header | raw little-endian C-contiguous data.
 // The reader validates everything a corrupt or truncated file can get wrong and throws an
 // hl::Error naming the file and the problem; it never reads out of bounds.

@@ -1,4 +1,4 @@
-// Model checkpoints as safetensors (../shared/INTEROP.md): parameters under their PyTorch
+// Model checkpoints as safetensors (docs/formats.md): parameters under their PyTorch
 // names, metadata {"format": "headlab-checkpoint", "format_version": "1", "config": JSON}.
 // Extra tensors (optimizer moments, RNG state) go under their own prefix ("optim.", "state.").
 #pragma once

@@ -1,5 +1,5 @@
 // FeedForward, TransformerBlock (pre- or post-norm) and the decoder-only TransformerLM, with
-// the exact semantics and parameter names of ../shared/INTEROP.md.
+// the exact semantics and parameter names of docs/formats.md.
 #pragma once
 #include <memory>
 #include <span>
@@ -36,7 +36,7 @@ struct ModelConfig {
   int64_t head_dim() const { return d_head ? d_head : d_model / n_heads; }
   AttentionConfig attention() const;
   void validate() const;  // one clear message for the first bad value
-  std::string to_json() const;  // INTEROP.md "config" metadata
+  std::string to_json() const;  // the "config" metadata (docs/formats.md)
   static ModelConfig from_json(const std::string& text, const std::string& source);
 };
 
@@ -130,7 +130,7 @@ class TransformerLM : public Module {
 // ("blocks.0.attn.hook_pattern", "(B, 4, T, T)").
 std::vector<std::pair<std::string, std::string>> hook_points(const ModelConfig& cfg);
 
-// Every parameter's INTEROP name and shape for a config, in named_parameters() order, computed
+// Every parameter's name (docs/formats.md) and shape for a config, in named_parameters() order, computed
 // without building the model (so a checkpoint's config can be checked against its tensors
 // before anything is allocated).
 std::vector<std::pair<std::string, Shape>> parameter_shapes(const ModelConfig& cfg);

@@ -593,7 +593,7 @@ PYBIND11_MODULE(_core, m) {
              py::dict d;
              for (auto& [name, t] : model.named_parameters()) d[py::str(name)] = t;
              return d;
-           }, "name -> Tensor (INTEROP names; np.asarray gives a view)")
+           }, "name -> Tensor (headlab's parameter names; np.asarray gives a view)")
       .def("zero_grad", [](TransformerLM& model) { model.zero_grad(); })
       .def("head_weights", [](const TransformerLM& model, int layer, int head, bool grads) {
              if (layer < 0 || layer >= model.cfg.n_layers || head < 0 || head >= model.cfg.n_heads)

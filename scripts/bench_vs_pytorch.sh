@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # headlab vs PyTorch, measured side by side in one run (not part of CI).
-# Alternates `headlab bench --one CFG` and ../shared/bench/torch_step.py for each config,
-# ROUNDS times, and prints medians and ratios. PyTorch runs under ../shared/bench/torch_env.sh
+# Alternates `headlab bench --one CFG` and scripts/reference/torch_step.py for each config,
+# ROUNDS times, and prints medians and ratios. PyTorch runs under scripts/reference/torch_env.sh
 # (passive OpenMP waiting, no malloc trimming), headlab under the same minus the passive waiting
 # (HEADLAB_ENV, below).
 #
@@ -11,7 +11,7 @@
 # Usage: scripts/bench_vs_pytorch.sh [CONFIGS...]   (default: S M L V1 V4 V16)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SHARED=${SHARED:-$(cd .. && pwd)/shared/bench}
+SHARED=${SHARED:-$PWD/scripts/reference}
 ROUNDS=${ROUNDS:-3}
 THREADS=${THREADS:-2}
 CORE=${CORE:-SkylakeX}

@@ -2,8 +2,8 @@
 """Checks headlab's loss and every gradient against PyTorch autograd (not part of CI: it needs
 Debian's python3-torch, about 1 GB).
 
-Builds the reference GPT of ../shared/bench/gpt.py in PyTorch, writes it as a headlab
-checkpoint (INTEROP names: W1/W2 become ffn.fc1/ffn.fc2), writes a batch file with ignored
+Builds the reference GPT of scripts/reference/gpt.py in PyTorch, writes it as a headlab
+checkpoint (headlab's parameter names: W1/W2 become ffn.fc1/ffn.fc2), writes a batch file with ignored
 targets, runs `headlab grads`, and compares loss, gradients and attention maps.
 
 Usage: /usr/bin/python3 scripts/check_vs_pytorch.py [path/to/headlab]
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "shared", "bench"))
+sys.path.insert(0, os.path.join(HERE, "reference"))
 from gpt import GPT  # noqa: E402
 sys.path.insert(0, HERE)
 from safetensors_np import read_safetensors, write_safetensors  # noqa: E402

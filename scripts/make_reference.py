@@ -6,10 +6,10 @@ test_gpt2 does with its dump).
 Needs Debian's PyTorch:   apt-get install -y python3-torch python3-numpy
 Run:                      /usr/bin/python3 scripts/make_reference.py
 
-The model is ../shared/bench/gpt.py (pre-norm, learned positions, exact-erf GELU, biases
+The model is scripts/reference/gpt.py (pre-norm, learned positions, exact-erf GELU, biases
 everywhere), with weights perturbed from its initialisation so every gradient is sizeable and
 the layer norms are not the identity. The file holds, besides the initial weights under their
-INTEROP names (and the checkpoint metadata):
+headlab's parameter names (and the checkpoint metadata):
   input_ids, targets (4, 17)           a batch; -1 = not in the loss
   ref.loss (), ref.logits (4, 17, 13)  the forward
   ref.grad.<name>                      every parameter's gradient
@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "shared", "bench"))
+sys.path.insert(0, os.path.join(HERE, "reference"))
 from gpt import GPT  # noqa: E402
 sys.path.insert(0, HERE)
 from safetensors_np import write_safetensors  # noqa: E402

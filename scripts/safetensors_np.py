@@ -1,4 +1,4 @@
-"""safetensors for NumPy arrays (../shared/INTEROP.md), shared by the PyTorch scripts: one
+"""safetensors for NumPy arrays (docs/formats.md), shared by the PyTorch scripts: one
 writer and one reader, so the scripts cannot drift apart in how they lay out a file."""
 import json
 import struct

@@ -1,6 +1,6 @@
 // Float64 references with round-off bounds (tests/roundoff.h) for the model layers: linear,
 // layer norm, activations, multi-head attention with projections, and the whole LM forward.
-// Written from the formulas of ../shared/INTEROP.md, sharing no code with models/.
+// Written from the formulas of docs/formats.md, sharing no code with models/.
 #pragma once
 #include <map>
 

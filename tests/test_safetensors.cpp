@@ -1,4 +1,4 @@
-// safetensors round trips and one rejection test per reader rule of INTEROP.md.
+// safetensors round trips and one rejection test per reader rule of docs/formats.md.
 #define BOOST_TEST_MODULE safetensors
 #include <boost/test/unit_test.hpp>
 #include <cstdio>

@@ -1,4 +1,4 @@
-// FeedForward, TransformerBlock, TransformerLM: gradchecks, INTEROP names, checkpoints,
+// FeedForward, TransformerBlock, TransformerLM: gradchecks, parameter names (docs/formats.md), checkpoints,
 // hooks, gates, KV-cache decoding.
 #define BOOST_TEST_MODULE transformer
 #include <boost/test/unit_test.hpp>

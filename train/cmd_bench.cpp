@@ -1,5 +1,5 @@
 // headlab bench: training-step and forward timings of the S, M, L configurations of
-// issue 5 (the PyTorch reference in ../shared/bench), with GFLOP/s, the fraction of the sgemm
+// issue 5 (the PyTorch reference in scripts/reference), with GFLOP/s, the fraction of the sgemm
 // peak measured here on the linked BLAS, peak RSS and heap allocations per step.
 // Each configuration runs in its own child process, so its peak RSS is its own.
 #include <unistd.h>
@@ -90,7 +90,7 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// FLOP formulas of ../shared/bench/gpt.py, over the positions computed: `positions` in all,
+// FLOP formulas of scripts/reference/gpt.py, over the positions computed: `positions` in all,
 // `squares` the sum over sequences of their length squared (B T and B T^2 for full batches) and
 // `outputs` the positions that go on past the last block's attention (all, or those with a
 // target: its W_O, feed-forward and the head run on those alone).

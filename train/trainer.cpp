@@ -60,7 +60,7 @@ std::string eval_json(int64_t step, const EvalResult& e, float lr, double tokens
 
 // The run settings that are plain members of TrainArgs, each spelled once here: to_json and
 // from_json both come from this list (a missing key reads as the default, so files written
-// before a setting existed still load). The model and task have JSON of their own (INTEROP).
+// before a setting existed still load). The model and task have JSON of their own (docs/formats.md).
 #define HEADLAB_TRAIN_SETTINGS(X)                                                                   \
   X(batch) X(steps) X(lr) X(schedule) X(warmup) X(min_lr_ratio) X(optimizer) X(weight_decay)        \
   X(decay_all) X(beta1) X(beta2) X(momentum) X(clip) X(seed) X(threads) X(eval_every)               \

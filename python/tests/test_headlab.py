@@ -301,7 +301,7 @@ def test_gradients_equal_headlab_grads_bit_for_bit(tmp_path):
 def test_gradients_match_pytorch_when_it_is_installed(tmp_path):
     torch = pytest.importorskip("torch", reason="PyTorch is not installed (optional: Debian's python3-torch)")
     try:
-        import check_vs_pytorch as ref  # the reference GPT of ../shared/bench in PyTorch, INTEROP names
+        import check_vs_pytorch as ref  # the reference GPT of scripts/reference in PyTorch, docs/formats.md names
     except ImportError as e:
         pytest.skip(f"the PyTorch reference model is not available: {e}")
     import torch.nn.functional as F
