@@ -56,6 +56,11 @@ succeeds() {
 small="--d-model 16 --layers 1 --heads 2 --d-ff 32 --length 4 --alphabet 5 --batch 8 --eval-size 16 --threads 1"
 tiny="--d-model 16 --layers 1 --heads 2 --d-ff 32 --batch 4 --threads 1 --quiet"
 
+# tokens_refused NAME MUST NOT FILE: `train --task tokens --data $T/FILE` is refused (see refused)
+tokens_refused() {
+  refused "$1" 20 "$2" "$3" -- "$HL" train --task tokens --data "$T/$4" $tiny --steps 2 --out "$T/o_${4%%.*}"
+}
+
 # ---- fixtures: a small trained copy model, a text model, token files ---------------------------
 run 60 "$HL" train $small --steps 30 --eval-every 10 --quiet --out "$T/run"
 [ "$rc" = 0 ] || { bad "fixture: small train run (exit $rc)" "$T/err"; echo "$pass passed, $fail failed"; exit 1; }
@@ -94,8 +99,7 @@ st(T + "/emptypattern.safetensors", {"pattern": ("F32", [0, 0], b"")})
 PY
 
 # ---- crashes: a .npy header declaring (2^40, 2^40) -------------------------------------------
-refused "npy header (2^40, 2^40): refused naming the file" 20 'huge\.npy' "" -- \
-  "$HL" train --task tokens --data "$T/huge.npy" $tiny --steps 2 --out "$T/o_huge"
+tokens_refused "npy header (2^40, 2^40): refused naming the file" 'huge\.npy' "" huge.npy
 
 # ---- hangs -------------------------------------------------------------------------------------
 refused "prune --method l0 --lambda 0 --target-heads 1: refused naming --lambda" 10 '--lambda' "" -- \
@@ -184,12 +188,9 @@ refused "bench with a huge --config: refused with a memory estimate" 10 '--confi
   "$HL" bench --config 65536,1024,4,1048576,100000,100000 --steps 1 --warmup 0 --threads 1
 
 # ---- zero targets --------------------------------------------------------------------------------
-refused "tokens with an all-zero loss_mask: refused naming the file" 20 'maskzero\.safetensors;;target|count|loss' "" -- \
-  "$HL" train --task tokens --data "$T/maskzero.safetensors" $tiny --steps 5 --out "$T/o_mask"
-refused "tokens with every target -1: refused naming the file" 20 'minusone\.safetensors;;target|count|loss' "" -- \
-  "$HL" train --task tokens --data "$T/minusone.safetensors" $tiny --steps 5 --out "$T/o_tgt"
-refused "tokens with T = 1: refused naming the file" 20 'onecolumn\.safetensors' "" -- \
-  "$HL" train --task tokens --data "$T/onecolumn.safetensors" $tiny --steps 5 --out "$T/o_t1"
+tokens_refused "tokens with an all-zero loss_mask: refused naming the file" 'maskzero\.safetensors;;target|count|loss' "" maskzero.safetensors
+tokens_refused "tokens with every target -1: refused naming the file" 'minusone\.safetensors;;target|count|loss' "" minusone.safetensors
+tokens_refused "tokens with T = 1: refused naming the file" 'onecolumn\.safetensors' "" onecolumn.safetensors
 
 # ---- files ---------------------------------------------------------------------------------------
 cp -r "$T/run" "$T/aaa"          # a train run directory
@@ -219,14 +220,10 @@ run 60 "$HL" train --resume --steps 20 --log-grads 5 --quiet --out "$T/ga"
 if grep -qE 'stoll|stoi|stod' "$T/err"; then bad "corrupt grad_atlas.csv on resume: message says $(grep -oE 'stoll|stoi|stod' "$T/err" | head -1)" "$T/err"
 elif [ "$rc" -ge 128 ] || { [ "$rc" != 0 ] && ! grep -q 'grad_atlas.csv' "$T/err"; }; then bad "corrupt grad_atlas.csv on resume: exit $rc without naming the file" "$T/err"
 else ok "corrupt grad_atlas.csv on resume: no stoll (exit $rc)"; fi
-refused "npy shape (1, 2^62): named, no std::vector max_size" 20 'wide\.npy' 'max_size|std::' -- \
-  "$HL" train --task tokens --data "$T/wide.npy" $tiny --steps 2 --out "$T/o_wide"
-refused "token id 2^31-1: refused naming the file, no negative vocab_size" 20 'maxid\.safetensors|2147483647' 'vocab_size must be positive|-2147483648' -- \
-  "$HL" train --task tokens --data "$T/maxid.safetensors" $tiny --steps 2 --out "$T/o_maxid"
-refused "token id 2^24: refused naming the id or vocabulary, not held-out batches" 20 'id24\.safetensors|16777216|alphabet|vocab' 'held-out batches' -- \
-  "$HL" train --task tokens --data "$T/id24.safetensors" $tiny --steps 2 --out "$T/o_id24"
-refused "npy shape (-5, 16): refused naming the file" 20 'negshape\.npy' "" -- \
-  "$HL" train --task tokens --data "$T/negshape.npy" $tiny --steps 2 --out "$T/o_neg"
+tokens_refused "npy shape (1, 2^62): named, no std::vector max_size" 'wide\.npy' 'max_size|std::' wide.npy
+tokens_refused "token id 2^31-1: refused naming the file, no negative vocab_size" 'maxid\.safetensors|2147483647' 'vocab_size must be positive|-2147483648' maxid.safetensors
+tokens_refused "token id 2^24: refused naming the id or vocabulary, not held-out batches" 'id24\.safetensors|16777216|alphabet|vocab' 'held-out batches' id24.safetensors
+tokens_refused "npy shape (-5, 16): refused naming the file" 'negshape\.npy' "" negshape.npy
 refused "detect --pattern with a (0,0) tensor: refused" 20 'emptypattern\.safetensors|--pattern|pattern' "" -- \
   "$HL" detect --checkpoint "$M" --examples 4 --pattern "$T/emptypattern.safetensors" --out "$T/o_pat"
 nonutf=$'\xff\xfe'
