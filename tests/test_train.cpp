@@ -11,7 +11,7 @@
 
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
-#include "train/alloc_counter.h"
+#include "cli/alloc_counter.h"
 #include "train/settings.h"
 #include "train/trainer.h"
 
@@ -353,7 +353,7 @@ BOOST_AUTO_TEST_CASE(grads_command_matches_in_process_autograd) {
   bw.write(dir + "/batch.safetensors");
   const std::string cmd = std::string(HEADLAB_BINARY) + " grads --threads 2 --checkpoint " + dir +
                           "/m.safetensors --batch " + dir + "/batch.safetensors --out " + dir + "/g.safetensors > /dev/null";
-  // Same BLAS kernels in both processes: keep headlab from choosing others (see train/main.cpp).
+  // Same BLAS kernels in both processes: keep headlab from choosing others (see cli/main.cpp).
   ::setenv("HEADLAB_BLAS_CORE_CHOSEN", "as-the-test", 1);
   BOOST_REQUIRE(std::system(cmd.c_str()) == 0);
   set_num_threads(2);
@@ -451,11 +451,11 @@ BOOST_AUTO_TEST_CASE(validate_applies_the_table_ranges_and_choices) {
   TrainArgs a = small_args("");
   BOOST_TEST(message(a) == "valid");
   a.lr = std::nanf("");
-  BOOST_TEST(message(a) == "--lr must be in [1e-30, 100], got a non-finite number");
+  BOOST_TEST(message(a) == "--lr: the value is not a finite number");
   a = small_args("");
   a.optimizer = "lion";
   BOOST_TEST(message(a) == "--optimizer must be one of adamw, adam, sgd, got 'lion'");
   a = small_args("");
   a.threads = 2000;
-  BOOST_TEST(message(a) == "--threads must be in [1, 1024], got 2000");
+  BOOST_TEST(message(a) == "--threads: value 2000 is outside [1, 1024]");
 }

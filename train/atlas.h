@@ -4,7 +4,7 @@
 //   attn_entropy.csv  step,layer,head,entropy,entropy_norm  (on a fixed held-out probe batch)
 //   circuits.csv      step,layer,head,circuit,stable_rank,singular_values (W_QK, W_OV; at dump steps)
 //   grads/step_N.safetensors   every gradient (grad.<name>) at dump steps
-//   grad_atlas.png, attn_entropy.png  at the end
+//   (the command line draws grad_atlas.png and attn_entropy.png from these rows at the end)
 // With GQA, W_K and W_V rows are reported per kv head (head = kv head index).
 #pragma once
 #include <string>
@@ -21,7 +21,10 @@ class GradAtlas {
   GradAtlas(std::string out, int64_t every, std::vector<int64_t> dump_at, bool resume);
   void set_probe(const Batch& probe) { probe_ = probe; has_probe_ = true; }
   void observe(int64_t step, TransformerLM& model);  // after backward, before the optimizer step
-  void finish();  // plots
+  const std::string& out() const { return out_; }
+  // CSV lines without their header (cli/atlas_plots.h draws them)
+  const std::vector<std::string>& norm_rows() const { return norm_rows_; }
+  const std::vector<std::string>& entropy_rows() const { return entropy_rows_; }
 
  private:
   void write_csvs() const;

@@ -1,6 +1,6 @@
 // The other processes of a job started by mpirun or srun (MPI ranks). A process started any
 // other way is alone and never sees this: job() is null, and every command runs as it always
-// has. The MPI implementation lives in train/mpi_job.cpp and is linked only into the headlab
+// has. The MPI implementation lives in cli/mpi_job.cpp and is linked only into the headlab
 // executable (built when CMake finds MPI), so the libraries and the Python module stay free
 // of MPI.
 #pragma once

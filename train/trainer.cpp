@@ -104,9 +104,9 @@ void TrainArgs::validate() const {
     const json& v = j.at(p);
     if (!std::isnan(s.lo)) {
       // JSON has no NaN or infinity: a non-finite float reads back as null
-      const double x = v.is_number() ? v.get<double>() : NAN;
-      if (!(std::isfinite(x) && x >= s.lo && x <= s.hi))
-        fail(s.flag, " must be in [", s.lo, ", ", s.hi, "], got ", v.is_number() ? v.dump() : "a non-finite number");
+      if (!v.is_number()) fail(s.flag, ": the value is not a finite number");
+      const std::string problem = range_problem(v.get<double>(), v.dump(), s.lo, s.hi);
+      if (!problem.empty()) fail(s.flag, ": ", problem);  // worded as the command line's flags
     }
     if (!s.choices.empty() && v.is_string() &&
         std::find(s.choices.begin(), s.choices.end(), v.get<std::string>()) == s.choices.end()) {

@@ -1,4 +1,4 @@
-// Starting the MPI job (train/mpi_job.cpp): only in the headlab executable, only when it was
+// Starting the MPI job (cli/mpi_job.cpp): only in the headlab executable, only when it was
 // started by an MPI launcher (see launcher_world_size()).
 #pragma once
 #include <memory>

@@ -35,15 +35,15 @@ void add_ablate_command(CLI::App& app, CommandRunner& runner);
 void add_prune_command(CLI::App& app, CommandRunner& runner);
 void add_hooks_command(CLI::App& app, CommandRunner& runner);
 void add_view_command(CLI::App& app, CommandRunner& runner);
-void add_role_commands(CLI::App& app, CommandRunner& runner);  // detect, patch, compose
+void add_detect_command(CLI::App& app, CommandRunner& runner);
+void add_patch_command(CLI::App& app, CommandRunner& runner);
+void add_compose_command(CLI::App& app, CommandRunner& runner);
 
 // The regime that separates head counts (variable-length copy, d_model 32, 600 steps):
 // the defaults of ablate and prune.
 void set_experiment_defaults(TrainArgs& a);
 
 // Shared helpers for commands.
-// The task a checkpoint was trained on (its "task" metadata), else `fallback`.
-TaskConfig task_for(const SafetensorsFile& f, const TaskConfig& fallback);
 std::string default_out_dir(const std::string& command);  // runs/<command>-YYYYmmdd-HHMMSS
 std::string percent(double v);                              // 0.9871 -> "98.71%"
 std::string fixed(double v, int decimals);                  // 3.14159, 2 -> "3.14"

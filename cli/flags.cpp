@@ -11,7 +11,7 @@
 #include <type_traits>
 #include <variant>
 
-#include "train/commands.h"
+#include "cli/commands.h"
 #include "train/distributed.h"
 
 namespace hl {

@@ -14,14 +14,14 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "train/run_dir.h"
+#include "cli/alloc_counter.h"
+#include "cli/child_process.h"
+#include "cli/commands.h"
 #include "lib/fileutil.h"
 #include "lib/optim.h"
 #include "lib/profile.h"
-#include "train/alloc_counter.h"
 #include "lib/stop.h"
-#include "train/child_process.h"
-#include "train/commands.h"
+#include "train/run_dir.h"
 
 extern "C" char* openblas_get_corename();
 

@@ -3,8 +3,8 @@
 #include <cstdio>
 #include <memory>
 
+#include "cli/commands.h"
 #include "models/checkpoint.h"
-#include "train/commands.h"
 
 namespace hl {
 

@@ -9,14 +9,15 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#include "train/run_dir.h"
+#include "analysis/heads.h"
+#include "cli/commands.h"
+#include "cli/plot.h"
+#include "cli/progress.h"
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
-#include "train/commands.h"
-#include "analysis/heads.h"
-#include "train/plot.h"
+#include "train/checkpoint_task.h"
 #include "train/l0.h"
-#include "train/progress.h"
+#include "train/run_dir.h"
 
 namespace hl {
 
@@ -227,12 +228,9 @@ int run_prune(TrainFlags& flags, const PruneOpts& o) {
   }
   auto fresh_model = [&] { return load_model(file); };
   std::unique_ptr<TransformerLM> model = fresh_model();
-  const TaskConfig tc = task_for(file, base.task);
-  const std::unique_ptr<Task> task_ptr = make_task(tc);
+  const TaskConfig tc = checkpoint_task(file, base.task);
+  const std::unique_ptr<Task> task_ptr = task_for_model(model->cfg, tc, ckpt);
   const Task& task = *task_ptr;
-  if (task.vocab_size() != model->cfg.vocab_size)
-    fail(ckpt, ": the model's vocabulary (", model->cfg.vocab_size, ") does not fit task ", tc.name, " (",
-         task.vocab_size(), ")");
   const int L = model->cfg.n_layers, H = model->cfg.n_heads;
   if (o.method == "l0" && o.target_heads > L * H)
     fail("--target-heads ", o.target_heads, " is more than the model's ", L * H, " heads");

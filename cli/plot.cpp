@@ -1,4 +1,4 @@
-#include "train/plot.h"
+#include "cli/plot.h"
 
 #include <unistd.h>
 
@@ -12,9 +12,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "cli/child_process.h"
 #include "lib/core.h"
 #include "lib/fileutil.h"
-#include "train/child_process.h"
 
 namespace hl {
 

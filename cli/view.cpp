@@ -1,4 +1,4 @@
-// headlab view: one self-contained HTML page (train/view.html, all code and data inlined, no
+// headlab view: one self-contained HTML page (cli/view.html, all code and data inlined, no
 // network) to look at a model's heads: a head view and a model view of the attention patterns
 // of a few examples, and the run's curves, gradient atlas and pruning results when present.
 #include <algorithm>
@@ -9,14 +9,15 @@
 #include <sstream>
 #include <string_view>
 
-#include "train/run_dir.h"
+#include "cli/commands.h"
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
-#include "train/commands.h"
+#include "train/checkpoint_task.h"
+#include "train/run_dir.h"
 
 namespace hl {
 
-extern const std::string_view kViewPage;  // train/view.html, embedded by CMake
+extern const std::string_view kViewPage;  // cli/view.html, embedded by CMake
 
 namespace {
 
@@ -184,12 +185,19 @@ int run_view(const ViewOpts& o) {
   const std::unique_ptr<TransformerLM> model = load_model(f);
   const ModelConfig& cfg = model->cfg;
   std::unique_ptr<Task> task;
-  const TaskConfig tc = task_for(f, TaskConfig::preset(o.task));
+  const TaskConfig tc = checkpoint_task(f, TaskConfig::preset(o.task));
   if (o.text.empty()) {
-    task = make_task(tc);
-    if (task->vocab_size() != cfg.vocab_size)
-      fail(ckpt, ": the model's vocabulary (", cfg.vocab_size, ") does not fit task ", tc.name, " (", task->vocab_size(),
-           "); give --tokens or --task");
+    if (!o.tokens.empty()) {
+      // Given tokens need the task only for their labels: a task that cannot be made here (data
+      // given from Python, a file since moved) or does not fit leaves plain labels.
+      try {
+        std::unique_ptr<Task> t = make_task(tc);
+        if (t->vocab_size() == cfg.vocab_size) task = std::move(t);
+      } catch (const Error&) {
+      }
+    } else {
+      task = task_for_model(cfg, tc, ckpt);
+    }
   }
   std::vector<Example> examples = examples_for(o, cfg, task.get());
   const int L = cfg.n_layers, H = cfg.n_heads;
@@ -240,7 +248,7 @@ int run_view(const ViewOpts& o) {
             }
       }
       json tokens = json::array();
-      for (int32_t id : e.ids) tokens.push_back(task ? task->token_text(id) : byte_token_text(id));
+      for (int32_t id : e.ids) tokens.push_back(task ? task->token_text(id) : o.text.empty() ? std::to_string(id) : byte_token_text(id));
       ex_json.push_back({{"name", e.name}, {"T", T}, {"tokens", tokens}, {"patterns", base64(q)}});
     }
   }

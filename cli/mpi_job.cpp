@@ -1,5 +1,5 @@
 // ProcessGroup over MPI (MPI_COMM_WORLD). Linked only into the headlab executable.
-#include "train/mpi_job.h"
+#include "cli/mpi_job.h"
 
 #include <mpi.h>
 

@@ -4,12 +4,13 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "cli/atlas_plots.h"
+#include "cli/commands.h"
+#include "cli/progress.h"
 #include "lib/fileutil.h"
 #include "lib/safetensors.h"
 #include "train/atlas.h"
-#include "train/commands.h"
 #include "train/distributed.h"
-#include "train/progress.h"
 
 namespace hl {
 
@@ -96,7 +97,7 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
   } catch (const Interrupted& e) {
     bar.finish();
     if (!rank0) return stop_exit_code();  // every rank stops at the same step; rank 0 writes
-    if (atlas) atlas->finish();
+    if (atlas) draw_gradient_atlas(*atlas);
     write_summary(a.out, a, trainer.partial_result(), /*finished=*/false);
     const std::string launcher = group ? "mpirun -np " + std::to_string(group->size()) + " " : "";
     std::fprintf(stderr, "headlab train: interrupted: %s; continue with: %sheadlab train --resume --out %s\n", e.what(),
@@ -105,7 +106,7 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
   }
   bar.finish();
   if (!rank0) return 0;
-  if (atlas) atlas->finish();
+  if (atlas) draw_gradient_atlas(*atlas);
   write_summary(a.out, a, r);
   const EvalResult& e = r.final_eval;
   std::printf("\n");

@@ -1,4 +1,4 @@
-#include "train/progress.h"
+#include "cli/progress.h"
 
 #include <unistd.h>
 

@@ -1,4 +1,5 @@
-// headlab: train small transformers on the copy task and study their attention heads.
+// headlab: the command line. Each command registers its flags (cli/<command>.cpp); main parses
+// them, joins an MPI job when started by mpirun, and runs the chosen one.
 #include <unistd.h>
 
 #include <algorithm>
@@ -7,11 +8,11 @@
 #include <memory>
 #include <string>
 
+#include "cli/commands.h"
 #include "lib/fileutil.h"
-#include "train/commands.h"
 #include "train/distributed.h"
 #ifdef HEADLAB_HAVE_MPI
-#include "train/mpi_job.h"
+#include "cli/mpi_job.h"
 #endif
 
 extern "C" char* openblas_get_corename();
@@ -80,7 +81,9 @@ int main(int argc, char** argv) {
   hl::add_prune_command(app, runner);
   hl::add_hooks_command(app, runner);
   hl::add_view_command(app, runner);
-  hl::add_role_commands(app, runner);
+  hl::add_detect_command(app, runner);
+  hl::add_patch_command(app, runner);
+  hl::add_compose_command(app, runner);
   // Started by mpirun or srun: join the job before parsing, so that ranks started with different
   // arguments are told apart (start_mpi_job compares them) and a bad flag is said once, by rank 0.
   // Only train (data-parallel) and ablate (runs shared among the ranks) work across ranks; the

@@ -1,4 +1,4 @@
-#include "train/alloc_counter.h"
+#include "cli/alloc_counter.h"
 
 #include <atomic>
 #include <cstddef>

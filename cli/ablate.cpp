@@ -10,12 +10,12 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "cli/commands.h"
+#include "cli/plot.h"
+#include "cli/progress.h"
 #include "lib/fileutil.h"
-#include "train/commands.h"
 #include "train/distributed.h"
 #include "train/sweep.h"
-#include "train/plot.h"
-#include "train/progress.h"
 
 namespace hl {
 

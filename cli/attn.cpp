@@ -1,0 +1,67 @@
+// headlab attn: the attention weights of every layer and head for one sequence
+// (attn.safetensors) and a PNG grid of them.
+#include <cstdio>
+
+#include "cli/model_input.h"
+#include "cli/plot.h"
+#include "lib/safetensors.h"
+#include "models/checkpoint.h"
+#include "train/checkpoint_task.h"
+#include "train/run_dir.h"
+
+namespace hl {
+
+namespace {
+
+int run_attn(const Source& s, const std::string& out) {
+  refuse_output_over_input("--out", out, {{"--checkpoint", s.checkpoint}});
+  refuse_output_over_input("--out", out + "/attn.safetensors", {{"--checkpoint", s.checkpoint}});
+  auto [model, one] = load_inputs(s);
+  if (one.size() > 1) fail("attn: one sequence at a time");
+  NoGradGuard ng;
+  model->eval();
+  const ActivationCache cache =
+      model->run_with_cache(one.inputs, names_ending_with("attn.hook_pattern"), false, one.key_padding).second;
+  claim_output_dir(out, "attn");
+  SafetensorsWriter w;
+  for (int l = 0; l < model->cfg.n_layers; ++l) w.add("attn." + std::to_string(l), cache[pattern_hook(l)]);
+  w.add_ids("input_ids", one.inputs, DType::I64);
+  w.set_meta("format", "headlab-attention");
+  w.write(out + "/attn.safetensors");
+  SafetensorsFile f = read_safetensors(s.checkpoint);
+  const std::unique_ptr<Task> task = make_task(checkpoint_task(f, TaskConfig::preset(s.task.name)));
+  const int64_t T = one.inputs.shape[1];
+  std::vector<std::string> labels;
+  for (int64_t t = 0; t < T; ++t) labels.push_back(task->token_text(one.inputs.at(0, t)));
+  std::vector<Heatmap> maps;
+  const int H = model->cfg.n_heads;
+  for (int l = 0; l < model->cfg.n_layers; ++l)
+    for (int h = 0; h < H; ++h) {
+      Heatmap m;
+      m.title = "layer " + std::to_string(l) + " head " + std::to_string(h);
+      m.rows = m.cols = static_cast<int>(T);
+      const float* p = cache[pattern_hook(l)].data() + static_cast<int64_t>(h) * T * T;
+      m.values.assign(p, p + T * T);
+      m.xlabels = m.ylabels = labels;
+      maps.push_back(m);
+    }
+  const bool drawn = plot_heatmap_grid(out + "/attn.png", "Attention weights (rows: queries, columns: keys)",
+                                       model->cfg.n_layers, H, maps, "key", "query", 0.f, 1.f);
+  std::printf("wrote %s/attn.safetensors%s (%d layers x %d heads, %lld tokens)\n", out.c_str(),
+              drawn ? (" and " + out + "/attn.png").c_str() : "", model->cfg.n_layers, H, static_cast<long long>(T));
+  return 0;
+}
+
+}  // namespace
+
+void add_attn_command(CLI::App& app, CommandRunner& runner) {
+  CLI::App* sub = app.add_subcommand("attn", "Attention weights of every layer and head for one sequence (safetensors + PNG grid)");
+  auto s = std::make_shared<Source>();
+  auto out = std::make_shared<std::string>();
+  s->batch_size = 1;
+  add_source_flags(sub, *s, true);
+  sub->add_option("--out", *out, "Output directory")->required();
+  sub->callback([&runner, s, out] { runner = [=] { return run_attn(*s, *out); }; });
+}
+
+}  // namespace hl

@@ -1,0 +1,74 @@
+// headlab detect: previous-token, duplicate-token and induction scores per head (or a pattern
+// of your own): flags -> detect_heads -> table, CSV and heatmap PNG in --out.
+#include <cstdio>
+#include <memory>
+
+#include "analysis/detectors.h"
+#include "cli/roles.h"
+#include "lib/fileutil.h"
+#include "models/checkpoint.h"
+#include "train/run_dir.h"
+
+namespace hl {
+
+namespace {
+
+int run_detect(const RoleOpts& o) {
+  const std::string out = o.out.empty() ? default_out_dir("detect") : o.out;
+  RoleModel m = load_role_model(o);
+  const ModelConfig& cfg = m.model->cfg;
+  std::vector<Batch> data;
+  if (o.data == "probe") {
+    const int k = o.length > 0 ? o.length : static_cast<int>(std::min<int64_t>(16, cfg.max_seq_len / 2));
+    if (2 * k > cfg.max_seq_len) fail("--length ", k, ": the probe's ", 2 * k, " tokens exceed the model's max_seq_len ", cfg.max_seq_len);
+    data = repeated_random_tokens(o.examples, k, static_cast<int>(cfg.vocab_size), o.seed);
+  } else {
+    data = role_task(m, o.checkpoint).held_out(o.examples, o.seed, 64);
+  }
+  DetectorOptions opt{o.exclude_bos, o.exclude_current};
+  std::vector<std::string> names;
+  std::vector<HeadGrid> grids;
+  if (!o.pattern_file.empty()) {
+    const SafetensorsFile pf = read_safetensors(o.pattern_file);
+    if (!pf.has("pattern")) fail(o.pattern_file, ": no 'pattern' tensor (expected pattern (T, T), float32)");
+    const Tensor p = pf.f32("pattern");
+    if (p.ndim() != 2 || p.size(0) != p.size(1) || p.size(0) < 1)
+      fail(o.pattern_file, ": pattern must be (T, T) with T of 1 or more, got ", p.shape().str());
+    check_finite(p, "pattern", o.pattern_file);
+    names.push_back("custom");
+    grids.push_back(detect_heads(*m.model, data, Detector::PreviousToken, opt, p.to_vector(), p.size(0)));
+  } else {
+    for (Detector d : {Detector::PreviousToken, Detector::DuplicateToken, Detector::Induction}) {
+      names.push_back(to_string(d));
+      grids.push_back(detect_heads(*m.model, data, d, opt));
+    }
+  }
+  claim_output_dir(out, "detect");
+  std::printf("head detector scores (share of attention on the pattern; %d sequences of %s%s%s):\n\n", o.examples,
+              o.data == "probe" ? "repeated random tokens" : ("task " + m.config.name).c_str(),
+              o.exclude_bos ? ", BOS excluded" : "", o.exclude_current ? ", current token excluded" : "");
+  write_head_table(out + "/detect.csv", names, grids);
+  std::vector<Heatmap> maps;
+  for (size_t i = 0; i < names.size(); ++i) maps.push_back(head_heatmap(names[i], grids[i], "L", "H"));
+  plot_heatmap_grid(out + "/detect.png", "Head detector scores", 1, static_cast<int>(maps.size()), maps, "head", "layer", 0.f, 1.f);
+  std::printf("\nwrote %s/detect.csv, detect.png\n", out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+void add_detect_command(CLI::App& app, CommandRunner& runner) {
+  CLI::App* sub = app.add_subcommand("detect", "Head detectors: previous-token, duplicate-token and induction scores per head");
+  auto o = std::make_shared<RoleOpts>();
+  add_role_flags(sub, *o, "detect");
+  sub->add_option("--data", o->data, "probe: repeated random tokens [r r]; task: the task's held-out sequences")
+      ->capture_default_str()->check(CLI::IsMember({"probe", "task"}));
+  sub->add_option("--length", o->length, "Tokens repeated in the probe; 0 = min(16, max_seq_len / 2)")
+      ->capture_default_str()->check(in_range(0, 1 << 19));
+  sub->add_flag("--exclude-bos", o->exclude_bos, "Ignore attention to position 0");
+  sub->add_flag("--exclude-current-token", o->exclude_current, "Ignore attention of a token to itself");
+  sub->add_option("--pattern", o->pattern_file, "Score against your own pattern instead: a safetensors file with pattern (T, T)");
+  sub->callback([&runner, o] { runner = [o] { return run_detect(*o); }; });
+}
+
+}  // namespace hl

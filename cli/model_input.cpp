@@ -1,0 +1,85 @@
+#include "cli/model_input.h"
+
+#include <sstream>
+
+#include "lib/fileutil.h"
+#include "models/checkpoint.h"
+#include "train/checkpoint_task.h"
+
+namespace hl {
+
+namespace {
+
+// input_ids and targets from a batch file, checked against the model.
+Batch load_batch_file(const std::string& path, const ModelConfig& cfg) {
+  SafetensorsFile f = read_safetensors(path);
+  Batch b;
+  b.inputs = f.ids("input_ids");
+  b.targets = f.ids("targets");
+  if (b.inputs.shape.ndim != 2) fail(path, ": input_ids must be (B, T), got ", b.inputs.shape.str());
+  if (b.inputs.numel() == 0) fail(path, ": input_ids ", b.inputs.shape.str(), " holds no tokens");
+  if (b.targets.shape != b.inputs.shape)
+    fail(path, ": targets ", b.targets.shape.str(), " must have the shape of input_ids ", b.inputs.shape.str());
+  if (b.inputs.shape[1] > cfg.max_seq_len)
+    fail(path, ": sequences of length ", b.inputs.shape[1], " exceed the model's max_seq_len ", cfg.max_seq_len);
+  for (int32_t v : b.inputs.data)
+    if (v < 0 || v >= cfg.vocab_size) fail(path, ": input id ", v, " outside the vocabulary 0..", cfg.vocab_size - 1);
+  for (int32_t v : b.targets.data)
+    if (v < -1 || v >= cfg.vocab_size) fail(path, ": target ", v, " outside -1..", cfg.vocab_size - 1);
+  return b;
+}
+
+}  // namespace
+
+std::string pattern_hook(int layer) { return "blocks." + std::to_string(layer) + ".attn.hook_pattern"; }
+
+void add_source_flags(CLI::App* sub, Source& s, bool tokens) {
+  sub->add_option("--checkpoint", s.checkpoint, "Model checkpoint (safetensors)")->required();
+  if (tokens)
+    sub->add_option("--tokens", s.tokens, "Token ids of one sequence, e.g. \"11 3 4 12 3 4\" (else drawn from the task)");
+  else
+    sub->add_option("--batch", s.batch_file, "Batch file (input_ids, targets) instead of drawing one from the task");
+  sub->add_option("--task", s.task.name, "Task to draw from when the checkpoint does not name one")
+      ->capture_default_str()->check(CLI::IsMember(task_names()));
+  sub->add_option("--seed", s.seed, "Seed of the drawn batch")->capture_default_str()->check(in_range(0, 1.8e19));
+  if (!tokens)
+    sub->add_option("--batch-size", s.batch_size, "Sequences in the drawn batch")->capture_default_str()->check(in_range(1, 1 << 30));
+  sub->add_option("--threads", s.threads, "Threads")->capture_default_str()->check(in_range(1, 1024));
+}
+
+// Loads the model and the batch a command works on.
+std::pair<std::unique_ptr<TransformerLM>, Batch> load_inputs(const Source& s) {
+  SafetensorsFile f = read_safetensors(s.checkpoint);
+  auto model = load_model(f);
+  set_num_threads(s.threads);
+  if (!s.batch_file.empty()) return {std::move(model), load_batch_file(s.batch_file, model->cfg)};
+  const std::unique_ptr<Task> task =
+      task_for_model(model->cfg, checkpoint_task(f, TaskConfig::preset(s.task.name)), s.checkpoint);
+  if (!s.tokens.empty()) {
+    std::vector<int32_t> ids;
+    std::string text = s.tokens;
+    std::replace(text.begin(), text.end(), ',', ' ');
+    std::stringstream ss(text);
+    std::string tok;
+    while (ss >> tok)
+      ids.push_back(static_cast<int32_t>(parse_int(tok, 0, model->cfg.vocab_size - 1, "--tokens (ids of the vocabulary)")));
+    if (ids.empty()) fail("--tokens: no token ids given");
+    Batch b;
+    b.inputs = Ids(Shape{1, static_cast<int64_t>(ids.size())}, ids);
+    b.targets = Ids(Shape{1, static_cast<int64_t>(ids.size())});
+    std::fill(b.targets.data.begin(), b.targets.data.end(), -1);
+    for (int32_t v : ids)
+      if (v < 0 || v >= model->cfg.vocab_size) fail("--tokens: id ", v, " outside the vocabulary 0..", model->cfg.vocab_size - 1);
+    if (static_cast<int64_t>(ids.size()) > model->cfg.max_seq_len)
+      fail("--tokens: ", ids.size(), " tokens exceed the model's max_seq_len ", model->cfg.max_seq_len);
+    return {std::move(model), b};
+  }
+  const double need = estimate_step_bytes(model->cfg, s.batch_size, task->seq_len(), true), have = available_memory_bytes();
+  if (need > have)
+    fail("--batch-size ", s.batch_size, ": a forward and backward of that batch needs about ", format_bytes(need),
+         " of memory, more than the ", format_bytes(have), " available");
+  Rng rng(s.seed);
+  return {std::move(model), task->sample(s.batch_size, rng)};
+}
+
+}  // namespace hl

@@ -1,0 +1,40 @@
+// What the role commands (detect, patch, compose) share: their common flags, the checkpoint
+// with its task, and the head table and heatmap writers.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "analysis/heads.h"
+#include "datasets/task.h"
+#include "models/transformer.h"
+#include "cli/commands.h"
+#include "cli/plot.h"
+
+namespace hl {
+
+struct RoleOpts {
+  std::string checkpoint, out, data = "probe", pattern_file, task = "copy";
+  int examples = 200, length = 0, threads = 2;
+  uint64_t seed = 1234;
+  bool exclude_bos = false, exclude_current = false;
+};
+
+struct RoleModel {
+  std::unique_ptr<TransformerLM> model;
+  std::unique_ptr<Task> task;
+  TaskConfig config;
+};
+
+// --checkpoint, --out, --task, --examples, --seed, --threads
+void add_role_flags(CLI::App* sub, RoleOpts& o, const std::string& command);
+// The checkpoint's model, and its task's settings (the task itself is made by role_task, when a
+// command needs its data, and checked against the model's vocabulary).
+RoleModel load_role_model(const RoleOpts& o);
+const Task& role_task(RoleModel& m, const std::string& checkpoint);
+// A (layers, heads) grid as a heatmap with rows named row_prefix + l and columns col_prefix + h.
+Heatmap head_heatmap(const std::string& title, const HeadGrid& g, const std::string& row_prefix, const std::string& col_prefix);
+// One table and CSV with a row per (layer, head) and a column per grid.
+void write_head_table(const std::string& path, const std::vector<std::string>& names, const std::vector<HeadGrid>& grids);
+
+}  // namespace hl
