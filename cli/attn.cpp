@@ -55,13 +55,9 @@ int run_attn(const Source& s, const std::string& out) {
 }  // namespace
 
 void add_attn_command(CLI::App& app, CommandRunner& runner) {
-  CLI::App* sub = app.add_subcommand("attn", "Attention weights of every layer and head for one sequence (safetensors + PNG grid)");
-  auto s = std::make_shared<Source>();
-  auto out = std::make_shared<std::string>();
-  s->batch_size = 1;
-  add_source_flags(sub, *s, true);
-  sub->add_option("--out", *out, "Output directory")->required();
-  sub->callback([&runner, s, out] { runner = [=] { return run_attn(*s, *out); }; });
+  add_model_input_command(app, runner, "attn",
+                          "Attention weights of every layer and head for one sequence (safetensors + PNG grid)", true,
+                          "Output directory", run_attn);
 }
 
 }  // namespace hl

@@ -47,10 +47,7 @@ int run_compose(const RoleOpts& o) {
 }  // namespace
 
 void add_compose_command(CLI::App& app, CommandRunner& runner) {
-  CLI::App* sub = app.add_subcommand("compose", "Q-, K- and V-composition scores between heads of consecutive layers");
-  auto o = std::make_shared<RoleOpts>();
-  add_role_flags(sub, *o, "compose");
-  sub->callback([&runner, o] { runner = [o] { return run_compose(*o); }; });
+  add_role_command(app, runner, "compose", "Q-, K- and V-composition scores between heads of consecutive layers", run_compose);
 }
 
 }  // namespace hl

@@ -58,9 +58,8 @@ int run_detect(const RoleOpts& o) {
 }  // namespace
 
 void add_detect_command(CLI::App& app, CommandRunner& runner) {
-  CLI::App* sub = app.add_subcommand("detect", "Head detectors: previous-token, duplicate-token and induction scores per head");
-  auto o = std::make_shared<RoleOpts>();
-  add_role_flags(sub, *o, "detect");
+  auto [sub, o] = add_role_command(app, runner, "detect",
+                                   "Head detectors: previous-token, duplicate-token and induction scores per head", run_detect);
   sub->add_option("--data", o->data, "probe: repeated random tokens [r r]; task: the task's held-out sequences")
       ->capture_default_str()->check(CLI::IsMember({"probe", "task"}));
   sub->add_option("--length", o->length, "Tokens repeated in the probe; 0 = min(16, max_seq_len / 2)")
@@ -68,7 +67,6 @@ void add_detect_command(CLI::App& app, CommandRunner& runner) {
   sub->add_flag("--exclude-bos", o->exclude_bos, "Ignore attention to position 0");
   sub->add_flag("--exclude-current-token", o->exclude_current, "Ignore attention of a token to itself");
   sub->add_option("--pattern", o->pattern_file, "Score against your own pattern instead: a safetensors file with pattern (T, T)");
-  sub->callback([&runner, o] { runner = [o] { return run_detect(*o); }; });
 }
 
 }  // namespace hl

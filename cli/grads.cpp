@@ -38,12 +38,8 @@ int run_grads(const Source& s, const std::string& out) {
 }  // namespace
 
 void add_grads_command(CLI::App& app, CommandRunner& runner) {
-  CLI::App* sub = app.add_subcommand("grads", "Loss, every parameter gradient and attention maps of one batch (safetensors)");
-  auto s = std::make_shared<Source>();
-  auto out = std::make_shared<std::string>();
-  add_source_flags(sub, *s, false);
-  sub->add_option("--out", *out, "Output file (safetensors: loss, grad.<name>, attn.<layer>)")->required();
-  sub->callback([&runner, s, out] { runner = [=] { return run_grads(*s, *out); }; });
+  add_model_input_command(app, runner, "grads", "Loss, every parameter gradient and attention maps of one batch (safetensors)",
+                          false, "Output file (safetensors: loss, grad.<name>, attn.<layer>)", run_grads);
 }
 
 }  // namespace hl

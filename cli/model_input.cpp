@@ -33,7 +33,13 @@ Batch load_batch_file(const std::string& path, const ModelConfig& cfg) {
 
 std::string pattern_hook(int layer) { return "blocks." + std::to_string(layer) + ".attn.hook_pattern"; }
 
-void add_source_flags(CLI::App* sub, Source& s, bool tokens) {
+void add_model_input_command(CLI::App& app, CommandRunner& runner, const std::string& name, const std::string& help,
+                             bool tokens, const std::string& out_help, ModelInputRun run) {
+  CLI::App* sub = app.add_subcommand(name, help);
+  auto source = std::make_shared<Source>();
+  auto out = std::make_shared<std::string>();
+  Source& s = *source;
+  if (tokens) s.batch_size = 1;
   sub->add_option("--checkpoint", s.checkpoint, "Model checkpoint (safetensors)")->required();
   if (tokens)
     sub->add_option("--tokens", s.tokens, "Token ids of one sequence, e.g. \"11 3 4 12 3 4\" (else drawn from the task)");
@@ -45,6 +51,8 @@ void add_source_flags(CLI::App* sub, Source& s, bool tokens) {
   if (!tokens)
     sub->add_option("--batch-size", s.batch_size, "Sequences in the drawn batch")->capture_default_str()->check(in_range(1, 1 << 30));
   sub->add_option("--threads", s.threads, "Threads")->capture_default_str()->check(in_range(1, 1024));
+  sub->add_option("--out", *out, out_help)->required();
+  sub->callback([&runner, source, out, run] { runner = [=] { return run(*source, *out); }; });
 }
 
 // Loads the model and the batch a command works on.

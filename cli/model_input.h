@@ -19,8 +19,12 @@ struct Source {
   int threads = 2;
 };
 
-// --checkpoint, --batch or --tokens, --task, --seed, --batch-size, --threads
-void add_source_flags(CLI::App* sub, Source& s, bool tokens);
+// Registers a command that runs a checkpoint on some sequences: --checkpoint, --batch (or with
+// `tokens`, --tokens), --task, --seed, --batch-size, --threads, and --out described by
+// `out_help`; run(source, out) runs when it is chosen.
+using ModelInputRun = int (*)(const Source&, const std::string& out);
+void add_model_input_command(CLI::App& app, CommandRunner& runner, const std::string& name, const std::string& help,
+                             bool tokens, const std::string& out_help, ModelInputRun run);
 // Loads the model and the batch a command works on.
 std::pair<std::unique_ptr<TransformerLM>, Batch> load_inputs(const Source& s);
 // The hook name of layer l's attention pattern.

@@ -47,11 +47,10 @@ int run_patch(const RoleOpts& o) {
 }  // namespace
 
 void add_patch_command(CLI::App& app, CommandRunner& runner) {
-  CLI::App* sub = app.add_subcommand("patch", "Activation and attribution patching per head (hook_z) and per residual position");
-  auto o = std::make_shared<RoleOpts>();
-  o->examples = 64;
-  add_role_flags(sub, *o, "patch");
-  sub->callback([&runner, o] { runner = [o] { return run_patch(*o); }; });
+  RoleOpts defaults;
+  defaults.examples = 64;
+  add_role_command(app, runner, "patch", "Activation and attribution patching per head (hook_z) and per residual position",
+                   run_patch, defaults);
 }
 
 }  // namespace hl

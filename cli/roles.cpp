@@ -6,14 +6,22 @@
 
 namespace hl {
 
-void add_role_flags(CLI::App* sub, RoleOpts& o, const std::string& command) {
-  sub->add_option("--checkpoint", o.checkpoint, "Model checkpoint (safetensors)")->required();
-  sub->add_option("--out", o.out, "Output directory (default: runs/" + command + "-<date>-<time>)");
-  sub->add_option("--task", o.task, "Task of the data when the checkpoint does not name one")
+std::pair<CLI::App*, std::shared_ptr<RoleOpts>> add_role_command(CLI::App& app, CommandRunner& runner, const std::string& name,
+                                                                 const std::string& help, RoleRun run,
+                                                                 const RoleOpts& defaults) {
+  CLI::App* sub = app.add_subcommand(name, help);
+  auto o = std::make_shared<RoleOpts>(defaults);
+  RoleOpts& opts = *o;
+  const std::string& command = name;
+  sub->add_option("--checkpoint", opts.checkpoint, "Model checkpoint (safetensors)")->required();
+  sub->add_option("--out", opts.out, "Output directory (default: runs/" + command + "-<date>-<time>)");
+  sub->add_option("--task", opts.task, "Task of the data when the checkpoint does not name one")
       ->capture_default_str()->check(CLI::IsMember(task_names()));
-  sub->add_option("--examples", o.examples, "Sequences to average over")->capture_default_str()->check(in_range(1, 1e6));
-  sub->add_option("--seed", o.seed, "Seed of the sequences")->capture_default_str()->check(in_range(0, 1.8e19));
-  sub->add_option("--threads", o.threads, "Threads")->capture_default_str()->check(in_range(1, 1024));
+  sub->add_option("--examples", opts.examples, "Sequences to average over")->capture_default_str()->check(in_range(1, 1e6));
+  sub->add_option("--seed", opts.seed, "Seed of the sequences")->capture_default_str()->check(in_range(0, 1.8e19));
+  sub->add_option("--threads", opts.threads, "Threads")->capture_default_str()->check(in_range(1, 1024));
+  sub->callback([&runner, o, run] { runner = [o, run] { return run(*o); }; });
+  return {sub, o};
 }
 
 RoleModel load_role_model(const RoleOpts& o) {

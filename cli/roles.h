@@ -26,8 +26,13 @@ struct RoleModel {
   TaskConfig config;
 };
 
-// --checkpoint, --out, --task, --examples, --seed, --threads
-void add_role_flags(CLI::App* sub, RoleOpts& o, const std::string& command);
+// Registers a role command with the flags every one has (--checkpoint, --out, --task,
+// --examples, --seed, --threads); `run` runs when it is chosen. Returns the subcommand and its
+// options, for flags of its own.
+using RoleRun = int (*)(const RoleOpts&);
+std::pair<CLI::App*, std::shared_ptr<RoleOpts>> add_role_command(CLI::App& app, CommandRunner& runner, const std::string& name,
+                                                                 const std::string& help, RoleRun run,
+                                                                 const RoleOpts& defaults = {});
 // The checkpoint's model, and its task's settings (the task itself is made by role_task, when a
 // command needs its data, and checked against the model's vocabulary).
 RoleModel load_role_model(const RoleOpts& o);
