@@ -47,9 +47,7 @@ std::string shape_text(const py::array& a) {
 void check_copy_fits(const py::array& a, double bytes_per_element, const std::string& what) {
   double n = 1;
   for (py::ssize_t i = 0; i < a.ndim(); ++i) n *= static_cast<double>(a.shape(i));
-  if (n * bytes_per_element > available_memory_bytes())
-    throw py::value_error(what + ": an array of shape " + shape_text(a) + " needs about " + format_bytes(n * bytes_per_element) +
-                          " as headlab's copy, more than the " + format_bytes(available_memory_bytes()) + " available");
+  check_fits_in_memory(n * bytes_per_element, what + ": a copy of an array of shape " + shape_text(a));
 }
 
 Tensor tensor_from_array(const py::array& a, const std::string& what) {

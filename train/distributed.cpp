@@ -1,10 +1,11 @@
 #include "train/distributed.h"
 
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+
+#include "lib/tensor.h"
 
 namespace hl {
 
@@ -29,10 +30,9 @@ int launcher_rank() {
 }
 
 int default_threads_per_rank(int ranks_on_node) {
-  cpu_set_t set;
   const long online = sysconf(_SC_NPROCESSORS_ONLN);
   // a launcher may bind each rank to its own cores: never more threads than this rank may use
-  const int allowed = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : static_cast<int>(online);
+  const int allowed = usable_cores();
   const int share = static_cast<int>(online) / std::max(1, ranks_on_node);
   return std::max(1, std::min(allowed, share));
 }
