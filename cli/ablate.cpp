@@ -5,8 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
-#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -23,20 +21,8 @@ using json = nlohmann::json;
 
 namespace {
 
-struct Stat {
-  double mean = 0, lo = 0, hi = 0;
-};
-Stat stat(const std::vector<double>& v) {
-  Stat s;
-  if (v.empty()) return s;
-  s.lo = *std::min_element(v.begin(), v.end());
-  s.hi = *std::max_element(v.begin(), v.end());
-  for (double x : v) s.mean += x;
-  s.mean /= static_cast<double>(v.size());
-  return s;
-}
 // mean [min-max] over the seeds; one value alone has no range to show
-std::string with_range(const Stat& s, int prec, bool pct = false) {
+std::string with_range(const Spread& s, int prec, bool pct = false) {
   const double k = pct ? 100.0 : 1.0;
   if (s.lo == s.hi) return fixed(k * s.mean, prec);
   return fixed(k * s.mean, prec) + " [" + fixed(k * s.lo, prec) + "-" + fixed(k * s.hi, prec) + "]";
@@ -95,17 +81,8 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
   }
   bar.finish();
 
-  // ---- per head count ---------------------------------------------------------------------
-  std::map<int, std::vector<const SweepRun*>> by_h;
-  for (const SweepRun& r : runs) by_h[r.heads].push_back(&r);
-  auto col = [&](int h, auto f) {
-    std::vector<double> v;
-    for (const SweepRun* r : by_h[h]) v.push_back(f(*r));
-    return stat(v);
-  };
+  const std::vector<HeadCountSummary> by_heads = summarize_sweep(runs, o.sweep.head_counts);
   const int h1 = o.sweep.head_counts.front();
-  const double t1 = col(h1, [](const SweepRun& r) { return r.train_s; }).mean;
-  const double m1 = col(h1, [](const SweepRun& r) { return r.peak_bytes; }).mean;
   std::vector<std::vector<std::string>> table = {{"heads", "d_head", "params", "loss", "perplexity", "token acc %",
                                                   "exact (tf) %", "exact (greedy) %", "step to 99%",
                                                   "time vs H=" + std::to_string(h1), "memory vs H=" + std::to_string(h1)}};
@@ -113,38 +90,30 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
   std::string csv = "heads,d_head,params,seeds,loss_mean,loss_min,loss_max,perplexity_mean,token_acc_mean,token_acc_min,"
                     "token_acc_max,exact_tf_mean,exact_tf_min,exact_tf_max,exact_ar_mean,exact_ar_min,exact_ar_max,"
                     "first_step_99_mean,runs_reaching_99,train_s_mean,time_rel,peak_tensor_mib_mean,memory_rel\n";
-  for (int h : o.sweep.head_counts) {
-    const auto& rs = by_h[h];
-    const Stat loss = col(h, [](const SweepRun& r) { return r.loss; });
-    const Stat ppl = col(h, [](const SweepRun& r) { return std::exp(r.loss); });
-    const Stat acc = col(h, [](const SweepRun& r) { return r.token_acc; });
-    const Stat ex = col(h, [](const SweepRun& r) { return r.exact; });
-    const Stat ar = col(h, [](const SweepRun& r) { return r.ar_exact; });
-    const Stat ts = col(h, [](const SweepRun& r) { return r.train_s; });
-    const Stat mem = col(h, [](const SweepRun& r) { return r.peak_bytes; });
-    std::vector<double> reach;
-    for (const SweepRun* r : rs)
-      if (r->first_99 >= 0) reach.push_back(static_cast<double>(r->first_99));
-    const Stat f99 = stat(reach);
-    const std::string f99s = reach.empty() ? "never"
-                                           : fixed(f99.mean, 0) + (reach.size() < rs.size()
-                                                                     ? " (" + std::to_string(reach.size()) + "/" + std::to_string(rs.size()) + ")"
+  for (const HeadCountSummary& s : by_heads) {
+    const Spread f99 = spread(s.first_99);
+    const size_t reached = s.first_99.size();
+    const std::string f99s = reached == 0 ? "never"
+                                          : fixed(f99.mean, 0) + (reached < static_cast<size_t>(s.runs)
+                                                                     ? " (" + std::to_string(reached) + "/" + std::to_string(s.runs) + ")"
                                                                      : "");
-    table.push_back({std::to_string(h), std::to_string(rs[0]->d_head), std::to_string(rs[0]->params), with_range(loss, 3),
-                     fixed(ppl.mean, 3), with_range(acc, 1, true), with_range(ex, 1, true), with_range(ar, 1, true), f99s,
-                     fixed(t1 > 0 ? ts.mean / t1 : 0, 2) + "x", fixed(m1 > 0 ? mem.mean / m1 : 0, 2) + "x"});
-    csv += std::to_string(h) + "," + std::to_string(rs[0]->d_head) + "," + std::to_string(rs[0]->params) + "," +
-           std::to_string(rs.size()) + "," + fixed(loss.mean, 6) + "," + fixed(loss.lo, 6) + "," + fixed(loss.hi, 6) + "," +
-           fixed(ppl.mean, 6) + "," + fixed(acc.mean, 6) + "," + fixed(acc.lo, 6) + "," + fixed(acc.hi, 6) + "," +
-           fixed(ex.mean, 6) + "," + fixed(ex.lo, 6) + "," + fixed(ex.hi, 6) + "," + fixed(ar.mean, 6) + "," + fixed(ar.lo, 6) +
-           "," + fixed(ar.hi, 6) + "," + (reach.empty() ? "" : fixed(f99.mean, 1)) + "," + std::to_string(reach.size()) +
-           "," + fixed(ts.mean, 4) + "," + fixed(t1 > 0 ? ts.mean / t1 : 0, 4) + "," + fixed(mem.mean / 1048576.0, 4) + "," +
-           fixed(m1 > 0 ? mem.mean / m1 : 0, 4) + "\n";
-    summary.push_back({{"heads", h}, {"d_head", rs[0]->d_head}, {"params", rs[0]->params},
-                       {"loss", {loss.mean, loss.lo, loss.hi}}, {"token_acc", {acc.mean, acc.lo, acc.hi}},
-                       {"exact_match", {ex.mean, ex.lo, ex.hi}}, {"ar_exact_match", {ar.mean, ar.lo, ar.hi}},
-                       {"first_step_99", reach.empty() ? json(nullptr) : json(f99.mean)},
-                       {"runs_reaching_99", reach.size()}, {"train_s", ts.mean}, {"peak_tensor_bytes", mem.mean}});
+    table.push_back({std::to_string(s.heads), std::to_string(s.d_head), std::to_string(s.params), with_range(s.loss, 3),
+                     fixed(s.perplexity.mean, 3), with_range(s.token_acc, 1, true), with_range(s.exact, 1, true),
+                     with_range(s.ar_exact, 1, true), f99s, fixed(s.time_rel, 2) + "x", fixed(s.memory_rel, 2) + "x"});
+    csv += std::to_string(s.heads) + "," + std::to_string(s.d_head) + "," + std::to_string(s.params) + "," +
+           std::to_string(s.runs) + "," + fixed(s.loss.mean, 6) + "," + fixed(s.loss.lo, 6) + "," + fixed(s.loss.hi, 6) + "," +
+           fixed(s.perplexity.mean, 6) + "," + fixed(s.token_acc.mean, 6) + "," + fixed(s.token_acc.lo, 6) + "," +
+           fixed(s.token_acc.hi, 6) + "," + fixed(s.exact.mean, 6) + "," + fixed(s.exact.lo, 6) + "," + fixed(s.exact.hi, 6) +
+           "," + fixed(s.ar_exact.mean, 6) + "," + fixed(s.ar_exact.lo, 6) + "," + fixed(s.ar_exact.hi, 6) + "," +
+           (reached == 0 ? "" : fixed(f99.mean, 1)) + "," + std::to_string(reached) + "," + fixed(s.train_s.mean, 4) + "," +
+           fixed(s.time_rel, 4) + "," + fixed(s.peak_bytes.mean / 1048576.0, 4) + "," + fixed(s.memory_rel, 4) + "\n";
+    summary.push_back({{"heads", s.heads}, {"d_head", s.d_head}, {"params", s.params},
+                       {"loss", {s.loss.mean, s.loss.lo, s.loss.hi}},
+                       {"token_acc", {s.token_acc.mean, s.token_acc.lo, s.token_acc.hi}},
+                       {"exact_match", {s.exact.mean, s.exact.lo, s.exact.hi}},
+                       {"ar_exact_match", {s.ar_exact.mean, s.ar_exact.lo, s.ar_exact.hi}},
+                       {"first_step_99", reached == 0 ? json(nullptr) : json(f99.mean)},
+                       {"runs_reaching_99", reached}, {"train_s", s.train_s.mean}, {"peak_tensor_bytes", s.peak_bytes.mean}});
   }
   std::string runs_csv = "heads,seed,d_head,params,loss,token_acc,exact_tf,exact_ar,first_step_99,train_s,peak_tensor_bytes\n";
   for (const SweepRun& r : runs)
@@ -164,16 +133,13 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
 
   // ---- plots -----------------------------------------------------------------------------
   std::vector<Series> loss_curves, acc_curves;
-  for (int h : o.sweep.head_counts) {
+  for (const HeadCountSummary& s : by_heads) {
     Series ls, as;
-    ls.name = as.name = "H=" + std::to_string(h);
-    const auto& rs = by_h[h];
-    for (size_t i = 0; i < rs[0]->curve.size(); ++i) {
-      std::vector<double> lv, av;
-      for (const SweepRun* r : rs)
-        if (i < r->curve.size()) lv.push_back(r->curve[i].second.loss), av.push_back(r->curve[i].second.token_acc);
-      const Stat l = stat(lv), a = stat(av);
-      const double step = static_cast<double>(rs[0]->curve[i].first);
+    ls.name = as.name = "H=" + std::to_string(s.heads);
+    for (size_t i = 0; i < s.curve_steps.size(); ++i) {
+      const Spread& l = s.curve_loss[i];
+      const Spread& a = s.curve_acc[i];
+      const double step = static_cast<double>(s.curve_steps[i]);
       ls.x.push_back(step), ls.y.push_back(l.mean), ls.lo.push_back(l.lo), ls.hi.push_back(l.hi);
       as.x.push_back(step), as.y.push_back(100 * a.mean), as.lo.push_back(100 * a.lo), as.hi.push_back(100 * a.hi);
     }
@@ -187,13 +153,13 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
   ex.name = "exact match (greedy)";
   tm.name = "training time vs H=" + std::to_string(h1);
   mem.name = "peak tensor memory vs H=" + std::to_string(h1);
-  for (int h : o.sweep.head_counts) {
-    const Stat a = col(h, [](const SweepRun& r) { return r.token_acc; });
-    const Stat e = col(h, [](const SweepRun& r) { return r.ar_exact; });
-    acc.x.push_back(h), acc.y.push_back(100 * a.mean), acc.lo.push_back(100 * a.lo), acc.hi.push_back(100 * a.hi);
-    ex.x.push_back(h), ex.y.push_back(100 * e.mean), ex.lo.push_back(100 * e.lo), ex.hi.push_back(100 * e.hi);
-    tm.x.push_back(h), tm.y.push_back(col(h, [](const SweepRun& r) { return r.train_s; }).mean / std::max(t1, 1e-9));
-    mem.x.push_back(h), mem.y.push_back(col(h, [](const SweepRun& r) { return r.peak_bytes; }).mean / std::max(m1, 1.0));
+  for (const HeadCountSummary& s : by_heads) {
+    const Spread& a = s.token_acc;
+    const Spread& e = s.ar_exact;
+    acc.x.push_back(s.heads), acc.y.push_back(100 * a.mean), acc.lo.push_back(100 * a.lo), acc.hi.push_back(100 * a.hi);
+    ex.x.push_back(s.heads), ex.y.push_back(100 * e.mean), ex.lo.push_back(100 * e.lo), ex.hi.push_back(100 * e.hi);
+    tm.x.push_back(s.heads), tm.y.push_back(s.time_rel);
+    mem.x.push_back(s.heads), mem.y.push_back(s.memory_rel);
   }
   plot_lines(out + "/accuracy_vs_heads.png", "Accuracy at the end of training vs number of heads", "heads",
              "accuracy (%)", {acc, ex}, false, true);
@@ -205,21 +171,6 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
 }
 
 }  // namespace
-
-// The regime that separates head counts: variable-length copy, small model.
-void set_experiment_defaults(TrainArgs& a) {
-  a.task = TaskConfig::preset("varcopy");
-  a.model.d_model = 32;
-  a.model.n_layers = 2;
-  a.model.d_ff = 128;
-  a.batch = 64;
-  a.lr = 3e-3f;
-  a.warmup = 100;
-  a.schedule = "cosine";
-  a.min_lr_ratio = 0.1f;
-  a.steps = 600;
-  a.eval_every = 50;
-}
 
 void add_ablate_command(CLI::App& app, CommandRunner& runner) {
   CLI::App* sub = app.add_subcommand("ablate", "Head-count ablation: train per head count x seed, compare (tables, CSV, plots)");

@@ -40,8 +40,6 @@ void add_patch_command(CLI::App& app, CommandRunner& runner);
 void add_compose_command(CLI::App& app, CommandRunner& runner);
 
 // The regime that separates head counts (variable-length copy, d_model 32, 600 steps):
-// the defaults of ablate and prune.
-void set_experiment_defaults(TrainArgs& a);
 
 // Shared helpers for commands.
 std::string default_out_dir(const std::string& command);  // runs/<command>-YYYYmmdd-HHMMSS

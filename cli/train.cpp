@@ -1,4 +1,4 @@
-// headlab train: trains a transformer on the copy task, with live progress, held-out evals,
+// headlab train: trains a transformer on a task, with live progress, held-out evals,
 // atomic checkpoints and exact resume.
 #include <cstdio>
 #include <memory>
@@ -18,28 +18,17 @@ using json = nlohmann::json;
 
 namespace {
 
-TrainArgs resume_args(TrainFlags& flags, const std::string& out) {
-  const std::string path = out + "/checkpoint.safetensors";
-  if (!file_exists(path)) fail("--resume: no checkpoint to resume in ", out, " (", path, " is missing)");
-  SafetensorsFile f = read_safetensors(path);
-  json st;
-  try {
-    st = json::parse(f.meta("train_state"));
-  } catch (const json::exception&) {
-    fail(path, ": train_state metadata is not valid JSON");
-  }
-  const TrainArgs stored = TrainArgs::from_json(st.at("args").dump(), path);
-  TrainArgs r = resume_with_flags(stored, flags.resolve(), [&](const std::string& f) { return flags.given(f); }, path);
-  r.out = out;
-  r.resume = true;
-  if (!flags.given("--threads")) r.threads = default_threads(r.threads);  // under mpirun: this rank's share
+// The stored run's arguments with the flags given now; under mpirun this rank's share of threads.
+TrainArgs args_to_resume(TrainFlags& flags, const std::string& out) {
+  TrainArgs r = resume_args(out, flags.resolve(), [&](const std::string& f) { return flags.given(f); });
+  if (!flags.given("--threads")) r.threads = default_threads(r.threads);
   return r;
 }
 
 int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool quiet, int64_t log_grads,
               const std::vector<int64_t>& dump_at) {
   const std::string out = out_flag.empty() ? default_out_dir("train") : out_flag;
-  TrainArgs args = resume ? resume_args(flags, out) : flags.resolve();
+  TrainArgs args = resume ? args_to_resume(flags, out) : flags.resolve();
   if (!resume) {
     refuse_output_over_input("--out", out + "/model.safetensors", {{"--init", args.init}});
     refuse_output_over_input("--out", out + "/checkpoint.safetensors", {{"--init", args.init}});

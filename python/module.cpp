@@ -687,17 +687,10 @@ PYBIND11_MODULE(_core, m) {
         std::unique_ptr<Task> task = task_from(a, kw.contains("data") ? py::object(kw["data"]) : py::object(py::none()),
                                                kw.contains("eval_data") ? py::object(kw["eval_data"]) : py::object(py::none()));
         if (a.resume) {
-          if (a.out.empty()) throw py::value_error("resume=True needs out= (the run's directory)");
-          const std::string stored = stored_run_args(a.out);
-          if (stored == "null") throw py::value_error("resume: no run to resume in " + a.out);
           std::set<std::string> given;
           for (auto& [k, v] : kw)
             if (const TrainSetting* s = find_train_setting(k.cast<std::string>())) given.insert(s->flag);
-          const std::string out = a.out;
-          a = resume_with_flags(TrainArgs::from_json(stored, a.out), a, [&](const std::string& f) { return given.count(f) > 0; },
-                                a.out);
-          a.out = out;
-          a.resume = true;
+          a = resume_args(a.out, a, [&](const std::string& f) { return given.count(f) > 0; });
         }
         PyTrainer t;
         py::gil_scoped_release release;

@@ -1,5 +1,6 @@
 #include "train/run_dir.h"
 
+#include <cstdio>
 #include <filesystem>
 
 #include "lib/core.h"
@@ -59,6 +60,33 @@ void refuse_replacing_run_file(const std::string& flag, const std::string& path)
   if (ext == ".safetensors" || ext == ".json" || ext == ".jsonl" || ext == ".csv")
     fail(flag, " ", path, ": the file belongs to the ", kind, " run in ", p.parent_path().string(),
          "; headlab does not replace a run's files: remove it first or choose another ", flag);
+}
+
+std::string first_json_difference(const nlohmann::json& stored, const nlohmann::json& now,
+                                  const std::set<std::string>& ignored) {
+  using json = nlohmann::json;
+  for (const json& op : json::diff(stored, now)) {
+    const std::string path = op.at("path");
+    if (ignored.count(path)) continue;
+    const json::json_pointer ptr(path);
+    auto show = [&](const json& j) {  // float settings as the user typed them (0.01, not 0.009999999776)
+      const json v = j.value(ptr, json());
+      if (!v.is_number_float()) return v.dump();
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.7g", v.get<double>());
+      return std::string(buf);
+    };
+    return path.substr(1) + " is " + show(stored) + " in the existing run but " + show(now) + " now";
+  }
+  return "";
+}
+
+void reuse_only_if_same(const std::string& dir, const std::string& what, const std::string& difference, bool force,
+                        const std::string& force_flag, const std::function<void()>& discard) {
+  if (difference.empty()) return;
+  if (force) return discard();
+  fail(dir, " holds ", what, " made with other settings (", difference,
+       "): rerun with the same flags, choose another --out, or pass ", force_flag, " to discard it and recompute");
 }
 
 }  // namespace hl

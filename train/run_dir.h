@@ -4,6 +4,9 @@
 // never paired with another model's tables. Directories written before the mark existed are
 // recognised by their files.
 #pragma once
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
 namespace hl {
@@ -15,5 +18,16 @@ void claim_output_dir(const std::string& dir, const std::string& kind, const std
 // metrics, table or JSON in a train, ablate or prune directory): no command replaces a run's
 // files unless the user removes them first.
 void refuse_replacing_run_file(const std::string& flag, const std::string& path);
+
+// The first setting that differs between the settings stored with earlier results and today's
+// ("lr is 0.01 in the existing run but 0.05 now"), skipping the JSON pointers in `ignored`;
+// "" when they agree.
+std::string first_json_difference(const nlohmann::json& stored, const nlohmann::json& now,
+                                  const std::set<std::string>& ignored = {});
+// Results already in `dir` are reused only if they were made with the same settings: with a
+// `difference` (as above), refuses naming it, or with `force` calls `discard` to remove the old
+// results. `what` says what dir holds ("a run", "pruning results").
+void reuse_only_if_same(const std::string& dir, const std::string& what, const std::string& difference, bool force,
+                        const std::string& force_flag, const std::function<void()>& discard);
 
 }  // namespace hl

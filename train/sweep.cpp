@@ -2,6 +2,8 @@
 #include "train/sweep.h"
 
 #include <algorithm>
+#include <cmath>
+#include <map>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -53,6 +55,74 @@ SweepRun read_run_files(const std::string& dir, int heads, uint64_t seed) {
 }
 
 }  // namespace
+
+void set_experiment_defaults(TrainArgs& a) {
+  a.task = TaskConfig::preset("varcopy");
+  a.model.d_model = 32;
+  a.model.n_layers = 2;
+  a.model.d_ff = 128;
+  a.batch = 64;
+  a.lr = 3e-3f;
+  a.warmup = 100;
+  a.schedule = "cosine";
+  a.min_lr_ratio = 0.1f;
+  a.steps = 600;
+  a.eval_every = 50;
+}
+
+Spread spread(const std::vector<double>& v) {
+  Spread s;
+  if (v.empty()) return s;
+  s.lo = *std::min_element(v.begin(), v.end());
+  s.hi = *std::max_element(v.begin(), v.end());
+  for (double x : v) s.mean += x;
+  s.mean /= static_cast<double>(v.size());
+  return s;
+}
+
+std::vector<HeadCountSummary> summarize_sweep(const std::vector<SweepRun>& runs, const std::vector<int>& head_counts) {
+  std::map<int, std::vector<const SweepRun*>> by_h;
+  for (const SweepRun& r : runs) by_h[r.heads].push_back(&r);
+  auto over_seeds = [&](int h, double (*f)(const SweepRun&)) {
+    std::vector<double> v;
+    for (const SweepRun* r : by_h[h]) v.push_back(f(*r));
+    return spread(v);
+  };
+  std::vector<HeadCountSummary> out;
+  for (int h : head_counts) {
+    const std::vector<const SweepRun*>& rs = by_h[h];
+    if (rs.empty()) fail("summarize_sweep: no run with ", h, " heads");
+    HeadCountSummary s;
+    s.heads = h;
+    s.d_head = rs[0]->d_head;
+    s.params = rs[0]->params;
+    s.runs = static_cast<int>(rs.size());
+    s.loss = over_seeds(h, [](const SweepRun& r) { return r.loss; });
+    s.perplexity = over_seeds(h, [](const SweepRun& r) { return std::exp(r.loss); });
+    s.token_acc = over_seeds(h, [](const SweepRun& r) { return r.token_acc; });
+    s.exact = over_seeds(h, [](const SweepRun& r) { return r.exact; });
+    s.ar_exact = over_seeds(h, [](const SweepRun& r) { return r.ar_exact; });
+    s.train_s = over_seeds(h, [](const SweepRun& r) { return r.train_s; });
+    s.peak_bytes = over_seeds(h, [](const SweepRun& r) { return r.peak_bytes; });
+    for (const SweepRun* r : rs)
+      if (r->first_99 >= 0) s.first_99.push_back(static_cast<double>(r->first_99));
+    for (size_t i = 0; i < rs[0]->curve.size(); ++i) {
+      std::vector<double> lv, av;
+      for (const SweepRun* r : rs)
+        if (i < r->curve.size()) lv.push_back(r->curve[i].second.loss), av.push_back(r->curve[i].second.token_acc);
+      s.curve_steps.push_back(rs[0]->curve[i].first);
+      s.curve_loss.push_back(spread(lv));
+      s.curve_acc.push_back(spread(av));
+    }
+    out.push_back(s);
+  }
+  const double t1 = out.empty() ? 0 : out[0].train_s.mean, m1 = out.empty() ? 0 : out[0].peak_bytes.mean;
+  for (HeadCountSummary& s : out) {
+    s.time_rel = t1 > 0 ? s.train_s.mean / t1 : 0;
+    s.memory_rel = m1 > 0 ? s.peak_bytes.mean / m1 : 0;
+  }
+  return out;
+}
 
 TrainArgs sweep_run_args(const TrainArgs& base, const SweepOptions& o, const std::string& out, int h, int s) {
   TrainArgs a = base;

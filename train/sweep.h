@@ -36,6 +36,31 @@ struct SweepObserver {
   std::function<void(int index, int total, const SweepRun& run)> on_run;  // after each run
 };
 
+// The regime that separates head counts (ablate and prune start from it): variable-length copy
+// (varcopy), d_model 32, 2 layers, d_ff 128, batch 64, lr 3e-3 cosine with 100 warmup steps, 600 steps.
+void set_experiment_defaults(TrainArgs& a);
+
+// mean, smallest and largest over the seeds of a head count
+struct Spread {
+  double mean = 0, lo = 0, hi = 0;
+};
+Spread spread(const std::vector<double>& v);
+
+// One head count of a sweep: its runs summarised over the seeds.
+struct HeadCountSummary {
+  int heads = 0;
+  int64_t d_head = 0, params = 0;
+  int runs = 0;
+  Spread loss, perplexity, token_acc, exact, ar_exact, train_s, peak_bytes;
+  std::vector<double> first_99;  // first step at 99% token accuracy, of the runs that reached it
+  double time_rel = 0, memory_rel = 0;  // train_s and peak_bytes means over those of the first head count
+  // held-out curves over training: (step, loss spread, token-accuracy spread), steps of the first seed
+  std::vector<int64_t> curve_steps;
+  std::vector<Spread> curve_loss, curve_acc;
+};
+// Per head count, in the order of `head_counts` (each must have at least one run).
+std::vector<HeadCountSummary> summarize_sweep(const std::vector<SweepRun>& runs, const std::vector<int>& head_counts);
+
 // The arguments of run (heads h, seed index s) of a sweep into `out`.
 TrainArgs sweep_run_args(const TrainArgs& base, const SweepOptions& o, const std::string& out, int h, int s);
 // Checks the options and every run's resources before anything is created.

@@ -181,25 +181,29 @@ std::string stored_run_args(const std::string& dir) {
   return "null";
 }
 
+TrainArgs resume_args(const std::string& out, const TrainArgs& given,
+                      const std::function<bool(const std::string& flag)>& given_flag) {
+  if (out.empty()) fail("resume: give the run's directory (--out DIR; in Python out=DIR)");
+  const std::string path = out + "/checkpoint.safetensors";
+  if (!file_exists(path)) fail("resume: no run to resume in ", out, " (", path, " is missing)");
+  const SafetensorsFile f = read_safetensors(path);
+  json stored;
+  try {
+    stored = json::parse(f.meta("train_state")).at("args");
+  } catch (const json::exception&) {
+    fail(path, ": its train_state metadata is not valid JSON");
+  }
+  TrainArgs r = resume_with_flags(TrainArgs::from_json(stored.dump(), path), given, given_flag, path);
+  r.out = out;
+  r.resume = true;
+  return r;
+}
+
 std::string first_setting_difference(const std::string& stored_json, const std::string& now_json) {
   std::set<std::string> ignored;  // settings that leave results alone
   for (const TrainSetting& s : train_settings())
     if (s.on_resume == OnResume::kIncidental) ignored.insert(s.json_pointer);
-  const json diff = json::diff(json::parse(stored_json), json::parse(now_json));
-  for (const json& op : diff) {
-    const std::string path = op.at("path");
-    if (ignored.count(path)) continue;
-    const json::json_pointer ptr(path);
-    const json before = json::parse(stored_json).value(ptr, json()), after = json::parse(now_json).value(ptr, json());
-    auto show = [](const json& v) {  // float settings as the user typed them (0.01, not 0.009999999776)
-      if (!v.is_number_float()) return v.dump();
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "%.7g", v.get<double>());
-      return std::string(buf);
-    };
-    return path.substr(1) + " is " + show(before) + " in the existing run but " + show(after) + " now";
-  }
-  return "";
+  return first_json_difference(json::parse(stored_json), json::parse(now_json), ignored);
 }
 
 void reuse_only_if_same_settings(const std::string& dir, const TrainArgs& args, bool force, const std::string& force_flag) {
@@ -209,16 +213,11 @@ void reuse_only_if_same_settings(const std::string& dir, const TrainArgs& args, 
   now.model = model_for(args, *make_task(args.task));
   // read back and written again: a setting the stored run predates compares as its default
   const std::string then = TrainArgs::from_json(stored, dir).to_json();
-  const std::string diff = first_setting_difference(then, now.to_json());
-  if (diff.empty()) return;
-  if (force) {
+  reuse_only_if_same(dir, "a run", first_setting_difference(then, now.to_json()), force, force_flag, [&] {
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
     if (ec) fail(dir, ": cannot remove the old run: ", ec.message());
-    return;
-  }
-  fail(dir, " holds a run made with other settings (", diff, "): rerun with the same flags, choose another --out, or pass ",
-       force_flag, " to discard it and recompute");
+  });
 }
 
 Trainer::Trainer(TrainArgs args) : Trainer(std::move(args), nullptr) {}

@@ -97,6 +97,11 @@ std::string stored_run_args(const std::string& dir);
 // "steps is 80 in the existing run but 200 now" for the first setting that differs (settings
 // that do not change results, such as threads and checkpoint frequency, are ignored), or "".
 std::string first_setting_difference(const std::string& stored_json, const std::string& now_json);
+// The arguments that continue the run in `out`: those its checkpoint stores, with the settings the
+// caller gave (`given_flag("--steps")` says whether it gave --steps) applied where a resumed run may
+// change them and refused where they must match. The command line and Python both come here.
+TrainArgs resume_args(const std::string& out, const TrainArgs& given,
+                      const std::function<bool(const std::string& flag)>& given_flag);
 // A sweep reuses what `dir` holds only if it was made with the same settings: refuses
 // otherwise, naming the first difference, or with `force` deletes the old run.
 void reuse_only_if_same_settings(const std::string& dir, const TrainArgs& args, bool force, const std::string& force_flag);

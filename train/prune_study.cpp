@@ -1,0 +1,253 @@
+#include "train/prune_study.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "lib/fileutil.h"
+#include "models/checkpoint.h"
+#include "train/checkpoint_task.h"
+#include "train/run_dir.h"
+
+namespace hl {
+
+using json = nlohmann::json;
+
+void PruneStudyOptions::validate() const {
+  if (method != "michel" && method != "l0") fail("--method must be michel or l0, got ", method);
+  if (!(step_fraction > 0 && step_fraction <= 1)) fail("--step-fraction must be in (0, 1], got ", step_fraction);
+  if (!(save_fraction >= 0 && save_fraction <= 1)) fail("--save-fraction must be in [0, 1], got ", save_fraction);
+  if (random_seeds < 0) fail("--random-seeds must not be negative, got ", random_seeds);
+  if (min_per_layer < 0) fail("--min-per-layer must not be negative, got ", min_per_layer);
+  if (finetune_steps < 0) fail("--finetune must not be negative, got ", finetune_steps);
+  if (!(finetune_lr > 0 && finetune_lr <= 100)) fail("--finetune-lr must be in (0, 100], got ", finetune_lr);
+  // the search for target_heads multiplies lambda until few enough heads stay open: from 0 it never moves
+  if (method == "l0" && target_heads > 0 && !(lambda > 0))
+    fail("--lambda ", lambda, " with --target-heads ", target_heads,
+         ": the search starts at --lambda and multiplies it, so it must be above 0 (e.g. --lambda 0.05)");
+}
+
+json prune_curve_json(const std::vector<PruneStep>& curve) {
+  json a = json::array();
+  for (const PruneStep& s : curve) {
+    json removed = json::array();
+    for (auto& [l, h] : s.removed) removed.push_back({l, h});
+    a.push_back({{"pruned", s.pruned}, {"fraction", s.fraction}, {"loss", s.eval.loss}, {"token_acc", s.eval.token_acc},
+                 {"exact_match", s.eval.exact_match}, {"removed", removed}});
+  }
+  return a;
+}
+
+std::vector<PruneStep> prune_curve_from_json(const json& j) {
+  std::vector<PruneStep> curve;
+  for (const json& s : j) {
+    PruneStep p;
+    p.pruned = s.at("pruned");
+    p.fraction = s.at("fraction");
+    p.eval.loss = s.at("loss");
+    p.eval.token_acc = s.at("token_acc");
+    p.eval.exact_match = s.at("exact_match");
+    for (const json& lh : s.at("removed")) p.removed.push_back({lh.at(0).get<int>(), lh.at(1).get<int>()});
+    curve.push_back(p);
+  }
+  return curve;
+}
+
+namespace {
+
+// FNV-1a of a file's bytes: a rerun with another checkpoint under the same path is noticed.
+std::string fingerprint(const std::string& bytes) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%zu bytes, fnv1a %016llx", bytes.size(), static_cast<unsigned long long>(h));
+  return buf;
+}
+
+// Trains (or continues, or finds finished) the base model in base.out.
+void train_base_model(const TrainArgs& base, const PruneStudyOptions& o, const PruneObserver& obs) {
+  reuse_only_if_same_settings(base.out, base, o.force, "--force");
+  const bool done = run_finished(base.out);
+  if (obs.on_base_model) obs.on_base_model(o.base_heads, base.steps, base.out, done);
+  if (done) return;
+  TrainArgs a = base;
+  a.resume = file_exists(a.out + "/checkpoint.safetensors");
+  Trainer t(a);
+  try {
+    write_summary(a.out, t.args(), t.run(obs.base_training));
+  } catch (const Interrupted&) {
+    write_summary(a.out, t.args(), t.partial_result(), /*finished=*/false);
+    throw;
+  }
+}
+
+// Fine-tunes copies of the model with hard-concrete gates at o.lambda, or at lambdas searched
+// until o.target_heads stay open.
+void l0_study(PruneStudy& r, const PruneStudyOptions& o, const SafetensorsFile& file, const Task& task,
+              const std::vector<Batch>& data, const TrainArgs& base, const PruneObserver& obs) {
+  const int L = r.layers, H = r.heads;
+  {
+    std::unique_ptr<TransformerLM> reference = load_model(file);
+    r.importance = head_importance(*reference, data, false);
+  }
+  std::vector<std::unique_ptr<TransformerLM>> models;
+  auto run = [&](double lambda) {
+    auto m = load_model(file);
+    L0Options lo;
+    lo.lambda = lambda;
+    lo.steps = o.l0_steps;
+    lo.lr = o.finetune_lr;
+    lo.batch = base.batch;
+    lo.seed = base.seed + 7;
+    r.l0_runs.push_back(l0_finetune(*m, task, data, lo));
+    models.push_back(std::move(m));
+    if (obs.on_l0_run) obs.on_l0_run(r.l0_runs.back(), L * H);
+    return r.l0_runs.back().heads_kept;
+  };
+  if (o.target_heads > 0) {
+    double lo = 0, hi = o.lambda;  // kept(lo) >= target > kept(hi) once bracketed
+    int kept = run(hi);
+    while (kept > o.target_heads && hi < 1e3) kept = run(hi *= 4);
+    if (kept < o.target_heads) {
+      lo = hi / 4 > o.lambda / 2 ? hi / 4 : 0;
+      for (int i = 0; i < 6 && kept != o.target_heads; ++i) {
+        const double mid = lo > 0 ? std::sqrt(lo * hi) : hi / 4;
+        kept = run(mid);
+        (kept > o.target_heads ? lo : hi) = mid;
+      }
+    }
+  } else {
+    run(o.lambda);
+  }
+  const auto& runs = r.l0_runs;
+  r.l0_best = runs.size() - 1;
+  for (size_t i = 0; i < runs.size(); ++i)
+    if (o.target_heads > 0 && runs[i].heads_kept >= o.target_heads &&
+        (runs[r.l0_best].heads_kept < o.target_heads || runs[i].heads_kept < runs[r.l0_best].heads_kept))
+      r.l0_best = i;
+  r.l0_model = std::move(models[r.l0_best]);
+  std::vector<std::pair<double, std::pair<int, int>>> ranked;
+  for (int l = 0; l < L; ++l)
+    for (int h = 0; h < H; ++h) ranked.push_back({-r.importance[l][h], {l, h}});
+  std::sort(ranked.begin(), ranked.end());
+  for (auto& [score, lh] : ranked) r.by_importance.push_back(lh);
+}
+
+// Per-head analyses, then the pruning curves (each read back from OUT/curves when done before).
+void michel_study(PruneStudy& r, const PruneStudyOptions& o, const SafetensorsFile& file, const Task& task,
+                  const std::vector<Batch>& data, const TrainArgs& base, const std::string& out,
+                  const PruneObserver& obs) {
+  auto stage = [&](const char* what) {
+    if (obs.on_stage) obs.on_stage(what);
+  };
+  const int L = r.layers, H = r.heads;
+  std::unique_ptr<TransformerLM> model = load_model(file);
+  stage("single-head ablation (zero and mean)");
+  r.ablation = single_head_ablation(*model, task, data);
+  stage("importance and attention statistics");
+  r.importance = head_importance(*model, data, o.normalize);
+  r.stats = attention_statistics(*model, data);
+
+  PruneOptions popt;
+  popt.step_fraction = o.step_fraction;
+  popt.min_per_layer = o.min_per_layer;
+  popt.finetune_steps = o.finetune_steps;
+  popt.finetune = [&](TransformerLM& m, int steps) { finetune(m, task, steps, o.finetune_lr, base.batch, base.seed + 99); };
+  struct Order {
+    std::string name;
+    std::function<HeadGrid(TransformerLM&)> rank;
+    bool recompute;
+  };
+  std::vector<Order> orders = {
+      {"importance", [&](TransformerLM& m) { return head_importance(m, data, o.normalize); }, o.recompute},
+      {"ablation", [&](TransformerLM&) { return r.ablation.d_loss; }, false}};
+  for (int s = 0; s < o.random_seeds; ++s)
+    orders.push_back({"random" + std::to_string(s), [s, L, H](TransformerLM&) { return random_ranking(L, H, 1000 + s); }, false});
+  for (const Order& ord : orders) {
+    const std::string path = out + "/curves/" + ord.name + ".json";
+    if (file_exists(path)) {
+      r.curves[ord.name] = prune_curve_from_json(json::parse(read_file(path)));
+      continue;
+    }
+    stage(("pruning in " + ord.name + " order").c_str());
+    auto m = load_model(file);
+    PruneOptions po = popt;
+    po.recompute = ord.recompute;
+    r.curves[ord.name] = prune_curve(*m, task, data, ord.rank, po);
+    write_file_atomic(path, prune_curve_json(r.curves[ord.name]).dump() + "\n");
+  }
+  // the model pruned by importance up to save_fraction
+  r.pruned = load_model(file);
+  for (const PruneStep& s : r.curves["importance"]) {
+    if (s.fraction > o.save_fraction + 1e-9) break;
+    for (auto& [l, h] : s.removed) r.pruned->gates(l).data()[h] = 0.f;
+    r.removed = s.pruned;
+  }
+}
+
+}  // namespace
+
+PruneStudy run_prune_study(TrainArgs base, const PruneStudyOptions& o, const std::string& checkpoint,
+                           const std::string& out, const PruneObserver& obs) {
+  o.validate();
+  refuse_output_over_input("--out", out + "/pruned_model.safetensors", {{"--checkpoint", checkpoint}});
+  if (checkpoint.empty()) {  // the default: train a base model on the study's regime
+    base.model.n_heads = o.base_heads;
+    base.steps = o.train_steps;
+    base.checkpoint_every = std::max<int64_t>(1, base.steps / 5);
+    base.out = out + "/base";
+    check_training_resources(base);  // before any directory is made
+  } else {
+    base.validate();
+  }
+  PruneStudy r;
+  r.method = o.method;
+  claim_output_dir(out, "prune");
+  make_dirs(out + "/curves");
+  r.lock = std::make_unique<DirLock>(out);
+  r.checkpoint = checkpoint;
+  if (checkpoint.empty()) {
+    train_base_model(base, o, obs);
+    r.checkpoint = base.out + "/model.safetensors";
+  }
+  set_num_threads(base.threads);
+  const std::string ckpt_bytes = read_file(r.checkpoint);
+  const SafetensorsFile file = parse_safetensors(ckpt_bytes, r.checkpoint);
+  // Curves and tables already in OUT are reused only if they were made with these settings.
+  const json settings = {{"checkpoint", r.checkpoint}, {"checkpoint_file", fingerprint(ckpt_bytes)},
+                         {"step_fraction", o.step_fraction}, {"recompute", o.recompute}, {"normalize", o.normalize},
+                         {"min_per_layer", o.min_per_layer}, {"finetune", o.finetune_steps}, {"finetune_lr", o.finetune_lr},
+                         {"random_seeds", o.random_seeds}, {"eval_size", base.eval_size}, {"eval_seed", base.eval_seed},
+                         {"batch", base.batch}, {"seed", base.seed}};
+  const std::string settings_path = out + "/prune_settings.json";
+  if (file_exists(settings_path)) {
+    json old;
+    try {
+      old = json::parse(read_file(settings_path));
+    } catch (const json::exception& e) {
+      fail(settings_path, ": unreadable (", e.what(), "); pass --force to recompute");
+    }
+    reuse_only_if_same(out, "pruning results", first_json_difference(old, settings), o.force, "--force", [&] {
+      std::error_code ec;
+      std::filesystem::remove_all(out + "/curves", ec);
+      make_dirs(out + "/curves");
+    });
+  }
+  const std::unique_ptr<TransformerLM> model = load_model(file);
+  r.task = checkpoint_task(file, base.task);
+  const std::unique_ptr<Task> task = task_for_model(model->cfg, r.task, r.checkpoint);
+  r.layers = model->cfg.n_layers, r.heads = model->cfg.n_heads;
+  if (o.method == "l0" && o.target_heads > r.layers * r.heads)
+    fail("--target-heads ", o.target_heads, " is more than the model's ", r.layers * r.heads, " heads");
+  write_file_atomic(settings_path, settings.dump(2) + "\n");  // only once every setting is known to be usable
+  const std::vector<Batch> data = task->held_out(base.eval_size, base.eval_seed, 128);
+  if (obs.on_model) obs.on_model(r.layers, r.heads, base.eval_size);
+  if (o.method == "l0")
+    l0_study(r, o, file, *task, data, base, obs);
+  else
+    michel_study(r, o, file, *task, data, base, out, obs);
+  return r;
+}
+
+}  // namespace hl
