@@ -69,4 +69,29 @@ std::string CopyTask::token_text(int32_t id) const {
   return std::to_string(id);
 }
 
+namespace {
+
+// n symbols of an alphabet, n uniform in [min_len, max_len]
+void validate_copy(const TaskConfig& c) {
+  if (c.alphabet < 1) fail("task: alphabet must be positive, got ", c.alphabet);
+  if (c.min_len < 1) fail("task: length must be positive, got ", c.min_len);
+  if (c.max_len < c.min_len) fail("task: max length ", c.max_len, " is below min length ", c.min_len);
+}
+std::unique_ptr<Task> make_copy(const TaskConfig& c) { return std::make_unique<CopyTask>(c); }
+TaskConfig copy_preset(int alphabet, int min_len, int max_len, bool reverse) {
+  TaskConfig c;
+  c.alphabet = alphabet, c.min_len = min_len, c.max_len = max_len, c.reverse = reverse;
+  return c;
+}
+
+[[maybe_unused]] const bool kCopy = register_task({"copy", "[BOS x SEP x]: copy n symbols (alphabet 10, n = 16)", 10,
+                                                   copy_preset(10, 16, 16, false), validate_copy, make_copy});
+[[maybe_unused]] const bool kReverse = register_task({"reverse", "[BOS x SEP reversed x] (alphabet 10, n = 16)", 11,
+                                                      copy_preset(10, 16, 16, true), validate_copy, make_copy});
+[[maybe_unused]] const bool kVarcopy = register_task(
+    {"varcopy", "copy with n uniform in 1..16, alphabet 64 (padded): separates head counts", 12,
+     copy_preset(64, 1, 16, false), validate_copy, make_copy});
+
+}  // namespace
+
 }  // namespace hl

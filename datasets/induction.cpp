@@ -50,8 +50,21 @@ class InductionTask : public Task {
   }
 };
 
-}  // namespace
+TaskConfig induction_preset() {
+  TaskConfig c;
+  c.alphabet = 32, c.min_len = c.max_len = 16;
+  return c;
+}
 
-std::unique_ptr<Task> make_induction_task(const TaskConfig& cfg) { return std::make_unique<InductionTask>(cfg); }
+void validate_induction(const TaskConfig& c) {
+  if (c.alphabet < 2) fail("task induction: --alphabet must be at least 2, got ", c.alphabet);
+  if (c.max_len < 2) fail("task induction: --length (tokens repeated) must be at least 2, got ", c.max_len);
+}
+
+[[maybe_unused]] const bool kRegistered = register_task(
+    {"induction", "[BOS r r]: n = 16 random tokens of 32 repeated; loss on the repeat", 20, induction_preset(),
+     validate_induction, [](const TaskConfig& c) -> std::unique_ptr<Task> { return std::make_unique<InductionTask>(c); }});
+
+}  // namespace
 
 }  // namespace hl

@@ -4,25 +4,31 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "datasets/copy_task.h"
 
 namespace hl {
 
-// Defined in datasets/induction.cpp, text.cpp and tokens.cpp.
-std::unique_ptr<Task> make_induction_task(const TaskConfig& cfg);
-std::unique_ptr<Task> make_text_task(const TaskConfig& cfg);
-std::unique_ptr<Task> make_tokens_task(const TaskConfig& cfg);
-
-const std::vector<TaskInfo>& task_registry() {
-  static const std::vector<TaskInfo> tasks = {
-      {"copy", "[BOS x SEP x]: copy n symbols (alphabet 10, n = 16)"},
-      {"reverse", "[BOS x SEP reversed x] (alphabet 10, n = 16)"},
-      {"varcopy", "copy with n uniform in 1..16, alphabet 64 (padded): separates head counts"},
-      {"induction", "[BOS r r]: n = 16 random tokens of 32 repeated; loss on the repeat"},
-      {"text", "byte-level language modelling on --data FILE (held out: its last 10%)"},
-      {"tokens", "your sequences: --data FILE (.safetensors or .npy) with input_ids (N, T)"}};
+namespace {
+std::vector<TaskInfo>& registry() {
+  static std::vector<TaskInfo> tasks;  // filled by the tasks' files before main
   return tasks;
 }
+const TaskInfo* find_task(const std::string& name) {
+  for (const TaskInfo& t : registry())
+    if (t.name == name) return &t;
+  return nullptr;
+}
+}  // namespace
+
+bool register_task(TaskInfo info) {
+  if (find_task(info.name)) fail("register_task: task '", info.name, "' is registered twice");
+  info.preset.name = info.name;
+  std::vector<TaskInfo>& r = registry();
+  auto at = std::find_if(r.begin(), r.end(), [&](const TaskInfo& t) { return t.order > info.order; });
+  r.insert(at, std::move(info));
+  return true;
+}
+
+const std::vector<TaskInfo>& task_registry() { return registry(); }
 
 std::vector<std::string> task_names() {
   std::vector<std::string> n;
@@ -30,41 +36,22 @@ std::vector<std::string> task_names() {
   return n;
 }
 
-namespace {
-bool is_copy_family(const std::string& name) { return name == "copy" || name == "reverse" || name == "varcopy"; }
-}  // namespace
-
 void TaskConfig::validate() const {
-  const auto names = task_names();
-  if (std::find(names.begin(), names.end(), name) == names.end()) {
+  const TaskInfo* task = find_task(name);
+  if (!task) {
     std::string list;
-    for (auto& n : names) list += (list.empty() ? "" : ", ") + n;
+    for (auto& n : task_names()) list += (list.empty() ? "" : ", ") + n;
     fail("task: unknown task '", name, "' (expected one of ", list, ")");
   }
-  if (is_copy_family(name)) {
-    if (alphabet < 1) fail("task: alphabet must be positive, got ", alphabet);
-    if (min_len < 1) fail("task: length must be positive, got ", min_len);
-    if (max_len < min_len) fail("task: max length ", max_len, " is below min length ", min_len);
-  }
-  if (name == "induction") {
-    if (alphabet < 2) fail("task induction: --alphabet must be at least 2, got ", alphabet);
-    if (max_len < 2) fail("task induction: --length (tokens repeated) must be at least 2, got ", max_len);
-  }
-  if (name == "text" && max_len < 1) fail("task text: --length (context) must be positive, got ", max_len);
-  if ((name == "text" || name == "tokens") && data.empty()) fail("task ", name, ": give the data file with --data");
-  if (name == "tokens" && alphabet < 0) fail("task tokens: --alphabet (vocabulary) must not be negative");
+  if (task->validate) task->validate(*this);
   if (alphabet > (1 << 24)) fail("task: alphabet ", alphabet, " is above the supported maximum ", 1 << 24);
   if (max_len > (1 << 19)) fail("task: length ", max_len, " is above the supported maximum ", 1 << 19);
 }
 
 TaskConfig TaskConfig::preset(const std::string& name) {
-  TaskConfig c;
+  if (const TaskInfo* t = find_task(name)) return t->preset;
+  TaskConfig c;  // validate() names the unknown task
   c.name = name;
-  if (name == "reverse") c.reverse = true;
-  if (name == "varcopy") c.alphabet = 64, c.min_len = 1, c.max_len = 16;
-  if (name == "induction") c.alphabet = 32, c.min_len = c.max_len = 16;
-  if (name == "text") c.alphabet = 256, c.min_len = c.max_len = 64;
-  if (name == "tokens") c.alphabet = 0;
   return c;
 }
 
@@ -187,10 +174,7 @@ std::vector<int32_t> Task::answer(const Batch& b, int64_t row) const {
 
 std::unique_ptr<Task> make_task(const TaskConfig& cfg) {
   cfg.validate();
-  if (is_copy_family(cfg.name)) return std::make_unique<CopyTask>(cfg);
-  if (cfg.name == "induction") return make_induction_task(cfg);
-  if (cfg.name == "text") return make_text_task(cfg);
-  return make_tokens_task(cfg);
+  return find_task(cfg.name)->make(cfg);
 }
 
 }  // namespace hl

@@ -1,12 +1,14 @@
 // Tasks: what a model is trained and evaluated on. One interface (fill a reused batch, a
 // seeded held-out set, vocabulary and special tokens, decoding for display, which positions
-// are answers for greedy evaluation) and a registry that feeds the command line's --task.
+// are answers for greedy evaluation) and a registry that feeds --task, Python and the docs.
+// Each task is one file that registers itself (register_task, below):
 //
-//   copy, reverse, varcopy   [BOS, x1..xn, SEP, y1..yn] with y = x or reversed (copy_task.h)
-//   induction                [BOS, r1..rn, r1..rn], random tokens repeated; loss on the repeat
-//   text                     byte-level language modelling on a UTF-8 file (--data)
-//   tokens                   sequences a user wrote into a safetensors or .npy file (--data)
+//   copy_task.cpp   copy, reverse, varcopy: [BOS, x1..xn, SEP, y1..yn] with y = x or reversed
+//   induction.cpp   induction: [BOS, r1..rn, r1..rn], random tokens repeated; loss on the repeat
+//   text.cpp        text: byte-level language modelling on a UTF-8 file (--data)
+//   tokens.cpp      tokens: sequences a user wrote into a safetensors or .npy file (--data)
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +17,7 @@
 
 namespace hl {
 
+// The settings of every task: each task reads the fields its file documents and validates.
 struct TaskConfig {
   std::string name = "copy";  // a registered task (task_registry())
   int alphabet = 10;          // symbols (copy family, induction); tokens: vocabulary, 0 = from the data
@@ -103,10 +106,19 @@ std::unique_ptr<Task> make_tokens_task(const TaskConfig& cfg, const TokenArrays&
 // How the text task shows a byte: printable ASCII as itself, "\\n", "\\t", else "\\x1f".
 std::string byte_token_text(int32_t id);
 
+// What a task's file registers, at namespace scope:
+//   [[maybe_unused]] const bool kRegistered = register_task({"mine", "one line of help", 50, preset, validate, make});
+// The library is linked whole (CMake's WHOLE_ARCHIVE), so every file's registration runs.
 struct TaskInfo {
-  std::string name, help;
+  std::string name;
+  std::string help;  // one line for --task's help
+  int order = 0;     // place in lists (--task's help and choices, messages)
+  TaskConfig preset;  // the task's defaults (its name is filled in)
+  std::function<void(const TaskConfig&)> validate;  // the task's own checks, after the common ones
+  std::function<std::unique_ptr<Task>(const TaskConfig&)> make;
 };
-const std::vector<TaskInfo>& task_registry();  // for --task's choices and --help
+bool register_task(TaskInfo info);  // true; fails for a name registered twice
+const std::vector<TaskInfo>& task_registry();  // in `order`
 std::vector<std::string> task_names();
 
 }  // namespace hl

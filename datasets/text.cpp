@@ -71,8 +71,21 @@ class TextTask : public Task {
   size_t split_;
 };
 
-}  // namespace
+TaskConfig text_preset() {
+  TaskConfig c;
+  c.alphabet = 256, c.min_len = c.max_len = 64;
+  return c;
+}
 
-std::unique_ptr<Task> make_text_task(const TaskConfig& cfg) { return std::make_unique<TextTask>(cfg); }
+void validate_text(const TaskConfig& c) {
+  if (c.max_len < 1) fail("task text: --length (context) must be positive, got ", c.max_len);
+  if (c.data.empty()) fail("task text: give the data file with --data");
+}
+
+[[maybe_unused]] const bool kRegistered = register_task(
+    {"text", "byte-level language modelling on --data FILE (held out: its last 10%)", 30, text_preset(), validate_text,
+     [](const TaskConfig& c) -> std::unique_ptr<Task> { return std::make_unique<TextTask>(c); }});
+
+}  // namespace
 
 }  // namespace hl

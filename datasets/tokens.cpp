@@ -278,9 +278,22 @@ class TokensTask : public Task {
   mutable std::vector<int64_t> rows_scratch_;
 };
 
-}  // namespace
+TaskConfig tokens_preset() {
+  TaskConfig c;
+  c.alphabet = 0;  // the vocabulary from the data
+  return c;
+}
 
-std::unique_ptr<Task> make_tokens_task(const TaskConfig& cfg) { return std::make_unique<TokensTask>(cfg); }
+void validate_tokens(const TaskConfig& c) {
+  if (c.data.empty()) fail("task tokens: give the data file with --data");
+  if (c.alphabet < 0) fail("task tokens: --alphabet (vocabulary) must not be negative");
+}
+
+[[maybe_unused]] const bool kRegistered = register_task(
+    {"tokens", "your sequences: --data FILE (.safetensors or .npy) with input_ids (N, T)", 40, tokens_preset(),
+     validate_tokens, [](const TaskConfig& c) -> std::unique_ptr<Task> { return std::make_unique<TokensTask>(c); }});
+
+}  // namespace
 
 std::unique_ptr<Task> make_tokens_task(const TaskConfig& cfg, const TokenArrays& train, const TokenArrays* eval) {
   cfg.validate();

@@ -97,6 +97,19 @@ BOOST_AUTO_TEST_CASE(live_positions_end_at_each_rows_last_target) {
   for (int64_t row = 0; row < 16; ++row) BOOST_TEST(len[row] == 2 * v.prompt_len[row] - 3);
 }
 
+// A task is one file that registers itself, its test and a row in the docs' task table.
+BOOST_AUTO_TEST_CASE(every_registered_task_has_a_row_in_the_docs) {
+  const std::string doc = read_file(HEADLAB_SOURCE_DIR "/docs/studies.md");
+  for (const TaskInfo& t : task_registry()) {
+    BOOST_TEST_CONTEXT("task " << t.name) {
+      BOOST_TEST(doc.find("| `" + t.name + "` |") != std::string::npos);
+      BOOST_TEST(t.preset.name == t.name);
+      BOOST_TEST(!t.help.empty());
+      BOOST_TEST(static_cast<bool>(t.make));
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(registry_lists_every_task_and_builds_it) {
   const std::vector<std::string> names = task_names();
   BOOST_TEST(names == (std::vector<std::string>{"copy", "reverse", "varcopy", "induction", "text", "tokens"}));
