@@ -11,8 +11,10 @@
 #include "lib/gradcheck.h"
 #include "models/attention.h"
 #include "tests/reference_model.h"
+#include "tests/fixtures.h"
 
 using namespace hl;
+using namespace hl::test;
 namespace tt = boost::test_tools;
 
 namespace {
@@ -99,13 +101,8 @@ BOOST_AUTO_TEST_CASE(identical_subspaces_give_identical_patterns) {
 
 BOOST_AUTO_TEST_CASE(parameter_counts) {
   Rng r(0);
-  AttentionConfig small;
-  small.d_model = 16;
-  small.n_heads = 2;
-  BOOST_TEST(MultiHeadAttention(small, r).num_parameters() == 1024);
-  AttentionConfig big;
-  big.d_model = 512;
-  big.n_heads = 8;
+  BOOST_TEST(MultiHeadAttention(test_attention({.d_model = 16}), r).num_parameters() == 1024);
+  const AttentionConfig big = test_attention({.d_model = 512, .heads = 8});
   BOOST_TEST(MultiHeadAttention(big, r).num_parameters() == 1048576);
   AttentionConfig gqa = big;
   gqa.n_kv_heads = 2;  // K and V shrink to 2*64 rows each
@@ -310,11 +307,7 @@ BOOST_AUTO_TEST_CASE(self_attention_takes_the_packed_path_and_matches_the_separa
   // Self-attention: W_Q, W_K, W_V project with one sgemm into attention_packed; cross-attention
   // takes the path with separate q, k, v tensors. Same outputs and same gradient of every parameter.
   for (int Hkv : {4, 2}) {
-    AttentionConfig cfg;
-    cfg.d_model = 8;
-    cfg.n_heads = 4;
-    cfg.n_kv_heads = Hkv;
-    cfg.bias = true;
+    const AttentionConfig cfg = test_attention({.heads = 4, .kv_heads = Hkv, .bias = true});
     Rng r(9);
     MultiHeadAttention mha(cfg, r);
     const Tensor wq = mha.W_Q.weight, wk = mha.W_K.weight, wv = mha.W_V.weight;
@@ -393,10 +386,7 @@ BOOST_AUTO_TEST_CASE(gradcheck_attention_op_both_layouts) {
 
 BOOST_AUTO_TEST_CASE(gate_zero_equals_zeroed_wo_columns) {
   Rng r(3);
-  AttentionConfig cfg;
-  cfg.d_model = 8;
-  cfg.n_heads = 4;
-  cfg.bias = true;
+  const AttentionConfig cfg = test_attention({.heads = 4, .bias = true});
   MultiHeadAttention gated(cfg, r);
   Rng r2(3);
   MultiHeadAttention zeroed(cfg, r2);
@@ -421,12 +411,8 @@ BOOST_AUTO_TEST_CASE(mha_module_gradcheck_all_variants) {
   struct Cfg { const char* what; int64_t d_model; int H, Hkv; int64_t d_head; bool bias; };
   for (Cfg c : {Cfg{"standard", 8, 2, 0, 0, true}, Cfg{"gqa", 8, 4, 2, 0, false}, Cfg{"mqa", 8, 4, 1, 0, true},
                 Cfg{"d_head != d_model/H", 6, 2, 0, 5, true}}) {
-    AttentionConfig cfg;
-    cfg.d_model = c.d_model;
-    cfg.n_heads = c.H;
-    cfg.n_kv_heads = c.Hkv;
-    cfg.d_head = c.d_head;
-    cfg.bias = c.bias;
+    const AttentionConfig cfg =
+        test_attention({.d_model = c.d_model, .heads = c.H, .kv_heads = c.Hkv, .d_head = c.d_head, .bias = c.bias});
     Rng r(11);
     MultiHeadAttention mha(cfg, r, nullptr);
     for (int h = 0; h < c.H; ++h) mha.gates.data()[h] = 0.5f + 0.25f * h;
@@ -457,10 +443,7 @@ BOOST_AUTO_TEST_CASE(kv_cache_decoding_equals_full_forward) {
   // d_head 2: the small-head kernels; 12: the sgemm path (scores from a transposed copy of the
   // cache's first kv_len rows)
   for (int64_t d_model : {8, 48}) {
-    AttentionConfig cfg;
-    cfg.d_model = d_model;
-    cfg.n_heads = 4;
-    cfg.n_kv_heads = 2;
+    const AttentionConfig cfg = test_attention({.d_model = d_model, .heads = 4, .kv_heads = 2});
     Rng r(4);
     MultiHeadAttention mha(cfg, r);
     Tensor x = Tensor::randn({2, 6, d_model}, rng());

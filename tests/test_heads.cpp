@@ -13,8 +13,10 @@
 #include "train/sweep.h"
 #include "datasets/copy_task.h"
 #include "analysis/heads.h"
+#include "tests/fixtures.h"
 
 using namespace hl;
+using namespace hl::test;
 namespace tt = boost::test_tools;
 namespace fs = std::filesystem;
 
@@ -27,14 +29,7 @@ TaskConfig tiny_task() {
   return c;
 }
 ModelConfig tiny_model(int heads = 4) {
-  ModelConfig c;
-  c.vocab_size = 8;
-  c.d_model = 8;
-  c.n_layers = 2;
-  c.n_heads = heads;
-  c.d_ff = 16;
-  c.max_seq_len = 9;
-  return c;
+  return test_model({.vocab = 8, .heads = heads, .d_ff = 16, .max_seq_len = 9, .attn_bias = false});
 }
 // A model with weights large enough that every head matters.
 std::unique_ptr<TransformerLM> make_model(uint64_t seed, int heads = 4) {
@@ -236,7 +231,7 @@ BOOST_AUTO_TEST_CASE(circuit_singular_values) {
 }
 
 BOOST_AUTO_TEST_CASE(ablate_command_table_and_resume) {
-  const std::string out = (fs::temp_directory_path() / "headlab-test-ablate").string();
+  const std::string out = temp_path("ablate");
   fs::remove_all(out);
   const std::string cmd = std::string(HEADLAB_BINARY) +
                           " ablate --head-counts 1,2 --seeds 2 --steps 12 --eval-every 6 --eval-size 16 --d-model 8"
@@ -264,7 +259,7 @@ BOOST_AUTO_TEST_CASE(ablate_command_table_and_resume) {
 }
 
 BOOST_AUTO_TEST_CASE(head_count_sweep_is_callable_in_process) {
-  const std::string out = (fs::temp_directory_path() / "headlab-test-sweep").string();
+  const std::string out = temp_path("sweep");
   fs::remove_all(out);
   TrainArgs base;
   base.task = TaskConfig::preset("copy");

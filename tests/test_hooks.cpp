@@ -9,23 +9,15 @@
 
 #include "models/transformer.h"
 #include "tests/reference_model.h"
+#include "tests/fixtures.h"
 
 using namespace hl;
+using namespace hl::test;
 
 namespace {
 
 ModelConfig small(Norm norm = Norm::Pre, int kv_heads = 0) {
-  ModelConfig c;
-  c.vocab_size = 9;
-  c.d_model = 8;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = kv_heads;
-  c.d_ff = 16;
-  c.max_seq_len = 8;
-  c.norm = norm;
-  c.attn_bias = true;
-  return c;
+  return test_model({.vocab = 9, .heads = 4, .kv_heads = kv_heads, .d_ff = 16, .max_seq_len = 8, .norm = norm});
 }
 const Ids ids() { return Ids(Shape{2, 6}, {1, 3, 5, 2, 6, 0, 4, 4, 1, 2, 8, 7}); }
 const Ids targets() { return Ids(Shape{2, 6}, {3, 5, 2, 6, 0, -1, 4, 1, 2, 8, 7, 3}); }

@@ -14,8 +14,10 @@
 #include "train/l0.h"
 #include "train/trainer.h"
 #include "roundoff.h"
+#include "tests/fixtures.h"
 
 using namespace hl;
+using namespace hl::test;
 
 namespace {
 // uniform causal attention: A[i][j] = 1/(i+1) for j <= i
@@ -73,12 +75,7 @@ BOOST_AUTO_TEST_CASE(uniform_attention_scores_the_expected_fraction) {
 }
 
 BOOST_AUTO_TEST_CASE(a_model_with_uniform_attention_scores_the_formula_on_the_probe) {
-  ModelConfig c;
-  c.vocab_size = 11;
-  c.d_model = 16;
-  c.n_heads = 2;
-  c.d_ff = 32;
-  c.max_seq_len = 16;
+  const ModelConfig c = test_model({.vocab = 11, .d_model = 16, .d_ff = 32, .max_seq_len = 16, .attn_bias = false});
   TransformerLM m(c, 3);
   for (auto& b : m.blocks) b->attn.W_Q.weight.fill_(0.f);  // all scores 0: uniform causal attention
   const int k = 6;
@@ -113,11 +110,7 @@ BOOST_AUTO_TEST_CASE(composition_is_one_for_shared_directions_zero_for_orthogona
 }
 
 BOOST_AUTO_TEST_CASE(model_composition_scores_equal_the_products_formed_in_full) {
-  ModelConfig c;
-  c.vocab_size = 7;
-  c.d_model = 12;
-  c.n_heads = 3;
-  c.d_ff = 16;
+  const ModelConfig c = test_model({.d_model = 12, .heads = 3, .d_ff = 16, .max_seq_len = 64, .attn_bias = false});
   TransformerLM m(c, 9);
   const CompositionScores cs = composition_scores(m, 0, 1);
   const int D = 12, dh = 4;

@@ -14,17 +14,14 @@
 #include "cli/alloc_counter.h"
 #include "train/settings.h"
 #include "train/trainer.h"
+#include "tests/fixtures.h"
 
 using namespace hl;
+using namespace hl::test;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-std::string fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("headlab-test-" + name);
-  fs::remove_all(d);
-  return d.string();
-}
 TrainArgs small_args(const std::string& out) {
   TrainArgs a;
   a.model.d_model = 32;
@@ -334,14 +331,8 @@ BOOST_AUTO_TEST_CASE(non_finite_loss_stops_and_keeps_the_checkpoint) {
 BOOST_AUTO_TEST_CASE(grads_command_matches_in_process_autograd) {
   const std::string dir = fresh_dir("grads");
   make_dirs(dir);
-  ModelConfig c;
-  c.vocab_size = 13;
-  c.d_model = 16;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.d_ff = 32;
-  c.max_seq_len = 33;
+  const ModelConfig c =
+      test_model({.vocab = 13, .d_model = 16, .heads = 4, .kv_heads = 2, .d_ff = 32, .max_seq_len = 33, .attn_bias = false});
   TransformerLM m(c, 42);
   save_checkpoint(dir + "/m.safetensors", m);
   CopyTask task(TaskConfig::preset("copy"));

@@ -9,25 +9,15 @@
 #include "models/checkpoint.h"
 #include "models/transformer.h"
 #include "tests/reference_model.h"
+#include "tests/fixtures.h"
 
 using namespace hl;
+using namespace hl::test;
 namespace tt = boost::test_tools;
 
 namespace {
-ModelConfig tiny(Norm norm = Norm::Pre) {
-  ModelConfig c;
-  c.vocab_size = 7;
-  c.d_model = 8;
-  c.n_layers = 2;
-  c.n_heads = 2;
-  c.d_ff = 12;
-  c.max_seq_len = 6;
-  c.norm = norm;
-  c.attn_bias = true;
-  return c;
-}
+ModelConfig tiny(Norm norm = Norm::Pre) { return test_model({.norm = norm}); }
 Ids ids_2x5() { return Ids(Shape{2, 5}, {1, 3, 5, 2, 6, 0, 4, 4, 1, 2}); }
-std::string tmp(const std::string& name) { return (std::filesystem::temp_directory_path() / name).string(); }
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(feedforward_gradcheck_each_activation) {
@@ -214,7 +204,7 @@ BOOST_AUTO_TEST_CASE(checkpoint_round_trip_is_exact) {
   c.n_kv_heads = 1;
   TransformerLM m(c, 5);
   m.gates(1).data()[0] = 0.f;
-  const std::string path = tmp("hl_ckpt_roundtrip.safetensors");
+  const std::string path = temp_path("ckpt_roundtrip.safetensors");
   save_checkpoint(path, m);
   auto loaded = load_model(path);
   BOOST_TEST(loaded->cfg.to_json() == m.cfg.to_json());

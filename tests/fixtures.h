@@ -1,0 +1,68 @@
+// What the tests build, in one place: model and attention configs (a test names only what
+// differs from the small defaults), scratch paths. Every field not named keeps ModelConfig's
+// or AttentionConfig's own default.
+#pragma once
+#include <filesystem>
+#include <string>
+
+#include "models/attention.h"
+#include "models/transformer.h"
+
+namespace hl::test {
+
+// 2 layers, d_model 8, 2 heads of 4, d_ff 12, 6 positions, vocabulary 7, biases on attention.
+struct TestModel {
+  int64_t vocab = 7;
+  int64_t d_model = 8;
+  int layers = 2;
+  int heads = 2;
+  int kv_heads = 0;  // 0 = heads
+  int64_t d_ff = 12;
+  int64_t max_seq_len = 6;
+  Norm norm = Norm::Pre;
+  bool attn_bias = true;
+};
+inline ModelConfig test_model(const TestModel& t = {}) {
+  ModelConfig c;
+  c.vocab_size = t.vocab;
+  c.d_model = t.d_model;
+  c.n_layers = t.layers;
+  c.n_heads = t.heads;
+  c.n_kv_heads = t.kv_heads;
+  c.d_ff = t.d_ff;
+  c.max_seq_len = t.max_seq_len;
+  c.norm = t.norm;
+  c.attn_bias = t.attn_bias;
+  return c;
+}
+
+// d_model 8, 2 heads, no biases.
+struct TestAttention {
+  int64_t d_model = 8;
+  int heads = 2;
+  int kv_heads = 0;   // 0 = heads
+  int64_t d_head = 0; // 0 = d_model / heads
+  bool bias = false;
+};
+inline AttentionConfig test_attention(const TestAttention& t = {}) {
+  AttentionConfig c;
+  c.d_model = t.d_model;
+  c.n_heads = t.heads;
+  c.n_kv_heads = t.kv_heads;
+  c.d_head = t.d_head;
+  c.bias = t.bias;
+  return c;
+}
+
+// A path in the temporary directory: headlab-test-NAME.
+inline std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("headlab-test-" + name)).string();
+}
+// The same, emptied first (a directory a test may fill).
+inline std::string fresh_dir(const std::string& name) {
+  const std::string d = temp_path(name);
+  std::filesystem::remove_all(d);
+  return d;
+}
+
+}  // namespace hl::test
