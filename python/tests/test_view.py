@@ -38,8 +38,8 @@ def browser():
     d.quit()
 
 
-def view(*args):
-    return subprocess.run([HEADLAB, "view", *args], capture_output=True, text=True)
+def view(*args, cwd=None):
+    return subprocess.run([HEADLAB, "view", *args], capture_output=True, text=True, cwd=cwd)
 
 
 def open_page(driver, path):
@@ -50,14 +50,15 @@ def open_page(driver, path):
 
 @pytest.fixture(scope="module")
 def copy_run(tmp_path_factory):
-    run = str(tmp_path_factory.mktemp("view") / "run")
+    # named as `scripts/run.sh` names it: the page's title (and the README's screenshot) shows it
+    run = str(tmp_path_factory.mktemp("view") / "runs" / "copy-20261123-101500")
     subprocess.run([HEADLAB, "train", "--quiet", "--steps", "200", "--eval-every", "50", "--eval-size", "200",
                     "--log-grads", "50", "--out", run], check=True, capture_output=True)
     return run
 
 
 def test_the_head_view_shows_the_attention_tensor(browser, copy_run):
-    r = view(copy_run)
+    r = view("runs/" + os.path.basename(copy_run), cwd=os.path.dirname(os.path.dirname(copy_run)))
     assert r.returncode == 0, r.stderr
     page = os.path.join(copy_run, "view.html")
     assert os.path.getsize(page) < 2e6
@@ -86,7 +87,8 @@ def test_the_head_view_shows_the_attention_tensor(browser, copy_run):
     assert browser.find_element(By.ID, "panel-training").is_displayed()
     assert browser.find_element(By.ID, "panel-atlas").is_displayed()
     assert not browser.find_element(By.ID, "panel-prune").is_displayed()
-    # all heads again, still hovering: the screenshot (README) shows the lines and the weights
+    assert browser.find_element(By.TAG_NAME, "h1").text == "headlab view: runs/copy-20261123-101500"
+    # all heads again, still hovering: the screenshot (README, docs/results/view.png) shows the lines and the weights
     browser.find_element(By.ID, "heads-all").click()
     ActionChains(browser).move_to_element(browser.find_element(By.CSS_SELECTOR, '#left-tokens .tok[data-index="20"]')).perform()
     browser.save_screenshot(os.path.join(BUILD, "view_screenshot.png"))
