@@ -51,6 +51,14 @@ void print_table(const std::vector<std::vector<std::string>>& rows);  // first r
 int64_t parse_int(const std::string& text, int64_t lo, int64_t hi, const std::string& what);
 // CLI11 check for a number in [lo, hi] (finite; NaN and Inf rejected), shown in --help.
 CLI::Validator in_range(double lo, double hi);
+// One option (or switch) bound to a field, with its range or choices checked and shown in --help.
+CLI::Option* add_setting(CLI::App* app, const std::string& flag, const std::string& help, FieldRef field, double lo, double hi,
+                         const std::vector<std::string>& choices, bool is_switch);
+// Every row of a study's option table (train/settings.h) as an option of `app` bound to `values`.
+template <class Options>
+void add_option_settings(CLI::App* app, const std::vector<OptionSetting<Options>>& rows, Options& values) {
+  for (const OptionSetting<Options>& r : rows) add_setting(app, r.flag, r.help, r.field(values), r.lo, r.hi, r.choices, r.is_switch);
+}
 // Installs the Ctrl-C / SIGTERM handler: the first signal asks training loops to stop at the next
 // step boundary (request_stop), a second one ends the process at once.
 void install_stop_handler();

@@ -16,28 +16,34 @@
 
 namespace hl {
 
+CLI::Option* add_setting(CLI::App* app, const std::string& flag, const std::string& help, FieldRef field, double lo, double hi,
+                         const std::vector<std::string>& choices, bool is_switch) {
+  return std::visit(
+      [&](auto* value) {
+        CLI::Option* opt;
+        if constexpr (std::is_same_v<decltype(value), bool*>) {
+          opt = is_switch ? app->add_flag(flag, *value, help) : app->add_option(flag, *value, help);
+        } else {
+          opt = app->add_option(flag, *value, help);
+        }
+        if (is_switch) return opt;
+        if constexpr (std::is_same_v<decltype(value), std::string*>) {
+          if (!value->empty()) opt->capture_default_str();  // no "[]" for a file that is not given
+        } else {
+          opt->capture_default_str();
+        }
+        if (!std::isnan(lo)) opt->check(in_range(lo, hi));
+        if (!choices.empty()) opt->check(CLI::IsMember(choices));
+        return opt;
+      },
+      field);
+}
+
 void TrainFlags::add(CLI::App* app, bool with_run_flags, bool with_heads) {
   app_ = app;
   for (const TrainSetting& s : train_settings()) {
     if ((s.train_only && !with_run_flags) || (s.flag == "--heads" && !with_heads)) continue;
-    std::visit(
-        [&](auto* field) {
-          CLI::Option* opt;
-          if constexpr (std::is_same_v<decltype(field), bool*>) {
-            opt = s.is_switch ? app->add_flag(s.flag, *field, s.help) : app->add_option(s.flag, *field, s.help);
-          } else {
-            opt = app->add_option(s.flag, *field, s.help);
-          }
-          if (s.is_switch) return;
-          if constexpr (std::is_same_v<decltype(field), std::string*>) {
-            if (!field->empty()) opt->capture_default_str();  // no "[]" for a file that is not given
-          } else {
-            opt->capture_default_str();
-          }
-          if (!std::isnan(s.lo)) opt->check(in_range(s.lo, s.hi));
-          if (!s.choices.empty()) opt->check(CLI::IsMember(s.choices));
-        },
-        s.field(values));
+    add_setting(app, s.flag, s.help, s.field(values), s.lo, s.hi, s.choices, s.is_switch);
   }
 }
 

@@ -204,25 +204,8 @@ void add_prune_command(CLI::App& app, CommandRunner& runner) {
   flags->add(sub, false, false);
   sub->add_option("--checkpoint", o->checkpoint, "Model to analyse (default: train one in OUT/base)");
   sub->add_option("--out", o->out, "Output directory (default: runs/prune-<date>-<time>); rerun to resume");
-  sub->add_option("--base-heads", o->study.base_heads, "Heads of the base model trained when no checkpoint is given")->capture_default_str()->check(in_range(1, 4096));
-  sub->add_option("--train-steps", o->study.train_steps, "Steps of that base training")->capture_default_str()->check(in_range(1, 1e15));
-  sub->add_option("--step-fraction", o->study.step_fraction, "Fraction of all heads removed per step")->capture_default_str()->check(in_range(1e-9, 1));
-  sub->add_flag("--recompute", o->study.recompute, "Recompute importance after each pruning step");
-  sub->add_flag("--normalize", o->study.normalize, "Normalise importance per layer by its l2 norm");
-  sub->add_option("--min-per-layer", o->study.min_per_layer, "Keep at least this many heads per layer")->capture_default_str()->check(in_range(0, 4096));
-  sub->add_option("--finetune", o->study.finetune_steps, "Fine-tuning steps between pruning steps")->capture_default_str()->check(in_range(0, 1e9));
-  sub->add_option("--finetune-lr", o->study.finetune_lr, "Learning rate of that fine-tuning")->capture_default_str()->check(in_range(1e-30, 100));
-  sub->add_option("--random-seeds", o->study.random_seeds, "Random pruning orders (baseline)")->capture_default_str()->check(in_range(0, 1000));
-  sub->add_option("--save-fraction", o->study.save_fraction, "Save the importance-pruned model at this fraction")->capture_default_str()->check(in_range(0, 1));
+  add_option_settings(sub, prune_study_settings(), o->study);
   sub->add_flag("--quiet", o->quiet, "No progress output");
-  sub->add_flag("--force", o->study.force, "Recompute results in --out that were made with other settings (default: refuse)");
-  sub->add_option("--method", o->study.method, "michel: importance, ablation and random orders; l0: hard-concrete gates (Voita et al.)")
-      ->capture_default_str()->check(CLI::IsMember({"michel", "l0"}));
-  sub->add_option("--lambda", o->study.lambda, "l0: weight of the expected number of open heads (the start of the search with --target-heads)")
-      ->capture_default_str()->check(in_range(0, 1e6));
-  sub->add_option("--target-heads", o->study.target_heads, "l0: search lambda until this many heads stay open; 0 = just --lambda")
-      ->capture_default_str()->check(in_range(0, 1 << 20));
-  sub->add_option("--l0-steps", o->study.l0_steps, "l0: fine-tuning steps per lambda")->capture_default_str()->check(in_range(1, 1e9));
   sub->callback([&runner, flags, o] { runner = [=] { return run_prune(*flags, *o); }; });
 }
 

@@ -10,6 +10,7 @@
 
 #include "lib/fileutil.h"
 #include "train/atlas.h"
+#include "train/prune_study.h"
 #include "train/sweep.h"
 #include "datasets/copy_task.h"
 #include "analysis/heads.h"
@@ -306,4 +307,29 @@ BOOST_AUTO_TEST_CASE(head_count_sweep_is_callable_in_process) {
   o.force = true;
   const std::vector<SweepRun> forced = run_head_count_sweep(other, o, out);
   BOOST_TEST(!forced[0].reused);
+}
+
+// The prune study checks its options with the command line's words, from the same table.
+BOOST_AUTO_TEST_CASE(prune_study_options_are_checked_as_the_command_line_words_them) {
+  auto message = [](const PruneStudyOptions& o) {
+    try {
+      o.validate();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  PruneStudyOptions o;
+  BOOST_TEST(message(o) == "");
+  o.step_fraction = 2;
+  BOOST_TEST(message(o) == "--step-fraction: value 2 is outside [1e-09, 1]");
+  o = {};
+  o.l0_steps = 0;
+  BOOST_TEST(message(o) == "--l0-steps: value 0 is below 1");
+  o = {};
+  o.method = "magic";
+  BOOST_TEST(message(o) == "--method: 'magic' is not one of michel, l0");
+  o = {};
+  o.method = "l0", o.target_heads = 3, o.lambda = 0;
+  BOOST_TEST(message(o).find("--lambda 0 with --target-heads 3") == 0u);
 }

@@ -14,14 +14,35 @@ namespace hl {
 
 using json = nlohmann::json;
 
+#define FIELD(member) [](PruneStudyOptions& o) -> FieldRef { return &o.member; }
+const std::vector<OptionSetting<PruneStudyOptions>>& prune_study_settings() {
+  // clang-format off
+  static const std::vector<OptionSetting<PruneStudyOptions>> rows = {
+    {"--base-heads", "Heads of the base model trained when no checkpoint is given", FIELD(base_heads), 1, 4096},
+    {"--train-steps", "Steps of that base training", FIELD(train_steps), 1, 1e15},
+    {"--step-fraction", "Fraction of all heads removed per step", FIELD(step_fraction), 1e-9, 1},
+    {"--recompute", "Recompute importance after each pruning step", FIELD(recompute), NAN, NAN, {}, true},
+    {"--normalize", "Normalise importance per layer by its l2 norm", FIELD(normalize), NAN, NAN, {}, true},
+    {"--min-per-layer", "Keep at least this many heads per layer", FIELD(min_per_layer), 0, 4096},
+    {"--finetune", "Fine-tuning steps between pruning steps", FIELD(finetune_steps), 0, 1e9},
+    {"--finetune-lr", "Learning rate of that fine-tuning", FIELD(finetune_lr), 1e-30, 100},
+    {"--random-seeds", "Random pruning orders (baseline)", FIELD(random_seeds), 0, 1000},
+    {"--save-fraction", "Save the importance-pruned model at this fraction", FIELD(save_fraction), 0, 1},
+    {"--force", "Recompute results in --out that were made with other settings (default: refuse)", FIELD(force), NAN, NAN, {}, true},
+    {"--method", "michel: importance, ablation and random orders; l0: hard-concrete gates (Voita et al.)", FIELD(method),
+     NAN, NAN, {"michel", "l0"}},
+    {"--lambda", "l0: weight of the expected number of open heads (the start of the search with --target-heads)",
+     FIELD(lambda), 0, 1e6},
+    {"--target-heads", "l0: search lambda until this many heads stay open; 0 = just --lambda", FIELD(target_heads), 0, 1 << 20},
+    {"--l0-steps", "l0: fine-tuning steps per lambda", FIELD(l0_steps), 1, 1e9},
+  };
+  // clang-format on
+  return rows;
+}
+#undef FIELD
+
 void PruneStudyOptions::validate() const {
-  if (method != "michel" && method != "l0") fail("--method must be michel or l0, got ", method);
-  if (!(step_fraction > 0 && step_fraction <= 1)) fail("--step-fraction must be in (0, 1], got ", step_fraction);
-  if (!(save_fraction >= 0 && save_fraction <= 1)) fail("--save-fraction must be in [0, 1], got ", save_fraction);
-  if (random_seeds < 0) fail("--random-seeds must not be negative, got ", random_seeds);
-  if (min_per_layer < 0) fail("--min-per-layer must not be negative, got ", min_per_layer);
-  if (finetune_steps < 0) fail("--finetune must not be negative, got ", finetune_steps);
-  if (!(finetune_lr > 0 && finetune_lr <= 100)) fail("--finetune-lr must be in (0, 100], got ", finetune_lr);
+  check_option_settings(prune_study_settings(), *this);
   // the search for target_heads multiplies lambda until few enough heads stay open: from 0 it never moves
   if (method == "l0" && target_heads > 0 && !(lambda > 0))
     fail("--lambda ", lambda, " with --target-heads ", target_heads,

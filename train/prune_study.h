@@ -16,6 +16,7 @@
 
 #include "analysis/heads.h"
 #include "train/l0.h"
+#include "train/settings.h"
 #include "train/trainer.h"
 
 namespace hl {
@@ -40,8 +41,10 @@ struct PruneStudyOptions {
   int l0_steps = 300;    // fine-tuning steps per lambda
   bool force = false;    // recompute results in OUT made with other settings (default: refuse)
 
-  void validate() const;  // one message naming the flag
+  void validate() const;  // the table's ranges and choices, then what depends on two options
 };
+// Every option of the study, with its flag, help and range.
+const std::vector<OptionSetting<PruneStudyOptions>>& prune_study_settings();
 
 // What the study reports while it works (all optional).
 struct PruneObserver {

@@ -1,6 +1,8 @@
 #include "train/settings.h"
 
+#include <algorithm>
 #include <charconv>
+#include <type_traits>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -40,6 +42,27 @@ std::string range_problem(double v, const std::string& text, double lo, double h
   if (v < lo) return "value " + text + (open_top(hi) ? " is below " + number_text(lo) : " is outside " + range);
   if (v > hi) return "value " + text + (open_top(hi) ? " is too large" : " is outside " + range);
   return "";
+}
+
+void check_option_value(const std::string& flag, FieldRef value, double lo, double hi, const std::vector<std::string>& choices) {
+  std::visit(
+      [&](auto* v) {
+        using T = std::remove_pointer_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          if (!choices.empty() && std::find(choices.begin(), choices.end(), *v) == choices.end()) {
+            std::string list;
+            for (auto& c : choices) list += (list.empty() ? "" : ", ") + c;
+            fail(flag, ": '", *v, "' is not one of ", list);
+          }
+        } else if constexpr (!std::is_same_v<T, bool>) {
+          if (std::isnan(lo)) return;
+          char text[40];
+          std::snprintf(text, sizeof text, "%.9g", static_cast<double>(*v));
+          const std::string problem = range_problem(static_cast<double>(*v), text, lo, hi);
+          if (!problem.empty()) fail(flag, ": ", problem);
+        }
+      },
+      value);
 }
 
 namespace {

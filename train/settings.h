@@ -27,7 +27,7 @@ enum class OnResume {
   kIncidental,  // may change anytime and leaves results alone (threads, checkpoint frequency); sweeps ignore it
 };
 
-using FieldRef = std::variant<int*, int64_t*, uint64_t*, float*, bool*, std::string*>;
+using FieldRef = std::variant<int*, int64_t*, uint64_t*, float*, double*, bool*, std::string*>;
 
 struct TrainSetting {
   std::string flag;          // "--d-model"
@@ -55,11 +55,34 @@ TrainArgs resolve_train_flags(const TrainFlagValues& v, const std::function<bool
 TrainArgs resume_with_flags(const TrainArgs& stored, const TrainArgs& given,
                             const std::function<bool(const std::string& flag)>& given_flag, const std::string& source);
 
+// A study's own options (prune's --step-fraction, ...), one row each as in train_settings(): the
+// command line adds them with their ranges in --help, the study's validate() checks the same
+// ranges with the same words (check_option_settings), Python maps keywords to the same rows.
+template <class Options>
+struct OptionSetting {
+  std::string flag, help;
+  FieldRef (*field)(Options&);
+  double lo = NAN, hi = NAN;         // numbers: the inclusive range
+  std::vector<std::string> choices;  // text: the accepted values
+  bool is_switch = false;            // given without a value (--recompute)
+};
+// The first row of `rows` whose value in `o` is out of range or not a choice: fails with
+// "--step-fraction: value 5 is outside [0, 1]", as the command line words it.
+template <class Options>
+void check_option_settings(const std::vector<OptionSetting<Options>>& rows, const Options& o);
+void check_option_value(const std::string& flag, FieldRef value, double lo, double hi, const std::vector<std::string>& choices);
+
 // The one wording of a setting's range, for the command line and Python alike: range_text
 // ("[0 - 100]", ">= 1") for --help, range_problem ("value 1000 is outside [0, 100]", or "" when
 // the text is a number in range) for errors.
 std::string range_text(double lo, double hi);
 std::string range_problem(const std::string& text, double lo, double hi);
 std::string range_problem(double value, const std::string& text, double lo, double hi);  // value parsed
+
+template <class Options>
+void check_option_settings(const std::vector<OptionSetting<Options>>& rows, const Options& o) {
+  Options copy = o;  // rows point into a mutable Options
+  for (const OptionSetting<Options>& r : rows) check_option_value(r.flag, r.field(copy), r.lo, r.hi, r.choices);
+}
 
 }  // namespace hl
