@@ -1,6 +1,6 @@
 // Multi-head attention for studying heads.
 //
-// `attention` is one fused op (forward + backward in models/attention.cpp): scores, masks,
+// `attention` is one fused op (forward + backward in models/attention_op.cpp): scores, masks,
 // softmax, dropout, P V and per-head gates, with no split/merge copies. Head h of
 // q (B, Tq, H*dh) is the (Tq, dh) matrix at column offset h*dh with leading dimension H*dh,
 // so each (batch, head) pair is a few single-threaded strided sgemm calls, run in parallel

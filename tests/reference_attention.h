@@ -1,6 +1,6 @@
 // Multi-head attention in float64 with round-off bounds (tests/roundoff.h): the reference the
 // attention tests compare headlab's fused kernels with. Written as the formulas, loop by
-// loop, sharing no code with models/attention.cpp.
+// loop, sharing no code with models/attention*.cpp.
 #pragma once
 #include <functional>
 
