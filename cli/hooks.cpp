@@ -1,5 +1,5 @@
 // headlab hooks: the named hook points of a model (from the model flags or a checkpoint), with
-// their shapes, for writing hooks and reading caches from C++ or Python.
+// their shapes and meanings as the modules that make them declare them (describe_hook_points).
 #include <cstdio>
 #include <memory>
 
@@ -9,35 +9,6 @@
 namespace hl {
 
 namespace {
-
-// What each hook point holds, by the last part of its name.
-const char* describe(const std::string& name) {
-  static const std::pair<const char*, const char*> kinds[] = {
-      {"hook_embed", "token embeddings"},
-      {"hook_pos_embed", "position embeddings (broadcast over the batch)"},
-      {"hook_resid_pre", "residual stream into the block"},
-      {"ln1.hook_normalized", "layer norm before attention"},
-      {"attn.hook_q", "queries per head"},
-      {"attn.hook_k", "keys per kv head"},
-      {"attn.hook_v", "values per kv head"},
-      {"attn.hook_attn_scores", "scaled, masked scores before softmax (-inf where masked)"},
-      {"attn.hook_pattern", "attention weights (rows: queries, columns: keys)"},
-      {"attn.hook_z", "head outputs (gated) before W_O"},
-      {"attn.hook_result", "each head's contribution to the residual stream (computed only when hooked)"},
-      {"hook_attn_out", "attention output added to the residual stream"},
-      {"hook_resid_mid", "residual stream after attention"},
-      {"ln2.hook_normalized", "layer norm before the MLP"},
-      {"mlp.hook_pre", "MLP pre-activation (fc1 output)"},
-      {"mlp.hook_post", "MLP activation"},
-      {"hook_mlp_out", "MLP output added to the residual stream"},
-      {"hook_resid_post", "residual stream out of the block"},
-      {"ln_final.hook_normalized", "final layer norm (into the unembedding)"}};
-  for (auto& [suffix, what] : kinds) {
-    const std::string s = suffix;
-    if (name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0) return what;
-  }
-  return "";
-}
 
 int run_hooks(TrainFlags& flags, const std::string& checkpoint) {
   ModelConfig cfg;
@@ -53,7 +24,7 @@ int run_hooks(TrainFlags& flags, const std::string& checkpoint) {
               cfg.n_layers, cfg.n_heads, static_cast<long long>(cfg.d_model), static_cast<long long>(cfg.head_dim()),
               to_string(cfg.norm).c_str());
   std::vector<std::vector<std::string>> rows = {{"name", "shape", "what"}};
-  for (auto& [name, shape] : hook_points(cfg)) rows.push_back({name, shape, describe(name)});
+  for (const HookPointInfo& p : describe_hook_points(cfg)) rows.push_back({p.name, p.shape, p.what});
   print_table(rows);
   return 0;
 }

@@ -245,6 +245,11 @@ Tensor attention_from_pattern(const Tensor& P, const Tensor& v, const AttentionA
 // ---- MultiHeadAttention::forward, step by step -------------------------------------------------
 
 // The hook points of one call. Names are built (strings allocated) only when there are hooks.
+// The hook points attention makes, declared with the code that makes them: the steps below
+// apply these names, and hook_points() lists them with their shapes and meanings.
+constexpr char kHookQ[] = "hook_q", kHookK[] = "hook_k", kHookV[] = "hook_v", kHookScores[] = "hook_attn_scores",
+               kHookPattern[] = "hook_pattern", kHookZ[] = "hook_z", kHookResult[] = "hook_result";
+
 struct HookPoints {
   const Hooks* hk;
   const std::string& pre;
@@ -295,16 +300,16 @@ Projected project_qkv(const MultiHeadAttention& m, const Tensor& x_q, const Tens
     const Tensor ws[3] = {m.W_Q.weight, m.W_K.weight, m.W_V.weight}, bs[3] = {m.W_Q.bias, m.W_K.bias, m.W_V.bias};
     p.qkv = linear_stacked(x_q, ws, bs);  // (B, T, (H + 2 Hkv) dh)
     // only a hook that replaces (or needs the gradient of) q, k or v splits them
-    if (hp.hooked("hook_q") || hp.hooked("hook_k") || hp.hooked("hook_v")) {
+    if (hp.hooked(kHookQ) || hp.hooked(kHookK) || hp.hooked(kHookV)) {
       p.split_packed();
-      const Tensor q2 = hp.heads("hook_q", p.q, p.H), k2 = hp.heads("hook_k", p.k, p.Hkv), v2 = hp.heads("hook_v", p.v, p.Hkv);
+      const Tensor q2 = hp.heads(kHookQ, p.q, p.H), k2 = hp.heads(kHookK, p.k, p.Hkv), v2 = hp.heads(kHookV, p.v, p.Hkv);
       if (!q2.same(p.q) || !k2.same(p.k) || !v2.same(p.v)) p.qkv = concat({q2, k2, v2}, 2);
       p.q = q2, p.k = k2, p.v = v2;
     }
   } else {
-    p.q = hp.heads("hook_q", m.W_Q.forward(x_q), p.H);     // (B, Tq, H*dh)
-    p.k = hp.heads("hook_k", m.W_K.forward(x_kv), p.Hkv);  // (B, Tk, Hkv*dh)
-    p.v = hp.heads("hook_v", m.W_V.forward(x_kv), p.Hkv);
+    p.q = hp.heads(kHookQ, m.W_Q.forward(x_q), p.H);     // (B, Tq, H*dh)
+    p.k = hp.heads(kHookK, m.W_K.forward(x_kv), p.Hkv);  // (B, Tk, Hkv*dh)
+    p.v = hp.heads(kHookV, m.W_V.forward(x_kv), p.Hkv);
   }
   return p;
 }
@@ -352,7 +357,7 @@ Tensor pattern_of_replaced_scores(Projected& x, const AttentionArgs& a, const Ho
 Tensor attend_fused(Projected& x, AttentionArgs& a, const HookPoints& hp, const std::string& scores_name,
                     const std::string& pattern_name, int64_t B, int64_t Tq, int64_t Tk) {
   const Hooks* hk = hp.hk;
-  const bool pattern_hooked = hp.hooked("hook_pattern");
+  const bool pattern_hooked = hp.hooked(kHookPattern);
   const bool grads_wanted = hk && grad_enabled() && (hk->has_backward(pattern_name) || hk->has_backward(scores_name));
   // the fused op's P, shared with the backward hook of the scores (allocated only for hooks)
   auto pattern = pattern_hooked || grads_wanted ? std::make_shared<Tensor>() : nullptr;
@@ -380,12 +385,12 @@ Tensor attend_fused(Projected& x, AttentionArgs& a, const HookPoints& hp, const 
 // the scores or the pattern. kv_len: the cache's filled rows, or 0.
 Tensor attend(Projected& x, AttentionArgs& a, const HookPoints& hp, int64_t B, int64_t Tq, int64_t kv_len) {
   const int64_t Tk = kv_len ? kv_len : (x.packed ? Tq : x.k.size(1));
-  const std::string scores_name = hp.hk ? hp.pre + "hook_attn_scores" : std::string(),  // no strings
-                    pattern_name = hp.hk ? hp.pre + "hook_pattern" : std::string();      // without hooks
+  const std::string scores_name = hp.hk ? hp.pre + kHookScores : std::string(),  // no strings
+                    pattern_name = hp.hk ? hp.pre + kHookPattern : std::string();      // without hooks
   Tensor P = pattern_of_replaced_scores(x, a, hp, scores_name, Tk);
   if (!P.defined()) return attend_fused(x, a, hp, scores_name, pattern_name, B, Tq, Tk);
   // unfused from the replaced scores' pattern on: hook_pattern, dropout, P V
-  if (hp.hooked("hook_pattern")) P = hp.hk->apply(pattern_name, P);
+  if (hp.hooked(kHookPattern)) P = hp.hk->apply(pattern_name, P);
   if (a.dropout > 0.f) P = dropout(P, a.dropout, *a.rng, true);
   return attention_from_pattern(P, x.v, a);
 }
@@ -395,9 +400,9 @@ Tensor attend(Projected& x, AttentionArgs& a, const HookPoints& hp, int64_t B, i
 // replacement is summed into the output; else the output keeps its one product and a backward
 // hook receives dL/d(output) for every head (the gradient of each head's contribution).
 Tensor output_projection(const MultiHeadAttention& m, const Tensor& z, const HookPoints& hp) {
-  if (!hp.hooked("hook_result")) return m.W_O.forward(z);
+  if (!hp.hooked(kHookResult)) return m.W_O.forward(z);
   const Hooks* hk = hp.hk;
-  const std::string result_name = hp.pre + "hook_result";
+  const std::string result_name = hp.pre + kHookResult;
   const int H = m.cfg.n_heads;
   const int64_t dh = hp.dh, B = z.size(0), Tq = z.size(1);
   if (hk->has_forward(result_name)) {
@@ -429,6 +434,19 @@ Tensor output_projection(const MultiHeadAttention& m, const Tensor& z, const Hoo
 
 }  // namespace
 
+std::vector<HookPointInfo> MultiHeadAttention::hook_points(const AttentionConfig& c) {
+  const std::string H = std::to_string(c.n_heads), Hkv = std::to_string(c.kv_heads()), dh = std::to_string(c.head_dim()),
+                    D = std::to_string(c.d_model);
+  return {{kHookQ, "(B, T, " + H + ", " + dh + ")", "queries per head"},
+          {kHookK, "(B, T, " + Hkv + ", " + dh + ")", "keys per kv head"},
+          {kHookV, "(B, T, " + Hkv + ", " + dh + ")", "values per kv head"},
+          {kHookScores, "(B, " + H + ", T, T)", "scaled, masked scores before softmax (-inf where masked)"},
+          {kHookPattern, "(B, " + H + ", T, T)", "attention weights (rows: queries, columns: keys)"},
+          {kHookZ, "(B, T, " + H + ", " + dh + ")", "head outputs (gated) before W_O"},
+          {kHookResult, "(B, T, " + H + ", " + D + ")",
+           "each head's contribution to the residual stream (computed only when hooked)"}};
+}
+
 AttentionArgs MultiHeadAttention::args_for(const Call& call, int64_t kv_len) const {
   AttentionArgs a;
   a.n_heads = cfg.n_heads;
@@ -454,7 +472,7 @@ Tensor MultiHeadAttention::forward(const Tensor& x_q, const Tensor& x_kv, const 
   // 3. attend: the gated head outputs z (B, Tq, H*dh)
   AttentionArgs a = args_for(call, kv_len);
   Tensor z = attend(x, a, hp, x_q.size(0), x_q.size(1), kv_len);
-  z = hp.heads("hook_z", z, cfg.n_heads);
+  z = hp.heads(kHookZ, z, cfg.n_heads);
   // 4. result: W_O z (B, Tq, d_model), through each head's contribution when that is hooked
   return output_projection(*this, z, hp);
 }

@@ -85,6 +85,8 @@ struct AttentionConfig {
 
 class MultiHeadAttention : public Module {
  public:
+  // The hook points attention makes (hook_q ... hook_result), in the order it makes them.
+  static std::vector<HookPointInfo> hook_points(const AttentionConfig& c);
   MultiHeadAttention(const AttentionConfig& cfg, Rng& init_rng, Rng* dropout_rng = nullptr);
 
   struct Call {

@@ -4,6 +4,10 @@
 
 namespace hl {
 
+void append_hook_points(std::vector<HookPointInfo>& to, const std::string& prefix, const std::vector<HookPointInfo>& points) {
+  for (const HookPointInfo& p : points) to.push_back({prefix + p.name, p.shape, p.what});
+}
+
 NameFilter name_is(const std::string& name) {
   return [name](const std::string& n) { return n == name; };
 }

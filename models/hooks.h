@@ -1,6 +1,8 @@
 // Named hook points, TransformerLens style: every activation a head study needs has a name
-// ("blocks.1.attn.hook_pattern") and a documented shape (the list: hook_points() in
-// models/transformer.h, and `headlab hooks`). A forward hook sees the activation and may return
+// ("blocks.1.attn.hook_pattern") and a documented shape. Each module declares the hook points it
+// makes beside the code that makes them (MultiHeadAttention::hook_points, FeedForward's,
+// TransformerBlock's, the model's); hook_points() in models/transformer.h gathers them, and
+// `headlab hooks` and Python's hl.hook_points list that. A forward hook sees the activation and may return
 // a replacement (ablation, activation patching, steering); a backward hook sees the gradient of
 // the loss with respect to the activation during backward. An ActivationCache records
 // activations (and their gradients) by name.
@@ -18,6 +20,15 @@
 #include "lib/ops.h"
 
 namespace hl {
+
+// A hook point as its module declares it: the name ("hook_q", prefixed by the module's place
+// when gathered: "blocks.0.attn.hook_q"), the shape with the config's sizes filled in
+// ("(B, T, 4, 16)"; B = batch, T = tokens) and what the activation holds.
+struct HookPointInfo {
+  std::string name, shape, what;
+};
+// `points` with `prefix` put before every name, appended to `to`.
+void append_hook_points(std::vector<HookPointInfo>& to, const std::string& prefix, const std::vector<HookPointInfo>& points);
 
 using NameFilter = std::function<bool(const std::string& name)>;
 NameFilter name_is(const std::string& name);

@@ -148,13 +148,21 @@ Tensor activation(const Tensor& x, Activation a) {
 }
 }  // namespace
 
+// The hook points of the MLP, declared with the code that makes them.
+constexpr char kHookPre[] = "hook_pre", kHookPost[] = "hook_post";
+
+std::vector<HookPointInfo> FeedForward::hook_points(int64_t d_ff) {
+  const std::string shape = "(B, T, " + std::to_string(d_ff) + ")";
+  return {{kHookPre, shape, "MLP pre-activation (fc1 output)"}, {kHookPost, shape, "MLP activation"}};
+}
+
 Tensor FeedForward::forward(const Tensor& x, const Hooks* hk, const std::string& prefix) const {
   Tensor h;  // (..., d_ff)
-  if (hk && hk->any(prefix + "hook_pre"))  // the pre-activation exists only on request
-    h = activation(hk->apply(prefix + "hook_pre", linear(x, fc1.weight, fc1.bias)), act);
+  if (hk && hk->any(prefix + kHookPre))  // the pre-activation exists only on request
+    h = activation(hk->apply(prefix + kHookPre, linear(x, fc1.weight, fc1.bias)), act);
   else
     h = linear_act(x, fc1.weight, fc1.bias, act);  // act(fc1(x)) in one pass
-  if (hk) h = hk->apply(prefix + "hook_post", h);
+  if (hk) h = hk->apply(prefix + kHookPost, h);
   return fc2.forward(h);
 }
 
@@ -171,30 +179,53 @@ TransformerBlock::TransformerBlock(const ModelConfig& c, Rng& rng, Rng* dropout_
   register_module("ffn", &ffn);
 }
 
+// The block's hook points, declared with the code that makes them.
+constexpr char kResidPre[] = "hook_resid_pre", kLn1[] = "ln1.hook_normalized", kAttnOut[] = "hook_attn_out",
+               kResidMid[] = "hook_resid_mid", kLn2[] = "ln2.hook_normalized", kMlpOut[] = "hook_mlp_out",
+               kResidPost[] = "hook_resid_post", kAttn[] = "attn.", kMlp[] = "mlp.";
+
+std::vector<HookPointInfo> TransformerBlock::hook_points(const ModelConfig& c) {
+  const std::string resid = "(B, T, " + std::to_string(c.d_model) + ")";
+  const bool pre = c.norm == Norm::Pre;
+  std::vector<HookPointInfo> p = {{kResidPre, resid, "residual stream into the block"}};
+  if (pre) p.push_back({kLn1, resid, "layer norm before attention"});
+  append_hook_points(p, kAttn, MultiHeadAttention::hook_points(c.attention()));
+  p.push_back({kAttnOut, resid, "attention output added to the residual stream"});
+  p.push_back({kResidMid, resid, "residual stream after attention"});
+  if (pre) p.push_back({kLn2, resid, "layer norm before the MLP"});
+  append_hook_points(p, kMlp, FeedForward::hook_points(c.d_ff));
+  p.push_back({kMlpOut, resid, "MLP output added to the residual stream"});
+  p.push_back({kResidPost, resid, "residual stream out of the block"});
+  return p;
+}
+
 Tensor TransformerBlock::forward(const Tensor& x_in, const MultiHeadAttention::Call& call_in, const Hooks* hk,
                                  const std::string& prefix) {
   auto hook = [&](const char* name, const Tensor& t) { return hk ? hk->apply(prefix + name, t) : t; };
   MultiHeadAttention::Call call = call_in;
   if (hk) {
     call.hooks = hk;
-    call.hook_prefix = prefix + "attn.";
+    call.hook_prefix = prefix + kAttn;
   }
-  const std::string mlp = hk ? prefix + "mlp." : std::string();
-  const Tensor x = hook("hook_resid_pre", x_in);
+  const std::string mlp = hk ? prefix + kMlp : std::string();
+  const Tensor x = hook(kResidPre, x_in);
   // with output_rows, attention reads every row and the block goes on with only those rows
   const Tensor x_out = call.output_rows ? gather_rows(x, *call.output_rows) : x;
   if (norm == Norm::Pre) {  // x = x + attn(ln1(x)); x = x + ffn(ln2(x))
-    const Tensor a = hook("hook_attn_out", resid_dropout.forward(attn.forward(hook("ln1.hook_normalized", ln1.forward(x)), Tensor(), call)));
-    const Tensor mid = hook("hook_resid_mid", add(x_out, a));
-    const Tensor m = hook("hook_mlp_out", resid_dropout.forward(ffn.forward(hook("ln2.hook_normalized", ln2.forward(mid)), hk, mlp)));
-    return hook("hook_resid_post", add(mid, m));
+    const Tensor a = hook(kAttnOut, resid_dropout.forward(attn.forward(hook(kLn1, ln1.forward(x)), Tensor(), call)));
+    const Tensor mid = hook(kResidMid, add(x_out, a));
+    const Tensor m = hook(kMlpOut, resid_dropout.forward(ffn.forward(hook(kLn2, ln2.forward(mid)), hk, mlp)));
+    return hook(kResidPost, add(mid, m));
   }
   // post-norm: x = ln1(x + attn(x)); x = ln2(x + ffn(x))
-  const Tensor a = hook("hook_attn_out", resid_dropout.forward(attn.forward(x, Tensor(), call)));
-  const Tensor mid = hook("hook_resid_mid", ln1.forward(add(x_out, a)));
-  const Tensor m = hook("hook_mlp_out", resid_dropout.forward(ffn.forward(mid, hk, mlp)));
-  return hook("hook_resid_post", ln2.forward(add(mid, m)));
+  const Tensor a = hook(kAttnOut, resid_dropout.forward(attn.forward(x, Tensor(), call)));
+  const Tensor mid = hook(kResidMid, ln1.forward(add(x_out, a)));
+  const Tensor m = hook(kMlpOut, resid_dropout.forward(ffn.forward(mid, hk, mlp)));
+  return hook(kResidPost, ln2.forward(add(mid, m)));
 }
+
+// The model's own hook points, declared with the code that makes them.
+constexpr char kHookEmbed[] = "hook_embed", kHookPosEmbed[] = "hook_pos_embed", kLnFinal[] = "ln_final.hook_normalized";
 
 TransformerLM::TransformerLM(const ModelConfig& c, uint64_t seed)
     : cfg((c.validate(), c)),
@@ -243,7 +274,7 @@ Tensor TransformerLM::forward(const Ids& ids, const ForwardOptions& opt) {
   if (opt.output_rows) fail("model: output_rows needs live_len");
   const Hooks* hk = opt.hooks;
   auto hook = [&](const char* name, const Tensor& t) { return hk ? hk->apply(name, t) : t; };  // no string without hooks
-  const Tensor tok = hook("hook_embed", tok_emb.forward(ids));  // (B, T, d_model)
+  const Tensor tok = hook(kHookEmbed, tok_emb.forward(ids));  // (B, T, d_model)
   Tensor pos;                                                    // (T, d_model), broadcast over B
   if (pos_emb) {
     positions_.shape = Shape{T};  // reused: no allocation per forward
@@ -253,7 +284,7 @@ Tensor TransformerLM::forward(const Ids& ids, const ForwardOptions& opt) {
   } else {
     pos = slice(sinusoid, 0, offset, offset + T);
   }
-  Tensor x = emb_dropout.forward(add(tok, hook("hook_pos_embed", pos)));
+  Tensor x = emb_dropout.forward(add(tok, hook(kHookPosEmbed, pos)));
   MultiHeadAttention::Call call;
   call.causal = true;
   if (opt.key_padding.defined()) {
@@ -265,7 +296,7 @@ Tensor TransformerLM::forward(const Ids& ids, const ForwardOptions& opt) {
     call.kv_cache = opt.kv_cache ? &(*opt.kv_cache)[l] : nullptr;
     x = blocks[l]->forward(x, call, hk, hk ? "blocks." + std::to_string(l) + "." : std::string());
   }
-  if (ln_f) x = hook("ln_final.hook_normalized", ln_f->forward(x));
+  if (ln_f) x = hook(kLnFinal, ln_f->forward(x));
   return head.forward(x);  // (B, T, vocab)
 }
 
@@ -326,32 +357,19 @@ std::pair<Tensor, ActivationCache> TransformerLM::run_with_cache(const Ids& ids,
   return {logits, cache};
 }
 
+std::vector<HookPointInfo> describe_hook_points(const ModelConfig& c) {
+  const std::string D = std::to_string(c.d_model);
+  std::vector<HookPointInfo> p = {{kHookEmbed, "(B, T, " + D + ")", "token embeddings"},
+                                  {kHookPosEmbed, "(T, " + D + ")", "position embeddings (broadcast over the batch)"}};
+  const std::vector<HookPointInfo> block = TransformerBlock::hook_points(c);
+  for (int l = 0; l < c.n_layers; ++l) append_hook_points(p, "blocks." + std::to_string(l) + ".", block);
+  if (c.norm == Norm::Pre) p.push_back({kLnFinal, "(B, T, " + D + ")", "final layer norm (into the unembedding)"});
+  return p;
+}
+
 std::vector<std::pair<std::string, std::string>> hook_points(const ModelConfig& c) {
-  const std::string H = std::to_string(c.n_heads), Hkv = std::to_string(c.kv_heads()), dh = std::to_string(c.head_dim()),
-                    D = std::to_string(c.d_model), F = std::to_string(c.d_ff);
-  const std::string resid = "(B, T, " + D + ")";
-  std::vector<std::pair<std::string, std::string>> p = {{"hook_embed", resid}, {"hook_pos_embed", "(T, " + D + ")"}};
-  for (int l = 0; l < c.n_layers; ++l) {
-    const std::string b = "blocks." + std::to_string(l) + ".";
-    const bool pre = c.norm == Norm::Pre;
-    p.push_back({b + "hook_resid_pre", resid});
-    if (pre) p.push_back({b + "ln1.hook_normalized", resid});
-    p.push_back({b + "attn.hook_q", "(B, T, " + H + ", " + dh + ")"});
-    p.push_back({b + "attn.hook_k", "(B, T, " + Hkv + ", " + dh + ")"});
-    p.push_back({b + "attn.hook_v", "(B, T, " + Hkv + ", " + dh + ")"});
-    p.push_back({b + "attn.hook_attn_scores", "(B, " + H + ", T, T)"});
-    p.push_back({b + "attn.hook_pattern", "(B, " + H + ", T, T)"});
-    p.push_back({b + "attn.hook_z", "(B, T, " + H + ", " + dh + ")"});
-    p.push_back({b + "attn.hook_result", "(B, T, " + H + ", " + D + ")"});
-    p.push_back({b + "hook_attn_out", resid});
-    p.push_back({b + "hook_resid_mid", resid});
-    if (pre) p.push_back({b + "ln2.hook_normalized", resid});
-    p.push_back({b + "mlp.hook_pre", "(B, T, " + F + ")"});
-    p.push_back({b + "mlp.hook_post", "(B, T, " + F + ")"});
-    p.push_back({b + "hook_mlp_out", resid});
-    p.push_back({b + "hook_resid_post", resid});
-  }
-  if (c.norm == Norm::Pre) p.push_back({"ln_final.hook_normalized", resid});
+  std::vector<std::pair<std::string, std::string>> p;
+  for (const HookPointInfo& h : describe_hook_points(c)) p.push_back({h.name, h.shape});
   return p;
 }
 

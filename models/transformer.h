@@ -53,6 +53,7 @@ class FeedForward : public Module {
   // (..., d_model) -> (..., d_model). Hook points prefix + hook_pre (..., d_ff) before the
   // activation and hook_post (..., d_ff) after it.
   Tensor forward(const Tensor& x, const Hooks* hooks = nullptr, const std::string& prefix = "") const;
+  static std::vector<HookPointInfo> hook_points(int64_t d_ff);
   Linear fc1, fc2;
   Activation act;
 };
@@ -66,6 +67,8 @@ class TransformerBlock : public Module {
   // but the attention's and the MLP's (d_ff).
   Tensor forward(const Tensor& x, const MultiHeadAttention::Call& call, const Hooks* hooks = nullptr,
                  const std::string& prefix = "");
+  // Its hook points and its modules', in forward order, named within the block ("attn.hook_q").
+  static std::vector<HookPointInfo> hook_points(const ModelConfig& cfg);
   Norm norm;
   LayerNorm ln1;
   MultiHeadAttention attn;
@@ -126,8 +129,10 @@ class TransformerLM : public Module {
   Ids live_ids_, live_positions_;  // the live positions' token and position ids (reused)
 };
 
-// The hook points of a model with this config, in forward order: name and shape, e.g.
-// ("blocks.0.attn.hook_pattern", "(B, 4, T, T)").
+// The hook points of a model with this config, in forward order, gathered from the modules that
+// make them: name, shape and meaning, e.g. ("blocks.0.attn.hook_pattern", "(B, 4, T, T)", ...).
+std::vector<HookPointInfo> describe_hook_points(const ModelConfig& cfg);
+// The same as (name, shape) pairs.
 std::vector<std::pair<std::string, std::string>> hook_points(const ModelConfig& cfg);
 
 // Every parameter's name (docs/formats.md) and shape for a config, in named_parameters() order, computed
