@@ -1,0 +1,151 @@
+// Binds the analyses of heads on held-out data: evaluation, importance and ablation, pruning,
+// detectors, activation patching and circuit scores (long ones stop on Ctrl-C).
+#include "analysis/circuits.h"
+#include "analysis/detectors.h"
+#include "analysis/patching.h"
+#include "bindings.h"
+#include "lib/fileutil.h"
+
+namespace hl::bindings {
+
+void bind_analyses(py::module_& m) {
+  // ---- analyses -------------------------------------------------------------------------------
+  m.def("evaluate", [](TransformerLM& model, const PyTask& task, const PyData& data, bool ar) {
+    py::gil_scoped_release release;
+    const EvalResult e = evaluate(model, *task.task, data.batches, ar);
+    py::gil_scoped_acquire gil;
+    return eval_dict(e);
+  }, py::arg("model"), py::arg("task"), py::arg("data"), py::arg("autoregressive") = false);
+  m.def("head_importance", [](TransformerLM& model, const PyData& data, bool normalize) {
+    HeadGrid g;
+    {
+      py::gil_scoped_release release;
+      g = head_importance(model, data.batches, normalize);
+    }
+    return grid_array(g);
+  }, py::arg("model"), py::arg("data"), py::arg("normalize") = false, "Michel et al. importance (L, H)");
+  m.def("single_head_ablation", [](TransformerLM& model, const PyTask& task, const PyData& data) {
+    AblationResult r;
+    {
+      py::gil_scoped_release release;
+      r = single_head_ablation(model, *task.task, data.batches);
+    }
+    py::dict d;
+    d["d_loss"] = grid_array(r.d_loss);
+    d["d_acc"] = grid_array(r.d_acc);
+    d["d_loss_mean"] = grid_array(r.d_loss_mean);
+    d["d_acc_mean"] = grid_array(r.d_acc_mean);
+    d["base"] = eval_dict(r.base);
+    return d;
+  }, "Change in held-out loss/accuracy when each head alone is zero- or mean-ablated: arrays (L, H)");
+  m.def("attention_statistics", [](TransformerLM& model, const PyData& data) {
+    HeadStats s;
+    {
+      py::gil_scoped_release release;
+      s = attention_statistics(model, data.batches);
+    }
+    py::dict d;
+    d["entropy"] = grid_array(s.entropy);
+    d["entropy_norm"] = grid_array(s.entropy_norm);
+    d["confidence"] = grid_array(s.confidence);
+    d["argmax_distance"] = grid_array(s.argmax_distance);
+    return d;
+  });
+  m.def("prune_curve", [](const TransformerLM& model, const PyTask& task, const PyData& data, const std::string& order,
+                          double step_fraction, int min_per_layer, bool recompute, uint64_t seed) {
+    std::unique_ptr<TransformerLM> copy = std::make_unique<TransformerLM>(model.cfg, 0);
+    auto to = copy->named_parameters();
+    const auto from = model.named_parameters();
+    for (size_t i = 0; i < to.size(); ++i) to[i].second.copy_from(from[i].second);
+    for (int l = 0; l < model.cfg.n_layers; ++l) copy->gates(l).copy_from(const_cast<TransformerLM&>(model).gates(l));
+    std::function<HeadGrid(TransformerLM&)> rank;
+    if (order == "importance")
+      rank = [&](TransformerLM& m) { return head_importance(m, data.batches, false); };
+    else if (order == "ablation")
+      rank = [&](TransformerLM& m) { return single_head_ablation(m, *task.task, data.batches).d_loss; };
+    else if (order == "random")
+      rank = [&](TransformerLM&) { return random_ranking(model.cfg.n_layers, model.cfg.n_heads, seed); };
+    else
+      throw py::value_error("order must be importance, ablation or random, got '" + order + "'");
+    PruneOptions o;
+    o.step_fraction = step_fraction;
+    o.min_per_layer = min_per_layer;
+    o.recompute = recompute;
+    std::vector<PruneStep> steps;
+    {
+      py::gil_scoped_release release;
+      steps = prune_curve(*copy, *task.task, data.batches, rank, o);
+    }
+    py::dict d;
+    std::vector<double> frac, loss, acc;
+    py::list removed;
+    for (const PruneStep& s : steps) {
+      frac.push_back(s.fraction), loss.push_back(s.eval.loss), acc.push_back(s.eval.token_acc);
+      removed.append(py::cast(s.removed));
+    }
+    d["fraction"] = py::array(py::cast(frac));
+    d["loss"] = py::array(py::cast(loss));
+    d["token_acc"] = py::array(py::cast(acc));
+    d["removed"] = removed;
+    return d;
+  }, py::arg("model"), py::arg("task"), py::arg("data"), py::arg("order") = "importance", py::arg("step_fraction") = 0.1,
+     py::arg("min_per_layer") = 0, py::arg("recompute") = false, py::arg("seed") = 1000,
+     "Accuracy as heads are removed in an order (on a copy; the model is unchanged)");
+  m.def("head_gradient_norms", [](const TransformerLM& model) {
+    const auto rows = head_gradient_norms(model, 0);
+    const int L = model.cfg.n_layers, H = model.cfg.n_heads;
+    py::dict d;
+    for (const char* mat : {"W_Q", "W_K", "W_V", "W_O"}) {
+      HeadGrid g(L), w(L);
+      for (const HeadNormRow& r : rows)
+        if (r.matrix == mat) g[r.layer].push_back(r.grad_norm), w[r.layer].push_back(r.weight_norm);
+      d[py::str(std::string("grad_") + mat)] = grid_array(g);
+      d[py::str(std::string("weight_") + mat)] = grid_array(w);
+    }
+    (void)H;
+    return d;
+  }, "Gradient atlas of the current gradients: per-head Frobenius norms (L, H or H_kv) of grads and weights");
+  m.def("repeated_random_tokens", [](int n, int k, int vocab, uint64_t seed) { return PyData{repeated_random_tokens(n, k, vocab, seed)}; },
+        py::arg("n"), py::arg("k"), py::arg("vocab"), py::arg("seed") = 1234,
+        "The detectors' probe: n sequences [r_1..r_k, r_1..r_k] of uniform random tokens");
+  m.def("detect_heads", [](TransformerLM& model, const PyData& data, const std::string& kind, bool exclude_bos,
+                           bool exclude_current_token) {
+    const Detector d = parse_detector(kind);
+    const HeadGrid g = interruptible([&] { return detect_heads(model, data.batches, d, {exclude_bos, exclude_current_token}); });
+    return grid_array(g);
+  }, py::arg("model"), py::arg("data"), py::arg("kind") = "induction", py::arg("exclude_bos") = false,
+     py::arg("exclude_current_token") = false,
+     "TransformerLens-style detector scores (L, H): previous_token, duplicate_token or induction");
+  m.def("activation_patching", [](TransformerLM& model, const PyTask& task, const PyData& data, uint64_t seed) {
+    if (data.batches.empty()) throw py::value_error("activation_patching: no data");
+    check_fits_in_memory(patching_memory_bytes(model.cfg, data.batches[0].size(), data.batches[0].inputs.shape[1]),
+                         "activation_patching: data of " + std::to_string(data.batches[0].size()) + " rows");
+    const PatchingInputs in = corrupt_one_symbol(data.batches[0], task.task->symbols(), seed);
+    const PatchingResult r = interruptible([&] { return activation_patching(model, in); });
+    py::dict d;
+    d["z_exact"] = grid_array(r.z_exact);
+    d["z_attribution"] = grid_array(r.z_attribution);
+    d["resid_exact"] = grid_array(r.resid_exact);
+    d["resid_attribution"] = grid_array(r.resid_attribution);
+    d["clean_metric"] = r.clean_metric;
+    d["corrupted_metric"] = r.corrupted_metric;
+    d["z_correlation"] = r.z_correlation;
+    d["resid_correlation"] = r.resid_correlation;
+    d["clean_ids"] = ids_to_array(in.clean);
+    d["corrupted_ids"] = ids_to_array(in.corrupted);
+    return d;
+  }, py::arg("model"), py::arg("task"), py::arg("data"), py::arg("seed") = 1234,
+     "Patching per head (hook_z, (L, H)) and per residual position ((L, T)), exact and attribution, normalised clean=1, corrupted=0");
+  m.def("composition_scores", [](const TransformerLM& model, int layer_a, int layer_b) {
+    const CompositionScores c = composition_scores(model, layer_a, layer_b);
+    py::dict d;
+    d["q"] = grid_array(c.q);
+    d["k"] = grid_array(c.k);
+    d["v"] = grid_array(c.v);
+    return d;
+  }, py::arg("model"), py::arg("layer_a"), py::arg("layer_b"), "Q/K/V composition [head of layer_a][head of layer_b]");
+  m.def("qk_singular_values", [](const TransformerLM& model, int layer, int head) { return qk_circuit_singular_values(model, layer, head); });
+  m.def("ov_singular_values", [](const TransformerLM& model, int layer, int head) { return ov_circuit_singular_values(model, layer, head); });
+}
+
+}  // namespace hl::bindings

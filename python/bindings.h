@@ -1,0 +1,108 @@
+// Internal to the Python module (python/*.cpp): the helpers shared by the files that bind each
+// area, and one bind_<area>(m) per area, called by module.cpp in order.
+#pragma once
+// Every file of the module sees the same casters (pybind11 requires it).
+#include <pybind11/functional.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "analysis/evaluate.h"
+#include "analysis/heads.h"
+#include "datasets/task.h"
+#include "lib/stop.h"
+#include "models/transformer.h"
+#include "train/trainer.h"
+
+namespace py = pybind11;
+
+namespace hl::bindings {
+
+using json = nlohmann::json;
+
+// ---- conversions (convert.cpp) ---------------------------------------------------------------
+
+std::string shape_text(const py::array& a);
+// Refuses an array whose copy (`bytes_per_element` each) would not fit in memory: a broadcast
+// view can describe 2^40 elements in a few bytes.
+void check_copy_fits(const py::array& a, double bytes_per_element, const std::string& what);
+// A float32 copy of any real array (float64 is rounded); other dtypes raise TypeError.
+Tensor tensor_from_array(const py::array& a, const std::string& what);
+// Token ids from a list or an integer array, (T) or (B, T); int32 range checked.
+Ids ids_from(const py::object& obj, const char* what = "ids");
+py::array ids_to_array(const Ids& ids);
+// A NumPy view of t's storage; the array keeps the tensor alive.
+py::array view_of(const Tensor& t, bool writeable = true);
+py::array grid_array(const HeadGrid& g);
+py::dict eval_dict(const EvalResult& e);
+py::object json_to_py(const json& j);
+
+// ---- settings by keyword (the CLI's flag table; convert.cpp) ---------------------------------
+
+// TrainArgs from keywords, as `headlab train` would resolve the same flags.
+TrainArgs args_from_kwargs(const py::dict& kwargs, const std::function<bool(const std::string&)>& skip = {});
+ModelConfig model_config_from_kwargs(const py::dict& kwargs);
+
+// ---- Ctrl-C during long C++ work ---------------------------------------------------------------
+
+// Ctrl-C (or any Python signal handler that raises) while C++ computes with the GIL released:
+// Python notes the signal, and long work asks between steps or examples (PyErr_CheckSignals
+// needs the GIL). The exception the handler raised is kept, to be raised as itself once the work
+// has stopped cleanly; only the calling thread's work stops.
+struct PendingSignal {
+  std::optional<py::error_already_set> error;
+  bool check() {  // with the GIL released
+    py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() == 0) return false;
+    error.emplace();  // fetches (and clears) the handler's exception
+    return true;
+  }
+  // KeyboardInterrupt says where the work stopped; another handler's exception stays as it was.
+  [[noreturn]] void raise(const char* what) {
+    if (error && !error->matches(PyExc_KeyboardInterrupt)) throw *error;
+    PyErr_SetString(PyExc_KeyboardInterrupt, what);
+    throw py::error_already_set();
+  }
+};
+
+// Runs a long analysis without the GIL; Ctrl-C stops it between examples and raises
+// KeyboardInterrupt (or the signal handler's own exception); the analysis writes nothing.
+template <class F>
+auto interruptible(F&& f) {
+  PendingSignal pending;
+  StopPoll poll([&pending] { return pending.check(); });
+  clear_stop_on_this_thread();
+  try {
+    py::gil_scoped_release release;
+    return f();
+  } catch (const Stopped& e) {
+    clear_stop_on_this_thread();
+    pending.raise(e.what());
+  }
+}
+
+// ---- Task and held-out data (bound in training.cpp, taken by analyses.cpp) ---------------------
+
+struct PyTask {
+  std::shared_ptr<Task> task;
+};
+struct PyData {  // held-out batches
+  std::vector<Batch> batches;
+};
+
+// ---- the areas, bound in this order by module.cpp ------------------------------------------------
+
+void bind_tensors(py::module_& m);   // tensors.cpp
+void bind_models(py::module_& m);    // models.cpp: models, hooks and the activation cache
+void bind_tasks(py::module_& m);     // training.cpp
+void bind_training(py::module_& m);  // training.cpp
+void bind_analyses(py::module_& m);  // analyses.cpp
+
+}  // namespace hl::bindings

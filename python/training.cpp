@@ -1,0 +1,232 @@
+// Binds tasks (Task, its held-out Batches) and training (the Trainer behind headlab.train,
+// run with Python callbacks and Ctrl-C, and train_settings).
+#include <set>
+
+#include "bindings.h"
+#include "lib/rng.h"
+#include "models/checkpoint.h"
+#include "train/settings.h"
+
+namespace hl::bindings {
+namespace {
+
+// ---- Task and held-out data ---------------------------------------------------------------
+
+TokenArrays token_arrays(const py::object& obj, const std::string& what) {
+  TokenArrays t;
+  if (py::isinstance<py::dict>(obj)) {
+    py::dict d = obj;
+    if (!d.contains("input_ids")) throw py::value_error(what + ": a dict of arrays needs 'input_ids' (N, T)");
+    t.input_ids = ids_from(d["input_ids"], "input_ids");
+    if (d.contains("targets")) t.targets = ids_from(d["targets"], "targets");
+    if (d.contains("loss_mask")) {
+      py::array m = py::array::ensure(d["loss_mask"]);
+      if (!m) throw py::type_error(what + ": loss_mask must be an array");
+      if (m.ndim() != 2 || m.shape(0) != t.input_ids.shape[0] || m.shape(1) != t.input_ids.shape[1])
+        throw py::value_error(what + ": loss_mask has shape " + shape_text(m) + " but input_ids is (" +
+                              std::to_string(t.input_ids.shape[0]) + ", " + std::to_string(t.input_ids.shape[1]) + ")");
+      const char kind = m.dtype().kind();  // bool, integers or floats: 0 = not counted
+      if (kind != 'b' && kind != 'i' && kind != 'u' && kind != 'f')
+        throw py::type_error(what + ": loss_mask must be bool, integer or float (0 = not counted), got dtype " +
+                             std::string(py::str(m.dtype())));
+      check_copy_fits(m, 2 * sizeof(float), what + ": loss_mask");
+      const auto f = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(m);
+      if (!f) throw py::type_error(what + ": cannot convert loss_mask of dtype " + std::string(py::str(m.dtype())) + " to float32");
+      t.loss_mask.assign(f.data(), f.data() + f.size());
+    }
+  } else {
+    t.input_ids = ids_from(obj, "input_ids");
+  }
+  return t;
+}
+
+// A task from keywords; data/eval_data may be arrays or dicts of arrays (tokens without a file).
+std::unique_ptr<Task> task_from(TrainArgs& a, const py::object& data, const py::object& eval_data) {
+  const bool arrays = !data.is_none() && !py::isinstance<py::str>(data);
+  if (!data.is_none() && !arrays) a.task.data = data.cast<std::string>();
+  if (!eval_data.is_none() && py::isinstance<py::str>(eval_data)) a.task.eval_data = eval_data.cast<std::string>();
+  a.task.make_paths_absolute();
+  if (!arrays) return nullptr;
+  if (a.task.name != "tokens") throw py::value_error("arrays as data are sequences of task 'tokens' (task='tokens')");
+  a.task.data = "(input_ids given from Python)";
+  const TokenArrays train = token_arrays(data, "data");
+  std::optional<TokenArrays> eval;
+  if (!eval_data.is_none()) {
+    a.task.eval_data = "(eval input_ids given from Python)";
+    eval = token_arrays(eval_data, "eval_data");
+  }
+  return make_tokens_task(a.task, train, eval ? &*eval : nullptr);
+}
+
+py::dict batch_dict(const Batch& b) {
+  py::dict d;
+  d["input_ids"] = ids_to_array(b.inputs);
+  d["targets"] = ids_to_array(b.targets);
+  d["prompt_len"] = py::cast(b.prompt_len);
+  return d;
+}
+
+// ---- the trainer ------------------------------------------------------------------------------
+
+struct PyTrainer {
+  std::unique_ptr<Trainer> trainer;
+};
+
+py::dict run_trainer(Trainer& t, const py::object& on_step, const py::object& on_eval) {
+  if (t.has_run()) throw py::value_error("Trainer: run() was already called; make a new Trainer (resume=True continues a run)");
+  TrainObserver obs;
+  PendingSignal pending;  // Ctrl-C noticed at a step: the trainer stops after that step's checkpoint
+  // A callback that raises KeyboardInterrupt (Ctrl-C while it ran) stops the run the same way.
+  auto call = [&](const py::object& fn, auto&&... args) {
+    if (fn.is_none()) return;
+    py::gil_scoped_acquire gil;
+    try {
+      fn(std::forward<decltype(args)>(args)...);
+    } catch (py::error_already_set& e) {
+      if (!e.matches(PyExc_KeyboardInterrupt)) throw;
+      pending.error.emplace(std::move(e));
+      request_stop_on_this_thread();
+    }
+  };
+  obs.on_step = [&](int64_t step, int64_t total, float loss, double tps) { call(on_step, step, total, loss, tps); };
+  obs.on_eval = [&](int64_t step, const EvalResult& e) {
+    if (on_eval.is_none()) return;
+    py::gil_scoped_acquire gil;
+    py::dict d = eval_dict(e);
+    call(on_eval, step, d);
+  };
+  StopPoll poll([&pending] { return pending.check(); });
+  clear_stop_on_this_thread();
+  TrainResult r;
+  // However run() ends, the output directory is free afterwards (resume=True in this process),
+  // and this thread's stop request is cleared.
+  struct Release {
+    Trainer& t;
+    ~Release() {
+      t.release_out_dir();
+      clear_stop_on_this_thread();
+    }
+  } release_dir{t};
+  try {
+    py::gil_scoped_release release;
+    r = t.run(obs);
+  } catch (const Interrupted& e) {
+    if (!t.args().out.empty()) write_summary(t.args().out, t.args(), t.partial_result(), /*finished=*/false);
+    pending.raise(e.what());
+  }
+  if (!t.args().out.empty()) write_summary(t.args().out, t.args(), r);
+  py::dict d;
+  d["final_eval"] = eval_dict(r.final_eval);
+  d["steps"] = r.steps;
+  d["wall_s"] = r.wall_s;
+  d["train_s"] = r.train_s;
+  d["params"] = r.params;
+  d["skipped_steps"] = r.skipped_steps;
+  d["first_step_99"] = r.first_step_99;
+  py::list curve;
+  for (auto& [s, e] : r.curve) {
+    py::dict row = eval_dict(e);
+    row["step"] = s;
+    curve.append(row);
+  }
+  d["curve"] = curve;
+  return d;
+}
+
+}  // namespace
+
+void bind_tasks(py::module_& m) {
+  // ---- tasks --------------------------------------------------------------------------------
+  py::class_<PyData>(m, "Batches", "Held-out batches of a task")
+      .def("__len__", [](const PyData& d) { return d.batches.size(); })
+      .def("__getitem__", [](const PyData& d, size_t i) {
+        if (i >= d.batches.size()) throw py::index_error("batch " + std::to_string(i));
+        return batch_dict(d.batches[i]);
+      });
+  py::class_<PyTask>(m, "Task")
+      .def(py::init([](const std::string& name, py::kwargs kw) {
+             kw["task"] = name;
+             py::object data = kw.contains("data") ? py::object(kw["data"]) : py::object(py::none());
+             py::object eval_data = kw.contains("eval_data") ? py::object(kw["eval_data"]) : py::object(py::none());
+             TrainArgs a = args_from_kwargs(kw, [](const std::string& k) { return k == "data" || k == "eval_data"; });
+             std::unique_ptr<Task> t = task_from(a, data, eval_data);
+             return PyTask{t ? std::shared_ptr<Task>(std::move(t)) : std::shared_ptr<Task>(make_task(a.task))};
+           }),
+           py::arg("name") = "copy",
+           "Task('varcopy', length=..., alphabet=..., data=...): a task with the CLI's settings by keyword")
+      .def_property_readonly("name", [](const PyTask& t) { return t.task->config().name; })
+      .def_property_readonly("vocab_size", [](const PyTask& t) { return t.task->vocab_size(); })
+      .def_property_readonly("seq_len", [](const PyTask& t) { return t.task->seq_len(); })
+      .def_property_readonly("rows_are_answers", [](const PyTask& t) { return t.task->rows_are_answers(); },
+                             "Whether a row's targets form one answer, so exact match means something (False for "
+                             "language modelling: text, token data without targets or loss_mask)")
+      .def("held_out", [](const PyTask& t, int n, uint64_t seed, int batch) { return PyData{t.task->held_out(n, seed, batch)}; },
+           py::arg("n") = 1000, py::arg("seed") = 1234, py::arg("batch") = 128)
+      .def("sample", [](const PyTask& t, int batch, uint64_t seed) {
+             Rng rng(seed);
+             return batch_dict(t.task->sample(batch, rng));
+           }, py::arg("batch") = 64, py::arg("seed") = 0, "A training-style batch: input_ids, targets, prompt_len")
+      .def("token_text", [](const PyTask& t, int32_t id) { return t.task->token_text(id); });
+}
+
+void bind_training(py::module_& m) {
+  // ---- training -------------------------------------------------------------------------------
+  py::class_<PyTrainer>(m, "_Trainer")
+      .def(py::init([](py::kwargs kw) {
+        std::set<std::string> extra = {"data", "eval_data", "out", "init", "resume"};
+        TrainArgs a = args_from_kwargs(kw, [&](const std::string& k) { return extra.count(k) > 0; });
+        if (kw.contains("out") && !kw["out"].is_none()) a.out = kw["out"].cast<std::string>();
+        if (kw.contains("init") && !kw["init"].is_none()) a.init = kw["init"].cast<std::string>();
+        if (kw.contains("resume")) a.resume = kw["resume"].cast<bool>();
+        std::unique_ptr<Task> task = task_from(a, kw.contains("data") ? py::object(kw["data"]) : py::object(py::none()),
+                                               kw.contains("eval_data") ? py::object(kw["eval_data"]) : py::object(py::none()));
+        if (a.resume) {
+          std::set<std::string> given;
+          for (auto& [k, v] : kw)
+            if (const TrainSetting* s = find_train_setting(k.cast<std::string>())) given.insert(s->flag);
+          a = resume_args(a.out, a, [&](const std::string& f) { return given.count(f) > 0; });
+        }
+        PyTrainer t;
+        py::gil_scoped_release release;
+        t.trainer = std::make_unique<Trainer>(a, std::move(task));
+        return t;
+      }))
+      .def("run", [](PyTrainer& t, const py::object& on_step, const py::object& on_eval) {
+             return run_trainer(*t.trainer, on_step, on_eval);
+           }, py::arg("on_step") = py::none(), py::arg("on_eval") = py::none())
+      .def("step", [](PyTrainer& t) {
+        std::pair<float, float> r;
+        {
+          py::gil_scoped_release release;
+          r = t.trainer->step();
+        }
+        return py::make_tuple(r.first, r.second);
+      })
+      .def_property_readonly("steps_done", [](const PyTrainer& t) { return t.trainer->steps_done(); })
+      .def("evaluate", [](PyTrainer& t, bool ar) {
+        EvalResult e;
+        {
+          py::gil_scoped_release release;
+          e = t.trainer->evaluate_held_out(ar);
+        }
+        return eval_dict(e);
+      }, py::arg("autoregressive") = false)
+      .def("save", [](PyTrainer& t, const std::string& path) {
+        save_checkpoint(path, t.trainer->model(), {}, {{"task", t.trainer->args().task.to_json()}});
+      })
+      .def_property_readonly("model", [](PyTrainer& t) -> TransformerLM& { return t.trainer->model(); },
+                             py::return_value_policy::reference_internal)
+      .def_property_readonly("task", [](PyTrainer& t) {
+        // a view of the trainer's task that does not own it (the trainer outlives it via keep_alive)
+        return PyTask{std::shared_ptr<Task>(std::shared_ptr<Task>(), const_cast<Task*>(&t.trainer->task()))};
+      }, py::keep_alive<0, 1>())
+      .def_property_readonly("held_out", [](PyTrainer& t) { return PyData{t.trainer->held_out()}; })
+      .def_property_readonly("args", [](PyTrainer& t) { return json_to_py(json::parse(t.trainer->args().to_json())); });
+  m.def("train_settings", [] {
+    py::list rows;
+    for (const TrainSetting& s : train_settings()) rows.append(py::make_tuple(s.name(), s.flag, s.help));
+    return rows;
+  }, "(keyword, flag, help) of every training setting");
+}
+
+}  // namespace hl::bindings
