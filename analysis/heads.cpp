@@ -119,11 +119,70 @@ HeadGrid gate_gradients(TransformerLM& model, const std::vector<Batch>& data) {
   return g;
 }
 
+namespace {
+void normalize_layers(HeadGrid& g) {
+  for (auto& row : g) {
+    double n = 0;
+    for (double v : row) n += v * v;
+    n = std::sqrt(n);
+    if (n > 0)
+      for (double& v : row) v /= n;
+  }
+}
+
+// sum_d z_h[t,d] g[t,d] for every head of one position: z and g point at the position's (H*dh) row.
+void head_dots(const float* z, const float* g, int H, int64_t dh, double* out) {
+  for (int h = 0; h < H; ++h) {
+    double s = 0;
+    for (int64_t j = h * dh; j < (h + 1) * dh; ++j) s += static_cast<double>(z[j]) * g[j];
+    out[h] = s;
+  }
+}
+}  // namespace
+
 HeadGrid head_importance(TransformerLM& model, const std::vector<Batch>& data, bool normalize_per_layer) {
   HeadGrid imp = grid(model);
   const int H = model.cfg.n_heads;
   const int64_t dh = model.cfg.head_dim(), W = H * dh;
+  int64_t examples = 0;
+  std::vector<double> row_sum(static_cast<size_t>(H)), dots(static_cast<size_t>(H));
+  // The summed token loss is sum over rows of n_r L(x_r), and rows do not see each other, so on
+  // row r its gradient is n_r dL(x_r)/dz: the row's sum of z . dL/dz over n_r is dL(x_r)/dxi_h.
+  backward_each(model, data, names_ending_with("attn.hook_z"), [&](const Batch& b, const ActivationCache& cache) {
+    const int64_t B = b.size(), T = b.inputs.shape[1];
+    std::vector<int64_t> counted(static_cast<size_t>(B), 0);
+    for (int64_t r = 0; r < B; ++r)
+      for (int64_t t = 0; t < T; ++t) counted[static_cast<size_t>(r)] += b.targets.at(r, t) >= 0;
+    for (int64_t r = 0; r < B; ++r) examples += counted[static_cast<size_t>(r)] > 0;
+    for (int l = 0; l < model.cfg.n_layers; ++l) {
+      const std::string name = layer_hook(l, "hook_z");
+      if (!cache.has_grad(name)) continue;
+      const Tensor &z = cache[name], &gz = cache.grad(name);  // (B, T, H, dh)
+      for (int64_t r = 0; r < B; ++r) {
+        const int64_t n = counted[static_cast<size_t>(r)];
+        if (n == 0) continue;
+        std::fill(row_sum.begin(), row_sum.end(), 0.0);
+        for (int64_t t = 0; t < T; ++t) {
+          if (is_pad(b, r, t)) continue;
+          head_dots(z.data() + (r * T + t) * W, gz.data() + (r * T + t) * W, H, dh, dots.data());
+          for (int h = 0; h < H; ++h) row_sum[static_cast<size_t>(h)] += dots[static_cast<size_t>(h)];
+        }
+        for (int h = 0; h < H; ++h) imp[l][h] += std::fabs(row_sum[static_cast<size_t>(h)]) / static_cast<double>(n);
+      }
+    }
+  });
+  for (auto& row : imp)
+    for (double& v : row) v /= static_cast<double>(std::max<int64_t>(examples, 1));
+  if (normalize_per_layer) normalize_layers(imp);
+  return imp;
+}
+
+HeadGrid head_importance_per_token(TransformerLM& model, const std::vector<Batch>& data, bool normalize_per_layer) {
+  HeadGrid imp = grid(model);
+  const int H = model.cfg.n_heads;
+  const int64_t dh = model.cfg.head_dim(), W = H * dh;
   int64_t n_tokens = 0;
+  std::vector<double> dots(static_cast<size_t>(H));
   backward_each(model, data, names_ending_with("attn.hook_z"), [&](const Batch& b, const ActivationCache& cache) {
     const int64_t B = b.size(), T = b.inputs.shape[1];
     n_tokens += b.counted_targets();
@@ -134,25 +193,14 @@ HeadGrid head_importance(TransformerLM& model, const std::vector<Batch>& data, b
       for (int64_t r = 0; r < B; ++r)
         for (int64_t t = 0; t < T; ++t) {
           if (is_pad(b, r, t)) continue;
-          const float *zz = z.data() + (r * T + t) * W, *gg = gz.data() + (r * T + t) * W;
-          for (int h = 0; h < H; ++h) {
-            double s = 0;
-            for (int64_t j = h * dh; j < (h + 1) * dh; ++j) s += static_cast<double>(zz[j]) * gg[j];
-            imp[l][h] += std::fabs(s);
-          }
+          head_dots(z.data() + (r * T + t) * W, gz.data() + (r * T + t) * W, H, dh, dots.data());
+          for (int h = 0; h < H; ++h) imp[l][h] += std::fabs(dots[static_cast<size_t>(h)]);
         }
     }
   });
-  for (auto& row : imp) {
-    for (double& v : row) v /= std::max<int64_t>(n_tokens, 1);
-    if (normalize_per_layer) {
-      double n = 0;
-      for (double v : row) n += v * v;
-      n = std::sqrt(n);
-      if (n > 0)
-        for (double& v : row) v /= n;
-    }
-  }
+  for (auto& row : imp)
+    for (double& v : row) v /= static_cast<double>(std::max<int64_t>(n_tokens, 1));
+  if (normalize_per_layer) normalize_layers(imp);
   return imp;
 }
 

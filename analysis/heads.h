@@ -28,11 +28,17 @@ struct AblationResult {
 // Ablates each head alone (zero, then mean) and evaluates on `data`.
 AblationResult single_head_ablation(TransformerLM& model, const Task& task, const std::vector<Batch>& data);
 
-// Michel et al. importance I_h = (1/n) sum over positions t of |sum_d z_h[t,d] dL/dz_h[t,d]|,
-// L the summed token loss, n the number of counted target tokens; z_h is the gated head
-// output, so sum_d z_h . dL/dz_h = g_h dL/dg_h per position. With normalize, each layer is
-// divided by its l2 norm. Gates keep their values (pruned heads score 0).
+// Head importance as Michel, Levy and Neubig (2019, "Are Sixteen Heads Really Better than One?")
+// define it: I_h = (1/N) sum over examples x of |dL(x)/dxi_h|, xi_h a gate on head h's output
+// and L(x) the example's mean loss over its counted targets. z_h is the gated head output, so
+// dL(x)/dxi_h = sum over x's tokens t of sum_d z_h[t,d] dL(x)/dz_h[t,d] (at gate 1; a gate
+// of 0 scores 0). N counts the examples with a counted target. With normalize_per_layer each
+// layer is divided by its l2 norm, as their code does.
 HeadGrid head_importance(TransformerLM& model, const std::vector<Batch>& data, bool normalize_per_layer);
+// The token-level variant: (1/n) sum over counted positions t of |sum_d z_h[t,d] dL/dz_h[t,d]|,
+// L the summed token loss and n the counted targets: the absolute value per token, not per
+// example (it bounds n I_h from above). Same normalisation option.
+HeadGrid head_importance_per_token(TransformerLM& model, const std::vector<Batch>& data, bool normalize_per_layer);
 // dL/dg for every gate, L the summed token loss over `data` (for tests and users).
 HeadGrid gate_gradients(TransformerLM& model, const std::vector<Batch>& data);
 

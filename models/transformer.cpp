@@ -48,7 +48,7 @@ void ModelConfig::validate() const {
   positive("d_model", d_model);
   positive("n_layers", n_layers);
   positive("n_heads", n_heads);
-  positive("d_ff", d_ff);
+  if (d_ff < 0) fail("model config: d_ff must not be negative (0 = attention-only: no MLP), got ", d_ff);
   positive("max_seq_len", max_seq_len);
   // Caps far above what a CPU trains, so a corrupt config is refused before anything is sized
   // by it (a sinusoidal model has no tensor that could contradict max_seq_len).
@@ -170,13 +170,15 @@ TransformerBlock::TransformerBlock(const ModelConfig& c, Rng& rng, Rng* dropout_
     : norm(c.norm),
       ln1(c.d_model, c.layer_norm_eps),
       attn(c.attention(), rng, dropout_rng),
-      ln2(c.d_model, c.layer_norm_eps),
-      ffn(c.d_model, c.d_ff, c.activation, c.mlp_bias, rng),
       resid_dropout(c.dropout, dropout_rng) {
   register_module("ln1", &ln1);
   register_module("attn", &attn);
-  register_module("ln2", &ln2);
-  register_module("ffn", &ffn);
+  if (c.has_mlp()) {  // after attention's: the initialisation draws in the same order as always
+    ln2 = std::make_unique<LayerNorm>(c.d_model, c.layer_norm_eps);
+    ffn = std::make_unique<FeedForward>(c.d_model, c.d_ff, c.activation, c.mlp_bias, rng);
+    register_module("ln2", ln2.get());
+    register_module("ffn", ffn.get());
+  }
 }
 
 // The block's hook points, declared with the code that makes them.
@@ -191,6 +193,10 @@ std::vector<HookPointInfo> TransformerBlock::hook_points(const ModelConfig& c) {
   if (pre) p.push_back({kLn1, resid, "layer norm before attention"});
   append_hook_points(p, kAttn, MultiHeadAttention::hook_points(c.attention()));
   p.push_back({kAttnOut, resid, "attention output added to the residual stream"});
+  if (!c.has_mlp()) {  // attention-only: the residual stream goes on from attention
+    p.push_back({kResidPost, resid, "residual stream out of the block"});
+    return p;
+  }
   p.push_back({kResidMid, resid, "residual stream after attention"});
   if (pre) p.push_back({kLn2, resid, "layer norm before the MLP"});
   append_hook_points(p, kMlp, FeedForward::hook_points(c.d_ff));
@@ -213,15 +219,17 @@ Tensor TransformerBlock::forward(const Tensor& x_in, const MultiHeadAttention::C
   const Tensor x_out = call.output_rows ? gather_rows(x, *call.output_rows) : x;
   if (norm == Norm::Pre) {  // x = x + attn(ln1(x)); x = x + ffn(ln2(x))
     const Tensor a = hook(kAttnOut, resid_dropout.forward(attn.forward(hook(kLn1, ln1.forward(x)), Tensor(), call)));
+    if (!ffn) return hook(kResidPost, add(x_out, a));  // attention-only
     const Tensor mid = hook(kResidMid, add(x_out, a));
-    const Tensor m = hook(kMlpOut, resid_dropout.forward(ffn.forward(hook(kLn2, ln2.forward(mid)), hk, mlp)));
+    const Tensor m = hook(kMlpOut, resid_dropout.forward(ffn->forward(hook(kLn2, ln2->forward(mid)), hk, mlp)));
     return hook(kResidPost, add(mid, m));
   }
   // post-norm: x = ln1(x + attn(x)); x = ln2(x + ffn(x))
   const Tensor a = hook(kAttnOut, resid_dropout.forward(attn.forward(x, Tensor(), call)));
+  if (!ffn) return hook(kResidPost, ln1.forward(add(x_out, a)));  // attention-only
   const Tensor mid = hook(kResidMid, ln1.forward(add(x_out, a)));
-  const Tensor m = hook(kMlpOut, resid_dropout.forward(ffn.forward(mid, hk, mlp)));
-  return hook(kResidPost, ln2.forward(add(mid, m)));
+  const Tensor m = hook(kMlpOut, resid_dropout.forward(ffn->forward(mid, hk, mlp)));
+  return hook(kResidPost, ln2->forward(add(mid, m)));
 }
 
 // The model's own hook points, declared with the code that makes them.
@@ -413,6 +421,7 @@ std::vector<std::pair<std::string, Shape>> parameter_shapes(const ModelConfig& c
     linear(b + "attn.W_K", Hkv, D, c.attn_bias);
     linear(b + "attn.W_V", Hkv, D, c.attn_bias);
     linear(b + "attn.W_O", D, Hq, c.attn_bias);
+    if (!c.has_mlp()) continue;  // attention-only
     norm(b + "ln2");
     linear(b + "ffn.fc1", c.d_ff, D, c.mlp_bias);
     linear(b + "ffn.fc2", D, c.d_ff, c.mlp_bias);

@@ -20,7 +20,7 @@ struct ModelConfig {
   int n_heads = 4;
   int n_kv_heads = 0;   // 0 = n_heads
   int64_t d_head = 0;   // 0 = d_model / n_heads
-  int64_t d_ff = 256;
+  int64_t d_ff = 256;   // 0 = attention-only: blocks without MLP (and without ln2)
   int64_t max_seq_len = 64;
   Norm norm = Norm::Pre;
   Activation activation = Activation::GeluTanh;
@@ -34,6 +34,7 @@ struct ModelConfig {
 
   int kv_heads() const { return n_kv_heads ? n_kv_heads : n_heads; }
   int64_t head_dim() const { return d_head ? d_head : d_model / n_heads; }
+  bool has_mlp() const { return d_ff > 0; }
   AttentionConfig attention() const;
   void validate() const;  // one clear message for the first bad value
   std::string to_json() const;  // the "config" metadata (docs/formats.md)
@@ -64,7 +65,8 @@ class TransformerBlock : public Module {
   // x (B, T, d_model) -> (B, T, d_model). Hook points (prefix "blocks.{l}."): hook_resid_pre,
   // ln1.hook_normalized (pre-norm), attn.*, hook_attn_out, hook_resid_mid, ln2.hook_normalized
   // (pre-norm), mlp.hook_pre, mlp.hook_post, hook_mlp_out, hook_resid_post; all (B, T, d_model)
-  // but the attention's and the MLP's (d_ff).
+  // but the attention's and the MLP's (d_ff). Attention-only (d_ff 0): hook_resid_pre, ln1,
+  // attn.*, hook_attn_out, hook_resid_post.
   Tensor forward(const Tensor& x, const MultiHeadAttention::Call& call, const Hooks* hooks = nullptr,
                  const std::string& prefix = "");
   // Its hook points and its modules', in forward order, named within the block ("attn.hook_q").
@@ -72,8 +74,8 @@ class TransformerBlock : public Module {
   Norm norm;
   LayerNorm ln1;
   MultiHeadAttention attn;
-  LayerNorm ln2;
-  FeedForward ffn;
+  std::unique_ptr<LayerNorm> ln2;    // null in an attention-only model (d_ff 0)
+  std::unique_ptr<FeedForward> ffn;  // likewise
   Dropout resid_dropout;
 };
 

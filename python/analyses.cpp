@@ -23,7 +23,17 @@ void bind_analyses(py::module_& m) {
       g = head_importance(model, data.batches, normalize);
     }
     return grid_array(g);
-  }, py::arg("model"), py::arg("data"), py::arg("normalize") = false, "Michel et al. importance (L, H)");
+  }, py::arg("model"), py::arg("data"), py::arg("normalize") = false,
+        "Michel et al. (2019) importance (L, H): the mean over examples of |dL(x)/d gate_h|, L(x) the example's mean loss");
+  m.def("head_importance_per_token", [](TransformerLM& model, const PyData& data, bool normalize) {
+    HeadGrid g;
+    {
+      py::gil_scoped_release release;
+      g = head_importance_per_token(model, data.batches, normalize);
+    }
+    return grid_array(g);
+  }, py::arg("model"), py::arg("data"), py::arg("normalize") = false,
+        "Token-level importance (L, H): the mean over counted tokens of |z_h . dL/dz_h|, L the summed loss");
   m.def("single_head_ablation", [](TransformerLM& model, const PyTask& task, const PyData& data) {
     AblationResult r;
     {

@@ -126,16 +126,16 @@ inline Mat bounded_logits(const hl::TransformerLM& m, const hl::Ids& ids, const 
   for (const auto& blk : m.blocks) {
     auto attn = [&](const Mat& in) { return mat(bounded_mha(blk->attn, in, B, T, true, hl::Tensor(), key_padding).out, D); };
     auto ffn = [&](const Mat& in) {
-      Mat h = linear(in, blk->ffn.fc1.weight, blk->ffn.fc1.bias);
-      for (Bounded& v : h.a) v = activation(v, blk->ffn.act);
-      return linear(h, blk->ffn.fc2.weight, blk->ffn.fc2.bias);
+      Mat h = linear(in, blk->ffn->fc1.weight, blk->ffn->fc1.bias);
+      for (Bounded& v : h.a) v = activation(v, blk->ffn->act);
+      return linear(h, blk->ffn->fc2.weight, blk->ffn->fc2.bias);
     };
     if (blk->norm == hl::Norm::Pre) {
       const Mat mid = add(x, attn(layer_norm(x, blk->ln1)));
-      x = add(mid, ffn(layer_norm(mid, blk->ln2)));
+      x = blk->ffn ? add(mid, ffn(layer_norm(mid, *blk->ln2))) : mid;  // attention-only: no MLP
     } else {
       const Mat mid = layer_norm(add(x, attn(x)), blk->ln1);
-      x = layer_norm(add(mid, ffn(mid)), blk->ln2);
+      x = blk->ffn ? layer_norm(add(mid, ffn(mid)), *blk->ln2) : mid;
     }
   }
   if (m.ln_f) x = layer_norm(x, *m.ln_f);

@@ -88,31 +88,70 @@ BOOST_AUTO_TEST_CASE(gate_gradient_equals_finite_difference) {
 }
 
 BOOST_AUTO_TEST_CASE(importance_on_one_token_is_the_absolute_gate_derivative) {
-  // With a single position, I_h = |sum_d z_h dL/dz_h| = |dL/dg_h| exactly (gate 1).
+  // With a single position, I_h = |sum_d z_h dL/dz_h| = |dL/dg_h| exactly (gate 1), per example
+  // and per token alike.
   auto m = make_model(2);
   Batch b;
   b.inputs = Ids(Shape{1, 1}, {6});
   b.targets = Ids(Shape{1, 1}, {3});
   const std::vector<Batch> one = {b};
-  const HeadGrid imp = head_importance(*m, one, false);
+  const HeadGrid imp = head_importance(*m, one, false), per_token = head_importance_per_token(*m, one, false);
   const HeadGrid g = gate_gradients(*m, one);
   for (int l = 0; l < 2; ++l)
-    for (int h = 0; h < 4; ++h) BOOST_TEST(imp[l][h] == std::fabs(g[l][h]), tt::tolerance(1e-4));
+    for (int h = 0; h < 4; ++h) {
+      BOOST_TEST(imp[l][h] == std::fabs(g[l][h]), tt::tolerance(1e-4));
+      BOOST_TEST(per_token[l][h] == std::fabs(g[l][h]), tt::tolerance(1e-4));
+    }
   // Over many tokens the per-token absolute values make I_h >= |dL/dg_h| / n.
   CopyTask task(tiny_task());
   const auto data = task.held_out(8, 5, 8);
-  const HeadGrid imp2 = head_importance(*m, data, false), g2 = gate_gradients(*m, data);
+  const HeadGrid imp2 = head_importance_per_token(*m, data, false), g2 = gate_gradients(*m, data);
   int64_t n = 0;
   for (int32_t t : data[0].targets.data) n += t >= 0;
   for (int l = 0; l < 2; ++l)
     for (int h = 0; h < 4; ++h) BOOST_TEST(imp2[l][h] * n >= std::fabs(g2[l][h]) * (1 - 1e-5));
   // normalised per layer: unit l2 norm
-  const HeadGrid nrm = head_importance(*m, data, true);
-  for (int l = 0; l < 2; ++l) {
-    double s = 0;
-    for (double v : nrm[l]) s += v * v;
-    BOOST_TEST(s == 1.0, tt::tolerance(1e-9));
-  }
+  for (const HeadGrid& nrm : {head_importance(*m, data, true), head_importance_per_token(*m, data, true)})
+    for (int l = 0; l < 2; ++l) {
+      double s = 0;
+      for (double v : nrm[l]) s += v * v;
+      BOOST_TEST(s == 1.0, tt::tolerance(1e-9));
+    }
+}
+
+BOOST_AUTO_TEST_CASE(importance_is_the_mean_over_examples_of_the_absolute_per_example_gate_gradient) {
+  // Michel et al.: I_h = (1/N) sum_x |dL(x)/dxi_h|, L(x) the example's mean loss. Each example
+  // alone as a batch of one: gate_gradients gives d(n_x L(x))/dxi_h.
+  auto m = make_model(3);
+  CopyTask task(tiny_task());  // variable lengths: examples count different numbers of targets
+  const auto data = task.held_out(10, 7, 4);  // batches of 4, 4 and 2 rows
+  const HeadGrid imp = head_importance(*m, data, false);
+  HeadGrid expect(2, std::vector<double>(4, 0.0));
+  int examples = 0;
+  for (const Batch& b : data)
+    for (int64_t r = 0; r < b.size(); ++r) {
+      Batch row;
+      b.rows_into(r, r + 1, row);
+      const double n = static_cast<double>(row.counted_targets());
+      const HeadGrid g = gate_gradients(*m, {row});
+      for (int l = 0; l < 2; ++l)
+        for (int h = 0; h < 4; ++h) expect[l][h] += std::fabs(g[l][h]) / n;
+      ++examples;
+    }
+  BOOST_TEST(examples == 10);
+  for (int l = 0; l < 2; ++l)
+    for (int h = 0; h < 4; ++h) {
+      BOOST_TEST_CONTEXT("layer " << l << " head " << h) {
+        // float32 gradients summed in different orders; the importances are O(0.1)
+        BOOST_TEST(imp[l][h] == expect[l][h] / examples, tt::tolerance(1e-4));
+      }
+    }
+  // and it is not the token-level variant
+  const HeadGrid per_token = head_importance_per_token(*m, data, false);
+  double most = 0;
+  for (int l = 0; l < 2; ++l)
+    for (int h = 0; h < 4; ++h) most = std::max(most, std::fabs(per_token[l][h] - imp[l][h]) / imp[l][h]);
+  BOOST_TEST(most > 0.01);
 }
 
 BOOST_AUTO_TEST_CASE(ablating_a_head_with_zero_wo_changes_nothing) {

@@ -50,7 +50,9 @@ Run run(TransformerLM& m, const Hooks* hooks) {
 BOOST_AUTO_TEST_CASE(identity_hooks_change_nothing_bit_for_bit) {
   // At every hook point at once and at each alone: a hook that reads (returns nothing) or
   // returns its input, a cache of everything, a backward hook: logits and gradients bit for bit.
-  for (const ModelConfig& c : {small(), small(Norm::Post, 2)}) {
+  ModelConfig attn_only = small();
+  attn_only.d_ff = 0;
+  for (const ModelConfig& c : {small(), small(Norm::Post, 2), attn_only}) {
     TransformerLM m(c, 3);
     const Run plain = run(m, nullptr);
     auto check = [&](const Hooks& h, const std::string& what) {

@@ -283,7 +283,7 @@ BOOST_AUTO_TEST_CASE(non_finite_loss_stops_and_keeps_the_checkpoint) {
   Trainer tw(w);
   TrainObserver obs_w;
   obs_w.on_step = [&](int64_t step, int64_t, float, double) {
-    if (step == 15) tw.model().blocks[0]->ffn.fc1.weight.data()[0] = std::numeric_limits<float>::infinity();
+    if (step == 15) tw.model().blocks[0]->ffn->fc1.weight.data()[0] = std::numeric_limits<float>::infinity();
   };
   BOOST_CHECK_EXCEPTION(tw.run(obs_w), NonFiniteError, [](const NonFiniteError& e) {
     return std::string(e.what()).find("step 15: parameter blocks.0.ffn.fc1.weight is no longer finite") == 0;

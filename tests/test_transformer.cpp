@@ -1,6 +1,7 @@
 // FeedForward, TransformerBlock, TransformerLM: gradchecks, parameter names (docs/formats.md), checkpoints,
 // hooks, gates, KV-cache decoding.
 #define BOOST_TEST_MODULE transformer
+#include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <filesystem>
@@ -48,7 +49,8 @@ BOOST_AUTO_TEST_CASE(block_gradcheck_pre_and_post_norm) {
     Rng r(2);
     TransformerBlock blk(c, r, nullptr);
     for (auto& [name, p] : blk.named_parameters()) init_normal(p, r, 0.3f);
-    for (auto* ln : {&blk.ln1, &blk.ln2}) ln->weight = add_scalar(ln->weight, 1.f).detach().requires_grad_();
+    for (auto* ln : {&blk.ln1, blk.ln2.get()}) ln->weight = add_scalar(ln->weight, 1.f).detach().requires_grad_();
+    BOOST_TEST_REQUIRE(blk.ffn != nullptr);
     blk.attn.gates.requires_grad_();
     Tensor x = Tensor::randn({2, 4, 8}, r).requires_grad_();
     auto inputs = blk.parameters();
@@ -62,11 +64,14 @@ BOOST_AUTO_TEST_CASE(block_gradcheck_pre_and_post_norm) {
 }
 
 BOOST_AUTO_TEST_CASE(lm_gradcheck_every_parameter_and_gate) {
-  struct V { const char* what; int H, Hkv; int64_t d_head; Norm norm; Positions pos; };
+  struct V { const char* what; int H, Hkv; int64_t d_head; Norm norm; Positions pos; int64_t d_ff = 12; };
   for (V v : {V{"pre learned", 2, 0, 0, Norm::Pre, Positions::Learned},
               V{"post sinusoidal gqa", 4, 2, 0, Norm::Post, Positions::Sinusoidal},
-              V{"mqa d_head 3", 2, 1, 3, Norm::Pre, Positions::Learned}}) {
+              V{"mqa d_head 3", 2, 1, 3, Norm::Pre, Positions::Learned},
+              V{"attention-only pre", 2, 0, 0, Norm::Pre, Positions::Learned, 0},
+              V{"attention-only post", 2, 0, 0, Norm::Post, Positions::Learned, 0}}) {
     ModelConfig c = tiny(v.norm);
+    c.d_ff = v.d_ff;
     c.n_heads = v.H;
     c.n_kv_heads = v.Hkv;
     c.d_head = v.d_head;
@@ -200,8 +205,10 @@ BOOST_AUTO_TEST_CASE(parameter_names_follow_interop) {
 }
 
 BOOST_AUTO_TEST_CASE(checkpoint_round_trip_is_exact) {
+  for (int64_t d_ff : {12, 0}) {  // 0: attention-only
   ModelConfig c = tiny();
   c.n_kv_heads = 1;
+  c.d_ff = d_ff;
   TransformerLM m(c, 5);
   m.gates(1).data()[0] = 0.f;
   const std::string path = temp_path("ckpt_roundtrip.safetensors");
@@ -214,14 +221,17 @@ BOOST_AUTO_TEST_CASE(checkpoint_round_trip_is_exact) {
   for (size_t i = 0; i < a.size(); ++i) BOOST_TEST(a[i].second.to_vector() == b[i].second.to_vector());
   NoGradGuard ng;
   BOOST_TEST(m.forward(ids_2x5()).to_vector() == loaded->forward(ids_2x5()).to_vector());
+  BOOST_TEST((loaded->blocks[0]->ffn == nullptr) == (d_ff == 0));
   std::filesystem::remove(path);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(parameter_shapes_are_the_models_parameters) {
   // the shapes a checkpoint is checked against before any model is built are exactly the ones
   // the model has, for every kind of config
-  for (int variant = 0; variant < 4; ++variant) {
+  for (int variant = 0; variant < 6; ++variant) {
     ModelConfig c = tiny(variant % 2 ? Norm::Post : Norm::Pre);
+    c.d_ff = variant >= 4 ? 0 : c.d_ff;  // attention-only
     c.positions = variant >= 2 ? Positions::Sinusoidal : Positions::Learned;
     c.attn_bias = variant == 1;
     c.mlp_bias = variant != 2;
@@ -390,12 +400,32 @@ BOOST_AUTO_TEST_CASE(config_validation_messages) {
     return std::string(e.what()) == "attention: n_kv_heads 2 must divide n_heads 3";
   });
   ModelConfig d = tiny();
-  d.d_ff = 0;
+  d.d_ff = -1;
   BOOST_CHECK_EXCEPTION(d.validate(), Error, [](const Error& e) {
-    return std::string(e.what()) == "model config: d_ff must be positive, got 0";
+    return std::string(e.what()) == "model config: d_ff must not be negative (0 = attention-only: no MLP), got -1";
   });
+  d.d_ff = 0;  // attention-only
+  BOOST_CHECK_NO_THROW(d.validate());
   TransformerLM m(tiny(), 1);
   BOOST_CHECK_EXCEPTION(m.forward(Ids(Shape{1, 7}, {0, 0, 0, 0, 0, 0, 0})), Error, [](const Error& e) {
     return std::string(e.what()) == "model: sequence of length 7 exceeds max_seq_len 6";
   });
+}
+
+BOOST_AUTO_TEST_CASE(attention_only_model_has_no_mlp_and_exactly_its_hook_points) {
+  // d_ff 0: blocks of attention alone (Olsson et al.'s attention-only transformers); the forward
+  // makes exactly the hook points the modules declare, and the logits are the reference's.
+  ModelConfig c = tiny();
+  c.d_ff = 0;
+  TransformerLM m(c, 6);
+  for (auto& [name, p] : m.named_parameters()) BOOST_TEST(name.find("ffn") == std::string::npos);
+  BOOST_TEST(m.blocks[0]->ln2 == nullptr);
+  auto [logits, cache] = m.run_with_cache(ids_2x5(), all_names(), false);
+  std::vector<std::string> made = cache.names(), declared;
+  for (auto& [name, shape] : hook_points(c)) declared.push_back(name);
+  std::sort(made.begin(), made.end());
+  std::sort(declared.begin(), declared.end());
+  BOOST_TEST(made == declared, tt::per_element());
+  BOOST_TEST(!cache.has("blocks.0.hook_mlp_out"));
+  roundoff::check_within(logits, roundoff::bounded_logits(m, ids_2x5()), "attention-only forward");
 }

@@ -81,7 +81,7 @@ std::vector<TrainSetting> make_table() {
     {"--heads", "/model/n_heads", "Attention heads per layer", FIELD(args.model.n_heads), R::kMustMatch, 1, 4096},
     {"--kv-heads", "/model/n_kv_heads", "Key/value heads (GQA/MQA); 0 = --heads", FIELD(args.model.n_kv_heads), R::kMustMatch, 0, 4096},
     {"--d-head", "/model/d_head", "Head size; 0 = d_model / heads", FIELD(args.model.d_head), R::kMustMatch, 0, 1 << 20},
-    {"--d-ff", "/model/d_ff", "Feed-forward width", FIELD(args.model.d_ff), R::kMustMatch, 1, 1 << 20},
+    {"--d-ff", "/model/d_ff", "Feed-forward width; 0 = attention-only (no MLP)", FIELD(args.model.d_ff), R::kMustMatch, 0, 1 << 20},
     {"--norm", "/model/norm", "pre or post LayerNorm", FIELD(norm), R::kMustMatch, NAN, NAN, {"pre", "post"}},
     {"--activation", "/model/activation", "gelu_erf, gelu_tanh or relu", FIELD(activation), R::kMustMatch, NAN, NAN,
      {"gelu_erf", "gelu_tanh", "relu"}},

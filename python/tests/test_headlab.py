@@ -184,7 +184,7 @@ def test_a_cache_holds_exactly_the_requested_names_and_is_read_only():
     p = cache["blocks.1.attn.hook_pattern"]
     assert p.shape == (3, 4, 10, 10)
     assert np.allclose(p.sum(-1), 1, atol=1e-6)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="read-only"):
         p[0, 0, 0, 0] = 1
     with pytest.raises(ValueError, match="unknown hook point 'blocks.9.hook_z'"):
         m.run_with_hooks(ids_batch(), fwd_hooks=[("blocks.9.hook_z", lambda x, n: None)])
@@ -336,6 +336,17 @@ def test_gradients_match_pytorch_when_it_is_installed(tmp_path):
             assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), n
 
 
+def test_an_attention_only_model_has_no_mlp_and_trains():
+    m = small_model(d_ff=0)
+    names = [n for n, _ in hl.hook_points(m.config)]
+    assert "blocks.0.hook_attn_out" in names and not any("mlp" in n or "ln2" in n or "resid_mid" in n for n in names)
+    assert not any("ffn" in n or "ln2" in n for n in m.named_parameters())
+    _, cache = m.run_with_cache(ids_batch(), names=names)
+    assert sorted(cache.keys()) == sorted(names)
+    t = hl.Trainer(task="induction", d_ff=0, steps=20, eval_size=64)
+    assert np.isfinite(t.run(progress=False)["final_eval"]["loss"])
+
+
 # ---- analyses -----------------------------------------------------------------------------------
 
 def test_analyses_return_arrays_that_agree_with_each_other():
@@ -344,6 +355,9 @@ def test_analyses_return_arrays_that_agree_with_each_other():
     data = t.task.held_out(200)
     imp = hl.head_importance(t.model, data)
     assert imp.shape == (2, 4) and np.all(imp >= 0)
+    # Michel et al.'s per-example |dL(x)/dg| is not the token-level variant (C++ tests check both)
+    per_token = hl.head_importance_per_token(t.model, data)
+    assert per_token.shape == (2, 4) and np.all(per_token >= 0) and not np.allclose(imp, per_token, rtol=1e-3)
     abl = hl.single_head_ablation(t.model, t.task, data)
     assert abl["d_loss"].shape == (2, 4)
     assert abs(abl["base"]["loss"] - hl.evaluate(t.model, t.task, data)["loss"]) == 0
