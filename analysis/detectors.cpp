@@ -112,4 +112,34 @@ std::vector<Batch> repeated_random_tokens(int n, int k, int vocab, uint64_t seed
   return out;
 }
 
+std::vector<Batch> varied_repeat_probe(int n, int k_max, int vocab, uint64_t seed, int32_t bos) {
+  if (n < 1 || vocab < 1) fail("varied_repeat_probe: n and vocab must be positive");
+  if (k_max < 2) fail("varied_repeat_probe: the longest repeat must be at least 2 tokens, got ", k_max);
+  if (bos >= vocab) fail("varied_repeat_probe: BOS token ", bos, " is outside the vocabulary of ", vocab);
+  Rng rng(seed);
+  const int k_min = std::max(2, k_max / 2), lead = bos >= 0 ? 1 : 0;
+  const int64_t T = 2 * static_cast<int64_t>(k_max) + lead;
+  auto below = [&](int64_t m) { return static_cast<int64_t>(rng.next_u64() % static_cast<uint64_t>(m)); };
+  std::vector<Batch> out;
+  for (int done = 0; done < n; done += 64) {
+    const int64_t B = std::min(64, n - done);
+    Batch b;
+    b.inputs = Ids(Shape{B, T});
+    b.targets = Ids(Shape{B, T});
+    b.prompt_len.assign(static_cast<size_t>(B), 0);
+    for (int64_t r = 0; r < B; ++r) {
+      const int64_t k = k_min + below(k_max - k_min + 1);
+      const int64_t start = lead + below(2 * k_max - 2 * k + 1);  // the first copy: [start, start + k)
+      for (int64_t t = 0; t < T; ++t) b.inputs.at(r, t) = static_cast<int32_t>(below(vocab));
+      if (lead) b.inputs.at(r, 0) = bos;
+      for (int64_t t = 0; t < k; ++t) b.inputs.at(r, start + k + t) = b.inputs.at(r, start + t);
+      // next-token targets where the second copy is predictable: from its first token on
+      for (int64_t t = 0; t < T; ++t)
+        b.targets.at(r, t) = t >= start + k && t < start + 2 * k - 1 ? b.inputs.at(r, t + 1) : -1;
+    }
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
 }  // namespace hl

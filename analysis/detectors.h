@@ -35,8 +35,16 @@ double detection_score(const float* A, const float* D, int64_t T, const Detector
 HeadGrid detect_heads(TransformerLM& model, const std::vector<Batch>& data, Detector kind, const DetectorOptions& opt,
                       const std::vector<float>& pattern = {}, int64_t pattern_T = 0);
 
-// The default probe: n sequences [r_1..r_k, r_1..r_k] of tokens uniform in [0, vocab), in
-// batches of up to 64, from `seed`.
+// The fixed probe: n sequences [r_1..r_k, r_1..r_k] of tokens uniform in [0, vocab), in
+// batches of up to 64, from `seed`. Every repeat is k back: a head that always attends k - 1
+// back scores as an induction head on it.
 std::vector<Batch> repeated_random_tokens(int n, int k, int vocab, uint64_t seed);
+
+// The probe position cannot fool (detect's default): n rows of 2 k_max random tokens in which a
+// block of k random tokens, k uniform in [max(2, k_max / 2), k_max], is repeated right after
+// itself at a random start, so the distance back to the earlier copy changes from row to row.
+// With bos >= 0 every row starts with that token (T = 2 k_max + 1). Next-token targets on the
+// second copy. Batches of up to 64, from `seed`.
+std::vector<Batch> varied_repeat_probe(int n, int k_max, int vocab, uint64_t seed, int32_t bos = -1);
 
 }  // namespace hl

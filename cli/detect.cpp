@@ -18,10 +18,16 @@ int run_detect(const RoleOpts& o) {
   RoleModel m = load_role_model(o);
   const ModelConfig& cfg = m.model->cfg;
   std::vector<Batch> data;
-  if (o.data == "probe") {
-    const int k = o.length > 0 ? o.length : static_cast<int>(std::min<int64_t>(16, cfg.max_seq_len / 2));
-    if (2 * k > cfg.max_seq_len) fail("--length ", k, ": the probe's ", 2 * k, " tokens exceed the model's max_seq_len ", cfg.max_seq_len);
-    data = repeated_random_tokens(o.examples, k, static_cast<int>(cfg.vocab_size), o.seed);
+  if (o.data != "task") {
+    const int lead = o.bos >= 0 && o.data == "probe" ? 1 : 0;
+    const int k = o.length > 0 ? o.length : static_cast<int>(std::min<int64_t>(16, (cfg.max_seq_len - lead) / 2));
+    if (2 * k + lead > cfg.max_seq_len)
+      fail("--length ", k, ": the probe's ", 2 * k + lead, " tokens exceed the model's max_seq_len ", cfg.max_seq_len);
+    if (o.bos >= cfg.vocab_size) fail("--bos ", o.bos, " is outside the model's vocabulary of ", cfg.vocab_size);
+    if (o.data == "probe")
+      data = varied_repeat_probe(o.examples, k, static_cast<int>(cfg.vocab_size), o.seed, o.bos);
+    else
+      data = repeated_random_tokens(o.examples, k, static_cast<int>(cfg.vocab_size), o.seed);
   } else {
     data = role_task(m, o.checkpoint).held_out(o.examples, o.seed, 64);
   }
@@ -45,7 +51,9 @@ int run_detect(const RoleOpts& o) {
   }
   claim_output_dir(out, "detect");
   std::printf("head detector scores (share of attention on the pattern; %d sequences of %s%s%s):\n\n", o.examples,
-              o.data == "probe" ? "repeated random tokens" : ("task " + m.config.name).c_str(),
+              o.data == "probe"         ? "random tokens with a block repeated at a varying distance"
+              : o.data == "fixed-probe" ? "repeated random tokens [r r]"
+                                        : ("task " + m.config.name).c_str(),
               o.exclude_bos ? ", BOS excluded" : "", o.exclude_current ? ", current token excluded" : "");
   write_head_table(out + "/detect.csv", names, grids);
   std::vector<Heatmap> maps;
@@ -60,10 +68,15 @@ int run_detect(const RoleOpts& o) {
 void add_detect_command(CLI::App& app, CommandRunner& runner) {
   auto [sub, o] = add_role_command(app, runner, "detect",
                                    "Head detectors: previous-token, duplicate-token and induction scores per head", run_detect);
-  sub->add_option("--data", o->data, "probe: repeated random tokens [r r]; task: the task's held-out sequences")
-      ->capture_default_str()->check(CLI::IsMember({"probe", "task"}));
-  sub->add_option("--length", o->length, "Tokens repeated in the probe; 0 = min(16, max_seq_len / 2)")
+  sub->add_option("--data", o->data,
+                  "probe: random tokens in which a block of --length/2..--length tokens is repeated at a random place, "
+                  "so a head that attends a fixed distance back is not taken for an induction head; fixed-probe: [r r] "
+                  "with r of --length tokens (every repeat the same distance back); task: the task's held-out sequences")
+      ->capture_default_str()->check(CLI::IsMember({"probe", "fixed-probe", "task"}));
+  sub->add_option("--length", o->length, "Longest block repeated in the probe; 0 = min(16, max_seq_len / 2)")
       ->capture_default_str()->check(in_range(0, 1 << 19));
+  sub->add_option("--bos", o->bos, "probe: start every row with this token id (e.g. the model's BOS); -1 = none")
+      ->capture_default_str()->check(in_range(-1, 1 << 24));
   sub->add_flag("--exclude-bos", o->exclude_bos, "Ignore attention to position 0");
   sub->add_flag("--exclude-current-token", o->exclude_current, "Ignore attention of a token to itself");
   sub->add_option("--pattern", o->pattern_file, "Score against your own pattern instead: a safetensors file with pattern (T, T)");

@@ -117,7 +117,12 @@ void bind_analyses(py::module_& m) {
   }, "Gradient atlas of the current gradients: per-head Frobenius norms (L, H or H_kv) of grads and weights");
   m.def("repeated_random_tokens", [](int n, int k, int vocab, uint64_t seed) { return PyData{repeated_random_tokens(n, k, vocab, seed)}; },
         py::arg("n"), py::arg("k"), py::arg("vocab"), py::arg("seed") = 1234,
-        "The detectors' probe: n sequences [r_1..r_k, r_1..r_k] of uniform random tokens");
+        "The fixed probe: n sequences [r_1..r_k, r_1..r_k] of uniform random tokens (every repeat k back)");
+  m.def("varied_repeat_probe", [](int n, int k_max, int vocab, uint64_t seed, int32_t bos) {
+          return PyData{varied_repeat_probe(n, k_max, vocab, seed, bos)};
+        }, py::arg("n"), py::arg("k_max"), py::arg("vocab"), py::arg("seed") = 1234, py::arg("bos") = -1,
+        "The probe position cannot fool: rows of 2 k_max random tokens with a block of k_max/2..k_max tokens "
+        "repeated at a random place (detect's default)");
   m.def("detect_heads", [](TransformerLM& model, const PyData& data, const std::string& kind, bool exclude_bos,
                            bool exclude_current_token) {
     const Detector d = parse_detector(kind);

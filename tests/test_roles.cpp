@@ -4,6 +4,7 @@
 #include <boost/test/unit_test.hpp>
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <set>
 
 #include "analysis/circuits.h"
@@ -89,6 +90,58 @@ BOOST_AUTO_TEST_CASE(a_model_with_uniform_attention_scores_the_formula_on_the_pr
   for (int64_t i = 1; i < 2 * k; ++i) on += 1.0 / (i + 1);
   for (auto& row : s)
     for (double v : row) BOOST_TEST(v == on / (2 * k), boost::test_tools::tolerance(1e-5));
+}
+
+namespace {
+// The mean induction score over a probe of a head whose pattern `attend(row tokens, T)` fills.
+double probe_score(const std::vector<Batch>& probe, const std::function<std::vector<float>(int64_t T, int64_t q)>& row_of) {
+  double sum = 0;
+  int64_t rows = 0;
+  for (const Batch& b : probe)
+    for (int64_t r = 0; r < b.size(); ++r) {
+      const int64_t T = b.inputs.shape[1];
+      std::vector<int32_t> tokens(b.inputs.data.begin() + r * T, b.inputs.data.begin() + (r + 1) * T);
+      std::vector<float> A(static_cast<size_t>(T * T), 0.f);
+      for (int64_t q = 0; q < T; ++q) {
+        const std::vector<float> w = row_of(T, q);
+        std::copy(w.begin(), w.end(), A.begin() + q * T);
+      }
+      sum += detection_score(A.data(), detection_pattern(Detector::Induction, tokens).data(), T, {});
+      ++rows;
+    }
+  return sum / static_cast<double>(rows);
+}
+}  // namespace
+
+// A head that always attends the same distance back scores as an induction head on the fixed
+// probe (where every repeat is that far back) but not on the varied one; a head that attends
+// where induction does scores the same on both.
+BOOST_AUTO_TEST_CASE(a_fixed_offset_head_is_not_an_induction_head_on_the_varied_probe) {
+  const int k = 8;
+  auto fixed_offset = [&](int64_t T, int64_t q) {  // attends k - 1 back, else to position 0
+    std::vector<float> w(static_cast<size_t>(T), 0.f);
+    w[static_cast<size_t>(q >= k - 1 ? q - (k - 1) : 0)] = 1.f;
+    return w;
+  };
+  const std::vector<Batch> fixed = repeated_random_tokens(200, k, 50, 3), varied = varied_repeat_probe(200, k, 50, 3);
+  const double on_fixed = probe_score(fixed, fixed_offset), on_varied = probe_score(varied, fixed_offset);
+  BOOST_TEST(on_fixed > 0.45);   // the second half of every row: about half the queries
+  BOOST_TEST(on_varied < 0.15);  // right only on rows whose block is k long (1 in 5) and by chance
+  // the varied probe's rows: one block of 4..8 tokens repeated right after itself
+  for (const Batch& b : varied)
+    for (int64_t r = 0; r < b.size(); ++r) {
+      const int64_t T = b.inputs.shape[1];
+      BOOST_TEST(T == 2 * k);
+      int64_t counted = 0, first = -1;
+      for (int64_t t = 0; t < T; ++t)
+        if (b.targets.at(r, t) >= 0) counted += 1, first = first < 0 ? t : first;
+      const int64_t len = counted + 1, start = first - len;  // the block's length and its first copy
+      BOOST_TEST_REQUIRE((len >= k / 2 && len <= k));
+      for (int64_t t = 0; t < len; ++t) BOOST_TEST(b.inputs.at(r, start + t) == b.inputs.at(r, start + len + t));
+    }
+  const std::vector<Batch> with_bos = varied_repeat_probe(10, k, 50, 3, 49);
+  BOOST_TEST(with_bos[0].inputs.shape[1] == 2 * k + 1);
+  for (int64_t r = 0; r < 10; ++r) BOOST_TEST(with_bos[0].inputs.at(r, 0) == 49);
 }
 
 BOOST_AUTO_TEST_CASE(composition_is_one_for_shared_directions_zero_for_orthogonal_and_scale_free) {
