@@ -30,6 +30,7 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
   const std::string out = out_flag.empty() ? default_out_dir("train") : out_flag;
   TrainArgs args = resume ? args_to_resume(flags, out) : flags.resolve();
   if (!resume) {
+    args = init_args(args, [&](const std::string& f) { return flags.given(f); });
     refuse_output_over_input("--out", out + "/model.safetensors", {{"--init", args.init}});
     refuse_output_over_input("--out", out + "/checkpoint.safetensors", {{"--init", args.init}});
     args.out = out;

@@ -180,12 +180,11 @@ void bind_training(py::module_& m) {
         if (kw.contains("resume")) a.resume = kw["resume"].cast<bool>();
         std::unique_ptr<Task> task = task_from(a, kw.contains("data") ? py::object(kw["data"]) : py::object(py::none()),
                                                kw.contains("eval_data") ? py::object(kw["eval_data"]) : py::object(py::none()));
-        if (a.resume) {
-          std::set<std::string> given;
-          for (auto& [k, v] : kw)
-            if (const TrainSetting* s = find_train_setting(k.cast<std::string>())) given.insert(s->flag);
-          a = resume_args(a.out, a, [&](const std::string& f) { return given.count(f) > 0; });
-        }
+        std::set<std::string> given;  // the flags of the keywords given
+        for (auto& [k, v] : kw)
+          if (const TrainSetting* s = find_train_setting(k.cast<std::string>())) given.insert(s->flag);
+        const auto was_given = [&](const std::string& f) { return given.count(f) > 0; };
+        a = a.resume ? resume_args(a.out, a, was_given) : init_args(a, was_given);
         PyTrainer t;
         py::gil_scoped_release release;
         t.trainer = std::make_unique<Trainer>(a, std::move(task));

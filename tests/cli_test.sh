@@ -34,6 +34,9 @@ check "missing checkpoint" nonzero "/nonexistent.safetensors: cannot open" -- "$
 check "small run" 0 "token accuracy" -- "$HL" train $small --steps 30 --eval-every 10 --out "$T/run"
 check "summary written" 0 "peak_rss_kb" -- cat "$T/run/summary.json"
 check "metrics written" 0 '"step":30' -- cat "$T/run/metrics.jsonl"
+# --init takes the architecture from the checkpoint (no model flags needed), refuses contradictions
+check "init takes the checkpoint's model" 0 "d_model 16, d_head 8" -- "$HL" train --init "$T/run/model.safetensors" --length 4 --alphabet 5 --batch 8 --eval-size 16 --threads 1 --steps 2 --out "$T/init"
+check "init refuses a contradicting flag" nonzero "--d-model 32 contradicts --init .*model.safetensors, whose model has d_model 16" -- "$HL" train --init "$T/run/model.safetensors" --d-model 32 --length 4 --alphabet 5 --out "$T/init2"
 head -c 100 "$T/run/model.safetensors" > "$T/trunc.safetensors"
 check "truncated checkpoint" nonzero "trunc.safetensors: not a valid safetensors file" -- "$HL" grads --checkpoint "$T/trunc.safetensors" --out "$T/g1.st"
 [ ! -e "$T/g1.st" ] && { pass=$((pass+1)); echo "ok   no output after a failure"; } || { fail=$((fail+1)); echo "FAIL output written after a failure"; }

@@ -199,6 +199,25 @@ TrainArgs resume_args(const std::string& out, const TrainArgs& given,
   return r;
 }
 
+TrainArgs init_args(const TrainArgs& given, const std::function<bool(const std::string& flag)>& given_flag) {
+  if (given.init.empty()) return given;
+  const ModelConfig stored = checkpoint_config(read_safetensors(given.init));
+  TrainArgs r = given;
+  r.model = stored;
+  r.model.dropout = given.model.dropout;  // training settings, not the architecture
+  r.model.attn_dropout = given.model.attn_dropout;
+  const json now = json::parse(given.to_json()), then = json::parse(r.to_json());
+  for (const TrainSetting& s : train_settings()) {
+    if (s.json_pointer.rfind("/model/", 0) != 0 || !given_flag(s.flag)) continue;
+    const json::json_pointer p(s.json_pointer);
+    const json a = now.value(p, json()), b = then.value(p, json());
+    if (a != b)
+      fail(s.flag, " ", a.dump(), " contradicts --init ", given.init, ", whose model has ", s.json_pointer.substr(7), " ",
+           b.dump(), ": leave the flag out to take the checkpoint's");
+  }
+  return r;
+}
+
 std::string first_setting_difference(const std::string& stored_json, const std::string& now_json) {
   std::set<std::string> ignored;  // settings that leave results alone
   for (const TrainSetting& s : train_settings())
@@ -260,6 +279,13 @@ Trainer::Trainer(TrainArgs args, std::unique_ptr<Task> task, ProcessGroup* group
   held_out_ = task_->held_out(args_.eval_size, args_.eval_seed, std::min(args_.eval_size, 128));
   if (!args_.init.empty() && !args_.resume) {  // weights made elsewhere (e.g. PyTorch), same config
     const SafetensorsFile f = read_safetensors(args_.init);
+    const ModelConfig c = checkpoint_config(f);
+    if (c.vocab_size != args_.model.vocab_size)
+      fail("--init ", args_.init, ": its vocabulary of ", c.vocab_size, " tokens does not fit task ", args_.task.name, " (",
+           args_.model.vocab_size, " tokens)");
+    if (c.positions == Positions::Learned && c.max_seq_len < task_->seq_len())
+      fail("--init ", args_.init, ": its position table has ", c.max_seq_len, " positions but task ", args_.task.name,
+           "'s sequences have ", task_->seq_len(), " tokens");
     check_checkpoint_tensors(args_.model, f);
     load_parameters(*model_, f);
   }

@@ -102,6 +102,11 @@ std::string first_setting_difference(const std::string& stored_json, const std::
 // change them and refused where they must match. The command line and Python both come here.
 TrainArgs resume_args(const std::string& out, const TrainArgs& given,
                       const std::function<bool(const std::string& flag)>& given_flag);
+// `train --init CK`: the model's architecture comes from the checkpoint's config (widths, layers,
+// heads, d_ff, norm, activation, positions, biases and the length of its position table); a
+// model setting the caller gave (`given_flag("--d-model")`) that contradicts it is refused,
+// naming both values. Training settings (dropout included) stay the caller's.
+TrainArgs init_args(const TrainArgs& given, const std::function<bool(const std::string& flag)>& given_flag);
 // A sweep reuses what `dir` holds only if it was made with the same settings: refuses
 // otherwise, naming the first difference, or with `force` deletes the old run.
 void reuse_only_if_same_settings(const std::string& dir, const TrainArgs& args, bool force, const std::string& force_flag);

@@ -413,3 +413,23 @@ def test_the_worked_example_of_the_python_guide_runs(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "without L0H2" in out.stdout
     assert os.path.exists(tmp_path / "runs" / "varcopy-py" / "model.safetensors")
+
+
+def test_init_takes_the_architecture_and_position_table_from_the_checkpoint(tmp_path):
+    # a model made elsewhere: not the default architecture, a position table of 24 (the data's length)
+    made = hl.TransformerLM(hl.ModelConfig(d_model=24, layers=1, heads=3, d_ff=40, vocab_size=20, max_seq_len=24), seed=5)
+    ck = str(tmp_path / "made.safetensors")
+    made.save(ck)
+    ids = np.random.default_rng(1).integers(0, 20, size=(300, 24)).astype(np.int64)
+    settings = dict(task="tokens", data=ids, alphabet=20, steps=10, batch=16, eval_size=32)
+    t = hl.Trainer(init=ck, **settings)
+    c = t.model.config
+    assert (c.d_model, c.layers, c.heads, c.d_ff, c.max_seq_len) == (24, 1, 3, 40, 24)
+    start = t.model.named_parameters()
+    for name, w in made.named_parameters().items():
+        assert np.array_equal(start[name], w), name  # the checkpoint's weights, untouched before training
+    assert np.isfinite(t.run(progress=False)["final_eval"]["loss"])
+    # a model flag that contradicts the checkpoint is refused, naming both
+    with pytest.raises(hl.HeadlabError, match=r"--d-model 32 contradicts --init .*made.safetensors, whose model has d_model 24"):
+        hl.Trainer(init=ck, d_model=32, **settings)
+    hl.Trainer(init=ck, d_model=24, **settings)  # agreeing is fine
