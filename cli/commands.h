@@ -19,7 +19,11 @@ struct TrainFlags {
   TrainFlags(const TrainFlags&) = delete;  // `args` refers to this object's values
   void add(CLI::App* app, bool with_run_flags = true, bool with_heads = true);
   TrainArgs resolve() const;  // parses the text flags into args, applies task presets
-  bool given(const std::string& flag) const { return app_ && app_->count(flag) > 0; }
+  // Whether `flag` was on the command line (false for a flag this command does not have).
+  bool given(const std::string& flag) const {
+    const CLI::Option* o = app_ ? app_->get_option_no_throw(flag) : nullptr;
+    return o && o->count() > 0;
+  }
 
  private:
   CLI::App* app_ = nullptr;

@@ -12,12 +12,13 @@ std::vector<TaskInfo>& registry() {
   static std::vector<TaskInfo> tasks;  // filled by the tasks' files before main
   return tasks;
 }
+}  // namespace
+
 const TaskInfo* find_task(const std::string& name) {
   for (const TaskInfo& t : registry())
     if (t.name == name) return &t;
   return nullptr;
 }
-}  // namespace
 
 bool register_task(TaskInfo info) {
   if (find_task(info.name)) fail("register_task: task '", info.name, "' is registered twice");

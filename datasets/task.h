@@ -116,7 +116,11 @@ struct TaskInfo {
   TaskConfig preset;  // the task's defaults (its name is filled in)
   std::function<void(const TaskConfig&)> validate;  // the task's own checks, after the common ones
   std::function<std::unique_ptr<Task>(const TaskConfig&)> make;
+  // Training settings the task needs to be learned as intended (e.g. induction's model and
+  // schedule), as flag -> value; each applies when that flag is not given.
+  std::vector<std::pair<std::string, std::string>> train_defaults = {};
 };
+const TaskInfo* find_task(const std::string& name);  // null for an unknown name
 bool register_task(TaskInfo info);  // true; fails for a name registered twice
 const std::vector<TaskInfo>& task_registry();  // in `order`
 std::vector<std::string> task_names();

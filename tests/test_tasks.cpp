@@ -127,54 +127,83 @@ BOOST_AUTO_TEST_CASE(registry_lists_every_task_and_builds_it) {
              "task: unknown task 'nope' (expected one of copy, reverse, varcopy, induction, text, tokens)");
 }
 
-BOOST_AUTO_TEST_CASE(induction_sequences_repeat_and_count_the_repeat) {
-  TaskConfig c = TaskConfig::preset("induction");
-  c.max_len = 5;
-  const auto t = make_task(c);
-  Rng rng(3);
-  const Batch b = t->sample(3, rng);
-  BOOST_TEST(t->seq_len() == 10);
-  BOOST_TEST(t->vocab_size() == 33);
-  for (int64_t r = 0; r < 3; ++r) {
-    BOOST_TEST(b.inputs.at(r, 0) == 32);  // BOS
-    for (int64_t i = 1; i < 5; ++i) BOOST_TEST(b.inputs.at(r, i + 5) == b.inputs.at(r, i));  // r repeated
-    for (int64_t tpos = 0; tpos < 5; ++tpos) BOOST_TEST(b.targets.at(r, tpos) == -1);
-    for (int64_t tpos = 5; tpos < 10; ++tpos) BOOST_TEST(b.targets.at(r, tpos) == b.inputs.at(r, tpos - 4));  // r_{t-4}
-    BOOST_TEST(b.prompt_len[r] == 6);
-    BOOST_TEST(t->answer(b, r) == std::vector<int32_t>(b.inputs.data.begin() + r * 10 + 1, b.inputs.data.begin() + r * 10 + 6));
+BOOST_AUTO_TEST_CASE(induction_rows_repeat_a_block_at_a_random_place_and_count_its_second_copy) {
+  const auto t = make_task(TaskConfig::preset("induction"));  // blocks of 4..12 in rows of 32
+  BOOST_TEST(t->seq_len() == 32);
+  BOOST_TEST(t->vocab_size() == 32);
+  Rng rng(4);
+  const Batch b = t->sample(200, rng);
+  BOOST_TEST(!b.key_padding.defined());  // nothing padded
+  std::set<int64_t> lengths, starts;
+  for (int64_t r = 0; r < 200; ++r) {
+    std::vector<int64_t> counted;
+    for (int64_t p = 0; p < 32; ++p)
+      if (b.targets.at(r, p) >= 0) counted.push_back(p);
+    BOOST_TEST_REQUIRE(!counted.empty());
+    const int64_t n = static_cast<int64_t>(counted.size()) + 1, start = counted.front() - n;  // the block, its first copy
+    BOOST_TEST_REQUIRE((n >= 4 && n <= 12 && start >= 0 && start + 2 * n <= 32));
+    BOOST_TEST(counted.back() - counted.front() == n - 2);  // consecutive: r_2..r_n of the second copy
+    for (int64_t i = 0; i < n; ++i) BOOST_TEST(b.inputs.at(r, start + n + i) == b.inputs.at(r, start + i));
+    for (int64_t p : counted) BOOST_TEST(b.targets.at(r, p) == b.inputs.at(r, p + 1));
+    BOOST_TEST(b.prompt_len[r] == start + n + 1);
+    lengths.insert(n), starts.insert(start);
   }
+  BOOST_TEST(lengths.size() == 9u);  // every n in 4..12 drawn
+  BOOST_TEST(starts.size() > 15u);   // and many places
 }
 
-BOOST_AUTO_TEST_CASE(induction_with_variable_lengths_pads_after_the_repeat) {
-  TaskConfig c = TaskConfig::preset("induction");
-  c.min_len = 3;
-  c.max_len = 6;
-  const auto t = make_task(c);
-  BOOST_TEST(t->vocab_size() == 34);  // 32 symbols, BOS, PAD
-  Rng rng(4);
-  const Batch b = t->sample(50, rng);
-  std::set<int> lengths;
-  for (int64_t r = 0; r < 50; ++r) {
-    const int n = b.prompt_len[r] - 1;
-    lengths.insert(n);
-    BOOST_TEST((n >= 3 && n <= 6));
-    for (int64_t i = 1; i < n; ++i) BOOST_TEST(b.inputs.at(r, i + n) == b.inputs.at(r, i));
-    for (int64_t p = 0; p < 12; ++p) {
-      BOOST_TEST(b.key_padding.at({r, p}) == (p >= 2 * n ? 1.f : 0.f));
-      BOOST_TEST(b.targets.at(r, p) == (p >= n && p < 2 * n ? b.inputs.at(r, p + 1 - n) : -1));
-      if (p >= 2 * n) BOOST_TEST(b.inputs.at(r, p) == 33);  // PAD
-    }
+// The rows the generator draws, written to a file and read back in order by the tokens task,
+// train to the same numbers as the generator itself: the two paths are one computation.
+BOOST_AUTO_TEST_CASE(induction_rows_from_the_generator_and_from_a_file_train_to_the_same_numbers) {
+  TrainArgs gen = args_for("induction");
+  gen.model.d_model = 32, gen.model.n_heads = 2, gen.model.d_ff = 0;
+  gen.batch = 16, gen.steps = 30, gen.eval_every = 10, gen.eval_size = 64, gen.warmup = 5;
+  const auto task = make_task(gen.task);
+  const int64_t T = task->seq_len();
+  auto write_rows = [&](const std::string& path, const std::vector<Batch>& batches) {
+    std::vector<int64_t> ids;
+    std::vector<float> mask;
+    for (const Batch& b : batches)
+      for (int64_t i = 0; i < b.size() * T; ++i) {
+        ids.push_back(b.inputs.data[i]);
+        mask.push_back(b.targets.data[i] >= 0 ? 1.f : 0.f);
+      }
+    const int64_t N = static_cast<int64_t>(ids.size()) / T;
+    SafetensorsWriter w;
+    w.add_i64("input_ids", Shape{N, T}, ids);
+    w.add("loss_mask", Tensor::from(Shape{N, T}, mask));
+    w.write(path);
+  };
+  std::vector<Batch> train_rows;  // what the trainer draws, step by step
+  Rng rng = training_data_rng(gen.seed);
+  for (int64_t s = 0; s < gen.steps; ++s) train_rows.push_back(task->sample(gen.batch, rng));
+  write_rows(tmp("induction-train.safetensors"), train_rows);
+  write_rows(tmp("induction-eval.safetensors"), task->held_out(gen.eval_size, gen.eval_seed, std::min(gen.eval_size, 128)));
+  TrainArgs file = gen;
+  file.task = TaskConfig::preset("tokens");
+  file.task.data = tmp("induction-train.safetensors");
+  file.task.eval_data = tmp("induction-eval.safetensors");
+  file.task.shuffle = false;  // rows in file order: the generator's order
+  file.task.alphabet = gen.task.alphabet;
+  const TrainResult a = Trainer(gen).run(), b = Trainer(file).run();
+  BOOST_TEST_REQUIRE(a.curve.size() == b.curve.size());
+  for (size_t i = 0; i < a.curve.size(); ++i) {
+    BOOST_TEST(a.curve[i].second.loss == b.curve[i].second.loss);
+    BOOST_TEST(a.curve[i].second.token_acc == b.curve[i].second.token_acc);
   }
-  BOOST_TEST(lengths.size() == 4u);  // every n in 3..6 drawn
+  BOOST_TEST(a.final_eval.exact_match == b.final_eval.exact_match);
 }
 
 BOOST_AUTO_TEST_CASE(a_two_layer_model_learns_induction) {
   if (kSanitizerBuild) return;
-  // the default budget (600 steps, d_model 64, 2 layers, 4 heads) on the default induction task
+  // the induction regime (2 layers, 2 heads, attention-only, lr 1e-3 constant), 600 steps:
+  // past the phase change (the docs' runs: 86-89% at step 300)
   TrainArgs a = args_for("induction");
+  a.model.n_heads = 2, a.model.d_ff = 0;
+  a.lr = 1e-3f, a.schedule = "constant", a.warmup = 200, a.steps = 600;
   Trainer t(a);
   const TrainResult r = t.run();
-  BOOST_TEST(r.final_eval.token_acc >= 0.9, "token accuracy on the repeated half " << r.final_eval.token_acc);
+  BOOST_TEST(r.final_eval.token_acc >= 0.85, "token accuracy on the second copies " << r.final_eval.token_acc);
 }
 
 BOOST_AUTO_TEST_CASE(text_beats_the_unigram_entropy_of_its_file) {

@@ -151,7 +151,34 @@ const TrainSetting* find_train_setting(const std::string& flag_or_name) {
   return nullptr;
 }
 
-TrainArgs resolve_train_flags(const TrainFlagValues& v, const std::function<bool(const std::string&)>& given) {
+namespace {
+// A value written as text (a task's training default) into the field of its row.
+void set_from_text(const TrainSetting& s, TrainFlagValues& v, const std::string& text) {
+  std::visit(
+      [&](auto* field) {
+        using T = std::remove_pointer_t<decltype(field)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          *field = text;
+        } else if constexpr (std::is_same_v<T, bool>) {
+          *field = text == "true" || text == "1";
+        } else {
+          double x = 0;
+          const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), x);
+          if (ec != std::errc() || end != text.data() + text.size()) fail("task default ", s.flag, " '", text, "' is not a number");
+          *field = static_cast<T>(x);
+        }
+      },
+      s.field(v));
+}
+}  // namespace
+
+TrainArgs resolve_train_flags(const TrainFlagValues& given_values, const std::function<bool(const std::string&)>& given) {
+  // The task's training defaults (induction's model and schedule) apply to the flags not given.
+  TrainFlagValues v = given_values;
+  if (const TaskInfo* task = find_task(v.args.task.name))
+    for (const auto& [flag, text] : task->train_defaults)
+      if (!given(flag))
+        if (const TrainSetting* s = find_train_setting(flag)) set_from_text(*s, v, text);
   TrainArgs a = v.args;
   // A task's preset (alphabet, lengths) applies to what was not given explicitly; e.g.
   // varcopy: alphabet 64, n in 1..16; induction: 16 of 32 tokens; text: 64-byte context.
@@ -160,6 +187,7 @@ TrainArgs resolve_train_flags(const TrainFlagValues& v, const std::function<bool
   if (!given("--length")) a.task.max_len = p.max_len;
   if (!given("--min-length")) a.task.min_len = p.min_len != p.max_len ? p.min_len : 0;
   if (a.task.min_len == 0) a.task.min_len = a.task.max_len;  // fixed length
+  if (!given("--min-length") && a.task.min_len > a.task.max_len) a.task.min_len = a.task.max_len;  // a short --length
   a.task.reverse = p.reverse;
   a.task.shuffle = v.shuffle == "on";
   a.model.norm = parse_norm(v.norm);

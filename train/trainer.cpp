@@ -275,7 +275,7 @@ Trainer::Trainer(TrainArgs args, std::unique_ptr<Task> task, ProcessGroup* group
     opt_ = std::make_unique<Adam>(params, args_.lr, args_.beta1, args_.beta2, 1e-8f, args_.weight_decay,
                                   args_.optimizer == "adamw");
   sched_ = LrSchedule{parse_schedule(args_.schedule), args_.lr, args_.warmup, args_.steps, args_.min_lr_ratio};
-  data_rng_.seed_with(args_.seed * 0x9E3779B97F4A7C15ull + 0x5EED);
+  data_rng_ = training_data_rng(args_.seed);
   held_out_ = task_->held_out(args_.eval_size, args_.eval_seed, std::min(args_.eval_size, 128));
   if (!args_.init.empty() && !args_.resume) {  // weights made elsewhere (e.g. PyTorch), same config
     const SafetensorsFile f = read_safetensors(args_.init);
@@ -289,6 +289,12 @@ Trainer::Trainer(TrainArgs args, std::unique_ptr<Task> task, ProcessGroup* group
     check_checkpoint_tensors(args_.model, f);
     load_parameters(*model_, f);
   }
+}
+
+Rng training_data_rng(uint64_t seed) {
+  Rng r(0);
+  r.seed_with(seed * 0x9E3779B97F4A7C15ull + 0x5EED);
+  return r;
 }
 
 std::string Trainer::checkpoint_path() const { return args_.out + "/checkpoint.safetensors"; }

@@ -172,6 +172,10 @@ class Trainer {
 
 long peak_rss_kb();
 
+// The generator of a run's training batches, as Trainer seeds it from args.seed (a test or a
+// user can draw the same rows a run trains on).
+Rng training_data_rng(uint64_t seed);
+
 // summary.json of a run: configuration, final metrics, timings, sizes; `finished` is false for a
 // run stopped early (Ctrl-C), which sweeps then continue instead of reading back.
 void write_summary(const std::string& out_dir, const TrainArgs& args, const TrainResult& r, bool finished = true);
