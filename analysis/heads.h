@@ -35,9 +35,9 @@ AblationResult single_head_ablation(TransformerLM& model, const Task& task, cons
 // of 0 scores 0). N counts the examples with a counted target. With normalize_per_layer each
 // layer is divided by its l2 norm, as their code does.
 HeadGrid head_importance(TransformerLM& model, const std::vector<Batch>& data, bool normalize_per_layer);
-// The token-level variant: (1/n) sum over counted positions t of |sum_d z_h[t,d] dL/dz_h[t,d]|,
-// L the summed token loss and n the counted targets: the absolute value per token, not per
-// example (it bounds n I_h from above). Same normalisation option.
+// The token-level variant: (1/n) sum over every non-padding position t of
+// |sum_d z_h[t,d] dL/dz_h[t,d]|, L the summed token loss and n the counted targets: the absolute
+// value per position, not per example. Same normalisation option.
 HeadGrid head_importance_per_token(TransformerLM& model, const std::vector<Batch>& data, bool normalize_per_layer);
 // dL/dg for every gate, L the summed token loss over `data` (for tests and users).
 HeadGrid gate_gradients(TransformerLM& model, const std::vector<Batch>& data);

@@ -43,8 +43,6 @@ void add_detect_command(CLI::App& app, CommandRunner& runner);
 void add_patch_command(CLI::App& app, CommandRunner& runner);
 void add_compose_command(CLI::App& app, CommandRunner& runner);
 
-// The regime that separates head counts (variable-length copy, d_model 32, 600 steps):
-
 // Shared helpers for commands.
 std::string default_out_dir(const std::string& command);  // runs/<command>-YYYYmmdd-HHMMSS
 std::string percent(double v);                              // 0.9871 -> "98.71%"

@@ -33,7 +33,7 @@ void bind_analyses(py::module_& m) {
     }
     return grid_array(g);
   }, py::arg("model"), py::arg("data"), py::arg("normalize") = false,
-        "Token-level importance (L, H): the mean over counted tokens of |z_h . dL/dz_h|, L the summed loss");
+        "Token-level importance (L, H): |z_h . dL/dz_h| summed over non-padding positions over the counted targets, L the summed loss");
   m.def("single_head_ablation", [](TransformerLM& model, const PyTask& task, const PyData& data) {
     AblationResult r;
     {

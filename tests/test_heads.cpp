@@ -139,6 +139,13 @@ BOOST_AUTO_TEST_CASE(importance_is_the_mean_over_examples_of_the_absolute_per_ex
       ++examples;
     }
   BOOST_TEST(examples == 10);
+  // rows with no counted target are no examples: adding some changes nothing
+  Batch with_empty = data[2];  // 2 rows, neither counted now
+  for (int32_t& t : with_empty.targets.data) t = -1;
+  std::vector<Batch> data_empty = {data[0], data[1], with_empty, data[2]};
+  const HeadGrid imp_empty = head_importance(*m, data_empty, false);
+  for (int l = 0; l < 2; ++l)
+    for (int h = 0; h < 4; ++h) BOOST_TEST(imp_empty[l][h] == imp[l][h], tt::tolerance(1e-12));
   for (int l = 0; l < 2; ++l)
     for (int h = 0; h < 4; ++h) {
       BOOST_TEST_CONTEXT("layer " << l << " head " << h) {

@@ -49,8 +49,8 @@ BOOST_AUTO_TEST_CASE(block_gradcheck_pre_and_post_norm) {
     Rng r(2);
     TransformerBlock blk(c, r, nullptr);
     for (auto& [name, p] : blk.named_parameters()) init_normal(p, r, 0.3f);
-    for (auto* ln : {&blk.ln1, blk.ln2.get()}) ln->weight = add_scalar(ln->weight, 1.f).detach().requires_grad_();
     BOOST_TEST_REQUIRE(blk.ffn != nullptr);
+    for (auto* ln : {&blk.ln1, blk.ln2.get()}) ln->weight = add_scalar(ln->weight, 1.f).detach().requires_grad_();
     blk.attn.gates.requires_grad_();
     Tensor x = Tensor::randn({2, 4, 8}, r).requires_grad_();
     auto inputs = blk.parameters();

@@ -236,7 +236,9 @@ PruneStudy run_prune_study(TrainArgs base, const PruneStudyOptions& o, const std
   const std::string ckpt_bytes = read_file(r.checkpoint);
   const SafetensorsFile file = parse_safetensors(ckpt_bytes, r.checkpoint);
   // Curves and tables already in OUT are reused only if they were made with these settings.
+  // "importance" names the definition: results of an earlier one are not reused
   const json settings = {{"checkpoint", r.checkpoint}, {"checkpoint_file", fingerprint(ckpt_bytes)},
+                         {"importance", "michel_per_example"},
                          {"step_fraction", o.step_fraction}, {"recompute", o.recompute}, {"normalize", o.normalize},
                          {"min_per_layer", o.min_per_layer}, {"finetune", o.finetune_steps}, {"finetune_lr", o.finetune_lr},
                          {"random_seeds", o.random_seeds}, {"eval_size", base.eval_size}, {"eval_seed", base.eval_seed},

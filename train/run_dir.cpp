@@ -65,6 +65,7 @@ void refuse_replacing_run_file(const std::string& flag, const std::string& path)
 std::string first_json_difference(const nlohmann::json& stored, const nlohmann::json& now,
                                   const std::set<std::string>& ignored) {
   using json = nlohmann::json;
+  if (!stored.is_object() || !now.is_object()) return stored == now ? "" : "the stored settings are not a JSON object";
   for (const json& op : json::diff(stored, now)) {
     const std::string path = op.at("path");
     if (ignored.count(path)) continue;

@@ -56,8 +56,8 @@ TrainArgs resume_with_flags(const TrainArgs& stored, const TrainArgs& given,
                             const std::function<bool(const std::string& flag)>& given_flag, const std::string& source);
 
 // A study's own options (prune's --step-fraction, ...), one row each as in train_settings(): the
-// command line adds them with their ranges in --help, the study's validate() checks the same
-// ranges with the same words (check_option_settings), Python maps keywords to the same rows.
+// command line adds them with their ranges in --help, and the study's validate() checks the same
+// ranges with the same words (check_option_settings).
 template <class Options>
 struct OptionSetting {
   std::string flag, help;

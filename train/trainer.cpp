@@ -190,8 +190,8 @@ TrainArgs resume_args(const std::string& out, const TrainArgs& given,
   json stored;
   try {
     stored = json::parse(f.meta("train_state")).at("args");
-  } catch (const json::exception&) {
-    fail(path, ": its train_state metadata is not valid JSON");
+  } catch (const json::exception& e) {
+    fail(path, ": its train_state metadata is unreadable (", e.what(), ")");
   }
   TrainArgs r = resume_with_flags(TrainArgs::from_json(stored.dump(), path), given, given_flag, path);
   r.out = out;
