@@ -196,4 +196,32 @@ CompositionScores composition_scores(const TransformerLM& model, int layer_a, in
   return c;
 }
 
+CompositionBaseline composition_baseline(const ModelConfig& cfg, int models, uint64_t seed) {
+  if (models < 1) fail("composition_baseline: at least one model, got ", models);
+  ModelConfig c = cfg;  // the widths that set the shapes; nothing else is needed
+  c.n_layers = 2, c.vocab_size = 2, c.max_seq_len = 1, c.d_ff = 0;
+  std::vector<double> kinds[3];
+  for (int i = 0; i < models; ++i) {
+    TransformerLM m(c, seed + static_cast<uint64_t>(i));
+    const CompositionScores s = composition_scores(m, 0, 1);
+    for (int a = 0; a < c.n_heads; ++a)
+      for (int b = 0; b < c.n_heads; ++b) {
+        kinds[0].push_back(s.q[a][b]);
+        kinds[1].push_back(s.k[a][b]);
+        kinds[2].push_back(s.v[a][b]);
+      }
+  }
+  CompositionBaseline r{};
+  for (int k = 0; k < 3; ++k) {
+    std::vector<double>& v = kinds[k];
+    std::sort(v.begin(), v.end());
+    double sum = 0;
+    for (double x : v) sum += x;
+    r.mean[k] = sum / static_cast<double>(v.size());
+    r.lo[k] = v[static_cast<size_t>(0.025 * static_cast<double>(v.size() - 1) + 0.5)];
+    r.hi[k] = v[static_cast<size_t>(0.975 * static_cast<double>(v.size() - 1) + 0.5)];
+  }
+  return r;
+}
+
 }  // namespace hl

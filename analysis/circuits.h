@@ -43,4 +43,13 @@ struct CompositionScores {
 };
 CompositionScores composition_scores(const TransformerLM& model, int layer_a, int layer_b);
 
+// What composition scores random weights of the same shapes get: the scores between the heads of
+// two layers of `models` freshly initialised 2-layer models of cfg's widths (Gaussian weights; the
+// scores do not depend on their scale). Per kind (Q, K, V): the mean and the 2.5th and 97.5th
+// percentiles, so a score inside that range says nothing about the trained model.
+struct CompositionBaseline {
+  double mean[3], lo[3], hi[3];  // [0] Q, [1] K, [2] V
+};
+CompositionBaseline composition_baseline(const ModelConfig& cfg, int models = 20, uint64_t seed = 1);
+
 }  // namespace hl

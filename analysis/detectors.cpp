@@ -48,7 +48,7 @@ double detection_score(const float* A, const float* D, int64_t T, const Detector
 }
 
 HeadGrid detect_heads(TransformerLM& model, const std::vector<Batch>& data, Detector kind, const DetectorOptions& opt,
-                      const std::vector<float>& pattern, int64_t pattern_T) {
+                      const std::vector<float>& pattern, int64_t pattern_T, std::vector<HeadGrid>* per_sequence) {
   const int L = model.cfg.n_layers, H = model.cfg.n_heads;
   HeadGrid score(L, std::vector<double>(H, 0.0));
   int64_t sequences = 0;
@@ -72,13 +72,16 @@ HeadGrid detect_heads(TransformerLM& model, const std::vector<Batch>& data, Dete
         D = detection_pattern(kind, tok);
       }
       A.resize(static_cast<size_t>(n * n));
+      if (per_sequence) per_sequence->emplace_back(L, std::vector<double>(H, 0.0));
       for (int l = 0; l < L; ++l) {
         const float* P = cache["blocks." + std::to_string(l) + ".attn.hook_pattern"].data();  // (B, H, T, T)
         for (int h = 0; h < H; ++h) {
           const float* src = P + ((r * H + h) * T) * T;
           for (int64_t i = 0; i < n; ++i)
             for (int64_t j = 0; j < n; ++j) A[i * n + j] = src[i * T + j];
-          score[l][h] += detection_score(A.data(), D.data(), n, opt);
+          const double s = detection_score(A.data(), D.data(), n, opt);
+          score[l][h] += s;
+          if (per_sequence) per_sequence->back()[l][h] = s;
         }
       }
       ++sequences;

@@ -32,8 +32,10 @@ double detection_score(const float* A, const float* D, int64_t T, const Detector
 
 // Scores (layers x heads) over every sequence of `data` (padding excluded). `pattern`, when given,
 // is a user's D for every sequence (T_max x T_max, cut to each row's length) instead of `kind`'s.
+// With per_sequence, each sequence's own scores too (their mean is the result), e.g. for intervals.
 HeadGrid detect_heads(TransformerLM& model, const std::vector<Batch>& data, Detector kind, const DetectorOptions& opt,
-                      const std::vector<float>& pattern = {}, int64_t pattern_T = 0);
+                      const std::vector<float>& pattern = {}, int64_t pattern_T = 0,
+                      std::vector<HeadGrid>* per_sequence = nullptr);
 
 // The fixed probe: n sequences [r_1..r_k, r_1..r_k] of tokens uniform in [0, vocab), in
 // batches of up to 64, from `seed`. Every repeat is k back: a head that always attends k - 1

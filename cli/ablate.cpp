@@ -21,11 +21,15 @@ using json = nlohmann::json;
 
 namespace {
 
-// mean [min-max] over the seeds; one value alone has no range to show
+// mean [95% t-interval] over the seeds; one seed has no interval to show
 std::string with_range(const Spread& s, int prec, bool pct = false) {
   const double k = pct ? 100.0 : 1.0;
-  if (s.lo == s.hi) return fixed(k * s.mean, prec);
-  return fixed(k * s.mean, prec) + " [" + fixed(k * s.lo, prec) + "-" + fixed(k * s.hi, prec) + "]";
+  if (!s.ci95.defined()) return fixed(k * s.mean, prec);
+  return fixed(k * s.mean, prec) + " [" + fixed(k * s.ci95.lo, prec) + ", " + fixed(k * s.ci95.hi, prec) + "]";
+}
+// the interval's ends for the CSV (empty for one seed)
+std::string ci_cells(const Spread& s) {
+  return s.ci95.defined() ? fixed(s.ci95.lo, 6) + "," + fixed(s.ci95.hi, 6) : std::string(",");
 }
 
 struct AblateOpts {
@@ -34,6 +38,11 @@ struct AblateOpts {
   std::string out;
   bool quiet = false;
 };
+
+json ci_json(const Spread& s) { return s.ci95.defined() ? json{s.ci95.lo, s.ci95.hi} : json(nullptr); }
+// the plots' bands: the 95% t-interval, or the mean alone for one seed
+double band_lo(const Spread& s) { return s.ci95.defined() ? s.ci95.lo : s.mean; }
+double band_hi(const Spread& s) { return s.ci95.defined() ? s.ci95.hi : s.mean; }
 
 int run_ablate(TrainFlags& flags, AblateOpts o) {
   TrainArgs base = flags.resolve();
@@ -89,7 +98,9 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
   json summary = json::array();
   std::string csv = "heads,d_head,params,seeds,loss_mean,loss_min,loss_max,perplexity_mean,token_acc_mean,token_acc_min,"
                     "token_acc_max,exact_tf_mean,exact_tf_min,exact_tf_max,exact_ar_mean,exact_ar_min,exact_ar_max,"
-                    "first_step_99_mean,runs_reaching_99,train_s_mean,time_rel,peak_tensor_mib_mean,memory_rel\n";
+                    "first_step_99_mean,runs_reaching_99,train_s_mean,time_rel,peak_tensor_mib_mean,memory_rel,"
+                    "loss_ci95_lo,loss_ci95_hi,token_acc_ci95_lo,token_acc_ci95_hi,exact_tf_ci95_lo,exact_tf_ci95_hi,"
+                    "exact_ar_ci95_lo,exact_ar_ci95_hi\n";
   for (const HeadCountSummary& s : by_heads) {
     const Spread f99 = spread(s.first_99);
     const size_t reached = s.first_99.size();
@@ -106,14 +117,17 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
            fixed(s.token_acc.hi, 6) + "," + fixed(s.exact.mean, 6) + "," + fixed(s.exact.lo, 6) + "," + fixed(s.exact.hi, 6) +
            "," + fixed(s.ar_exact.mean, 6) + "," + fixed(s.ar_exact.lo, 6) + "," + fixed(s.ar_exact.hi, 6) + "," +
            (reached == 0 ? "" : fixed(f99.mean, 1)) + "," + std::to_string(reached) + "," + fixed(s.train_s.mean, 4) + "," +
-           fixed(s.time_rel, 4) + "," + fixed(s.peak_bytes.mean / 1048576.0, 4) + "," + fixed(s.memory_rel, 4) + "\n";
+           fixed(s.time_rel, 4) + "," + fixed(s.peak_bytes.mean / 1048576.0, 4) + "," + fixed(s.memory_rel, 4) + "," +
+           ci_cells(s.loss) + "," + ci_cells(s.token_acc) + "," + ci_cells(s.exact) + "," + ci_cells(s.ar_exact) + "\n";
     summary.push_back({{"heads", s.heads}, {"d_head", s.d_head}, {"params", s.params},
                        {"loss", {s.loss.mean, s.loss.lo, s.loss.hi}},
                        {"token_acc", {s.token_acc.mean, s.token_acc.lo, s.token_acc.hi}},
                        {"exact_match", {s.exact.mean, s.exact.lo, s.exact.hi}},
                        {"ar_exact_match", {s.ar_exact.mean, s.ar_exact.lo, s.ar_exact.hi}},
                        {"first_step_99", reached == 0 ? json(nullptr) : json(f99.mean)},
-                       {"runs_reaching_99", reached}, {"train_s", s.train_s.mean}, {"peak_tensor_bytes", s.peak_bytes.mean}});
+                       {"runs_reaching_99", reached}, {"train_s", s.train_s.mean}, {"peak_tensor_bytes", s.peak_bytes.mean},
+                       {"ci95", {{"loss", ci_json(s.loss)}, {"token_acc", ci_json(s.token_acc)},
+                                 {"exact_match", ci_json(s.exact)}, {"ar_exact_match", ci_json(s.ar_exact)}}}});
   }
   std::string runs_csv = "heads,seed,d_head,params,loss,token_acc,exact_tf,exact_ar,first_step_99,train_s,peak_tensor_bytes\n";
   for (const SweepRun& r : runs)
@@ -126,7 +140,7 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
   write_file_atomic(out + "/ablation.json",
                     json({{"config", json::parse(base.to_json())}, {"policy", o.sweep.policy}, {"seeds", o.sweep.seeds},
                           {"by_heads", summary}}).dump(2) + "\n");
-  std::printf("\nhead-count ablation: task %s, %lld steps, %d seed%s, %s (mean [min-max] over seeds)\n\n",
+  std::printf("\nhead-count ablation: task %s, %lld steps, %d seed%s, %s (mean [95%% t-interval] over seeds)\n\n",
               base.task.name.c_str(), static_cast<long long>(base.steps), o.sweep.seeds, o.sweep.seeds > 1 ? "s" : "",
               o.sweep.policy.c_str());
   print_table(table);
@@ -140,13 +154,13 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
       const Spread& l = s.curve_loss[i];
       const Spread& a = s.curve_acc[i];
       const double step = static_cast<double>(s.curve_steps[i]);
-      ls.x.push_back(step), ls.y.push_back(l.mean), ls.lo.push_back(l.lo), ls.hi.push_back(l.hi);
-      as.x.push_back(step), as.y.push_back(100 * a.mean), as.lo.push_back(100 * a.lo), as.hi.push_back(100 * a.hi);
+      ls.x.push_back(step), ls.y.push_back(l.mean), ls.lo.push_back(band_lo(l)), ls.hi.push_back(band_hi(l));
+      as.x.push_back(step), as.y.push_back(100 * a.mean), as.lo.push_back(100 * band_lo(a)), as.hi.push_back(100 * band_hi(a));
     }
     loss_curves.push_back(ls);
     acc_curves.push_back(as);
   }
-  plot_lines(out + "/loss_curves.png", "Held-out loss over training (mean, min-max band)", "step", "loss", loss_curves, true);
+  plot_lines(out + "/loss_curves.png", "Held-out loss over training (mean, 95% t-interval band over seeds)", "step", "loss", loss_curves, true);
   plot_lines(out + "/accuracy_curves.png", "Held-out token accuracy over training", "step", "token accuracy (%)", acc_curves);
   Series acc, ex, tm, mem;
   acc.name = "token accuracy";
@@ -156,8 +170,8 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
   for (const HeadCountSummary& s : by_heads) {
     const Spread& a = s.token_acc;
     const Spread& e = s.ar_exact;
-    acc.x.push_back(s.heads), acc.y.push_back(100 * a.mean), acc.lo.push_back(100 * a.lo), acc.hi.push_back(100 * a.hi);
-    ex.x.push_back(s.heads), ex.y.push_back(100 * e.mean), ex.lo.push_back(100 * e.lo), ex.hi.push_back(100 * e.hi);
+    acc.x.push_back(s.heads), acc.y.push_back(100 * a.mean), acc.lo.push_back(100 * band_lo(a)), acc.hi.push_back(100 * band_hi(a));
+    ex.x.push_back(s.heads), ex.y.push_back(100 * e.mean), ex.lo.push_back(100 * band_lo(e)), ex.hi.push_back(100 * band_hi(e));
     tm.x.push_back(s.heads), tm.y.push_back(s.time_rel);
     mem.x.push_back(s.heads), mem.y.push_back(s.memory_rel);
   }

@@ -35,12 +35,24 @@ int run_compose(const RoleOpts& o) {
     maps.push_back(head_heatmap(pre + "K", c.k, "H", "H"));
     maps.push_back(head_heatmap(pre + "V", c.v, "H", "H"));
   }
-  std::printf("composition scores ||W_B W_A||_F / (||W_B||_F ||W_A||_F) between heads of consecutive layers:\n\n");
+  // beside the scores: what random weights of the same shapes score
+  const CompositionBaseline base = composition_baseline(m.model->cfg);
+  std::vector<std::string> random_row = {"random", "weights"};
+  std::string base_csv = "kind,mean,p2_5,p97_5\n";
+  for (int k = 0; k < 3; ++k) {
+    random_row.push_back(fixed(base.mean[k], 3) + " [" + fixed(base.lo[k], 3) + "-" + fixed(base.hi[k], 3) + "]");
+    base_csv += std::string(1, "qkv"[k]) + "," + fixed(base.mean[k], 6) + "," + fixed(base.lo[k], 6) + "," + fixed(base.hi[k], 6) + "\n";
+  }
+  table.insert(table.begin() + 1, random_row);
+  std::printf("composition scores ||W_B W_A||_F / (||W_B||_F ||W_A||_F) between heads of consecutive layers; first row:\n"
+              "the same scores of random weights of the same shapes (mean [95%% of them], 20 models), the level of no\n"
+              "composition:\n\n");
   print_table(table);
   write_file_atomic(out + "/compose.csv", csv);
+  write_file_atomic(out + "/compose_baseline.csv", base_csv);
   plot_heatmap_grid(out + "/compose.png", "Composition (rows: earlier head, columns: later head)", L - 1, 3, maps,
                     "head of the later layer", "head of the earlier layer");
-  std::printf("\nwrote %s/compose.csv, compose.png\n", out.c_str());
+  std::printf("\nwrote %s/compose.csv, compose_baseline.csv, compose.png\n", out.c_str());
   return 0;
 }
 

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "analysis/detectors.h"
+#include "analysis/intervals.h"
 #include "cli/roles.h"
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
@@ -12,6 +13,21 @@
 namespace hl {
 
 namespace {
+
+// A detector's scores and, beside them, their 95% bootstrap interval over the sequences.
+void add_with_interval(std::vector<std::string>& names, std::vector<HeadGrid>& grids, const std::string& name,
+                       const HeadGrid& score, const std::vector<HeadGrid>& each) {
+  HeadGrid lo = score, hi = score;
+  for (size_t l = 0; l < score.size(); ++l)
+    for (size_t h = 0; h < score[l].size(); ++h) {
+      std::vector<double> v;
+      for (const HeadGrid& g : each) v.push_back(g[l][h]);
+      const Interval ci = bootstrap_interval95(v, 2000, 1 + 131 * l + h);
+      lo[l][h] = ci.lo, hi[l][h] = ci.hi;
+    }
+  names.insert(names.end(), {name, name + "_ci95_lo", name + "_ci95_hi"});
+  grids.insert(grids.end(), {score, lo, hi});
+}
 
 int run_detect(const RoleOpts& o) {
   const std::string out = o.out.empty() ? default_out_dir("detect") : o.out;
@@ -41,23 +57,25 @@ int run_detect(const RoleOpts& o) {
     if (p.ndim() != 2 || p.size(0) != p.size(1) || p.size(0) < 1)
       fail(o.pattern_file, ": pattern must be (T, T) with T of 1 or more, got ", p.shape().str());
     check_finite(p, "pattern", o.pattern_file);
-    names.push_back("custom");
-    grids.push_back(detect_heads(*m.model, data, Detector::PreviousToken, opt, p.to_vector(), p.size(0)));
+    std::vector<HeadGrid> each;
+    add_with_interval(names, grids, "custom", detect_heads(*m.model, data, Detector::PreviousToken, opt, p.to_vector(), p.size(0), &each),
+                      each);
   } else {
     for (Detector d : {Detector::PreviousToken, Detector::DuplicateToken, Detector::Induction}) {
-      names.push_back(to_string(d));
-      grids.push_back(detect_heads(*m.model, data, d, opt));
+      std::vector<HeadGrid> each;
+      add_with_interval(names, grids, to_string(d), detect_heads(*m.model, data, d, opt, {}, 0, &each), each);
     }
   }
   claim_output_dir(out, "detect");
-  std::printf("head detector scores (share of attention on the pattern; %d sequences of %s%s%s):\n\n", o.examples,
+  std::printf("head detector scores (share of attention on the pattern, 95%% bootstrap interval over the sequences; "
+              "%d sequences of %s%s%s):\n\n", o.examples,
               o.data == "probe"         ? "random tokens with a block repeated at a varying distance"
               : o.data == "fixed-probe" ? "repeated random tokens [r r]"
                                         : ("task " + m.config.name).c_str(),
               o.exclude_bos ? ", BOS excluded" : "", o.exclude_current ? ", current token excluded" : "");
   write_head_table(out + "/detect.csv", names, grids);
   std::vector<Heatmap> maps;
-  for (size_t i = 0; i < names.size(); ++i) maps.push_back(head_heatmap(names[i], grids[i], "L", "H"));
+  for (size_t i = 0; i < names.size(); i += 3) maps.push_back(head_heatmap(names[i], grids[i], "L", "H"));
   plot_heatmap_grid(out + "/detect.png", "Head detector scores", 1, static_cast<int>(maps.size()), maps, "head", "layer", 0.f, 1.f);
   std::printf("\nwrote %s/detect.csv, detect.png\n", out.c_str());
   return 0;

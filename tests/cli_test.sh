@@ -202,7 +202,7 @@ check "metrics write error" nonzero "metrics.jsonl: write failed: No space left 
 # What heads do: detect, patch, compose, prune --method l0 on the small run's model.
 M="$T/run/model.safetensors"
 check "detect writes its table" 0 "previous_token" -- "$HL" detect --checkpoint "$M" --examples 8 --out "$T/det"
-check "detect CSV" 0 "^layer,head,previous_token,duplicate_token,induction" -- cat "$T/det/detect.csv"
+check "detect CSV" 0 "^layer,head,previous_token,previous_token_ci95_lo,previous_token_ci95_hi,duplicate_token,duplicate_token_ci95_lo,duplicate_token_ci95_hi,induction,induction_ci95_lo,induction_ci95_hi$" -- cat "$T/det/detect.csv"
 check "detect probe longer than the model" nonzero "exceed the model's max_seq_len" -- "$HL" detect --checkpoint "$M" --length 1000 --out "$T/det2"
 [ ! -e "$T/det2" ] && ok "no output directory after a refused detect" || bad "detect left a directory"
 check "compose needs two layers" nonzero "composition needs at least 2 layers, the model has 1" -- "$HL" compose --checkpoint "$M" --out "$T/co"

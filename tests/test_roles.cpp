@@ -356,3 +356,27 @@ BOOST_AUTO_TEST_CASE(lambda_zero_keeps_every_head_and_a_large_lambda_closes_all)
   for (auto& row : none.gates)
     for (float g : row) BOOST_TEST(g == 0.f);
 }
+
+// The random baseline of compose: another random model's scores fall inside it (about 95% of
+// them), and the range sits strictly between 0 and 1.
+BOOST_AUTO_TEST_CASE(random_weights_score_inside_the_composition_baseline) {
+  const ModelConfig c = test_model({.d_model = 16, .heads = 4, .d_ff = 0});
+  const CompositionBaseline b = composition_baseline(c, 20, 1);
+  for (int k = 0; k < 3; ++k) {
+    BOOST_TEST(0.0 < b.lo[k]);
+    BOOST_TEST(b.lo[k] < b.mean[k]);
+    BOOST_TEST(b.mean[k] < b.hi[k]);
+    BOOST_TEST(b.hi[k] < 1.0);
+  }
+  int inside = 0, total = 0;
+  for (uint64_t seed : {101, 202, 303, 404, 505}) {
+    TransformerLM m(c, seed);
+    const CompositionScores s = composition_scores(m, 0, 1);
+    for (int a = 0; a < 4; ++a)
+      for (int h = 0; h < 4; ++h) {
+        const double v[3] = {s.q[a][h], s.k[a][h], s.v[a][h]};
+        for (int k = 0; k < 3; ++k) inside += v[k] >= b.lo[k] && v[k] <= b.hi[k], ++total;
+      }
+  }
+  BOOST_TEST(inside >= 0.85 * total, inside << " of " << total);
+}

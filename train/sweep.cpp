@@ -77,6 +77,7 @@ Spread spread(const std::vector<double>& v) {
   s.hi = *std::max_element(v.begin(), v.end());
   for (double x : v) s.mean += x;
   s.mean /= static_cast<double>(v.size());
+  s.ci95 = t_interval95(v);
   return s;
 }
 
@@ -102,6 +103,12 @@ std::vector<HeadCountSummary> summarize_sweep(const std::vector<SweepRun>& runs,
     s.token_acc = over_seeds(h, [](const SweepRun& r) { return r.token_acc; });
     s.exact = over_seeds(h, [](const SweepRun& r) { return r.exact; });
     s.ar_exact = over_seeds(h, [](const SweepRun& r) { return r.ar_exact; });
+    // a t-interval knows no bounds: keep losses non-negative and fractions in [0, 1]
+    auto clip = [](Spread& sp, double lo, double hi) {
+      if (sp.ci95.defined()) sp.ci95 = {std::max(sp.ci95.lo, lo), std::min(sp.ci95.hi, hi)};
+    };
+    clip(s.loss, 0, INFINITY);
+    for (Spread* f : {&s.token_acc, &s.exact, &s.ar_exact}) clip(*f, 0, 1);
     s.train_s = over_seeds(h, [](const SweepRun& r) { return r.train_s; });
     s.peak_bytes = over_seeds(h, [](const SweepRun& r) { return r.peak_bytes; });
     for (const SweepRun* r : rs)

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis/intervals.h"
 #include "train/trainer.h"
 
 namespace hl {
@@ -40,9 +41,12 @@ struct SweepObserver {
 // (varcopy), d_model 32, 2 layers, d_ff 128, batch 64, lr 3e-3 cosine with 100 warmup steps, 600 steps.
 void set_experiment_defaults(TrainArgs& a);
 
-// mean, smallest and largest over the seeds of a head count
+// mean, smallest and largest over the seeds of a head count, and the mean's 95% t-interval
+// (undefined for one seed; summarize_sweep clips it to the metric's range: losses >= 0,
+// accuracies in [0, 1])
 struct Spread {
   double mean = 0, lo = 0, hi = 0;
+  Interval ci95{NAN, NAN};
 };
 Spread spread(const std::vector<double>& v);
 

@@ -1,0 +1,24 @@
+// Intervals for the numbers a study reports: a 95% Student-t interval of a mean over a few runs
+// (seeds), and a percentile-bootstrap interval of a mean over many examples (prompts). Both
+// return {lo, hi}; with fewer than two values there is no interval (both NaN).
+#pragma once
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace hl {
+
+struct Interval {
+  double lo, hi;
+  bool defined() const { return lo == lo && hi == hi; }  // not NaN
+};
+
+// mean +- t_{0.975, n-1} s / sqrt(n): covers the true mean 95% of the time for normal values.
+Interval t_interval95(const std::vector<double>& values);
+// The 2.5th and 97.5th percentiles of the means of `resamples` resamples (with replacement, from
+// `seed`) of the values: for a mean over many examples of any distribution.
+Interval bootstrap_interval95(const std::vector<double>& values, int resamples = 2000, uint64_t seed = 1);
+// Student's t quantile t_{0.975, df} (df >= 1).
+double t_quantile975(int df);
+
+}  // namespace hl
