@@ -4,7 +4,7 @@
 #include <memory>
 
 #include "analysis/detectors.h"
-#include "analysis/intervals.h"
+#include "analysis/roles.h"
 #include "cli/roles.h"
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
@@ -16,15 +16,10 @@ namespace {
 
 // A detector's scores and, beside them, their 95% bootstrap interval over the sequences.
 void add_with_interval(std::vector<std::string>& names, std::vector<HeadGrid>& grids, const std::string& name,
-                       const HeadGrid& score, const std::vector<HeadGrid>& each) {
-  HeadGrid lo = score, hi = score;
-  for (size_t l = 0; l < score.size(); ++l)
-    for (size_t h = 0; h < score[l].size(); ++h) {
-      std::vector<double> v;
-      for (const HeadGrid& g : each) v.push_back(g[l][h]);
-      const Interval ci = bootstrap_interval95(v, 2000, 1 + 131 * l + h);
-      lo[l][h] = ci.lo, hi[l][h] = ci.hi;
-    }
+                       TransformerLM& model, const std::vector<Batch>& data, Detector kind, const DetectorOptions& opt,
+                       const std::vector<float>& pattern = {}, int64_t pattern_T = 0) {
+  HeadGrid score, lo, hi;
+  detect_with_intervals(model, data, kind, opt, score, lo, hi, pattern, pattern_T);
   names.insert(names.end(), {name, name + "_ci95_lo", name + "_ci95_hi"});
   grids.insert(grids.end(), {score, lo, hi});
 }
@@ -57,14 +52,10 @@ int run_detect(const RoleOpts& o) {
     if (p.ndim() != 2 || p.size(0) != p.size(1) || p.size(0) < 1)
       fail(o.pattern_file, ": pattern must be (T, T) with T of 1 or more, got ", p.shape().str());
     check_finite(p, "pattern", o.pattern_file);
-    std::vector<HeadGrid> each;
-    add_with_interval(names, grids, "custom", detect_heads(*m.model, data, Detector::PreviousToken, opt, p.to_vector(), p.size(0), &each),
-                      each);
+    add_with_interval(names, grids, "custom", *m.model, data, Detector::PreviousToken, opt, p.to_vector(), p.size(0));
   } else {
-    for (Detector d : {Detector::PreviousToken, Detector::DuplicateToken, Detector::Induction}) {
-      std::vector<HeadGrid> each;
-      add_with_interval(names, grids, to_string(d), detect_heads(*m.model, data, d, opt, {}, 0, &each), each);
-    }
+    for (Detector d : {Detector::PreviousToken, Detector::DuplicateToken, Detector::Induction})
+      add_with_interval(names, grids, to_string(d), *m.model, data, d, opt);
   }
   claim_output_dir(out, "detect");
   std::printf("head detector scores (share of attention on the pattern, 95%% bootstrap interval over the sequences; "
@@ -73,10 +64,7 @@ int run_detect(const RoleOpts& o) {
               : o.data == "fixed-probe" ? "repeated random tokens [r r]"
                                         : ("task " + m.config.name).c_str(),
               o.exclude_bos ? ", BOS excluded" : "", o.exclude_current ? ", current token excluded" : "");
-  write_head_table(out + "/detect.csv", names, grids);
-  std::vector<Heatmap> maps;
-  for (size_t i = 0; i < names.size(); i += 3) maps.push_back(head_heatmap(names[i], grids[i], "L", "H"));
-  plot_heatmap_grid(out + "/detect.png", "Head detector scores", 1, static_cast<int>(maps.size()), maps, "head", "layer", 0.f, 1.f);
+  write_detect_files(out, names, grids);
   std::printf("\nwrote %s/detect.csv, detect.png\n", out.c_str());
   return 0;
 }

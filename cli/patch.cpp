@@ -26,20 +26,9 @@ int run_patch(const RoleOpts& o) {
   std::printf("activation patching, %zu rows of task %s (one source symbol corrupted); logit difference clean %.4f, "
               "corrupted %.4f; 1 = the clean run's, 0 = the corrupted run's\n\nper head (hook_z):\n\n",
               in.answers.size(), m.config.name.c_str(), r.clean_metric, r.corrupted_metric);
-  write_head_table(out + "/patch_heads.csv", {"exact", "attribution"}, {r.z_exact, r.z_attribution});
-  std::string csv = "layer,position,exact,attribution\n";
-  for (size_t l = 0; l < r.resid_exact.size(); ++l)
-    for (size_t t = 0; t < r.resid_exact[l].size(); ++t)
-      csv += std::to_string(l) + "," + std::to_string(t) + "," + fixed(r.resid_exact[l][t], 6) + "," +
-             fixed(r.resid_attribution[l][t], 6) + "\n";
-  write_file_atomic(out + "/patch_resid.csv", csv);
+  write_patch_files(out, r);
   std::printf("\ncorrelation of attribution with exact patching: heads %.3f, residual positions %.3f\n", r.z_correlation,
               r.resid_correlation);
-  plot_heatmap_grid(out + "/patch_heads.png", "Patching per head (hook_z)", 1, 2,
-                    {head_heatmap("exact", r.z_exact, "L", "H"), head_heatmap("attribution", r.z_attribution, "L", "H")}, "head", "layer");
-  plot_heatmap_grid(out + "/patch_resid.png", "Patching the residual stream per position (hook_resid_pre)", 2, 1,
-                    {head_heatmap("exact", r.resid_exact, "L", ""), head_heatmap("attribution", r.resid_attribution, "L", "")},
-                    "position", "layer");
   std::printf("wrote %s/patch_heads.csv, patch_resid.csv, patch_heads.png, patch_resid.png\n", out.c_str());
   return 0;
 }

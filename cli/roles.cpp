@@ -1,5 +1,7 @@
 #include "cli/roles.h"
 
+#include <cstdio>
+
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
 #include "train/checkpoint_task.h"
@@ -49,7 +51,8 @@ Heatmap head_heatmap(const std::string& title, const HeadGrid& g, const std::str
 }
 
 // One table and CSV with a row per (layer, head) and a column per grid.
-void write_head_table(const std::string& path, const std::vector<std::string>& names, const std::vector<HeadGrid>& grids) {
+void write_head_table(const std::string& path, const std::vector<std::string>& names, const std::vector<HeadGrid>& grids,
+                      bool quiet) {
   std::string csv = "layer,head";
   std::vector<std::string> header = {"layer", "head"};
   for (auto& n : names) csv += "," + n, header.push_back(n);
@@ -64,7 +67,69 @@ void write_head_table(const std::string& path, const std::vector<std::string>& n
       table.push_back(row);
     }
   write_file_atomic(path, csv);
-  print_table(table);
+  if (!quiet) print_table(table);
+}
+
+void write_detect_files(const std::string& out, const std::vector<std::string>& names, const std::vector<HeadGrid>& grids,
+                        bool quiet) {
+  write_head_table(out + "/detect.csv", names, grids, quiet);
+  std::vector<Heatmap> maps;
+  for (size_t i = 0; i < names.size(); i += 3) maps.push_back(head_heatmap(names[i], grids[i], "L", "H"));
+  plot_heatmap_grid(out + "/detect.png", "Head detector scores", 1, static_cast<int>(maps.size()), maps, "head", "layer", 0.f, 1.f);
+}
+
+void write_patch_files(const std::string& out, const PatchingResult& r, bool quiet) {
+  write_head_table(out + "/patch_heads.csv", {"exact", "attribution"}, {r.z_exact, r.z_attribution}, quiet);
+  std::string csv = "layer,position,exact,attribution\n";
+  for (size_t l = 0; l < r.resid_exact.size(); ++l)
+    for (size_t t = 0; t < r.resid_exact[l].size(); ++t)
+      csv += std::to_string(l) + "," + std::to_string(t) + "," + fixed(r.resid_exact[l][t], 6) + "," +
+             fixed(r.resid_attribution[l][t], 6) + "\n";
+  write_file_atomic(out + "/patch_resid.csv", csv);
+  plot_heatmap_grid(out + "/patch_heads.png", "Patching per head (hook_z)", 1, 2,
+                    {head_heatmap("exact", r.z_exact, "L", "H"), head_heatmap("attribution", r.z_attribution, "L", "H")}, "head", "layer");
+  plot_heatmap_grid(out + "/patch_resid.png", "Patching the residual stream per position (hook_resid_pre)", 2, 1,
+                    {head_heatmap("exact", r.resid_exact, "L", ""), head_heatmap("attribution", r.resid_attribution, "L", "")},
+                    "position", "layer");
+}
+
+void write_compose_files(const std::string& out, const std::vector<CompositionScores>& layers, const CompositionBaseline& base,
+                         bool quiet) {
+  std::string csv = "layer_a,head_a,layer_b,head_b,q,k,v\n";
+  std::vector<std::vector<std::string>> table = {{"from", "to", "Q-comp", "K-comp", "V-comp"}};
+  std::vector<Heatmap> maps;
+  std::vector<std::string> random_row = {"random", "weights"};
+  std::string base_csv = "kind,mean,p2_5,p97_5\n";
+  for (int k = 0; k < 3; ++k) {  // beside the scores: what random weights of the same shapes score
+    random_row.push_back(fixed(base.mean[k], 3) + " [" + fixed(base.lo[k], 3) + "-" + fixed(base.hi[k], 3) + "]");
+    base_csv += std::string(1, "qkv"[k]) + "," + fixed(base.mean[k], 6) + "," + fixed(base.lo[k], 6) + "," + fixed(base.hi[k], 6) + "\n";
+  }
+  table.push_back(random_row);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const CompositionScores& c = layers[l];
+    const size_t H = c.q.size();
+    for (size_t a = 0; a < H; ++a)
+      for (size_t b = 0; b < H; ++b) {
+        csv += std::to_string(l) + "," + std::to_string(a) + "," + std::to_string(l + 1) + "," + std::to_string(b) + "," +
+               fixed(c.q[a][b], 6) + "," + fixed(c.k[a][b], 6) + "," + fixed(c.v[a][b], 6) + "\n";
+        table.push_back({"L" + std::to_string(l) + "H" + std::to_string(a), "L" + std::to_string(l + 1) + "H" + std::to_string(b),
+                         fixed(c.q[a][b], 3), fixed(c.k[a][b], 3), fixed(c.v[a][b], 3)});
+      }
+    const std::string pre = "L" + std::to_string(l) + "->L" + std::to_string(l + 1) + " ";
+    maps.push_back(head_heatmap(pre + "Q", c.q, "H", "H"));
+    maps.push_back(head_heatmap(pre + "K", c.k, "H", "H"));
+    maps.push_back(head_heatmap(pre + "V", c.v, "H", "H"));
+  }
+  if (!quiet) {
+    std::printf("composition scores ||W_B W_A||_F / (||W_B||_F ||W_A||_F) between heads of consecutive layers; first row:\n"
+                "the same scores of random weights of the same shapes (mean [95%% of them], 20 models), the level of no\n"
+                "composition:\n\n");
+    print_table(table);
+  }
+  write_file_atomic(out + "/compose.csv", csv);
+  write_file_atomic(out + "/compose_baseline.csv", base_csv);
+  plot_heatmap_grid(out + "/compose.png", "Composition (rows: earlier head, columns: later head)", static_cast<int>(layers.size()), 3,
+                    maps, "head of the later layer", "head of the earlier layer");
 }
 
 }  // namespace hl

@@ -5,7 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "analysis/circuits.h"
 #include "analysis/heads.h"
+#include "analysis/patching.h"
 #include "datasets/task.h"
 #include "models/transformer.h"
 #include "cli/commands.h"
@@ -39,7 +41,17 @@ RoleModel load_role_model(const RoleOpts& o);
 const Task& role_task(RoleModel& m, const std::string& checkpoint);
 // A (layers, heads) grid as a heatmap with rows named row_prefix + l and columns col_prefix + h.
 Heatmap head_heatmap(const std::string& title, const HeadGrid& g, const std::string& row_prefix, const std::string& col_prefix);
-// One table and CSV with a row per (layer, head) and a column per grid.
-void write_head_table(const std::string& path, const std::vector<std::string>& names, const std::vector<HeadGrid>& grids);
+// One table (printed unless quiet) and CSV with a row per (layer, head) and a column per grid.
+void write_head_table(const std::string& path, const std::vector<std::string>& names, const std::vector<HeadGrid>& grids,
+                      bool quiet = false);
+
+// The files of detect, patch and compose in `out` (tables printed unless quiet): detect.csv and
+// detect.png from (name, name_ci95_lo, name_ci95_hi) triples; patch_heads.csv, patch_resid.csv
+// and their PNGs; compose.csv, compose_baseline.csv and compose.png.
+void write_detect_files(const std::string& out, const std::vector<std::string>& names, const std::vector<HeadGrid>& grids,
+                        bool quiet = false);
+void write_patch_files(const std::string& out, const PatchingResult& r, bool quiet = false);
+void write_compose_files(const std::string& out, const std::vector<CompositionScores>& layers, const CompositionBaseline& base,
+                         bool quiet = false);
 
 }  // namespace hl

@@ -1,0 +1,47 @@
+#include "analysis/roles.h"
+
+#include <algorithm>
+
+#include "analysis/intervals.h"
+#include "lib/fileutil.h"
+
+namespace hl {
+
+void detect_with_intervals(TransformerLM& model, const std::vector<Batch>& data, Detector kind, const DetectorOptions& opt,
+                           HeadGrid& score, HeadGrid& lo, HeadGrid& hi, const std::vector<float>& pattern,
+                           int64_t pattern_T) {
+  std::vector<HeadGrid> each;
+  score = detect_heads(model, data, kind, opt, pattern, pattern_T, &each);
+  lo = hi = score;
+  for (size_t l = 0; l < score.size(); ++l)
+    for (size_t h = 0; h < score[l].size(); ++h) {
+      std::vector<double> v;
+      for (const HeadGrid& g : each) v.push_back(g[l][h]);
+      const Interval ci = bootstrap_interval95(v, 2000, 1 + 131 * l + h);
+      lo[l][h] = ci.lo, hi[l][h] = ci.hi;
+    }
+}
+
+HeadRoles head_roles(TransformerLM& model, const Task& task, const HeadRolesOptions& o) {
+  HeadRoles r;
+  const ModelConfig& cfg = model.cfg;
+  const int k = static_cast<int>(std::min<int64_t>(16, cfg.max_seq_len / 2));
+  const std::vector<Batch> probe = varied_repeat_probe(o.probe_examples, k, static_cast<int>(cfg.vocab_size), o.seed);
+  r.probe_rows = o.probe_examples;
+  for (Detector d : {Detector::PreviousToken, Detector::DuplicateToken, Detector::Induction}) {
+    r.detectors.push_back(to_string(d));
+    r.score.emplace_back(), r.ci95_lo.emplace_back(), r.ci95_hi.emplace_back();
+    detect_with_intervals(model, probe, d, {}, r.score.back(), r.ci95_lo.back(), r.ci95_hi.back());
+  }
+  check_fits_in_memory(patching_memory_bytes(cfg, o.patch_examples, task.seq_len()),
+                       std::to_string(o.patch_examples) + " patching rows of " + std::to_string(task.seq_len()) + " tokens");
+  const std::vector<Batch> held = task.held_out(o.patch_examples, o.seed, o.patch_examples);
+  const PatchingInputs in = corrupt_one_symbol(held[0], task.symbols(), o.seed);
+  r.patch = activation_patching(model, in);
+  r.patch_rows = static_cast<int>(in.answers.size());
+  for (int l = 0; l + 1 < cfg.n_layers; ++l) r.compose.push_back(composition_scores(model, l, l + 1));
+  r.baseline = composition_baseline(cfg);
+  return r;
+}
+
+}  // namespace hl
