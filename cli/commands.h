@@ -42,6 +42,9 @@ void add_view_command(CLI::App& app, CommandRunner& runner);
 void add_detect_command(CLI::App& app, CommandRunner& runner);
 void add_patch_command(CLI::App& app, CommandRunner& runner);
 void add_compose_command(CLI::App& app, CommandRunner& runner);
+void add_study_command(CLI::App& app, CommandRunner& runner);
+// The page of `headlab view RUN_DIR` (RUN_DIR/view.html).
+int write_view_page(const std::string& run_dir, int threads);
 
 // Shared helpers for commands.
 std::string default_out_dir(const std::string& command);  // runs/<command>-YYYYmmdd-HHMMSS

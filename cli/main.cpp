@@ -84,6 +84,7 @@ int main(int argc, char** argv) {
   hl::add_detect_command(app, runner);
   hl::add_patch_command(app, runner);
   hl::add_compose_command(app, runner);
+  hl::add_study_command(app, runner);
   // Started by mpirun or srun: join the job before parsing, so that ranks started with different
   // arguments are told apart (start_mpi_job compares them) and a bad flag is said once, by rank 0.
   // Only train (data-parallel) and ablate (runs shared among the ranks) work across ranks; the

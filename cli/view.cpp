@@ -263,7 +263,12 @@ int run_view(const ViewOpts& o) {
                {"atlas", read_csv(model_dir + "/grad_atlas.csv")},
                {"entropy", read_csv(model_dir + "/attn_entropy.csv")},
                {"prune_heads", o.run.empty() ? json() : read_csv(o.run + "/heads.csv")},
-               {"prune_curves", o.run.empty() ? json() : read_csv(o.run + "/prune_curves.csv")}};
+               {"prune_curves", o.run.empty() ? json() : read_csv(o.run + "/prune_curves.csv")},
+               // what the heads do, when detect, patch and compose wrote into the run (headlab study)
+               {"roles_detect", o.run.empty() ? json() : read_csv(o.run + "/detect/detect.csv")},
+               {"roles_patch", o.run.empty() ? json() : read_csv(o.run + "/patch/patch_heads.csv")},
+               {"roles_compose", o.run.empty() ? json() : read_csv(o.run + "/compose/compose.csv")},
+               {"roles_baseline", o.run.empty() ? json() : read_csv(o.run + "/compose/compose_baseline.csv")}};
   std::string page(kViewPage);
   const std::string marker = "/*HEADLAB_DATA*/";
   const size_t at = page.find(marker);
@@ -275,6 +280,13 @@ int run_view(const ViewOpts& o) {
 }
 
 }  // namespace
+
+int write_view_page(const std::string& run_dir, int threads) {
+  ViewOpts o;
+  o.run = run_dir;
+  o.threads = threads;
+  return run_view(o);
+}
 
 void add_view_command(CLI::App& app, CommandRunner& runner) {
   CLI::App* sub = app.add_subcommand("view", "Write one offline HTML page to look at a model's heads (head view, model view, run curves)");

@@ -1,6 +1,6 @@
 // What kind of results an output directory holds. Each command that writes a directory of
 // results marks it (DIR/.headlab-kind: "train", "ablate", "prune", "detect", "patch", "compose",
-// "attn"), and refuses a directory that holds another command's results, so that one model is
+// "attn", "study"), and refuses a directory that holds another command's results, so that one model is
 // never paired with another model's tables. Directories written before the mark existed are
 // recognised by their files.
 #pragma once

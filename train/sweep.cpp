@@ -16,14 +16,6 @@ using json = nlohmann::json;
 namespace {
 
 SweepRun read_run_files(const std::string& dir, int heads, uint64_t seed);
-// Reads a finished run back from its summary.json and metrics.jsonl.
-SweepRun read_run(const std::string& dir, int heads, uint64_t seed) {
-  try {
-    return read_run_files(dir, heads, seed);
-  } catch (const json::exception& e) {
-    fail(dir, ": the finished run stored there is unreadable (", e.what(), "); rerun with --force to recompute it");
-  }
-}
 
 SweepRun read_run_files(const std::string& dir, int heads, uint64_t seed) {
   SweepRun r;
@@ -55,6 +47,14 @@ SweepRun read_run_files(const std::string& dir, int heads, uint64_t seed) {
 }
 
 }  // namespace
+
+SweepRun read_finished_run(const std::string& dir, int heads, uint64_t seed) {
+  try {
+    return read_run_files(dir, heads, seed);
+  } catch (const json::exception& e) {
+    fail(dir, ": the finished run stored there is unreadable (", e.what(), "); rerun with --force to recompute it");
+  }
+}
 
 void set_experiment_defaults(TrainArgs& a) {
   a.task = TaskConfig::preset("varcopy");
@@ -227,7 +227,7 @@ std::vector<SweepRun> sweep_across_ranks(const TrainArgs& base, const SweepOptio
   }
   std::vector<SweepRun> runs;
   for (int i = 0; i < total; ++i) {
-    runs.push_back(read_run(all[i].out, all[i].model.n_heads, all[i].seed));
+    runs.push_back(read_finished_run(all[i].out, all[i].model.n_heads, all[i].seed));
     runs.back().reused = std::find(todo.begin(), todo.end(), i) == todo.end();
     if (obs.on_run) obs.on_run(i + 1, total, runs.back());
   }
@@ -253,7 +253,7 @@ std::vector<SweepRun> run_head_count_sweep(const TrainArgs& base, const SweepOpt
       reuse_only_if_same_settings(a.out, a, o.force, "--force");
       const bool finished = run_finished(a.out);
       if (!finished) train_run(a, index, total, obs);
-      runs.push_back(read_run(a.out, h, a.seed));
+      runs.push_back(read_finished_run(a.out, h, a.seed));
       runs.back().reused = finished;
       if (obs.on_run) obs.on_run(index, total, runs.back());
     }

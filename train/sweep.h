@@ -65,6 +65,10 @@ struct HeadCountSummary {
 // Per head count, in the order of `head_counts` (each must have at least one run).
 std::vector<HeadCountSummary> summarize_sweep(const std::vector<SweepRun>& runs, const std::vector<int>& head_counts);
 
+// A finished run read back from its summary.json and metrics.jsonl (final metrics and curve);
+// fails naming `dir` when they are unreadable.
+SweepRun read_finished_run(const std::string& dir, int heads, uint64_t seed);
+
 // The arguments of run (heads h, seed index s) of a sweep into `out`.
 TrainArgs sweep_run_args(const TrainArgs& base, const SweepOptions& o, const std::string& out, int h, int s);
 // Checks the options and every run's resources before anything is created.
