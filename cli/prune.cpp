@@ -95,7 +95,7 @@ int write_michel(const PruneStudy& r, const PruneStudyOptions& o, const std::str
               fixed(s.eval.token_acc, 6) + "," + fixed(s.eval.exact_match, 6) + "\n";
   write_file_atomic(out + "/prune_curves.csv", ccsv);
   std::vector<std::vector<std::string>> ct = {{"heads pruned", "fraction", "importance acc %", "ablation-order acc %",
-                                               "random acc % (mean [min-max])"}};
+                                               "random acc % (mean [95% t-interval])"}};
   Series s_imp, s_abl, s_rnd;
   s_imp.name = "importance (Michel et al.)";
   s_abl.name = "single-head ablation order";
@@ -110,11 +110,14 @@ int write_michel(const PruneStudy& r, const PruneStudyOptions& o, const std::str
       const std::vector<PruneStep>& c = r.curves.at("random" + std::to_string(s));
       if (i < c.size()) rv.push_back(c[i].eval.token_acc);
     }
-    double mean = 0, lo = 1, hi = 0;
-    for (double v : rv) mean += v, lo = std::min(lo, v), hi = std::max(hi, v);
-    if (!rv.empty()) mean /= rv.size();
+    // over the random orders: the mean and its 95% t-interval, clipped to [0, 1] (one order: the mean alone)
+    const Spread sp = spread(rv);
+    const double mean = sp.mean, lo = sp.ci95.defined() ? std::max(0.0, sp.ci95.lo) : mean,
+                 hi = sp.ci95.defined() ? std::min(1.0, sp.ci95.hi) : mean;
     ct.push_back({std::to_string(by_imp[i].pruned), fixed(frac, 3), fixed(100 * ia, 2), fixed(100 * ab, 2),
-                  rv.empty() ? "-" : fixed(100 * mean, 2) + " [" + fixed(100 * lo, 2) + "-" + fixed(100 * hi, 2) + "]"});
+                  rv.empty() ? "-"
+                  : sp.ci95.defined() ? fixed(100 * mean, 2) + " [" + fixed(100 * lo, 2) + ", " + fixed(100 * hi, 2) + "]"
+                                      : fixed(100 * mean, 2)});
     s_imp.x.push_back(frac), s_imp.y.push_back(100 * ia);
     s_abl.x.push_back(frac), s_abl.y.push_back(100 * ab);
     if (!rv.empty()) s_rnd.x.push_back(frac), s_rnd.y.push_back(100 * mean), s_rnd.lo.push_back(100 * lo), s_rnd.hi.push_back(100 * hi);
