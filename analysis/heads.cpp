@@ -140,7 +140,8 @@ void head_dots(const float* z, const float* g, int H, int64_t dh, double* out) {
 }
 }  // namespace
 
-HeadGrid head_importance(TransformerLM& model, const std::vector<Batch>& data, bool normalize_per_layer) {
+HeadGrid head_importance(TransformerLM& model, const std::vector<Batch>& data, bool normalize_per_layer,
+                         std::vector<HeadGrid>* per_example) {
   HeadGrid imp = grid(model);
   const int H = model.cfg.n_heads;
   const int64_t dh = model.cfg.head_dim(), W = H * dh;
@@ -153,7 +154,11 @@ HeadGrid head_importance(TransformerLM& model, const std::vector<Batch>& data, b
     std::vector<int64_t> counted(static_cast<size_t>(B), 0);
     for (int64_t r = 0; r < B; ++r)
       for (int64_t t = 0; t < T; ++t) counted[static_cast<size_t>(r)] += b.targets.at(r, t) >= 0;
-    for (int64_t r = 0; r < B; ++r) examples += counted[static_cast<size_t>(r)] > 0;
+    const size_t first = per_example ? per_example->size() : 0;  // this batch's examples start here
+    for (int64_t r = 0; r < B; ++r) {
+      examples += counted[static_cast<size_t>(r)] > 0;
+      if (per_example && counted[static_cast<size_t>(r)] > 0) per_example->push_back(grid(model));
+    }
     for (int l = 0; l < model.cfg.n_layers; ++l) {
       const std::string name = layer_hook(l, "hook_z");
       if (!cache.has_grad(name)) continue;
@@ -168,6 +173,11 @@ HeadGrid head_importance(TransformerLM& model, const std::vector<Batch>& data, b
           for (int h = 0; h < H; ++h) row_sum[static_cast<size_t>(h)] += dots[static_cast<size_t>(h)];
         }
         for (int h = 0; h < H; ++h) imp[l][h] += std::fabs(row_sum[static_cast<size_t>(h)]) / static_cast<double>(n);
+        if (per_example) {
+          size_t e = first;  // this row's place among the batch's examples
+          for (int64_t q = 0; q < r; ++q) e += counted[static_cast<size_t>(q)] > 0;
+          for (int h = 0; h < H; ++h) (*per_example)[e][l][h] = std::fabs(row_sum[static_cast<size_t>(h)]) / static_cast<double>(n);
+        }
       }
     }
   });

@@ -34,7 +34,9 @@ AblationResult single_head_ablation(TransformerLM& model, const Task& task, cons
 // dL(x)/dxi_h = sum over x's tokens t of sum_d z_h[t,d] dL(x)/dz_h[t,d] (at gate 1; a gate
 // of 0 scores 0). N counts the examples with a counted target. With normalize_per_layer each
 // layer is divided by its l2 norm, as their code does.
-HeadGrid head_importance(TransformerLM& model, const std::vector<Batch>& data, bool normalize_per_layer);
+// With per_example, each example's |dL(x)/dxi_h| too (before any normalisation), e.g. for intervals.
+HeadGrid head_importance(TransformerLM& model, const std::vector<Batch>& data, bool normalize_per_layer,
+                         std::vector<HeadGrid>* per_example = nullptr);
 // The token-level variant: (1/n) sum over every non-padding position t of
 // |sum_d z_h[t,d] dL/dz_h[t,d]|, L the summed token loss and n the counted targets: the absolute
 // value per position, not per example. Same normalisation option.

@@ -140,6 +140,16 @@ BOOST_AUTO_TEST_CASE(importance_is_the_mean_over_examples_of_the_absolute_per_ex
       ++examples;
     }
   BOOST_TEST(examples == 10);
+  // per example, as returned for intervals: 10 of them, and their mean is the importance
+  std::vector<HeadGrid> each;
+  head_importance(*m, data, false, &each);
+  BOOST_TEST_REQUIRE(each.size() == 10u);
+  for (int l = 0; l < 2; ++l)
+    for (int h = 0; h < 4; ++h) {
+      double sum = 0;
+      for (const HeadGrid& g : each) sum += g[l][h];
+      BOOST_TEST(sum / 10 == imp[l][h], tt::tolerance(1e-12));
+    }
   // rows with no counted target are no examples: adding some changes nothing
   Batch with_empty = data[2];  // 2 rows, neither counted now
   for (int32_t& t : with_empty.targets.data) t = -1;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "analysis/intervals.h"
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
 #include "train/checkpoint_task.h"
@@ -167,7 +168,25 @@ void michel_study(PruneStudy& r, const PruneStudyOptions& o, const SafetensorsFi
   stage("single-head ablation (zero and mean)");
   r.ablation = single_head_ablation(*model, task, data);
   stage("importance and attention statistics");
-  r.importance = head_importance(*model, data, o.normalize);
+  std::vector<HeadGrid> each;
+  r.importance = head_importance(*model, data, o.normalize, &each);
+  // intervals of the unnormalised means; with --normalize each layer's are scaled as its scores
+  r.importance_ci95_lo = r.importance_ci95_hi = r.importance;
+  for (int l = 0; l < L; ++l) {
+    double raw_norm = 0;
+    for (int h = 0; h < H; ++h) {
+      double m = 0;
+      for (const HeadGrid& g : each) m += g[l][h];
+      raw_norm += (m / static_cast<double>(each.size())) * (m / static_cast<double>(each.size()));
+    }
+    const double scale = o.normalize && raw_norm > 0 ? 1.0 / std::sqrt(raw_norm) : 1.0;
+    for (int h = 0; h < H; ++h) {
+      std::vector<double> v;
+      for (const HeadGrid& g : each) v.push_back(g[l][h]);
+      const Interval ci = bootstrap_interval95(v, 2000, 17 + 131 * l + h);
+      r.importance_ci95_lo[l][h] = ci.lo * scale, r.importance_ci95_hi[l][h] = ci.hi * scale;
+    }
+  }
   r.stats = attention_statistics(*model, data);
 
   PruneOptions popt;

@@ -62,7 +62,7 @@ struct PruneStudy {
 
   // method michel
   AblationResult ablation;  // .base: the unpruned model's held-out loss and accuracy
-  HeadGrid importance;
+  HeadGrid importance, importance_ci95_lo, importance_ci95_hi;  // 95% bootstrap interval over the examples
   HeadStats stats;
   // "importance", "ablation", "random0", "random1", ...: held-out metrics after each pruning step
   std::map<std::string, std::vector<PruneStep>> curves;
