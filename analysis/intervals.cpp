@@ -33,26 +33,37 @@ Interval t_interval95(const std::vector<double>& v) {
   return {mean - half, mean + half};
 }
 
-Interval bootstrap_interval95(const std::vector<double>& v, int resamples, uint64_t seed) {
+Interval bootstrap_interval95(size_t n, const std::function<double(const std::vector<size_t>& idx)>& statistic,
+                              int resamples, uint64_t seed) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  if (v.size() < 2) return {nan, nan};
+  if (n < 2) return {nan, nan};
   if (resamples < 40) fail("bootstrap_interval95: at least 40 resamples, got ", resamples);
   Rng rng(seed);
-  const size_t n = v.size();
-  std::vector<double> means(static_cast<size_t>(resamples));
-  for (double& m : means) {
-    double s = 0;
-    for (size_t i = 0; i < n; ++i) s += v[static_cast<size_t>(rng.next_u64() % n)];
-    m = s / static_cast<double>(n);
+  std::vector<size_t> idx(n);
+  std::vector<double> stats(static_cast<size_t>(resamples));
+  for (double& st : stats) {
+    for (size_t& i : idx) i = static_cast<size_t>(rng.next_u64() % n);
+    st = statistic(idx);
   }
-  std::sort(means.begin(), means.end());
+  std::sort(stats.begin(), stats.end());
   auto at = [&](double q) {  // linear interpolation between order statistics
     const double pos = q * static_cast<double>(resamples - 1);
     const size_t i = static_cast<size_t>(pos);
     const double f = pos - static_cast<double>(i);
-    return i + 1 < means.size() ? means[i] * (1 - f) + means[i + 1] * f : means[i];
+    return i + 1 < stats.size() ? stats[i] * (1 - f) + stats[i + 1] * f : stats[i];
   };
   return {at(0.025), at(0.975)};
+}
+
+Interval bootstrap_interval95(const std::vector<double>& v, int resamples, uint64_t seed) {
+  return bootstrap_interval95(
+      v.size(),
+      [&](const std::vector<size_t>& idx) {
+        double s = 0;
+        for (size_t i : idx) s += v[i];
+        return s / static_cast<double>(idx.size());
+      },
+      resamples, seed);
 }
 
 }  // namespace hl

@@ -2,7 +2,9 @@
 // (seeds), and a percentile-bootstrap interval of a mean over many examples (prompts). Both
 // return {lo, hi}; with fewer than two values there is no interval (both NaN).
 #pragma once
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -18,6 +20,10 @@ Interval t_interval95(const std::vector<double>& values);
 // The 2.5th and 97.5th percentiles of the means of `resamples` resamples (with replacement, from
 // `seed`) of the values: for a mean over many examples of any distribution.
 Interval bootstrap_interval95(const std::vector<double>& values, int resamples = 2000, uint64_t seed = 1);
+// The same for any statistic of n items (a ratio of means, a paired difference): `statistic`
+// computes it from a resample given as indices into the items.
+Interval bootstrap_interval95(size_t n, const std::function<double(const std::vector<size_t>& idx)>& statistic,
+                              int resamples = 2000, uint64_t seed = 1);
 // Student's t quantile t_{0.975, df} (df >= 1).
 double t_quantile975(int df);
 

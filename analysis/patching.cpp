@@ -1,5 +1,7 @@
 #include "analysis/patching.h"
 
+#include "analysis/intervals.h"
+
 #include "lib/stop.h"
 
 #include <algorithm>
@@ -78,12 +80,23 @@ Tensor logit_difference(const Tensor& logits, const std::vector<PatchAnswer>& an
 
 namespace {
 
-double metric_of(TransformerLM& model, const Ids& ids, const std::vector<PatchAnswer>& answers, const Hooks* hooks = nullptr) {
+// The mean logit difference, and with `each` every answer's own (for intervals).
+double metric_of(TransformerLM& model, const Ids& ids, const std::vector<PatchAnswer>& answers, const Hooks* hooks = nullptr,
+                 std::vector<double>* each = nullptr) {
   EvalScope mode(model);
   NoGradGuard ng;
   ForwardOptions opt;
   opt.hooks = hooks;
-  return logit_difference(model.forward(ids, opt), answers).item();
+  const Tensor logits = model.forward(ids, opt);  // (B, T, V)
+  if (each) {
+    const int64_t T = logits.size(1), V = logits.size(2);
+    each->clear();
+    for (const PatchAnswer& a : answers) {
+      const float* row = logits.data() + (a.row * T + a.pos) * V;
+      each->push_back(static_cast<double>(row[a.clean]) - static_cast<double>(row[a.corrupted]));
+    }
+  }
+  return logit_difference(logits, answers).item();
 }
 
 // The activations `filter` names of a run, and (with_grads) the metric's gradients at them.
@@ -135,12 +148,13 @@ PatchingResult activation_patching(TransformerLM& model, const PatchingInputs& i
   const ActivationCache clean = run_recorded(model, in, in.clean, wanted, false);
   const ActivationCache corrupt = run_recorded(model, in, in.corrupted, wanted, true);
   PatchingResult r;
-  r.clean_metric = metric_of(model, in.clean, in.answers);
-  r.corrupted_metric = metric_of(model, in.corrupted, in.answers);
+  std::vector<double> clean_each, corrupted_each, patched_each;
+  r.clean_metric = metric_of(model, in.clean, in.answers, nullptr, &clean_each);
+  r.corrupted_metric = metric_of(model, in.corrupted, in.answers, nullptr, &corrupted_each);
   const double span = r.clean_metric - r.corrupted_metric;
   if (!(std::fabs(span) > 0)) fail("patching: the clean and the corrupted runs give the same metric (", r.clean_metric, "): nothing to restore");
   auto normalised = [&](double m) { return (m - r.corrupted_metric) / span; };
-  r.z_exact = r.z_attribution = HeadGrid(L, std::vector<double>(H));
+  r.z_exact = r.z_attribution = r.z_exact_ci95_lo = r.z_exact_ci95_hi = HeadGrid(L, std::vector<double>(H));
   r.resid_exact = r.resid_attribution = HeadGrid(L, std::vector<double>(T));
   for (int l = 0; l < L; ++l) {
     const std::string z = "blocks." + std::to_string(l) + ".attn.hook_z", res = "blocks." + std::to_string(l) + ".hook_resid_pre";
@@ -156,7 +170,17 @@ PatchingResult activation_patching(TransformerLM& model, const PatchingInputs& i
           if (head_h(i)) y.data()[i] = cz.data()[i];
         return y;
       });
-      r.z_exact[l][h] = normalised(metric_of(model, in.corrupted, in.answers, &hooks));
+      r.z_exact[l][h] = normalised(metric_of(model, in.corrupted, in.answers, &hooks, &patched_each));
+      // resampling the answers: the normalised restoration of each resample
+      const Interval ci = bootstrap_interval95(
+          in.answers.size(),
+          [&](const std::vector<size_t>& idx) {
+            double p = 0, c = 0, k = 0;
+            for (size_t i : idx) p += patched_each[i], c += clean_each[i], k += corrupted_each[i];
+            return c != k ? (p - k) / (c - k) : 0.0;
+          },
+          1000, 1 + 131 * l + h);
+      r.z_exact_ci95_lo[l][h] = ci.lo, r.z_exact_ci95_hi[l][h] = ci.hi;
       r.z_attribution[l][h] = attribution(cz, kz, gz, head_h) / span;
     }
     for (int64_t t = 0; t < T; ++t) {

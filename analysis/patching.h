@@ -37,6 +37,7 @@ Tensor logit_difference(const Tensor& logits, const std::vector<PatchAnswer>& an
 struct PatchingResult {
   double clean_metric = 0, corrupted_metric = 0;  // logit differences (not normalised)
   HeadGrid z_exact, z_attribution;                // (layers, heads): hook_z of one head patched
+  HeadGrid z_exact_ci95_lo, z_exact_ci95_hi;      // z_exact's 95% bootstrap interval over the answers
   HeadGrid resid_exact, resid_attribution;        // (layers, T): hook_resid_pre at one position patched
   double z_correlation = 0, resid_correlation = 0;  // Pearson, exact vs attribution
 };

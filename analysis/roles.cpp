@@ -25,7 +25,8 @@ void detect_with_intervals(TransformerLM& model, const std::vector<Batch>& data,
 HeadRoles head_roles(TransformerLM& model, const Task& task, const HeadRolesOptions& o) {
   HeadRoles r;
   const ModelConfig& cfg = model.cfg;
-  const int k = static_cast<int>(std::min<int64_t>(16, cfg.max_seq_len / 2));
+  // probe rows no longer than the task's: positions the model never trained on stay out
+  const int k = static_cast<int>(std::min<int64_t>({16, cfg.max_seq_len / 2, task.seq_len() / 2}));
   const std::vector<Batch> probe = varied_repeat_probe(o.probe_examples, k, static_cast<int>(cfg.vocab_size), o.seed);
   r.probe_rows = o.probe_examples;
   for (Detector d : {Detector::PreviousToken, Detector::DuplicateToken, Detector::Induction}) {

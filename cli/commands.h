@@ -19,6 +19,7 @@ struct TrainFlags {
   TrainFlags(const TrainFlags&) = delete;  // `args` refers to this object's values
   void add(CLI::App* app, bool with_run_flags = true, bool with_heads = true);
   TrainArgs resolve() const;  // parses the text flags into args, applies task presets
+  bool task_training_defaults = false;  // also the task's training defaults (train, study)
   // Whether `flag` was on the command line (false for a flag this command does not have).
   bool given(const std::string& flag) const {
     const CLI::Option* o = app_ ? app_->get_option_no_throw(flag) : nullptr;
@@ -29,20 +30,14 @@ struct TrainFlags {
   CLI::App* app_ = nullptr;
 };
 
-// Adds `name` to app; `run` is called with the parsed flags after parsing succeeded.
+// Every command, in the order of `headlab --help`: cli/<name>.cpp defines add_<name>_command,
+// which adds the subcommand to app and sets `runner` to run it once the flags are parsed.
+#define HEADLAB_COMMANDS(X) \
+  X(train) X(grads) X(attn) X(bench) X(ablate) X(prune) X(hooks) X(view) X(detect) X(patch) X(compose) X(study)
 using CommandRunner = std::function<int()>;
-void add_train_command(CLI::App& app, CommandRunner& runner);
-void add_grads_command(CLI::App& app, CommandRunner& runner);
-void add_attn_command(CLI::App& app, CommandRunner& runner);
-void add_bench_command(CLI::App& app, CommandRunner& runner);
-void add_ablate_command(CLI::App& app, CommandRunner& runner);
-void add_prune_command(CLI::App& app, CommandRunner& runner);
-void add_hooks_command(CLI::App& app, CommandRunner& runner);
-void add_view_command(CLI::App& app, CommandRunner& runner);
-void add_detect_command(CLI::App& app, CommandRunner& runner);
-void add_patch_command(CLI::App& app, CommandRunner& runner);
-void add_compose_command(CLI::App& app, CommandRunner& runner);
-void add_study_command(CLI::App& app, CommandRunner& runner);
+#define HEADLAB_DECLARE_COMMAND(name) void add_##name##_command(CLI::App& app, CommandRunner& runner);
+HEADLAB_COMMANDS(HEADLAB_DECLARE_COMMAND)
+#undef HEADLAB_DECLARE_COMMAND
 // The page of `headlab view RUN_DIR` (RUN_DIR/view.html).
 int write_view_page(const std::string& run_dir, int threads);
 

@@ -28,6 +28,7 @@ int run_detect(const RoleOpts& o) {
   const std::string out = o.out.empty() ? default_out_dir("detect") : o.out;
   RoleModel m = load_role_model(o);
   const ModelConfig& cfg = m.model->cfg;
+  if (o.bos >= 0 && o.data != "probe") fail("--bos applies to --data probe (the default), not --data ", o.data);
   std::vector<Batch> data;
   if (o.data != "task") {
     const int lead = o.bos >= 0 && o.data == "probe" ? 1 : 0;
@@ -79,7 +80,7 @@ void add_detect_command(CLI::App& app, CommandRunner& runner) {
                   "so a head that attends a fixed distance back is not taken for an induction head; fixed-probe: [r r] "
                   "with r of --length tokens (every repeat the same distance back); task: the task's held-out sequences")
       ->capture_default_str()->check(CLI::IsMember({"probe", "fixed-probe", "task"}));
-  sub->add_option("--length", o->length, "Longest block repeated in the probe; 0 = min(16, max_seq_len / 2)")
+  sub->add_option("--length", o->length, "Longest block repeated in the probe; 0 = min(16, max_seq_len / 2), one less with --bos")
       ->capture_default_str()->check(in_range(0, 1 << 19));
   sub->add_option("--bos", o->bos, "probe: start every row with this token id (e.g. the model's BOS); -1 = none")
       ->capture_default_str()->check(in_range(-1, 1 << 24));

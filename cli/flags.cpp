@@ -48,7 +48,7 @@ void TrainFlags::add(CLI::App* app, bool with_run_flags, bool with_heads) {
 }
 
 TrainArgs TrainFlags::resolve() const {
-  TrainArgs a = resolve_train_flags(values, [this](const std::string& flag) { return given(flag); });
+  TrainArgs a = resolve_train_flags(values, [this](const std::string& flag) { return given(flag); }, task_training_defaults);
   if (!given("--threads")) {
     a.threads = default_threads(a.threads);  // under mpirun: this rank's share of the cores
     // A core busy with another process would make every parallel region wait for it: use

@@ -73,18 +73,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "headlab 0.1");
   hl::CommandRunner runner;
-  hl::add_train_command(app, runner);
-  hl::add_grads_command(app, runner);
-  hl::add_attn_command(app, runner);
-  hl::add_bench_command(app, runner);
-  hl::add_ablate_command(app, runner);
-  hl::add_prune_command(app, runner);
-  hl::add_hooks_command(app, runner);
-  hl::add_view_command(app, runner);
-  hl::add_detect_command(app, runner);
-  hl::add_patch_command(app, runner);
-  hl::add_compose_command(app, runner);
-  hl::add_study_command(app, runner);
+#define HEADLAB_ADD_COMMAND(name) hl::add_##name##_command(app, runner);
+  HEADLAB_COMMANDS(HEADLAB_ADD_COMMAND)
+#undef HEADLAB_ADD_COMMAND
   // Started by mpirun or srun: join the job before parsing, so that ranks started with different
   // arguments are told apart (start_mpi_job compares them) and a bad flag is said once, by rank 0.
   // Only train (data-parallel) and ablate (runs shared among the ranks) work across ranks; the

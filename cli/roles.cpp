@@ -79,7 +79,8 @@ void write_detect_files(const std::string& out, const std::vector<std::string>& 
 }
 
 void write_patch_files(const std::string& out, const PatchingResult& r, bool quiet) {
-  write_head_table(out + "/patch_heads.csv", {"exact", "attribution"}, {r.z_exact, r.z_attribution}, quiet);
+  write_head_table(out + "/patch_heads.csv", {"exact", "exact_ci95_lo", "exact_ci95_hi", "attribution"},
+                   {r.z_exact, r.z_exact_ci95_lo, r.z_exact_ci95_hi, r.z_attribution}, quiet);
   std::string csv = "layer,position,exact,attribution\n";
   for (size_t l = 0; l < r.resid_exact.size(); ++l)
     for (size_t t = 0; t < r.resid_exact[l].size(); ++t)

@@ -133,6 +133,7 @@ void add_study_command(CLI::App& app, CommandRunner& runner) {
   auto o = std::make_shared<StudyOpts>();
   flags->args.task = TaskConfig::preset("induction");
   flags->add(sub);
+  flags->task_training_defaults = true;
   sub->add_option("--seeds", o->study.seeds, "Seeds (from --seed on), each trained in OUT/seed-S")->capture_default_str()
       ->check(in_range(1, 1000));
   sub->add_option("--out", o->out, "Output directory (default: runs/study-induction-<date>-<time>); rerun to resume");

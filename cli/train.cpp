@@ -130,9 +130,10 @@ void add_train_command(CLI::App& app, CommandRunner& runner) {
   auto log_grads = std::make_shared<int64_t>(0);
   auto dump_at = std::make_shared<std::vector<int64_t>>();
   flags->add(sub);
+  flags->task_training_defaults = true;
   sub->add_option("--out", *out, "Output directory (default: runs/train-<date>-<time>)");
   sub->add_flag("--resume", *resume, "Continue the run in --out from its last checkpoint");
-  sub->add_option("--init", flags->args.init, "Start from the weights in this checkpoint (same model config), e.g. made in PyTorch");
+  sub->add_option("--init", flags->args.init, "Start from the weights in this checkpoint, e.g. made in PyTorch; the model's architecture comes from it");
   sub->add_flag("--quiet", *quiet, "No progress output");
   sub->add_option("--log-grads", *log_grads,
                   "Gradient atlas: every N steps log per-head gradient and weight norms of W_Q/W_K/W_V/W_O "

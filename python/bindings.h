@@ -47,7 +47,9 @@ py::object json_to_py(const json& j);
 // ---- settings by keyword (the CLI's flag table; convert.cpp) ---------------------------------
 
 // TrainArgs from keywords, as `headlab train` would resolve the same flags.
-TrainArgs args_from_kwargs(const py::dict& kwargs, const std::function<bool(const std::string&)>& skip = {});
+// task_training_defaults: also the task's training defaults (the Trainer), see resolve_train_flags.
+TrainArgs args_from_kwargs(const py::dict& kwargs, const std::function<bool(const std::string&)>& skip = {},
+                           bool task_training_defaults = false);
 ModelConfig model_config_from_kwargs(const py::dict& kwargs);
 
 // ---- Ctrl-C during long C++ work ---------------------------------------------------------------

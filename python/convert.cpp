@@ -156,7 +156,8 @@ void set_setting(TrainFlagValues& v, const std::string& key, const py::handle& v
 
 }  // namespace
 
-TrainArgs args_from_kwargs(const py::dict& kwargs, const std::function<bool(const std::string&)>& skip) {
+TrainArgs args_from_kwargs(const py::dict& kwargs, const std::function<bool(const std::string&)>& skip,
+                           bool task_training_defaults) {
   TrainFlagValues v;
   std::set<std::string> given;
   for (auto& [k, val] : kwargs) {
@@ -165,7 +166,7 @@ TrainArgs args_from_kwargs(const py::dict& kwargs, const std::function<bool(cons
     set_setting(v, key, val);
     given.insert(find_train_setting(key)->flag);
   }
-  return resolve_train_flags(v, [&](const std::string& f) { return given.count(f) > 0; });
+  return resolve_train_flags(v, [&](const std::string& f) { return given.count(f) > 0; }, task_training_defaults);
 }
 
 ModelConfig model_config_from_kwargs(const py::dict& kwargs) {

@@ -174,7 +174,7 @@ void bind_training(py::module_& m) {
   py::class_<PyTrainer>(m, "_Trainer")
       .def(py::init([](py::kwargs kw) {
         std::set<std::string> extra = {"data", "eval_data", "out", "init", "resume"};
-        TrainArgs a = args_from_kwargs(kw, [&](const std::string& k) { return extra.count(k) > 0; });
+        TrainArgs a = args_from_kwargs(kw, [&](const std::string& k) { return extra.count(k) > 0; }, true);
         if (kw.contains("out") && !kw["out"].is_none()) a.out = kw["out"].cast<std::string>();
         if (kw.contains("init") && !kw["init"].is_none()) a.init = kw["init"].cast<std::string>();
         if (kw.contains("resume")) a.resume = kw["resume"].cast<bool>();

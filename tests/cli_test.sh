@@ -205,7 +205,7 @@ check "detect writes its table" 0 "previous_token" -- "$HL" detect --checkpoint 
 check "detect CSV" 0 "^layer,head,previous_token,previous_token_ci95_lo,previous_token_ci95_hi,duplicate_token,duplicate_token_ci95_lo,duplicate_token_ci95_hi,induction,induction_ci95_lo,induction_ci95_hi$" -- cat "$T/det/detect.csv"
 # The named study: one seed, shortened; the circuit forms, each seed gets its roles and a page; a rerun reads it back
 check "study induction forms the circuit" 0 "formed in 1 of 1 seeds" -- "$HL" study induction --seeds 1 --steps 1000 --threads 2 --quiet --out "$T/study"
-check "study writes detect, patch and compose per seed" 0 "^layer,head,exact,attribution" -- cat "$T/study/seed-0/patch/patch_heads.csv"
+check "study writes detect, patch and compose per seed" 0 "^layer,head,exact,exact_ci95_lo,exact_ci95_hi,attribution$" -- cat "$T/study/seed-0/patch/patch_heads.csv"
 check "study's page shows what the heads do" 0 '"roles_detect":\{"columns"' -- cat "$T/study/seed-0/view.html"
 check "study rerun reads the seed back" 0 "seed 0 \(1/1\) already trained" -- "$HL" study induction --seeds 1 --steps 1000 --threads 2 --out "$T/study"
 check "study refuses another task" nonzero "the induction study trains --task induction, got --task copy" -- "$HL" study induction --task copy --out "$T/study2"

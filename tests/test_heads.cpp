@@ -150,6 +150,23 @@ BOOST_AUTO_TEST_CASE(importance_is_the_mean_over_examples_of_the_absolute_per_ex
       for (const HeadGrid& g : each) sum += g[l][h];
       BOOST_TEST(sum / 10 == imp[l][h], tt::tolerance(1e-12));
     }
+  // a row without a counted target in the middle of a batch: the per-example values are those of
+  // the other rows, each as a batch of its own
+  {
+    Batch mid = data[0];  // 4 rows; row 1 loses its targets
+    for (int64_t t = 0; t < mid.targets.shape[1]; ++t) mid.targets.at(1, t) = -1;
+    std::vector<HeadGrid> per;
+    head_importance(*m, {mid}, false, &per);
+    BOOST_TEST_REQUIRE(per.size() == 3u);
+    const int64_t rows[3] = {0, 2, 3};
+    for (int i = 0; i < 3; ++i) {
+      Batch alone;
+      mid.rows_into(rows[i], rows[i] + 1, alone);
+      const HeadGrid one = head_importance(*m, {alone}, false);
+      for (int l = 0; l < 2; ++l)
+        for (int h = 0; h < 4; ++h) BOOST_TEST(per[i][l][h] == one[l][h], tt::tolerance(1e-4));
+    }
+  }
   // rows with no counted target are no examples: adding some changes nothing
   Batch with_empty = data[2];  // 2 rows, neither counted now
   for (int32_t& t : with_empty.targets.data) t = -1;

@@ -9,6 +9,7 @@
 
 #include "analysis/circuits.h"
 #include "analysis/detectors.h"
+#include "analysis/intervals.h"
 #include "analysis/patching.h"
 #include "lib/gradcheck.h"
 #include "models/l0_gates.h"
@@ -230,7 +231,18 @@ BOOST_AUTO_TEST_CASE(patching_the_clean_activation_gives_one_and_the_corrupted_g
   for (int l = 0; l < 2; ++l)
     for (double v : r.z_exact[l]) BOOST_TEST(std::isfinite(v));
   BOOST_TEST(std::isfinite(r.z_correlation));
+  BOOST_TEST(std::isnan(r.z_exact_ci95_lo[0][0]));  // one answer: no interval
+  BOOST_TEST(std::isnan(r.z_exact_ci95_hi[0][0]));
   BOOST_TEST(m.gates_all_one());
+  // 16 rows: each head's restoration lies inside its bootstrap interval over the answers
+  const PatchingInputs many = corrupt_one_symbol(t->task().held_out(16, 78, 16)[0], 10, 4);
+  const PatchingResult rm = activation_patching(m, many);
+  for (int l = 0; l < 2; ++l)
+    for (size_t h = 0; h < rm.z_exact[l].size(); ++h) {
+      BOOST_TEST(rm.z_exact_ci95_lo[l][h] <= rm.z_exact[l][h] + 1e-5);
+      BOOST_TEST(rm.z_exact[l][h] <= rm.z_exact_ci95_hi[l][h] + 1e-5);
+      BOOST_TEST(rm.z_exact_ci95_lo[l][h] < rm.z_exact_ci95_hi[l][h]);
+    }
 }
 
 BOOST_AUTO_TEST_CASE(rows_without_a_prompt_corrupt_a_symbol_seen_once_before_it_is_predicted) {

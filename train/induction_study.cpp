@@ -17,16 +17,7 @@ void train_or_read(InductionRun& r, TrainArgs a, const InductionStudyOptions& o,
   reuse_only_if_same_settings(a.out, a, o.force, "--force");
   const bool done = run_finished(a.out);
   if (obs.on_run_start) obs.on_run_start(index, total, a.seed, done);
-  if (!done) {
-    a.resume = file_exists(a.out + "/checkpoint.safetensors");
-    Trainer t(a);
-    try {
-      write_summary(a.out, t.args(), t.run(obs.training));
-    } catch (const Interrupted&) {
-      write_summary(a.out, t.args(), t.partial_result(), /*finished=*/false);
-      throw;
-    }
-  }
+  if (!done) train_to_end(a, obs.training);
   const SweepRun back = read_finished_run(a.out, a.model.n_heads, a.seed);
   r.final_eval.loss = back.loss, r.final_eval.token_acc = back.token_acc, r.final_eval.exact_match = back.exact;
   r.final_eval.ar_exact_match = back.ar_exact;

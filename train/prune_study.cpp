@@ -92,16 +92,7 @@ void train_base_model(const TrainArgs& base, const PruneStudyOptions& o, const P
   reuse_only_if_same_settings(base.out, base, o.force, "--force");
   const bool done = run_finished(base.out);
   if (obs.on_base_model) obs.on_base_model(o.base_heads, base.steps, base.out, done);
-  if (done) return;
-  TrainArgs a = base;
-  a.resume = file_exists(a.out + "/checkpoint.safetensors");
-  Trainer t(a);
-  try {
-    write_summary(a.out, t.args(), t.run(obs.base_training));
-  } catch (const Interrupted&) {
-    write_summary(a.out, t.args(), t.partial_result(), /*finished=*/false);
-    throw;
-  }
+  if (!done) train_to_end(base, obs.base_training);
 }
 
 // Fine-tunes copies of the model with hard-concrete gates at o.lambda, or at lambdas searched

@@ -172,16 +172,17 @@ void set_from_text(const TrainSetting& s, TrainFlagValues& v, const std::string&
 }
 }  // namespace
 
-TrainArgs resolve_train_flags(const TrainFlagValues& given_values, const std::function<bool(const std::string&)>& given) {
+TrainArgs resolve_train_flags(const TrainFlagValues& given_values, const std::function<bool(const std::string&)>& given,
+                              bool task_training_defaults) {
   // The task's training defaults (induction's model and schedule) apply to the flags not given.
   TrainFlagValues v = given_values;
-  if (const TaskInfo* task = find_task(v.args.task.name))
+  if (const TaskInfo* task = task_training_defaults ? find_task(v.args.task.name) : nullptr)
     for (const auto& [flag, text] : task->train_defaults)
       if (!given(flag))
         if (const TrainSetting* s = find_train_setting(flag)) set_from_text(*s, v, text);
   TrainArgs a = v.args;
   // A task's preset (alphabet, lengths) applies to what was not given explicitly; e.g.
-  // varcopy: alphabet 64, n in 1..16; induction: 16 of 32 tokens; text: 64-byte context.
+  // varcopy: alphabet 64, n in 1..16; induction: blocks of 4..12 of 32 tokens; text: 64-byte context.
   const TaskConfig p = TaskConfig::preset(a.task.name);
   if (!given("--alphabet")) a.task.alphabet = p.alphabet;
   if (!given("--length")) a.task.max_len = p.max_len;

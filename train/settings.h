@@ -48,7 +48,11 @@ const TrainSetting* find_train_setting(const std::string& flag_or_name);
 
 // The run the flags describe: parses the text flags and applies the task's preset (alphabet,
 // lengths) to what was not given.
-TrainArgs resolve_train_flags(const TrainFlagValues& v, const std::function<bool(const std::string& flag)>& given);
+// With task_training_defaults, the task's training defaults (induction's model and schedule) also
+// apply to the flags not given: for training the task as such (train, study, Python's Trainer),
+// not for the sweeps, which keep their own regime.
+TrainArgs resolve_train_flags(const TrainFlagValues& v, const std::function<bool(const std::string& flag)>& given,
+                              bool task_training_defaults = false);
 
 // `train --resume`: the stored run, with the given flags that may change applied; a given flag that
 // defines the run and differs from the stored value is an error naming both and `source`.

@@ -118,8 +118,11 @@ std::vector<HeadCountSummary> summarize_sweep(const std::vector<SweepRun>& runs,
       for (const SweepRun* r : rs)
         if (i < r->curve.size()) lv.push_back(r->curve[i].second.loss), av.push_back(r->curve[i].second.token_acc);
       s.curve_steps.push_back(rs[0]->curve[i].first);
-      s.curve_loss.push_back(spread(lv));
-      s.curve_acc.push_back(spread(av));
+      Spread l = spread(lv), a = spread(av);
+      clip(l, 1e-6, INFINITY);  // positive: the loss curves are drawn on a log scale
+      clip(a, 0, 1);
+      s.curve_loss.push_back(l);
+      s.curve_acc.push_back(a);
     }
     out.push_back(s);
   }
@@ -168,17 +171,10 @@ void check_sweep(const TrainArgs& base, const SweepOptions& o, const std::string
 namespace {
 
 // Trains one run of a sweep to its end, continuing from its checkpoint if it has one.
-void train_run(TrainArgs a, int index, int total, const SweepObserver& obs) {
-  a.resume = file_exists(a.out + "/checkpoint.safetensors");
-  Trainer t(a);
+void train_run(const TrainArgs& a, int index, int total, const SweepObserver& obs) {
   TrainObserver to;
   if (obs.on_step) to.on_step = [&](int64_t step, int64_t, float loss, double) { obs.on_step(index, total, a, step, loss); };
-  try {
-    write_summary(a.out, t.args(), t.run(to));
-  } catch (const Interrupted&) {
-    write_summary(a.out, t.args(), t.partial_result(), /*finished=*/false);
-    throw;
-  }
+  train_to_end(a, to);
 }
 
 std::vector<SweepRun> sweep_across_ranks(const TrainArgs& base, const SweepOptions& o, const std::string& out,

@@ -210,10 +210,15 @@ TrainArgs init_args(const TrainArgs& given, const std::function<bool(const std::
   for (const TrainSetting& s : train_settings()) {
     if (s.json_pointer.rfind("/model/", 0) != 0 || !given_flag(s.flag)) continue;
     const json::json_pointer p(s.json_pointer);
-    const json a = now.value(p, json()), b = then.value(p, json());
+    json a = now.value(p, json()), b = then.value(p, json());
+    // 0 means "as many as the heads" / "d_model / heads" (of the checkpoint's model): compare what they amount to
+    ModelConfig with_flag = r.model;
+    with_flag.n_kv_heads = given.model.n_kv_heads, with_flag.d_head = given.model.d_head;
+    if (s.json_pointer == "/model/n_kv_heads") a = with_flag.kv_heads(), b = r.model.kv_heads();
+    if (s.json_pointer == "/model/d_head") a = with_flag.head_dim(), b = r.model.head_dim();
     if (a != b)
-      fail(s.flag, " ", a.dump(), " contradicts --init ", given.init, ", whose model has ", s.json_pointer.substr(7), " ",
-           b.dump(), ": leave the flag out to take the checkpoint's");
+      fail(s.flag, " ", now.value(p, json()).dump(), " contradicts --init ", given.init, ", whose model has ",
+           s.json_pointer.substr(7), " ", then.value(p, json()).dump(), ": leave the flag out to take the checkpoint's");
   }
   return r;
 }
@@ -288,6 +293,17 @@ Trainer::Trainer(TrainArgs args, std::unique_ptr<Task> task, ProcessGroup* group
            "'s sequences have ", task_->seq_len(), " tokens");
     check_checkpoint_tensors(args_.model, f);
     load_parameters(*model_, f);
+  }
+}
+
+void train_to_end(TrainArgs a, const TrainObserver& obs) {
+  a.resume = file_exists(a.out + "/checkpoint.safetensors");
+  Trainer t(a);
+  try {
+    write_summary(a.out, t.args(), t.run(obs));
+  } catch (const Interrupted&) {
+    write_summary(a.out, t.args(), t.partial_result(), /*finished=*/false);
+    throw;
   }
 }
 

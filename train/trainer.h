@@ -192,6 +192,9 @@ std::pair<float, float> train_step(TransformerLM& model, Optimizer& opt, const B
 // not finite), zero_grad; returns the gradient norm before clipping.
 float apply_gradients(TransformerLM& model, Optimizer& opt, float loss, float clip,
                       const std::function<void(TransformerLM&)>& on_gradients);
+// Trains a.out to its last step, continuing from its checkpoint when there is one, and writes its
+// summary; when stopped, writes the summary with finished: false and rethrows Interrupted.
+void train_to_end(TrainArgs a, const TrainObserver& obs = {});
 // Fine-tunes a model in place for `steps` AdamW steps at a constant lr (used by prune).
 void finetune(TransformerLM& model, const Task& task, int steps, float lr, int batch, uint64_t seed);
 std::string eval_json(int64_t step, const EvalResult& e, float lr, double tokens_per_s, double wall_s);
