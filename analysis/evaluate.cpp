@@ -1,5 +1,7 @@
 #include "analysis/evaluate.h"
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "lib/parallel.h"
@@ -109,7 +111,8 @@ Tensor forward_batch(TransformerLM& model, const Batch& batch, BatchScratch& scr
 }
 
 EvalResult evaluate(TransformerLM& model, const Task& task, const std::vector<Batch>& data,
-                    bool autoregressive, const Hooks* hooks) {
+                    bool autoregressive, const Hooks* hooks, std::vector<double>* row_loss) {
+  if (row_loss) row_loss->clear();
   EvalScope mode(model);
   NoGradGuard ng;
   EvalResult r;
@@ -146,6 +149,20 @@ EvalResult evaluate(TransformerLM& model, const Task& task, const std::vector<Ba
       }
       row_correct[row] = right;
     });
+    if (row_loss)
+      for (int64_t row = 0, at = 0; row < B; ++row) {
+        double s = 0;  // -log softmax at each counted target
+        for (int64_t t = 0; t < T; ++t) {
+          const int32_t target = b.targets.at(row, t);
+          if (target < 0) continue;
+          const float* z = L + (live ? at++ : row * T + t) * V;
+          double mx = z[0], e = 0;
+          for (int64_t v = 1; v < V; ++v) mx = std::max(mx, static_cast<double>(z[v]));
+          for (int64_t v = 0; v < V; ++v) e += std::exp(static_cast<double>(z[v]) - mx);
+          s += mx + std::log(e) - z[target];
+        }
+        row_loss->push_back(s);
+      }
     for (int64_t row = 0; row < B; ++row) {
       correct += row_correct[row];
       const bool all = row_correct[row] == (row + 1 < B ? row_first[row + 1] : counted) - row_first[row];

@@ -36,8 +36,10 @@ Tensor forward_batch(TransformerLM& model, const Batch& batch, BatchScratch& scr
 // inputs until its first wrong token, which the teacher-forced predictions show too, so the row
 // is a greedy exact match exactly when it is a teacher-forced one. Other rows with prompts are
 // decoded (KV cache, without `hooks`).
+// With row_loss, each row's summed loss over its counted targets too (in double, in data's order),
+// e.g. for intervals over examples.
 EvalResult evaluate(TransformerLM& model, const Task& task, const std::vector<Batch>& data,
-                    bool autoregressive, const Hooks* hooks = nullptr);
+                    bool autoregressive, const Hooks* hooks = nullptr, std::vector<double>* row_loss = nullptr);
 
 // Greedy decoding of the answers of the rows of a batch that have prompts (others: empty),
 // grouped by prompt and answer length (KV cache).

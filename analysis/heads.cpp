@@ -1,5 +1,7 @@
 #include "analysis/heads.h"
 
+#include "analysis/intervals.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -68,8 +70,17 @@ std::vector<Tensor> mean_head_outputs(TransformerLM& model, const std::vector<Ba
 
 AblationResult single_head_ablation(TransformerLM& model, const Task& task, const std::vector<Batch>& data) {
   AblationResult r;
-  r.base = evaluate(model, task, data, false);
+  std::vector<double> base_rows, rows;  // summed loss per example
+  r.base = evaluate(model, task, data, false, nullptr, &base_rows);
   r.d_loss = r.d_acc = r.d_loss_mean = r.d_acc_mean = grid(model);
+  r.d_loss_ci95_lo = r.d_loss_ci95_hi = r.d_loss_mean_ci95_lo = r.d_loss_mean_ci95_hi = grid(model);
+  std::vector<double> counted;  // counted targets per example
+  for (const Batch& b : data)
+    for (int64_t row = 0; row < b.size(); ++row) {
+      double n = 0;
+      for (int64_t t = 0; t < b.targets.shape[1]; ++t) n += b.targets.at(row, t) >= 0;
+      counted.push_back(n);
+    }
   const std::vector<Tensor> means = mean_head_outputs(model, data);
   const int L = model.cfg.n_layers, H = model.cfg.n_heads;
   const int64_t dh = model.cfg.head_dim();
@@ -82,9 +93,20 @@ AblationResult single_head_ablation(TransformerLM& model, const Task& task, cons
         hooks.add_forward(layer_hook(l, "hook_z"), [h, value](const Tensor& z, const std::string&) {
           return replace_head(z, h, value);
         });
-        const EvalResult e = evaluate(model, task, data, false, &hooks);
+        const EvalResult e = evaluate(model, task, data, false, &hooks, &rows);
         (mode == 0 ? r.d_loss : r.d_loss_mean)[l][h] = e.loss - r.base.loss;
         (mode == 0 ? r.d_acc : r.d_acc_mean)[l][h] = e.token_acc - r.base.token_acc;
+        // resampling the examples: the change of the loss per counted target
+        const Interval ci = bootstrap_interval95(
+            rows.size(),
+            [&](const std::vector<size_t>& idx) {
+              double d = 0, n = 0;
+              for (size_t i : idx) d += rows[i] - base_rows[i], n += counted[i];
+              return n > 0 ? d / n : 0.0;
+            },
+            1000, 1 + 131 * l + h + 7919 * mode);
+        (mode == 0 ? r.d_loss_ci95_lo : r.d_loss_mean_ci95_lo)[l][h] = ci.lo;
+        (mode == 0 ? r.d_loss_ci95_hi : r.d_loss_mean_ci95_hi)[l][h] = ci.hi;
       }
   return r;
 }

@@ -23,6 +23,8 @@ std::vector<Tensor> mean_head_outputs(TransformerLM& model, const std::vector<Ba
 struct AblationResult {
   HeadGrid d_loss, d_acc;            // zero-ablation: change in held-out loss and token accuracy
   HeadGrid d_loss_mean, d_acc_mean;  // mean-ablation
+  // 95% bootstrap intervals of d_loss and d_loss_mean over the held-out examples
+  HeadGrid d_loss_ci95_lo, d_loss_ci95_hi, d_loss_mean_ci95_lo, d_loss_mean_ci95_hi;
   EvalResult base;
 };
 // Ablates each head alone (zero, then mean) and evaluates on `data`.

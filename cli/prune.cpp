@@ -68,7 +68,8 @@ int write_michel(const PruneStudy& r, const PruneStudyOptions& o, const std::str
   const HeadGrid& imp = r.importance;
   const HeadStats& st = r.stats;
   std::string csv = "layer,head,d_loss_zero,d_acc_zero,d_loss_mean,d_acc_mean,importance,entropy,entropy_norm,confidence,"
-                    "argmax_distance,importance_ci95_lo,importance_ci95_hi\n";
+                    "argmax_distance,importance_ci95_lo,importance_ci95_hi,d_loss_zero_ci95_lo,d_loss_zero_ci95_hi,"
+                    "d_loss_mean_ci95_lo,d_loss_mean_ci95_hi\n";
   std::vector<std::vector<std::string>> table = {{"layer", "head", "dloss zero", "dacc zero %", "dloss mean", "dacc mean %",
                                                   "importance", "entropy", "entropy/log n", "confidence", "argmax dist"}};
   for (int l = 0; l < L; ++l)
@@ -77,7 +78,9 @@ int write_michel(const PruneStudy& r, const PruneStudyOptions& o, const std::str
                                      st.entropy[l][h], st.entropy_norm[l][h], st.confidence[l][h], st.argmax_distance[l][h]};
       csv += std::to_string(l) + "," + std::to_string(h);
       for (double x : v) csv += "," + fixed(x, 6);
-      csv += "," + fixed(r.importance_ci95_lo[l][h], 6) + "," + fixed(r.importance_ci95_hi[l][h], 6) + "\n";
+      csv += "," + fixed(r.importance_ci95_lo[l][h], 6) + "," + fixed(r.importance_ci95_hi[l][h], 6) + "," +
+             fixed(abl.d_loss_ci95_lo[l][h], 6) + "," + fixed(abl.d_loss_ci95_hi[l][h], 6) + "," +
+             fixed(abl.d_loss_mean_ci95_lo[l][h], 6) + "," + fixed(abl.d_loss_mean_ci95_hi[l][h], 6) + "\n";
       table.push_back({std::to_string(l), std::to_string(h), fixed(v[0], 4), fixed(100 * v[1], 2), fixed(v[2], 4), fixed(100 * v[3], 2),
                        fixed(v[4], 4), fixed(v[5], 3), fixed(v[6], 3), fixed(v[7], 3), fixed(v[8], 2)});
     }

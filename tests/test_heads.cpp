@@ -436,3 +436,25 @@ BOOST_AUTO_TEST_CASE(intervals_cover_the_true_mean_at_the_stated_rate) {
   BOOST_TEST(std::fabs(t_quantile975(60) - 2.0003) < 2e-3);
   BOOST_TEST(!t_interval95({1.0}).defined());
 }
+
+// Per-example losses add up to the held-out loss, and each head's single-head-ablation change of
+// the loss lies inside its bootstrap interval over the examples.
+BOOST_AUTO_TEST_CASE(ablation_intervals_come_from_per_example_losses_that_add_up) {
+  auto m = make_model(4);
+  CopyTask task(tiny_task());
+  const auto data = task.held_out(24, 9, 8);
+  std::vector<double> rows;
+  const EvalResult e = evaluate(*m, task, data, false, nullptr, &rows);
+  BOOST_TEST_REQUIRE(rows.size() == 24u);
+  double sum = 0;
+  for (double v : rows) sum += v;
+  BOOST_TEST(sum / static_cast<double>(e.tokens) == e.loss, tt::tolerance(1e-5));
+  const AblationResult a = single_head_ablation(*m, task, data);
+  for (int l = 0; l < 2; ++l)
+    for (int h = 0; h < 4; ++h) {
+      BOOST_TEST(a.d_loss_ci95_lo[l][h] <= a.d_loss[l][h] + 1e-5);
+      BOOST_TEST(a.d_loss[l][h] <= a.d_loss_ci95_hi[l][h] + 1e-5);
+      BOOST_TEST(a.d_loss_mean_ci95_lo[l][h] <= a.d_loss_mean[l][h] + 1e-5);
+      BOOST_TEST(a.d_loss_mean[l][h] <= a.d_loss_mean_ci95_hi[l][h] + 1e-5);
+    }
+}
