@@ -102,6 +102,11 @@ void bind_analyses(py::module_& m) {
      py::arg("min_per_layer") = 0, py::arg("recompute") = false, py::arg("seed") = 1000,
      "Accuracy as heads are removed in an order (on a copy; the model is unchanged)");
   m.def("head_gradient_norms", [](const TransformerLM& model) {
+    bool any = false;
+    for (const auto& [name, p] : model.named_parameters()) any = any || p.grad().defined();
+    if (!any)
+      throw py::value_error("head_gradient_norms: the model holds no gradients (a training step clears them once "
+                            "applied); call it after your own backward, e.g. model.loss(ids, targets).backward()");
     const auto rows = head_gradient_norms(model, 0);
     const int L = model.cfg.n_layers, H = model.cfg.n_heads;
     py::dict d;

@@ -1,6 +1,9 @@
 // Binds models (ModelConfig, TransformerLM, hook_points) and hooks: Python callables as forward
 // and backward hooks, and the activation cache as read-only array views.
 #include "bindings.h"
+
+#include <cstdio>
+
 #include "lib/safetensors.h"
 #include "models/checkpoint.h"
 #include "models/hooks.h"
@@ -98,8 +101,22 @@ void bind_models(py::module_& m) {
       .def_property_readonly("positions", [](const ModelConfig& c) { return to_string(c.positions); })
       .def_readonly("dropout", &ModelConfig::dropout)
       .def_readonly("attn_dropout", &ModelConfig::attn_dropout)
+      .def_readonly("attn_bias", &ModelConfig::attn_bias)
+      .def_readonly("mlp_bias", &ModelConfig::mlp_bias)
+      .def_readonly("head_bias", &ModelConfig::head_bias)
       .def("to_dict", [](const ModelConfig& c) { return json_to_py(json::parse(c.to_json())); })
-      .def("__repr__", [](const ModelConfig& c) { return "headlab.ModelConfig(" + c.to_json() + ")"; });
+      .def("__repr__", [](const ModelConfig& c) {  // the attribute names (as the CLI's flags), not the file's
+        auto b = [](bool v) { return std::string(v ? "True" : "False"); };
+        char dropout[64];
+        std::snprintf(dropout, sizeof dropout, "dropout=%g, attn_dropout=%g", c.dropout, c.attn_dropout);
+        return "headlab.ModelConfig(vocab_size=" + std::to_string(c.vocab_size) + ", d_model=" + std::to_string(c.d_model) +
+               ", layers=" + std::to_string(c.n_layers) + ", heads=" + std::to_string(c.n_heads) +
+               ", kv_heads=" + std::to_string(c.kv_heads()) + ", d_head=" + std::to_string(c.head_dim()) +
+               ", d_ff=" + std::to_string(c.d_ff) + ", max_seq_len=" + std::to_string(c.max_seq_len) + ", norm='" +
+               to_string(c.norm) + "', activation='" + to_string(c.activation) + "', positions='" + to_string(c.positions) +
+               "', attn_bias=" + b(c.attn_bias) + ", mlp_bias=" + b(c.mlp_bias) + ", head_bias=" + b(c.head_bias) + ", " +
+               dropout + ")";
+      });
 
   m.def("hook_points", [](const ModelConfig& c) { return hook_points(c); }, "(name, shape) of every hook point");
 
@@ -174,6 +191,10 @@ void bind_models(py::module_& m) {
            })
       .def("run_with_cache", [](TransformerLM& model, const py::object& ids, const py::object& names, bool with_grads) {
              const Ids x = ids_from(ids);
+             // a misspelt name is refused here, as run_with_hooks refuses it, not at lookup
+             if (py::isinstance<py::str>(names)) check_hook_name(model.cfg, names.cast<std::string>());
+             else if (!names.is_none() && !py::isinstance<py::function>(names))
+               for (const std::string& n : names.cast<std::vector<std::string>>()) check_hook_name(model.cfg, n);
              NameFilter f = filter_from(names);
              std::pair<Tensor, ActivationCache> r;
              {

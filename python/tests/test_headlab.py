@@ -186,6 +186,11 @@ def test_a_cache_holds_exactly_the_requested_names_and_is_read_only():
     assert np.allclose(p.sum(-1), 1, atol=1e-6)
     with pytest.raises(ValueError, match="read-only"):
         p[0, 0, 0, 0] = 1
+    with pytest.raises(ValueError, match="unknown hook point 'blocks.0.attn.hook_patern'"):  # refused at once
+        m.run_with_cache(ids_batch(), names=["blocks.0.attn.hook_patern"])
+    c = m.config  # its repr uses the attribute names
+    assert repr(c).startswith(f"headlab.ModelConfig(vocab_size=13, d_model=32, layers={c.layers}, heads={c.heads}, ")
+    assert "n_layers" not in repr(c) and c.attn_bias in (True, False)
     with pytest.raises(ValueError, match="unknown hook point 'blocks.9.hook_z'"):
         m.run_with_hooks(ids_batch(), fwd_hooks=[("blocks.9.hook_z", lambda x, n: None)])
     with pytest.raises(ValueError, match="replacement has shape"):
@@ -374,6 +379,8 @@ def test_analyses_return_arrays_that_agree_with_each_other():
     assert comp["k"].shape == (4, 4) and np.all((comp["k"] >= 0) & (comp["k"] <= 1))
     patch = hl.activation_patching(t.model, t.task, data)
     assert patch["z_exact"].shape == (2, 4) and patch["resid_exact"].shape[0] == 2
+    with pytest.raises(ValueError, match="the model holds no gradients"):  # not zeros, silently
+        hl.head_gradient_norms(t.model)
     t.model.loss(data[0]["input_ids"], data[0]["targets"]).backward()
     norms = hl.head_gradient_norms(t.model)
     g = np.asarray(t.model.named_parameters()["blocks.0.attn.W_Q.weight"].grad)[8:16]
