@@ -9,6 +9,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "analysis/detectors.h"
 #include "cli/commands.h"
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
@@ -195,11 +196,25 @@ int run_view(const ViewOpts& o) {
         if (t->vocab_size() == cfg.vocab_size) task = std::move(t);
       } catch (const Error&) {
       }
+    } else if (!tc.data.empty() && tc.data.front() == '(') {
+      // trained from Python arrays, which the page cannot read back: show the detectors' probe
+      std::fprintf(stderr, "headlab view: the run's data came from Python arrays; showing random tokens with a repeated "
+                           "block (give --tokens for sequences of your own)\n");
     } else {
       task = task_for_model(cfg, tc, ckpt);
     }
   }
-  std::vector<Example> examples = examples_for(o, cfg, task.get());
+  std::vector<Example> examples;
+  if (o.text.empty() && o.tokens.empty() && !task) {
+    const int k = static_cast<int>(std::min<int64_t>(16, cfg.max_seq_len / 2));
+    for (const Batch& b : varied_repeat_probe(o.examples, std::max(k, 2), static_cast<int>(cfg.vocab_size), o.seed))
+      for (int64_t r = 0; r < b.size(); ++r)
+        examples.push_back({"probe " + std::to_string(examples.size()),
+                            std::vector<int32_t>(b.inputs.data.begin() + r * b.inputs.shape[1],
+                                                 b.inputs.data.begin() + (r + 1) * b.inputs.shape[1])});
+  } else {
+    examples = examples_for(o, cfg, task.get());
+  }
   const int L = cfg.n_layers, H = cfg.n_heads;
   // fewer examples when the patterns would make the page too large, and a shorter first one when
   // it alone would

@@ -3,6 +3,8 @@
 #include <set>
 
 #include "bindings.h"
+
+#include "train/atlas.h"
 #include "lib/rng.h"
 #include "models/checkpoint.h"
 #include "train/settings.h"
@@ -95,6 +97,14 @@ py::dict run_trainer(Trainer& t, const py::object& on_step, const py::object& on
     py::dict d = eval_dict(e);
     call(on_eval, step, d);
   };
+  // the gradient atlas (log_grads, dump_grads_at), written into out as the command line writes it
+  std::unique_ptr<GradAtlas> atlas;
+  const TrainArgs& a = t.args();
+  if (!a.out.empty() && (a.log_grads_every > 0 || !a.dump_grads_at.empty())) {
+    atlas = std::make_unique<GradAtlas>(a.out, a.log_grads_every, a.dump_grads_at, a.resume);
+    atlas->set_probe(t.task().held_out(64, a.eval_seed, 64)[0]);
+    obs.on_gradients = [&](int64_t step, TransformerLM& m) { atlas->observe(step, m); };
+  }
   StopPoll poll([&pending] { return pending.check(); });
   clear_stop_on_this_thread();
   TrainResult r;
@@ -173,11 +183,18 @@ void bind_training(py::module_& m) {
   // ---- training -------------------------------------------------------------------------------
   py::class_<PyTrainer>(m, "_Trainer")
       .def(py::init([](py::kwargs kw) {
-        std::set<std::string> extra = {"data", "eval_data", "out", "init", "resume"};
+        std::set<std::string> extra = {"data", "eval_data", "out", "init", "resume", "log_grads", "dump_grads_at"};
         TrainArgs a = args_from_kwargs(kw, [&](const std::string& k) { return extra.count(k) > 0; }, true);
         if (kw.contains("out") && !kw["out"].is_none()) a.out = kw["out"].cast<std::string>();
         if (kw.contains("init") && !kw["init"].is_none()) a.init = kw["init"].cast<std::string>();
         if (kw.contains("resume")) a.resume = kw["resume"].cast<bool>();
+        // the gradient atlas, as `headlab train --log-grads N --dump-grads-at S,..` writes it into out
+        if (kw.contains("log_grads") && !kw["log_grads"].is_none()) a.log_grads_every = kw["log_grads"].cast<int64_t>();
+        if (kw.contains("dump_grads_at") && !kw["dump_grads_at"].is_none())
+          a.dump_grads_at = kw["dump_grads_at"].cast<std::vector<int64_t>>();
+        if ((a.log_grads_every > 0 || !a.dump_grads_at.empty()) && a.out.empty())
+          throw py::value_error("log_grads / dump_grads_at write the gradient atlas into a run directory: give out=");
+        if (a.log_grads_every < 0) throw py::value_error("log_grads must not be negative");
         std::unique_ptr<Task> task = task_from(a, kw.contains("data") ? py::object(kw["data"]) : py::object(py::none()),
                                                kw.contains("eval_data") ? py::object(kw["eval_data"]) : py::object(py::none()));
         std::set<std::string> given;  // the flags of the keywords given

@@ -80,7 +80,9 @@ class Trainer:
     ``train_settings()`` lists the keywords (the CLI's flags with ``_`` for ``-``); what is not
     given takes the CLI's default, and a task's preset applies as in ``headlab train``. Also:
     ``out`` (a run directory: checkpoints, metrics.jsonl, summary.json, as the CLI writes them),
-    ``resume=True``, ``init`` (a checkpoint to start from), and for ``task="tokens"`` ``data`` /
+    ``resume=True``, ``init`` (a checkpoint to start from), ``quiet=True`` (no progress bar by
+    default), ``log_grads=N`` and ``dump_grads_at=[steps]`` (the gradient atlas, written to
+    ``out`` as ``headlab train --log-grads`` writes it), and for ``task="tokens"`` ``data`` /
     ``eval_data`` as a file name, an int array (N, T) of input_ids, or a dict with
     ``input_ids``, optional ``targets`` and ``loss_mask``.
 
@@ -88,17 +90,18 @@ class Trainer:
     one optimisation step for a loop of your own. A trainer does one or the other.
     """
 
-    def __init__(self, **settings):
+    def __init__(self, quiet=False, **settings):
+        self._quiet = bool(quiet)
         self._t = _core._Trainer(**settings)
 
-    def run(self, callback=None, progress=True):
+    def run(self, callback=None, progress=None):
         """Trains to ``steps``; returns a dict (final_eval, curve, steps, wall_s, ...).
 
         ``callback(step, total, loss, tokens_per_s)`` is called after every step. Ctrl-C stops
         at the next step with the checkpoint written (when ``out`` is set) and raises
         KeyboardInterrupt; ``resume=True`` continues.
         """
-        bar = _Progress(self._t.args["steps"], progress)
+        bar = _Progress(self._t.args["steps"], not self._quiet if progress is None else progress)
 
         def on_step(step, total, loss, tps):
             bar.step(step, total, loss, tps)

@@ -440,3 +440,27 @@ def test_init_takes_the_architecture_and_position_table_from_the_checkpoint(tmp_
     with pytest.raises(hl.HeadlabError, match=r"--d-model 32 contradicts --init .*made.safetensors, whose model has d_model 24"):
         hl.Trainer(init=ck, d_model=32, **settings)
     hl.Trainer(init=ck, d_model=24, **settings)  # agreeing is fine
+
+
+def test_every_train_setting_works_as_a_keyword_and_the_atlas_matches_the_cli(tmp_path):
+    # quiet, log_grads and dump_grads_at, as `headlab train --quiet --log-grads 10 --dump-grads-at 20`
+    settings = dict(steps=20, eval_every=10, eval_size=64, threads=2)
+    t = hl.Trainer(out=str(tmp_path / "py"), quiet=True, log_grads=10, dump_grads_at=[20], **settings)
+    t.run()
+    subprocess.run([HEADLAB, "train", "--steps", "20", "--eval-every", "10", "--eval-size", "64", "--threads", "2",
+                    "--quiet", "--log-grads", "10", "--dump-grads-at", "20", "--out", str(tmp_path / "cli")],
+                   check=True, capture_output=True)
+    for f in ("grad_atlas.csv", "attn_entropy.csv", "circuits.csv"):
+        py, cli = (tmp_path / "py" / f).read_text(), (tmp_path / "cli" / f).read_text()
+        assert py == cli and len(py.splitlines()) > 2, f
+    assert (tmp_path / "py" / "grads" / "step_20.safetensors").exists()
+    with pytest.raises(ValueError, match="give out="):
+        hl.Trainer(log_grads=10, **settings)
+
+
+def test_view_shows_a_run_trained_from_arrays(tmp_path):
+    ids = np.random.default_rng(2).integers(0, 20, size=(100, 12)).astype(np.int64)
+    hl.Trainer(task="tokens", data=ids, steps=5, eval_size=16, out=str(tmp_path / "run"), quiet=True).run()
+    r = subprocess.run([HEADLAB, "view", str(tmp_path / "run")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "came from Python arrays" in r.stderr and (tmp_path / "run" / "view.html").stat().st_size > 10000
