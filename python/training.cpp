@@ -170,7 +170,18 @@ void bind_tasks(py::module_& m) {
       .def_property_readonly("rows_are_answers", [](const PyTask& t) { return t.task->rows_are_answers(); },
                              "Whether a row's targets form one answer, so exact match means something (False for "
                              "language modelling: text, token data without targets or loss_mask)")
-      .def("held_out", [](const PyTask& t, int n, uint64_t seed, int batch) { return PyData{t.task->held_out(n, seed, batch)}; },
+      .def("held_out", [](const PyTask& t, int n, uint64_t seed, int batch) {
+             PyData d{t.task->held_out(n, seed, batch)};
+             int64_t rows = 0;
+             for (const Batch& b : d.batches) rows += b.size();
+             // a task reading rows from data holds only so many: say so rather than return fewer
+             if (rows < n)
+               throw py::value_error("held_out(" + std::to_string(n) + "): the task holds " + std::to_string(rows) +
+                                     " held-out rows (" + (t.task->config().eval_data.empty() ? "the last 10% of its data"
+                                                                                              : "its eval_data") +
+                                     "); ask for at most " + std::to_string(rows) + ", or give eval_data");
+             return d;
+           },
            py::arg("n") = 1000, py::arg("seed") = 1234, py::arg("batch") = 128)
       .def("sample", [](const PyTask& t, int batch, uint64_t seed) {
              Rng rng(seed);

@@ -253,6 +253,10 @@ def test_token_arrays_train_as_the_same_file_does(tmp_path):
         hl.Trainer(data=ids, alphabet=10, **settings)
     # input_ids alone are language modelling; with targets or a loss mask the rows count as answers
     assert not hl.Task("tokens", data=ids).rows_are_answers
+    # 200 rows: 20 held out; asking for more says so instead of returning fewer
+    with pytest.raises(ValueError, match=r"held_out\(100\): the task holds 20 held-out rows \(the last 10% of its data\)"):
+        hl.Task("tokens", data=ids).held_out(100)
+    assert sum(len(b["input_ids"]) for b in hl.Task("tokens", data=ids).held_out(20)) == 20
     assert hl.Task("tokens", data={"input_ids": ids, "loss_mask": np.ones(ids.shape)}).rows_are_answers
     assert hl.Task("copy").rows_are_answers
 
