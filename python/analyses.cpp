@@ -16,24 +16,25 @@ void bind_analyses(py::module_& m) {
     py::gil_scoped_acquire gil;
     return eval_dict(e);
   }, py::arg("model"), py::arg("task"), py::arg("data"), py::arg("autoregressive") = false);
-  m.def("head_importance", [](TransformerLM& model, const PyData& data, bool normalize) {
-    HeadGrid g;
-    {
-      py::gil_scoped_release release;
-      g = head_importance(model, data.batches, normalize);
-    }
-    return grid_array(g);
-  }, py::arg("model"), py::arg("data"), py::arg("normalize") = false,
-        "Michel et al. (2019) importance (L, H): the mean over examples of |dL(x)/d gate_h|, L(x) the example's mean loss");
-  m.def("head_importance_per_token", [](TransformerLM& model, const PyData& data, bool normalize) {
-    HeadGrid g;
-    {
-      py::gil_scoped_release release;
-      g = head_importance_per_token(model, data.batches, normalize);
-    }
-    return grid_array(g);
-  }, py::arg("model"), py::arg("data"), py::arg("normalize") = false,
-        "Token-level importance (L, H): |z_h . dL/dz_h| summed over non-padding positions over the counted targets, L the summed loss");
+  // the two importances: (model, data, normalize) -> (L, H) array, computed without the GIL
+  auto bind_importance = [&m](const char* name, HeadGrid (*fn)(TransformerLM&, const std::vector<Batch>&, bool),
+                              const char* doc) {
+    m.def(name, [fn](TransformerLM& model, const PyData& data, bool normalize) {
+      HeadGrid g;
+      {
+        py::gil_scoped_release release;
+        g = fn(model, data.batches, normalize);
+      }
+      return grid_array(g);
+    }, py::arg("model"), py::arg("data"), py::arg("normalize") = false, doc);
+  };
+  bind_importance("head_importance",
+                  [](TransformerLM& model, const std::vector<Batch>& data, bool normalize) {
+                    return head_importance(model, data, normalize);
+                  },
+                  "Michel et al. (2019) importance (L, H): the mean over examples of |dL(x)/d gate_h|, L(x) the example's mean loss");
+  bind_importance("head_importance_per_token", head_importance_per_token,
+                  "Token-level importance (L, H): |z_h . dL/dz_h| summed over non-padding positions over the counted targets, L the summed loss");
   m.def("single_head_ablation", [](TransformerLM& model, const PyTask& task, const PyData& data) {
     AblationResult r;
     {
