@@ -527,6 +527,27 @@ std::pair<float, float> Trainer::step(const std::function<void(TransformerLM&)>&
   }
   const auto r = step_at(manual_step_, on_gradients);
   ++manual_step_;
+  // with out: what run() writes as it goes, at the same steps: a metrics line every eval_every
+  // steps and at the last, a checkpoint every checkpoint_every steps and at the last
+  if (writes_files()) {
+    const int64_t done = manual_step_;
+    const bool last = done == args_.steps;
+    if (done % args_.eval_every == 0 || last) {
+      const EvalResult e = evaluate(*model_, *task_, held_out_, args_.eval_autoregressive || last);
+      const std::string path = args_.out + "/metrics.jsonl";
+      // the first line of a fresh run starts the file; a resumed loop appends
+      FILE* f = std::fopen(path.c_str(), manual_metrics_started_ || args_.resume ? "a" : "w");
+      if (!f) fail(path, ": cannot open for writing: ", std::strerror(errno));
+      const std::string line = eval_json(done, e, sched_.at(done - 1), 0, 0) + "\n";
+      const bool ok = std::fwrite(line.data(), 1, line.size(), f) == line.size();
+      if (std::fclose(f) != 0 || !ok) fail(path, ": write failed: ", std::strerror(errno));
+      manual_metrics_started_ = true;
+    }
+    if (done % args_.checkpoint_every == 0 || last) {
+      check_weights_finite(done, 0);
+      save(done, 0);
+    }
+  }
   return r;
 }
 

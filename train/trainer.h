@@ -130,6 +130,7 @@ class Trainer {
   // A loop of the caller's own (Python's Trainer.step): one optimisation step on the next
   // training batch at the schedule's learning rate, exactly as run() takes it; returns (loss,
   // gradient norm before clipping). Counts from 0, or from the checkpoint with args.resume.
+  // With args.out it writes metrics lines and checkpoints at the steps run() does.
   std::pair<float, float> step(const std::function<void(TransformerLM&)>& on_gradients = {});
   int64_t steps_done() const { return manual_step_; }
   EvalResult evaluate_held_out(bool autoregressive = false);
@@ -163,6 +164,7 @@ class Trainer {
   std::unique_ptr<DirLock> lock_;  // owns args.out while the trainer lives
   TrainResult partial_;
   int64_t manual_step_ = -1;  // step()'s position; -1 = not started
+  bool manual_metrics_started_ = false;  // step() has written metrics.jsonl's first line
   bool ran_ = false;
   ProcessGroup* group_ = nullptr;  // data-parallel ranks (more than one), or null
   Batch shard_;                    // this rank's rows of batch_

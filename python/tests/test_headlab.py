@@ -468,3 +468,14 @@ def test_view_shows_a_run_trained_from_arrays(tmp_path):
     r = subprocess.run([HEADLAB, "view", str(tmp_path / "run")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "came from Python arrays" in r.stderr and (tmp_path / "run" / "view.html").stat().st_size > 10000
+
+
+def test_a_step_loop_with_out_writes_the_metrics_and_checkpoints_run_writes(tmp_path):
+    settings = dict(steps=20, eval_every=10, checkpoint_every=10, eval_size=64, threads=2, quiet=True)
+    hl.Trainer(out=str(tmp_path / "run"), **settings).run()
+    t = hl.Trainer(out=str(tmp_path / "loop"), **settings)
+    for _ in range(20):
+        t.step()
+    assert metrics(str(tmp_path / "loop")) == metrics(str(tmp_path / "run"))  # the same held-out numbers
+    assert [m["step"] for m in metrics(str(tmp_path / "loop"))] == [10, 20]
+    assert (tmp_path / "loop" / "checkpoint.safetensors").exists() and (tmp_path / "loop" / "model.safetensors").exists()
