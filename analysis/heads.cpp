@@ -176,10 +176,13 @@ HeadGrid head_importance(TransformerLM& model, const std::vector<Batch>& data, b
     std::vector<int64_t> counted(static_cast<size_t>(B), 0);
     for (int64_t r = 0; r < B; ++r)
       for (int64_t t = 0; t < T; ++t) counted[static_cast<size_t>(r)] += b.targets.at(r, t) >= 0;
-    const size_t first = per_example ? per_example->size() : 0;  // this batch's examples start here
+    std::vector<size_t> example_of(static_cast<size_t>(B));  // a row's place in per_example
     for (int64_t r = 0; r < B; ++r) {
       examples += counted[static_cast<size_t>(r)] > 0;
-      if (per_example && counted[static_cast<size_t>(r)] > 0) per_example->push_back(grid(model));
+      if (per_example && counted[static_cast<size_t>(r)] > 0) {
+        example_of[static_cast<size_t>(r)] = per_example->size();
+        per_example->push_back(grid(model));
+      }
     }
     for (int l = 0; l < model.cfg.n_layers; ++l) {
       const std::string name = layer_hook(l, "hook_z");
@@ -195,11 +198,9 @@ HeadGrid head_importance(TransformerLM& model, const std::vector<Batch>& data, b
           for (int h = 0; h < H; ++h) row_sum[static_cast<size_t>(h)] += dots[static_cast<size_t>(h)];
         }
         for (int h = 0; h < H; ++h) imp[l][h] += std::fabs(row_sum[static_cast<size_t>(h)]) / static_cast<double>(n);
-        if (per_example) {
-          size_t e = first;  // this row's place among the batch's examples
-          for (int64_t q = 0; q < r; ++q) e += counted[static_cast<size_t>(q)] > 0;
-          for (int h = 0; h < H; ++h) (*per_example)[e][l][h] = std::fabs(row_sum[static_cast<size_t>(h)]) / static_cast<double>(n);
-        }
+        if (per_example)
+          for (int h = 0; h < H; ++h)
+            (*per_example)[example_of[static_cast<size_t>(r)]][l][h] = std::fabs(row_sum[static_cast<size_t>(h)]) / static_cast<double>(n);
       }
     }
   });

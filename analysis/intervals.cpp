@@ -20,7 +20,7 @@ double t_quantile975(int df) {
   return z + (z * z * z + z) / (4 * n) + (5 * std::pow(z, 5) + 16 * z * z * z + 3 * z) / (96 * n * n);
 }
 
-Interval t_interval95(const std::vector<double>& v) {
+Interval t_interval95(const std::vector<double>& v, double lo_bound, double hi_bound) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   if (v.size() < 2) return {nan, nan};
   const double n = static_cast<double>(v.size());
@@ -30,7 +30,7 @@ Interval t_interval95(const std::vector<double>& v) {
   double ss = 0;
   for (double x : v) ss += (x - mean) * (x - mean);
   const double half = t_quantile975(static_cast<int>(v.size()) - 1) * std::sqrt(ss / (n - 1) / n);
-  return {mean - half, mean + half};
+  return {std::max(mean - half, lo_bound), std::min(mean + half, hi_bound)};
 }
 
 Interval bootstrap_interval95(size_t n, const std::function<double(const std::vector<size_t>& idx)>& statistic,

@@ -20,8 +20,7 @@ void add_with_interval(std::vector<std::string>& names, std::vector<HeadGrid>& g
                        const std::vector<float>& pattern = {}, int64_t pattern_T = 0) {
   HeadGrid score, lo, hi;
   detect_with_intervals(model, data, kind, opt, score, lo, hi, pattern, pattern_T);
-  names.insert(names.end(), {name, name + "_ci95_lo", name + "_ci95_hi"});
-  grids.insert(grids.end(), {score, lo, hi});
+  add_detector_columns(names, grids, name, score, lo, hi);
 }
 
 int run_detect(const RoleOpts& o) {

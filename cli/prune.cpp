@@ -115,9 +115,8 @@ int write_michel(const PruneStudy& r, const PruneStudyOptions& o, const std::str
       if (i < c.size()) rv.push_back(c[i].eval.token_acc);
     }
     // over the random orders: the mean and its 95% t-interval, clipped to [0, 1] (one order: the mean alone)
-    const Spread sp = spread(rv);
-    const double mean = sp.mean, lo = sp.ci95.defined() ? std::max(0.0, sp.ci95.lo) : mean,
-                 hi = sp.ci95.defined() ? std::min(1.0, sp.ci95.hi) : mean;
+    const Spread sp = spread(rv, 0, 1);
+    const double mean = sp.mean, lo = sp.ci95.defined() ? sp.ci95.lo : mean, hi = sp.ci95.defined() ? sp.ci95.hi : mean;
     ct.push_back({std::to_string(by_imp[i].pruned), fixed(frac, 3), fixed(100 * ia, 2), fixed(100 * ab, 2),
                   rv.empty() ? "-"
                   : sp.ci95.defined() ? fixed(100 * mean, 2) + " [" + fixed(100 * lo, 2) + ", " + fixed(100 * hi, 2) + "]"

@@ -70,6 +70,12 @@ void write_head_table(const std::string& path, const std::vector<std::string>& n
   if (!quiet) print_table(table);
 }
 
+void add_detector_columns(std::vector<std::string>& names, std::vector<HeadGrid>& grids, const std::string& name,
+                          const HeadGrid& score, const HeadGrid& lo, const HeadGrid& hi) {
+  names.insert(names.end(), {name, name + "_ci95_lo", name + "_ci95_hi"});
+  grids.insert(grids.end(), {score, lo, hi});
+}
+
 void write_detect_files(const std::string& out, const std::vector<std::string>& names, const std::vector<HeadGrid>& grids,
                         bool quiet) {
   write_head_table(out + "/detect.csv", names, grids, quiet);

@@ -48,6 +48,9 @@ void write_head_table(const std::string& path, const std::vector<std::string>& n
 // The files of detect, patch and compose in `out` (tables printed unless quiet): detect.csv and
 // detect.png from (name, name_ci95_lo, name_ci95_hi) triples; patch_heads.csv, patch_resid.csv
 // and their PNGs; compose.csv, compose_baseline.csv and compose.png.
+// A detector's three columns for write_detect_files: name, name_ci95_lo, name_ci95_hi.
+void add_detector_columns(std::vector<std::string>& names, std::vector<HeadGrid>& grids, const std::string& name,
+                          const HeadGrid& score, const HeadGrid& lo, const HeadGrid& hi);
 void write_detect_files(const std::string& out, const std::vector<std::string>& names, const std::vector<HeadGrid>& grids,
                         bool quiet = false);
 void write_patch_files(const std::string& out, const PatchingResult& r, bool quiet = false);

@@ -35,10 +35,8 @@ void write_seed(const InductionRun& r, int threads) {
   const HeadRoles& h = r.roles;
   std::vector<std::string> names;
   std::vector<HeadGrid> grids;
-  for (size_t d = 0; d < h.detectors.size(); ++d) {
-    names.insert(names.end(), {h.detectors[d], h.detectors[d] + "_ci95_lo", h.detectors[d] + "_ci95_hi"});
-    grids.insert(grids.end(), {h.score[d], h.ci95_lo[d], h.ci95_hi[d]});
-  }
+  for (size_t d = 0; d < h.detectors.size(); ++d)
+    add_detector_columns(names, grids, h.detectors[d], h.score[d], h.ci95_lo[d], h.ci95_hi[d]);
   claim_output_dir(r.dir + "/detect", "detect");
   write_detect_files(r.dir + "/detect", names, grids, /*quiet=*/true);
   claim_output_dir(r.dir + "/patch", "patch");

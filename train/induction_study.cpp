@@ -81,13 +81,9 @@ InductionStudy run_induction_study(const TrainArgs& base, const InductionStudyOp
     return s / static_cast<double>(v.size());
   };
   st.previous_token_mean = mean(prev), st.induction_mean = mean(ind), st.token_acc_mean = mean(acc), st.k_composition_mean = mean(kc);
-  // scores and accuracies live in [0, 1]; a t-interval does not know it
-  auto clipped = [](const std::vector<double>& v) {
-    Interval i = t_interval95(v);
-    if (i.defined()) i = {std::max(i.lo, 0.0), std::min(i.hi, 1.0)};
-    return i;
-  };
-  st.previous_token = clipped(prev), st.induction = clipped(ind), st.token_acc = clipped(acc), st.k_composition = clipped(kc);
+  // scores and accuracies live in [0, 1]
+  st.previous_token = t_interval95(prev, 0, 1), st.induction = t_interval95(ind, 0, 1);
+  st.token_acc = t_interval95(acc, 0, 1), st.k_composition = t_interval95(kc, 0, 1);
   return st;
 }
 

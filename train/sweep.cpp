@@ -70,24 +70,25 @@ void set_experiment_defaults(TrainArgs& a) {
   a.eval_every = 50;
 }
 
-Spread spread(const std::vector<double>& v) {
+Spread spread(const std::vector<double>& v, double lo_bound, double hi_bound) {
   Spread s;
   if (v.empty()) return s;
   s.lo = *std::min_element(v.begin(), v.end());
   s.hi = *std::max_element(v.begin(), v.end());
   for (double x : v) s.mean += x;
   s.mean /= static_cast<double>(v.size());
-  s.ci95 = t_interval95(v);
+  s.ci95 = t_interval95(v, lo_bound, hi_bound);
   return s;
 }
 
 std::vector<HeadCountSummary> summarize_sweep(const std::vector<SweepRun>& runs, const std::vector<int>& head_counts) {
   std::map<int, std::vector<const SweepRun*>> by_h;
   for (const SweepRun& r : runs) by_h[r.heads].push_back(&r);
-  auto over_seeds = [&](int h, double (*f)(const SweepRun&)) {
+  // a loss is >= 0 and a fraction in [0, 1]: their intervals are clipped to that
+  auto over_seeds = [&](int h, double (*f)(const SweepRun&), double lo = -INFINITY, double hi = INFINITY) {
     std::vector<double> v;
     for (const SweepRun* r : by_h[h]) v.push_back(f(*r));
-    return spread(v);
+    return spread(v, lo, hi);
   };
   std::vector<HeadCountSummary> out;
   for (int h : head_counts) {
@@ -98,17 +99,11 @@ std::vector<HeadCountSummary> summarize_sweep(const std::vector<SweepRun>& runs,
     s.d_head = rs[0]->d_head;
     s.params = rs[0]->params;
     s.runs = static_cast<int>(rs.size());
-    s.loss = over_seeds(h, [](const SweepRun& r) { return r.loss; });
+    s.loss = over_seeds(h, [](const SweepRun& r) { return r.loss; }, 0);
     s.perplexity = over_seeds(h, [](const SweepRun& r) { return std::exp(r.loss); });
-    s.token_acc = over_seeds(h, [](const SweepRun& r) { return r.token_acc; });
-    s.exact = over_seeds(h, [](const SweepRun& r) { return r.exact; });
-    s.ar_exact = over_seeds(h, [](const SweepRun& r) { return r.ar_exact; });
-    // a t-interval knows no bounds: keep losses non-negative and fractions in [0, 1]
-    auto clip = [](Spread& sp, double lo, double hi) {
-      if (sp.ci95.defined()) sp.ci95 = {std::max(sp.ci95.lo, lo), std::min(sp.ci95.hi, hi)};
-    };
-    clip(s.loss, 0, INFINITY);
-    for (Spread* f : {&s.token_acc, &s.exact, &s.ar_exact}) clip(*f, 0, 1);
+    s.token_acc = over_seeds(h, [](const SweepRun& r) { return r.token_acc; }, 0, 1);
+    s.exact = over_seeds(h, [](const SweepRun& r) { return r.exact; }, 0, 1);
+    s.ar_exact = over_seeds(h, [](const SweepRun& r) { return r.ar_exact; }, 0, 1);
     s.train_s = over_seeds(h, [](const SweepRun& r) { return r.train_s; });
     s.peak_bytes = over_seeds(h, [](const SweepRun& r) { return r.peak_bytes; });
     for (const SweepRun* r : rs)
@@ -118,11 +113,8 @@ std::vector<HeadCountSummary> summarize_sweep(const std::vector<SweepRun>& runs,
       for (const SweepRun* r : rs)
         if (i < r->curve.size()) lv.push_back(r->curve[i].second.loss), av.push_back(r->curve[i].second.token_acc);
       s.curve_steps.push_back(rs[0]->curve[i].first);
-      Spread l = spread(lv), a = spread(av);
-      clip(l, 1e-6, INFINITY);  // positive: the loss curves are drawn on a log scale
-      clip(a, 0, 1);
-      s.curve_loss.push_back(l);
-      s.curve_acc.push_back(a);
+      s.curve_loss.push_back(spread(lv, 1e-6));  // positive: the loss curves are drawn on a log scale
+      s.curve_acc.push_back(spread(av, 0, 1));
     }
     out.push_back(s);
   }

@@ -48,7 +48,8 @@ struct Spread {
   double mean = 0, lo = 0, hi = 0;
   Interval ci95{NAN, NAN};
 };
-Spread spread(const std::vector<double>& v);
+// with the interval clipped to [lo_bound, hi_bound] (see t_interval95)
+Spread spread(const std::vector<double>& v, double lo_bound = -INFINITY, double hi_bound = INFINITY);
 
 // One head count of a sweep: its runs summarised over the seeds.
 struct HeadCountSummary {
