@@ -19,6 +19,9 @@ PKGS=(
   chromium chromium-driver         # the browser tests of `headlab view` (headless)
   python3-selenium                 #   and the library that drives the browser
   libopenmpi-dev openmpi-bin       # MPI: sweeps across machines, data-parallel training (mpirun)
+  python3-torch                    # tests: PyTorch as the reference (models made in PyTorch train the same)
+  python3-nbclient python3-ipykernel  # tests: the tutorial notebooks run through a real Jupyter kernel
+  python3-nbconvert                #   and one is turned into HTML for the browser test
 )
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
