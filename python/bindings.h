@@ -106,5 +106,6 @@ void bind_models(py::module_& m);    // models.cpp: models, hooks and the activa
 void bind_tasks(py::module_& m);     // training.cpp
 void bind_training(py::module_& m);  // training.cpp
 void bind_analyses(py::module_& m);  // analyses.cpp
+void bind_views(py::module_& m);     // views.cpp: the pages of the inline views
 
 }  // namespace hl::bindings
