@@ -10,6 +10,7 @@ PKGS=(
   libboost-test-dev                # Boost.Test: the unit test framework
   nlohmann-json3-dev               # JSON: safetensors headers, metrics, summaries
   libcli11-dev                     # command-line flags with --help
+  libpcre2-dev                     # GPT-2's tokenizer: the pre-tokenisation pattern's Unicode classes (\p{L}, \p{N})
   gnuplot-nox                      # PNG plots (heatmaps, curves)
   python3                          # tests: crafting corrupt files, measuring peak memory
   python3-dev pybind11-dev         # the `headlab` Python module (pybind11: C++ <-> Python bindings)
