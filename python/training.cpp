@@ -76,6 +76,9 @@ TokenArrays token_arrays(const py::object& obj, const std::string& what) { retur
 // A task from keywords; data/eval_data may be arrays or dicts of arrays (tokens without a file).
 std::unique_ptr<Task> task_from(TrainArgs& a, const py::object& data, const py::object& eval_data) {
   const bool arrays = !data.is_none() && !py::isinstance<py::str>(data);
+  if (!arrays && !eval_data.is_none() && !py::isinstance<py::str>(eval_data))
+    throw py::value_error("eval_data as arrays goes with data as arrays (task='tokens'); with data from a file, give "
+                          "eval_data as a file too");
   if (!data.is_none() && !arrays) a.task.data = data.cast<std::string>();
   if (!eval_data.is_none() && py::isinstance<py::str>(eval_data)) a.task.eval_data = eval_data.cast<std::string>();
   a.task.make_paths_absolute();

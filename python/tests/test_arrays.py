@@ -192,3 +192,45 @@ def test_input_ids_alone_are_language_modelling(trained):
     # probes stay Batches
     probe = hl.repeated_random_tokens(8, 5, model.config.vocab_size)
     assert hl.detect_heads(model, probe, "induction").shape == (2, 4)
+
+
+# ---- headlab view of models trained from arrays ----------------------------------------------------
+
+def test_view_shows_the_held_out_rows_of_a_run_trained_from_arrays(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    sys.path.insert(0, os.path.join(os.environ.get("HEADLAB_SOURCE_DIR", "."), "scripts"))
+    from safetensors_np import read_safetensors
+
+    headlab = os.environ.get("HEADLAB_BINARY", "headlab")
+    rng = np.random.default_rng(4)
+    ids = rng.integers(0, 40, size=(60, 10))
+    t = hl.Trainer(task="tokens", data=ids, eval_data={"input_ids": ids[:12], "loss_mask": ids[:12] % 2 == 0},
+                   steps=3, eval_size=12, out=str(tmp_path / "run"), quiet=True)
+    t.run()
+    # the trainer saved its held-out rows beside the checkpoint, as a tokens file
+    saved = read_safetensors(str(tmp_path / "run" / "eval_data.safetensors"))
+    held = t.held_out
+    assert np.array_equal(saved["input_ids"], np.concatenate([held[i]["input_ids"] for i in range(len(held))]))
+    assert np.array_equal(saved["targets"], np.concatenate([held[i]["targets"] for i in range(len(held))]))
+    r = subprocess.run([headlab, "view", str(tmp_path / "run")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "showing its held-out rows" in r.stderr and "cannot open" not in r.stderr
+    page = (tmp_path / "run" / "view.html").read_text()
+    first = json.dumps([str(int(x)) for x in ids[0]], separators=(",", ":"))
+    assert '"held-out 0"' in page and first in page
+    # a checkpoint without its task (model.save) shows given tokens, and without them says what to give
+    t.model.save(str(tmp_path / "bare.safetensors"))
+    r = subprocess.run([headlab, "view", "--checkpoint", str(tmp_path / "bare.safetensors"), "--tokens", "1 2 3 39",
+                        "--out", str(tmp_path / "bare.html")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert '["1","2","3","39"]' in (tmp_path / "bare.html").read_text()
+    r = subprocess.run([headlab, "view", "--checkpoint", str(tmp_path / "bare.safetensors"),
+                        "--out", str(tmp_path / "bare2.html")], capture_output=True, text=True)
+    assert r.returncode != 0 and "does not fit task copy" in r.stderr and "--task" in r.stderr
+    # eval_data as arrays with data from a file: refused, not silently dropped
+    np.save(tmp_path / "ids.npy", ids)
+    with pytest.raises(ValueError, match="eval_data as arrays goes with data as arrays"):
+        hl.Trainer(task="tokens", data=str(tmp_path / "ids.npy"), eval_data=ids[:5], steps=1)
