@@ -14,6 +14,7 @@
 #include "models/checkpoint.h"
 #include "train/checkpoint_task.h"
 #include "train/run_dir.h"
+#include "train/trainer.h"
 #include "views/pages.h"
 
 namespace hl {
@@ -159,9 +160,24 @@ int run_view(const ViewOpts& o) {
       } catch (const Error&) {
       }
     } else if (!tc.data.empty() && tc.data.front() == '(') {
-      // trained from Python arrays, which the page cannot read back: show the detectors' probe
-      std::fprintf(stderr, "headlab view: the run's data came from Python arrays; showing random tokens with a repeated "
-                           "block (give --tokens for sequences of your own)\n");
+      // trained from Python arrays: the trainer saved the held-out rows beside the checkpoint
+      // (or in the run directory of a study); without them, the detectors' probe
+      std::string rows;
+      for (const std::string& d : {model_dir, o.run})
+        if (rows.empty() && !d.empty() && file_exists(held_out_rows_path(d))) rows = held_out_rows_path(d);
+      if (!rows.empty()) {
+        TaskConfig saved = tc;
+        saved.name = "tokens";
+        saved.data = saved.eval_data = rows;
+        saved.alphabet = static_cast<int>(cfg.vocab_size);  // the model's ids, whatever the rows hold
+        task = task_for_model(cfg, saved, ckpt);
+        std::fprintf(stderr, "headlab view: the run's data came from Python arrays; showing its held-out rows (%s)\n",
+                     rows.c_str());
+      } else {
+        std::fprintf(stderr, "headlab view: the run's data came from Python arrays and %s holds no %s; showing random "
+                             "tokens with a repeated block (give --tokens for sequences of your own)\n",
+                     model_dir.c_str(), fs::path(held_out_rows_path(".")).filename().c_str());
+      }
     } else {
       task = task_for_model(cfg, tc, ckpt);
     }
