@@ -17,7 +17,7 @@ U = 2.0 ** -24  # float32 unit round-off
 def random_model(seed=0, **kw):
     """A small model whose every parameter is drawn again (layer norms far from 1 and 0, biases on),
     so a term left out or a weight not folded in shows."""
-    cfg = dict(d_model=16, layers=2, heads=4, d_ff=32, vocab_size=11, max_seq_len=12, attn_bias=True, head_bias=True)
+    cfg = dict(d_model=16, layers=2, heads=4, d_ff=32, vocab_size=11, max_seq_len=12, attn_bias=True)
     cfg.update(kw)
     m = hl.TransformerLM(hl.ModelConfig(**cfg), seed=seed)
     rng = np.random.default_rng(seed)
@@ -130,7 +130,7 @@ def test_bad_input_raises_a_clear_error():
         cache.logit_attrs(stack, np.array([1, 2]))
     with pytest.raises(ValueError, match=r"token 11 is outside the vocabulary 0..10"):
         cache.logit_attrs(stack, 11)
-    with pytest.raises(ValueError, match=r"apply_ln_to_stack: the stack has shape \(16, 3, 9, 16\) but this cache and position need"):
+    with pytest.raises(ValueError, match=r"apply_ln_to_stack: the stack has shape \(14, 3, 9, 16\) but this cache and position need"):
         cache.apply_ln_to_stack(stack, pos_slice=0)
     _, partial = m.run_with_cache(ids_batch(), names=["hook_embed", "hook_pos_embed"])
     with pytest.raises(ValueError, match=r"the cache has no blocks.0.attn.hook_result"):
