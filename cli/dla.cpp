@@ -4,6 +4,7 @@
 // logit_attrs): flags -> direct_logit_attribution -> table, dla.csv, dla.json and dla.png in --out.
 #include <cmath>
 #include <cstdio>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "analysis/decompose.h"
@@ -35,8 +36,28 @@ int run_dla(const RoleOpts& o) {
   if (cfg.norm != Norm::Pre)
     fail("dla needs a pre-norm model: ", o.checkpoint, " is post-norm (its residual stream is normalised after each block, "
          "so it is not a sum of components)");
-  const std::vector<Batch> data = role_task(m, o.checkpoint).held_out(o.examples, o.seed, 64);
-  std::fprintf(stderr, "dla: %d sequences of task %s...\n", o.examples, m.config.name.c_str());
+  std::vector<Batch> data;
+  std::string source;  // what the rows are, for the table's title and dla.json
+  if (!o.tokens.empty()) {  // one sequence: each position's next token is its answer
+    std::istringstream ss(o.tokens);
+    std::vector<int32_t> ids;
+    for (std::string tok; ss >> tok;)
+      ids.push_back(static_cast<int32_t>(parse_int(tok, 0, cfg.vocab_size - 1, "--tokens (ids of the vocabulary)")));
+    if (ids.size() < 2) fail("--tokens: give at least 2 token ids (each position is attributed its next token)");
+    if (static_cast<int64_t>(ids.size()) > cfg.max_seq_len)
+      fail("--tokens: ", ids.size(), " tokens exceed the model's max_seq_len ", cfg.max_seq_len);
+    const int64_t T = static_cast<int64_t>(ids.size());
+    Batch b;
+    b.inputs = Ids(Shape{1, T}, ids);
+    b.targets = Ids(Shape{1, T});
+    for (int64_t t = 0; t < T; ++t) b.targets.at(0, t) = t + 1 < T ? ids[static_cast<size_t>(t + 1)] : -1;
+    data.push_back(std::move(b));
+    source = "--tokens";
+  } else {
+    data = role_task(m, o.checkpoint).held_out(o.examples, o.seed, 64);
+    source = "task " + m.config.name;
+    std::fprintf(stderr, "dla: %d sequences of %s...\n", o.examples, source.c_str());
+  }
   const DlaResult r = direct_logit_attribution(*m.model, data);
   claim_output_dir(out, "dla");
 
@@ -52,7 +73,7 @@ int run_dla(const RoleOpts& o) {
   rows.push_back({"ln_final_bias", -1, -1, &r.bias_per_row});
   rows.push_back({"logit", -1, -1, &r.logit_per_row});
 
-  nlohmann::json j = {{"task", m.config.name}, {"checkpoint", o.checkpoint}, {"examples", o.examples}, {"seed", o.seed},
+  nlohmann::json j = {{"data", source}, {"checkpoint", o.checkpoint}, {"examples", o.examples}, {"seed", o.seed},
                       {"rows", r.logit_per_row.size()}, {"positions", r.positions}};
   std::string csv = "component,layer,head,mean,ci95_lo,ci95_hi\n";
   std::vector<std::vector<std::string>> table = {{"component", "layer", "head", "mean", "95% interval"}};
@@ -62,7 +83,7 @@ int run_dla(const RoleOpts& o) {
     const Interval ci = bootstrap_interval95(*row.per_row, 2000, o.seed);
     const std::string layer = row.layer >= 0 ? std::to_string(row.layer) : "", head = row.head >= 0 ? std::to_string(row.head) : "";
     csv += row.name + "," + layer + "," + head + "," + num(mean) + "," + num(ci.lo) + "," + num(ci.hi) + "\n";
-    table.push_back({row.name, layer, head, fixed(mean, 4), "[" + fixed(ci.lo, 4) + ", " + fixed(ci.hi, 4) + "]"});
+    table.push_back({row.name, layer, head, fixed(mean, 4), ci.defined() ? "[" + fixed(ci.lo, 4) + ", " + fixed(ci.hi, 4) + "]" : "-"});
     j["components"].push_back({{"component", row.name},
                                {"layer", row.layer >= 0 ? nlohmann::json(row.layer) : nlohmann::json()},
                                {"head", row.head >= 0 ? nlohmann::json(row.head) : nlohmann::json()},
@@ -71,9 +92,10 @@ int run_dla(const RoleOpts& o) {
                                {"ci95_hi", ci.defined() ? nlohmann::json(ci.hi) : nlohmann::json()}});
     if (row.head >= 0) heads[static_cast<size_t>(row.layer)][static_cast<size_t>(row.head)] = mean;
   }
-  std::printf("direct logit attribution of the answer token (task %s, %zu sequences, %lld answer positions; mean over the "
+  if (!o.tokens.empty()) j["tokens"] = o.tokens;
+  std::printf("direct logit attribution of the answer token (%s, %zu sequence(s), %lld answer positions; mean over the "
               "sequences of each sequence's mean, 95%% bootstrap interval over the sequences; components + ln_final_bias = "
-              "logit):\n\n", m.config.name.c_str(), r.logit_per_row.size(), static_cast<long long>(r.positions));
+              "logit):\n\n", source.c_str(), r.logit_per_row.size(), static_cast<long long>(r.positions));
   print_table(table);
   write_file_atomic(out + "/dla.csv", csv);
   write_file_atomic(out + "/dla.json", j.dump(2) + "\n");
@@ -93,9 +115,12 @@ int run_dla(const RoleOpts& o) {
 void add_dla_command(CLI::App& app, CommandRunner& runner) {
   RoleOpts defaults;
   defaults.data = "task";
-  add_role_command(app, runner, "dla",
-                   "Direct logit attribution: each head's, MLP's and embedding's share of the answer logit on the task",
-                   run_dla, defaults);
+  auto [sub, o] = add_role_command(app, runner, "dla",
+                                   "Direct logit attribution: each head's, MLP's and embedding's share of the answer logit on the task",
+                                   run_dla, defaults);
+  sub->add_option("--tokens", o->tokens,
+                  "Attribute the next-token predictions of these token ids (e.g. \"11 3 4 12 3 4\") instead of the task's "
+                  "answers: one sequence, so no interval");
 }
 
 }  // namespace hl

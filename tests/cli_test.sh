@@ -231,6 +231,8 @@ print("sum", "ok" if ok else "BAD %r vs %r" % (sum(parts), logit), "L0H1",
       "ok" if float(h["ci95_lo"]) <= float(h["mean"]) <= float(h["ci95_hi"]) and h["layer"] == "0" and h["head"] == "1" else "BAD")
 ' "$T/dla/dla.csv"
 check "dla JSON" 0 '"component": "ln_final_bias"' -- cat "$T/dla/dla.json"
+check "dla --tokens: one sequence, no interval" 0 "^L0H1,0,1,[-0-9.e]+,nan,nan$" -- bash -c "\"$HL\" dla --checkpoint \"$M\" --tokens '1 2 3 1 2 3' --out \"$T/dlat\" >/dev/null && cat \"$T/dlat/dla.csv\""
+check "dla --tokens outside the vocabulary" nonzero "--tokens \(ids of the vocabulary\): 99 is outside" -- "$HL" dla --checkpoint "$M" --tokens "1 99" --out "$T/dlat2"
 "$HL" train $small --norm post --steps 2 --quiet --out "$T/postrun" >/dev/null 2>&1
 check "dla refuses a post-norm model" nonzero "dla needs a pre-norm model: .* is post-norm" -- "$HL" dla --checkpoint "$T/postrun/model.safetensors" --out "$T/dlap"
 [ ! -e "$T/dlap" ] && ok "no output directory after a refused dla" || bad "dla left a directory"
