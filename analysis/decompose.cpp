@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "lib/fileutil.h"
 #include "lib/stop.h"
 
 namespace hl {
@@ -44,9 +45,9 @@ void check_pos(int64_t pos, int64_t T, const char* what) {
 struct StackBuilder {
   int64_t B, T, D, pos;
   ResidStack s;
-  std::vector<std::vector<double>> parts;
   template <class F>
   void add(const std::string& label, F&& at) {
+    if (s.labels.empty()) s.values.reserve(static_cast<size_t>(B * (pos < 0 ? T : 1) * D));
     s.labels.push_back(label);
     const int64_t t0 = pos < 0 ? 0 : pos, t1 = pos < 0 ? T : pos + 1;
     for (int64_t b = 0; b < B; ++b)
@@ -61,6 +62,14 @@ struct StackBuilder {
     return std::move(s);
   }
 };
+
+// A builder of `components` components, refused first when their doubles would not fit in memory.
+StackBuilder builder(int64_t B, int64_t T, int64_t D, int64_t pos, int64_t components, const char* what) {
+  check_fits_in_memory(8.0 * static_cast<double>(components) * static_cast<double>(B) * static_cast<double>(pos < 0 ? T : 1) *
+                           static_cast<double>(D),
+                       std::string(what) + " (" + std::to_string(components) + " components; a pos_slice takes one position)");
+  return StackBuilder{B, T, D, pos, {}};
+}
 
 void add_heads(StackBuilder& sb, const TransformerLM& model, const ActivationCache& cache, int layer, const char* what) {
   const int H = model.cfg.n_heads;
@@ -88,7 +97,8 @@ ResidStack decompose_resid(const TransformerLM& model, const ActivationCache& ca
   const auto [B, T] = batch_dims(cache, what);
   check_pos(pos, T, what);
   const int64_t D = model.cfg.d_model;
-  StackBuilder sb{B, T, D, pos, {}, {}};
+  const int64_t per_layer = model.cfg.n_heads + (model.cfg.attn_bias ? 1 : 0) + (model.cfg.has_mlp() ? 1 : 0);
+  StackBuilder sb = builder(B, T, D, pos, 2 + layer * per_layer, what);
   const Tensor& e = cached(cache, "hook_embed", what);      // (B, T, D)
   const Tensor& p = cached(cache, "hook_pos_embed", what);  // (T, D), the same for every row
   sb.add("embed", [&](int64_t b, int64_t t) { return e.data() + (b * T + t) * D; });
@@ -110,7 +120,7 @@ ResidStack stack_head_results(const TransformerLM& model, const ActivationCache&
   check_layer(model, layer, what);
   const auto [B, T] = batch_dims(cache, what);
   check_pos(pos, T, what);
-  StackBuilder sb{B, T, model.cfg.d_model, pos, {}, {}};
+  StackBuilder sb = builder(B, T, model.cfg.d_model, pos, static_cast<int64_t>(layer) * model.cfg.n_heads, what);
   for (int l = 0; l < layer; ++l) add_heads(sb, model, cache, l, what);
   return sb.done();
 }
@@ -121,7 +131,7 @@ ResidStack accumulated_resid(const TransformerLM& model, const ActivationCache& 
   const auto [B, T] = batch_dims(cache, what);
   check_pos(pos, T, what);
   const int64_t D = model.cfg.d_model;
-  StackBuilder sb{B, T, D, pos, {}, {}};
+  StackBuilder sb = builder(B, T, D, pos, layer + 1, what);
   for (int l = 0; l <= layer; ++l) {
     const bool final = l == model.cfg.n_layers;
     const Tensor& r = cached(cache, final ? block(l - 1) + "hook_resid_post" : block(l) + "hook_resid_pre", what);
@@ -263,44 +273,53 @@ DlaResult direct_logit_attribution(TransformerLM& model, const std::vector<Batch
   for (const Batch& batch : data) {
     throw_if_stopped();
     auto [logits, cache] = model.run_with_cache(batch.inputs, decomposition_hooks(), false, batch.key_padding);
-    const ResidStack scaled = apply_ln_to_stack(model, cache, decompose_resid(model, cache, L), L);  // (C, B, T, D)
-    const int64_t C = scaled.components(), B = scaled.shape[1], T = scaled.shape[2], V = model.cfg.vocab_size;
-    if (res.labels.empty()) {
-      res.labels = scaled.labels;
-      res.per_row.resize(static_cast<size_t>(C));
-      for (const std::string& lab : res.labels) {
-        int l = -1, h = -1;
-        if (std::sscanf(lab.c_str(), "L%dH%d", &l, &h) != 2) {
-          h = -1;
-          if (std::sscanf(lab.c_str(), "%d_", &l) != 1) l = -1;
+    const int64_t B = batch.inputs.shape[0], T = batch.inputs.shape[1], V = model.cfg.vocab_size;
+    std::vector<std::vector<double>> sum;  // [row][component] over the row's counted positions
+    std::vector<double> bias(static_cast<size_t>(B), 0.0), logit(static_cast<size_t>(B), 0.0);
+    std::vector<int64_t> n(static_cast<size_t>(B), 0);
+    for (int64_t t = 0; t < T; ++t) {
+      bool any = false;
+      for (int64_t b = 0; b < B; ++b) any = any || batch.targets.at(b, t) >= 0;
+      if (!any) continue;
+      // one position at a time: memory of (C, B, D), whatever the length
+      const ResidStack scaled = apply_ln_to_stack(model, cache, decompose_resid(model, cache, L, t), L, t);  // (C, B, D)
+      const int64_t C = scaled.components();
+      if (res.labels.empty()) {
+        res.labels = scaled.labels;
+        res.per_row.resize(static_cast<size_t>(C));
+        for (const std::string& lab : res.labels) {
+          int l = -1, h = -1;
+          if (std::sscanf(lab.c_str(), "L%dH%d", &l, &h) != 2) {
+            h = -1;
+            if (std::sscanf(lab.c_str(), "%d_", &l) != 1) l = -1;
+          }
+          res.layer.push_back(l);
+          res.head.push_back(h);
         }
-        res.layer.push_back(l);
-        res.head.push_back(h);
       }
-    }
-    for (int64_t b = 0; b < B; ++b) {
-      std::vector<double> sum(static_cast<size_t>(C), 0.0);
-      double bias = 0, logit = 0;
-      int64_t n = 0;
-      for (int64_t t = 0; t < T; ++t) {
+      sum.resize(static_cast<size_t>(B), std::vector<double>(static_cast<size_t>(C), 0.0));
+      for (int64_t b = 0; b < B; ++b) {
         const int32_t y = batch.targets.at(b, t);
         if (y < 0) continue;
         const std::vector<double> dir = direction(model, y);
         for (int64_t c = 0; c < C; ++c) {
-          const double* v = scaled.values.data() + ((c * B + b) * T + t) * D;
+          const double* v = scaled.values.data() + (c * B + b) * D;
           double a = 0;
           for (int64_t d = 0; d < D; ++d) a += v[d] * dir[d];
-          sum[c] += a;
+          sum[b][c] += a;
         }
-        bias += final_bias_term(model, y);
-        logit += logits.data()[(b * T + t) * V + y];
-        ++n;
+        bias[b] += final_bias_term(model, y);
+        logit[b] += logits.data()[(b * T + t) * V + y];
+        ++n[b];
       }
-      if (n == 0) continue;  // a row with nothing counted says nothing
-      for (int64_t c = 0; c < C; ++c) res.per_row[c].push_back(sum[c] / static_cast<double>(n));
-      res.bias_per_row.push_back(bias / static_cast<double>(n));
-      res.logit_per_row.push_back(logit / static_cast<double>(n));
-      res.positions += n;
+    }
+    for (int64_t b = 0; b < B; ++b) {
+      if (n[b] == 0) continue;  // a row with nothing counted says nothing
+      const double k = static_cast<double>(n[b]);
+      for (size_t c = 0; c < res.per_row.size(); ++c) res.per_row[c].push_back(sum[b][c] / k);
+      res.bias_per_row.push_back(bias[b] / k);
+      res.logit_per_row.push_back(logit[b] / k);
+      res.positions += n[b];
     }
   }
   if (res.bias_per_row.empty()) fail("dla: the data has no counted target to attribute");

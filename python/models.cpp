@@ -78,7 +78,7 @@ struct PyCache {
   int layer(const py::object& l, const char* what) const {
     const int L = model().cfg.n_layers;
     if (l.is_none()) return L;
-    if (!py::isinstance<py::int_>(l)) throw py::type_error(std::string(what) + ": layer must be an int or None");
+    if (!PyIndex_Check(l.ptr()) || py::isinstance<py::bool_>(l)) throw py::type_error(std::string(what) + ": layer must be an int or None");
     const int v = l.cast<int>();
     if (v == -1) return L;
     if (v < 0 || v > L)
@@ -89,7 +89,7 @@ struct PyCache {
   // pos_slice: None = every position (-1 for the library), an int (negative from the end).
   int64_t pos(const py::object& p, const char* what) const {
     if (p.is_none()) return -1;
-    if (!py::isinstance<py::int_>(p)) throw py::type_error(std::string(what) + ": pos_slice must be an int or None");
+    if (!PyIndex_Check(p.ptr()) || py::isinstance<py::bool_>(p)) throw py::type_error(std::string(what) + ": pos_slice must be an int or None");
     int64_t v = p.cast<int64_t>();
     if (v < 0) v += T();
     if (v < 0 || v >= T())
@@ -122,7 +122,9 @@ ResidStack stack_from(const py::object& obj, const char* what) {
 TokenChoice tokens_from(const py::object& obj, const std::vector<int64_t>& stack_shape, int64_t pos, const char* what) {
   TokenChoice tk;
   if (py::isinstance<py::int_>(obj)) {
-    tk.ids = {obj.cast<int32_t>()};
+    const int64_t id = obj.cast<int64_t>();
+    if (id < INT32_MIN || id > INT32_MAX) throw py::value_error(std::string("logit_attrs: ") + what + ": id " + std::to_string(id) + " is out of range");
+    tk.ids = {static_cast<int32_t>(id)};
     return tk;
   }
   py::array a = py::array::ensure(obj);

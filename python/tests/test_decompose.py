@@ -47,7 +47,7 @@ def test_components_sum_to_the_residual_at_every_layer():
             if layer:
                 assert labels[2:2 + m.config.heads] == [f"L0H{h}" for h in range(m.config.heads)]
             # the last position alone
-            one = cache.decompose_resid(layer=layer, pos_slice=-1)
+            one = cache.decompose_resid(layer=np.int64(layer), pos_slice=np.int32(-1))  # NumPy integers too
             assert np.array_equal(one, stack[:, :, -1])
         acc, acc_labels = cache.accumulated_resid(return_labels=True)
         assert acc_labels == [f"{l}_pre" for l in range(L)] + ["final_post"]
