@@ -336,7 +336,8 @@ void bind_models(py::module_& m) {
              }
              return py::make_tuple(r.first, PyCache{r.second, self, x});
            }, py::arg("ids"), py::arg("names") = py::none(), py::arg("with_grads") = false,
-           "(logits, cache): cache[name] for every hook name in `names` (None = all, a list, or a predicate)")
+           "(logits, cache): cache[name] for every hook name in `names` (None = all, a list, or a predicate); the cache's "
+           "decompose_resid, logit_attrs and the rest read hook_result and hook_scale, which names=None caches")
       .def("run_with_hooks", [](TransformerLM& model, const py::object& ids,
                                 const std::vector<std::pair<std::string, py::function>>& fwd_hooks,
                                 const std::vector<std::pair<std::string, py::function>>& bwd_hooks) {
