@@ -86,6 +86,55 @@ std::vector<double> ov_circuit_singular_values(const TransformerLM& model, int l
   return low_rank_product_svals(X, YT, static_cast<int>(D), static_cast<int>(dh));
 }
 
+std::vector<std::complex<double>> ov_circuit_eigenvalues(const TransformerLM& model, int layer, int head) {
+  const ModelConfig& c = model.cfg;
+  if (layer < 0 || layer >= c.n_layers || head < 0 || head >= c.n_heads)
+    fail("ov_circuit_eigenvalues: head (", layer, ", ", head, ") is outside ", c.n_layers, " layers x ", c.n_heads, " heads");
+  const auto& attn = model.blocks[layer]->attn;
+  const int64_t dh = c.head_dim(), D = c.d_model, V = c.vocab_size;
+  const int kv = head / (c.n_heads / c.kv_heads());
+  const bool fold = c.norm == Norm::Pre;  // ln1 reads the residual before W_V, ln_final before W_U
+  const Tensor WV = head_rows(attn.W_V.weight, kv, dh), WO = head_cols(attn.W_O.weight, head, dh);  // (dh, D), (D, dh)
+  const float *E = model.tok_emb.weight.data(), *U = model.head.weight.data();                       // (V, D) each
+  auto w1 = [&](int64_t d) { return fold ? static_cast<double>(model.blocks[layer]->ln1.weight.data()[d]) : 1.0; };
+  auto wf = [&](int64_t d) { return fold && model.ln_f ? static_cast<double>(model.ln_f->weight.data()[d]) : 1.0; };
+  // G = W_E W_U restricted to the residual: sum over tokens of E[v]^T U'[v] (D x D), U' = U diag(w_f)
+  std::vector<double> G(static_cast<size_t>(D * D), 0.0);
+  for (int64_t v = 0; v < V; ++v)
+    for (int64_t i = 0; i < D; ++i) {
+      const double e = E[v * D + i];
+      for (int64_t j = 0; j < D; ++j) G[i * D + j] += e * U[v * D + j] * wf(j);
+    }
+  // core = (W_V diag(w_1)) G W_O (dh x dh)
+  std::vector<double> VG(static_cast<size_t>(dh * D), 0.0), core(static_cast<size_t>(dh * dh), 0.0);
+  for (int64_t a = 0; a < dh; ++a)
+    for (int64_t i = 0; i < D; ++i) {
+      const double x = WV.data()[a * D + i] * w1(i);
+      for (int64_t j = 0; j < D; ++j) VG[a * D + j] += x * G[i * D + j];
+    }
+  for (int64_t a = 0; a < dh; ++a)
+    for (int64_t j = 0; j < D; ++j)
+      for (int64_t b = 0; b < dh; ++b) core[a * dh + b] += VG[a * D + j] * WO.data()[j * dh + b];
+  const int n = static_cast<int>(dh);
+  std::vector<double> wr(static_cast<size_t>(n)), wi(static_cast<size_t>(n));
+  const lapack_int info =
+      LAPACKE_dgeev(LAPACK_ROW_MAJOR, 'N', 'N', n, core.data(), n, wr.data(), wi.data(), nullptr, 1, nullptr, 1);
+  if (info != 0) fail("ov_circuit_eigenvalues: LAPACK dgeev did not converge (info ", info, ")");
+  std::vector<std::complex<double>> ev;
+  for (int i = 0; i < n; ++i) ev.emplace_back(wr[i], wi[i]);
+  return ev;
+}
+
+double copying_score(const std::vector<std::complex<double>>& ev) {
+  double re = 0, mag = 0;
+  for (const auto& l : ev) re += l.real(), mag += std::abs(l);
+  return mag > 0 ? re / mag : 0.0;
+}
+
+double copying_score(const TransformerLM& model, int layer, int head) {
+  return copying_score(ov_circuit_eigenvalues(model, layer, head));
+}
+
 std::vector<HeadNormRow> head_gradient_norms(const TransformerLM& model, int64_t step) {
   std::vector<HeadNormRow> rows;
   for (int l = 0; l < static_cast<int>(model.blocks.size()); ++l) {

@@ -2,6 +2,7 @@
 // W_O, and the singular values of each head's QK and OV circuits (Elhage et al. 2021),
 // through LAPACK. Functions of the model that return data; files are the caller's business.
 #pragma once
+#include <complex>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,19 @@ std::vector<double> singular_values(std::vector<double> m, int rows, int cols);
 std::vector<double> qk_circuit_singular_values(const TransformerLM& model, int layer, int head);
 std::vector<double> ov_circuit_singular_values(const TransformerLM& model, int layer, int head);
 double stable_rank(const std::vector<double>& singular_values);  // sum s^2 / s_max^2
+
+// Eigenvalues of a head's full OV circuit (Elhage et al. 2021): the map from a source token to
+// the logits it raises through the head, W_U W_O^h W_V^h W_E (vocab x vocab, column vectors;
+// W_E = tok_emb.weight^T, W_U = head.weight), with the layer norms' weights folded in as
+// TransformerLens's fold_ln folds them (ln1's into W_V, ln_final's into W_U; pre-norm models;
+// no centring). Its non-zero eigenvalues are those of the d_head x d_head core
+// W_V^h W_E W_U W_O^h (AB and BA share them), which is what LAPACK's dgeev is given: d_head
+// eigenvalues (the other vocab - d_head are 0), in LAPACK's order.
+std::vector<std::complex<double>> ov_circuit_eigenvalues(const TransformerLM& model, int layer, int head);
+// Re(sum of eigenvalues) / sum of |eigenvalues|: 1 when the head copies (positive eigenvalues,
+// each token raises its own logit), -1 when it suppresses; 0 when every eigenvalue is 0.
+double copying_score(const std::vector<std::complex<double>>& eigenvalues);
+double copying_score(const TransformerLM& model, int layer, int head);
 
 // ||A B||_F / (||A||_F ||B||_F) of two D x D row-major matrices: 1 when B's output directions are
 // A's input directions (e.g. u v^T and v w^T), 0 when orthogonal; unchanged by scaling either.

@@ -181,16 +181,58 @@ TransformerBlock::TransformerBlock(const ModelConfig& c, Rng& rng, Rng* dropout_
   }
 }
 
+// ---- layer norm's hook_scale ----------------------------------------------------------------
+
+constexpr char kScaleShape[] = "(B, T, 1)",
+               kScaleWhat[] = "layer norm's divisor sqrt(var + eps) of each position (as TransformerLens)";
+
+namespace {
+// sqrt(var + eps) of each row of x (..., D) -> (..., 1), the divisor of layer norm (biased
+// variance, as layer_norm), in double then rounded. No graph: a constant of the forward.
+Tensor layer_norm_scale(const Tensor& x, float eps) {
+  const int64_t D = x.shape().back(), N = x.numel() / D;
+  Shape dims = x.shape();
+  dims[dims.ndim - 1] = 1;
+  Tensor s = Tensor::empty(dims);
+  const float* X = x.data();
+  for (int64_t r = 0; r < N; ++r) {
+    const float* xr = X + r * D;
+    double mu = 0, var = 0;
+    for (int64_t j = 0; j < D; ++j) mu += xr[j];
+    mu /= static_cast<double>(D);
+    for (int64_t j = 0; j < D; ++j) var += (xr[j] - mu) * (xr[j] - mu);
+    s.data()[r] = static_cast<float>(std::sqrt(var / static_cast<double>(D) + eps));
+  }
+  return s;
+}
+
+// ln(x), with the hook point `scale_name` (its divisor, (..., 1)) when hooked. A hook that only
+// reads it leaves the fused layer norm (bit for bit); a replaced scale is used as TransformerLens
+// uses it: (x - mean) / scale * weight + bias, the gradient flowing through the centring only.
+Tensor hooked_layer_norm(const LayerNorm& ln, const Tensor& x, const Hooks* hk, const std::string& scale_name) {
+  if (!hk || !hk->any(scale_name)) return ln.forward(x);
+  const Tensor scale = layer_norm_scale(x, ln.eps);        // (..., 1)
+  const Tensor used = hk->apply(scale_name, scale);
+  if (used.impl() == scale.impl()) return ln.forward(x);  // read, not replaced
+  const Tensor centred = sub(x, mean(x, {-1}, true));     // (..., D)
+  return add(mul(div(centred, used), ln.weight), ln.bias);
+}
+}  // namespace
+
 // The block's hook points, declared with the code that makes them.
 constexpr char kResidPre[] = "hook_resid_pre", kLn1[] = "ln1.hook_normalized", kAttnOut[] = "hook_attn_out",
                kResidMid[] = "hook_resid_mid", kLn2[] = "ln2.hook_normalized", kMlpOut[] = "hook_mlp_out",
+               kLn1Scale[] = "ln1.hook_scale", kLn2Scale[] = "ln2.hook_scale",
                kResidPost[] = "hook_resid_post", kAttn[] = "attn.", kMlp[] = "mlp.";
 
 std::vector<HookPointInfo> TransformerBlock::hook_points(const ModelConfig& c) {
   const std::string resid = "(B, T, " + std::to_string(c.d_model) + ")";
   const bool pre = c.norm == Norm::Pre;
   std::vector<HookPointInfo> p = {{kResidPre, resid, "residual stream into the block"}};
-  if (pre) p.push_back({kLn1, resid, "layer norm before attention"});
+  if (pre) {
+    p.push_back({kLn1Scale, kScaleShape, kScaleWhat});
+    p.push_back({kLn1, resid, "layer norm before attention"});
+  }
   append_hook_points(p, kAttn, MultiHeadAttention::hook_points(c.attention()));
   p.push_back({kAttnOut, resid, "attention output added to the residual stream"});
   if (!c.has_mlp()) {  // attention-only: the residual stream goes on from attention
@@ -198,7 +240,10 @@ std::vector<HookPointInfo> TransformerBlock::hook_points(const ModelConfig& c) {
     return p;
   }
   p.push_back({kResidMid, resid, "residual stream after attention"});
-  if (pre) p.push_back({kLn2, resid, "layer norm before the MLP"});
+  if (pre) {
+    p.push_back({kLn2Scale, kScaleShape, kScaleWhat});
+    p.push_back({kLn2, resid, "layer norm before the MLP"});
+  }
   append_hook_points(p, kMlp, FeedForward::hook_points(c.d_ff));
   p.push_back({kMlpOut, resid, "MLP output added to the residual stream"});
   p.push_back({kResidPost, resid, "residual stream out of the block"});
@@ -218,10 +263,11 @@ Tensor TransformerBlock::forward(const Tensor& x_in, const MultiHeadAttention::C
   // with output_rows, attention reads every row and the block goes on with only those rows
   const Tensor x_out = call.output_rows ? gather_rows(x, *call.output_rows) : x;
   if (norm == Norm::Pre) {  // x = x + attn(ln1(x)); x = x + ffn(ln2(x))
-    const Tensor a = hook(kAttnOut, resid_dropout.forward(attn.forward(hook(kLn1, ln1.forward(x)), Tensor(), call)));
+    const Tensor a = hook(kAttnOut, resid_dropout.forward(attn.forward(hook(kLn1, hooked_layer_norm(ln1, x, hk, prefix + kLn1Scale)), Tensor(), call)));
     if (!ffn) return hook(kResidPost, add(x_out, a));  // attention-only
     const Tensor mid = hook(kResidMid, add(x_out, a));
-    const Tensor m = hook(kMlpOut, resid_dropout.forward(ffn->forward(hook(kLn2, ln2->forward(mid)), hk, mlp)));
+    const Tensor m =
+        hook(kMlpOut, resid_dropout.forward(ffn->forward(hook(kLn2, hooked_layer_norm(*ln2, mid, hk, prefix + kLn2Scale)), hk, mlp)));
     return hook(kResidPost, add(mid, m));
   }
   // post-norm: x = ln1(x + attn(x)); x = ln2(x + ffn(x))
@@ -233,7 +279,8 @@ Tensor TransformerBlock::forward(const Tensor& x_in, const MultiHeadAttention::C
 }
 
 // The model's own hook points, declared with the code that makes them.
-constexpr char kHookEmbed[] = "hook_embed", kHookPosEmbed[] = "hook_pos_embed", kLnFinal[] = "ln_final.hook_normalized";
+constexpr char kHookEmbed[] = "hook_embed", kHookPosEmbed[] = "hook_pos_embed", kLnFinal[] = "ln_final.hook_normalized",
+               kLnFinalScale[] = "ln_final.hook_scale";
 
 TransformerLM::TransformerLM(const ModelConfig& c, uint64_t seed)
     : cfg((c.validate(), c)),
@@ -304,7 +351,7 @@ Tensor TransformerLM::forward(const Ids& ids, const ForwardOptions& opt) {
     call.kv_cache = opt.kv_cache ? &(*opt.kv_cache)[l] : nullptr;
     x = blocks[l]->forward(x, call, hk, hk ? "blocks." + std::to_string(l) + "." : std::string());
   }
-  if (ln_f) x = hook(kLnFinal, ln_f->forward(x));
+  if (ln_f) x = hook(kLnFinal, hooked_layer_norm(*ln_f, x, hk, kLnFinalScale));
   return head.forward(x);  // (B, T, vocab)
 }
 
@@ -371,7 +418,10 @@ std::vector<HookPointInfo> describe_hook_points(const ModelConfig& c) {
                                   {kHookPosEmbed, "(T, " + D + ")", "position embeddings (broadcast over the batch)"}};
   const std::vector<HookPointInfo> block = TransformerBlock::hook_points(c);
   for (int l = 0; l < c.n_layers; ++l) append_hook_points(p, "blocks." + std::to_string(l) + ".", block);
-  if (c.norm == Norm::Pre) p.push_back({kLnFinal, "(B, T, " + D + ")", "final layer norm (into the unembedding)"});
+  if (c.norm == Norm::Pre) {
+    p.push_back({kLnFinalScale, kScaleShape, kScaleWhat});
+    p.push_back({kLnFinal, "(B, T, " + D + ")", "final layer norm (into the unembedding)"});
+  }
   return p;
 }
 

@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "analysis/circuits.h"
+#include "analysis/decompose.h"
 #include "analysis/detectors.h"
 #include "analysis/patching.h"
 #include "bindings.h"
@@ -45,6 +46,30 @@ const PyTask* split_task(py::object& task, py::object& data, const std::string& 
 
 void bind_analyses(py::module_& m) {
   // ---- analyses -------------------------------------------------------------------------------
+  m.def("per_token_loss", [](TransformerLM& model, const py::object& ids, const py::object& targets) {
+    const Ids x = ids_from(ids);
+    Ids y;
+    if (targets.is_none()) {  // next-token: position t predicts ids[t + 1]
+      if (x.shape[1] < 2) throw py::value_error("per_token_loss: next-token loss needs at least 2 tokens per row");
+      y = Ids(Shape{x.shape[0], x.shape[1] - 1});
+      for (int64_t b = 0; b < x.shape[0]; ++b)
+        for (int64_t t = 0; t + 1 < x.shape[1]; ++t) y.at(b, t) = x.at(b, t + 1);
+    } else {
+      y = ids_from(targets, "targets");
+      if (y.shape[0] != x.shape[0] || y.shape[1] != x.shape[1])
+        throw py::value_error("per_token_loss: targets " + y.shape.str() + " must have the shape of ids " + x.shape.str());
+    }
+    std::vector<double> loss;
+    {
+      py::gil_scoped_release release;
+      NoGradGuard ng;
+      loss = per_token_loss(model.forward(x), y);
+    }
+    py::array_t<double> a(std::vector<py::ssize_t>{y.shape[0], y.shape[1]});
+    std::copy(loss.begin(), loss.end(), a.mutable_data());
+    return a;
+  }, py::arg("model"), py::arg("ids"), py::arg("targets") = py::none(),
+     "Cross-entropy at each position: targets None = next token, (B, T-1); else (B, T) with 0 where the target is -1");
   m.def("evaluate", [](TransformerLM& model, py::object task, py::object data, bool ar) {
     split_task(task, data, "evaluate");
     const DataArg d = data_arg(data, model, "evaluate");
@@ -244,6 +269,17 @@ void bind_analyses(py::module_& m) {
      "What composition scores random weights of config's shapes get: per kind (q, k, v) the mean and the 2.5th and 97.5th "
      "percentiles (lo, hi) over the head pairs of `models` random 2-layer models");
   m.def("qk_singular_values", [](const TransformerLM& model, int layer, int head) { return qk_circuit_singular_values(model, layer, head); });
+  m.def("ov_eigenvalues", [](const TransformerLM& model, int layer, int head) {
+    const auto ev = ov_circuit_eigenvalues(model, layer, head);
+    py::array_t<std::complex<double>> a(static_cast<py::ssize_t>(ev.size()));
+    std::copy(ev.begin(), ev.end(), a.mutable_data());
+    return a;
+  }, py::arg("model"), py::arg("layer"), py::arg("head"),
+     "The d_head eigenvalues (complex) of the head's full OV circuit W_U W_O W_V W_E (layer norm weights folded in); the "
+     "other vocab - d_head are 0");
+  m.def("copying_score", [](const TransformerLM& model, int layer, int head) { return copying_score(model, layer, head); },
+        py::arg("model"), py::arg("layer"), py::arg("head"),
+        "Re(sum of the OV circuit's eigenvalues) / sum of their |.|: 1 copies, -1 suppresses (Elhage et al. 2021)");
   m.def("ov_singular_values", [](const TransformerLM& model, int layer, int head) { return ov_circuit_singular_values(model, layer, head); });
 }
 

@@ -2,6 +2,7 @@
 // area, and one bind_<area>(m) per area, called by module.cpp in order.
 #pragma once
 // Every file of the module sees the same casters (pybind11 requires it).
+#include <pybind11/complex.h>
 #include <pybind11/functional.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>

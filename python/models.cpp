@@ -4,6 +4,7 @@
 
 #include <cstdio>
 
+#include "analysis/decompose.h"
 #include "lib/safetensors.h"
 #include "models/checkpoint.h"
 #include "models/hooks.h"
@@ -63,12 +64,88 @@ Hooks hooks_from(const ModelConfig& cfg, const std::vector<std::pair<std::string
   return hooks;
 }
 
-// The activation cache seen from Python: cache[name] is an array view.
+// The activation cache seen from Python: cache[name] is an array view. It knows the model and
+// the input of its forward (the model object kept alive), for the decomposition methods.
 struct PyCache {
   ActivationCache cache;
+  py::object model_obj;  // the TransformerLM that made it
+  Ids ids;               // (B, T)
   py::array get(const std::string& name) const { return view_of(cache[name], false); }
   py::array grad(const std::string& name) const { return view_of(cache.grad(name), false); }
+  const TransformerLM& model() const { return model_obj.cast<const TransformerLM&>(); }
+  int64_t T() const { return ids.shape[1]; }
+  // TransformerLens's layer argument: None or -1 = the final residual stream (n_layers).
+  int layer(const py::object& l, const char* what) const {
+    const int L = model().cfg.n_layers;
+    if (l.is_none()) return L;
+    if (!PyIndex_Check(l.ptr()) || py::isinstance<py::bool_>(l)) throw py::type_error(std::string(what) + ": layer must be an int or None");
+    const int v = l.cast<int>();
+    if (v == -1) return L;
+    if (v < 0 || v > L)
+      throw py::value_error(std::string(what) + ": layer " + std::to_string(v) + " is outside 0.." + std::to_string(L) +
+                            " (or -1/None = " + std::to_string(L) + ", the final residual stream)");
+    return v;
+  }
+  // pos_slice: None = every position (-1 for the library), an int (negative from the end).
+  int64_t pos(const py::object& p, const char* what) const {
+    if (p.is_none()) return -1;
+    if (!PyIndex_Check(p.ptr()) || py::isinstance<py::bool_>(p)) throw py::type_error(std::string(what) + ": pos_slice must be an int or None");
+    int64_t v = p.cast<int64_t>();
+    if (v < 0) v += T();
+    if (v < 0 || v >= T())
+      throw py::value_error(std::string(what) + ": pos_slice " + std::to_string(p.cast<int64_t>()) + " is outside the " +
+                            std::to_string(T()) + " cached positions");
+    return v;
+  }
 };
+
+py::array stack_array(const ResidStack& s) {
+  py::array_t<double> a(std::vector<py::ssize_t>(s.shape.begin(), s.shape.end()));
+  std::copy(s.values.begin(), s.values.end(), a.mutable_data());
+  return a;
+}
+py::object stack_result(const ResidStack& s, bool return_labels) {
+  if (return_labels) return py::make_tuple(stack_array(s), py::cast(s.labels));
+  return stack_array(s);
+}
+ResidStack stack_from(const py::object& obj, const char* what) {
+  const auto a = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(obj);
+  if (!a) throw py::type_error(std::string(what) + ": the stack must be a real array (components, B, T, d_model) or (components, B, d_model)");
+  ResidStack s;
+  s.shape.assign(a.shape(), a.shape() + a.ndim());
+  s.values.assign(a.data(), a.data() + a.size());
+  s.labels.assign(static_cast<size_t>(a.ndim() ? a.shape(0) : 0), "");
+  return s;
+}
+// tokens: an int (every position) or an integer array of the stack's (B, T) or (B) positions;
+// with one position (pos >= 0), tokens given for every position ((B, T)) are read at it.
+TokenChoice tokens_from(const py::object& obj, const std::vector<int64_t>& stack_shape, int64_t pos, const char* what) {
+  TokenChoice tk;
+  if (py::isinstance<py::int_>(obj)) {
+    const int64_t id = obj.cast<int64_t>();
+    if (id < INT32_MIN || id > INT32_MAX) throw py::value_error(std::string("logit_attrs: ") + what + ": id " + std::to_string(id) + " is out of range");
+    tk.ids = {static_cast<int32_t>(id)};
+    return tk;
+  }
+  py::array a = py::array::ensure(obj);
+  if (!a || (a.dtype().kind() != 'i' && a.dtype().kind() != 'u'))
+    throw py::type_error(std::string("logit_attrs: ") + what + " must be an int or an integer array");
+  const auto v = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(a);
+  tk.shape.assign(v.shape(), v.shape() + v.ndim());
+  std::vector<int64_t> ids(v.data(), v.data() + v.size());
+  if (pos >= 0 && stack_shape.size() == 3 && tk.shape.size() == 2 && tk.shape[1] > pos) {  // (B, T) read at pos
+    std::vector<int64_t> at;
+    for (int64_t b = 0; b < tk.shape[0]; ++b) at.push_back(ids[b * tk.shape[1] + pos]);
+    ids = at;
+    tk.shape = {tk.shape[0]};
+  }
+  if (tk.shape.empty() && ids.size() == 1) tk.shape = {};
+  for (int64_t x : ids) {
+    if (x < INT32_MIN || x > INT32_MAX) throw py::value_error(std::string("logit_attrs: ") + what + ": id " + std::to_string(x) + " is out of range");
+    tk.ids.push_back(static_cast<int32_t>(x));
+  }
+  return tk;
+}
 
 NameFilter filter_from(const py::object& names) {
   if (names.is_none()) return all_names();
@@ -127,7 +204,62 @@ void bind_models(py::module_& m) {
       .def("has_grad", [](const PyCache& c, const std::string& n) { return c.cache.has_grad(n); })
       .def("keys", [](const PyCache& c) { return c.cache.names(); })
       .def("__len__", [](const PyCache& c) { return c.cache.size(); })
-      .def("__iter__", [](const PyCache& c) { return py::iter(py::cast(c.cache.names())); });
+      .def("__iter__", [](const PyCache& c) { return py::iter(py::cast(c.cache.names())); })
+      // ---- the residual stream as components (analysis/decompose.h), TransformerLens's names ----
+      .def("decompose_resid", [](const PyCache& c, const py::object& layer, const py::object& pos_slice, bool apply_ln,
+                                 bool return_labels) {
+             const int l = c.layer(layer, "decompose_resid");
+             const int64_t p = c.pos(pos_slice, "decompose_resid");
+             ResidStack s = decompose_resid(c.model(), c.cache, l, p);
+             if (apply_ln) s = apply_ln_to_stack(c.model(), c.cache, s, l, p);
+             return stack_result(s, return_labels);
+           }, py::arg("layer") = -1, py::arg("pos_slice") = py::none(), py::arg("apply_ln") = false,
+           py::arg("return_labels") = false,
+           "Components whose sum is the residual stream entering `layer` (-1/None = the final one): (C, B, T, d_model), "
+           "or (C, B, d_model) with pos_slice; labels embed, pos_embed, L{l}H{h}, {l}_attn_bias, {l}_mlp_out")
+      .def("stack_head_results", [](const PyCache& c, const py::object& layer, const py::object& pos_slice, bool apply_ln,
+                                    bool return_labels) {
+             const int l = c.layer(layer, "stack_head_results");
+             const int64_t p = c.pos(pos_slice, "stack_head_results");
+             ResidStack s = stack_head_results(c.model(), c.cache, l, p);
+             if (apply_ln) s = apply_ln_to_stack(c.model(), c.cache, s, l, p);
+             return stack_result(s, return_labels);
+           }, py::arg("layer") = -1, py::arg("pos_slice") = py::none(), py::arg("apply_ln") = false,
+           py::arg("return_labels") = false, "Each head's output (hook_result) of the layers before `layer`: (layer*heads, B, T, d_model), labels L{l}H{h}")
+      .def("accumulated_resid", [](const PyCache& c, const py::object& layer, const py::object& pos_slice, bool apply_ln,
+                                   bool return_labels) {
+             const int l = c.layer(layer, "accumulated_resid");
+             const int64_t p = c.pos(pos_slice, "accumulated_resid");
+             ResidStack s = accumulated_resid(c.model(), c.cache, l, p);
+             if (apply_ln) s = apply_ln_to_stack(c.model(), c.cache, s, l, p);
+             return stack_result(s, return_labels);
+           }, py::arg("layer") = py::none(), py::arg("pos_slice") = py::none(), py::arg("apply_ln") = false,
+           py::arg("return_labels") = false,
+           "The residual stream entering each layer up to `layer` ({l}_pre) and, for the last, final_post: the logit lens's inputs")
+      .def("apply_ln_to_stack", [](const PyCache& c, const py::object& stack, const py::object& layer, const py::object& pos_slice) {
+             const int l = c.layer(layer, "apply_ln_to_stack");
+             const int64_t p = c.pos(pos_slice, "apply_ln_to_stack");
+             return stack_array(apply_ln_to_stack(c.model(), c.cache, stack_from(stack, "apply_ln_to_stack"), l, p));
+           }, py::arg("residual_stack"), py::arg("layer") = py::none(), py::arg("pos_slice") = py::none(),
+           "Each component centred and divided by the cached scale of the layer norm reading the residual entering `layer` "
+           "(None = ln_final); its weight is folded into logit_attrs's directions")
+      .def("logit_attrs", [](const PyCache& c, const py::object& stack, const py::object& tokens, const py::object& incorrect,
+                             const py::object& pos_slice) {
+             const int64_t p = c.pos(pos_slice, "logit_attrs");
+             const ResidStack s = stack_from(stack, "logit_attrs");
+             const TokenChoice tk = tokens_from(tokens, s.shape, p, "tokens");
+             if (incorrect.is_none()) return stack_array(logit_attrs(c.model(), s, tk));
+             const TokenChoice wrong = tokens_from(incorrect, s.shape, p, "incorrect_tokens");
+             return stack_array(logit_attrs(c.model(), s, tk, &wrong));
+           }, py::arg("residual_stack"), py::arg("tokens"), py::arg("incorrect_tokens") = py::none(),
+           py::arg("pos_slice") = py::none(),
+           "Each (layer-normed) component projected on ln_final.weight * W_U[:, token] (minus incorrect_tokens'): (C, B, T) or (C, B)")
+      .def("final_bias_term", [](const PyCache& c, int32_t token, const py::object& incorrect) {
+             return final_bias_term(c.model(), token, incorrect.is_none() ? -1 : incorrect.cast<int32_t>());
+           }, py::arg("token"), py::arg("incorrect_token") = py::none(),
+           "ln_final.bias . W_U[:, token] (+ the unembedding bias): the part of the logit no component carries")
+      .def_property_readonly("model", [](const PyCache& c) { return c.model_obj; })
+      .def_property_readonly("ids", [](const PyCache& c) { return ids_to_array(c.ids); });
 
   py::class_<TransformerLM>(m, "TransformerLM")
       .def(py::init([](const ModelConfig& c, uint64_t seed) {
@@ -189,7 +321,8 @@ void bind_models(py::module_& m) {
              for (auto& row : model.gate_values()) g.emplace_back(row.begin(), row.end());
              return grid_array(g);
            })
-      .def("run_with_cache", [](TransformerLM& model, const py::object& ids, const py::object& names, bool with_grads) {
+      .def("run_with_cache", [](const py::object& self, const py::object& ids, const py::object& names, bool with_grads) {
+             TransformerLM& model = self.cast<TransformerLM&>();
              const Ids x = ids_from(ids);
              // a misspelt name is refused here, as run_with_hooks refuses it, not at lookup
              if (py::isinstance<py::str>(names)) check_hook_name(model.cfg, names.cast<std::string>());
@@ -201,9 +334,10 @@ void bind_models(py::module_& m) {
                py::gil_scoped_release release;
                r = model.run_with_cache(x, f, with_grads);
              }
-             return py::make_tuple(r.first, PyCache{r.second});
+             return py::make_tuple(r.first, PyCache{r.second, self, x});
            }, py::arg("ids"), py::arg("names") = py::none(), py::arg("with_grads") = false,
-           "(logits, cache): cache[name] for every hook name in `names` (None = all, a list, or a predicate)")
+           "(logits, cache): cache[name] for every hook name in `names` (None = all, a list, or a predicate); the cache's "
+           "decompose_resid, logit_attrs and the rest read hook_result and hook_scale, which names=None caches")
       .def("run_with_hooks", [](TransformerLM& model, const py::object& ids,
                                 const std::vector<std::pair<std::string, py::function>>& fwd_hooks,
                                 const std::vector<std::pair<std::string, py::function>>& bwd_hooks) {

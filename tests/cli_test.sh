@@ -216,6 +216,27 @@ check "detect probe longer than the model" nonzero "exceed the model's max_seq_l
 check "compose needs two layers" nonzero "composition needs at least 2 layers, the model has 1" -- "$HL" compose --checkpoint "$M" --out "$T/co"
 check "patch" 0 "correlation of attribution with exact patching" -- "$HL" patch --checkpoint "$M" --examples 16 --out "$T/pa"
 check "patch CSVs" 0 "^layer,position,exact,attribution" -- cat "$T/pa/patch_resid.csv"
+# Direct logit attribution: the components' mean attributions plus the bias term are the mean logit.
+check "dla writes its table" 0 "direct logit attribution of the answer token" -- "$HL" dla --checkpoint "$M" --examples 16 --out "$T/dla"
+check "dla CSV" 0 "^component,layer,head,mean,ci95_lo,ci95_hi$" -- head -1 "$T/dla/dla.csv"
+check "dla components sum to the logit" 0 "^sum ok L0H1 ok$" -- python3 -c '
+import csv, sys
+rows = {r["component"]: r for r in csv.DictReader(open(sys.argv[1]))}
+parts = [float(r["mean"]) for k, r in rows.items() if k != "logit"]
+logit = float(rows["logit"]["mean"])
+# each mean is written with 9 significant digits; the identity holds to float32 rounding
+ok = abs(sum(parts) - logit) <= 1e-5 * (1 + sum(abs(p) for p in parts))
+h = rows["L0H1"]
+print("sum", "ok" if ok else "BAD %r vs %r" % (sum(parts), logit), "L0H1",
+      "ok" if float(h["ci95_lo"]) <= float(h["mean"]) <= float(h["ci95_hi"]) and h["layer"] == "0" and h["head"] == "1" else "BAD")
+' "$T/dla/dla.csv"
+check "dla JSON" 0 '"component": "ln_final_bias"' -- cat "$T/dla/dla.json"
+check "dla --tokens: one sequence, no interval" 0 "^L0H1,0,1,[-0-9.e]+,nan,nan$" -- bash -c "\"$HL\" dla --checkpoint \"$M\" --tokens '1 2 3 1 2 3' --out \"$T/dlat\" >/dev/null && cat \"$T/dlat/dla.csv\""
+check "dla --tokens outside the vocabulary" nonzero "--tokens \(ids of the vocabulary\): 99 is outside" -- "$HL" dla --checkpoint "$M" --tokens "1 99" --out "$T/dlat2"
+"$HL" train $small --norm post --steps 2 --quiet --out "$T/postrun" >/dev/null 2>&1
+check "dla refuses a post-norm model" nonzero "dla needs a pre-norm model: .* is post-norm" -- "$HL" dla --checkpoint "$T/postrun/model.safetensors" --out "$T/dlap"
+[ ! -e "$T/dlap" ] && ok "no output directory after a refused dla" || bad "dla left a directory"
+check "hooks lists hook_scale" 0 "ln_final.hook_scale +\(B, T, 1\)" -- "$HL" hooks --heads 2
 check "prune --method l0" 0 "keeps [0-9]+ heads" -- "$HL" prune --checkpoint "$M" --method l0 --l0-steps 20 --quiet --out "$T/l0"
 check "l0 model saved" 0 "head_gates|headlab-checkpoint" -- head -c 2000 "$T/l0/l0_model.safetensors"
 check "bad lambda" nonzero "--lambda" -- "$HL" prune --checkpoint "$M" --method l0 --lambda -1 --out "$T/l0b"

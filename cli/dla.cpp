@@ -1,0 +1,126 @@
+// headlab dla: direct logit attribution of the task's answers: each component of the final
+// residual stream (embeddings, each head, W_O's bias, each MLP) projected on the answer token's
+// unembedding direction through ln_final (TransformerLens's decompose_resid + apply_ln_to_stack +
+// logit_attrs): flags -> direct_logit_attribution -> table, dla.csv, dla.json and dla.png in --out.
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+#include <nlohmann/json.hpp>
+
+#include "analysis/decompose.h"
+#include "analysis/intervals.h"
+#include "cli/roles.h"
+#include "lib/fileutil.h"
+#include "train/run_dir.h"
+
+namespace hl {
+
+namespace {
+
+std::string num(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.9g", v);
+  return b;
+}
+
+double mean_of(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0.0 : s / static_cast<double>(v.size());
+}
+
+int run_dla(const RoleOpts& o) {
+  const std::string out = o.out.empty() ? default_out_dir("dla") : o.out;
+  RoleModel m = load_role_model(o);
+  const ModelConfig& cfg = m.model->cfg;
+  if (cfg.norm != Norm::Pre)
+    fail("dla needs a pre-norm model: ", o.checkpoint, " is post-norm (its residual stream is normalised after each block, "
+         "so it is not a sum of components)");
+  std::vector<Batch> data;
+  std::string source;  // what the rows are, for the table's title and dla.json
+  if (!o.tokens.empty()) {  // one sequence: each position's next token is its answer
+    std::istringstream ss(o.tokens);
+    std::vector<int32_t> ids;
+    for (std::string tok; ss >> tok;)
+      ids.push_back(static_cast<int32_t>(parse_int(tok, 0, cfg.vocab_size - 1, "--tokens (ids of the vocabulary)")));
+    if (ids.size() < 2) fail("--tokens: give at least 2 token ids (each position is attributed its next token)");
+    if (static_cast<int64_t>(ids.size()) > cfg.max_seq_len)
+      fail("--tokens: ", ids.size(), " tokens exceed the model's max_seq_len ", cfg.max_seq_len);
+    const int64_t T = static_cast<int64_t>(ids.size());
+    Batch b;
+    b.inputs = Ids(Shape{1, T}, ids);
+    b.targets = Ids(Shape{1, T});
+    for (int64_t t = 0; t < T; ++t) b.targets.at(0, t) = t + 1 < T ? ids[static_cast<size_t>(t + 1)] : -1;
+    data.push_back(std::move(b));
+    source = "--tokens";
+  } else {
+    data = role_task(m, o.checkpoint).held_out(o.examples, o.seed, 64);
+    source = "task " + m.config.name;
+    std::fprintf(stderr, "dla: %d sequences of %s...\n", o.examples, source.c_str());
+  }
+  const DlaResult r = direct_logit_attribution(*m.model, data);
+  claim_output_dir(out, "dla");
+
+  // One row per component, then the bias term and the logit itself: the components' means plus
+  // the bias term's mean are the mean logit (each row's values are averaged alike).
+  struct Row {
+    std::string name;
+    int layer, head;
+    const std::vector<double>* per_row;
+  };
+  std::vector<Row> rows;
+  for (size_t c = 0; c < r.labels.size(); ++c) rows.push_back({r.labels[c], r.layer[c], r.head[c], &r.per_row[c]});
+  rows.push_back({"ln_final_bias", -1, -1, &r.bias_per_row});
+  rows.push_back({"logit", -1, -1, &r.logit_per_row});
+
+  nlohmann::json j = {{"data", source}, {"checkpoint", o.checkpoint}, {"examples", o.examples}, {"seed", o.seed},
+                      {"rows", r.logit_per_row.size()}, {"positions", r.positions}};
+  std::string csv = "component,layer,head,mean,ci95_lo,ci95_hi\n";
+  std::vector<std::vector<std::string>> table = {{"component", "layer", "head", "mean", "95% interval"}};
+  HeadGrid heads(static_cast<size_t>(cfg.n_layers), std::vector<double>(static_cast<size_t>(cfg.n_heads), 0.0));
+  for (const Row& row : rows) {
+    const double mean = mean_of(*row.per_row);
+    const Interval ci = bootstrap_interval95(*row.per_row, 2000, o.seed);
+    const std::string layer = row.layer >= 0 ? std::to_string(row.layer) : "", head = row.head >= 0 ? std::to_string(row.head) : "";
+    csv += row.name + "," + layer + "," + head + "," + num(mean) + "," + num(ci.lo) + "," + num(ci.hi) + "\n";
+    table.push_back({row.name, layer, head, fixed(mean, 4), ci.defined() ? "[" + fixed(ci.lo, 4) + ", " + fixed(ci.hi, 4) + "]" : "-"});
+    j["components"].push_back({{"component", row.name},
+                               {"layer", row.layer >= 0 ? nlohmann::json(row.layer) : nlohmann::json()},
+                               {"head", row.head >= 0 ? nlohmann::json(row.head) : nlohmann::json()},
+                               {"mean", mean},
+                               {"ci95_lo", ci.defined() ? nlohmann::json(ci.lo) : nlohmann::json()},
+                               {"ci95_hi", ci.defined() ? nlohmann::json(ci.hi) : nlohmann::json()}});
+    if (row.head >= 0) heads[static_cast<size_t>(row.layer)][static_cast<size_t>(row.head)] = mean;
+  }
+  if (!o.tokens.empty()) j["tokens"] = o.tokens;
+  std::printf("direct logit attribution of the answer token (%s, %zu sequence(s), %lld answer positions; mean over the "
+              "sequences of each sequence's mean, 95%% bootstrap interval over the sequences; components + ln_final_bias = "
+              "logit):\n\n", source.c_str(), r.logit_per_row.size(), static_cast<long long>(r.positions));
+  print_table(table);
+  write_file_atomic(out + "/dla.csv", csv);
+  write_file_atomic(out + "/dla.json", j.dump(2) + "\n");
+  double extent = 0;  // a symmetric colour scale: positive and negative attributions apart
+  for (auto& row : heads)
+    for (double v : row) extent = std::max(extent, std::fabs(v));
+  if (extent == 0) extent = 1;
+  plot_heatmap_grid(out + "/dla.png", "Direct logit attribution of the answer per head", 1, 1,
+                    {head_heatmap("mean attribution", heads, "L", "H")}, "head", "layer", static_cast<float>(-extent),
+                    static_cast<float>(extent));
+  std::printf("\nwrote %s/dla.csv, dla.json, dla.png\n", out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+void add_dla_command(CLI::App& app, CommandRunner& runner) {
+  RoleOpts defaults;
+  defaults.data = "task";
+  auto [sub, o] = add_role_command(app, runner, "dla",
+                                   "Direct logit attribution: each head's, MLP's and embedding's share of the answer logit on the task",
+                                   run_dla, defaults);
+  sub->add_option("--tokens", o->tokens,
+                  "Attribute the next-token predictions of these token ids (e.g. \"11 3 4 12 3 4\") instead of the task's "
+                  "answers: one sequence, so no interval");
+}
+
+}  // namespace hl
