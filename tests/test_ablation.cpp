@@ -264,3 +264,22 @@ BOOST_AUTO_TEST_CASE(bad_patching_requests_are_refused_with_one_clear_message) {
   BOOST_TEST(run(in, "hook_z", {"head"}).find("name it in full") != std::string::npos);
   BOOST_TEST(run(in, "hook_z", {"layer", "head", "head"}).find("given twice") != std::string::npos);
 }
+
+BOOST_AUTO_TEST_CASE(patching_one_heads_split_input_equals_patching_its_q_k_or_v) {
+  // head h's q (k, v) is W_h times its copy of the input, so patching that copy at (layer, pos)
+  // is patching head h's q (k, v) there: the same restored fraction, to float32 rounding (the
+  // per-head projection a replaced copy takes sums in another order than the usual one)
+  TransformerLM m(small(), 15);
+  const PatchingInputs in = patching_inputs();
+  for (const char* x : {"q", "k", "v"}) {
+    const PatchGrid g = generic_activation_patch(m, in, std::string("hook_") + x + "_input", {"layer", "head", "pos"});
+    const PatchGrid direct = generic_activation_patch(m, in, std::string("hook_") + x, {"layer", "head", "pos"});
+    BOOST_TEST((g.shape == std::vector<int64_t>{2, 4, 6}));
+    double largest = 0;
+    for (size_t i = 0; i < g.values.size(); ++i) {
+      BOOST_TEST(std::fabs(g.values[i] - direct.values[i]) <= 1e-4 * std::max(1.0, std::fabs(direct.values[i])), x << " at " << i);
+      largest = std::max(largest, std::fabs(g.values[i]));
+    }
+    if (std::string(x) == "v") BOOST_TEST(largest > 0.1);  // not all zeros: the comparison means something
+  }
+}
