@@ -156,6 +156,22 @@ Tensor mean_activation(TransformerLM& model, const std::vector<Batch>& data, con
   return m;
 }
 
+double knockout_memory_bytes(const ModelConfig& cfg, const std::string& hook, AblationKind kind, int64_t examples, int64_t T,
+                             int64_t batch) {
+  double bytes = estimate_step_bytes(cfg, std::min(examples, batch), T, false);
+  if (kind != AblationKind::Resample) return bytes;
+  for (const HookPointInfo& p : describe_hook_points(cfg)) {
+    if (p.name != hook) continue;
+    double per_row = 1;  // the declared shape with B = 1 and T = T
+    std::string inner = p.shape.substr(1, p.shape.size() - 2);
+    std::replace(inner.begin(), inner.end(), ',', ' ');
+    std::istringstream words(inner);
+    for (std::string w; words >> w;) per_row *= w == "B" ? 1.0 : w == "T" ? static_cast<double>(T) : std::stod(w);
+    bytes += 2.0 * 4.0 * per_row * static_cast<double>(examples);
+  }
+  return bytes;
+}
+
 std::vector<int64_t> resample_permutation(int64_t n, uint64_t seed) {
   std::vector<int64_t> p(static_cast<size_t>(std::max<int64_t>(n, 0)));
   for (int64_t i = 0; i < n; ++i) p[static_cast<size_t>(i)] = i;

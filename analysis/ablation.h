@@ -70,6 +70,11 @@ struct KnockoutResult {
   // the ablated - clean differences (paired)
   Interval clean_loss_ci95, ablated_loss_ci95, d_loss_ci95, clean_acc_ci95, ablated_acc_ci95, d_acc_ci95;
 };
+// About how many bytes knockout needs for `examples` rows of T tokens in batches of `batch`: one
+// forward of a batch, and for resample every example's activation twice (recorded, and gathered
+// per batch). An upper estimate for refusing what cannot fit.
+double knockout_memory_bytes(const ModelConfig& cfg, const std::string& hook, AblationKind kind, int64_t examples, int64_t T,
+                             int64_t batch);
 // Runs `data` clean and ablated (dropout off, no graph). Both runs take the same forward path
 // (hooks present), so an ablation that replaces nothing changes nothing, bit for bit.
 KnockoutResult knockout(TransformerLM& model, const std::vector<Batch>& data, const AblationOptions& opt);

@@ -34,6 +34,8 @@ int run_knockout(const RoleOpts& o) {
   if (o.per_position && opt.kind != AblationKind::Mean) fail("--per-position applies to --kind mean, not --kind ", o.kind);
   check_ablation_site(m.model->cfg, opt.site);  // before the data is made: a misspelt hook fails first
   const Task& task = role_task(m, o.checkpoint);
+  check_fits_in_memory(knockout_memory_bytes(m.model->cfg, o.hook, opt.kind, o.examples, task.seq_len(), 64),
+                       "--examples " + std::to_string(o.examples) + " of " + std::to_string(task.seq_len()) + " tokens");
   const std::vector<Batch> data = task.held_out(o.examples, o.seed, 64);
   const KnockoutResult r = knockout(*m.model, data, opt);
   claim_output_dir(out, "knockout");
