@@ -236,7 +236,10 @@ void bind_analyses(py::module_& m) {
     o.site = {hook, head, positions};
     o.kind = parse_ablation_kind(kind);
     o.per_position = per_position;
-    if (!mean_data.is_none()) o.mean_data = mean_data.cast<const PyData&>().batches;
+    if (!mean_data.is_none()) {
+      if (!py::isinstance<PyData>(mean_data)) throw py::type_error("mean_data: expected held-out Batches (task.held_out(...)) or None");
+      o.mean_data = mean_data.cast<const PyData&>().batches;
+    }
     o.seed = seed;
     o.permutation = permutation;
     const KnockoutResult r = interruptible([&] { return knockout(model, data.batches, o); });

@@ -164,7 +164,8 @@ def ablate(model, data, hook, head=None, kind="zero", positions=None, mean_data=
     example), ``ci95`` (95% bootstrap intervals (lo, hi), including the differences ``d_loss`` and
     ``d_token_acc``) and, for resample, ``permutation`` (N,).
     """
-    return _core._ablate(model, data, hook, -1 if head is None else head, kind, list(positions or ()), mean_data,
+    positions = [] if positions is None else [int(p) for p in positions]
+    return _core._ablate(model, data, hook, -1 if head is None else head, kind, positions, mean_data,
                          per_position, seed, list(permutation) if permutation is not None else [])
 
 
@@ -185,7 +186,7 @@ def ablation_hook(model, hook, kind="zero", head=None, positions=None, value=Non
         raise ValueError(f"a {kind} ablation hook needs its value (mean_activation(...) or another prompt's activation)")
     config = model.config if isinstance(model, TransformerLM) else model
     head = -1 if head is None else head
-    positions = list(positions or ())
+    positions = [] if positions is None else [int(p) for p in positions]
     _core._check_ablation_site(config, hook, head, positions)  # a misspelt hook fails here, not in the forward
 
     def fn(activation, name):

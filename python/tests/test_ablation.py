@@ -63,7 +63,7 @@ def test_mean_and_resample_ablations(trained):
     T = len(data[0]["input_ids"][0])
     assert mean.shape == (1, T, 32)
     assert hl.mean_activation(m, data, "blocks.0.hook_resid_mid").shape == (1, 1, 32)
-    r = hl.ablate(m, data, hook="blocks.0.hook_resid_mid", kind="mean", per_position=True, positions=[3, 4])
+    r = hl.ablate(m, data, hook="blocks.0.hook_resid_mid", kind="mean", per_position=True, positions=np.array([3, 4]))
     hook = hl.ablation_hook(m, "blocks.0.hook_resid_mid", kind="mean", positions=[3, 4], value=mean)
     want = per_example_loss(m.run_with_hooks(data[0]["input_ids"], [("blocks.0.hook_resid_mid", hook)]), data[0])
     assert np.allclose(r["ablated_losses"], want, rtol=1e-5, atol=1e-6)
@@ -81,6 +81,8 @@ def test_bad_ablations_raise_value_errors_with_the_cli_wording(trained):
         hl.ablation_hook(m, "blocks.0.hook_resid_pre", head=0)
     with pytest.raises(ValueError, match="expected zero, mean or resample"):
         hl.ablate(m, data, hook="blocks.0.attn.hook_z", kind="half")
+    with pytest.raises(TypeError, match="mean_data: expected held-out Batches"):
+        hl.ablate(m, data, hook="blocks.0.attn.hook_z", kind="mean", mean_data=[1, 2])
     with pytest.raises(ValueError, match="needs its value"):
         hl.ablation_hook(m, "blocks.0.attn.hook_z", kind="mean")
 
