@@ -110,8 +110,25 @@ Tensor forward_batch(TransformerLM& model, const Batch& batch, BatchScratch& scr
   return model.forward(batch.inputs, opt);
 }
 
-EvalResult evaluate(TransformerLM& model, const Task& task, const std::vector<Batch>& data,
-                    bool autoregressive, const Hooks* hooks, std::vector<double>* row_loss) {
+void check_data_fits_model(const std::vector<Batch>& data, const ModelConfig& cfg, const std::string& what) {
+  int64_t first_row = 0;  // of the batch, counted over all batches
+  for (const Batch& b : data) {
+    const int64_t T = b.inputs.shape[1];
+    if (T > cfg.max_seq_len)
+      fail(what, ": rows of ", T, " tokens are longer than the model's max_seq_len (", cfg.max_seq_len, ")");
+    for (const Ids* ids : {&b.inputs, &b.targets})
+      for (int64_t i = 0; i < ids->numel(); ++i) {
+        const int32_t v = ids->data[static_cast<size_t>(i)];
+        if (v >= cfg.vocab_size || (ids == &b.inputs && v < 0))
+          fail(what, ": ", ids == &b.inputs ? "input_ids" : "targets", " holds the id ", v, " (row ", first_row + i / T,
+               ", position ", i % T, "), outside the model's vocabulary 0..", cfg.vocab_size - 1);
+      }
+    first_row += b.size();
+  }
+}
+
+EvalResult evaluate(TransformerLM& model, const std::vector<Batch>& data, bool autoregressive, const Hooks* hooks,
+                    std::vector<double>* row_loss) {
   if (row_loss) row_loss->clear();
   EvalScope mode(model);
   NoGradGuard ng;
@@ -178,7 +195,7 @@ EvalResult evaluate(TransformerLM& model, const Task& task, const std::vector<Ba
   }
   if (!to_decode.empty()) {
     const auto answers = decode_rows(model, data, to_decode);  // [batch][row]
-    for (const auto& [i, row] : to_decode) ar_exact += answers[i][static_cast<size_t>(row)] == task.answer(data[i], row);
+    for (const auto& [i, row] : to_decode) ar_exact += answers[i][static_cast<size_t>(row)] == Task::answer(data[i], row);
   }
   r.loss = r.tokens ? loss_sum / r.tokens : 0;
   r.token_acc = r.tokens ? static_cast<double>(correct) / r.tokens : 0;

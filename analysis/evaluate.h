@@ -2,6 +2,7 @@
 // tasks whose rows have prompts) exact match under greedy decoding.
 #pragma once
 #include <span>
+#include <string>
 #include <vector>
 
 #include "datasets/task.h"
@@ -38,8 +39,18 @@ Tensor forward_batch(TransformerLM& model, const Batch& batch, BatchScratch& scr
 // decoded (KV cache, without `hooks`).
 // With row_loss, each row's summed loss over its counted targets too (in double, in data's order),
 // e.g. for intervals over examples.
-EvalResult evaluate(TransformerLM& model, const Task& task, const std::vector<Batch>& data,
-                    bool autoregressive, const Hooks* hooks = nullptr, std::vector<double>* row_loss = nullptr);
+// A row's answer is its counted targets (Task::answer), so the data alone is enough; the form
+// with a task reads nothing from it.
+EvalResult evaluate(TransformerLM& model, const std::vector<Batch>& data, bool autoregressive,
+                    const Hooks* hooks = nullptr, std::vector<double>* row_loss = nullptr);
+inline EvalResult evaluate(TransformerLM& model, const Task&, const std::vector<Batch>& data, bool autoregressive,
+                           const Hooks* hooks = nullptr, std::vector<double>* row_loss = nullptr) {
+  return evaluate(model, data, autoregressive, hooks, row_loss);
+}
+
+// Fails unless every input id and target of `data` is in the model's vocabulary and every row
+// fits its max_seq_len, naming the first id (or length) that does not; `what` names the data.
+void check_data_fits_model(const std::vector<Batch>& data, const ModelConfig& cfg, const std::string& what);
 
 // Greedy decoding of the answers of the rows of a batch that have prompts (others: empty),
 // grouped by prompt and answer length (KV cache).

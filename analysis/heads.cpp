@@ -68,10 +68,10 @@ std::vector<Tensor> mean_head_outputs(TransformerLM& model, const std::vector<Ba
   return out;
 }
 
-AblationResult single_head_ablation(TransformerLM& model, const Task& task, const std::vector<Batch>& data) {
+AblationResult single_head_ablation(TransformerLM& model, const std::vector<Batch>& data) {
   AblationResult r;
   std::vector<double> base_rows, rows;  // summed loss per example
-  r.base = evaluate(model, task, data, false, nullptr, &base_rows);
+  r.base = evaluate(model, data, false, nullptr, &base_rows);
   r.d_loss = r.d_acc = r.d_loss_mean = r.d_acc_mean = grid(model);
   r.d_loss_ci95_lo = r.d_loss_ci95_hi = r.d_loss_mean_ci95_lo = r.d_loss_mean_ci95_hi = grid(model);
   std::vector<double> counted;  // counted targets per example
@@ -93,7 +93,7 @@ AblationResult single_head_ablation(TransformerLM& model, const Task& task, cons
         hooks.add_forward(layer_hook(l, "hook_z"), [h, value](const Tensor& z, const std::string&) {
           return replace_head(z, h, value);
         });
-        const EvalResult e = evaluate(model, task, data, false, &hooks, &rows);
+        const EvalResult e = evaluate(model, data, false, &hooks, &rows);
         (mode == 0 ? r.d_loss : r.d_loss_mean)[l][h] = e.loss - r.base.loss;
         (mode == 0 ? r.d_acc : r.d_acc_mean)[l][h] = e.token_acc - r.base.token_acc;
         // resampling the examples: the change of the loss per counted target
@@ -267,13 +267,13 @@ HeadStats attention_statistics(TransformerLM& model, const std::vector<Batch>& d
   return s;
 }
 
-std::vector<PruneStep> prune_curve(TransformerLM& model, const Task& task, const std::vector<Batch>& data,
+std::vector<PruneStep> prune_curve(TransformerLM& model, const std::vector<Batch>& data,
                                    const std::function<HeadGrid(TransformerLM&)>& rank, const PruneOptions& opts) {
   const int L = model.cfg.n_layers, H = model.cfg.n_heads, total = L * H;
   const int per_step = std::max(1, static_cast<int>(std::lround(opts.step_fraction * total)));
   std::vector<PruneStep> curve;
   PruneStep s0;
-  s0.eval = evaluate(model, task, data, false);
+  s0.eval = evaluate(model, data, false);
   curve.push_back(s0);
   auto alive = [&](int l, int h) { return model.gates(l).data()[h] != 0.f; };
   HeadGrid scores = rank(model);
@@ -302,7 +302,7 @@ std::vector<PruneStep> prune_curve(TransformerLM& model, const Task& task, const
     if (opts.finetune_steps > 0 && opts.finetune) opts.finetune(model, opts.finetune_steps);
     st.pruned = pruned;
     st.fraction = static_cast<double>(pruned) / total;
-    st.eval = evaluate(model, task, data, false);
+    st.eval = evaluate(model, data, false);
     curve.push_back(st);
   }
   return curve;

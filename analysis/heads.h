@@ -28,7 +28,10 @@ struct AblationResult {
   EvalResult base;
 };
 // Ablates each head alone (zero, then mean) and evaluates on `data`.
-AblationResult single_head_ablation(TransformerLM& model, const Task& task, const std::vector<Batch>& data);
+AblationResult single_head_ablation(TransformerLM& model, const std::vector<Batch>& data);
+inline AblationResult single_head_ablation(TransformerLM& model, const Task&, const std::vector<Batch>& data) {
+  return single_head_ablation(model, data);  // the rows' targets are all a task would give
+}
 
 // Head importance as Michel, Levy and Neubig (2019, "Are Sixteen Heads Really Better than One?")
 // define it: I_h = (1/N) sum over examples x of |dL(x)/dxi_h|, xi_h a gate on head h's output
@@ -70,7 +73,11 @@ struct PruneOptions {
 HeadGrid random_ranking(int n_layers, int n_heads, uint64_t seed);
 // Removes heads (gate = 0) in the order given by `rank` (lowest score first), re-asking rank
 // after each step when opts.recompute; evaluates after every step.
-std::vector<PruneStep> prune_curve(TransformerLM& model, const Task& task, const std::vector<Batch>& data,
+std::vector<PruneStep> prune_curve(TransformerLM& model, const std::vector<Batch>& data,
                                    const std::function<HeadGrid(TransformerLM&)>& rank, const PruneOptions& opts);
+inline std::vector<PruneStep> prune_curve(TransformerLM& model, const Task&, const std::vector<Batch>& data,
+                                          const std::function<HeadGrid(TransformerLM&)>& rank, const PruneOptions& opts) {
+  return prune_curve(model, data, rank, opts);  // the rows' targets are all a task would give
+}
 
 }  // namespace hl

@@ -165,7 +165,7 @@ Batch Task::sample(int batch_size, Rng& rng) const {
 
 std::string Task::token_text(int32_t id) const { return std::to_string(id); }
 
-std::vector<int32_t> Task::answer(const Batch& b, int64_t row) const {
+std::vector<int32_t> Task::answer(const Batch& b, int64_t row) {
   std::vector<int32_t> y;
   const int64_t T = b.targets.shape[1];
   for (int64_t t = 0; t < T; ++t)

@@ -80,7 +80,8 @@ class Task {
   // loss mask; false for language modelling (text, token files of input_ids alone).
   virtual bool rows_are_answers() const { return true; }
   // The answer a model should produce greedily for row `row`: its counted targets in order.
-  std::vector<int32_t> answer(const Batch& b, int64_t row) const;
+  // (The batch alone decides it, so it needs no task.)
+  static std::vector<int32_t> answer(const Batch& b, int64_t row);
   Batch sample(int batch_size, Rng& rng) const;
   // Puts a task that reads its data in order where it would be after `batches_drawn` batches
   // (a resumed run continues where it stopped); random tasks need nothing.
@@ -102,6 +103,12 @@ struct TokenArrays {
   std::vector<float> loss_mask;
 };
 std::unique_ptr<Task> make_tokens_task(const TaskConfig& cfg, const TokenArrays& train, const TokenArrays* eval);
+// The same sequences as held-out data for an analysis, by the same rule (targets given, or
+// position t predicting input t+1; loss_mask 0 = not counted): batches of batch_size rows in
+// order, no padding. prompt_len: per row, the prompt of a greedy answer (empty: 0 = no answer).
+// Fails naming `source` when no position counts.
+std::vector<Batch> token_batches(const TokenArrays& a, int batch_size, const std::string& source,
+                                 const std::vector<int>& prompt_len = {});
 
 // How the text task shows a byte: printable ASCII as itself, "\\n", "\\t", else "\\x1f".
 std::string byte_token_text(int32_t id);

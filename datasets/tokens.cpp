@@ -187,6 +187,20 @@ Rows read_rows(const std::string& path) {
   return rows_from(ids, targets, mask, path);
 }
 
+// Rows `rows` of `src` into b, reusing its buffers (no padding: every position is a token).
+void fill(Batch& b, const Rows& src, const std::vector<int64_t>& rows) {
+  const int64_t B = static_cast<int64_t>(rows.size()), T = src.T;
+  b.inputs.shape = b.targets.shape = Shape{B, T};
+  b.inputs.data.resize(static_cast<size_t>(B * T));
+  b.targets.data.resize(static_cast<size_t>(B * T));
+  b.prompt_len.assign(static_cast<size_t>(B), 0);
+  b.key_padding = Tensor();
+  for (int64_t i = 0; i < B; ++i) {
+    std::copy_n(src.ids.begin() + rows[i] * T, T, b.inputs.data.begin() + i * T);
+    std::copy_n(src.targets.begin() + rows[i] * T, T, b.targets.data.begin() + i * T);
+  }
+}
+
 class TokensTask : public Task {
  public:
   explicit TokensTask(const TaskConfig& cfg)
@@ -260,18 +274,6 @@ class TokensTask : public Task {
   }
 
  private:
-  static void fill(Batch& b, const Rows& src, const std::vector<int64_t>& rows) {
-    const int64_t B = static_cast<int64_t>(rows.size()), T = src.T;
-    b.inputs.shape = b.targets.shape = Shape{B, T};
-    b.inputs.data.resize(static_cast<size_t>(B * T));
-    b.targets.data.resize(static_cast<size_t>(B * T));
-    b.prompt_len.assign(static_cast<size_t>(B), 0);
-    b.key_padding = Tensor();
-    for (int64_t i = 0; i < B; ++i) {
-      std::copy_n(src.ids.begin() + rows[i] * T, T, b.inputs.data.begin() + i * T);
-      std::copy_n(src.targets.begin() + rows[i] * T, T, b.targets.data.begin() + i * T);
-    }
-  }
   Rows train_, eval_;
   int vocab_ = 0;
   mutable int64_t next_row_ = 0;
@@ -301,6 +303,30 @@ std::unique_ptr<Task> make_tokens_task(const TaskConfig& cfg, const TokenArrays&
   std::optional<Rows> held;
   if (eval) held = rows_from(eval->input_ids, eval->targets, eval->loss_mask, cfg.eval_data);
   return std::make_unique<TokensTask>(cfg, std::move(rows), std::move(held));
+}
+
+std::vector<Batch> token_batches(const TokenArrays& a, int batch_size, const std::string& source,
+                                 const std::vector<int>& prompt_len) {
+  if (batch_size < 1) fail(source, ": batch_size must be positive, got ", batch_size);
+  const Rows r = rows_from(a.input_ids, a.targets, a.loss_mask, source);
+  require_targets(r, source, "measure");
+  if (!prompt_len.empty()) {
+    if (static_cast<int64_t>(prompt_len.size()) != r.n)
+      fail(source, ": prompt_len has ", prompt_len.size(), " values but input_ids has ", r.n, " rows");
+    for (size_t i = 0; i < prompt_len.size(); ++i)
+      if (prompt_len[i] < 0 || prompt_len[i] > r.T)
+        fail(source, ": prompt_len ", prompt_len[i], " at row ", i, " is outside 0..", r.T, " (0: no answer)");
+  }
+  std::vector<Batch> out;
+  for (int64_t done = 0; done < r.n; done += batch_size) {
+    std::vector<int64_t> rows;
+    for (int64_t i = done; i < std::min<int64_t>(r.n, done + batch_size); ++i) rows.push_back(i);
+    out.emplace_back();
+    fill(out.back(), r, rows);
+    if (!prompt_len.empty())
+      std::copy_n(prompt_len.begin() + done, rows.size(), out.back().prompt_len.begin());
+  }
+  return out;
 }
 
 }  // namespace hl

@@ -1,5 +1,7 @@
 // Binds the analyses of heads on held-out data: evaluation, importance and ablation, pruning,
 // detectors, activation patching and circuit scores (long ones stop on Ctrl-C).
+#include <optional>
+
 #include "analysis/ablation.h"
 #include "analysis/circuits.h"
 #include "analysis/detectors.h"
@@ -8,23 +10,101 @@
 #include "lib/fileutil.h"
 
 namespace hl::bindings {
+namespace {
+
+// The data an analysis reads: a Batches, or what hl.Batches takes (an input_ids array or a dict
+// of arrays), converted by that one constructor; checked against the model's vocabulary.
+struct DataArg {
+  std::optional<PyData> owned;  // converted from arrays
+  const PyData* given = nullptr;
+  const std::vector<Batch>& batches() const { return owned ? owned->batches : given->batches; }
+};
+DataArg data_arg(const py::object& obj, const TransformerLM& model, const std::string& fn) {
+  DataArg d;
+  if (obj.is_none()) throw py::type_error(fn + ": give the data (Batches, an input_ids array (N, T) or a dict of arrays)");
+  if (py::isinstance<PyData>(obj))
+    d.given = &obj.cast<const PyData&>();
+  else
+    d.owned = batches_from(obj);
+  if (d.batches().empty()) throw py::value_error(fn + ": no data");
+  check_data_fits_model(d.batches(), model.cfg, fn);
+  return d;
+}
+
+// An analysis called (model, task, data) or (model, data): the task, or null when the second
+// argument is the data (its rows' targets are the answers; a task adds nothing more).
+const PyTask* split_task(py::object& task, py::object& data, const std::string& fn) {
+  if (!task.is_none() && !py::isinstance<PyTask>(task)) {
+    if (!data.is_none()) throw py::type_error(fn + ": task must be a Task, got " + std::string(py::str(task.get_type())));
+    data = task;
+    task = py::none();
+  }
+  return task.is_none() ? nullptr : &task.cast<const PyTask&>();
+}
+
+// hl.activation_patching(model, clean, corrupted, hook=, axes=, answers=, metric=): the generic
+// loop over the axes; an array indexed by them.
+py::array generic_patching(TransformerLM& model, const py::object& clean, const py::object& corrupted, const std::string& hook,
+                           const std::vector<std::string>& axes, const py::object& answers, const py::object& metric) {
+  PatchingInputs in;
+  in.clean = ids_from(clean, "clean");
+  in.corrupted = ids_from(corrupted, "corrupted");
+  if (in.clean.shape != in.corrupted.shape)
+    throw py::value_error("activation_patching: the clean ids " + in.clean.shape.str() + " and the corrupted ids " +
+                          in.corrupted.shape.str() + " must have one shape");
+  const std::vector<std::string> ax = axes.empty() ? default_patch_axes(model.cfg, hook) : axes;
+  PatchGrid g;
+  if (metric.is_none()) {
+    if (answers.is_none())
+      throw py::value_error("activation_patching: give answers (rows of (row, pos, clean token, corrupted token)) for the "
+                            "default metric, or a metric(logits) -> float");
+    for (const auto& r : answers.cast<std::vector<std::vector<int64_t>>>()) {
+      if (r.size() != 4) throw py::value_error("activation_patching: each answer is (row, pos, clean token, corrupted token)");
+      const int64_t B = in.clean.shape[0], T = in.clean.shape[1], V = model.cfg.vocab_size;
+      if (r[0] < 0 || r[0] >= B || r[1] < 0 || r[1] >= T || r[2] < 0 || r[2] >= V || r[3] < 0 || r[3] >= V)
+        throw py::value_error("activation_patching: answer (" + std::to_string(r[0]) + ", " + std::to_string(r[1]) + ", " +
+                              std::to_string(r[2]) + ", " + std::to_string(r[3]) + ") is outside the ids or the vocabulary");
+      in.answers.push_back({r[0], r[1], static_cast<int32_t>(r[2]), static_cast<int32_t>(r[3])});
+    }
+    if (in.answers.empty()) throw py::value_error("activation_patching: no answers");
+    g = interruptible([&] { return generic_activation_patch(model, in, hook, ax); });
+  } else {
+    py::function f = metric.cast<py::function>();
+    const PatchMetric pm = [&f](const Tensor& logits, const std::vector<int64_t>&) {
+      py::gil_scoped_acquire gil;
+      return f(view_of(logits, false)).cast<double>();
+    };
+    g = interruptible([&] { return generic_activation_patch(model, in.clean, in.corrupted, hook, ax, pm); });
+  }
+  py::array_t<double> out(std::vector<py::ssize_t>(g.shape.begin(), g.shape.end()));
+  std::copy(g.values.begin(), g.values.end(), out.mutable_data());
+  return out;
+}
+
+}  // namespace
 
 void bind_analyses(py::module_& m) {
   // ---- analyses -------------------------------------------------------------------------------
-  m.def("evaluate", [](TransformerLM& model, const PyTask& task, const PyData& data, bool ar) {
-    py::gil_scoped_release release;
-    const EvalResult e = evaluate(model, *task.task, data.batches, ar);
-    py::gil_scoped_acquire gil;
+  m.def("evaluate", [](TransformerLM& model, py::object task, py::object data, bool ar) {
+    split_task(task, data, "evaluate");
+    const DataArg d = data_arg(data, model, "evaluate");
+    EvalResult e;
+    {
+      py::gil_scoped_release release;
+      e = evaluate(model, d.batches(), ar);
+    }
     return eval_dict(e);
-  }, py::arg("model"), py::arg("task"), py::arg("data"), py::arg("autoregressive") = false);
+  }, py::arg("model"), py::arg("task") = py::none(), py::arg("data") = py::none(), py::arg("autoregressive") = false,
+     "Held-out loss, token_acc, exact_match (and ar_exact_match with autoregressive=True) over the data's counted targets");
   // the two importances: (model, data, normalize) -> (L, H) array, computed without the GIL
   auto bind_importance = [&m](const char* name, HeadGrid (*fn)(TransformerLM&, const std::vector<Batch>&, bool),
                               const char* doc) {
-    m.def(name, [fn](TransformerLM& model, const PyData& data, bool normalize) {
+    m.def(name, [fn, name](TransformerLM& model, const py::object& data, bool normalize) {
+      const DataArg d = data_arg(data, model, name);
       HeadGrid g;
       {
         py::gil_scoped_release release;
-        g = fn(model, data.batches, normalize);
+        g = fn(model, d.batches(), normalize);
       }
       return grid_array(g);
     }, py::arg("model"), py::arg("data"), py::arg("normalize") = false, doc);
@@ -36,11 +116,13 @@ void bind_analyses(py::module_& m) {
                   "Michel et al. (2019) importance (L, H): the mean over examples of |dL(x)/d gate_h|, L(x) the example's mean loss");
   bind_importance("head_importance_per_token", head_importance_per_token,
                   "Token-level importance (L, H): |z_h . dL/dz_h| summed over non-padding positions over the counted targets, L the summed loss");
-  m.def("single_head_ablation", [](TransformerLM& model, const PyTask& task, const PyData& data) {
+  m.def("single_head_ablation", [](TransformerLM& model, py::object task, py::object data) {
+    split_task(task, data, "single_head_ablation");
+    const DataArg dt = data_arg(data, model, "single_head_ablation");
     AblationResult r;
     {
       py::gil_scoped_release release;
-      r = single_head_ablation(model, *task.task, data.batches);
+      r = single_head_ablation(model, dt.batches());
     }
     py::dict d;
     d["d_loss"] = grid_array(r.d_loss);
@@ -49,12 +131,14 @@ void bind_analyses(py::module_& m) {
     d["d_acc_mean"] = grid_array(r.d_acc_mean);
     d["base"] = eval_dict(r.base);
     return d;
-  }, "Change in held-out loss/accuracy when each head alone is zero- or mean-ablated: arrays (L, H)");
-  m.def("attention_statistics", [](TransformerLM& model, const PyData& data) {
+  }, py::arg("model"), py::arg("task") = py::none(), py::arg("data") = py::none(),
+     "Change in held-out loss/accuracy when each head alone is zero- or mean-ablated: arrays (L, H)");
+  m.def("attention_statistics", [](TransformerLM& model, const py::object& data) {
+    const DataArg dt = data_arg(data, model, "attention_statistics");
     HeadStats s;
     {
       py::gil_scoped_release release;
-      s = attention_statistics(model, data.batches);
+      s = attention_statistics(model, dt.batches());
     }
     py::dict d;
     d["entropy"] = grid_array(s.entropy);
@@ -62,9 +146,12 @@ void bind_analyses(py::module_& m) {
     d["confidence"] = grid_array(s.confidence);
     d["argmax_distance"] = grid_array(s.argmax_distance);
     return d;
-  });
-  m.def("prune_curve", [](const TransformerLM& model, const PyTask& task, const PyData& data, const std::string& order,
+  }, py::arg("model"), py::arg("data"),
+     "Per head (L, H), over non-padding queries: entropy, entropy_norm, confidence, argmax_distance");
+  m.def("prune_curve", [](const TransformerLM& model, py::object task, py::object data_obj, const std::string& order,
                           double step_fraction, int min_per_layer, bool recompute, uint64_t seed) {
+    split_task(task, data_obj, "prune_curve");
+    const DataArg data = data_arg(data_obj, model, "prune_curve");
     std::unique_ptr<TransformerLM> copy = std::make_unique<TransformerLM>(model.cfg, 0);
     auto to = copy->named_parameters();
     const auto from = model.named_parameters();
@@ -72,9 +159,9 @@ void bind_analyses(py::module_& m) {
     for (int l = 0; l < model.cfg.n_layers; ++l) copy->gates(l).copy_from(const_cast<TransformerLM&>(model).gates(l));
     std::function<HeadGrid(TransformerLM&)> rank;
     if (order == "importance")
-      rank = [&](TransformerLM& m) { return head_importance(m, data.batches, false); };
+      rank = [&](TransformerLM& m) { return head_importance(m, data.batches(), false); };
     else if (order == "ablation")
-      rank = [&](TransformerLM& m) { return single_head_ablation(m, *task.task, data.batches).d_loss; };
+      rank = [&](TransformerLM& m) { return single_head_ablation(m, data.batches()).d_loss; };
     else if (order == "random")
       rank = [&](TransformerLM&) { return random_ranking(model.cfg.n_layers, model.cfg.n_heads, seed); };
     else
@@ -86,7 +173,7 @@ void bind_analyses(py::module_& m) {
     std::vector<PruneStep> steps;
     {
       py::gil_scoped_release release;
-      steps = prune_curve(*copy, *task.task, data.batches, rank, o);
+      steps = prune_curve(*copy, data.batches(), rank, o);
     }
     py::dict d;
     std::vector<double> frac, loss, acc;
@@ -100,7 +187,7 @@ void bind_analyses(py::module_& m) {
     d["token_acc"] = py::array(py::cast(acc));
     d["removed"] = removed;
     return d;
-  }, py::arg("model"), py::arg("task"), py::arg("data"), py::arg("order") = "importance", py::arg("step_fraction") = 0.1,
+  }, py::arg("model"), py::arg("task") = py::none(), py::arg("data") = py::none(), py::arg("order") = "importance", py::arg("step_fraction") = 0.1,
      py::arg("min_per_layer") = 0, py::arg("recompute") = false, py::arg("seed") = 1000,
      "Accuracy as heads are removed in an order (on a copy; the model is unchanged)");
   m.def("head_gradient_norms", [](const TransformerLM& model) {
@@ -130,19 +217,32 @@ void bind_analyses(py::module_& m) {
         }, py::arg("n"), py::arg("k_max"), py::arg("vocab"), py::arg("seed") = 1234, py::arg("bos") = -1,
         "The probe position cannot fool: rows of 2 k_max random tokens with a block of k_max/2..k_max tokens "
         "repeated at a random place (detect's default)");
-  m.def("detect_heads", [](TransformerLM& model, const PyData& data, const std::string& kind, bool exclude_bos,
+  m.def("detect_heads", [](TransformerLM& model, const py::object& data, const std::string& kind, bool exclude_bos,
                            bool exclude_current_token) {
     const Detector d = parse_detector(kind);
-    const HeadGrid g = interruptible([&] { return detect_heads(model, data.batches, d, {exclude_bos, exclude_current_token}); });
+    const DataArg dt = data_arg(data, model, "detect_heads");
+    const HeadGrid g = interruptible([&] { return detect_heads(model, dt.batches(), d, {exclude_bos, exclude_current_token}); });
     return grid_array(g);
   }, py::arg("model"), py::arg("data"), py::arg("kind") = "induction", py::arg("exclude_bos") = false,
      py::arg("exclude_current_token") = false,
      "TransformerLens-style detector scores (L, H): previous_token, duplicate_token or induction");
-  m.def("activation_patching", [](TransformerLM& model, const PyTask& task, const PyData& data, uint64_t seed) {
-    if (data.batches.empty()) throw py::value_error("activation_patching: no data");
-    check_fits_in_memory(patching_memory_bytes(model.cfg, data.batches[0].size(), data.batches[0].inputs.shape[1]),
-                         "activation_patching: data of " + std::to_string(data.batches[0].size()) + " rows");
-    const PatchingInputs in = corrupt_one_symbol(data.batches[0], task.task->symbols(), seed);
+  m.def("activation_patching", [](TransformerLM& model, py::object task, py::object data_obj, uint64_t seed,
+                                  std::optional<int> alphabet) -> py::object {
+    // (model, clean ids, corrupted ids): the generic form with its defaults
+    if (!task.is_none() && !py::isinstance<PyTask>(task) && !data_obj.is_none() && !py::isinstance<PyData>(data_obj) &&
+        !py::isinstance<py::dict>(data_obj))
+      return py::object(generic_patching(model, task, data_obj, "hook_z", {}, py::none(), py::none()));
+    const PyTask* t = split_task(task, data_obj, "activation_patching");
+    const DataArg data = data_arg(data_obj, model, "activation_patching");
+    const Batch& first = data.batches()[0];  // the first batch's rows are patched
+    check_fits_in_memory(patching_memory_bytes(model.cfg, first.size(), first.inputs.shape[1]),
+                         "activation_patching: data of " + std::to_string(first.size()) + " rows");
+    // the symbols a corruption may use: given, the task's, or the model's whole vocabulary
+    const int symbols = alphabet ? *alphabet : t ? t->task->symbols() : static_cast<int>(model.cfg.vocab_size);
+    if (symbols < 2 || symbols > model.cfg.vocab_size)
+      throw py::value_error("activation_patching: alphabet " + std::to_string(symbols) + " must be in 2.." +
+                            std::to_string(model.cfg.vocab_size) + " (the model's vocabulary)");
+    const PatchingInputs in = corrupt_one_symbol(first, symbols, seed);
     const PatchingResult r = interruptible([&] { return activation_patching(model, in); });
     py::dict d;
     d["z_exact"] = grid_array(r.z_exact);
@@ -155,8 +255,9 @@ void bind_analyses(py::module_& m) {
     d["resid_correlation"] = r.resid_correlation;
     d["clean_ids"] = ids_to_array(in.clean);
     d["corrupted_ids"] = ids_to_array(in.corrupted);
-    return d;
-  }, py::arg("model"), py::arg("task"), py::arg("data"), py::arg("seed") = 1234,
+    return py::object(d);
+  }, py::arg("model"), py::arg("task") = py::none(), py::arg("data") = py::none(), py::arg("seed") = 1234,
+     py::arg("alphabet") = py::none(),
      "Patching per head (hook_z, (L, H)) and per residual position ((L, T)), exact and attribution, normalised clean=1, corrupted=0");
   // ---- ablations by hook name and generic activation patching ------------------------------------
   m.def("corrupt_one_symbol", [](const PyTask& task, const PyData& data, uint64_t seed) {
@@ -175,48 +276,14 @@ void bind_analyses(py::module_& m) {
   }, py::arg("task"), py::arg("data"), py::arg("seed") = 1234,
      "The patching inputs activation_patching(model, task, data) makes from the first batch: clean and corrupted ids "
      "(R, T), answers (R, 4) of (row, pos, clean token, corrupted token), source_pos (R)");
-  m.def("activation_patching", [](TransformerLM& model, const py::object& clean, const py::object& corrupted, const std::string& hook,
-                                  const std::vector<std::string>& axes, const py::object& answers, const py::object& metric) {
-    PatchingInputs in;
-    in.clean = ids_from(clean, "clean");
-    in.corrupted = ids_from(corrupted, "corrupted");
-    if (in.clean.shape != in.corrupted.shape)
-      throw py::value_error("activation_patching: the clean ids " + in.clean.shape.str() + " and the corrupted ids " +
-                            in.corrupted.shape.str() + " must have one shape");
-    const std::vector<std::string> ax = axes.empty() ? default_patch_axes(model.cfg, hook) : axes;
-    PatchGrid g;
-    if (metric.is_none()) {
-      if (answers.is_none())
-        throw py::value_error("activation_patching: give answers (rows of (row, pos, clean token, corrupted token)) for the "
-                              "default metric, or a metric(logits) -> float");
-      for (const auto& r : answers.cast<std::vector<std::vector<int64_t>>>()) {
-        if (r.size() != 4) throw py::value_error("activation_patching: each answer is (row, pos, clean token, corrupted token)");
-        const int64_t B = in.clean.shape[0], T = in.clean.shape[1], V = model.cfg.vocab_size;
-        if (r[0] < 0 || r[0] >= B || r[1] < 0 || r[1] >= T || r[2] < 0 || r[2] >= V || r[3] < 0 || r[3] >= V)
-          throw py::value_error("activation_patching: answer (" + std::to_string(r[0]) + ", " + std::to_string(r[1]) + ", " +
-                                std::to_string(r[2]) + ", " + std::to_string(r[3]) + ") is outside the ids or the vocabulary");
-        in.answers.push_back({r[0], r[1], static_cast<int32_t>(r[2]), static_cast<int32_t>(r[3])});
-      }
-      if (in.answers.empty()) throw py::value_error("activation_patching: no answers");
-      g = interruptible([&] { return generic_activation_patch(model, in, hook, ax); });
-    } else {
-      py::function f = metric.cast<py::function>();
-      const PatchMetric pm = [&f](const Tensor& logits, const std::vector<int64_t>&) {
-        py::gil_scoped_acquire gil;
-        return f(view_of(logits, false)).cast<double>();
-      };
-      g = interruptible([&] { return generic_activation_patch(model, in.clean, in.corrupted, hook, ax, pm); });
-    }
-    py::array_t<double> out(std::vector<py::ssize_t>(g.shape.begin(), g.shape.end()));
-    std::copy(g.values.begin(), g.values.end(), out.mutable_data());
-    return out;
-  }, py::arg("model"), py::arg("clean"), py::arg("corrupted"), py::arg("hook") = "hook_z",
-     py::arg("axes") = std::vector<std::string>{}, py::arg("answers") = py::none(), py::arg("metric") = py::none(),
+  m.def("activation_patching", generic_patching, py::arg("model"), py::arg("clean"), py::arg("corrupted"), py::arg("hook") = "hook_z",
+        py::arg("axes") = std::vector<std::string>{}, py::arg("answers") = py::none(), py::arg("metric") = py::none(),
      "Generic activation patching: for every index over `axes` (layer, head, pos, src_pos) of `hook`, the corrupted run with "
      "the clean activation written there, scored by the restored fraction of the answers' logit difference (or metric(logits)); "
      "an array indexed by the axes");
-  m.def("mean_activation", [](TransformerLM& model, const PyData& data, const std::string& hook, bool per_position) {
-    return interruptible([&] { return mean_activation(model, data.batches, hook, per_position); });
+  m.def("mean_activation", [](TransformerLM& model, const py::object& data_obj, const std::string& hook, bool per_position) {
+    const DataArg data = data_arg(data_obj, model, "mean_activation");
+    return interruptible([&] { return mean_activation(model, data.batches(), hook, per_position); });
   }, py::arg("model"), py::arg("data"), py::arg("hook"), py::arg("per_position") = false,
      "Mean of a hook's activation over the data's rows (and positions unless per_position): its shape with those axes of size 1");
   m.def("_ablated_activation", [](const ModelConfig& cfg, const std::string& hook, const py::array& x, int head,
@@ -229,20 +296,18 @@ void bind_analyses(py::module_& m) {
   m.def("_check_ablation_site", [](const ModelConfig& cfg, const std::string& hook, int head, const std::vector<int64_t>& positions) {
     check_ablation_site(cfg, {hook, head, positions});
   });
-  m.def("_ablate", [](TransformerLM& model, const PyData& data, const std::string& hook, int head, const std::string& kind,
+  m.def("_ablate", [](TransformerLM& model, const py::object& data_obj, const std::string& hook, int head, const std::string& kind,
                      const std::vector<int64_t>& positions, const py::object& mean_data, bool per_position, uint64_t seed,
                      const std::vector<int64_t>& permutation) {
+    const DataArg data = data_arg(data_obj, model, "ablate");
     AblationOptions o;
     o.site = {hook, head, positions};
     o.kind = parse_ablation_kind(kind);
     o.per_position = per_position;
-    if (!mean_data.is_none()) {
-      if (!py::isinstance<PyData>(mean_data)) throw py::type_error("mean_data: expected held-out Batches (task.held_out(...)) or None");
-      o.mean_data = mean_data.cast<const PyData&>().batches;
-    }
+    if (!mean_data.is_none()) o.mean_data = data_arg(mean_data, model, "ablate: mean_data").batches();
     o.seed = seed;
     o.permutation = permutation;
-    const KnockoutResult r = interruptible([&] { return knockout(model, data.batches, o); });
+    const KnockoutResult r = interruptible([&] { return knockout(model, data.batches(), o); });
     auto interval = [](const Interval& ci) { return py::make_tuple(ci.lo, ci.hi); };
     py::dict d, ci;
     d["clean_loss"] = r.clean_mean_loss;

@@ -98,6 +98,11 @@ struct PyTask {
 struct PyData {  // held-out batches
   std::vector<Batch> batches;
 };
+// hl.Batches(input_ids, targets, loss_mask, batch_size, prompt_len), input_ids possibly a dict of
+// those arrays: the one conversion of a user's arrays into batches (training.cpp).
+PyData batches_from(const py::object& input_ids, const py::object& targets = py::none(),
+                    const py::object& loss_mask = py::none(), const py::object& batch_size = py::none(),
+                    const py::object& prompt_len = py::none());
 
 // ---- the areas, bound in this order by module.cpp ------------------------------------------------
 
@@ -106,5 +111,6 @@ void bind_models(py::module_& m);    // models.cpp: models, hooks and the activa
 void bind_tasks(py::module_& m);     // training.cpp
 void bind_training(py::module_& m);  // training.cpp
 void bind_analyses(py::module_& m);  // analyses.cpp
+void bind_views(py::module_& m);     // views.cpp: the pages of the inline views
 
 }  // namespace hl::bindings

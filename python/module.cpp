@@ -26,4 +26,5 @@ PYBIND11_MODULE(_core, m) {
   bind_tasks(m);
   bind_training(m);
   bind_analyses(m);
+  bind_views(m);
 }

@@ -1,5 +1,6 @@
 // Binds tasks (Task, its held-out Batches) and training (the Trainer behind headlab.train,
 // run with Python callbacks and Ctrl-C, and train_settings).
+#include <cmath>
 #include <set>
 
 #include "bindings.h"
@@ -14,37 +15,70 @@ namespace {
 
 // ---- Task and held-out data ---------------------------------------------------------------
 
-TokenArrays token_arrays(const py::object& obj, const std::string& what) {
-  TokenArrays t;
-  if (py::isinstance<py::dict>(obj)) {
-    py::dict d = obj;
-    if (!d.contains("input_ids")) throw py::value_error(what + ": a dict of arrays needs 'input_ids' (N, T)");
-    t.input_ids = ids_from(d["input_ids"], "input_ids");
-    if (d.contains("targets")) t.targets = ids_from(d["targets"], "targets");
-    if (d.contains("loss_mask")) {
-      py::array m = py::array::ensure(d["loss_mask"]);
-      if (!m) throw py::type_error(what + ": loss_mask must be an array");
-      if (m.ndim() != 2 || m.shape(0) != t.input_ids.shape[0] || m.shape(1) != t.input_ids.shape[1])
-        throw py::value_error(what + ": loss_mask has shape " + shape_text(m) + " but input_ids is (" +
-                              std::to_string(t.input_ids.shape[0]) + ", " + std::to_string(t.input_ids.shape[1]) + ")");
-      const char kind = m.dtype().kind();  // bool, integers or floats: 0 = not counted
-      if (kind != 'b' && kind != 'i' && kind != 'u' && kind != 'f')
-        throw py::type_error(what + ": loss_mask must be bool, integer or float (0 = not counted), got dtype " +
-                             std::string(py::str(m.dtype())));
-      check_copy_fits(m, 2 * sizeof(float), what + ": loss_mask");
-      const auto f = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(m);
-      if (!f) throw py::type_error(what + ": cannot convert loss_mask of dtype " + std::string(py::str(m.dtype())) + " to float32");
-      t.loss_mask.assign(f.data(), f.data() + f.size());
-    }
-  } else {
-    t.input_ids = ids_from(obj, "input_ids");
-  }
-  return t;
+// Token ids of one array of a dict or the arguments, (N, T) like `like` when given.
+Ids token_ids(const py::object& obj, const char* name, const std::string& what, const Ids* like) {
+  Ids ids = ids_from(obj, name);
+  if (like && ids.shape != like->shape)
+    throw py::value_error(what + ": " + name + " has shape " + ids.shape.str() + " but input_ids is " + like->shape.str());
+  return ids;
 }
+
+// loss_mask (N, T) of bool, uint8, integers or floats (0 = not counted) as floats.
+std::vector<float> loss_mask_from(const py::object& obj, const Ids& ids, const std::string& what) {
+  py::array m = py::array::ensure(obj);
+  if (!m) throw py::type_error(what + ": loss_mask must be an array");
+  if (m.ndim() != 2 || m.shape(0) != ids.shape[0] || m.shape(1) != ids.shape[1])
+    throw py::value_error(what + ": loss_mask has shape " + shape_text(m) + " but input_ids is (" +
+                          std::to_string(ids.shape[0]) + ", " + std::to_string(ids.shape[1]) + ")");
+  const char kind = m.dtype().kind();  // bool, integers or floats: 0 = not counted
+  if (kind != 'b' && kind != 'i' && kind != 'u' && kind != 'f')
+    throw py::type_error(what + ": loss_mask must be bool, integer or float (0 = not counted), got dtype " +
+                         std::string(py::str(m.dtype())));
+  check_copy_fits(m, 2 * sizeof(float), what + ": loss_mask");
+  const auto f = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(m);
+  if (!f) throw py::type_error(what + ": cannot convert loss_mask of dtype " + std::string(py::str(m.dtype())) + " to float32");
+  std::vector<float> mask(f.data(), f.data() + f.size());
+  for (float v : mask)
+    if (std::isnan(v)) throw py::value_error(what + ": loss_mask holds NaN (0 = not counted, anything else counts)");
+  return mask;
+}
+
+// The arrays of hl.Batches and of a Trainer's data: an input_ids array, or a dict with
+// input_ids and optional targets, loss_mask and prompt_len (a batch dict of Task.sample fits).
+struct UserArrays {
+  TokenArrays tokens;
+  py::object prompt_len = py::none();
+};
+UserArrays user_arrays(const py::object& obj, const std::string& what) {
+  UserArrays u;
+  if (!py::isinstance<py::dict>(obj)) {
+    u.tokens.input_ids = ids_from(obj, "input_ids");
+    return u;
+  }
+  py::dict d = obj;
+  for (auto& [k, v] : d) {
+    const std::string key = py::str(k);
+    if (key != "input_ids" && key != "targets" && key != "loss_mask" && key != "prompt_len")
+      throw py::value_error(what + ": unknown key '" + key + "' (a dict of arrays holds input_ids, optional targets, "
+                            "loss_mask and prompt_len)");
+  }
+  if (!d.contains("input_ids")) throw py::value_error(what + ": a dict of arrays needs 'input_ids' (N, T)");
+  TokenArrays& t = u.tokens;
+  t.input_ids = ids_from(d["input_ids"], "input_ids");
+  if (d.contains("targets") && !d["targets"].is_none()) t.targets = token_ids(d["targets"], "targets", what, &t.input_ids);
+  if (d.contains("loss_mask") && !d["loss_mask"].is_none()) t.loss_mask = loss_mask_from(d["loss_mask"], t.input_ids, what);
+  if (d.contains("prompt_len")) u.prompt_len = d["prompt_len"];
+  return u;
+}
+
+TokenArrays token_arrays(const py::object& obj, const std::string& what) { return user_arrays(obj, what).tokens; }
 
 // A task from keywords; data/eval_data may be arrays or dicts of arrays (tokens without a file).
 std::unique_ptr<Task> task_from(TrainArgs& a, const py::object& data, const py::object& eval_data) {
   const bool arrays = !data.is_none() && !py::isinstance<py::str>(data);
+  if (!arrays && !eval_data.is_none() && !py::isinstance<py::str>(eval_data))
+    throw py::value_error("eval_data as arrays goes with data as arrays (task='tokens'); with data from a file, give "
+                          "eval_data as a file too");
   if (!data.is_none() && !arrays) a.task.data = data.cast<std::string>();
   if (!eval_data.is_none() && py::isinstance<py::str>(eval_data)) a.task.eval_data = eval_data.cast<std::string>();
   a.task.make_paths_absolute();
@@ -145,9 +179,66 @@ py::dict run_trainer(Trainer& t, const py::object& on_step, const py::object& on
 
 }  // namespace
 
+PyData batches_from(const py::object& input_ids, const py::object& targets, const py::object& loss_mask,
+                    const py::object& batch_size, const py::object& prompt_len) {
+  const std::string what = "Batches";
+  UserArrays u = user_arrays(input_ids, what);
+  if (py::isinstance<py::dict>(input_ids)) {
+    if (!targets.is_none() || !loss_mask.is_none())
+      throw py::value_error(what + ": give targets and loss_mask inside the dict or as arguments, not both");
+  } else {
+    if (!targets.is_none()) u.tokens.targets = token_ids(targets, "targets", what, &u.tokens.input_ids);
+    if (!loss_mask.is_none()) u.tokens.loss_mask = loss_mask_from(loss_mask, u.tokens.input_ids, what);
+  }
+  if (!prompt_len.is_none()) {
+    if (!u.prompt_len.is_none()) throw py::value_error(what + ": give prompt_len inside the dict or as an argument, not both");
+    u.prompt_len = prompt_len;
+  }
+  const int64_t N = u.tokens.input_ids.shape[0];
+  std::vector<int> prompt;  // per row; empty = no answers
+  if (!u.prompt_len.is_none()) {
+    py::array a = py::array::ensure(u.prompt_len);
+    if (py::isinstance<py::bool_>(u.prompt_len) || (a && a.dtype().kind() == 'b'))
+      throw py::type_error(what + ": prompt_len must be an integer or (N,) integers, not bools");
+    if (a && a.ndim() == 0) {  // one length for every row
+      const Ids one = ids_from(a.reshape({py::ssize_t(1)}), "prompt_len");
+      const int64_t p = one.data[0];
+      if (p < 0 || p > INT32_MAX) throw py::value_error(what + ": prompt_len " + std::to_string(p) + " is negative or too large");
+      prompt.assign(static_cast<size_t>(N), static_cast<int>(p));
+    } else {
+      const Ids p = ids_from(u.prompt_len, "prompt_len");  // (1, N)
+      if (p.shape[0] != 1) throw py::value_error(what + ": prompt_len must be an integer or (N,) integers, got shape " + p.shape.str());
+      prompt.assign(p.data.begin(), p.data.end());
+    }
+  }
+  int bs = 128;  // as Task.held_out
+  if (!batch_size.is_none()) {
+    if (py::isinstance<py::bool_>(batch_size) || !PyIndex_Check(batch_size.ptr()))
+      throw py::type_error(what + ": batch_size must be an integer");
+    const int64_t b = batch_size.cast<int64_t>();
+    if (b < 1 || b > INT32_MAX) throw py::value_error(what + ": batch_size must be positive, got " + std::to_string(b));
+    bs = static_cast<int>(b);
+  }
+  return PyData{token_batches(u.tokens, bs, what, prompt)};
+}
+
 void bind_tasks(py::module_& m) {
   // ---- tasks --------------------------------------------------------------------------------
-  py::class_<PyData>(m, "Batches", "Held-out batches of a task")
+  py::class_<PyData>(m, "Batches", "Batches of held-out rows: a task's (Task.held_out), a probe's, or your arrays")
+      .def(py::init([](const py::object& input_ids, const py::object& targets, const py::object& loss_mask,
+                       const py::object& batch_size, const py::object& prompt_len) {
+             return batches_from(input_ids, targets, loss_mask, batch_size, prompt_len);
+           }),
+           py::arg("input_ids"), py::arg("targets") = py::none(), py::arg("loss_mask") = py::none(),
+           py::arg("batch_size") = py::none(), py::arg("prompt_len") = py::none(),
+           "Batches(input_ids (N, T), targets=None, loss_mask=None, batch_size=128, prompt_len=None), or "
+           "Batches({'input_ids': ..., 'targets': ..., 'loss_mask': ...}): rows by the tokens task's rule "
+           "(targets -1 = not counted; without targets position t predicts input t+1; loss_mask 0 = not counted)")
+      .def_property_readonly("rows", [](const PyData& d) {
+        int64_t n = 0;
+        for (const Batch& b : d.batches) n += b.size();
+        return n;
+      }, "Rows over all batches")
       .def("__len__", [](const PyData& d) { return d.batches.size(); })
       .def("__getitem__", [](const PyData& d, size_t i) {
         if (i >= d.batches.size()) throw py::index_error("batch " + std::to_string(i));
@@ -167,6 +258,8 @@ void bind_tasks(py::module_& m) {
       .def_property_readonly("name", [](const PyTask& t) { return t.task->config().name; })
       .def_property_readonly("vocab_size", [](const PyTask& t) { return t.task->vocab_size(); })
       .def_property_readonly("seq_len", [](const PyTask& t) { return t.task->seq_len(); })
+      .def_property_readonly("symbols", [](const PyTask& t) { return t.task->symbols(); },
+                             "Ids 0..symbols-1 are ordinary symbols (special tokens come after): what a corruption may use")
       .def_property_readonly("rows_are_answers", [](const PyTask& t) { return t.task->rows_are_answers(); },
                              "Whether a row's targets form one answer, so exact match means something (False for "
                              "language modelling: text, token data without targets or loss_mask)")

@@ -339,3 +339,42 @@ BOOST_AUTO_TEST_CASE(training_on_tokens_and_from_given_weights) {
   wrong.model.d_ff = 48;
   BOOST_TEST(error_of([&] { Trainer x(wrong); }).find(ckpt + ": tensor 'blocks.0.ffn.fc1.weight' has shape (64,32) but the config") == 0);
 }
+
+BOOST_AUTO_TEST_CASE(token_batches_read_arrays_as_the_tokens_task_and_round_trip_through_a_file) {
+  // 5 rows of 6 ids, a mask counting positions 2 and 3 (the predictions of tokens 3 and 4)
+  TokenArrays a;
+  a.input_ids = Ids(Shape{5, 6});
+  for (int64_t i = 0; i < 30; ++i) a.input_ids.data[i] = static_cast<int32_t>((i * 7) % 11);
+  a.loss_mask.assign(30, 0.f);
+  for (int64_t r = 0; r < 5; ++r) a.loss_mask[r * 6 + 2] = a.loss_mask[r * 6 + 3] = 1.f;
+  const std::vector<Batch> b = token_batches(a, 2, "arrays");
+  BOOST_TEST_REQUIRE(b.size() == 3u);  // 2 + 2 + 1 rows, in order
+  BOOST_TEST(b[2].inputs.shape == Shape({1, 6}));
+  for (int64_t t = 0; t < 6; ++t)
+    BOOST_TEST(b[1].targets.at(1, t) == (t == 2 || t == 3 ? a.input_ids.at(3, t + 1) : -1));
+  // the same rows as held-out data of the tokens task made from them
+  TaskConfig c = TaskConfig::preset("tokens");
+  c.data = c.eval_data = "(arrays)";
+  const auto held = make_tokens_task(c, a, &a)->held_out(5, 0, 2);
+  for (size_t i = 0; i < held.size(); ++i) BOOST_TEST(held[i].targets.data == b[i].targets.data);
+  // saved as a tokens file and read back by the task: the same rows
+  const std::string path = tmp("rows.safetensors");
+  save_token_rows(path, b);
+  c.data = c.eval_data = path;
+  const auto back = make_task(c)->held_out(5, 0, 2);
+  for (size_t i = 0; i < back.size(); ++i) {
+    BOOST_TEST(back[i].inputs.data == b[i].inputs.data);
+    BOOST_TEST(back[i].targets.data == b[i].targets.data);
+  }
+  // nothing counted, and prompt lengths outside the rows, are refused
+  a.loss_mask.assign(30, 0.f);
+  BOOST_TEST(error_of([&] { token_batches(a, 2, "arrays"); }).find("arrays: no position has a target (its loss_mask is 0") == 0);
+  a.loss_mask.clear();
+  BOOST_TEST(error_of([&] { token_batches(a, 2, "arrays", {1, 2, 3, 4, 7}); }) ==
+             "arrays: prompt_len 7 at row 4 is outside 0..6 (0: no answer)");
+  // ids outside a model's vocabulary are named with their place (id 3 is 3 * 7 % 11 = 10)
+  ModelConfig m;
+  m.vocab_size = 10;
+  BOOST_TEST(error_of([&] { check_data_fits_model(b, m, "data"); }) ==
+             "data: input_ids holds the id 10 (row 0, position 3), outside the model's vocabulary 0..9");
+}

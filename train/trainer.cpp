@@ -18,6 +18,7 @@
 
 #include "lib/autograd.h"
 #include "lib/fileutil.h"
+#include "lib/safetensors.h"
 #include "models/checkpoint.h"
 #include "train/settings.h"
 
@@ -282,6 +283,10 @@ Trainer::Trainer(TrainArgs args, std::unique_ptr<Task> task, ProcessGroup* group
   sched_ = LrSchedule{parse_schedule(args_.schedule), args_.lr, args_.warmup, args_.steps, args_.min_lr_ratio};
   data_rng_ = training_data_rng(args_.seed);
   held_out_ = task_->held_out(args_.eval_size, args_.eval_seed, std::min(args_.eval_size, 128));
+  // Data given as arrays (from Python) has no file to read back: the held-out rows go into the
+  // run directory, where `headlab view` finds them beside the checkpoint.
+  if (writes_files() && !args_.task.data.empty() && args_.task.data.front() == '(')
+    save_token_rows(held_out_rows_path(args_.out), held_out_);
   if (!args_.init.empty() && !args_.resume) {  // weights made elsewhere (e.g. PyTorch), same config
     const SafetensorsFile f = read_safetensors(args_.init);
     const ModelConfig c = checkpoint_config(f);
@@ -294,6 +299,23 @@ Trainer::Trainer(TrainArgs args, std::unique_ptr<Task> task, ProcessGroup* group
     check_checkpoint_tensors(args_.model, f);
     load_parameters(*model_, f);
   }
+}
+
+std::string held_out_rows_path(const std::string& dir) { return dir + "/eval_data.safetensors"; }
+
+void save_token_rows(const std::string& path, const std::vector<Batch>& data) {
+  if (data.empty()) fail(path, ": no rows to write");
+  const int64_t T = data[0].inputs.shape[1];
+  Ids ids, targets;
+  for (const Batch& b : data) {
+    ids.data.insert(ids.data.end(), b.inputs.data.begin(), b.inputs.data.end());
+    targets.data.insert(targets.data.end(), b.targets.data.begin(), b.targets.data.end());
+  }
+  ids.shape = targets.shape = Shape{static_cast<int64_t>(ids.data.size()) / T, T};
+  SafetensorsWriter w;
+  w.add_ids("input_ids", ids, DType::I32);
+  w.add_ids("targets", targets, DType::I32);  // -1 = not counted
+  w.write(path);
 }
 
 void train_to_end(TrainArgs a, const TrainObserver& obs) {

@@ -194,6 +194,12 @@ std::pair<float, float> train_step(TransformerLM& model, Optimizer& opt, const B
 // not finite), zero_grad; returns the gradient norm before clipping.
 float apply_gradients(TransformerLM& model, Optimizer& opt, float loss, float clip,
                       const std::function<void(TransformerLM&)>& on_gradients);
+// A run trained on arrays given from Python keeps its held-out rows here (input_ids and
+// targets, a file of task tokens): what `headlab view` shows of such a run.
+std::string held_out_rows_path(const std::string& run_dir);
+// Rows of `data` as a tokens file (input_ids (N, T) and targets (N, T), I32, -1 = not counted).
+void save_token_rows(const std::string& path, const std::vector<Batch>& data);
+
 // Trains a.out to its last step, continuing from its checkpoint when there is one, and writes its
 // summary; when stopped, writes the summary with finished: false and rethrows Interrupted.
 void train_to_end(TrainArgs a, const TrainObserver& obs = {});

@@ -8,9 +8,6 @@ one-line message as the command line.
 
 See docs/python.md for a worked example.
 """
-import sys
-import time
-
 from ._core import (  # noqa: F401
     ActivationCache, Batches, HeadlabError, ModelConfig, NonFiniteError, Task, Tensor, TransformerLM,
     activation_patching, attention_statistics, composition_scores, corrupt_one_symbol, cross_entropy, detect_heads, evaluate,
@@ -20,6 +17,8 @@ from ._core import (  # noqa: F401
     single_head_ablation, softmax, tensor, train_settings,
 )
 from . import _core
+from .progress import Progress
+from .views import View, grid_view, token_view, view  # noqa: F401
 
 __all__ = [
     "ActivationCache", "Batches", "HeadlabError", "ModelConfig", "NonFiniteError", "Task", "Tensor",
@@ -28,7 +27,7 @@ __all__ = [
     "cross_entropy", "detect_heads", "evaluate", "grad_enabled", "repeated_random_tokens", "varied_repeat_probe",
     "head_gradient_norms", "head_importance", "head_importance_per_token", "hook_points", "no_grad", "num_threads",
     "ov_singular_values", "prune_curve", "qk_singular_values", "set_num_threads",
-    "single_head_ablation", "softmax", "tensor", "train", "train_settings",
+    "single_head_ablation", "softmax", "tensor", "train", "train_settings", "View", "view", "token_view", "grid_view",
 ]
 
 
@@ -42,38 +41,6 @@ class no_grad:
     def __exit__(self, *exc):
         del self._guard
         return False
-
-
-class _Progress:
-    """A progress bar on a terminal, a line per evaluation elsewhere (notebooks, logs)."""
-
-    def __init__(self, total, enabled):
-        self.total, self.enabled = total, enabled
-        self.tty = enabled and sys.stderr.isatty()
-        self.last_draw, self.acc = 0.0, None
-
-    def step(self, step, total, loss, tokens_per_s):
-        if not self.tty:
-            return
-        now = time.monotonic()
-        if now - self.last_draw < 0.1 and step != total:
-            return
-        self.last_draw = now
-        width = 30
-        done = int(width * step / max(total, 1))
-        acc = "-" if self.acc is None else f"{100 * self.acc:.2f}%"
-        sys.stderr.write(f"\rtrain [{'#' * done}{'.' * (width - done)}] {step}/{total} "
-                         f"loss {loss:.4f} acc {acc} {tokens_per_s / 1000:.1f}k tok/s")
-        if step == total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-
-    def eval(self, step, ev):
-        self.acc = ev["token_acc"]
-        if self.enabled and not self.tty:
-            print(f"step {step}/{self.total}  held-out loss {ev['loss']:.4f}  "
-                  f"token_acc {100 * ev['token_acc']:.2f}%  exact {100 * ev['exact_match']:.2f}%",
-                  file=sys.stderr, flush=True)
 
 
 class Trainer:
@@ -99,11 +66,13 @@ class Trainer:
     def run(self, callback=None, progress=None):
         """Trains to ``steps``; returns a dict (final_eval, curve, steps, wall_s, ...).
 
-        ``callback(step, total, loss, tokens_per_s)`` is called after every step. Ctrl-C stops
+        ``callback(step, total, loss, tokens_per_s)`` is called after every step. ``progress``
+        (default: not ``quiet``): in a Jupyter cell a bar updated in place, on a terminal a
+        ``\r`` line, elsewhere (logs) one line per evaluation (headlab.progress). Ctrl-C stops
         at the next step with the checkpoint written (when ``out`` is set) and raises
         KeyboardInterrupt; ``resume=True`` continues.
         """
-        bar = _Progress(self._t.args["steps"], not self._quiet if progress is None else progress)
+        bar = Progress(self._t.args["steps"], not self._quiet if progress is None else progress)
 
         def on_step(step, total, loss, tps):
             bar.step(step, total, loss, tps)

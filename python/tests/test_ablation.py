@@ -81,8 +81,10 @@ def test_bad_ablations_raise_value_errors_with_the_cli_wording(trained):
         hl.ablation_hook(m, "blocks.0.hook_resid_pre", head=0)
     with pytest.raises(ValueError, match="expected zero, mean or resample"):
         hl.ablate(m, data, hook="blocks.0.attn.hook_z", kind="half")
-    with pytest.raises(TypeError, match="mean_data: expected held-out Batches"):
-        hl.ablate(m, data, hook="blocks.0.attn.hook_z", kind="mean", mean_data=[1, 2])
+    # data as arrays, as every analysis takes it: the same numbers as the Batches they make
+    as_batches = hl.ablate(m, data, hook="blocks.0.attn.hook_z", kind="mean", mean_data=data)
+    as_arrays = hl.ablate(m, data, hook="blocks.0.attn.hook_z", kind="mean", mean_data=data[0]["input_ids"])
+    assert np.array_equal(as_batches["ablated_losses"], as_arrays["ablated_losses"])
     with pytest.raises(ValueError, match="needs its value"):
         hl.ablation_hook(m, "blocks.0.attn.hook_z", kind="mean")
 
@@ -104,6 +106,8 @@ def test_generic_patching_restores_and_refuses(trained):
         hl.activation_patching(m, clean, corrupted, hook="hook_resid_pre", axes=("layer", "head"), answers=inp["answers"])
     with pytest.raises(ValueError, match="give answers"):
         hl.activation_patching(m, clean, corrupted, hook="hook_z")
+    with pytest.raises(ValueError, match="give answers"):  # positional: the generic form, not (model, task, data)
+        hl.activation_patching(m, clean, corrupted)
 
 
 def test_cli_and_python_patching_agree_bit_for_bit(tmp_path):

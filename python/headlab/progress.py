@@ -1,0 +1,122 @@
+"""Progress of Trainer.run(), fed by its step and evaluation callbacks (the C++ library prints
+nothing; this is the Python door's own display).
+
+Three places, chosen when the run starts:
+
+- a Jupyter cell: one bar that updates in place (IPython's ``display(..., display_id=True)``
+  and ``handle.update``), with a line per evaluation under it;
+- a terminal (stderr is a tty): one ``\\r`` line redrawn at most ten times a second;
+- anything else (a log, a pipe): one line per evaluation, nothing per step.
+"""
+import html
+import sys
+import time
+
+
+def notebook_display():
+    """IPython's ``display`` when running inside a Jupyter kernel, else None (IPython is not
+    imported here: in a kernel it already is)."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return None
+    try:
+        shell = ipython.get_ipython()
+    except Exception:  # an IPython too old or half set up: no notebook display
+        return None
+    if shell is None or "IPKernelApp" not in getattr(shell, "config", {}):
+        return None  # plain IPython in a terminal: the \r line works there
+    from IPython.display import display
+    return display
+
+
+def _bar(step, total, width):
+    done = int(width * step / max(total, 1))
+    return "#" * done + "." * (width - done)
+
+
+def eval_line(step, total, ev):
+    """One evaluation as the log shows it."""
+    return (f"step {step}/{total}  held-out loss {ev['loss']:.4f}  "
+            f"token_acc {100 * ev['token_acc']:.2f}%  exact {100 * ev['exact_match']:.2f}%")
+
+
+class _Cell:
+    """What a notebook shows: HTML for the cell, text for consoles and tests."""
+
+    def __init__(self, text, evals, fraction):
+        self.text, self.evals, self.fraction = text, list(evals), fraction
+
+    def __repr__(self):
+        return "\n".join([self.text] + self.evals)
+
+    def _repr_html_(self):
+        pct = f"{100 * self.fraction:.1f}%"
+        rows = "".join(f"<div>{html.escape(e)}</div>" for e in self.evals)
+        return (f"<div style='font-family:monospace'>"
+                f"<progress value='{self.fraction:.4f}' max='1' style='width:20em'></progress> {pct} "
+                f"{html.escape(self.text)}{rows}</div>")
+
+
+class Progress:
+    """Training progress for ``total`` steps; ``enabled`` False shows nothing.
+
+    ``display``: the notebook's display function (found when None; tests give a fake one);
+    ``stream``: where the terminal line and the log lines go (stderr when None).
+    """
+
+    def __init__(self, total, enabled, display=None, stream=None, min_interval=0.1):
+        self.total, self.enabled = total, bool(enabled)
+        self.stream = stream if stream is not None else sys.stderr
+        self.display = (display if display is not None else notebook_display()) if self.enabled else None
+        self.mode = ("off" if not self.enabled else "notebook" if self.display is not None
+                     else "tty" if _isatty(self.stream) else "log")
+        self.min_interval = min_interval
+        self.last_draw = None  # monotonic time of the last redraw
+        self.handle = None     # the notebook's display handle
+        self.acc, self.evals = None, []
+        self.last_step = (0, total, float("nan"), 0.0)
+
+    def _text(self, step, total, loss, tokens_per_s):
+        acc = "-" if self.acc is None else f"{100 * self.acc:.2f}%"
+        return (f"train [{_bar(step, total, 30)}] {step}/{total} loss {loss:.4f} acc {acc} "
+                f"{tokens_per_s / 1000:.1f}k tok/s")
+
+    def step(self, step, total, loss, tokens_per_s):
+        self.last_step = (step, total, loss, tokens_per_s)
+        if self.mode not in ("notebook", "tty"):
+            return
+        now = time.monotonic()
+        if self.last_draw is not None and now - self.last_draw < self.min_interval and step != total:
+            return
+        self.last_draw = now
+        self._draw(step, total, loss, tokens_per_s)
+
+    def _draw(self, step, total, loss, tokens_per_s):
+        text = self._text(step, total, loss, tokens_per_s)
+        if self.mode == "notebook":
+            cell = _Cell(text, self.evals, step / max(total, 1))
+            if self.handle is None:
+                self.handle = self.display(cell, display_id=True)
+            else:
+                self.handle.update(cell)
+        else:
+            self.stream.write("\r" + text)
+            if step == total:
+                self.stream.write("\n")
+            self.stream.flush()
+
+    def eval(self, step, ev):
+        self.acc = ev["token_acc"]
+        line = eval_line(step, self.total, ev)
+        if self.mode == "log":
+            print(line, file=self.stream, flush=True)
+        elif self.mode == "notebook":
+            self.evals.append(line)
+            self._draw(*self.last_step)  # the new line shows at once
+
+
+def _isatty(stream):
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False

@@ -1,0 +1,78 @@
+"""Trainer.run()'s progress: a bar updated in place in a notebook (a fake IPython display here,
+no kernel needed), a \\r line on a terminal, one line per evaluation in logs, nothing when quiet."""
+import io
+
+import headlab as hl
+import headlab.progress as progress
+
+SETTINGS = dict(task="copy", d_model=16, heads=2, d_ff=32, steps=30, eval_every=10, eval_size=16)
+
+
+class FakeDisplay:
+    """IPython.display.display with display_id=True: returns a handle whose update() replaces it."""
+
+    def __init__(self):
+        self.shown, self.updates = [], []
+
+    def __call__(self, obj, display_id=None):
+        assert display_id is True
+        self.shown.append(obj)
+        fake = self
+
+        class Handle:
+            def update(self, obj):
+                fake.updates.append(obj)
+        return Handle()
+
+
+def eval_steps(result):
+    return [row["step"] for row in result["curve"]]
+
+
+def test_a_notebook_gets_one_display_updated_in_place(monkeypatch, capsys):
+    fake = FakeDisplay()
+    monkeypatch.setattr(progress, "notebook_display", lambda: fake)
+    result = hl.Trainer(**SETTINGS).run()
+    assert len(fake.shown) == 1 and fake.updates  # one cell output, then updates of it
+    last = fake.updates[-1]
+    text = repr(last)
+    assert "train [" + "#" * 30 + "] 30/30" in text
+    # one line per evaluation under the bar, in order
+    assert [line.split()[1] for line in text.split("\n")[1:]] == [f"{s}/30" for s in eval_steps(result)]
+    html = last._repr_html_()
+    assert "<progress value='1.0000'" in html and html.count("held-out loss") == len(eval_steps(result))
+    err = capsys.readouterr().err
+    assert err == ""  # nothing else printed
+
+
+def test_a_log_gets_one_line_per_evaluation_and_quiet_nothing(capsys):
+    result = hl.Trainer(**SETTINGS).run()  # stderr is captured: not a terminal
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split()[1] for line in lines] == [f"{s}/30" for s in eval_steps(result)]
+    assert all(line.startswith("step ") and "held-out loss" in line and "\r" not in line for line in lines)
+    hl.Trainer(quiet=True, **SETTINGS).run()
+    hl.Trainer(**SETTINGS).run(progress=False)
+    assert capsys.readouterr().err == ""
+
+
+def test_a_terminal_gets_one_line_redrawn():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+    out = Tty()
+    bar = progress.Progress(5, True, stream=out, min_interval=0)
+    assert bar.mode == "tty"
+    for s in range(1, 6):
+        bar.step(s, 5, 1.0 / s, 2000.0)
+    text = out.getvalue()
+    assert text.count("\r") == 5 and text.endswith("5/5 loss 0.2000 acc - 2.0k tok/s\n")
+    # redraws at most every min_interval, but always the last step
+    out = Tty()
+    bar = progress.Progress(100, True, stream=out, min_interval=3600)
+    for s in range(1, 101):
+        bar.step(s, 100, 0.5, 1000.0)
+    assert out.getvalue().count("\r") == 2 and "100/100" in out.getvalue()
+
+
+def test_outside_a_kernel_there_is_no_notebook_display():
+    assert progress.notebook_display() is None  # pytest is no Jupyter kernel

@@ -1,0 +1,52 @@
+// The pages of views/ for Python's inline views (python/headlab/views.py wraps them).
+#include "bindings.h"
+#include "views/pages.h"
+
+namespace hl::bindings {
+
+namespace {
+
+// Rows of held-out batches as sequences, trailing padding removed (at most n of them).
+std::vector<std::vector<int32_t>> rows_of(const PyData& d, int n) {
+  if (n < 1) throw py::value_error("examples: must be at least 1, got " + std::to_string(n));
+  std::vector<std::vector<int32_t>> rows;
+  for (const Batch& b : d.batches)
+    for (int64_t r = 0; r < b.size() && static_cast<int>(rows.size()) < n; ++r) {
+      const int64_t W = b.inputs.shape[1];
+      int64_t T = W;
+      if (b.key_padding.defined())
+        while (T > 1 && b.key_padding.data()[r * W + T - 1] != 0.f) --T;
+      rows.emplace_back(b.inputs.data.begin() + r * W, b.inputs.data.begin() + r * W + T);
+    }
+  if (rows.empty()) throw py::value_error("view: the batches hold no rows");
+  return rows;
+}
+
+}  // namespace
+
+void bind_views(py::module_& m) {
+  m.def("_rows_of", &rows_of, py::arg("data"), py::arg("n"));
+  m.def("_head_view_page",
+        [](TransformerLM& model, const std::vector<std::tuple<std::string, std::vector<int32_t>, std::vector<std::string>>>& rows,
+           const std::string& title, const std::string& subtitle, bool compact) {
+          std::vector<views::ViewExample> examples;
+          for (const auto& [name, ids, tokens] : rows) examples.push_back({name, ids, tokens});
+          std::vector<std::string> cuts;
+          nlohmann::json data;
+          {
+            py::gil_scoped_release release;
+            cuts = views::fit_examples_to_page(examples, model.cfg.n_layers, model.cfg.n_heads);
+            data = {{"title", title},
+                    {"subtitle", subtitle},
+                    {"layers", model.cfg.n_layers},
+                    {"heads", model.cfg.n_heads},
+                    {"examples", views::head_view_examples(model, examples)}};
+          }
+          return py::make_tuple(views::head_view_page(std::move(data), compact), cuts);
+        });
+  m.def("_byte_token_text", &byte_token_text);
+  m.def("_token_values_page", &views::token_values_page);
+  m.def("_grid_page", &views::grid_page);
+}
+
+}  // namespace hl::bindings
