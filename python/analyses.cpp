@@ -341,6 +341,26 @@ void bind_analyses(py::module_& m) {
     d["v"] = grid_array(c.v);
     return d;
   }, py::arg("model"), py::arg("layer_a"), py::arg("layer_b"), "Q/K/V composition [head of layer_a][head of layer_b]");
+  m.def("composition_baseline", [](const ModelConfig& cfg, int models, uint64_t seed) {
+    if (models < 2) throw py::value_error("composition_baseline: models must be at least 2, got " + std::to_string(models));
+    CompositionBaseline b;
+    {
+      py::gil_scoped_release release;
+      b = composition_baseline(cfg, models, seed);
+    }
+    py::dict d;
+    const char* kinds[3] = {"q", "k", "v"};
+    for (int k = 0; k < 3; ++k) {
+      py::dict one;
+      one["mean"] = b.mean[k];
+      one["lo"] = b.lo[k];
+      one["hi"] = b.hi[k];
+      d[kinds[k]] = one;
+    }
+    return d;
+  }, py::arg("config"), py::arg("models") = 20, py::arg("seed") = 1,
+     "What composition scores random weights of config's shapes get: per kind (q, k, v) the mean and the 2.5th and 97.5th "
+     "percentiles (lo, hi) over the head pairs of `models` random 2-layer models");
   m.def("qk_singular_values", [](const TransformerLM& model, int layer, int head) { return qk_circuit_singular_values(model, layer, head); });
   m.def("ov_singular_values", [](const TransformerLM& model, int layer, int head) { return ov_circuit_singular_values(model, layer, head); });
 }

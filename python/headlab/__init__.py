@@ -10,8 +10,8 @@ See docs/python.md for a worked example.
 """
 from ._core import (  # noqa: F401
     ActivationCache, Batches, HeadlabError, ModelConfig, NonFiniteError, Task, Tensor, TransformerLM,
-    activation_patching, attention_statistics, composition_scores, corrupt_one_symbol, cross_entropy, detect_heads, evaluate,
-    mean_activation,
+    activation_patching, attention_statistics, composition_baseline, composition_scores, corrupt_one_symbol, cross_entropy,
+    detect_heads, evaluate, mean_activation,
     grad_enabled, head_gradient_norms, head_importance, head_importance_per_token, hook_points, live_tensors, num_threads,
     ov_singular_values, prune_curve, qk_singular_values, repeated_random_tokens, set_num_threads, varied_repeat_probe,
     single_head_ablation, softmax, tensor, train_settings,
@@ -22,8 +22,8 @@ from .views import View, grid_view, token_view, view  # noqa: F401
 
 __all__ = [
     "ActivationCache", "Batches", "HeadlabError", "ModelConfig", "NonFiniteError", "Task", "Tensor",
-    "Trainer", "TransformerLM", "ablate", "ablation_hook", "activation_patching", "attention_statistics", "composition_scores",
-    "corrupt_one_symbol", "mean_activation",
+    "Trainer", "TransformerLM", "ablate", "ablation_hook", "activation_patching", "attention_statistics",
+    "composition_baseline", "composition_scores", "corrupt_one_symbol", "mean_activation",
     "cross_entropy", "detect_heads", "evaluate", "grad_enabled", "repeated_random_tokens", "varied_repeat_probe",
     "head_gradient_norms", "head_importance", "head_importance_per_token", "hook_points", "no_grad", "num_threads",
     "ov_singular_values", "prune_curve", "qk_singular_values", "set_num_threads",

@@ -479,3 +479,25 @@ def test_a_step_loop_with_out_writes_the_metrics_and_checkpoints_run_writes(tmp_
     assert metrics(str(tmp_path / "loop")) == metrics(str(tmp_path / "run"))  # the same held-out numbers
     assert [m["step"] for m in metrics(str(tmp_path / "loop"))] == [10, 20]
     assert (tmp_path / "loop" / "checkpoint.safetensors").exists() and (tmp_path / "loop" / "model.safetensors").exists()
+
+
+def test_composition_baseline_is_the_commands_and_random_models_fall_inside_it(tmp_path):
+    ckpt = str(tmp_path / "m.safetensors")
+    m = small_model(seed=3)
+    m.save(ckpt)
+    base = hl.composition_baseline(m.config)
+    subprocess.run([HEADLAB, "compose", "--checkpoint", ckpt, "--out", str(tmp_path / "c")], check=True, capture_output=True)
+    rows = [line.split(",") for line in open(tmp_path / "c" / "compose_baseline.csv").read().split("\n")[1:] if line]
+    for kind, mean, lo, hi in rows:
+        b = base[kind]
+        assert abs(b["mean"] - float(mean)) <= 5e-7 and abs(b["lo"] - float(lo)) <= 5e-7 and abs(b["hi"] - float(hi)) <= 5e-7
+        assert b["lo"] < b["mean"] < b["hi"]
+    # a freshly initialised model is random weights: most of its head pairs score inside the range
+    for seed in (11, 12):
+        scores = hl.composition_scores(hl.TransformerLM(m.config, seed), 0, 1)
+        for kind in "qkv":
+            s = np.asarray(scores[kind]).ravel()
+            inside = np.mean((s >= base[kind]["lo"]) & (s <= base[kind]["hi"]))
+            assert inside >= 0.75, (kind, s, base[kind])
+    with pytest.raises(ValueError, match="at least 2"):
+        hl.composition_baseline(m.config, models=1)
