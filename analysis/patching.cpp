@@ -1,5 +1,6 @@
 #include "analysis/patching.h"
 
+#include "analysis/ablation.h"
 #include "analysis/intervals.h"
 
 #include "lib/stop.h"
@@ -139,6 +140,140 @@ double pearson(const HeadGrid& a, const HeadGrid& b) {
   return sxx > 0 && syy > 0 ? sxy / std::sqrt(sxx * syy) : 0.0;
 }
 
+double PatchGrid::at(const std::vector<int64_t>& index) const {
+  if (index.size() != shape.size()) fail("patch grid: index of ", index.size(), " entries for ", shape.size(), " axes");
+  int64_t flat = 0;
+  for (size_t a = 0; a < shape.size(); ++a) {
+    if (index[a] < 0 || index[a] >= shape[a]) fail("patch grid: index ", index[a], " outside 0..", shape[a] - 1, " on axis ", axes[a]);
+    flat = flat * shape[a] + index[a];
+  }
+  return values[static_cast<size_t>(flat)];
+}
+
+namespace {
+
+bool is_hook(const ModelConfig& cfg, const std::string& name) {
+  for (const HookPointInfo& p : describe_hook_points(cfg))
+    if (p.name == name) return true;
+  return false;
+}
+
+// The hook's name within a block ("attn.hook_z" for "hook_z"), or fails saying why.
+std::string block_relative_name(const ModelConfig& cfg, const std::string& hook) {
+  std::vector<std::string> found;
+  const std::string prefix = "blocks.0.";
+  for (const HookPointInfo& p : describe_hook_points(cfg)) {
+    if (!p.name.starts_with(prefix)) continue;
+    const std::string rel = p.name.substr(prefix.size());
+    if (rel == hook || rel.ends_with("." + hook)) found.push_back(rel);
+  }
+  if (found.size() == 1) return found[0];
+  if (found.empty()) fail("patching: no hook point '", hook, "' in the blocks (headlab hooks lists them; name one without its blocks.L. prefix)");
+  std::string all;
+  for (const std::string& f : found) all += (all.empty() ? "" : " or ") + f;
+  fail("patching: '", hook, "' is ambiguous: ", all);
+}
+
+}  // namespace
+
+std::vector<std::string> default_patch_axes(const ModelConfig& cfg, const std::string& hook) {
+  std::vector<std::string> axes;
+  std::string full = hook;
+  if (!is_hook(cfg, hook)) {
+    axes.push_back("layer");
+    full = "blocks.0." + block_relative_name(cfg, hook);
+  }
+  axes.push_back(hook_axes(cfg, full).head >= 0 ? "head" : "pos");
+  return axes;
+}
+
+PatchGrid generic_activation_patch(TransformerLM& model, const Ids& clean, const Ids& corrupted, const std::string& hook,
+                                   const std::vector<std::string>& axes, const PatchMetric& metric) {
+  if (clean.shape.ndim != 2 || clean.shape != corrupted.shape)
+    fail("patching: the clean ids ", clean.shape.str(), " and the corrupted ids ", corrupted.shape.str(), " must be (B, T) of one shape");
+  if (axes.empty()) fail("patching: no axes to patch over (e.g. layer,head)");
+  const bool by_layer = std::find(axes.begin(), axes.end(), "layer") != axes.end();
+  PatchGrid g;
+  g.axes = axes;
+  if (by_layer) {
+    if (is_hook(model.cfg, hook))
+      fail("patching: ", hook, " is one hook point; to patch over layers name it without its layer (e.g. ",
+           hook.substr(0, 7) == "blocks." ? hook.substr(hook.find('.', 7) + 1) : std::string("attn.hook_z"), ")");
+    const std::string rel = block_relative_name(model.cfg, hook);
+    for (int l = 0; l < model.cfg.n_layers; ++l) g.hooks.push_back("blocks." + std::to_string(l) + "." + rel);
+  } else {
+    if (!is_hook(model.cfg, hook)) fail("patching: '", hook, "' is not a hook point of this model; name it in full (blocks.1.attn.hook_z) or patch over the layer axis too");
+    g.hooks.push_back(hook);
+  }
+  // the clean run, recorded once
+  ActivationCache cache;
+  {
+    EvalScope mode(model);
+    NoGradGuard ng;
+    cache = model.run_with_cache(clean, names_in(g.hooks)).second;
+  }
+  const HookAxes ha = hook_axes(model.cfg, g.hooks[0]);
+  const Shape s = cache[g.hooks[0]].shape();
+  std::vector<int> dim;  // per axis, the activation's axis it indexes (-1: the layer)
+  for (const std::string& a : axes) {
+    if (std::count(axes.begin(), axes.end(), a) > 1) fail("patching: axis '", a, "' given twice");
+    const int d = a == "layer" ? -1 : a == "head" ? ha.head : a == "pos" ? ha.pos : a == "src_pos" ? ha.src_pos : -2;
+    if (d == -2) fail("patching: unknown axis '", a, "' (expected layer, head, pos or src_pos)");
+    if (a != "layer" && d < 0) fail("patching: ", g.hooks[0], " ", s.str(), " has no ", a, " axis");
+    dim.push_back(d);
+    g.shape.push_back(d < 0 ? model.cfg.n_layers : s[d]);
+  }
+  int64_t n = 1;
+  for (int64_t k : g.shape) n *= k;
+  g.values.resize(static_cast<size_t>(n));
+  std::vector<int64_t> idx(axes.size(), 0), stride(static_cast<size_t>(s.ndim), 1);
+  for (int d = s.ndim - 2; d >= 0; --d) stride[d] = stride[d + 1] * s[d + 1];
+  EvalScope mode(model);
+  NoGradGuard ng;
+  for (int64_t flat = 0; flat < n; ++flat) {
+    throw_if_stopped();  // each index is a pass over every example
+    for (int64_t f = flat, a = static_cast<int64_t>(axes.size()) - 1; a >= 0; --a) idx[a] = f % g.shape[a], f /= g.shape[a];
+    int layer = 0;
+    std::vector<std::pair<int, int64_t>> fixed;  // (activation axis, index) the patch writes at
+    for (size_t a = 0; a < axes.size(); ++a) {
+      if (dim[a] < 0) layer = static_cast<int>(idx[a]);
+      else fixed.push_back({dim[a], idx[a]});
+    }
+    const std::string& name = g.hooks[by_layer ? layer : 0];
+    const Tensor& from = cache[name];
+    Hooks hooks;
+    hooks.add_forward(name, [&](const Tensor& x, const std::string&) {  // the setter
+      if (x.shape() != from.shape()) fail("patching: ", name, " is ", x.shape().str(), " in the corrupted run, ", from.shape().str(), " in the clean run");
+      Tensor y = x.clone();
+      for (int64_t i = 0; i < y.numel(); ++i) {
+        bool here = true;
+        for (const auto& [d, k] : fixed) here = here && (i / stride[d]) % s[d] == k;
+        if (here) y.data()[i] = from.data()[i];
+      }
+      return y;
+    });
+    ForwardOptions opt;
+    opt.hooks = &hooks;
+    const Tensor logits = model.forward(corrupted, opt);  // (B, T, V)
+    g.values[static_cast<size_t>(flat)] = metric(logits, idx);
+  }
+  return g;
+}
+
+PatchGrid generic_activation_patch(TransformerLM& model, const PatchingInputs& in, const std::string& hook,
+                                   const std::vector<std::string>& axes) {
+  if (in.clean.shape.ndim != 2 || in.clean.shape != in.corrupted.shape)
+    fail("patching: the clean ids ", in.clean.shape.str(), " and the corrupted ids ", in.corrupted.shape.str(), " must be (B, T) of one shape");
+  const double mc = metric_of(model, in.clean, in.answers), mk = metric_of(model, in.corrupted, in.answers);
+  const double span = mc - mk;
+  if (!(std::fabs(span) > 0)) fail("patching: the clean and the corrupted runs give the same metric (", mc, "): nothing to restore");
+  PatchGrid g = generic_activation_patch(model, in.clean, in.corrupted, hook, axes, [&](const Tensor& logits, const std::vector<int64_t>&) {
+    return (logit_difference(logits, in.answers).item() - mk) / span;
+  });
+  g.clean_metric = mc, g.corrupted_metric = mk;
+  return g;
+}
+
 PatchingResult activation_patching(TransformerLM& model, const PatchingInputs& in) {
   const int L = model.cfg.n_layers, H = model.cfg.n_heads;
   const int64_t T = in.clean.shape[1], dh = model.cfg.head_dim(), D = model.cfg.d_model;
@@ -154,47 +289,46 @@ PatchingResult activation_patching(TransformerLM& model, const PatchingInputs& i
   const double span = r.clean_metric - r.corrupted_metric;
   if (!(std::fabs(span) > 0)) fail("patching: the clean and the corrupted runs give the same metric (", r.clean_metric, "): nothing to restore");
   auto normalised = [&](double m) { return (m - r.corrupted_metric) / span; };
-  r.z_exact = r.z_attribution = r.z_exact_ci95_lo = r.z_exact_ci95_hi = HeadGrid(L, std::vector<double>(H));
+  // exact patching: the generic loop over (layer, head) of hook_z and (layer, pos) of hook_resid_pre
+  r.z_exact_ci95_lo = r.z_exact_ci95_hi = HeadGrid(L, std::vector<double>(H));
+  const PatchGrid z = generic_activation_patch(model, in.clean, in.corrupted, "attn.hook_z", {"layer", "head"},
+                                               [&](const Tensor& logits, const std::vector<int64_t>& at) {
+    const int l = static_cast<int>(at[0]), h = static_cast<int>(at[1]);
+    const int64_t Tl = logits.size(1), V = logits.size(2);
+    patched_each.clear();
+    for (const PatchAnswer& a : in.answers) {
+      const float* row = logits.data() + (a.row * Tl + a.pos) * V;
+      patched_each.push_back(static_cast<double>(row[a.clean]) - static_cast<double>(row[a.corrupted]));
+    }
+    // resampling the answers: the normalised restoration of each resample
+    const Interval ci = bootstrap_interval95(
+        in.answers.size(),
+        [&](const std::vector<size_t>& idx) {
+          double p = 0, c = 0, k = 0;
+          for (size_t i : idx) p += patched_each[i], c += clean_each[i], k += corrupted_each[i];
+          return c != k ? (p - k) / (c - k) : 0.0;
+        },
+        1000, 1 + 131 * l + h);
+    r.z_exact_ci95_lo[l][h] = ci.lo, r.z_exact_ci95_hi[l][h] = ci.hi;
+    return normalised(logit_difference(logits, in.answers).item());
+  });
+  const PatchGrid resid = generic_activation_patch(model, in.clean, in.corrupted, "hook_resid_pre", {"layer", "pos"},
+                                                   [&](const Tensor& logits, const std::vector<int64_t>&) {
+                                                     return normalised(logit_difference(logits, in.answers).item());
+                                                   });
+  r.z_exact = r.z_attribution = HeadGrid(L, std::vector<double>(H));
   r.resid_exact = r.resid_attribution = HeadGrid(L, std::vector<double>(T));
   for (int l = 0; l < L; ++l) {
-    const std::string z = "blocks." + std::to_string(l) + ".attn.hook_z", res = "blocks." + std::to_string(l) + ".hook_resid_pre";
-    const Tensor &cz = clean[z], &kz = corrupt[z], &gz = corrupt.grad(z);  // (B, T, H, dh)
+    const std::string zn = "blocks." + std::to_string(l) + ".attn.hook_z", res = "blocks." + std::to_string(l) + ".hook_resid_pre";
+    const Tensor &cz = clean[zn], &kz = corrupt[zn], &gz = corrupt.grad(zn);  // (B, T, H, dh)
     const Tensor &cr = clean[res], &kr = corrupt[res], &gr = corrupt.grad(res);  // (B, T, D)
     for (int h = 0; h < H; ++h) {
-      throw_if_stopped();  // each head is a pass over every example
-      auto head_h = [&](int64_t i) { return (i / dh) % H == h; };
-      Hooks hooks;
-      hooks.add_forward(z, [&](const Tensor& x, const std::string&) {
-        Tensor y = x.clone();
-        for (int64_t i = 0; i < y.numel(); ++i)
-          if (head_h(i)) y.data()[i] = cz.data()[i];
-        return y;
-      });
-      r.z_exact[l][h] = normalised(metric_of(model, in.corrupted, in.answers, &hooks, &patched_each));
-      // resampling the answers: the normalised restoration of each resample
-      const Interval ci = bootstrap_interval95(
-          in.answers.size(),
-          [&](const std::vector<size_t>& idx) {
-            double p = 0, c = 0, k = 0;
-            for (size_t i : idx) p += patched_each[i], c += clean_each[i], k += corrupted_each[i];
-            return c != k ? (p - k) / (c - k) : 0.0;
-          },
-          1000, 1 + 131 * l + h);
-      r.z_exact_ci95_lo[l][h] = ci.lo, r.z_exact_ci95_hi[l][h] = ci.hi;
-      r.z_attribution[l][h] = attribution(cz, kz, gz, head_h) / span;
+      r.z_exact[l][h] = z.at({l, h});
+      r.z_attribution[l][h] = attribution(cz, kz, gz, [&](int64_t i) { return (i / dh) % H == h; }) / span;
     }
     for (int64_t t = 0; t < T; ++t) {
-      throw_if_stopped();
-      auto at_t = [&](int64_t i) { return (i / D) % T == t; };
-      Hooks hooks;
-      hooks.add_forward(res, [&](const Tensor& x, const std::string&) {
-        Tensor y = x.clone();
-        for (int64_t i = 0; i < y.numel(); ++i)
-          if (at_t(i)) y.data()[i] = cr.data()[i];
-        return y;
-      });
-      r.resid_exact[l][t] = normalised(metric_of(model, in.corrupted, in.answers, &hooks));
-      r.resid_attribution[l][t] = attribution(cr, kr, gr, at_t) / span;
+      r.resid_exact[l][t] = resid.at({l, t});
+      r.resid_attribution[l][t] = attribution(cr, kr, gr, [&](int64_t i) { return (i / D) % T == t; }) / span;
     }
   }
   r.z_correlation = pearson(r.z_exact, r.z_attribution);

@@ -4,6 +4,8 @@
 // averaged over rows, and reported normalised: (m - m_corrupted) / (m_clean - m_corrupted), so
 // the clean run scores 1 and the corrupted run 0.
 #pragma once
+#include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -55,5 +57,38 @@ PatchingResult activation_patching(TransformerLM& model, const PatchingInputs& i
 std::pair<double, double> patch_whole_activation(TransformerLM& model, const PatchingInputs& in, const std::string& name);
 
 double pearson(const HeadGrid& a, const HeadGrid& b);
+
+// ---- generic activation patching (TransformerLens's generic_activation_patch) ----------------
+
+// The values of one patching sweep, indexed by its axes (row-major: the last axis varies fastest).
+struct PatchGrid {
+  std::vector<std::string> axes;  // e.g. {"layer", "head"}
+  std::vector<int64_t> shape;     // their sizes, e.g. {n_layers, n_heads}
+  std::vector<double> values;     // prod(shape) values
+  std::vector<std::string> hooks; // per layer index (or the one hook): the full hook names patched
+  double clean_metric = NAN, corrupted_metric = NAN;  // with the default metric: the unpatched runs'
+  double at(const std::vector<int64_t>& index) const;
+};
+// A patched run's value from its logits (B, T, V) and its index (one entry per axis).
+using PatchMetric = std::function<double(const Tensor& logits, const std::vector<int64_t>& index)>;
+
+// The index axes a hook can be patched over: "layer" (a hook inside blocks, named without its
+// "blocks.L." prefix: "hook_z", "attn.hook_z", "hook_resid_pre"), "head" (hooks with a head
+// axis), "pos" (the position; the query's for hook_pattern and hook_attn_scores) and "src_pos"
+// (the key's, for those two). A full name ("blocks.1.attn.hook_z", "ln_final.hook_normalized")
+// takes no layer axis. Fails naming what is wrong.
+// For every index over `axes`: the corrupted run with the clean run's activation written at that
+// index (every other axis of the activation taken whole: all rows, all of d_head), scored by
+// `metric`. The clean run is recorded once; each patched run is a full forward (the model has
+// no partial forward from a layer on). clean and corrupted must have one shape.
+PatchGrid generic_activation_patch(TransformerLM& model, const Ids& clean, const Ids& corrupted, const std::string& hook,
+                                   const std::vector<std::string>& axes, const PatchMetric& metric);
+// The same with the metric of activation_patching: the restored fraction of the mean logit
+// difference over in.answers, (m - m_corrupted) / (m_clean - m_corrupted).
+PatchGrid generic_activation_patch(TransformerLM& model, const PatchingInputs& in, const std::string& hook,
+                                   const std::vector<std::string>& axes);
+// The axes patching over `hook` takes by default: layer (when named without it), then head if the
+// hook has one, else pos.
+std::vector<std::string> default_patch_axes(const ModelConfig& cfg, const std::string& hook);
 
 }  // namespace hl

@@ -26,6 +26,18 @@ std::pair<CLI::App*, std::shared_ptr<RoleOpts>> add_role_command(CLI::App& app, 
   return {sub, o};
 }
 
+std::vector<int64_t> parse_positions_flag(const std::string& text, const std::string& flag) {
+  std::vector<int64_t> out;
+  if (text.empty()) return out;
+  size_t at = 0;
+  while (true) {
+    const size_t comma = text.find(',', at);
+    out.push_back(parse_int(text.substr(at, comma == std::string::npos ? std::string::npos : comma - at), 0, int64_t{1} << 40, flag));
+    if (comma == std::string::npos) return out;
+    at = comma + 1;
+  }
+}
+
 RoleModel load_role_model(const RoleOpts& o) {
   set_num_threads(o.threads);
   const SafetensorsFile f = read_safetensors(o.checkpoint);

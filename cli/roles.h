@@ -21,7 +21,14 @@ struct RoleOpts {
   int examples = 200, length = 0, threads = 2, bos = -1;
   uint64_t seed = 1234;
   bool exclude_bos = false, exclude_current = false;
+  // knockout and patch --hook: the hook point, its head, positions ("1,4"), ablation kind and
+  // patching axes ("layer,head")
+  std::string hook, kind = "zero", positions, axes;
+  int head = -1;
+  bool per_position = false;
 };
+// "1,4,7" -> {1, 4, 7} (empty text: empty), each checked as a whole number >= 0; `flag` names it.
+std::vector<int64_t> parse_positions_flag(const std::string& text, const std::string& flag);
 
 struct RoleModel {
   std::unique_ptr<TransformerLM> model;

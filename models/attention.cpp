@@ -247,7 +247,8 @@ Tensor attention_from_pattern(const Tensor& P, const Tensor& v, const AttentionA
 // The hook points of one call. Names are built (strings allocated) only when there are hooks.
 // The hook points attention makes, declared with the code that makes them: the steps below
 // apply these names, and hook_points() lists them with their shapes and meanings.
-constexpr char kHookQ[] = "hook_q", kHookK[] = "hook_k", kHookV[] = "hook_v", kHookScores[] = "hook_attn_scores",
+constexpr char kHookQInput[] = "hook_q_input", kHookKInput[] = "hook_k_input", kHookVInput[] = "hook_v_input",
+               kHookQ[] = "hook_q", kHookK[] = "hook_k", kHookV[] = "hook_v", kHookScores[] = "hook_attn_scores",
                kHookPattern[] = "hook_pattern", kHookZ[] = "hook_z", kHookResult[] = "hook_result";
 
 struct HookPoints {
@@ -291,25 +292,85 @@ struct Projected {
   }
 };
 
-// Step 1: project q, k, v (hook_q, hook_k, hook_v applied). x_kv: undefined for self-attention.
+// The split inputs (TransformerLens's use_split_qkv_input): the input x (B, T, d_model) of a
+// projection copied per head, (B, T, heads, d_model), through hook `name`. When a forward hook
+// replaces the copies, each head is projected from its own copy: (B, T, heads*dh) (the per-head
+// products sum in another order than the one product: equal to it to float32 rounding). When the
+// hooks only read them, undefined: the usual projection runs, bit for bit as without the hook.
+Tensor split_input_projection(const HookPoints& hp, const char* name, const Tensor& x, const Linear& lin, int heads) {
+  if (!hp.hooked(name)) return Tensor();
+  const int64_t B = x.size(0), T = x.size(1), D = x.size(2), dh = hp.dh;
+  const Tensor one = reshape(x, {B, T, 1, D});
+  const Tensor copies = concat(std::vector<Tensor>(static_cast<size_t>(heads), one), 2);  // (B, T, heads, D)
+  const Tensor r = hp.hk->apply(hp.pre + name, copies, /*tap_for_backward=*/false);
+  if (r.same(copies)) return Tensor();
+  const Tensor in = hp.hk->tapped(hp.pre + name, r);
+  std::vector<Tensor> per_head;
+  for (int h = 0; h < heads; ++h) {
+    const Tensor xh = reshape(slice(in, 2, h, h + 1), {B, T, D});
+    const Tensor w = slice(lin.weight, 0, h * dh, (h + 1) * dh);  // (dh, D): head h's rows
+    per_head.push_back(linear(xh, w, lin.bias.defined() ? slice(lin.bias, 0, h * dh, (h + 1) * dh) : Tensor()));
+  }
+  return concat(per_head, 2);  // (B, T, heads*dh)
+}
+
+// A backward hook on a split input whose copies were left as they are: t (B, T, heads*dh), the
+// usual projection, routed through tap() so the hook sees dL/d(copy of head h) = dL/dt_h W_h,
+// (B, T, heads, d_model). t itself when no backward hook asks.
+Tensor tap_split_input(const HookPoints& hp, const char* name, const Tensor& t, const Linear& lin, int heads) {
+  if (!hp.hk || !grad_enabled() || !t.requires_grad() || !hp.hk->has_backward(hp.pre + name)) return t;
+  return tap(t, [hooks = *hp.hk, n = hp.pre + name, W = lin.weight, heads, dh = hp.dh](const Tensor& g) {
+    const int64_t rows = g.numel() / g.size(-1), D = W.size(1);
+    Tensor per_head = Tensor::zeros({g.size(0), g.size(1), heads, D});
+    for (int64_t r = 0; r < rows; ++r)
+      for (int h = 0; h < heads; ++h) {
+        float* o = per_head.data() + (r * heads + h) * D;
+        for (int64_t j = 0; j < dh; ++j) {
+          const float gj = g.data()[r * heads * dh + h * dh + j];
+          const float* w = W.data() + (h * dh + j) * D;
+          for (int64_t d = 0; d < D; ++d) o[d] += gj * w[d];
+        }
+      }
+    hooks.backward_at(n, per_head);
+  });
+}
+
+// Step 1: project q, k, v (hook_q_input ... hook_v_input, then hook_q, hook_k, hook_v applied).
+// x_kv: undefined for self-attention.
 Projected project_qkv(const MultiHeadAttention& m, const Tensor& x_q, const Tensor& x_kv_in, bool packed,
                       const HookPoints& hp) {
   const Tensor& x_kv = x_kv_in.defined() ? x_kv_in : x_q;
   Projected p{Tensor(), Tensor(), Tensor(), Tensor(), packed, m.cfg.n_heads, m.cfg.kv_heads(), m.cfg.head_dim()};
+  const bool split_inputs = hp.hooked(kHookQInput) || hp.hooked(kHookKInput) || hp.hooked(kHookVInput);
+  if (split_inputs) {
+    // a replaced copy: each head's q, k or v from its own copy (the others as usual)
+    const Tensor q = split_input_projection(hp, kHookQInput, x_q, m.W_Q, p.H);
+    const Tensor k = split_input_projection(hp, kHookKInput, x_kv, m.W_K, p.Hkv);
+    const Tensor v = split_input_projection(hp, kHookVInput, x_kv, m.W_V, p.Hkv);
+    if (q.defined() || k.defined() || v.defined()) {
+      p.q = hp.heads(kHookQ, q.defined() ? q : tap_split_input(hp, kHookQInput, m.W_Q.forward(x_q), m.W_Q, p.H), p.H);
+      p.k = hp.heads(kHookK, k.defined() ? k : tap_split_input(hp, kHookKInput, m.W_K.forward(x_kv), m.W_K, p.Hkv), p.Hkv);
+      p.v = hp.heads(kHookV, v.defined() ? v : tap_split_input(hp, kHookVInput, m.W_V.forward(x_kv), m.W_V, p.Hkv), p.Hkv);
+      if (packed) p.qkv = concat({p.q, p.k, p.v}, 2);  // (B, T, (H + 2 Hkv) dh)
+      return p;
+    }
+  }
   if (packed) {
     const Tensor ws[3] = {m.W_Q.weight, m.W_K.weight, m.W_V.weight}, bs[3] = {m.W_Q.bias, m.W_K.bias, m.W_V.bias};
     p.qkv = linear_stacked(x_q, ws, bs);  // (B, T, (H + 2 Hkv) dh)
-    // only a hook that replaces (or needs the gradient of) q, k or v splits them
-    if (hp.hooked(kHookQ) || hp.hooked(kHookK) || hp.hooked(kHookV)) {
+    // only a hook that replaces (or needs the gradient of) q, k or v (or their inputs) splits them
+    if (hp.hooked(kHookQ) || hp.hooked(kHookK) || hp.hooked(kHookV) || split_inputs) {
       p.split_packed();
-      const Tensor q2 = hp.heads(kHookQ, p.q, p.H), k2 = hp.heads(kHookK, p.k, p.Hkv), v2 = hp.heads(kHookV, p.v, p.Hkv);
+      const Tensor q2 = hp.heads(kHookQ, tap_split_input(hp, kHookQInput, p.q, m.W_Q, p.H), p.H),
+                   k2 = hp.heads(kHookK, tap_split_input(hp, kHookKInput, p.k, m.W_K, p.Hkv), p.Hkv),
+                   v2 = hp.heads(kHookV, tap_split_input(hp, kHookVInput, p.v, m.W_V, p.Hkv), p.Hkv);
       if (!q2.same(p.q) || !k2.same(p.k) || !v2.same(p.v)) p.qkv = concat({q2, k2, v2}, 2);
       p.q = q2, p.k = k2, p.v = v2;
     }
   } else {
-    p.q = hp.heads(kHookQ, m.W_Q.forward(x_q), p.H);     // (B, Tq, H*dh)
-    p.k = hp.heads(kHookK, m.W_K.forward(x_kv), p.Hkv);  // (B, Tk, Hkv*dh)
-    p.v = hp.heads(kHookV, m.W_V.forward(x_kv), p.Hkv);
+    p.q = hp.heads(kHookQ, tap_split_input(hp, kHookQInput, m.W_Q.forward(x_q), m.W_Q, p.H), p.H);      // (B, Tq, H*dh)
+    p.k = hp.heads(kHookK, tap_split_input(hp, kHookKInput, m.W_K.forward(x_kv), m.W_K, p.Hkv), p.Hkv);  // (B, Tk, Hkv*dh)
+    p.v = hp.heads(kHookV, tap_split_input(hp, kHookVInput, m.W_V.forward(x_kv), m.W_V, p.Hkv), p.Hkv);
   }
   return p;
 }
@@ -437,7 +498,13 @@ Tensor output_projection(const MultiHeadAttention& m, const Tensor& z, const Hoo
 std::vector<HookPointInfo> MultiHeadAttention::hook_points(const AttentionConfig& c) {
   const std::string H = std::to_string(c.n_heads), Hkv = std::to_string(c.kv_heads()), dh = std::to_string(c.head_dim()),
                     D = std::to_string(c.d_model);
-  return {{kHookQ, "(B, T, " + H + ", " + dh + ")", "queries per head"},
+  return {{kHookQInput, "(B, T, " + H + ", " + D + ")",
+           "input of the queries, a copy per head: each head's q from its own (computed only when hooked)"},
+          {kHookKInput, "(B, T, " + Hkv + ", " + D + ")",
+           "input of the keys, a copy per kv head: each head's k from its own (computed only when hooked)"},
+          {kHookVInput, "(B, T, " + Hkv + ", " + D + ")",
+           "input of the values, a copy per kv head: each head's v from its own (computed only when hooked)"},
+          {kHookQ, "(B, T, " + H + ", " + dh + ")", "queries per head"},
           {kHookK, "(B, T, " + Hkv + ", " + dh + ")", "keys per kv head"},
           {kHookV, "(B, T, " + Hkv + ", " + dh + ")", "values per kv head"},
           {kHookScores, "(B, " + H + ", T, T)", "scaled, masked scores before softmax (-inf where masked)"},

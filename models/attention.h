@@ -85,7 +85,7 @@ struct AttentionConfig {
 
 class MultiHeadAttention : public Module {
  public:
-  // The hook points attention makes (hook_q ... hook_result), in the order it makes them.
+  // The hook points attention makes (hook_q_input ... hook_result), in the order it makes them.
   static std::vector<HookPointInfo> hook_points(const AttentionConfig& c);
   MultiHeadAttention(const AttentionConfig& cfg, Rng& init_rng, Rng* dropout_rng = nullptr);
 
@@ -98,11 +98,13 @@ class MultiHeadAttention : public Module {
     // consecutive rows (self-attention without hooks or cache); the output is the same shape.
     std::span<const int32_t> live_len;
     const Ids* output_rows = nullptr;  // with live_len: the output only at these packed rows
-    const Hooks* hooks = nullptr;  // hook points hook_prefix + hook_q, hook_k, hook_v,
-    std::string hook_prefix;       //   hook_attn_scores, hook_pattern, hook_z, hook_result
+    const Hooks* hooks = nullptr;  // hook points hook_prefix + hook_q_input, hook_k_input, hook_v_input,
+    std::string hook_prefix;       //   hook_q, hook_k, hook_v, hook_attn_scores, hook_pattern, hook_z, hook_result
   };
   // x_q (B, Tq, d_model); x_kv (B, Tk, d_model) for cross-attention or undefined for self.
-  // Hook points (shapes): hook_q (B,Tq,H,dh), hook_k and hook_v (B,Tk,Hkv,dh),
+  // Hook points (shapes): hook_q_input (B,Tq,H,d_model), hook_k_input and hook_v_input
+  // (B,Tk,Hkv,d_model): the input copied per head, each head projected from its own copy
+  // (computed only when hooked, as TransformerLens's use_split_qkv_input), hook_q (B,Tq,H,dh), hook_k and hook_v (B,Tk,Hkv,dh),
   // hook_attn_scores (B,H,Tq,Tk) scaled and masked (-inf) before softmax, hook_pattern
   // (B,H,Tq,Tk), hook_z (B,Tq,H,dh) gated head outputs before W_O, hook_result (B,Tq,H,d_model)
   // each head's contribution to the output (computed only when hooked; W_O's bias not included).

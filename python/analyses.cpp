@@ -2,6 +2,7 @@
 // detectors, activation patching and circuit scores (long ones stop on Ctrl-C).
 #include <optional>
 
+#include "analysis/ablation.h"
 #include "analysis/circuits.h"
 #include "analysis/decompose.h"
 #include "analysis/detectors.h"
@@ -40,6 +41,45 @@ const PyTask* split_task(py::object& task, py::object& data, const std::string& 
     task = py::none();
   }
   return task.is_none() ? nullptr : &task.cast<const PyTask&>();
+}
+
+// hl.activation_patching(model, clean, corrupted, hook=, axes=, answers=, metric=): the generic
+// loop over the axes; an array indexed by them.
+py::array generic_patching(TransformerLM& model, const py::object& clean, const py::object& corrupted, const std::string& hook,
+                           const std::vector<std::string>& axes, const py::object& answers, const py::object& metric) {
+  PatchingInputs in;
+  in.clean = ids_from(clean, "clean");
+  in.corrupted = ids_from(corrupted, "corrupted");
+  if (in.clean.shape != in.corrupted.shape)
+    throw py::value_error("activation_patching: the clean ids " + in.clean.shape.str() + " and the corrupted ids " +
+                          in.corrupted.shape.str() + " must have one shape");
+  const std::vector<std::string> ax = axes.empty() ? default_patch_axes(model.cfg, hook) : axes;
+  PatchGrid g;
+  if (metric.is_none()) {
+    if (answers.is_none())
+      throw py::value_error("activation_patching: give answers (rows of (row, pos, clean token, corrupted token)) for the "
+                            "default metric, or a metric(logits) -> float");
+    for (const auto& r : answers.cast<std::vector<std::vector<int64_t>>>()) {
+      if (r.size() != 4) throw py::value_error("activation_patching: each answer is (row, pos, clean token, corrupted token)");
+      const int64_t B = in.clean.shape[0], T = in.clean.shape[1], V = model.cfg.vocab_size;
+      if (r[0] < 0 || r[0] >= B || r[1] < 0 || r[1] >= T || r[2] < 0 || r[2] >= V || r[3] < 0 || r[3] >= V)
+        throw py::value_error("activation_patching: answer (" + std::to_string(r[0]) + ", " + std::to_string(r[1]) + ", " +
+                              std::to_string(r[2]) + ", " + std::to_string(r[3]) + ") is outside the ids or the vocabulary");
+      in.answers.push_back({r[0], r[1], static_cast<int32_t>(r[2]), static_cast<int32_t>(r[3])});
+    }
+    if (in.answers.empty()) throw py::value_error("activation_patching: no answers");
+    g = interruptible([&] { return generic_activation_patch(model, in, hook, ax); });
+  } else {
+    py::function f = metric.cast<py::function>();
+    const PatchMetric pm = [&f](const Tensor& logits, const std::vector<int64_t>&) {
+      py::gil_scoped_acquire gil;
+      return f(view_of(logits, false)).cast<double>();
+    };
+    g = interruptible([&] { return generic_activation_patch(model, in.clean, in.corrupted, hook, ax, pm); });
+  }
+  py::array_t<double> out(std::vector<py::ssize_t>(g.shape.begin(), g.shape.end()));
+  std::copy(g.values.begin(), g.values.end(), out.mutable_data());
+  return out;
 }
 
 }  // namespace
@@ -212,7 +252,11 @@ void bind_analyses(py::module_& m) {
      py::arg("exclude_current_token") = false,
      "TransformerLens-style detector scores (L, H): previous_token, duplicate_token or induction");
   m.def("activation_patching", [](TransformerLM& model, py::object task, py::object data_obj, uint64_t seed,
-                                  std::optional<int> alphabet) {
+                                  std::optional<int> alphabet) -> py::object {
+    // (model, clean ids, corrupted ids): the generic form with its defaults
+    if (!task.is_none() && !py::isinstance<PyTask>(task) && !data_obj.is_none() && !py::isinstance<PyData>(data_obj) &&
+        !py::isinstance<py::dict>(data_obj))
+      return py::object(generic_patching(model, task, data_obj, "hook_z", {}, py::none(), py::none()));
     const PyTask* t = split_task(task, data_obj, "activation_patching");
     const DataArg data = data_arg(data_obj, model, "activation_patching");
     const Batch& first = data.batches()[0];  // the first batch's rows are patched
@@ -236,10 +280,84 @@ void bind_analyses(py::module_& m) {
     d["resid_correlation"] = r.resid_correlation;
     d["clean_ids"] = ids_to_array(in.clean);
     d["corrupted_ids"] = ids_to_array(in.corrupted);
-    return d;
+    return py::object(d);
   }, py::arg("model"), py::arg("task") = py::none(), py::arg("data") = py::none(), py::arg("seed") = 1234,
      py::arg("alphabet") = py::none(),
      "Patching per head (hook_z, (L, H)) and per residual position ((L, T)), exact and attribution, normalised clean=1, corrupted=0");
+  // ---- ablations by hook name and generic activation patching ------------------------------------
+  m.def("corrupt_one_symbol", [](const PyTask& task, const PyData& data, uint64_t seed) {
+    if (data.batches.empty()) throw py::value_error("corrupt_one_symbol: no data");
+    const PatchingInputs in = corrupt_one_symbol(data.batches[0], task.task->symbols(), seed);
+    py::dict d;
+    d["clean"] = ids_to_array(in.clean);
+    d["corrupted"] = ids_to_array(in.corrupted);
+    py::array_t<int64_t> answers({static_cast<py::ssize_t>(in.answers.size()), py::ssize_t{4}});
+    auto a = answers.mutable_unchecked<2>();
+    for (size_t i = 0; i < in.answers.size(); ++i)
+      a(i, 0) = in.answers[i].row, a(i, 1) = in.answers[i].pos, a(i, 2) = in.answers[i].clean, a(i, 3) = in.answers[i].corrupted;
+    d["answers"] = answers;
+    d["source_pos"] = py::array(py::cast(in.source_pos));
+    return d;
+  }, py::arg("task"), py::arg("data"), py::arg("seed") = 1234,
+     "The patching inputs activation_patching(model, task, data) makes from the first batch: clean and corrupted ids "
+     "(R, T), answers (R, 4) of (row, pos, clean token, corrupted token), source_pos (R)");
+  m.def("activation_patching", generic_patching, py::arg("model"), py::arg("clean"), py::arg("corrupted"), py::arg("hook") = "hook_z",
+        py::arg("axes") = std::vector<std::string>{}, py::arg("answers") = py::none(), py::arg("metric") = py::none(),
+     "Generic activation patching: for every index over `axes` (layer, head, pos, src_pos) of `hook`, the corrupted run with "
+     "the clean activation written there, scored by the restored fraction of the answers' logit difference (or metric(logits)); "
+     "an array indexed by the axes");
+  m.def("mean_activation", [](TransformerLM& model, const py::object& data_obj, const std::string& hook, bool per_position) {
+    const DataArg data = data_arg(data_obj, model, "mean_activation");
+    return interruptible([&] { return mean_activation(model, data.batches(), hook, per_position); });
+  }, py::arg("model"), py::arg("data"), py::arg("hook"), py::arg("per_position") = false,
+     "Mean of a hook's activation over the data's rows (and positions unless per_position): its shape with those axes of size 1");
+  m.def("_ablated_activation", [](const ModelConfig& cfg, const std::string& hook, const py::array& x, int head,
+                                  const std::vector<int64_t>& positions, const py::object& value) {
+    const AblationSite site{hook, head, positions};
+    check_ablation_site(cfg, site);
+    const Tensor v = value.is_none() ? Tensor() : tensor_from_array(py::array::ensure(value), "ablation value");
+    return ablated_activation(tensor_from_array(x, "activation at " + hook), hook_axes(cfg, hook), site, v);
+  });
+  m.def("_check_ablation_site", [](const ModelConfig& cfg, const std::string& hook, int head, const std::vector<int64_t>& positions) {
+    check_ablation_site(cfg, {hook, head, positions});
+  });
+  m.def("_ablate", [](TransformerLM& model, const py::object& data_obj, const std::string& hook, int head, const std::string& kind,
+                     const std::vector<int64_t>& positions, const py::object& mean_data, bool per_position, uint64_t seed,
+                     const std::vector<int64_t>& permutation) {
+    const DataArg data = data_arg(data_obj, model, "ablate");
+    AblationOptions o;
+    o.site = {hook, head, positions};
+    o.kind = parse_ablation_kind(kind);
+    o.per_position = per_position;
+    if (!mean_data.is_none()) o.mean_data = data_arg(mean_data, model, "ablate: mean_data").batches();
+    o.seed = seed;
+    o.permutation = permutation;
+    const KnockoutResult r = interruptible([&] { return knockout(model, data.batches(), o); });
+    auto interval = [](const Interval& ci) { return py::make_tuple(ci.lo, ci.hi); };
+    py::dict d, ci;
+    d["clean_loss"] = r.clean_mean_loss;
+    d["ablated_loss"] = r.ablated_mean_loss;
+    d["clean_token_acc"] = r.clean_token_acc;
+    d["ablated_token_acc"] = r.ablated_token_acc;
+    d["clean_losses"] = py::array(py::cast(r.clean_loss));
+    d["ablated_losses"] = py::array(py::cast(r.ablated_loss));
+    d["clean_accs"] = py::array(py::cast(r.clean_acc));
+    d["ablated_accs"] = py::array(py::cast(r.ablated_acc));
+    d["counted"] = py::array(py::cast(r.counted));
+    ci["clean_loss"] = interval(r.clean_loss_ci95);
+    ci["ablated_loss"] = interval(r.ablated_loss_ci95);
+    ci["d_loss"] = interval(r.d_loss_ci95);
+    ci["clean_token_acc"] = interval(r.clean_acc_ci95);
+    ci["ablated_token_acc"] = interval(r.ablated_acc_ci95);
+    ci["d_token_acc"] = interval(r.d_acc_ci95);
+    d["ci95"] = ci;
+    if (!r.permutation.empty()) d["permutation"] = py::array(py::cast(r.permutation));
+    return d;
+  }, py::arg("model"), py::arg("data"), py::arg("hook"), py::arg("head") = -1, py::arg("kind") = "zero",
+     py::arg("positions") = std::vector<int64_t>{}, py::arg("mean_data") = py::none(), py::arg("per_position") = false,
+     py::arg("seed") = 0, py::arg("permutation") = std::vector<int64_t>{},
+     "Ablate a hook point by name (zero, mean or resample; one head or all; some positions or all): clean and ablated loss "
+     "and accuracy, per example and overall, with 95% bootstrap intervals");
   m.def("composition_scores", [](const TransformerLM& model, int layer_a, int layer_b) {
     const CompositionScores c = composition_scores(model, layer_a, layer_b);
     py::dict d;

@@ -184,6 +184,8 @@ run 60 "$HL" train --d-model 64 --layers 2 --heads 4 --d-ff 128 --length 32 --ba
 [ "$rc" = 0 ] || bad "fixture: 65-token model (exit $rc)" "$T/err"
 refused "patch --examples 1000000: refused before work with a memory estimate" 10 '--examples;;[0-9] ?[KMGTPE]i?B' "" -- \
   bash -c '[ "$CAP" = 1 ] && ulimit -v 8000000; exec "$@"' capped "$HL" patch --checkpoint "$T/big/model.safetensors" --examples 1000000 --out "$T/o_patch"
+refused "knockout --kind resample --examples 1000000: refused before work with a memory estimate" 10 '--examples;;[0-9] ?[KMGTPE]i?B' "" -- \
+  bash -c '[ "$CAP" = 1 ] && ulimit -v 8000000; exec "$@"' capped "$HL" knockout --checkpoint "$T/big/model.safetensors" --hook blocks.0.attn.hook_pattern --kind resample --examples 1000000 --out "$T/o_knockout"
 refused "bench with a huge --config: refused with a memory estimate" 10 '--config;;[0-9] ?[KMGTPE]i?B' 'bad_alloc|child failed' -- \
   "$HL" bench --config 65536,1024,4,1048576,100000,100000 --steps 1 --warmup 0 --threads 1
 

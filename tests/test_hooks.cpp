@@ -9,6 +9,7 @@
 
 #include "models/transformer.h"
 #include "tests/reference_model.h"
+#include "lib/gradcheck.h"
 #include "tests/fixtures.h"
 
 using namespace hl;
@@ -89,7 +90,8 @@ BOOST_AUTO_TEST_CASE(replacing_with_an_equal_copy_gives_the_same_model_within_ro
     TransformerLM m(c, 5);
     NoGradGuard ng;
     const roundoff::Mat ref = roundoff::bounded_logits(m, ids());
-    for (const char* point : {"hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z", "hook_result"}) {
+    for (const char* point : {"hook_q_input", "hook_k_input", "hook_v_input", "hook_q", "hook_k", "hook_v", "hook_attn_scores",
+                              "hook_pattern", "hook_z", "hook_result"}) {
       Hooks h;
       h.add_forward(names_ending_with(std::string("attn.") + point), [](const Tensor& act, const std::string&) { return act.clone(); });
       ForwardOptions opt;
@@ -136,8 +138,11 @@ BOOST_AUTO_TEST_CASE(backward_hooks_see_the_gradients_retain_grad_sees) {
     h.add_forward(all_names(), [&](const Tensor& act, const std::string& name) {
       // the fused kernel's pattern is not a graph tensor, and the scores a hook sees are
       // recomputed beside it: their gradients come from the kernel's backward (checked below)
+      // the split inputs' copies, when left as they are, are made beside the usual projection
+      // (which reads the input itself): their gradients come through a tap on q, k and v
+      // (split_qkv_inputs_... below)
       if (act.requires_grad() && name.find("hook_attn_scores") == std::string::npos &&
-          name.find("hook_result") == std::string::npos) {
+          name.find("hook_result") == std::string::npos && !name.ends_with("_input")) {
         act.retain_grad();
         retained[name] = act;
       }
@@ -153,7 +158,7 @@ BOOST_AUTO_TEST_CASE(backward_hooks_see_the_gradients_retain_grad_sees) {
     size_t scales = 0;
     for (const std::string& n : names_of(c)) scales += n.find("hook_scale") != std::string::npos;
     BOOST_TEST(scales == (c.norm == Norm::Pre ? 2u * c.n_layers + 1 : 0u));
-    BOOST_TEST(retained.size() == names_of(c).size() - 3 * static_cast<size_t>(c.n_layers) - scales);
+    BOOST_TEST(retained.size() == names_of(c).size() - 6 * static_cast<size_t>(c.n_layers) - scales);
     // each head's result adds into the attention output: its gradient is that output's
     for (int l = 0; l < c.n_layers; ++l) {
       const std::string b = "blocks." + std::to_string(l) + ".";
@@ -289,4 +294,98 @@ BOOST_AUTO_TEST_CASE(steering_the_pattern_changes_the_output_as_the_formula_says
         // i+1 products with the rounded weight 1/(i+1), summed: gamma(i + 3) sum |terms|
         BOOST_TEST(std::fabs(z.data()[(b * 6 + i) * 8 + e] - mean) <= roundoff::gamma(i + 3.0) * mag / (i + 1) + 1e-30);
       }
+}
+
+BOOST_AUTO_TEST_CASE(split_qkv_inputs_give_each_head_its_own_copy) {
+  // hook_k_input (B, T, H, d_model): a change to head 1's copy changes head 1's keys, so head 1's
+  // pattern, and no other head's (compared with the same per-head path given an equal copy)
+  for (const ModelConfig& c : {small(), small(Norm::Post)}) {
+    TransformerLM m(c, 21);
+    NoGradGuard ng;
+    auto patterns = [&](bool change) {
+      Hooks h;
+      ActivationCache cache;
+      h.add_forward("blocks.0.attn.hook_k_input", [change](const Tensor& x, const std::string&) {  // (B, T, H, D)
+        BOOST_TEST(x.shape() == Shape({2, 6, 4, 8}));
+        Tensor y = x.clone();
+        if (change)
+          for (int64_t i = 0; i < y.numel(); ++i)
+            if ((i / 8) % 4 == 1) y.data()[i] += 0.5f * static_cast<float>(i % 5) - 1.f;
+        return y;
+      });
+      h.cache(cache, name_is("blocks.0.attn.hook_pattern"));
+      ForwardOptions opt;
+      opt.hooks = &h;
+      m.forward(ids(), opt);
+      return cache["blocks.0.attn.hook_pattern"].to_vector();  // (B, H, T, T)
+    };
+    const std::vector<float> same = patterns(false), changed = patterns(true);
+    for (int64_t hd = 0; hd < 4; ++hd) {
+      bool differs = false, equal = true;
+      for (int64_t b = 0; b < 2; ++b)
+        for (int64_t i = 0; i < 36; ++i) {
+          const size_t at = static_cast<size_t>((b * 4 + hd) * 36 + i);
+          differs = differs || same[at] != changed[at];
+          equal = equal && same[at] == changed[at];
+        }
+      BOOST_TEST((hd == 1 ? differs : equal), "head " << hd);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(split_qkv_inputs_backward_hooks_see_the_gradient_of_each_copy) {
+  // left as they are (the usual projection, tapped) or replaced by an equal copy (each head from
+  // its own copy, through autograd): the same gradients, to float32 rounding of sums of d_head terms
+  TransformerLM m(small(Norm::Pre, 2), 23);
+  for (const char* point : {"blocks.1.attn.hook_q_input", "blocks.0.attn.hook_k_input", "blocks.1.attn.hook_v_input"}) {
+    auto gradient = [&](bool replace) {
+      Hooks h;
+      Tensor g;
+      if (replace) h.add_forward(point, [](const Tensor& x, const std::string&) { return add_scalar(x, 0.f); });  // a graph copy
+      h.add_backward(point, [&g](const Tensor& grad, const std::string&) { g = grad.clone(); });
+      ForwardOptions opt;
+      opt.hooks = &h;
+      m.zero_grad();
+      cross_entropy(m.forward(ids(), opt), targets()).backward();
+      BOOST_TEST_REQUIRE(g.defined());
+      return g;
+    };
+    const Tensor tapped = gradient(false), autograd = gradient(true);
+    BOOST_TEST(tapped.shape() == autograd.shape());
+    const int heads = std::string(point).find("q_input") != std::string::npos ? 4 : 2;  // kv heads for k and v
+    BOOST_TEST(tapped.shape() == Shape({2, 6, heads, 8}));
+    float scale = 0;
+    for (int64_t i = 0; i < autograd.numel(); ++i) scale = std::max(scale, std::fabs(autograd.data()[i]));
+    BOOST_TEST(scale > 0.f);
+    for (int64_t i = 0; i < autograd.numel(); ++i)
+      BOOST_TEST(std::fabs(tapped.data()[i] - autograd.data()[i]) <= 64 * roundoff::u * scale, point << " element " << i);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(split_qkv_inputs_pass_gradcheck) {
+  // each head projected from its own (changed) copy: gradients of the parameters, the input and
+  // the change against central differences, self- and cross-attention, with and without GQA
+  for (int kv : {0, 1}) {
+    Rng r(31), data(32);
+    MultiHeadAttention mha(test_attention({.d_model = 8, .heads = 2, .kv_heads = kv, .bias = true}), r);
+    const int kv_heads = kv ? kv : 2;
+    Tensor xq = Tensor::randn({2, 3, 8}, data).requires_grad_(), xkv = Tensor::randn({2, 4, 8}, data).requires_grad_();
+    Tensor dq = Tensor::randn({1, 1, 2, 8}, data).requires_grad_(), dk = Tensor::randn({1, 1, kv_heads, 8}, data).requires_grad_();
+    Hooks h;
+    h.add_forward("hook_q_input", [&](const Tensor& x, const std::string&) { return add(x, dq); });
+    h.add_forward("hook_k_input", [&](const Tensor& x, const std::string&) { return add(x, dk); });
+    h.add_forward("hook_v_input", [&](const Tensor& x, const std::string&) { return mul_scalar(x, 1.5f); });
+    std::vector<Tensor> inputs = mha.parameters();
+    for (const Tensor& t : {xq, xkv, dq, dk}) inputs.push_back(t);
+    for (bool self : {false, true}) {
+      auto fn = [&](const std::vector<Tensor>&) {
+        MultiHeadAttention::Call call;
+        call.hooks = &h;
+        call.causal = self;
+        return mha.forward(xq, self ? Tensor() : xkv, call);
+      };
+      const GradcheckResult res = gradcheck(fn, inputs);
+      BOOST_TEST(res.ok, (self ? "self " : "cross ") << "kv " << kv << ": " << res.message);
+    }
+  }
 }

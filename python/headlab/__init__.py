@@ -10,8 +10,8 @@ See docs/python.md for a worked example.
 """
 from ._core import (  # noqa: F401
     ActivationCache, Batches, HeadlabError, ModelConfig, NonFiniteError, Task, Tensor, TransformerLM,
-    activation_patching, attention_statistics, composition_baseline, composition_scores, copying_score, cross_entropy,
-    detect_heads, evaluate,
+    activation_patching, attention_statistics, composition_baseline, composition_scores, copying_score, corrupt_one_symbol,
+    cross_entropy, detect_heads, evaluate, mean_activation,
     grad_enabled, head_gradient_norms, head_importance, head_importance_per_token, hook_points, live_tensors, num_threads,
     ov_eigenvalues, ov_singular_values, per_token_loss, prune_curve, qk_singular_values, repeated_random_tokens,
     set_num_threads, varied_repeat_probe, single_head_ablation, softmax, tensor, train_settings,
@@ -22,7 +22,8 @@ from .views import View, grid_view, token_view, view  # noqa: F401
 
 __all__ = [
     "ActivationCache", "Batches", "HeadlabError", "ModelConfig", "NonFiniteError", "Task", "Tensor",
-    "Trainer", "TransformerLM", "activation_patching", "attention_statistics", "composition_baseline", "composition_scores",
+    "Trainer", "TransformerLM", "ablate", "ablation_hook", "activation_patching", "attention_statistics",
+    "composition_baseline", "composition_scores", "corrupt_one_symbol", "mean_activation",
     "cross_entropy", "detect_heads", "evaluate", "grad_enabled", "repeated_random_tokens", "varied_repeat_probe",
     "head_gradient_norms", "head_importance", "head_importance_per_token", "hook_points", "no_grad", "num_threads",
     "ov_eigenvalues", "ov_singular_values", "per_token_loss", "prune_curve", "qk_singular_values", "set_num_threads",
@@ -118,3 +119,46 @@ def train(callback=None, progress=True, **settings):
     """``headlab.train(d_model=32, steps=300)``: builds a Trainer, runs it, returns (trainer, result)."""
     t = Trainer(**settings)
     return t, t.run(callback=callback, progress=progress)
+
+
+def ablate(model, data, hook, head=None, kind="zero", positions=None, mean_data=None, per_position=False, seed=0,
+           permutation=None):
+    """Ablate one hook point by name on held-out ``data`` (a :class:`Batches`) and compare with the clean run.
+
+    ``kind``: ``"zero"``, ``"mean"`` (the mean over ``mean_data``, default ``data``; per position with
+    ``per_position=True``, else over every position) or ``"resample"`` (example i takes example
+    ``permutation[i]``'s activation; by default a random cycle from ``seed``). ``head``: one head of a
+    hook with a head axis (None: all); ``positions``: a list (None: all). Returns a dict: ``clean_loss``,
+    ``ablated_loss``, ``clean_token_acc``, ``ablated_token_acc`` (floats, over every counted target),
+    ``clean_losses``, ``ablated_losses``, ``clean_accs``, ``ablated_accs``, ``counted`` (arrays (N,), per
+    example), ``ci95`` (95% bootstrap intervals (lo, hi), including the differences ``d_loss`` and
+    ``d_token_acc``) and, for resample, ``permutation`` (N,).
+    """
+    positions = [] if positions is None else [int(p) for p in positions]
+    return _core._ablate(model, data, hook, -1 if head is None else head, kind, positions, mean_data,
+                         per_position, seed, list(permutation) if permutation is not None else [])
+
+
+def ablation_hook(model, hook, kind="zero", head=None, positions=None, value=None):
+    """A forward hook ``fn(activation, name)`` for ``model.run_with_hooks`` that ablates ``hook``.
+
+    ``kind="zero"``: zeros. ``"mean"``: ``value`` from :func:`mean_activation` (broadcast over the batch,
+    and the positions when averaged over them). ``"resample"``: ``value`` the same hook's activation on
+    other prompts, of the activation's shape (e.g. from ``run_with_cache`` on them). Only ``head`` (None:
+    all) and ``positions`` (None: all) are replaced; everything else is kept bit for bit.
+    """
+    import numpy as np
+    if kind not in ("zero", "mean", "resample"):
+        raise ValueError(f"unknown ablation kind '{kind}' (expected zero, mean or resample)")
+    if kind == "zero":
+        value = None
+    elif value is None:
+        raise ValueError(f"a {kind} ablation hook needs its value (mean_activation(...) or another prompt's activation)")
+    config = model.config if isinstance(model, TransformerLM) else model
+    head = -1 if head is None else head
+    positions = [] if positions is None else [int(p) for p in positions]
+    _core._check_ablation_site(config, hook, head, positions)  # a misspelt hook fails here, not in the forward
+
+    def fn(activation, name):
+        return np.asarray(_core._ablated_activation(config, hook, activation, head, positions, value))
+    return fn
