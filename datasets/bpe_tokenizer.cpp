@@ -381,7 +381,7 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
   std::string out;
   for (size_t i = 0; i < ids.size(); ++i) {
     const int32_t id = ids[i];
-    if (id < 0 || id >= vocab_size() || !impl_->present[static_cast<size_t>(id)])
+    if (!has_id(id))
       fail("decode: the id ", id, " at position ", i, " is not in the vocabulary of ", impl_->source, " (ids 0..", vocab_size() - 1, ")");
     out += impl_->bytes[static_cast<size_t>(id)];
   }
@@ -390,8 +390,10 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
 
 int BpeTokenizer::vocab_size() const { return static_cast<int>(impl_->bytes.size()); }
 
+bool BpeTokenizer::has_id(int32_t id) const { return id >= 0 && id < vocab_size() && impl_->present[static_cast<size_t>(id)]; }
+
 const std::string& BpeTokenizer::token_bytes(int32_t id) const {
-  if (id < 0 || id >= vocab_size() || !impl_->present[static_cast<size_t>(id)])
+  if (!has_id(id))
     fail("token ", id, " is not in the vocabulary of ", impl_->source, " (ids 0..", vocab_size() - 1, ")");
   return impl_->bytes[static_cast<size_t>(id)];
 }

@@ -37,6 +37,7 @@ class BpeTokenizer {
   std::string decode(const std::vector<int32_t>& ids) const;
 
   int vocab_size() const;  // the largest id + 1
+  bool has_id(int32_t id) const;  // whether the vocabulary gives the id to a token
   // The bytes an id stands for (special tokens: their own text); fails outside the vocabulary.
   const std::string& token_bytes(int32_t id) const;
   // The token for display: its bytes as text, with control characters and bytes that are not
