@@ -4,11 +4,13 @@
 #define BOOST_TEST_MODULE tokenizer
 #include <boost/test/unit_test.hpp>
 #include <filesystem>
+#include <algorithm>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "datasets/bpe_tokenizer.h"
+#include "datasets/task.h"
 #include "lib/fileutil.h"
 #include "tests/fixtures.h"
 
@@ -209,4 +211,31 @@ BOOST_AUTO_TEST_CASE(bad_files_and_bad_text_are_refused_naming_them) {
   BOOST_TEST(has(error_of([&] { t.encode("é<|endoftext|>x\xc3", "--text"); }), "--text: not valid UTF-8 at byte 16 ("));
   BOOST_TEST(has(error_of([&] { t.encode("\xed\xa0\x80"); }), "text: not valid UTF-8 at byte 0"));  // a surrogate
   BOOST_TEST(has(error_of([&] { t.encode("\xc0\xaf"); }), "text: not valid UTF-8 at byte 0"));     // overlong
+}
+
+BOOST_AUTO_TEST_CASE(text_task_windows_are_stretches_of_the_files_tokens) {
+  const std::string dir = small_dir("bpe-task", small_vocab().dump(), small_merges());
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "hello the tell aaa <|endoftext|> ";
+  const std::string data = test::temp_path("bpe-task.txt");
+  write_file_atomic(data, text);
+  TaskConfig c = TaskConfig::preset("text");
+  c.data = data, c.tokenizer = dir, c.max_len = 6;
+  const std::unique_ptr<Task> task = make_task(c);
+  BOOST_TEST(task->vocab_size() == 263);
+  BOOST_TEST(task->token_text(258) == " the");
+  const IdList all = BpeTokenizer::load(dir).encode(text);
+  Rng rng(5);
+  const Batch b = task->sample(8, rng);
+  for (int64_t r = 0; r < b.size(); ++r) {
+    IdList window;
+    for (int64_t t = 0; t < 6; ++t) window.push_back(b.inputs.at(r, t));
+    window.push_back(b.targets.at(r, 5));
+    for (int64_t t = 0; t + 1 < 6; ++t) BOOST_TEST(b.targets.at(r, t) == b.inputs.at(r, t + 1));
+    BOOST_TEST((std::search(all.begin(), all.end(), window.begin(), window.end()) != all.end()));
+  }
+  // the checkpoint's description keeps the tokenizer
+  BOOST_TEST(TaskConfig::from_json(c.to_json(), "test").tokenizer == dir);
+  c.name = "copy";
+  BOOST_TEST(has(error_of([&] { c.validate(); }), "task copy: --tokenizer is for --task text"));
 }

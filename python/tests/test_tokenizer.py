@@ -6,11 +6,13 @@ the package (or node is missing, for the comparison)."""
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import tarfile
 import tempfile
 
+import numpy as np
 import pytest
 
 import headlab as hl
@@ -157,3 +159,61 @@ def test_refusals_name_what_is_wrong(tok, tmp_path):
         tok.encode("\ud800")
     with pytest.raises(TypeError, match="expected str"):
         tok.encode(5)
+
+
+TEXT = ("The quick brown fox jumps over the lazy dog. It's 2024, and naïve café owners don't mind. "
+        "Привет, мир! 你好世界 👋🌍\n\n") * 12
+
+
+def run(*args):
+    return subprocess.run([HEADLAB, *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def test_text_task_learns_the_tokenizers_tokens(tok, gpt2_dir, tmp_path):
+    data = tmp_path / "book.txt"
+    data.write_text(TEXT, encoding="utf-8")
+    ids = tok.encode(TEXT)
+    task = hl.Task("text", data=str(data), tokenizer=gpt2_dir, length=8)
+    assert task.vocab_size == 50257 and task.seq_len == 8
+    assert task.token_text(995) == " world"
+    # every window is a stretch of the file's tokens, its targets the next ones
+    joined = ",".join(map(str, ids))
+    b = task.sample(batch=5, seed=1)
+    inputs, targets = np.asarray(b["input_ids"]), np.asarray(b["targets"])
+    for x, y in zip(inputs.tolist(), targets.tolist()):
+        assert x[1:] == y[:-1]
+        assert ",".join(map(str, x + y[-1:])) in joined
+    # headlab train on the same: the model's vocabulary is the tokenizer's; view encodes --text
+    out = tmp_path / "run"
+    r = run("train", "--task", "text", "--data", data, "--tokenizer", gpt2_dir, "--d-model", 16, "--layers", 1, "--heads", 2,
+            "--d-ff", 32, "--length", 8, "--batch", 4, "--eval-size", 4, "--steps", 2, "--threads", 1, "--out", out)
+    assert r.returncode == 0, r.stderr
+    model = hl.TransformerLM.load(str(out / "model.safetensors"))
+    assert model.config.vocab_size == 50257
+    page = tmp_path / "page.html"
+    r = run("view", "--checkpoint", out / "model.safetensors", "--text", "Hello world 👋", "--tokenizer", gpt2_dir, "--out", page)
+    assert r.returncode == 0, r.stderr
+    html = page.read_text(encoding="utf-8")
+    assert '"Hello"' in html and '" world"' in html  # the tokens' text, not ids or bytes
+    # the run's own tokenizer serves when --tokenizer is not given; held-out examples too
+    r = run("view", out, "--text", "Hello world 👋", "--out", tmp_path / "own.html")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "own.html").read_text(encoding="utf-8").count('" world"') == html.count('" world"')
+    r = run("view", out, "--out", tmp_path / "run.html")
+    assert r.returncode == 0, r.stderr
+    labels = [json.loads(m) for m in re.findall(r'"tokens":(\[.*?\])', (tmp_path / "run.html").read_text(encoding="utf-8"))]
+    known = {tok.token_text(i) for i in range(tok.vocab_size)}
+    assert labels and all(t in known for row in labels for t in row) and any(t.strip().isalpha() for row in labels for t in row)
+    # refusals: a tokenizer larger than the model, a tokenizer for another task, text that is not UTF-8
+    small = tmp_path / "small"
+    r = run("train", "--task", "text", "--data", data, "--d-model", 16, "--layers", 1, "--heads", 2, "--d-ff", 32, "--length",
+            8, "--batch", 4, "--eval-size", 4, "--steps", 1, "--threads", 1, "--out", small)
+    assert r.returncode == 0, r.stderr
+    r = run("view", "--checkpoint", small / "model.safetensors", "--text", "hi", "--tokenizer", gpt2_dir, "--out", tmp_path / "x.html")
+    assert r.returncode != 0 and "its vocabulary has 50257 tokens, more than the model's 256" in r.stderr
+    r = run("train", "--task", "copy", "--tokenizer", gpt2_dir, "--steps", 1, "--out", tmp_path / "c")
+    assert r.returncode != 0 and "--tokenizer is for --task text" in r.stderr
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(TEXT.encode() + b"\xff" + TEXT.encode())
+    r = run("train", "--task", "text", "--data", bad, "--tokenizer", gpt2_dir, "--length", 8, "--steps", 1, "--out", tmp_path / "b")
+    assert r.returncode != 0 and f"{bad}: not valid UTF-8 at byte {len(TEXT.encode())}" in r.stderr
