@@ -6,10 +6,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "analysis/detectors.h"
 #include "cli/commands.h"
+#include "datasets/bpe_tokenizer.h"
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
 #include "train/checkpoint_task.h"
@@ -25,7 +27,7 @@ using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 struct ViewOpts {
-  std::string run, checkpoint, tokens, text, out;
+  std::string run, checkpoint, tokens, text, tokenizer, out;
   std::string task = "copy";
   int examples = 4;
   uint64_t seed = 1234;
@@ -93,9 +95,9 @@ json read_metrics(const std::string& path) {
 
 using views::ViewExample;
 
-// The examples to show: given ids, given text (byte-level models), or rows of the task's
-// held-out set (trailing padding removed).
-std::vector<ViewExample> examples_for(const ViewOpts& o, const ModelConfig& cfg, const Task* task) {
+// The examples to show: given ids, given text (byte-level models, or encoded with the
+// tokenizer), or rows of the task's held-out set (trailing padding removed).
+std::vector<ViewExample> examples_for(const ViewOpts& o, const ModelConfig& cfg, const Task* task, const BpeTokenizer* tok) {
   std::vector<ViewExample> ex;
   if (!o.tokens.empty()) {
     std::string text = o.tokens;
@@ -105,6 +107,10 @@ std::vector<ViewExample> examples_for(const ViewOpts& o, const ModelConfig& cfg,
     ViewExample e{"--tokens", {}, {}};
     while (ss >> tok) e.ids.push_back(static_cast<int32_t>(parse_int(tok, 0, cfg.vocab_size - 1, "--tokens (ids of the vocabulary)")));
     if (e.ids.empty()) fail("--tokens: no token ids given");
+    ex.push_back(e);
+  } else if (!o.text.empty() && tok) {
+    ViewExample e{"--text", tok->encode(o.text, "--text"), {}};
+    if (e.ids.empty()) fail("--text: the text holds no tokens");
     ex.push_back(e);
   } else if (!o.text.empty()) {
     if (cfg.vocab_size != 256) fail("--text: the model's vocabulary has ", cfg.vocab_size, " tokens, not the 256 bytes of a text model");
@@ -150,6 +156,15 @@ int run_view(const ViewOpts& o) {
   const ModelConfig& cfg = model->cfg;
   std::unique_ptr<Task> task;
   const TaskConfig tc = checkpoint_task(f, TaskConfig::preset(o.task));
+  // --text is encoded with --tokenizer, or else with the tokenizer the model was trained with
+  // (--task text --tokenizer), if any
+  std::optional<BpeTokenizer> tok;
+  const std::string tok_dir = !o.tokenizer.empty() ? o.tokenizer : !o.text.empty() ? tc.tokenizer : std::string();
+  if (!tok_dir.empty()) {
+    tok = BpeTokenizer::load(tok_dir);
+    if (tok->vocab_size() > cfg.vocab_size)
+      fail("--tokenizer ", tok_dir, ": its vocabulary has ", tok->vocab_size(), " tokens, more than the model's ", cfg.vocab_size);
+  }
   if (o.text.empty()) {
     if (!o.tokens.empty()) {
       // Given tokens need the task only for their labels: a task that cannot be made here (data
@@ -192,12 +207,15 @@ int run_view(const ViewOpts& o) {
                                                  b.inputs.data.begin() + (r + 1) * b.inputs.shape[1]),
                             {}});
   } else {
-    examples = examples_for(o, cfg, task.get());
+    examples = examples_for(o, cfg, task.get(), tok ? &*tok : nullptr);
   }
   const int L = cfg.n_layers, H = cfg.n_heads;
   for (ViewExample& e : examples)
     for (int32_t id : e.ids)
-      e.tokens.push_back(task ? task->token_text(id) : o.text.empty() ? std::to_string(id) : byte_token_text(id));
+      e.tokens.push_back(tok && tok->has_id(id) ? tok->token_text(id)
+                         : task                   ? task->token_text(id)
+                         : o.text.empty()         ? std::to_string(id)
+                                                  : byte_token_text(id));
   for (const std::string& cut : views::fit_examples_to_page(examples, L, H)) std::fprintf(stderr, "headlab view: %s\n", cut.c_str());
   const json ex_json = views::head_view_examples(*model, examples);
   json data = {{"title", "headlab view: " + (o.run.empty() ? ckpt : o.run)},
@@ -242,8 +260,11 @@ void add_view_command(CLI::App& app, CommandRunner& runner) {
   const CLI::Validator given([](std::string& v) { return v.empty() ? std::string("is empty") : std::string(); }, "");
   CLI::Option* tokens = sub->add_option("--tokens", o->tokens, "Show these token ids (e.g. \"11 3 4 12 3 4\") instead of held-out examples")
                             ->check(given);
-  sub->add_option("--text", o->text, "Show this text (models of --task text: one token per byte)")
+  sub->add_option("--text", o->text, "Show this text (one token per byte, or encoded with --tokenizer)")
       ->check(given)->excludes(tokens);
+  sub->add_option("--tokenizer", o->tokenizer,
+                  "GPT-2 tokenizer directory (vocab.json + merges.txt, or encoder.json + vocab.bpe): encodes --text and "
+                  "labels the tokens (default: the one the model was trained with, if any)")->check(given);
   sub->add_option("--task", o->task, "Task of the examples when the checkpoint does not name one")
       ->capture_default_str()->check(CLI::IsMember(task_names()));
   sub->add_option("--examples", o->examples, "Held-out examples to show")->capture_default_str()->check(in_range(1, 64));

@@ -45,6 +45,7 @@ void TaskConfig::validate() const {
     fail("task: unknown task '", name, "' (expected one of ", list, ")");
   }
   if (task->validate) task->validate(*this);
+  if (!tokenizer.empty() && name != "text") fail("task ", name, ": --tokenizer is for --task text (language modelling on its tokens)");
   if (alphabet > (1 << 24)) fail("task: alphabet ", alphabet, " is above the supported maximum ", 1 << 24);
   if (max_len > (1 << 19)) fail("task: length ", max_len, " is above the supported maximum ", 1 << 19);
 }
@@ -60,6 +61,7 @@ std::string TaskConfig::to_json() const {
   nlohmann::json j = {{"name", name}, {"alphabet", alphabet}, {"min_len", min_len}, {"max_len", max_len}, {"reverse", reverse}};
   if (!data.empty()) j["data"] = data;  // only the file-backed tasks have these
   if (!eval_data.empty()) j["eval_data"] = eval_data;
+  if (!tokenizer.empty()) j["tokenizer"] = tokenizer;
   j["shuffle"] = shuffle;
   return j.dump();
 }
@@ -75,6 +77,7 @@ TaskConfig TaskConfig::from_json(const std::string& text, const std::string& sou
     c.reverse = t.at("reverse");
     c.data = t.value("data", std::string());
     c.eval_data = t.value("eval_data", std::string());
+    c.tokenizer = t.value("tokenizer", std::string());
     c.shuffle = t.value("shuffle", true);
     c.validate();
     return c;
@@ -141,7 +144,7 @@ void Task::check_held_out_request(int n, int batch_size) {
 }
 
 void TaskConfig::make_paths_absolute() {
-  for (std::string* p : {&data, &eval_data})
+  for (std::string* p : {&data, &eval_data, &tokenizer})
     if (!p->empty() && p->front() != '(') {
       std::error_code ec;
       const std::filesystem::path abs = std::filesystem::absolute(*p, ec);

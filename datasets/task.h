@@ -5,7 +5,7 @@
 //
 //   copy_task.cpp   copy, reverse, varcopy: [BOS, x1..xn, SEP, y1..yn] with y = x or reversed
 //   induction.cpp   induction: [BOS, r1..rn, r1..rn], random tokens repeated; loss on the repeat
-//   text.cpp        text: byte-level language modelling on a UTF-8 file (--data)
+//   text.cpp        text: language modelling on a UTF-8 file (--data), on bytes or BPE tokens
 //   tokens.cpp      tokens: sequences a user wrote into a safetensors or .npy file (--data)
 #pragma once
 #include <functional>
@@ -26,9 +26,10 @@ struct TaskConfig {
   bool reverse = false;       // copy family: y = reversed x
   std::string data;           // text: a UTF-8 file; tokens: .safetensors or .npy
   std::string eval_data;      // tokens: held-out file (default: the last 10% of the rows)
+  std::string tokenizer;      // text: a GPT-2 tokenizer directory (BPE tokens); empty = bytes
   bool shuffle = true;        // tokens: false = training batches are consecutive rows in file order
   void validate() const;
-  // data and eval_data as absolute paths (a run read from another directory finds its data);
+  // data, eval_data and tokenizer as absolute paths (a run read from another directory finds its data);
   // names in parentheses (arrays given from Python) stay as they are.
   void make_paths_absolute();
   // The task's own defaults (e.g. varcopy: alphabet 64, n in 1..16; induction: 32 tokens).

@@ -1,9 +1,11 @@
-// text: byte-level language modelling on any file (UTF-8 text, read as bytes 0..255). The
-// model sees windows of --length bytes and predicts each next byte; training windows start
-// anywhere in the first 90% of the file, held-out windows in the last 10%.
+// text: language modelling on any file: on its bytes 0..255 (UTF-8 text or anything), or with
+// --tokenizer on its GPT-2 BPE tokens (the file must be UTF-8; the vocabulary is the
+// tokenizer's). The model sees windows of --length tokens and predicts each next one; training
+// windows start anywhere in the first 90% of the tokens, held-out windows in the last 10%.
 #include <cctype>
 #include <cstdio>
 
+#include "datasets/bpe_tokenizer.h"
 #include "datasets/task.h"
 #include "lib/fileutil.h"
 
@@ -23,16 +25,27 @@ namespace {
 class TextTask : public Task {
  public:
   explicit TextTask(const TaskConfig& cfg) : Task(cfg), bytes_(read_file(cfg.data)) {
-    split_ = bytes_.size() - bytes_.size() / 10;  // held out: the last 10%
+    if (!cfg.tokenizer.empty()) {  // BPE tokens instead of bytes
+      tokenizer_ = std::make_unique<BpeTokenizer>(BpeTokenizer::load(cfg.tokenizer));
+      ids_ = tokenizer_->encode(bytes_, cfg.data);
+      bytes_ = std::string();
+    }
+    const size_t n = size();
+    split_ = n - n / 10;  // held out: the last 10%
     const size_t need = static_cast<size_t>(cfg.max_len) + 1;
-    if (split_ < need || bytes_.size() - split_ < need)
-      fail(cfg.data, ": ", bytes_.size(), " bytes are too few for --length ", cfg.max_len,
-           " (each of the training 90% and the held-out 10% needs at least ", need, " bytes)");
+    const char* unit = tokenizer_ ? " tokens" : " bytes";
+    if (split_ < need || n - split_ < need)
+      fail(cfg.data, ": ", n, unit, " are too few for --length ", cfg.max_len,
+           " (each of the training 90% and the held-out 10% needs at least ", need, unit, ")");
   }
-  int vocab_size() const override { return 256; }
+  int vocab_size() const override { return tokenizer_ ? tokenizer_->vocab_size() : 256; }
+  int symbols() const override { return vocab_size(); }
   int seq_len() const override { return cfg_.max_len; }
 
-  std::string token_text(int32_t id) const override { return byte_token_text(id); }
+  std::string token_text(int32_t id) const override {
+    if (!tokenizer_) return byte_token_text(id);
+    return tokenizer_->has_id(id) ? tokenizer_->token_text(id) : std::to_string(id);
+  }
   bool rows_are_answers() const override { return false; }
 
   void sample_into(Batch& b, int batch_size, Rng& rng) const override { windows(b, batch_size, rng, 0, split_); }
@@ -43,7 +56,7 @@ class TextTask : public Task {
     std::vector<Batch> out;
     for (int done = 0; done < n; done += batch_size) {
       out.emplace_back();
-      windows(out.back(), std::min(batch_size, n - done), rng, split_, bytes_.size());
+      windows(out.back(), std::min(batch_size, n - done), rng, split_, size());
     }
     return out;
   }
@@ -62,12 +75,16 @@ class TextTask : public Task {
     for (int64_t r = 0; r < B; ++r) {
       const size_t s = begin + static_cast<size_t>(rng.next_u64() % starts);
       for (int64_t t = 0; t < T; ++t) {
-        b.inputs.at(r, t) = static_cast<unsigned char>(bytes_[s + t]);
-        b.targets.at(r, t) = static_cast<unsigned char>(bytes_[s + t + 1]);
+        b.inputs.at(r, t) = at(s + t);
+        b.targets.at(r, t) = at(s + t + 1);
       }
     }
   }
-  std::string bytes_;
+  size_t size() const { return tokenizer_ ? ids_.size() : bytes_.size(); }
+  int32_t at(size_t i) const { return tokenizer_ ? ids_[i] : static_cast<unsigned char>(bytes_[i]); }
+  std::string bytes_;                       // the file (bytes)
+  std::unique_ptr<BpeTokenizer> tokenizer_;  // with --tokenizer: the file's tokens in ids_
+  std::vector<int32_t> ids_;
   size_t split_;
 };
 
@@ -83,7 +100,7 @@ void validate_text(const TaskConfig& c) {
 }
 
 [[maybe_unused]] const bool kRegistered = register_task(
-    {"text", "byte-level language modelling on --data FILE (held out: its last 10%)", 30, text_preset(), validate_text,
+    {"text", "language modelling on --data FILE, its bytes or with --tokenizer DIR GPT-2's tokens (held out: its last 10%)", 30, text_preset(), validate_text,
      [](const TaskConfig& c) -> std::unique_ptr<Task> { return std::make_unique<TextTask>(c); }});
 
 }  // namespace

@@ -27,4 +27,5 @@ PYBIND11_MODULE(_core, m) {
   bind_training(m);
   bind_analyses(m);
   bind_views(m);
+  bind_tokenizer(m);
 }

@@ -28,6 +28,8 @@ check "bad choice" nonzero "norm" -- "$HL" train --norm middle
 check "hooks lists the hook points" 0 "blocks.1.attn.hook_pattern +\(B, 2, T, T\)" -- "$HL" hooks --heads 2
 check "view takes --text or --tokens, not both" nonzero "(--text excludes --tokens|--tokens excludes --text)" -- "$HL" view --checkpoint /nonexistent.safetensors --text hi --tokens "1 2"
 check "view refuses an empty --text" nonzero "--text.*is empty" -- "$HL" view --checkpoint /nonexistent.safetensors --text ""
+check "--tokenizer is for the text task" nonzero "task copy: --tokenizer is for --task text" -- "$HL" train --task copy --tokenizer "$T" --steps 1 --out "$T/x"
+check "text refuses a directory without tokenizer files" nonzero "$T: no tokenizer files \(expected vocab.json \+ merges.txt" -- "$HL" train --task text --data /usr/share/common-licenses/GPL-3 --tokenizer "$T" --steps 1 --out "$T/x"
 check "missing checkpoint" nonzero "/nonexistent.safetensors: cannot open" -- "$HL" grads --checkpoint /nonexistent.safetensors --out "$T/g.st"
 
 # A small run to have a real checkpoint.

@@ -16,6 +16,7 @@ from ._core import (  # noqa: F401
     ov_eigenvalues, ov_singular_values, per_token_loss, prune_curve, qk_singular_values, repeated_random_tokens,
     set_num_threads, varied_repeat_probe, single_head_ablation, softmax, tensor, train_settings,
 )
+from ._core import Tokenizer  # noqa: F401
 from . import _core
 from .progress import Progress
 from .views import View, grid_view, token_view, view  # noqa: F401
@@ -27,8 +28,8 @@ __all__ = [
     "cross_entropy", "detect_heads", "evaluate", "grad_enabled", "repeated_random_tokens", "varied_repeat_probe",
     "head_gradient_norms", "head_importance", "head_importance_per_token", "hook_points", "no_grad", "num_threads",
     "ov_eigenvalues", "ov_singular_values", "per_token_loss", "prune_curve", "qk_singular_values", "set_num_threads",
-    "copying_score",
-    "single_head_ablation", "softmax", "tensor", "train", "train_settings", "View", "view", "token_view", "grid_view",
+    "copying_score", "single_head_ablation", "softmax", "tensor", "train", "train_settings", "Tokenizer",
+    "View", "view", "token_view", "grid_view",
 ]
 
 

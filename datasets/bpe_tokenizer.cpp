@@ -1,0 +1,437 @@
+#include "datasets/bpe_tokenizer.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <filesystem>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <queue>
+#include <unordered_map>
+
+#include "lib/core.h"
+#include "lib/fileutil.h"
+
+namespace hl {
+
+namespace {
+
+// Token ids are 0 .. kMaxTokenId - 1, as everywhere in headlab (a vocabulary of at most 2^24).
+constexpr int64_t kMaxTokenId = 1 << 24;
+
+std::string utf8_of(uint32_t cp) {
+  std::string s;
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    s += static_cast<char>(0xC0 | cp >> 6), s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    s += static_cast<char>(0xE0 | cp >> 12), s += static_cast<char>(0x80 | (cp >> 6 & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    s += static_cast<char>(0xF0 | cp >> 18), s += static_cast<char>(0x80 | (cp >> 12 & 0x3F));
+    s += static_cast<char>(0x80 | (cp >> 6 & 0x3F)), s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+// The code points of a UTF-8 string; false when it is not valid UTF-8.
+bool code_points(std::string_view s, std::vector<uint32_t>& out) {
+  out.clear();
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    int n;
+    uint32_t cp;
+    if (c < 0x80) n = 0, cp = c;
+    else if (c >= 0xC2 && c < 0xE0) n = 1, cp = c & 0x1F;
+    else if (c >= 0xE0 && c < 0xF0) n = 2, cp = c & 0x0F;
+    else if (c >= 0xF0 && c < 0xF5) n = 3, cp = c & 0x07;
+    else return false;
+    if (i + n >= s.size()) return false;  // truncated
+    for (int k = 1; k <= n; ++k) {
+      const unsigned char d = static_cast<unsigned char>(s[i + k]);
+      if ((d & 0xC0) != 0x80) return false;
+      cp = cp << 6 | (d & 0x3F);
+    }
+    if ((n == 2 && (cp < 0x800 || (cp >= 0xD800 && cp < 0xE000))) || (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)))
+      return false;
+    out.push_back(cp);
+    i += n + 1;
+  }
+  return true;
+}
+
+// The symbols' vocabulary entries as bytes: each character of the byte alphabet back to its byte;
+// false when some character is not in the alphabet.
+bool alphabet_bytes(const std::vector<uint32_t>& cps, std::string& out) {
+  out.clear();
+  for (uint32_t cp : cps) {
+    const int b = gpt2_byte_of(cp);
+    if (b < 0) return false;
+    out += static_cast<char>(b);
+  }
+  return true;
+}
+
+// The first character of `s` outside the byte alphabet, for messages.
+std::string first_outside_alphabet(const std::vector<uint32_t>& cps) {
+  for (uint32_t cp : cps)
+    if (gpt2_byte_of(cp) < 0) {
+      char buf[16];
+      std::snprintf(buf, sizeof buf, "U+%04X", cp);
+      return "'" + utf8_of(cp) + "' (" + buf + ")";
+    }
+  return "";
+}
+
+// GPT-2's pattern, with \s spelled out as Unicode's White_Space (PCRE2's own \s leaves out
+// U+0085, which Python's `regex` and Hugging Face's tokenizers count as space).
+constexpr const char* kWhite = "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}";
+
+const pcre2_code* gpt2_pattern() {
+  static const pcre2_code* code = [] {
+    const std::string w = kWhite;
+    const std::string pattern = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" + w + "\\p{L}\\p{N}]+|[" + w + "]+(?![^" + w +
+                                "])|[" + w + "]+";
+    int err = 0;
+    PCRE2_SIZE at = 0;
+    pcre2_code* c = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(), PCRE2_UTF | PCRE2_UCP, &err,
+                                  &at, nullptr);
+    if (!c) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(err, msg, sizeof msg);
+      fail("GPT-2's pre-tokenisation pattern does not compile in PCRE2 at ", at, ": ", reinterpret_cast<char*>(msg));
+    }
+    pcre2_jit_compile(c, PCRE2_JIT_COMPLETE);  // faster when the platform has a JIT; else interpreted
+    return c;
+  }();
+  return code;
+}
+
+// Appends the pieces of `text` (which starts at byte `base` of the whole text) to `out`.
+void pretokenize_into(std::string_view text, size_t base, const std::string& what, std::vector<std::string_view>& out) {
+  if (text.empty()) return;
+  const pcre2_code* re = gpt2_pattern();
+  std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(pcre2_match_data_create_from_pattern(re, nullptr),
+                                                                         &pcre2_match_data_free);
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  uint32_t options = 0;  // the first match checks the whole subject is UTF-8; the others need not
+  for (size_t at = 0; at < text.size();) {
+    const int rc = pcre2_match(re, subject, text.size(), at, options, md.get(), nullptr);
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(rc, msg, sizeof msg);
+      if (rc <= PCRE2_ERROR_UTF8_ERR1 && rc >= PCRE2_ERROR_UTF8_ERR21)
+        fail(what, ": not valid UTF-8 at byte ", base + pcre2_get_startchar(md.get()), " (", reinterpret_cast<char*>(msg), ")");
+      fail(what, ": pre-tokenisation failed at byte ", base + at, " (", reinterpret_cast<char*>(msg), ")");
+    }
+    options = PCRE2_NO_UTF_CHECK;
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
+    if (ov[1] <= ov[0]) break;  // no alternative matches empty; guard against looping anyway
+    out.push_back(text.substr(ov[0], ov[1] - ov[0]));
+    at = ov[1];
+  }
+}
+
+}  // namespace
+
+const std::array<std::string, 256>& gpt2_byte_symbols() {
+  static const std::array<std::string, 256> symbols = [] {
+    std::array<std::string, 256> s;
+    int n = 0;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      s[b] = utf8_of(printable ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + n++));
+    }
+    return s;
+  }();
+  return symbols;
+}
+
+int gpt2_byte_of(uint32_t cp) {
+  static const std::unordered_map<uint32_t, int> inverse = [] {
+    std::unordered_map<uint32_t, int> m;
+    std::vector<uint32_t> cps;
+    for (int b = 0; b < 256; ++b) {
+      code_points(gpt2_byte_symbols()[b], cps);
+      m[cps.at(0)] = b;
+    }
+    return m;
+  }();
+  const auto it = inverse.find(cp);
+  return it == inverse.end() ? -1 : it->second;
+}
+
+std::vector<std::string_view> gpt2_pretokenize(std::string_view text, const std::string& what) {
+  std::vector<std::string_view> out;
+  pretokenize_into(text, 0, what, out);
+  return out;
+}
+
+struct BpeTokenizer::Impl {
+  std::string source;
+  std::vector<std::string> bytes;       // per id: the bytes it stands for
+  std::vector<bool> present;            // per id: whether the vocabulary has it
+  std::unordered_map<std::string, int32_t> ids;  // vocabulary entry as written -> id
+  std::array<int32_t, 256> byte_id{};   // each byte's symbol's id
+  // (left id, right id) -> (rank, merged id)
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merge;
+  size_t merge_count = 0;
+  std::vector<std::string> specials;
+  std::vector<int32_t> special_ids;
+  // words already encoded (cleared when full); encode() is const and may run on several threads
+  mutable std::mutex cache_mutex;
+  mutable std::unordered_map<std::string, std::vector<int32_t>> cache;
+
+  static uint64_t key(int32_t a, int32_t b) { return static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32 | static_cast<uint32_t>(b); }
+
+  // The reference bpe() on one word: repeatedly merge the adjacent pair of lowest rank (every
+  // occurrence, left to right). Done with a heap of candidate pairs ordered by (rank, position),
+  // which merges the same pairs in the same order in O(n log n) rather than O(n^2) for long words.
+  void bpe(std::string_view word, std::vector<int32_t>& out) const {
+    struct Sym {
+      int32_t id;
+      int prev, next;
+    };
+    std::vector<Sym> s(word.size());
+    for (size_t i = 0; i < word.size(); ++i)
+      s[i] = {byte_id[static_cast<unsigned char>(word[i])], static_cast<int>(i) - 1,
+              i + 1 < word.size() ? static_cast<int>(i) + 1 : -1};
+    struct Cand {
+      int32_t rank;
+      int pos;
+      int32_t left, right;
+      bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+    };
+    std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
+    auto push = [&](int pos) {
+      if (pos < 0 || s[pos].next < 0) return;
+      const auto it = merge.find(key(s[pos].id, s[s[pos].next].id));
+      if (it != merge.end()) heap.push({it->second.first, pos, s[pos].id, s[s[pos].next].id});
+    };
+    for (size_t i = 0; i + 1 < word.size(); ++i) push(static_cast<int>(i));
+    while (!heap.empty()) {
+      const Cand c = heap.top();
+      heap.pop();
+      Sym& left = s[c.pos];
+      if (left.id != c.left || left.next < 0 || s[left.next].id != c.right) continue;  // stale
+      const int gone = left.next;
+      left.id = merge.at(key(c.left, c.right)).second;
+      left.next = s[gone].next;
+      if (left.next >= 0) s[left.next].prev = c.pos;
+      s[gone].id = -1;
+      push(left.prev);
+      push(c.pos);
+    }
+    for (int i = 0; i >= 0; i = s[i].next) out.push_back(s[i].id);
+  }
+
+  void encode_word(std::string_view word, std::vector<int32_t>& out) const {
+    if (word.size() > 64) return bpe(word, out);  // long words are rare: not worth caching
+    const std::string w(word);
+    {
+      std::lock_guard<std::mutex> lock(cache_mutex);
+      const auto it = cache.find(w);
+      if (it != cache.end()) return out.insert(out.end(), it->second.begin(), it->second.end()), void();
+    }
+    std::vector<int32_t> ids_of_word;
+    bpe(word, ids_of_word);
+    out.insert(out.end(), ids_of_word.begin(), ids_of_word.end());
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    if (cache.size() >= 100000) cache.clear();
+    cache.emplace(w, std::move(ids_of_word));
+  }
+};
+
+BpeTokenizer BpeTokenizer::from_strings(const std::string& vocab_json, const std::string& merges_text,
+                                        const std::string& vocab_name, const std::string& merges_name) {
+  auto impl = std::make_shared<Impl>();
+  Impl& t = *impl;
+  t.source = vocab_name + " + " + merges_name;
+  // ---- the vocabulary: {"token": id, ...}
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(vocab_json);
+  } catch (const nlohmann::json::exception& e) {
+    fail(vocab_name, ": not JSON (", e.what(), ")");
+  }
+  if (!j.is_object()) fail(vocab_name, ": not a JSON object of token -> id (found a ", j.type_name(), ")");
+  if (j.empty()) fail(vocab_name, ": the vocabulary is empty");
+  int64_t top = -1;
+  for (const auto& [token, id] : j.items()) {
+    if (!id.is_number_integer())
+      fail(vocab_name, ": the token \"", token, "\" has the id ", id.dump(), ", not a whole number (expected token -> id)");
+    const int64_t v = id.get<int64_t>();
+    if (v < 0 || v >= kMaxTokenId) fail(vocab_name, ": the token \"", token, "\" has the id ", v, ", outside 0..", kMaxTokenId - 1);
+    if (token.empty()) fail(vocab_name, ": an empty token (id ", v, ")");
+    top = std::max(top, v);
+  }
+  t.bytes.resize(static_cast<size_t>(top + 1));
+  t.present.assign(static_cast<size_t>(top + 1), false);
+  std::vector<uint32_t> cps;
+  std::vector<std::string> text_of(static_cast<size_t>(top + 1));
+  for (const auto& [token, id] : j.items()) {
+    const auto v = static_cast<size_t>(id.get<int64_t>());
+    if (t.present[v]) fail(vocab_name, ": the id ", v, " is given to both \"", text_of[v], "\" and \"", token, "\"");
+    t.present[v] = true;
+    text_of[v] = token;
+    t.ids[token] = static_cast<int32_t>(v);
+    code_points(token, cps);  // JSON strings are valid UTF-8
+    // an entry outside the byte alphabet (an added token) stands for its own text
+    if (!alphabet_bytes(cps, t.bytes[v])) t.bytes[v] = token;
+  }
+  const auto& symbols = gpt2_byte_symbols();
+  for (int b = 0; b < 256; ++b) {
+    const auto it = t.ids.find(symbols[b]);
+    if (it == t.ids.end()) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "0x%02x", b);
+      fail(vocab_name, ": the byte ", buf, "'s symbol \"", symbols[b], "\" is not in the vocabulary (a byte-level vocabulary has all 256)");
+    }
+    t.byte_id[b] = it->second;
+  }
+  // ---- the merges: an optional "#version" line, then "a b" per line, in rank order
+  std::vector<bool> made(t.bytes.size(), false);
+  size_t start = 0;
+  int lineno = 0;
+  int32_t rank = 0;
+  while (start < merges_text.size()) {
+    size_t end = merges_text.find('\n', start);
+    if (end == std::string::npos) end = merges_text.size();
+    std::string line = merges_text.substr(start, end - start);
+    start = end + 1;
+    ++lineno;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || (lineno == 1 && line.rfind("#version", 0) == 0)) continue;
+    const size_t sp = line.find(' ');
+    if (sp == std::string::npos || sp == 0 || sp + 1 >= line.size() || line.find(' ', sp + 1) != std::string::npos)
+      fail(merges_name, ":", lineno, ": expected two symbols separated by one space, got \"", line.substr(0, 80), "\"");
+    const std::string a = line.substr(0, sp), b = line.substr(sp + 1);
+    std::string scratch;
+    for (const std::string& part : {a, b}) {
+      if (!code_points(part, cps)) fail(merges_name, ":", lineno, ": not valid UTF-8");
+      if (!alphabet_bytes(cps, scratch))
+        fail(merges_name, ":", lineno, ": the symbol \"", part, "\" holds ", first_outside_alphabet(cps),
+             ", which is not in GPT-2's byte alphabet");
+      if (!t.ids.count(part)) fail(merges_name, ":", lineno, ": the symbol \"", part, "\" is not in ", vocab_name);
+    }
+    const auto result = t.ids.find(a + b);
+    if (result == t.ids.end())
+      fail(merges_name, ":", lineno, ": the merge \"", a, " ", b, "\" makes \"", a + b, "\", which is not in ", vocab_name);
+    // a repeated pair keeps its last rank, as in the reference (a dict built from the list)
+    t.merge[Impl::key(t.ids.at(a), t.ids.at(b))] = {rank++, result->second};
+    made[static_cast<size_t>(result->second)] = true;
+  }
+  t.merge_count = static_cast<size_t>(rank);
+  // ---- special tokens: "<|...|>" entries that no byte and no merge makes
+  for (size_t v = 0; v < t.bytes.size(); ++v) {
+    const std::string& s = text_of[v];
+    if (!t.present[v] || made[v] || s.size() < 5 || s.rfind("<|", 0) != 0 || s.compare(s.size() - 2, 2, "|>") != 0) continue;
+    t.specials.push_back(s);
+    t.special_ids.push_back(static_cast<int32_t>(v));
+    t.bytes[v] = s;
+  }
+  return BpeTokenizer(std::move(impl));
+}
+
+BpeTokenizer BpeTokenizer::load(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    fail(dir, ": not a directory (give a tokenizer directory with vocab.json + merges.txt, or encoder.json + vocab.bpe)");
+  for (const auto& [vocab, merges] : {std::pair<std::string, std::string>{"vocab.json", "merges.txt"}, {"encoder.json", "vocab.bpe"}}) {
+    const std::string v = (fs::path(dir) / vocab).string(), m = (fs::path(dir) / merges).string();
+    const bool hv = file_exists(v), hm = file_exists(m);
+    if (hv && hm) {
+      BpeTokenizer t = from_strings(read_file(v), read_file(m), v, m);
+      std::const_pointer_cast<Impl>(t.impl_)->source = dir;
+      return t;
+    }
+    if (hv || hm) fail(dir, ": has ", hv ? vocab : merges, " but not ", hv ? merges : vocab, " (the tokenizer needs both)");
+  }
+  fail(dir, ": no tokenizer files (expected vocab.json + merges.txt, as Hugging Face names them, or encoder.json + vocab.bpe, "
+            "as OpenAI does)");
+}
+
+std::vector<int32_t> BpeTokenizer::encode(std::string_view text, const std::string& what) const {
+  const Impl& t = *impl_;
+  std::vector<int32_t> out;
+  std::vector<std::string_view> words;
+  size_t at = 0;
+  while (at <= text.size()) {
+    // the next special token (the longest of those starting first), or the end of the text
+    size_t next = text.size(), which = 0, len = 0;
+    for (size_t k = 0; k < t.specials.size(); ++k) {
+      const size_t p = text.find(t.specials[k], at);
+      if (p != std::string_view::npos && (p < next || (p == next && t.specials[k].size() > len)))
+        next = p, which = k, len = t.specials[k].size();
+    }
+    words.clear();
+    pretokenize_into(text.substr(at, next - at), at, what, words);
+    for (std::string_view w : words) t.encode_word(w, out);
+    if (next == text.size()) break;
+    out.push_back(t.special_ids[which]);
+    at = next + len;
+  }
+  return out;
+}
+
+std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
+  std::string out;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int32_t id = ids[i];
+    if (!has_id(id))
+      fail("decode: the id ", id, " at position ", i, " is not in the vocabulary of ", impl_->source, " (ids 0..", vocab_size() - 1, ")");
+    out += impl_->bytes[static_cast<size_t>(id)];
+  }
+  return out;
+}
+
+int BpeTokenizer::vocab_size() const { return static_cast<int>(impl_->bytes.size()); }
+
+bool BpeTokenizer::has_id(int32_t id) const { return id >= 0 && id < vocab_size() && impl_->present[static_cast<size_t>(id)]; }
+
+const std::string& BpeTokenizer::token_bytes(int32_t id) const {
+  if (!has_id(id))
+    fail("token ", id, " is not in the vocabulary of ", impl_->source, " (ids 0..", vocab_size() - 1, ")");
+  return impl_->bytes[static_cast<size_t>(id)];
+}
+
+std::string BpeTokenizer::token_text(int32_t id) const {
+  const std::string& b = token_bytes(id);
+  std::string out;
+  std::vector<uint32_t> cps;
+  for (size_t i = 0; i < b.size();) {
+    const unsigned char c = static_cast<unsigned char>(b[i]);
+    const size_t n = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    if (c >= 0x80 && i + n <= b.size() && code_points(std::string_view(b).substr(i, n), cps)) {
+      out.append(b, i, n);
+      i += n;
+      continue;
+    }
+    if (c == '\n') out += "\\n";
+    else if (c == '\t') out += "\\t";
+    else if (c == '\r') out += "\\r";
+    else if (c >= 0x20 && c < 0x7F) out += static_cast<char>(c);
+    else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+    ++i;
+  }
+  return out;
+}
+
+const std::vector<std::string>& BpeTokenizer::special_tokens() const { return impl_->specials; }
+
+int32_t BpeTokenizer::id_of(const std::string& token) const {
+  const auto it = impl_->ids.find(token);
+  return it == impl_->ids.end() ? -1 : it->second;
+}
+
+size_t BpeTokenizer::merges() const { return impl_->merge_count; }
+const std::string& BpeTokenizer::source() const { return impl_->source; }
+
+}  // namespace hl
