@@ -45,6 +45,7 @@ int run_convert(const ConvertOpts& o) {
   refuse_output_over_input("--out", o.out, {{"SRC", o.src}});
   refuse_replacing_run_file("--out", o.out);
   std::error_code ec;
+  if (!std::filesystem::exists(o.src, ec)) fail(o.src, ": not found");
   if (std::filesystem::is_directory(o.out, ec)) fail("--out ", o.out, ": is a directory; give the checkpoint file to write");
   check_can_write(o.out);
   if (!std::filesystem::is_directory(o.src, ec) && is_torch_file(o.src)) {
@@ -52,8 +53,14 @@ int run_convert(const ConvertOpts& o) {
     const std::string script = env_or("HEADLAB_SOURCE_DIR", HEADLAB_SOURCE_DIR) + "/scripts/convert_nanogpt.py";
     if (!file_exists(script)) fail("convert: the nanoGPT converter ", script, " is missing (set HEADLAB_SOURCE_DIR to the source tree)");
     std::string said;
-    const int rc = run_child_process({python, script, o.src, "--out", o.out}, {}, &said);
-    if (rc != 0) fail(o.src, ": not converted (", script, " exited with ", rc, "; its message is above)");
+    const int rc = run_child_process({python, script, o.src, "--out", o.out, "--errors-to-stdout"}, {}, &said);
+    if (rc != 0) {
+      // the script's one-line refusal, else a pointer to its output (a traceback went to stderr)
+      const std::string prefix = "error: ";
+      if (said.rfind(prefix, 0) == 0 && said.find('\n') + 1 == said.size())
+        fail(said.substr(prefix.size(), said.size() - prefix.size() - 1));
+      fail(o.src, ": not converted (", script, " exited with ", rc, "; its output is above)");
+    }
     std::fputs(said.c_str(), stdout);
   } else {
     const std::unique_ptr<TransformerLM> model = load_model(o.src);  // every check before writing

@@ -57,11 +57,17 @@ class _RestrictedPickle:
 
 def load_ckpt(path):
     import pickle
-
-    import torch
+    try:
+        import torch
+    except ImportError:
+        raise Refused(f"{path}: reading a torch checkpoint needs PyTorch ({sys.executable} has none; "
+                      "Debian's python3-torch provides it)")
+    if not os.path.isfile(path):
+        raise Refused(f"{path}: not found")
 
     def refused(e):
         msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        msg = msg.split("WeightsUnpickler error: ")[-1]  # torch's reason, without its advice to load unsafely
         return Refused(f"{path}: refused: the pickle holds more than tensors and plain data, and is not run ({msg})")
 
     try:
@@ -164,11 +170,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description="nanoGPT ckpt.pt -> headlab checkpoint")
     ap.add_argument("ckpt")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--errors-to-stdout", action="store_true",
+                    help="print a refusal on stdout (headlab convert, which runs this, reports it)")
     a = ap.parse_args(argv)
     try:
         tensors, config, bias = convert(load_ckpt(a.ckpt), a.ckpt)
     except Refused as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {e}", file=sys.stdout if a.errors_to_stdout else sys.stderr)
         return 1
     # headlab's parameter order (docs/formats.md); written beside the target, then renamed.
     tmp = a.out + f".tmp.{os.getpid()}"

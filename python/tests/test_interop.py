@@ -290,9 +290,9 @@ def test_nanogpt_pickle_payload_is_refused_and_never_runs(tmp_path, payload_firs
     torch.save(content, str(ckpt))
     assert not marker.exists()
     out = tmp_path / "out.safetensors"
-    r = run("convert", ckpt, "--out", out)
-    assert r.returncode != 0
-    assert "refused" in r.stderr and "not run" in r.stderr, r.stderr
+    line = bad_line(run("convert", ckpt, "--out", out))
+    assert "refused" in line and "not run" in line and "open" in line, line
+    assert "weights_only` set to `False" not in line  # no advice to load it unsafely
     assert not marker.exists()  # the payload did not run
     assert not out.exists()
     # a plain pickle with a payload (not a torch zip) likewise
@@ -309,6 +309,8 @@ def test_nanogpt_bad_shapes_named(tmp_path):
     ckpt = tmp_path / "ckpt.pt"
     ref.write_nanogpt_ckpt(str(ckpt), args, sd)
     out = tmp_path / "out.safetensors"
-    r = run("convert", ckpt, "--out", out)
-    assert r.returncode != 0 and "transformer.h.1.mlp.c_fc.weight' has shape (60,16)" in r.stderr, r.stderr
+    line = bad_line(run("convert", ckpt, "--out", out))
+    assert "transformer.h.1.mlp.c_fc.weight' has shape (60,16)" in line, line
     assert not out.exists()
+    line = bad_line(run("convert", tmp_path / "missing.pt", "--out", out))
+    assert "missing.pt: not found" in line and not out.exists()
