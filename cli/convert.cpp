@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 
 #include "cli/child_process.h"
 #include "cli/commands.h"
@@ -63,8 +64,11 @@ int run_convert(const ConvertOpts& o) {
     }
     std::fputs(said.c_str(), stdout);
   } else {
-    const std::unique_ptr<TransformerLM> model = load_model(o.src);  // every check before writing
-    save_checkpoint(o.out, *model);
+    const SafetensorsFile f = read_checkpoint(o.src);
+    const std::unique_ptr<TransformerLM> model = load_model(f);  // every check before writing
+    std::map<std::string, std::string> meta;
+    if (f.metadata.count("converted_from")) meta["converted_from"] = f.metadata.at("converted_from");
+    save_checkpoint(o.out, *model, {}, meta);
   }
   const std::unique_ptr<TransformerLM> model = load_model(o.out);  // what was written loads
   const ModelConfig& c = model->cfg;

@@ -39,6 +39,11 @@ def headlab_logits(path, ids):
     return np.asarray(hl.TransformerLM.load(str(path))(ids.astype(np.int32)), dtype=np.float64)
 
 
+def st_metadata(path):
+    data = open(path, "rb").read()
+    return json.loads(data[8:8 + int.from_bytes(data[:8], "little")])["__metadata__"]
+
+
 def assert_close(got, want):
     # within 1e-4 of the logits' scale: float32 arithmetic against a float64 reference
     scale = np.abs(want).max()
@@ -88,6 +93,7 @@ def test_convert_hf_dir_writes_a_headlab_checkpoint(tmp_path):
     assert r.returncode == 0, r.stderr
     ids = ids_for(config["vocab_size"])
     assert np.array_equal(headlab_logits(out, ids), headlab_logits(d, ids))
+    assert st_metadata(out)["converted_from"] == "hf-gpt2"
 
 
 def test_commands_and_train_init_take_an_hf_dir(tmp_path):
@@ -256,8 +262,8 @@ def test_nanogpt_logits_match_pytorch(tmp_path, bias, compiled):
     out = tmp_path / "nano.safetensors"
     r = run("convert", ckpt, "--out", out)
     assert r.returncode == 0, r.stderr
-    stored = json.loads(json.loads(open(out, "rb").read()[8:8 + int.from_bytes(open(out, "rb").read(8), "little")])
-                        ["__metadata__"]["config"])
+    assert st_metadata(out)["converted_from"] == "nanogpt"
+    stored = json.loads(st_metadata(out)["config"])
     assert stored["attn_bias"] is bias and stored["activation"] == "gelu_erf" and stored["max_seq_len"] == 10
     ids = ids_for(21, T=10)
     want = ref.gpt2_forward(ref.nanogpt_as_gpt2(sd, args), ref.nanogpt_config(args), torch.as_tensor(ids)).numpy()
