@@ -28,7 +28,7 @@ int run_attn(const Source& s, const std::string& out) {
   w.add_ids("input_ids", one.inputs, DType::I64);
   w.set_meta("format", "headlab-attention");
   w.write(out + "/attn.safetensors");
-  SafetensorsFile f = read_safetensors(s.checkpoint);
+  SafetensorsFile f = read_checkpoint(s.checkpoint);
   const std::unique_ptr<Task> task = make_task(checkpoint_task(f, TaskConfig::preset(s.task.name)));
   const int64_t T = one.inputs.shape[1];
   std::vector<std::string> labels;

@@ -13,7 +13,7 @@ namespace {
 int run_hooks(TrainFlags& flags, const std::string& checkpoint) {
   ModelConfig cfg;
   if (!checkpoint.empty()) {
-    cfg = checkpoint_config(read_safetensors(checkpoint));
+    cfg = checkpoint_config(read_checkpoint(checkpoint));
   } else {
     const TrainArgs a = flags.resolve();
     a.validate();

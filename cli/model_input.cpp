@@ -40,7 +40,7 @@ void add_model_input_command(CLI::App& app, CommandRunner& runner, const std::st
   auto out = std::make_shared<std::string>();
   Source& s = *source;
   if (tokens) s.batch_size = 1;
-  sub->add_option("--checkpoint", s.checkpoint, "Model checkpoint (safetensors)")->required();
+  sub->add_option("--checkpoint", s.checkpoint, "Model checkpoint (safetensors, or a Hugging Face GPT-2 directory)")->required();
   if (tokens)
     sub->add_option("--tokens", s.tokens, "Token ids of one sequence, e.g. \"11 3 4 12 3 4\" (else drawn from the task)");
   else
@@ -57,7 +57,7 @@ void add_model_input_command(CLI::App& app, CommandRunner& runner, const std::st
 
 // Loads the model and the batch a command works on.
 std::pair<std::unique_ptr<TransformerLM>, Batch> load_inputs(const Source& s) {
-  SafetensorsFile f = read_safetensors(s.checkpoint);
+  SafetensorsFile f = read_checkpoint(s.checkpoint);
   auto model = load_model(f);
   set_num_threads(s.threads);
   if (!s.batch_file.empty()) return {std::move(model), load_batch_file(s.batch_file, model->cfg)};

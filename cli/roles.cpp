@@ -15,7 +15,7 @@ std::pair<CLI::App*, std::shared_ptr<RoleOpts>> add_role_command(CLI::App& app, 
   auto o = std::make_shared<RoleOpts>(defaults);
   RoleOpts& opts = *o;
   const std::string& command = name;
-  sub->add_option("--checkpoint", opts.checkpoint, "Model checkpoint (safetensors)")->required();
+  sub->add_option("--checkpoint", opts.checkpoint, "Model checkpoint (safetensors, or a Hugging Face GPT-2 directory)")->required();
   sub->add_option("--out", opts.out, "Output directory (default: runs/" + command + "-<date>-<time>)");
   sub->add_option("--task", opts.task, "Task of the data when the checkpoint does not name one")
       ->capture_default_str()->check(CLI::IsMember(task_names()));
@@ -40,7 +40,7 @@ std::vector<int64_t> parse_positions_flag(const std::string& text, const std::st
 
 RoleModel load_role_model(const RoleOpts& o) {
   set_num_threads(o.threads);
-  const SafetensorsFile f = read_safetensors(o.checkpoint);
+  const SafetensorsFile f = read_checkpoint(o.checkpoint);
   RoleModel r{load_model(f), nullptr, checkpoint_task(f, TaskConfig::preset(o.task))};
   return r;
 }

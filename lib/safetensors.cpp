@@ -24,7 +24,7 @@ namespace {
 size_t dtype_size(DType d) { return d == DType::I64 ? 8 : 4; }
 }  // namespace
 
-SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& source) {
+SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& source, const SkipTensor& skip) {
   auto bad = [&](auto&&... why) { fail(source, ": not a valid safetensors file: ", why...); };
   if (bytes.size() < 8) bad("truncated (", bytes.size(), " bytes, the 8-byte header length is missing)");
   uint64_t n = 0;
@@ -55,6 +55,7 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& s
       }
       continue;
     }
+    if (skip && skip(name)) continue;
     if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets"))
       bad("tensor '", name, "' needs dtype, shape and data_offsets");
     StTensor t;
@@ -82,7 +83,7 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& s
     const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
     if (begin > end || end > data_size)
       bad("tensor '", name, "': data_offsets [", begin, ", ", end, "] outside the data section (",
-          data_size, " bytes)");
+          data_size, " bytes; the file is truncated or corrupt)");
     if (end - begin != count * dtype_size(t.dtype))
       bad("tensor '", name, "': shape ", t.shape.str(), " of ", d, " needs ",
           count * dtype_size(t.dtype), " bytes but data_offsets span ", end - begin);
@@ -97,8 +98,8 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& s
   return f;
 }
 
-SafetensorsFile read_safetensors(const std::string& path) {
-  return parse_safetensors(read_file(path), path);
+SafetensorsFile read_safetensors(const std::string& path, const SkipTensor& skip) {
+  return parse_safetensors(read_file(path), path, skip);
 }
 
 const StTensor& SafetensorsFile::get(const std::string& name) const {

@@ -3,6 +3,7 @@
 // The reader validates everything a corrupt or truncated file can get wrong and throws an
 // hl::Error naming the file and the problem; it never reads out of bounds.
 #pragma once
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -35,8 +36,11 @@ class SafetensorsFile {
   std::string meta(const std::string& key) const;  // throws if missing
 };
 
-SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& source);
-SafetensorsFile read_safetensors(const std::string& path);
+// Tensors whose names pass `skip` are left out unread and unchecked (buffers of foreign
+// checkpoints, e.g. GPT-2's causal-mask "attn.bias", whatever their dtype).
+using SkipTensor = std::function<bool(const std::string&)>;
+SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& source, const SkipTensor& skip = {});
+SafetensorsFile read_safetensors(const std::string& path, const SkipTensor& skip = {});
 
 class SafetensorsWriter {
  public:

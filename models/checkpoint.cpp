@@ -3,7 +3,10 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
+
 #include "lib/fileutil.h"
+#include "models/hf_gpt2.h"
 
 namespace hl {
 
@@ -32,6 +35,12 @@ void save_checkpoint(const std::string& path, const TransformerLM& model, const 
   for (auto& [name, t] : extra) w.add(name, t);
   for (auto& [k, v] : extra_meta) w.set_meta(k, v);
   w.write(path);
+}
+
+SafetensorsFile read_checkpoint(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return read_hf_gpt2(path);
+  return read_safetensors(path);
 }
 
 ModelConfig checkpoint_config(const SafetensorsFile& f) {
@@ -117,7 +126,7 @@ std::unique_ptr<TransformerLM> load_model(const SafetensorsFile& f) {
 }
 
 std::unique_ptr<TransformerLM> load_model(const std::string& path) {
-  return load_model(read_safetensors(path));
+  return load_model(read_checkpoint(path));
 }
 
 }  // namespace hl

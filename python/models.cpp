@@ -270,7 +270,7 @@ void bind_models(py::module_& m) {
       .def_static("load", [](const std::string& path) { return load_model(path); }, "A model from a headlab checkpoint (safetensors)")
       .def("save", [](const TransformerLM& model, const std::string& path) { save_checkpoint(path, model); },
            "Writes a checkpoint the CLI reads (atomic)")
-      .def("load_parameters", [](TransformerLM& model, const std::string& path) { load_parameters(model, read_safetensors(path)); })
+      .def("load_parameters", [](TransformerLM& model, const std::string& path) { load_parameters(model, read_checkpoint(path)); })
       .def_readonly("config", &TransformerLM::cfg)
       .def("train", [](TransformerLM& model, bool on) { model.train(on); }, py::arg("on") = true)
       .def("eval", [](TransformerLM& model) { model.eval(); })

@@ -5,7 +5,7 @@ import struct
 
 import numpy as np
 
-DTYPES = {"F32": np.float32, "I64": np.int64, "I32": np.int32}
+DTYPES = {"F32": np.float32, "I64": np.int64, "I32": np.int32, "U8": np.uint8, "BOOL": np.bool_}
 NAMES = {np.dtype(v): k for k, v in DTYPES.items()}
 
 

@@ -202,7 +202,7 @@ TrainArgs resume_args(const std::string& out, const TrainArgs& given,
 
 TrainArgs init_args(const TrainArgs& given, const std::function<bool(const std::string& flag)>& given_flag) {
   if (given.init.empty()) return given;
-  const ModelConfig stored = checkpoint_config(read_safetensors(given.init));
+  const ModelConfig stored = checkpoint_config(read_checkpoint(given.init));
   TrainArgs r = given;
   r.model = stored;
   r.model.dropout = given.model.dropout;  // training settings, not the architecture
@@ -288,7 +288,7 @@ Trainer::Trainer(TrainArgs args, std::unique_ptr<Task> task, ProcessGroup* group
   if (writes_files() && !args_.task.data.empty() && args_.task.data.front() == '(')
     save_token_rows(held_out_rows_path(args_.out), held_out_);
   if (!args_.init.empty() && !args_.resume) {  // weights made elsewhere (e.g. PyTorch), same config
-    const SafetensorsFile f = read_safetensors(args_.init);
+    const SafetensorsFile f = read_checkpoint(args_.init);
     const ModelConfig c = checkpoint_config(f);
     if (c.vocab_size != args_.model.vocab_size)
       fail("--init ", args_.init, ": its vocabulary of ", c.vocab_size, " tokens does not fit task ", args_.task.name, " (",

@@ -1,0 +1,94 @@
+// headlab convert: a model made elsewhere -> a headlab checkpoint. A Hugging Face GPT-2
+// directory (or any checkpoint headlab reads) is converted here; a nanoGPT ckpt.pt (a torch
+// pickle) by scripts/convert_nanogpt.py, run as a child process with Debian's Python and torch
+// (torch.load(weights_only=True): nothing in the file is ever run).
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+
+#include "cli/child_process.h"
+#include "cli/commands.h"
+#include "lib/fileutil.h"
+#include "models/checkpoint.h"
+#include "train/run_dir.h"
+
+#ifndef HEADLAB_SOURCE_DIR
+#define HEADLAB_SOURCE_DIR "."
+#endif
+
+namespace hl {
+
+namespace {
+
+struct ConvertOpts {
+  std::string src, out;
+};
+
+// A torch.save file: a zip archive (torch >= 1.6) or a bare pickle (protocol 2+ starts with 0x80).
+bool is_torch_file(const std::string& path) {
+  const std::string ext = std::filesystem::path(path).extension().string();
+  if (ext == ".pt" || ext == ".pth" || ext == ".ckpt") return true;
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return false;
+  unsigned char head[4] = {0, 0, 0, 0};
+  const size_t n = std::fread(head, 1, 4, f);
+  std::fclose(f);
+  return (n == 4 && head[0] == 'P' && head[1] == 'K' && head[2] == 3 && head[3] == 4) || (n >= 1 && head[0] == 0x80);
+}
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : fallback;
+}
+
+int run_convert(const ConvertOpts& o) {
+  refuse_output_over_input("--out", o.out, {{"SRC", o.src}});
+  refuse_replacing_run_file("--out", o.out);
+  std::error_code ec;
+  if (!std::filesystem::exists(o.src, ec)) fail(o.src, ": not found");
+  if (std::filesystem::is_directory(o.out, ec)) fail("--out ", o.out, ": is a directory; give the checkpoint file to write");
+  check_can_write(o.out);
+  if (!std::filesystem::is_directory(o.src, ec) && is_torch_file(o.src)) {
+    const std::string python = env_or("HEADLAB_PYTHON", file_exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3");
+    const std::string script = env_or("HEADLAB_SOURCE_DIR", HEADLAB_SOURCE_DIR) + "/scripts/convert_nanogpt.py";
+    if (!file_exists(script)) fail("convert: the nanoGPT converter ", script, " is missing (set HEADLAB_SOURCE_DIR to the source tree)");
+    std::string said;
+    const int rc = run_child_process({python, script, o.src, "--out", o.out, "--errors-to-stdout"}, {}, &said);
+    if (rc != 0) {
+      // the script's one-line refusal, else a pointer to its output (a traceback went to stderr)
+      const std::string prefix = "error: ";
+      if (said.rfind(prefix, 0) == 0 && said.find('\n') + 1 == said.size())
+        fail(said.substr(prefix.size(), said.size() - prefix.size() - 1));
+      fail(o.src, ": not converted (", script, " exited with ", rc, "; its output is above)");
+    }
+    std::fputs(said.c_str(), stdout);
+  } else {
+    const SafetensorsFile f = read_checkpoint(o.src);
+    const std::unique_ptr<TransformerLM> model = load_model(f);  // every check before writing
+    std::map<std::string, std::string> meta;
+    if (f.metadata.count("converted_from")) meta["converted_from"] = f.metadata.at("converted_from");
+    save_checkpoint(o.out, *model, {}, meta);
+  }
+  const std::unique_ptr<TransformerLM> model = load_model(o.out);  // what was written loads
+  const ModelConfig& c = model->cfg;
+  std::printf("wrote %s: %d layers x %d heads, d_model %lld, d_ff %lld, vocab %lld, %lld positions, %lld parameters\n",
+              o.out.c_str(), c.n_layers, c.n_heads, static_cast<long long>(c.d_model), static_cast<long long>(c.d_ff),
+              static_cast<long long>(c.vocab_size), static_cast<long long>(c.max_seq_len),
+              static_cast<long long>(parameter_count(c)));
+  return 0;
+}
+
+}  // namespace
+
+void add_convert_command(CLI::App& app, CommandRunner& runner) {
+  CLI::App* sub = app.add_subcommand(
+      "convert", "Convert a model made elsewhere (Hugging Face GPT-2 directory, nanoGPT ckpt.pt) to a headlab checkpoint");
+  auto o = std::make_shared<ConvertOpts>();
+  sub->add_option("src", o->src, "Hugging Face GPT-2 directory (config.json + model.safetensors), nanoGPT ckpt.pt, or a headlab checkpoint")
+      ->required();
+  sub->add_option("--out", o->out, "headlab checkpoint to write (safetensors)")->required();
+  sub->callback([&runner, o] { runner = [o] { return run_convert(*o); }; });
+}
+
+}  // namespace hl

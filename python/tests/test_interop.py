@@ -1,0 +1,322 @@
+"""Models from elsewhere: Hugging Face GPT-2 directories and nanoGPT ckpt.pt files read by
+headlab give the logits of an independent float64 PyTorch GPT-2 forward
+(scripts/reference/hf_gpt2.py), `headlab export --format hf-gpt2` writes files that forward
+reads back to headlab's logits, and bad input is refused in one line with nothing written."""
+import json
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (Debian's python3-torch)")
+hl = pytest.importorskip("headlab")
+
+HEADLAB = os.environ.get("HEADLAB_BINARY", "headlab")
+SCRIPTS = os.path.join(os.environ.get("HEADLAB_SOURCE_DIR", "."), "scripts")
+sys.path.insert(0, SCRIPTS)
+sys.path.insert(0, os.path.join(SCRIPTS, "reference"))
+import hf_gpt2 as ref  # noqa: E402
+from safetensors_np import read_safetensors  # noqa: E402
+
+CONFIG = {"vocab_size": 23, "n_positions": 16, "n_embd": 24, "n_layer": 2, "n_head": 3,
+          "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5}
+
+
+def run(*args):
+    return subprocess.run([HEADLAB, *map(str, args)], capture_output=True, text=True)
+
+
+def ids_for(vocab, T=11, B=2, seed=5):
+    return np.random.default_rng(seed).integers(0, vocab, size=(B, T)).astype(np.int64)
+
+
+def headlab_logits(path, ids):
+    return np.asarray(hl.TransformerLM.load(str(path))(ids.astype(np.int32)), dtype=np.float64)
+
+
+def st_metadata(path):
+    data = open(path, "rb").read()
+    return json.loads(data[8:8 + int.from_bytes(data[:8], "little")])["__metadata__"]
+
+
+def assert_close(got, want):
+    # within 1e-4 of the logits' scale: float32 arithmetic against a float64 reference
+    scale = np.abs(want).max()
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= 1e-4 * scale, np.abs(got - want).max() / scale
+
+
+def make_hf(tmp_path, name="gpt2", config=None, **kw):
+    config = dict(CONFIG, **(config or {}))
+    state = ref.random_gpt2(config, seed=kw.pop("seed", 0))
+    d = tmp_path / name
+    ref.write_hf_gpt2(str(d), config, state, **kw)
+    return d, config, state
+
+
+# ---------- Hugging Face GPT-2 in ----------
+
+@pytest.mark.parametrize("prefix,buffers,shards", [(True, True, 1), (False, True, 1), (True, False, 3), (False, True, 2)])
+def test_hf_gpt2_logits_match_pytorch(tmp_path, prefix, buffers, shards):
+    d, config, state = make_hf(tmp_path, prefix=prefix, buffers=buffers, shards=shards)
+    ids = ids_for(config["vocab_size"])
+    want = ref.gpt2_forward(state, config, torch.as_tensor(ids)).numpy()
+    assert_close(headlab_logits(d, ids), want)
+
+
+@pytest.mark.parametrize("act,eps,n_inner,tied", [("gelu", 1e-5, None, True), ("relu", 1e-3, 40, True),
+                                                  ("gelu_new", 1e-5, None, False)])
+def test_hf_gpt2_settings(tmp_path, act, eps, n_inner, tied):
+    cfg = {"activation_function": act, "layer_norm_epsilon": eps, "n_inner": n_inner, "tie_word_embeddings": tied}
+    d, config, state = make_hf(tmp_path, config=cfg)
+    ids = ids_for(config["vocab_size"])
+    assert_close(headlab_logits(d, ids), ref.gpt2_forward(state, config, torch.as_tensor(ids)).numpy())
+    m = hl.TransformerLM.load(str(d))
+    params = m.named_parameters()
+    assert np.asarray(params["blocks.0.ffn.fc1.weight"]).shape == (n_inner or 4 * 24, 24)
+    # the unembedding: wte's copy when tied, lm_head when not
+    want_head = state["wte.weight"] if tied else state["lm_head.weight"]
+    assert np.array_equal(np.asarray(params["head.weight"]), want_head)
+    # c_attn (in, out) split and transposed: W_K is the transpose of columns d..2d
+    assert np.array_equal(np.asarray(params["blocks.1.attn.W_K.weight"]), state["h.1.attn.c_attn.weight"][:, 24:48].T)
+
+
+def test_convert_hf_dir_writes_a_headlab_checkpoint(tmp_path):
+    d, config, state = make_hf(tmp_path)
+    out = tmp_path / "m.safetensors"
+    r = run("convert", d, "--out", out)
+    assert r.returncode == 0, r.stderr
+    ids = ids_for(config["vocab_size"])
+    assert np.array_equal(headlab_logits(out, ids), headlab_logits(d, ids))
+    assert st_metadata(out)["converted_from"] == "hf-gpt2"
+
+
+def test_commands_and_train_init_take_an_hf_dir(tmp_path):
+    # vocabulary 13 and 64 positions: the copy task's, so its batches fit the model
+    d, config, state = make_hf(tmp_path, config={"vocab_size": 13, "n_positions": 64, "n_embd": 16, "n_head": 2})
+    r = run("attn", "--checkpoint", d, "--tokens", "11 3 4 12 3 4", "--out", tmp_path / "attn")
+    assert r.returncode == 0, r.stderr
+    r = run("train", "--init", d, "--task", "copy", "--steps", "1", "--out", tmp_path / "run")
+    assert r.returncode == 0, r.stderr
+    # --init took the GPT-2 weights: the first checkpoint's embedding moved by one step only
+    run_params = hl.TransformerLM.load(str(tmp_path / "run" / "model.safetensors")).named_parameters()
+    assert np.abs(np.asarray(run_params["tok_emb.weight"]) - state["wte.weight"]).max() < 0.05
+
+
+def bad_line(r):
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    assert r.returncode != 0
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("case,expect", [
+    ("no_config", "no config.json"),
+    ("shape", "'h.0.mlp.c_fc.weight' has shape (24,96) but config.json"),
+    ("truncated", "truncated"),
+    ("activation", "activation_function \"swish\""),
+    ("not_json", "not valid JSON"),
+    ("inverse_layer_idx", "scale_attn_by_inverse_layer_idx"),
+    ("cross", "add_cross_attention"),
+    ("missing_shard", "missing"),
+])
+def test_hf_gpt2_bad_input(tmp_path, case, expect):
+    d, config, state = make_hf(tmp_path, shards=2 if case in ("truncated", "missing_shard") else 1)
+    cfg_path = d / "config.json"
+    if case == "no_config":
+        os.remove(cfg_path)
+    elif case == "shape":
+        c = json.load(open(cfg_path))
+        c["n_inner"] = 50
+        json.dump(c, open(cfg_path, "w"))
+    elif case == "truncated":
+        shard = d / "model-00002-of-00002.safetensors"
+        data = shard.read_bytes()
+        shard.write_bytes(data[:len(data) - 100])
+    elif case == "activation":
+        c = json.load(open(cfg_path))
+        c["activation_function"] = "swish"
+        json.dump(c, open(cfg_path, "w"))
+    elif case == "not_json":
+        cfg_path.write_text("{ n_embd: 24,")
+    elif case in ("inverse_layer_idx", "cross"):
+        c = json.load(open(cfg_path))
+        c["scale_attn_by_inverse_layer_idx" if case == "inverse_layer_idx" else "add_cross_attention"] = True
+        json.dump(c, open(cfg_path, "w"))
+    elif case == "missing_shard":
+        os.remove(d / "model-00001-of-00002.safetensors")
+    out = tmp_path / "out.safetensors"
+    line = bad_line(run("convert", d, "--out", out))
+    assert expect in line, line
+    assert not out.exists()
+    exp = tmp_path / "exported"
+    line = bad_line(run("export", d, "--format", "hf-gpt2", "--out", exp))
+    assert expect in line, line
+    assert not exp.exists()
+    with pytest.raises(Exception, match=re.escape(expect)):
+        hl.TransformerLM.load(str(d))
+
+
+# ---------- Hugging Face GPT-2 out ----------
+
+def headlab_model(tmp_path, name="native.safetensors", **settings):
+    cfg = dict(vocab_size=19, max_seq_len=12, d_model=16, layers=2, heads=4, d_ff=40)
+    cfg.update(settings)
+    m = hl.TransformerLM(hl.ModelConfig(**cfg), seed=3)
+    for p in m.named_parameters().values():  # off the initialisation: LayerNorms and biases non-trivial
+        a = np.asarray(p)
+        a += 0.2 * np.random.default_rng(a.size).standard_normal(a.shape).astype(np.float32)
+    path = tmp_path / name
+    m.save(str(path))
+    return path
+
+
+@pytest.mark.parametrize("settings", [{}, {"attn_bias": True, "activation": "gelu_erf"}, {"mlp_bias": False, "activation": "relu"}])
+def test_export_logits_match_pytorch(tmp_path, settings):
+    ckpt = headlab_model(tmp_path, **settings)
+    out = tmp_path / "hf"
+    r = run("export", ckpt, "--format", "hf-gpt2", "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert "untied" in r.stdout  # a headlab model's head is its own matrix
+    config = json.load(open(out / "config.json"))
+    assert config["tie_word_embeddings"] is False and config["model_type"] == "gpt2"
+    files = read_safetensors(str(out / "model.safetensors"))
+    assert "transformer.h.0.attn.c_attn.weight" in files and files["transformer.h.0.attn.c_attn.weight"].shape == (16, 48)
+    state = ref.read_hf_state(str(out))
+    ids = ids_for(19, T=12)
+    assert_close(headlab_logits(ckpt, ids), ref.gpt2_forward(state, config, torch.as_tensor(ids)).numpy())
+
+
+def test_export_folds_head_gates(tmp_path):
+    ckpt = headlab_model(tmp_path)
+    m = hl.TransformerLM.load(str(ckpt))
+    np.asarray(m.gates(1))[2] = 0.0
+    np.asarray(m.gates(0))[1] = 0.5
+    m.save(str(tmp_path / "gated.safetensors"))
+    out = tmp_path / "hf"
+    assert run("export", tmp_path / "gated.safetensors", "--format", "hf-gpt2", "--out", out).returncode == 0
+    config = json.load(open(out / "config.json"))
+    ids = ids_for(19, T=12)
+    want = ref.gpt2_forward(ref.read_hf_state(str(out)), config, torch.as_tensor(ids)).numpy()
+    assert_close(np.asarray(m(ids.astype(np.int32)), dtype=np.float64), want)
+
+
+def test_export_convert_round_trip_bit_for_bit(tmp_path):
+    d, config, state = make_hf(tmp_path, prefix=False, shards=2)
+    (d / "vocab.json").write_text('{"a": 0}')
+    (d / "merges.txt").write_bytes(b"#version: 0.2\na b\n")
+    (d / "tokenizer_config.json").write_text("{}")
+    a = tmp_path / "a.safetensors"
+    assert run("convert", d, "--out", a).returncode == 0
+    out = tmp_path / "hf"
+    r = run("export", d, "--format", "hf-gpt2", "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert json.load(open(out / "config.json"))["tie_word_embeddings"] is True
+    # the tokenizer files beside the source, byte for byte, nothing more
+    assert (out / "vocab.json").read_bytes() == (d / "vocab.json").read_bytes()
+    assert (out / "merges.txt").read_bytes() == (d / "merges.txt").read_bytes()
+    assert not (out / "tokenizer_config.json").exists()
+    written = read_safetensors(str(out / "model.safetensors"))
+    assert "lm_head.weight" not in written  # tied
+    for k, v in state.items():  # GPT-2's own tensors come back bit for bit
+        assert np.array_equal(written["transformer." + k], v), k
+    b = tmp_path / "b.safetensors"
+    assert run("convert", out, "--out", b).returncode == 0
+    ta, tb = read_safetensors(str(a)), read_safetensors(str(b))
+    assert sorted(ta) == sorted(tb)
+    for k in ta:
+        assert ta[k].tobytes() == tb[k].tobytes(), k
+
+
+@pytest.mark.parametrize("settings,expect", [
+    ({"norm": "post"}, "post-norm"),
+    ({"positions": "sinusoidal"}, "sinusoidal"),
+    ({"kv_heads": 2}, "n_kv_heads 2"),
+    ({"d_head": 8}, "d_head 8"),
+    ({"d_ff": 0}, "attention-only"),
+])
+def test_export_refuses_what_gpt2_cannot_express(tmp_path, settings, expect):
+    ckpt = headlab_model(tmp_path, **settings)
+    out = tmp_path / "hf"
+    line = bad_line(run("export", ckpt, "--format", "hf-gpt2", "--out", out))
+    assert expect in line and "GPT-2" in line, line
+    assert not out.exists()
+
+
+# ---------- nanoGPT in ----------
+
+NANO = {"n_layer": 2, "n_head": 2, "n_embd": 16, "block_size": 10, "bias": False, "vocab_size": 21, "dropout": 0.0}
+
+
+@pytest.mark.parametrize("bias,compiled", [(False, True), (True, False)])
+def test_nanogpt_logits_match_pytorch(tmp_path, bias, compiled):
+    args = dict(NANO, bias=bias)
+    sd = ref.random_nanogpt(args, seed=1)
+    ckpt = tmp_path / "ckpt.pt"
+    ref.write_nanogpt_ckpt(str(ckpt), args, sd, compiled=compiled)
+    out = tmp_path / "nano.safetensors"
+    r = run("convert", ckpt, "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert st_metadata(out)["converted_from"] == "nanogpt"
+    stored = json.loads(st_metadata(out)["config"])
+    assert stored["attn_bias"] is bias and stored["activation"] == "gelu_erf" and stored["max_seq_len"] == 10
+    ids = ids_for(21, T=10)
+    want = ref.gpt2_forward(ref.nanogpt_as_gpt2(sd, args), ref.nanogpt_config(args), torch.as_tensor(ids)).numpy()
+    assert_close(headlab_logits(out, ids), want)
+    # the script alone does the same
+    out2 = tmp_path / "nano2.safetensors"
+    subprocess.run(["/usr/bin/python3", os.path.join(SCRIPTS, "convert_nanogpt.py"), str(ckpt), "--out", str(out2)], check=True,
+                   capture_output=True)
+    assert out2.read_bytes() == out.read_bytes()
+
+
+class Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.parametrize("payload_first", [True, False])
+def test_nanogpt_pickle_payload_is_refused_and_never_runs(tmp_path, payload_first):
+    # first: torch's weights_only unpickler meets the payload and refuses it; after the model:
+    # it stops at model_args' float (torch 1.13 cannot read floats) and the converter's own
+    # restricted unpickler meets the payload
+    marker = tmp_path / "payload_ran"
+    ckpt = tmp_path / "evil.pt"
+    args = dict(NANO)
+    content = {"model": ref.random_nanogpt(args), "model_args": args}
+    content = dict({"x": Payload(str(marker))}, **content) if payload_first else dict(content, x=Payload(str(marker)))
+    torch.save(content, str(ckpt))
+    assert not marker.exists()
+    out = tmp_path / "out.safetensors"
+    line = bad_line(run("convert", ckpt, "--out", out))
+    assert "refused" in line and "not run" in line and "open" in line, line
+    assert "weights_only` set to `False" not in line  # no advice to load it unsafely
+    assert not marker.exists()  # the payload did not run
+    assert not out.exists()
+    # a plain pickle with a payload (not a torch zip) likewise
+    raw = tmp_path / "raw.pt"
+    raw.write_bytes(pickle.dumps({"model": {}, "model_args": args, "x": Payload(str(marker))}, protocol=2))
+    r = run("convert", raw, "--out", out)
+    assert r.returncode != 0 and not marker.exists() and not out.exists(), r.stderr
+
+
+def test_nanogpt_bad_shapes_named(tmp_path):
+    args = dict(NANO)
+    sd = ref.random_nanogpt(args)
+    sd["transformer.h.1.mlp.c_fc.weight"] = torch.zeros(60, 16)
+    ckpt = tmp_path / "ckpt.pt"
+    ref.write_nanogpt_ckpt(str(ckpt), args, sd)
+    out = tmp_path / "out.safetensors"
+    line = bad_line(run("convert", ckpt, "--out", out))
+    assert "transformer.h.1.mlp.c_fc.weight' has shape (60,16)" in line, line
+    assert not out.exists()
+    line = bad_line(run("convert", tmp_path / "missing.pt", "--out", out))
+    assert "missing.pt: not found" in line and not out.exists()

@@ -1,0 +1,196 @@
+#!/usr/bin/python3
+"""nanoGPT's ckpt.pt -> a headlab checkpoint (safetensors, docs/formats.md).
+
+    /usr/bin/python3 scripts/convert_nanogpt.py ckpt.pt --out model.safetensors
+
+(`headlab convert ckpt.pt --out model.safetensors` runs this.) The file is read with
+torch.load(weights_only=True): only tensors and plain containers are unpickled, so a pickle
+carrying code (a __reduce__ payload) is refused and nothing in it runs.
+
+nanoGPT's GPT is GPT-2 with nn.Linear layers (weight (out, in), headlab's layout too): c_attn
+(3d, d) holds [W_Q; W_K; W_V]; exact GELU; LayerNorm eps 1e-5, its bias absent when
+model_args.bias is False (headlab's LayerNorm always has one: zeros, exact); block_size
+positions; lm_head tied to wte (headlab keeps a copy as head.weight). torch.compile's
+'_orig_mod.' prefix is dropped.
+"""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from safetensors_np import write_safetensors  # noqa: E402
+
+
+class Refused(Exception):
+    pass
+
+
+def shape_str(shape):
+    return "(" + ",".join(str(n) for n in shape) + ")"  # as headlab writes shapes
+
+
+# What a checkpoint of tensors and plain data may name: the functions torch.save uses to rebuild
+# tensors, and OrderedDict. Anything else (builtins.open, os.system, a class of the author's) is
+# refused before it is called.
+SAFE_GLOBALS = {("collections", "OrderedDict"), ("torch._utils", "_rebuild_tensor_v2"),
+                ("torch._utils", "_rebuild_tensor"), ("torch._utils", "_rebuild_parameter"), ("torch", "Size")}
+
+
+class _RestrictedPickle:
+    """A pickle module for torch.load whose Unpickler resolves only SAFE_GLOBALS (Python's
+    "restricting globals" recipe). torch 1.13's weights_only unpickler cannot read floats
+    (opcode BINFLOAT, e.g. model_args['dropout']), so a file it refuses for that alone is read
+    again with this one, which likewise never runs code from the file."""
+    import pickle as _pickle
+
+    class Unpickler(_pickle.Unpickler):
+        def find_class(self, module, name):
+            if (module, name) in SAFE_GLOBALS:
+                return super().find_class(module, name)
+            raise _RestrictedPickle._pickle.UnpicklingError(f"global '{module}.{name}' is not allowed")
+
+    load = _pickle.load
+
+
+def load_ckpt(path):
+    import pickle
+    try:
+        import torch
+    except ImportError:
+        raise Refused(f"{path}: reading a torch checkpoint needs PyTorch ({sys.executable} has none; "
+                      "Debian's python3-torch provides it)")
+    if not os.path.isfile(path):
+        raise Refused(f"{path}: not found")
+
+    def refused(e):
+        msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        msg = msg.split("WeightsUnpickler error: ")[-1]  # torch's reason, without its advice to load unsafely
+        return Refused(f"{path}: refused: the pickle holds more than tensors and plain data, and is not run ({msg})")
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError) as e:
+        if "Unsupported operand" not in str(e):  # a global or an operation weights_only refuses
+            if isinstance(e, pickle.UnpicklingError) or "weights_only" in str(e) or "Unsupported" in str(e):
+                raise refused(e)
+            raise Refused(f"{path}: not a readable torch checkpoint ({str(e).splitlines()[0]})")
+    except (EOFError, OSError, ValueError) as e:
+        raise Refused(f"{path}: not a readable torch checkpoint ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
+    # torch 1.13 refused an opcode (a float): the restricted unpickler. torch.load itself cannot
+    # take it (Debian's 1.13 replaces any pickle_module by pickle unless weights_only), so the
+    # zip archive torch.save writes is read with torch's own _load and this pickle module.
+    try:
+        with open(path, "rb") as f:
+            with torch.serialization._open_zipfile_reader(f) as archive:
+                return torch.serialization._load(archive, "cpu", _RestrictedPickle, encoding="utf-8")
+    except pickle.UnpicklingError as e:
+        raise refused(e)
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        raise Refused(f"{path}: not a readable torch checkpoint ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
+
+
+def convert(ckpt, source):
+    """headlab tensors (name -> float32 array) and config of a loaded nanoGPT checkpoint."""
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
+        raise Refused(f"{source}: not a nanoGPT checkpoint (needs a dict with 'model' and 'model_args')")
+    args = ckpt["model_args"]
+    for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
+        if not isinstance(args.get(key), int) or args[key] <= 0:
+            raise Refused(f"{source}: model_args['{key}'] must be a positive integer, got {args.get(key)!r}")
+    L, H, d, P, V = (args[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"))
+    if d % H:
+        raise Refused(f"{source}: model_args n_embd {d} is not a multiple of n_head {H}")
+    sd = {}
+    for k, v in ckpt["model"].items():
+        k = k[len("_orig_mod."):] if k.startswith("_orig_mod.") else k
+        if k.endswith(".attn.bias"):  # the causal-mask buffer of nanoGPT without flash attention
+            continue
+        if not hasattr(v, "detach"):
+            raise Refused(f"{source}: model entry '{k}' is not a tensor")
+        sd[k] = v.detach().float().contiguous().numpy()
+    bias = "transformer.h.0.attn.c_attn.bias" in sd
+    if "bias" in args and bool(args["bias"]) != bias:
+        raise Refused(f"{source}: model_args bias is {args['bias']} but the state dict "
+                      f"{'has' if bias else 'has no'} biases")
+    out, used = {}, set()
+
+    def take(name, shape):
+        if name not in sd:
+            raise Refused(f"{source}: missing tensor '{name}' that model_args needs")
+        if tuple(sd[name].shape) != shape:
+            raise Refused(f"{source}: tensor '{name}' has shape {shape_str(sd[name].shape)} but model_args (n_embd {d}, "
+                          f"n_layer {L}, n_head {H}, vocab_size {V}, block_size {P}) needs {shape_str(shape)}")
+        used.add(name)
+        return sd[name]
+
+    def bias_of(name, n):
+        return take(name, (n,)) if bias else np.zeros(n, dtype=np.float32)
+
+    t = "transformer."
+    out["tok_emb.weight"] = take(t + "wte.weight", (V, d))
+    out["pos_emb.weight"] = take(t + "wpe.weight", (P, d))
+    for i in range(L):
+        h, b = f"{t}h.{i}.", f"blocks.{i}."
+        out[b + "ln1.weight"], out[b + "ln1.bias"] = take(h + "ln_1.weight", (d,)), bias_of(h + "ln_1.bias", d)
+        qkv, qkv_b = take(h + "attn.c_attn.weight", (3 * d, d)), bias_of(h + "attn.c_attn.bias", 3 * d)
+        for j, n in enumerate(("W_Q", "W_K", "W_V")):
+            out[f"{b}attn.{n}.weight"] = qkv[j * d:(j + 1) * d]  # (d, d), rows h*d_head.. for head h
+            if bias:
+                out[f"{b}attn.{n}.bias"] = qkv_b[j * d:(j + 1) * d]
+        out[b + "attn.W_O.weight"] = take(h + "attn.c_proj.weight", (d, d))
+        if bias:
+            out[b + "attn.W_O.bias"] = take(h + "attn.c_proj.bias", (d,))
+        out[b + "ln2.weight"], out[b + "ln2.bias"] = take(h + "ln_2.weight", (d,)), bias_of(h + "ln_2.bias", d)
+        out[b + "ffn.fc1.weight"] = take(h + "mlp.c_fc.weight", (4 * d, d))
+        if bias:
+            out[b + "ffn.fc1.bias"] = take(h + "mlp.c_fc.bias", (4 * d,))
+        out[b + "ffn.fc2.weight"] = take(h + "mlp.c_proj.weight", (d, 4 * d))
+        if bias:
+            out[b + "ffn.fc2.bias"] = take(h + "mlp.c_proj.bias", (d,))
+    out["ln_f.weight"], out["ln_f.bias"] = take(t + "ln_f.weight", (d,)), bias_of(t + "ln_f.bias", d)
+    # lm_head is tied to wte (the same tensor); headlab's head.weight is a copy.
+    out["head.weight"] = take("lm_head.weight", (V, d)) if "lm_head.weight" in sd else out["tok_emb.weight"].copy()
+    extra = sorted(set(sd) - used)
+    if extra:
+        raise Refused(f"{source}: unexpected tensor '{extra[0]}' (not part of nanoGPT's GPT)")
+    for name, a in out.items():
+        if not np.all(np.isfinite(a)):
+            raise Refused(f"{source}: tensor '{name}' holds a non-finite value")
+    # bias=False: no attention or MLP biases (headlab's attn_bias/mlp_bias off); LayerNorm biases zero.
+    config = {"vocab_size": V, "d_model": d, "n_layers": L, "n_heads": H, "n_kv_heads": H, "d_head": d // H,
+              "d_ff": 4 * d, "max_seq_len": P, "norm": "pre", "activation": "gelu_erf", "positions": "learned",
+              "attn_bias": bias, "mlp_bias": bias, "head_bias": False, "layer_norm_eps": 1e-5}
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}, config, bias
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="nanoGPT ckpt.pt -> headlab checkpoint")
+    ap.add_argument("ckpt")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--errors-to-stdout", action="store_true",
+                    help="print a refusal on stdout (headlab convert, which runs this, reports it)")
+    a = ap.parse_args(argv)
+    try:
+        tensors, config, bias = convert(load_ckpt(a.ckpt), a.ckpt)
+    except Refused as e:
+        print(f"error: {e}", file=sys.stdout if a.errors_to_stdout else sys.stderr)
+        return 1
+    # headlab's parameter order (docs/formats.md); written beside the target, then renamed.
+    tmp = a.out + f".tmp.{os.getpid()}"
+    try:
+        write_safetensors(tmp, tensors, {"format": "headlab-checkpoint", "format_version": "1",
+                                         "config": json.dumps(config), "converted_from": "nanogpt"})
+        os.replace(tmp, a.out)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    print(f"converted {a.ckpt} (nanoGPT, {config['n_layers']} layers, "
+          f"{'with biases' if bias else 'bias=False: no attention/MLP biases, LayerNorm biases zero'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
