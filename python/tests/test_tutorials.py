@@ -32,8 +32,8 @@ def run_notebook(name, tmp_path):
             assert out["output_type"] != "error", f"{name}: {out.get('ename')}: {out.get('evalue')}"
             if out["output_type"] == "stream" and out["name"] == "stdout":
                 text += out["text"]
-            if "data" in out and "text/html" in out["data"]:
-                html_outputs.append(out["data"]["text/html"])
+            if "data" in out and str(out["data"].get("text/html", "")).startswith("<iframe srcdoc="):
+                html_outputs.append(out["data"]["text/html"])  # the inline views (not the progress display)
     return nb, text, html_outputs
 
 
@@ -53,8 +53,10 @@ def test_the_induction_tutorial_forms_and_finds_the_circuit(induction):
     assert number(r"token accuracy (\d\.\d+)", text) >= 0.9
     assert number(r"previous-token head: L0H\d \((\d\.\d+)\)", text) >= 0.5
     assert number(r"induction head: L1H\d \((\d\.\d+)\)", text) >= 0.4
-    # two detector grids, the head view and the patching grid, inline as isolated pages
-    assert len(frames) == 4 and all(f.startswith("<iframe srcdoc=") for f in frames)
+    # two detector grids, the head view, the patching grid and one head's attribution per token
+    assert len(frames) == 5
+    # the answer's logit is written directly by a layer-1 (induction) head
+    assert re.search(r"largest direct attribution: L1H\d", text), text[-1500:]
     # the previous-token head composes with the induction head's keys more than Q or V do
     assert number(r"K-composition L0H\d -> L1H\d: (\d\.\d+)", text) > number(r"in \[\d\.\d+, (\d\.\d+)\]\)", text)
 
@@ -109,7 +111,7 @@ def test_the_converted_notebook_shows_the_head_view_and_hovering_shows_weights(i
     try:
         driver.get("file://" + str(page))
         iframes = driver.find_elements(By.TAG_NAME, "iframe")
-        assert len(iframes) == 4
+        assert len(iframes) == 5
         driver.execute_script("arguments[0].scrollIntoView()", iframes[2])  # the mouse reaches only what is on screen
         driver.switch_to.frame(iframes[2])
         WebDriverWait(driver, 30).until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "1")
