@@ -173,6 +173,7 @@ TransformerBlock::TransformerBlock(const ModelConfig& c, Rng& rng, Rng* dropout_
       resid_dropout(c.dropout, dropout_rng) {
   register_module("ln1", &ln1);
   register_module("attn", &attn);
+  register_module("resid_dropout", &resid_dropout);  // so eval() turns it off
   if (c.has_mlp()) {  // after attention's: the initialisation draws in the same order as always
     ln2 = std::make_unique<LayerNorm>(c.d_model, c.layer_norm_eps);
     ffn = std::make_unique<FeedForward>(c.d_model, c.d_ff, c.activation, c.mlp_bias, rng);
@@ -290,6 +291,7 @@ TransformerLM::TransformerLM(const ModelConfig& c, uint64_t seed)
       emb_dropout(c.dropout, &dropout_rng),
       head(c.d_model, c.vocab_size, c.head_bias, init_rng) {
   register_module("tok_emb", &tok_emb);
+  register_module("emb_dropout", &emb_dropout);  // so eval() turns it off
   if (c.positions == Positions::Learned) {
     pos_emb = std::make_unique<Embedding>(c.max_seq_len, c.d_model, init_rng);
     register_module("pos_emb", pos_emb.get());

@@ -429,3 +429,23 @@ BOOST_AUTO_TEST_CASE(attention_only_model_has_no_mlp_and_exactly_its_hook_points
   BOOST_TEST(!cache.has("blocks.0.hook_mlp_out"));
   roundoff::check_within(logits, roundoff::bounded_logits(m, ids_2x5()), "attention-only forward");
 }
+
+// Dropout (embedding, residual, attention) draws only in training: eval() gives the same logits
+// every time, and they equal a model without dropout of the same weights.
+BOOST_AUTO_TEST_CASE(eval_turns_every_dropout_off) {
+  ModelConfig c = tiny();
+  c.dropout = 0.3f;
+  c.attn_dropout = 0.2f;
+  TransformerLM m(c, 5);
+  ModelConfig plain_cfg = c;
+  plain_cfg.dropout = plain_cfg.attn_dropout = 0.f;
+  TransformerLM plain(plain_cfg, 5);
+  NoGradGuard ng;
+  m.train();
+  BOOST_TEST(m.forward(ids_2x5()).to_vector() != m.forward(ids_2x5()).to_vector());
+  m.eval();
+  const std::vector<float> a = m.forward(ids_2x5()).to_vector();
+  BOOST_TEST(a == m.forward(ids_2x5()).to_vector());
+  plain.eval();
+  BOOST_TEST(a == plain.forward(ids_2x5()).to_vector());
+}
