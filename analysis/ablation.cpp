@@ -6,6 +6,7 @@
 #include <set>
 #include <sstream>
 
+#include "analysis/evaluate.h"
 #include "analysis/heads.h"
 #include "lib/stop.h"
 
@@ -228,6 +229,7 @@ void score_rows(TransformerLM& model, const std::vector<Batch>& data, const std:
 
 KnockoutResult knockout(TransformerLM& model, const std::vector<Batch>& data, const AblationOptions& o) {
   if (data.empty()) fail("ablation: no data (give at least one example)");
+  check_data_fits_model(data, model.cfg, "ablation");  // ids and targets index the model's tables
   const int64_t T = data[0].inputs.shape[1];
   check_ablation_site(model.cfg, o.site, T);
   const HookAxes axes = hook_axes(model.cfg, o.site.hook);

@@ -1,4 +1,5 @@
 #include "analysis/decompose.h"
+#include "analysis/evaluate.h"
 
 #include <cmath>
 #include <cstdio>
@@ -265,6 +266,7 @@ std::vector<double> per_token_loss(const Tensor& logits, const Ids& targets) {
 
 DlaResult direct_logit_attribution(TransformerLM& model, const std::vector<Batch>& data) {
   check_pre_norm(model, "dla");
+  check_data_fits_model(data, model.cfg, "dla");  // ids and targets index the model's tables
   EvalScope eval(model);
   NoGradGuard ng;
   const int L = model.cfg.n_layers;

@@ -49,12 +49,33 @@ int run_convert(const ConvertOpts& o) {
   if (!std::filesystem::exists(o.src, ec)) fail(o.src, ": not found");
   if (std::filesystem::is_directory(o.out, ec)) fail("--out ", o.out, ": is a directory; give the checkpoint file to write");
   check_can_write(o.out);
+  if (std::filesystem::is_directory(o.src, ec)) {
+    // writing into the model's own directory could replace one of its files (model.safetensors, a shard)
+    const std::filesystem::path parent = std::filesystem::absolute(o.out).parent_path();
+    if (std::filesystem::equivalent(parent, o.src, ec))
+      fail("--out ", o.out, ": inside the source directory ", o.src, "; write the checkpoint elsewhere");
+  }
   if (!std::filesystem::is_directory(o.src, ec) && is_torch_file(o.src)) {
     const std::string python = env_or("HEADLAB_PYTHON", file_exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3");
-    const std::string script = env_or("HEADLAB_SOURCE_DIR", HEADLAB_SOURCE_DIR) + "/scripts/convert_nanogpt.py";
+    // an installed binary runs its installed copy (bin/../share/headlab), never one in a source tree
+    std::error_code e;
+    const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", e);
+    const std::string installed = exe.parent_path().parent_path().string() + "/share/headlab/scripts/convert_nanogpt.py";
+    const std::string script = !e && file_exists(installed)
+                                   ? installed
+                                   : env_or("HEADLAB_SOURCE_DIR", HEADLAB_SOURCE_DIR) + "/scripts/convert_nanogpt.py";
     if (!file_exists(script)) fail("convert: the nanoGPT converter ", script, " is missing (set HEADLAB_SOURCE_DIR to the source tree)");
+    // the script writes beside --out; the file takes its name only once headlab loads it
+    const std::string partial = o.out + ".converting";
+    struct RemovePartial {
+      const std::string& path;
+      ~RemovePartial() {
+        std::error_code e;
+        std::filesystem::remove(path, e);
+      }
+    } remove_partial{partial};
     std::string said;
-    const int rc = run_child_process({python, script, o.src, "--out", o.out, "--errors-to-stdout"}, {}, &said);
+    const int rc = run_child_process({python, script, o.src, "--out", partial, "--errors-to-stdout"}, {}, &said);
     if (rc != 0) {
       // the script's one-line refusal, else a pointer to its output (a traceback went to stderr)
       const std::string prefix = "error: ";
@@ -62,6 +83,8 @@ int run_convert(const ConvertOpts& o) {
         fail(said.substr(prefix.size(), said.size() - prefix.size() - 1));
       fail(o.src, ": not converted (", script, " exited with ", rc, "; its output is above)");
     }
+    load_model(partial);  // every check of a headlab checkpoint, before it takes --out's name
+    std::filesystem::rename(partial, o.out);
     std::fputs(said.c_str(), stdout);
   } else {
     const SafetensorsFile f = read_checkpoint(o.src);

@@ -73,10 +73,9 @@ int run_patch(const RoleOpts& o) {
   const std::string out = o.out.empty() ? default_out_dir("patch") : o.out;
   if (!o.axes.empty() && o.hook.empty()) fail("--axes needs --hook (the hook point to patch over them)");
   RoleModel m = load_role_model(o);
-  if (!o.hook.empty()) {  // a misspelt hook or axis fails before the data is made
-    const std::vector<std::string> axes = o.axes.empty() ? default_patch_axes(m.model->cfg, o.hook) : split_axes(o.axes);
-    (void)axes;
-  }
+  // a misspelt hook fails here, before the data is made (given axes are checked against the
+  // hook's shape by the patching itself, before its first run)
+  if (!o.hook.empty() && o.axes.empty()) (void)default_patch_axes(m.model->cfg, o.hook);
   const Task& task = role_task(m, o.checkpoint);
   // every example is in one batch, cached twice, with gradients once
   check_fits_in_memory(patching_memory_bytes(m.model->cfg, o.examples, task.seq_len()),

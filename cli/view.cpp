@@ -143,6 +143,8 @@ int run_view(const ViewOpts& o) {
     for (const std::string& d : {o.run, o.run + "/base"})
       if (ckpt.empty() && file_exists(d + "/model.safetensors")) ckpt = d + "/model.safetensors", model_dir = d;
     if (ckpt.empty()) fail(o.run, ": no model.safetensors (nor base/model.safetensors): not a run directory of headlab train or prune");
+  } else if (fs::is_directory(ckpt)) {  // a Hugging Face GPT-2 directory
+    model_dir = ckpt;
   } else {
     model_dir = fs::path(ckpt).parent_path().string();
     if (model_dir.empty()) model_dir = ".";
@@ -151,15 +153,21 @@ int run_view(const ViewOpts& o) {
   refuse_output_over_input("--out", out, {{"--checkpoint", ckpt}});
   refuse_replacing_run_file("--out", out);
   set_num_threads(o.threads);
-  const SafetensorsFile f = read_safetensors(ckpt);
+  const SafetensorsFile f = read_checkpoint(ckpt);
   const std::unique_ptr<TransformerLM> model = load_model(f);
   const ModelConfig& cfg = model->cfg;
   std::unique_ptr<Task> task;
   const TaskConfig tc = checkpoint_task(f, TaskConfig::preset(o.task));
   // --text is encoded with --tokenizer, or else with the tokenizer the model was trained with
-  // (--task text --tokenizer), if any
+  // (--task text --tokenizer), or the one in a GPT-2 model's directory, if any
   std::optional<BpeTokenizer> tok;
-  const std::string tok_dir = !o.tokenizer.empty() ? o.tokenizer : !o.text.empty() ? tc.tokenizer : std::string();
+  const bool dir_has_tokenizer = fs::is_directory(ckpt) && ((file_exists(ckpt + "/vocab.json") && file_exists(ckpt + "/merges.txt")) ||
+                                                            (file_exists(ckpt + "/encoder.json") && file_exists(ckpt + "/vocab.bpe")));
+  const std::string tok_dir = !o.tokenizer.empty() ? o.tokenizer
+                              : o.text.empty()     ? std::string()
+                              : !tc.tokenizer.empty() ? tc.tokenizer
+                              : dir_has_tokenizer  ? ckpt
+                                                   : std::string();
   if (!tok_dir.empty()) {
     tok = BpeTokenizer::load(tok_dir);
     if (tok->vocab_size() > cfg.vocab_size)

@@ -106,6 +106,7 @@ ModelConfig hf_gpt2_config(const std::string& config_text, const std::string& so
   if (flag("scale_attn_by_inverse_layer_idx", false))
     fail(source, ": GPT-2 config scale_attn_by_inverse_layer_idx true (scores divided by the layer number) is not supported");
   if (flag("add_cross_attention", false)) fail(source, ": GPT-2 config add_cross_attention true (an encoder-decoder model) is not supported");
+  flag("tie_word_embeddings", true);  // read again by read_hf_gpt2; checked here, where every field is
   // reorder_and_upcast_attn only changes float16 numerics: the same maths in float32.
   cfg.norm = Norm::Pre;
   cfg.positions = Positions::Learned;
@@ -127,7 +128,8 @@ SafetensorsFile read_hf_gpt2(const std::string& dir) {
   const std::string config_text = read_file(config_path);
   const ModelConfig cfg = hf_gpt2_config(config_text, config_path);
   const json cj = json::parse(config_text);
-  const bool tied = !cj.contains("tie_word_embeddings") || !cj["tie_word_embeddings"].is_boolean() ||
+  // a boolean or absent (hf_gpt2_config refused anything else)
+  const bool tied = !cj.contains("tie_word_embeddings") || cj["tie_word_embeddings"].is_null() ||
                     cj["tie_word_embeddings"].get<bool>();
 
   // The weight files: one model.safetensors, or the shards the index names.

@@ -102,6 +102,7 @@ void bind_analyses(py::module_& m) {
     std::vector<double> loss;
     {
       py::gil_scoped_release release;
+      EvalScope mode(model);  // dropout off, as every analysis
       NoGradGuard ng;
       loss = per_token_loss(model.forward(x), y);
     }

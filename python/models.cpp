@@ -1,5 +1,7 @@
 // Binds models (ModelConfig, TransformerLM, hook_points) and hooks: Python callables as forward
 // and backward hooks, and the activation cache as read-only array views.
+#include <cstring>
+
 #include "bindings.h"
 
 #include <cstdio>
@@ -148,7 +150,14 @@ TokenChoice tokens_from(const py::object& obj, const std::vector<int64_t>& stack
 }
 
 NameFilter filter_from(const py::object& names) {
-  if (names.is_none()) return all_names();
+  // None: every hook point but the split q/k/v inputs, which copy the residual stream per head
+  // ((B, T, H, d_model) each) and so are made only when named (TransformerLens's use_split_qkv_input)
+  if (names.is_none())
+    return [](const std::string& n) {
+      for (const char* split : {"hook_q_input", "hook_k_input", "hook_v_input"})
+        if (n.size() >= std::strlen(split) && n.compare(n.size() - std::strlen(split), std::string::npos, split) == 0) return false;
+      return true;
+    };
   if (py::isinstance<py::str>(names)) return names_in({names.cast<std::string>()});
   if (py::isinstance<py::function>(names)) {
     return [f = keep(names)](const std::string& n) {

@@ -97,9 +97,12 @@ def convert(ckpt, source):
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
         raise Refused(f"{source}: not a nanoGPT checkpoint (needs a dict with 'model' and 'model_args')")
     args = ckpt["model_args"]
+    if not isinstance(args, dict) or not isinstance(ckpt["model"], dict):
+        raise Refused(f"{source}: not a nanoGPT checkpoint ('model' and 'model_args' must be dicts)")
     for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
-        if not isinstance(args.get(key), int) or args[key] <= 0:
-            raise Refused(f"{source}: model_args['{key}'] must be a positive integer, got {args.get(key)!r}")
+        v = args.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise Refused(f"{source}: model_args['{key}'] must be a positive integer, got {v!r}")
     L, H, d, P, V = (args[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"))
     if d % H:
         raise Refused(f"{source}: model_args n_embd {d} is not a multiple of n_head {H}")

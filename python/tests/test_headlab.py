@@ -170,7 +170,8 @@ def test_patching_with_the_clean_cache_restores_the_clean_logits():
     m = small_model(seed=2)
     clean, corrupt = ids_batch(0), ids_batch(1)
     clean_logits, cache = m.run_with_cache(clean)
-    names = [n for n, _ in hl.hook_points(m.config)]
+    # every hook point but the split q/k/v inputs, which are cached only when named
+    names = [n for n, _ in hl.hook_points(m.config) if not n.endswith(("q_input", "k_input", "v_input"))]
     assert sorted(cache.keys()) == sorted(names)
     patched = m.run_with_hooks(corrupt, fwd_hooks=[(n, lambda x, n: cache[n]) for n in names])
     assert np.array_equal(np.asarray(patched), np.asarray(clean_logits))
@@ -501,3 +502,29 @@ def test_composition_baseline_is_the_commands_and_random_models_fall_inside_it(t
             assert inside >= 0.75, (kind, s, base[kind])
     with pytest.raises(ValueError, match="at least 2"):
         hl.composition_baseline(m.config, models=1)
+
+
+def test_run_with_cache_by_default_leaves_out_the_split_qkv_inputs_and_caches_them_when_named():
+    m = small_model()
+    ids = ids_batch()
+    _, cache = m.run_with_cache(ids)
+    names = [n for n, _ in hl.hook_points(m.config)]
+    split = [n for n in names if n.endswith(("hook_q_input", "hook_k_input", "hook_v_input"))]
+    assert len(split) == 3 * m.config.layers
+    assert sorted(cache.keys()) == sorted(set(names) - set(split))
+    _, named = m.run_with_cache(ids, names=["blocks.0.attn.hook_k_input"])
+    x = np.asarray(cache["blocks.0.ln1.hook_normalized"])
+    assert np.array_equal(np.asarray(named["blocks.0.attn.hook_k_input"]), np.repeat(x[:, :, None, :], m.config.heads, axis=2))
+
+
+def test_per_token_loss_runs_with_dropout_off():
+    m = small_model(dropout=0.3)
+    m.train()
+    ids = ids_batch()
+    a, b = hl.per_token_loss(m, ids), hl.per_token_loss(m, ids)
+    assert np.array_equal(a, b)
+    m.eval()
+    logits = np.asarray(m(ids), dtype=np.float64)[:, :-1]
+    lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    want = lse - np.take_along_axis(logits, ids[:, 1:, None], -1)[..., 0]
+    assert np.abs(a - want).max() <= 1e-5

@@ -124,15 +124,10 @@ def test_small_views_carry_their_values():
 
 # ---- in a real browser -------------------------------------------------------------------------
 
-webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (Debian's python3-selenium)")
-from selenium.webdriver.chrome.service import Service  # noqa: E402
-from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
-
-
 @pytest.fixture(scope="module")
 def browser():
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (Debian's python3-selenium)")
+    from selenium.webdriver.chrome.service import Service
     chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
     if not chromium or not driver_path:
         pytest.skip("chromium and chromium-driver are not installed")
@@ -148,6 +143,9 @@ def browser():
 
 
 def test_hovering_a_token_in_the_inline_view_shows_its_weights(browser, tmp_path):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
     m = small_model()
     ids = np.random.default_rng(1).integers(0, 20, size=9)
     host = tmp_path / "notebook_like.html"

@@ -21,6 +21,8 @@ def test_cmake_install_puts_an_importable_package_where_python_looks(tmp_path):
     # the command, runnable from the prefix
     r = subprocess.run([str(prefix / "bin" / "headlab"), "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "train" in r.stdout
+    # the nanoGPT converter `headlab convert` runs, beside it
+    assert sorted(os.listdir(prefix / "share" / "headlab" / "scripts")) == ["convert_nanogpt.py", "safetensors_np.py"]
     # the package: one directory holding the extension and the Python files
     found = [os.path.relpath(d, prefix) for d, _, files in os.walk(prefix) if "__init__.py" in files]
     assert len(found) == 1 and os.path.basename(found[0]) == "headlab", found

@@ -124,6 +124,7 @@ def bad_line(r):
     ("inverse_layer_idx", "scale_attn_by_inverse_layer_idx"),
     ("cross", "add_cross_attention"),
     ("missing_shard", "missing"),
+    ("tie_not_boolean", "'tie_word_embeddings' must be true or false, got \"false\""),
 ])
 def test_hf_gpt2_bad_input(tmp_path, case, expect):
     d, config, state = make_hf(tmp_path, shards=2 if case in ("truncated", "missing_shard") else 1)
@@ -150,6 +151,10 @@ def test_hf_gpt2_bad_input(tmp_path, case, expect):
         json.dump(c, open(cfg_path, "w"))
     elif case == "missing_shard":
         os.remove(d / "model-00001-of-00002.safetensors")
+    elif case == "tie_not_boolean":  # a string would otherwise read as tied
+        c = json.load(open(cfg_path))
+        c["tie_word_embeddings"] = "false"
+        json.dump(c, open(cfg_path, "w"))
     out = tmp_path / "out.safetensors"
     line = bad_line(run("convert", d, "--out", out))
     assert expect in line, line
@@ -320,3 +325,55 @@ def test_nanogpt_bad_shapes_named(tmp_path):
     assert not out.exists()
     line = bad_line(run("convert", tmp_path / "missing.pt", "--out", out))
     assert "missing.pt: not found" in line and not out.exists()
+
+
+def test_convert_refuses_to_write_into_the_source_directory(tmp_path):
+    d, _, _ = make_hf(tmp_path)
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    for name in ("model.safetensors", "new.safetensors"):
+        line = bad_line(run("convert", d, "--out", d / name))
+        assert "inside the source directory" in line, line
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before
+
+
+def test_nanogpt_args_headlab_refuses_leave_no_file(tmp_path):
+    out = tmp_path / "out.safetensors"
+    for change, expect in (({"n_layer": True}, "model_args['n_layer'] must be a positive integer, got True"),
+                           ({"n_layer": 1025, "n_embd": 2, "n_head": 1, "block_size": 4, "vocab_size": 3},
+                            "n_layers 1025 is above the supported maximum 1024")):
+        args = dict(NANO, **change)
+        ckpt = tmp_path / "ckpt.pt"
+        if change["n_layer"] is True:  # refused by the converter itself
+            torch.save({"model": {}, "model_args": args}, str(ckpt))
+        else:  # a config headlab refuses only when loading the written file (more than 1024 layers)
+            ref.write_nanogpt_ckpt(str(ckpt), args, ref.random_nanogpt(args))
+        r = run("convert", ckpt, "--out", out)
+        assert r.returncode != 0 and expect in r.stderr, r.stderr
+        assert not out.exists() and not [p for p in os.listdir(tmp_path) if p.startswith("out.safetensors")]
+
+
+def gpt2_byte_symbols():
+    """GPT-2's byte -> unicode symbol map (printable bytes stand for themselves)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def test_view_takes_a_gpt2_directory_and_its_tokenizer(tmp_path):
+    d, config, _ = make_hf(tmp_path, config={"vocab_size": 260})
+    symbols = gpt2_byte_symbols()
+    vocab = {symbols[b]: b for b in range(256)}
+    vocab["he"] = 256
+    (d / "vocab.json").write_text(json.dumps(vocab))
+    (d / "merges.txt").write_text("#version: 0.2\nh e\n")
+    out = tmp_path / "view.html"
+    r = run("view", "--checkpoint", d, "--text", "hehe", "--out", out)
+    assert r.returncode == 0, r.stderr
+    page = out.read_text()
+    data = json.loads(re.search(r'<script id="headlab-data" type="application/json">(.*?)</script>', page, re.S).group(1))
+    assert data["examples"][0]["tokens"] == ["he", "he"] and data["layers"] == config["n_layer"]

@@ -57,7 +57,7 @@ def test_the_induction_tutorial_forms_and_finds_the_circuit(induction):
     assert len(frames) == 5
     # the answer's logit is written directly by a layer-1 (induction) head
     assert re.search(r"largest direct attribution: L1H\d", text), text[-1500:]
-    # the previous-token head composes with the induction head's keys more than Q or V do
+    # the previous-token head composes with the induction head's keys more than random weights do
     assert number(r"K-composition L0H\d -> L1H\d: (\d\.\d+)", text) > number(r"in \[\d\.\d+, (\d\.\d+)\]\)", text)
 
 
