@@ -3,8 +3,10 @@
 // or AttentionConfig's own default.
 #pragma once
 #include <filesystem>
+#include <functional>
 #include <string>
 
+#include "lib/core.h"
 #include "models/attention.h"
 #include "models/transformer.h"
 
@@ -63,6 +65,16 @@ inline std::string fresh_dir(const std::string& name) {
   const std::string d = temp_path(name);
   std::filesystem::remove_all(d);
   return d;
+}
+
+// The message of the hl::Error that f throws, or "(no error)" when it throws none.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 }  // namespace hl::test

@@ -29,15 +29,6 @@ std::vector<Batch> data() {
   return {batch_of(Ids(Shape{2, 6}, {1, 3, 5, 2, 6, 0, 4, 4, 1, 2, 8, 7})), batch_of(Ids(Shape{3, 6}, {2, 2, 5, 1, 0, 3, 7, 6, 5, 4, 3, 2, 0, 8, 1, 1, 4, 6}))};
 }
 
-std::string fails_with(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(hook_axes_name_the_batch_position_and_head_axes) {
@@ -144,7 +135,7 @@ BOOST_AUTO_TEST_CASE(an_ablation_replaces_only_its_head_and_positions) {
 
 BOOST_AUTO_TEST_CASE(bad_ablations_are_refused_with_one_clear_message) {
   TransformerLM m(small(), 8);
-  auto run = [&](AblationOptions o, std::vector<Batch> d) { return fails_with([&] { knockout(m, d, o); }); };
+  auto run = [&](AblationOptions o, std::vector<Batch> d) { return error_of([&] { knockout(m, d, o); }); };
   BOOST_TEST(run({{"blocks.9.attn.hook_z", -1, {}}}, data()).find("unknown hook point 'blocks.9.attn.hook_z'") != std::string::npos);
   BOOST_TEST(run({{"blocks.0.attn.hook_z", 4, {}}}, data()).find("head 4 is outside 0..3") != std::string::npos);
   BOOST_TEST(run({{"blocks.0.hook_resid_pre", 0, {}}}, data()).find("has no head axis") != std::string::npos);
@@ -153,7 +144,7 @@ BOOST_AUTO_TEST_CASE(bad_ablations_are_refused_with_one_clear_message) {
   AblationOptions bad_perm{{"blocks.0.attn.hook_z", 0, {}}, AblationKind::Resample};
   bad_perm.permutation = {0, 0, 1, 2, 3};
   BOOST_TEST(run(bad_perm, data()).find("permutation is not one of 0..4") != std::string::npos);
-  BOOST_TEST(fails_with([] { parse_ablation_kind("half"); }).find("expected zero, mean or resample") != std::string::npos);
+  BOOST_TEST(error_of([] { parse_ablation_kind("half"); }).find("expected zero, mean or resample") != std::string::npos);
 }
 
 // ---- generic activation patching ------------------------------------------------------------------
@@ -251,7 +242,7 @@ BOOST_AUTO_TEST_CASE(bad_patching_requests_are_refused_with_one_clear_message) {
   TransformerLM m(small(), 14);
   PatchingInputs in = patching_inputs();
   auto run = [&](const PatchingInputs& x, const std::string& hook, const std::vector<std::string>& axes) {
-    return fails_with([&] { generic_activation_patch(m, x, hook, axes); });
+    return error_of([&] { generic_activation_patch(m, x, hook, axes); });
   };
   PatchingInputs shorter = in;
   shorter.corrupted = Ids(Shape{2, 5}, {1, 3, 7, 2, 6, 4, 4, 0, 2, 8});

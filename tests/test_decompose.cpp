@@ -40,15 +40,6 @@ std::vector<ModelConfig> configs() {
   return {test_model(), attn_only, head_bias};
 }
 
-std::string message(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(hook_scale_is_the_layer_norm_divisor) {
@@ -245,24 +236,24 @@ BOOST_AUTO_TEST_CASE(bad_input_is_refused_with_one_message) {
   TransformerLM& m = *mp;
   NoGradGuard ng;
   auto [logits, cache] = m.run_with_cache(ids(), decomposition_hooks());
-  BOOST_TEST(message([&] { decompose_resid(m, cache, 3); }) ==
+  BOOST_TEST(error_of([&] { decompose_resid(m, cache, 3); }) ==
              "decompose_resid: layer 3 is outside 0..2 (2 = the final residual stream; the model has 2 layers)");
-  BOOST_TEST(message([&] { decompose_resid(m, cache, 1, 6); }) ==
+  BOOST_TEST(error_of([&] { decompose_resid(m, cache, 1, 6); }) ==
              "decompose_resid: position 6 is outside 0..5 (the cached sequence has 6 tokens)");
   auto [l2, partial] = m.run_with_cache(ids(), names_in({"hook_embed", "hook_pos_embed"}));
-  BOOST_TEST(message([&] { decompose_resid(m, partial, 1); }) ==
+  BOOST_TEST(error_of([&] { decompose_resid(m, partial, 1); }) ==
              "decompose_resid: the cache has no blocks.0.attn.hook_result (run_with_cache with every hook point, or with "
              "decomposition_hooks())");
   const ResidStack s = decompose_resid(m, cache, 2);
-  BOOST_TEST(message([&] { apply_ln_to_stack(m, cache, s, 2, 1); }) ==
+  BOOST_TEST(error_of([&] { apply_ln_to_stack(m, cache, s, 2, 1); }) ==
              "apply_ln_to_stack: the stack has shape (10, 2, 6, 8) but this cache and position need (components, 2, 8)");
-  BOOST_TEST(message([&] { logit_attrs(m, s, TokenChoice{{2}, {1, 2}}); }) ==
+  BOOST_TEST(error_of([&] { logit_attrs(m, s, TokenChoice{{2}, {1, 2}}); }) ==
              "logit_attrs: tokens have shape (2) but the stack's positions are (2, 6): give one token or one per position");
-  BOOST_TEST(message([&] { logit_attrs(m, s, TokenChoice{{}, {7}}); }) ==
+  BOOST_TEST(error_of([&] { logit_attrs(m, s, TokenChoice{{}, {7}}); }) ==
              "logit_attrs: tokens: token 7 is outside the vocabulary 0..6");
   TransformerLM post(test_model({.norm = Norm::Post}), 1);
   auto [l3, pc] = post.run_with_cache(ids(), all_names());
-  BOOST_TEST(message([&] { decompose_resid(post, pc, 1); }).find("needs a pre-norm model") != std::string::npos);
+  BOOST_TEST(error_of([&] { decompose_resid(post, pc, 1); }).find("needs a pre-norm model") != std::string::npos);
 }
 
 BOOST_AUTO_TEST_CASE(copying_score_of_an_identity_ov_circuit_with_tied_embeddings) {
@@ -309,5 +300,5 @@ BOOST_AUTO_TEST_CASE(ov_eigenvalues_sum_to_the_trace_of_the_full_circuit) {
     BOOST_TEST(std::fabs(sum - trace) <= 1e-10 * (1 + mag));
     BOOST_TEST(std::fabs(copying_score(m, 1, head) - sum / mag) <= 1e-12);
   }
-  BOOST_TEST(message([&] { ov_circuit_eigenvalues(m, 2, 0); }) == "ov_circuit_eigenvalues: head (2, 0) is outside 2 layers x 2 heads");
+  BOOST_TEST(error_of([&] { ov_circuit_eigenvalues(m, 2, 0); }) == "ov_circuit_eigenvalues: head (2, 0) is outside 2 layers x 2 heads");
 }

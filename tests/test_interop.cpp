@@ -14,6 +14,7 @@
 #include "models/hf_gpt2.h"
 
 using namespace hl;
+using hl::test::error_of;
 using hl::test::temp_path;
 
 namespace {
@@ -30,14 +31,6 @@ ModelConfig gpt2_like() {
 }
 bool same_bits(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), sizeof(float) * a.numel()) == 0;
-}
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(accepted)";
 }
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 }  // namespace
@@ -65,11 +58,11 @@ BOOST_AUTO_TEST_CASE(export_then_read_is_bit_exact_and_transposes) {
 BOOST_AUTO_TEST_CASE(config_refusals_name_the_field) {
   const std::string base = R"({"vocab_size": 5, "n_positions": 4, "n_embd": 6, "n_layer": 1, "n_head": 2)";
   BOOST_TEST(hf_gpt2_config(base + "}", "c").d_ff == 24);
-  BOOST_TEST(contains(message_of([&] { hf_gpt2_config(base + R"(, "activation_function": "silu"})", "c"); }), "activation_function"));
-  BOOST_TEST(contains(message_of([&] { hf_gpt2_config(base + R"(, "scale_attn_by_inverse_layer_idx": true})", "c"); }),
+  BOOST_TEST(contains(error_of([&] { hf_gpt2_config(base + R"(, "activation_function": "silu"})", "c"); }), "activation_function"));
+  BOOST_TEST(contains(error_of([&] { hf_gpt2_config(base + R"(, "scale_attn_by_inverse_layer_idx": true})", "c"); }),
                       "scale_attn_by_inverse_layer_idx"));
-  BOOST_TEST(contains(message_of([&] { hf_gpt2_config(R"({"vocab_size": 5})", "c"); }), "'n_positions' is missing"));
-  BOOST_TEST(contains(message_of([&] { hf_gpt2_config("[1", "c"); }), "not valid JSON"));
+  BOOST_TEST(contains(error_of([&] { hf_gpt2_config(R"({"vocab_size": 5})", "c"); }), "'n_positions' is missing"));
+  BOOST_TEST(contains(error_of([&] { hf_gpt2_config("[1", "c"); }), "not valid JSON"));
 }
 
 BOOST_AUTO_TEST_CASE(export_refuses_post_norm) {
@@ -78,7 +71,7 @@ BOOST_AUTO_TEST_CASE(export_refuses_post_norm) {
   TransformerLM m(c, 1);
   const std::string dir = temp_path("hf_gpt2_refused");
   std::filesystem::remove_all(dir);
-  BOOST_TEST(contains(message_of([&] { write_hf_gpt2(m, dir); }), "post-norm"));
+  BOOST_TEST(contains(error_of([&] { write_hf_gpt2(m, dir); }), "post-norm"));
   BOOST_TEST(!std::filesystem::exists(dir));
 }
 

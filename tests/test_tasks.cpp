@@ -14,8 +14,10 @@
 #include "lib/safetensors.h"
 #include "models/checkpoint.h"
 #include "train/trainer.h"
+#include "tests/fixtures.h"
 
 using namespace hl;
+using hl::test::error_of;
 namespace tt = boost::test_tools;
 namespace fs = std::filesystem;
 
@@ -53,15 +55,6 @@ void write_tokens(const std::string& path, int64_t N, int64_t T, std::function<i
     w.add("loss_mask", Tensor::ones(mask_shape));
   }
   w.write(path);
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 }  // namespace
