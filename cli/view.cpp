@@ -118,16 +118,8 @@ std::vector<ViewExample> examples_for(const ViewOpts& o, const ModelConfig& cfg,
     for (unsigned char c : o.text) e.ids.push_back(c);
     ex.push_back(e);
   } else {
-    const std::vector<Batch> held = task->held_out(o.examples, o.seed, o.examples);
-    for (const Batch& b : held)
-      for (int64_t r = 0; r < b.size(); ++r) {
-        int64_t T = b.inputs.shape[1];
-        if (b.key_padding.defined())
-          while (T > 1 && b.key_padding.data()[r * b.inputs.shape[1] + T - 1] != 0.f) --T;
-        ViewExample e{"held-out " + std::to_string(ex.size()), {}, {}};
-        for (int64_t t = 0; t < T; ++t) e.ids.push_back(b.inputs.at(r, t));
-        ex.push_back(e);
-      }
+    for (std::vector<int32_t>& row : unpadded_rows(task->held_out(o.examples, o.seed, o.examples), o.examples))
+      ex.push_back({"held-out " + std::to_string(ex.size()), std::move(row), {}});
   }
   for (const ViewExample& e : ex)
     if (static_cast<int64_t>(e.ids.size()) > cfg.max_seq_len)

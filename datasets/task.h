@@ -114,6 +114,9 @@ std::vector<Batch> token_batches(const TokenArrays& a, int batch_size, const std
 // How the text task shows a byte: printable ASCII as itself, "\\n", "\\t", else "\\x1f".
 std::string byte_token_text(int32_t id);
 
+// The first n rows of batches as sequences, each without its trailing padding (key_padding).
+std::vector<std::vector<int32_t>> unpadded_rows(const std::vector<Batch>& data, int64_t n);
+
 // What a task's file registers, at namespace scope:
 //   [[maybe_unused]] const bool kRegistered = register_task({"mine", "one line of help", 50, preset, validate, make});
 // The library is linked whole (CMake's WHOLE_ARCHIVE), so every file's registration runs.

@@ -9,15 +9,7 @@ namespace {
 // Rows of held-out batches as sequences, trailing padding removed (at most n of them).
 std::vector<std::vector<int32_t>> rows_of(const PyData& d, int n) {
   if (n < 1) throw py::value_error("examples: must be at least 1, got " + std::to_string(n));
-  std::vector<std::vector<int32_t>> rows;
-  for (const Batch& b : d.batches)
-    for (int64_t r = 0; r < b.size() && static_cast<int>(rows.size()) < n; ++r) {
-      const int64_t W = b.inputs.shape[1];
-      int64_t T = W;
-      if (b.key_padding.defined())
-        while (T > 1 && b.key_padding.data()[r * W + T - 1] != 0.f) --T;
-      rows.emplace_back(b.inputs.data.begin() + r * W, b.inputs.data.begin() + r * W + T);
-    }
+  std::vector<std::vector<int32_t>> rows = unpadded_rows(d.batches, n);
   if (rows.empty()) throw py::value_error("view: the batches hold no rows");
   return rows;
 }

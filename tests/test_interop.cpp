@@ -15,19 +15,12 @@
 
 using namespace hl;
 using hl::test::error_of;
+using hl::test::test_model;
 using hl::test::temp_path;
 
 namespace {
 ModelConfig gpt2_like() {
-  ModelConfig c;
-  c.vocab_size = 17;
-  c.d_model = 12;
-  c.n_layers = 2;
-  c.n_heads = 3;
-  c.d_ff = 20;
-  c.max_seq_len = 9;
-  c.attn_bias = true;
-  return c;
+  return test_model({.vocab = 17, .d_model = 12, .heads = 3, .d_ff = 20, .max_seq_len = 9, .attn_bias = true});
 }
 bool same_bits(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), sizeof(float) * a.numel()) == 0;
