@@ -210,8 +210,12 @@ Tensor layer_norm_scale(const Tensor& x, float eps) {
 // ln(x), with the hook point `scale_name` (its divisor, (..., 1)) when hooked. A hook that only
 // reads it leaves the fused layer norm (bit for bit); a replaced scale is used as TransformerLens
 // uses it: (x - mean) / scale * weight + bias, the gradient flowing through the centring only.
-Tensor hooked_layer_norm(const LayerNorm& ln, const Tensor& x, const Hooks* hk, const std::string& scale_name) {
-  if (!hk || !hk->any(scale_name)) return ln.forward(x);
+// The hook's name (prefix + name) is made only when there are hooks: an unhooked forward (a
+// training step) builds no string.
+Tensor hooked_layer_norm(const LayerNorm& ln, const Tensor& x, const Hooks* hk, const std::string& prefix, const char* name) {
+  if (!hk) return ln.forward(x);
+  const std::string scale_name = prefix + name;
+  if (!hk->any(scale_name)) return ln.forward(x);
   const Tensor scale = layer_norm_scale(x, ln.eps);        // (..., 1)
   const Tensor used = hk->apply(scale_name, scale);
   if (used.impl() == scale.impl()) return ln.forward(x);  // read, not replaced
@@ -264,11 +268,11 @@ Tensor TransformerBlock::forward(const Tensor& x_in, const MultiHeadAttention::C
   // with output_rows, attention reads every row and the block goes on with only those rows
   const Tensor x_out = call.output_rows ? gather_rows(x, *call.output_rows) : x;
   if (norm == Norm::Pre) {  // x = x + attn(ln1(x)); x = x + ffn(ln2(x))
-    const Tensor a = hook(kAttnOut, resid_dropout.forward(attn.forward(hook(kLn1, hooked_layer_norm(ln1, x, hk, prefix + kLn1Scale)), Tensor(), call)));
+    const Tensor a = hook(kAttnOut, resid_dropout.forward(attn.forward(hook(kLn1, hooked_layer_norm(ln1, x, hk, prefix, kLn1Scale)), Tensor(), call)));
     if (!ffn) return hook(kResidPost, add(x_out, a));  // attention-only
     const Tensor mid = hook(kResidMid, add(x_out, a));
     const Tensor m =
-        hook(kMlpOut, resid_dropout.forward(ffn->forward(hook(kLn2, hooked_layer_norm(*ln2, mid, hk, prefix + kLn2Scale)), hk, mlp)));
+        hook(kMlpOut, resid_dropout.forward(ffn->forward(hook(kLn2, hooked_layer_norm(*ln2, mid, hk, prefix, kLn2Scale)), hk, mlp)));
     return hook(kResidPost, add(mid, m));
   }
   // post-norm: x = ln1(x + attn(x)); x = ln2(x + ffn(x))
@@ -353,7 +357,7 @@ Tensor TransformerLM::forward(const Ids& ids, const ForwardOptions& opt) {
     call.kv_cache = opt.kv_cache ? &(*opt.kv_cache)[l] : nullptr;
     x = blocks[l]->forward(x, call, hk, hk ? "blocks." + std::to_string(l) + "." : std::string());
   }
-  if (ln_f) x = hook(kLnFinal, hooked_layer_norm(*ln_f, x, hk, kLnFinalScale));
+  if (ln_f) x = hook(kLnFinal, hooked_layer_norm(*ln_f, x, hk, std::string(), kLnFinalScale));
   return head.forward(x);  // (B, T, vocab)
 }
 
