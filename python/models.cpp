@@ -206,6 +206,17 @@ void bind_models(py::module_& m) {
 
   m.def("hook_points", [](const ModelConfig& c) { return hook_points(c); }, "(name, shape) of every hook point");
 
+  // The three stacks of the cache take the same arguments (layer, pos_slice, apply_ln, return_labels).
+  using StackFn = ResidStack (*)(const TransformerLM&, const ActivationCache&, int, int64_t);
+  auto stack_method = [](StackFn fn, const char* name) {
+    return [fn, name](const PyCache& c, const py::object& layer, const py::object& pos_slice, bool apply_ln, bool return_labels) {
+      const int l = c.layer(layer, name);
+      const int64_t p = c.pos(pos_slice, name);
+      ResidStack s = fn(c.model(), c.cache, l, p);
+      if (apply_ln) s = apply_ln_to_stack(c.model(), c.cache, s, l, p);
+      return stack_result(s, return_labels);
+    };
+  };
   py::class_<PyCache>(m, "ActivationCache", "Activations by hook name (read-only array views) and their gradients")
       .def("__getitem__", &PyCache::get)
       .def("grad", &PyCache::grad)
@@ -215,35 +226,15 @@ void bind_models(py::module_& m) {
       .def("__len__", [](const PyCache& c) { return c.cache.size(); })
       .def("__iter__", [](const PyCache& c) { return py::iter(py::cast(c.cache.names())); })
       // ---- the residual stream as components (analysis/decompose.h), TransformerLens's names ----
-      .def("decompose_resid", [](const PyCache& c, const py::object& layer, const py::object& pos_slice, bool apply_ln,
-                                 bool return_labels) {
-             const int l = c.layer(layer, "decompose_resid");
-             const int64_t p = c.pos(pos_slice, "decompose_resid");
-             ResidStack s = decompose_resid(c.model(), c.cache, l, p);
-             if (apply_ln) s = apply_ln_to_stack(c.model(), c.cache, s, l, p);
-             return stack_result(s, return_labels);
-           }, py::arg("layer") = -1, py::arg("pos_slice") = py::none(), py::arg("apply_ln") = false,
-           py::arg("return_labels") = false,
+      .def("decompose_resid", stack_method(decompose_resid, "decompose_resid"), py::arg("layer") = -1,
+           py::arg("pos_slice") = py::none(), py::arg("apply_ln") = false, py::arg("return_labels") = false,
            "Components whose sum is the residual stream entering `layer` (-1/None = the final one): (C, B, T, d_model), "
            "or (C, B, d_model) with pos_slice; labels embed, pos_embed, L{l}H{h}, {l}_attn_bias, {l}_mlp_out")
-      .def("stack_head_results", [](const PyCache& c, const py::object& layer, const py::object& pos_slice, bool apply_ln,
-                                    bool return_labels) {
-             const int l = c.layer(layer, "stack_head_results");
-             const int64_t p = c.pos(pos_slice, "stack_head_results");
-             ResidStack s = stack_head_results(c.model(), c.cache, l, p);
-             if (apply_ln) s = apply_ln_to_stack(c.model(), c.cache, s, l, p);
-             return stack_result(s, return_labels);
-           }, py::arg("layer") = -1, py::arg("pos_slice") = py::none(), py::arg("apply_ln") = false,
-           py::arg("return_labels") = false, "Each head's output (hook_result) of the layers before `layer`: (layer*heads, B, T, d_model), labels L{l}H{h}")
-      .def("accumulated_resid", [](const PyCache& c, const py::object& layer, const py::object& pos_slice, bool apply_ln,
-                                   bool return_labels) {
-             const int l = c.layer(layer, "accumulated_resid");
-             const int64_t p = c.pos(pos_slice, "accumulated_resid");
-             ResidStack s = accumulated_resid(c.model(), c.cache, l, p);
-             if (apply_ln) s = apply_ln_to_stack(c.model(), c.cache, s, l, p);
-             return stack_result(s, return_labels);
-           }, py::arg("layer") = py::none(), py::arg("pos_slice") = py::none(), py::arg("apply_ln") = false,
-           py::arg("return_labels") = false,
+      .def("stack_head_results", stack_method(stack_head_results, "stack_head_results"), py::arg("layer") = -1,
+           py::arg("pos_slice") = py::none(), py::arg("apply_ln") = false, py::arg("return_labels") = false,
+           "Each head's output (hook_result) of the layers before `layer`: (layer*heads, B, T, d_model), labels L{l}H{h}")
+      .def("accumulated_resid", stack_method(accumulated_resid, "accumulated_resid"), py::arg("layer") = py::none(),
+           py::arg("pos_slice") = py::none(), py::arg("apply_ln") = false, py::arg("return_labels") = false,
            "The residual stream entering each layer up to `layer` ({l}_pre) and, for the last, final_post: the logit lens's inputs")
       .def("apply_ln_to_stack", [](const PyCache& c, const py::object& stack, const py::object& layer, const py::object& pos_slice) {
              const int l = c.layer(layer, "apply_ln_to_stack");
