@@ -27,7 +27,7 @@ void check_layer(const TransformerLM& model, int layer, const char* what) {
 
 const Tensor& cached(const ActivationCache& cache, const std::string& name, const char* what) {
   if (!cache.has(name))
-    fail(what, ": the cache has no ", name, " (run_with_cache with every hook point, or with decomposition_hooks())");
+    fail(what, ": the cache has no ", name, " (run_with_cache with every hook point: names=None from Python, decomposition_hooks() from C++)");
   return cache[name];
 }
 

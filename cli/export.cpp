@@ -32,8 +32,8 @@ int run_export(const ExportOpts& o) {
   const std::string tokenizer_dir =
       src_is_dir ? o.checkpoint : fs::path(o.checkpoint).parent_path().string();
   const bool tied = write_hf_gpt2(*model, o.out, tokenizer_dir.empty() ? "." : tokenizer_dir);
-  std::printf("wrote %s/config.json and model.safetensors (GPT-2 layout, %s unembedding)\n", o.out.c_str(),
-              tied ? "tied" : "untied: tie_word_embeddings false, lm_head.weight written");
+  std::printf("wrote %s and model.safetensors (GPT-2 layout, %s)\n", (fs::path(o.out) / "config.json").lexically_normal().string().c_str(),
+              tied ? "tied unembedding" : "untied unembedding: tie_word_embeddings false, lm_head.weight written");
   for (const std::string& name : gpt2_tokenizer_files())
     if (file_exists(o.out + "/" + name)) std::printf("copied the tokenizer file %s\n", name.c_str());
   return 0;

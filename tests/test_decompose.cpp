@@ -242,8 +242,8 @@ BOOST_AUTO_TEST_CASE(bad_input_is_refused_with_one_message) {
              "decompose_resid: position 6 is outside 0..5 (the cached sequence has 6 tokens)");
   auto [l2, partial] = m.run_with_cache(ids(), names_in({"hook_embed", "hook_pos_embed"}));
   BOOST_TEST(error_of([&] { decompose_resid(m, partial, 1); }) ==
-             "decompose_resid: the cache has no blocks.0.attn.hook_result (run_with_cache with every hook point, or with "
-             "decomposition_hooks())");
+             "decompose_resid: the cache has no blocks.0.attn.hook_result (run_with_cache with every hook point: "
+             "names=None from Python, decomposition_hooks() from C++)");
   const ResidStack s = decompose_resid(m, cache, 2);
   BOOST_TEST(error_of([&] { apply_ln_to_stack(m, cache, s, 2, 1); }) ==
              "apply_ln_to_stack: the stack has shape (10, 2, 6, 8) but this cache and position need (components, 2, 8)");
