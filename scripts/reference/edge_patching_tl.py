@@ -87,8 +87,14 @@ def logit_difference(logits, answers):
     return (logits[rows, pos, good] - logits[rows, pos, bad]).mean()
 
 
+def use_edge_hook_points(model):
+    """TransformerLens's switches the edges need: per-head q/k/v inputs, per-head results, hook_mlp_in."""
+    model.set_hook_options(use_split_qkv_input=True, use_attn_result=True, use_hook_mlp_in=True)
+
+
 def sender_outputs(model, ids):
     """{sender: (B, T, d_model)} of one run: embed and every head's hook_result."""
+    use_edge_hook_points(model)
     names = ["hook_embed", "hook_pos_embed"] + [f"blocks.{l}.attn.hook_result" for l in range(len(model.blocks))]
     logits, cache = model.run_with_cache(ids, names)
     out = {"embed": cache["hook_embed"] + cache["hook_pos_embed"][None]}
@@ -102,12 +108,14 @@ def sender_outputs(model, ids):
 def patched_metric(model, clean, answers, patches):
     """The metric of the clean run in which each receiver of `patches` [(receiver, delta)] reads its
     input + delta (several at once: path patching)."""
+    use_edge_hook_points(model)
     hooks = [receiver_hook(model, r, d) for r, d in patches]
     return logit_difference(model.run_with_hooks(clean, hooks), answers).item()
 
 
 def attribution_gradients(model, clean, answers):
     """{receiver: d metric / d its input (B, T, d_model)} from one forward and backward of the clean run."""
+    use_edge_hook_points(model)
     L, H = len(model.blocks), model.blocks[0].attn.H
     grads = {}
 
@@ -138,7 +146,6 @@ def attribution_gradients(model, clean, answers):
 
 def edge_patching(model, clean, corrupted, answers):
     """Exact edge patching and edge attribution patching of every edge: the edges.json dict."""
-    model.set_hook_options(use_split_qkv_input=True, use_attn_result=True, use_hook_mlp_in=True)
     with torch.inference_mode():
         clean_logits, clean_out = sender_outputs(model, clean)
         corrupted_logits, corrupted_out = sender_outputs(model, corrupted)
