@@ -185,7 +185,7 @@ def every_edge(layers, heads, has_mlp=True):
 
 def test_the_edges_panel_draws_the_top_edges(browser, tmp_path):
     ckpt = str(tmp_path / "m.safetensors")
-    hl.TransformerLM(hl.ModelConfig(vocab_size=13, max_seq_len=16, d_model=16, layers=2, heads=3, d_ff=32)).save(ckpt)
+    hl.TransformerLM(hl.ModelConfig(vocab_size=13, max_seq_len=16, d_model=24, layers=2, heads=3, d_ff=32)).save(ckpt)
     data = every_edge(2, 3)
     (tmp_path / "edges.json").write_text(json.dumps(data))
     page = str(tmp_path / "e.html")
@@ -218,7 +218,7 @@ def test_the_edges_panel_draws_the_top_edges(browser, tmp_path):
 
 def test_edges_of_another_model_or_not_json_write_no_page(tmp_path):
     ckpt = str(tmp_path / "m.safetensors")
-    hl.TransformerLM(hl.ModelConfig(vocab_size=13, max_seq_len=16, d_model=16, layers=2, heads=3, d_ff=32)).save(ckpt)
+    hl.TransformerLM(hl.ModelConfig(vocab_size=13, max_seq_len=16, d_model=24, layers=2, heads=3, d_ff=32)).save(ckpt)
     (tmp_path / "other.json").write_text(json.dumps(every_edge(3, 3)))
     (tmp_path / "bad.json").write_text("{\"edges\": [")
     for name, message in (("other.json", "edges of 3 layers x 3 heads, the model has 2 x 3"), ("bad.json", "not JSON")):
