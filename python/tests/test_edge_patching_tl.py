@@ -146,6 +146,38 @@ def write_headlab_checkpoint(model, path):
                       {"format": "headlab-checkpoint", "format_version": "1", "config": json.dumps(cfg)})
 
 
+def test_the_loader_reads_the_settings_of_the_checkpoint(tmp_path):
+    """headlab's defaults (tanh GELU, no attention or unembedding bias), sinusoidal positions and
+    head gates, through the checkpoint's config: the loaded model computes what the written one does."""
+    torch.manual_seed(3)
+    model = GPT(V, D, L, H, FF, max_len=T, activation="gelu_tanh", positions="sinusoidal", attn_bias=False,
+                head_bias=False, layer_norm_eps=1e-3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn(p.shape))
+    gates = [[1.0, 0.5], [0.0, 2.0]]
+    cfg = dict(vocab_size=V, d_model=D, n_layers=L, n_heads=H, n_kv_heads=H, d_head=D // H, d_ff=FF, max_seq_len=T,
+               norm="pre", activation="gelu_tanh", positions="sinusoidal", attn_bias=False, mlp_bias=True,
+               head_bias=False, layer_norm_eps=1e-3, head_gates=gates)
+    name = lambda n: n.replace(".W1.", ".ffn.fc1.").replace(".W2.", ".ffn.fc2.")  # noqa: E731
+    path = str(tmp_path / "ck.safetensors")
+    write_safetensors(path, {name(n): p.detach().numpy() for n, p in model.state_dict().items()},
+                      {"format": "headlab-checkpoint", "format_version": "1", "config": json.dumps(cfg)})
+    loaded = load_headlab(path)
+    assert "blocks.0.attn.W_Q.bias" not in loaded.state_dict() and loaded.blocks[0].ln1.eps == 1e-3
+    pe = loaded.sinusoid  # PE[p, 2i] = sin(p / 10000^(2i / d)), PE[p, 2i + 1] = cos(...)
+    assert abs(pe[3, 4].item() - np.sin(3 / 10000 ** (4 / D))) < 1e-7 and abs(pe[3, 5].item() - np.cos(3 / 10000 ** (4 / D))) < 1e-7
+    clean, _, _ = small_inputs()
+    model.eval()
+    assert torch.equal(loaded(clean), model(clean, gates=torch.tensor(gates)))
+    assert not torch.equal(loaded(clean), model(clean))  # the gates were read
+    cfg["norm"] = "post"
+    write_safetensors(path, {name(n): p.detach().numpy() for n, p in model.state_dict().items()},
+                      {"format": "headlab-checkpoint", "format_version": "1", "config": json.dumps(cfg)})
+    with pytest.raises(ValueError, match="pre-norm only"):
+        load_headlab(path)
+
+
 def test_the_command_on_a_checkpoint_and_inputs(tmp_path):
     threads = torch.get_num_threads()
     model = small_model(torch.float32)
