@@ -25,7 +25,7 @@ D_FF=${D_FF:-256}   # 0: attention-only (no MLP receivers)
 CORE=${CORE:-SkylakeX}
 
 [ -x "$HEADLAB" ] || bash scripts/build.sh >/dev/null
-if ! "$HEADLAB" edges --help >/dev/null 2>&1; then
+if ! "$HEADLAB" --help | grep -qE '^\s+edges\s'; then
   echo "bench_edges.sh: $HEADLAB has no edges command" >&2
   exit 1
 fi
