@@ -25,7 +25,9 @@ D_FF=${D_FF:-256}   # 0: attention-only (no MLP receivers)
 CORE=${CORE:-SkylakeX}
 
 [ -x "$HEADLAB" ] || bash scripts/build.sh >/dev/null
-if ! "$HEADLAB" --help | grep -qE '^\s+edges\s'; then
+# (the help read whole first: grep -q stopping early would fail the pipe under pipefail)
+commands=$("$HEADLAB" --help)
+if ! grep -qE '^\s+edges\s' <<< "$commands"; then
   echo "bench_edges.sh: $HEADLAB has no edges command" >&2
   exit 1
 fi
@@ -33,7 +35,8 @@ fi
 source "$SHARED/torch_env.sh"
 if [ "$CORE" = unset ]; then unset OPENBLAS_CORETYPE; export HEADLAB_BLAS_CORE_CHOSEN=keep; else export OPENBLAS_CORETYPE=$CORE; fi
 HL_THREADS=()
-"$HEADLAB" edges --help | grep -q -- "--threads" && HL_THREADS=(--threads "$THREADS")
+edges_help=$("$HEADLAB" edges --help)
+if grep -q -- "--threads" <<< "$edges_help"; then HL_THREADS=(--threads "$THREADS"); fi
 
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
