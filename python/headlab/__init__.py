@@ -53,7 +53,9 @@ class Trainer:
     ``out`` (a run directory: checkpoints, metrics.jsonl, summary.json, as the CLI writes them),
     ``resume=True``, ``init`` (a checkpoint to start from), ``quiet=True`` (no progress bar by
     default), ``log_grads=N`` and ``dump_grads_at=[steps]`` (the gradient atlas, written to
-    ``out`` as ``headlab train --log-grads`` writes it), and for ``task="tokens"`` ``data`` /
+    ``out`` as ``headlab train --log-grads`` writes it), ``snapshot_every=N`` and
+    ``snapshot_at=[steps]`` (the full resume state kept as ``out/snapshots/step_NNNNNNNN.safetensors``,
+    step 0 = the initial weights, as ``headlab train --snapshot-every`` keeps it), and for ``task="tokens"`` ``data`` /
     ``eval_data`` as a file name, an int array (N, T) of input_ids, or a dict with
     ``input_ids``, optional ``targets`` and ``loss_mask``.
 
