@@ -17,6 +17,7 @@
 #include "models/checkpoint.h"
 #include "train/checkpoint_task.h"
 #include "train/snapshots.h"
+#include "train/sweep.h"
 
 namespace hl {
 
@@ -34,6 +35,17 @@ std::vector<std::string> head_score_names(const std::string& analysis) {
   std::string list;
   for (const std::string& a : over_training_analyses()) list += (list.empty() ? "" : ", ") + a;
   fail("analysis '", analysis, "' is not one of ", list);
+}
+
+int default_examples(const std::string& analysis) {
+  (void)head_score_names(analysis);  // a bad name fails here
+  if (analysis == "patch") return 64;
+  if (analysis == "importance") {
+    TrainArgs a;
+    set_experiment_defaults(a);  // prune's regime
+    return a.eval_size;
+  }
+  return 200;
 }
 
 std::vector<Batch> detector_data(const ModelConfig& cfg, const HeadScoreOptions& o, const std::function<const Task&()>& task) {

@@ -24,6 +24,10 @@ namespace hl {
 const std::vector<std::string>& over_training_analyses();
 std::vector<std::string> head_score_names(const std::string& analysis);
 
+// The command's default number of sequences: detect, dla and compose 200, patch 64, importance
+// prune's --eval-size.
+int default_examples(const std::string& analysis);
+
 struct HeadScoreOptions {
   int examples = 200;  // sequences (patch: rows of its one batch; importance: held-out rows)
   uint64_t seed = 1234;
