@@ -313,8 +313,16 @@ void Trainer::plan_snapshots() {
   if (args_.out.empty())
     fail("snapshots are kept in the run's directory: give --out (in Python out=) with --snapshot-every / --snapshot-at");
   if (!writes_files()) return;  // rank 0 of a data-parallel run writes them
+  int64_t start = 0;  // a resumed run writes only the snapshots after its checkpoint's step
+  if (args_.resume && file_exists(checkpoint_path())) {
+    try {
+      start = json::parse(read_safetensors(checkpoint_path()).meta("train_state")).at("step").get<int64_t>();
+    } catch (const json::exception& e) {
+      fail(checkpoint_path(), ": its train_state metadata is unreadable (", e.what(), ")");
+    }
+  }
   for (int64_t s : planned_snapshot_steps(args_))
-    if (!file_exists(snapshot_path(args_.out, s))) snapshot_plan_.steps.push_back(s);
+    if ((s > start || (s == 0 && start == 0)) && !file_exists(snapshot_path(args_.out, s))) snapshot_plan_.steps.push_back(s);
   if (snapshot_plan_.steps.empty()) return;
   // The size of a snapshot is that of the resume state as it is now (the tensors do not change
   // size), give or take the digits of the step and the times in its metadata.
