@@ -143,13 +143,17 @@ double edge_metric(const Tensor& logits, const std::vector<PatchAnswer>& answers
   return s / static_cast<double>(answers.size());
 }
 
-void check_edge_inputs(const ModelConfig& cfg, const PatchingInputs& in) {
+void check_edge_model(const ModelConfig& cfg) {
   if (cfg.norm != Norm::Pre)
     fail("edges: the model is post-norm (norm = post); edges are defined for pre-norm models, whose receivers read the "
          "residual stream through their own layer norm");
   if (cfg.kv_heads() != cfg.n_heads)
     fail("edges: the model shares keys and values between heads (n_kv_heads ", cfg.kv_heads(), " of n_heads ", cfg.n_heads,
          "); a head's .k and .v receivers need its own key and value head");
+}
+
+void check_edge_inputs(const ModelConfig& cfg, const PatchingInputs& in) {
+  check_edge_model(cfg);
   if (in.clean.shape.ndim != 2 || in.clean.shape != in.corrupted.shape)
     fail("edges: the clean ids ", in.clean.shape.str(), " and the corrupted ids ", in.corrupted.shape.str(),
          " must be (B, T) of one shape");
@@ -437,6 +441,12 @@ struct Stack {
 
 Tensor tile(const Tensor& x, int64_t S) { return S == 1 ? x : concat(std::vector<Tensor>(static_cast<size_t>(S), x), 0); }
 
+// x (n, D) + each of the S blocks of d (S n, D), broadcast (no copies of x): (S n, D)
+Tensor add_stacked(const Tensor& x, const Tensor& d) {
+  const int64_t n = x.size(0), D = x.size(1);
+  return reshape(add(reshape(d, {d.size(0) / n, n, D}), x), {d.size(0), D});
+}
+
 class FastEdges {
  public:
   FastEdges(TransformerLM& model, const PatchingInputs& in, const Runs& runs) : m_(model), c_(model.cfg), in_(in), pk_(in) {
@@ -553,9 +563,9 @@ class FastEdges {
     switch (r.kind) {
       case EdgeReceiver::Logits: {
         const Stack st(pk_, S);
-        return unembed(gather_rows(add(tile(final_, S), delta), st.out_rows));
+        return unembed(gather_rows(add_stacked(final_, delta), st.out_rows));
       }
-      case EdgeReceiver::Mlp: return after_attention(l, tile(mid_[l], S), delta, S);
+      case EdgeReceiver::Mlp: return after_attention(l, S == 1 ? mid_[l] : tile(mid_[l], S), delta, S);
       default: {
         // only head h changes in block l: the residual after attention is the clean one plus
         // (its new result - its clean result)
@@ -563,9 +573,9 @@ class FastEdges {
         const CleanHead& ch = clean_head(l, r.head);
         Tensor qkv[3];
         for (int w = 0; w < 3; ++w)
-          qkv[w] = w == which ? project(l, r.head, w, m_.blocks[l]->ln1.forward(add(tile(pre_[l], S), delta))) : tile(ch.qkv[w], S);
+          qkv[w] = w == which ? project(l, r.head, w, m_.blocks[l]->ln1.forward(add_stacked(pre_[l], delta))) : tile(ch.qkv[w], S);
         const Tensor result = head_result(l, r.head, qkv[0], qkv[1], qkv[2], S);
-        return after_attention(l, add(tile(mid_[l], S), sub(result, tile(ch.result, S))), Tensor(), S);
+        return after_attention(l, add_stacked(mid_[l], add_stacked(neg(ch.result), result)), Tensor(), S);
       }
     }
   }

@@ -52,8 +52,10 @@ struct EdgeResult {
 // The metric (mean over the answers of the clean minus the corrupted answer's logit), summed in
 // double, from logits (B, T, V).
 double edge_metric(const Tensor& logits, const std::vector<PatchAnswer>& answers);
-// Fails with one message for what these analyses cannot take: a post-norm model, grouped-query
-// attention, clean and corrupted ids of different shapes, no answers, an answer outside the ids
+// Fails naming the setting for a model these analyses cannot take: post-norm, or grouped-query
+// attention (a head's .k and .v need their own key and value heads).
+void check_edge_model(const ModelConfig& cfg);
+// Fails with one message for what these analyses cannot take: check_edge_model's, clean and corrupted ids of different shapes, no answers, an answer outside the ids
 // or the vocabulary.
 void check_edge_inputs(const ModelConfig& cfg, const PatchingInputs& in);
 // Bytes edge_patching needs for `rows` sequences of T tokens (an upper estimate): the clean and
