@@ -344,6 +344,7 @@ Tensor layer_norm_input_grad(const Tensor& x, const LayerNorm& ln, const Tensor&
 // order. q/k/v: the gradient at the head's copy of ln1's output (the split input hooks) taken
 // back through ln1; mlp: at ln2's output taken back through ln2; logits: at ln_final's input.
 std::vector<Tensor> receiver_gradients(TransformerLM& model, const PatchingInputs& in, const Runs& runs) {
+  if (!grad_enabled()) fail("edges: edge attribution needs one backward; run it outside no_grad");
   const ModelConfig& c = model.cfg;
   const int L = c.n_layers;
   std::vector<Tensor> gq(L), gk(L), gv(L), gmlp(L);

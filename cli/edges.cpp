@@ -40,7 +40,7 @@ std::vector<std::string> split_commas(const std::string& text) {
   }
 }
 
-int run_path(const RoleOpts& o, const EdgeFlags& f, RoleModel& m, const PatchingInputs& in) {
+int run_path(const EdgeFlags& f, RoleModel& m, const PatchingInputs& in) {
   const ModelConfig& c = m.model->cfg;
   const EdgeSender s = parse_sender(c, f.path_from);
   std::vector<EdgeReceiver> receivers;
@@ -57,7 +57,6 @@ int run_path(const RoleOpts& o, const EdgeFlags& f, RoleModel& m, const Patching
   print_table({{"patched", "metric - clean"},
                {"path: " + s.name() + " -> the receivers", fixed(p.path, 4)},
                {"activation patching of " + s.name(), fixed(p.activation, 4)}});
-  (void)o;
   return 0;
 }
 
@@ -68,7 +67,7 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
   check_edge_model(m.model->cfg);  // before the data is made
   if (!f.path_from.empty()) (void)parse_sender(m.model->cfg, f.path_from);
   const PatchingInputs in = role_patching_inputs(m, o, edge_patching_memory_bytes);
-  if (!f.path_from.empty()) return run_path(o, f, m, in);
+  if (!f.path_from.empty()) return run_path(f, m, in);
   claim_output_dir(out, "edges");
   EdgeResult r;
   {

@@ -136,7 +136,8 @@ BOOST_AUTO_TEST_CASE(exact_edge_patching_matches_the_hooked_reference_for_every_
     TransformerLM m(test_model({.layers = 3, .d_ff = d_ff}), 5);
     randomise(m, 6);
     m.blocks[1]->attn.gates.data()[1] = 0.5f;  // a gated head: its result carries the gate
-    const PatchingInputs in = inputs();
+    PatchingInputs in = inputs();
+    if (d_ff == 0) in.answers.erase(in.answers.begin() + 1);  // a row without answers: computed nowhere
     const EdgeResult r = edge_patching(m, in);
     const auto edges = model_edges(m.cfg);
     BOOST_TEST_REQUIRE(r.edges.size() == edges.size());
