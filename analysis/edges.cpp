@@ -312,8 +312,9 @@ double hooked_patched_metric(TransformerLM& model, const PatchingInputs& in, con
   return edge_metric(model.forward_from(start, start < c.n_layers ? runs.resid_pre[start] : runs.resid_final, opt), in.answers);
 }
 
-// sqrt(var + eps) per row, as the model's layer_norm_scale: the divisor of layer norm.
-// dL/dx of y = (x - mean) / s * w + b from dL/dy: (g w - mean(g w) - x_hat mean(g w x_hat)) / s.
+// dL/dx of layer norm y = (x - mean) / s * w + b, s = sqrt(var + eps), from g = dL/dy, per row of
+// x (..., D): (g w - mean(g w) - x_hat mean(g w x_hat)) / s with x_hat = (x - mean) / s, in double.
+// The layer norm's own backward, written out because the gradient arrives at a hook after it.
 Tensor layer_norm_input_grad(const Tensor& x, const LayerNorm& ln, const Tensor& gy) {
   const int64_t D = x.shape().back(), N = x.numel() / D;
   Tensor gx = Tensor::empty(x.shape());
