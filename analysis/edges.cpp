@@ -205,7 +205,9 @@ Runs record_runs(TransformerLM& model, const PatchingInputs& in) {
   NoGradGuard ng;
   Runs r;
   r.clean_metric = edge_metric(model.forward(in.clean), in.answers);
+  throw_if_stopped();  // between passes over every row
   r.corrupted_metric = edge_metric(model.forward(in.corrupted), in.answers);
+  throw_if_stopped();
   auto senders_filter = [](const std::string& n) {
     return n == "hook_embed" || n == "hook_pos_embed" || n.ends_with("attn.hook_result");
   };
@@ -214,6 +216,7 @@ Runs record_runs(TransformerLM& model, const PatchingInputs& in) {
   const ActivationCache clean = model.run_with_cache(in.clean, [&](const std::string& n) {
     return senders_filter(n) || n.ends_with("hook_resid_pre") || n.ends_with(mid_name) || n == last;
   }).second;
+  throw_if_stopped();
   const ActivationCache corrupt = model.run_with_cache(in.corrupted, senders_filter).second;
   for (int l = 0; l < c.n_layers; ++l) {
     r.resid_pre.push_back(clean[layer_name(l, "hook_resid_pre")]);
@@ -469,6 +472,7 @@ class FastEdges {
       const std::vector<size_t> chunk(senders.begin() + static_cast<std::ptrdiff_t>(at),
                                       senders.begin() + static_cast<std::ptrdiff_t>(std::min(senders.size(), at + static_cast<size_t>(max_stack_))));
       const int64_t S = static_cast<int64_t>(chunk.size());
+      throw_if_stopped();  // each chunk is a batch of patched runs
       std::vector<Tensor> ds;
       for (size_t s : chunk) ds.push_back(deltas_[s]);
       const Tensor delta = S == 1 ? ds[0] : concat(ds, 0);  // (S n, D)
@@ -599,7 +603,9 @@ EdgeResult edge_patching(TransformerLM& model, const PatchingInputs& in, const s
   check_edge_inputs(model.cfg, in);
   const ModelConfig& c = model.cfg;
   const Runs runs = record_runs(model, in);
+  throw_if_stopped();
   const std::vector<Tensor> grads = receiver_gradients(model, in, runs);
+  throw_if_stopped();
   EvalScope mode(model);
   NoGradGuard ng;
   FastEdges fast(model, in, runs);

@@ -68,7 +68,6 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
   if (!f.path_from.empty()) (void)parse_sender(m.model->cfg, f.path_from);
   const PatchingInputs in = role_patching_inputs(m, o, edge_patching_memory_bytes);
   if (!f.path_from.empty()) return run_path(f, m, in);
-  claim_output_dir(out, "edges");
   EdgeResult r;
   {
     ProgressBar bar("edges", static_cast<int64_t>(edge_receivers(m.model->cfg).size()), stderr_is_terminal());
@@ -120,6 +119,7 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
               r.edges.size(), in.answers.size(), m.config.name.c_str(), r.clean_metric, r.corrupted_metric);
   print_table(table);
   std::printf("\ncorrelation of attribution with exact over all edges: %.3f\n", pearson(exact, attribution));
+  claim_output_dir(out, "edges");  // once the work is done: a stopped or failed run leaves no directory
   write_file_atomic(out + "/edges.json", j.dump(2) + "\n");
   write_file_atomic(out + "/edges.csv", csv);
   st.write(out + "/inputs.safetensors");
