@@ -74,6 +74,7 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
     r = edge_patching(*m.model, in, [&](size_t done, size_t) { bar.update(static_cast<int64_t>(done), "receivers"); });
     bar.finish();
   }
+  claim_output_dir(out, "edges");  // once the work is done: a stopped or failed run leaves no directory
   const ModelConfig& c = m.model->cfg;
   // files: every edge in edge order, full precision
   nlohmann::json edges = nlohmann::json::array();
@@ -119,7 +120,6 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
               r.edges.size(), in.answers.size(), m.config.name.c_str(), r.clean_metric, r.corrupted_metric);
   print_table(table);
   std::printf("\ncorrelation of attribution with exact over all edges: %.3f\n", pearson(exact, attribution));
-  claim_output_dir(out, "edges");  // once the work is done: a stopped or failed run leaves no directory
   write_file_atomic(out + "/edges.json", j.dump(2) + "\n");
   write_file_atomic(out + "/edges.csv", csv);
   st.write(out + "/inputs.safetensors");
