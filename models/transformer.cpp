@@ -381,11 +381,10 @@ Tensor TransformerLM::forward_from(int layer, const Tensor& resid_pre, const For
   if (opt.output_rows && opt.live_len.empty()) fail("model: output_rows needs live_len");
   if (!opt.live_len.empty()) {
     if (opt.hooks) fail("model: live_len cannot be combined with hooks");
-    int64_t n = 0, T_live = 0;
+    int64_t n = 0;
     for (int32_t len : opt.live_len) {
       if (len < 0) fail("model: live_len ", len, " < 0");
       n += len;
-      T_live = std::max<int64_t>(T_live, len);
     }
     if (resid_pre.ndim() != 2 || resid_pre.size(0) != n || resid_pre.size(1) != cfg.d_model)
       fail("model: forward_from with live_len takes the live positions packed, (", n, ", ", cfg.d_model, "), got ",
