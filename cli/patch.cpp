@@ -80,12 +80,8 @@ int run_patch(const RoleOpts& o) {
   // a misspelt hook fails here, before the data is made (given axes are checked against the
   // hook's shape by the patching itself, before its first run)
   if (!o.hook.empty() && o.axes.empty()) (void)default_patch_axes(m.model->cfg, o.hook);
-  const Task& task = role_task(m, o.checkpoint);
   // every example is in one batch, cached twice, with gradients once
-  check_fits_in_memory(patching_memory_bytes(m.model->cfg, o.examples, task.seq_len()),
-                       "--examples " + std::to_string(o.examples) + " of " + std::to_string(task.seq_len()) + " tokens");
-  const std::vector<Batch> held = task.held_out(o.examples, o.seed, o.examples);
-  const PatchingInputs in = corrupt_one_symbol(held[0], task.symbols(), o.seed);
+  const PatchingInputs in = role_patching_inputs(m, o, patching_memory_bytes);
   if (!o.hook.empty()) return run_generic_patch(o, out, m, in);
   const PatchingResult r = activation_patching(*m.model, in);
   claim_output_dir(out, "patch");

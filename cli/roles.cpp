@@ -139,6 +139,15 @@ const Task& role_task(RoleModel& m, const std::string& checkpoint) {
   return *m.task;
 }
 
+PatchingInputs role_patching_inputs(RoleModel& m, const RoleOpts& o, double (*bytes)(const ModelConfig&, int64_t, int64_t)) {
+  const Task& task = role_task(m, o.checkpoint);
+  // every example is in one batch
+  check_fits_in_memory(bytes(m.model->cfg, o.examples, task.seq_len()),
+                       "--examples " + std::to_string(o.examples) + " of " + std::to_string(task.seq_len()) + " tokens");
+  const std::vector<Batch> held = task.held_out(o.examples, o.seed, o.examples);
+  return corrupt_one_symbol(held[0], task.symbols(), o.seed);
+}
+
 Heatmap head_heatmap(const std::string& title, const HeadGrid& g, const std::string& row_prefix, const std::string& col_prefix) {
   Heatmap m;
   m.title = title;

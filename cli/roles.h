@@ -64,6 +64,10 @@ int write_scores_over_training(const std::string& run, const std::string& out_fl
 // command needs its data, and checked against the model's vocabulary).
 RoleModel load_role_model(const RoleOpts& o);
 const Task& role_task(RoleModel& m, const std::string& checkpoint);
+// The inputs of patch and edges: o.examples held-out rows of the task (seed o.seed) with one source
+// symbol corrupted in each (corrupt_one_symbol), after checking that `bytes(cfg, rows, T)` (the
+// analysis's memory estimate) fits.
+PatchingInputs role_patching_inputs(RoleModel& m, const RoleOpts& o, double (*bytes)(const ModelConfig&, int64_t, int64_t));
 // A (layers, heads) grid as a heatmap with rows named row_prefix + l and columns col_prefix + h.
 Heatmap head_heatmap(const std::string& title, const HeadGrid& g, const std::string& row_prefix, const std::string& col_prefix);
 // One table (printed unless quiet) and CSV with a row per (layer, head) and a column per grid.

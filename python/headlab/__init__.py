@@ -14,7 +14,7 @@ import sys
 from ._core import (  # noqa: F401
     ActivationCache, Batches, HeadlabError, ModelConfig, NonFiniteError, Task, Tensor, TransformerLM,
     activation_patching, attention_statistics, composition_baseline, composition_scores, copying_score, corrupt_one_symbol,
-    cross_entropy, detect_heads, evaluate, mean_activation,
+    cross_entropy, detect_heads, edge_patching, evaluate, mean_activation, path_patching,
     grad_enabled, head_gradient_norms, head_importance, head_importance_per_token, hook_points, live_tensors, num_threads,
     ov_eigenvalues, ov_singular_values, per_token_loss, prune_curve, qk_singular_values, repeated_random_tokens,
     set_num_threads, varied_repeat_probe, single_head_ablation, softmax, tensor, train_settings,
@@ -28,7 +28,8 @@ __all__ = [
     "ActivationCache", "Batches", "HeadlabError", "ModelConfig", "NonFiniteError", "Task", "Tensor",
     "Trainer", "TransformerLM", "ablate", "ablation_hook", "activation_patching", "attention_statistics",
     "composition_baseline", "composition_scores", "corrupt_one_symbol", "mean_activation", "scores_over_training",
-    "cross_entropy", "detect_heads", "evaluate", "grad_enabled", "repeated_random_tokens", "varied_repeat_probe",
+    "cross_entropy", "detect_heads", "edge_patching", "evaluate", "path_patching", "grad_enabled",
+    "repeated_random_tokens", "varied_repeat_probe",
     "head_gradient_norms", "head_importance", "head_importance_per_token", "hook_points", "no_grad", "num_threads",
     "ov_eigenvalues", "ov_singular_values", "per_token_loss", "prune_curve", "qk_singular_values", "set_num_threads",
     "copying_score", "single_head_ablation", "softmax", "tensor", "train", "train_settings", "Tokenizer",
