@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "analysis/edges.h"
+#include "cli/edge_graph.h"
 #include "cli/progress.h"
 #include "cli/roles.h"
 #include "lib/fileutil.h"
@@ -123,8 +124,8 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
   write_file_atomic(out + "/edges.json", j.dump(2) + "\n");
   write_file_atomic(out + "/edges.csv", csv);
   st.write(out + "/inputs.safetensors");
-  // edge graph PNG: wired by the lead
-  std::printf("wrote %s/edges.json, edges.csv, inputs.safetensors\n", out.c_str());
+  write_edge_graph_png(j, f.top, out + "/edges.png");  // the --top edges, drawn by layer
+  std::printf("wrote %s/edges.json, edges.csv, inputs.safetensors, edges.png\n", out.c_str());
   return 0;
 }
 
