@@ -92,7 +92,8 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
     exact[0].push_back(e.exact);
     attribution[0].push_back(e.attribution);
   }
-  const nlohmann::json j = {{"metric", "logit_difference"}, {"clean_metric", r.clean_metric}, {"corrupted_metric", r.corrupted_metric},
+  const nlohmann::json j = {{"metric", "logit_difference"}, {"corruption", o.corrupt},
+                            {"clean_metric", r.clean_metric}, {"corrupted_metric", r.corrupted_metric},
                             {"n_layers", c.n_layers},       {"n_heads", c.n_heads},           {"has_mlp", c.has_mlp()},
                             {"edges", edges}};
   SafetensorsWriter st;
@@ -115,10 +116,10 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
     table.push_back({std::to_string(k + 1), e.sender.name(), e.receiver.name(), fixed(e.exact, 4), fixed(e.attribution, 4),
                      fixed(e.linearisation_error(), 4)});
   }
-  std::printf("edge patching, %zu edges, %zu answers of task %s (one source symbol corrupted); logit difference clean %.4f, "
+  std::printf("edge patching, %zu edges, %zu answers of task %s (one %s token corrupted per row); logit difference clean %.4f, "
               "corrupted %.4f\nexact = the metric with the receiver alone reading the sender's corrupted output, minus the "
               "clean run's (negative: the edge carries what the clean answer needs); attribution = its first-order estimate\n\n",
-              r.edges.size(), in.answers.size(), m.config.name.c_str(), r.clean_metric, r.corrupted_metric);
+              r.edges.size(), in.answers.size(), m.config.name.c_str(), o.corrupt.c_str(), r.clean_metric, r.corrupted_metric);
   print_table(table);
   std::printf("\ncorrelation of attribution with exact over all edges: %.3f\n", pearson(exact, attribution));
   write_file_atomic(out + "/edges.json", j.dump(2) + "\n");
@@ -142,6 +143,7 @@ void add_edges_command(CLI::App& app, CommandRunner& runner) {
                                    nullptr, defaults);
   sub->add_option("--rows", o->examples, "Held-out rows, one source symbol corrupted in each (the same as --examples)")
       ->check(in_range(1, 1e6));
+  add_corrupt_option(sub, *o);
   sub->add_option("--top", flags->top, "Edges in the printed table (largest |exact| first)")->capture_default_str()->check(in_range(0, 1e9));
   sub->add_option("--path-from", flags->path_from,
                   "Path patching instead: this sender (embed or L{layer}H{head}) to the --to receivers; prints the result beside "

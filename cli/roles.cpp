@@ -145,7 +145,14 @@ PatchingInputs role_patching_inputs(RoleModel& m, const RoleOpts& o, double (*by
   check_fits_in_memory(bytes(m.model->cfg, o.examples, task.seq_len()),
                        "--examples " + std::to_string(o.examples) + " of " + std::to_string(task.seq_len()) + " tokens");
   const std::vector<Batch> held = task.held_out(o.examples, o.seed, o.examples);
-  return corrupt_one_symbol(held[0], task.symbols(), o.seed);
+  return corrupt_one_symbol(held[0], task.symbols(), o.seed, parse_corruption(o.corrupt));
+}
+
+void add_corrupt_option(CLI::App* sub, RoleOpts& opts) {
+  sub->add_option("--corrupt", opts.corrupt,
+                  "Token each row's corrupted copy changes: source (the answer's earlier occurrence: what is copied) or "
+                  "previous (the token before it, which the answer follows: what an induction head's key matches)")
+      ->capture_default_str()->check(CLI::IsMember({"source", "previous"}));
 }
 
 Heatmap head_heatmap(const std::string& title, const HeadGrid& g, const std::string& row_prefix, const std::string& col_prefix) {

@@ -28,6 +28,7 @@ struct RoleOpts {
   std::string hook, kind = "zero", positions, axes;
   int head = -1;
   bool per_position = false;
+  std::string corrupt = "source";  // patch and edges: which token corrupt_one_symbol replaces
 };
 // "1,4,7" -> {1, 4, 7} (empty text: empty), each checked as a whole number >= 0; `flag` names it.
 std::vector<int64_t> parse_positions_flag(const std::string& text, const std::string& flag);
@@ -68,6 +69,8 @@ const Task& role_task(RoleModel& m, const std::string& checkpoint);
 // symbol corrupted in each (corrupt_one_symbol), after checking that `bytes(cfg, rows, T)` (the
 // analysis's memory estimate) fits.
 PatchingInputs role_patching_inputs(RoleModel& m, const RoleOpts& o, double (*bytes)(const ModelConfig&, int64_t, int64_t));
+// --corrupt source|previous (patch and edges): which token of each row the corrupted run changes.
+void add_corrupt_option(CLI::App* sub, RoleOpts& opts);
 // A (layers, heads) grid as a heatmap with rows named row_prefix + l and columns col_prefix + h.
 Heatmap head_heatmap(const std::string& title, const HeadGrid& g, const std::string& row_prefix, const std::string& col_prefix);
 // One table (printed unless quiet) and CSV with a row per (layer, head) and a column per grid.
