@@ -1,5 +1,5 @@
 // headlab edges: exact edge patching and edge attribution of every edge of a checkpoint's model
-// on its task's rows with one source symbol corrupted (the inputs of headlab patch): flags ->
+// on its task's rows with one token corrupted (the inputs of headlab patch): flags ->
 // edge_patching -> a table of the top edges, edges.json, edges.csv and inputs.safetensors in --out.
 // With --path-from (and --to), path patching of one sender: printed, no files.
 #include <algorithm>
@@ -41,7 +41,7 @@ std::vector<std::string> split_commas(const std::string& text) {
   }
 }
 
-int run_path(const EdgeFlags& f, RoleModel& m, const PatchingInputs& in) {
+int run_path(const RoleOpts& o, const EdgeFlags& f, RoleModel& m, const PatchingInputs& in) {
   const ModelConfig& c = m.model->cfg;
   const EdgeSender s = parse_sender(c, f.path_from);
   std::vector<EdgeReceiver> receivers;
@@ -51,9 +51,9 @@ int run_path(const EdgeFlags& f, RoleModel& m, const PatchingInputs& in) {
   const PathPatchingResult p = path_patching(*m.model, in, s, receivers);
   std::string names;
   for (const EdgeReceiver& r : receivers) names += (names.empty() ? "" : ", ") + r.name();
-  std::printf("path patching of %s, %zu answers of task %s (one source symbol corrupted); logit difference clean %.4f, corrupted "
-              "%.4f\nreceivers: %s\n\n",
-              s.name().c_str(), in.answers.size(), m.config.name.c_str(), p.clean_metric, p.corrupted_metric,
+  std::printf("path patching of %s, %zu answers of task %s (one %s token corrupted per row); logit difference clean %.4f, "
+              "corrupted %.4f\nreceivers: %s\n\n",
+              s.name().c_str(), in.answers.size(), m.config.name.c_str(), o.corrupt.c_str(), p.clean_metric, p.corrupted_metric,
               f.to.empty() ? ("all " + std::to_string(receivers.size()) + " readers").c_str() : names.c_str());
   print_table({{"patched", "metric - clean"},
                {"path: " + s.name() + " -> the receivers", fixed(p.path, 4)},
@@ -68,7 +68,7 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
   check_edge_model(m.model->cfg);  // before the data is made
   if (!f.path_from.empty()) (void)parse_sender(m.model->cfg, f.path_from);
   const PatchingInputs in = role_patching_inputs(m, o, edge_patching_memory_bytes);
-  if (!f.path_from.empty()) return run_path(f, m, in);
+  if (!f.path_from.empty()) return run_path(o, f, m, in);
   EdgeResult r;
   {
     ProgressBar bar("edges", static_cast<int64_t>(edge_receivers(m.model->cfg).size()), stderr_is_terminal());
@@ -141,7 +141,7 @@ void add_edges_command(CLI::App& app, CommandRunner& runner) {
                                    "Exact edge patching and edge attribution of every edge (heads' q/k/v, MLPs, logits); with "
                                    "--path-from, path patching of one sender",
                                    nullptr, defaults);
-  sub->add_option("--rows", o->examples, "Held-out rows, one source symbol corrupted in each (the same as --examples)")
+  sub->add_option("--rows", o->examples, "Held-out rows, one token corrupted in each (--corrupt; the same as --examples)")
       ->check(in_range(1, 1e6));
   add_corrupt_option(sub, *o);
   sub->add_option("--top", flags->top, "Edges in the printed table (largest |exact| first)")->capture_default_str()->check(in_range(0, 1e9));
