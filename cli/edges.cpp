@@ -67,6 +67,14 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
   RoleModel m = load_role_model(o);
   check_edge_model(m.model->cfg);  // before the data is made
   if (!f.path_from.empty()) (void)parse_sender(m.model->cfg, f.path_from);
+  if (!f.to.empty())
+    for (const std::string& r : split_commas(f.to)) (void)parse_receiver(m.model->cfg, r);
+  // a directory of another command's results is refused now, not after the work (claiming it
+  // then fails the same way, having made nothing)
+  if (f.path_from.empty()) {
+    const std::string kind = output_dir_kind(out);
+    if (!kind.empty() && kind != "edges") claim_output_dir(out, "edges");
+  }
   const PatchingInputs in = role_patching_inputs(m, o, edge_patching_memory_bytes);
   if (!f.path_from.empty()) return run_path(o, f, m, in);
   EdgeResult r;
@@ -144,7 +152,7 @@ void add_edges_command(CLI::App& app, CommandRunner& runner) {
   sub->add_option("--rows", o->examples, "Held-out rows, one token corrupted in each (--corrupt; the same as --examples)")
       ->check(in_range(1, 1e6));
   add_corrupt_option(sub, *o);
-  sub->add_option("--top", flags->top, "Edges in the printed table (largest |exact| first)")->capture_default_str()->check(in_range(0, 1e9));
+  sub->add_option("--top", flags->top, "Edges in the printed table (largest |exact| first)")->capture_default_str()->check(in_range(1, 1e9));
   sub->add_option("--path-from", flags->path_from,
                   "Path patching instead: this sender (embed or L{layer}H{head}) to the --to receivers; prints the result beside "
                   "activation patching of the sender, writes nothing");

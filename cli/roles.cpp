@@ -55,6 +55,7 @@ HeadScoreOptions head_score_options(const RoleOpts& o) {
   h.exclude_current = o.exclude_current;
   h.fallback_task = TaskConfig::preset(o.task);
   h.threads = o.threads;
+  h.corruption = parse_corruption(o.corrupt);
   return h;
 }
 

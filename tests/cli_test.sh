@@ -249,7 +249,7 @@ check "edges path patching" 0 "activation patching of L0H1" -- "$HL" edges --che
 [ ! -e "$T/edges_p" ] && ok "path patching writes nothing" || bad "edges --path-from left a directory"
 check "edges refuses an unknown receiver" nonzero "unknown receiver 'L0H1.z'" -- "$HL" edges --checkpoint "$M" --path-from embed --to L0H1.z --out "$T/edges_b"
 check "edges --to needs --path-from" nonzero "--to needs --path-from" -- "$HL" edges --checkpoint "$M" --to logits --out "$T/edges_b"
-check "edges refuses a bad flag" nonzero "--top: value -1 is below 0" -- "$HL" edges --checkpoint "$M" --top -1 --out "$T/edges_b"
+check "edges refuses a bad flag" nonzero "--top: value 0 is below 1" -- "$HL" edges --checkpoint "$M" --top 0 --out "$T/edges_b"
 check "edges refuses a post-norm model" nonzero "post-norm \(norm = post\)" -- "$HL" edges --checkpoint "$T/postrun/model.safetensors" --out "$T/edges_b"
 [ ! -e "$T/edges_b" ] && ok "no output directory after a refused edges" || bad "edges left a directory"
 check "hooks lists hook_scale" 0 "ln_final.hook_scale +\(B, T, 1\)" -- "$HL" hooks --heads 2

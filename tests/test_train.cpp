@@ -576,13 +576,16 @@ BOOST_AUTO_TEST_CASE(scores_over_training_read_every_snapshot_and_the_final_chec
   }
   // the scores move with training: the last step's differ from the first's
   BOOST_TEST(s.at(1, 0, 1, 0) != s.at(1, 2, 1, 0));
-  // a run whose checkpoint (step 15, stopped early) falls between snapshots
-  fs::remove(snapshot_path(dir, 20));
+  // a run whose checkpoint (step 10) falls between snapshots (0 and 20): read in step order
   fs::copy_file(snapshot_path(dir, 10), dir + "/checkpoint.safetensors", fs::copy_options::overwrite_existing);
-  fs::rename(snapshot_path(dir, 10), snapshot_path(dir, 15));  // so that 10 is not a snapshot; 15 and the checkpoint (10) remain
+  fs::remove(snapshot_path(dir, 10));
   const ScoresOverTraining t = scores_over_training(dir, "compose", o);
-  BOOST_TEST(t.steps == (std::vector<int64_t>{0, 10, 15}), boost::test_tools::per_element());
+  BOOST_TEST(t.steps == (std::vector<int64_t>{0, 10, 20}), boost::test_tools::per_element());
   BOOST_TEST(t.checkpoints[1] == dir + "/checkpoint.safetensors");
+  // a snapshot file under another step's name is refused, not scored as that step
+  fs::rename(snapshot_path(dir, 20), snapshot_path(dir, 25));
+  BOOST_TEST(error_of([&] { scores_over_training(dir, "compose", o); }) ==
+             snapshot_path(dir, 25) + ": holds the weights of step 20, not of step 25 (a renamed or copied file)");
   BOOST_TEST(error_of([&] { scores_over_training(dir, "roles", o); }) ==
              "analysis 'roles' is not one of detect, patch, importance, dla, compose");
 }

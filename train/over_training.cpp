@@ -88,8 +88,13 @@ HeadScores head_scores(const std::string& analysis, const SafetensorsFile& file,
     check_fits_in_memory(patching_memory_bytes(cfg, o.examples, task().seq_len()),
                          "--examples " + std::to_string(o.examples) + " of " + std::to_string(task().seq_len()) + " tokens");
     const std::vector<Batch> held = task().held_out(o.examples, o.seed, o.examples);
-    const PatchingResult p = activation_patching(*model, corrupt_one_symbol(held[0], task().symbols(), o.seed));
+    const PatchingResult p = activation_patching(*model, corrupt_one_symbol(held[0], task().symbols(), o.seed, o.corruption));
     r.grids = {p.z_exact, p.z_attribution};
+    // The restored fraction divides by the corruption's effect; before the model has learnt the
+    // task that effect is ~0 (step 0: 0.0255 vs 0.0250) and the fraction is noise: left empty.
+    if (std::fabs(p.clean_metric - p.corrupted_metric) < kLeastPatchingGap)
+      for (HeadGrid& g : r.grids)
+        for (auto& row : g) std::fill(row.begin(), row.end(), std::numeric_limits<double>::quiet_NaN());
   } else if (analysis == "importance") {
     const std::vector<Batch> data = task().held_out(o.examples, o.seed, 128);
     std::vector<HeadGrid> each;  // as prune computes it (with each example's, for its intervals)
@@ -127,13 +132,14 @@ HeadScores head_scores(const std::string& analysis, const SafetensorsFile& file,
 }
 
 namespace {
-int64_t checkpoint_step(const std::string& path) {
+int64_t checkpoint_step(const SafetensorsFile& f, const std::string& path) {
   try {
-    return nlohmann::json::parse(read_safetensors(path).meta("train_state")).at("step").get<int64_t>();
+    return nlohmann::json::parse(f.meta("train_state")).at("step").get<int64_t>();
   } catch (const nlohmann::json::exception& e) {
     fail(path, ": its train_state metadata is unreadable (", e.what(), ")");
   }
 }
+int64_t checkpoint_step(const std::string& path) { return checkpoint_step(read_safetensors(path), path); }
 }  // namespace
 
 ScoresOverTraining scores_over_training(const std::string& run, const std::string& analysis, const HeadScoreOptions& o,
@@ -161,6 +167,8 @@ ScoresOverTraining scores_over_training(const std::string& run, const std::strin
   s.values.assign(s.score_names.size(), {});
   for (size_t i = 0; i < s.steps.size(); ++i) {
     const SafetensorsFile f = read_checkpoint(s.checkpoints[i]);
+    if (const int64_t stored = checkpoint_step(f, s.checkpoints[i]); stored != s.steps[i])
+      fail(s.checkpoints[i], ": holds the weights of step ", stored, ", not of step ", s.steps[i], " (a renamed or copied file)");
     const HeadScores h = head_scores(analysis, f, s.checkpoints[i], o);
     const int L = static_cast<int>(h.grids[0].size()), H = L ? static_cast<int>(h.grids[0][0].size()) : 0;
     if (i == 0) s.layers = L, s.heads = H;

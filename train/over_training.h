@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "analysis/heads.h"
+#include "analysis/patching.h"
 #include "datasets/task.h"
 #include "lib/safetensors.h"
 
@@ -36,6 +37,7 @@ struct HeadScoreOptions {
   int bos = -1;                // detect --data probe: a first token of every row; -1 = none
   bool exclude_bos = false, exclude_current = false;  // detect
   bool normalize = false;                             // importance: per layer by its l2 norm
+  Corruption corruption = Corruption::Source;         // patch: which token each row's corrupted copy changes
   TaskConfig fallback_task = TaskConfig::preset("copy");  // for a checkpoint that names no task
   int threads = 2;
 };
@@ -43,6 +45,10 @@ struct HeadScoreOptions {
 // detect's sequences for a model (the probe, the fixed probe or the task's held-out rows): the
 // same for every checkpoint of one architecture; fails naming the flag for a bad --length / --bos.
 std::vector<Batch> detector_data(const ModelConfig& cfg, const HeadScoreOptions& o, const std::function<const Task&()>& task);
+
+// patch over training: below this difference between the clean and the corrupted run's logit
+// difference the restored fraction is not computed (NaN, an empty CSV cell).
+constexpr double kLeastPatchingGap = 0.05;
 
 struct HeadScores {
   std::vector<std::string> names;

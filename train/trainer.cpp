@@ -410,8 +410,11 @@ void Trainer::save(int64_t step, double wall_s) {
 }
 
 void Trainer::save_snapshot_if_due(int64_t step, double wall_s, int64_t last_ckpt) {
-  if (!writes_files() || !snapshot_due(args_, step)) return;
-  check_weights_finite(step, last_ckpt);  // the checkpoint's rule: nothing non-finite is kept
+  if (args_.out.empty() || !snapshot_due(args_, step)) return;
+  // the checkpoint's rule, nothing non-finite is kept, checked on every rank (the weights are the
+  // same on each) so that all stop together rather than the others waiting for rank 0
+  check_weights_finite(step, last_ckpt);
+  if (!writes_files()) return;
   make_dirs(snapshot_dir(args_.out));
   resume_state(step, wall_s).write(snapshot_path(args_.out, step));
 }
