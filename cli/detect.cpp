@@ -42,6 +42,12 @@ int run_detect(const RoleOpts& o) {
   } else {
     data = role_task(m, o.checkpoint).held_out(o.examples, o.seed, 64);
   }
+  // one forward per batch of up to 64 sequences, every layer's patterns cached, no logits
+  const int64_t rows = data[0].size(), T = data[0].inputs.shape[1];
+  announce_memory("detect", estimate_step_bytes(cfg, rows, T, false, false) - 4.0 * static_cast<double>(parameter_count(cfg)),
+                  "batches of " + std::to_string(rows) + " sequences of " + std::to_string(T) + " tokens",
+                  o.data == "task" ? "--examples (batches hold up to 64)"
+                                   : "--length (the sequences are " + std::to_string(T) + " tokens) or --examples (batches hold up to 64)");
   DetectorOptions opt{o.exclude_bos, o.exclude_current};
   std::vector<std::string> names;
   std::vector<HeadGrid> grids;

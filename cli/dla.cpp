@@ -58,6 +58,11 @@ int run_dla(const RoleOpts& o) {
     source = "task " + m.config.name;
     std::fprintf(stderr, "dla: %d sequences of %s...\n", o.examples, source.c_str());
   }
+  // per batch: one forward with the decomposition's hooks cached, and its logits
+  const int64_t batch_rows = data[0].size(), T = data[0].inputs.shape[1];
+  announce_memory("dla", estimate_step_bytes(cfg, batch_rows, T, false) - 4.0 * static_cast<double>(parameter_count(cfg)),
+                  "batches of " + std::to_string(batch_rows) + " sequence(s) of " + std::to_string(T) + " tokens",
+                  o.tokens.empty() ? "--examples (batches hold up to 64)" : "the number of --tokens");
   const DlaResult r = direct_logit_attribution(*m.model, data);
   claim_output_dir(out, "dla");
 

@@ -7,6 +7,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "analysis/detectors.h"
 #include "analysis/patching.h"
 #include "cli/roles.h"
 #include "lib/fileutil.h"
@@ -53,20 +54,35 @@ int run_generic_patch(const RoleOpts& o, const std::string& out, RoleModel& m, c
     row.push_back(fixed(g.values[flat], 4));
     table.push_back(row);
   }
-  std::printf("activation patching of %s over %s, %zu rows of task %s (one source symbol corrupted); logit difference clean %.4f, "
+  std::printf("activation patching of %s over %s, %zu rows of %s (one source symbol corrupted); logit difference clean %.4f, "
               "corrupted %.4f; restored fraction: 1 = the clean run's, 0 = the corrupted run's\n\n",
               o.hook.c_str(), o.axes.empty() ? (axes[0] + (axes.size() > 1 ? "," + axes[1] : "")).c_str() : o.axes.c_str(),
-              in.answers.size(), m.config.name.c_str(), g.clean_metric, g.corrupted_metric);
+              in.answers.size(), (o.data == "probe" ? "the repeat probe" : "task " + m.config.name).c_str(), g.clean_metric,
+              g.corrupted_metric);
   if (table.size() <= 65) print_table(table);
   else std::printf("(%zu values: see the CSV)\n", g.values.size());
   write_file_atomic(out + "/patch_" + stem + ".csv", csv);
   nlohmann::json j = {{"hook", o.hook},        {"hooks", g.hooks},   {"axes", axes},
                       {"shape", g.shape},      {"values", g.values}, {"clean_metric", g.clean_metric},
                       {"corrupted_metric", g.corrupted_metric},      {"rows", in.answers.size()},
-                      {"task", m.config.name}, {"seed", o.seed}};
+                      {"task", o.data == "probe" ? std::string("probe") : m.config.name}, {"seed", o.seed}};
   write_file_atomic(out + "/patch_" + stem + ".json", j.dump(2) + "\n");
   std::printf("\nwrote %s/patch_%s.csv, patch_%s.json\n", out.c_str(), stem.c_str(), stem.c_str());
   return 0;
+}
+
+// The probe's batches (up to 64 rows each) as one batch: patching runs every row at once.
+Batch concat_rows(const std::vector<Batch>& parts) {
+  Batch all = parts.at(0);
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const Batch& b = parts[i];
+    all.inputs.data.insert(all.inputs.data.end(), b.inputs.data.begin(), b.inputs.data.end());
+    all.targets.data.insert(all.targets.data.end(), b.targets.data.begin(), b.targets.data.end());
+    all.prompt_len.insert(all.prompt_len.end(), b.prompt_len.begin(), b.prompt_len.end());
+  }
+  const int64_t n = static_cast<int64_t>(all.prompt_len.size()), T = all.inputs.shape[1];
+  all.inputs.shape = all.targets.shape = Shape{n, T};
+  return all;
 }
 
 int run_patch(const RoleOpts& o) {
@@ -76,18 +92,34 @@ int run_patch(const RoleOpts& o) {
   // a misspelt hook fails here, before the data is made (given axes are checked against the
   // hook's shape by the patching itself, before its first run)
   if (!o.hook.empty() && o.axes.empty()) (void)default_patch_axes(m.model->cfg, o.hook);
-  const Task& task = role_task(m, o.checkpoint);
+  const ModelConfig& cfg = m.model->cfg;
+  // the rows: the task's held-out rows, or (--data probe, any model, e.g. GPT-2's) random tokens
+  // with a block repeated, whose second copy is the answer
+  const int k = o.length > 0 ? o.length : static_cast<int>(std::min<int64_t>(16, cfg.max_seq_len / 2));
+  if (o.data == "probe" && 2 * k > cfg.max_seq_len)
+    fail("--length ", k, ": the probe's ", 2 * k, " tokens exceed the model's max_seq_len ", cfg.max_seq_len);
+  const int64_t T = o.data == "probe" ? 2 * k : role_task(m, o.checkpoint).seq_len();
   // every example is in one batch, cached twice, with gradients once
-  check_fits_in_memory(patching_memory_bytes(m.model->cfg, o.examples, task.seq_len()),
-                       "--examples " + std::to_string(o.examples) + " of " + std::to_string(task.seq_len()) + " tokens");
-  const std::vector<Batch> held = task.held_out(o.examples, o.seed, o.examples);
-  const PatchingInputs in = corrupt_one_symbol(held[0], task.symbols(), o.seed);
+  announce_memory("patch", patching_memory_bytes(cfg, o.examples, T) - 4.0 * static_cast<double>(parameter_count(cfg)),
+                  std::to_string(o.examples) + " sequences of " + std::to_string(T) + " tokens in one batch",
+                  o.data == "probe" ? "--examples or --length" : "--examples");
+  Batch rows;
+  int alphabet = static_cast<int>(cfg.vocab_size);
+  if (o.data == "probe") {
+    rows = concat_rows(varied_repeat_probe(o.examples, k, alphabet, o.seed));
+  } else {
+    const Task& task = role_task(m, o.checkpoint);
+    rows = task.held_out(o.examples, o.seed, o.examples)[0];
+    alphabet = task.symbols();
+  }
+  const PatchingInputs in = corrupt_one_symbol(rows, alphabet, o.seed);
   if (!o.hook.empty()) return run_generic_patch(o, out, m, in);
   const PatchingResult r = activation_patching(*m.model, in);
   claim_output_dir(out, "patch");
-  std::printf("activation patching, %zu rows of task %s (one source symbol corrupted); logit difference clean %.4f, "
+  std::printf("activation patching, %zu rows of %s (one source symbol corrupted); logit difference clean %.4f, "
               "corrupted %.4f; 1 = the clean run's, 0 = the corrupted run's\n\nper head (hook_z):\n\n",
-              in.answers.size(), m.config.name.c_str(), r.clean_metric, r.corrupted_metric);
+              in.answers.size(), (o.data == "probe" ? "the repeat probe" : "task " + m.config.name).c_str(), r.clean_metric,
+              r.corrupted_metric);
   write_patch_files(out, r);
   std::printf("\ncorrelation of attribution with exact patching: heads %.3f, residual positions %.3f\n", r.z_correlation,
               r.resid_correlation);
@@ -100,10 +132,17 @@ int run_patch(const RoleOpts& o) {
 void add_patch_command(CLI::App& app, CommandRunner& runner) {
   RoleOpts defaults;
   defaults.examples = 64;
+  defaults.data = "task";
   auto [sub, o] = add_role_command(app, runner, "patch",
                                    "Activation and attribution patching per head (hook_z) and per residual position; with "
                                    "--hook, activation patching of any hook point over its axes",
                                    run_patch, defaults);
+  sub->add_option("--data", o->data,
+                  "task: the task's held-out rows; probe: random tokens with a block of --length/2..--length tokens "
+                  "repeated (any model, e.g. GPT-2's), the answer a token of the second copy, its first copy corrupted")
+      ->capture_default_str()->check(CLI::IsMember({"task", "probe"}));
+  sub->add_option("--length", o->length, "probe: the longest block repeated (sequences of 2 x --length tokens); 0 = min(16, max_seq_len / 2)")
+      ->capture_default_str()->check(in_range(0, 1 << 19));
   sub->add_option("--hook", o->hook,
                   "Patch this hook point over --axes instead (e.g. hook_z, hook_resid_pre, attn.hook_q_input; a full name "
                   "such as blocks.1.attn.hook_z takes no layer axis)");

@@ -331,6 +331,10 @@ Tensor TransformerLM::forward(const Ids& ids, const ForwardOptions& opt) {
     opt.kv_cache->resize(cfg.n_layers);
     for (auto& c : *opt.kv_cache) c.capacity = cfg.max_seq_len;
   }
+  if (opt.stop_at_layer > cfg.n_layers)
+    fail("model: stop_at_layer ", opt.stop_at_layer, " is past the model's ", cfg.n_layers, " layers");
+  if (opt.stop_at_layer >= 0 && (!opt.live_len.empty() || opt.kv_cache))
+    fail("model: stop_at_layer cannot be combined with live_len or a KV cache");
   if (!opt.live_len.empty()) return forward_live(ids, opt);
   if (opt.output_rows) fail("model: output_rows needs live_len");
   const Hooks* hk = opt.hooks;
@@ -353,10 +357,12 @@ Tensor TransformerLM::forward(const Ids& ids, const ForwardOptions& opt) {
       fail("model: key_padding ", opt.key_padding.shape().str(), " must be (", B, ",", offset + T, ")");
     call.key_padding = opt.key_padding;
   }
-  for (int l = 0; l < cfg.n_layers; ++l) {
+  const int layers = opt.stop_at_layer >= 0 ? opt.stop_at_layer : cfg.n_layers;
+  for (int l = 0; l < layers; ++l) {
     call.kv_cache = opt.kv_cache ? &(*opt.kv_cache)[l] : nullptr;
     x = blocks[l]->forward(x, call, hk, hk ? "blocks." + std::to_string(l) + "." : std::string());
   }
+  if (opt.stop_at_layer >= 0) return x;  // (B, T, d_model): the residual stream after block layers - 1
   if (ln_f) x = hook(kLnFinal, hooked_layer_norm(*ln_f, x, hk, std::string(), kLnFinalScale));
   return head.forward(x);  // (B, T, vocab)
 }
@@ -493,7 +499,7 @@ int64_t parameter_count(const ModelConfig& cfg) {
   return n;
 }
 
-double estimate_step_bytes(const ModelConfig& c, int64_t B, int64_t T, bool training) {
+double estimate_step_bytes(const ModelConfig& c, int64_t B, int64_t T, bool training, bool logits) {
   const double D = static_cast<double>(c.d_model), F = static_cast<double>(c.d_ff),
                W = static_cast<double>(c.n_heads * c.head_dim()), Wkv = static_cast<double>(c.kv_heads() * c.head_dim()),
                H = c.n_heads, V = static_cast<double>(c.vocab_size), tokens = static_cast<double>(B) * static_cast<double>(T);
@@ -504,7 +510,7 @@ double estimate_step_bytes(const ModelConfig& c, int64_t B, int64_t T, bool trai
   // per sequence and layer: the (H, T, T) pattern (and in backward its gradient work buffer)
   const double per_token_layer = 6 * D + W + 2 * Wkv + W + 2 * F;
   const double pattern = H * static_cast<double>(T) * static_cast<double>(T) * static_cast<double>(B);
-  double acts = c.n_layers * (tokens * per_token_layer + pattern) + tokens * (2 * D + 2 * V);
+  double acts = c.n_layers * (tokens * per_token_layer + pattern) + tokens * (2 * D + (logits ? 2 * V : 0));
   if (training) acts *= 2;  // their gradients
   return 4.0 * ((training ? 4 : 1) * params + acts);
 }
