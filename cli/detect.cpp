@@ -14,15 +14,6 @@ namespace hl {
 
 namespace {
 
-// A detector's scores and, beside them, their 95% bootstrap interval over the sequences.
-void add_with_interval(std::vector<std::string>& names, std::vector<HeadGrid>& grids, const std::string& name,
-                       TransformerLM& model, const std::vector<Batch>& data, Detector kind, const DetectorOptions& opt,
-                       const std::vector<float>& pattern = {}, int64_t pattern_T = 0) {
-  HeadGrid score, lo, hi;
-  detect_with_intervals(model, data, kind, opt, score, lo, hi, pattern, pattern_T);
-  add_detector_columns(names, grids, name, score, lo, hi);
-}
-
 int run_detect(const RoleOpts& o) {
   const std::string out = o.out.empty() ? default_out_dir("detect") : o.out;
   RoleModel m = load_role_model(o);
@@ -51,6 +42,7 @@ int run_detect(const RoleOpts& o) {
   DetectorOptions opt{o.exclude_bos, o.exclude_current};
   std::vector<std::string> names;
   std::vector<HeadGrid> grids;
+  // each score beside its 95% bootstrap interval over the sequences; every detector from one forward
   if (!o.pattern_file.empty()) {
     const SafetensorsFile pf = read_safetensors(o.pattern_file);
     if (!pf.has("pattern")) fail(o.pattern_file, ": no 'pattern' tensor (expected pattern (T, T), float32)");
@@ -58,10 +50,12 @@ int run_detect(const RoleOpts& o) {
     if (p.ndim() != 2 || p.size(0) != p.size(1) || p.size(0) < 1)
       fail(o.pattern_file, ": pattern must be (T, T) with T of 1 or more, got ", p.shape().str());
     check_finite(p, "pattern", o.pattern_file);
-    add_with_interval(names, grids, "custom", *m.model, data, Detector::PreviousToken, opt, p.to_vector(), p.size(0));
+    const DetectorIntervals r = detect_with_intervals(*m.model, data, {Detector::PreviousToken}, opt, p.to_vector(), p.size(0));
+    add_detector_columns(names, grids, "custom", r.score[0], r.lo[0], r.hi[0]);
   } else {
-    for (Detector d : {Detector::PreviousToken, Detector::DuplicateToken, Detector::Induction})
-      add_with_interval(names, grids, to_string(d), *m.model, data, d, opt);
+    const std::vector<Detector> kinds = {Detector::PreviousToken, Detector::DuplicateToken, Detector::Induction};
+    const DetectorIntervals r = detect_with_intervals(*m.model, data, kinds, opt);
+    for (size_t k = 0; k < kinds.size(); ++k) add_detector_columns(names, grids, to_string(kinds[k]), r.score[k], r.lo[k], r.hi[k]);
   }
   claim_output_dir(out, "detect");
   std::printf("head detector scores (share of attention on the pattern, 95%% bootstrap interval over the sequences; "

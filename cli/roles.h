@@ -18,6 +18,7 @@ namespace hl {
 struct RoleOpts {
   std::string checkpoint, out, data = "probe", pattern_file, task = "copy";
   std::string tokens;  // dla: token ids of one sequence of your own instead of the task's rows
+  std::string text, tokenizer;  // dla: or text, encoded with GPT-2's BPE from this directory
   int examples = 200, length = 0, threads = 2, bos = -1;
   uint64_t seed = 1234;
   bool exclude_bos = false, exclude_current = false;
