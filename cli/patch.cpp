@@ -71,48 +71,19 @@ int run_generic_patch(const RoleOpts& o, const std::string& out, RoleModel& m, c
   return 0;
 }
 
-// The probe's batches (up to 64 rows each) as one batch: patching runs every row at once.
-Batch concat_rows(const std::vector<Batch>& parts) {
-  Batch all = parts.at(0);
-  for (size_t i = 1; i < parts.size(); ++i) {
-    const Batch& b = parts[i];
-    all.inputs.data.insert(all.inputs.data.end(), b.inputs.data.begin(), b.inputs.data.end());
-    all.targets.data.insert(all.targets.data.end(), b.targets.data.begin(), b.targets.data.end());
-    all.prompt_len.insert(all.prompt_len.end(), b.prompt_len.begin(), b.prompt_len.end());
-  }
-  const int64_t n = static_cast<int64_t>(all.prompt_len.size()), T = all.inputs.shape[1];
-  all.inputs.shape = all.targets.shape = Shape{n, T};
-  return all;
-}
-
 int run_patch(const RoleOpts& o) {
+  if (over_training_requested(o)) {
+    if (!o.hook.empty()) fail("--hook goes with --checkpoint: --run patches hook_z per head over training");
+    return write_scores_over_training(o.run, o.out, "patch", "patch", head_score_options(o));
+  }
   const std::string out = o.out.empty() ? default_out_dir("patch") : o.out;
   if (!o.axes.empty() && o.hook.empty()) fail("--axes needs --hook (the hook point to patch over them)");
   RoleModel m = load_role_model(o);
   // a misspelt hook fails here, before the data is made (given axes are checked against the
   // hook's shape by the patching itself, before its first run)
   if (!o.hook.empty() && o.axes.empty()) (void)default_patch_axes(m.model->cfg, o.hook);
-  const ModelConfig& cfg = m.model->cfg;
-  // the rows: the task's held-out rows, or (--data probe, any model, e.g. GPT-2's) random tokens
-  // with a block repeated, whose second copy is the answer
-  const int k = o.length > 0 ? o.length : static_cast<int>(std::min<int64_t>(16, cfg.max_seq_len / 2));
-  if (o.data == "probe" && 2 * k > cfg.max_seq_len)
-    fail("--length ", k, ": the probe's ", 2 * k, " tokens exceed the model's max_seq_len ", cfg.max_seq_len);
-  const int64_t T = o.data == "probe" ? 2 * k : role_task(m, o.checkpoint).seq_len();
-  // every example is in one batch, cached twice, with gradients once
-  announce_memory("patch", patching_memory_bytes(cfg, o.examples, T) - 4.0 * static_cast<double>(parameter_count(cfg)),
-                  std::to_string(o.examples) + " sequences of " + std::to_string(T) + " tokens in one batch",
-                  o.data == "probe" ? "--examples or --length" : "--examples");
-  Batch rows;
-  int alphabet = static_cast<int>(cfg.vocab_size);
-  if (o.data == "probe") {
-    rows = concat_rows(varied_repeat_probe(o.examples, k, alphabet, o.seed));
-  } else {
-    const Task& task = role_task(m, o.checkpoint);
-    rows = task.held_out(o.examples, o.seed, o.examples)[0];
-    alphabet = task.symbols();
-  }
-  const PatchingInputs in = corrupt_one_symbol(rows, alphabet, o.seed);
+  // every example is in one batch, cached twice, with gradients once; --data probe: any model
+  const PatchingInputs in = role_patching_inputs(m, o, patching_memory_bytes, "patch", o.data == "probe");
   if (!o.hook.empty()) return run_generic_patch(o, out, m, in);
   const PatchingResult r = activation_patching(*m.model, in);
   claim_output_dir(out, "patch");
@@ -143,6 +114,7 @@ void add_patch_command(CLI::App& app, CommandRunner& runner) {
       ->capture_default_str()->check(CLI::IsMember({"task", "probe"}));
   sub->add_option("--length", o->length, "probe: the longest block repeated (sequences of 2 x --length tokens); 0 = min(16, max_seq_len / 2)")
       ->capture_default_str()->check(in_range(0, 1 << 19));
+  add_run_option(sub, *o);
   sub->add_option("--hook", o->hook,
                   "Patch this hook point over --axes instead (e.g. hook_z, hook_resid_pre, attn.hook_q_input; a full name "
                   "such as blocks.1.attn.hook_z takes no layer axis)");

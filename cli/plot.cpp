@@ -155,4 +155,39 @@ bool plot_lines(const std::string& path, const std::string& title, const std::st
   return run_gnuplot(gp.str(), path, dir);
 }
 
+bool plot_graph(const std::string& path, const std::string& title, const std::vector<GraphNode>& nodes,
+                const std::vector<GraphArrow>& arrows, const std::vector<std::string>& legend, int width, int height) {
+  const PlotDir dir;
+  double x0 = 0, x1 = 1, y0 = 0, y1 = 1;
+  if (!nodes.empty()) {
+    x0 = x1 = nodes[0].x, y0 = y1 = nodes[0].y;
+    for (const GraphNode& n : nodes) x0 = std::min(x0, n.x), x1 = std::max(x1, n.x), y0 = std::min(y0, n.y), y1 = std::max(y1, n.y);
+  }
+  std::ostringstream gp;
+  gp << "set terminal pngcairo noenhanced size " << width << "," << height << " font 'sans,9'\nset output 'out.png'\n"
+     << "set title " << quote(title) << "\nunset border\nunset tics\nunset key\n"
+     << "set xrange [" << x0 - 0.7 << ":" << x1 + 0.7 << "]\nset yrange [" << y0 - 0.5 << ":" << y1 + 0.5 << "]\n"
+     << "set lmargin 1\nset rmargin 1\nset bmargin " << 1 + legend.size() << "\n";
+  for (size_t i = 0; i < legend.size(); ++i)
+    gp << "set label " << i + 1 << " " << quote(legend[i]) << " at screen 0.01, screen " << 0.012 + 0.022 * (legend.size() - 1 - i) << " left\n";
+  for (size_t i = 0; i < arrows.size(); ++i) {
+    const GraphArrow& a = arrows[i];
+    gp << "set arrow " << i + 1 << " from " << a.x0 << "," << a.y0 << " to " << a.x1 << "," << a.y1
+       << " head filled size screen 0.012,20 lw " << a.width << " lc rgb " << quote(a.color) << " dt " << a.dash << " back\n";
+  }
+  {
+    std::ofstream f(dir.path() / "nodes.dat");
+    // labels as gnuplot strings in a data file: double-quoted, without quotes of their own
+    for (const GraphNode& n : nodes) {
+      std::string label = n.label;
+      std::replace(label.begin(), label.end(), '"', '\'');
+      f << n.x << " " << n.y << " \"" << label << "\"\n";
+    }
+  }
+  gp << "plot 'nodes.dat' using 1:2 with points pt 7 ps 5.5 lc rgb '#e8e8e8', "
+        "'' using 1:2 with points pt 6 ps 5.5 lc rgb '#606060', "
+        "'' using 1:2:3 with labels font 'sans,8' tc rgb '#000000'\n";
+  return run_gnuplot(gp.str(), path, dir);
+}
+
 }  // namespace hl

@@ -30,4 +30,21 @@ bool plot_lines(const std::string& path, const std::string& title, const std::st
                 const std::string& ylabel, const std::vector<Series>& series, bool log_y = false,
                 bool log_x = false);
 
+// A drawing of nodes and arrows in data coordinates (e.g. a circuit's edges between heads).
+struct GraphNode {
+  double x = 0, y = 0;
+  std::string label;
+};
+struct GraphArrow {
+  double x0 = 0, y0 = 0, x1 = 0, y1 = 0;
+  double width = 1;           // line width in points
+  std::string color = "#000000";  // "#rrggbb"
+  int dash = 1;               // gnuplot dash type: 1 solid, 2 dashed, 3 dotted, ...
+};
+
+// Nodes as labelled circles, arrows drawn first (under the nodes); a key of `legend` lines
+// under the title. width x height pixels.
+bool plot_graph(const std::string& path, const std::string& title, const std::vector<GraphNode>& nodes,
+                const std::vector<GraphArrow>& arrows, const std::vector<std::string>& legend, int width, int height);
+
 }  // namespace hl

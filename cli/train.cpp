@@ -26,7 +26,7 @@ TrainArgs args_to_resume(TrainFlags& flags, const std::string& out) {
 }
 
 int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool quiet, int64_t log_grads,
-              const std::vector<int64_t>& dump_at) {
+              const std::vector<int64_t>& dump_at, const std::vector<int64_t>& snapshot_at, bool snapshot_at_given) {
   const std::string out = out_flag.empty() ? default_out_dir("train") : out_flag;
   TrainArgs args = resume ? args_to_resume(flags, out) : flags.resolve();
   if (!resume) {
@@ -37,6 +37,7 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
     args.log_grads_every = log_grads;
     args.dump_grads_at = dump_at;
   }
+  if (!resume || snapshot_at_given) args.snapshot_at = snapshot_at;  // a resumed run keeps its own unless given
   // under mpirun: data-parallel over the ranks; rank 0 reports and writes every file
   ProcessGroup* group = in_multi_rank_job() ? job() : nullptr;
   const bool rank0 = !group || group->rank() == 0;
@@ -49,6 +50,19 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
                static_cast<long long>(a.model.d_model), static_cast<long long>(a.model.head_dim()),
                a.task.name.c_str(), trainer.task().vocab_size(), trainer.task().seq_len(),
                static_cast<long long>(a.steps), a.threads, a.out.c_str());
+  if (rank0 && !trainer.snapshot_plan().steps.empty()) {
+    const auto& plan = trainer.snapshot_plan();
+    const size_t n = plan.steps.size();
+    std::string at;
+    for (size_t i = 0; i < n; ++i) {
+      if (n > 8 && i == 5) i = n - 1, at += ", ...";  // a long list: its ends
+      at += (i ? ", " : "") + std::to_string(plan.steps[i]);
+    }
+    std::fprintf(stderr, "headlab train: %zu snapshot%s (step%s %s) of %s each: %s of disk in %s/snapshots\n", n,
+                 n == 1 ? "" : "s", n == 1 ? "" : "s", at.c_str(),
+                 format_bytes(plan.bytes_each).c_str(), format_bytes(plan.bytes_each * static_cast<double>(n)).c_str(),
+                 a.out.c_str());
+  }
   if (rank0 && group)
     std::fprintf(stderr, "headlab train: data-parallel over %d ranks: %d of the %d sequences of each batch per rank\n",
                  group->size(), a.batch / group->size(), a.batch);
@@ -129,6 +143,7 @@ void add_train_command(CLI::App& app, CommandRunner& runner) {
   auto quiet = std::make_shared<bool>(false);
   auto log_grads = std::make_shared<int64_t>(0);
   auto dump_at = std::make_shared<std::vector<int64_t>>();
+  auto snapshot_at = std::make_shared<std::vector<int64_t>>();
   flags->add(sub);
   flags->task_training_defaults = true;
   sub->add_option("--out", *out, "Output directory (default: runs/train-<date>-<time>)");
@@ -140,8 +155,13 @@ void add_train_command(CLI::App& app, CommandRunner& runner) {
                   "(grad_atlas.csv) and attention entropy; 0 = off")->capture_default_str()->check(in_range(0, 1e15));
   sub->add_option("--dump-grads-at", *dump_at, "Steps at which to dump every gradient (grads/step_N.safetensors) "
                                                "and per-head W_QK / W_OV singular values")->delimiter(',')->check(in_range(1, 1e15));
-  sub->callback([&runner, flags, out, resume, quiet, log_grads, dump_at] {
-    runner = [=] { return run_train(*flags, *out, *resume, *quiet, *log_grads, *dump_at); };
+  CLI::Option* snapshot_at_opt =
+      sub->add_option("--snapshot-at", *snapshot_at, "Steps at which to keep the run's full resume state "
+                                                     "(RUN/snapshots/step_NNNNNNNN.safetensors); 0 = the initial weights")
+          ->delimiter(',')->check(in_range(0, 1e15));
+  sub->callback([&runner, flags, out, resume, quiet, log_grads, dump_at, snapshot_at, snapshot_at_opt] {
+    const bool at_given = snapshot_at_opt->count() > 0;
+    runner = [=] { return run_train(*flags, *out, *resume, *quiet, *log_grads, *dump_at, *snapshot_at, at_given); };
   });
 }
 

@@ -11,10 +11,12 @@
 
 #include "analysis/detectors.h"
 #include "cli/commands.h"
+#include "cli/edge_graph.h"
 #include "datasets/bpe_tokenizer.h"
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
 #include "train/checkpoint_task.h"
+#include "train/over_training.h"
 #include "train/run_dir.h"
 #include "train/trainer.h"
 #include "views/pages.h"
@@ -27,7 +29,8 @@ using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 struct ViewOpts {
-  std::string run, checkpoint, tokens, text, tokenizer, out;
+  std::string run, checkpoint, tokens, text, tokenizer, out, edges;
+  int edges_top = 20;
   std::string task = "copy";
   int examples = 4;
   uint64_t seed = 1234;
@@ -95,6 +98,21 @@ json read_metrics(const std::string& path) {
 
 using views::ViewExample;
 
+// The Edges panel's data from an edges.json of `headlab edges` on this model.
+json read_edges_for_view(const std::string& path, int top, const ModelConfig& cfg) {
+  json j;
+  try {
+    j = json::parse(read_file(path));
+  } catch (const json::exception& e) {
+    fail("--edges ", path, ": not JSON (", e.what(), ")");
+  }
+  const EdgeGraphData g = read_edges_json(j, "--edges " + path);
+  if (g.n_layers != cfg.n_layers || g.n_heads != cfg.n_heads || g.has_mlp != cfg.has_mlp())
+    fail("--edges ", path, ": edges of ", g.n_layers, " layers x ", g.n_heads, " heads", g.has_mlp ? "" : " without MLPs",
+         ", the model has ", cfg.n_layers, " x ", cfg.n_heads, cfg.has_mlp() ? "" : " without MLPs");
+  return edges_for_page(g, top);
+}
+
 // The examples to show: given ids, given text (byte-level models, or encoded with the
 // tokenizer), or rows of the task's held-out set (trailing padding removed).
 std::vector<ViewExample> examples_for(const ViewOpts& o, const ModelConfig& cfg, const Task* task, const BpeTokenizer* tok) {
@@ -148,6 +166,7 @@ int run_view(const ViewOpts& o) {
   const SafetensorsFile f = read_checkpoint(ckpt);
   const std::unique_ptr<TransformerLM> model = load_model(f);
   const ModelConfig& cfg = model->cfg;
+  json edges_panel = o.edges.empty() ? json() : read_edges_for_view(o.edges, o.edges_top, cfg);
   std::unique_ptr<Task> task;
   const TaskConfig tc = checkpoint_task(f, TaskConfig::preset(o.task));
   // --text is encoded with --tokenizer, or else with the tokenizer the model was trained with
@@ -249,6 +268,15 @@ int run_view(const ViewOpts& o) {
                {"roles_patch", o.run.empty() ? json() : read_csv(o.run + "/patch/patch_heads.csv")},
                {"roles_compose", o.run.empty() ? json() : read_csv(o.run + "/compose/compose.csv")},
                {"roles_baseline", o.run.empty() ? json() : read_csv(o.run + "/compose/compose_baseline.csv")}};
+  if (!edges_panel.is_null()) data["edges"] = std::move(edges_panel);
+  // heads over training: what `detect|patch|dla|compose|prune --run RUN` wrote into the run
+  json over = json::array();
+  if (!o.run.empty())
+    for (const std::string& a : over_training_analyses()) {
+      json t = read_csv(o.run + "/over_training/" + a + "/" + a + "_over_training.csv");
+      if (!t.is_null()) over.push_back({{"analysis", a}, {"table", std::move(t)}});
+    }
+  if (!over.empty()) data["over_training"] = std::move(over);
   const std::string page = views::head_view_page(std::move(data));
   write_file_atomic(out, page);
   std::printf("wrote %s (%s): open it in a browser\n", out.c_str(), format_bytes(static_cast<double>(page.size())).c_str());
@@ -284,6 +312,10 @@ void add_view_command(CLI::App& app, CommandRunner& runner) {
   sub->add_option("--examples", o->examples, "Held-out examples to show")->capture_default_str()->check(in_range(1, 64));
   sub->add_option("--seed", o->seed, "Seed of the held-out examples")->capture_default_str()->check(in_range(0, 1.8e19));
   sub->add_option("--threads", o->threads, "Threads")->capture_default_str()->check(in_range(1, 1024));
+  sub->add_option("--edges", o->edges, "edges.json of headlab edges on this model: adds an Edges panel (the circuit's top edges)")
+      ->check(given);
+  sub->add_option("--edges-top", o->edges_top, "Edges the panel draws first (largest |exact|; the page offers up to 500)")
+      ->capture_default_str()->check(in_range(1, 500));
   sub->callback([&runner, o] { runner = [o] { return run_view(*o); }; });
 }
 

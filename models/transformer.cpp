@@ -350,21 +350,66 @@ Tensor TransformerLM::forward(const Ids& ids, const ForwardOptions& opt) {
     pos = slice(sinusoid, 0, offset, offset + T);
   }
   Tensor x = emb_dropout.forward(add(tok, hook(kHookPosEmbed, pos)));
+  MultiHeadAttention::Call call = causal_call(opt, B, offset + T);
+  return run_blocks(0, x, call, opt);
+}
+
+MultiHeadAttention::Call TransformerLM::causal_call(const ForwardOptions& opt, int64_t B, int64_t keys) const {
   MultiHeadAttention::Call call;
   call.causal = true;
   if (opt.key_padding.defined()) {
-    if (opt.key_padding.shape() != Shape({B, offset + T}))
-      fail("model: key_padding ", opt.key_padding.shape().str(), " must be (", B, ",", offset + T, ")");
+    if (opt.key_padding.shape() != Shape({B, keys}))
+      fail("model: key_padding ", opt.key_padding.shape().str(), " must be (", B, ",", keys, ")");
     call.key_padding = opt.key_padding;
   }
-  const int layers = opt.stop_at_layer >= 0 ? opt.stop_at_layer : cfg.n_layers;
-  for (int l = 0; l < layers; ++l) {
+  return call;
+}
+
+Tensor TransformerLM::run_blocks(int layer, Tensor x, MultiHeadAttention::Call& call, const ForwardOptions& opt) {
+  const Hooks* hk = opt.hooks;
+  const bool live = !opt.live_len.empty();
+  const int stop = opt.stop_at_layer >= 0 ? opt.stop_at_layer : cfg.n_layers;
+  for (int l = layer; l < stop; ++l) {
     call.kv_cache = opt.kv_cache ? &(*opt.kv_cache)[l] : nullptr;
+    if (live && l + 1 == cfg.n_layers) call.output_rows = opt.output_rows;  // the last block: only those rows on
     x = blocks[l]->forward(x, call, hk, hk ? "blocks." + std::to_string(l) + "." : std::string());
   }
-  if (opt.stop_at_layer >= 0) return x;  // (B, T, d_model): the residual stream after block layers - 1
-  if (ln_f) x = hook(kLnFinal, hooked_layer_norm(*ln_f, x, hk, std::string(), kLnFinalScale));
-  return head.forward(x);  // (B, T, vocab)
+  if (opt.stop_at_layer >= 0) return x;  // (B, T, d_model): the residual stream entering block stop
+  if (live && opt.output_rows && layer == cfg.n_layers) x = gather_rows(x, *opt.output_rows);
+  if (ln_f) x = hk ? hk->apply(kLnFinal, hooked_layer_norm(*ln_f, x, hk, std::string(), kLnFinalScale)) : ln_f->forward(x);
+  return head.forward(x);  // (B, T, vocab), or (live or output rows, vocab)
+}
+
+Tensor TransformerLM::forward_from(int layer, const Tensor& resid_pre, const ForwardOptions& opt) {
+  if (layer < 0 || layer > cfg.n_layers)
+    fail("model: forward_from layer ", layer, " is outside 0..", cfg.n_layers, " (the model has ", cfg.n_layers, " layers)");
+  if (opt.kv_cache) fail("model: forward_from takes no KV cache");
+  if (opt.stop_at_layer > cfg.n_layers || (opt.stop_at_layer >= 0 && (opt.stop_at_layer < layer || !opt.live_len.empty())))
+    fail("model: stop_at_layer ", opt.stop_at_layer, " must be ", layer, "..", cfg.n_layers, " (forward_from layer ", layer,
+         ") and without live_len");
+  if (opt.output_rows && opt.live_len.empty()) fail("model: output_rows needs live_len");
+  if (!opt.live_len.empty()) {
+    if (opt.hooks) fail("model: live_len cannot be combined with hooks");
+    int64_t n = 0;
+    for (int32_t len : opt.live_len) {
+      if (len < 0) fail("model: live_len ", len, " < 0");
+      n += len;
+    }
+    if (resid_pre.ndim() != 2 || resid_pre.size(0) != n || resid_pre.size(1) != cfg.d_model)
+      fail("model: forward_from with live_len takes the live positions packed, (", n, ", ", cfg.d_model, "), got ",
+           resid_pre.shape().str());
+    if (opt.key_padding.defined()) fail("model: forward_from with live_len takes no key_padding");
+    MultiHeadAttention::Call call;
+    call.causal = true;
+    call.live_len = opt.live_len;
+    return run_blocks(layer, resid_pre, call, opt);
+  }
+  if (resid_pre.ndim() != 3 || resid_pre.size(2) != cfg.d_model)
+    fail("model: forward_from takes the residual stream (B, T, ", cfg.d_model, "), got ", resid_pre.shape().str());
+  if (resid_pre.size(1) > cfg.max_seq_len)
+    fail("model: sequence of length ", resid_pre.size(1), " exceeds max_seq_len ", cfg.max_seq_len);
+  MultiHeadAttention::Call call = causal_call(opt, resid_pre.size(0), resid_pre.size(1));
+  return run_blocks(layer, resid_pre, call, opt);
 }
 
 Tensor TransformerLM::forward_live(const Ids& ids, const ForwardOptions& opt) {
@@ -403,13 +448,7 @@ Tensor TransformerLM::forward_live(const Ids& ids, const ForwardOptions& opt) {
         padded = opt.key_padding.data()[b * T + t] != 0.f;
     if (padded) call.key_padding = T_live == T ? opt.key_padding : slice(opt.key_padding, 1, 0, T_live);
   }
-  for (size_t l = 0; l < blocks.size(); ++l) {
-    if (l + 1 == blocks.size()) call.output_rows = opt.output_rows;  // the last block: only those rows on
-    x = blocks[l]->forward(x, call);
-  }
-  if (opt.output_rows && blocks.empty()) x = gather_rows(x, *opt.output_rows);
-  if (ln_f) x = ln_f->forward(x);
-  return head.forward(x);  // (n or output rows, vocab)
+  return run_blocks(0, x, call, opt);  // (n or output rows, vocab)
 }
 
 std::pair<Tensor, ActivationCache> TransformerLM::run_with_cache(const Ids& ids, NameFilter filter, bool with_grads,

@@ -104,6 +104,12 @@ class TransformerLM : public Module {
   // ids (B, T) -> logits (B, T, vocab). With a KV cache, positions continue after the cached
   // tokens and only the new tokens' logits are returned.
   Tensor forward(const Ids& ids, const ForwardOptions& opt = {});
+  // The forward from block `layer` on (0 <= layer <= n_layers; n_layers = only ln_final and the
+  // head): resid_pre is block `layer`'s input, (B, T, d_model), or with opt.live_len the live
+  // positions packed, (sum of live_len, d_model). Hooks (of block `layer` on) are honoured;
+  // forward_from(l, the forward's hook_resid_pre of block l) gives the forward's logits bit for
+  // bit. No KV cache. What patching runs when only block `layer` on can change.
+  Tensor forward_from(int layer, const Tensor& resid_pre, const ForwardOptions& opt = {});
   // The forward with every activation whose name passes `filter` recorded (and, with_grads, its
   // gradient filled in by a later backward): returns (logits (B, T, vocab), cache).
   std::pair<Tensor, ActivationCache> run_with_cache(const Ids& ids, NameFilter filter, bool with_grads = false,
@@ -131,6 +137,10 @@ class TransformerLM : public Module {
 
  private:
   Tensor forward_live(const Ids& ids, const ForwardOptions& opt);  // forward with live_len
+  // blocks[layer..] on x, then ln_final and the head: the one tail of forward and forward_from
+  Tensor run_blocks(int layer, Tensor x, MultiHeadAttention::Call& call, const ForwardOptions& opt);
+  // the attention call of a forward of B rows: causal, with opt's key padding checked as (B, keys)
+  MultiHeadAttention::Call causal_call(const ForwardOptions& opt, int64_t B, int64_t keys) const;
   Ids positions_;  // position ids of the last forward, kept to avoid an allocation per step
   Ids live_ids_, live_positions_;  // the live positions' token and position ids (reused)
 };

@@ -6,8 +6,10 @@
 #include "analysis/circuits.h"
 #include "analysis/decompose.h"
 #include "analysis/detectors.h"
+#include "analysis/edges.h"
 #include "analysis/patching.h"
 #include "bindings.h"
+#include "train/over_training.h"
 #include "lib/fileutil.h"
 
 namespace hl::bindings {
@@ -43,6 +45,37 @@ const PyTask* split_task(py::object& task, py::object& data, const std::string& 
   return task.is_none() ? nullptr : &task.cast<const PyTask&>();
 }
 
+// Answers given as rows of (row, pos, clean token, corrupted token), checked against the ids and
+// the model's vocabulary.
+std::vector<PatchAnswer> answers_from(const py::object& answers, const Ids& clean, const TransformerLM& model, const std::string& fn) {
+  std::vector<PatchAnswer> out;
+  for (const auto& r : answers.cast<std::vector<std::vector<int64_t>>>()) {
+    if (r.size() != 4) throw py::value_error(fn + ": each answer is (row, pos, clean token, corrupted token)");
+    const int64_t B = clean.shape[0], T = clean.shape[1], V = model.cfg.vocab_size;
+    if (r[0] < 0 || r[0] >= B || r[1] < 0 || r[1] >= T || r[2] < 0 || r[2] >= V || r[3] < 0 || r[3] >= V)
+      throw py::value_error(fn + ": answer (" + std::to_string(r[0]) + ", " + std::to_string(r[1]) + ", " +
+                            std::to_string(r[2]) + ", " + std::to_string(r[3]) + ") is outside the ids or the vocabulary");
+    out.push_back({r[0], r[1], static_cast<int32_t>(r[2]), static_cast<int32_t>(r[3])});
+  }
+  if (out.empty()) throw py::value_error(fn + ": no answers");
+  return out;
+}
+
+// The clean and corrupted ids and the answers of hl.edge_patching and hl.path_patching.
+PatchingInputs edge_inputs(const TransformerLM& model, const py::object& clean, const py::object& corrupted, const py::object& answers,
+                           const std::string& fn) {
+  PatchingInputs in;
+  in.clean = ids_from(clean, "clean");
+  in.corrupted = ids_from(corrupted, "corrupted");
+  if (in.clean.shape != in.corrupted.shape)
+    throw py::value_error(fn + ": the clean ids " + in.clean.shape.str() + " and the corrupted ids " + in.corrupted.shape.str() +
+                          " must have one shape");
+  if (answers.is_none()) throw py::value_error(fn + ": give answers (rows of (row, pos, clean token, corrupted token))");
+  in.answers = answers_from(answers, in.clean, model, fn);
+  check_edge_inputs(model.cfg, in);
+  return in;
+}
+
 // hl.activation_patching(model, clean, corrupted, hook=, axes=, answers=, metric=): the generic
 // loop over the axes; an array indexed by them.
 py::array generic_patching(TransformerLM& model, const py::object& clean, const py::object& corrupted, const std::string& hook,
@@ -59,15 +92,7 @@ py::array generic_patching(TransformerLM& model, const py::object& clean, const 
     if (answers.is_none())
       throw py::value_error("activation_patching: give answers (rows of (row, pos, clean token, corrupted token)) for the "
                             "default metric, or a metric(logits) -> float");
-    for (const auto& r : answers.cast<std::vector<std::vector<int64_t>>>()) {
-      if (r.size() != 4) throw py::value_error("activation_patching: each answer is (row, pos, clean token, corrupted token)");
-      const int64_t B = in.clean.shape[0], T = in.clean.shape[1], V = model.cfg.vocab_size;
-      if (r[0] < 0 || r[0] >= B || r[1] < 0 || r[1] >= T || r[2] < 0 || r[2] >= V || r[3] < 0 || r[3] >= V)
-        throw py::value_error("activation_patching: answer (" + std::to_string(r[0]) + ", " + std::to_string(r[1]) + ", " +
-                              std::to_string(r[2]) + ", " + std::to_string(r[3]) + ") is outside the ids or the vocabulary");
-      in.answers.push_back({r[0], r[1], static_cast<int32_t>(r[2]), static_cast<int32_t>(r[3])});
-    }
-    if (in.answers.empty()) throw py::value_error("activation_patching: no answers");
+    in.answers = answers_from(answers, in.clean, model, "activation_patching");
     g = interruptible([&] { return generic_activation_patch(model, in, hook, ax); });
   } else {
     py::function f = metric.cast<py::function>();
@@ -86,6 +111,36 @@ py::array generic_patching(TransformerLM& model, const py::object& clean, const 
 
 void bind_analyses(py::module_& m) {
   // ---- analyses -------------------------------------------------------------------------------
+  // heads over training: the scores of `analysis` at every snapshot of a run (train/over_training.h)
+  m.def("_scores_over_training", [](const std::string& run, const std::string& analysis, const py::object& examples,
+                                    uint64_t seed, const std::string& data, int length, int bos, bool exclude_bos,
+                                    bool exclude_current, bool normalize, const std::string& task, int threads) {
+    HeadScoreOptions o;
+    o.examples = examples.is_none() ? default_examples(analysis) : examples.cast<int>();
+    if (o.examples < 1) throw py::value_error("scores_over_training: examples must be at least 1, got " + std::to_string(o.examples));
+    if (threads < 1) throw py::value_error("scores_over_training: threads must be at least 1, got " + std::to_string(threads));
+    o.seed = seed, o.data = data, o.length = length, o.bos = bos;
+    o.exclude_bos = exclude_bos, o.exclude_current = exclude_current, o.normalize = normalize;
+    o.fallback_task = TaskConfig::preset(task);
+    o.threads = threads;
+    ScoresOverTraining s;
+    {
+      py::gil_scoped_release release;
+      s = scores_over_training(run, analysis, o);
+    }
+    py::dict scores;
+    for (size_t k = 0; k < s.score_names.size(); ++k) {
+      py::array_t<double> a({static_cast<py::ssize_t>(s.steps.size()), static_cast<py::ssize_t>(s.layers),
+                             static_cast<py::ssize_t>(s.heads)});
+      std::copy(s.values[k].begin(), s.values[k].end(), a.mutable_data());
+      scores[py::str(s.score_names[k])] = a;
+    }
+    py::dict r;
+    r["steps"] = py::array_t<int64_t>(static_cast<py::ssize_t>(s.steps.size()), s.steps.data());
+    r["checkpoints"] = s.checkpoints;
+    r["scores"] = scores;
+    return r;
+  });
   m.def("per_token_loss", [](TransformerLM& model, const py::object& ids, const py::object& targets) {
     const Ids x = ids_from(ids);
     Ids y;
@@ -307,6 +362,55 @@ void bind_analyses(py::module_& m) {
      "Generic activation patching: for every index over `axes` (layer, head, pos, src_pos) of `hook`, the corrupted run with "
      "the clean activation written there, scored by the restored fraction of the answers' logit difference (or metric(logits)); "
      "an array indexed by the axes");
+  m.def("edge_patching", [](TransformerLM& model, const py::object& clean, const py::object& corrupted, const py::object& answers) {
+    const PatchingInputs in = edge_inputs(model, clean, corrupted, answers, "edge_patching");
+    check_fits_in_memory(edge_patching_memory_bytes(model.cfg, in.clean.shape[0], in.clean.shape[1]),
+                         "edge_patching: " + std::to_string(in.clean.shape[0]) + " rows");
+    const EdgeResult r = interruptible([&] { return edge_patching(model, in); });
+    std::vector<std::string> senders, receivers;
+    py::array_t<double> exact(static_cast<py::ssize_t>(r.edges.size())), attribution(static_cast<py::ssize_t>(r.edges.size())),
+        error(static_cast<py::ssize_t>(r.edges.size()));
+    for (size_t i = 0; i < r.edges.size(); ++i) {
+      const Edge& e = r.edges[i];
+      senders.push_back(e.sender.name());
+      receivers.push_back(e.receiver.name());
+      exact.mutable_data()[i] = e.exact;
+      attribution.mutable_data()[i] = e.attribution;
+      error.mutable_data()[i] = e.linearisation_error();
+    }
+    py::dict d;
+    d["senders"] = senders;
+    d["receivers"] = receivers;
+    d["exact"] = exact;
+    d["attribution"] = attribution;
+    d["linearisation_error"] = error;
+    d["clean_metric"] = r.clean_metric;
+    d["corrupted_metric"] = r.corrupted_metric;
+    return d;
+  }, py::arg("model"), py::arg("clean"), py::arg("corrupted"), py::kw_only(), py::arg("answers"),
+     "Exact edge patching and edge attribution of every edge (as headlab edges): senders and receivers (names, in edge "
+     "order), exact, attribution and linearisation_error (attribution - exact) arrays, clean_metric and corrupted_metric "
+     "(mean logit difference of the answers (row, pos, clean token, corrupted token))");
+  m.def("path_patching", [](TransformerLM& model, const py::object& clean, const py::object& corrupted, const std::string& sender,
+                            const py::object& receivers, const py::object& answers) {
+    const PatchingInputs in = edge_inputs(model, clean, corrupted, answers, "path_patching");
+    const EdgeSender s = parse_sender(model.cfg, sender);
+    std::vector<EdgeReceiver> rs;
+    if (receivers.is_none()) rs = readers_of(model.cfg, s);
+    else
+      for (const std::string& r : receivers.cast<std::vector<std::string>>()) rs.push_back(parse_receiver(model.cfg, r));
+    const PathPatchingResult p = interruptible([&] { return path_patching(model, in, s, rs); });
+    py::dict d;
+    d["path"] = p.path;
+    d["activation"] = p.activation;
+    d["clean_metric"] = p.clean_metric;
+    d["corrupted_metric"] = p.corrupted_metric;
+    return d;
+  }, py::arg("model"), py::arg("clean"), py::arg("corrupted"), py::kw_only(), py::arg("sender"), py::arg("receivers") = py::none(),
+     py::arg("answers"),
+     "Path patching of sender (embed or L{l}H{h}) to receivers (names; default: every reader): path = metric of the clean run "
+     "with every receiver reading its input + the sender's corrupted-minus-clean output, minus the clean metric; activation = "
+     "the same for the sender's whole output patched; clean_metric, corrupted_metric");
   m.def("mean_activation", [](TransformerLM& model, const py::object& data_obj, const std::string& hook, bool per_position) {
     const DataArg data = data_arg(data_obj, model, "mean_activation");
     return interruptible([&] { return mean_activation(model, data.batches(), hook, per_position); });

@@ -287,7 +287,7 @@ void bind_training(py::module_& m) {
   // ---- training -------------------------------------------------------------------------------
   py::class_<PyTrainer>(m, "_Trainer")
       .def(py::init([](py::kwargs kw) {
-        std::set<std::string> extra = {"data", "eval_data", "out", "init", "resume", "log_grads", "dump_grads_at"};
+        std::set<std::string> extra = {"data", "eval_data", "out", "init", "resume", "log_grads", "dump_grads_at", "snapshot_at"};
         TrainArgs a = args_from_kwargs(kw, [&](const std::string& k) { return extra.count(k) > 0; }, true);
         if (kw.contains("out") && !kw["out"].is_none()) a.out = kw["out"].cast<std::string>();
         if (kw.contains("init") && !kw["init"].is_none()) a.init = kw["init"].cast<std::string>();
@@ -306,6 +306,9 @@ void bind_training(py::module_& m) {
           if (const TrainSetting* s = find_train_setting(k.cast<std::string>())) given.insert(s->flag);
         const auto was_given = [&](const std::string& f) { return given.count(f) > 0; };
         a = a.resume ? resume_args(a.out, a, was_given) : init_args(a, was_given);
+        // snapshots (RUN/snapshots/step_NNNNNNNN.safetensors): a resumed run keeps its own steps unless given
+        if (kw.contains("snapshot_at") && !kw["snapshot_at"].is_none())
+          a.snapshot_at = kw["snapshot_at"].cast<std::vector<int64_t>>();
         PyTrainer t;
         py::gil_scoped_release release;
         t.trainer = std::make_unique<Trainer>(a, std::move(task));
@@ -323,6 +326,10 @@ void bind_training(py::module_& m) {
         return py::make_tuple(r.first, r.second);
       })
       .def_property_readonly("steps_done", [](const PyTrainer& t) { return t.trainer->steps_done(); })
+      .def_property_readonly("snapshot_plan", [](const PyTrainer& t) {
+        const Trainer::SnapshotPlan& p = t.trainer->snapshot_plan();
+        return py::make_tuple(p.steps, p.bytes_each);
+      }, "(steps of the snapshots still to write, bytes of each)")
       .def("evaluate", [](PyTrainer& t, bool ar) {
         EvalResult e;
         {

@@ -26,6 +26,13 @@ def write_safetensors(path, tensors, metadata=None):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
+def read_safetensors_metadata(path):
+    """The header's __metadata__ (str -> str), {} when there is none."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        return json.loads(f.read(n)).get("__metadata__", {})
+
+
 def read_safetensors(path):
     """name -> array (metadata dropped)."""
     data = open(path, "rb").read()

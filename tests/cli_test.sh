@@ -238,6 +238,19 @@ check "dla --tokens outside the vocabulary" nonzero "--tokens \(ids of the vocab
 "$HL" train $small --norm post --steps 2 --quiet --out "$T/postrun" >/dev/null 2>&1
 check "dla refuses a post-norm model" nonzero "dla needs a pre-norm model: .* is post-norm" -- "$HL" dla --checkpoint "$T/postrun/model.safetensors" --out "$T/dlap"
 [ ! -e "$T/dlap" ] && ok "no output directory after a refused dla" || bad "dla left a directory"
+# Edges: every edge of the 1-layer model (6 q/k/v, mlp0 from embed and 2 heads, logits likewise), the files the spec names.
+check "edges prints the top edges" 0 "correlation of attribution with exact over all edges" -- "$HL" edges --checkpoint "$M" --rows 16 --top 5 --out "$T/edges"
+check "edges.csv has a row per edge" 0 "^12$" -- bash -c "tail -n +2 '$T/edges/edges.csv' | wc -l"
+check "edges.csv header" 0 "^sender,receiver,exact,attribution,linearisation_error$" -- head -1 "$T/edges/edges.csv"
+check "edges.json" 0 '"metric": "logit_difference"' -- cat "$T/edges/edges.json"
+check "edges inputs" 0 '"answers":\{[^}]*"dtype":"I32","shape":\[[0-9]+,4\]' -- head -c 400 "$T/edges/inputs.safetensors"
+check "edges path patching" 0 "activation patching of L0H1" -- "$HL" edges --checkpoint "$M" --rows 16 --path-from L0H1 --to mlp0,logits --out "$T/edges_p"
+[ ! -e "$T/edges_p" ] && ok "path patching writes nothing" || bad "edges --path-from left a directory"
+check "edges refuses an unknown receiver" nonzero "unknown receiver 'L0H1.z'" -- "$HL" edges --checkpoint "$M" --path-from embed --to L0H1.z --out "$T/edges_b"
+check "edges --to needs --path-from" nonzero "--to needs --path-from" -- "$HL" edges --checkpoint "$M" --to logits --out "$T/edges_b"
+check "edges refuses a bad flag" nonzero "--top: value -1 is below 0" -- "$HL" edges --checkpoint "$M" --top -1 --out "$T/edges_b"
+check "edges refuses a post-norm model" nonzero "post-norm \(norm = post\)" -- "$HL" edges --checkpoint "$T/postrun/model.safetensors" --out "$T/edges_b"
+[ ! -e "$T/edges_b" ] && ok "no output directory after a refused edges" || bad "edges left a directory"
 check "hooks lists hook_scale" 0 "ln_final.hook_scale +\(B, T, 1\)" -- "$HL" hooks --heads 2
 check "patch --hook over layer, head, pos" 0 "restored fraction" -- "$HL" patch --checkpoint "$M" --examples 16 --hook hook_k_input --axes layer,head,pos --out "$T/pg"
 check "patch --hook CSV" 0 "^layer,head,pos,restored$" -- cat "$T/pg/patch_hook_k_input.csv"

@@ -161,6 +161,7 @@ signal_case "detect: SIGTERM -> exit 143" TERM 143 x -- "$HL" detect --checkpoin
 signal_case "detect: SIGINT -> exit 130" INT 130 x -- "$HL" detect --checkpoint "$M" --examples 60000 --out "$T/sd2"
 signal_case "patch: SIGTERM -> exit 143" TERM 143 x -- "$HL" patch --checkpoint "$M" --examples 40000 --out "$T/sp1"
 signal_case "patch: SIGINT -> exit 130" INT 130 x -- "$HL" patch --checkpoint "$M" --examples 40000 --out "$T/sp2"
+signal_case "edges: SIGTERM -> exit 143" TERM 143 x -- "$HL" edges --checkpoint "$M" --examples 40000 --out "$T/se1"
 signal_case "train: SIGINT mid-run -> exit 130" INT 130 x -- "$HL" train $small --steps 100000 --eval-every 1000 --quiet --out "$T/st"
 [ -f "$T/st/checkpoint.safetensors" ] && ok "train: checkpoint present after SIGINT" || bad "train: no checkpoint after SIGINT"
 
@@ -184,6 +185,8 @@ run 60 "$HL" train --d-model 64 --layers 2 --heads 4 --d-ff 128 --length 32 --ba
 [ "$rc" = 0 ] || bad "fixture: 65-token model (exit $rc)" "$T/err"
 refused "patch --examples 1000000: refused before work with a memory estimate" 10 '--examples;;[0-9] ?[KMGTPE]i?B' "" -- \
   bash -c '[ "$CAP" = 1 ] && ulimit -v 8000000; exec "$@"' capped "$HL" patch --checkpoint "$T/big/model.safetensors" --examples 1000000 --out "$T/o_patch"
+refused "edges --examples 1000000: refused before work with a memory estimate" 10 '--examples;;[0-9] ?[KMGTPE]i?B' "" -- \
+  bash -c '[ "$CAP" = 1 ] && ulimit -v 8000000; exec "$@"' capped "$HL" edges --checkpoint "$T/big/model.safetensors" --examples 1000000 --out "$T/o_edges"
 refused "knockout --kind resample --examples 1000000: refused before work with a memory estimate" 10 '--examples;;[0-9] ?[KMGTPE]i?B' "" -- \
   bash -c '[ "$CAP" = 1 ] && ulimit -v 8000000; exec "$@"' capped "$HL" knockout --checkpoint "$T/big/model.safetensors" --hook blocks.0.attn.hook_pattern --kind resample --examples 1000000 --out "$T/o_knockout"
 refused "bench with a huge --config: refused with a memory estimate" 10 '--config;;[0-9] ?[KMGTPE]i?B' 'bad_alloc|child failed' -- \

@@ -32,6 +32,8 @@ class View:
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(self.html)
+            # mkstemp makes the file 0600; a saved page is for sharing, as `headlab view`'s is (0644)
+            os.chmod(tmp, 0o644)
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):

@@ -109,6 +109,7 @@ def test_the_notebook_html_is_an_isolated_iframe_holding_the_page_and_fetches_no
     path = v.save(tmp_path / "view.html")
     assert open(path, encoding="utf-8").read() == v.html
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".view-")]
+    assert os.stat(path).st_mode & 0o777 == 0o644  # readable by others, as the command's pages
 
 
 def test_small_views_carry_their_values():

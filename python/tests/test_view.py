@@ -1,7 +1,9 @@
 """`headlab view` in a real browser (Debian's chromium + chromedriver through selenium): the
 page opens with no console errors, shows every head, the hovered row's weights equal the
 attention tensor, user text renders literally and runs no script, runs without atlas or
-pruning data still render, and bad input writes nothing."""
+pruning data still render, the Edges panel draws the top edges of an edges.json, and bad input
+writes nothing."""
+import json
 import os
 import shutil
 import subprocess
@@ -120,9 +122,31 @@ def test_a_run_without_atlas_or_prune_data_renders_with_those_panels_hidden(brow
     os.remove(os.path.join(run, "metrics.jsonl"))
     assert view(run).returncode == 0
     assert open_page(browser, os.path.join(run, "view.html")) == []
-    for panel in ("panel-training", "panel-atlas", "panel-entropy", "panel-prune"):
+    for panel in ("panel-training", "panel-atlas", "panel-entropy", "panel-prune", "panel-over-training"):
         assert not browser.find_element(By.ID, panel).is_displayed(), panel
     assert len(browser.find_elements(By.CSS_SELECTOR, "canvas.thumb")) == 8
+
+
+def test_heads_over_training_draw_a_chart_per_score_with_a_line_per_head(browser, tmp_path):
+    run = str(tmp_path / "snap")
+    subprocess.run([HEADLAB, "train", "--quiet", "--d-model", "16", "--layers", "2", "--heads", "2", "--length", "6",
+                    "--steps", "20", "--eval-size", "32", "--snapshot-every", "10", "--out", run], check=True, capture_output=True)
+    for command in ("detect", "compose"):  # into RUN/over_training/, where the view looks
+        subprocess.run([HEADLAB, command, "--run", run, "--examples", "16"], check=True, capture_output=True)
+    assert view(run).returncode == 0
+    assert open_page(browser, os.path.join(run, "view.html")) == []
+    assert browser.find_element(By.ID, "panel-over-training").is_displayed()
+    charts = [c.get_attribute("id") for c in browser.find_elements(By.CSS_SELECTOR, "#over-training-charts canvas")]
+    assert charts == ["over-detect-" + s for s in ("previous_token", "duplicate_token", "induction")] + \
+        ["over-compose-" + s for s in ("q_composition", "k_composition", "v_composition")]
+    # the page holds the CSV's rows: steps 0, 10, 20 x 4 heads; compose's layer 0 has no score
+    assert browser.execute_script("return D.over_training.map(o => o.table.rows.length)") == [12, 12]
+    legend = browser.execute_script("""
+      const c = document.getElementById('over-compose-k_composition'), g = c.getContext('2d');
+      const px = g.getImageData(0, 0, c.width, c.height).data; let coloured = 0;
+      for (let i = 0; i < px.length; i += 4) if (Math.abs(px[i] - px[i + 1]) > 60 || Math.abs(px[i + 1] - px[i + 2]) > 60) coloured++;
+      return coloured;""")
+    assert legend > 50  # coloured lines were drawn
 
 
 def test_missing_or_corrupt_input_is_one_line_and_writes_nothing(tmp_path):
@@ -158,3 +182,68 @@ def test_a_12_layer_12_head_128_token_page_stays_under_20_mb(browser, tmp_path):
     assert len(browser.find_elements(By.CSS_SELECTOR, "canvas.thumb")) == 144
     ms = browser.execute_script("return +document.body.dataset.renderMs")
     print(f"\n12x12 heads, 128 tokens: {size / 1e6:.1f} MB, rendered in {ms:.0f} ms")
+
+
+def every_edge(layers, heads, has_mlp=True):
+    """edges.json of `headlab edges` for a model of that shape, every edge in the file's order, with
+    exact = +-((5 i) % 17 + 1) / 4 (ties and both signs; values the page prints exactly)."""
+    edges = []
+
+    def add(sender, receiver):
+        i = len(edges)
+        exact = (-1) ** i * ((5 * i) % 17 + 1) / 4
+        edges.append({"sender": sender, "receiver": receiver, "exact": exact, "attribution": exact / 2,
+                      "linearisation_error": -exact / 2})
+    for layer in range(layers + 1):
+        readers = ([f"L{layer}H{h}.{c}" for h in range(heads) for c in "qkv"] + ([f"mlp{layer}"] if has_mlp else [])
+                   if layer < layers else ["logits"])
+        for r in readers:
+            before = layer + 1 if r.startswith("mlp") else layer
+            for s in ["embed"] + [f"L{l}H{h}" for l in range(before) for h in range(heads)]:
+                add(s, r)
+    return {"metric": "logit_difference", "clean_metric": 3.5, "corrupted_metric": -0.75, "n_layers": layers,
+            "n_heads": heads, "has_mlp": has_mlp, "edges": edges}
+
+
+def test_the_edges_panel_draws_the_top_edges(browser, tmp_path):
+    ckpt = str(tmp_path / "m.safetensors")
+    hl.TransformerLM(hl.ModelConfig(vocab_size=13, max_seq_len=16, d_model=24, layers=2, heads=3, d_ff=32)).save(ckpt)
+    data = every_edge(2, 3)
+    (tmp_path / "edges.json").write_text(json.dumps(data))
+    page = str(tmp_path / "e.html")
+    r = view("--checkpoint", ckpt, "--tokens", "1 2 3 4", "--edges", str(tmp_path / "edges.json"), "--edges-top", "7",
+             "--out", page)
+    assert r.returncode == 0, r.stderr
+    assert open_page(browser, page) == []
+    assert browser.find_element(By.ID, "panel-edges").is_displayed()
+    top = sorted(data["edges"], key=lambda e: -abs(e["exact"]))[:7]  # stable: ties in file order
+    lines = browser.find_elements(By.CSS_SELECTOR, "#edge-graph line.edge")
+    assert len(lines) == 7
+    drawn = [(e.get_attribute("data-sender"), e.get_attribute("data-receiver")) for e in lines]
+    assert drawn == [(e["sender"], e["receiver"]) for e in reversed(top)]  # the largest drawn last, on top
+    largest = lines[-1]
+    title = largest.find_element(By.TAG_NAME, "title").get_attribute("textContent")
+    assert title == (f"{top[0]['sender']} \u2192 {top[0]['receiver']}: exact {top[0]['exact']:g}, "
+                     f"attribution {top[0]['attribution']:g}")
+    for line, e in zip(lines, reversed(top)):  # sign by colour, the receiver's input by dash
+        assert line.get_attribute("stroke") == ("#2166ac" if e["exact"] >= 0 else "#b2182b")
+        dash = {"q": None, "k": "7 4", "v": "2 3"}.get(e["receiver"][-1]) if "." in e["receiver"] else None
+        assert line.get_attribute("stroke-dasharray") == dash, e
+    nodes = [n.get_attribute("data-node") for n in browser.find_elements(By.CSS_SELECTOR, "#edge-graph g.node")]
+    assert sorted(nodes) == sorted(["embed", "logits", "mlp0", "mlp1"] + [f"L{l}H{h}" for l in range(2) for h in range(3)])
+    assert f"top 7 of {len(data['edges'])} edges" in browser.find_element(By.ID, "edges-note").text
+    box = browser.find_element(By.ID, "edges-top")
+    box.clear()
+    box.send_keys("3")
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#edge-graph line.edge")) == 3
+
+
+def test_edges_of_another_model_or_not_json_write_no_page(tmp_path):
+    ckpt = str(tmp_path / "m.safetensors")
+    hl.TransformerLM(hl.ModelConfig(vocab_size=13, max_seq_len=16, d_model=24, layers=2, heads=3, d_ff=32)).save(ckpt)
+    (tmp_path / "other.json").write_text(json.dumps(every_edge(3, 3)))
+    (tmp_path / "bad.json").write_text("{\"edges\": [")
+    for name, message in (("other.json", "edges of 3 layers x 3 heads, the model has 2 x 3"), ("bad.json", "not JSON")):
+        r = view("--checkpoint", ckpt, "--tokens", "1 2", "--edges", str(tmp_path / name), "--out", str(tmp_path / "v.html"))
+        assert r.returncode != 0 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+        assert not os.path.exists(tmp_path / "v.html")

@@ -1,0 +1,695 @@
+#include "analysis/edges.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <map>
+#include <memory>
+
+#include "lib/stop.h"
+
+namespace hl {
+
+// ---- nodes -----------------------------------------------------------------------------------
+
+std::string EdgeSender::name() const {
+  return layer < 0 ? "embed" : "L" + std::to_string(layer) + "H" + std::to_string(head);
+}
+
+std::string EdgeReceiver::name() const {
+  switch (kind) {
+    case Q: case K: case V:
+      return "L" + std::to_string(layer) + "H" + std::to_string(head) + "." + std::string(1, "qkv"[kind]);
+    case Mlp: return "mlp" + std::to_string(layer);
+    case Logits: return "logits";
+  }
+  return "";
+}
+
+namespace {
+
+// "L{l}H{h}" at the start of text: (l, h) and the characters read, or read = 0.
+struct HeadName {
+  int layer = -1, head = -1;
+  size_t read = 0;
+};
+HeadName parse_head_name(const std::string& s) {
+  HeadName r;
+  size_t i = 0;
+  auto number = [&](int& out) {
+    const size_t start = i;
+    int64_t v = 0;
+    while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])) && i - start < 9) v = v * 10 + (s[i++] - '0');
+    out = static_cast<int>(v);
+    return i > start;
+  };
+  if (s.empty() || s[0] != 'L') return r;
+  ++i;
+  if (!number(r.layer) || i >= s.size() || s[i] != 'H') return r;
+  ++i;
+  if (!number(r.head)) return r;
+  r.read = i;
+  return r;
+}
+
+void check_head(const ModelConfig& cfg, int layer, int head, const std::string& name) {
+  if (layer >= cfg.n_layers)
+    fail("edges: '", name, "': layer ", layer, " is outside 0..", cfg.n_layers - 1, " (the model has ", cfg.n_layers, " layers)");
+  if (head >= cfg.n_heads)
+    fail("edges: '", name, "': head ", head, " is outside 0..", cfg.n_heads - 1, " (the model has ", cfg.n_heads, " heads)");
+}
+
+}  // namespace
+
+EdgeSender parse_sender(const ModelConfig& cfg, const std::string& name) {
+  if (name == "embed") return {};
+  const HeadName h = parse_head_name(name);
+  if (!h.read || h.read != name.size())
+    fail("edges: unknown sender '", name, "' (expected embed or a head L{layer}H{head}, e.g. L0H3)");
+  check_head(cfg, h.layer, h.head, name);
+  return {h.layer, h.head};
+}
+
+EdgeReceiver parse_receiver(const ModelConfig& cfg, const std::string& name) {
+  if (name == "logits") return {};
+  if (name.starts_with("mlp") && name.size() > 3 && name.size() < 13 &&
+      std::all_of(name.begin() + 3, name.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })) {
+    const int layer = std::stoi(name.substr(3));
+    if (!cfg.has_mlp()) fail("edges: '", name, "': the model is attention-only (d_ff 0): it has no MLP receivers");
+    check_head(cfg, layer, 0, name);
+    return {EdgeReceiver::Mlp, layer, -1};
+  }
+  const HeadName h = parse_head_name(name);
+  const std::string rest = h.read ? name.substr(h.read) : "";
+  if (!h.read || (rest != ".q" && rest != ".k" && rest != ".v"))
+    fail("edges: unknown receiver '", name, "' (expected L{layer}H{head}.q, .k or .v, mlp{layer} or logits)");
+  check_head(cfg, h.layer, h.head, name);
+  return {rest == ".q" ? EdgeReceiver::Q : rest == ".k" ? EdgeReceiver::K : EdgeReceiver::V, h.layer, h.head};
+}
+
+bool is_edge(const EdgeSender& s, const EdgeReceiver& r) {
+  if (s.layer < 0) return true;  // the embedding is written before everything
+  switch (r.kind) {
+    case EdgeReceiver::Q: case EdgeReceiver::K: case EdgeReceiver::V: return s.layer < r.layer;
+    case EdgeReceiver::Mlp: return s.layer <= r.layer;  // the MLP reads hook_resid_mid: its layer's heads included
+    case EdgeReceiver::Logits: return true;
+  }
+  return false;
+}
+
+std::vector<EdgeSender> edge_senders(const ModelConfig& cfg) {
+  std::vector<EdgeSender> s = {EdgeSender{}};
+  for (int l = 0; l < cfg.n_layers; ++l)
+    for (int h = 0; h < cfg.n_heads; ++h) s.push_back({l, h});
+  return s;
+}
+
+std::vector<EdgeReceiver> edge_receivers(const ModelConfig& cfg) {
+  std::vector<EdgeReceiver> r;
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    for (int h = 0; h < cfg.n_heads; ++h)
+      for (EdgeReceiver::Kind k : {EdgeReceiver::Q, EdgeReceiver::K, EdgeReceiver::V}) r.push_back({k, l, h});
+    if (cfg.has_mlp()) r.push_back({EdgeReceiver::Mlp, l, -1});
+  }
+  r.push_back(EdgeReceiver{});
+  return r;
+}
+
+std::vector<std::pair<EdgeSender, EdgeReceiver>> model_edges(const ModelConfig& cfg) {
+  std::vector<std::pair<EdgeSender, EdgeReceiver>> e;
+  const std::vector<EdgeSender> senders = edge_senders(cfg);
+  for (const EdgeReceiver& r : edge_receivers(cfg))
+    for (const EdgeSender& s : senders)
+      if (is_edge(s, r)) e.push_back({s, r});
+  return e;
+}
+
+std::vector<EdgeReceiver> readers_of(const ModelConfig& cfg, const EdgeSender& sender) {
+  std::vector<EdgeReceiver> r;
+  for (const EdgeReceiver& x : edge_receivers(cfg))
+    if (is_edge(sender, x)) r.push_back(x);
+  return r;
+}
+
+// ---- inputs and the metric -------------------------------------------------------------------
+
+double edge_metric(const Tensor& logits, const std::vector<PatchAnswer>& answers) {
+  const int64_t T = logits.size(1), V = logits.size(2);
+  double s = 0;
+  for (const PatchAnswer& a : answers) {
+    const float* row = logits.data() + (a.row * T + a.pos) * V;
+    s += static_cast<double>(row[a.clean]) - static_cast<double>(row[a.corrupted]);
+  }
+  return s / static_cast<double>(answers.size());
+}
+
+void check_edge_model(const ModelConfig& cfg) {
+  if (cfg.norm != Norm::Pre)
+    fail("edges: the model is post-norm (norm = post); edges are defined for pre-norm models, whose receivers read the "
+         "residual stream through their own layer norm");
+  if (cfg.kv_heads() != cfg.n_heads)
+    fail("edges: the model shares keys and values between heads (n_kv_heads ", cfg.kv_heads(), " of n_heads ", cfg.n_heads,
+         "); a head's .k and .v receivers need its own key and value head");
+}
+
+void check_edge_inputs(const ModelConfig& cfg, const PatchingInputs& in) {
+  check_edge_model(cfg);
+  if (in.clean.shape.ndim != 2 || in.clean.shape != in.corrupted.shape)
+    fail("edges: the clean ids ", in.clean.shape.str(), " and the corrupted ids ", in.corrupted.shape.str(),
+         " must be (B, T) of one shape");
+  if (in.clean.shape[1] > cfg.max_seq_len)
+    fail("edges: sequences of ", in.clean.shape[1], " tokens exceed the model's max_seq_len ", cfg.max_seq_len);
+  for (const Ids* ids : {&in.clean, &in.corrupted})
+    for (int32_t t : ids->data)
+      if (t < 0 || t >= cfg.vocab_size)
+        fail("edges: token id ", t, " in the ", ids == &in.clean ? "clean" : "corrupted", " ids is outside the vocabulary 0..",
+             cfg.vocab_size - 1);
+  if (in.answers.empty()) fail("edges: no answers (rows of (row, pos, clean token, corrupted token)) to measure the metric at");
+  for (const PatchAnswer& a : in.answers)
+    if (a.row < 0 || a.row >= in.clean.shape[0] || a.pos < 0 || a.pos >= in.clean.shape[1] || a.clean < 0 ||
+        a.clean >= cfg.vocab_size || a.corrupted < 0 || a.corrupted >= cfg.vocab_size)
+      fail("edges: answer (", a.row, ", ", a.pos, ", ", a.clean, ", ", a.corrupted, ") is outside the ids ", in.clean.shape.str(),
+           " or the vocabulary 0..", cfg.vocab_size - 1);
+}
+
+double edge_patching_memory_bytes(const ModelConfig& cfg, int64_t rows, int64_t T) {
+  const double D = static_cast<double>(cfg.d_model), tokens = static_cast<double>(rows) * static_cast<double>(T),
+               L = cfg.n_layers, H = cfg.n_heads;
+  // two cached runs and a backward (patching's estimate), the heads' results of both runs, one
+  // delta per sender, the receivers' gradients, and a batch of patched runs (<= 2^16 rows)
+  const double caches = 2 * L * H * tokens * D, deltas = (1 + L * H) * tokens * D, grads = (3 * H + 2) * L * tokens * D;
+  const double batch = std::max(tokens, 65536.0) * (12 * D + 3 * static_cast<double>(cfg.d_ff));
+  return patching_memory_bytes(cfg, rows, T) + 4.0 * (caches + deltas + grads + batch);
+}
+
+namespace {
+
+std::string layer_name(int l, const char* name) { return "blocks." + std::to_string(l) + "." + name; }
+
+// head h of a per-head activation (B, T, H, D) -> (B, T, D)
+Tensor head_slice(const Tensor& x, int h) {
+  return reshape(slice(x, 2, h, h + 1), {x.size(0), x.size(1), x.size(3)});
+}
+
+// The clean run's residual streams and both runs' sender outputs.
+struct Runs {
+  std::vector<Tensor> resid_pre, resid_mid;  // per layer (B, T, D); resid_mid: the MLP's input (attention-only: resid_post)
+  Tensor resid_final;                        // (B, T, D): ln_final's input
+  std::vector<Tensor> deltas;                // per sender (edge_senders order), (B, T, D)
+  double clean_metric = 0, corrupted_metric = 0;
+};
+
+Runs record_runs(TransformerLM& model, const PatchingInputs& in) {
+  const ModelConfig& c = model.cfg;
+  EvalScope mode(model);
+  NoGradGuard ng;
+  Runs r;
+  r.clean_metric = edge_metric(model.forward(in.clean), in.answers);
+  throw_if_stopped();  // between passes over every row
+  r.corrupted_metric = edge_metric(model.forward(in.corrupted), in.answers);
+  throw_if_stopped();
+  auto senders_filter = [](const std::string& n) {
+    return n == "hook_embed" || n == "hook_pos_embed" || n.ends_with("attn.hook_result");
+  };
+  const std::string last = layer_name(c.n_layers - 1, "hook_resid_post");
+  const std::string mid_name = c.has_mlp() ? "hook_resid_mid" : "hook_resid_post";
+  const ActivationCache clean = model.run_with_cache(in.clean, [&](const std::string& n) {
+    return senders_filter(n) || n.ends_with("hook_resid_pre") || n.ends_with(mid_name) || n == last;
+  }).second;
+  throw_if_stopped();
+  const ActivationCache corrupt = model.run_with_cache(in.corrupted, senders_filter).second;
+  for (int l = 0; l < c.n_layers; ++l) {
+    r.resid_pre.push_back(clean[layer_name(l, "hook_resid_pre")]);
+    r.resid_mid.push_back(clean[layer_name(l, mid_name.c_str())]);
+  }
+  r.resid_final = clean[last];
+  // embed = token + position embeddings, as the model adds them
+  r.deltas.push_back(sub(add(corrupt["hook_embed"], corrupt["hook_pos_embed"]), add(clean["hook_embed"], clean["hook_pos_embed"])));
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string n = layer_name(l, "attn.hook_result");
+    for (int h = 0; h < c.n_heads; ++h) r.deltas.push_back(sub(head_slice(corrupt[n], h), head_slice(clean[n], h)));
+  }
+  return r;
+}
+
+size_t sender_index(const ModelConfig& c, const EdgeSender& s) {
+  return s.layer < 0 ? 0 : 1 + static_cast<size_t>(s.layer) * c.n_heads + s.head;
+}
+
+// The hooks that make each receiver read (its input in this run) + delta. The inputs are read
+// where the run makes them (hook_resid_pre, hook_resid_mid, the last hook_resid_post); the
+// logits' input starts as `resid_final` for a run that begins after the last block.
+Hooks receiver_hooks(TransformerLM& model, const std::vector<std::pair<EdgeReceiver, Tensor>>& patches, const Tensor& resid_final) {
+  const ModelConfig& c = model.cfg;
+  Hooks hooks;
+  std::map<int, std::vector<std::pair<EdgeReceiver, Tensor>>> by_layer;
+  for (const auto& p : patches) by_layer[p.first.kind == EdgeReceiver::Logits ? c.n_layers : p.first.layer].push_back(p);
+  for (auto& [l, ps] : by_layer) {
+    if (l == c.n_layers) {  // logits: unembed(ln_final(resid_final + delta))
+      auto x = std::make_shared<Tensor>(resid_final);
+      hooks.add_forward(layer_name(c.n_layers - 1, "hook_resid_post"), [x](const Tensor& t, const std::string&) {
+        *x = t;
+        return Tensor();
+      });
+      const Tensor delta = ps[0].second;
+      LayerNorm* ln = model.ln_f.get();
+      hooks.add_forward("ln_final.hook_normalized", [x, delta, ln](const Tensor&, const std::string&) {
+        return ln->forward(add(*x, delta));
+      });
+      continue;
+    }
+    TransformerBlock& block = *model.blocks[l];
+    auto pre = std::make_shared<Tensor>(), mid = std::make_shared<Tensor>();
+    hooks.add_forward(layer_name(l, "hook_resid_pre"), [pre](const Tensor& t, const std::string&) {
+      *pre = t;
+      return Tensor();
+    });
+    for (EdgeReceiver::Kind kind : {EdgeReceiver::Q, EdgeReceiver::K, EdgeReceiver::V}) {
+      std::vector<std::pair<int, Tensor>> heads;
+      for (const auto& [r, d] : ps)
+        if (r.kind == kind) heads.push_back({r.head, d});
+      if (heads.empty()) continue;
+      const char* point = kind == EdgeReceiver::Q ? "attn.hook_q_input" : kind == EdgeReceiver::K ? "attn.hook_k_input" : "attn.hook_v_input";
+      LayerNorm* ln = &block.ln1;
+      // head h's copy of ln1's output (B, T, H, D) replaced by ln1(input + delta)
+      hooks.add_forward(layer_name(l, point), [pre, heads, ln](const Tensor& copies, const std::string&) {
+        Tensor y = copies.clone();
+        const int64_t rows = copies.size(0) * copies.size(1), H = copies.size(2), D = copies.size(3);
+        for (const auto& [h, d] : heads) {
+          const Tensor v = ln->forward(add(*pre, d));  // (B, T, D)
+          for (int64_t r = 0; r < rows; ++r) std::copy(v.data() + r * D, v.data() + (r + 1) * D, y.data() + (r * H + h) * D);
+        }
+        return y;
+      });
+    }
+    for (const auto& [r, d] : ps)
+      if (r.kind == EdgeReceiver::Mlp) {
+        hooks.add_forward(layer_name(l, "hook_resid_mid"), [mid](const Tensor& t, const std::string&) {
+          *mid = t;
+          return Tensor();
+        });
+        LayerNorm* ln = block.ln2.get();
+        const Tensor delta = d;
+        hooks.add_forward(layer_name(l, "ln2.hook_normalized"), [mid, delta, ln](const Tensor&, const std::string&) {
+          return ln->forward(add(*mid, delta));
+        });
+      }
+  }
+  return hooks;
+}
+
+// The metric of the clean run with the patches, through hooks, from the first receiver's block.
+double hooked_patched_metric(TransformerLM& model, const PatchingInputs& in, const Runs& runs,
+                             const std::vector<std::pair<EdgeReceiver, Tensor>>& patches) {
+  const ModelConfig& c = model.cfg;
+  int start = c.n_layers;
+  for (const auto& p : patches) {
+    if (p.first.kind == EdgeReceiver::Mlp && !c.has_mlp()) fail("edges: the model is attention-only: no MLP receivers");
+    if (p.first.kind != EdgeReceiver::Logits) start = std::min(start, p.first.layer);
+  }
+  const Hooks hooks = receiver_hooks(model, patches, runs.resid_final);
+  EvalScope mode(model);
+  NoGradGuard ng;
+  ForwardOptions opt;
+  opt.hooks = &hooks;
+  return edge_metric(model.forward_from(start, start < c.n_layers ? runs.resid_pre[start] : runs.resid_final, opt), in.answers);
+}
+
+// dL/dx of layer norm y = (x - mean) / s * w + b, s = sqrt(var + eps), from g = dL/dy, per row of
+// x (..., D): (g w - mean(g w) - x_hat mean(g w x_hat)) / s with x_hat = (x - mean) / s, in double.
+// The layer norm's own backward, written out because the gradient arrives at a hook after it.
+Tensor layer_norm_input_grad(const Tensor& x, const LayerNorm& ln, const Tensor& gy) {
+  const int64_t D = x.shape().back(), N = x.numel() / D;
+  Tensor gx = Tensor::empty(x.shape());
+  const float* w = ln.weight.data();
+  for (int64_t r = 0; r < N; ++r) {
+    const float* xr = x.data() + r * D;
+    const float* g = gy.data() + r * D;
+    double mu = 0, var = 0;
+    for (int64_t j = 0; j < D; ++j) mu += xr[j];
+    mu /= static_cast<double>(D);
+    for (int64_t j = 0; j < D; ++j) var += (xr[j] - mu) * (xr[j] - mu);
+    const double s = std::sqrt(var / static_cast<double>(D) + ln.eps);
+    double mg = 0, mgx = 0;
+    for (int64_t j = 0; j < D; ++j) {
+      const double gw = static_cast<double>(g[j]) * w[j];
+      mg += gw;
+      mgx += gw * (xr[j] - mu) / s;
+    }
+    mg /= static_cast<double>(D);
+    mgx /= static_cast<double>(D);
+    for (int64_t j = 0; j < D; ++j)
+      gx.data()[r * D + j] = static_cast<float>((static_cast<double>(g[j]) * w[j] - mg - (xr[j] - mu) / s * mgx) / s);
+  }
+  return gx;
+}
+
+// dm/d(each receiver's input) of one clean forward and backward, (B, T, D), in edge_receivers
+// order. q/k/v: the gradient at the head's copy of ln1's output (the split input hooks) taken
+// back through ln1; mlp: at ln2's output taken back through ln2; logits: at ln_final's input.
+std::vector<Tensor> receiver_gradients(TransformerLM& model, const PatchingInputs& in, const Runs& runs) {
+  if (!grad_enabled()) fail("edges: edge attribution needs one backward; run it outside no_grad");
+  const ModelConfig& c = model.cfg;
+  const int L = c.n_layers;
+  std::vector<Tensor> gq(L), gk(L), gv(L), gmlp(L);
+  Hooks hooks;
+  for (int l = 0; l < L; ++l) {
+    hooks.add_backward(layer_name(l, "attn.hook_q_input"), [&gq, l](const Tensor& g, const std::string&) { gq[l] = g.clone(); });
+    hooks.add_backward(layer_name(l, "attn.hook_k_input"), [&gk, l](const Tensor& g, const std::string&) { gk[l] = g.clone(); });
+    hooks.add_backward(layer_name(l, "attn.hook_v_input"), [&gv, l](const Tensor& g, const std::string&) { gv[l] = g.clone(); });
+    if (c.has_mlp())
+      hooks.add_backward(layer_name(l, "ln2.hook_normalized"), [&gmlp, l](const Tensor& g, const std::string&) { gmlp[l] = g.clone(); });
+  }
+  Tensor gfinal;
+  hooks.add_backward(layer_name(L - 1, "hook_resid_post"), [&gfinal](const Tensor& g, const std::string&) { gfinal = g.clone(); });
+  {
+    EvalScope mode(model);
+    ForwardOptions opt;
+    opt.hooks = &hooks;
+    logit_difference(model.forward(in.clean, opt), in.answers).backward();
+    model.zero_grad();  // the parameters' gradients are a by-product
+  }
+  std::vector<Tensor> out;
+  for (const EdgeReceiver& r : edge_receivers(c)) {
+    const int l = r.layer;
+    switch (r.kind) {
+      case EdgeReceiver::Q: case EdgeReceiver::K: case EdgeReceiver::V: {
+        const Tensor& g = r.kind == EdgeReceiver::Q ? gq[l] : r.kind == EdgeReceiver::K ? gk[l] : gv[l];
+        if (!g.defined()) fail("edges: no gradient reached ", r.name());
+        out.push_back(layer_norm_input_grad(runs.resid_pre[l], model.blocks[l]->ln1, head_slice(g, r.head)));
+        break;
+      }
+      case EdgeReceiver::Mlp:
+        if (!gmlp[l].defined()) fail("edges: no gradient reached ", r.name());
+        out.push_back(layer_norm_input_grad(runs.resid_mid[l], *model.blocks[l]->ln2, gmlp[l]));
+        break;
+      case EdgeReceiver::Logits:
+        if (!gfinal.defined()) fail("edges: no gradient reached the logits' input");
+        out.push_back(gfinal);
+        break;
+    }
+  }
+  return out;
+}
+
+double dot(const Tensor& a, const Tensor& b) {
+  double s = 0;
+  const float *x = a.data(), *y = b.data();
+  for (int64_t i = 0; i < a.numel(); ++i) s += static_cast<double>(x[i]) * y[i];
+  return s;
+}
+
+// ---- the fast path of exact edge patching -----------------------------------------------------
+
+// The positions a patched run computes: in row b the first live_len[b] (up to its last answer),
+// packed back to back (n rows); and among them the answers' (out rows). Batches of S patched runs
+// stack S copies of the n packed rows.
+struct Packing {
+  std::vector<int32_t> live_len;
+  Ids rows;                         // (n): packed row -> b * T + t
+  std::vector<int32_t> out_rows;    // packed rows of the answers' positions (each once)
+  std::vector<int64_t> answer_out;  // per answer, its index in out_rows
+  int64_t n = 0;
+
+  Packing(const PatchingInputs& in) {
+    const int64_t B = in.clean.shape[0], T = in.clean.shape[1];
+    live_len.assign(static_cast<size_t>(B), 0);
+    for (const PatchAnswer& a : in.answers) live_len[a.row] = std::max<int32_t>(live_len[a.row], static_cast<int32_t>(a.pos + 1));
+    std::vector<int64_t> start(static_cast<size_t>(B));
+    std::vector<int32_t> flat;
+    for (int64_t b = 0; b < B; ++b) {
+      start[b] = static_cast<int64_t>(flat.size());
+      for (int32_t t = 0; t < live_len[b]; ++t) flat.push_back(static_cast<int32_t>(b * T + t));
+    }
+    n = static_cast<int64_t>(flat.size());
+    rows = Ids(Shape{n}, flat);
+    std::map<int64_t, int64_t> out_of;  // packed row -> index in out_rows
+    for (const PatchAnswer& a : in.answers) out_of.emplace(start[a.row] + a.pos, 0);
+    for (auto& [p, i] : out_of) i = static_cast<int64_t>(out_rows.size()), out_rows.push_back(static_cast<int32_t>(p));
+    for (const PatchAnswer& a : in.answers) answer_out.push_back(out_of[start[a.row] + a.pos]);
+  }
+  Tensor pack(const Tensor& x) const { return gather_rows(x, rows); }  // (B, T, D) -> (n, D)
+  int64_t n_out() const { return static_cast<int64_t>(out_rows.size()); }
+};
+
+// S stacked copies of the packing: live lengths and out rows of the batch.
+struct Stack {
+  std::vector<int32_t> live_len;
+  Ids out_rows;
+  Stack(const Packing& p, int64_t S) : out_rows(Shape{S * p.n_out()}) {
+    for (int64_t j = 0; j < S; ++j) {
+      live_len.insert(live_len.end(), p.live_len.begin(), p.live_len.end());
+      for (int64_t i = 0; i < p.n_out(); ++i) out_rows.data[j * p.n_out() + i] = static_cast<int32_t>(j * p.n + p.out_rows[i]);
+    }
+  }
+};
+
+Tensor tile(const Tensor& x, int64_t S) { return S == 1 ? x : concat(std::vector<Tensor>(static_cast<size_t>(S), x), 0); }
+
+// x (n, D) + each of the S blocks of d (S n, D), broadcast (no copies of x): (S n, D)
+Tensor add_stacked(const Tensor& x, const Tensor& d) {
+  const int64_t n = x.size(0), D = x.size(1);
+  return reshape(add(reshape(d, {d.size(0) / n, n, D}), x), {d.size(0), D});
+}
+
+class FastEdges {
+ public:
+  FastEdges(TransformerLM& model, const PatchingInputs& in, const Runs& runs) : m_(model), c_(model.cfg), in_(in), pk_(in) {
+    for (int l = 0; l < c_.n_layers; ++l) {
+      pre_.push_back(pk_.pack(runs.resid_pre[l]));
+      mid_.push_back(pk_.pack(runs.resid_mid[l]));
+    }
+    final_ = pk_.pack(runs.resid_final);
+    for (const Tensor& d : runs.deltas) deltas_.push_back(pk_.pack(d));
+    // a batch of at most 2^16 rows (or one run)
+    max_stack_ = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, pk_.n));
+  }
+
+  // exact(s -> r) for the given senders of r
+  std::vector<double> receiver(const EdgeReceiver& r, const std::vector<size_t>& senders) {
+    std::vector<double> out;
+    for (size_t at = 0; at < senders.size(); at += static_cast<size_t>(max_stack_)) {
+      const std::vector<size_t> chunk(senders.begin() + static_cast<std::ptrdiff_t>(at),
+                                      senders.begin() + static_cast<std::ptrdiff_t>(std::min(senders.size(), at + static_cast<size_t>(max_stack_))));
+      const int64_t S = static_cast<int64_t>(chunk.size());
+      throw_if_stopped();  // each chunk is a batch of patched runs
+      std::vector<Tensor> ds;
+      for (size_t s : chunk) ds.push_back(deltas_[s]);
+      const Tensor delta = S == 1 ? ds[0] : concat(ds, 0);  // (S n, D)
+      const Tensor logits = patched_logits(r, delta, S);
+      const double base = base_metric(r);
+      for (int64_t j = 0; j < S; ++j) out.push_back(metric(logits, j) - base);
+    }
+    return out;
+  }
+
+ private:
+  // The metric of batch copy j from the answers' logits (S n_out, V).
+  double metric(const Tensor& logits, int64_t j) const {
+    const int64_t V = logits.size(1);
+    double s = 0;
+    for (size_t a = 0; a < in_.answers.size(); ++a) {
+      const float* row = logits.data() + (j * pk_.n_out() + pk_.answer_out[a]) * V;
+      s += static_cast<double>(row[in_.answers[a].clean]) - static_cast<double>(row[in_.answers[a].corrupted]);
+    }
+    return s / static_cast<double>(in_.answers.size());
+  }
+
+  // The unpatched run through the same path, per layer where the patched runs go on (the base of
+  // exact: an edge whose delta is 0 gives 0).
+  double base_metric(const EdgeReceiver& r) {
+    const int key = r.kind == EdgeReceiver::Logits ? c_.n_layers : r.layer;
+    auto it = base_.find(key);
+    if (it != base_.end()) return it->second;
+    const Tensor logits = key == c_.n_layers ? unembed(gather_rows(final_, Stack(pk_, 1).out_rows))
+                                             : after_attention(key, mid_[key], Tensor(), 1);
+    return base_[key] = metric(logits, 0);
+  }
+
+  Tensor unembed(const Tensor& x) const { return m_.head.forward(m_.ln_f->forward(x)); }
+
+  // The rest of block l from its attention's output on, then the later blocks, ln_final and the
+  // head: (S n, D) -> the answers' logits (S n_out, V). mlp_delta (S n, D), if given, is added
+  // to the MLP's input alone.
+  Tensor after_attention(int l, const Tensor& mid_in, const Tensor& mlp_delta, int64_t S) {
+    const Stack st(pk_, S);
+    const bool last = l + 1 == c_.n_layers;
+    const Tensor mid = last ? gather_rows(mid_in, st.out_rows) : mid_in;
+    Tensor x = mid;
+    const TransformerBlock& b = *m_.blocks[l];
+    if (b.ffn) {
+      const Tensor read = mlp_delta.defined() ? add(mid, last ? gather_rows(mlp_delta, st.out_rows) : mlp_delta) : mid;
+      x = add(mid, b.ffn->forward(b.ln2->forward(read)));
+    }
+    if (last) return unembed(x);
+    ForwardOptions opt;
+    opt.live_len = st.live_len;
+    opt.output_rows = &st.out_rows;
+    return m_.forward_from(l + 1, x, opt);
+  }
+
+  // Head h of layer l on its q, k and v (each (S n, dh)): its result z_h W_O[:, h] (S n, D).
+  Tensor head_result(int l, int h, const Tensor& q, const Tensor& k, const Tensor& v, int64_t S) {
+    const MultiHeadAttention& a = m_.blocks[l]->attn;
+    const int64_t dh = c_.head_dim();
+    const Stack st(pk_, S);
+    AttentionArgs args;
+    args.n_heads = 1;
+    args.d_head = static_cast<int>(dh);
+    args.causal = true;
+    args.gates = slice(a.gates, 0, h, h + 1);
+    const Tensor z = attention_varlen(concat({q, k, v}, 1), st.live_len, args);  // (S n, dh)
+    return linear(z, head_cols(a.W_O.weight, h, dh));
+  }
+
+  // Head h's projection `which` (0 q, 1 k, 2 v) of ln1's output x (rows, D): (rows, dh).
+  Tensor project(int l, int h, int which, const Tensor& x) const {
+    const MultiHeadAttention& a = m_.blocks[l]->attn;
+    const Linear& lin = which == 0 ? a.W_Q : which == 1 ? a.W_K : a.W_V;
+    const int64_t dh = c_.head_dim();
+    return linear(x, head_rows(lin.weight, h, dh), lin.bias.defined() ? slice(lin.bias, 0, h * dh, (h + 1) * dh) : Tensor());
+  }
+
+  struct CleanHead {
+    Tensor qkv[3], result;  // (n, dh) each, (n, D)
+  };
+  const CleanHead& clean_head(int l, int h) {
+    auto key = std::make_pair(l, h);
+    auto it = clean_heads_.find(key);
+    if (it != clean_heads_.end()) return it->second;
+    CleanHead ch;
+    const Tensor ln = m_.blocks[l]->ln1.forward(pre_[l]);
+    for (int w = 0; w < 3; ++w) ch.qkv[w] = project(l, h, w, ln);
+    ch.result = head_result(l, h, ch.qkv[0], ch.qkv[1], ch.qkv[2], 1);
+    return clean_heads_[key] = ch;
+  }
+
+  Tensor patched_logits(const EdgeReceiver& r, const Tensor& delta, int64_t S) {
+    const int l = r.layer;
+    switch (r.kind) {
+      case EdgeReceiver::Logits: {
+        const Stack st(pk_, S);
+        return unembed(gather_rows(add_stacked(final_, delta), st.out_rows));
+      }
+      case EdgeReceiver::Mlp: return after_attention(l, S == 1 ? mid_[l] : tile(mid_[l], S), delta, S);
+      default: {
+        // only head h changes in block l: the residual after attention is the clean one plus
+        // (its new result - its clean result)
+        const int which = r.kind == EdgeReceiver::Q ? 0 : r.kind == EdgeReceiver::K ? 1 : 2;
+        const CleanHead& ch = clean_head(l, r.head);
+        Tensor qkv[3];
+        for (int w = 0; w < 3; ++w)
+          qkv[w] = w == which ? project(l, r.head, w, m_.blocks[l]->ln1.forward(add_stacked(pre_[l], delta))) : tile(ch.qkv[w], S);
+        const Tensor result = head_result(l, r.head, qkv[0], qkv[1], qkv[2], S);
+        return after_attention(l, add_stacked(mid_[l], add_stacked(neg(ch.result), result)), Tensor(), S);
+      }
+    }
+  }
+
+  TransformerLM& m_;
+  const ModelConfig& c_;
+  const PatchingInputs& in_;
+  Packing pk_;
+  std::vector<Tensor> pre_, mid_, deltas_;  // packed (n, D)
+  Tensor final_;
+  int64_t max_stack_ = 1;
+  std::map<int, double> base_;
+  std::map<std::pair<int, int>, CleanHead> clean_heads_;
+};
+
+}  // namespace
+
+EdgeResult edge_patching(TransformerLM& model, const PatchingInputs& in, const std::function<void(size_t, size_t)>& progress) {
+  check_edge_inputs(model.cfg, in);
+  const ModelConfig& c = model.cfg;
+  const Runs runs = record_runs(model, in);
+  throw_if_stopped();
+  const std::vector<Tensor> grads = receiver_gradients(model, in, runs);
+  throw_if_stopped();
+  EvalScope mode(model);
+  NoGradGuard ng;
+  FastEdges fast(model, in, runs);
+  EdgeResult res;
+  res.clean_metric = runs.clean_metric;
+  res.corrupted_metric = runs.corrupted_metric;
+  const std::vector<EdgeReceiver> receivers = edge_receivers(c);
+  const std::vector<EdgeSender> senders = edge_senders(c);
+  for (size_t ri = 0; ri < receivers.size(); ++ri) {
+    throw_if_stopped();
+    const EdgeReceiver& r = receivers[ri];
+    std::vector<size_t> from;
+    for (size_t si = 0; si < senders.size(); ++si)
+      if (is_edge(senders[si], r)) from.push_back(si);
+    const std::vector<double> exact = fast.receiver(r, from);
+    for (size_t i = 0; i < from.size(); ++i)
+      res.edges.push_back({senders[from[i]], r, exact[i], dot(runs.deltas[from[i]], grads[ri])});
+    if (progress) progress(ri + 1, receivers.size());
+  }
+  return res;
+}
+
+PathPatchingResult path_patching(TransformerLM& model, const PatchingInputs& in, const EdgeSender& sender,
+                                 const std::vector<EdgeReceiver>& receivers) {
+  check_edge_inputs(model.cfg, in);
+  const ModelConfig& c = model.cfg;
+  if (sender.layer >= c.n_layers || sender.head >= c.n_heads || (sender.layer >= 0 && sender.head < 0))
+    fail("edges: sender ", sender.name(), " is not in the model (", c.n_layers, " layers of ", c.n_heads, " heads)");
+  if (receivers.empty()) fail("edges: path patching of ", sender.name(), " needs at least one receiver");
+  for (size_t i = 0; i < receivers.size(); ++i) {
+    const EdgeReceiver& r = receivers[i];
+    (void)parse_receiver(c, r.name());  // in range, and an MLP only where there is one
+    if (!is_edge(sender, r))
+      fail("edges: ", sender.name(), " is written after ", r.name(), " reads the residual stream (no edge ", sender.name(), " -> ",
+           r.name(), ")");
+    for (size_t j = 0; j < i; ++j)
+      if (receivers[j] == r) fail("edges: receiver ", r.name(), " given twice");
+  }
+  const Runs runs = record_runs(model, in);
+  const Tensor& delta = runs.deltas[sender_index(c, sender)];
+  std::vector<std::pair<EdgeReceiver, Tensor>> patches;
+  for (const EdgeReceiver& r : receivers) patches.push_back({r, delta});
+  PathPatchingResult res;
+  res.clean_metric = runs.clean_metric;
+  res.corrupted_metric = runs.corrupted_metric;
+  res.path = hooked_patched_metric(model, in, runs, patches) - runs.clean_metric;
+  // activation patching of the sender: its output in the clean run taken from the corrupted run
+  EvalScope mode(model);
+  NoGradGuard ng;
+  ActivationCache corrupt;
+  const std::string point = sender.layer < 0 ? "hook_embed" : layer_name(sender.layer, "attn.hook_result");
+  corrupt = model.run_with_cache(in.corrupted, name_is(point)).second;
+  Hooks hooks;
+  const int h = sender.head;
+  hooks.add_forward(point, [&](const Tensor& x, const std::string&) {
+    if (h < 0) return corrupt[point].clone();
+    Tensor y = x.clone();
+    const Tensor& from = corrupt[point];  // (B, T, H, D)
+    const int64_t rows = x.size(0) * x.size(1), H = x.size(2), D = x.size(3);
+    for (int64_t r = 0; r < rows; ++r) std::copy(from.data() + (r * H + h) * D, from.data() + (r * H + h + 1) * D, y.data() + (r * H + h) * D);
+    return y;
+  });
+  ForwardOptions opt;
+  opt.hooks = &hooks;
+  res.activation = edge_metric(model.forward(in.clean, opt), in.answers) - runs.clean_metric;
+  return res;
+}
+
+double patched_receiver_metric(TransformerLM& model, const PatchingInputs& in, const EdgeReceiver& receiver, const Tensor& delta) {
+  check_edge_inputs(model.cfg, in);
+  (void)parse_receiver(model.cfg, receiver.name());
+  const Runs runs = record_runs(model, in);
+  if (delta.shape() != runs.resid_final.shape())
+    fail("edges: delta ", delta.shape().str(), " must be the residual stream's shape ", runs.resid_final.shape().str());
+  return hooked_patched_metric(model, in, runs, {{receiver, delta}});
+}
+
+Tensor receiver_input_gradient(TransformerLM& model, const PatchingInputs& in, const EdgeReceiver& receiver) {
+  check_edge_inputs(model.cfg, in);
+  (void)parse_receiver(model.cfg, receiver.name());
+  const Runs runs = record_runs(model, in);
+  const std::vector<Tensor> g = receiver_gradients(model, in, runs);
+  const std::vector<EdgeReceiver> all = edge_receivers(model.cfg);
+  return g[static_cast<size_t>(std::find(all.begin(), all.end(), receiver) - all.begin())];
+}
+
+}  // namespace hl

@@ -1,0 +1,95 @@
+// Edges between the components of a pre-norm model (docs/circuits.md): exact edge patching,
+// edge attribution patching (Syed et al. 2023) and path patching (Wang et al. 2022).
+//
+// Senders write to the residual stream: `embed` (token + position embeddings) and every head
+// `L{l}H{h}` (its hook_result, W_O's bias excluded). Receivers read it: a head's query, key or
+// value input `L{l}H{h}.q/.k/.v`, the MLP `mlp{l}`, and `logits` (ln_final + unembedding). An
+// edge s -> r exists when s writes before r reads. The base run is the clean input, the source
+// run the corrupted one: delta_s = out_s(corrupted) - out_s(clean), (B, T, d_model).
+// The metric is the mean over the answers of logits[row, pos, clean] - logits[row, pos, corrupted]
+// (raw logit-difference units, not normalised).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "analysis/patching.h"
+
+namespace hl {
+
+struct EdgeSender {
+  int layer = -1, head = -1;  // layer -1: embed
+  std::string name() const;    // "embed", "L0H3"
+  bool operator==(const EdgeSender&) const = default;
+};
+struct EdgeReceiver {
+  enum Kind { Q, K, V, Mlp, Logits } kind = Logits;
+  int layer = -1, head = -1;  // head: q/k/v only; layer: not for logits
+  std::string name() const;    // "L1H2.q", "mlp1", "logits"
+  bool operator==(const EdgeReceiver&) const = default;
+};
+// "embed" / "L0H3", checked against the model (unknown name, layer or head out of range).
+EdgeSender parse_sender(const ModelConfig& cfg, const std::string& name);
+// "L1H2.q" / ".k" / ".v", "mlp1", "logits", likewise (mlp of an attention-only model refused).
+EdgeReceiver parse_receiver(const ModelConfig& cfg, const std::string& name);
+// Whether s writes to the residual stream before r reads it.
+bool is_edge(const EdgeSender& s, const EdgeReceiver& r);
+std::vector<EdgeSender> edge_senders(const ModelConfig& cfg);      // forward order: embed, L0H0, L0H1, ...
+std::vector<EdgeReceiver> edge_receivers(const ModelConfig& cfg);  // forward order: L0H0.q/k/v, L0H1.q ..., mlp0, L1..., logits
+// Every edge: receivers in forward order, for each its senders in forward order.
+std::vector<std::pair<EdgeSender, EdgeReceiver>> model_edges(const ModelConfig& cfg);
+
+struct Edge {
+  EdgeSender sender;
+  EdgeReceiver receiver;
+  double exact = 0, attribution = 0;
+  double linearisation_error() const { return attribution - exact; }
+};
+struct EdgeResult {
+  double clean_metric = 0, corrupted_metric = 0;  // the metric of the clean and the corrupted run
+  std::vector<Edge> edges;                        // model_edges order
+};
+
+// The metric (mean over the answers of the clean minus the corrupted answer's logit), summed in
+// double, from logits (B, T, V).
+double edge_metric(const Tensor& logits, const std::vector<PatchAnswer>& answers);
+// Fails naming the setting for a model these analyses cannot take: post-norm, or grouped-query
+// attention (a head's .k and .v need their own key and value heads).
+void check_edge_model(const ModelConfig& cfg);
+// Fails with one message for what these analyses cannot take: check_edge_model's, clean and corrupted ids of different shapes, no answers, an answer outside the ids
+// or the vocabulary.
+void check_edge_inputs(const ModelConfig& cfg, const PatchingInputs& in);
+// Bytes edge_patching needs for `rows` sequences of T tokens (an upper estimate): the clean and
+// corrupted runs' caches, one delta per sender, the gradients, and one batch of patched runs.
+double edge_patching_memory_bytes(const ModelConfig& cfg, int64_t rows, int64_t T);
+
+// Every edge's exact effect, exact(s -> r) = m(clean run with r alone reading its input +
+// delta_s) - m(clean run), and its attribution, sum of delta_s * dm/d(r's input) from one
+// backward of the clean run. One clean and one corrupted run are cached; each patched run starts
+// at the receiver's block (only the receiving head is recomputed there), computes only the
+// positions up to each row's last answer and, in the last block, only the answer positions, and
+// runs all senders of one receiver as one batch. `progress`, if given, is called with (receivers
+// done, receivers).
+EdgeResult edge_patching(TransformerLM& model, const PatchingInputs& in,
+                         const std::function<void(size_t, size_t)>& progress = {});
+
+// Path patching of `sender` to the set `receivers`: the clean run in which every receiver reads
+// its input in that run + delta_s at once (no other component sees delta_s), minus the clean
+// run's metric. With every reader of s as receivers it equals activation patching of s.
+struct PathPatchingResult {
+  double clean_metric = 0, corrupted_metric = 0;
+  double path = 0;        // m(path-patched run) - m(clean)
+  double activation = 0;  // m(clean run with s's output taken from the corrupted run) - m(clean)
+};
+PathPatchingResult path_patching(TransformerLM& model, const PatchingInputs& in, const EdgeSender& sender,
+                                 const std::vector<EdgeReceiver>& receivers);
+// Every receiver s writes to (its readers).
+std::vector<EdgeReceiver> readers_of(const ModelConfig& cfg, const EdgeSender& sender);
+
+// For tests: the metric of the clean run in which `receiver` reads its input + delta (B, T,
+// d_model), computed through the hooks of a full forward from the receiver's block (the reference
+// the fast path of edge_patching is checked against) ...
+double patched_receiver_metric(TransformerLM& model, const PatchingInputs& in, const EdgeReceiver& receiver, const Tensor& delta);
+// ... and dm/d(receiver's input) of the clean run, (B, T, d_model), as edge_patching uses it.
+Tensor receiver_input_gradient(TransformerLM& model, const PatchingInputs& in, const EdgeReceiver& receiver);
+
+}  // namespace hl

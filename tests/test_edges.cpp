@@ -1,0 +1,292 @@
+// Edges: the partial forward, exact edge patching (fast path against the hooked reference and a
+// model built by hand), edge attribution against finite differences, path patching against
+// activation patching, and the messages of bad input.
+#define BOOST_TEST_MODULE edges
+#include <boost/test/unit_test.hpp>
+#include <cmath>
+#include <cstring>
+
+#include "analysis/edges.h"
+#include "tests/fixtures.h"
+
+using namespace hl;
+using hl::test::error_of;
+using hl::test::test_model;
+
+namespace {
+
+// Every parameter redrawn from N(0, scale^2) (layer norms around 1): effects of order 1, so a
+// wrong index moves results far above round-off.
+void randomise(TransformerLM& m, uint64_t seed, float scale = 0.5f) {
+  Rng rng(seed);
+  for (auto& [name, p] : m.named_parameters()) {
+    const bool norm_weight = name.find("ln") != std::string::npos && name.ends_with(".weight");
+    for (int64_t i = 0; i < p.numel(); ++i) p.data()[i] = (norm_weight ? 1.f : 0.f) + scale * rng.normal();
+  }
+}
+
+// 3 rows of 6 tokens, one token changed per row, answers at later positions.
+PatchingInputs inputs() {
+  PatchingInputs in;
+  in.clean = Ids(Shape{3, 6}, {1, 3, 5, 2, 6, 0, 4, 4, 1, 2, 0, 3, 6, 5, 4, 3, 2, 1});
+  in.corrupted = in.clean;
+  in.corrupted.at(0, 1) = 0;
+  in.corrupted.at(1, 3) = 5;
+  in.corrupted.at(2, 0) = 1;
+  in.answers = {{0, 4, 3, 0}, {1, 5, 2, 5}, {2, 3, 6, 1}, {2, 5, 4, 2}};  // row 2 twice
+  in.source_pos = {1, 3, 0};
+  return in;
+}
+
+// delta_s of every sender (edge_senders order), (B, T, D), computed from the hook points.
+std::vector<Tensor> sender_deltas(TransformerLM& m, const PatchingInputs& in) {
+  EvalScope mode(m);
+  NoGradGuard ng;
+  const ActivationCache c = m.run_with_cache(in.clean, all_names()).second, k = m.run_with_cache(in.corrupted, all_names()).second;
+  std::vector<Tensor> d = {sub(add(k["hook_embed"], k["hook_pos_embed"]), add(c["hook_embed"], c["hook_pos_embed"]))};
+  for (int l = 0; l < m.cfg.n_layers; ++l) {
+    const std::string n = "blocks." + std::to_string(l) + ".attn.hook_result";
+    const Tensor &rc = c[n], &rk = k[n];  // (B, T, H, D)
+    for (int h = 0; h < m.cfg.n_heads; ++h) {
+      Tensor x = Tensor::empty({rc.size(0), rc.size(1), rc.size(3)});
+      const int64_t rows = rc.size(0) * rc.size(1), H = rc.size(2), D = rc.size(3);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < D; ++j) x.data()[r * D + j] = rk.data()[(r * H + h) * D + j] - rc.data()[(r * H + h) * D + j];
+      d.push_back(x);
+    }
+  }
+  return d;
+}
+
+double clean_metric(TransformerLM& m, const PatchingInputs& in) {
+  EvalScope mode(m);
+  NoGradGuard ng;
+  return edge_metric(m.forward(in.clean), in.answers);
+}
+
+// Two float32 computations of one logit difference that sum their products in other orders (per
+// head or stacked, packed rows or not): each logit is a chain of a few dot products of <= 64
+// terms of order 1 through layer norms, so they agree to a few hundred units of round-off.
+constexpr double kTol = 2e-5;
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(forward_from_a_cached_residual_gives_the_forwards_logits_bit_for_bit) {
+  for (int64_t d_ff : {12, 0}) {
+    TransformerLM m(test_model({.layers = 3, .d_ff = d_ff}), 3);
+    randomise(m, 4);
+    const PatchingInputs in = inputs();
+    EvalScope mode(m);
+    NoGradGuard ng;
+    const Tensor full = m.forward(in.clean);
+    const ActivationCache c = m.run_with_cache(in.clean, [](const std::string& n) {
+      return n.ends_with("hook_resid_pre") || n == "blocks.2.hook_resid_post";
+    }).second;
+    for (int l = 0; l <= 3; ++l) {
+      const Tensor from = m.forward_from(l, l < 3 ? c["blocks." + std::to_string(l) + ".hook_resid_pre"] : c["blocks.2.hook_resid_post"]);
+      BOOST_TEST_CONTEXT("d_ff " << d_ff << " layer " << l) {
+        BOOST_TEST(from.shape() == full.shape());
+        BOOST_TEST(std::memcmp(from.data(), full.data(), sizeof(float) * full.numel()) == 0);
+      }
+    }
+    // hooks of the later blocks are honoured: zeroing block 2's attention output changes the logits
+    Hooks hk;
+    hk.add_forward("blocks.2.hook_attn_out", [](const Tensor& x, const std::string&) { return mul_scalar(x, 0.f); });
+    ForwardOptions opt;
+    opt.hooks = &hk;
+    const Tensor hooked = m.forward_from(1, c["blocks.1.hook_resid_pre"], opt), whole = m.forward(in.clean, opt);
+    BOOST_TEST(hooked.to_vector() != full.to_vector());
+    BOOST_TEST(hooked.to_vector() == whole.to_vector());
+    // packed live positions: the forward's live path from the packed embeddings, bit for bit
+    const std::vector<int32_t> live = {5, 0, 6};
+    Ids rows(Shape{11});
+    for (int i = 0; i < 5; ++i) rows.data[i] = i;
+    for (int i = 0; i < 6; ++i) rows.data[5 + i] = 12 + i;
+    Ids out(Shape{2}, {4, 10});
+    ForwardOptions lo;
+    lo.live_len = live;
+    lo.output_rows = &out;
+    const Tensor packed = m.forward_from(0, gather_rows(c["blocks.0.hook_resid_pre"], rows), lo), ref = m.forward(in.clean, lo);
+    BOOST_TEST(packed.to_vector() == ref.to_vector());
+    BOOST_TEST((packed.shape() == Shape{2, 7}));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(edges_are_enumerated_in_forward_order) {
+  const ModelConfig c = test_model();  // 2 layers of 2 heads with MLPs
+  const auto e = model_edges(c);
+  // q/k/v of layer 0: embed only (6); mlp0: embed + 2 heads; layer 1 q/k/v: 3 senders x 6; mlp1 and logits: 5 each
+  BOOST_TEST(e.size() == 6u + 3 + 18 + 5 + 5);
+  std::vector<std::string> first;
+  for (size_t i = 0; i < 10; ++i) first.push_back(e[i].first.name() + ">" + e[i].second.name());
+  BOOST_TEST((first == std::vector<std::string>{"embed>L0H0.q", "embed>L0H0.k", "embed>L0H0.v", "embed>L0H1.q", "embed>L0H1.k",
+                                                 "embed>L0H1.v", "embed>mlp0", "L0H0>mlp0", "L0H1>mlp0", "embed>L1H0.q"}));
+  BOOST_TEST(e.back().first.name() == "L1H1");
+  BOOST_TEST(e.back().second.name() == "logits");
+  BOOST_TEST(model_edges(test_model({.d_ff = 0})).size() == 6u + 18 + 5);  // attention-only: no MLP receivers
+  for (const auto& [s, r] : e) {
+    BOOST_TEST((parse_sender(c, s.name()) == s));
+    BOOST_TEST((parse_receiver(c, r.name()) == r));
+  }
+  BOOST_TEST(readers_of(c, parse_sender(c, "L1H0")).size() == 2u);  // mlp1 and logits
+}
+
+BOOST_AUTO_TEST_CASE(exact_edge_patching_matches_the_hooked_reference_for_every_edge) {
+  for (int64_t d_ff : {12, 0}) {
+    TransformerLM m(test_model({.layers = 3, .d_ff = d_ff}), 5);
+    randomise(m, 6);
+    m.blocks[1]->attn.gates.data()[1] = 0.5f;  // a gated head: its result carries the gate
+    PatchingInputs in = inputs();
+    if (d_ff == 0) in.answers.erase(in.answers.begin() + 1);  // a row without answers: computed nowhere
+    const EdgeResult r = edge_patching(m, in);
+    const auto edges = model_edges(m.cfg);
+    BOOST_TEST_REQUIRE(r.edges.size() == edges.size());
+    const std::vector<Tensor> deltas = sender_deltas(m, in);
+    const double m0 = clean_metric(m, in);
+    BOOST_TEST(r.clean_metric == m0);
+    double biggest = 0;
+    for (size_t i = 0; i < edges.size(); ++i) {
+      const Edge& e = r.edges[i];
+      BOOST_TEST_REQUIRE((e.sender == edges[i].first && e.receiver == edges[i].second));
+      const double ref = patched_receiver_metric(m, in, e.receiver, deltas[e.sender.layer < 0 ? 0 : 1 + e.sender.layer * 2 + e.sender.head]) - m0;
+      BOOST_TEST_CONTEXT(e.sender.name() << " -> " << e.receiver.name()) { BOOST_TEST(std::fabs(e.exact - ref) <= kTol); }
+      biggest = std::max(biggest, std::fabs(ref));
+    }
+    BOOST_TEST(biggest > 0.05);  // the edges carry effects far above the tolerance
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_model_built_by_hand_carries_everything_on_one_path) {
+  // d_model 4, 2 layers of 2 heads of 2, attention-only, no biases, positions zero. Tokens 0 and 1
+  // embed as (1,-1,0,0) and (-1,1,0,0); W_Q = W_K = 0 (uniform causal attention); every W_V and
+  // W_O zero but L1H0's: v = ln1(x)_0, written as (0, 0, z, -z). Logits of tokens 2 and 3 read
+  // dims 2 and 3, so the logit difference is (z + z) / s with s ln_final's divisor.
+  ModelConfig c = test_model({.vocab = 4, .d_model = 4, .d_ff = 0, .attn_bias = false});
+  TransformerLM m(c, 1);
+  for (auto& [name, p] : m.named_parameters())
+    for (int64_t i = 0; i < p.numel(); ++i) p.data()[i] = name.find("ln") != std::string::npos && name.ends_with(".weight") ? 1.f : 0.f;
+  m.tok_emb.weight.at({0, 0}) = 1, m.tok_emb.weight.at({0, 1}) = -1;
+  m.tok_emb.weight.at({1, 0}) = -1, m.tok_emb.weight.at({1, 1}) = 1;
+  m.blocks[1]->attn.W_V.weight.at({0, 0}) = 1;   // head 0's first value dim reads ln1(x)_0
+  m.blocks[1]->attn.W_O.weight.at({2, 0}) = 1;   // ... written to dim 2
+  m.blocks[1]->attn.W_O.weight.at({3, 0}) = -1;  // and minus it to dim 3
+  m.head.weight.at({2, 2}) = 1, m.head.weight.at({3, 3}) = 1;
+  PatchingInputs in;
+  in.clean = Ids(Shape{1, 4}, {0, 0, 0, 0});
+  in.corrupted = Ids(Shape{1, 4}, {0, 1, 0, 0});
+  in.answers = {{0, 3, 2, 3}};
+  // by hand: ln1 of (+-1, -+1, 0, 0) is that / s1, s1 = sqrt(0.5 + eps); at position 3 the head
+  // averages 4 values: clean z = 1/s1, corrupted z = (1 - 1 + 1 + 1) / 4 / s1
+  const double eps = c.layer_norm_eps, s1 = std::sqrt(0.5 + eps);
+  auto metric = [&](double z) { return 2 * z / std::sqrt((1 + z * z) / 2 + eps); };
+  const double clean = metric(1 / s1), corrupted = metric(0.5 / s1), carried = corrupted - clean;
+  const EdgeResult r = edge_patching(m, in);
+  BOOST_TEST(std::fabs(r.clean_metric - clean) <= 1e-6);
+  BOOST_TEST(std::fabs(r.corrupted_metric - corrupted) <= 1e-6);
+  BOOST_TEST(std::fabs(carried) > 0.3);
+  for (const Edge& e : r.edges) {
+    const std::string name = e.sender.name() + " -> " + e.receiver.name();
+    // the path embed -> L1H0.v -> logits carries the whole effect; nothing else carries any
+    const bool on_path = name == "embed -> L1H0.v" || name == "L1H0 -> logits";
+    BOOST_TEST_CONTEXT(name) {
+      if (on_path) BOOST_TEST(std::fabs(e.exact - carried) <= 1e-6);
+      else BOOST_TEST(std::fabs(e.exact) <= 1e-6);
+      BOOST_TEST(e.linearisation_error() == e.attribution - e.exact);
+    }
+  }
+  // the flip turns ln1's input into its negative, along which layer norm is flat (but for eps):
+  // attribution sees almost nothing of what the edge carries. By hand: d ln1(x)_0 . delta =
+  // (-2 + 1/s1^2) / s1 at position 1, times dm/dz / 4.
+  const double z = 1 / s1, s = std::sqrt((1 + z * z) / 2 + eps), dm_dz = 2 / s - z * z / (s * s * s);
+  const double attr = dm_dz / 4 * (-2 + 1 / (s1 * s1)) / s1;
+  for (const Edge& e : r.edges)
+    if (e.sender.name() == "embed" && e.receiver.name() == "L1H0.v") {
+      BOOST_TEST(std::fabs(attr) < 1e-3);
+      BOOST_TEST(std::fabs(e.attribution - attr) <= 1e-6);
+    }
+}
+
+BOOST_AUTO_TEST_CASE(attribution_is_the_limit_of_exact_patching_of_a_shrinking_delta) {
+  // attribution(s -> r) = grad . delta_s; central differences of the hooked exact patching with
+  // +-eps delta_s check the gradient at every kind of receiver (through ln1 per head, ln2, ln_final)
+  TransformerLM m(test_model({.layers = 2}), 7);
+  randomise(m, 8);
+  const PatchingInputs in = inputs();
+  const EdgeResult r = edge_patching(m, in);
+  const std::vector<Tensor> deltas = sender_deltas(m, in);
+  const double h = 1e-2;
+  int checked = 0;
+  for (const Edge& e : r.edges) {
+    const Tensor& d = deltas[e.sender.layer < 0 ? 0 : 1 + e.sender.layer * 2 + e.sender.head];
+    const double up = patched_receiver_metric(m, in, e.receiver, mul_scalar(d, static_cast<float>(h)));
+    const double down = patched_receiver_metric(m, in, e.receiver, mul_scalar(d, static_cast<float>(-h)));
+    const double fd = (up - down) / (2 * h);
+    // error: O(h^2) of the third derivative, plus the metric's round-off (~1e-6) / h
+    BOOST_TEST_CONTEXT(e.sender.name() << " -> " << e.receiver.name()) {
+      BOOST_TEST(std::fabs(fd - e.attribution) <= 1e-3 * (1 + std::fabs(e.attribution)));
+    }
+    ++checked;
+  }
+  BOOST_TEST(checked == 6 + 3 + 18 + 5 + 5);
+  // and receiver_input_gradient is the gradient attribution uses
+  const Tensor g = receiver_input_gradient(m, in, parse_receiver(m.cfg, "L1H1.k"));
+  double dot = 0;
+  for (int64_t i = 0; i < g.numel(); ++i) dot += static_cast<double>(g.data()[i]) * deltas[1].data()[i];
+  for (const Edge& e : r.edges)
+    if (e.sender.name() == "L0H0" && e.receiver.name() == "L1H1.k") BOOST_TEST(e.attribution == dot);
+}
+
+BOOST_AUTO_TEST_CASE(path_patching_to_every_reader_is_activation_patching_of_the_sender) {
+  for (int64_t d_ff : {12, 0}) {
+    TransformerLM m(test_model({.layers = 3, .d_ff = d_ff}), 9);
+    randomise(m, 10);
+    const PatchingInputs in = inputs();
+    for (const EdgeSender& s : edge_senders(m.cfg)) {
+      const PathPatchingResult p = path_patching(m, in, s, readers_of(m.cfg, s));
+      BOOST_TEST_CONTEXT("d_ff " << d_ff << " " << s.name()) {
+        BOOST_TEST(std::fabs(p.path - p.activation) <= kTol);
+        BOOST_TEST(p.clean_metric == clean_metric(m, in));
+      }
+    }
+    // one receiver: path patching is that edge's exact patching
+    const EdgeResult r = edge_patching(m, in);
+    for (const Edge& e : r.edges)
+      if (e.sender.name() == "L0H1" && (e.receiver.name() == "L2H0.v" || e.receiver.name() == "logits"))
+        BOOST_TEST(std::fabs(path_patching(m, in, e.sender, {e.receiver}).path - e.exact) <= kTol);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(bad_input_is_refused_with_one_message) {
+  TransformerLM m(test_model(), 1);
+  const ModelConfig& c = m.cfg;
+  auto has = [](const std::string& msg, const std::string& part) {
+    BOOST_TEST_CONTEXT(msg) { BOOST_TEST(msg.find(part) != std::string::npos); }
+  };
+  has(error_of([&] { parse_sender(c, "head3"); }), "unknown sender 'head3'");
+  has(error_of([&] { parse_sender(c, "L2H0"); }), "layer 2 is outside 0..1");
+  has(error_of([&] { parse_sender(c, "L0H5"); }), "head 5 is outside 0..1");
+  has(error_of([&] { parse_receiver(c, "L0H0.x"); }), "unknown receiver 'L0H0.x'");
+  has(error_of([&] { parse_receiver(c, "mlp7"); }), "layer 7 is outside 0..1");
+  has(error_of([&] { parse_receiver(test_model({.d_ff = 0}), "mlp0"); }), "attention-only");
+  PatchingInputs in = inputs();
+  has(error_of([&] { path_patching(m, in, parse_sender(c, "L1H0"), {parse_receiver(c, "L1H1.q")}); }),
+      "L1H0 is written after L1H1.q reads");
+  has(error_of([&] { path_patching(m, in, parse_sender(c, "L0H0"), {}); }), "at least one receiver");
+  has(error_of([&] { path_patching(m, in, parse_sender(c, "L0H0"), {parse_receiver(c, "logits"), parse_receiver(c, "logits")}); }),
+      "given twice");
+  PatchingInputs none = in;
+  none.answers.clear();
+  has(error_of([&] { edge_patching(m, none); }), "no answers");
+  PatchingInputs shorter = in;
+  shorter.corrupted = Ids(Shape{3, 5});
+  has(error_of([&] { edge_patching(m, shorter); }), "must be (B, T) of one shape");
+  PatchingInputs outside = in;
+  outside.answers[0].pos = 6;
+  has(error_of([&] { edge_patching(m, outside); }), "is outside the ids");
+  TransformerLM post(test_model({.norm = Norm::Post}), 1);
+  has(error_of([&] { edge_patching(post, in); }), "post-norm (norm = post)");
+  TransformerLM gqa(test_model({.heads = 2, .kv_heads = 1}), 1);
+  has(error_of([&] { edge_patching(gqa, in); }), "n_kv_heads 1 of n_heads 2");
+  has(error_of([&] { m.forward_from(3, Tensor::zeros({1, 2, 8})); }), "layer 3 is outside 0..2");
+  has(error_of([&] { m.forward_from(0, Tensor::zeros({1, 2, 5})); }), "(B, T, 8)");
+}
