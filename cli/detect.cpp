@@ -24,10 +24,15 @@ int run_detect(const RoleOpts& o) {
   // the sequences --run uses at every snapshot (train/over_training.h)
   const std::vector<Batch> data =
       detector_data(m.model->cfg, head_score_options(o), [&]() -> const Task& { return role_task(m, o.checkpoint); });
-  // one forward per batch of up to 64 sequences, every layer's patterns cached, no logits
+  // one forward per batch of up to 64 sequences without a graph or logits: one block's
+  // activations at a time, and every layer's (rows, H, T, T) patterns cached
   const ModelConfig& cfg = m.model->cfg;
   const int64_t rows = data[0].size(), T = data[0].inputs.shape[1];
-  announce_memory("detect", estimate_step_bytes(cfg, rows, T, false, false) - 4.0 * static_cast<double>(parameter_count(cfg)),
+  ModelConfig one_block = cfg;
+  one_block.n_layers = 1;
+  const double block_bytes = estimate_step_bytes(one_block, rows, T, false, false) - 4.0 * static_cast<double>(parameter_count(one_block));
+  const double pattern_bytes = 4.0 * cfg.n_layers * static_cast<double>(rows * cfg.n_heads) * static_cast<double>(T * T);
+  announce_memory("detect", block_bytes + pattern_bytes,
                   "batches of " + std::to_string(rows) + " sequences of " + std::to_string(T) + " tokens",
                   o.data == "task" ? "--examples (batches hold up to 64)"
                                    : "--length (the sequences are " + std::to_string(T) + " tokens) or --examples (batches hold up to 64)");
