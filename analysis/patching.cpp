@@ -13,7 +13,28 @@
 
 namespace hl {
 
-PatchingInputs corrupt_one_symbol(const Batch& b, int alphabet, uint64_t seed) {
+Corruption parse_corruption(const std::string& name) {
+  if (name == "source") return Corruption::Source;
+  if (name == "previous") return Corruption::Previous;
+  fail("unknown corruption '", name, "' (source or previous)");
+}
+
+std::string to_string(Corruption c) { return c == Corruption::Source ? "source" : "previous"; }
+
+namespace {
+// Previous: the token before source position p is the answer position's token (the context the
+// answer follows) and occurs once before the answer position.
+bool previous_is_the_context(const Batch& b, int64_t r, int64_t p, int64_t at) {
+  if (p < 1 || at <= p) return false;
+  const int32_t c = b.inputs.at(r, p - 1);
+  if (b.inputs.at(r, at) != c) return false;
+  int seen = 0;
+  for (int64_t t = 0; t < at; ++t) seen += b.inputs.at(r, t) == c;
+  return seen == 1;
+}
+}  // namespace
+
+PatchingInputs corrupt_one_symbol(const Batch& b, int alphabet, uint64_t seed, Corruption corruption) {
   const int64_t B = b.size(), T = b.inputs.shape[1];
   Rng rng(seed);
   std::vector<int64_t> rows;
@@ -31,7 +52,9 @@ PatchingInputs corrupt_one_symbol(const Batch& b, int alphabet, uint64_t seed) {
       for (int64_t t = 0; t < prompt; ++t) in_prompt += b.inputs.at(r, t) == s;
       for (int64_t t = 0; t < T; ++t)
         if (b.targets.at(r, t) == s) ++answers, at = t;
-      if (in_prompt == 1 && answers == 1 && at >= p) choices.push_back({p, at});
+      if (in_prompt == 1 && answers == 1 && at >= p &&
+          (corruption == Corruption::Source || previous_is_the_context(b, r, p, at)))
+        choices.push_back({p, at});
     }
     if (prompt == 0)  // language-modelling rows (tokens, text): the source may be anywhere before
       for (int64_t p = 0; p < T; ++p) {
@@ -43,7 +66,8 @@ PatchingInputs corrupt_one_symbol(const Batch& b, int alphabet, uint64_t seed) {
         if (at >= T) continue;
         int seen = 0;
         for (int64_t t = 0; t <= at; ++t) seen += b.inputs.at(r, t) == s;
-        if (seen == 1) choices.push_back({p, at});
+        if (seen == 1 && (corruption == Corruption::Source || previous_is_the_context(b, r, p, at)))
+          choices.push_back({p, at});
       }
     std::vector<int32_t> unused;
     for (int32_t s = 0; s < alphabet; ++s)
@@ -53,8 +77,11 @@ PatchingInputs corrupt_one_symbol(const Batch& b, int alphabet, uint64_t seed) {
     const int32_t corrupt = unused[rng.next_u64() % unused.size()];
     rows.push_back(r);
     in.answers.push_back({static_cast<int64_t>(rows.size()) - 1, at, b.inputs.at(r, p), corrupt});
-    in.source_pos.push_back(p);
+    in.source_pos.push_back(corruption == Corruption::Source ? p : p - 1);
   }
+  if (rows.empty() && corruption == Corruption::Previous)
+    fail("patching: no row has a token to corrupt before an answer's source (a unique source symbol whose copy is an "
+         "answer, preceded by the answer position's token seen once, and a symbol the row does not use)");
   if (rows.empty()) fail("patching: no row has a symbol that can be corrupted (a unique source symbol whose copy is an answer, and a symbol the row does not use)");
   const int64_t R = static_cast<int64_t>(rows.size());
   in.clean = Ids(Shape{R, T});

@@ -23,14 +23,25 @@ struct PatchingInputs {
   std::vector<int64_t> source_pos;  // per row, the position changed
 };
 
+// Which token of a row corrupt_one_symbol replaces. Source: the answer's earlier occurrence (what
+// an induction head copies, through its value input). Previous: the token just before that
+// occurrence, when it is the token the answer follows (what an induction head's key matches,
+// through the previous-token head); the answer's token itself stays.
+enum class Corruption { Source, Previous };
+Corruption parse_corruption(const std::string& name);  // "source" | "previous"
+std::string to_string(Corruption c);
+
 // From a task's held-out batch: in each row, one source symbol (unique in the row, and its copy
 // counted exactly once among the targets) is replaced by a symbol the row does not use; the
 // answer is the target position of that copy. For tasks whose rows repeat their prompt (copy,
 // reverse, varcopy, induction); in rows without a prompt (tokens, text) the source is a symbol
 // seen exactly once up to a later position whose target it is (e.g. the first copy of a repeat).
 // `alphabet` = the symbols that may be used; rows with no such symbol are left out. Fails when no
-// row qualifies.
-PatchingInputs corrupt_one_symbol(const Batch& batch, int alphabet, uint64_t seed);
+// row qualifies. With Corruption::Previous the token before the source is replaced instead, in
+// rows where it is the answer position's token and seen once before it (so the corrupted row
+// has no earlier match for the answer's context); the corrupted answer is the replacement symbol.
+PatchingInputs corrupt_one_symbol(const Batch& batch, int alphabet, uint64_t seed,
+                                  Corruption corruption = Corruption::Source);
 
 // Mean over answers of logits[row, pos, clean] - logits[row, pos, corrupted]: a one-element tensor,
 // differentiable in the logits.

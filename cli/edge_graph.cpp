@@ -132,6 +132,11 @@ void write_edge_graph_png(const json& edges_json, int top, const std::string& pn
     for (int h = 0; h < H; ++h) nodes.push_back({static_cast<double>(h), l + 1.0, "L" + std::to_string(l) + "H" + std::to_string(h)});
     if (g.has_mlp) nodes.push_back({static_cast<double>(H), l + 1.4, "mlp" + std::to_string(l)});
   }
+  const int width = std::max(640, 105 * (H + 1) + 60), height = std::max(480, 130 * (L + 2) + 90);
+  // The nodes are drawn a fixed number of pixels wide, so the arrows' ends are placed in pixels too:
+  // ~16 px below a node's centre, and ~17 px left (q) or right (v) of it.
+  const double x_span = (g.has_mlp ? H : std::max(H - 1, 1)) + 1.4, y_span = L + 2.0;
+  const double end_dx = 17.0 * x_span / width, end_dy = 16.0 * y_span / height;
   double largest = 0;
   for (size_t i : shown) largest = std::max(largest, std::abs(g.edges[i].exact));
   std::vector<GraphArrow> arrows;
@@ -143,9 +148,9 @@ void write_edge_graph_png(const json& edges_json, int top, const std::string& pn
     auto [x0, y0] = place(s);
     auto [x1, y1] = place(r);
     // q, k and v inputs: the arrow ends at the node's lower left, middle or right, solid, dashed, dotted
-    const double dx = r.component == 'q' ? -0.17 : r.component == 'v' ? 0.17 : 0;
+    const double dx = r.component == 'q' ? -end_dx : r.component == 'v' ? end_dx : 0;
     const int dash = r.component == 'k' ? 2 : r.component == 'v' ? 3 : 1;
-    arrows.push_back({x0, y0 + 0.13, x1 + dx, y1 - 0.13, 0.6 + 5.4 * (largest > 0 ? std::abs(e.exact) / largest : 0),
+    arrows.push_back({x0, y0 + end_dy, x1 + dx, y1 - end_dy, 0.6 + 5.4 * (largest > 0 ? std::abs(e.exact) / largest : 0),
                       e.exact >= 0 ? "#2166ac" : "#b2182b", dash});
   }
   char line[200];
@@ -155,7 +160,7 @@ void write_edge_graph_png(const json& edges_json, int top, const std::string& pn
       "receiver's input: q solid, to the node's left; k dashed, middle; v dotted, right"};
   std::ostringstream title;
   title << "Edges: exact edge patching, logit difference (clean " << g.clean_metric << ", corrupted " << g.corrupted_metric << ")";
-  plot_graph(png_path, title.str(), nodes, arrows, legend, std::max(640, 105 * (H + 1) + 60), std::max(480, 130 * (L + 2) + 90));
+  plot_graph(png_path, title.str(), nodes, arrows, legend, width, height);
 }
 
 }  // namespace hl

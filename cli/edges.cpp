@@ -1,5 +1,5 @@
 // headlab edges: exact edge patching and edge attribution of every edge of a checkpoint's model
-// on its task's rows with one source symbol corrupted (the inputs of headlab patch): flags ->
+// on its task's rows with one token corrupted (the inputs of headlab patch): flags ->
 // edge_patching -> a table of the top edges, edges.json, edges.csv and inputs.safetensors in --out.
 // With --path-from (and --to), path patching of one sender: printed, no files.
 #include <algorithm>
@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "analysis/edges.h"
+#include "cli/edge_graph.h"
 #include "cli/progress.h"
 #include "cli/roles.h"
 #include "lib/fileutil.h"
@@ -40,7 +41,7 @@ std::vector<std::string> split_commas(const std::string& text) {
   }
 }
 
-int run_path(const EdgeFlags& f, RoleModel& m, const PatchingInputs& in) {
+int run_path(const RoleOpts& o, const EdgeFlags& f, RoleModel& m, const PatchingInputs& in) {
   const ModelConfig& c = m.model->cfg;
   const EdgeSender s = parse_sender(c, f.path_from);
   std::vector<EdgeReceiver> receivers;
@@ -50,9 +51,9 @@ int run_path(const EdgeFlags& f, RoleModel& m, const PatchingInputs& in) {
   const PathPatchingResult p = path_patching(*m.model, in, s, receivers);
   std::string names;
   for (const EdgeReceiver& r : receivers) names += (names.empty() ? "" : ", ") + r.name();
-  std::printf("path patching of %s, %zu answers of task %s (one source symbol corrupted); logit difference clean %.4f, corrupted "
-              "%.4f\nreceivers: %s\n\n",
-              s.name().c_str(), in.answers.size(), m.config.name.c_str(), p.clean_metric, p.corrupted_metric,
+  std::printf("path patching of %s, %zu answers of task %s (one %s token corrupted per row); logit difference clean %.4f, "
+              "corrupted %.4f\nreceivers: %s\n\n",
+              s.name().c_str(), in.answers.size(), m.config.name.c_str(), o.corrupt.c_str(), p.clean_metric, p.corrupted_metric,
               f.to.empty() ? ("all " + std::to_string(receivers.size()) + " readers").c_str() : names.c_str());
   print_table({{"patched", "metric - clean"},
                {"path: " + s.name() + " -> the receivers", fixed(p.path, 4)},
@@ -67,7 +68,7 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
   check_edge_model(m.model->cfg);  // before the data is made
   if (!f.path_from.empty()) (void)parse_sender(m.model->cfg, f.path_from);
   const PatchingInputs in = role_patching_inputs(m, o, edge_patching_memory_bytes, "edges");
-  if (!f.path_from.empty()) return run_path(f, m, in);
+  if (!f.path_from.empty()) return run_path(o, f, m, in);
   EdgeResult r;
   {
     ProgressBar bar("edges", static_cast<int64_t>(edge_receivers(m.model->cfg).size()), stderr_is_terminal());
@@ -91,7 +92,8 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
     exact[0].push_back(e.exact);
     attribution[0].push_back(e.attribution);
   }
-  const nlohmann::json j = {{"metric", "logit_difference"}, {"clean_metric", r.clean_metric}, {"corrupted_metric", r.corrupted_metric},
+  const nlohmann::json j = {{"metric", "logit_difference"}, {"corruption", o.corrupt},
+                            {"clean_metric", r.clean_metric}, {"corrupted_metric", r.corrupted_metric},
                             {"n_layers", c.n_layers},       {"n_heads", c.n_heads},           {"has_mlp", c.has_mlp()},
                             {"edges", edges}};
   SafetensorsWriter st;
@@ -114,17 +116,17 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
     table.push_back({std::to_string(k + 1), e.sender.name(), e.receiver.name(), fixed(e.exact, 4), fixed(e.attribution, 4),
                      fixed(e.linearisation_error(), 4)});
   }
-  std::printf("edge patching, %zu edges, %zu answers of task %s (one source symbol corrupted); logit difference clean %.4f, "
+  std::printf("edge patching, %zu edges, %zu answers of task %s (one %s token corrupted per row); logit difference clean %.4f, "
               "corrupted %.4f\nexact = the metric with the receiver alone reading the sender's corrupted output, minus the "
               "clean run's (negative: the edge carries what the clean answer needs); attribution = its first-order estimate\n\n",
-              r.edges.size(), in.answers.size(), m.config.name.c_str(), r.clean_metric, r.corrupted_metric);
+              r.edges.size(), in.answers.size(), m.config.name.c_str(), o.corrupt.c_str(), r.clean_metric, r.corrupted_metric);
   print_table(table);
   std::printf("\ncorrelation of attribution with exact over all edges: %.3f\n", pearson(exact, attribution));
   write_file_atomic(out + "/edges.json", j.dump(2) + "\n");
   write_file_atomic(out + "/edges.csv", csv);
   st.write(out + "/inputs.safetensors");
-  // edge graph PNG: wired by the lead
-  std::printf("wrote %s/edges.json, edges.csv, inputs.safetensors\n", out.c_str());
+  write_edge_graph_png(j, f.top, out + "/edges.png");  // the --top edges, drawn by layer
+  std::printf("wrote %s/edges.json, edges.csv, inputs.safetensors, edges.png\n", out.c_str());
   return 0;
 }
 
@@ -139,8 +141,9 @@ void add_edges_command(CLI::App& app, CommandRunner& runner) {
                                    "Exact edge patching and edge attribution of every edge (heads' q/k/v, MLPs, logits); with "
                                    "--path-from, path patching of one sender",
                                    nullptr, defaults);
-  sub->add_option("--rows", o->examples, "Held-out rows, one source symbol corrupted in each (the same as --examples)")
+  sub->add_option("--rows", o->examples, "Held-out rows, one token corrupted in each (--corrupt; the same as --examples)")
       ->check(in_range(1, 1e6));
+  add_corrupt_option(sub, *o);
   sub->add_option("--top", flags->top, "Edges in the printed table (largest |exact| first)")->capture_default_str()->check(in_range(0, 1e9));
   sub->add_option("--path-from", flags->path_from,
                   "Path patching instead: this sender (embed or L{layer}H{head}) to the --to receivers; prints the result beside "

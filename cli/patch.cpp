@@ -54,11 +54,11 @@ int run_generic_patch(const RoleOpts& o, const std::string& out, RoleModel& m, c
     row.push_back(fixed(g.values[flat], 4));
     table.push_back(row);
   }
-  std::printf("activation patching of %s over %s, %zu rows of %s (one source symbol corrupted); logit difference clean %.4f, "
+  std::printf("activation patching of %s over %s, %zu rows of %s (one %s token corrupted per row); logit difference clean %.4f, "
               "corrupted %.4f; restored fraction: 1 = the clean run's, 0 = the corrupted run's\n\n",
               o.hook.c_str(), o.axes.empty() ? (axes[0] + (axes.size() > 1 ? "," + axes[1] : "")).c_str() : o.axes.c_str(),
-              in.answers.size(), (o.data == "probe" ? "the repeat probe" : "task " + m.config.name).c_str(), g.clean_metric,
-              g.corrupted_metric);
+              in.answers.size(), (o.data == "probe" ? "the repeat probe" : "task " + m.config.name).c_str(), o.corrupt.c_str(),
+              g.clean_metric, g.corrupted_metric);
   if (table.size() <= 65) print_table(table);
   else std::printf("(%zu values: see the CSV)\n", g.values.size());
   write_file_atomic(out + "/patch_" + stem + ".csv", csv);
@@ -87,10 +87,10 @@ int run_patch(const RoleOpts& o) {
   if (!o.hook.empty()) return run_generic_patch(o, out, m, in);
   const PatchingResult r = activation_patching(*m.model, in);
   claim_output_dir(out, "patch");
-  std::printf("activation patching, %zu rows of %s (one source symbol corrupted); logit difference clean %.4f, "
+  std::printf("activation patching, %zu rows of %s (one %s token corrupted per row); logit difference clean %.4f, "
               "corrupted %.4f; 1 = the clean run's, 0 = the corrupted run's\n\nper head (hook_z):\n\n",
-              in.answers.size(), (o.data == "probe" ? "the repeat probe" : "task " + m.config.name).c_str(), r.clean_metric,
-              r.corrupted_metric);
+              in.answers.size(), (o.data == "probe" ? "the repeat probe" : "task " + m.config.name).c_str(), o.corrupt.c_str(),
+              r.clean_metric, r.corrupted_metric);
   write_patch_files(out, r);
   std::printf("\ncorrelation of attribution with exact patching: heads %.3f, residual positions %.3f\n", r.z_correlation,
               r.resid_correlation);
@@ -115,6 +115,7 @@ void add_patch_command(CLI::App& app, CommandRunner& runner) {
   sub->add_option("--length", o->length, "probe: the longest block repeated (sequences of 2 x --length tokens); 0 = min(16, max_seq_len / 2)")
       ->capture_default_str()->check(in_range(0, 1 << 19));
   add_run_option(sub, *o);
+  add_corrupt_option(sub, *o);
   sub->add_option("--hook", o->hook,
                   "Patch this hook point over --axes instead (e.g. hook_z, hook_resid_pre, attn.hook_q_input; a full name "
                   "such as blocks.1.attn.hook_z takes no layer axis)");

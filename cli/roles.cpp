@@ -170,11 +170,19 @@ PatchingInputs role_patching_inputs(RoleModel& m, const RoleOpts& o, double (*by
   announce_memory(command, bytes(cfg, o.examples, T) - 4.0 * static_cast<double>(parameter_count(cfg)),
                   std::to_string(o.examples) + " sequences of " + std::to_string(T) + " tokens in one batch",
                   probe ? "--examples or --length" : "--examples");
-  if (probe) return corrupt_one_symbol(concat_rows(varied_repeat_probe(o.examples, k, static_cast<int>(cfg.vocab_size), o.seed)),
-                                       static_cast<int>(cfg.vocab_size), o.seed);
+  if (probe)
+    return corrupt_one_symbol(concat_rows(varied_repeat_probe(o.examples, k, static_cast<int>(cfg.vocab_size), o.seed)),
+                              static_cast<int>(cfg.vocab_size), o.seed, parse_corruption(o.corrupt));
   const Task& task = role_task(m, o.checkpoint);
   const std::vector<Batch> held = task.held_out(o.examples, o.seed, o.examples);
-  return corrupt_one_symbol(held[0], task.symbols(), o.seed);
+  return corrupt_one_symbol(held[0], task.symbols(), o.seed, parse_corruption(o.corrupt));
+}
+
+void add_corrupt_option(CLI::App* sub, RoleOpts& opts) {
+  sub->add_option("--corrupt", opts.corrupt,
+                  "Token each row's corrupted copy changes: source (the answer's earlier occurrence: what is copied) or "
+                  "previous (the token before it, which the answer follows: what an induction head's key matches)")
+      ->capture_default_str()->check(CLI::IsMember({"source", "previous"}));
 }
 
 Heatmap head_heatmap(const std::string& title, const HeadGrid& g, const std::string& row_prefix, const std::string& col_prefix) {

@@ -29,6 +29,7 @@ struct RoleOpts {
   std::string hook, kind = "zero", positions, axes;
   int head = -1;
   bool per_position = false;
+  std::string corrupt = "source";  // patch and edges: which token corrupt_one_symbol replaces
 };
 // "1,4,7" -> {1, 4, 7} (empty text: empty), each checked as a whole number >= 0; `flag` names it.
 std::vector<int64_t> parse_positions_flag(const std::string& text, const std::string& flag);
@@ -67,10 +68,12 @@ RoleModel load_role_model(const RoleOpts& o);
 const Task& role_task(RoleModel& m, const std::string& checkpoint);
 // The inputs of patch and edges: o.examples held-out rows of the task (seed o.seed), or with
 // `probe` random tokens with a block of up to o.length repeated (any model, e.g. GPT-2's), with
-// one source symbol corrupted in each (corrupt_one_symbol), after `command` has said that
-// `bytes(cfg, rows, T)` (the analysis's memory estimate) fits (announce_memory).
+// one token corrupted in each (corrupt_one_symbol; o.corrupt: source or previous), after
+// `command` has said that `bytes(cfg, rows, T)` (the analysis's memory estimate) fits.
 PatchingInputs role_patching_inputs(RoleModel& m, const RoleOpts& o, double (*bytes)(const ModelConfig&, int64_t, int64_t),
                                     const std::string& command, bool probe = false);
+// --corrupt source|previous (patch and edges): which token of each row the corrupted run changes.
+void add_corrupt_option(CLI::App* sub, RoleOpts& opts);
 // A (layers, heads) grid as a heatmap with rows named row_prefix + l and columns col_prefix + h.
 Heatmap head_heatmap(const std::string& title, const HeadGrid& g, const std::string& row_prefix, const std::string& col_prefix);
 // One table (printed unless quiet) and CSV with a row per (layer, head) and a column per grid.

@@ -341,9 +341,9 @@ void bind_analyses(py::module_& m) {
      py::arg("alphabet") = py::none(),
      "Patching per head (hook_z, (L, H)) and per residual position ((L, T)), exact and attribution, normalised clean=1, corrupted=0");
   // ---- ablations by hook name and generic activation patching ------------------------------------
-  m.def("corrupt_one_symbol", [](const PyTask& task, const PyData& data, uint64_t seed) {
+  m.def("corrupt_one_symbol", [](const PyTask& task, const PyData& data, uint64_t seed, const std::string& corrupt) {
     if (data.batches.empty()) throw py::value_error("corrupt_one_symbol: no data");
-    const PatchingInputs in = corrupt_one_symbol(data.batches[0], task.task->symbols(), seed);
+    const PatchingInputs in = corrupt_one_symbol(data.batches[0], task.task->symbols(), seed, parse_corruption(corrupt));
     py::dict d;
     d["clean"] = ids_to_array(in.clean);
     d["corrupted"] = ids_to_array(in.corrupted);
@@ -354,9 +354,10 @@ void bind_analyses(py::module_& m) {
     d["answers"] = answers;
     d["source_pos"] = py::array(py::cast(in.source_pos));
     return d;
-  }, py::arg("task"), py::arg("data"), py::arg("seed") = 1234,
+  }, py::arg("task"), py::arg("data"), py::arg("seed") = 1234, py::arg("corrupt") = "source",
      "The patching inputs activation_patching(model, task, data) makes from the first batch: clean and corrupted ids "
-     "(R, T), answers (R, 4) of (row, pos, clean token, corrupted token), source_pos (R)");
+     "(R, T), answers (R, 4) of (row, pos, clean token, corrupted token), source_pos (R): the position changed. "
+     "corrupt='source' changes the answer's earlier occurrence, 'previous' the token before it (which the answer follows)");
   m.def("activation_patching", generic_patching, py::arg("model"), py::arg("clean"), py::arg("corrupted"), py::arg("hook") = "hook_z",
         py::arg("axes") = std::vector<std::string>{}, py::arg("answers") = py::none(), py::arg("metric") = py::none(),
      "Generic activation patching: for every index over `axes` (layer, head, pos, src_pos) of `hook`, the corrupted run with "

@@ -243,6 +243,7 @@ check "edges prints the top edges" 0 "correlation of attribution with exact over
 check "edges.csv has a row per edge" 0 "^12$" -- bash -c "tail -n +2 '$T/edges/edges.csv' | wc -l"
 check "edges.csv header" 0 "^sender,receiver,exact,attribution,linearisation_error$" -- head -1 "$T/edges/edges.csv"
 check "edges.json" 0 '"metric": "logit_difference"' -- cat "$T/edges/edges.json"
+check "edges.png is a PNG" 0 "^PNG$" -- bash -c "head -c 4 '$T/edges/edges.png' | tail -c 3"
 check "edges inputs" 0 '"answers":\{[^}]*"dtype":"I32","shape":\[[0-9]+,4\]' -- head -c 400 "$T/edges/inputs.safetensors"
 check "edges path patching" 0 "activation patching of L0H1" -- "$HL" edges --checkpoint "$M" --rows 16 --path-from L0H1 --to mlp0,logits --out "$T/edges_p"
 [ ! -e "$T/edges_p" ] && ok "path patching writes nothing" || bad "edges --path-from left a directory"

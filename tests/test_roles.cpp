@@ -266,6 +266,38 @@ BOOST_AUTO_TEST_CASE(rows_without_a_prompt_corrupt_a_symbol_seen_once_before_it_
   BOOST_TEST((seen == std::set<std::pair<int64_t, int64_t>>{{2, 5}, {3, 6}}));
 }
 
+BOOST_AUTO_TEST_CASE(the_previous_corruption_changes_the_token_the_answer_follows) {
+  // 5 1 2 3 9 1 2 3: at 5 (token 1) the answer 2 follows 1's earlier occurrence (at 1); at 6
+  // (token 2) the answer 3 follows 2 (at 2). Previous corrupts position 1 or 2, keeps the answers.
+  Batch b;
+  b.inputs = Ids(Shape{1, 8}, {5, 1, 2, 3, 9, 1, 2, 3});
+  b.targets = Ids(Shape{1, 8}, {-1, -1, -1, -1, -1, 2, 3, -1});
+  std::set<std::pair<int64_t, int64_t>> seen;  // (position changed, answer position) over seeds
+  for (uint64_t seed = 0; seed < 40; ++seed) {
+    const PatchingInputs in = corrupt_one_symbol(b, 12, seed, Corruption::Previous);
+    BOOST_REQUIRE(in.answers.size() == 1u);
+    const int64_t p = in.source_pos[0], at = in.answers[0].pos;
+    seen.insert({p, at});
+    BOOST_TEST(in.answers[0].clean == b.targets.at(0, at));  // the answer is unchanged
+    BOOST_TEST(b.inputs.at(0, p) == b.inputs.at(0, at));    // the changed token is the answer's context
+    BOOST_TEST(in.answers[0].clean == b.inputs.at(0, p + 1));
+    const int32_t c = in.answers[0].corrupted;
+    BOOST_TEST((c >= 0 && c < 12 && c != 1 && c != 2 && c != 3 && c != 5 && c != 9));
+    for (int64_t t = 0; t < 8; ++t) BOOST_TEST(in.corrupted.at(0, t) == (t == p ? c : b.inputs.at(0, t)));
+  }
+  BOOST_TEST((seen == std::set<std::pair<int64_t, int64_t>>{{1, 5}, {2, 6}}));
+  // a row whose answer's context occurs twice before the answer has nothing to corrupt
+  Batch twice;
+  twice.inputs = Ids(Shape{1, 8}, {1, 2, 3, 1, 9, 1, 2, 3});
+  twice.targets = Ids(Shape{1, 8}, {-1, -1, -1, -1, -1, 2, -1, -1});
+  BOOST_CHECK_EXCEPTION(corrupt_one_symbol(twice, 12, 0, Corruption::Previous), Error, [](const Error& e) {
+    return std::string(e.what()).find("no row has a token to corrupt before an answer's source") != std::string::npos;
+  });
+  BOOST_CHECK_EXCEPTION(parse_corruption("next"), Error, [](const Error& e) {
+    return std::string(e.what()) == "unknown corruption 'next' (source or previous)";
+  });
+}
+
 BOOST_AUTO_TEST_CASE(attribution_equals_exact_patching_where_the_metric_is_linear) {
   auto t = trained_copy_model();
   TransformerLM& m = t->model();
