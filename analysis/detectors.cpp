@@ -47,14 +47,20 @@ double detection_score(const float* A, const float* D, int64_t T, const Detector
   return all > 0 ? on / all : 0.0;
 }
 
-HeadGrid detect_heads(TransformerLM& model, const std::vector<Batch>& data, Detector kind, const DetectorOptions& opt,
-                      const std::vector<float>& pattern, int64_t pattern_T, std::vector<HeadGrid>* per_sequence) {
+std::vector<HeadGrid> detect_heads(TransformerLM& model, const std::vector<Batch>& data, const std::vector<Detector>& kinds,
+                                   const DetectorOptions& opt, const std::vector<float>& pattern, int64_t pattern_T,
+                                   std::vector<std::vector<HeadGrid>>* per_sequence) {
   const int L = model.cfg.n_layers, H = model.cfg.n_heads;
-  HeadGrid score(L, std::vector<double>(H, 0.0));
+  const size_t K = pattern.empty() ? kinds.size() : 1;  // a user's pattern replaces the kinds
+  if (K == 0) fail("detect_heads: no detector given");
+  std::vector<HeadGrid> score(K, HeadGrid(L, std::vector<double>(H, 0.0)));
+  if (per_sequence) per_sequence->assign(K, {});
   int64_t sequences = 0;
-  std::vector<float> A, D;
+  std::vector<float> A;
+  std::vector<std::vector<float>> D(K);
   for (const Batch& b : data) {
     throw_if_stopped();
+    // one forward per batch for every detector (a GPT-2-small forward costs far more than scoring)
     const ActivationCache cache = recorded_forward(model, b, names_ending_with("attn.hook_pattern"));
     const int64_t B = b.size(), T = b.inputs.shape[1];
     for (int64_t r = 0; r < B; ++r) {
@@ -64,33 +70,46 @@ HeadGrid detect_heads(TransformerLM& model, const std::vector<Batch>& data, Dete
       if (n == 0) continue;
       if (!pattern.empty()) {
         if (n > pattern_T) fail("detection pattern: ", pattern_T, " x ", pattern_T, " is smaller than sequences of ", n, " tokens");
-        D.assign(static_cast<size_t>(n * n), 0.f);
+        D[0].assign(static_cast<size_t>(n * n), 0.f);
         for (int64_t i = 0; i < n; ++i)
-          for (int64_t j = 0; j < n; ++j) D[i * n + j] = pattern[i * pattern_T + j];
+          for (int64_t j = 0; j < n; ++j) D[0][i * n + j] = pattern[i * pattern_T + j];
       } else {
         const std::vector<int32_t> tok(b.inputs.data.begin() + r * T, b.inputs.data.begin() + r * T + n);
-        D = detection_pattern(kind, tok);
+        for (size_t k = 0; k < K; ++k) D[k] = detection_pattern(kinds[k], tok);
       }
       A.resize(static_cast<size_t>(n * n));
-      if (per_sequence) per_sequence->emplace_back(L, std::vector<double>(H, 0.0));
+      if (per_sequence)
+        for (auto& each : *per_sequence) each.emplace_back(L, std::vector<double>(H, 0.0));
       for (int l = 0; l < L; ++l) {
         const float* P = cache["blocks." + std::to_string(l) + ".attn.hook_pattern"].data();  // (B, H, T, T)
         for (int h = 0; h < H; ++h) {
           const float* src = P + ((r * H + h) * T) * T;
           for (int64_t i = 0; i < n; ++i)
             for (int64_t j = 0; j < n; ++j) A[i * n + j] = src[i * T + j];
-          const double s = detection_score(A.data(), D.data(), n, opt);
-          score[l][h] += s;
-          if (per_sequence) per_sequence->back()[l][h] = s;
+          for (size_t k = 0; k < K; ++k) {
+            const double s = detection_score(A.data(), D[k].data(), n, opt);
+            score[k][l][h] += s;
+            if (per_sequence) (*per_sequence)[k].back()[l][h] = s;
+          }
         }
       }
       ++sequences;
     }
   }
   if (sequences == 0) fail("detect_heads: no sequences to score");
-  for (auto& row : score)
-    for (double& v : row) v /= static_cast<double>(sequences);
+  for (HeadGrid& g : score)
+    for (auto& row : g)
+      for (double& v : row) v /= static_cast<double>(sequences);
   return score;
+}
+
+HeadGrid detect_heads(TransformerLM& model, const std::vector<Batch>& data, Detector kind, const DetectorOptions& opt,
+                      const std::vector<float>& pattern, int64_t pattern_T, std::vector<HeadGrid>* per_sequence) {
+  std::vector<std::vector<HeadGrid>> each;
+  std::vector<HeadGrid> g = detect_heads(model, data, std::vector<Detector>{kind}, opt, pattern, pattern_T,
+                                         per_sequence ? &each : nullptr);
+  if (per_sequence) *per_sequence = std::move(each[0]);
+  return std::move(g[0]);
 }
 
 std::vector<Batch> repeated_random_tokens(int n, int k, int vocab, uint64_t seed) {

@@ -36,6 +36,11 @@ double detection_score(const float* A, const float* D, int64_t T, const Detector
 HeadGrid detect_heads(TransformerLM& model, const std::vector<Batch>& data, Detector kind, const DetectorOptions& opt,
                       const std::vector<float>& pattern = {}, int64_t pattern_T = 0,
                       std::vector<HeadGrid>* per_sequence = nullptr);
+// Several detectors from one forward per batch: result[k] (and (*per_sequence)[k]) for kinds[k]
+// (with `pattern`, one result, the pattern's).
+std::vector<HeadGrid> detect_heads(TransformerLM& model, const std::vector<Batch>& data, const std::vector<Detector>& kinds,
+                                   const DetectorOptions& opt, const std::vector<float>& pattern = {}, int64_t pattern_T = 0,
+                                   std::vector<std::vector<HeadGrid>>* per_sequence = nullptr);
 
 // The fixed probe: n sequences [r_1..r_k, r_1..r_k] of tokens uniform in [0, vocab), in
 // batches of up to 64, from `seed`. Every repeat is k back: a head that always attends k - 1

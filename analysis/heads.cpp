@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 namespace hl {
 
@@ -19,7 +20,25 @@ bool is_pad(const Batch& b, int64_t row, int64_t t) {
 ActivationCache recorded_forward(TransformerLM& model, const Batch& b, NameFilter filter) {
   EvalScope mode(model);
   NoGradGuard ng;
-  return model.run_with_cache(b.inputs, std::move(filter), false, b.key_padding).second;
+  // Only the cache is returned: the forward stops after the last block with a recorded hook, so
+  // neither later blocks nor the (B, T, vocab) logits are computed (GPT-2's vocabulary: 50,257
+  // floats per token, more than the rest of the forward's activations together).
+  int stop = 0;
+  for (const auto& [name, shape] : hook_points(model.cfg)) {
+    if (!filter(name)) continue;
+    int layer = -1;
+    if (std::sscanf(name.c_str(), "blocks.%d.", &layer) == 1) stop = std::max(stop, layer + 1);
+    else if (name.rfind("ln_final.", 0) == 0) stop = model.cfg.n_layers + 1;  // needs the whole forward
+  }
+  ActivationCache cache;
+  Hooks hooks;
+  hooks.cache(cache, std::move(filter), false);
+  ForwardOptions opt;
+  opt.hooks = &hooks;
+  opt.key_padding = b.key_padding;
+  if (stop <= model.cfg.n_layers) opt.stop_at_layer = stop;
+  (void)model.forward(b.inputs, opt);
+  return cache;
 }
 
 namespace {

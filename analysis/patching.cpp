@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <set>
 
@@ -232,12 +233,20 @@ PatchGrid generic_activation_patch(TransformerLM& model, const Ids& clean, const
     if (!is_hook(model.cfg, hook)) fail("patching: '", hook, "' is not a hook point of this model; name it in full (blocks.1.attn.hook_z) or patch over the layer axis too");
     g.hooks.push_back(hook);
   }
-  // the clean run, recorded once
-  ActivationCache cache;
+  // the clean run, recorded once; and the corrupted run's residual stream into each block, from
+  // which a patched run of a block's hook starts (forward_from: the blocks before it would
+  // compute the same again; GPT-2 small, patching layer l skips l of its 12 blocks)
+  ActivationCache cache, corrupted_resid;
   {
     EvalScope mode(model);
     NoGradGuard ng;
     cache = model.run_with_cache(clean, names_in(g.hooks)).second;
+    ForwardOptions stop;
+    Hooks record;
+    record.cache(corrupted_resid, names_ending_with("hook_resid_pre"));
+    stop.hooks = &record;
+    stop.stop_at_layer = model.cfg.n_layers;  // no logits needed
+    (void)model.forward(corrupted, stop);
   }
   const HookAxes ha = hook_axes(model.cfg, g.hooks[0]);
   const Shape s = cache[g.hooks[0]].shape();
@@ -281,7 +290,10 @@ PatchGrid generic_activation_patch(TransformerLM& model, const Ids& clean, const
     });
     ForwardOptions opt;
     opt.hooks = &hooks;
-    const Tensor logits = model.forward(corrupted, opt);  // (B, T, V)
+    int block = -1;  // the block whose hook is patched (none: hook_embed, ln_final, ...)
+    const bool in_block = std::sscanf(name.c_str(), "blocks.%d.", &block) == 1 && block > 0;
+    const Tensor logits = in_block ? model.forward_from(block, corrupted_resid["blocks." + std::to_string(block) + ".hook_resid_pre"], opt)
+                                   : model.forward(corrupted, opt);  // (B, T, V)
     g.values[static_cast<size_t>(flat)] = metric(logits, idx);
   }
   return g;

@@ -7,19 +7,22 @@
 
 namespace hl {
 
-void detect_with_intervals(TransformerLM& model, const std::vector<Batch>& data, Detector kind, const DetectorOptions& opt,
-                           HeadGrid& score, HeadGrid& lo, HeadGrid& hi, const std::vector<float>& pattern,
-                           int64_t pattern_T) {
-  std::vector<HeadGrid> each;
-  score = detect_heads(model, data, kind, opt, pattern, pattern_T, &each);
-  lo = hi = score;
-  for (size_t l = 0; l < score.size(); ++l)
-    for (size_t h = 0; h < score[l].size(); ++h) {
-      std::vector<double> v;
-      for (const HeadGrid& g : each) v.push_back(g[l][h]);
-      const Interval ci = bootstrap_interval95(v, 2000, 1 + 131 * l + h);
-      lo[l][h] = ci.lo, hi[l][h] = ci.hi;
-    }
+DetectorIntervals detect_with_intervals(TransformerLM& model, const std::vector<Batch>& data,
+                                        const std::vector<Detector>& kinds, const DetectorOptions& opt,
+                                        const std::vector<float>& pattern, int64_t pattern_T) {
+  std::vector<std::vector<HeadGrid>> each;
+  DetectorIntervals r;
+  r.score = detect_heads(model, data, kinds, opt, pattern, pattern_T, &each);
+  r.lo = r.hi = r.score;
+  for (size_t k = 0; k < r.score.size(); ++k)
+    for (size_t l = 0; l < r.score[k].size(); ++l)
+      for (size_t h = 0; h < r.score[k][l].size(); ++h) {
+        std::vector<double> v;
+        for (const HeadGrid& g : each[k]) v.push_back(g[l][h]);
+        const Interval ci = bootstrap_interval95(v, 2000, 1 + 131 * l + h);
+        r.lo[k][l][h] = ci.lo, r.hi[k][l][h] = ci.hi;
+      }
+  return r;
 }
 
 HeadRoles head_roles(TransformerLM& model, const Task& task, const HeadRolesOptions& o) {
@@ -29,11 +32,10 @@ HeadRoles head_roles(TransformerLM& model, const Task& task, const HeadRolesOpti
   const int k = static_cast<int>(std::min<int64_t>({16, cfg.max_seq_len / 2, task.seq_len() / 2}));
   const std::vector<Batch> probe = varied_repeat_probe(o.probe_examples, k, static_cast<int>(cfg.vocab_size), o.seed);
   r.probe_rows = o.probe_examples;
-  for (Detector d : {Detector::PreviousToken, Detector::DuplicateToken, Detector::Induction}) {
-    r.detectors.push_back(to_string(d));
-    r.score.emplace_back(), r.ci95_lo.emplace_back(), r.ci95_hi.emplace_back();
-    detect_with_intervals(model, probe, d, {}, r.score.back(), r.ci95_lo.back(), r.ci95_hi.back());
-  }
+  const std::vector<Detector> kinds = {Detector::PreviousToken, Detector::DuplicateToken, Detector::Induction};
+  for (Detector d : kinds) r.detectors.push_back(to_string(d));
+  DetectorIntervals scores = detect_with_intervals(model, probe, kinds, {});
+  r.score = std::move(scores.score), r.ci95_lo = std::move(scores.lo), r.ci95_hi = std::move(scores.hi);
   check_fits_in_memory(patching_memory_bytes(cfg, o.patch_examples, task.seq_len()),
                        std::to_string(o.patch_examples) + " patching rows of " + std::to_string(task.seq_len()) + " tokens");
   const std::vector<Batch> held = task.held_out(o.patch_examples, o.seed, o.patch_examples);

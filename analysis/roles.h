@@ -29,10 +29,15 @@ struct HeadRolesOptions {
   uint64_t seed = 1234;
 };
 
-// A detector's scores with the 95% bootstrap interval over the sequences (2000 resamples).
-void detect_with_intervals(TransformerLM& model, const std::vector<Batch>& data, Detector kind, const DetectorOptions& opt,
-                           HeadGrid& score, HeadGrid& lo, HeadGrid& hi, const std::vector<float>& pattern = {},
-                           int64_t pattern_T = 0);
+// Detectors' scores with the 95% bootstrap interval over the sequences (2000 resamples), all
+// from one forward per batch: score[k], lo[k], hi[k] for kinds[k] (with `pattern`, a user's
+// pattern's alone).
+struct DetectorIntervals {
+  std::vector<HeadGrid> score, lo, hi;
+};
+DetectorIntervals detect_with_intervals(TransformerLM& model, const std::vector<Batch>& data,
+                                        const std::vector<Detector>& kinds, const DetectorOptions& opt,
+                                        const std::vector<float>& pattern = {}, int64_t pattern_T = 0);
 
 HeadRoles head_roles(TransformerLM& model, const Task& task, const HeadRolesOptions& o = {});
 

@@ -47,6 +47,11 @@ std::string default_out_dir(const std::string& command);  // runs/<command>-YYYY
 std::string percent(double v);                              // 0.9871 -> "98.71%"
 std::string fixed(double v, int decimals);                  // 3.14159, 2 -> "3.14"
 void print_table(const std::vector<std::vector<std::string>>& rows);  // first row = header
+// Says before a command's work how much memory it will take beyond the model already loaded
+// ("headlab detect: about 1.9 GiB of memory for WORK, beyond the loaded model (20 GiB
+// available)", on stderr) and, when that is more than is available, refuses in one line naming
+// the estimate and `lower`, the flags that make the work smaller.
+void announce_memory(const std::string& command, double need, const std::string& work, const std::string& lower);
 // A whole decimal integer in [lo, hi] (no trailing characters, no wrap-around), else an error
 // naming `what` and the text.
 int64_t parse_int(const std::string& text, int64_t lo, int64_t hi, const std::string& what);

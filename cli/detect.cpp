@@ -14,15 +14,6 @@ namespace hl {
 
 namespace {
 
-// A detector's scores and, beside them, their 95% bootstrap interval over the sequences.
-void add_with_interval(std::vector<std::string>& names, std::vector<HeadGrid>& grids, const std::string& name,
-                       TransformerLM& model, const std::vector<Batch>& data, Detector kind, const DetectorOptions& opt,
-                       const std::vector<float>& pattern = {}, int64_t pattern_T = 0) {
-  HeadGrid score, lo, hi;
-  detect_with_intervals(model, data, kind, opt, score, lo, hi, pattern, pattern_T);
-  add_detector_columns(names, grids, name, score, lo, hi);
-}
-
 int run_detect(const RoleOpts& o) {
   if (over_training_requested(o)) {
     if (!o.pattern_file.empty()) fail("--pattern goes with --checkpoint: --run scores the three detectors over training");
@@ -33,9 +24,22 @@ int run_detect(const RoleOpts& o) {
   // the sequences --run uses at every snapshot (train/over_training.h)
   const std::vector<Batch> data =
       detector_data(m.model->cfg, head_score_options(o), [&]() -> const Task& { return role_task(m, o.checkpoint); });
+  // one forward per batch of up to 64 sequences without a graph or logits: one block's
+  // activations at a time, and every layer's (rows, H, T, T) patterns cached
+  const ModelConfig& cfg = m.model->cfg;
+  const int64_t rows = data[0].size(), T = data[0].inputs.shape[1];
+  ModelConfig one_block = cfg;
+  one_block.n_layers = 1;
+  const double block_bytes = estimate_step_bytes(one_block, rows, T, false, false) - 4.0 * static_cast<double>(parameter_count(one_block));
+  const double pattern_bytes = 4.0 * cfg.n_layers * static_cast<double>(rows * cfg.n_heads) * static_cast<double>(T * T);
+  announce_memory("detect", block_bytes + pattern_bytes,
+                  "batches of " + std::to_string(rows) + " sequences of " + std::to_string(T) + " tokens",
+                  o.data == "task" ? "--examples (batches hold up to 64)"
+                                   : "--length (the sequences are " + std::to_string(T) + " tokens) or --examples (batches hold up to 64)");
   DetectorOptions opt{o.exclude_bos, o.exclude_current};
   std::vector<std::string> names;
   std::vector<HeadGrid> grids;
+  // each score beside its 95% bootstrap interval over the sequences; every detector from one forward
   if (!o.pattern_file.empty()) {
     const SafetensorsFile pf = read_safetensors(o.pattern_file);
     if (!pf.has("pattern")) fail(o.pattern_file, ": no 'pattern' tensor (expected pattern (T, T), float32)");
@@ -43,10 +47,12 @@ int run_detect(const RoleOpts& o) {
     if (p.ndim() != 2 || p.size(0) != p.size(1) || p.size(0) < 1)
       fail(o.pattern_file, ": pattern must be (T, T) with T of 1 or more, got ", p.shape().str());
     check_finite(p, "pattern", o.pattern_file);
-    add_with_interval(names, grids, "custom", *m.model, data, Detector::PreviousToken, opt, p.to_vector(), p.size(0));
+    const DetectorIntervals r = detect_with_intervals(*m.model, data, {Detector::PreviousToken}, opt, p.to_vector(), p.size(0));
+    add_detector_columns(names, grids, "custom", r.score[0], r.lo[0], r.hi[0]);
   } else {
-    for (Detector d : {Detector::PreviousToken, Detector::DuplicateToken, Detector::Induction})
-      add_with_interval(names, grids, to_string(d), *m.model, data, d, opt);
+    const std::vector<Detector> kinds = {Detector::PreviousToken, Detector::DuplicateToken, Detector::Induction};
+    const DetectorIntervals r = detect_with_intervals(*m.model, data, kinds, opt);
+    for (size_t k = 0; k < kinds.size(); ++k) add_detector_columns(names, grids, to_string(kinds[k]), r.score[k], r.lo[k], r.hi[k]);
   }
   claim_output_dir(out, "detect");
   std::printf("head detector scores (share of attention on the pattern, 95%% bootstrap interval over the sequences; "

@@ -4,11 +4,13 @@
 // logit_attrs): flags -> direct_logit_attribution -> table, dla.csv, dla.json and dla.png in --out.
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "analysis/decompose.h"
 #include "analysis/intervals.h"
+#include "datasets/bpe_tokenizer.h"
 #include "cli/roles.h"
 #include "lib/fileutil.h"
 #include "train/run_dir.h"
@@ -42,26 +44,43 @@ int run_dla(const RoleOpts& o) {
          "so it is not a sum of components)");
   std::vector<Batch> data;
   std::string source;  // what the rows are, for the table's title and dla.json
-  if (!o.tokens.empty()) {  // one sequence: each position's next token is its answer
-    std::istringstream ss(o.tokens);
+  if (!o.text.empty() && !o.tokens.empty()) fail("give --tokens or --text, not both");
+  if (!o.tokenizer.empty() && o.text.empty()) fail("--tokenizer encodes --text: give --text too");
+  if (!o.tokens.empty() || !o.text.empty()) {  // one sequence: each position's next token is its answer
+    const std::string flag = o.tokens.empty() ? "--text" : "--tokens";
     std::vector<int32_t> ids;
-    for (std::string tok; ss >> tok;)
-      ids.push_back(static_cast<int32_t>(parse_int(tok, 0, cfg.vocab_size - 1, "--tokens (ids of the vocabulary)")));
-    if (ids.size() < 2) fail("--tokens: give at least 2 token ids (each position is attributed its next token)");
+    if (!o.tokens.empty()) {
+      std::istringstream ss(o.tokens);
+      for (std::string tok; ss >> tok;)
+        ids.push_back(static_cast<int32_t>(parse_int(tok, 0, cfg.vocab_size - 1, "--tokens (ids of the vocabulary)")));
+    } else {  // GPT-2's BPE: --tokenizer, else the files beside a Hugging Face directory's model
+      const std::string dir = !o.tokenizer.empty() ? o.tokenizer : std::filesystem::is_directory(o.checkpoint) ? o.checkpoint : "";
+      if (dir.empty()) fail("--text needs --tokenizer DIR (vocab.json + merges.txt, or encoder.json + vocab.bpe)");
+      const BpeTokenizer tok = BpeTokenizer::load(dir);
+      if (tok.vocab_size() > cfg.vocab_size)
+        fail("--tokenizer ", dir, ": its vocabulary has ", tok.vocab_size(), " tokens, more than the model's ", cfg.vocab_size);
+      ids = tok.encode(o.text, "--text");
+    }
+    if (ids.size() < 2) fail(flag, ": give at least 2 tokens (each position is attributed its next token)");
     if (static_cast<int64_t>(ids.size()) > cfg.max_seq_len)
-      fail("--tokens: ", ids.size(), " tokens exceed the model's max_seq_len ", cfg.max_seq_len);
+      fail(flag, ": ", ids.size(), " tokens exceed the model's max_seq_len ", cfg.max_seq_len);
     const int64_t T = static_cast<int64_t>(ids.size());
     Batch b;
     b.inputs = Ids(Shape{1, T}, ids);
     b.targets = Ids(Shape{1, T});
     for (int64_t t = 0; t < T; ++t) b.targets.at(0, t) = t + 1 < T ? ids[static_cast<size_t>(t + 1)] : -1;
     data.push_back(std::move(b));
-    source = "--tokens";
+    source = flag;
   } else {
     data = role_task(m, o.checkpoint).held_out(o.examples, o.seed, 64);
     source = "task " + m.config.name;
     std::fprintf(stderr, "dla: %d sequences of %s...\n", o.examples, source.c_str());
   }
+  // per batch: one forward with the decomposition's hooks cached, and its logits
+  const int64_t batch_rows = data[0].size(), T = data[0].inputs.shape[1];
+  announce_memory("dla", estimate_step_bytes(cfg, batch_rows, T, false) - 4.0 * static_cast<double>(parameter_count(cfg)),
+                  "batches of " + std::to_string(batch_rows) + " sequence(s) of " + std::to_string(T) + " tokens",
+                  o.tokens.empty() && o.text.empty() ? "--examples (batches hold up to 64)" : "the tokens given (--tokens, --text)");
   const DlaResult r = direct_logit_attribution(*m.model, data);
   claim_output_dir(out, "dla");
 
@@ -97,6 +116,7 @@ int run_dla(const RoleOpts& o) {
     if (row.head >= 0) heads[static_cast<size_t>(row.layer)][static_cast<size_t>(row.head)] = mean;
   }
   if (!o.tokens.empty()) j["tokens"] = o.tokens;
+  if (!o.text.empty()) j["text"] = o.text;
   std::printf("direct logit attribution of the answer token (%s, %zu sequence(s), %lld answer positions; mean over the "
               "sequences of each sequence's mean, 95%% bootstrap interval over the sequences; components + ln_final_bias = "
               "logit):\n\n", source.c_str(), r.logit_per_row.size(), static_cast<long long>(r.positions));
@@ -126,6 +146,9 @@ void add_dla_command(CLI::App& app, CommandRunner& runner) {
   sub->add_option("--tokens", o->tokens,
                   "Attribute the next-token predictions of these token ids (e.g. \"11 3 4 12 3 4\") instead of the task's "
                   "answers: one sequence, so no interval");
+  sub->add_option("--text", o->text, "Attribute the next-token predictions of this text, encoded with --tokenizer (or the "
+                                     "tokenizer files in a Hugging Face GPT-2 directory given as --checkpoint)");
+  sub->add_option("--tokenizer", o->tokenizer, "GPT-2 tokenizer directory (vocab.json + merges.txt, or encoder.json + vocab.bpe) for --text");
 }
 
 }  // namespace hl

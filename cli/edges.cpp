@@ -75,7 +75,7 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
     const std::string kind = output_dir_kind(out);
     if (!kind.empty() && kind != "edges") claim_output_dir(out, "edges");
   }
-  const PatchingInputs in = role_patching_inputs(m, o, edge_patching_memory_bytes);
+  const PatchingInputs in = role_patching_inputs(m, o, edge_patching_memory_bytes, "edges");
   if (!f.path_from.empty()) return run_path(o, f, m, in);
   EdgeResult r;
   {

@@ -12,6 +12,7 @@
 #include <variant>
 
 #include "cli/commands.h"
+#include "lib/fileutil.h"
 #include "train/distributed.h"
 
 namespace hl {
@@ -107,6 +108,15 @@ std::string fixed(double v, int decimals) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
   return buf;
+}
+
+void announce_memory(const std::string& command, double need, const std::string& work, const std::string& lower) {
+  const double have = available_memory_bytes();
+  if (need > have)
+    fail(command, ": ", work, " needs about ", format_bytes(need), " of memory, more than the ", format_bytes(have),
+         " available; lower ", lower);
+  std::fprintf(stderr, "headlab %s: about %s of memory for %s, beyond the loaded model (%s available)\n", command.c_str(), format_bytes(need).c_str(),
+               work.c_str(), format_bytes(have).c_str());
 }
 
 std::string percent(double v) {

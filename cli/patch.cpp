@@ -7,6 +7,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "analysis/detectors.h"
 #include "analysis/patching.h"
 #include "cli/roles.h"
 #include "lib/fileutil.h"
@@ -53,17 +54,18 @@ int run_generic_patch(const RoleOpts& o, const std::string& out, RoleModel& m, c
     row.push_back(fixed(g.values[flat], 4));
     table.push_back(row);
   }
-  std::printf("activation patching of %s over %s, %zu rows of task %s (one %s token corrupted per row); logit difference clean %.4f, "
+  std::printf("activation patching of %s over %s, %zu rows of %s (one %s token corrupted per row); logit difference clean %.4f, "
               "corrupted %.4f; restored fraction: 1 = the clean run's, 0 = the corrupted run's\n\n",
               o.hook.c_str(), o.axes.empty() ? (axes[0] + (axes.size() > 1 ? "," + axes[1] : "")).c_str() : o.axes.c_str(),
-              in.answers.size(), m.config.name.c_str(), o.corrupt.c_str(), g.clean_metric, g.corrupted_metric);
+              in.answers.size(), (o.data == "probe" ? "the repeat probe" : "task " + m.config.name).c_str(), o.corrupt.c_str(),
+              g.clean_metric, g.corrupted_metric);
   if (table.size() <= 65) print_table(table);
   else std::printf("(%zu values: see the CSV)\n", g.values.size());
   write_file_atomic(out + "/patch_" + stem + ".csv", csv);
   nlohmann::json j = {{"hook", o.hook},        {"hooks", g.hooks},   {"axes", axes},
                       {"shape", g.shape},      {"values", g.values}, {"clean_metric", g.clean_metric},
                       {"corrupted_metric", g.corrupted_metric},      {"rows", in.answers.size()},
-                      {"task", m.config.name}, {"seed", o.seed}};
+                      {"task", o.data == "probe" ? std::string("probe") : m.config.name}, {"seed", o.seed}};
   write_file_atomic(out + "/patch_" + stem + ".json", j.dump(2) + "\n");
   std::printf("\nwrote %s/patch_%s.csv, patch_%s.json\n", out.c_str(), stem.c_str(), stem.c_str());
   return 0;
@@ -80,14 +82,15 @@ int run_patch(const RoleOpts& o) {
   // a misspelt hook fails here, before the data is made (given axes are checked against the
   // hook's shape by the patching itself, before its first run)
   if (!o.hook.empty() && o.axes.empty()) (void)default_patch_axes(m.model->cfg, o.hook);
-  // every example is in one batch, cached twice, with gradients once
-  const PatchingInputs in = role_patching_inputs(m, o, patching_memory_bytes);
+  // every example is in one batch, cached twice, with gradients once; --data probe: any model
+  const PatchingInputs in = role_patching_inputs(m, o, patching_memory_bytes, "patch", o.data == "probe");
   if (!o.hook.empty()) return run_generic_patch(o, out, m, in);
   const PatchingResult r = activation_patching(*m.model, in);
   claim_output_dir(out, "patch");
-  std::printf("activation patching, %zu rows of task %s (one %s token corrupted per row); logit difference clean %.4f, "
+  std::printf("activation patching, %zu rows of %s (one %s token corrupted per row); logit difference clean %.4f, "
               "corrupted %.4f; 1 = the clean run's, 0 = the corrupted run's\n\nper head (hook_z):\n\n",
-              in.answers.size(), m.config.name.c_str(), o.corrupt.c_str(), r.clean_metric, r.corrupted_metric);
+              in.answers.size(), (o.data == "probe" ? "the repeat probe" : "task " + m.config.name).c_str(), o.corrupt.c_str(),
+              r.clean_metric, r.corrupted_metric);
   write_patch_files(out, r);
   std::printf("\ncorrelation of attribution with exact patching: heads %.3f, residual positions %.3f\n", r.z_correlation,
               r.resid_correlation);
@@ -100,10 +103,17 @@ int run_patch(const RoleOpts& o) {
 void add_patch_command(CLI::App& app, CommandRunner& runner) {
   RoleOpts defaults;
   defaults.examples = 64;
+  defaults.data = "task";
   auto [sub, o] = add_role_command(app, runner, "patch",
                                    "Activation and attribution patching per head (hook_z) and per residual position; with "
                                    "--hook, activation patching of any hook point over its axes",
                                    run_patch, defaults);
+  sub->add_option("--data", o->data,
+                  "task: the task's held-out rows; probe: random tokens with a block of --length/2..--length tokens "
+                  "repeated (any model, e.g. GPT-2's), the answer a token of the second copy, its first copy corrupted")
+      ->capture_default_str()->check(CLI::IsMember({"task", "probe"}));
+  sub->add_option("--length", o->length, "probe: the longest block repeated (sequences of 2 x --length tokens); 0 = min(16, max_seq_len / 2)")
+      ->capture_default_str()->check(in_range(0, 1 << 19));
   add_run_option(sub, *o);
   add_corrupt_option(sub, *o);
   sub->add_option("--hook", o->hook,

@@ -20,6 +20,7 @@ struct RoleOpts {
   std::string run;  // --run: every snapshot of this run instead of one --checkpoint
   std::string checkpoint, out, data = "probe", pattern_file, task = "copy";
   std::string tokens;  // dla: token ids of one sequence of your own instead of the task's rows
+  std::string text, tokenizer;  // dla: or text, encoded with GPT-2's BPE from this directory
   int examples = 200, length = 0, threads = 2, bos = -1;
   uint64_t seed = 1234;
   bool exclude_bos = false, exclude_current = false;
@@ -65,10 +66,12 @@ int write_scores_over_training(const std::string& run, const std::string& out_fl
 // command needs its data, and checked against the model's vocabulary).
 RoleModel load_role_model(const RoleOpts& o);
 const Task& role_task(RoleModel& m, const std::string& checkpoint);
-// The inputs of patch and edges: o.examples held-out rows of the task (seed o.seed) with one source
-// symbol corrupted in each (corrupt_one_symbol), after checking that `bytes(cfg, rows, T)` (the
-// analysis's memory estimate) fits.
-PatchingInputs role_patching_inputs(RoleModel& m, const RoleOpts& o, double (*bytes)(const ModelConfig&, int64_t, int64_t));
+// The inputs of patch and edges: o.examples held-out rows of the task (seed o.seed), or with
+// `probe` random tokens with a block of up to o.length repeated (any model, e.g. GPT-2's), with
+// one token corrupted in each (corrupt_one_symbol; o.corrupt: source or previous), after
+// `command` has said that `bytes(cfg, rows, T)` (the analysis's memory estimate) fits.
+PatchingInputs role_patching_inputs(RoleModel& m, const RoleOpts& o, double (*bytes)(const ModelConfig&, int64_t, int64_t),
+                                    const std::string& command, bool probe = false);
 // --corrupt source|previous (patch and edges): which token of each row the corrupted run changes.
 void add_corrupt_option(CLI::App* sub, RoleOpts& opts);
 // A (layers, heads) grid as a heatmap with rows named row_prefix + l and columns col_prefix + h.

@@ -236,6 +236,20 @@ int run_view(const ViewOpts& o) {
                          : o.text.empty()         ? std::to_string(id)
                                                   : byte_token_text(id));
   for (const std::string& cut : views::fit_examples_to_page(examples, L, H)) std::fprintf(stderr, "headlab view: %s\n", cut.c_str());
+  // one example's forward at a time (patterns only, no logits), and every example's patterns as
+  // 16-bit fractions several times over: raw, base64, in the JSON, in the page
+  int64_t longest = 1;
+  double pattern_bytes = 0;
+  for (const ViewExample& e : examples) {
+    const auto T = static_cast<int64_t>(e.ids.size());
+    longest = std::max(longest, T);
+    pattern_bytes += 2.0 * L * H * static_cast<double>(T) * static_cast<double>(T + 1) / 2;
+  }
+  announce_memory("view",
+                  estimate_step_bytes(cfg, 1, longest, false, false) - 4.0 * static_cast<double>(parameter_count(cfg)) +
+                      5 * pattern_bytes,
+                  std::to_string(examples.size()) + " example(s) of up to " + std::to_string(longest) + " tokens",
+                  "--examples or the tokens given (--tokens, --text)");
   const json ex_json = views::head_view_examples(*model, examples);
   json data = {{"title", "headlab view: " + (o.run.empty() ? ckpt : o.run)},
                {"subtitle", std::to_string(L) + " layers x " + std::to_string(H) + " heads, d_model " +

@@ -44,12 +44,20 @@ void Module::train(bool on) {
   for (auto& [n, m] : children_) m->train(on);
 }
 
+namespace {
+thread_local bool skip_init = false;
+}
+SkipInitGuard::SkipInitGuard() : was_(skip_init) { skip_init = true; }
+SkipInitGuard::~SkipInitGuard() { skip_init = was_; }
+
 void init_normal(Tensor& t, Rng& rng, float std) {
+  if (skip_init) return;
   float* p = t.data();
   for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = std * rng.normal();
 }
 void init_xavier_uniform(Tensor& t, Rng& rng) {
   HL_CHECK(t.ndim() == 2, "init_xavier_uniform: need a 2-d weight, got ", t.shape().str());
+  if (skip_init) return;
   const float a = std::sqrt(6.f / static_cast<float>(t.size(0) + t.size(1)));
   float* p = t.data();
   for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = rng.uniform(-a, a);

@@ -120,7 +120,11 @@ void load_parameters(TransformerLM& model, const SafetensorsFile& f) {
 std::unique_ptr<TransformerLM> load_model(const SafetensorsFile& f) {
   const ModelConfig cfg = checkpoint_config(f);
   check_checkpoint_tensors(cfg, f);
-  auto model = std::make_unique<TransformerLM>(cfg, 0);
+  std::unique_ptr<TransformerLM> model;
+  {
+    SkipInitGuard loaded_next;  // load_parameters writes every parameter
+    model = std::make_unique<TransformerLM>(cfg, 0);
+  }
   load_parameters(*model, f);
   return model;
 }

@@ -331,6 +331,10 @@ Tensor TransformerLM::forward(const Ids& ids, const ForwardOptions& opt) {
     opt.kv_cache->resize(cfg.n_layers);
     for (auto& c : *opt.kv_cache) c.capacity = cfg.max_seq_len;
   }
+  if (opt.stop_at_layer > cfg.n_layers)
+    fail("model: stop_at_layer ", opt.stop_at_layer, " is past the model's ", cfg.n_layers, " layers");
+  if (opt.stop_at_layer >= 0 && (!opt.live_len.empty() || opt.kv_cache))
+    fail("model: stop_at_layer cannot be combined with live_len or a KV cache");
   if (!opt.live_len.empty()) return forward_live(ids, opt);
   if (opt.output_rows) fail("model: output_rows needs live_len");
   const Hooks* hk = opt.hooks;
@@ -364,11 +368,13 @@ MultiHeadAttention::Call TransformerLM::causal_call(const ForwardOptions& opt, i
 Tensor TransformerLM::run_blocks(int layer, Tensor x, MultiHeadAttention::Call& call, const ForwardOptions& opt) {
   const Hooks* hk = opt.hooks;
   const bool live = !opt.live_len.empty();
-  for (int l = layer; l < cfg.n_layers; ++l) {
+  const int stop = opt.stop_at_layer >= 0 ? opt.stop_at_layer : cfg.n_layers;
+  for (int l = layer; l < stop; ++l) {
     call.kv_cache = opt.kv_cache ? &(*opt.kv_cache)[l] : nullptr;
     if (live && l + 1 == cfg.n_layers) call.output_rows = opt.output_rows;  // the last block: only those rows on
     x = blocks[l]->forward(x, call, hk, hk ? "blocks." + std::to_string(l) + "." : std::string());
   }
+  if (opt.stop_at_layer >= 0) return x;  // (B, T, d_model): the residual stream entering block stop
   if (live && opt.output_rows && layer == cfg.n_layers) x = gather_rows(x, *opt.output_rows);
   if (ln_f) x = hk ? hk->apply(kLnFinal, hooked_layer_norm(*ln_f, x, hk, std::string(), kLnFinalScale)) : ln_f->forward(x);
   return head.forward(x);  // (B, T, vocab), or (live or output rows, vocab)
@@ -378,6 +384,9 @@ Tensor TransformerLM::forward_from(int layer, const Tensor& resid_pre, const For
   if (layer < 0 || layer > cfg.n_layers)
     fail("model: forward_from layer ", layer, " is outside 0..", cfg.n_layers, " (the model has ", cfg.n_layers, " layers)");
   if (opt.kv_cache) fail("model: forward_from takes no KV cache");
+  if (opt.stop_at_layer > cfg.n_layers || (opt.stop_at_layer >= 0 && (opt.stop_at_layer < layer || !opt.live_len.empty())))
+    fail("model: stop_at_layer ", opt.stop_at_layer, " must be ", layer, "..", cfg.n_layers, " (forward_from layer ", layer,
+         ") and without live_len");
   if (opt.output_rows && opt.live_len.empty()) fail("model: output_rows needs live_len");
   if (!opt.live_len.empty()) {
     if (opt.hooks) fail("model: live_len cannot be combined with hooks");
@@ -529,7 +538,7 @@ int64_t parameter_count(const ModelConfig& cfg) {
   return n;
 }
 
-double estimate_step_bytes(const ModelConfig& c, int64_t B, int64_t T, bool training) {
+double estimate_step_bytes(const ModelConfig& c, int64_t B, int64_t T, bool training, bool logits) {
   const double D = static_cast<double>(c.d_model), F = static_cast<double>(c.d_ff),
                W = static_cast<double>(c.n_heads * c.head_dim()), Wkv = static_cast<double>(c.kv_heads() * c.head_dim()),
                H = c.n_heads, V = static_cast<double>(c.vocab_size), tokens = static_cast<double>(B) * static_cast<double>(T);
@@ -540,7 +549,7 @@ double estimate_step_bytes(const ModelConfig& c, int64_t B, int64_t T, bool trai
   // per sequence and layer: the (H, T, T) pattern (and in backward its gradient work buffer)
   const double per_token_layer = 6 * D + W + 2 * Wkv + W + 2 * F;
   const double pattern = H * static_cast<double>(T) * static_cast<double>(T) * static_cast<double>(B);
-  double acts = c.n_layers * (tokens * per_token_layer + pattern) + tokens * (2 * D + 2 * V);
+  double acts = c.n_layers * (tokens * per_token_layer + pattern) + tokens * (2 * D + (logits ? 2 * V : 0));
   if (training) acts *= 2;  // their gradients
   return 4.0 * ((training ? 4 : 1) * params + acts);
 }

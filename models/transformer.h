@@ -92,6 +92,10 @@ struct ForwardOptions {
   // With live_len: logits only for these of the packed positions (e.g. those with a target; the
   // last block then runs its attention output, feed-forward and the head on them alone).
   const Ids* output_rows = nullptr;
+  // >= 0: run blocks 0..stop_at_layer-1 only and return the residual stream there, (B, T,
+  // d_model), with no final norm and no unembedding (TransformerLens's stop_at_layer): a study
+  // that reads attention patterns then never makes the (B, T, vocab) logits. -1 = the logits.
+  int stop_at_layer = -1;
 };
 
 class TransformerLM : public Module {
@@ -156,8 +160,9 @@ int64_t parameter_count(const ModelConfig& cfg);
 // About how many bytes a forward (and, with training, backward and an Adam step) of a batch of
 // B sequences of T tokens needs: parameters (x4 when training: weights, gradients, two Adam
 // moments), activations kept for backward and their gradients, the attention patterns. An
-// estimate for refusing what cannot fit, not an exact count.
-double estimate_step_bytes(const ModelConfig& cfg, int64_t B, int64_t T, bool training);
+// estimate for refusing what cannot fit, not an exact count. logits false: a forward that stops
+// before the unembedding (ForwardOptions::stop_at_layer), so no (B, T, vocab) tensor.
+double estimate_step_bytes(const ModelConfig& cfg, int64_t B, int64_t T, bool training, bool logits = true);
 
 // Row block of head h in a W_Q/W_K/W_V-shaped (heads*d_head, d_model) matrix, or column block
 // of W_O (d_model, heads*d_head): copies (d_head, d_model) or (d_model, d_head).

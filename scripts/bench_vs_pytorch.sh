@@ -8,7 +8,7 @@
 # OPENBLAS_CORETYPE: Debian's OpenBLAS 0.3.21 does not recognise this CPU and falls back to its
 # Prescott kernels when the variable is unset, for PyTorch as for headlab. Both run with the
 # same kernels: CORE (default SkylakeX, the AVX-512 ones); CORE=unset runs with it unset.
-# Usage: scripts/bench_vs_pytorch.sh [CONFIGS...]   (default: S M L V1 V4 V16)
+# Usage: scripts/bench_vs_pytorch.sh [CONFIGS...]   (default: S M L V1 V4 V16; also gpt2-small)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED=${SHARED:-$PWD/scripts/reference}
@@ -33,7 +33,7 @@ HL_ENV=(env -u OMP_WAIT_POLICY)
 [ "${HEADLAB_ENV:-best}" = same ] && HL_ENV=(env)
 out=$(mktemp -d)
 for cfg in "${configs[@]}"; do
-  steps=30; case $cfg in S|V*) steps=50;; esac
+  steps=30; case $cfg in S|V*) steps=50;; gpt2-small) steps=10;; esac
   for r in $(seq "$ROUNDS"); do
     echo "round $r/$ROUNDS: $cfg" >&2
     "${HL_ENV[@]}" ./build/headlab bench --one "$cfg" --threads "$THREADS" --steps "$steps" --warmup 5 >> "$out/headlab.jsonl"

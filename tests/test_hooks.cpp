@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "analysis/heads.h"
 #include "models/transformer.h"
 #include "tests/reference_model.h"
 #include "lib/gradcheck.h"
@@ -388,4 +389,39 @@ BOOST_AUTO_TEST_CASE(split_qkv_inputs_pass_gradcheck) {
       BOOST_TEST(res.ok, (self ? "self " : "cross ") << "kv " << kv << ": " << res.message);
     }
   }
+}
+
+BOOST_AUTO_TEST_CASE(stop_at_layer_returns_the_residual_stream_there_bit_for_bit) {
+  TransformerLM m(small(), 4);
+  NoGradGuard ng;
+  auto [logits, cache] = m.run_with_cache(ids(), all_names());
+  for (int stop = 0; stop <= m.cfg.n_layers; ++stop) {
+    ForwardOptions opt;
+    opt.stop_at_layer = stop;
+    const Tensor resid = m.forward(ids(), opt);  // (B, T, d_model)
+    const std::string name = stop < m.cfg.n_layers ? "blocks." + std::to_string(stop) + ".hook_resid_pre"
+                                                   : "blocks." + std::to_string(stop - 1) + ".hook_resid_post";
+    BOOST_TEST(resid.shape() == cache[name].shape());
+    BOOST_TEST(resid.to_vector() == cache[name].to_vector(), name);
+  }
+  ForwardOptions past;
+  past.stop_at_layer = m.cfg.n_layers + 1;
+  BOOST_CHECK_EXCEPTION(m.forward(ids(), past), Error, [](const Error& e) {
+    return std::string(e.what()) == "model: stop_at_layer 3 is past the model's 2 layers";
+  });
+}
+
+BOOST_AUTO_TEST_CASE(recorded_forward_stops_early_and_records_what_the_whole_forward_does) {
+  TransformerLM m(small(), 5);
+  Batch b;
+  b.inputs = ids();
+  b.targets = targets();
+  std::vector<std::string> want = {"blocks.0.attn.hook_pattern", "hook_embed"};  // stops after block 0
+  const ActivationCache early = recorded_forward(m, b, names_in(want));
+  NoGradGuard ng;
+  auto [logits, full] = m.run_with_cache(ids(), all_names());
+  BOOST_TEST(early.names() == (std::vector<std::string>{"blocks.0.attn.hook_pattern", "hook_embed"}));
+  for (const std::string& n : want) BOOST_TEST(early[n].to_vector() == full[n].to_vector(), n);
+  const ActivationCache last = recorded_forward(m, b, name_is("ln_final.hook_normalized"));  // needs the whole forward
+  BOOST_TEST(last["ln_final.hook_normalized"].to_vector() == full["ln_final.hook_normalized"].to_vector());
 }

@@ -424,3 +424,20 @@ BOOST_AUTO_TEST_CASE(random_weights_score_inside_the_composition_baseline) {
   }
   BOOST_TEST(inside >= 0.85 * total, inside << " of " << total);
 }
+
+BOOST_AUTO_TEST_CASE(several_detectors_from_one_forward_give_each_detector_s_scores_bit_for_bit) {
+  const ModelConfig c = test_model({.vocab = 11, .d_model = 16, .d_ff = 32, .max_seq_len = 16});
+  TransformerLM m(c, 7);
+  const std::vector<Batch> probe = varied_repeat_probe(70, 6, 11, 3);  // two batches: 64 + 6 rows
+  const std::vector<Detector> kinds = {Detector::PreviousToken, Detector::DuplicateToken, Detector::Induction};
+  std::vector<std::vector<HeadGrid>> each;
+  const std::vector<HeadGrid> all = detect_heads(m, probe, kinds, {}, {}, 0, &each);
+  BOOST_TEST(all.size() == 3u);
+  BOOST_TEST(each.size() == 3u);
+  for (size_t k = 0; k < kinds.size(); ++k) {
+    std::vector<HeadGrid> one_each;
+    BOOST_TEST(all[k] == detect_heads(m, probe, kinds[k], {}, {}, 0, &one_each));
+    BOOST_TEST(each[k] == one_each);
+    BOOST_TEST(each[k].size() == 70u);
+  }
+}

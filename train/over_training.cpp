@@ -79,11 +79,8 @@ HeadScores head_scores(const std::string& analysis, const SafetensorsFile& file,
   if (analysis == "detect") {
     const std::vector<Batch> data = detector_data(cfg, o, task);
     const DetectorOptions opt{o.exclude_bos, o.exclude_current};
-    for (Detector d : {Detector::PreviousToken, Detector::DuplicateToken, Detector::Induction}) {
-      HeadGrid score, lo, hi;  // as detect computes them (its scores come with intervals)
-      detect_with_intervals(*model, data, d, opt, score, lo, hi);
-      r.grids.push_back(score);
-    }
+    // the scores detect gives (all three detectors from one forward per batch)
+    r.grids = detect_heads(*model, data, {Detector::PreviousToken, Detector::DuplicateToken, Detector::Induction}, opt);
   } else if (analysis == "patch") {
     check_fits_in_memory(patching_memory_bytes(cfg, o.examples, task().seq_len()),
                          "--examples " + std::to_string(o.examples) + " of " + std::to_string(task().seq_len()) + " tokens");

