@@ -25,11 +25,30 @@ TrainArgs args_to_resume(TrainFlags& flags, const std::string& out) {
   return r;
 }
 
+// train --fork-from FILE (or --fork RUN --at STEP) with --gate/--freeze/--reinit.
+struct ForkFlags {
+  std::string from;
+  std::vector<std::string> gate, freeze, reinit;
+  bool given() const { return !from.empty(); }
+};
+
 int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool quiet, int64_t log_grads,
-              const std::vector<int64_t>& dump_at) {
+              const std::vector<int64_t>& dump_at, const ForkFlags& fork) {
   const std::string out = out_flag.empty() ? default_out_dir("train") : out_flag;
+  if (!fork.given() && !(fork.gate.empty() && fork.freeze.empty() && fork.reinit.empty()))
+    fail("--gate, --freeze and --reinit apply to a fork: give --fork-from FILE (the training state to start from)");
+  if (fork.given() && resume) fail("--resume continues a run (a fork too) from its own checkpoint: leave out --fork-from");
+  if (fork.given() && flags.given("--init")) fail("--init and --fork-from both give the starting weights: choose one");
   TrainArgs args = resume ? args_to_resume(flags, out) : flags.resolve();
-  if (!resume) {
+  if (fork.given()) {
+    TrainArgs given = args;
+    given.out = out;
+    given.gate_heads = fork.gate, given.freeze_heads = fork.freeze, given.reinit_heads = fork.reinit;
+    given.log_grads_every = log_grads;
+    given.dump_grads_at = dump_at;
+    args = fork_args(fork.from, given, [&](const std::string& f) { return flags.given(f); });
+    if (!flags.given("--threads")) args.threads = default_threads(args.threads);
+  } else if (!resume) {
     args = init_args(args, [&](const std::string& f) { return flags.given(f); });
     refuse_output_over_input("--out", out + "/model.safetensors", {{"--init", args.init}});
     refuse_output_over_input("--out", out + "/checkpoint.safetensors", {{"--init", args.init}});
@@ -129,6 +148,7 @@ void add_train_command(CLI::App& app, CommandRunner& runner) {
   auto quiet = std::make_shared<bool>(false);
   auto log_grads = std::make_shared<int64_t>(0);
   auto dump_at = std::make_shared<std::vector<int64_t>>();
+  auto fork = std::make_shared<ForkFlags>();
   flags->add(sub);
   flags->task_training_defaults = true;
   sub->add_option("--out", *out, "Output directory (default: runs/train-<date>-<time>)");
@@ -140,8 +160,17 @@ void add_train_command(CLI::App& app, CommandRunner& runner) {
                   "(grad_atlas.csv) and attention entropy; 0 = off")->capture_default_str()->check(in_range(0, 1e15));
   sub->add_option("--dump-grads-at", *dump_at, "Steps at which to dump every gradient (grads/step_N.safetensors) "
                                                "and per-head W_QK / W_OV singular values")->delimiter(',')->check(in_range(1, 1e15));
-  sub->callback([&runner, flags, out, resume, quiet, log_grads, dump_at] {
-    runner = [=] { return run_train(*flags, *out, *resume, *quiet, *log_grads, *dump_at); };
+  sub->add_option("--fork-from", fork->from,
+                  "Counterfactual fork: continue the run whose training state this file holds (a snapshot or "
+                  "checkpoint.safetensors) into --out, same data order and RNG; settings come from the file");
+  sub->add_option("--gate", fork->gate, "Fork: set a head's gate, LAYER.HEAD=VALUE (0 = the head's output removed); repeatable")
+      ->delimiter(',');
+  sub->add_option("--freeze", fork->freeze, "Fork: keep a head's W_Q/W_K/W_V rows and W_O columns exactly, LAYER.HEAD; repeatable")
+      ->delimiter(',');
+  sub->add_option("--reinit", fork->reinit, "Fork: draw a head's weights again as at construction and reset their optimizer "
+                                            "moments, LAYER.HEAD; repeatable")->delimiter(',');
+  sub->callback([&runner, flags, out, resume, quiet, log_grads, dump_at, fork] {
+    runner = [=] { return run_train(*flags, *out, *resume, *quiet, *log_grads, *dump_at, *fork); };
   });
 }
 

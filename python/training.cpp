@@ -287,7 +287,8 @@ void bind_training(py::module_& m) {
   // ---- training -------------------------------------------------------------------------------
   py::class_<PyTrainer>(m, "_Trainer")
       .def(py::init([](py::kwargs kw) {
-        std::set<std::string> extra = {"data", "eval_data", "out", "init", "resume", "log_grads", "dump_grads_at"};
+        std::set<std::string> extra = {"data", "eval_data", "out", "init", "resume", "log_grads", "dump_grads_at",
+                                       "fork_from", "gate", "freeze", "reinit"};
         TrainArgs a = args_from_kwargs(kw, [&](const std::string& k) { return extra.count(k) > 0; }, true);
         if (kw.contains("out") && !kw["out"].is_none()) a.out = kw["out"].cast<std::string>();
         if (kw.contains("init") && !kw["init"].is_none()) a.init = kw["init"].cast<std::string>();
@@ -305,7 +306,18 @@ void bind_training(py::module_& m) {
         for (auto& [k, v] : kw)
           if (const TrainSetting* s = find_train_setting(k.cast<std::string>())) given.insert(s->flag);
         const auto was_given = [&](const std::string& f) { return given.count(f) > 0; };
-        a = a.resume ? resume_args(a.out, a, was_given) : init_args(a, was_given);
+        // a counterfactual fork (train --fork-from FILE --gate/--freeze/--reinit): settings from FILE
+        auto texts = [&](const char* k) {
+          return kw.contains(k) && !kw[k].is_none() ? kw[k].cast<std::vector<std::string>>() : std::vector<std::string>{};
+        };
+        a.gate_heads = texts("gate"), a.freeze_heads = texts("freeze"), a.reinit_heads = texts("reinit");
+        if (kw.contains("fork_from") && !kw["fork_from"].is_none()) {
+          if (a.resume) throw py::value_error("resume=True continues a run (a fork too) from its own checkpoint: leave out fork_from");
+          if (task) throw py::value_error("fork_from: the fork trains on the task of the run it forks; leave out data arrays");
+          a = fork_args(kw["fork_from"].cast<std::string>(), a, was_given);
+        } else {
+          a = a.resume ? resume_args(a.out, a, was_given) : init_args(a, was_given);
+        }
         PyTrainer t;
         py::gil_scoped_release release;
         t.trainer = std::make_unique<Trainer>(a, std::move(task));
