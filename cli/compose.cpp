@@ -13,6 +13,7 @@ namespace hl {
 namespace {
 
 int run_compose(const RoleOpts& o) {
+  if (over_training_requested(o)) return write_scores_over_training(o.run, o.out, "compose", "compose", head_score_options(o));
   const std::string out = o.out.empty() ? default_out_dir("compose") : o.out;
   RoleModel m = load_role_model(o);
   const int L = m.model->cfg.n_layers;
@@ -28,7 +29,9 @@ int run_compose(const RoleOpts& o) {
 }  // namespace
 
 void add_compose_command(CLI::App& app, CommandRunner& runner) {
-  add_role_command(app, runner, "compose", "Q-, K- and V-composition scores between heads of consecutive layers", run_compose);
+  auto [sub, o] =
+      add_role_command(app, runner, "compose", "Q-, K- and V-composition scores between heads of consecutive layers", run_compose);
+  add_run_option(sub, *o);
 }
 
 }  // namespace hl

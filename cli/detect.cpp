@@ -24,24 +24,15 @@ void add_with_interval(std::vector<std::string>& names, std::vector<HeadGrid>& g
 }
 
 int run_detect(const RoleOpts& o) {
+  if (over_training_requested(o)) {
+    if (!o.pattern_file.empty()) fail("--pattern goes with --checkpoint: --run scores the three detectors over training");
+    return write_scores_over_training(o.run, o.out, "detect", "detect", head_score_options(o));
+  }
   const std::string out = o.out.empty() ? default_out_dir("detect") : o.out;
   RoleModel m = load_role_model(o);
-  const ModelConfig& cfg = m.model->cfg;
-  if (o.bos >= 0 && o.data != "probe") fail("--bos applies to --data probe (the default), not --data ", o.data);
-  std::vector<Batch> data;
-  if (o.data != "task") {
-    const int lead = o.bos >= 0 && o.data == "probe" ? 1 : 0;
-    const int k = o.length > 0 ? o.length : static_cast<int>(std::min<int64_t>(16, (cfg.max_seq_len - lead) / 2));
-    if (2 * k + lead > cfg.max_seq_len)
-      fail("--length ", k, ": the probe's ", 2 * k + lead, " tokens exceed the model's max_seq_len ", cfg.max_seq_len);
-    if (o.bos >= cfg.vocab_size) fail("--bos ", o.bos, " is outside the model's vocabulary of ", cfg.vocab_size);
-    if (o.data == "probe")
-      data = varied_repeat_probe(o.examples, k, static_cast<int>(cfg.vocab_size), o.seed, o.bos);
-    else
-      data = repeated_random_tokens(o.examples, k, static_cast<int>(cfg.vocab_size), o.seed);
-  } else {
-    data = role_task(m, o.checkpoint).held_out(o.examples, o.seed, 64);
-  }
+  // the sequences --run uses at every snapshot (train/over_training.h)
+  const std::vector<Batch> data =
+      detector_data(m.model->cfg, head_score_options(o), [&]() -> const Task& { return role_task(m, o.checkpoint); });
   DetectorOptions opt{o.exclude_bos, o.exclude_current};
   std::vector<std::string> names;
   std::vector<HeadGrid> grids;
@@ -85,6 +76,7 @@ void add_detect_command(CLI::App& app, CommandRunner& runner) {
       ->capture_default_str()->check(in_range(-1, 1 << 24));
   sub->add_flag("--exclude-bos", o->exclude_bos, "Ignore attention to position 0");
   sub->add_flag("--exclude-current-token", o->exclude_current, "Ignore attention of a token to itself");
+  add_run_option(sub, *o);
   sub->add_option("--pattern", o->pattern_file, "Score against your own pattern instead: a safetensors file with pattern (T, T)");
 }
 

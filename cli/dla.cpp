@@ -30,6 +30,10 @@ double mean_of(const std::vector<double>& v) {
 }
 
 int run_dla(const RoleOpts& o) {
+  if (over_training_requested(o)) {
+    if (!o.tokens.empty()) fail("--tokens goes with --checkpoint: --run attributes the task's answers over training");
+    return write_scores_over_training(o.run, o.out, "dla", "dla", head_score_options(o));
+  }
   const std::string out = o.out.empty() ? default_out_dir("dla") : o.out;
   RoleModel m = load_role_model(o);
   const ModelConfig& cfg = m.model->cfg;
@@ -118,6 +122,7 @@ void add_dla_command(CLI::App& app, CommandRunner& runner) {
   auto [sub, o] = add_role_command(app, runner, "dla",
                                    "Direct logit attribution: each head's, MLP's and embedding's share of the answer logit on the task",
                                    run_dla, defaults);
+  add_run_option(sub, *o);
   sub->add_option("--tokens", o->tokens,
                   "Attribute the next-token predictions of these token ids (e.g. \"11 3 4 12 3 4\") instead of the task's "
                   "answers: one sequence, so no interval");

@@ -70,6 +70,10 @@ int run_generic_patch(const RoleOpts& o, const std::string& out, RoleModel& m, c
 }
 
 int run_patch(const RoleOpts& o) {
+  if (over_training_requested(o)) {
+    if (!o.hook.empty()) fail("--hook goes with --checkpoint: --run patches hook_z per head over training");
+    return write_scores_over_training(o.run, o.out, "patch", "patch", head_score_options(o));
+  }
   const std::string out = o.out.empty() ? default_out_dir("patch") : o.out;
   if (!o.axes.empty() && o.hook.empty()) fail("--axes needs --hook (the hook point to patch over them)");
   RoleModel m = load_role_model(o);
@@ -104,6 +108,7 @@ void add_patch_command(CLI::App& app, CommandRunner& runner) {
                                    "Activation and attribution patching per head (hook_z) and per residual position; with "
                                    "--hook, activation patching of any hook point over its axes",
                                    run_patch, defaults);
+  add_run_option(sub, *o);
   sub->add_option("--hook", o->hook,
                   "Patch this hook point over --axes instead (e.g. hook_z, hook_resid_pre, attn.hook_q_input; a full name "
                   "such as blocks.1.attn.hook_z takes no layer axis)");

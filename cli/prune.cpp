@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/plot.h"
 #include "cli/progress.h"
+#include "cli/roles.h"
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
 #include "train/prune_study.h"
@@ -21,7 +22,7 @@ namespace {
 
 struct PruneOpts {
   PruneStudyOptions study;
-  std::string checkpoint, out;
+  std::string checkpoint, out, run;
   bool quiet = false;
 };
 
@@ -167,6 +168,16 @@ int run_prune(TrainFlags& flags, const PruneOpts& o) {
   const std::string out = o.out.empty() ? default_out_dir("prune") : o.out;
   o.study.validate();  // before training flags are resolved: the flag named first is the one to fix
   const TrainArgs base = flags.resolve();
+  if (!o.run.empty()) {  // Michel et al.'s importance at every snapshot, on the held-out rows prune scores on
+    if (!o.checkpoint.empty()) fail("give --checkpoint (one model) or --run (every snapshot of a run), not both");
+    HeadScoreOptions ho;
+    ho.examples = base.eval_size;
+    ho.seed = base.eval_seed;
+    ho.normalize = o.study.normalize;
+    ho.fallback_task = base.task;
+    ho.threads = base.threads;
+    return write_scores_over_training(o.run, o.out, "importance", "prune", ho);
+  }
   std::unique_ptr<ProgressBar> bar;
   PruneObserver obs;
   obs.on_base_model = [&](int heads, int64_t steps, const std::string& dir, bool done) {
@@ -210,6 +221,8 @@ void add_prune_command(CLI::App& app, CommandRunner& runner) {
   flags->add(sub, false, false);
   sub->add_option("--checkpoint", o->checkpoint, "Model to analyse (default: train one in OUT/base)");
   sub->add_option("--out", o->out, "Output directory (default: runs/prune-<date>-<time>); rerun to resume");
+  sub->add_option("--run", o->run, "Only Michel et al.'s head importance, at every snapshot of this run (train "
+                                   "--snapshot-every) and its final checkpoint, on --eval-size rows of --eval-seed");
   add_option_settings(sub, prune_study_settings(), o->study);
   sub->add_flag("--quiet", o->quiet, "No progress output");
   sub->callback([&runner, flags, o] { runner = [=] { return run_prune(*flags, *o); }; });

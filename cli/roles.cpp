@@ -1,10 +1,14 @@
 #include "cli/roles.h"
 
+#include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
 #include "train/checkpoint_task.h"
+#include "train/over_training.h"
+#include "train/run_dir.h"
 
 namespace hl {
 
@@ -24,6 +28,91 @@ std::pair<CLI::App*, std::shared_ptr<RoleOpts>> add_role_command(CLI::App& app, 
   sub->add_option("--threads", opts.threads, "Threads")->capture_default_str()->check(in_range(1, 1024));
   sub->callback([&runner, o, run] { runner = [o, run] { return run(*o); }; });
   return {sub, o};
+}
+
+void add_run_option(CLI::App* sub, RoleOpts& opts) {
+  sub->get_option("--checkpoint")->required(false);
+  sub->add_option("--run", opts.run,
+                  "Each head's scores at every snapshot of this run (train --snapshot-every) and its final checkpoint, "
+                  "instead of one --checkpoint: CSV, a PNG per score, and a panel of headlab view RUN");
+}
+
+bool over_training_requested(const RoleOpts& o) {
+  if (!o.run.empty() && !o.checkpoint.empty())
+    fail("give --checkpoint (one model) or --run (every snapshot of a run), not both");
+  if (o.run.empty() && o.checkpoint.empty()) fail("give --checkpoint CK (one model) or --run RUN (every snapshot of a run)");
+  return !o.run.empty();
+}
+
+HeadScoreOptions head_score_options(const RoleOpts& o) {
+  HeadScoreOptions h;
+  h.examples = o.examples;
+  h.seed = o.seed;
+  h.data = o.data;
+  h.length = o.length;
+  h.bos = o.bos;
+  h.exclude_bos = o.exclude_bos;
+  h.exclude_current = o.exclude_current;
+  h.fallback_task = TaskConfig::preset(o.task);
+  h.threads = o.threads;
+  return h;
+}
+
+int write_scores_over_training(const std::string& run, const std::string& out_flag, const std::string& analysis,
+                               const std::string& kind, const HeadScoreOptions& ho) {
+  const std::string out = out_flag.empty() ? run + "/over_training/" + analysis : out_flag;
+  const ScoresOverTraining s = scores_over_training(run, analysis, ho, [&](size_t done, size_t total, int64_t step) {
+    std::fprintf(stderr, "%s --run: step %lld (%zu of %zu)\n", kind.c_str(), static_cast<long long>(step), done, total);
+  });
+  claim_output_dir(out, kind);
+  const std::string stem = out + "/" + analysis + "_over_training";
+  write_file_atomic(stem + ".csv", scores_over_training_csv(s));
+  nlohmann::json j = {{"run", run}, {"analysis", analysis}, {"steps", s.steps}, {"checkpoints", s.checkpoints},
+                      {"layers", s.layers}, {"heads", s.heads}, {"examples", ho.examples}, {"seed", ho.seed}};
+  std::vector<std::vector<std::string>> table = {{"score", "head", "at the first step", "at the last step", "largest at step"}};
+  for (size_t k = 0; k < s.score_names.size(); ++k) {
+    std::vector<Series> lines;
+    nlohmann::json per_step = nlohmann::json::array();  // [step][layer][head], NaN as null
+    for (size_t i = 0; i < s.steps.size(); ++i) {
+      nlohmann::json grid = nlohmann::json::array();
+      for (int l = 0; l < s.layers; ++l) {
+        nlohmann::json row = nlohmann::json::array();
+        for (int h = 0; h < s.heads; ++h) {
+          const double v = s.at(k, i, l, h);
+          row.push_back(std::isnan(v) ? nlohmann::json() : nlohmann::json(v));
+        }
+        grid.push_back(row);
+      }
+      per_step.push_back(grid);
+    }
+    j["scores"][s.score_names[k]] = per_step;
+    for (int l = 0; l < s.layers; ++l)
+      for (int h = 0; h < s.heads; ++h) {
+        Series line;
+        line.name = "L" + std::to_string(l) + "H" + std::to_string(h);
+        size_t best = 0;
+        for (size_t i = 0; i < s.steps.size(); ++i) {
+          const double v = s.at(k, i, l, h);
+          if (std::isnan(v)) continue;
+          line.x.push_back(static_cast<double>(s.steps[i]));
+          line.y.push_back(v);
+          if (v > s.at(k, best, l, h) || std::isnan(s.at(k, best, l, h))) best = i;
+        }
+        if (line.y.empty()) continue;  // (compose: layer 0 has no layer before it)
+        table.push_back({s.score_names[k], line.name, fixed(line.y.front(), 3), fixed(line.y.back(), 3),
+                         std::to_string(s.steps[best])});
+        lines.push_back(std::move(line));
+      }
+    plot_lines(stem + "_" + s.score_names[k] + ".png", analysis + ": " + s.score_names[k] + " per head over training", "step",
+               s.score_names[k], lines);
+  }
+  write_file_atomic(stem + ".json", j.dump(1) + "\n");
+  std::printf("%s per head over training: %zu checkpoints of %s (steps %lld..%lld), the same %d inputs at each\n\n",
+              analysis.c_str(), s.steps.size(), run.c_str(), static_cast<long long>(s.steps.front()),
+              static_cast<long long>(s.steps.back()), ho.examples);
+  print_table(table);
+  std::printf("\nwrote %s.csv, %s.json, %s_<score>.png\n", stem.c_str(), stem.c_str(), stem.c_str());
+  return 0;
 }
 
 std::vector<int64_t> parse_positions_flag(const std::string& text, const std::string& flag) {

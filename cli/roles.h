@@ -12,10 +12,12 @@
 #include "models/transformer.h"
 #include "cli/commands.h"
 #include "cli/plot.h"
+#include "train/over_training.h"
 
 namespace hl {
 
 struct RoleOpts {
+  std::string run;  // --run: every snapshot of this run instead of one --checkpoint
   std::string checkpoint, out, data = "probe", pattern_file, task = "copy";
   std::string tokens;  // dla: token ids of one sequence of your own instead of the task's rows
   int examples = 200, length = 0, threads = 2, bos = -1;
@@ -43,6 +45,21 @@ using RoleRun = int (*)(const RoleOpts&);
 std::pair<CLI::App*, std::shared_ptr<RoleOpts>> add_role_command(CLI::App& app, CommandRunner& runner, const std::string& name,
                                                                  const std::string& help, RoleRun run,
                                                                  const RoleOpts& defaults = {});
+// Adds --run RUN to a role command with per-head scores over training (detect, patch, dla,
+// compose): --checkpoint is then no longer required, and exactly one of the two is.
+void add_run_option(CLI::App* sub, RoleOpts& opts);
+// --run given: fails when --checkpoint is given too (or neither); true when the command is to
+// run over the snapshots.
+bool over_training_requested(const RoleOpts& o);
+// The options of train/over_training.h from a role command's flags.
+HeadScoreOptions head_score_options(const RoleOpts& o);
+// `COMMAND --run RUN`: `analysis`'s per-head scores at every snapshot of RUN and its final
+// checkpoint -> OUT/ANALYSIS_over_training.csv (step, layer, head, one column per score), .json
+// and one PNG per score (a line per head against the step); OUT defaults to
+// RUN/over_training/ANALYSIS, where `headlab view RUN` finds it. `kind` marks OUT (the command).
+int write_scores_over_training(const std::string& run, const std::string& out_flag, const std::string& analysis,
+                               const std::string& kind, const HeadScoreOptions& ho);
+
 // The checkpoint's model, and its task's settings (the task itself is made by role_task, when a
 // command needs its data, and checked against the model's vocabulary).
 RoleModel load_role_model(const RoleOpts& o);

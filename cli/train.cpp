@@ -11,6 +11,7 @@
 #include "lib/safetensors.h"
 #include "train/atlas.h"
 #include "train/distributed.h"
+#include "train/snapshots.h"
 
 namespace hl {
 
@@ -27,18 +28,28 @@ TrainArgs args_to_resume(TrainFlags& flags, const std::string& out) {
 
 // train --fork-from FILE (or --fork RUN --at STEP) with --gate/--freeze/--reinit.
 struct ForkFlags {
-  std::string from;
+  std::string run, from;  // --fork RUN (with --at STEP), or --fork-from FILE
+  int64_t at = -1;
   std::vector<std::string> gate, freeze, reinit;
-  bool given() const { return !from.empty(); }
+  bool given() const { return !from.empty() || !run.empty(); }
+  // the file the fork starts from
+  std::string state_file() const {
+    if (!run.empty() && !from.empty()) fail("--fork and --fork-from both name the state to fork from: choose one");
+    if (!run.empty() && at < 0) fail("--fork ", run, ": give the step of its snapshot to start from (--at STEP)");
+    if (run.empty() && at >= 0) fail("--at ", at, " goes with --fork RUN");
+    return run.empty() ? from : require_snapshot(run, at);
+  }
 };
 
 int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool quiet, int64_t log_grads,
-              const std::vector<int64_t>& dump_at, const ForkFlags& fork) {
+              const std::vector<int64_t>& dump_at, const std::vector<int64_t>& snapshot_at, bool snapshot_at_given,
+              const ForkFlags& fork) {
   const std::string out = out_flag.empty() ? default_out_dir("train") : out_flag;
   if (!fork.given() && !(fork.gate.empty() && fork.freeze.empty() && fork.reinit.empty()))
-    fail("--gate, --freeze and --reinit apply to a fork: give --fork-from FILE (the training state to start from)");
-  if (fork.given() && resume) fail("--resume continues a run (a fork too) from its own checkpoint: leave out --fork-from");
-  if (fork.given() && flags.given("--init")) fail("--init and --fork-from both give the starting weights: choose one");
+    fail("--gate, --freeze and --reinit apply to a fork: give --fork RUN --at STEP (or --fork-from FILE)");
+  if (fork.at >= 0 && !fork.given()) fail("--at ", fork.at, " goes with --fork RUN");
+  if (fork.given() && resume) fail("--resume continues a run (a fork too) from its own checkpoint: leave out --fork");
+  if (fork.given() && flags.given("--init")) fail("--init and --fork both give the starting weights: choose one");
   TrainArgs args = resume ? args_to_resume(flags, out) : flags.resolve();
   if (fork.given()) {
     TrainArgs given = args;
@@ -46,7 +57,7 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
     given.gate_heads = fork.gate, given.freeze_heads = fork.freeze, given.reinit_heads = fork.reinit;
     given.log_grads_every = log_grads;
     given.dump_grads_at = dump_at;
-    args = fork_args(fork.from, given, [&](const std::string& f) { return flags.given(f); });
+    args = fork_args(fork.state_file(), given, [&](const std::string& f) { return flags.given(f); });
     if (!flags.given("--threads")) args.threads = default_threads(args.threads);
   } else if (!resume) {
     args = init_args(args, [&](const std::string& f) { return flags.given(f); });
@@ -56,6 +67,8 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
     args.log_grads_every = log_grads;
     args.dump_grads_at = dump_at;
   }
+  // a resumed run, or a fork, keeps the run's own snapshot steps unless given
+  if ((!resume && !fork.given()) || snapshot_at_given) args.snapshot_at = snapshot_at;  // a resumed run keeps its own unless given
   // under mpirun: data-parallel over the ranks; rank 0 reports and writes every file
   ProcessGroup* group = in_multi_rank_job() ? job() : nullptr;
   const bool rank0 = !group || group->rank() == 0;
@@ -68,6 +81,17 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
                static_cast<long long>(a.model.d_model), static_cast<long long>(a.model.head_dim()),
                a.task.name.c_str(), trainer.task().vocab_size(), trainer.task().seq_len(),
                static_cast<long long>(a.steps), a.threads, a.out.c_str());
+  if (rank0 && !trainer.snapshot_plan().steps.empty()) {
+    const auto& plan = trainer.snapshot_plan();
+    const size_t n = plan.steps.size();
+    std::string at;
+    for (size_t i = 0; i < n && i < 6; ++i) at += (i ? ", " : "") + std::to_string(plan.steps[i]);
+    if (n > 6) at += ", ..., " + std::to_string(plan.steps.back());
+    std::fprintf(stderr, "headlab train: %zu snapshot%s (step%s %s) of %s each: %s of disk in %s/snapshots\n", n,
+                 n == 1 ? "" : "s", n == 1 ? "" : "s", at.c_str(),
+                 format_bytes(plan.bytes_each).c_str(), format_bytes(plan.bytes_each * static_cast<double>(n)).c_str(),
+                 a.out.c_str());
+  }
   if (rank0 && group)
     std::fprintf(stderr, "headlab train: data-parallel over %d ranks: %d of the %d sequences of each batch per rank\n",
                  group->size(), a.batch / group->size(), a.batch);
@@ -148,6 +172,7 @@ void add_train_command(CLI::App& app, CommandRunner& runner) {
   auto quiet = std::make_shared<bool>(false);
   auto log_grads = std::make_shared<int64_t>(0);
   auto dump_at = std::make_shared<std::vector<int64_t>>();
+  auto snapshot_at = std::make_shared<std::vector<int64_t>>();
   auto fork = std::make_shared<ForkFlags>();
   flags->add(sub);
   flags->task_training_defaults = true;
@@ -160,17 +185,25 @@ void add_train_command(CLI::App& app, CommandRunner& runner) {
                   "(grad_atlas.csv) and attention entropy; 0 = off")->capture_default_str()->check(in_range(0, 1e15));
   sub->add_option("--dump-grads-at", *dump_at, "Steps at which to dump every gradient (grads/step_N.safetensors) "
                                                "and per-head W_QK / W_OV singular values")->delimiter(',')->check(in_range(1, 1e15));
+  CLI::Option* snapshot_at_opt =
+      sub->add_option("--snapshot-at", *snapshot_at, "Steps at which to keep the run's full resume state "
+                                                     "(RUN/snapshots/step_NNNNNNNN.safetensors); 0 = the initial weights")
+          ->delimiter(',')->check(in_range(0, 1e15));
+  sub->add_option("--fork", fork->run,
+                  "Counterfactual fork of this run (its directory) from its snapshot at --at, into --out: the same data "
+                  "order and RNG, settings from the snapshot; with --gate/--freeze/--reinit");
+  sub->add_option("--at", fork->at, "The step of the snapshot --fork starts from")->check(in_range(0, 1e15));
   sub->add_option("--fork-from", fork->from,
-                  "Counterfactual fork: continue the run whose training state this file holds (a snapshot or "
-                  "checkpoint.safetensors) into --out, same data order and RNG; settings come from the file");
+                  "Like --fork RUN --at STEP, from a file with the training state (a snapshot or checkpoint.safetensors)");
   sub->add_option("--gate", fork->gate, "Fork: set a head's gate, LAYER.HEAD=VALUE (0 = the head's output removed); repeatable")
       ->delimiter(',');
   sub->add_option("--freeze", fork->freeze, "Fork: keep a head's W_Q/W_K/W_V rows and W_O columns exactly, LAYER.HEAD; repeatable")
       ->delimiter(',');
   sub->add_option("--reinit", fork->reinit, "Fork: draw a head's weights again as at construction and reset their optimizer "
                                             "moments, LAYER.HEAD; repeatable")->delimiter(',');
-  sub->callback([&runner, flags, out, resume, quiet, log_grads, dump_at, fork] {
-    runner = [=] { return run_train(*flags, *out, *resume, *quiet, *log_grads, *dump_at, *fork); };
+  sub->callback([&runner, flags, out, resume, quiet, log_grads, dump_at, snapshot_at, snapshot_at_opt, fork] {
+    const bool at_given = snapshot_at_opt->count() > 0;
+    runner = [=] { return run_train(*flags, *out, *resume, *quiet, *log_grads, *dump_at, *snapshot_at, at_given, *fork); };
   });
 }
 

@@ -15,6 +15,7 @@
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
 #include "train/checkpoint_task.h"
+#include "train/over_training.h"
 #include "train/run_dir.h"
 #include "train/trainer.h"
 #include "views/pages.h"
@@ -235,6 +236,14 @@ int run_view(const ViewOpts& o) {
                {"roles_patch", o.run.empty() ? json() : read_csv(o.run + "/patch/patch_heads.csv")},
                {"roles_compose", o.run.empty() ? json() : read_csv(o.run + "/compose/compose.csv")},
                {"roles_baseline", o.run.empty() ? json() : read_csv(o.run + "/compose/compose_baseline.csv")}};
+  // heads over training: what `detect|patch|dla|compose|prune --run RUN` wrote into the run
+  json over = json::array();
+  if (!o.run.empty())
+    for (const std::string& a : over_training_analyses()) {
+      json t = read_csv(o.run + "/over_training/" + a + "/" + a + "_over_training.csv");
+      if (!t.is_null()) over.push_back({{"analysis", a}, {"table", std::move(t)}});
+    }
+  if (!over.empty()) data["over_training"] = std::move(over);
   const std::string page = views::head_view_page(std::move(data));
   write_file_atomic(out, page);
   std::printf("wrote %s (%s): open it in a browser\n", out.c_str(), format_bytes(static_cast<double>(page.size())).c_str());

@@ -9,6 +9,7 @@
 #include "analysis/matching.h"
 #include "analysis/patching.h"
 #include "bindings.h"
+#include "train/over_training.h"
 #include "lib/fileutil.h"
 
 namespace hl::bindings {
@@ -87,6 +88,36 @@ py::array generic_patching(TransformerLM& model, const py::object& clean, const 
 
 void bind_analyses(py::module_& m) {
   // ---- analyses -------------------------------------------------------------------------------
+  // heads over training: the scores of `analysis` at every snapshot of a run (train/over_training.h)
+  m.def("_scores_over_training", [](const std::string& run, const std::string& analysis, const py::object& examples,
+                                    uint64_t seed, const std::string& data, int length, int bos, bool exclude_bos,
+                                    bool exclude_current, bool normalize, const std::string& task, int threads) {
+    HeadScoreOptions o;
+    o.examples = examples.is_none() ? default_examples(analysis) : examples.cast<int>();
+    if (o.examples < 1) throw py::value_error("scores_over_training: examples must be at least 1, got " + std::to_string(o.examples));
+    if (threads < 1) throw py::value_error("scores_over_training: threads must be at least 1, got " + std::to_string(threads));
+    o.seed = seed, o.data = data, o.length = length, o.bos = bos;
+    o.exclude_bos = exclude_bos, o.exclude_current = exclude_current, o.normalize = normalize;
+    o.fallback_task = TaskConfig::preset(task);
+    o.threads = threads;
+    ScoresOverTraining s;
+    {
+      py::gil_scoped_release release;
+      s = scores_over_training(run, analysis, o);
+    }
+    py::dict scores;
+    for (size_t k = 0; k < s.score_names.size(); ++k) {
+      py::array_t<double> a({static_cast<py::ssize_t>(s.steps.size()), static_cast<py::ssize_t>(s.layers),
+                             static_cast<py::ssize_t>(s.heads)});
+      std::copy(s.values[k].begin(), s.values[k].end(), a.mutable_data());
+      scores[py::str(s.score_names[k])] = a;
+    }
+    py::dict r;
+    r["steps"] = py::array_t<int64_t>(static_cast<py::ssize_t>(s.steps.size()), s.steps.data());
+    r["checkpoints"] = s.checkpoints;
+    r["scores"] = scores;
+    return r;
+  });
   m.def("per_token_loss", [](TransformerLM& model, const py::object& ids, const py::object& targets) {
     const Ids x = ids_from(ids);
     Ids y;

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "bindings.h"
+#include "train/snapshots.h"
 
 #include "train/atlas.h"
 #include "lib/rng.h"
@@ -287,8 +288,8 @@ void bind_training(py::module_& m) {
   // ---- training -------------------------------------------------------------------------------
   py::class_<PyTrainer>(m, "_Trainer")
       .def(py::init([](py::kwargs kw) {
-        std::set<std::string> extra = {"data", "eval_data", "out", "init", "resume", "log_grads", "dump_grads_at",
-                                       "fork_from", "gate", "freeze", "reinit"};
+        std::set<std::string> extra = {"data", "eval_data", "out", "init", "resume", "log_grads", "dump_grads_at", "snapshot_at",
+                                       "fork", "at", "fork_from", "gate", "freeze", "reinit"};
         TrainArgs a = args_from_kwargs(kw, [&](const std::string& k) { return extra.count(k) > 0; }, true);
         if (kw.contains("out") && !kw["out"].is_none()) a.out = kw["out"].cast<std::string>();
         if (kw.contains("init") && !kw["init"].is_none()) a.init = kw["init"].cast<std::string>();
@@ -311,13 +312,22 @@ void bind_training(py::module_& m) {
           return kw.contains(k) && !kw[k].is_none() ? kw[k].cast<std::vector<std::string>>() : std::vector<std::string>{};
         };
         a.gate_heads = texts("gate"), a.freeze_heads = texts("freeze"), a.reinit_heads = texts("reinit");
-        if (kw.contains("fork_from") && !kw["fork_from"].is_none()) {
-          if (a.resume) throw py::value_error("resume=True continues a run (a fork too) from its own checkpoint: leave out fork_from");
-          if (task) throw py::value_error("fork_from: the fork trains on the task of the run it forks; leave out data arrays");
-          a = fork_args(kw["fork_from"].cast<std::string>(), a, was_given);
+        const bool by_run = kw.contains("fork") && !kw["fork"].is_none(), by_file = kw.contains("fork_from") && !kw["fork_from"].is_none();
+        if (by_run && by_file) throw py::value_error("fork and fork_from both name the state to fork from: choose one");
+        if (by_run != (kw.contains("at") && !kw["at"].is_none()))
+          throw py::value_error("fork=RUN goes with at=STEP, the step of the run's snapshot to start from");
+        if (by_run || by_file) {
+          if (a.resume) throw py::value_error("resume=True continues a run (a fork too) from its own checkpoint: leave out fork");
+          if (task) throw py::value_error("fork: the fork trains on the task of the run it forks; leave out data arrays");
+          const std::string file = by_run ? require_snapshot(kw["fork"].cast<std::string>(), kw["at"].cast<int64_t>())
+                                          : kw["fork_from"].cast<std::string>();
+          a = fork_args(file, a, was_given);
         } else {
           a = a.resume ? resume_args(a.out, a, was_given) : init_args(a, was_given);
         }
+        // snapshots (RUN/snapshots/step_NNNNNNNN.safetensors): a resumed run keeps its own steps unless given
+        if (kw.contains("snapshot_at") && !kw["snapshot_at"].is_none())
+          a.snapshot_at = kw["snapshot_at"].cast<std::vector<int64_t>>();
         PyTrainer t;
         py::gil_scoped_release release;
         t.trainer = std::make_unique<Trainer>(a, std::move(task));

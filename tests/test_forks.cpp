@@ -10,6 +10,7 @@
 
 #include "models/checkpoint.h"
 #include "train/interventions.h"
+#include "train/snapshots.h"
 #include "train/trainer.h"
 #include "tests/fixtures.h"
 
@@ -42,25 +43,18 @@ TrainArgs small_args(const std::string& out) {
   return a;
 }
 
-// The original run, and its full training state at step 20 kept as RUN/snapshots/step_00000020
-// (copied from checkpoint.safetensors when step 21 begins, before it is overwritten).
+// The original run, with a snapshot (its full training state) at step 20.
 struct Original {
   std::string dir, state;
 };
 const Original& original() {
   static const Original o = [] {
     Original r{fresh_dir("fork-original"), ""};
-    r.state = r.dir + "/snapshots/step_00000020.safetensors";
     TrainArgs a = small_args(r.dir);
+    a.snapshot_at = {20};
     Trainer t(a);
-    TrainObserver obs;
-    obs.on_step = [&](int64_t step, int64_t, float, double) {
-      if (step == 21) {
-        fs::create_directories(r.dir + "/snapshots");
-        fs::copy_file(r.dir + "/checkpoint.safetensors", r.state);
-      }
-    };
-    write_summary(a.out, t.args(), t.run(obs));
+    write_summary(a.out, t.args(), t.run());
+    r.state = snapshot_path(r.dir, 20);
     return r;
   }();
   return o;
@@ -226,6 +220,7 @@ BOOST_AUTO_TEST_CASE(bad_forks_are_refused_with_one_message) {
   auto none = [](const std::string&) { return false; };
   BOOST_TEST(error_of([&] { fork_args(original().dir + "/snapshots/step_00000030.safetensors", given, none); })
                  .find("no training state at") != std::string::npos);
+  BOOST_TEST(error_of([&] { require_snapshot(original().dir, 30); }).find("has no snapshot at step 30; it has 20") != std::string::npos);
   BOOST_TEST(error_of([&] { fork_args(original().dir + "/model.safetensors", given, none); }).find("holds no training state") !=
              std::string::npos);
   BOOST_TEST(error_of([&] { Trainer t(fork_of(dir, {"2.0=0"})); }).find("--gate 2.0=0: layer 2 is outside 0..1") != std::string::npos);

@@ -13,6 +13,7 @@
 #include "models/checkpoint.h"
 #include "cli/alloc_counter.h"
 #include "train/settings.h"
+#include "train/snapshots.h"
 #include "train/trainer.h"
 #include "tests/fixtures.h"
 
@@ -449,4 +450,99 @@ BOOST_AUTO_TEST_CASE(validate_applies_the_table_ranges_and_choices) {
   a = small_args("");
   a.threads = 2000;
   BOOST_TEST(message(a) == "--threads: value 2000 is outside [1, 1024]");
+}
+
+// ---- snapshots: the resume state kept at chosen steps ------------------------------------------
+
+namespace {
+// The tensors of two safetensors files are the same, bit for bit.
+void same_tensors(const std::string& a, const std::string& b) {
+  const SafetensorsFile fa = read_safetensors(a), fb = read_safetensors(b);
+  BOOST_TEST(fa.tensors.size() == fb.tensors.size());
+  for (auto& [name, t] : fa.tensors) BOOST_TEST_CONTEXT(name) { BOOST_TEST((t.bytes == fb.get(name).bytes)); }
+}
+json train_state_without_time(const std::string& path) {
+  json st = json::parse(read_safetensors(path).meta("train_state"));
+  for (const char* k : {"wall_s", "train_s", "eval_s"}) st.erase(k);
+  return st;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(snapshots_hold_the_resume_state_and_a_run_continues_from_them_exactly) {
+  const std::string full = fresh_dir("snap-full");
+  TrainArgs a = small_args(full);
+  a.snapshot_every = 10;
+  a.snapshot_at = {0, 15};
+  Trainer t(a);
+  // the plan announced up front: every step still to write, each the size of the resume state
+  BOOST_TEST(t.snapshot_plan().steps == (std::vector<int64_t>{0, 10, 15, 20, 30, 40}), boost::test_tools::per_element());
+  t.run();
+  BOOST_TEST(snapshot_steps(full) == (std::vector<int64_t>{0, 10, 15, 20, 30, 40}), boost::test_tools::per_element());
+  BOOST_TEST(snapshot_path(full, 15) == full + "/snapshots/step_00000015.safetensors");
+  for (int64_t s : snapshot_steps(full)) {
+    const double bytes = static_cast<double>(fs::file_size(snapshot_path(full, s)));
+    BOOST_TEST(bytes <= t.snapshot_plan().bytes_each);
+    BOOST_TEST(bytes >= t.snapshot_plan().bytes_each - 128);  // the digits of the step and the times
+  }
+  // the last snapshot is the final checkpoint (the same tensors and state, not the times)
+  same_tensors(snapshot_path(full, 40), full + "/checkpoint.safetensors");
+  BOOST_TEST(train_state_without_time(snapshot_path(full, 40)) == train_state_without_time(full + "/checkpoint.safetensors"));
+  // step 0 holds the initial weights: those of a fresh model of the seed, and zero moments
+  {
+    const SafetensorsFile f = read_safetensors(snapshot_path(full, 0));
+    TransformerLM fresh(checkpoint_config(f), a.seed);
+    for (auto& [name, p] : fresh.named_parameters()) BOOST_TEST(f.f32(name).to_vector() == p.to_vector());
+    BOOST_TEST(json::parse(f.meta("train_state"))["step"] == 0);
+    BOOST_TEST(json::parse(f.meta("train_state"))["optimizer_steps"] == 0);
+  }
+  // A new run directory whose checkpoint is a snapshot (15: between checkpoints; 0: the start)
+  // trains to the original run's final weights bit for bit, and keeps writing snapshots.
+  for (int64_t from : {int64_t{15}, int64_t{0}}) {
+    BOOST_TEST_CONTEXT("from step " << from) {
+      const std::string fork = fresh_dir("snap-fork-" + std::to_string(from));
+      make_dirs(fork);
+      fs::copy_file(snapshot_path(full, from), fork + "/checkpoint.safetensors");
+      TrainArgs r = resume_args(fork, TrainArgs{}, [](const std::string&) { return false; });
+      BOOST_TEST(r.snapshot_every == 10);  // the run's settings come with the snapshot
+      Trainer(r).run();
+      same_tensors(full + "/model.safetensors", fork + "/model.safetensors");
+      same_tensors(full + "/checkpoint.safetensors", fork + "/checkpoint.safetensors");
+      const std::vector<int64_t> later = from == 15 ? std::vector<int64_t>{20, 30, 40}
+                                                    : std::vector<int64_t>{0, 10, 15, 20, 30, 40};
+      BOOST_TEST(snapshot_steps(fork) == later, boost::test_tools::per_element());
+      for (int64_t s : later) same_tensors(snapshot_path(full, s), snapshot_path(fork, s));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(snapshot_errors_name_the_run_and_what_it_has) {
+  const std::string dir = fresh_dir("snap-none");
+  make_dirs(dir);
+  BOOST_TEST(snapshot_steps(dir).empty());
+  BOOST_TEST(error_of([&] { require_snapshot(dir, 5); }) ==
+             dir + " has no snapshots (" + how_to_make_snapshots() + ")");
+  make_dirs(snapshot_dir(dir));
+  for (int64_t s : {0, 100, 200}) write_file_atomic(snapshot_path(dir, s), "x");
+  write_file_atomic(snapshot_dir(dir) + "/notes.txt", "not a snapshot");
+  write_file_atomic(snapshot_dir(dir) + "/step_12x.safetensors", "not a step");
+  BOOST_TEST(snapshot_steps(dir) == (std::vector<int64_t>{0, 100, 200}), boost::test_tools::per_element());
+  BOOST_TEST(require_snapshot(dir, 100) == snapshot_path(dir, 100));
+  BOOST_TEST(error_of([&] { require_snapshot(dir, 150); }) == dir + " has no snapshot at step 150; it has 0, 100, 200");
+  // more snapshots than the disk holds: one message with the count, the sizes and the directory
+  const std::string msg = error_of([&] { check_snapshots_fit_on_disk(dir, 1000, 1e18); });
+  BOOST_TEST(msg.find("snapshots: 1000 snapshots of ") == 0);
+  BOOST_TEST(msg.find("free under " + dir) != std::string::npos);
+  BOOST_TEST(error_of([&] { check_snapshots_fit_on_disk(dir, 2, 1.0); }) == "(no error)");
+  // the settings: steps out of the run's range, and snapshots without a run directory
+  TrainArgs a = small_args("");
+  a.snapshot_at = {0, 41};
+  BOOST_TEST(error_of([&] { a.validate(); }) == "--snapshot-at 41 is outside the run's steps 0..40 (0 = the initial weights)");
+  a.snapshot_at = {10};
+  BOOST_TEST(error_of([&] { Trainer{a}; }).find("snapshots are kept in the run's directory: give --out") == 0);
+  // which steps a run keeps: multiples of --snapshot-every from 0, and --snapshot-at
+  a.snapshot_every = 15;
+  a.snapshot_at = {7, 30};
+  BOOST_TEST(planned_snapshot_steps(a) == (std::vector<int64_t>{0, 7, 15, 30}), boost::test_tools::per_element());
+  BOOST_TEST(snapshot_due(a, 45));
+  BOOST_TEST(!snapshot_due(a, 8));
 }

@@ -124,6 +124,9 @@ std::vector<TrainSetting> make_table() {
     {"--eval-seed", "/eval_seed", "Seed of the held-out set", FIELD(args.eval_seed), R::kMustMatch, 0, 1.8e19},
     {"--checkpoint-every", "/checkpoint_every", "Checkpoint every N steps (and at the end)", FIELD(args.checkpoint_every),
      R::kIncidental, 1, kMany, {}, false, /*train_only=*/true},
+    {"--snapshot-every", "/snapshot_every", "Keep the run's full resume state every N steps, step 0 included, as "
+     "RUN/snapshots/step_NNNNNNNN.safetensors (studies take --run RUN); 0 = off", FIELD(args.snapshot_every),
+     R::kIncidental, 0, kMany, {}, false, /*train_only=*/true},
     {"--eval-ar", "/eval_autoregressive", "Greedy autoregressive exact match at every eval (always at the end)",
      FIELD(args.eval_autoregressive), R::kMayChange, NAN, NAN, {}, true, true},
     {"--skip-nonfinite", "/skip_nonfinite", "Skip steps with a non-finite loss or gradient instead of stopping",

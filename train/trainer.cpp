@@ -21,6 +21,7 @@
 #include "lib/safetensors.h"
 #include "models/checkpoint.h"
 #include "train/settings.h"
+#include "train/snapshots.h"
 
 namespace hl {
 
@@ -66,7 +67,8 @@ std::string eval_json(int64_t step, const EvalResult& e, float lr, double tokens
   X(batch) X(steps) X(lr) X(schedule) X(warmup) X(min_lr_ratio) X(optimizer) X(weight_decay)        \
   X(decay_all) X(beta1) X(beta2) X(momentum) X(clip) X(seed) X(threads) X(eval_every)               \
   X(checkpoint_every) X(eval_size) X(eval_seed) X(eval_autoregressive) X(skip_nonfinite)            \
-  X(log_grads_every) X(dump_grads_at) X(init) X(fork_from) X(gate_heads) X(freeze_heads) X(reinit_heads)
+  X(log_grads_every) X(dump_grads_at) X(init) X(snapshot_every) X(snapshot_at) X(fork_from) X(gate_heads)    \
+  X(freeze_heads) X(reinit_heads)
 
 std::string TrainArgs::to_json() const {
   json j = {{"model", json::parse(model.to_json())}, {"dropout", model.dropout}, {"attn_dropout", model.attn_dropout},
@@ -119,6 +121,9 @@ void TrainArgs::validate() const {
   if (log_grads_every < 0) fail("--log-grads must be at least 0, got ", log_grads_every);
   for (int64_t s : dump_grads_at)
     if (s < 1) fail("--dump-grads-at must be at least 1, got ", s);
+  for (int64_t s : snapshot_at)
+    if (s < 0 || s > steps)
+      fail("--snapshot-at ", s, " is outside the run's steps 0..", steps, " (0 = the initial weights)");
   parse_schedule(schedule);
   task.validate();
   ModelConfig m = model;
@@ -260,6 +265,7 @@ std::string first_setting_difference(const std::string& stored_json, const std::
   std::set<std::string> ignored;  // settings that leave results alone
   for (const TrainSetting& s : train_settings())
     if (s.on_resume == OnResume::kIncidental) ignored.insert(s.json_pointer);
+  ignored.insert("/snapshot_at");  // like --snapshot-every: which steps are kept leaves results alone
   return first_json_difference(json::parse(stored_json), json::parse(now_json), ignored);
 }
 
@@ -320,6 +326,7 @@ Trainer::Trainer(TrainArgs args, std::unique_ptr<Task> task, ProcessGroup* group
                                   args_.optimizer == "adamw");
   sched_ = LrSchedule{parse_schedule(args_.schedule), args_.lr, args_.warmup, args_.steps, args_.min_lr_ratio};
   data_rng_ = training_data_rng(args_.seed);
+  plan_snapshots();
   held_out_ = task_->held_out(args_.eval_size, args_.eval_seed, std::min(args_.eval_size, 128));
   // Data given as arrays (from Python) has no file to read back: the held-out rows go into the
   // run directory, where `headlab view` finds them beside the checkpoint.
@@ -338,6 +345,29 @@ Trainer::Trainer(TrainArgs args, std::unique_ptr<Task> task, ProcessGroup* group
     check_checkpoint_tensors(args_.model, f);
     load_parameters(*model_, f);
   }
+}
+
+void Trainer::plan_snapshots() {
+  const bool wanted = args_.snapshot_every > 0 || !args_.snapshot_at.empty();
+  if (!wanted) return;
+  if (args_.out.empty())
+    fail("snapshots are kept in the run's directory: give --out (in Python out=) with --snapshot-every / --snapshot-at");
+  if (!writes_files()) return;  // rank 0 of a data-parallel run writes them
+  int64_t after = -1;  // a fork starts at its state's step: the steps up to it are the original run's
+  if (forking()) {
+    try {
+      after = json::parse(read_safetensors(args_.fork_from).meta("train_state")).at("step").get<int64_t>();
+    } catch (const json::exception& e) {
+      fail(args_.fork_from, ": its train_state is unreadable (", e.what(), ")");
+    }
+  }
+  for (int64_t s : planned_snapshot_steps(args_))
+    if (s > after && !file_exists(snapshot_path(args_.out, s))) snapshot_plan_.steps.push_back(s);
+  if (snapshot_plan_.steps.empty()) return;
+  // The size of a snapshot is that of the resume state as it is now (the tensors do not change
+  // size), give or take the digits of the step and the times in its metadata.
+  snapshot_plan_.bytes_each = static_cast<double>(resume_state(args_.steps, 1e9).serialize().size()) + 64;
+  check_snapshots_fit_on_disk(args_.out, static_cast<int64_t>(snapshot_plan_.steps.size()), snapshot_plan_.bytes_each);
 }
 
 std::string held_out_rows_path(const std::string& dir) { return dir + "/eval_data.safetensors"; }
@@ -396,10 +426,10 @@ void Trainer::check_weights_finite(int64_t step, int64_t last_ckpt) const {
   }
 }
 
-void Trainer::save(int64_t step, double wall_s) {
-  if (!writes_files()) return;
-  NamedTensors extra;
-  for (auto& [name, t] : opt_->state()) extra.push_back({"optim." + name, t});
+SafetensorsWriter Trainer::resume_state(int64_t step, double wall_s) const {
+  SafetensorsWriter w;
+  add_model(w, *model_);
+  for (auto& [name, t] : opt_->state()) w.add("optim." + name, t);
   json state = {{"step", step},
                 {"optimizer_steps", opt_->steps()},
                 {"data_rng", rng_json(data_rng_)},
@@ -408,9 +438,22 @@ void Trainer::save(int64_t step, double wall_s) {
                 {"train_s", train_s_so_far_},
                 {"eval_s", eval_s_so_far_},
                 {"args", json::parse(args_.to_json())}};
-  const std::string task = args_.task.to_json();
-  save_checkpoint(checkpoint_path(), *model_, extra, {{"train_state", state.dump()}, {"task", task}});
-  save_checkpoint(args_.out + "/model.safetensors", *model_, {}, {{"task", task}});
+  w.set_meta("train_state", state.dump());
+  w.set_meta("task", args_.task.to_json());
+  return w;
+}
+
+void Trainer::save(int64_t step, double wall_s) {
+  if (!writes_files()) return;
+  resume_state(step, wall_s).write(checkpoint_path());
+  save_checkpoint(args_.out + "/model.safetensors", *model_, {}, {{"task", args_.task.to_json()}});
+}
+
+void Trainer::save_snapshot_if_due(int64_t step, double wall_s, int64_t last_ckpt) {
+  if (!writes_files() || !snapshot_due(args_, step)) return;
+  check_weights_finite(step, last_ckpt);  // the checkpoint's rule: nothing non-finite is kept
+  make_dirs(snapshot_dir(args_.out));
+  resume_state(step, wall_s).write(snapshot_path(args_.out, step));
 }
 
 int64_t Trainer::restore(double& wall_s, const std::string& path) {
@@ -624,6 +667,7 @@ std::pair<float, float> Trainer::step(const std::function<void(TransformerLM&)>&
     task_->seek(manual_step_, args_.batch);
     set_num_threads(args_.threads);  // once: both stay as set (evaluation restores the mode)
     model_->train();
+    if (manual_step_ == 0) save_snapshot_if_due(0, 0, 0);  // the initial weights
   }
   const auto r = step_at(manual_step_, on_gradients);
   ++manual_step_;
@@ -643,6 +687,7 @@ std::pair<float, float> Trainer::step(const std::function<void(TransformerLM&)>&
       if (std::fclose(f) != 0 || !ok) fail(path, ": write failed: ", std::strerror(errno));
       manual_metrics_started_ = true;
     }
+    save_snapshot_if_due(done, 0, 0);
     if (done % args_.checkpoint_every == 0 || last) {
       check_weights_finite(done, 0);
       save(done, 0);
@@ -711,6 +756,7 @@ TrainResult Trainer::run(const TrainObserver& obs) {
   model_->train();
   pool_reset_peak();
   int64_t last_ckpt = start;
+  if (start == 0) save_snapshot_if_due(0, 0, 0);  // the initial weights
   for (int64_t step = start; step < args_.steps; ++step) {
     const float lr = sched_.at(step);
     const Batch& batch = batch_;
@@ -763,6 +809,7 @@ TrainResult Trainer::run(const TrainObserver& obs) {
       window_tokens = 0;
     }
     const bool stop = group_ ? group_stop_ : stop_requested();
+    save_snapshot_if_due(step + 1, wall(), last_ckpt);  // before the checkpoint: a resume rewrites a lost one
     if ((step + 1) % args_.checkpoint_every == 0 || last || stop) {
       check_weights_finite(step + 1, last_ckpt);  // nothing non-finite is ever checkpointed
       save(step + 1, wall());

@@ -10,6 +10,7 @@
 #include "datasets/task.h"
 #include "lib/fileutil.h"
 #include "lib/optim.h"
+#include "lib/safetensors.h"
 #include "lib/stop.h"
 #include "models/transformer.h"
 #include "analysis/evaluate.h"
@@ -51,6 +52,10 @@ struct TrainArgs {
   // gated ("L.H=V"), frozen or re-initialised ("L.H"); train/interventions.h
   std::string fork_from;
   std::vector<std::string> gate_heads, freeze_heads, reinit_heads;
+  // snapshots (train --snapshot-every N, --snapshot-at S1,S2): the resume state kept at these
+  // steps as RUN/snapshots/step_NNNNNNNN.safetensors (train/snapshots.h); 0 = the initial weights
+  int64_t snapshot_every = 0;  // 0 = off; else every multiple of N, step 0 included
+  std::vector<int64_t> snapshot_at;
 
   std::string to_json() const;
   static TrainArgs from_json(const std::string& text, const std::string& source);
@@ -155,11 +160,22 @@ class Trainer {
   const TrainArgs& args() const { return args_; }
   const std::vector<Batch>& held_out() const { return held_out_; }
   std::string checkpoint_path() const;
+  // The snapshots this run will still write (steps not yet on disk) and the bytes of each (the
+  // size of the resume state: weights, optimizer moments and the metadata), as announced up front.
+  struct SnapshotPlan {
+    std::vector<int64_t> steps;
+    double bytes_each = 0;
+  };
+  const SnapshotPlan& snapshot_plan() const { return snapshot_plan_; }
   // After run() threw Interrupted: the result up to the step it stopped at (for a summary).
   const TrainResult& partial_result() const { return partial_; }
 
  private:
   void save(int64_t step, double wall_s);
+  // The resume state of `step`: what checkpoint.safetensors and every snapshot hold.
+  SafetensorsWriter resume_state(int64_t step, double wall_s) const;
+  void save_snapshot_if_due(int64_t step, double wall_s, int64_t last_ckpt);
+  void plan_snapshots();  // fills snapshot_plan_; refuses when the disk cannot hold them
   void check_weights_finite(int64_t step, int64_t last_ckpt) const;
   int64_t restore(double& wall_s, const std::string& path);  // returns the step to continue from
   // The step to start from: 0, the checkpoint's (resume) or the fork's file's (with the fork's
@@ -193,6 +209,7 @@ class Trainer {
   Batch shard_;                    // this rank's rows of batch_
   std::vector<float> summed_;      // gradients, loss and stop requests summed over the ranks
   bool group_stop_ = false;        // a rank asked to stop: all stop after this step
+  SnapshotPlan snapshot_plan_;
 };
 
 long peak_rss_kb();

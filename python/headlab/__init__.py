@@ -24,8 +24,9 @@ from .views import View, grid_view, token_view, view  # noqa: F401
 __all__ = [
     "ActivationCache", "Batches", "HeadlabError", "ModelConfig", "NonFiniteError", "Task", "Tensor",
     "Trainer", "TransformerLM", "ablate", "ablation_hook", "activation_patching", "attention_statistics",
-    "composition_baseline", "composition_scores", "corrupt_one_symbol", "mean_activation",
-    "cross_entropy", "detect_heads", "evaluate", "grad_enabled", "hungarian", "match_heads", "permute_heads", "repeated_random_tokens", "varied_repeat_probe",
+    "composition_baseline", "composition_scores", "corrupt_one_symbol", "mean_activation", "scores_over_training",
+    "cross_entropy", "detect_heads", "evaluate", "grad_enabled", "hungarian", "match_heads", "permute_heads",
+    "repeated_random_tokens", "varied_repeat_probe",
     "head_gradient_norms", "head_importance", "head_importance_per_token", "hook_points", "no_grad", "num_threads",
     "ov_eigenvalues", "ov_singular_values", "per_token_loss", "prune_curve", "qk_singular_values", "set_num_threads",
     "copying_score", "single_head_ablation", "softmax", "tensor", "train", "train_settings", "Tokenizer",
@@ -53,11 +54,13 @@ class Trainer:
     ``out`` (a run directory: checkpoints, metrics.jsonl, summary.json, as the CLI writes them),
     ``resume=True``, ``init`` (a checkpoint to start from), ``quiet=True`` (no progress bar by
     default), ``log_grads=N`` and ``dump_grads_at=[steps]`` (the gradient atlas, written to
-    ``out`` as ``headlab train --log-grads`` writes it), and for ``task="tokens"`` ``data`` /
+    ``out`` as ``headlab train --log-grads`` writes it), ``snapshot_every=N`` and
+    ``snapshot_at=[steps]`` (the full resume state kept as ``out/snapshots/step_NNNNNNNN.safetensors``,
+    step 0 = the initial weights, as ``headlab train --snapshot-every`` keeps it), and for ``task="tokens"`` ``data`` /
     ``eval_data`` as a file name, an int array (N, T) of input_ids, or a dict with
     ``input_ids``, optional ``targets`` and ``loss_mask``. A counterfactual fork, as
-    ``headlab train --fork-from``: ``fork_from`` (a snapshot or checkpoint.safetensors with the
-    training state; the settings come from it) with ``gate=["1.0=0"]``, ``freeze=["0.1"]``,
+    ``headlab train --fork RUN --at STEP``: ``fork=RUN, at=STEP`` (or ``fork_from``, a snapshot or
+    checkpoint.safetensors with the training state; the settings come from it) with ``gate=["1.0=0"]``, ``freeze=["0.1"]``,
     ``reinit=["1.1"]`` (LAYER.HEAD) and ``out``.
 
     ``run()`` trains to ``steps`` as ``headlab train`` does (the same numbers); ``step()`` takes
@@ -123,6 +126,23 @@ def train(callback=None, progress=True, **settings):
     """``headlab.train(d_model=32, steps=300)``: builds a Trainer, runs it, returns (trainer, result)."""
     t = Trainer(**settings)
     return t, t.run(callback=callback, progress=progress)
+
+
+def scores_over_training(run, analysis="detect", examples=None, seed=1234, data="probe", length=0, bos=None,
+                         exclude_bos=False, exclude_current_token=False, normalize=False, task="copy", threads=2):
+    """Each head's scores of ``analysis`` at every snapshot of ``run`` and at its final checkpoint, on the same
+    inputs at each step: what ``headlab ANALYSIS --run RUN`` writes, without a loop of your own.
+
+    ``analysis``: ``"detect"`` (previous_token, duplicate_token, induction), ``"patch"`` (exact,
+    attribution), ``"importance"`` (Michel et al.), ``"dla"`` or ``"compose"`` (q/k/v_composition: the largest
+    score into the head from the layer before; NaN in layer 0). ``examples`` defaults to the command's (detect,
+    dla 200, patch 64, importance prune's --eval-size); ``seed``, ``data``, ``length``, ``bos``, ``exclude_bos``,
+    ``exclude_current_token`` as detect's flags; ``normalize`` as prune's. Returns a dict: ``steps`` (S,),
+    ``checkpoints`` (the file read at each step) and ``scores``: {name: array (S, layers, heads)}.
+    A run keeps snapshots when trained with ``snapshot_every`` / ``snapshot_at``.
+    """
+    return _core._scores_over_training(str(run), analysis, examples, seed, data, length, -1 if bos is None else bos,
+                                       exclude_bos, exclude_current_token, normalize, task, threads)
 
 
 def ablate(model, data, hook, head=None, kind="zero", positions=None, mean_data=None, per_position=False, seed=0,

@@ -226,6 +226,28 @@ def test_training_from_python_equals_the_cli_bit_for_bit(tmp_path):
     assert all(np.array_equal(a[k], b[k]) for k in a)
 
 
+def test_snapshots_from_python_equal_the_cli_s(tmp_path):
+    flags = ["--d-model", "16", "--layers", "1", "--steps", "20", "--eval-every", "10", "--threads", "2"]
+    cli_dir = str(tmp_path / "cli")
+    subprocess.run([HEADLAB, "train", "--quiet", *flags, "--snapshot-every", "10", "--snapshot-at", "5",
+                    "--out", cli_dir], check=True, capture_output=True)
+    settings = dict(d_model=16, layers=1, steps=20, eval_every=10, threads=2, snapshot_every=10, snapshot_at=[5])
+    hl.Trainer(out=str(tmp_path / "run"), **settings).run(progress=False)
+    stepped = hl.Trainer(out=str(tmp_path / "step"), **settings)  # a loop of one's own keeps them too
+    for _ in range(20):
+        stepped.step()
+    names = ["step_%08d.safetensors" % s for s in (0, 5, 10, 20)]
+    for d in ("cli", "run", "step"):
+        assert sorted(os.listdir(tmp_path / d / "snapshots")) == names
+    for name in names:
+        a = read_safetensors(os.path.join(cli_dir, "snapshots", name))
+        for d in ("run", "step"):
+            b = read_safetensors(str(tmp_path / d / "snapshots" / name))
+            assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), (d, name)
+    with pytest.raises(hl.HeadlabError, match="snapshots are kept in the run's directory"):
+        hl.Trainer(steps=20, snapshot_every=10)
+
+
 def test_manual_steps_follow_the_same_batches_as_run():
     settings = dict(steps=30, eval_size=50, task="varcopy", d_model=32)
     a = hl.Trainer(**settings)

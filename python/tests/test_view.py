@@ -120,9 +120,31 @@ def test_a_run_without_atlas_or_prune_data_renders_with_those_panels_hidden(brow
     os.remove(os.path.join(run, "metrics.jsonl"))
     assert view(run).returncode == 0
     assert open_page(browser, os.path.join(run, "view.html")) == []
-    for panel in ("panel-training", "panel-atlas", "panel-entropy", "panel-prune"):
+    for panel in ("panel-training", "panel-atlas", "panel-entropy", "panel-prune", "panel-over-training"):
         assert not browser.find_element(By.ID, panel).is_displayed(), panel
     assert len(browser.find_elements(By.CSS_SELECTOR, "canvas.thumb")) == 8
+
+
+def test_heads_over_training_draw_a_chart_per_score_with_a_line_per_head(browser, tmp_path):
+    run = str(tmp_path / "snap")
+    subprocess.run([HEADLAB, "train", "--quiet", "--d-model", "16", "--layers", "2", "--heads", "2", "--length", "6",
+                    "--steps", "20", "--eval-size", "32", "--snapshot-every", "10", "--out", run], check=True, capture_output=True)
+    for command in ("detect", "compose"):  # into RUN/over_training/, where the view looks
+        subprocess.run([HEADLAB, command, "--run", run, "--examples", "16"], check=True, capture_output=True)
+    assert view(run).returncode == 0
+    assert open_page(browser, os.path.join(run, "view.html")) == []
+    assert browser.find_element(By.ID, "panel-over-training").is_displayed()
+    charts = [c.get_attribute("id") for c in browser.find_elements(By.CSS_SELECTOR, "#over-training-charts canvas")]
+    assert charts == ["over-detect-" + s for s in ("previous_token", "duplicate_token", "induction")] + \
+        ["over-compose-" + s for s in ("q_composition", "k_composition", "v_composition")]
+    # the page holds the CSV's rows: steps 0, 10, 20 x 4 heads; compose's layer 0 has no score
+    assert browser.execute_script("return D.over_training.map(o => o.table.rows.length)") == [12, 12]
+    legend = browser.execute_script("""
+      const c = document.getElementById('over-compose-k_composition'), g = c.getContext('2d');
+      const px = g.getImageData(0, 0, c.width, c.height).data; let coloured = 0;
+      for (let i = 0; i < px.length; i += 4) if (Math.abs(px[i] - px[i + 1]) > 60 || Math.abs(px[i + 1] - px[i + 2]) > 60) coloured++;
+      return coloured;""")
+    assert legend > 50  # coloured lines were drawn
 
 
 def test_missing_or_corrupt_input_is_one_line_and_writes_nothing(tmp_path):
