@@ -258,7 +258,7 @@ check "l0 model saved" 0 "head_gates|headlab-checkpoint" -- head -c 2000 "$T/l0/
 check "bad lambda" nonzero "--lambda" -- "$HL" prune --checkpoint "$M" --method l0 --lambda -1 --out "$T/l0b"
 
 # ---- heads matched across models, counterfactual forks, compare ---------------------------------
-check "run with a snapshot" 0 "token accuracy" -- "$HL" train $small --layers 2 --steps 20 --eval-every 10 --snapshot-at 10 --out "$T/orig"
+check "run with a snapshot" 0 "token accuracy" -- "$HL" train --d-model 16 --layers 2 --heads 2 --d-ff 32 --length 4 --alphabet 5 --batch 8 --eval-size 16 --threads 1 --steps 20 --eval-every 10 --snapshot-at 10 --out "$T/orig"
 check "fork with a gated head" 0 "token accuracy" -- "$HL" train --fork "$T/orig" --at 10 --gate 1.0=0 --quiet --out "$T/gated"
 check "the fork's settings keep the gate" 0 '"gate_heads": \[' -- cat "$T/gated/summary.json"
 check "fork at a step without a snapshot" nonzero "has no snapshot at step 15; it has 10" -- "$HL" train --fork "$T/orig" --at 15 --out "$T/f2"
