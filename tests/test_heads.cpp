@@ -407,6 +407,8 @@ BOOST_AUTO_TEST_CASE(head_count_sweep_is_callable_in_process) {
     BOOST_TEST(again[i].reused);
     BOOST_TEST(again[i].loss == runs[i].loss);
     BOOST_TEST((again[i].role == runs[i].role));
+    BOOST_TEST((again[i].roles.detectors == runs[i].roles.detectors));  // read back from roles.json in the same order
+    BOOST_TEST((again[i].roles.scores == runs[i].roles.scores));
     BOOST_TEST(again[i].match_similarity == runs[i].match_similarity);
   }
   // other settings are refused, or recomputed with force

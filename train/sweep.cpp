@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lib/fileutil.h"
+#include "analysis/detectors.h"
 #include "models/checkpoint.h"
 
 namespace hl {
@@ -71,10 +72,10 @@ HeadRoleScores run_head_roles(const std::string& dir, int examples) {
     try {
       const json j = json::parse(read_file(path));
       if (j.at("probe_examples").get<int>() == examples && j.at("probe_seed").get<uint64_t>() == seed) {
-        HeadRoleScores r;
-        for (const auto& [name, grid] : j.at("scores").items()) {
-          r.detectors.push_back(name);
-          r.scores.push_back(grid.get<HeadGrid>());
+        HeadRoleScores r;  // in the detectors' own order (JSON objects keep theirs alphabetical)
+        for (Detector d : {Detector::PreviousToken, Detector::DuplicateToken, Detector::Induction}) {
+          r.detectors.push_back(to_string(d));
+          r.scores.push_back(j.at("scores").at(to_string(d)).get<HeadGrid>());
         }
         return r;
       }
