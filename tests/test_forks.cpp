@@ -213,6 +213,24 @@ BOOST_AUTO_TEST_CASE(reinit_redraws_the_head_and_resets_its_moments) {
     BOOST_TEST(other[0].param.data()[other[0].indices[k]] == other0[0].param.data()[other0[0].indices[k]]);
 }
 
+BOOST_AUTO_TEST_CASE(a_run_begun_from_init_weights_forks_from_its_snapshot) {
+  const std::string dir = fresh_dir("fork-init-original"), fork = fresh_dir("fork-init-fork");
+  TrainArgs a = small_args(dir);
+  a.init = original().dir + "/model.safetensors";
+  a.steps = 20;
+  a.snapshot_at = {10};
+  {
+    Trainer t(a);
+    t.run();
+  }
+  TrainArgs given;
+  given.out = fork;
+  Trainer f(fork_args(snapshot_path(dir, 10), given, [](const std::string&) { return false; }));
+  f.run();
+  const SafetensorsFile x = read_safetensors(dir + "/model.safetensors"), y = read_safetensors(fork + "/model.safetensors");
+  for (const auto& [name, _] : x.tensors) BOOST_TEST(values(x.f32(name)) == values(y.f32(name)), name);
+}
+
 BOOST_AUTO_TEST_CASE(bad_forks_are_refused_with_one_message) {
   const std::string dir = fresh_dir("fork-bad");
   TrainArgs given;

@@ -132,7 +132,6 @@ void TrainArgs::validate() const {
   parse_interventions(gate_heads, freeze_heads, reinit_heads, m);
   if (fork_from.empty() && !(gate_heads.empty() && freeze_heads.empty() && reinit_heads.empty()))
     fail("--gate, --freeze and --reinit apply to a fork of a run: give --fork RUN --at STEP (or --fork-from FILE)");
-  if (!fork_from.empty() && !init.empty()) fail("--init and a fork both give the starting weights: choose one");
 }
 
 namespace {
@@ -333,7 +332,8 @@ Trainer::Trainer(TrainArgs args, std::unique_ptr<Task> task, ProcessGroup* group
   if (writes_files() && !args_.task.data.empty() && args_.task.data.front() == '(')
     save_token_rows(held_out_rows_path(args_.out), held_out_);
   interventions_ = HeadInterventions(*model_, parse_interventions(args_.gate_heads, args_.freeze_heads, args_.reinit_heads, args_.model));
-  if (!args_.init.empty() && !args_.resume) {  // weights made elsewhere (e.g. PyTorch), same config
+  if (!args_.init.empty() && !args_.resume && !forking()) {  // weights made elsewhere (e.g. PyTorch), same config
+    // (a fork of a run begun with --init starts from its snapshot instead)
     const SafetensorsFile f = read_checkpoint(args_.init);
     const ModelConfig c = checkpoint_config(f);
     if (c.vocab_size != args_.model.vocab_size)
