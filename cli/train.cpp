@@ -85,8 +85,10 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
     const auto& plan = trainer.snapshot_plan();
     const size_t n = plan.steps.size();
     std::string at;
-    for (size_t i = 0; i < n && i < 6; ++i) at += (i ? ", " : "") + std::to_string(plan.steps[i]);
-    if (n > 6) at += ", ..., " + std::to_string(plan.steps.back());
+    for (size_t i = 0; i < n; ++i) {
+      if (n > 8 && i == 5) i = n - 1, at += ", ...";  // a long list: its ends
+      at += (i ? ", " : "") + std::to_string(plan.steps[i]);
+    }
     std::fprintf(stderr, "headlab train: %zu snapshot%s (step%s %s) of %s each: %s of disk in %s/snapshots\n", n,
                  n == 1 ? "" : "s", n == 1 ? "" : "s", at.c_str(),
                  format_bytes(plan.bytes_each).c_str(), format_bytes(plan.bytes_each * static_cast<double>(n)).c_str(),

@@ -345,6 +345,10 @@ void bind_training(py::module_& m) {
         return py::make_tuple(r.first, r.second);
       })
       .def_property_readonly("steps_done", [](const PyTrainer& t) { return t.trainer->steps_done(); })
+      .def_property_readonly("snapshot_plan", [](const PyTrainer& t) {
+        const Trainer::SnapshotPlan& p = t.trainer->snapshot_plan();
+        return py::make_tuple(p.steps, p.bytes_each);
+      }, "(steps of the snapshots still to write, bytes of each)")
       .def("evaluate", [](PyTrainer& t, bool ar) {
         EvalResult e;
         {

@@ -13,6 +13,8 @@
 #include "models/checkpoint.h"
 #include "cli/alloc_counter.h"
 #include "train/settings.h"
+#include "models/checkpoint.h"
+#include "train/over_training.h"
 #include "train/snapshots.h"
 #include "train/trainer.h"
 #include "tests/fixtures.h"
@@ -504,11 +506,13 @@ BOOST_AUTO_TEST_CASE(snapshots_hold_the_resume_state_and_a_run_continues_from_th
       fs::copy_file(snapshot_path(full, from), fork + "/checkpoint.safetensors");
       TrainArgs r = resume_args(fork, TrainArgs{}, [](const std::string&) { return false; });
       BOOST_TEST(r.snapshot_every == 10);  // the run's settings come with the snapshot
-      Trainer(r).run();
-      same_tensors(full + "/model.safetensors", fork + "/model.safetensors");
-      same_tensors(full + "/checkpoint.safetensors", fork + "/checkpoint.safetensors");
       const std::vector<int64_t> later = from == 15 ? std::vector<int64_t>{20, 30, 40}
                                                     : std::vector<int64_t>{0, 10, 15, 20, 30, 40};
+      Trainer resumed(r);
+      BOOST_TEST(resumed.snapshot_plan().steps == later, boost::test_tools::per_element());  // those after its step
+      resumed.run();
+      same_tensors(full + "/model.safetensors", fork + "/model.safetensors");
+      same_tensors(full + "/checkpoint.safetensors", fork + "/checkpoint.safetensors");
       BOOST_TEST(snapshot_steps(fork) == later, boost::test_tools::per_element());
       for (int64_t s : later) same_tensors(snapshot_path(full, s), snapshot_path(fork, s));
     }
@@ -545,4 +549,40 @@ BOOST_AUTO_TEST_CASE(snapshot_errors_name_the_run_and_what_it_has) {
   BOOST_TEST(planned_snapshot_steps(a) == (std::vector<int64_t>{0, 7, 15, 30}), boost::test_tools::per_element());
   BOOST_TEST(snapshot_due(a, 45));
   BOOST_TEST(!snapshot_due(a, 8));
+}
+
+// The steps the loop reads: every snapshot, and the final checkpoint once (here a snapshot holds
+// its step, so the snapshot is read); a stopped run's checkpoint sits among its snapshots in order.
+BOOST_AUTO_TEST_CASE(scores_over_training_read_every_snapshot_and_the_final_checkpoint_once) {
+  const std::string dir = fresh_dir("over-steps");
+  TrainArgs a = small_args(dir);
+  a.steps = 20;
+  a.snapshot_every = 10;
+  Trainer(a).run();
+  HeadScoreOptions o;
+  const ScoresOverTraining s = scores_over_training(dir, "compose", o);
+  BOOST_TEST(s.steps == (std::vector<int64_t>{0, 10, 20}), boost::test_tools::per_element());
+  BOOST_TEST(s.checkpoints.back() == snapshot_path(dir, 20));
+  BOOST_TEST(s.score_names == (std::vector<std::string>{"q_composition", "k_composition", "v_composition"}),
+             boost::test_tools::per_element());
+  for (size_t i = 0; i < s.steps.size(); ++i) {  // the values are each file's own scores
+    const HeadScores h = head_scores("compose", read_checkpoint(s.checkpoints[i]), s.checkpoints[i], o);
+    for (size_t k = 0; k < 3; ++k)
+      for (int l = 0; l < 2; ++l)
+        for (int hd = 0; hd < 2; ++hd) {
+          const double v = s.at(k, i, l, hd), want = h.grids[k][static_cast<size_t>(l)][static_cast<size_t>(hd)];
+          BOOST_TEST((l == 0 ? std::isnan(v) && std::isnan(want) : v == want));
+        }
+  }
+  // the scores move with training: the last step's differ from the first's
+  BOOST_TEST(s.at(1, 0, 1, 0) != s.at(1, 2, 1, 0));
+  // a run whose checkpoint (step 15, stopped early) falls between snapshots
+  fs::remove(snapshot_path(dir, 20));
+  fs::copy_file(snapshot_path(dir, 10), dir + "/checkpoint.safetensors", fs::copy_options::overwrite_existing);
+  fs::rename(snapshot_path(dir, 10), snapshot_path(dir, 15));  // so that 10 is not a snapshot; 15 and the checkpoint (10) remain
+  const ScoresOverTraining t = scores_over_training(dir, "compose", o);
+  BOOST_TEST(t.steps == (std::vector<int64_t>{0, 10, 15}), boost::test_tools::per_element());
+  BOOST_TEST(t.checkpoints[1] == dir + "/checkpoint.safetensors");
+  BOOST_TEST(error_of([&] { scores_over_training(dir, "roles", o); }) ==
+             "analysis 'roles' is not one of detect, patch, importance, dla, compose");
 }

@@ -353,16 +353,19 @@ void Trainer::plan_snapshots() {
   if (args_.out.empty())
     fail("snapshots are kept in the run's directory: give --out (in Python out=) with --snapshot-every / --snapshot-at");
   if (!writes_files()) return;  // rank 0 of a data-parallel run writes them
-  int64_t after = -1;  // a fork starts at its state's step: the steps up to it are the original run's
-  if (forking()) {
+  // a resumed run writes only the snapshots after its checkpoint's step, a fork those after its
+  // state's step (the steps up to it are the original run's)
+  int64_t start = 0;
+  const std::string from = args_.resume ? checkpoint_path() : forking() ? args_.fork_from : std::string();
+  if (!from.empty() && file_exists(from)) {
     try {
-      after = json::parse(read_safetensors(args_.fork_from).meta("train_state")).at("step").get<int64_t>();
+      start = json::parse(read_safetensors(from).meta("train_state")).at("step").get<int64_t>();
     } catch (const json::exception& e) {
-      fail(args_.fork_from, ": its train_state is unreadable (", e.what(), ")");
+      fail(from, ": its train_state metadata is unreadable (", e.what(), ")");
     }
   }
   for (int64_t s : planned_snapshot_steps(args_))
-    if (s > after && !file_exists(snapshot_path(args_.out, s))) snapshot_plan_.steps.push_back(s);
+    if ((s > start || (s == 0 && start == 0)) && !file_exists(snapshot_path(args_.out, s))) snapshot_plan_.steps.push_back(s);
   if (snapshot_plan_.steps.empty()) return;
   // The size of a snapshot is that of the resume state as it is now (the tensors do not change
   // size), give or take the digits of the step and the times in its metadata.

@@ -8,6 +8,9 @@ one-line message as the command line.
 
 See docs/python.md for a worked example.
 """
+import os
+import sys
+
 from ._core import (  # noqa: F401
     ActivationCache, Batches, HeadlabError, ModelConfig, NonFiniteError, Task, Tensor, TransformerLM,
     activation_patching, attention_statistics, composition_baseline, composition_scores, copying_score, corrupt_one_symbol,
@@ -70,6 +73,16 @@ class Trainer:
     def __init__(self, quiet=False, **settings):
         self._quiet = bool(quiet)
         self._t = _core._Trainer(**settings)
+        steps, each = self._t.snapshot_plan
+        if steps and not self._quiet:  # what the snapshots will cost, as `headlab train` says it up front
+            print("headlab: %d snapshot%s (steps %s) of %.1f MiB each: %.1f MiB of disk in %s"
+                  % (len(steps), "" if len(steps) == 1 else "s", ", ".join(map(str, steps)), each / 2**20,
+                     len(steps) * each / 2**20, os.path.join(settings["out"], "snapshots")), file=sys.stderr)
+
+    @property
+    def snapshot_plan(self):
+        """(steps, bytes_each): the snapshots this trainer will still write and the size of each."""
+        return self._t.snapshot_plan
 
     def run(self, callback=None, progress=None):
         """Trains to ``steps``; returns a dict (final_eval, curve, steps, wall_s, ...).

@@ -226,13 +226,20 @@ def test_training_from_python_equals_the_cli_bit_for_bit(tmp_path):
     assert all(np.array_equal(a[k], b[k]) for k in a)
 
 
-def test_snapshots_from_python_equal_the_cli_s(tmp_path):
+def test_snapshots_from_python_equal_the_cli_s(tmp_path, capfd):
     flags = ["--d-model", "16", "--layers", "1", "--steps", "20", "--eval-every", "10", "--threads", "2"]
     cli_dir = str(tmp_path / "cli")
     subprocess.run([HEADLAB, "train", "--quiet", *flags, "--snapshot-every", "10", "--snapshot-at", "5",
                     "--out", cli_dir], check=True, capture_output=True)
     settings = dict(d_model=16, layers=1, steps=20, eval_every=10, threads=2, snapshot_every=10, snapshot_at=[5])
-    hl.Trainer(out=str(tmp_path / "run"), **settings).run(progress=False)
+    t = hl.Trainer(out=str(tmp_path / "run"), **settings)
+    steps, each = t.snapshot_plan  # said up front, as the CLI says it
+    assert steps == [0, 5, 10, 20]
+    assert "4 snapshots (steps 0, 5, 10, 20) of" in capfd.readouterr().err
+    t.run(progress=False)
+    for s in steps:
+        size = os.path.getsize(tmp_path / "run" / "snapshots" / ("step_%08d.safetensors" % s))
+        assert each - 128 <= size <= each
     stepped = hl.Trainer(out=str(tmp_path / "step"), **settings)  # a loop of one's own keeps them too
     for _ in range(20):
         stepped.step()
