@@ -280,10 +280,6 @@ std::string head_role(const HeadRoleScores& r, int layer, int head, double thres
   return best;
 }
 
-}  // namespace hl
-
-namespace hl {
-
 std::vector<Batch> match_probe(const TransformerLM& a, const TransformerLM& b, int examples, uint64_t seed) {
   const int64_t len = std::min(a.cfg.max_seq_len, b.cfg.max_seq_len);
   const int k = static_cast<int>(std::min<int64_t>(16, len / 2));
@@ -300,10 +296,6 @@ PairRoles pair_roles(const HeadMatch& m, const HeadRoleScores& a, const HeadRole
   }
   return r;
 }
-
-}  // namespace hl
-
-namespace hl {
 
 void permute_heads(TransformerLM& model, int layer, const std::vector<int>& perm) {
   const int L = model.cfg.n_layers, H = model.cfg.n_heads;

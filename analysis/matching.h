@@ -68,10 +68,6 @@ HeadRoleScores detector_role_scores(TransformerLM& model, int examples = 200, ui
 // The role of one head: the detector of highest score when it is at least `threshold`, else "none".
 std::string head_role(const HeadRoleScores& r, int layer, int head, double threshold = 0.4);
 
-}  // namespace hl
-
-namespace hl {
-
 // Shared prompts for match by pattern: varied_repeat_probe rows that both models can read (block
 // up to min(16, max_seq_len / 2) of the shorter model, tokens of the smaller vocabulary).
 std::vector<Batch> match_probe(const TransformerLM& a, const TransformerLM& b, int examples = 200, uint64_t seed = 1234);
@@ -83,10 +79,6 @@ struct PairRoles {
   int same_role = 0;                        // pairs whose heads share a role other than "none"
 };
 PairRoles pair_roles(const HeadMatch& m, const HeadRoleScores& a, const HeadRoleScores& b, double threshold = 0.4);
-
-}  // namespace hl
-
-namespace hl {
 
 // Reorders the heads of `layer` in place: new head h is old head perm[h] (W_Q, W_K, W_V rows and
 // their biases, W_O columns, gates). The model computes the same function (the heads' outputs are
