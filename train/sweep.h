@@ -22,7 +22,7 @@ struct SweepOptions {
   bool force = false;                   // recompute runs made with other settings
   // the mechanisms each run formed: detector scores of its heads on the probe (role_examples
   // sequences), a head taking the role of the detector scoring at least role_threshold
-  int role_examples = 200;
+  int role_examples = 100;
   double role_threshold = 0.4;
 };
 
