@@ -100,7 +100,16 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
                     "token_acc_max,exact_tf_mean,exact_tf_min,exact_tf_max,exact_ar_mean,exact_ar_min,exact_ar_max,"
                     "first_step_99_mean,runs_reaching_99,train_s_mean,time_rel,peak_tensor_mib_mean,memory_rel,"
                     "loss_ci95_lo,loss_ci95_hi,token_acc_ci95_lo,token_acc_ci95_hi,exact_tf_ci95_lo,exact_tf_ci95_hi,"
-                    "exact_ar_ci95_lo,exact_ar_ci95_hi\n";
+                    "exact_ar_ci95_lo,exact_ar_ci95_hi";
+  const std::vector<std::string>& detectors = by_heads.front().detectors;
+  for (const std::string& d : detectors) csv += ",runs_with_" + d + ",heads_with_" + d;
+  csv += ",seed_match_similarity_mean,seed_match_pairs,seed_match_same_role\n";
+  // mechanisms: which circuit formed in how many seeds, and how alike the seeds' heads are
+  std::vector<std::string> mech_header = {"heads"};
+  for (const std::string& d : detectors) mech_header.push_back(d + " head formed");
+  mech_header.push_back("heads matched to seed " + std::to_string(base.seed) + ": similarity");
+  mech_header.push_back("matched pairs sharing a role");
+  std::vector<std::vector<std::string>> mech = {mech_header};
   for (const HeadCountSummary& s : by_heads) {
     const Spread f99 = spread(s.first_99);
     const size_t reached = s.first_99.size();
@@ -118,7 +127,21 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
            "," + fixed(s.ar_exact.mean, 6) + "," + fixed(s.ar_exact.lo, 6) + "," + fixed(s.ar_exact.hi, 6) + "," +
            (reached == 0 ? "" : fixed(f99.mean, 1)) + "," + std::to_string(reached) + "," + fixed(s.train_s.mean, 4) + "," +
            fixed(s.time_rel, 4) + "," + fixed(s.peak_bytes.mean / 1048576.0, 4) + "," + fixed(s.memory_rel, 4) + "," +
-           ci_cells(s.loss) + "," + ci_cells(s.token_acc) + "," + ci_cells(s.exact) + "," + ci_cells(s.ar_exact) + "\n";
+           ci_cells(s.loss) + "," + ci_cells(s.token_acc) + "," + ci_cells(s.exact) + "," + ci_cells(s.ar_exact);
+    std::vector<std::string> mrow = {std::to_string(s.heads)};
+    json formed = json::object();
+    for (size_t d = 0; d < s.detectors.size(); ++d) {
+      csv += "," + std::to_string(s.runs_with_role[d]) + "," + std::to_string(s.heads_with_role[d]);
+      mrow.push_back(std::to_string(s.runs_with_role[d]) + "/" + std::to_string(s.runs) + " seeds (" +
+                     std::to_string(s.heads_with_role[d]) + " heads)");
+      formed[s.detectors[d]] = {{"runs", s.runs_with_role[d]}, {"heads", s.heads_with_role[d]}};
+    }
+    const bool matched = s.match_pairs > 0;
+    csv += "," + (matched ? fixed(s.match_similarity.mean, 6) : std::string()) + "," + std::to_string(s.match_pairs) + "," +
+           std::to_string(s.match_same_role) + "\n";
+    mrow.push_back(matched ? with_range(s.match_similarity, 3) : "-");
+    mrow.push_back(matched ? std::to_string(s.match_same_role) + "/" + std::to_string(s.match_pairs) : "-");
+    mech.push_back(mrow);
     summary.push_back({{"heads", s.heads}, {"d_head", s.d_head}, {"params", s.params},
                        {"loss", {s.loss.mean, s.loss.lo, s.loss.hi}},
                        {"token_acc", {s.token_acc.mean, s.token_acc.lo, s.token_acc.hi}},
@@ -127,23 +150,51 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
                        {"first_step_99", reached == 0 ? json(nullptr) : json(f99.mean)},
                        {"runs_reaching_99", reached}, {"train_s", s.train_s.mean}, {"peak_tensor_bytes", s.peak_bytes.mean},
                        {"ci95", {{"loss", ci_json(s.loss)}, {"token_acc", ci_json(s.token_acc)},
-                                 {"exact_match", ci_json(s.exact)}, {"ar_exact_match", ci_json(s.ar_exact)}}}});
+                                 {"exact_match", ci_json(s.exact)}, {"ar_exact_match", ci_json(s.ar_exact)}}},
+                       {"mechanisms", {{"formed", formed},
+                                       {"seed_match", {{"similarity", matched ? json(s.match_similarity.mean) : json(nullptr)},
+                                                       {"pairs", s.match_pairs}, {"same_role", s.match_same_role}}}}}});
   }
-  std::string runs_csv = "heads,seed,d_head,params,loss,token_acc,exact_tf,exact_ar,first_step_99,train_s,peak_tensor_bytes\n";
-  for (const SweepRun& r : runs)
+  std::string runs_csv = "heads,seed,d_head,params,loss,token_acc,exact_tf,exact_ar,first_step_99,train_s,peak_tensor_bytes";
+  for (const std::string& d : detectors) runs_csv += ",heads_" + d;
+  runs_csv += ",roles,seed_match_similarity,seed_match_same_role\n";
+  json runs_json = json::array();
+  for (const SweepRun& r : runs) {
     runs_csv += std::to_string(r.heads) + "," + std::to_string(r.seed) + "," + std::to_string(r.d_head) + "," +
                 std::to_string(r.params) + "," + fixed(r.loss, 6) + "," + fixed(r.token_acc, 6) + "," + fixed(r.exact, 6) +
                 "," + fixed(r.ar_exact, 6) + "," + (r.first_99 >= 0 ? std::to_string(r.first_99) : "") + "," +
-                fixed(r.train_s, 4) + "," + fixed(r.peak_bytes, 0) + "\n";
+                fixed(r.train_s, 4) + "," + fixed(r.peak_bytes, 0);
+    for (const std::string& d : detectors) runs_csv += "," + std::to_string(r.heads_with_role(d));
+    std::string roles;  // "0.1:induction 1.0:previous_token": the heads with a role
+    json heads = json::array();
+    for (size_t l = 0; l < r.role.size(); ++l)
+      for (size_t h = 0; h < r.role[l].size(); ++h) {
+        if (r.role[l][h] != "none") roles += (roles.empty() ? "" : " ") + std::to_string(l) + "." + std::to_string(h) + ":" + r.role[l][h];
+        json scores = json::object();
+        for (size_t d = 0; d < r.roles.detectors.size(); ++d) scores[r.roles.detectors[d]] = r.roles.scores[d][l][h];
+        heads.push_back({{"layer", l}, {"head", h}, {"role", r.role[l][h]}, {"scores", scores}});
+      }
+    runs_csv += "," + roles + "," + (r.matched ? fixed(r.match_similarity, 6) : "") + "," +
+                (r.matched ? std::to_string(r.match_same_role) : "") + "\n";
+    runs_json.push_back({{"heads", r.heads}, {"seed", r.seed}, {"head_roles", heads},
+                         {"seed_match", r.matched ? json{{"similarity", r.match_similarity}, {"pairs", r.match_pairs},
+                                                         {"same_role", r.match_same_role}}
+                                                  : json(nullptr)}});
+  }
   write_file_atomic(out + "/ablation.csv", csv);
   write_file_atomic(out + "/ablation_runs.csv", runs_csv);
   write_file_atomic(out + "/ablation.json",
                     json({{"config", json::parse(base.to_json())}, {"policy", o.sweep.policy}, {"seeds", o.sweep.seeds},
-                          {"by_heads", summary}}).dump(2) + "\n");
+                          {"role_threshold", o.sweep.role_threshold}, {"role_examples", o.sweep.role_examples},
+                          {"by_heads", summary}, {"runs", runs_json}}).dump(2) + "\n");
   std::printf("\nhead-count ablation: task %s, %lld steps, %d seed%s, %s (mean [95%% t-interval] over seeds)\n\n",
               base.task.name.c_str(), static_cast<long long>(base.steps), o.sweep.seeds, o.sweep.seeds > 1 ? "s" : "",
               o.sweep.policy.c_str());
   print_table(table);
+  std::printf("\nmechanisms: a head takes a detector's role when it scores >= %.2f on the probe; each later seed's heads "
+              "matched to seed %llu's by attention pattern (1 - Jensen-Shannon divergence)\n\n",
+              o.sweep.role_threshold, static_cast<unsigned long long>(base.seed));
+  print_table(mech);
 
   // ---- plots -----------------------------------------------------------------------------
   std::vector<Series> loss_curves, acc_curves;
@@ -202,6 +253,10 @@ void add_ablate_command(CLI::App& app, CommandRunner& runner) {
   sub->add_flag("--quick", o->quick, "1 seed, 300 steps, 500 held-out sequences (unless given)");
   sub->add_option("--out", o->out, "Output directory (default: runs/ablate-<date>-<time>); rerun to resume");
   sub->add_flag("--quiet", o->quiet, "No progress output");
+  sub->add_option("--role-examples", o->sweep.role_examples, "Probe sequences for each run's head detectors (mechanisms)")
+      ->capture_default_str()->check(in_range(1, 1e6));
+  sub->add_option("--role-threshold", o->sweep.role_threshold, "A head takes a detector's role when it scores at least this")
+      ->capture_default_str()->check(in_range(0, 1));
   sub->add_flag("--force", o->sweep.force, "Recompute runs in --out that were made with other settings (default: refuse)");
   sub->callback([&runner, flags, o] { runner = [=] { return run_ablate(*flags, *o); }; });
 }

@@ -11,6 +11,7 @@
 #include "lib/safetensors.h"
 #include "train/atlas.h"
 #include "train/distributed.h"
+#include "train/snapshots.h"
 
 namespace hl {
 
@@ -25,11 +26,40 @@ TrainArgs args_to_resume(TrainFlags& flags, const std::string& out) {
   return r;
 }
 
+// train --fork-from FILE (or --fork RUN --at STEP) with --gate/--freeze/--reinit.
+struct ForkFlags {
+  std::string run, from;  // --fork RUN (with --at STEP), or --fork-from FILE
+  int64_t at = -1;
+  std::vector<std::string> gate, freeze, reinit;
+  bool given() const { return !from.empty() || !run.empty(); }
+  // the file the fork starts from
+  std::string state_file() const {
+    if (!run.empty() && !from.empty()) fail("--fork and --fork-from both name the state to fork from: choose one");
+    if (!run.empty() && at < 0) fail("--fork ", run, ": give the step of its snapshot to start from (--at STEP)");
+    if (run.empty() && at >= 0) fail("--at ", at, " goes with --fork RUN");
+    return run.empty() ? from : require_snapshot(run, at);
+  }
+};
+
 int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool quiet, int64_t log_grads,
-              const std::vector<int64_t>& dump_at, const std::vector<int64_t>& snapshot_at, bool snapshot_at_given) {
+              const std::vector<int64_t>& dump_at, const std::vector<int64_t>& snapshot_at, bool snapshot_at_given,
+              const ForkFlags& fork) {
   const std::string out = out_flag.empty() ? default_out_dir("train") : out_flag;
+  if (!fork.given() && !(fork.gate.empty() && fork.freeze.empty() && fork.reinit.empty()))
+    fail("--gate, --freeze and --reinit apply to a fork: give --fork RUN --at STEP (or --fork-from FILE)");
+  if (fork.at >= 0 && !fork.given()) fail("--at ", fork.at, " goes with --fork RUN");
+  if (fork.given() && resume) fail("--resume continues a run (a fork too) from its own checkpoint: leave out --fork");
+  if (fork.given() && flags.given("--init")) fail("--init and --fork both give the starting weights: choose one");
   TrainArgs args = resume ? args_to_resume(flags, out) : flags.resolve();
-  if (!resume) {
+  if (fork.given()) {
+    TrainArgs given = args;
+    given.out = out;
+    given.gate_heads = fork.gate, given.freeze_heads = fork.freeze, given.reinit_heads = fork.reinit;
+    given.log_grads_every = log_grads;
+    given.dump_grads_at = dump_at;
+    args = fork_args(fork.state_file(), given, [&](const std::string& f) { return flags.given(f); });
+    if (!flags.given("--threads")) args.threads = default_threads(args.threads);
+  } else if (!resume) {
     args = init_args(args, [&](const std::string& f) { return flags.given(f); });
     refuse_output_over_input("--out", out + "/model.safetensors", {{"--init", args.init}});
     refuse_output_over_input("--out", out + "/checkpoint.safetensors", {{"--init", args.init}});
@@ -37,7 +67,8 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
     args.log_grads_every = log_grads;
     args.dump_grads_at = dump_at;
   }
-  if (!resume || snapshot_at_given) args.snapshot_at = snapshot_at;  // a resumed run keeps its own unless given
+  // a resumed run, or a fork, keeps the run's own snapshot steps unless given
+  if ((!resume && !fork.given()) || snapshot_at_given) args.snapshot_at = snapshot_at;  // a resumed run keeps its own unless given
   // under mpirun: data-parallel over the ranks; rank 0 reports and writes every file
   ProcessGroup* group = in_multi_rank_job() ? job() : nullptr;
   const bool rank0 = !group || group->rank() == 0;
@@ -144,6 +175,7 @@ void add_train_command(CLI::App& app, CommandRunner& runner) {
   auto log_grads = std::make_shared<int64_t>(0);
   auto dump_at = std::make_shared<std::vector<int64_t>>();
   auto snapshot_at = std::make_shared<std::vector<int64_t>>();
+  auto fork = std::make_shared<ForkFlags>();
   flags->add(sub);
   flags->task_training_defaults = true;
   sub->add_option("--out", *out, "Output directory (default: runs/train-<date>-<time>)");
@@ -159,9 +191,21 @@ void add_train_command(CLI::App& app, CommandRunner& runner) {
       sub->add_option("--snapshot-at", *snapshot_at, "Steps at which to keep the run's full resume state "
                                                      "(RUN/snapshots/step_NNNNNNNN.safetensors); 0 = the initial weights")
           ->delimiter(',')->check(in_range(0, 1e15));
-  sub->callback([&runner, flags, out, resume, quiet, log_grads, dump_at, snapshot_at, snapshot_at_opt] {
+  sub->add_option("--fork", fork->run,
+                  "Counterfactual fork of this run (its directory) from its snapshot at --at, into --out: the same data "
+                  "order and RNG, settings from the snapshot; with --gate/--freeze/--reinit");
+  sub->add_option("--at", fork->at, "The step of the snapshot --fork starts from")->check(in_range(0, 1e15));
+  sub->add_option("--fork-from", fork->from,
+                  "Like --fork RUN --at STEP, from a file with the training state (a snapshot or checkpoint.safetensors)");
+  sub->add_option("--gate", fork->gate, "Fork: set a head's gate, LAYER.HEAD=VALUE (0 = the head's output removed); repeatable")
+      ->delimiter(',');
+  sub->add_option("--freeze", fork->freeze, "Fork: keep a head's W_Q/W_K/W_V rows and W_O columns exactly, LAYER.HEAD; repeatable")
+      ->delimiter(',');
+  sub->add_option("--reinit", fork->reinit, "Fork: draw a head's weights again as at construction and reset their optimizer "
+                                            "moments, LAYER.HEAD; repeatable")->delimiter(',');
+  sub->callback([&runner, flags, out, resume, quiet, log_grads, dump_at, snapshot_at, snapshot_at_opt, fork] {
     const bool at_given = snapshot_at_opt->count() > 0;
-    runner = [=] { return run_train(*flags, *out, *resume, *quiet, *log_grads, *dump_at, *snapshot_at, at_given); };
+    runner = [=] { return run_train(*flags, *out, *resume, *quiet, *log_grads, *dump_at, *snapshot_at, at_given, *fork); };
   });
 }
 

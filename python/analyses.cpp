@@ -7,6 +7,7 @@
 #include "analysis/decompose.h"
 #include "analysis/detectors.h"
 #include "analysis/edges.h"
+#include "analysis/matching.h"
 #include "analysis/patching.h"
 #include "bindings.h"
 #include "train/over_training.h"
@@ -307,6 +308,46 @@ void bind_analyses(py::module_& m) {
   }, py::arg("model"), py::arg("data"), py::arg("kind") = "induction", py::arg("exclude_bos") = false,
      py::arg("exclude_current_token") = false,
      "TransformerLens-style detector scores (L, H): previous_token, duplicate_token or induction");
+  m.def("match_heads", [](TransformerLM& a, TransformerLM& b, const py::object& data, const std::string& by, bool across_layers,
+                          int examples, uint64_t seed) {
+    const MatchBy how = parse_match_by(by);
+    std::vector<Batch> probe;
+    std::optional<DataArg> given;
+    if (how == MatchBy::Pattern) {
+      if (data.is_none()) {
+        probe = match_probe(a, b, examples, seed);
+      } else {
+        given = data_arg(data, a, "match_heads");
+        check_data_fits_model(given->batches(), b.cfg, "match_heads");
+      }
+    }
+    const HeadMatch m = interruptible([&] { return match_heads(a, b, given ? given->batches() : probe, {how, across_layers}); });
+    py::list pairs, ua, ub;
+    for (const HeadPair& p : m.pairs) pairs.append(py::make_tuple(p.layer_a, p.head_a, p.layer_b, p.head_b, p.similarity));
+    for (auto [l, h] : m.unmatched_a) ua.append(py::make_tuple(l, h));
+    for (auto [l, h] : m.unmatched_b) ub.append(py::make_tuple(l, h));
+    py::array_t<double> sim({static_cast<py::ssize_t>(m.similarity.size()),
+                             static_cast<py::ssize_t>(m.similarity.empty() ? 0 : m.similarity[0].size())});
+    for (size_t i = 0; i < m.similarity.size(); ++i)
+      for (size_t j = 0; j < m.similarity[i].size(); ++j) sim.mutable_at(i, j) = m.similarity[i][j];
+    py::dict out;
+    out["by"] = to_string(how);
+    out["pairs"] = pairs;
+    out["unmatched_a"] = ua;
+    out["unmatched_b"] = ub;
+    out["similarity"] = sim;
+    out["mean_similarity"] = m.mean_similarity;
+    return out;
+  }, py::arg("model_a"), py::arg("model_b"), py::arg("data") = py::none(), py::arg("by") = "pattern",
+     py::arg("across_layers") = false, py::arg("examples") = 200, py::arg("seed") = 1234,
+     "Heads of model_a matched one to one to heads of model_b (Hungarian assignment) by attention pattern on data "
+     "(default: the varied repeat probe) or by QK/OV circuit weights; dict with pairs (layer_a, head_a, layer_b, head_b, "
+     "similarity), unmatched_a, unmatched_b, similarity (heads of A x heads of B, layer-major) and mean_similarity");
+  m.def("hungarian", [](const std::vector<std::vector<double>>& cost) { return hungarian(cost); }, py::arg("cost"),
+        "Optimal assignment of rows to distinct columns minimising the summed cost; -1 for rows left out (more rows than columns)");
+  m.def("permute_heads", [](TransformerLM& model, int layer, const std::vector<int>& perm) { permute_heads(model, layer, perm); },
+        py::arg("model"), py::arg("layer"), py::arg("perm"),
+        "Reorder the heads of a layer in place (new head h = old head perm[h]); the model computes the same function");
   m.def("activation_patching", [](TransformerLM& model, py::object task, py::object data_obj, uint64_t seed,
                                   std::optional<int> alphabet) -> py::object {
     // (model, clean ids, corrupted ids): the generic form with its defaults

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "bindings.h"
+#include "train/snapshots.h"
 
 #include "train/atlas.h"
 #include "lib/rng.h"
@@ -287,7 +288,8 @@ void bind_training(py::module_& m) {
   // ---- training -------------------------------------------------------------------------------
   py::class_<PyTrainer>(m, "_Trainer")
       .def(py::init([](py::kwargs kw) {
-        std::set<std::string> extra = {"data", "eval_data", "out", "init", "resume", "log_grads", "dump_grads_at", "snapshot_at"};
+        std::set<std::string> extra = {"data", "eval_data", "out", "init", "resume", "log_grads", "dump_grads_at", "snapshot_at",
+                                       "fork", "at", "fork_from", "gate", "freeze", "reinit"};
         TrainArgs a = args_from_kwargs(kw, [&](const std::string& k) { return extra.count(k) > 0; }, true);
         if (kw.contains("out") && !kw["out"].is_none()) a.out = kw["out"].cast<std::string>();
         if (kw.contains("init") && !kw["init"].is_none()) a.init = kw["init"].cast<std::string>();
@@ -305,7 +307,24 @@ void bind_training(py::module_& m) {
         for (auto& [k, v] : kw)
           if (const TrainSetting* s = find_train_setting(k.cast<std::string>())) given.insert(s->flag);
         const auto was_given = [&](const std::string& f) { return given.count(f) > 0; };
-        a = a.resume ? resume_args(a.out, a, was_given) : init_args(a, was_given);
+        // a counterfactual fork (train --fork-from FILE --gate/--freeze/--reinit): settings from FILE
+        auto texts = [&](const char* k) {
+          return kw.contains(k) && !kw[k].is_none() ? kw[k].cast<std::vector<std::string>>() : std::vector<std::string>{};
+        };
+        a.gate_heads = texts("gate"), a.freeze_heads = texts("freeze"), a.reinit_heads = texts("reinit");
+        const bool by_run = kw.contains("fork") && !kw["fork"].is_none(), by_file = kw.contains("fork_from") && !kw["fork_from"].is_none();
+        if (by_run && by_file) throw py::value_error("fork and fork_from both name the state to fork from: choose one");
+        if (by_run != (kw.contains("at") && !kw["at"].is_none()))
+          throw py::value_error("fork=RUN goes with at=STEP, the step of the run's snapshot to start from");
+        if (by_run || by_file) {
+          if (a.resume) throw py::value_error("resume=True continues a run (a fork too) from its own checkpoint: leave out fork");
+          if (task) throw py::value_error("fork: the fork trains on the task of the run it forks; leave out data arrays");
+          const std::string file = by_run ? require_snapshot(kw["fork"].cast<std::string>(), kw["at"].cast<int64_t>())
+                                          : kw["fork_from"].cast<std::string>();
+          a = fork_args(file, a, was_given);
+        } else {
+          a = a.resume ? resume_args(a.out, a, was_given) : init_args(a, was_given);
+        }
         // snapshots (RUN/snapshots/step_NNNNNNNN.safetensors): a resumed run keeps its own steps unless given
         if (kw.contains("snapshot_at") && !kw["snapshot_at"].is_none())
           a.snapshot_at = kw["snapshot_at"].cast<std::vector<int64_t>>();

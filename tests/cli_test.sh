@@ -271,5 +271,21 @@ check "prune --method l0" 0 "keeps [0-9]+ heads" -- "$HL" prune --checkpoint "$M
 check "l0 model saved" 0 "head_gates|headlab-checkpoint" -- head -c 2000 "$T/l0/l0_model.safetensors"
 check "bad lambda" nonzero "--lambda" -- "$HL" prune --checkpoint "$M" --method l0 --lambda -1 --out "$T/l0b"
 
+# ---- heads matched across models, counterfactual forks, compare ---------------------------------
+check "run with a snapshot" 0 "token accuracy" -- "$HL" train --d-model 16 --layers 2 --heads 2 --d-ff 32 --length 4 --alphabet 5 --batch 8 --eval-size 16 --threads 1 --steps 20 --eval-every 10 --snapshot-at 10 --out "$T/orig"
+check "fork with a gated head" 0 "token accuracy" -- "$HL" train --fork "$T/orig" --at 10 --gate 1.0=0 --quiet --out "$T/gated"
+check "the fork's settings keep the gate" 0 '"gate_heads": \[' -- cat "$T/gated/summary.json"
+check "fork at a step without a snapshot" nonzero "has no snapshot at step 15; it has 10" -- "$HL" train --fork "$T/orig" --at 15 --out "$T/f2"
+check "fork of a head out of range" nonzero "--freeze 0.2: head 2 is outside 0..1" -- "$HL" train --fork "$T/orig" --at 10 --freeze 0.2 --out "$T/f3"
+check "fork with another model" nonzero "--d-model 32 does not match" -- "$HL" train --fork "$T/orig" --at 10 --d-model 32 --out "$T/f4"
+check "interventions need a fork" nonzero "apply to a fork" -- "$HL" train $small --reinit 0.0 --out "$T/f5"
+[ ! -e "$T/f3/checkpoint.safetensors" ] && ok "no checkpoint after a refused fork" || bad "a refused fork left a checkpoint"
+check "match two runs by weights" 0 "mean similarity of the pairs" -- "$HL" match --checkpoint "$T/orig" --checkpoint "$T/gated" --by weights --examples 16 --out "$T/m"
+check "match CSV" 0 "^layer_a,head_a,role_a,layer_b,head_b,role_b,similarity$" -- cat "$T/m/match.csv"
+check "match needs two checkpoints" nonzero "give exactly two" -- "$HL" match --checkpoint "$T/orig" --out "$T/m2"
+check "compare a run and its fork" 0 "heads' detector scores at the end" -- "$HL" compare "$T/orig" "$T/gated" --examples 16 --out "$T/c"
+check "compare CSV" 0 "^step,loss_a,loss_b,token_acc_a,token_acc_b$" -- cat "$T/c/compare.csv"
+check "compare refuses a missing run" nonzero "not a finished run" -- "$HL" compare "$T/orig" "$T/nope" --out "$T/c2"
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "lib/fileutil.h"
+#include "models/checkpoint.h"
 #include "train/atlas.h"
 #include "train/prune_study.h"
 #include "train/sweep.h"
@@ -365,11 +366,50 @@ BOOST_AUTO_TEST_CASE(head_count_sweep_is_callable_in_process) {
     BOOST_TEST(!runs[i].reused);
     BOOST_TEST((runs[i].token_acc >= 0 && runs[i].token_acc <= 1));
   }
+  // mechanisms: each run's detector scores are its model's (kept in roles.json), its roles read
+  // from them, and the second seed's heads matched one to one to the first seed's
+  for (int i = 0; i < 4; ++i) {
+    const std::string dir = out + "/runs/H" + std::to_string(heads[i]) + "-seed" + std::to_string(i % 2);
+    BOOST_TEST(fs::exists(dir + "/roles.json"));
+    const std::unique_ptr<TransformerLM> m = load_model(dir + "/model.safetensors");
+    const HeadRoleScores fresh = detector_role_scores(*m, o.role_examples);
+    BOOST_TEST_REQUIRE(runs[i].roles.scores.size() == 3u);
+    for (size_t d = 0; d < 3; ++d)
+      for (int l = 0; l < 2; ++l)
+        for (int h = 0; h < heads[i]; ++h) {
+          BOOST_TEST(runs[i].roles.scores[d][l][h] == fresh.scores[d][l][h]);  // JSON keeps doubles exactly
+          BOOST_TEST(runs[i].role[l][h] == head_role(fresh, l, h, o.role_threshold));
+        }
+    BOOST_TEST(runs[i].matched == (i % 2 == 1));
+    if (i % 2 == 1) {
+      BOOST_TEST(runs[i].match_pairs == 2 * heads[i]);  // every head of both layers
+      BOOST_TEST((runs[i].match_similarity > 0 && runs[i].match_similarity <= 1));
+    }
+  }
+  const std::vector<HeadCountSummary> by_heads = summarize_sweep(runs, o.head_counts);
+  for (size_t k = 0; k < 2; ++k) {
+    BOOST_TEST_REQUIRE(by_heads[k].detectors.size() == 3u);
+    for (size_t d = 0; d < 3; ++d) {
+      int with = 0, n = 0;
+      for (int i = 0; i < 4; ++i)
+        if (runs[i].heads == by_heads[k].heads) {
+          with += runs[i].heads_with_role(by_heads[k].detectors[d]) > 0;
+          n += runs[i].heads_with_role(by_heads[k].detectors[d]);
+        }
+      BOOST_TEST(by_heads[k].runs_with_role[d] == with);
+      BOOST_TEST(by_heads[k].heads_with_role[d] == n);
+    }
+    BOOST_TEST(by_heads[k].match_pairs == runs[2 * k + 1].match_pairs);
+  }
   // the same call again reads every run back, with the same numbers
   const std::vector<SweepRun> again = run_head_count_sweep(base, o, out);
   for (int i = 0; i < 4; ++i) {
     BOOST_TEST(again[i].reused);
     BOOST_TEST(again[i].loss == runs[i].loss);
+    BOOST_TEST((again[i].role == runs[i].role));
+    BOOST_TEST((again[i].roles.detectors == runs[i].roles.detectors));  // read back from roles.json in the same order
+    BOOST_TEST((again[i].roles.scores == runs[i].roles.scores));
+    BOOST_TEST(again[i].match_similarity == runs[i].match_similarity);
   }
   // other settings are refused, or recomputed with force
   TrainArgs other = base;

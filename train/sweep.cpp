@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "lib/fileutil.h"
+#include "analysis/detectors.h"
+#include "models/checkpoint.h"
 
 namespace hl {
 
@@ -53,6 +55,68 @@ SweepRun read_finished_run(const std::string& dir, int heads, uint64_t seed) {
     return read_run_files(dir, heads, seed);
   } catch (const json::exception& e) {
     fail(dir, ": the finished run stored there is unreadable (", e.what(), "); rerun with --force to recompute it");
+  }
+}
+
+int SweepRun::heads_with_role(const std::string& r) const {
+  int n = 0;
+  for (const auto& layer : role)
+    for (const std::string& x : layer) n += x == r;
+  return n;
+}
+
+HeadRoleScores run_head_roles(const std::string& dir, int examples) {
+  const std::string path = dir + "/roles.json";
+  const uint64_t seed = 1234;  // the probe of headlab detect's default
+  if (file_exists(path)) {
+    try {
+      const json j = json::parse(read_file(path));
+      if (j.at("probe_examples").get<int>() == examples && j.at("probe_seed").get<uint64_t>() == seed) {
+        HeadRoleScores r;  // in the detectors' own order (JSON objects keep theirs alphabetical)
+        for (Detector d : {Detector::PreviousToken, Detector::DuplicateToken, Detector::Induction}) {
+          r.detectors.push_back(to_string(d));
+          r.scores.push_back(j.at("scores").at(to_string(d)).get<HeadGrid>());
+        }
+        return r;
+      }
+    } catch (const json::exception&) {
+      // unreadable: computed again below and rewritten
+    }
+  }
+  const std::unique_ptr<TransformerLM> model = load_model(dir + "/model.safetensors");
+  HeadRoleScores r = detector_role_scores(*model, examples, seed);
+  json scores = json::object();
+  for (size_t d = 0; d < r.detectors.size(); ++d) scores[r.detectors[d]] = r.scores[d];
+  write_file_atomic(path, json({{"probe", "varied_repeat_probe"}, {"probe_examples", examples}, {"probe_seed", seed},
+                                {"scores", scores}}).dump(1) + "\n");
+  return r;
+}
+
+void record_mechanisms(std::vector<SweepRun>& runs, const std::vector<std::string>& dirs, const SweepOptions& o) {
+  std::map<int, size_t> first;  // head count -> index of its first seed's run
+  for (size_t i = 0; i < runs.size(); ++i) {
+    SweepRun& r = runs[i];
+    r.roles = run_head_roles(dirs[i], o.role_examples);
+    const size_t L = r.roles.scores.empty() ? 0 : r.roles.scores[0].size();
+    r.role.assign(L, {});
+    for (size_t l = 0; l < L; ++l)
+      for (int h = 0; h < r.heads; ++h) r.role[l].push_back(head_role(r.roles, static_cast<int>(l), h, o.role_threshold));
+    if (!first.count(r.heads)) {
+      first[r.heads] = i;
+      continue;
+    }
+    // this seed's heads matched to the first seed's by attention pattern (the residual bases of
+    // two seeds differ, so their weights do not compare); an MPI rank without a shared filesystem
+    // holds the roles of runs made elsewhere but not their models: those are not matched
+    const size_t f = first[r.heads];
+    if (!file_exists(dirs[f] + "/model.safetensors") || !file_exists(dirs[i] + "/model.safetensors")) continue;
+    const std::unique_ptr<TransformerLM> a = load_model(dirs[f] + "/model.safetensors"), b = load_model(dirs[i] + "/model.safetensors");
+    const HeadMatch m = match_heads(*a, *b, match_probe(*a, *b, std::max(1, o.role_examples / 2)), {MatchBy::Pattern, false});
+    const PairRoles pr = pair_roles(m, runs[f].roles, r.roles, o.role_threshold);
+    r.matched = true;
+    r.match_similarity = m.mean_similarity;
+    r.match_pairs = static_cast<int>(m.pairs.size());
+    r.match_same_role = pr.same_role;
   }
 }
 
@@ -116,6 +180,25 @@ std::vector<HeadCountSummary> summarize_sweep(const std::vector<SweepRun>& runs,
       s.curve_loss.push_back(spread(lv, 1e-6));  // positive: the loss curves are drawn on a log scale
       s.curve_acc.push_back(spread(av, 0, 1));
     }
+    s.detectors = rs[0]->roles.detectors;
+    std::vector<double> sims;
+    for (const std::string& d : s.detectors) {
+      int runs_with = 0, heads_with = 0;
+      for (const SweepRun* r : rs) {
+        const int n = r->heads_with_role(d);
+        runs_with += n > 0;
+        heads_with += n;
+      }
+      s.runs_with_role.push_back(runs_with);
+      s.heads_with_role.push_back(heads_with);
+    }
+    for (const SweepRun* r : rs)
+      if (r->matched) {
+        sims.push_back(r->match_similarity);
+        s.match_pairs += r->match_pairs;
+        s.match_same_role += r->match_same_role;
+      }
+    s.match_similarity = spread(sims, 0, 1);
     out.push_back(s);
   }
   const double t1 = out.empty() ? 0 : out[0].train_s.mean, m1 = out.empty() ? 0 : out[0].peak_bytes.mean;
@@ -144,6 +227,8 @@ TrainArgs sweep_run_args(const TrainArgs& base, const SweepOptions& o, const std
 
 void check_sweep(const TrainArgs& base, const SweepOptions& o, const std::string& out) {
   if (o.seeds < 1) fail("--seeds must be positive, got ", o.seeds);
+  if (o.role_examples < 1) fail("--role-examples must be positive, got ", o.role_examples);
+  if (!(o.role_threshold >= 0 && o.role_threshold <= 1)) fail("--role-threshold must be in [0, 1], got ", o.role_threshold);
   if (o.policy != "fixed-d-model" && o.policy != "fixed-d-head")
     fail("--policy must be fixed-d-model or fixed-d-head, got '", o.policy, "'");
   if (o.head_counts.empty()) fail("--head-counts: give at least one head count");
@@ -182,7 +267,7 @@ std::vector<SweepRun> sweep_across_ranks(const TrainArgs& base, const SweepOptio
   if (group.rank() == 0) {
     check_sweep(base, o, out);
     claim_output_dir(out, "ablate");
-    make_dirs(out + "/runs");
+  make_dirs(out + "/runs");
     lock = std::make_unique<DirLock>(out);
     json todo = json::array();
     for (int i = 0; i < total; ++i) {
@@ -200,7 +285,9 @@ std::vector<SweepRun> sweep_across_ranks(const TrainArgs& base, const SweepOptio
     // same settings before it is continued; rank 0 checked its own above
     if (group.rank() != 0) reuse_only_if_same_settings(a.out, a, o.force, "--force");
     train_run(a, i + 1, total, group.rank() == 0 ? obs : SweepObserver{});
-    return json{{"summary", read_file(a.out + "/summary.json")}, {"metrics", read_file(a.out + "/metrics.jsonl")}}.dump();
+    run_head_roles(a.out, o.role_examples);  // where the model is
+    return json{{"summary", read_file(a.out + "/summary.json")}, {"metrics", read_file(a.out + "/metrics.jsonl")},
+                {"roles", read_file(a.out + "/roles.json")}}.dump();
   });
   if (group.rank() != 0) return {};
   for (size_t k = 0; k < todo.size(); ++k) {
@@ -211,14 +298,18 @@ std::vector<SweepRun> sweep_across_ranks(const TrainArgs& base, const SweepOptio
     const json files = json::parse(made[k]);
     make_dirs(dir);
     write_file_atomic(dir + "/metrics.jsonl", files.at("metrics").get<std::string>());
+    write_file_atomic(dir + "/roles.json", files.at("roles").get<std::string>());
     write_file_atomic(dir + "/summary.json", files.at("summary").get<std::string>());
   }
   std::vector<SweepRun> runs;
+  std::vector<std::string> dirs;
   for (int i = 0; i < total; ++i) {
     runs.push_back(read_finished_run(all[i].out, all[i].model.n_heads, all[i].seed));
     runs.back().reused = std::find(todo.begin(), todo.end(), i) == todo.end();
+    dirs.push_back(all[i].out);
     if (obs.on_run) obs.on_run(i + 1, total, runs.back());
   }
+  record_mechanisms(runs, dirs, o);
   return runs;
 }
 
@@ -229,9 +320,10 @@ std::vector<SweepRun> run_head_count_sweep(const TrainArgs& base, const SweepOpt
   if (group && group->size() > 1) return sweep_across_ranks(base, o, out, obs, *group);
   check_sweep(base, o, out);  // before any directory is made
   claim_output_dir(out, "ablate");
-    make_dirs(out + "/runs");
+  make_dirs(out + "/runs");
   const DirLock lock(out);
   std::vector<SweepRun> runs;
+  std::vector<std::string> dirs;
   const int total = static_cast<int>(o.head_counts.size()) * o.seeds;
   int index = 0;
   for (int h : o.head_counts)
@@ -243,8 +335,10 @@ std::vector<SweepRun> run_head_count_sweep(const TrainArgs& base, const SweepOpt
       if (!finished) train_run(a, index, total, obs);
       runs.push_back(read_finished_run(a.out, h, a.seed));
       runs.back().reused = finished;
+      dirs.push_back(a.out);
       if (obs.on_run) obs.on_run(index, total, runs.back());
     }
+  record_mechanisms(runs, dirs, o);
   return runs;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "analysis/intervals.h"
+#include "analysis/matching.h"
 #include "train/trainer.h"
 
 namespace hl {
@@ -19,6 +20,10 @@ struct SweepOptions {
   std::string policy = "fixed-d-model"; // or "fixed-d-head": d_model = heads x fixed_d_head
   int64_t fixed_d_head = 8;
   bool force = false;                   // recompute runs made with other settings
+  // the mechanisms each run formed: detector scores of its heads on the probe (role_examples
+  // sequences), a head taking the role of the detector scoring at least role_threshold
+  int role_examples = 100;
+  double role_threshold = 0.4;
 };
 
 struct SweepRun {
@@ -29,6 +34,14 @@ struct SweepRun {
   int64_t first_99 = -1;  // first eval step with token accuracy >= 99%, or -1
   bool reused = false;    // read back from an earlier invocation
   std::vector<std::pair<int64_t, EvalResult>> curve;
+  // Mechanisms: its heads' detector scores (RUN/roles.json) and roles; its heads matched by
+  // attention pattern to those of the first seed's run of the same head count (none for that run).
+  HeadRoleScores roles;
+  std::vector<std::vector<std::string>> role;  // [layer][head]: detector name or "none"
+  bool matched = false;                         // matched to the first seed's run
+  double match_similarity = 0;                  // mean over the matched pairs
+  int match_pairs = 0, match_same_role = 0;     // pairs, and pairs whose heads share a role
+  int heads_with_role(const std::string& r) const;
 };
 
 struct SweepObserver {
@@ -62,6 +75,13 @@ struct HeadCountSummary {
   // held-out curves over training: (step, loss spread, token-accuracy spread), steps of the first seed
   std::vector<int64_t> curve_steps;
   std::vector<Spread> curve_loss, curve_acc;
+  // mechanisms: per detector, the runs (seeds) in which at least one head took that role
+  // ("induction head formed: 4/5 seeds"), and the heads with it over all runs; the matching of
+  // each later seed's heads to the first seed's: mean similarity and pairs sharing a role
+  std::vector<std::string> detectors;
+  std::vector<int> runs_with_role, heads_with_role;
+  Spread match_similarity;
+  int match_pairs = 0, match_same_role = 0;
 };
 // Per head count, in the order of `head_counts` (each must have at least one run).
 std::vector<HeadCountSummary> summarize_sweep(const std::vector<SweepRun>& runs, const std::vector<int>& head_counts);
@@ -70,11 +90,20 @@ std::vector<HeadCountSummary> summarize_sweep(const std::vector<SweepRun>& runs,
 // fails naming `dir` when they are unreadable.
 SweepRun read_finished_run(const std::string& dir, int heads, uint64_t seed);
 
+// The detector scores of the heads of the finished run in `dir` (its model.safetensors), kept
+// in dir/roles.json: read back when it is there (and made with the same probe), else computed
+// and written.
+HeadRoleScores run_head_roles(const std::string& dir, int examples);
+// Fills each run's roles and its matching to the first seed's run of its head count (runs of
+// one head count in seed order, as run_head_count_sweep returns them; `dirs` their directories).
+void record_mechanisms(std::vector<SweepRun>& runs, const std::vector<std::string>& dirs, const SweepOptions& o);
+
 // The arguments of run (heads h, seed index s) of a sweep into `out`.
 TrainArgs sweep_run_args(const TrainArgs& base, const SweepOptions& o, const std::string& out, int h, int s);
 // Checks the options and every run's resources before anything is created.
 void check_sweep(const TrainArgs& base, const SweepOptions& o, const std::string& out);
-// Runs (or reads back) every run, in head-count order then seed order. Throws Interrupted after
+// Runs (or reads back) every run, in head-count order then seed order, with their mechanisms
+// (record_mechanisms). Throws Interrupted after
 // writing the interrupted run's checkpoint and summary (rerunning continues it).
 // With a group of several ranks (an MPI job) the runs left to do are shared among the ranks,
 // each rank taking the next one as it becomes free; every run is trained alone as in a single

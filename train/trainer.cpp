@@ -67,7 +67,8 @@ std::string eval_json(int64_t step, const EvalResult& e, float lr, double tokens
   X(batch) X(steps) X(lr) X(schedule) X(warmup) X(min_lr_ratio) X(optimizer) X(weight_decay)        \
   X(decay_all) X(beta1) X(beta2) X(momentum) X(clip) X(seed) X(threads) X(eval_every)               \
   X(checkpoint_every) X(eval_size) X(eval_seed) X(eval_autoregressive) X(skip_nonfinite)            \
-  X(log_grads_every) X(dump_grads_at) X(init) X(snapshot_every) X(snapshot_at)
+  X(log_grads_every) X(dump_grads_at) X(init) X(snapshot_every) X(snapshot_at) X(fork_from) X(gate_heads)    \
+  X(freeze_heads) X(reinit_heads)
 
 std::string TrainArgs::to_json() const {
   json j = {{"model", json::parse(model.to_json())}, {"dropout", model.dropout}, {"attn_dropout", model.attn_dropout},
@@ -128,6 +129,9 @@ void TrainArgs::validate() const {
   ModelConfig m = model;
   m.vocab_size = std::max<int64_t>(m.vocab_size, 1);
   m.validate();
+  parse_interventions(gate_heads, freeze_heads, reinit_heads, m);
+  if (fork_from.empty() && !(gate_heads.empty() && freeze_heads.empty() && reinit_heads.empty()))
+    fail("--gate, --freeze and --reinit apply to a fork of a run: give --fork RUN --at STEP (or --fork-from FILE)");
 }
 
 namespace {
@@ -228,6 +232,34 @@ TrainArgs init_args(const TrainArgs& given, const std::function<bool(const std::
   return r;
 }
 
+TrainArgs fork_args(const std::string& file, const TrainArgs& given,
+                    const std::function<bool(const std::string& flag)>& given_flag) {
+  if (!file_exists(file)) fail("fork: no training state at ", file);
+  const SafetensorsFile f = read_safetensors(file);
+  json stored;
+  try {
+    stored = json::parse(f.meta("train_state")).at("args");
+  } catch (const std::exception& e) {
+    fail(file, ": holds no training state to fork from (", e.what(), "); give a snapshot or checkpoint.safetensors of a run");
+  }
+  TrainArgs r = resume_with_flags(TrainArgs::from_json(stored.dump(), file), given, given_flag, file);
+  r.out = given.out;
+  r.resume = false;
+  r.fork_from = file;
+  r.gate_heads = given.gate_heads;
+  r.freeze_heads = given.freeze_heads;
+  r.reinit_heads = given.reinit_heads;
+  r.log_grads_every = given.log_grads_every;
+  r.dump_grads_at = given.dump_grads_at;
+  return r;
+}
+
+std::string run_dir_of_state_file(const std::string& file) {
+  std::filesystem::path dir = std::filesystem::path(file).parent_path();
+  if (dir.filename() == "snapshots") dir = dir.parent_path();
+  return dir.empty() ? "." : dir.string();
+}
+
 std::string first_setting_difference(const std::string& stored_json, const std::string& now_json) {
   std::set<std::string> ignored;  // settings that leave results alone
   for (const TrainSetting& s : train_settings())
@@ -264,6 +296,12 @@ Trainer::Trainer(TrainArgs args, std::unique_ptr<Task> task, ProcessGroup* group
   args_.threads = std::min(args_.threads, usable_cores());  // what runs is what the summary records
   if (!task_) task_ = make_task(args_.task);
   args_.model = model_for(args_, *task_);
+  if (forking()) {
+    if (!file_exists(args_.fork_from)) fail("fork: no training state at ", args_.fork_from);
+    namespace fs = std::filesystem;
+    if (!args_.out.empty() && fs::weakly_canonical(run_dir_of_state_file(args_.fork_from)) == fs::weakly_canonical(args_.out))
+      fail("--out ", args_.out, ": the fork needs a directory of its own, not the run it forks");
+  }
   if (!args_.out.empty()) {
     if (writes_files()) {
       claim_output_dir(args_.out, "train");
@@ -293,7 +331,9 @@ Trainer::Trainer(TrainArgs args, std::unique_ptr<Task> task, ProcessGroup* group
   // run directory, where `headlab view` finds them beside the checkpoint.
   if (writes_files() && !args_.task.data.empty() && args_.task.data.front() == '(')
     save_token_rows(held_out_rows_path(args_.out), held_out_);
-  if (!args_.init.empty() && !args_.resume) {  // weights made elsewhere (e.g. PyTorch), same config
+  interventions_ = HeadInterventions(*model_, parse_interventions(args_.gate_heads, args_.freeze_heads, args_.reinit_heads, args_.model));
+  if (!args_.init.empty() && !args_.resume && !forking()) {  // weights made elsewhere (e.g. PyTorch), same config
+    // (a fork of a run begun with --init starts from its snapshot instead)
     const SafetensorsFile f = read_checkpoint(args_.init);
     const ModelConfig c = checkpoint_config(f);
     if (c.vocab_size != args_.model.vocab_size)
@@ -313,12 +353,15 @@ void Trainer::plan_snapshots() {
   if (args_.out.empty())
     fail("snapshots are kept in the run's directory: give --out (in Python out=) with --snapshot-every / --snapshot-at");
   if (!writes_files()) return;  // rank 0 of a data-parallel run writes them
-  int64_t start = 0;  // a resumed run writes only the snapshots after its checkpoint's step
-  if (args_.resume && file_exists(checkpoint_path())) {
+  // a resumed run writes only the snapshots after its checkpoint's step, a fork those after its
+  // state's step (the steps up to it are the original run's)
+  int64_t start = 0;
+  const std::string from = args_.resume ? checkpoint_path() : forking() ? args_.fork_from : std::string();
+  if (!from.empty() && file_exists(from)) {
     try {
-      start = json::parse(read_safetensors(checkpoint_path()).meta("train_state")).at("step").get<int64_t>();
+      start = json::parse(read_safetensors(from).meta("train_state")).at("step").get<int64_t>();
     } catch (const json::exception& e) {
-      fail(checkpoint_path(), ": its train_state metadata is unreadable (", e.what(), ")");
+      fail(from, ": its train_state metadata is unreadable (", e.what(), ")");
     }
   }
   for (int64_t s : planned_snapshot_steps(args_))
@@ -419,8 +462,7 @@ void Trainer::save_snapshot_if_due(int64_t step, double wall_s, int64_t last_ckp
   resume_state(step, wall_s).write(snapshot_path(args_.out, step));
 }
 
-int64_t Trainer::restore(double& wall_s) {
-  const std::string path = checkpoint_path();
+int64_t Trainer::restore(double& wall_s, const std::string& path) {
   if (!file_exists(path)) fail(path, ": nothing to resume (no checkpoint in ", args_.out, ")");
   SafetensorsFile f = read_safetensors(path);
   const ModelConfig saved = checkpoint_config(f);
@@ -446,6 +488,43 @@ int64_t Trainer::restore(double& wall_s) {
   train_s_so_far_ = st.value("train_s", 0.0);
   eval_s_so_far_ = st.value("eval_s", 0.0);
   return st.at("step").get<int64_t>();
+}
+
+int64_t Trainer::start_state(double& wall_s) {
+  int64_t start = 0;
+  if (args_.resume) {
+    start = restore(wall_s, checkpoint_path());
+  } else if (forking()) {
+    start = restore(wall_s, args_.fork_from);
+    interventions_.reinit(*model_, *opt_, args_.seed);  // once, at the fork; a resumed fork has them in its checkpoint
+    // the fork's history up to the fork: the original run's metrics lines of those steps
+    const std::string original = run_dir_of_state_file(args_.fork_from) + "/metrics.jsonl";
+    if (writes_files()) {
+      std::string kept;
+      if (file_exists(original)) {
+        std::ifstream in(original);
+        std::string line;
+        while (std::getline(in, line)) {
+          try {
+            if (!line.empty() && json::parse(line).at("step").get<int64_t>() <= start) kept += line + "\n";
+          } catch (const json::exception&) {
+            continue;  // a torn last line
+          }
+        }
+      }
+      write_file_atomic(args_.out + "/metrics.jsonl", kept);
+    }
+  }
+  interventions_.set_gates(*model_);
+  interventions_.remember_frozen();
+  return start;
+}
+
+float Trainer::apply_step(float loss, const std::function<void(TransformerLM&)>& on_gradients) {
+  interventions_.zero_frozen_grads();
+  const float norm = apply_gradients(*model_, *opt_, loss, args_.clip, on_gradients);
+  interventions_.restore_frozen();
+  return norm;
 }
 
 bool run_finished(const std::string& dir) {
@@ -525,7 +604,10 @@ std::pair<float, float> Trainer::step_at(int64_t step, const std::function<void(
   opt_->lr = sched_.at(step);
   task_->sample_into(batch_, args_.batch, data_rng_);
   if (group_) return data_parallel_step(step, on_gradients);
-  return train_step(*model_, *opt_, batch_, args_.clip, on_gradients);
+  const Tensor loss = batch_loss(*model_, batch_);  // train_step's work, with the interventions around the update
+  loss.backward();
+  const float loss_v = loss.item();
+  return {loss_v, apply_step(loss_v, on_gradients)};
 }
 
 std::pair<float, float> Trainer::data_parallel_step(int64_t step,
@@ -580,14 +662,14 @@ std::pair<float, float> Trainer::data_parallel_step(int64_t step,
   at = summed_.data() + n - 2;
   const float loss_v = at[0];  // 0 when no rank has a counted target, as cross_entropy gives
   group_stop_ = at[1] > 0;
-  return {loss_v, apply_gradients(*model_, *opt_, loss_v, args_.clip, on_gradients)};
+  return {loss_v, apply_step(loss_v, on_gradients)};
 }
 
 std::pair<float, float> Trainer::step(const std::function<void(TransformerLM&)>& on_gradients) {
   if (ran_) fail("Trainer: step() after run(): use one or the other on a trainer");
   if (manual_step_ < 0) {
     double wall = 0;
-    manual_step_ = args_.resume ? restore(wall) : 0;
+    manual_step_ = start_state(wall);
     task_->seek(manual_step_, args_.batch);
     set_num_threads(args_.threads);  // once: both stay as set (evaluation restores the mode)
     model_->train();
@@ -604,7 +686,7 @@ std::pair<float, float> Trainer::step(const std::function<void(TransformerLM&)>&
       const EvalResult e = evaluate(*model_, *task_, held_out_, args_.eval_autoregressive || last);
       const std::string path = args_.out + "/metrics.jsonl";
       // the first line of a fresh run starts the file; a resumed loop appends
-      FILE* f = std::fopen(path.c_str(), manual_metrics_started_ || args_.resume ? "a" : "w");
+      FILE* f = std::fopen(path.c_str(), manual_metrics_started_ || args_.resume || !args_.fork_from.empty() ? "a" : "w");
       if (!f) fail(path, ": cannot open for writing: ", std::strerror(errno));
       const std::string line = eval_json(done, e, sched_.at(done - 1), 0, 0) + "\n";
       const bool ok = std::fwrite(line.data(), 1, line.size(), f) == line.size();
@@ -637,8 +719,8 @@ TrainResult Trainer::run(const TrainObserver& obs) {
   double wall_offset = 0;
   int64_t start = 0;
   const std::string metrics_path = writes_files() ? args_.out + "/metrics.jsonl" : "";
-  if (args_.resume) {
-    start = restore(wall_offset);
+  start = start_state(wall_offset);
+  if (args_.resume || forking()) {
     if (start > args_.steps)
       fail("--steps ", args_.steps, " is below step ", start, ", which the run in ", args_.out,
            " has already reached: give --steps ", start, " or more");

@@ -15,6 +15,7 @@
 #include "models/transformer.h"
 #include "analysis/evaluate.h"
 #include "train/distributed.h"
+#include "train/interventions.h"
 
 namespace hl {
 
@@ -46,6 +47,11 @@ struct TrainArgs {
   // gradient atlas (train --log-grads)
   int64_t log_grads_every = 0;
   std::vector<int64_t> dump_grads_at;
+  // counterfactual fork (train --fork-from FILE): start from the full training state in FILE (a
+  // snapshot or checkpoint of a run of the same settings) instead of step 0, with these heads
+  // gated ("L.H=V"), frozen or re-initialised ("L.H"); train/interventions.h
+  std::string fork_from;
+  std::vector<std::string> gate_heads, freeze_heads, reinit_heads;
   // snapshots (train --snapshot-every N, --snapshot-at S1,S2): the resume state kept at these
   // steps as RUN/snapshots/step_NNNNNNNN.safetensors (train/snapshots.h); 0 = the initial weights
   int64_t snapshot_every = 0;  // 0 = off; else every multiple of N, step 0 included
@@ -112,6 +118,15 @@ TrainArgs resume_args(const std::string& out, const TrainArgs& given,
 // model setting the caller gave (`given_flag("--d-model")`) that contradicts it is refused,
 // naming both values. Training settings (dropout included) stay the caller's.
 TrainArgs init_args(const TrainArgs& given, const std::function<bool(const std::string& flag)>& given_flag);
+// `train --fork-from FILE --out NEWRUN`: the arguments of the run FILE holds (its train_state), with
+// the settings the caller gave applied where a resumed run may change them and refused where they
+// must match (a fork of the same run, not of another config); out, the interventions and
+// fork_from from `given`. FILE is a snapshot or checkpoint with the full training state.
+TrainArgs fork_args(const std::string& file, const TrainArgs& given,
+                    const std::function<bool(const std::string& flag)>& given_flag);
+// The run directory a state file belongs to: RUN for RUN/checkpoint.safetensors and for
+// RUN/snapshots/step_N.safetensors (its metrics.jsonl gives a fork its history).
+std::string run_dir_of_state_file(const std::string& file);
 // A sweep reuses what `dir` holds only if it was made with the same settings: refuses
 // otherwise, naming the first difference, or with `force` deletes the old run.
 void reuse_only_if_same_settings(const std::string& dir, const TrainArgs& args, bool force, const std::string& force_flag);
@@ -162,7 +177,14 @@ class Trainer {
   void save_snapshot_if_due(int64_t step, double wall_s, int64_t last_ckpt);
   void plan_snapshots();  // fills snapshot_plan_; refuses when the disk cannot hold them
   void check_weights_finite(int64_t step, int64_t last_ckpt) const;
-  int64_t restore(double& wall_s);  // returns the step to continue from
+  int64_t restore(double& wall_s, const std::string& path);  // returns the step to continue from
+  // The step to start from: 0, the checkpoint's (resume) or the fork's file's (with the fork's
+  // history of metrics and its re-initialised heads); then the interventions' gates and frozen values.
+  int64_t start_state(double& wall_s);
+  // One step's second half with the interventions: frozen heads' gradients zeroed before clipping,
+  // their values put back after the update.
+  float apply_step(float loss, const std::function<void(TransformerLM&)>& on_gradients);
+  bool forking() const { return !args_.fork_from.empty() && !args_.resume; }
   std::pair<float, float> step_at(int64_t step, const std::function<void(TransformerLM&)>& on_gradients);
   std::pair<float, float> data_parallel_step(int64_t step, const std::function<void(TransformerLM&)>& on_gradients);
   bool leads() const { return !group_ || group_->rank() == 0; }  // alone, or rank 0: evaluates and writes
@@ -171,6 +193,7 @@ class Trainer {
   std::unique_ptr<Task> task_;
   std::unique_ptr<TransformerLM> model_;
   std::unique_ptr<Optimizer> opt_;
+  HeadInterventions interventions_;
   LrSchedule sched_;
   Rng data_rng_;
   std::vector<Batch> held_out_;

@@ -14,7 +14,8 @@ import sys
 from ._core import (  # noqa: F401
     ActivationCache, Batches, HeadlabError, ModelConfig, NonFiniteError, Task, Tensor, TransformerLM,
     activation_patching, attention_statistics, composition_baseline, composition_scores, copying_score, corrupt_one_symbol,
-    cross_entropy, detect_heads, edge_patching, evaluate, mean_activation, path_patching,
+    cross_entropy, detect_heads, edge_patching, evaluate, hungarian, match_heads, mean_activation, path_patching,
+    permute_heads,
     grad_enabled, head_gradient_norms, head_importance, head_importance_per_token, hook_points, live_tensors, num_threads,
     ov_eigenvalues, ov_singular_values, per_token_loss, prune_curve, qk_singular_values, repeated_random_tokens,
     set_num_threads, varied_repeat_probe, single_head_ablation, softmax, tensor, train_settings,
@@ -28,7 +29,8 @@ __all__ = [
     "ActivationCache", "Batches", "HeadlabError", "ModelConfig", "NonFiniteError", "Task", "Tensor",
     "Trainer", "TransformerLM", "ablate", "ablation_hook", "activation_patching", "attention_statistics",
     "composition_baseline", "composition_scores", "corrupt_one_symbol", "mean_activation", "scores_over_training",
-    "cross_entropy", "detect_heads", "edge_patching", "evaluate", "path_patching", "grad_enabled",
+    "cross_entropy", "detect_heads", "edge_patching", "evaluate", "path_patching", "grad_enabled", "hungarian",
+    "match_heads", "permute_heads",
     "repeated_random_tokens", "varied_repeat_probe",
     "head_gradient_norms", "head_importance", "head_importance_per_token", "hook_points", "no_grad", "num_threads",
     "ov_eigenvalues", "ov_singular_values", "per_token_loss", "prune_curve", "qk_singular_values", "set_num_threads",
@@ -61,7 +63,10 @@ class Trainer:
     ``snapshot_at=[steps]`` (the full resume state kept as ``out/snapshots/step_NNNNNNNN.safetensors``,
     step 0 = the initial weights, as ``headlab train --snapshot-every`` keeps it), and for ``task="tokens"`` ``data`` /
     ``eval_data`` as a file name, an int array (N, T) of input_ids, or a dict with
-    ``input_ids``, optional ``targets`` and ``loss_mask``.
+    ``input_ids``, optional ``targets`` and ``loss_mask``. A counterfactual fork, as
+    ``headlab train --fork RUN --at STEP``: ``fork=RUN, at=STEP`` (or ``fork_from``, a snapshot or
+    checkpoint.safetensors with the training state; the settings come from it) with ``gate=["1.0=0"]``, ``freeze=["0.1"]``,
+    ``reinit=["1.1"]`` (LAYER.HEAD) and ``out``.
 
     ``run()`` trains to ``steps`` as ``headlab train`` does (the same numbers); ``step()`` takes
     one optimisation step for a loop of your own. A trainer does one or the other.

@@ -1,0 +1,149 @@
+// headlab match: the heads of two models matched one to one (analysis/matching.h) by attention
+// pattern on shared prompts or by QK/OV circuit weights, beside each head's detector role:
+// flags -> match_heads, detector_role_scores -> table, match.csv, match.json, match.png in --out.
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "analysis/matching.h"
+#include "cli/commands.h"
+#include "cli/plot.h"
+#include "lib/fileutil.h"
+#include "models/checkpoint.h"
+#include "train/run_dir.h"
+
+namespace hl {
+
+namespace {
+
+using json = nlohmann::json;
+
+struct MatchOpts {
+  std::vector<std::string> checkpoints;
+  std::string out, by = "pattern";
+  bool across_layers = false;
+  int examples = 200, threads = 2;
+  uint64_t seed = 1234;
+  double threshold = 0.4;
+};
+
+// A checkpoint file, or a run directory of headlab train holding checkpoint.safetensors.
+std::string checkpoint_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec) && file_exists(path + "/checkpoint.safetensors"))
+    return path + "/checkpoint.safetensors";
+  return path;
+}
+
+std::string head_name(int l, int h) { return std::to_string(l) + "." + std::to_string(h); }
+
+json roles_json(const HeadRoleScores& r, int layers, int heads, double threshold) {
+  json out = json::array();
+  for (int l = 0; l < layers; ++l)
+    for (int h = 0; h < heads; ++h) {
+      json scores;
+      for (size_t d = 0; d < r.detectors.size(); ++d) scores[r.detectors[d]] = r.scores[d][l][h];
+      out.push_back({{"layer", l}, {"head", h}, {"role", head_role(r, l, h, threshold)}, {"scores", scores}});
+    }
+  return out;
+}
+
+int run_match(const MatchOpts& o) {
+  if (o.checkpoints.size() != 2) fail("--checkpoint: give exactly two (A and B), got ", o.checkpoints.size());
+  set_num_threads(o.threads);
+  const MatchBy by = parse_match_by(o.by);
+  const std::string path_a = checkpoint_file(o.checkpoints[0]), path_b = checkpoint_file(o.checkpoints[1]);
+  std::unique_ptr<TransformerLM> a = load_model(path_a), b = load_model(path_b);
+  const std::vector<Batch> probe = by == MatchBy::Pattern ? match_probe(*a, *b, o.examples, o.seed) : std::vector<Batch>{};
+  const HeadMatch m = match_heads(*a, *b, probe, {by, o.across_layers});
+  const HeadRoleScores ra = detector_role_scores(*a, o.examples, o.seed), rb = detector_role_scores(*b, o.examples, o.seed);
+  const PairRoles pr = pair_roles(m, ra, rb, o.threshold);
+
+  const std::string out = o.out.empty() ? default_out_dir("match") : o.out;
+  claim_output_dir(out, "match");
+  std::printf("heads of A (%s) matched to heads of B (%s) by %s%s; role = detector scoring >= %.2f on the probe\n\n",
+              path_a.c_str(), path_b.c_str(),
+              by == MatchBy::Pattern ? "attention pattern (1 - Jensen-Shannon divergence, mean over the probe's queries)"
+                                     : "QK and OV circuit weights (mean of the two cosines)",
+              o.across_layers ? ", across layers" : ", within layers", o.threshold);
+  std::vector<std::vector<std::string>> table = {{"A head", "A role", "B head", "B role", "similarity"}};
+  std::string csv = "layer_a,head_a,role_a,layer_b,head_b,role_b,similarity\n";
+  json pairs = json::array();
+  for (size_t i = 0; i < m.pairs.size(); ++i) {
+    const HeadPair& p = m.pairs[i];
+    table.push_back({head_name(p.layer_a, p.head_a), pr.role_a[i], head_name(p.layer_b, p.head_b), pr.role_b[i], fixed(p.similarity, 4)});
+    csv += std::to_string(p.layer_a) + "," + std::to_string(p.head_a) + "," + pr.role_a[i] + "," + std::to_string(p.layer_b) + "," +
+           std::to_string(p.head_b) + "," + pr.role_b[i] + "," + fixed(p.similarity, 6) + "\n";
+    pairs.push_back({{"a", {p.layer_a, p.head_a}}, {"b", {p.layer_b, p.head_b}}, {"role_a", pr.role_a[i]}, {"role_b", pr.role_b[i]},
+                     {"similarity", p.similarity}});
+  }
+  for (auto [l, h] : m.unmatched_a) {
+    table.push_back({head_name(l, h), head_role(ra, l, h, o.threshold), "-", "", ""});
+    csv += std::to_string(l) + "," + std::to_string(h) + "," + head_role(ra, l, h, o.threshold) + ",,,,\n";
+  }
+  for (auto [l, h] : m.unmatched_b) {
+    table.push_back({"-", "", head_name(l, h), head_role(rb, l, h, o.threshold), ""});
+    csv += ",,," + std::to_string(l) + "," + std::to_string(h) + "," + head_role(rb, l, h, o.threshold) + ",\n";
+  }
+  print_table(table);
+  // which roles each model has, and how many of them the matching pairs with the same role
+  std::map<std::string, int> count_a, count_b;
+  for (int l = 0; l < m.layers_a; ++l)
+    for (int h = 0; h < m.heads_a; ++h) ++count_a[head_role(ra, l, h, o.threshold)];
+  for (int l = 0; l < m.layers_b; ++l)
+    for (int h = 0; h < m.heads_b; ++h) ++count_b[head_role(rb, l, h, o.threshold)];
+  std::printf("\nmean similarity of the pairs %.4f; %d of %zu pairs share a role\n", m.mean_similarity, pr.same_role, m.pairs.size());
+  json recur;
+  for (const std::string& role : ra.detectors) {
+    int same = 0;
+    for (size_t i = 0; i < m.pairs.size(); ++i) same += pr.role_a[i] == role && pr.role_b[i] == role;
+    std::printf("  %-16s A %d head(s), B %d head(s), matched to each other %d\n", role.c_str(), count_a[role], count_b[role], same);
+    recur[role] = {{"a", count_a[role]}, {"b", count_b[role]}, {"matched", same}};
+  }
+  Heatmap hm;
+  hm.title = "similarity, rows = heads of A, columns = heads of B";
+  hm.rows = m.layers_a * m.heads_a;
+  hm.cols = m.layers_b * m.heads_b;
+  for (const auto& row : m.similarity)
+    for (double v : row) hm.values.push_back(static_cast<float>(v));
+  for (int i = 0; i < hm.rows; ++i) hm.ylabels.push_back(head_name(i / m.heads_a, i % m.heads_a));
+  for (int j = 0; j < hm.cols; ++j) hm.xlabels.push_back(head_name(j / m.heads_b, j % m.heads_b));
+  write_file_atomic(out + "/match.csv", csv);
+  write_file_atomic(out + "/match.json",
+                    json({{"a", path_a}, {"b", path_b}, {"by", to_string(by)}, {"across_layers", o.across_layers},
+                          {"role_threshold", o.threshold}, {"probe_examples", o.examples}, {"seed", o.seed},
+                          {"mean_similarity", m.mean_similarity}, {"same_role_pairs", pr.same_role}, {"pairs", pairs},
+                          {"roles", recur}, {"heads_a", roles_json(ra, m.layers_a, m.heads_a, o.threshold)},
+                          {"heads_b", roles_json(rb, m.layers_b, m.heads_b, o.threshold)}, {"similarity", m.similarity}})
+                            .dump(2) + "\n");
+  plot_heatmap_grid(out + "/match.png", "Head similarity (" + to_string(by) + ")", 1, 1, {hm}, "head of B (layer.head)",
+                    "head of A (layer.head)");
+  std::printf("\nwrote %s/{match.csv,match.json,match.png}\n", out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+void add_match_command(CLI::App& app, CommandRunner& runner) {
+  CLI::App* sub = app.add_subcommand("match", "Match the heads of two models one to one (by attention pattern or circuit weights), "
+                                              "with each head's detector role");
+  auto o = std::make_shared<MatchOpts>();
+  sub->add_option("--checkpoint", o->checkpoints, "Model A, then model B (give it twice): checkpoint files or run directories")
+      ->required()->expected(1)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  sub->add_option("--by", o->by, "pattern: attention patterns on a shared probe (any two models); weights: QK and OV circuits "
+                                 "(models sharing a residual basis, e.g. forks of one run)")
+      ->capture_default_str()->check(CLI::IsMember({"pattern", "weights"}));
+  sub->add_flag("--across-layers", o->across_layers, "One assignment over all heads (default: layer l of A with layer l of B)");
+  sub->add_option("--examples", o->examples, "Probe sequences (pattern similarity and the detectors)")->capture_default_str()
+      ->check(in_range(1, 1e6));
+  sub->add_option("--seed", o->seed, "Seed of the probe")->capture_default_str()->check(in_range(0, 1.8e19));
+  sub->add_option("--role-threshold", o->threshold, "A head's role is the detector scoring at least this (else none)")
+      ->capture_default_str()->check(in_range(0, 1));
+  sub->add_option("--out", o->out, "Output directory (default: runs/match-<date>-<time>)");
+  sub->add_option("--threads", o->threads, "Threads")->capture_default_str()->check(in_range(1, 1024));
+  sub->callback([&runner, o] { runner = [o] { return run_match(*o); }; });
+}
+
+}  // namespace hl
