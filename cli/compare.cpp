@@ -121,7 +121,11 @@ int run_compare(const CompareOpts& o) {
   }
   plot_lines(out + "/compare_loss.png", "Held-out loss: A " + o.runs[0] + ", B " + o.runs[1], "step", "loss", loss, true);
   plot_lines(out + "/compare_accuracy.png", "Held-out token accuracy", "step", "token accuracy (%)", acc);
-  std::printf("\nwrote %s/{compare.csv,compare_heads.csv,compare_loss.png,compare_accuracy.png}\n", out.c_str());
+  // the two runs as the page names them (headlab view RUN --compare OUT)
+  auto label = [&](int r) { return o.runs[r] + (fork_note(o.runs[r]).empty() ? "" : " (" + fork_note(o.runs[r]) + ")"); };
+  write_file_atomic(out + "/compare.json", nlohmann::json{{"a", label(0)}, {"b", label(1)}}.dump(2) + "\n");
+  std::printf("\nwrote %s/{compare.csv,compare_heads.csv,compare.json,compare_loss.png,compare_accuracy.png}\n"
+              "the page: headlab view %s --compare %s\n", out.c_str(), o.runs[1].c_str(), out.c_str());
   return 0;
 }
 

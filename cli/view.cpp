@@ -29,7 +29,7 @@ using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 struct ViewOpts {
-  std::string run, checkpoint, tokens, text, tokenizer, out, edges;
+  std::string run, checkpoint, tokens, text, tokenizer, out, edges, compare;
   int edges_top = 20;
   std::string task = "copy";
   int examples = 4;
@@ -39,6 +39,22 @@ struct ViewOpts {
 
 // A CSV file as {"columns": [...], "rows": [[...]]}, numbers as numbers; null when absent. A row
 // with the wrong number of fields is an error naming the file and line.
+json read_csv(const std::string& path);
+
+// `headlab compare ... --out DIR`'s files for the page's comparison panel; fails naming what is missing.
+json read_compare_for_view(const std::string& dir) {
+  json names;
+  try {
+    names = json::parse(read_file(dir + "/compare.json"));
+  } catch (const std::exception& e) {
+    fail("--compare ", dir, ": no readable compare.json (", e.what(), "); write it with headlab compare RUN_A RUN_B --out ", dir);
+  }
+  json curves = read_csv(dir + "/compare.csv"), heads = read_csv(dir + "/compare_heads.csv");
+  if (curves.is_null() || heads.is_null() || !names.is_object() || !names.contains("a") || !names.contains("b"))
+    fail("--compare ", dir, ": compare.csv, compare_heads.csv and compare.json of headlab compare are needed");
+  return {{"a", names["a"]}, {"b", names["b"]}, {"curves", std::move(curves)}, {"heads", std::move(heads)}};
+}
+
 json read_csv(const std::string& path) {
   if (!file_exists(path)) return nullptr;
   std::istringstream in(read_file(path));
@@ -167,6 +183,7 @@ int run_view(const ViewOpts& o) {
   const std::unique_ptr<TransformerLM> model = load_model(f);
   const ModelConfig& cfg = model->cfg;
   json edges_panel = o.edges.empty() ? json() : read_edges_for_view(o.edges, o.edges_top, cfg);
+  const json compare_panel = o.compare.empty() ? json() : read_compare_for_view(o.compare);
   std::unique_ptr<Task> task;
   const TaskConfig tc = checkpoint_task(f, TaskConfig::preset(o.task));
   // --text is encoded with --tokenizer, or else with the tokenizer the model was trained with
@@ -269,6 +286,7 @@ int run_view(const ViewOpts& o) {
                {"roles_compose", o.run.empty() ? json() : read_csv(o.run + "/compose/compose.csv")},
                {"roles_baseline", o.run.empty() ? json() : read_csv(o.run + "/compose/compose_baseline.csv")}};
   if (!edges_panel.is_null()) data["edges"] = std::move(edges_panel);
+  if (!compare_panel.is_null()) data["compare"] = std::move(compare_panel);
   // heads over training: what `detect|patch|dla|compose|prune --run RUN` wrote into the run
   json over = json::array();
   if (!o.run.empty())
@@ -313,6 +331,9 @@ void add_view_command(CLI::App& app, CommandRunner& runner) {
   sub->add_option("--seed", o->seed, "Seed of the held-out examples")->capture_default_str()->check(in_range(0, 1.8e19));
   sub->add_option("--threads", o->threads, "Threads")->capture_default_str()->check(in_range(1, 1024));
   sub->add_option("--edges", o->edges, "edges.json of headlab edges on this model: adds an Edges panel (the circuit's top edges)")
+      ->check(given);
+  sub->add_option("--compare", o->compare,
+                  "Output directory of headlab compare RUN_A RUN_B: adds a panel with the two runs' curves and heads side by side")
       ->check(given);
   sub->add_option("--edges-top", o->edges_top, "Edges the panel draws first (largest |exact|; the page offers up to 500)")
       ->capture_default_str()->check(in_range(1, 500));

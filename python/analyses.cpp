@@ -115,8 +115,10 @@ void bind_analyses(py::module_& m) {
   // heads over training: the scores of `analysis` at every snapshot of a run (train/over_training.h)
   m.def("_scores_over_training", [](const std::string& run, const std::string& analysis, const py::object& examples,
                                     uint64_t seed, const std::string& data, int length, int bos, bool exclude_bos,
-                                    bool exclude_current, bool normalize, const std::string& task, int threads) {
+                                    bool exclude_current, bool normalize, const std::string& task, int threads,
+                                    const std::string& corrupt) {
     HeadScoreOptions o;
+    o.corruption = parse_corruption(corrupt);
     o.examples = examples.is_none() ? default_examples(analysis) : examples.cast<int>();
     if (o.examples < 1) throw py::value_error("scores_over_training: examples must be at least 1, got " + std::to_string(o.examples));
     if (threads < 1) throw py::value_error("scores_over_training: threads must be at least 1, got " + std::to_string(threads));
@@ -124,11 +126,7 @@ void bind_analyses(py::module_& m) {
     o.exclude_bos = exclude_bos, o.exclude_current = exclude_current, o.normalize = normalize;
     o.fallback_task = TaskConfig::preset(task);
     o.threads = threads;
-    ScoresOverTraining s;
-    {
-      py::gil_scoped_release release;
-      s = scores_over_training(run, analysis, o);
-    }
+    const ScoresOverTraining s = interruptible([&] { return scores_over_training(run, analysis, o); });
     py::dict scores;
     for (size_t k = 0; k < s.score_names.size(); ++k) {
       py::array_t<double> a({static_cast<py::ssize_t>(s.steps.size()), static_cast<py::ssize_t>(s.layers),

@@ -285,6 +285,8 @@ check "match CSV" 0 "^layer_a,head_a,role_a,layer_b,head_b,role_b,similarity$" -
 check "match needs two checkpoints" nonzero "give exactly two" -- "$HL" match --checkpoint "$T/orig" --out "$T/m2"
 check "compare a run and its fork" 0 "heads' detector scores at the end" -- "$HL" compare "$T/orig" "$T/gated" --examples 16 --out "$T/c"
 check "compare CSV" 0 "^step,loss_a,loss_b,token_acc_a,token_acc_b$" -- cat "$T/c/compare.csv"
+check "view --compare: the page carries both runs' curves and heads" 0 '"compare":\{"a":"[^"]*orig","b":"[^"]*gated \(fork of' -- bash -c "\"$HL\" view \"$T/gated\" --compare \"$T/c\" --out \"$T/c/page.html\" >/dev/null && grep -o '\"compare\":{\"a\":\"[^\"]*\",\"b\":\"[^\"]*' \"$T/c/page.html\""
+check "view --compare of a directory without compare's files" nonzero "--compare .*: no readable compare.json" -- "$HL" view "$T/gated" --compare "$T/orig" --out "$T/c/page2.html"
 check "compare refuses a missing run" nonzero "not a finished run" -- "$HL" compare "$T/orig" "$T/nope" --out "$T/c2"
 
 echo "$pass passed, $fail failed"
