@@ -2,6 +2,7 @@
 // held-out loss and accuracy over training, and their heads' detector scores at the end ->
 // tables, compare.csv, compare_heads.csv, compare_loss.png, compare_accuracy.png in --out.
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -50,6 +51,7 @@ int run_compare(const CompareOpts& o) {
   std::vector<HeadRoleScores> roles;
   std::vector<std::unique_ptr<TransformerLM>> models;
   for (const std::string& dir : o.runs) {
+    if (!std::filesystem::is_directory(dir)) fail(dir, ": no such run directory");
     if (!run_finished(dir)) fail(dir, ": not a finished run of headlab train (no summary.json saying it finished)");
     runs.push_back(read_finished_run(dir, 0, 0));
     models.push_back(load_model(dir + "/model.safetensors"));

@@ -55,6 +55,7 @@ int run_path(const RoleOpts& o, const EdgeFlags& f, RoleModel& m, const Patching
               "corrupted %.4f\nreceivers: %s\n\n",
               s.name().c_str(), in.answers.size(), m.config.name.c_str(), o.corrupt.c_str(), p.clean_metric, p.corrupted_metric,
               f.to.empty() ? ("all " + std::to_string(receivers.size()) + " readers").c_str() : names.c_str());
+  warn_if_corruption_changes_little(p.clean_metric, p.corrupted_metric);
   print_table({{"patched", "metric - clean"},
                {"path: " + s.name() + " -> the receivers", fixed(p.path, 4)},
                {"activation patching of " + s.name(), fixed(p.activation, 4)}});
@@ -129,6 +130,7 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
               "clean run's (negative: the edge carries what the clean answer needs); attribution = its first-order estimate\n\n",
               r.edges.size(), in.answers.size(), m.config.name.c_str(), o.corrupt.c_str(), r.clean_metric, r.corrupted_metric);
   print_table(table);
+  warn_if_corruption_changes_little(r.clean_metric, r.corrupted_metric);
   std::printf("\ncorrelation of attribution with exact over all edges: %.3f\n", pearson(exact, attribution));
   write_file_atomic(out + "/edges.json", j.dump(2) + "\n");
   write_file_atomic(out + "/edges.csv", csv);

@@ -44,7 +44,7 @@ int run_export(const ExportOpts& o) {
 void add_export_command(CLI::App& app, CommandRunner& runner) {
   CLI::App* sub = app.add_subcommand("export", "Write a headlab checkpoint in another tool's layout (Hugging Face GPT-2)");
   auto o = std::make_shared<ExportOpts>();
-  sub->add_option("checkpoint", o->checkpoint, "Model checkpoint (safetensors, or a Hugging Face GPT-2 directory)")->required();
+  sub->add_option("checkpoint", o->checkpoint, "Model checkpoint (safetensors, a run directory, or a Hugging Face GPT-2 directory)")->required();
   sub->add_option("--format", o->format, "Layout to write")->capture_default_str()->check(CLI::IsMember({"hf-gpt2"}));
   sub->add_option("--out", o->out, "Directory to write config.json and model.safetensors into")->required();
   sub->callback([&runner, o] { runner = [o] { return run_export(*o); }; });

@@ -59,6 +59,7 @@ int run_generic_patch(const RoleOpts& o, const std::string& out, RoleModel& m, c
               o.hook.c_str(), o.axes.empty() ? (axes[0] + (axes.size() > 1 ? "," + axes[1] : "")).c_str() : o.axes.c_str(),
               in.answers.size(), (o.data == "probe" ? "the repeat probe" : "task " + m.config.name).c_str(), o.corrupt.c_str(),
               g.clean_metric, g.corrupted_metric);
+  warn_if_corruption_changes_little(g.clean_metric, g.corrupted_metric);
   if (table.size() <= 65) print_table(table);
   else std::printf("(%zu values: see the CSV)\n", g.values.size());
   write_file_atomic(out + "/patch_" + stem + ".csv", csv);
@@ -91,6 +92,7 @@ int run_patch(const RoleOpts& o) {
               "corrupted %.4f; 1 = the clean run's, 0 = the corrupted run's\n\nper head (hook_z):\n\n",
               in.answers.size(), (o.data == "probe" ? "the repeat probe" : "task " + m.config.name).c_str(), o.corrupt.c_str(),
               r.clean_metric, r.corrupted_metric);
+  warn_if_corruption_changes_little(r.clean_metric, r.corrupted_metric);
   write_patch_files(out, r);
   std::printf("\ncorrelation of attribution with exact patching: heads %.3f, residual positions %.3f\n", r.z_correlation,
               r.resid_correlation);

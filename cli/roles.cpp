@@ -21,7 +21,7 @@ std::pair<CLI::App*, std::shared_ptr<RoleOpts>> add_role_command(CLI::App& app, 
   auto o = std::make_shared<RoleOpts>(defaults);
   RoleOpts& opts = *o;
   const std::string& command = name;
-  sub->add_option("--checkpoint", opts.checkpoint, "Model checkpoint (safetensors, or a Hugging Face GPT-2 directory)")->required();
+  sub->add_option("--checkpoint", opts.checkpoint, "Model checkpoint (safetensors, a run directory, or a Hugging Face GPT-2 directory)")->required();
   sub->add_option("--out", opts.out, "Output directory (default: runs/" + command + "-<date>-<time>)");
   sub->add_option("--task", opts.task, "Task of the data when the checkpoint does not name one")
       ->capture_default_str()->check(CLI::IsMember(task_names()));
@@ -177,6 +177,16 @@ PatchingInputs role_patching_inputs(RoleModel& m, const RoleOpts& o, double (*by
   const Task& task = role_task(m, o.checkpoint);
   const std::vector<Batch> held = task.held_out(o.examples, o.seed, o.examples);
   return corrupt_one_symbol(held[0], task.symbols(), o.seed, parse_corruption(o.corrupt));
+}
+
+void warn_if_corruption_changes_little(double clean_metric, double corrupted_metric) {
+  const double gap = std::fabs(clean_metric - corrupted_metric);
+  if (gap < kLeastPatchingGap)
+    std::fprintf(stderr,
+                 "headlab: warning: the corruption moves the logit difference by only %.4g (clean %.4f, corrupted %.4f, "
+                 "less than %.2g): restored fractions divide by it and are noise, and every effect is small (has the model "
+                 "learnt the task? --corrupt previous or another --task may fit it better)\n",
+                 gap, clean_metric, corrupted_metric, kLeastPatchingGap);
 }
 
 void add_corrupt_option(CLI::App* sub, RoleOpts& opts) {

@@ -74,6 +74,9 @@ PatchingInputs role_patching_inputs(RoleModel& m, const RoleOpts& o, double (*by
                                     const std::string& command, bool probe = false);
 // --corrupt source|previous (patch and edges): which token of each row the corrupted run changes.
 void add_corrupt_option(CLI::App* sub, RoleOpts& opts);
+// patch and edges: a warning on stderr when the corruption moves the logit difference by less than
+// kLeastPatchingGap (a model that has not learnt the task): what divides or compares by it is noise.
+void warn_if_corruption_changes_little(double clean_metric, double corrupted_metric);
 // A (layers, heads) grid as a heatmap with rows named row_prefix + l and columns col_prefix + h.
 Heatmap head_heatmap(const std::string& title, const HeadGrid& g, const std::string& row_prefix, const std::string& col_prefix);
 // One table (printed unless quiet) and CSV with a row per (layer, head) and a column per grid.

@@ -42,7 +42,10 @@ struct ViewOpts {
 json read_csv(const std::string& path);
 
 // `headlab compare ... --out DIR`'s files for the page's comparison panel; fails naming what is missing.
-json read_compare_for_view(const std::string& dir) {
+json read_compare_for_view(const std::string& given) {
+  // the directory, or its compare.json
+  const std::string parent = std::filesystem::path(given).parent_path().string();
+  const std::string dir = std::filesystem::is_directory(given) ? given : parent.empty() ? "." : parent;
   json names;
   try {
     names = json::parse(read_file(dir + "/compare.json"));
@@ -115,7 +118,9 @@ json read_metrics(const std::string& path) {
 using views::ViewExample;
 
 // The Edges panel's data from an edges.json of `headlab edges` on this model.
-json read_edges_for_view(const std::string& path, int top, const ModelConfig& cfg) {
+json read_edges_for_view(const std::string& given, int top, const ModelConfig& cfg) {
+  // edges.json, or the directory headlab edges wrote it in
+  const std::string path = std::filesystem::is_directory(given) ? given + "/edges.json" : given;
   json j;
   try {
     j = json::parse(read_file(path));

@@ -20,9 +20,9 @@ void save_checkpoint(const std::string& path, const TransformerLM& model,
                      const NamedTensors& extra = {},
                      const std::map<std::string, std::string>& extra_meta = {});
 
-// The one reader of model checkpoints: a headlab checkpoint (safetensors), or a directory holding
-// a Hugging Face GPT-2 model (config.json + model.safetensors or its shards; models/hf_gpt2.h),
-// returned in headlab's layout. Every command, TransformerLM.load and train --init read through it.
+// The one reader of model checkpoints: a headlab checkpoint (safetensors), a headlab run directory
+// (its model.safetensors), or a directory holding a Hugging Face GPT-2 model (config.json +
+// model.safetensors or its shards; models/hf_gpt2.h), returned in headlab's layout. Every command, TransformerLM.load and train --init read through it.
 SafetensorsFile read_checkpoint(const std::string& path);
 // Config from a checkpoint's metadata (gates not included).
 ModelConfig checkpoint_config(const SafetensorsFile& f);

@@ -239,6 +239,7 @@ check "dla --tokens outside the vocabulary" nonzero "--tokens \(ids of the vocab
 check "dla refuses a post-norm model" nonzero "dla needs a pre-norm model: .* is post-norm" -- "$HL" dla --checkpoint "$T/postrun/model.safetensors" --out "$T/dlap"
 [ ! -e "$T/dlap" ] && ok "no output directory after a refused dla" || bad "dla left a directory"
 # Edges: every edge of the 1-layer model (6 q/k/v, mlp0 from embed and 2 heads, logits likewise), the files the spec names.
+check "a run directory stands for its model" 0 "^L0H1,0,1," -- bash -c "\"$HL\" dla --checkpoint \"\$(dirname \"$M\")\" --examples 8 --out \"$T/dlarun\" >/dev/null && cat \"$T/dlarun/dla.csv\""
 check "edges prints the top edges" 0 "correlation of attribution with exact over all edges" -- "$HL" edges --checkpoint "$M" --rows 16 --top 5 --out "$T/edges"
 check "edges.csv has a row per edge" 0 "^12$" -- bash -c "tail -n +2 '$T/edges/edges.csv' | wc -l"
 check "edges.csv header" 0 "^sender,receiver,exact,attribution,linearisation_error$" -- head -1 "$T/edges/edges.csv"
@@ -287,7 +288,7 @@ check "compare a run and its fork" 0 "heads' detector scores at the end" -- "$HL
 check "compare CSV" 0 "^step,loss_a,loss_b,token_acc_a,token_acc_b$" -- cat "$T/c/compare.csv"
 check "view --compare: the page carries both runs' curves and heads" 0 '"compare":\{"a":"[^"]*orig","b":"[^"]*gated \(fork of' -- bash -c "\"$HL\" view \"$T/gated\" --compare \"$T/c\" --out \"$T/c/page.html\" >/dev/null && grep -o '\"compare\":{\"a\":\"[^\"]*\",\"b\":\"[^\"]*' \"$T/c/page.html\""
 check "view --compare of a directory without compare's files" nonzero "--compare .*: no readable compare.json" -- "$HL" view "$T/gated" --compare "$T/orig" --out "$T/c/page2.html"
-check "compare refuses a missing run" nonzero "not a finished run" -- "$HL" compare "$T/orig" "$T/nope" --out "$T/c2"
+check "compare refuses a missing run" nonzero "nope: no such run directory" -- "$HL" compare "$T/orig" "$T/nope" --out "$T/c2"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

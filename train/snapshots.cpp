@@ -70,6 +70,7 @@ std::string step_list(const std::vector<int64_t>& steps) {
 std::string require_snapshot(const std::string& run, int64_t step) {
   const std::string path = snapshot_path(run, step);
   if (file_exists(path)) return path;
+  if (!std::filesystem::is_directory(run)) fail(run, ": no such run directory");
   const std::vector<int64_t> have = snapshot_steps(run);
   if (have.empty()) fail(run, " has no snapshots (", how_to_make_snapshots(), ")");
   fail(run, " has no snapshot at step ", step, "; it has ", step_list(have));

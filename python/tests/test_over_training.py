@@ -77,7 +77,7 @@ def test_each_step_equals_the_single_checkpoint_command(run, over, tmp_path):
     for i, step, ck in zip(index, steps, files):
         one = tmp_path / ("one-%d" % step)
         cli("detect", "--checkpoint", ck, "--examples", "24", "--out", str(one / "d"), *THREADS)
-        cli("patch", "--checkpoint", ck, "--examples", "16", "--out", str(one / "p"), *THREADS)
+        patched = cli("patch", "--checkpoint", ck, "--examples", "16", "--out", str(one / "p"), *THREADS)
         cli("dla", "--checkpoint", ck, "--examples", "24", "--out", str(one / "dla"), *THREADS)
         cli("compose", "--checkpoint", ck, "--out", str(one / "c"), *THREADS)
         # the single-checkpoint tables round to 6 decimals (dla: 9 significant digits)
@@ -87,7 +87,10 @@ def test_each_step_equals_the_single_checkpoint_command(run, over, tmp_path):
                 assert "%.6f" % float(o[name]) == r[name], (step, name, r)
         for r in read_csv(one / "p" / "patch_heads.csv"):
             o = at(pat, step, r["layer"], r["head"])
-            assert "%.6f" % float(o["exact"]) == r["exact"] and "%.6f" % float(o["attribution"]) == r["attribution"]
+            if o["exact"] == "":  # left empty over training where the corruption barely moves the metric ...
+                assert o["attribution"] == "" and "restored fractions divide by it" in patched.stderr  # ... as patch warns
+            else:
+                assert "%.6f" % float(o["exact"]) == r["exact"] and "%.6f" % float(o["attribution"]) == r["attribution"]
         for r in read_csv(one / "dla" / "dla.csv"):
             if r["head"]:
                 assert "%.9g" % float(at(dla, step, r["layer"], r["head"])["dla"]) == r["mean"], (step, r)
