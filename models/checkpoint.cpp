@@ -40,8 +40,10 @@ void save_checkpoint(const std::string& path, const TransformerLM& model, const 
 SafetensorsFile read_checkpoint(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
-    // a headlab run directory (model.safetensors, no config.json) stands for its model
-    if (!file_exists(path + "/config.json") && file_exists(path + "/model.safetensors"))
+    // a headlab run directory (model.safetensors beside the run's summary or checkpoint, no
+    // config.json) stands for its model
+    if (!file_exists(path + "/config.json") && file_exists(path + "/model.safetensors") &&
+        (file_exists(path + "/summary.json") || file_exists(path + "/checkpoint.safetensors")))
       return read_safetensors(path + "/model.safetensors");
     return read_hf_gpt2(path);
   }
