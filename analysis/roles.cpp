@@ -4,6 +4,7 @@
 
 #include "analysis/intervals.h"
 #include "lib/fileutil.h"
+#include "lib/stop.h"
 
 namespace hl {
 
@@ -17,6 +18,7 @@ DetectorIntervals detect_with_intervals(TransformerLM& model, const std::vector<
   for (size_t k = 0; k < r.score.size(); ++k)
     for (size_t l = 0; l < r.score[k].size(); ++l)
       for (size_t h = 0; h < r.score[k][l].size(); ++h) {
+        throw_if_stopped();  // 2000 resamples of every sequence's score: seconds for many sequences
         std::vector<double> v;
         for (const HeadGrid& g : each[k]) v.push_back(g[l][h]);
         const Interval ci = bootstrap_interval95(v, 2000, 1 + 131 * l + h);
