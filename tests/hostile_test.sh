@@ -161,7 +161,10 @@ signal_case "detect: SIGTERM -> exit 143" TERM 143 x -- "$HL" detect --checkpoin
 signal_case "detect: SIGINT -> exit 130" INT 130 x -- "$HL" detect --checkpoint "$M" --examples 60000 --out "$T/sd2"
 signal_case "patch: SIGTERM -> exit 143" TERM 143 x -- "$HL" patch --checkpoint "$M" --examples 40000 --out "$T/sp1"
 signal_case "patch: SIGINT -> exit 130" INT 130 x -- "$HL" patch --checkpoint "$M" --examples 40000 --out "$T/sp2"
-signal_case "edges: SIGTERM -> exit 143" TERM 143 x -- "$HL" edges --checkpoint "$M" --examples 150000 --out "$T/se1"
+# edges: a 4 x 4 model, so that most of the run is the per-receiver loop (interruptible between
+# batches) rather than the clean and corrupted passes over every row (single operations)
+run 60 "$HL" train --d-model 16 --layers 4 --heads 4 --d-ff 32 --length 4 --alphabet 5 --batch 8 --eval-size 16 --threads 1 --steps 2 --quiet --out "$T/run4"
+signal_case "edges: SIGTERM -> exit 143" TERM 143 x -- "$HL" edges --checkpoint "$T/run4/model.safetensors" --examples 8000 --out "$T/se1"
 signal_case "train: SIGINT mid-run -> exit 130" INT 130 x -- "$HL" train $small --steps 100000 --eval-every 1000 --quiet --out "$T/st"
 [ -f "$T/st/checkpoint.safetensors" ] && ok "train: checkpoint present after SIGINT" || bad "train: no checkpoint after SIGINT"
 
