@@ -16,7 +16,7 @@
 namespace hl {
 
 // The differentiable ops defined in models/; tests/test_attention.cpp gradchecks each one.
-#define HEADLAB_MODEL_OPS(X) X(attention) X(attention_packed)
+#define HEADLAB_MODEL_OPS(X) X(attention) X(attention_packed) X(attention_varlen)
 
 struct AttentionArgs {
   int n_heads = 1;

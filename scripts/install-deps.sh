@@ -4,6 +4,7 @@
 set -euo pipefail
 PKGS=(
   g++ cmake make pkg-config        # toolchain
+  ccache                           # rebuilds of unchanged files (a second clone, the sanitizer tree) come from its cache
   libopenblas-openmp-dev           # CBLAS sgemm; OpenMP build shares our thread pool
   liblapacke-dev                   # LAPACK's C interface (SVD, QR of head circuits); LAPACK from OpenBLAS
   libomp-dev                       # harmless if g++'s libgomp is used; kept for clang users

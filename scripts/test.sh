@@ -6,9 +6,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 jobs=$(nproc)
+# ccache keys its objects on paths relative to this checkout, so another clone of the same commit
+# (CI's, after a run of this script here) compiles only what changed.
+export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
+launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 
 echo "== Release build + tests"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" >/dev/null
 cmake --build build -j"$jobs"
 # OpenBLAS picks its kernels by CPU (and this workplace may set OPENBLAS_CORETYPE), so float32
 # sums round differently on Intel and AMD machines. Run the suite under several kernel sets so
@@ -26,7 +30,7 @@ for core in Haswell SkylakeX default; do
 done
 
 echo "== ASan + UBSan build + tests"
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHEADLAB_SANITIZE=ON >/dev/null
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHEADLAB_SANITIZE=ON "${launcher[@]}" >/dev/null
 cmake --build build-asan -j"$jobs"
 (cd build-asan && \
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \

@@ -17,14 +17,15 @@ check() {  # check NAME EXPECTED_EXIT PATTERN -- command...
 }
 small="--d-model 16 --layers 1 --heads 2 --d-ff 32 --length 4 --alphabet 5 --batch 8 --eval-size 16 --threads 1"
 
-check "help lists subcommands" 0 "train.*grads|grads" -- "$HL" --help
+check "help lists subcommands" 0 "^  grads +Loss, every parameter gradient" -- "$HL" --help
+check "help lists every command" 0 "^  export +Write a headlab checkpoint" -- "$HL" --help
 check "train --help shows defaults" 0 "--d-model.*64" -- "$HL" train --help
 check "train --help shows --resume" 0 "--resume" -- "$HL" train --help
 check "unknown flag" nonzero "--bogus" -- "$HL" train --bogus
 check "non-positive size" nonzero "--d-model: value 0 is outside \[1, 65536\]" -- "$HL" train --d-model 0 --out "$T/x"
 check "heads must divide d_model" nonzero "n_heads 3 does not divide d_model 64" -- "$HL" train --heads 3 --out "$T/x"
 check "kv-heads must divide heads" nonzero "n_kv_heads 3 must divide n_heads 4" -- "$HL" train --kv-heads 3 --out "$T/x"
-check "bad choice" nonzero "norm" -- "$HL" train --norm middle
+check "bad choice" nonzero "^--norm: middle not in \{pre,post\}" -- "$HL" train --norm middle
 check "hooks lists the hook points" 0 "blocks.1.attn.hook_pattern +\(B, 2, T, T\)" -- "$HL" hooks --heads 2
 check "view takes --text or --tokens, not both" nonzero "(--text excludes --tokens|--tokens excludes --text)" -- "$HL" view --checkpoint /nonexistent.safetensors --text hi --tokens "1 2"
 check "view refuses an empty --text" nonzero "--text.*is empty" -- "$HL" view --checkpoint /nonexistent.safetensors --text ""

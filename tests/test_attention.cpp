@@ -5,6 +5,7 @@
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <limits>
+#include <functional>
 #include <map>
 
 #include "lib/autograd.h"
@@ -208,13 +209,6 @@ BOOST_AUTO_TEST_CASE(fused_equals_a_float64_reference_forward_and_backward) {
   }
 }
 
-BOOST_AUTO_TEST_CASE(every_model_op_has_a_gradcheck) {
-#define HL_NAME(op) #op,
-  const std::vector<std::string> ops = {HEADLAB_MODEL_OPS(HL_NAME)};
-#undef HL_NAME
-  BOOST_TEST(ops == (std::vector<std::string>{"attention", "attention_packed"}));  // update gradchecks below when this grows
-}
-
 // q, k, v (B, T, .) side by side in one packed tensor (B, T, (H + 2 Hkv) dh), as linear_stacked makes it.
 Tensor pack_qkv(const Tensor& q, const Tensor& k, const Tensor& v) { return concat({q, k, v}, 2); }
 
@@ -341,23 +335,33 @@ BOOST_AUTO_TEST_CASE(self_attention_takes_the_packed_path_and_matches_the_separa
   }
 }
 
-BOOST_AUTO_TEST_CASE(gradcheck_attention_op_both_layouts) {
-  // each configuration as separate q, k, v (attention) and as one packed tensor (attention_packed)
+namespace {
+
+// One gradcheck case of a model op: a function of the inputs and the inputs.
+struct ModelOpCase {
+  std::string what;
+  std::function<Tensor(const std::vector<Tensor>&)> fn;
+  std::vector<Tensor> inputs;
+};
+
+// Every configuration of the fused op, as separate q, k, v (attention), as one packed tensor
+// (attention_packed), and as sequences of their own lengths packed back to back
+// (attention_varlen: no additive mask there, so its cases are its own).
+std::vector<ModelOpCase> model_op_cases(const std::string& op) {
   struct Cfg { const char* what; int H, Hkv; bool causal; bool pad; bool mask; float drop; int64_t T; };
-  for (Cfg c : {Cfg{"mha", 2, 2, false, false, false, 0.f, 4}, Cfg{"gqa causal", 4, 2, true, false, false, 0.f, 4},
-                Cfg{"mqa padding", 2, 1, false, true, false, 0.f, 4},
-                Cfg{"additive mask", 2, 2, false, false, true, 0.f, 4},
-                Cfg{"dropout", 2, 2, true, false, false, 0.3f, 4},
-                Cfg{"causal row blocks", 2, 1, true, false, false, 0.f, 66}}) {
-    const int64_t B = 2, dh = 3;
-    Tensor q = rnd({B, c.T, c.H * dh}), k = rnd({B, c.T, c.Hkv * dh}), v = rnd({B, c.T, c.Hkv * dh});
-    Tensor qkv = rnd({B, c.T, (c.H + 2 * c.Hkv) * dh});
-    Tensor g = Tensor::uniform({c.H}, rng(), 0.5f, 1.5f).requires_grad_();
+  const Cfg cfgs[] = {Cfg{"mha", 2, 2, false, false, false, 0.f, 4}, Cfg{"gqa causal", 4, 2, true, false, false, 0.f, 4},
+                      Cfg{"mqa padding", 2, 1, false, true, false, 0.f, 4},
+                      Cfg{"additive mask", 2, 2, false, false, true, 0.f, 4},
+                      Cfg{"dropout", 2, 2, true, false, false, 0.3f, 4},
+                      Cfg{"causal row blocks", 2, 1, true, false, false, 0.f, 66}};
+  std::vector<ModelOpCase> cases;
+  const int64_t B = 2, dh = 3;
+  for (const Cfg& c : cfgs) {
     Tensor pad = Tensor::zeros({B, c.T});
     pad.at({0, c.T - 1}) = 1.f;
     pad.at({1, 1}) = 1.f;
     Tensor mask = Tensor::randn({B, 1, 1, c.T}, rng());
-    auto args = [&](const Tensor& gates, Rng& r) {
+    auto args = [c, pad, mask](const Tensor& gates, Rng& r) {
       AttentionArgs a;
       a.n_heads = c.H;
       a.n_kv_heads = c.Hkv;
@@ -369,19 +373,64 @@ BOOST_AUTO_TEST_CASE(gradcheck_attention_op_both_layouts) {
       a.rng = &r;
       return a;
     };
-    auto separate = [&](const std::vector<Tensor>& in) {
-      Rng r(5);  // the same dropout mask every evaluation
-      return attention(in[0], in[1], in[2], args(in[3], r));
-    };
-    auto packed = [&](const std::vector<Tensor>& in) {
-      Rng r(5);
-      return attention_packed(in[0], args(in[1], r));
-    };
-    GradcheckResult res = gradcheck(separate, {q, k, v, g});
-    BOOST_TEST_CONTEXT(c.what << " separate") { BOOST_TEST(res.ok, res.message); }
-    GradcheckResult res_packed = gradcheck(packed, {qkv, g});
-    BOOST_TEST_CONTEXT(c.what << " packed") { BOOST_TEST(res_packed.ok, res_packed.message); }
+    Tensor g = Tensor::uniform({c.H}, rng(), 0.5f, 1.5f).requires_grad_();
+    if (op == "attention")
+      cases.push_back({c.what, [args](const std::vector<Tensor>& in) {
+                         Rng r(5);  // the same dropout mask every evaluation
+                         return attention(in[0], in[1], in[2], args(in[3], r));
+                       },
+                       {rnd({B, c.T, c.H * dh}), rnd({B, c.T, c.Hkv * dh}), rnd({B, c.T, c.Hkv * dh}), g}});
+    if (op == "attention_packed")
+      cases.push_back({c.what, [args](const std::vector<Tensor>& in) {
+                         Rng r(5);
+                         return attention_packed(in[0], args(in[1], r));
+                       },
+                       {rnd({B, c.T, (c.H + 2 * c.Hkv) * dh}), g}});
+    if (op == "attention_varlen" && !c.mask && c.drop == 0.f) {
+      // lengths 3, 0 (an empty sequence) and T: padding, when on, is (3 sequences, longest T)
+      const std::vector<int32_t> len = {3, 0, static_cast<int32_t>(c.T)};
+      Tensor vpad = Tensor::zeros({3, c.T});
+      vpad.at({0, 1}) = 1.f;
+      vpad.at({2, c.T - 1}) = 1.f;
+      const int64_t n = 3 + c.T;
+      cases.push_back({c.what, [c, len, vpad](const std::vector<Tensor>& in) {
+                         AttentionArgs a;
+                         a.n_heads = c.H;
+                         a.n_kv_heads = c.Hkv;
+                         a.causal = c.causal;
+                         a.gates = in[1];
+                         if (c.pad) a.key_padding = vpad;
+                         return attention_varlen(in[0], len, a);
+                       },
+                       {rnd({n, (c.H + 2 * c.Hkv) * dh}), g}});
+    }
   }
+  return cases;
+}
+
+std::vector<std::string> model_op_names() {
+#define HL_NAME(op) #op,
+  return {HEADLAB_MODEL_OPS(HL_NAME)};
+#undef HL_NAME
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(every_model_op_has_a_gradcheck) {
+  // derived from the op list: an op added to HEADLAB_MODEL_OPS without cases fails here
+  for (const std::string& op : model_op_names())
+    BOOST_TEST_CONTEXT("op " << op) { BOOST_TEST(!model_op_cases(op).empty()); }
+}
+
+BOOST_AUTO_TEST_CASE(every_model_op_passes_gradcheck) {
+  for (const std::string& op : model_op_names())
+    for (ModelOpCase& oc : model_op_cases(op)) {
+      GradcheckResult res = gradcheck(oc.fn, oc.inputs);
+      BOOST_TEST_CONTEXT("op " << op << " case " << oc.what) {
+        BOOST_TEST(res.ok, res.message);
+        BOOST_TEST(res.checked > 0);
+      }
+    }
 }
 
 BOOST_AUTO_TEST_CASE(gate_zero_equals_zeroed_wo_columns) {
