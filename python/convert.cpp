@@ -58,6 +58,13 @@ Ids ids_from(const py::object& obj, const char* what) {
   return ids;
 }
 
+Ids counted_targets_from(const py::object& targets, const char* who) {
+  const Ids t = ids_from(targets, "targets");
+  if (std::none_of(t.data.begin(), t.data.end(), [](int32_t v) { return v >= 0; }))
+    throw py::value_error(std::string(who) + ": every target is -1 (not counted): the mean over no positions is undefined");
+  return t;
+}
+
 py::array ids_to_array(const Ids& ids) {
   std::vector<py::ssize_t> shape(ids.shape.dims, ids.shape.dims + ids.shape.ndim);
   py::array_t<int32_t> a(shape);
@@ -169,29 +176,80 @@ TrainArgs args_from_kwargs(const py::dict& kwargs, const std::function<bool(cons
   return resolve_train_flags(v, [&](const std::string& f) { return given.count(f) > 0; }, task_training_defaults);
 }
 
+// The model settings in Python: TransformerLens's name where it has one (cfg.n_layers), each
+// also accepted by ModelConfig(...) under its CLI flag's name (layers=), and headlab's own
+// (norm, positions, ...) as the CLI names them. One table for the attributes, to_dict, the repr
+// and the constructor, so that ModelConfig(**cfg.to_dict()) gives cfg back.
+const std::vector<ConfigField>& config_fields() {
+  static const std::vector<ConfigField> fields = {
+      {"d_vocab", "vocab_size", "Vocabulary size", [](const ModelConfig& c) -> py::object { return py::int_(c.vocab_size); }},
+      {"d_model", "", "Residual stream width", [](const ModelConfig& c) -> py::object { return py::int_(c.d_model); }},
+      {"n_layers", "layers", "Transformer blocks", [](const ModelConfig& c) -> py::object { return py::int_(c.n_layers); }},
+      {"n_heads", "heads", "Attention heads per layer", [](const ModelConfig& c) -> py::object { return py::int_(c.n_heads); }},
+      {"n_key_value_heads", "kv_heads", "Key/value heads (grouped-query attention); = n_heads without",
+       [](const ModelConfig& c) -> py::object { return py::int_(c.kv_heads()); }},
+      {"d_head", "", "Head size", [](const ModelConfig& c) -> py::object { return py::int_(c.head_dim()); }},
+      {"d_mlp", "d_ff", "Feed-forward width; 0 = attention-only", [](const ModelConfig& c) -> py::object { return py::int_(c.d_ff); }},
+      {"n_ctx", "max_seq_len", "Longest sequence (positions)", [](const ModelConfig& c) -> py::object { return py::int_(c.max_seq_len); }},
+      {"norm", "", "pre or post LayerNorm", [](const ModelConfig& c) -> py::object { return py::str(to_string(c.norm)); }},
+      {"activation", "", "gelu_erf, gelu_tanh or relu", [](const ModelConfig& c) -> py::object { return py::str(to_string(c.activation)); }},
+      {"positions", "", "learned or sinusoidal", [](const ModelConfig& c) -> py::object { return py::str(to_string(c.positions)); }},
+      {"attn_bias", "", "Biases on W_Q, W_K, W_V, W_O", [](const ModelConfig& c) -> py::object { return py::bool_(c.attn_bias); }},
+      {"mlp_bias", "", "Biases on the feed-forward layers", [](const ModelConfig& c) -> py::object { return py::bool_(c.mlp_bias); }},
+      {"head_bias", "", "A bias on the unembedding (b_U)", [](const ModelConfig& c) -> py::object { return py::bool_(c.head_bias); }},
+      {"eps", "layer_norm_eps", "LayerNorm epsilon", [](const ModelConfig& c) -> py::object { return py::float_(c.layer_norm_eps); }},
+      {"dropout", "", "Dropout on embeddings and residual branches", [](const ModelConfig& c) -> py::object { return py::float_(c.dropout); }},
+      {"attn_dropout", "", "Dropout on attention weights", [](const ModelConfig& c) -> py::object { return py::float_(c.attn_dropout); }},
+  };
+  return fields;
+}
+
+py::dict config_dict(const ModelConfig& c) {
+  py::dict d;
+  for (const ConfigField& f : config_fields()) d[f.name] = f.get(c);
+  return d;
+}
+
 ModelConfig model_config_from_kwargs(const py::dict& kwargs) {
-  py::dict flags;
-  int64_t vocab = ModelConfig().vocab_size, max_len = ModelConfig().max_seq_len;
+  std::string names;
+  for (const ConfigField& f : config_fields()) names += std::string(names.empty() ? "" : ", ") + f.name;
+  // each keyword as its field's Python name; the CLI's name of a field is taken for it
+  py::dict given;
   for (auto& [k, val] : kwargs) {
     const std::string key = k.cast<std::string>();
-    if (key == "vocab_size") {
-      vocab = val.cast<int64_t>();
-      continue;
+    const ConfigField* field = nullptr;
+    for (const ConfigField& f : config_fields())
+      if (key == f.name || (*f.flag && key == f.flag)) field = &f;
+    if (!field) throw py::type_error("ModelConfig: unknown setting '" + key + "' (settings: " + names + ")");
+    if (given.contains(field->name))
+      throw py::type_error(std::string("ModelConfig: ") + field->name + " is given twice (as " + field->name + " and " +
+                           field->flag + ")");
+    given[field->name] = val;
+  }
+  // the fields the settings table knows go through it (its ranges and choices), under their flags
+  py::dict flags;
+  int64_t vocab = ModelConfig().vocab_size, max_len = ModelConfig().max_seq_len;
+  bool head_bias = ModelConfig().head_bias;
+  float eps = ModelConfig().layer_norm_eps;
+  for (auto& [k, val] : given) {
+    const std::string key = k.cast<std::string>();
+    if (key == "d_vocab") vocab = val.cast<int64_t>();
+    else if (key == "n_ctx") max_len = val.cast<int64_t>();
+    else if (key == "head_bias") head_bias = val.cast<bool>();
+    else if (key == "eps") eps = val.cast<float>();
+    else if (key == "n_key_value_heads" && val.is_none()) flags["kv_heads"] = 0;
+    else {
+      const ConfigField* f = nullptr;
+      for (const ConfigField& x : config_fields())
+        if (key == x.name) f = &x;
+      flags[py::str(*f->flag ? f->flag : f->name)] = val;
     }
-    if (key == "max_seq_len") {
-      max_len = val.cast<int64_t>();
-      continue;
-    }
-    const TrainSetting* s = find_train_setting(key);
-    if (!s || (s->json_pointer.rfind("/model/", 0) != 0 && s->json_pointer.find("dropout") == std::string::npos))
-      throw py::type_error("ModelConfig: unknown setting '" + key + "' (model settings: d_model, layers, heads, kv_heads, "
-                           "d_head, d_ff, norm, activation, positions, attn_bias, mlp_bias, dropout, attn_dropout, "
-                           "vocab_size, max_seq_len)");
-    flags[k] = val;
   }
   ModelConfig c = args_from_kwargs(flags).model;
   c.vocab_size = vocab;
   c.max_seq_len = max_len;
+  c.head_bias = head_bias;
+  c.layer_norm_eps = eps;
   c.validate();
   return c;
 }

@@ -189,7 +189,7 @@ def test_text_task_learns_the_tokenizers_tokens(tok, gpt2_dir, tmp_path):
             "--d-ff", 32, "--length", 8, "--batch", 4, "--eval-size", 4, "--steps", 2, "--threads", 1, "--out", out)
     assert r.returncode == 0, r.stderr
     model = hl.TransformerLM.load(str(out / "model.safetensors"))
-    assert model.config.vocab_size == 50257
+    assert model.config.d_vocab == 50257
     page = tmp_path / "page.html"
     r = run("view", "--checkpoint", out / "model.safetensors", "--text", "Hello world 👋", "--tokenizer", gpt2_dir, "--out", page)
     assert r.returncode == 0, r.stderr
