@@ -344,10 +344,15 @@ ModelConfig(**cfg.to_dict()) gives cfg back.)");
            "cache[name] or cache[name, layer(, layer_type)] (as get_act_name): a read-only view of the activation")
       .def("grad", &PyCache::grad, py::arg("key"), "The gradient at a hook (run_with_cache(incl_bwd=True), then backward())")
       .def("__contains__", [](const PyCache& c, const py::object& k) { return c.cache.has(act_name_of(k)); })
-      .def("has_grad", [](const PyCache& c, const py::object& k) { return c.cache.has_grad(act_name_of(k)); }, py::arg("key"))
+      .def("has_grad", [](const PyCache& c, const py::object& k) { return c.cache.has_grad(act_name_of(k)); }, py::arg("key"),
+           "Whether the cache holds the gradient at this hook (after backward())")
       .def("__repr__", [](const PyCache& c) {
         std::string r = "headlab.ActivationCache(" + std::to_string(c.cache.size()) + " activations";
-        for (const std::string& n : c.cache.names()) r += "\n  " + n + ": " + c.cache[n].shape().str();
+        for (const std::string& n : c.cache.names())
+        {
+          const Shape sh = c.cache[n].shape();
+          r += "\n  " + n + ": " + std::string(py::repr(py::tuple(py::cast(std::vector<int64_t>(sh.dims, sh.dims + sh.ndim)))));
+        }
         return r + (c.cache.size() ? "\n)" : ")");
       })
       .def("keys", [](const PyCache& c) { return c.cache.names(); }, "The cached hook names")
@@ -468,7 +473,13 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
       .def_property_readonly("W_pos", [](const TransformerLM& model) {
              return model.pos_emb ? view_of(model.pos_emb->weight) : view_of(model.sinusoid, /*writeable=*/false);
            }, "[n_ctx, d_model]: a view of the learned position embedding (read-only: the fixed table of sinusoidal positions)")
-      .def_property_readonly("W_U", [](const TransformerLM& model) { return view_of(model.head.weight).attr("T"); },
+      .def_property_readonly("W_U", [](const TransformerLM& model) {
+             const Tensor& w = model.head.weight;  // (d_vocab, d_model), read as its transpose by strides
+             py::capsule owner(new Tensor(w), [](void* p) { delete static_cast<Tensor*>(p); });
+             return py::array(py::dtype::of<float>(), {w.size(1), w.size(0)},
+                              {static_cast<py::ssize_t>(sizeof(float)), static_cast<py::ssize_t>(sizeof(float) * w.size(1))},
+                              w.data(), owner);
+           },
                              "[d_model, d_vocab]: a view (transposed) of the unembedding head.weight (writes change the model)")
       .def_property_readonly("b_U", [](const TransformerLM& model) -> py::object {
              if (model.head.bias.defined()) return view_of(model.head.bias);

@@ -52,7 +52,10 @@ def split_args(text):
 def signatures(name, doc):
     """(args text, return text) of each of pybind11's signature lines for `name` in doc."""
     found = []
+    overloaded = "Overloaded function." in (doc or "")
     for line in (doc or "").splitlines():
+        if overloaded and not re.match(r"^\d+\. ", line.strip()):
+            continue  # the first line of an overloaded function is (*args, **kwargs)
         m = re.match(r"^(?:\d+\. )?" + re.escape(name) + r"\((.*)\)(?: -> (.+))?$", line.strip())
         if m:
             found.append((m.group(1), m.group(2) or "None"))
@@ -121,6 +124,8 @@ def main(path):
         elif inspect.isclass(obj):
             lines += [f"class {name}:", quoted((obj.__doc__ or "").strip(), "")]
             for mname, m in vars(obj).items():
+                if type(m).__name__ == "wrapper_descriptor":  # Python's own slot (no constructor bound)
+                    continue
                 if mname.startswith("_") and mname not in ("__init__", "__call__", "__getitem__", "__len__", "__iter__",
                                                            "__contains__", "__eq__", "__repr__", "__add__", "__sub__",
                                                            "__mul__", "__rmul__", "__matmul__"):

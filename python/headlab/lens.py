@@ -101,4 +101,7 @@ def to_str_tokens(self, input, prepend_bos=None):
 
 for _f in (hooks, to_tokens, to_string, to_str_tokens):
     setattr(TransformerLM, _f.__name__, _f)
-TransformerLM.tokenizer = None  # the class default; TransformerLM.load or the user sets one per model
+TransformerLM.tokenizer = property(
+    lambda self: self.__dict__.get("_tokenizer"),
+    lambda self, tok: self.__dict__.__setitem__("_tokenizer", tok),
+    doc="The model's tokenizer (hl.Tokenizer) or None: set by TransformerLM.load from a GPT-2 directory, or assigned")
