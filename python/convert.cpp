@@ -1,6 +1,8 @@
 // Conversions between Python objects and headlab's (arrays, token ids, results) and settings by
 // keyword, resolved through the CLI's flag table; shared by the files that bind each area.
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <set>
 
@@ -176,6 +178,19 @@ TrainArgs args_from_kwargs(const py::dict& kwargs, const std::function<bool(cons
   return resolve_train_flags(v, [&](const std::string& f) { return given.count(f) > 0; }, task_training_defaults);
 }
 
+namespace {
+// A float32 setting as the shortest decimal that reads back as the same float32 (1e-05, not
+// 9.999999747378752e-06), so that reprs and to_dict show what was given.
+py::object short_float(float v) {
+  char text[32];
+  for (int digits = 1; digits <= 9; ++digits) {
+    std::snprintf(text, sizeof text, "%.*g", digits, static_cast<double>(v));
+    if (std::strtof(text, nullptr) == v) break;
+  }
+  return py::float_(std::strtod(text, nullptr));
+}
+}  // namespace
+
 // The model settings in Python: TransformerLens's name where it has one (cfg.n_layers), each
 // also accepted by ModelConfig(...) under its CLI flag's name (layers=), and headlab's own
 // (norm, positions, ...) as the CLI names them. One table for the attributes, to_dict, the repr
@@ -197,9 +212,9 @@ const std::vector<ConfigField>& config_fields() {
       {"attn_bias", "", "Biases on W_Q, W_K, W_V, W_O", [](const ModelConfig& c) -> py::object { return py::bool_(c.attn_bias); }},
       {"mlp_bias", "", "Biases on the feed-forward layers", [](const ModelConfig& c) -> py::object { return py::bool_(c.mlp_bias); }},
       {"head_bias", "", "A bias on the unembedding (b_U)", [](const ModelConfig& c) -> py::object { return py::bool_(c.head_bias); }},
-      {"eps", "layer_norm_eps", "LayerNorm epsilon", [](const ModelConfig& c) -> py::object { return py::float_(c.layer_norm_eps); }},
-      {"dropout", "", "Dropout on embeddings and residual branches", [](const ModelConfig& c) -> py::object { return py::float_(c.dropout); }},
-      {"attn_dropout", "", "Dropout on attention weights", [](const ModelConfig& c) -> py::object { return py::float_(c.attn_dropout); }},
+      {"eps", "layer_norm_eps", "LayerNorm epsilon", [](const ModelConfig& c) -> py::object { return short_float(c.layer_norm_eps); }},
+      {"dropout", "", "Dropout on embeddings and residual branches", [](const ModelConfig& c) -> py::object { return short_float(c.dropout); }},
+      {"attn_dropout", "", "Dropout on attention weights", [](const ModelConfig& c) -> py::object { return short_float(c.attn_dropout); }},
   };
   return fields;
 }

@@ -97,7 +97,7 @@ def view(model, data, tokens=None, task=None, examples=4, title=None, height=720
         task = data
     named = [(name, ids, _token_texts(ids, tokens, task, byte_text)) for name, ids in rows]
     c = model.config
-    subtitle = f"{c.layers} layers x {c.heads} heads, d_model {c.d_model}; {len(named)} example(s)"
+    subtitle = f"{c.n_layers} layers x {c.n_heads} heads, d_model {c.d_model}; {len(named)} example(s)"
     page, notes = _core._head_view_page(model, named, title or "headlab view", subtitle, True)
     return View(page, height, notes)
 

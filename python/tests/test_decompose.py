@@ -132,7 +132,7 @@ def test_bad_input_raises_a_clear_error():
         cache.logit_attrs(stack, 11)
     with pytest.raises(ValueError, match=r"apply_ln_to_stack: the stack has shape \(14, 3, 9, 16\) but this cache and position need"):
         cache.apply_ln_to_stack(stack, pos_slice=0)
-    _, partial = m.run_with_cache(ids_batch(), names=["hook_embed", "hook_pos_embed"])
+    _, partial = m.run_with_cache(ids_batch(), names_filter=["hook_embed", "hook_pos_embed"])
     with pytest.raises(ValueError, match=r"the cache has no blocks.0.attn.hook_result"):
         partial.decompose_resid()
     with pytest.raises(TypeError, match=r"layer must be an int or None"):

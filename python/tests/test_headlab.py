@@ -180,7 +180,7 @@ def test_patching_with_the_clean_cache_restores_the_clean_logits():
 
 def test_a_cache_holds_exactly_the_requested_names_and_is_read_only():
     m = small_model()
-    _, cache = m.run_with_cache(ids_batch(), names=["blocks.1.attn.hook_pattern", "hook_embed"])
+    _, cache = m.run_with_cache(ids_batch(), names_filter=["blocks.1.attn.hook_pattern", "hook_embed"])
     assert sorted(cache.keys()) == ["blocks.1.attn.hook_pattern", "hook_embed"]
     p = cache["blocks.1.attn.hook_pattern"]
     assert p.shape == (3, 4, 10, 10)
@@ -188,7 +188,7 @@ def test_a_cache_holds_exactly_the_requested_names_and_is_read_only():
     with pytest.raises(ValueError, match="read-only"):
         p[0, 0, 0, 0] = 1
     with pytest.raises(ValueError, match="unknown hook point 'blocks.0.attn.hook_patern'"):  # refused at once
-        m.run_with_cache(ids_batch(), names=["blocks.0.attn.hook_patern"])
+        m.run_with_cache(ids_batch(), names_filter=["blocks.0.attn.hook_patern"])
     c = m.config  # its repr uses the attribute names
     assert repr(c).startswith(f"headlab.ModelConfig(d_vocab=13, d_model=32, n_layers={c.n_layers}, n_heads={c.n_heads}, ")
     assert "vocab_size" not in repr(c) and c.attn_bias in (True, False)
@@ -380,7 +380,7 @@ def test_an_attention_only_model_has_no_mlp_and_trains():
     names = [n for n, _ in hl.hook_points(m.config)]
     assert "blocks.0.hook_attn_out" in names and not any("mlp" in n or "ln2" in n or "resid_mid" in n for n in names)
     assert not any("ffn" in n or "ln2" in n for n in m.named_parameters())
-    _, cache = m.run_with_cache(ids_batch(), names=names)
+    _, cache = m.run_with_cache(ids_batch(), names_filter=names)
     assert sorted(cache.keys()) == sorted(names)
     t = hl.Trainer(task="induction", d_ff=0, steps=20, eval_size=64)
     assert np.isfinite(t.run(progress=False)["final_eval"]["loss"])
