@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <map>
 #include <set>
 
 #include "bindings.h"
@@ -246,21 +247,51 @@ ModelConfig model_config_from_kwargs(const py::dict& kwargs) {
   int64_t vocab = ModelConfig().vocab_size, max_len = ModelConfig().max_seq_len;
   bool head_bias = ModelConfig().head_bias;
   float eps = ModelConfig().layer_norm_eps;
-  for (auto& [k, val] : given) {
+  std::map<std::string, std::string> said;  // flag -> the name the caller used, for messages
+  auto positive_int = [](const std::string& key, const py::handle& v) {
+    if (!PyIndex_Check(v.ptr()) || py::isinstance<py::bool_>(v))
+      throw py::type_error("ModelConfig: " + key + ": expected an integer, got " + std::string(py::str(v.get_type().attr("__name__"))));
+    const int64_t n = v.cast<int64_t>();
+    if (n < 1) throw py::value_error("ModelConfig: " + key + ": must be >= 1, got " + std::to_string(n));
+    return n;
+  };
+  for (auto& [k, val] : kwargs) {
     const std::string key = k.cast<std::string>();
-    if (key == "d_vocab") vocab = val.cast<int64_t>();
-    else if (key == "n_ctx") max_len = val.cast<int64_t>();
-    else if (key == "head_bias") head_bias = val.cast<bool>();
-    else if (key == "eps") eps = val.cast<float>();
-    else if (key == "n_key_value_heads" && val.is_none()) flags["kv_heads"] = 0;
-    else {
-      const ConfigField* f = nullptr;
-      for (const ConfigField& x : config_fields())
-        if (key == x.name) f = &x;
-      flags[py::str(*f->flag ? f->flag : f->name)] = val;
+    const ConfigField* f = nullptr;
+    for (const ConfigField& x : config_fields())
+      if (key == x.name || (*x.flag && key == x.flag)) f = &x;
+    const std::string name = f->name;
+    if (name == "d_vocab") vocab = positive_int(key, val);
+    else if (name == "n_ctx") max_len = positive_int(key, val);
+    else if (name == "head_bias") {
+      if (!py::isinstance<py::bool_>(val)) throw py::type_error("ModelConfig: " + key + ": expected True or False");
+      head_bias = val.cast<bool>();
+    } else if (name == "eps") {
+      if (py::isinstance<py::bool_>(val) || !PyNumber_Check(val.ptr()) || py::isinstance<py::str>(val))
+        throw py::type_error("ModelConfig: " + key + ": expected a number");
+      eps = val.cast<float>();
+      if (!(eps > 0) || !std::isfinite(eps)) throw py::value_error("ModelConfig: " + key + ": must be a finite number > 0");
+    } else {
+      const std::string flag = *f->flag ? f->flag : f->name;
+      said[flag] = key;
+      flags[py::str(flag)] = name == "n_key_value_heads" && val.is_none() ? py::int_(0) : py::reinterpret_borrow<py::object>(val);
     }
   }
-  ModelConfig c = args_from_kwargs(flags).model;
+  // the settings table's messages start with the flag's name: say the name the caller gave
+  auto renamed = [&](const std::string& msg) {
+    for (auto& [flag, key] : said)
+      if (msg.rfind(flag, 0) == 0 && msg.size() > flag.size() && (msg[flag.size()] == ':' || msg[flag.size()] == ' '))
+        return "ModelConfig: " + key + msg.substr(flag.size());
+    return "ModelConfig: " + msg;
+  };
+  ModelConfig c;
+  try {
+    c = args_from_kwargs(flags).model;
+  } catch (const py::type_error& e) {
+    throw py::type_error(renamed(e.what()));
+  } catch (const py::value_error& e) {
+    throw py::value_error(renamed(e.what()));
+  }
   c.vocab_size = vocab;
   c.max_seq_len = max_len;
   c.head_bias = head_bias;

@@ -36,6 +36,13 @@ def test_cfg_has_transformerlens_names_and_round_trips_through_to_dict():
         hl.ModelConfig(n_layers=2, layers=3)
     with pytest.raises(TypeError, match="unknown setting 'n_layer' \\(settings: d_vocab, d_model, n_layers,"):
         hl.ModelConfig(n_layer=2)
+    # a bad value is named as it was given
+    with pytest.raises(ValueError, match="^ModelConfig: n_layers: value 0 is outside \\[1, 1024\\]$"):
+        hl.ModelConfig(n_layers=0)
+    with pytest.raises(ValueError, match="^ModelConfig: d_ff: value -1 is outside"):
+        hl.ModelConfig(d_ff=-1)
+    with pytest.raises(TypeError, match="^ModelConfig: d_vocab: expected an integer, got str$"):
+        hl.ModelConfig(d_vocab="x")
     for old in ("layers", "heads", "vocab_size", "max_seq_len", "d_ff", "kv_heads"):  # one name per field
         assert not hasattr(c, old)
 
