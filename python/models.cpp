@@ -90,17 +90,19 @@ HookList kept_hooks(const py::object& self, const char* attr) {
   if (!py::hasattr(self, attr)) return {};
   return self.attr(attr).cast<HookList>();
 }
-Hooks model_hooks(const py::object& self, const HookList& fwd = {}, const HookList& bwd = {}) {
+// The model's hooks then the call's; nullopt when there are none (the forward's fast path).
+std::optional<Hooks> model_hooks(const py::object& self, const HookList& fwd = {}, const HookList& bwd = {}) {
   HookList f = kept_hooks(self, "_fwd_hooks"), b = kept_hooks(self, "_bwd_hooks");
   f.insert(f.end(), fwd.begin(), fwd.end());
   b.insert(b.end(), bwd.begin(), bwd.end());
+  if (f.empty() && b.empty()) return std::nullopt;
   return hooks_from(self.cast<const TransformerLM&>().cfg, f, b);
 }
 Tensor forward_with_hooks(const py::object& self, const Ids& x, const HookList& fwd = {}, const HookList& bwd = {}) {
   TransformerLM& model = self.cast<TransformerLM&>();
-  const Hooks hooks = model_hooks(self, fwd, bwd);
+  const std::optional<Hooks> hooks = model_hooks(self, fwd, bwd);
   ForwardOptions opt;
-  opt.hooks = &hooks;
+  opt.hooks = hooks ? &*hooks : nullptr;
   py::gil_scoped_release release;
   return model.forward(x, opt);
 }
@@ -521,7 +523,7 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
              else if (!names.is_none() && !py::isinstance<py::function>(names))
                for (const std::string& n : names.cast<std::vector<std::string>>()) check_hook_name(model.cfg, n);
              ActivationCache cache;
-             Hooks hooks = model_hooks(self);  // the model's hooks run first; the cache records what they leave
+             Hooks hooks = model_hooks(self).value_or(Hooks());  // the model's hooks run first; the cache records what they leave
              hooks.cache(cache, filter_from(names), incl_bwd);
              ForwardOptions opt;
              opt.hooks = &hooks;
