@@ -349,7 +349,7 @@ ModelConfig(**cfg.to_dict()) gives cfg back.)");
       .def("has_grad", [](const PyCache& c, const py::object& k) { return c.cache.has_grad(act_name_of(k)); }, py::arg("key"),
            "Whether the cache holds the gradient at this hook (after backward())")
       .def("__repr__", [](const PyCache& c) {
-        std::string r = "headlab.ActivationCache(" + std::to_string(c.cache.size()) + " activations";
+        std::string r = "headlab.ActivationCache(" + std::to_string(c.cache.size()) + (c.cache.size() == 1 ? " activation" : " activations");
         for (const std::string& n : c.cache.names())
         {
           const Shape sh = c.cache[n].shape();
