@@ -204,4 +204,47 @@ EvalResult evaluate(TransformerLM& model, const std::vector<Batch>& data, bool a
   return r;
 }
 
+Ids generate(TransformerLM& model, const Ids& prompt, int64_t max_new_tokens, double temperature, uint64_t seed) {
+  if (prompt.shape.size() != 2 || prompt.shape[1] < 1) fail("generate: the prompt must have at least one token");
+  if (max_new_tokens < 0) fail("generate: max_new_tokens must be >= 0, got ", max_new_tokens);
+  if (!(temperature >= 0) || !std::isfinite(temperature)) fail("generate: temperature must be >= 0, got ", temperature);
+  const int64_t B = prompt.shape[0], T = prompt.shape[1], total = T + max_new_tokens;
+  if (total > model.cfg.max_seq_len)
+    fail("generate: ", T, " prompt tokens + ", max_new_tokens, " new ones = ", total, " exceed the model's n_ctx (",
+         model.cfg.max_seq_len, ")");
+  Ids out(Shape{B, total});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) out.at(b, t) = prompt.at(b, t);
+  if (max_new_tokens == 0) return out;
+  NoGradGuard ng;
+  Rng rng(seed);
+  std::vector<KVCacheLayer> cache;
+  ForwardOptions opt;
+  opt.kv_cache = &cache;
+  Tensor logits = model.forward(prompt, opt);  // (B, T, V), then (B, 1, V) per new token
+  const int64_t V = logits.size(2);
+  std::vector<double> p(static_cast<size_t>(V));
+  Ids next(Shape{B, 1});
+  for (int64_t i = 0; i < max_new_tokens; ++i) {
+    const int64_t Tl = logits.size(1);
+    for (int64_t b = 0; b < B; ++b) {
+      const float* l = logits.data() + (b * Tl + Tl - 1) * V;
+      int32_t tok = argmax(l, V);
+      if (temperature > 0) {  // softmax(l / temperature) in double, then one uniform draw
+        double sum = 0;
+        for (int64_t v = 0; v < V; ++v) sum += p[v] = std::exp((l[v] - l[tok]) / temperature);
+        double u = static_cast<double>(rng.uniform()) * sum;
+        for (int64_t v = 0; v < V; ++v)
+          if ((u -= p[v]) < 0 || v == V - 1) {
+            tok = static_cast<int32_t>(v);
+            break;
+          }
+      }
+      out.at(b, T + i) = next.at(b, 0) = tok;
+    }
+    if (i + 1 < max_new_tokens) logits = model.forward(next, opt);
+  }
+  return out;
+}
+
 }  // namespace hl

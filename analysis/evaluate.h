@@ -59,4 +59,10 @@ std::vector<std::vector<int32_t>> greedy_answers(TransformerLM& model, const Bat
 // whichever batch they are in): answers[batch][row].
 std::vector<std::vector<std::vector<int32_t>>> greedy_answers(TransformerLM& model, std::span<const Batch> data);
 
+// Continues each row of `prompt` (B, T) by max_new_tokens tokens, KV-cached: temperature 0 takes
+// the most likely token (the first on ties), > 0 samples from softmax(logits / temperature) with
+// an Rng seeded by `seed` (the same seed, the same tokens). Returns (B, T + max_new_tokens).
+// Fails, naming the lengths, when the result would not fit the model's max_seq_len.
+Ids generate(TransformerLM& model, const Ids& prompt, int64_t max_new_tokens, double temperature, uint64_t seed);
+
 }  // namespace hl

@@ -288,7 +288,7 @@ void bind_analyses(py::module_& m) {
     }
     (void)H;
     return d;
-  }, "Gradient atlas of the current gradients: per-head Frobenius norms (L, H or H_kv) of grads and weights");
+  }, py::arg("model"), "Gradient atlas of the current gradients: per-head Frobenius norms (L, H or H_kv) of grads and weights");
   m.def("repeated_random_tokens", [](int n, int k, int vocab, uint64_t seed) { return PyData{repeated_random_tokens(n, k, vocab, seed)}; },
         py::arg("n"), py::arg("k"), py::arg("vocab"), py::arg("seed") = 1234,
         "The fixed probe: n sequences [r_1..r_k, r_1..r_k] of uniform random tokens (every repeat k back)");
@@ -531,7 +531,9 @@ void bind_analyses(py::module_& m) {
   }, py::arg("config"), py::arg("models") = 20, py::arg("seed") = 1,
      "What composition scores random weights of config's shapes get: per kind (q, k, v) the mean and the 2.5th and 97.5th "
      "percentiles (lo, hi) over the head pairs of `models` random 2-layer models");
-  m.def("qk_singular_values", [](const TransformerLM& model, int layer, int head) { return qk_circuit_singular_values(model, layer, head); });
+  m.def("qk_singular_values", [](const TransformerLM& model, int layer, int head) { return qk_circuit_singular_values(model, layer, head); },
+        py::arg("model"), py::arg("layer"), py::arg("head"),
+        "Singular values (descending) of the head's QK circuit W_Q^T W_K (d_model x d_model, rank <= d_head)");
   m.def("ov_eigenvalues", [](const TransformerLM& model, int layer, int head) {
     const auto ev = ov_circuit_eigenvalues(model, layer, head);
     py::array_t<std::complex<double>> a(static_cast<py::ssize_t>(ev.size()));
@@ -543,7 +545,9 @@ void bind_analyses(py::module_& m) {
   m.def("copying_score", [](const TransformerLM& model, int layer, int head) { return copying_score(model, layer, head); },
         py::arg("model"), py::arg("layer"), py::arg("head"),
         "Re(sum of the OV circuit's eigenvalues) / sum of their |.|: 1 copies, -1 suppresses (Elhage et al. 2021)");
-  m.def("ov_singular_values", [](const TransformerLM& model, int layer, int head) { return ov_circuit_singular_values(model, layer, head); });
+  m.def("ov_singular_values", [](const TransformerLM& model, int layer, int head) { return ov_circuit_singular_values(model, layer, head); },
+        py::arg("model"), py::arg("layer"), py::arg("head"),
+        "Singular values (descending) of the head's OV circuit W_O W_V (d_model x d_model, rank <= d_head)");
 }
 
 }  // namespace hl::bindings

@@ -39,6 +39,9 @@ Tensor tensor_from_array(const py::array& a, const std::string& what);
 // Token ids from a list or an integer array, (T) or (B, T); int32 range checked.
 Ids ids_from(const py::object& obj, const char* what = "ids");
 py::array ids_to_array(const Ids& ids);
+// Targets of a mean loss: at least one counted (!= -1), else ValueError naming `who` (a mean
+// over no positions is undefined, and 0.0 would look like a perfect model).
+Ids counted_targets_from(const py::object& targets, const char* who);
 // A NumPy view of t's storage; the array keeps the tensor alive.
 py::array view_of(const Tensor& t, bool writeable = true);
 py::array grid_array(const HeadGrid& g);
@@ -51,6 +54,16 @@ py::object json_to_py(const json& j);
 // task_training_defaults: also the task's training defaults (the Trainer), see resolve_train_flags.
 TrainArgs args_from_kwargs(const py::dict& kwargs, const std::function<bool(const std::string&)>& skip = {},
                            bool task_training_defaults = false);
+// The model's settings by their Python names (TransformerLens's where it has one); `flag`: the
+// CLI's name, also taken by ModelConfig(...) ("" = the same). convert.cpp.
+struct ConfigField {
+  const char* name;
+  const char* flag;
+  const char* doc;
+  py::object (*get)(const ModelConfig&);
+};
+const std::vector<ConfigField>& config_fields();
+py::dict config_dict(const ModelConfig& c);  // {name: value} in the table's order
 ModelConfig model_config_from_kwargs(const py::dict& kwargs);
 
 // ---- Ctrl-C during long C++ work ---------------------------------------------------------------

@@ -1,7 +1,10 @@
 // Conversions between Python objects and headlab's (arrays, token ids, results) and settings by
 // keyword, resolved through the CLI's flag table; shared by the files that bind each area.
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
+#include <map>
 #include <set>
 
 #include "bindings.h"
@@ -56,6 +59,13 @@ Ids ids_from(const py::object& obj, const char* what) {
     ids.data[i] = static_cast<int32_t>(x);
   }
   return ids;
+}
+
+Ids counted_targets_from(const py::object& targets, const char* who) {
+  const Ids t = ids_from(targets, "targets");
+  if (std::none_of(t.data.begin(), t.data.end(), [](int32_t v) { return v >= 0; }))
+    throw py::value_error(std::string(who) + ": every target is -1 (not counted): the mean over no positions is undefined");
+  return t;
 }
 
 py::array ids_to_array(const Ids& ids) {
@@ -169,29 +179,123 @@ TrainArgs args_from_kwargs(const py::dict& kwargs, const std::function<bool(cons
   return resolve_train_flags(v, [&](const std::string& f) { return given.count(f) > 0; }, task_training_defaults);
 }
 
+namespace {
+// A float32 setting as the shortest decimal that reads back as the same float32 (1e-05, not
+// 9.999999747378752e-06), so that reprs and to_dict show what was given.
+py::object short_float(float v) {
+  char text[32];
+  for (int digits = 1; digits <= 9; ++digits) {
+    std::snprintf(text, sizeof text, "%.*g", digits, static_cast<double>(v));
+    if (std::strtof(text, nullptr) == v) break;
+  }
+  return py::float_(std::strtod(text, nullptr));
+}
+}  // namespace
+
+// The model settings in Python: TransformerLens's name where it has one (cfg.n_layers), each
+// also accepted by ModelConfig(...) under its CLI flag's name (layers=), and headlab's own
+// (norm, positions, ...) as the CLI names them. One table for the attributes, to_dict, the repr
+// and the constructor, so that ModelConfig(**cfg.to_dict()) gives cfg back.
+const std::vector<ConfigField>& config_fields() {
+  static const std::vector<ConfigField> fields = {
+      {"d_vocab", "vocab_size", "Vocabulary size", [](const ModelConfig& c) -> py::object { return py::int_(c.vocab_size); }},
+      {"d_model", "", "Residual stream width", [](const ModelConfig& c) -> py::object { return py::int_(c.d_model); }},
+      {"n_layers", "layers", "Transformer blocks", [](const ModelConfig& c) -> py::object { return py::int_(c.n_layers); }},
+      {"n_heads", "heads", "Attention heads per layer", [](const ModelConfig& c) -> py::object { return py::int_(c.n_heads); }},
+      {"n_key_value_heads", "kv_heads", "Key/value heads (grouped-query attention); = n_heads without",
+       [](const ModelConfig& c) -> py::object { return py::int_(c.kv_heads()); }},
+      {"d_head", "", "Head size", [](const ModelConfig& c) -> py::object { return py::int_(c.head_dim()); }},
+      {"d_mlp", "d_ff", "Feed-forward width; 0 = attention-only", [](const ModelConfig& c) -> py::object { return py::int_(c.d_ff); }},
+      {"n_ctx", "max_seq_len", "Longest sequence (positions)", [](const ModelConfig& c) -> py::object { return py::int_(c.max_seq_len); }},
+      {"norm", "", "pre or post LayerNorm", [](const ModelConfig& c) -> py::object { return py::str(to_string(c.norm)); }},
+      {"activation", "", "gelu_erf, gelu_tanh or relu", [](const ModelConfig& c) -> py::object { return py::str(to_string(c.activation)); }},
+      {"positions", "", "learned or sinusoidal", [](const ModelConfig& c) -> py::object { return py::str(to_string(c.positions)); }},
+      {"attn_bias", "", "Biases on W_Q, W_K, W_V, W_O", [](const ModelConfig& c) -> py::object { return py::bool_(c.attn_bias); }},
+      {"mlp_bias", "", "Biases on the feed-forward layers", [](const ModelConfig& c) -> py::object { return py::bool_(c.mlp_bias); }},
+      {"head_bias", "", "A bias on the unembedding (b_U)", [](const ModelConfig& c) -> py::object { return py::bool_(c.head_bias); }},
+      {"eps", "layer_norm_eps", "LayerNorm epsilon", [](const ModelConfig& c) -> py::object { return short_float(c.layer_norm_eps); }},
+      {"dropout", "", "Dropout on embeddings and residual branches", [](const ModelConfig& c) -> py::object { return short_float(c.dropout); }},
+      {"attn_dropout", "", "Dropout on attention weights", [](const ModelConfig& c) -> py::object { return short_float(c.attn_dropout); }},
+  };
+  return fields;
+}
+
+py::dict config_dict(const ModelConfig& c) {
+  py::dict d;
+  for (const ConfigField& f : config_fields()) d[f.name] = f.get(c);
+  return d;
+}
+
 ModelConfig model_config_from_kwargs(const py::dict& kwargs) {
-  py::dict flags;
-  int64_t vocab = ModelConfig().vocab_size, max_len = ModelConfig().max_seq_len;
+  std::string names;
+  for (const ConfigField& f : config_fields()) names += std::string(names.empty() ? "" : ", ") + f.name;
+  // each keyword as its field's Python name; the CLI's name of a field is taken for it
+  py::dict given;
   for (auto& [k, val] : kwargs) {
     const std::string key = k.cast<std::string>();
-    if (key == "vocab_size") {
-      vocab = val.cast<int64_t>();
-      continue;
-    }
-    if (key == "max_seq_len") {
-      max_len = val.cast<int64_t>();
-      continue;
-    }
-    const TrainSetting* s = find_train_setting(key);
-    if (!s || (s->json_pointer.rfind("/model/", 0) != 0 && s->json_pointer.find("dropout") == std::string::npos))
-      throw py::type_error("ModelConfig: unknown setting '" + key + "' (model settings: d_model, layers, heads, kv_heads, "
-                           "d_head, d_ff, norm, activation, positions, attn_bias, mlp_bias, dropout, attn_dropout, "
-                           "vocab_size, max_seq_len)");
-    flags[k] = val;
+    const ConfigField* field = nullptr;
+    for (const ConfigField& f : config_fields())
+      if (key == f.name || (*f.flag && key == f.flag)) field = &f;
+    if (!field) throw py::type_error("ModelConfig: unknown setting '" + key + "' (settings: " + names + ")");
+    if (given.contains(field->name))
+      throw py::type_error(std::string("ModelConfig: ") + field->name + " is given twice (as " + field->name + " and " +
+                           field->flag + ")");
+    given[field->name] = val;
   }
-  ModelConfig c = args_from_kwargs(flags).model;
+  // the fields the settings table knows go through it (its ranges and choices), under their flags
+  py::dict flags;
+  int64_t vocab = ModelConfig().vocab_size, max_len = ModelConfig().max_seq_len;
+  bool head_bias = ModelConfig().head_bias;
+  float eps = ModelConfig().layer_norm_eps;
+  std::map<std::string, std::string> said;  // flag -> the name the caller used, for messages
+  auto positive_int = [](const std::string& key, const py::handle& v) {
+    if (!PyIndex_Check(v.ptr()) || py::isinstance<py::bool_>(v))
+      throw py::type_error("ModelConfig: " + key + ": expected an integer, got " + std::string(py::str(v.get_type().attr("__name__"))));
+    const int64_t n = v.cast<int64_t>();
+    if (n < 1) throw py::value_error("ModelConfig: " + key + ": must be >= 1, got " + std::to_string(n));
+    return n;
+  };
+  for (auto& [k, val] : kwargs) {
+    const std::string key = k.cast<std::string>();
+    const ConfigField* f = nullptr;
+    for (const ConfigField& x : config_fields())
+      if (key == x.name || (*x.flag && key == x.flag)) f = &x;
+    const std::string name = f->name;
+    if (name == "d_vocab") vocab = positive_int(key, val);
+    else if (name == "n_ctx") max_len = positive_int(key, val);
+    else if (name == "head_bias") {
+      if (!py::isinstance<py::bool_>(val)) throw py::type_error("ModelConfig: " + key + ": expected True or False");
+      head_bias = val.cast<bool>();
+    } else if (name == "eps") {
+      if (py::isinstance<py::bool_>(val) || !PyNumber_Check(val.ptr()) || py::isinstance<py::str>(val))
+        throw py::type_error("ModelConfig: " + key + ": expected a number");
+      eps = val.cast<float>();
+      if (!(eps > 0) || !std::isfinite(eps)) throw py::value_error("ModelConfig: " + key + ": must be a finite number > 0");
+    } else {
+      const std::string flag = *f->flag ? f->flag : f->name;
+      said[flag] = key;
+      flags[py::str(flag)] = name == "n_key_value_heads" && val.is_none() ? py::int_(0) : py::reinterpret_borrow<py::object>(val);
+    }
+  }
+  // the settings table's messages start with the flag's name: say the name the caller gave
+  auto renamed = [&](const std::string& msg) {
+    for (auto& [flag, key] : said)
+      if (msg.rfind(flag, 0) == 0 && msg.size() > flag.size() && (msg[flag.size()] == ':' || msg[flag.size()] == ' '))
+        return "ModelConfig: " + key + msg.substr(flag.size());
+    return "ModelConfig: " + msg;
+  };
+  ModelConfig c;
+  try {
+    c = args_from_kwargs(flags).model;
+  } catch (const py::type_error& e) {
+    throw py::type_error(renamed(e.what()));
+  } catch (const py::value_error& e) {
+    throw py::value_error(renamed(e.what()));
+  }
   c.vocab_size = vocab;
   c.max_seq_len = max_len;
+  c.head_bias = head_bias;
+  c.layer_norm_eps = eps;
   c.validate();
   return c;
 }

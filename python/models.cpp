@@ -1,12 +1,19 @@
 // Binds models (ModelConfig, TransformerLM, hook_points) and hooks: Python callables as forward
 // and backward hooks, and the activation cache as read-only array views.
+#include <cctype>
 #include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
 
 #include "bindings.h"
 
 #include <cstdio>
 
 #include "analysis/decompose.h"
+#include "analysis/evaluate.h"
+#include "datasets/bpe_tokenizer.h"
+#include "lib/fileutil.h"
 #include "lib/safetensors.h"
 #include "models/checkpoint.h"
 #include "models/hooks.h"
@@ -45,7 +52,15 @@ Hooks hooks_from(const ModelConfig& cfg, const std::vector<std::pair<std::string
       py::object r;
       // An exception the hook raises (KeyboardInterrupt and SystemExit included) reaches the
       // caller as itself: error_already_set carries it through the C++ frames.
-      r = fn->fn(view_of(x, /*writeable=*/false), n);
+      try {
+        r = fn->fn(view_of(x, /*writeable=*/false), n);
+      } catch (py::error_already_set& e) {
+        // NumPy's "assignment destination is read-only" does not say what to do instead
+        if (e.matches(PyExc_ValueError) && std::string(e.what()).find("read-only") != std::string::npos)
+          throw py::value_error("hook at " + n + ": the activation is read-only; return an edited copy instead "
+                                "(x = x.copy(); x[...] = ...; return x)");
+        throw;
+      }
       if (r.is_none()) return Tensor();
       py::array a = py::array::ensure(r);
       if (!a) throw py::type_error("hook at " + n + ": return None or an array, got " + std::string(py::str(r.get_type())));
@@ -66,14 +81,124 @@ Hooks hooks_from(const ModelConfig& cfg, const std::vector<std::pair<std::string
   return hooks;
 }
 
+using HookList = std::vector<std::pair<std::string, py::function>>;
+
+// The hooks added to a model (model.add_hook, with model.hooks(...)) live in its __dict__ as
+// _fwd_hooks / _bwd_hooks lists of (name, fn), so that Python owns them; every forward of the
+// model from Python runs them, before the hooks given to the call itself.
+HookList kept_hooks(const py::object& self, const char* attr) {
+  if (!py::hasattr(self, attr)) return {};
+  return self.attr(attr).cast<HookList>();
+}
+// The model's hooks then the call's; nullopt when there are none (the forward's fast path).
+std::optional<Hooks> model_hooks(const py::object& self, const HookList& fwd = {}, const HookList& bwd = {}) {
+  HookList f = kept_hooks(self, "_fwd_hooks"), b = kept_hooks(self, "_bwd_hooks");
+  f.insert(f.end(), fwd.begin(), fwd.end());
+  b.insert(b.end(), bwd.begin(), bwd.end());
+  if (f.empty() && b.empty()) return std::nullopt;
+  return hooks_from(self.cast<const TransformerLM&>().cfg, f, b);
+}
+Tensor forward_with_hooks(const py::object& self, const Ids& x, const HookList& fwd = {}, const HookList& bwd = {}) {
+  TransformerLM& model = self.cast<TransformerLM&>();
+  const std::optional<Hooks> hooks = model_hooks(self, fwd, bwd);
+  ForwardOptions opt;
+  opt.hooks = hooks ? &*hooks : nullptr;
+  py::gil_scoped_release release;
+  return model.forward(x, opt);
+}
+
+// TransformerLens's weights, [n_layers, heads, ...], from headlab's per-layer (out, in) Linears:
+// copies (a layer's weights are their own tensor, so no view spans the layers).
+// rows = true: head h is rows h*d_head.. of weight (W_Q/W_K/W_V) -> [L, heads, d_model, d_head];
+// false: columns of W_O -> [L, heads, d_head, d_model].
+py::array stacked_heads(const TransformerLM& model, Linear MultiHeadAttention::*lin, int heads, bool rows) {
+  const int64_t L = model.cfg.n_layers, D = model.cfg.d_model, dh = model.cfg.head_dim();
+  py::array_t<float> a({L, static_cast<int64_t>(heads), rows ? D : dh, rows ? dh : D});
+  float* o = a.mutable_data();
+  for (int64_t l = 0; l < L; ++l) {
+    const Tensor& w = (model.blocks[l]->attn.*lin).weight;  // (heads*dh, D) or (D, heads*dh)
+    const float* x = w.data();
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < D; ++i)
+        for (int64_t j = 0; j < dh; ++j) {
+          const float v = rows ? x[(h * dh + j) * D + i] : x[i * (heads * dh) + h * dh + j];
+          o[((l * heads + h) * (rows ? D : dh) + (rows ? i : j)) * (rows ? dh : D) + (rows ? j : i)] = v;
+        }
+  }
+  return a;
+}
+// b_Q/b_K/b_V [L, heads, d_head] and b_O [L, d_model]; zeros without attention biases (as
+// TransformerLens has them).
+py::array stacked_bias(const TransformerLM& model, Linear MultiHeadAttention::*lin, int heads, bool per_head) {
+  const int64_t L = model.cfg.n_layers, n = per_head ? heads * model.cfg.head_dim() : model.cfg.d_model;
+  std::vector<int64_t> shape = per_head ? std::vector<int64_t>{L, heads, model.cfg.head_dim()} : std::vector<int64_t>{L, n};
+  py::array_t<float> a(shape);
+  float* o = a.mutable_data();
+  for (int64_t l = 0; l < L; ++l) {
+    const Tensor& b = (model.blocks[l]->attn.*lin).bias;
+    for (int64_t i = 0; i < n; ++i) o[l * n + i] = b.defined() ? b.data()[i] : 0.f;
+  }
+  return a;
+}
+// With grouped-query attention each query head's key/value head (h / (heads / kv heads)),
+// repeated as TransformerLens's W_K does; _W_K keeps the kv heads.
+py::array repeat_kv(const TransformerLM& model, py::array kv) {
+  const int groups = model.cfg.n_heads / model.cfg.kv_heads();
+  return groups == 1 ? kv : py::module_::import("numpy").attr("repeat")(kv, groups, py::arg("axis") = 1);
+}
+
+// TransformerLens's utils.get_act_name: ("pattern", 0) -> "blocks.0.attn.hook_pattern",
+// ("q", 1, "attn"), ("resid_pre", 2), ("scale", 0, "ln1"), ("embed",), ("scale",) ->
+// ln_final.hook_scale; a full name ("blocks.0.hook_resid_pre") is kept; "pattern0" = ("pattern", 0).
+std::string act_name(std::string name, std::optional<int> layer, std::string layer_type) {
+  if ((name.find('.') != std::string::npos || name.rfind("hook_", 0) == 0) && !layer && layer_type.empty()) return name;
+  // "resid_pre3", "pattern0a": the name, the layer, then the layer type
+  const size_t digit = name.find_first_of("0123456789");
+  if (digit != std::string::npos && digit > 0) {
+    size_t end = digit;
+    while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
+    layer = std::stoi(name.substr(digit, end - digit));
+    layer_type = name.substr(end);
+    name = name.substr(0, digit);
+  }
+  static const std::map<std::string, std::string> act_alias = {
+      {"attn", "pattern"}, {"attn_logits", "attn_scores"}, {"key", "k"}, {"query", "q"}, {"value", "v"},
+      {"mlp_pre", "pre"}, {"mlp_mid", "mid"}, {"mlp_post", "post"}};
+  static const std::map<std::string, std::string> type_alias = {
+      {"a", "attn"}, {"m", "mlp"}, {"b", ""}, {"block", ""}, {"blocks", ""}, {"attention", "attn"}};
+  if (auto it = act_alias.find(name); it != act_alias.end()) name = it->second;
+  static const std::set<std::string> attn = {"k", "v", "q", "z", "rot_k", "rot_q", "result", "pattern", "attn_scores",
+                                             "q_input", "k_input", "v_input"};
+  static const std::set<std::string> mlp = {"pre", "post", "mid", "pre_linear"};
+  if (attn.count(name)) layer_type = "attn";
+  else if (mlp.count(name)) layer_type = "mlp";
+  else if (auto it = type_alias.find(layer_type); it != type_alias.end()) layer_type = it->second;
+  std::string full = layer ? "blocks." + std::to_string(*layer) + "." : "";
+  if (!layer_type.empty()) full += layer_type + ".";
+  full += "hook_" + name;
+  if ((name == "scale" || name == "normalized") && !layer) full = "ln_final." + full;
+  return full;
+}
+// A cache key: a name, or a (name, layer[, layer_type]) tuple as TransformerLens's cache takes.
+std::string act_name_of(const py::object& key) {
+  if (py::isinstance<py::str>(key)) return act_name(key.cast<std::string>(), std::nullopt, "");
+  if (!py::isinstance<py::tuple>(key)) throw py::type_error("a cache key is a hook name or a tuple (name, layer[, layer_type])");
+  const auto t = key.cast<py::tuple>();
+  if (t.size() < 1 || t.size() > 3 || !py::isinstance<py::str>(t[0]))
+    throw py::type_error("a cache key tuple is (name, layer[, layer_type]), e.g. ('pattern', 0)");
+  std::optional<int> layer;
+  if (t.size() > 1 && !t[1].is_none()) layer = t[1].cast<int>();
+  return act_name(t[0].cast<std::string>(), layer, t.size() > 2 ? t[2].cast<std::string>() : "");
+}
+
 // The activation cache seen from Python: cache[name] is an array view. It knows the model and
 // the input of its forward (the model object kept alive), for the decomposition methods.
 struct PyCache {
   ActivationCache cache;
   py::object model_obj;  // the TransformerLM that made it
   Ids ids;               // (B, T)
-  py::array get(const std::string& name) const { return view_of(cache[name], false); }
-  py::array grad(const std::string& name) const { return view_of(cache.grad(name), false); }
+  py::array get(const py::object& key) const { return view_of(cache[act_name_of(key)], false); }
+  py::array grad(const py::object& key) const { return view_of(cache.grad(act_name_of(key)), false); }
   const TransformerLM& model() const { return model_obj.cast<const TransformerLM&>(); }
   int64_t T() const { return ids.shape[1]; }
   // TransformerLens's layer argument: None or -1 = the final residual stream (n_layers).
@@ -172,39 +297,34 @@ NameFilter filter_from(const py::object& names) {
 
 void bind_models(py::module_& m) {
   // ---- models ---------------------------------------------------------------------------------
-  py::class_<ModelConfig>(m, "ModelConfig", "Model settings with the CLI's names and defaults")
-      .def(py::init([](py::kwargs kw) { return model_config_from_kwargs(kw); }))
-      .def_readonly("vocab_size", &ModelConfig::vocab_size)
-      .def_readonly("d_model", &ModelConfig::d_model)
-      .def_readonly("layers", &ModelConfig::n_layers)
-      .def_readonly("heads", &ModelConfig::n_heads)
-      .def_property_readonly("kv_heads", &ModelConfig::kv_heads)
-      .def_property_readonly("d_head", &ModelConfig::head_dim)
-      .def_readonly("d_ff", &ModelConfig::d_ff)
-      .def_readonly("max_seq_len", &ModelConfig::max_seq_len)
-      .def_property_readonly("norm", [](const ModelConfig& c) { return to_string(c.norm); })
-      .def_property_readonly("activation", [](const ModelConfig& c) { return to_string(c.activation); })
-      .def_property_readonly("positions", [](const ModelConfig& c) { return to_string(c.positions); })
-      .def_readonly("dropout", &ModelConfig::dropout)
-      .def_readonly("attn_dropout", &ModelConfig::attn_dropout)
-      .def_readonly("attn_bias", &ModelConfig::attn_bias)
-      .def_readonly("mlp_bias", &ModelConfig::mlp_bias)
-      .def_readonly("head_bias", &ModelConfig::head_bias)
-      .def("to_dict", [](const ModelConfig& c) { return json_to_py(json::parse(c.to_json())); })
-      .def("__repr__", [](const ModelConfig& c) {  // the attribute names (as the CLI's flags), not the file's
-        auto b = [](bool v) { return std::string(v ? "True" : "False"); };
-        char dropout[64];
-        std::snprintf(dropout, sizeof dropout, "dropout=%g, attn_dropout=%g", c.dropout, c.attn_dropout);
-        return "headlab.ModelConfig(vocab_size=" + std::to_string(c.vocab_size) + ", d_model=" + std::to_string(c.d_model) +
-               ", layers=" + std::to_string(c.n_layers) + ", heads=" + std::to_string(c.n_heads) +
-               ", kv_heads=" + std::to_string(c.kv_heads()) + ", d_head=" + std::to_string(c.head_dim()) +
-               ", d_ff=" + std::to_string(c.d_ff) + ", max_seq_len=" + std::to_string(c.max_seq_len) + ", norm='" +
-               to_string(c.norm) + "', activation='" + to_string(c.activation) + "', positions='" + to_string(c.positions) +
-               "', attn_bias=" + b(c.attn_bias) + ", mlp_bias=" + b(c.mlp_bias) + ", head_bias=" + b(c.head_bias) + ", " +
-               dropout + ")";
+  py::class_<ModelConfig> config(m, "ModelConfig", R"(The model's settings, by TransformerLens's names where it has one.
+
+ModelConfig(**settings): n_layers, n_heads, d_model, d_head, d_mlp, d_vocab, n_ctx,
+n_key_value_heads, norm, activation, positions, attn_bias, mlp_bias, head_bias, eps, dropout,
+attn_dropout; each also by its CLI flag's name (layers=, heads=, kv_heads=, d_ff=, vocab_size=,
+max_seq_len=, layer_norm_eps=). What is not given takes the CLI's default.
+ModelConfig(**cfg.to_dict()) gives cfg back.)");
+  config.def(py::init([](py::kwargs kw) { return model_config_from_kwargs(kw); }),
+             "ModelConfig(**settings): the names are listed in the class's help; unknown ones raise TypeError");
+  for (const ConfigField& f : config_fields()) {
+    const auto get = f.get;
+    config.def_property_readonly(f.name, [get](const ModelConfig& c) { return get(c); }, f.doc);
+  }
+  config
+      .def("to_dict", &config_dict, "{name: value} of every setting, by the names ModelConfig(...) takes")
+      .def("__eq__", [](const ModelConfig& a, const ModelConfig& b) { return config_dict(a).equal(config_dict(b)); }, py::is_operator())
+      .def("__repr__", [](const ModelConfig& c) {
+        std::string r = "headlab.ModelConfig(";
+        bool first = true;
+        for (auto& [k, v] : config_dict(c)) {
+          r += std::string(first ? "" : ", ") + std::string(py::str(k)) + "=" + std::string(py::repr(v));
+          first = false;
+        }
+        return r + ")";
       });
 
-  m.def("hook_points", [](const ModelConfig& c) { return hook_points(c); }, "(name, shape) of every hook point");
+  m.def("hook_points", [](const ModelConfig& c) { return hook_points(c); }, py::arg("config"),
+        "(name, shape) of every hook point of a model of this config, in forward order");
 
   // The three stacks of the cache take the same arguments (layer, pos_slice, apply_ln, return_labels).
   using StackFn = ResidStack (*)(const TransformerLM&, const ActivationCache&, int, int64_t);
@@ -217,12 +337,27 @@ void bind_models(py::module_& m) {
       return stack_result(s, return_labels);
     };
   };
+  m.def("get_act_name", [](const std::string& name, std::optional<int> layer, const std::string& layer_type) {
+        return act_name(name, layer, layer_type);
+      }, py::arg("name"), py::arg("layer") = py::none(), py::arg("layer_type") = "",
+      "A hook's full name from TransformerLens's short form: get_act_name('pattern', 0) = 'blocks.0.attn.hook_pattern'");
   py::class_<PyCache>(m, "ActivationCache", "Activations by hook name (read-only array views) and their gradients")
-      .def("__getitem__", &PyCache::get)
-      .def("grad", &PyCache::grad)
-      .def("__contains__", [](const PyCache& c, const std::string& n) { return c.cache.has(n); })
-      .def("has_grad", [](const PyCache& c, const std::string& n) { return c.cache.has_grad(n); })
-      .def("keys", [](const PyCache& c) { return c.cache.names(); })
+      .def("__getitem__", &PyCache::get, py::arg("key"),
+           "cache[name] or cache[name, layer(, layer_type)] (as get_act_name): a read-only view of the activation")
+      .def("grad", &PyCache::grad, py::arg("key"), "The gradient at a hook (run_with_cache(incl_bwd=True), then backward())")
+      .def("__contains__", [](const PyCache& c, const py::object& k) { return c.cache.has(act_name_of(k)); })
+      .def("has_grad", [](const PyCache& c, const py::object& k) { return c.cache.has_grad(act_name_of(k)); }, py::arg("key"),
+           "Whether the cache holds the gradient at this hook (after backward())")
+      .def("__repr__", [](const PyCache& c) {
+        std::string r = "headlab.ActivationCache(" + std::to_string(c.cache.size()) + (c.cache.size() == 1 ? " activation" : " activations");
+        for (const std::string& n : c.cache.names())
+        {
+          const Shape sh = c.cache[n].shape();
+          r += "\n  " + n + ": " + std::string(py::repr(py::tuple(py::cast(std::vector<int64_t>(sh.dims, sh.dims + sh.ndim)))));
+        }
+        return r + (c.cache.size() ? "\n)" : ")");
+      })
+      .def("keys", [](const PyCache& c) { return c.cache.names(); }, "The cached hook names")
       .def("__len__", [](const PyCache& c) { return c.cache.size(); })
       .def("__iter__", [](const PyCache& c) { return py::iter(py::cast(c.cache.names())); })
       // ---- the residual stream as components (analysis/decompose.h), TransformerLens's names ----
@@ -258,43 +393,100 @@ void bind_models(py::module_& m) {
              return final_bias_term(c.model(), token, incorrect.is_none() ? -1 : incorrect.cast<int32_t>());
            }, py::arg("token"), py::arg("incorrect_token") = py::none(),
            "ln_final.bias . W_U[:, token] (+ the unembedding bias): the part of the logit no component carries")
-      .def_property_readonly("model", [](const PyCache& c) { return c.model_obj; })
-      .def_property_readonly("ids", [](const PyCache& c) { return ids_to_array(c.ids); });
+      .def_property_readonly("model", [](const PyCache& c) { return c.model_obj; }, "The model whose forward this is")
+      .def_property_readonly("ids", [](const PyCache& c) { return ids_to_array(c.ids); }, "The forward's input ids (B, T)");
 
-  py::class_<TransformerLM>(m, "TransformerLM")
-      .def(py::init([](const ModelConfig& c, uint64_t seed) {
+  py::class_<TransformerLM> lm(m, "TransformerLM", py::dynamic_attr(), R"(A decoder-only transformer language model.
+
+TransformerLM(config, seed=0) builds one (hl.ModelConfig); TransformerLM.load(path) reads a
+checkpoint. model.cfg holds its settings by TransformerLens's names (cfg.n_layers, cfg.n_heads,
+cfg.d_model, cfg.d_head, ...). model(ids) gives the logits (B, T, d_vocab);
+run_with_cache(ids, names_filter=...) the logits and the activations by hook name;
+model.hooks(fwd_hooks=[(name, fn)]) runs hooks in every forward of a with block.
+The weights in TransformerLens's shapes: W_Q, W_K, W_V [n_layers, n_heads, d_model, d_head],
+W_O [n_layers, n_heads, d_head, d_model], b_Q/b_K/b_V [n_layers, n_heads, d_head],
+b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_model, d_vocab].)");
+  lm.def(py::init([](const ModelConfig& c, uint64_t seed) {
              c.validate();
              return std::make_unique<TransformerLM>(c, seed);
            }),
-           py::arg("config"), py::arg("seed") = 0)
-      .def_static("load", [](const std::string& path) { return load_model(path); }, "A model from a headlab checkpoint (safetensors)")
-      .def("save", [](const TransformerLM& model, const std::string& path) { save_checkpoint(path, model); },
+           py::arg("config"), py::arg("seed") = 0, "A model of this config, initialised from seed")
+      .def_static("load", [](const std::string& path) {
+             py::object model = py::cast(load_model(path));
+             // a GPT-2 directory's tokenizer files: to_tokens / to_str_tokens / to_string use them
+             const auto has = [&](const char* f) { return file_exists(path + "/" + f); };
+             if (std::filesystem::is_directory(path) && ((has("vocab.json") && has("merges.txt")) || (has("encoder.json") && has("vocab.bpe"))))
+               model.attr("tokenizer") = py::cast(BpeTokenizer::load(path));
+             return model;
+           }, py::arg("path"),
+           "A model from a headlab checkpoint (safetensors) or a Hugging Face GPT-2 directory (with its tokenizer files: "
+           "model.tokenizer)")
+      .def("save", [](const TransformerLM& model, const std::string& path) { save_checkpoint(path, model); }, py::arg("path"),
            "Writes a checkpoint the CLI reads (atomic)")
-      .def("load_parameters", [](TransformerLM& model, const std::string& path) { load_parameters(model, read_checkpoint(path)); })
-      .def_readonly("config", &TransformerLM::cfg)
-      .def("train", [](TransformerLM& model, bool on) { model.train(on); }, py::arg("on") = true)
-      .def("eval", [](TransformerLM& model) { model.eval(); })
-      .def("forward", [](TransformerLM& model, const py::object& ids) {
-             const Ids x = ids_from(ids);
-             py::gil_scoped_release release;
-             return model.forward(x);
-           }, py::arg("ids"), "ids (T) or (B, T) -> logits (B, T, vocab)")
-      .def("__call__", [](TransformerLM& model, const py::object& ids) {
-             const Ids x = ids_from(ids);
-             py::gil_scoped_release release;
-             return model.forward(x);
-           })
-      .def("loss", [](TransformerLM& model, const py::object& ids, const py::object& targets) {
-             const Ids x = ids_from(ids), y = ids_from(targets, "targets");
-             py::gil_scoped_release release;
-             return cross_entropy(model.forward(x), y);
-           }, py::arg("ids"), py::arg("targets"), "Mean cross-entropy over targets != -1 (a tensor; call backward())")
+      .def("load_parameters", [](TransformerLM& model, const std::string& path) { load_parameters(model, read_checkpoint(path)); },
+           py::arg("path"), "Reads the parameters of a checkpoint of the same config into this model")
+      .def_readonly("cfg", &TransformerLM::cfg, "The model's settings (a ModelConfig, TransformerLens's names)")
+      .def_readonly("config", &TransformerLM::cfg, "The same as cfg (the older name)")
+      .def("__repr__", [](const TransformerLM& model) {
+        return "headlab.TransformerLM(" + std::string(py::repr(py::cast(model.cfg))) + ", " +
+               std::to_string(model.num_parameters()) + " parameters)";
+      })
+      .def("train", [](TransformerLM& model, bool on) { model.train(on); }, py::arg("on") = true,
+           "Training mode (dropout on) or, with on=False, evaluation mode")
+      .def("eval", [](TransformerLM& model) { model.eval(); }, "Evaluation mode (no dropout)")
+      .def("forward", [](const py::object& self, const py::object& ids) { return forward_with_hooks(self, ids_from(ids)); },
+           py::arg("ids"), "ids (T) or (B, T) -> logits (B, T, d_vocab), with the hooks the model holds (add_hook)")
+      .def("__call__", [](const py::object& self, const py::object& ids) { return forward_with_hooks(self, ids_from(ids)); },
+           py::arg("ids"), "The same as forward(ids)")
+      .def("loss", [](const py::object& self, const py::object& ids, const py::object& targets) {
+             const Ids x = ids_from(ids), y = counted_targets_from(targets, "loss");
+             return cross_entropy(forward_with_hooks(self, x), y);
+           }, py::arg("ids"), py::arg("targets"),
+           "Mean cross-entropy over targets != -1 (a tensor; call backward()); no counted target raises ValueError")
       .def("named_parameters", [](const TransformerLM& model) {
              py::dict d;
              for (auto& [name, t] : model.named_parameters()) d[py::str(name)] = t;
              return d;
            }, "name -> Tensor (headlab's parameter names; np.asarray gives a view)")
-      .def("zero_grad", [](TransformerLM& model) { model.zero_grad(); })
+      .def("zero_grad", [](TransformerLM& model) { model.zero_grad(); }, "Clears every parameter's gradient")
+      // ---- TransformerLens's weights ----
+      .def_property_readonly("W_Q", [](const TransformerLM& model) { return stacked_heads(model, &MultiHeadAttention::W_Q, model.cfg.n_heads, true); },
+                             "[n_layers, n_heads, d_model, d_head]: a copy (headlab keeps W_Q.weight as (heads*d_head, d_model) per layer)")
+      .def_property_readonly("W_K", [](const TransformerLM& model) { return repeat_kv(model, stacked_heads(model, &MultiHeadAttention::W_K, model.cfg.kv_heads(), true)); },
+                             "[n_layers, n_heads, d_model, d_head]: a copy; with grouped-query attention each head's key/value head (_W_K: the kv heads)")
+      .def_property_readonly("W_V", [](const TransformerLM& model) { return repeat_kv(model, stacked_heads(model, &MultiHeadAttention::W_V, model.cfg.kv_heads(), true)); },
+                             "[n_layers, n_heads, d_model, d_head]: a copy; with grouped-query attention each head's key/value head (_W_V: the kv heads)")
+      .def_property_readonly("_W_K", [](const TransformerLM& model) { return stacked_heads(model, &MultiHeadAttention::W_K, model.cfg.kv_heads(), true); },
+                             "[n_layers, n_key_value_heads, d_model, d_head]: a copy")
+      .def_property_readonly("_W_V", [](const TransformerLM& model) { return stacked_heads(model, &MultiHeadAttention::W_V, model.cfg.kv_heads(), true); },
+                             "[n_layers, n_key_value_heads, d_model, d_head]: a copy")
+      .def_property_readonly("W_O", [](const TransformerLM& model) { return stacked_heads(model, &MultiHeadAttention::W_O, model.cfg.n_heads, false); },
+                             "[n_layers, n_heads, d_head, d_model]: a copy")
+      .def_property_readonly("b_Q", [](const TransformerLM& model) { return stacked_bias(model, &MultiHeadAttention::W_Q, model.cfg.n_heads, true); },
+                             "[n_layers, n_heads, d_head]: a copy (zeros without attention biases)")
+      .def_property_readonly("b_K", [](const TransformerLM& model) { return repeat_kv(model, stacked_bias(model, &MultiHeadAttention::W_K, model.cfg.kv_heads(), true)); },
+                             "[n_layers, n_heads, d_head]: a copy (zeros without attention biases)")
+      .def_property_readonly("b_V", [](const TransformerLM& model) { return repeat_kv(model, stacked_bias(model, &MultiHeadAttention::W_V, model.cfg.kv_heads(), true)); },
+                             "[n_layers, n_heads, d_head]: a copy (zeros without attention biases)")
+      .def_property_readonly("b_O", [](const TransformerLM& model) { return stacked_bias(model, &MultiHeadAttention::W_O, model.cfg.n_heads, false); },
+                             "[n_layers, d_model]: a copy (zeros without attention biases)")
+      .def_property_readonly("W_E", [](const TransformerLM& model) { return view_of(model.tok_emb.weight); },
+                             "[d_vocab, d_model]: a view of the token embedding (writes change the model)")
+      .def_property_readonly("W_pos", [](const TransformerLM& model) {
+             return model.pos_emb ? view_of(model.pos_emb->weight) : view_of(model.sinusoid, /*writeable=*/false);
+           }, "[n_ctx, d_model]: a view of the learned position embedding (read-only: the fixed table of sinusoidal positions)")
+      .def_property_readonly("W_U", [](const TransformerLM& model) {
+             const Tensor& w = model.head.weight;  // (d_vocab, d_model), read as its transpose by strides
+             py::capsule owner(new Tensor(w), [](void* p) { delete static_cast<Tensor*>(p); });
+             return py::array(py::dtype::of<float>(), {w.size(1), w.size(0)},
+                              {static_cast<py::ssize_t>(sizeof(float)), static_cast<py::ssize_t>(sizeof(float) * w.size(1))},
+                              w.data(), owner);
+           },
+                             "[d_model, d_vocab]: a view (transposed) of the unembedding head.weight (writes change the model)")
+      .def_property_readonly("b_U", [](const TransformerLM& model) -> py::object {
+             if (model.head.bias.defined()) return view_of(model.head.bias);
+             return py::module_::import("numpy").attr("zeros")(model.cfg.vocab_size, py::arg("dtype") = "float32");
+           }, "[d_vocab]: a view of the unembedding's bias (zeros, a copy, without head_bias)")
       .def("head_weights", [](const TransformerLM& model, int layer, int head, bool grads) {
              if (layer < 0 || layer >= model.cfg.n_layers || head < 0 || head >= model.cfg.n_heads)
                throw py::index_error("head (" + std::to_string(layer) + ", " + std::to_string(head) + ") is outside " +
@@ -314,43 +506,68 @@ void bind_models(py::module_& m) {
              d["W_O"] = view_of(head_cols(w(a.W_O.weight), head, dh));
              return d;
            }, py::arg("layer"), py::arg("head"), py::arg("grads") = false,
-           "Copies of head's blocks: W_Q, W_K, W_V (d_head, d_model) and W_O (d_model, d_head); grads=True: of their gradients")
-      .def("gates", [](TransformerLM& model, int layer) { return model.gates(layer); }, "Head gates of a layer (H): a view to set")
+           "Copies of head's blocks in headlab's (out, in) layout: W_Q, W_K, W_V (d_head, d_model) and W_O (d_model, d_head) "
+           "(model.W_Q[layer, head] is W_Q's transpose); grads=True: of their gradients")
+      .def("gates", [](TransformerLM& model, int layer) { return model.gates(layer); }, py::arg("layer"),
+           "Head gates of a layer (H): a view to set")
       .def("gate_values", [](const TransformerLM& model) {
              HeadGrid g;
              for (auto& row : model.gate_values()) g.emplace_back(row.begin(), row.end());
              return grid_array(g);
-           })
-      .def("run_with_cache", [](const py::object& self, const py::object& ids, const py::object& names, bool with_grads) {
+           }, "Every layer's head gates (n_layers, n_heads)")
+      .def("run_with_cache", [](const py::object& self, const py::object& ids, const py::object& names, bool incl_bwd) {
              TransformerLM& model = self.cast<TransformerLM&>();
              const Ids x = ids_from(ids);
              // a misspelt name is refused here, as run_with_hooks refuses it, not at lookup
              if (py::isinstance<py::str>(names)) check_hook_name(model.cfg, names.cast<std::string>());
              else if (!names.is_none() && !py::isinstance<py::function>(names))
                for (const std::string& n : names.cast<std::vector<std::string>>()) check_hook_name(model.cfg, n);
-             NameFilter f = filter_from(names);
-             std::pair<Tensor, ActivationCache> r;
+             ActivationCache cache;
+             Hooks hooks = model_hooks(self).value_or(Hooks());  // the model's hooks run first; the cache records what they leave
+             hooks.cache(cache, filter_from(names), incl_bwd);
+             ForwardOptions opt;
+             opt.hooks = &hooks;
+             Tensor logits;
              {
                py::gil_scoped_release release;
-               r = model.run_with_cache(x, f, with_grads);
+               logits = model.forward(x, opt);
              }
-             return py::make_tuple(r.first, PyCache{r.second, self, x});
-           }, py::arg("ids"), py::arg("names") = py::none(), py::arg("with_grads") = false,
-           "(logits, cache): cache[name] for every hook name in `names` (None = all, a list, or a predicate); the cache's "
-           "decompose_resid, logit_attrs and the rest read hook_result and hook_scale, which names=None caches")
-      .def("run_with_hooks", [](TransformerLM& model, const py::object& ids,
-                                const std::vector<std::pair<std::string, py::function>>& fwd_hooks,
-                                const std::vector<std::pair<std::string, py::function>>& bwd_hooks) {
-             const Ids x = ids_from(ids);
-             ForwardOptions opt;
-             const Hooks hooks = hooks_from(model.cfg, fwd_hooks, bwd_hooks);
-             opt.hooks = &hooks;
-             py::gil_scoped_release release;
-             return model.forward(x, opt);
-           }, py::arg("ids"), py::arg("fwd_hooks") = std::vector<std::pair<std::string, py::function>>{},
-           py::arg("bwd_hooks") = std::vector<std::pair<std::string, py::function>>{},
-           "logits with hooks: fn(activation, name) may return a replacement; backward hooks fn(grad, name) run during backward()")
-      .def_property_readonly("num_parameters", &TransformerLM::num_parameters);
+             return py::make_tuple(logits, PyCache{cache, self, x});
+           }, py::arg("ids"), py::arg("names_filter") = py::none(), py::arg("incl_bwd") = false,
+           "(logits, cache): cache[name] for every hook name passing names_filter (None = all but the split q/k/v "
+           "inputs, a name, a list, or a predicate name -> bool); incl_bwd=True: cache.grad(name) after "
+           "logits' loss.backward(). The cache's decompose_resid, logit_attrs and the rest read hook_result and "
+           "hook_scale, which names_filter=None caches")
+      .def("run_with_hooks", [](const py::object& self, const py::object& ids, const HookList& fwd_hooks, const HookList& bwd_hooks) {
+             return forward_with_hooks(self, ids_from(ids), fwd_hooks, bwd_hooks);
+           }, py::arg("ids"), py::arg("fwd_hooks") = HookList{}, py::arg("bwd_hooks") = HookList{},
+           "logits with hooks (after the model's own, add_hook): fn(activation, name) may return a replacement "
+           "(the activation is read-only: edit a copy); backward hooks fn(grad, name) run during backward()")
+      .def("add_hook", [](const py::object& self, const std::string& name, const py::function& fn, const std::string& dir) {
+             check_hook_name(self.cast<const TransformerLM&>().cfg, name);
+             if (dir != "fwd" && dir != "bwd") throw py::value_error("add_hook: dir must be 'fwd' or 'bwd', got '" + dir + "'");
+             const char* attr = dir == "fwd" ? "_fwd_hooks" : "_bwd_hooks";
+             if (!py::hasattr(self, attr)) self.attr(attr) = py::list();
+             self.attr(attr).cast<py::list>().append(py::make_tuple(name, fn));
+           }, py::arg("name"), py::arg("hook"), py::arg("dir") = "fwd",
+           "Keeps hook fn(activation, name) at `name` for every forward of the model until reset_hooks()")
+      .def("reset_hooks", [](const py::object& self) {
+             for (const char* attr : {"_fwd_hooks", "_bwd_hooks"})
+               if (py::hasattr(self, attr)) py::delattr(self, attr);
+           }, "Removes every hook add_hook (or a hooks() block) left on the model")
+      .def("generate", [](TransformerLM& model, const py::object& tokens, int64_t max_new_tokens, double temperature, uint64_t seed) {
+             const Ids x = ids_from(tokens, "tokens");
+             Ids out;
+             {
+               py::gil_scoped_release release;
+               out = generate(model, x, max_new_tokens, temperature, seed);
+             }
+             return ids_to_array(out);
+           }, py::arg("tokens"), py::arg("max_new_tokens") = 10, py::arg("temperature") = 0.0, py::arg("seed") = 0,
+           "tokens (T) or (B, T) continued by max_new_tokens tokens (KV-cached; without hooks): temperature 0 is "
+           "greedy, > 0 samples from softmax(logits / temperature), the same seed giving the same tokens. "
+           "Returns (B, T + max_new_tokens) ids")
+      .def_property_readonly("num_parameters", &TransformerLM::num_parameters, "How many parameters the model has");
 }
 
 }  // namespace hl::bindings

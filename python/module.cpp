@@ -16,8 +16,10 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "headlab: a small C++ transformer lab for studying attention heads";
 
   // C++ errors carry their one-line message; bad input is ValueError.
-  py::register_exception<Error>(m, "HeadlabError", PyExc_ValueError);
-  py::register_exception<NonFiniteError>(m, "NonFiniteError", PyExc_FloatingPointError);
+  py::register_exception<Error>(m, "HeadlabError", PyExc_ValueError).doc() =
+      "An error of the C++ library (bad input): its one-line message is the command line's";
+  py::register_exception<NonFiniteError>(m, "NonFiniteError", PyExc_FloatingPointError).doc() =
+      "A NaN or Inf where a finite value is needed (a loss, a weight)";
 
   // In this order: a class is bound before the functions whose signatures name it (pybind11
   // writes a signature's types when the function is bound).

@@ -17,28 +17,28 @@ void bind_tensors(py::module_& m) {
       })
       .def_property_readonly("shape", [](const Tensor& t) {
         return py::tuple(py::cast(std::vector<int64_t>(t.shape().dims, t.shape().dims + t.ndim())));
-      })
-      .def_property_readonly("ndim", &Tensor::ndim)
+      }, "The sizes of its axes (a tuple)")
+      .def_property_readonly("ndim", &Tensor::ndim, "How many axes it has")
       .def("numpy", [](const Tensor& t) { return view_of(t); }, "A view of the tensor's memory (no copy)")
-      .def("item", &Tensor::item)
+      .def("item", &Tensor::item, "The value of a one-element tensor (float)")
       .def_property("requires_grad", &Tensor::requires_grad, [](Tensor& t, bool on) {
         if (!t.is_leaf()) throw py::value_error("requires_grad can only be set on a leaf tensor (one no op made)");
         t.requires_grad_(on);
-      })
+      }, "Whether backward() fills in its gradient (settable on a leaf)")
       .def_property_readonly("grad", [](const Tensor& t) -> py::object {
         Tensor g = t.grad();
         return g.defined() ? py::cast(g) : py::none();
-      })
+      }, "Its gradient after backward() (a Tensor), or None")
       .def("backward", [](const Tensor& t) {
         if (!t.requires_grad()) throw py::value_error("backward(): the tensor does not require grad (no graph leads to it)");
         if (t.numel() != 1) throw py::value_error("backward(): needs a one-element tensor, got shape " + t.shape().str());
         py::gil_scoped_release release;
         t.backward();
-      })
-      .def("zero_grad", &Tensor::zero_grad)
-      .def("retain_grad", &Tensor::retain_grad)
-      .def("detach", &Tensor::detach)
-      .def("clone", &Tensor::clone)
+      }, "Fills in the gradients of every tensor it was computed from (a one-element tensor)")
+      .def("zero_grad", &Tensor::zero_grad, "Clears its gradient")
+      .def("retain_grad", &Tensor::retain_grad, "Keeps the gradient of this non-leaf tensor after backward()")
+      .def("detach", &Tensor::detach, "The same values, out of the graph (shares memory)")
+      .def("clone", &Tensor::clone, "A copy (in the graph)")
       .def("__repr__", [](const Tensor& t) { return "headlab.Tensor" + t.shape().str(); })
       .def("__add__", [](const Tensor& a, const Tensor& b) { return add(a, b); })
       .def("__sub__", [](const Tensor& a, const Tensor& b) { return sub(a, b); })
@@ -46,8 +46,8 @@ void bind_tensors(py::module_& m) {
       .def("__mul__", [](const Tensor& a, float s) { return mul_scalar(a, s); })
       .def("__rmul__", [](const Tensor& a, float s) { return mul_scalar(a, s); })
       .def("__matmul__", [](const Tensor& a, const Tensor& b) { return matmul(a, b); })
-      .def("sum", [](const Tensor& t) { return sum(t); })
-      .def("mean", [](const Tensor& t) { return mean(t); });
+      .def("sum", [](const Tensor& t) { return sum(t); }, "The sum of every element (a one-element tensor)")
+      .def("mean", [](const Tensor& t) { return mean(t); }, "The mean of every element (a one-element tensor)");
 
   m.def("tensor", [](const py::array& a, bool requires_grad) {
         Tensor t = tensor_from_array(a, "headlab.tensor");
@@ -57,17 +57,15 @@ void bind_tensors(py::module_& m) {
       py::arg("array"), py::arg("requires_grad") = false,
       "A float32 copy of a float array (float64 is rounded to float32); never a view");
   m.def("cross_entropy", [](const Tensor& logits, const py::object& targets) {
-    const Ids t = ids_from(targets, "targets");
-    if (std::none_of(t.data.begin(), t.data.end(), [](int32_t v) { return v >= 0; }))
-      throw py::value_error("cross_entropy: every target is -1 (not counted): the mean over no positions is undefined");
-    return cross_entropy(logits, t);
+    return cross_entropy(logits, counted_targets_from(targets, "cross_entropy"));
   },
         py::arg("logits"), py::arg("targets"), "Mean cross-entropy of (B, T, V) logits over targets != -1");
-  m.def("softmax", [](const Tensor& x, int axis) { return softmax(x, axis); }, py::arg("x"), py::arg("axis") = -1);
-  m.def("grad_enabled", &grad_enabled);
+  m.def("softmax", [](const Tensor& x, int axis) { return softmax(x, axis); }, py::arg("x"), py::arg("axis") = -1,
+        "Softmax along axis (differentiable)");
+  m.def("grad_enabled", &grad_enabled, "Whether ops record a graph now (False inside headlab.no_grad())");
   py::class_<NoGradGuard>(m, "_NoGradGuard").def(py::init<>());
-  m.def("set_num_threads", &set_num_threads);
-  m.def("num_threads", &num_threads);
+  m.def("set_num_threads", &set_num_threads, py::arg("n"), "Threads of the C++ kernels from now on");
+  m.def("num_threads", &num_threads, "Threads of the C++ kernels");
   m.def("live_tensors", [] { return TensorImpl::live_count.load(); }, "Tensors alive now (for leak checks)");
 }
 

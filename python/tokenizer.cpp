@@ -57,8 +57,8 @@ void bind_tokenizer(py::module_& m) {
       .def(
           "decode_bytes", [](const BpeTokenizer& t, const py::object& ids) { return py::bytes(t.decode(ids_list(ids))); },
           py::arg("ids"), "The exact bytes of ids.")
-      .def_property_readonly("vocab_size", &BpeTokenizer::vocab_size)
-      .def_property_readonly("special_tokens", &BpeTokenizer::special_tokens)
+      .def_property_readonly("vocab_size", &BpeTokenizer::vocab_size, "How many tokens it has")
+      .def_property_readonly("special_tokens", &BpeTokenizer::special_tokens, "Its special tokens' texts, e.g. <|endoftext|>")
       .def("token_text", &BpeTokenizer::token_text, py::arg("id"),
            "The token's text for display (control characters and partial characters escaped, e.g. '\\\\n', '\\\\xf0').")
       .def("__len__", &BpeTokenizer::vocab_size)

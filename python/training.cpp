@@ -244,8 +244,8 @@ void bind_tasks(py::module_& m) {
       .def("__getitem__", [](const PyData& d, size_t i) {
         if (i >= d.batches.size()) throw py::index_error("batch " + std::to_string(i));
         return batch_dict(d.batches[i]);
-      });
-  py::class_<PyTask>(m, "Task")
+      }, py::arg("i"), "Batch i as a dict of arrays (input_ids, targets, prompt_len)");
+  py::class_<PyTask>(m, "Task", "A task of the command line (copy, varcopy, induction, text, tokens, ...): its data and vocabulary")
       .def(py::init([](const std::string& name, py::kwargs kw) {
              kw["task"] = name;
              py::object data = kw.contains("data") ? py::object(kw["data"]) : py::object(py::none());
@@ -256,9 +256,9 @@ void bind_tasks(py::module_& m) {
            }),
            py::arg("name") = "copy",
            "Task('varcopy', length=..., alphabet=..., data=...): a task with the CLI's settings by keyword")
-      .def_property_readonly("name", [](const PyTask& t) { return t.task->config().name; })
-      .def_property_readonly("vocab_size", [](const PyTask& t) { return t.task->vocab_size(); })
-      .def_property_readonly("seq_len", [](const PyTask& t) { return t.task->seq_len(); })
+      .def_property_readonly("name", [](const PyTask& t) { return t.task->config().name; }, "The task's name")
+      .def_property_readonly("vocab_size", [](const PyTask& t) { return t.task->vocab_size(); }, "Its vocabulary size (a model's d_vocab)")
+      .def_property_readonly("seq_len", [](const PyTask& t) { return t.task->seq_len(); }, "The length of its rows")
       .def_property_readonly("symbols", [](const PyTask& t) { return t.task->symbols(); },
                              "Ids 0..symbols-1 are ordinary symbols (special tokens come after): what a corruption may use")
       .def_property_readonly("rows_are_answers", [](const PyTask& t) { return t.task->rows_are_answers(); },
@@ -276,12 +276,14 @@ void bind_tasks(py::module_& m) {
                                      "); ask for at most " + std::to_string(rows) + ", or give eval_data");
              return d;
            },
-           py::arg("n") = 1000, py::arg("seed") = 1234, py::arg("batch") = 128)
+           py::arg("n") = 1000, py::arg("seed") = 1234, py::arg("batch") = 128,
+           "n held-out rows (Batches of `batch` rows), the same for the same seed")
       .def("sample", [](const PyTask& t, int batch, uint64_t seed) {
              Rng rng(seed);
              return batch_dict(t.task->sample(batch, rng));
            }, py::arg("batch") = 64, py::arg("seed") = 0, "A training-style batch: input_ids, targets, prompt_len")
-      .def("token_text", [](const PyTask& t, int32_t id) { return t.task->token_text(id); });
+      .def("token_text", [](const PyTask& t, int32_t id) { return t.task->token_text(id); }, py::arg("id"),
+           "The text of a token of the task (its symbol's name)");
 }
 
 void bind_training(py::module_& m) {

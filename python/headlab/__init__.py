@@ -16,12 +16,13 @@ from ._core import (  # noqa: F401
     activation_patching, attention_statistics, composition_baseline, composition_scores, copying_score, corrupt_one_symbol,
     cross_entropy, detect_heads, edge_patching, evaluate, hungarian, match_heads, mean_activation, path_patching,
     permute_heads,
-    grad_enabled, head_gradient_norms, head_importance, head_importance_per_token, hook_points, live_tensors, num_threads,
+    get_act_name, grad_enabled, head_gradient_norms, head_importance, head_importance_per_token, hook_points, live_tensors, num_threads,
     ov_eigenvalues, ov_singular_values, per_token_loss, prune_curve, qk_singular_values, repeated_random_tokens,
     set_num_threads, varied_repeat_probe, single_head_ablation, softmax, tensor, train_settings,
 )
 from ._core import Tokenizer  # noqa: F401
 from . import _core
+from . import lens as _lens  # noqa: F401  (hooks(), to_tokens, to_str_tokens, to_string on TransformerLM)
 from .progress import Progress
 from .views import View, grid_view, token_view, view  # noqa: F401
 
@@ -29,7 +30,8 @@ __all__ = [
     "ActivationCache", "Batches", "HeadlabError", "ModelConfig", "NonFiniteError", "Task", "Tensor",
     "Trainer", "TransformerLM", "ablate", "ablation_hook", "activation_patching", "attention_statistics",
     "composition_baseline", "composition_scores", "corrupt_one_symbol", "mean_activation", "scores_over_training",
-    "cross_entropy", "detect_heads", "edge_patching", "evaluate", "path_patching", "grad_enabled", "hungarian",
+    "cross_entropy", "detect_heads", "edge_patching", "evaluate", "path_patching", "get_act_name", "grad_enabled",
+    "hungarian",
     "match_heads", "permute_heads",
     "repeated_random_tokens", "varied_repeat_probe",
     "head_gradient_norms", "head_importance", "head_importance_per_token", "hook_points", "no_grad", "num_threads",

@@ -91,13 +91,13 @@ def view(model, data, tokens=None, task=None, examples=4, title=None, height=720
     id); by default the task's names, bytes for text, else the ids. At most ``examples`` rows.
     """
     rows, byte_text = _rows(data, examples)
-    if byte_text and model.config.vocab_size != 256:
-        raise ValueError(f"view: text needs a byte-level model (256 tokens); this model has {model.config.vocab_size}")
+    if byte_text and model.config.d_vocab != 256:
+        raise ValueError(f"view: text needs a byte-level model (256 tokens); this model has {model.config.d_vocab}")
     if isinstance(data, _core.Task) and task is None:
         task = data
     named = [(name, ids, _token_texts(ids, tokens, task, byte_text)) for name, ids in rows]
     c = model.config
-    subtitle = f"{c.layers} layers x {c.heads} heads, d_model {c.d_model}; {len(named)} example(s)"
+    subtitle = f"{c.n_layers} layers x {c.n_heads} heads, d_model {c.d_model}; {len(named)} example(s)"
     page, notes = _core._head_view_page(model, named, title or "headlab view", subtitle, True)
     return View(page, height, notes)
 

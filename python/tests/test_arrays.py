@@ -108,7 +108,7 @@ def test_data_that_counts_nothing_or_cannot_be_ids_is_refused():
 
 
 def test_ids_outside_the_models_vocabulary_are_refused_naming_them(trained):
-    V = trained.model.config.vocab_size
+    V = trained.model.config.d_vocab
     ids = np.zeros((2, 6), np.int64)
     ids[1, 3] = V + 4
     for fn in (lambda d: hl.evaluate(trained.model, d), lambda d: hl.head_importance(trained.model, d),
@@ -121,7 +121,7 @@ def test_ids_outside_the_models_vocabulary_are_refused_naming_them(trained):
     with pytest.raises(hl.HeadlabError, match=rf"targets holds the id {V} \(row 0, position 2\)"):
         hl.evaluate(trained.model, {"input_ids": np.zeros((2, 6), int), "targets": targets})
     with pytest.raises(hl.HeadlabError, match="longer than the model's max_seq_len"):
-        hl.evaluate(trained.model, np.zeros((1, trained.model.config.max_seq_len + 1), int))
+        hl.evaluate(trained.model, np.zeros((1, trained.model.config.n_ctx + 1), int))
     with pytest.raises(TypeError, match="give the data"):
         hl.evaluate(trained.model, trained.task)
     with pytest.raises(TypeError, match="task must be a Task"):
@@ -178,7 +178,7 @@ def test_every_analysis_takes_arrays_with_the_numbers_of_the_task_path(trained):
 
 def test_input_ids_alone_are_language_modelling(trained):
     model = trained.model
-    ids = np.random.default_rng(3).integers(0, model.config.vocab_size, size=(6, 12))
+    ids = np.random.default_rng(3).integers(0, model.config.d_vocab, size=(6, 12))
     z = np.asarray(model(ids), dtype=np.float64)[:, :-1]  # (B, T-1, V): position t predicts t+1
     logp = z - z.max(-1, keepdims=True)
     logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
@@ -190,7 +190,7 @@ def test_input_ids_alone_are_language_modelling(trained):
     ref4 = -np.take_along_axis(logp[:, 4], ids[:, 5, None], -1).mean()
     assert hl.evaluate(model, {"input_ids": ids, "loss_mask": mask})["loss"] == pytest.approx(ref4, rel=1e-5)
     # probes stay Batches
-    probe = hl.repeated_random_tokens(8, 5, model.config.vocab_size)
+    probe = hl.repeated_random_tokens(8, 5, model.config.d_vocab)
     assert hl.detect_heads(model, probe, "induction").shape == (2, 4)
 
 

@@ -34,7 +34,7 @@ def ids_batch(seed=0, B=3, T=9, vocab=11):
 def test_components_sum_to_the_residual_at_every_layer():
     for kw in [{}, dict(d_ff=0, attn_bias=False), dict(kv_heads=2, layers=3)]:
         m = random_model(1, **kw)
-        L = m.config.layers
+        L = m.config.n_layers
         _, cache = m.run_with_cache(ids_batch())
         for layer in range(L + 1):
             stack, labels = cache.decompose_resid(layer=layer, return_labels=True)
@@ -45,7 +45,7 @@ def test_components_sum_to_the_residual_at_every_layer():
             assert np.all(np.abs(stack.sum(0) - resid) <= 1e-5 * (1 + np.abs(stack).sum(0)))
             assert labels[:2] == ["embed", "pos_embed"]
             if layer:
-                assert labels[2:2 + m.config.heads] == [f"L0H{h}" for h in range(m.config.heads)]
+                assert labels[2:2 + m.config.n_heads] == [f"L0H{h}" for h in range(m.config.n_heads)]
             # the last position alone
             one = cache.decompose_resid(layer=np.int64(layer), pos_slice=np.int32(-1))  # NumPy integers too
             assert np.array_equal(one, stack[:, :, -1])
@@ -53,8 +53,8 @@ def test_components_sum_to_the_residual_at_every_layer():
         assert acc_labels == [f"{l}_pre" for l in range(L)] + ["final_post"]
         assert np.array_equal(acc[-1], cache[f"blocks.{L - 1}.hook_resid_post"])
         heads, head_labels = cache.stack_head_results(return_labels=True)
-        assert heads.shape[0] == L * m.config.heads and head_labels[-1] == f"L{L - 1}H{m.config.heads - 1}"
-        assert np.array_equal(heads[m.config.heads + 1], cache["blocks.1.attn.hook_result"][:, :, 1])
+        assert heads.shape[0] == L * m.config.n_heads and head_labels[-1] == f"L{L - 1}H{m.config.n_heads - 1}"
+        assert np.array_equal(heads[m.config.n_heads + 1], cache["blocks.1.attn.hook_result"][:, :, 1])
 
 
 def test_logit_attributions_plus_the_bias_term_are_the_logits():
@@ -132,7 +132,7 @@ def test_bad_input_raises_a_clear_error():
         cache.logit_attrs(stack, 11)
     with pytest.raises(ValueError, match=r"apply_ln_to_stack: the stack has shape \(14, 3, 9, 16\) but this cache and position need"):
         cache.apply_ln_to_stack(stack, pos_slice=0)
-    _, partial = m.run_with_cache(ids_batch(), names=["hook_embed", "hook_pos_embed"])
+    _, partial = m.run_with_cache(ids_batch(), names_filter=["hook_embed", "hook_pos_embed"])
     with pytest.raises(ValueError, match=r"the cache has no blocks.0.attn.hook_result"):
         partial.decompose_resid()
     with pytest.raises(TypeError, match=r"layer must be an int or None"):

@@ -101,11 +101,11 @@ def test_autograd_from_python():
 
 def test_model_config_takes_the_cli_names_and_defaults():
     c = hl.ModelConfig()
-    assert (c.d_model, c.layers, c.heads, c.d_ff, c.norm, c.activation) == (64, 2, 4, 256, "pre", "gelu_erf")
+    assert (c.d_model, c.n_layers, c.n_heads, c.d_mlp, c.norm, c.activation) == (64, 2, 4, 256, "pre", "gelu_erf")
     c = hl.ModelConfig(d_model=48, heads=6, kv_heads=2, norm="post")
-    assert (c.d_head, c.kv_heads, c.norm) == (8, 2, "post")
-    with pytest.raises(TypeError, match="unknown setting 'n_heads'"):
-        hl.ModelConfig(n_heads=4)
+    assert (c.d_head, c.n_key_value_heads, c.norm) == (8, 2, "post")
+    with pytest.raises(TypeError, match="unknown setting 'num_heads'"):
+        hl.ModelConfig(num_heads=4)
     with pytest.raises(ValueError, match="norm must be one of pre, post, got 'mid'"):
         hl.ModelConfig(norm="mid")
 
@@ -180,7 +180,7 @@ def test_patching_with_the_clean_cache_restores_the_clean_logits():
 
 def test_a_cache_holds_exactly_the_requested_names_and_is_read_only():
     m = small_model()
-    _, cache = m.run_with_cache(ids_batch(), names=["blocks.1.attn.hook_pattern", "hook_embed"])
+    _, cache = m.run_with_cache(ids_batch(), names_filter=["blocks.1.attn.hook_pattern", "hook_embed"])
     assert sorted(cache.keys()) == ["blocks.1.attn.hook_pattern", "hook_embed"]
     p = cache["blocks.1.attn.hook_pattern"]
     assert p.shape == (3, 4, 10, 10)
@@ -188,10 +188,10 @@ def test_a_cache_holds_exactly_the_requested_names_and_is_read_only():
     with pytest.raises(ValueError, match="read-only"):
         p[0, 0, 0, 0] = 1
     with pytest.raises(ValueError, match="unknown hook point 'blocks.0.attn.hook_patern'"):  # refused at once
-        m.run_with_cache(ids_batch(), names=["blocks.0.attn.hook_patern"])
+        m.run_with_cache(ids_batch(), names_filter=["blocks.0.attn.hook_patern"])
     c = m.config  # its repr uses the attribute names
-    assert repr(c).startswith(f"headlab.ModelConfig(vocab_size=13, d_model=32, layers={c.layers}, heads={c.heads}, ")
-    assert "n_layers" not in repr(c) and c.attn_bias in (True, False)
+    assert repr(c).startswith(f"headlab.ModelConfig(d_vocab=13, d_model=32, n_layers={c.n_layers}, n_heads={c.n_heads}, ")
+    assert "vocab_size" not in repr(c) and c.attn_bias in (True, False)
     with pytest.raises(ValueError, match="unknown hook point 'blocks.9.hook_z'"):
         m.run_with_hooks(ids_batch(), fwd_hooks=[("blocks.9.hook_z", lambda x, n: None)])
     with pytest.raises(ValueError, match="replacement has shape"):
@@ -201,7 +201,7 @@ def test_a_cache_holds_exactly_the_requested_names_and_is_read_only():
 def test_backward_hooks_see_the_cached_gradients():
     m = small_model(seed=4)
     ids, targets = ids_batch(), ids_batch(5)
-    logits, cache = m.run_with_cache(ids, names=["blocks.1.attn.hook_pattern", "blocks.0.hook_resid_mid"], with_grads=True)
+    logits, cache = m.run_with_cache(ids, names_filter=["blocks.1.attn.hook_pattern", "blocks.0.hook_resid_mid"], incl_bwd=True)
     hl.cross_entropy(logits, targets).backward()
     seen = {}
     logits2 = m.run_with_hooks(ids, bwd_hooks=[(n, lambda g, n: seen.__setitem__(n, g.copy()))
@@ -380,7 +380,7 @@ def test_an_attention_only_model_has_no_mlp_and_trains():
     names = [n for n, _ in hl.hook_points(m.config)]
     assert "blocks.0.hook_attn_out" in names and not any("mlp" in n or "ln2" in n or "resid_mid" in n for n in names)
     assert not any("ffn" in n or "ln2" in n for n in m.named_parameters())
-    _, cache = m.run_with_cache(ids_batch(), names=names)
+    _, cache = m.run_with_cache(ids_batch(), names_filter=names)
     assert sorted(cache.keys()) == sorted(names)
     t = hl.Trainer(task="induction", d_ff=0, steps=20, eval_size=64)
     assert np.isfinite(t.run(progress=False)["final_eval"]["loss"])
@@ -407,7 +407,7 @@ def test_analyses_return_arrays_that_agree_with_each_other():
     assert np.all(t.model.gate_values() == 1)  # pruned a copy
     assert len(hl.qk_singular_values(t.model, 0, 1)) == 8
     # the head-role analyses
-    probe = hl.repeated_random_tokens(20, 8, t.model.config.vocab_size)
+    probe = hl.repeated_random_tokens(20, 8, t.model.config.d_vocab)
     assert hl.detect_heads(t.model, probe, "previous_token").shape == (2, 4)
     comp = hl.composition_scores(t.model, 0, 1)
     assert comp["k"].shape == (4, 4) and np.all((comp["k"] >= 0) & (comp["k"] <= 1))
@@ -429,7 +429,7 @@ def test_no_leak_over_10000_forward_backward_calls():
 
     def once():
         m.loss(ids, targets).backward()
-        _, cache = m.run_with_cache(ids, names=["blocks.0.attn.hook_pattern"])
+        _, cache = m.run_with_cache(ids, names_filter=["blocks.0.attn.hook_pattern"])
         np.asarray(cache["blocks.0.attn.hook_pattern"]).sum()
 
     for _ in range(200):
@@ -465,7 +465,7 @@ def test_init_takes_the_architecture_and_position_table_from_the_checkpoint(tmp_
     settings = dict(task="tokens", data=ids, alphabet=20, steps=10, batch=16, eval_size=32)
     t = hl.Trainer(init=ck, **settings)
     c = t.model.config
-    assert (c.d_model, c.layers, c.heads, c.d_ff, c.max_seq_len) == (24, 1, 3, 40, 24)
+    assert (c.d_model, c.n_layers, c.n_heads, c.d_mlp, c.n_ctx) == (24, 1, 3, 40, 24)
     start = t.model.named_parameters()
     for name, w in made.named_parameters().items():
         assert np.array_equal(start[name], w), name  # the checkpoint's weights, untouched before training
@@ -539,11 +539,11 @@ def test_run_with_cache_by_default_leaves_out_the_split_qkv_inputs_and_caches_th
     _, cache = m.run_with_cache(ids)
     names = [n for n, _ in hl.hook_points(m.config)]
     split = [n for n in names if n.endswith(("hook_q_input", "hook_k_input", "hook_v_input"))]
-    assert len(split) == 3 * m.config.layers
+    assert len(split) == 3 * m.config.n_layers
     assert sorted(cache.keys()) == sorted(set(names) - set(split))
-    _, named = m.run_with_cache(ids, names=["blocks.0.attn.hook_k_input"])
+    _, named = m.run_with_cache(ids, names_filter=["blocks.0.attn.hook_k_input"])
     x = np.asarray(cache["blocks.0.ln1.hook_normalized"])
-    assert np.array_equal(np.asarray(named["blocks.0.attn.hook_k_input"]), np.repeat(x[:, :, None, :], m.config.heads, axis=2))
+    assert np.array_equal(np.asarray(named["blocks.0.attn.hook_k_input"]), np.repeat(x[:, :, None, :], m.config.n_heads, axis=2))
 
 
 def test_per_token_loss_runs_with_dropout_off():

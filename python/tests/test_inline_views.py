@@ -42,7 +42,7 @@ def test_the_view_holds_the_models_patterns_for_each_form_of_input():
     m = small_model()
     ids = np.random.default_rng(0).integers(0, 20, size=(3, 11))
     names = [f"blocks.{l}.attn.hook_pattern" for l in range(2)]
-    _, cache = m.run_with_cache(ids, names=names)
+    _, cache = m.run_with_cache(ids, names_filter=names)
     want = np.stack([np.asarray(cache[n]) for n in names], axis=1)  # (N, L, H, T, T)
     for data, rows in ((ids, 3), (ids[1], 1), (ids.tolist(), 3)):
         v = hl.view(m, data)
@@ -89,7 +89,7 @@ def test_bad_input_is_refused_with_a_clear_message():
     with pytest.raises(ValueError, match="2 token texts for 3 tokens"):
         hl.view(m, [1, 2, 3], tokens=["a", "b"])
     with pytest.raises(hl.HeadlabError, match="max_seq_len"):
-        hl.view(m, np.zeros(m.config.max_seq_len + 1, np.int64))
+        hl.view(m, np.zeros(m.config.n_ctx + 1, np.int64))
     with pytest.raises(hl.HeadlabError, match="one value per token"):
         hl.token_view(["a", "b"], [1.0])
     with pytest.raises(ValueError, match="rows, cols"):
@@ -160,7 +160,7 @@ def test_hovering_a_token_in_the_inline_view_shows_its_weights(browser, tmp_path
         shown = [[float(c.text) for c in browser.find_elements(By.CSS_SELECTOR, f'#weights td[data-head="{h}"]')] for h in range(3)]
     finally:
         browser.switch_to.default_content()
-    _, cache = m.run_with_cache(ids, names=["blocks.0.attn.hook_pattern"])
+    _, cache = m.run_with_cache(ids, names_filter=["blocks.0.attn.hook_pattern"])
     want = np.asarray(cache["blocks.0.attn.hook_pattern"])[0, :, 4, :5]  # (H, keys 0..4)
     assert np.abs(np.array(shown) - want).max() <= 0.0005 + 1e-6, (shown, want)
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]

@@ -31,6 +31,7 @@ def test_cmake_install_puts_an_importable_package_where_python_looks(tmp_path):
     source = os.path.join(os.environ.get("HEADLAB_SOURCE_DIR", "."), "python", "headlab")
     if os.path.isdir(source):  # every Python file of the package, beside the extension
         assert {f for f in os.listdir(source) if f.endswith(".py")} <= set(files), files
+    assert {"_core.pyi", "py.typed"} <= set(files), files  # the type stub ships with the package
     assert any(f.startswith("_core") and f.endswith(".so") for f in files), files
     # with the default prefix /usr/local this directory is on this interpreter's own sys.path
     # (Debian's python3: /usr/local/lib/python3.X/dist-packages)

@@ -189,7 +189,7 @@ def test_text_task_learns_the_tokenizers_tokens(tok, gpt2_dir, tmp_path):
             "--d-ff", 32, "--length", 8, "--batch", 4, "--eval-size", 4, "--steps", 2, "--threads", 1, "--out", out)
     assert r.returncode == 0, r.stderr
     model = hl.TransformerLM.load(str(out / "model.safetensors"))
-    assert model.config.vocab_size == 50257
+    assert model.config.d_vocab == 50257
     page = tmp_path / "page.html"
     r = run("view", "--checkpoint", out / "model.safetensors", "--text", "Hello world 👋", "--tokenizer", gpt2_dir, "--out", page)
     assert r.returncode == 0, r.stderr
@@ -217,3 +217,15 @@ def test_text_task_learns_the_tokenizers_tokens(tok, gpt2_dir, tmp_path):
     bad.write_bytes(TEXT.encode() + b"\xff" + TEXT.encode())
     r = run("train", "--task", "text", "--data", bad, "--tokenizer", gpt2_dir, "--length", 8, "--steps", 1, "--out", tmp_path / "b")
     assert r.returncode != 0 and f"{bad}: not valid UTF-8 at byte {len(TEXT.encode())}" in r.stderr
+
+
+def test_a_model_with_the_tokenizer_reads_and_writes_text_as_transformerlens_does(tok):
+    model = hl.TransformerLM(hl.ModelConfig(d_vocab=tok.vocab_size, d_model=8, n_layers=1, n_heads=2, d_mlp=0, n_ctx=16))
+    model.tokenizer = tok
+    ids = model.to_tokens("Hello world")  # <|endoftext|> first, as TransformerLens prepends it
+    assert ids.tolist() == [[EOT] + tok.encode("Hello world")]
+    assert model.to_str_tokens("Hello world") == ["<|endoftext|>", "Hello", " world"]
+    assert model.to_string(ids[0, 1:]) == "Hello world"
+    assert model.to_tokens(["a b", "c d"], prepend_bos=False).tolist() == [tok.encode("a b"), tok.encode("c d")]
+    with pytest.raises(ValueError, match="to_tokens: the texts have different token lengths \\(2, 4\\)"):
+        model.to_tokens(["a", "a b c"], prepend_bos=True)

@@ -124,3 +124,16 @@ def test_the_converted_notebook_shows_the_head_view_and_hovering_shows_weights(i
         driver.quit()
     want = [[raw[(1 * H + h) * tri + i * (i + 1) // 2 + j] for j in range(i + 1)] for h in range(H)]
     assert np.abs(np.array(shown) - np.array(want)).max() <= 0.0005 + 1e-9
+
+
+def test_the_transformerlens_names_tutorial_uses_them(tmp_path):
+    _, text, frames = run_notebook("transformerlens_names.ipynb", tmp_path)
+    assert "n_layers 2, n_heads 4, d_head 8, d_vocab 13" in text
+    assert "headlab.ActivationCache(6 activations" in text and "blocks.1.attn.hook_pattern: (2, 4, 12, 12)" in text
+    assert "pattern rows sum to 1: True" in text and "gradient at hook_q of layer 1: (2, 12, 4, 8)" in text
+    assert "W_Q (2, 4, 32, 8) W_O (2, 4, 8, 32) W_E (13, 32) W_U (32, 13)" in text
+    assert "einsum with W_Q gives hook_q: True" in text
+    assert number(r"the last position's logits moved by (\d+\.\d+)", text) > 0
+    assert "earlier positions unchanged: True" in text and "hooks removed after the block: True" in text
+    assert re.search(r"greedy: \[(\d+, ){10}\d+\]", text) and "sampled twice alike: True" in text
+    assert len(frames) == 1

@@ -79,7 +79,7 @@ def test_the_head_view_shows_the_attention_tensor(browser, copy_run):
     # the same example from the library: held-out row 0 of the run's task and seed
     model = hl.TransformerLM.load(os.path.join(copy_run, "model.safetensors"))
     ids = hl.Task("copy").held_out(n=4, seed=1234, batch=4)[0]["input_ids"][:1]
-    _, cache = model.run_with_cache(ids, names=["blocks.1.attn.hook_pattern"])
+    _, cache = model.run_with_cache(ids, names_filter=["blocks.1.attn.hook_pattern"])
     want = cache["blocks.1.attn.hook_pattern"][0, 2, 5, :6]
     assert np.all(np.abs(np.array(shown) - want) <= 0.0005 + 1e-6), (shown, want)
     # the token texts are the task's

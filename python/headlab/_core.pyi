@@ -1,0 +1,452 @@
+"""Type stub of headlab._core (written by scripts/python_stub.py from the module's signatures)."""
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union, overload
+
+import numpy
+
+class ActivationCache:
+    """Activations by hook name (read-only array views) and their gradients"""
+    def __getitem__(self, key: object) -> numpy.ndarray:
+        """cache[name] or cache[name, layer(, layer_type)] (as get_act_name): a read-only view of the activation"""
+    def grad(self, key: object) -> numpy.ndarray:
+        """The gradient at a hook (run_with_cache(incl_bwd=True), then backward())"""
+    def __contains__(self, arg0: object) -> bool:
+        ...
+    def has_grad(self, key: object) -> bool:
+        """Whether the cache holds the gradient at this hook (after backward())"""
+    def __repr__(self) -> str:
+        ...
+    def keys(self) -> List[str]:
+        """The cached hook names"""
+    def __len__(self) -> int:
+        ...
+    def __iter__(self) -> Iterator:
+        ...
+    def decompose_resid(self, layer: object = ..., pos_slice: object = ..., apply_ln: bool = ..., return_labels: bool = ...) -> object:
+        """Components whose sum is the residual stream entering `layer` (-1/None = the final one): (C, B, T, d_model), or (C, B, d_model) with pos_slice; labels embed, pos_embed, L{l}H{h}, {l}_attn_bias, {l}_mlp_out"""
+    def stack_head_results(self, layer: object = ..., pos_slice: object = ..., apply_ln: bool = ..., return_labels: bool = ...) -> object:
+        """Each head's output (hook_result) of the layers before `layer`: (layer*heads, B, T, d_model), labels L{l}H{h}"""
+    def accumulated_resid(self, layer: object = ..., pos_slice: object = ..., apply_ln: bool = ..., return_labels: bool = ...) -> object:
+        """The residual stream entering each layer up to `layer` ({l}_pre) and, for the last, final_post: the logit lens's inputs"""
+    def apply_ln_to_stack(self, residual_stack: object, layer: object = ..., pos_slice: object = ...) -> numpy.ndarray:
+        """Each component centred and divided by the cached scale of the layer norm reading the residual entering `layer` (None = ln_final); its weight is folded into logit_attrs's directions"""
+    def logit_attrs(self, residual_stack: object, tokens: object, incorrect_tokens: object = ..., pos_slice: object = ...) -> numpy.ndarray:
+        """Each (layer-normed) component projected on ln_final.weight * W_U[:, token] (minus incorrect_tokens'): (C, B, T) or (C, B)"""
+    def final_bias_term(self, token: int, incorrect_token: object = ...) -> float:
+        """ln_final.bias . W_U[:, token] (+ the unembedding bias): the part of the logit no component carries"""
+    @property
+    def model(self) -> object:
+        """The model whose forward this is"""
+    @property
+    def ids(self) -> numpy.ndarray:
+        """The forward's input ids (B, T)"""
+
+class Batches:
+    """Batches of held-out rows: a task's (Task.held_out), a probe's, or your arrays"""
+    def __init__(self, input_ids: object, targets: object = ..., loss_mask: object = ..., batch_size: object = ..., prompt_len: object = ...) -> None:
+        """Batches(input_ids (N, T), targets=None, loss_mask=None, batch_size=128, prompt_len=None), or Batches({'input_ids': ..., 'targets': ..., 'loss_mask': ...}): rows by the tokens task's rule (targets -1 = not counted; without targets position t predicts input t+1; loss_mask 0 = not counted)"""
+    @property
+    def rows(self) -> int:
+        """Rows over all batches"""
+    def __len__(self) -> int:
+        ...
+    def __getitem__(self, i: int) -> dict:
+        """Batch i as a dict of arrays (input_ids, targets, prompt_len)"""
+
+class HeadlabError(ValueError):
+    """An error of the C++ library (bad input): its one-line message is the command line's"""
+
+class ModelConfig:
+    """The model's settings, by TransformerLens's names where it has one.
+
+ModelConfig(**settings): n_layers, n_heads, d_model, d_head, d_mlp, d_vocab, n_ctx,
+n_key_value_heads, norm, activation, positions, attn_bias, mlp_bias, head_bias, eps, dropout,
+attn_dropout; each also by its CLI flag's name (layers=, heads=, kv_heads=, d_ff=, vocab_size=,
+max_seq_len=, layer_norm_eps=). What is not given takes the CLI's default.
+ModelConfig(**cfg.to_dict()) gives cfg back."""
+    def __init__(self, **kwargs: Any) -> None:
+        """ModelConfig(**settings): the names are listed in the class's help; unknown ones raise TypeError"""
+    @property
+    def d_vocab(self) -> object:
+        """Vocabulary size"""
+    @property
+    def d_model(self) -> object:
+        """Residual stream width"""
+    @property
+    def n_layers(self) -> object:
+        """Transformer blocks"""
+    @property
+    def n_heads(self) -> object:
+        """Attention heads per layer"""
+    @property
+    def n_key_value_heads(self) -> object:
+        """Key/value heads (grouped-query attention); = n_heads without"""
+    @property
+    def d_head(self) -> object:
+        """Head size"""
+    @property
+    def d_mlp(self) -> object:
+        """Feed-forward width; 0 = attention-only"""
+    @property
+    def n_ctx(self) -> object:
+        """Longest sequence (positions)"""
+    @property
+    def norm(self) -> object:
+        """pre or post LayerNorm"""
+    @property
+    def activation(self) -> object:
+        """gelu_erf, gelu_tanh or relu"""
+    @property
+    def positions(self) -> object:
+        """learned or sinusoidal"""
+    @property
+    def attn_bias(self) -> object:
+        """Biases on W_Q, W_K, W_V, W_O"""
+    @property
+    def mlp_bias(self) -> object:
+        """Biases on the feed-forward layers"""
+    @property
+    def head_bias(self) -> object:
+        """A bias on the unembedding (b_U)"""
+    @property
+    def eps(self) -> object:
+        """LayerNorm epsilon"""
+    @property
+    def dropout(self) -> object:
+        """Dropout on embeddings and residual branches"""
+    @property
+    def attn_dropout(self) -> object:
+        """Dropout on attention weights"""
+    def to_dict(self) -> dict:
+        """{name: value} of every setting, by the names ModelConfig(...) takes"""
+    def __eq__(self, arg0: ModelConfig) -> bool:
+        ...
+    def __repr__(self) -> str:
+        ...
+
+class NonFiniteError(FloatingPointError):
+    """A NaN or Inf where a finite value is needed (a loss, a weight)"""
+
+class Task:
+    """A task of the command line (copy, varcopy, induction, text, tokens, ...): its data and vocabulary"""
+    def __init__(self, name: str = ..., **kwargs: Any) -> None:
+        """Task('varcopy', length=..., alphabet=..., data=...): a task with the CLI's settings by keyword"""
+    @property
+    def name(self) -> str:
+        """The task's name"""
+    @property
+    def vocab_size(self) -> int:
+        """Its vocabulary size (a model's d_vocab)"""
+    @property
+    def seq_len(self) -> int:
+        """The length of its rows"""
+    @property
+    def symbols(self) -> int:
+        """Ids 0..symbols-1 are ordinary symbols (special tokens come after): what a corruption may use"""
+    @property
+    def rows_are_answers(self) -> bool:
+        """Whether a row's targets form one answer, so exact match means something (False for language modelling: text, token data without targets or loss_mask)"""
+    def held_out(self, n: int = ..., seed: int = ..., batch: int = ...) -> Batches:
+        """n held-out rows (Batches of `batch` rows), the same for the same seed"""
+    def sample(self, batch: int = ..., seed: int = ...) -> dict:
+        """A training-style batch: input_ids, targets, prompt_len"""
+    def token_text(self, id: int) -> str:
+        """The text of a token of the task (its symbol's name)"""
+
+class Tensor:
+    """float32 tensor; np.asarray(t) is a view of its memory"""
+    @property
+    def shape(self) -> tuple:
+        """The sizes of its axes (a tuple)"""
+    @property
+    def ndim(self) -> int:
+        """How many axes it has"""
+    def numpy(self) -> numpy.ndarray:
+        """A view of the tensor's memory (no copy)"""
+    def item(self) -> float:
+        """The value of a one-element tensor (float)"""
+    @property
+    def requires_grad(self) -> bool:
+        """Whether backward() fills in its gradient (settable on a leaf)"""
+    @property
+    def grad(self) -> object:
+        """Its gradient after backward() (a Tensor), or None"""
+    def backward(self) -> None:
+        """Fills in the gradients of every tensor it was computed from (a one-element tensor)"""
+    def zero_grad(self) -> None:
+        """Clears its gradient"""
+    def retain_grad(self) -> None:
+        """Keeps the gradient of this non-leaf tensor after backward()"""
+    def detach(self) -> Tensor:
+        """The same values, out of the graph (shares memory)"""
+    def clone(self) -> Tensor:
+        """A copy (in the graph)"""
+    def __repr__(self) -> str:
+        ...
+    def __add__(self, arg0: Tensor) -> Tensor:
+        ...
+    def __sub__(self, arg0: Tensor) -> Tensor:
+        ...
+    @overload
+    def __mul__(self, arg0: Tensor) -> Tensor:
+        ...
+    @overload
+    def __mul__(self, arg0: float) -> Tensor:
+        ...
+    def __rmul__(self, arg0: float) -> Tensor:
+        ...
+    def __matmul__(self, arg0: Tensor) -> Tensor:
+        ...
+    def sum(self) -> Tensor:
+        """The sum of every element (a one-element tensor)"""
+    def mean(self) -> Tensor:
+        """The mean of every element (a one-element tensor)"""
+
+class Tokenizer:
+    """GPT-2's byte-level BPE tokenizer: the same ids as OpenAI's encoder and Hugging Face's GPT2Tokenizer."""
+    @staticmethod
+    def load(dir: str) -> Tokenizer:
+        """From a directory with vocab.json + merges.txt (Hugging Face) or encoder.json + vocab.bpe (OpenAI)."""
+    def encode(self, text: object) -> List[int]:
+        """The token ids of text (str, or UTF-8 bytes) as a list of int; '<|endoftext|>' is one id."""
+    def decode(self, ids: object) -> str:
+        """The text of ids (str); bytes that are no whole character become U+FFFD."""
+    def decode_bytes(self, ids: object) -> bytes:
+        """The exact bytes of ids."""
+    @property
+    def vocab_size(self) -> int:
+        """How many tokens it has"""
+    @property
+    def special_tokens(self) -> List[str]:
+        """Its special tokens' texts, e.g. <|endoftext|>"""
+    def token_text(self, id: int) -> str:
+        """The token's text for display (control characters and partial characters escaped, e.g. '\\\\n', '\\\\xf0')."""
+    def __len__(self) -> int:
+        ...
+    def __repr__(self) -> str:
+        ...
+
+class TransformerLM:
+    """A decoder-only transformer language model.
+
+TransformerLM(config, seed=0) builds one (hl.ModelConfig); TransformerLM.load(path) reads a
+checkpoint. model.cfg holds its settings by TransformerLens's names (cfg.n_layers, cfg.n_heads,
+cfg.d_model, cfg.d_head, ...). model(ids) gives the logits (B, T, d_vocab);
+run_with_cache(ids, names_filter=...) the logits and the activations by hook name;
+model.hooks(fwd_hooks=[(name, fn)]) runs hooks in every forward of a with block.
+The weights in TransformerLens's shapes: W_Q, W_K, W_V [n_layers, n_heads, d_model, d_head],
+W_O [n_layers, n_heads, d_head, d_model], b_Q/b_K/b_V [n_layers, n_heads, d_head],
+b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_model, d_vocab]."""
+    def __init__(self, config: ModelConfig, seed: int = ...) -> None:
+        """A model of this config, initialised from seed"""
+    @staticmethod
+    def load(path: str) -> object:
+        """A model from a headlab checkpoint (safetensors) or a Hugging Face GPT-2 directory (with its tokenizer files: model.tokenizer)"""
+    def save(self, path: str) -> None:
+        """Writes a checkpoint the CLI reads (atomic)"""
+    def load_parameters(self, path: str) -> None:
+        """Reads the parameters of a checkpoint of the same config into this model"""
+    @property
+    def cfg(self) -> ModelConfig:
+        """The model's settings (a ModelConfig, TransformerLens's names)"""
+    @property
+    def config(self) -> ModelConfig:
+        """The same as cfg (the older name)"""
+    def __repr__(self) -> str:
+        ...
+    def train(self, on: bool = ...) -> None:
+        """Training mode (dropout on) or, with on=False, evaluation mode"""
+    def eval(self) -> None:
+        """Evaluation mode (no dropout)"""
+    def forward(self, ids: object) -> Tensor:
+        """ids (T) or (B, T) -> logits (B, T, d_vocab), with the hooks the model holds (add_hook)"""
+    def __call__(self, ids: object) -> Tensor:
+        """The same as forward(ids)"""
+    def loss(self, ids: object, targets: object) -> Tensor:
+        """Mean cross-entropy over targets != -1 (a tensor; call backward()); no counted target raises ValueError"""
+    def named_parameters(self) -> dict:
+        """name -> Tensor (headlab's parameter names; np.asarray gives a view)"""
+    def zero_grad(self) -> None:
+        """Clears every parameter's gradient"""
+    @property
+    def W_Q(self) -> numpy.ndarray:
+        """[n_layers, n_heads, d_model, d_head]: a copy (headlab keeps W_Q.weight as (heads*d_head, d_model) per layer)"""
+    @property
+    def W_K(self) -> numpy.ndarray:
+        """[n_layers, n_heads, d_model, d_head]: a copy; with grouped-query attention each head's key/value head (_W_K: the kv heads)"""
+    @property
+    def W_V(self) -> numpy.ndarray:
+        """[n_layers, n_heads, d_model, d_head]: a copy; with grouped-query attention each head's key/value head (_W_V: the kv heads)"""
+    @property
+    def W_O(self) -> numpy.ndarray:
+        """[n_layers, n_heads, d_head, d_model]: a copy"""
+    @property
+    def b_Q(self) -> numpy.ndarray:
+        """[n_layers, n_heads, d_head]: a copy (zeros without attention biases)"""
+    @property
+    def b_K(self) -> numpy.ndarray:
+        """[n_layers, n_heads, d_head]: a copy (zeros without attention biases)"""
+    @property
+    def b_V(self) -> numpy.ndarray:
+        """[n_layers, n_heads, d_head]: a copy (zeros without attention biases)"""
+    @property
+    def b_O(self) -> numpy.ndarray:
+        """[n_layers, d_model]: a copy (zeros without attention biases)"""
+    @property
+    def W_E(self) -> numpy.ndarray:
+        """[d_vocab, d_model]: a view of the token embedding (writes change the model)"""
+    @property
+    def W_pos(self) -> numpy.ndarray:
+        """[n_ctx, d_model]: a view of the learned position embedding (read-only: the fixed table of sinusoidal positions)"""
+    @property
+    def W_U(self) -> numpy.ndarray:
+        """[d_model, d_vocab]: a view (transposed) of the unembedding head.weight (writes change the model)"""
+    @property
+    def b_U(self) -> object:
+        """[d_vocab]: a view of the unembedding's bias (zeros, a copy, without head_bias)"""
+    def head_weights(self, layer: int, head: int, grads: bool = ...) -> dict:
+        """Copies of head's blocks in headlab's (out, in) layout: W_Q, W_K, W_V (d_head, d_model) and W_O (d_model, d_head) (model.W_Q[layer, head] is W_Q's transpose); grads=True: of their gradients"""
+    def gates(self, layer: int) -> Tensor:
+        """Head gates of a layer (H): a view to set"""
+    def gate_values(self) -> numpy.ndarray:
+        """Every layer's head gates (n_layers, n_heads)"""
+    def run_with_cache(self, ids: object, names_filter: object = ..., incl_bwd: bool = ...) -> tuple:
+        """(logits, cache): cache[name] for every hook name passing names_filter (None = all but the split q/k/v inputs, a name, a list, or a predicate name -> bool); incl_bwd=True: cache.grad(name) after logits' loss.backward(). The cache's decompose_resid, logit_attrs and the rest read hook_result and hook_scale, which names_filter=None caches"""
+    def run_with_hooks(self, ids: object, fwd_hooks: List[Tuple[str, function]] = ..., bwd_hooks: List[Tuple[str, function]] = ...) -> Tensor:
+        """logits with hooks (after the model's own, add_hook): fn(activation, name) may return a replacement (the activation is read-only: edit a copy); backward hooks fn(grad, name) run during backward()"""
+    def add_hook(self, name: str, hook: function, dir: str = ...) -> None:
+        """Keeps hook fn(activation, name) at `name` for every forward of the model until reset_hooks()"""
+    def reset_hooks(self) -> None:
+        """Removes every hook add_hook (or a hooks() block) left on the model"""
+    def generate(self, tokens: object, max_new_tokens: int = ..., temperature: float = ..., seed: int = ...) -> numpy.ndarray:
+        """tokens (T) or (B, T) continued by max_new_tokens tokens (KV-cached; without hooks): temperature 0 is greedy, > 0 samples from softmax(logits / temperature), the same seed giving the same tokens. Returns (B, T + max_new_tokens) ids"""
+    @property
+    def num_parameters(self) -> int:
+        """How many parameters the model has"""
+    def hooks(self, fwd_hooks: Any = ..., bwd_hooks: Any = ..., reset_hooks_end: Any = ...) -> Any:
+        """``with model.hooks(fwd_hooks=[(name, fn)], bwd_hooks=[...]):`` every forward of the model in
+the block (``model(ids)``, ``loss``, ``run_with_cache``, ``run_with_hooks``) runs the hooks.
+
+``fn(activation, name)`` returns None or a replacement of the same shape (the activation is
+read-only: edit a copy). On leaving the block the hooks added by it are removed (those added
+before stay); ``reset_hooks_end=False`` keeps them until ``model.reset_hooks()``."""
+    def to_tokens(self, input: Any, prepend_bos: Any = ...) -> Any:
+        """Token ids (1, T) of a string, or (B, T) of a list of strings of the same token length.
+
+``prepend_bos``: None = the tokenizer's ``<|endoftext|>`` first when it has one (GPT-2, as
+TransformerLens does), none for a byte-level model; True requires that token."""
+    def to_string(self, tokens: Any) -> Any:
+        """The text of token ids: a str for (T) ids, a list of str for (B, T)."""
+    def to_str_tokens(self, input: Any, prepend_bos: Any = ...) -> Any:
+        """Each token's text: of a string (tokenized as ``to_tokens`` does) or of (T) / (1, T) ids."""
+    @property
+    def tokenizer(self) -> Any:
+        """The model's tokenizer (hl.Tokenizer) or None: set by TransformerLM.load from a GPT-2 directory, or assigned"""
+
+@overload
+def activation_patching(model: TransformerLM, task: object = ..., data: object = ..., seed: int = ..., alphabet: Optional[int] = ...) -> object:
+    ...
+@overload
+def activation_patching(model: TransformerLM, clean: object, corrupted: object, hook: str = ..., axes: List[str] = ..., answers: object = ..., metric: object = ...) -> numpy.ndarray:
+    ...
+
+def attention_statistics(model: TransformerLM, data: object) -> dict:
+    """Per head (L, H), over non-padding queries: entropy, entropy_norm, confidence, argmax_distance"""
+
+def composition_baseline(config: ModelConfig, models: int = ..., seed: int = ...) -> dict:
+    """What composition scores random weights of config's shapes get: per kind (q, k, v) the mean and the 2.5th and 97.5th percentiles (lo, hi) over the head pairs of `models` random 2-layer models"""
+
+def composition_scores(model: TransformerLM, layer_a: int, layer_b: int) -> dict:
+    """Q/K/V composition [head of layer_a][head of layer_b]"""
+
+def copying_score(model: TransformerLM, layer: int, head: int) -> float:
+    """Re(sum of the OV circuit's eigenvalues) / sum of their |.|: 1 copies, -1 suppresses (Elhage et al. 2021)"""
+
+def corrupt_one_symbol(task: Task, data: Batches, seed: int = ..., corrupt: str = ...) -> dict:
+    """The patching inputs activation_patching(model, task, data) makes from the first batch: clean and corrupted ids (R, T), answers (R, 4) of (row, pos, clean token, corrupted token), source_pos (R): the position changed. corrupt='source' changes the answer's earlier occurrence, 'previous' the token before it (which the answer follows)"""
+
+def cross_entropy(logits: Tensor, targets: object) -> Tensor:
+    """Mean cross-entropy of (B, T, V) logits over targets != -1"""
+
+def detect_heads(model: TransformerLM, data: object, kind: str = ..., exclude_bos: bool = ..., exclude_current_token: bool = ...) -> numpy.ndarray:
+    """TransformerLens-style detector scores (L, H): previous_token, duplicate_token or induction"""
+
+def edge_patching(model: TransformerLM, clean: object, corrupted: object, *, answers: object) -> dict:
+    """Exact edge patching and edge attribution of every edge (as headlab edges): senders and receivers (names, in edge order), exact, attribution and linearisation_error (attribution - exact) arrays, clean_metric and corrupted_metric (mean logit difference of the answers (row, pos, clean token, corrupted token))"""
+
+def evaluate(model: TransformerLM, task: object = ..., data: object = ..., autoregressive: bool = ...) -> dict:
+    """Held-out loss, token_acc, exact_match (and ar_exact_match with autoregressive=True) over the data's counted targets"""
+
+def get_act_name(name: str, layer: Optional[int] = ..., layer_type: str = ...) -> str:
+    """A hook's full name from TransformerLens's short form: get_act_name('pattern', 0) = 'blocks.0.attn.hook_pattern'"""
+
+def grad_enabled() -> bool:
+    """Whether ops record a graph now (False inside headlab.no_grad())"""
+
+def head_gradient_norms(model: TransformerLM) -> dict:
+    """Gradient atlas of the current gradients: per-head Frobenius norms (L, H or H_kv) of grads and weights"""
+
+def head_importance(model: TransformerLM, data: object, normalize: bool = ...) -> numpy.ndarray:
+    """Michel et al. (2019) importance (L, H): the mean over examples of |dL(x)/d gate_h|, L(x) the example's mean loss"""
+
+def head_importance_per_token(model: TransformerLM, data: object, normalize: bool = ...) -> numpy.ndarray:
+    """Token-level importance (L, H): |z_h . dL/dz_h| summed over non-padding positions over the counted targets, L the summed loss"""
+
+def hook_points(config: ModelConfig) -> List[Tuple[str, str]]:
+    """(name, shape) of every hook point of a model of this config, in forward order"""
+
+def hungarian(cost: List[List[float]]) -> List[int]:
+    """Optimal assignment of rows to distinct columns minimising the summed cost; -1 for rows left out (more rows than columns)"""
+
+def live_tensors() -> int:
+    """Tensors alive now (for leak checks)"""
+
+def match_heads(model_a: TransformerLM, model_b: TransformerLM, data: object = ..., by: str = ..., across_layers: bool = ..., examples: int = ..., seed: int = ...) -> dict:
+    """Heads of model_a matched one to one to heads of model_b (Hungarian assignment) by attention pattern on data (default: the varied repeat probe) or by QK/OV circuit weights; dict with pairs (layer_a, head_a, layer_b, head_b, similarity), unmatched_a, unmatched_b, similarity (heads of A x heads of B, layer-major) and mean_similarity"""
+
+def mean_activation(model: TransformerLM, data: object, hook: str, per_position: bool = ...) -> Tensor:
+    """Mean of a hook's activation over the data's rows (and positions unless per_position): its shape with those axes of size 1"""
+
+def num_threads() -> int:
+    """Threads of the C++ kernels"""
+
+def ov_eigenvalues(model: TransformerLM, layer: int, head: int) -> numpy.ndarray:
+    """The d_head eigenvalues (complex) of the head's full OV circuit W_U W_O W_V W_E (layer norm weights folded in); the other vocab - d_head are 0"""
+
+def ov_singular_values(model: TransformerLM, layer: int, head: int) -> List[float]:
+    """Singular values (descending) of the head's OV circuit W_O W_V (d_model x d_model, rank <= d_head)"""
+
+def path_patching(model: TransformerLM, clean: object, corrupted: object, *, sender: str, receivers: object = ..., answers: object) -> dict:
+    """Path patching of sender (embed or L{l}H{h}) to receivers (names; default: every reader): path = metric of the clean run with every receiver reading its input + the sender's corrupted-minus-clean output, minus the clean metric; activation = the same for the sender's whole output patched; clean_metric, corrupted_metric"""
+
+def per_token_loss(model: TransformerLM, ids: object, targets: object = ...) -> numpy.ndarray:
+    """Cross-entropy at each position: targets None = next token, (B, T-1); else (B, T) with 0 where the target is -1"""
+
+def permute_heads(model: TransformerLM, layer: int, perm: List[int]) -> None:
+    """Reorder the heads of a layer in place (new head h = old head perm[h]); the model computes the same function"""
+
+def prune_curve(model: TransformerLM, task: object = ..., data: object = ..., order: str = ..., step_fraction: float = ..., min_per_layer: int = ..., recompute: bool = ..., seed: int = ...) -> dict:
+    """Accuracy as heads are removed in an order (on a copy; the model is unchanged)"""
+
+def qk_singular_values(model: TransformerLM, layer: int, head: int) -> List[float]:
+    """Singular values (descending) of the head's QK circuit W_Q^T W_K (d_model x d_model, rank <= d_head)"""
+
+def repeated_random_tokens(n: int, k: int, vocab: int, seed: int = ...) -> Batches:
+    """The fixed probe: n sequences [r_1..r_k, r_1..r_k] of uniform random tokens (every repeat k back)"""
+
+def set_num_threads(n: int) -> None:
+    """Threads of the C++ kernels from now on"""
+
+def single_head_ablation(model: TransformerLM, task: object = ..., data: object = ...) -> dict:
+    """Change in held-out loss/accuracy when each head alone is zero- or mean-ablated: arrays (L, H)"""
+
+def softmax(x: Tensor, axis: int = ...) -> Tensor:
+    """Softmax along axis (differentiable)"""
+
+def tensor(array: numpy.ndarray, requires_grad: bool = ...) -> Tensor:
+    """A float32 copy of a float array (float64 is rounded to float32); never a view"""
+
+def train_settings() -> list:
+    """(keyword, flag, help) of every training setting"""
+
+def varied_repeat_probe(n: int, k_max: int, vocab: int, seed: int = ..., bos: int = ...) -> Batches:
+    """The probe position cannot fool: rows of 2 k_max random tokens with a block of k_max/2..k_max tokens repeated at a random place (detect's default)"""

@@ -1,0 +1,107 @@
+"""TransformerLens's conveniences on :class:`TransformerLM` that are plain Python over the
+library's calls: ``model.hooks(...)`` as a ``with`` block, and text through the model's
+tokenizer (``to_tokens``, ``to_str_tokens``, ``to_string``).
+
+The model's tokenizer: ``model.tokenizer``, set by ``TransformerLM.load`` from a GPT-2
+directory's tokenizer files (or assigned: ``model.tokenizer = hl.Tokenizer.load(dir)``). A model
+of 256 tokens without one reads text as its UTF-8 bytes, as the byte-level tasks do.
+"""
+import contextlib
+
+import numpy as np
+
+from ._core import TransformerLM
+
+_BOS = "<|endoftext|>"
+
+
+@contextlib.contextmanager
+def hooks(self, fwd_hooks=(), bwd_hooks=(), reset_hooks_end=True):
+    """``with model.hooks(fwd_hooks=[(name, fn)], bwd_hooks=[...]):`` every forward of the model in
+    the block (``model(ids)``, ``loss``, ``run_with_cache``, ``run_with_hooks``) runs the hooks.
+
+    ``fn(activation, name)`` returns None or a replacement of the same shape (the activation is
+    read-only: edit a copy). On leaving the block the hooks added by it are removed (those added
+    before stay); ``reset_hooks_end=False`` keeps them until ``model.reset_hooks()``.
+    """
+    kept = {attr: list(getattr(self, attr, [])) for attr in ("_fwd_hooks", "_bwd_hooks")}
+    try:
+        for name, fn in fwd_hooks:
+            self.add_hook(name, fn, "fwd")
+        for name, fn in bwd_hooks:
+            self.add_hook(name, fn, "bwd")
+        yield self
+    finally:
+        if reset_hooks_end:
+            self.reset_hooks()
+            for attr, before in kept.items():
+                if before:
+                    setattr(self, attr, before)
+
+
+def _tokenizer(self, what):
+    tok = getattr(self, "tokenizer", None)
+    if tok is None and self.cfg.d_vocab != 256:
+        raise ValueError(f"{what}: the model has no tokenizer (model.tokenizer = hl.Tokenizer.load(dir)) and is not "
+                         f"byte-level (256 tokens; it has {self.cfg.d_vocab})")
+    return tok
+
+
+def _bos_id(tok, what):
+    specials = getattr(tok, "special_tokens", None) or {}
+    if tok is None or _BOS not in specials:
+        raise ValueError(f"{what}: prepend_bos=True, but the model's tokenizer has no {_BOS} token")
+    ids = tok.encode(_BOS)
+    return ids[0]
+
+
+def to_tokens(self, input, prepend_bos=None):
+    """Token ids (1, T) of a string, or (B, T) of a list of strings of the same token length.
+
+    ``prepend_bos``: None = the tokenizer's ``<|endoftext|>`` first when it has one (GPT-2, as
+    TransformerLens does), none for a byte-level model; True requires that token.
+    """
+    tok = _tokenizer(self, "to_tokens")
+    texts = [input] if isinstance(input, str) else list(input)
+    bos = None
+    if prepend_bos or (prepend_bos is None and tok is not None and _BOS in (getattr(tok, "special_tokens", None) or {})):
+        bos = _bos_id(tok, "to_tokens")
+    rows = []
+    for text in texts:
+        if not isinstance(text, str):
+            raise TypeError(f"to_tokens: expected a str or a list of str, got {type(text).__name__}")
+        ids = tok.encode(text) if tok is not None else list(text.encode("utf-8"))
+        rows.append(([bos] if bos is not None else []) + list(ids))
+    if len({len(r) for r in rows}) > 1:
+        raise ValueError("to_tokens: the texts have different token lengths (%s); give them one at a time"
+                         % ", ".join(str(len(r)) for r in rows))
+    return np.array(rows, dtype=np.int64)
+
+
+def to_string(self, tokens):
+    """The text of token ids: a str for (T) ids, a list of str for (B, T)."""
+    tok = _tokenizer(self, "to_string")
+    a = np.asarray(tokens)
+    if a.ndim == 2:
+        return [to_string(self, row) for row in a]
+    ids = [int(i) for i in a.reshape(-1)]
+    if tok is not None:
+        return tok.decode(ids)
+    return bytes(ids).decode("utf-8", errors="replace")
+
+
+def to_str_tokens(self, input, prepend_bos=None):
+    """Each token's text: of a string (tokenized as ``to_tokens`` does) or of (T) / (1, T) ids."""
+    tok = _tokenizer(self, "to_str_tokens")
+    ids = to_tokens(self, input, prepend_bos)[0] if isinstance(input, str) else np.asarray(input).reshape(-1)
+    if tok is not None:
+        return [tok.decode([int(i)]) for i in ids]
+    return [bytes([int(i)]).decode("utf-8", errors="replace") for i in ids]
+
+
+for _f in (hooks, to_tokens, to_string, to_str_tokens):
+    setattr(TransformerLM, _f.__name__, _f)
+TransformerLM.tokenizer = property(
+    lambda self: self.__dict__.get("_tokenizer"),
+    lambda self, tok: self.__dict__.__setitem__("_tokenizer", tok),
+    doc="The model's tokenizer (hl.Tokenizer) or None: set by TransformerLM.load from a GPT-2 directory, or assigned")

@@ -1,0 +1,199 @@
+"""TransformerLens's names on the model, its config and its cache: cfg fields, W_Q and the other
+weights in [n_layers, n_heads, ...] shapes, run_with_cache's names_filter / incl_bwd, cache keys
+as get_act_name, hooks() as a with block, generate and the tokenizer's text."""
+import numpy as np
+import pytest
+
+import headlab as hl
+
+
+def tiny(seed=0, **kw):
+    cfg = dict(d_model=16, n_layers=2, n_heads=4, d_mlp=32, d_vocab=11, n_ctx=16)
+    cfg.update(kw)
+    return hl.TransformerLM(hl.ModelConfig(**cfg), seed=seed)
+
+
+def ids(seed=0, B=2, T=7, vocab=11):
+    return np.random.default_rng(seed).integers(0, vocab, size=(B, T))
+
+
+# ---- cfg ----------------------------------------------------------------------------------------
+
+def test_cfg_has_transformerlens_names_and_round_trips_through_to_dict():
+    c = hl.ModelConfig(d_model=24, n_layers=3, n_heads=6, n_key_value_heads=2, d_mlp=40, d_vocab=50, n_ctx=20,
+                       head_bias=True, eps=1e-6, norm="post")
+    assert (c.n_layers, c.n_heads, c.n_key_value_heads, c.d_head, c.d_mlp, c.d_vocab, c.n_ctx) == (3, 6, 2, 4, 40, 50, 20)
+    d = c.to_dict()
+    assert list(d) == ["d_vocab", "d_model", "n_layers", "n_heads", "n_key_value_heads", "d_head", "d_mlp", "n_ctx",
+                       "norm", "activation", "positions", "attn_bias", "mlp_bias", "head_bias", "eps", "dropout",
+                       "attn_dropout"]
+    again = hl.ModelConfig(**d)
+    assert again == c and again.to_dict() == d and d["head_bias"] is True and d["eps"] == 1e-6
+    # the CLI's names are the same fields; one field given twice is refused
+    assert hl.ModelConfig(layers=3, heads=6, kv_heads=2, d_ff=40, vocab_size=50, max_seq_len=20, d_model=24,
+                          head_bias=True, eps=1e-6, norm="post") == c
+    with pytest.raises(TypeError, match="ModelConfig: n_layers is given twice \\(as n_layers and layers\\)"):
+        hl.ModelConfig(n_layers=2, layers=3)
+    with pytest.raises(TypeError, match="unknown setting 'n_layer' \\(settings: d_vocab, d_model, n_layers,"):
+        hl.ModelConfig(n_layer=2)
+    # a bad value is named as it was given
+    with pytest.raises(ValueError, match="^ModelConfig: n_layers: value 0 is outside \\[1, 1024\\]$"):
+        hl.ModelConfig(n_layers=0)
+    with pytest.raises(ValueError, match="^ModelConfig: d_ff: value -1 is outside"):
+        hl.ModelConfig(d_ff=-1)
+    with pytest.raises(TypeError, match="^ModelConfig: d_vocab: expected an integer, got str$"):
+        hl.ModelConfig(d_vocab="x")
+    for old in ("layers", "heads", "vocab_size", "max_seq_len", "d_ff", "kv_heads"):  # one name per field
+        assert not hasattr(c, old)
+
+
+def test_reprs_say_what_they_hold():
+    m = tiny()
+    assert repr(m.cfg).startswith("headlab.ModelConfig(d_vocab=11, d_model=16, n_layers=2, n_heads=4, n_key_value_heads=4, "
+                                  "d_head=4, d_mlp=32, n_ctx=16, norm='pre', ")
+    assert repr(m.cfg).endswith("eps=1e-05, dropout=0.0, attn_dropout=0.0)")
+    assert repr(m) == f"headlab.TransformerLM({m.cfg!r}, {m.num_parameters} parameters)"
+    _, cache = m.run_with_cache(ids(), names_filter=["blocks.0.attn.hook_pattern", "hook_embed"])
+    assert repr(cache) == ("headlab.ActivationCache(2 activations\n  blocks.0.attn.hook_pattern: (2, 4, 7, 7)\n"
+                           "  hook_embed: (2, 7, 16)\n)")
+
+
+# ---- weights ------------------------------------------------------------------------------------
+
+def test_weights_in_transformerlens_shapes_equal_the_parameters():
+    m = tiny(attn_bias=True, head_bias=True)
+    p = {k: np.asarray(v) for k, v in m.named_parameters().items()}
+    L, H, D, dh, V = 2, 4, 16, 4, 11
+    assert m.W_Q.shape == m.W_K.shape == m.W_V.shape == (L, H, D, dh) and m.W_O.shape == (L, H, dh, D)
+    assert m.b_Q.shape == (L, H, dh) and m.b_O.shape == (L, D)
+    assert m.W_E.shape == (V, D) and m.W_U.shape == (D, V) and m.W_pos.shape == (16, D) and m.b_U.shape == (V,)
+    for l in range(L):
+        for h in range(H):
+            hw = m.head_weights(l, h)
+            for w in ("W_Q", "W_K", "W_V"):
+                assert np.array_equal(getattr(m, w)[l, h], hw[w].T)
+                assert np.array_equal(getattr(m, "b_" + w[-1])[l, h], p[f"blocks.{l}.attn.{w}.bias"][h * dh:(h + 1) * dh])
+            assert np.array_equal(m.W_O[l, h], hw["W_O"].T)
+        assert np.array_equal(m.b_O[l], p[f"blocks.{l}.attn.W_O.bias"])
+    assert np.array_equal(m.W_E, p["tok_emb.weight"]) and np.array_equal(m.W_pos, p["pos_emb.weight"])
+    assert np.array_equal(m.W_U, p["head.weight"].T) and np.array_equal(m.b_U, p["head.bias"])
+    m.W_E[3, 0] = 7.0  # a view: the model changes
+    assert np.asarray(m.named_parameters()["tok_emb.weight"])[3, 0] == 7.0
+    assert not np.any(tiny().b_Q) and not np.any(tiny().b_U)  # no biases: zeros, as TransformerLens has them
+
+
+def test_grouped_query_W_K_repeats_the_kv_heads_and_underscore_W_K_keeps_them():
+    m = tiny(n_heads=4, n_key_value_heads=2)
+    assert m._W_K.shape == (2, 2, 16, 4) and m.W_K.shape == (2, 4, 16, 4)
+    for h in range(4):
+        assert np.array_equal(m.W_K[1, h], m._W_K[1, h // 2]) and np.array_equal(m.W_V[0, h], m._W_V[0, h // 2])
+        assert np.array_equal(m.W_K[1, h], m.head_weights(1, h)["W_K"].T)
+
+
+def test_einsum_with_W_Q_reproduces_hook_q():
+    m = tiny(attn_bias=True)
+    _, cache = m.run_with_cache(ids(), names_filter=lambda n: n.endswith(("ln1.hook_normalized", "hook_q")))
+    x = np.asarray(cache["normalized", 1, "ln1"], dtype=np.float64)
+    q = np.einsum("btd,hde->bthe", x, m.W_Q[1].astype(np.float64)) + m.b_Q[1]
+    assert np.allclose(q, cache["q", 1], atol=1e-5)
+
+
+# ---- cache and hooks ----------------------------------------------------------------------------
+
+def test_cache_keys_as_get_act_name():
+    assert hl.get_act_name("pattern", 0) == "blocks.0.attn.hook_pattern"
+    assert hl.get_act_name("q", 1, "attn") == "blocks.1.attn.hook_q"
+    assert hl.get_act_name("resid_pre", 1) == "blocks.1.hook_resid_pre"
+    assert hl.get_act_name("post", 0) == "blocks.0.mlp.hook_post"
+    assert hl.get_act_name("scale", 0, "ln1") == "blocks.0.ln1.hook_scale"
+    assert hl.get_act_name("scale") == "ln_final.hook_scale"
+    assert hl.get_act_name("embed") == "hook_embed"
+    assert hl.get_act_name("resid_post1") == "blocks.1.hook_resid_post"
+    assert hl.get_act_name("blocks.0.hook_mlp_out") == "blocks.0.hook_mlp_out"
+    m = tiny()
+    _, cache = m.run_with_cache(ids(), names_filter="blocks.0.attn.hook_pattern")
+    assert list(cache.keys()) == ["blocks.0.attn.hook_pattern"] and ("pattern", 0) in cache
+    assert np.array_equal(cache["pattern", 0], cache["blocks.0.attn.hook_pattern"])
+    with pytest.raises(TypeError, match="a cache key tuple is \\(name, layer\\[, layer_type\\]\\)"):
+        cache[0, "pattern"]
+
+
+def test_run_with_cache_incl_bwd_caches_gradients():
+    m = tiny()
+    x = ids()
+    logits, cache = m.run_with_cache(x, names_filter=["blocks.1.hook_resid_post"], incl_bwd=True)
+    assert not cache.has_grad(("resid_post", 1))
+    hl.cross_entropy(logits, np.roll(x, -1, axis=1)).backward()
+    g = cache.grad(("resid_post", 1))
+    assert g.shape == (2, 7, 16) and np.any(g != 0)
+
+
+def test_hooks_block_runs_the_hooks_in_every_forward_then_removes_them():
+    m = tiny()
+    x = ids()
+    clean = np.asarray(m(x)).copy()
+    seen = []
+
+    def zero_head(z, name):
+        seen.append(name)
+        z = z.copy()
+        z[:, -1, 2] = 0
+        return z
+
+    patched = np.asarray(m.run_with_hooks(x, fwd_hooks=[("blocks.1.attn.hook_z", zero_head)])).copy()
+    with m.hooks(fwd_hooks=[("blocks.1.attn.hook_z", zero_head)]):
+        assert np.array_equal(np.asarray(m(x)), patched) and not np.array_equal(patched, clean)
+        _, cache = m.run_with_cache(x, names_filter="blocks.1.attn.hook_z")
+        assert not np.any(cache["z", 1][:, -1, 2]) and np.any(cache["z", 1][:, -1, 1])
+    assert seen == ["blocks.1.attn.hook_z"] * 3
+    assert np.array_equal(np.asarray(m(x)), clean)  # removed on leaving the block
+    m.add_hook("blocks.1.attn.hook_z", zero_head)
+    assert np.array_equal(np.asarray(m(x)), patched)
+    m.reset_hooks()
+    assert np.array_equal(np.asarray(m(x)), clean)
+
+
+def test_a_hook_that_edits_in_place_is_told_to_return_a_copy():
+    m = tiny()
+
+    def in_place(z, name):
+        z[:, :, 0] = 0
+
+    with pytest.raises(ValueError, match="hook at blocks.0.attn.hook_z: the activation is read-only; return an edited "
+                                         "copy instead"):
+        m.run_with_hooks(ids(), fwd_hooks=[("blocks.0.attn.hook_z", in_place)])
+
+
+# ---- loss, generate, text -----------------------------------------------------------------------
+
+def test_loss_over_no_counted_target_raises_as_cross_entropy_does():
+    m = tiny()
+    with pytest.raises(ValueError, match="loss: every target is -1 \\(not counted\\)"):
+        m.loss(ids(), np.full((2, 7), -1))
+    with pytest.raises(ValueError, match="cross_entropy: every target is -1 \\(not counted\\)"):
+        hl.cross_entropy(m(ids()), np.full((2, 7), -1))
+
+
+def test_generate_greedy_is_the_argmax_of_full_forwards_and_sampling_follows_the_seed():
+    m = tiny(seed=3)
+    prompt = ids(B=2, T=4)
+    out = m.generate(prompt, max_new_tokens=5)
+    assert out.shape == (2, 9) and np.array_equal(out[:, :4], prompt)
+    for t in range(4, 9):  # each new token is the full forward's argmax at the position before it
+        assert np.array_equal(out[:, t], np.asarray(m(out[:, :t]))[:, -1].argmax(-1))
+    a = m.generate(prompt, max_new_tokens=6, temperature=1.0, seed=7)
+    assert np.array_equal(a, m.generate(prompt, max_new_tokens=6, temperature=1.0, seed=7))
+    assert not np.array_equal(a, m.generate(prompt, max_new_tokens=6, temperature=1.0, seed=8))
+    with pytest.raises(ValueError, match="generate: 4 prompt tokens \\+ 13 new ones = 17 exceed the model's n_ctx \\(16\\)"):
+        m.generate(prompt, max_new_tokens=13)
+
+
+def test_byte_level_text_round_trips_and_a_model_without_tokenizer_says_so():
+    m = tiny(d_vocab=256)
+    t = m.to_tokens("héllo")
+    assert t.shape == (1, 6) and t[0].tolist() == list("héllo".encode("utf-8"))
+    assert m.to_string(t[0]) == "héllo" and m.to_str_tokens("hi") == ["h", "i"]
+    with pytest.raises(ValueError, match="to_tokens: prepend_bos=True, but the model's tokenizer has no <\\|endoftext\\|>"):
+        m.to_tokens("hi", prepend_bos=True)
+    with pytest.raises(ValueError, match="to_tokens: the model has no tokenizer .* and is not byte-level \\(256 tokens; it has 11\\)"):
+        tiny().to_tokens("hi")
