@@ -267,10 +267,10 @@ void bind_models(py::module_& m) {
              return std::make_unique<TransformerLM>(c, seed);
            }),
            py::arg("config"), py::arg("seed") = 0)
-      .def_static("load", [](const std::string& path) { return load_model(path); }, "A model from a headlab checkpoint (safetensors)")
-      .def("save", [](const TransformerLM& model, const std::string& path) { save_checkpoint(path, model); },
+      .def_static("load", [](const PathArg& p) { return load_model(p.path); }, "A model from a headlab checkpoint (safetensors)")
+      .def("save", [](const TransformerLM& model, const PathArg& p) { save_checkpoint(p.path, model); },
            "Writes a checkpoint the CLI reads (atomic)")
-      .def("load_parameters", [](TransformerLM& model, const std::string& path) { load_parameters(model, read_checkpoint(path)); })
+      .def("load_parameters", [](TransformerLM& model, const PathArg& p) { load_parameters(model, read_checkpoint(p.path)); })
       .def_readonly("config", &TransformerLM::cfg)
       .def("train", [](TransformerLM& model, bool on) { model.train(on); }, py::arg("on") = true)
       .def("eval", [](TransformerLM& model) { model.eval(); })
