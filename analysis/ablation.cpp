@@ -190,8 +190,10 @@ struct RowScores {
 };
 
 // Per row of each batch: summed cross-entropy (double) and right argmax over its counted targets.
+// A non-finite logit at a counted position would turn into a NaN loss and an accuracy from NaN
+// comparisons: it fails instead, naming `what` made the logits (the intervention).
 void score_rows(TransformerLM& model, const std::vector<Batch>& data, const std::function<Hooks(size_t batch)>& hooks_for,
-                RowScores& out) {
+                RowScores& out, const std::string& what) {
   EvalScope mode(model);
   NoGradGuard ng;
   for (size_t bi = 0; bi < data.size(); ++bi) {
@@ -210,6 +212,10 @@ void score_rows(TransformerLM& model, const std::vector<Batch>& data, const std:
         const int32_t y = b.targets.at(r, t);
         if (y < 0) continue;
         const float* l = logits.data() + (r * T + t) * V;
+        for (int64_t v = 0; v < V; ++v)
+          if (!std::isfinite(l[v]))
+            fail(what, " makes the model's logits non-finite (", l[v], " in example ", out.counted.size() + static_cast<size_t>(r),
+                 ", position ", t, "): a loss or accuracy from them would mean nothing");
         int64_t best = 0;  // argmax, the first on ties
         for (int64_t v = 1; v < V; ++v)
           if (l[v] > l[best]) best = v;
@@ -276,7 +282,10 @@ KnockoutResult knockout(TransformerLM& model, const std::vector<Batch>& data, co
     }
   }
   RowScores clean, ablated;
-  score_rows(model, data, [](size_t) { return Hooks(); }, clean);
+  score_rows(model, data, [](size_t) { return Hooks(); }, clean, "the model without ablation");
+  const char* kind = o.kind == AblationKind::Mean ? "mean" : o.kind == AblationKind::Resample ? "resample" : "zero";
+  std::string site = o.site.hook + (o.site.head >= 0 ? " head " + std::to_string(o.site.head) : "");
+  if (!o.site.positions.empty()) site += " at " + std::to_string(o.site.positions.size()) + " position(s)";
   score_rows(model, data,
              [&](size_t bi) {
                Hooks h;
@@ -286,7 +295,7 @@ KnockoutResult knockout(TransformerLM& model, const std::vector<Batch>& data, co
                });
                return h;
              },
-             ablated);
+             ablated, std::string("the ") + kind + " ablation of " + site);
   double n_all = 0, lc = 0, la = 0, ac = 0, aa = 0;
   for (size_t i = 0; i < clean.counted.size(); ++i) {
     const double n = static_cast<double>(clean.counted[i]);

@@ -30,9 +30,11 @@ int run_attn(const Source& s, const std::string& out) {
   w.write(out + "/attn.safetensors");
   SafetensorsFile f = read_checkpoint(s.checkpoint);
   const std::unique_ptr<Task> task = make_task(checkpoint_task(f, TaskConfig::preset(s.task.name)));
+  const bool task_names_tokens = task->vocab_size() == model->cfg.vocab_size;  // else (a GPT-2 model's tokens) the ids
   const int64_t T = one.inputs.shape[1];
   std::vector<std::string> labels;
-  for (int64_t t = 0; t < T; ++t) labels.push_back(task->token_text(one.inputs.at(0, t)));
+  for (int64_t t = 0; t < T; ++t)
+    labels.push_back(task_names_tokens ? task->token_text(one.inputs.at(0, t)) : std::to_string(one.inputs.at(0, t)));
   std::vector<Heatmap> maps;
   const int H = model->cfg.n_heads;
   for (int l = 0; l < model->cfg.n_layers; ++l)

@@ -53,7 +53,7 @@ int run_compare(const CompareOpts& o) {
   for (const std::string& dir : o.runs) {
     if (!std::filesystem::is_directory(dir)) fail(dir, ": no such run directory");
     if (!run_finished(dir)) fail(dir, ": not a finished run of headlab train (no summary.json saying it finished)");
-    runs.push_back(read_finished_run(dir, 0, 0));
+    runs.push_back(read_finished_run(dir, 0, 0, "compare reads a run's summary.json and metrics.jsonl as headlab train wrote them"));
     models.push_back(load_model(dir + "/model.safetensors"));
     roles.push_back(detector_role_scores(*models.back(), o.examples));
   }

@@ -5,11 +5,15 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
+#include <new>
+#include <stdexcept>
 #include <string>
 
 #include "cli/commands.h"
 #include "lib/fileutil.h"
+#include "lib/messages.h"
 #include "train/distributed.h"
 #ifdef HEADLAB_HAVE_MPI
 #include "cli/mpi_job.h"
@@ -38,7 +42,9 @@ void select_blas_kernels(char** argv) {
 }
 // One line naming the error (the rank too, in an MPI job); in an MPI job every rank then ends,
 // so no rank waits forever for one that has given up.
-int report_error(const char* what) {
+int report_error(const char* message) {
+  const std::string plain = hl::user_message(message);
+  const char* what = plain.c_str();
   if (hl::in_multi_rank_job() && hl::job()->rank() > 0)
     std::fprintf(stderr, "headlab: rank %d: error: %s\n", hl::job()->rank(), what);
   else
@@ -58,15 +64,35 @@ void warn_about_threads(const CLI::App& sub) {
     std::fprintf(stderr, "headlab: warning: --threads %d is more than the %d cores this process may use; using %d\n", most,
                  cores, cores);
 }
+// A flag given an empty value ('--to ""', '--axes=') would otherwise read as its default and run
+// the full analysis: refused here, for every flag of every command, naming the flag.
+void refuse_empty_values(const CLI::App& sub) {
+  for (const CLI::Option* opt : sub.get_options()) {
+    if (opt->count() == 0 || opt->get_expected_max() == 0) continue;  // not given, or a switch
+    for (const std::string& v : opt->results())
+      if (v.find_first_not_of(" \t\n") == std::string::npos)
+        throw std::runtime_error(opt->get_name() + " is empty: give a value, or leave the flag out for its default");
+  }
+  for (const CLI::App* nested : sub.get_subcommands()) refuse_empty_values(*nested);
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   select_blas_kernels(argv);
   // Paths and text are recorded in JSON (summaries, metadata), which holds UTF-8 only.
+  // The advice fits the argument: a name of an existing file can be renamed, text re-encoded.
   for (int i = 1; i < argc; ++i)
     if (!hl::is_valid_utf8(argv[i])) {
-      std::fprintf(stderr, "headlab: error: argument %d is not valid UTF-8 text; headlab records paths and text in JSON, "
-                           "which holds UTF-8 only: rename the file or directory\n", i);
+      const std::string arg = argv[i];
+      const size_t eq = arg.rfind("--", 0) == 0 ? arg.find('=') : std::string::npos;
+      const std::string flag = eq != std::string::npos ? arg.substr(0, eq)
+                               : i > 1 && std::string(argv[i - 1]).rfind("--", 0) == 0 ? argv[i - 1] : "";
+      std::error_code ec;
+      const bool names_a_file = std::filesystem::exists(eq != std::string::npos ? arg.substr(eq + 1) : arg, ec);
+      std::fprintf(stderr, "headlab: error: %s%s is not valid UTF-8; headlab records paths and text in JSON, which holds "
+                           "UTF-8 only: %s\n", flag.empty() ? "argument " : "the value of ",
+                   flag.empty() ? std::to_string(i).c_str() : flag.c_str(),
+                   names_a_file ? "rename the file or directory" : "give it as UTF-8 text");
       return 2;
     }
   CLI::App app{"headlab: train small transformers and study multi-head attention, head by head"};
@@ -101,6 +127,11 @@ int main(int argc, char** argv) {
     if (mpi && mpi->rank() > 0) return e.get_exit_code();
     return app.exit(e);
   }
+  try {
+    refuse_empty_values(*app.get_subcommands().front());
+  } catch (const std::exception& e) {
+    return report_error(e.what());
+  }
   const std::string command = app.get_subcommands().front()->get_name();
   warn_about_threads(*app.get_subcommands().front());
   if (hl::in_multi_rank_job() && command != "train" && command != "ablate") {
@@ -116,6 +147,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "headlab %s: %s before the end; nothing was written\n", command.c_str(), e.what());
     if (hl::in_multi_rank_job()) hl::job()->abort(hl::stop_exit_code());
     return hl::stop_exit_code();
+  } catch (const std::bad_alloc&) {  // work whose size was not estimated beforehand
+    return report_error("out of memory: the command needed more memory than this process may use (ulimit -v, the "
+                        "cgroup's limit or the machine's); give it smaller sizes (--examples, --batch, a smaller model)");
   } catch (const std::exception& e) {
     return report_error(e.what());
   }

@@ -61,8 +61,8 @@ std::pair<std::unique_ptr<TransformerLM>, Batch> load_inputs(const Source& s) {
   auto model = load_model(f);
   set_num_threads(s.threads);
   if (!s.batch_file.empty()) return {std::move(model), load_batch_file(s.batch_file, model->cfg)};
-  const std::unique_ptr<Task> task =
-      task_for_model(model->cfg, checkpoint_task(f, TaskConfig::preset(s.task.name)), s.checkpoint);
+  // Given tokens need only the model's vocabulary: the task matters only when a batch is drawn
+  // from it (a GPT-2 model fits no task's vocabulary).
   if (!s.tokens.empty()) {
     std::vector<int32_t> ids;
     std::string text = s.tokens;
@@ -82,6 +82,8 @@ std::pair<std::unique_ptr<TransformerLM>, Batch> load_inputs(const Source& s) {
       fail("--tokens: ", ids.size(), " tokens exceed the model's max_seq_len ", model->cfg.max_seq_len);
     return {std::move(model), b};
   }
+  const std::unique_ptr<Task> task =
+      task_for_model(model->cfg, checkpoint_task(f, TaskConfig::preset(s.task.name)), s.checkpoint);
   const double need = estimate_step_bytes(model->cfg, s.batch_size, task->seq_len(), true), have = available_memory_bytes();
   if (need > have)
     fail("--batch-size ", s.batch_size, ": a forward and backward of that batch needs about ", format_bytes(need),

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -233,6 +234,17 @@ double available_memory_bytes() {
       std::fclose(f);
     }
     avail = std::min(avail, limit - std::max(0.0, used));
+  }
+  // `ulimit -v` caps this process's address space: what it has mapped already is taken
+  struct rlimit as;
+  if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
+    double mapped = 0;
+    if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+      unsigned long long pages;
+      if (std::fscanf(f, "%llu", &pages) == 1) mapped = static_cast<double>(pages) * static_cast<double>(sysconf(_SC_PAGESIZE));
+      std::fclose(f);
+    }
+    avail = std::min(avail, std::max(0.0, static_cast<double>(as.rlim_cur) - mapped));
   }
   return avail;
 }

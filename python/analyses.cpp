@@ -119,6 +119,15 @@ void bind_analyses(py::module_& m) {
                                     const std::string& corrupt) {
     HeadScoreOptions o;
     o.corruption = parse_corruption(corrupt);
+    // True is an int to Python, and a float would be cast away: a whole number only
+    if (!examples.is_none() && (!py::isinstance<py::int_>(examples) || py::isinstance<py::bool_>(examples)))
+      throw py::type_error("scores_over_training: examples must be a whole number, got " +
+                           std::string(py::str(examples.get_type().attr("__name__"))));
+    if (!find_task(task)) {  // a checkpoint that names no task is read as `task`: an unknown name fails now
+      TaskConfig unknown;
+      unknown.name = task;
+      unknown.validate();
+    }
     o.examples = examples.is_none() ? default_examples(analysis) : examples.cast<int>();
     if (o.examples < 1) throw py::value_error("scores_over_training: examples must be at least 1, got " + std::to_string(o.examples));
     if (threads < 1) throw py::value_error("scores_over_training: threads must be at least 1, got " + std::to_string(threads));
@@ -438,7 +447,8 @@ void bind_analyses(py::module_& m) {
     std::vector<EdgeReceiver> rs;
     if (receivers.is_none()) rs = readers_of(model.cfg, s);
     else
-      for (const std::string& r : receivers.cast<std::vector<std::string>>()) rs.push_back(parse_receiver(model.cfg, r));
+      for (const std::string& r : cast_arg<std::vector<std::string>>(receivers, "receivers", "a list of str such as ['L1H0.q', 'logits']"))
+        rs.push_back(parse_receiver(model.cfg, r));
     const PathPatchingResult p = interruptible([&] { return path_patching(model, in, s, rs); });
     py::dict d;
     d["path"] = p.path;

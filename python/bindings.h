@@ -48,6 +48,28 @@ py::array grid_array(const HeadGrid& g);
 py::dict eval_dict(const EvalResult& e);
 py::object json_to_py(const json& j);
 
+// ---- paths and typed arguments (convert.cpp) ---------------------------------------------------
+
+// A file or directory name from Python: a str or any os.PathLike (pathlib.Path). Every function
+// of the module that takes a path takes a PathArg (its caster is below).
+struct PathArg {
+  std::string path;
+};
+bool is_path_like(const py::handle& obj);
+// The path obj names; a TypeError naming `what` when obj is not a str or os.PathLike.
+std::string path_from(const py::handle& obj, const std::string& what);
+// obj.cast<T>() whose failure says which argument and what it takes ("gate: expected a list of
+// str such as ['0.1=0'], got str"), not pybind's "Unable to cast Python instance to C++ type".
+[[noreturn]] void wrong_argument_type(const py::handle& obj, const std::string& what, const std::string& expected);
+template <class T>
+T cast_arg(const py::handle& obj, const std::string& what, const std::string& expected) {
+  try {
+    return obj.cast<T>();
+  } catch (const py::cast_error&) {
+    wrong_argument_type(obj, what, expected);
+  }
+}
+
 // ---- settings by keyword (the CLI's flag table; convert.cpp) ---------------------------------
 
 // TrainArgs from keywords, as `headlab train` would resolve the same flags.
@@ -129,3 +151,16 @@ void bind_views(py::module_& m);     // views.cpp: the pages of the inline views
 void bind_tokenizer(py::module_& m);  // tokenizer.cpp: GPT-2's BPE tokenizer
 
 }  // namespace hl::bindings
+
+namespace pybind11::detail {
+template <>
+struct type_caster<hl::bindings::PathArg> {
+  PYBIND11_TYPE_CASTER(hl::bindings::PathArg, const_name("str | os.PathLike"));
+  bool load(handle src, bool) {
+    if (!hl::bindings::is_path_like(src)) return false;  // pybind then lists the types it takes
+    value.path = hl::bindings::path_from(src, "path");
+    return true;
+  }
+  static handle cast(const hl::bindings::PathArg& p, return_value_policy, handle) { return str(p.path).release(); }
+};
+}  // namespace pybind11::detail

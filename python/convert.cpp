@@ -15,6 +15,20 @@ namespace hl::bindings {
 
 // ---- conversions ---------------------------------------------------------------------------
 
+bool is_path_like(const py::handle& obj) { return py::isinstance<py::str>(obj) || py::hasattr(obj, "__fspath__"); }
+
+void wrong_argument_type(const py::handle& obj, const std::string& what, const std::string& expected) {
+  throw py::type_error(what + ": expected " + expected + ", got " + Py_TYPE(obj.ptr())->tp_name);
+}
+
+std::string path_from(const py::handle& obj, const std::string& what) {
+  if (!is_path_like(obj)) wrong_argument_type(obj, what, "a path (str or os.PathLike)");
+  const py::object name = py::module_::import("os").attr("fspath")(obj);
+  // headlab records paths in JSON, which holds text: a bytes path is refused
+  if (!py::isinstance<py::str>(name)) wrong_argument_type(name, what, "a path as text (str), not bytes");
+  return name.cast<std::string>();
+}
+
 std::string shape_text(const py::array& a) {
   std::string s = "(";
   for (py::ssize_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));

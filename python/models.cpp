@@ -411,7 +411,8 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
              return std::make_unique<TransformerLM>(c, seed);
            }),
            py::arg("config"), py::arg("seed") = 0, "A model of this config, initialised from seed")
-      .def_static("load", [](const std::string& path) {
+      .def_static("load", [](const PathArg& p) {
+             const std::string& path = p.path;
              py::object model = py::cast(load_model(path));
              // a GPT-2 directory's tokenizer files: to_tokens / to_str_tokens / to_string use them
              const auto has = [&](const char* f) { return file_exists(path + "/" + f); };
@@ -421,9 +422,9 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
            }, py::arg("path"),
            "A model from a headlab checkpoint (safetensors) or a Hugging Face GPT-2 directory (with its tokenizer files: "
            "model.tokenizer)")
-      .def("save", [](const TransformerLM& model, const std::string& path) { save_checkpoint(path, model); }, py::arg("path"),
+      .def("save", [](const TransformerLM& model, const PathArg& p) { save_checkpoint(p.path, model); }, py::arg("path"),
            "Writes a checkpoint the CLI reads (atomic)")
-      .def("load_parameters", [](TransformerLM& model, const std::string& path) { load_parameters(model, read_checkpoint(path)); },
+      .def("load_parameters", [](TransformerLM& model, const PathArg& p) { load_parameters(model, read_checkpoint(p.path)); },
            py::arg("path"), "Reads the parameters of a checkpoint of the same config into this model")
       .def_readonly("cfg", &TransformerLM::cfg, "The model's settings (a ModelConfig, TransformerLens's names)")
       .def_readonly("config", &TransformerLM::cfg, "The same as cfg (the older name)")

@@ -19,7 +19,7 @@ std::vector<int32_t> ids_list(const py::object& obj) {
 void bind_tokenizer(py::module_& m) {
   py::class_<BpeTokenizer>(m, "Tokenizer",
                            "GPT-2's byte-level BPE tokenizer: the same ids as OpenAI's encoder and Hugging Face's GPT2Tokenizer.")
-      .def_static("load", &BpeTokenizer::load, py::arg("dir"),
+      .def_static("load", [](const PathArg& dir) { return BpeTokenizer::load(dir.path); }, py::arg("dir"),
                   "From a directory with vocab.json + merges.txt (Hugging Face) or encoder.json + vocab.bpe (OpenAI).")
       .def(
           "encode",

@@ -76,12 +76,12 @@ TokenArrays token_arrays(const py::object& obj, const std::string& what) { retur
 
 // A task from keywords; data/eval_data may be arrays or dicts of arrays (tokens without a file).
 std::unique_ptr<Task> task_from(TrainArgs& a, const py::object& data, const py::object& eval_data) {
-  const bool arrays = !data.is_none() && !py::isinstance<py::str>(data);
-  if (!arrays && !eval_data.is_none() && !py::isinstance<py::str>(eval_data))
+  const bool arrays = !data.is_none() && !is_path_like(data);
+  if (!arrays && !eval_data.is_none() && !is_path_like(eval_data))
     throw py::value_error("eval_data as arrays goes with data as arrays (task='tokens'); with data from a file, give "
                           "eval_data as a file too");
-  if (!data.is_none() && !arrays) a.task.data = data.cast<std::string>();
-  if (!eval_data.is_none() && py::isinstance<py::str>(eval_data)) a.task.eval_data = eval_data.cast<std::string>();
+  if (!data.is_none() && !arrays) a.task.data = path_from(data, "data");
+  if (!eval_data.is_none() && is_path_like(eval_data)) a.task.eval_data = path_from(eval_data, "eval_data");
   a.task.make_paths_absolute();
   if (!arrays) return nullptr;
   if (a.task.name != "tokens") throw py::value_error("arrays as data are sequences of task 'tokens' (task='tokens')");
@@ -293,8 +293,8 @@ void bind_training(py::module_& m) {
         std::set<std::string> extra = {"data", "eval_data", "out", "init", "resume", "log_grads", "dump_grads_at", "snapshot_at",
                                        "fork", "at", "fork_from", "gate", "freeze", "reinit"};
         TrainArgs a = args_from_kwargs(kw, [&](const std::string& k) { return extra.count(k) > 0; }, true);
-        if (kw.contains("out") && !kw["out"].is_none()) a.out = kw["out"].cast<std::string>();
-        if (kw.contains("init") && !kw["init"].is_none()) a.init = kw["init"].cast<std::string>();
+        if (kw.contains("out") && !kw["out"].is_none()) a.out = path_from(kw["out"], "out");
+        if (kw.contains("init") && !kw["init"].is_none()) a.init = path_from(kw["init"], "init");
         if (kw.contains("resume")) a.resume = kw["resume"].cast<bool>();
         // the gradient atlas, as `headlab train --log-grads N --dump-grads-at S,..` writes it into out
         if (kw.contains("log_grads") && !kw["log_grads"].is_none()) a.log_grads_every = kw["log_grads"].cast<int64_t>();
@@ -311,7 +311,10 @@ void bind_training(py::module_& m) {
         const auto was_given = [&](const std::string& f) { return given.count(f) > 0; };
         // a counterfactual fork (train --fork-from FILE --gate/--freeze/--reinit): settings from FILE
         auto texts = [&](const char* k) {
-          return kw.contains(k) && !kw[k].is_none() ? kw[k].cast<std::vector<std::string>>() : std::vector<std::string>{};
+          return kw.contains(k) && !kw[k].is_none()
+                     ? cast_arg<std::vector<std::string>>(kw[k], k, std::string("a list of str such as ['") +
+                                                                        (k == std::string("gate") ? "0.1=0" : "0.1") + "']")
+                     : std::vector<std::string>{};
         };
         a.gate_heads = texts("gate"), a.freeze_heads = texts("freeze"), a.reinit_heads = texts("reinit");
         const bool by_run = kw.contains("fork") && !kw["fork"].is_none(), by_file = kw.contains("fork_from") && !kw["fork_from"].is_none();
@@ -321,8 +324,8 @@ void bind_training(py::module_& m) {
         if (by_run || by_file) {
           if (a.resume) throw py::value_error("resume=True continues a run (a fork too) from its own checkpoint: leave out fork");
           if (task) throw py::value_error("fork: the fork trains on the task of the run it forks; leave out data arrays");
-          const std::string file = by_run ? require_snapshot(kw["fork"].cast<std::string>(), kw["at"].cast<int64_t>())
-                                          : kw["fork_from"].cast<std::string>();
+          const std::string file = by_run ? require_snapshot(path_from(kw["fork"], "fork"), kw["at"].cast<int64_t>())
+                                          : path_from(kw["fork_from"], "fork_from");
           a = fork_args(file, a, was_given);
         } else {
           a = a.resume ? resume_args(a.out, a, was_given) : init_args(a, was_given);
@@ -359,8 +362,8 @@ void bind_training(py::module_& m) {
         }
         return eval_dict(e);
       }, py::arg("autoregressive") = false)
-      .def("save", [](PyTrainer& t, const std::string& path) {
-        save_checkpoint(path, t.trainer->model(), {}, {{"task", t.trainer->args().task.to_json()}});
+      .def("save", [](PyTrainer& t, const PathArg& p) {
+        save_checkpoint(p.path, t.trainer->model(), {}, {{"task", t.trainer->args().task.to_json()}});
       })
       .def_property_readonly("model", [](PyTrainer& t) -> TransformerLM& { return t.trainer->model(); },
                              py::return_value_policy::reference_internal)

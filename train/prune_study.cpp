@@ -78,15 +78,6 @@ std::vector<PruneStep> prune_curve_from_json(const json& j) {
 
 namespace {
 
-// FNV-1a of a file's bytes: a rerun with another checkpoint under the same path is noticed.
-std::string fingerprint(const std::string& bytes) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%zu bytes, fnv1a %016llx", bytes.size(), static_cast<unsigned long long>(h));
-  return buf;
-}
-
 // Trains (or continues, or finds finished) the base model in base.out.
 void train_base_model(const TrainArgs& base, const PruneStudyOptions& o, const PruneObserver& obs) {
   reuse_only_if_same_settings(base.out, base, o.force, "--force");
@@ -243,8 +234,18 @@ PruneStudy run_prune_study(TrainArgs base, const PruneStudyOptions& o, const std
     r.checkpoint = base.out + "/model.safetensors";
   }
   set_num_threads(base.threads);
-  const std::string ckpt_bytes = read_file(r.checkpoint);
-  const SafetensorsFile file = parse_safetensors(ckpt_bytes, r.checkpoint);
+  // a checkpoint file, or a directory that stands for its model (a run's, or a GPT-2 one), as
+  // every command reads --checkpoint; the fingerprint notices another model under the same path
+  std::string ckpt_bytes;
+  SafetensorsFile file;
+  if (std::filesystem::is_directory(r.checkpoint)) {
+    file = read_checkpoint(r.checkpoint);
+    for (const auto& [key, value] : file.metadata) ckpt_bytes += key + '\0' + value + '\0';
+    for (const auto& [name, t] : file.tensors) ckpt_bytes += name + '\0' + t.shape.str() + '\0' + fingerprint(t.bytes) + '\0';
+  } else {
+    ckpt_bytes = read_file(r.checkpoint);
+    file = parse_safetensors(ckpt_bytes, r.checkpoint);
+  }
   // Curves and tables already in OUT are reused only if they were made with these settings.
   // "importance" names the definition: results of an earlier one are not reused
   const json settings = {{"checkpoint", r.checkpoint}, {"checkpoint_file", fingerprint(ckpt_bytes)},

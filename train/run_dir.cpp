@@ -63,12 +63,15 @@ void refuse_replacing_run_file(const std::string& flag, const std::string& path)
 }
 
 std::string first_json_difference(const nlohmann::json& stored, const nlohmann::json& now,
-                                  const std::set<std::string>& ignored) {
+                                  const std::set<std::string>& ignored, const std::string& stored_side,
+                                  const std::string& now_side) {
   using json = nlohmann::json;
   if (!stored.is_object() || !now.is_object()) return stored == now ? "" : "the stored settings are not a JSON object";
   for (const json& op : json::diff(stored, now)) {
     const std::string path = op.at("path");
-    if (ignored.count(path)) continue;
+    bool skip = false;  // the pointer itself or one above it (an element of an ignored list)
+    for (std::string p = path; !p.empty() && !skip; p = p.substr(0, p.rfind('/'))) skip = ignored.count(p) > 0;
+    if (skip) continue;
     const json::json_pointer ptr(path);
     auto show = [&](const json& j) {  // float settings as the user typed them (0.01, not 0.009999999776)
       const json v = j.value(ptr, json());
@@ -77,7 +80,7 @@ std::string first_json_difference(const nlohmann::json& stored, const nlohmann::
       std::snprintf(buf, sizeof buf, "%.7g", v.get<double>());
       return std::string(buf);
     };
-    return path.substr(1) + " is " + show(stored) + " in the existing run but " + show(now) + " now";
+    return path.substr(1) + " is " + show(stored) + " " + stored_side + " but " + show(now) + " " + now_side;
   }
   return "";
 }
@@ -88,6 +91,14 @@ void reuse_only_if_same(const std::string& dir, const std::string& what, const s
   if (force) return discard();
   fail(dir, " holds ", what, " made with other settings (", difference,
        "): rerun with the same flags, choose another --out, or pass ", force_flag, " to discard it and recompute");
+}
+
+std::string fingerprint(const std::string& bytes) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%zu bytes, fnv1a %016llx", bytes.size(), static_cast<unsigned long long>(h));
+  return buf;
 }
 
 }  // namespace hl

@@ -21,13 +21,19 @@ void refuse_replacing_run_file(const std::string& flag, const std::string& path)
 
 // The first setting that differs between the settings stored with earlier results and today's
 // ("lr is 0.01 in the existing run but 0.05 now"), skipping the JSON pointers in `ignored`;
-// "" when they agree.
+// "" when they agree. An ignored pointer covers what lies below it. The two sides are named by
+// `stored_side` and `now_side`.
 std::string first_json_difference(const nlohmann::json& stored, const nlohmann::json& now,
-                                  const std::set<std::string>& ignored = {});
+                                  const std::set<std::string>& ignored = {},
+                                  const std::string& stored_side = "in the existing run", const std::string& now_side = "now");
 // Results already in `dir` are reused only if they were made with the same settings: with a
 // `difference` (as above), refuses naming it, or with `force` calls `discard` to remove the old
 // results. `what` says what dir holds ("a run", "pruning results").
 void reuse_only_if_same(const std::string& dir, const std::string& what, const std::string& difference, bool force,
                         const std::string& force_flag, const std::function<void()>& discard);
+
+// "N bytes, fnv1a H" of a file's bytes: the same text for the same contents, another for a file
+// that was changed or replaced.
+std::string fingerprint(const std::string& bytes);
 
 }  // namespace hl

@@ -50,11 +50,11 @@ SweepRun read_run_files(const std::string& dir, int heads, uint64_t seed) {
 
 }  // namespace
 
-SweepRun read_finished_run(const std::string& dir, int heads, uint64_t seed) {
+SweepRun read_finished_run(const std::string& dir, int heads, uint64_t seed, const std::string& remedy) {
   try {
     return read_run_files(dir, heads, seed);
   } catch (const json::exception& e) {
-    fail(dir, ": the finished run stored there is unreadable (", e.what(), "); rerun with --force to recompute it");
+    fail(dir, ": the finished run stored there is unreadable (", e.what(), "); ", remedy);
   }
 }
 

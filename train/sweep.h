@@ -88,7 +88,10 @@ std::vector<HeadCountSummary> summarize_sweep(const std::vector<SweepRun>& runs,
 
 // A finished run read back from its summary.json and metrics.jsonl (final metrics and curve);
 // fails naming `dir` when they are unreadable.
-SweepRun read_finished_run(const std::string& dir, int heads, uint64_t seed);
+// A run whose files cannot be read fails naming the run and the cause, then `remedy` (a study's
+// --force recomputes it; compare has nothing to recompute).
+SweepRun read_finished_run(const std::string& dir, int heads, uint64_t seed,
+                           const std::string& remedy = "rerun with --force to recompute it");
 
 // The detector scores of the heads of the finished run in `dir` (its model.safetensors), kept
 // in dir/roles.json: read back when it is there (and made with the same probe), else computed

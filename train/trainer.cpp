@@ -68,7 +68,7 @@ std::string eval_json(int64_t step, const EvalResult& e, float lr, double tokens
   X(decay_all) X(beta1) X(beta2) X(momentum) X(clip) X(seed) X(threads) X(eval_every)               \
   X(checkpoint_every) X(eval_size) X(eval_seed) X(eval_autoregressive) X(skip_nonfinite)            \
   X(log_grads_every) X(dump_grads_at) X(init) X(snapshot_every) X(snapshot_at) X(fork_from) X(gate_heads)    \
-  X(freeze_heads) X(reinit_heads)
+  X(freeze_heads) X(reinit_heads) X(data_files)
 
 std::string TrainArgs::to_json() const {
   json j = {{"model", json::parse(model.to_json())}, {"dropout", model.dropout}, {"attn_dropout", model.attn_dropout},
@@ -268,13 +268,35 @@ std::string first_setting_difference(const std::string& stored_json, const std::
   return first_json_difference(json::parse(stored_json), json::parse(now_json), ignored);
 }
 
+std::string first_identity_difference(const std::string& stored_json, const std::string& now_json, const std::string& stored_side,
+                                      const std::string& now_side) {
+  std::set<std::string> ignored = {"/snapshot_at", "/data_files"};
+  for (const TrainSetting& s : train_settings())
+    if (s.on_resume != OnResume::kMustMatch) ignored.insert(s.json_pointer);
+  for (const char* k : {"/init", "/log_grads_every", "/dump_grads_at", "/snapshot_every"}) ignored.insert(k);
+  return first_json_difference(json::parse(stored_json), json::parse(now_json), ignored, stored_side, now_side);
+}
+
+namespace {
+// The fingerprint of each data file of a task (none for a task without files, or for arrays
+// given from Python, whose names are in parentheses).
+std::map<std::string, std::string> data_file_fingerprints(const TaskConfig& t) {
+  std::map<std::string, std::string> r;
+  for (const std::string& path : {t.data, t.eval_data})
+    if (!path.empty() && path.front() != '(') r[path] = fingerprint(read_file(path));
+  return r;
+}
+}  // namespace
+
 void reuse_only_if_same_settings(const std::string& dir, const TrainArgs& args, bool force, const std::string& force_flag) {
   const std::string stored = stored_run_args(dir);
   if (stored == "null") return;
   TrainArgs now = args;  // as the trainer stores them: vocabulary and length from the task
   now.model = model_for(args, *make_task(args.task));
   // read back and written again: a setting the stored run predates compares as its default
-  const std::string then = TrainArgs::from_json(stored, dir).to_json();
+  const TrainArgs then_args = TrainArgs::from_json(stored, dir);
+  if (!then_args.data_files.empty()) now.data_files = data_file_fingerprints(args.task);  // a run recorded its data
+  const std::string then = then_args.to_json();
   reuse_only_if_same(dir, "a run", first_setting_difference(then, now.to_json()), force, force_flag, [&] {
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
@@ -293,6 +315,19 @@ Trainer::Trainer(TrainArgs args, std::unique_ptr<Task> task, ProcessGroup* group
     group_ = group;
   }
   check_training_resources(args_, task_.get());  // before anything is allocated or created
+  // A resume or a fork continues bit for bit only on the data the run began with: a data file
+  // changed since is refused, naming it. A new run records its files (runs that predate the
+  // record begin it here).
+  const std::map<std::string, std::string> data_now = data_file_fingerprints(args_.task);
+  if (args_.resume || forking())
+    for (const auto& [path, then] : args_.data_files) {
+      const auto it = data_now.find(path);
+      const std::string now = it != data_now.end() ? it->second : "not a data file of the task now";
+      if (now != then)
+        fail(path, ": the run's data file has changed since the run began (", then, " then, ", now, " now); ",
+             args_.resume ? "resuming" : "forking", " on other data would not continue the run: restore the file, or start a new run");
+    }
+  args_.data_files = data_now;
   args_.threads = std::min(args_.threads, usable_cores());  // what runs is what the summary records
   if (!task_) task_ = make_task(args_.task);
   args_.model = model_for(args_, *task_);

@@ -2,6 +2,7 @@
 // held-out evaluation, atomic checkpoints, exact resume, non-finite detection.
 #pragma once
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +57,9 @@ struct TrainArgs {
   // steps as RUN/snapshots/step_NNNNNNNN.safetensors (train/snapshots.h); 0 = the initial weights
   int64_t snapshot_every = 0;  // 0 = off; else every multiple of N, step 0 included
   std::vector<int64_t> snapshot_at;
+  // The task's data files as the run first read them (path -> "N bytes, fnv1a H"), recorded when
+  // a run starts: a resume or fork refuses a file that has changed since.
+  std::map<std::string, std::string> data_files;
 
   std::string to_json() const;
   static TrainArgs from_json(const std::string& text, const std::string& source);
@@ -108,6 +112,10 @@ std::string stored_run_args(const std::string& dir);
 // "steps is 80 in the existing run but 200 now" for the first setting that differs (settings
 // that do not change results, such as threads and checkpoint frequency, are ignored), or "".
 std::string first_setting_difference(const std::string& stored_json, const std::string& now_json);
+// The first setting that defines a run (seed, model, task: those a resume must match) and differs
+// between two runs' stored arguments, worded as above; "" when both are states of one run.
+std::string first_identity_difference(const std::string& stored_json, const std::string& now_json, const std::string& stored_side,
+                                      const std::string& now_side);
 // The arguments that continue the run in `out`: those its checkpoint stores, with the settings the
 // caller gave (`given_flag("--steps")` says whether it gave --steps) applied where a resumed run may
 // change them and refused where they must match. The command line and Python both come here.

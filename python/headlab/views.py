@@ -90,6 +90,11 @@ def view(model, data, tokens=None, task=None, examples=4, title=None, height=720
     ``Task`` (its held-out rows). tokens: the text of each token (a list, or a function of the
     id); by default the task's names, bytes for text, else the ids. At most ``examples`` rows.
     """
+    # a count of rows: ids[:-1] would silently drop the last row and 0 would make an empty page
+    if isinstance(examples, bool) or not isinstance(examples, (int, np.integer)):
+        raise TypeError(f"view: examples must be a whole number, got {type(examples).__name__}")
+    if examples < 1:
+        raise ValueError(f"view: examples must be at least 1, got {examples}")
     rows, byte_text = _rows(data, examples)
     if byte_text and model.config.d_vocab != 256:
         raise ValueError(f"view: text needs a byte-level model (256 tokens); this model has {model.config.d_vocab}")

@@ -165,3 +165,14 @@ def test_hovering_a_token_in_the_inline_view_shows_its_weights(browser, tmp_path
     assert np.abs(np.array(shown) - want).max() <= 0.0005 + 1e-6, (shown, want)
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert errors == []
+
+
+def test_a_grid_of_more_than_125k_values_renders(browser, tmp_path):
+    # Math.min(...values) over a page's values overflowed the stack above about 125k of them
+    scores = np.arange(360 * 360, dtype=np.float64).reshape(360, 360) - 1000
+    page = tmp_path / "grid.html"
+    page.write_text(hl.grid_view(scores, value_name="score").html)
+    browser.get("file://" + str(page))
+    legend = browser.execute_script("return document.getElementById('legend').textContent")
+    assert legend == "score: -1000 .. 128600 (red > 0, blue < 0, white 0)"  # 128599 to 4 digits
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
