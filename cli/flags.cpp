@@ -86,7 +86,9 @@ CLI::Validator in_range(double lo, double hi) {
 namespace {
 extern "C" void on_stop_signal(int sig) {
   request_stop(sig);
-  std::signal(sig, SIG_DFL);  // a second Ctrl-C ends the process at once
+  // A second signal of either kind (Ctrl-C then SIGTERM too) ends the process at once.
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
 }
 }  // namespace
 

@@ -15,6 +15,7 @@
 #include "cli/child_process.h"
 #include "lib/core.h"
 #include "lib/fileutil.h"
+#include "lib/stop.h"
 
 namespace hl {
 
@@ -58,12 +59,39 @@ class PlotDir {
   fs::path path_;
 };
 
+// How long gnuplot may draw one plot (seconds): HEADLAB_PLOT_TIMEOUT, else 120.
+double plot_time_limit() {
+  const char* v = std::getenv("HEADLAB_PLOT_TIMEOUT");
+  if (!v || !*v) return 120;
+  char* end = nullptr;
+  const double s = std::strtod(v, &end);
+  if (*end != '\0' || !(s > 0) || s > 1e6) fail("HEADLAB_PLOT_TIMEOUT: '", v, "' is not a number of seconds in (0, 1e6]");
+  return s;
+}
+
+// The last non-empty line of gnuplot's log: its error, in one line.
+std::string last_line(const std::string& log) {
+  size_t end = log.find_last_not_of(" \t\r\n");
+  if (end == std::string::npos) return "";
+  const size_t begin = log.find_last_of('\n', end);
+  return log.substr(begin == std::string::npos ? 0 : begin + 1, std::min<size_t>(end + 1 - (begin == std::string::npos ? 0 : begin + 1), 300));
+}
+
 // Runs a gnuplot script in `dir` (it names only files there, by relative names: no path of
 // ours is ever inside the script), then writes its out.png to `path` through the atomic writer.
-bool run_gnuplot(const std::string& script, const std::string& path, const PlotDir& dir) {
+// A plot is part of the command's result: one that cannot be drawn fails the command, naming
+// the PNG; a stop request ends gnuplot and stops the command.
+void run_gnuplot(const std::string& script, const std::string& path, const PlotDir& dir) {
   write_file_atomic((dir.path() / "plot.gp").string(), script);
   const std::string log_path = (dir.path() / "gnuplot.log").string();
-  const int rc = run_child_process({"gnuplot", "plot.gp"}, {dir.path().string(), log_path});
+  const double limit = plot_time_limit();
+  int rc = 0;
+  try {
+    rc = run_child_process({"gnuplot", "plot.gp"}, {.cwd = dir.path().string(), .output_file = log_path, .forward_stop = true, .time_limit_s = limit});
+  } catch (const Error& e) {
+    fail("could not draw ", path, ": ", e.what(), " (HEADLAB_PLOT_TIMEOUT=SECONDS allows longer)");
+  }
+  throw_if_stopped();  // a stop request ended gnuplot
   const fs::path png = dir.path() / "out.png";
   if (rc != 0 || !fs::exists(png)) {
     std::string log;
@@ -71,12 +99,12 @@ bool run_gnuplot(const std::string& script, const std::string& path, const PlotD
       log = read_file(log_path);
     } catch (const Error&) {
     }
-    std::fprintf(stderr, "warning: could not draw %s (gnuplot %s): %s\n", path.c_str(),
-                 rc == 127 ? "not installed" : "failed", log.substr(0, 300).c_str());
-    return false;
+    if (rc == 127) fail("could not draw ", path, ": gnuplot is not installed (Debian: apt install gnuplot-nox)");
+    const std::string why = last_line(log);
+    fail("could not draw ", path, ": gnuplot ", rc == 0 ? "wrote no PNG" : "failed (exit " + std::to_string(rc) + ")",
+         why.empty() ? "" : ": " + why);
   }
   write_file_atomic(path, read_file(png.string()));
-  return true;
 }
 
 std::string tics(const char* axis, const std::vector<std::string>& labels) {
@@ -88,7 +116,7 @@ std::string tics(const char* axis, const std::vector<std::string>& labels) {
 
 }  // namespace
 
-bool plot_heatmap_grid(const std::string& path, const std::string& title, int grid_rows, int grid_cols,
+void plot_heatmap_grid(const std::string& path, const std::string& title, int grid_rows, int grid_cols,
                        const std::vector<Heatmap>& maps, const std::string& xlabel,
                        const std::string& ylabel, float vmin, float vmax) {
   const PlotDir dir;
@@ -123,10 +151,10 @@ bool plot_heatmap_grid(const std::string& path, const std::string& title, int gr
     gp << "plot '" << data << "' matrix with image notitle\n";
   }
   gp << "unset multiplot\n";
-  return run_gnuplot(gp.str(), path, dir);
+  run_gnuplot(gp.str(), path, dir);
 }
 
-bool plot_lines(const std::string& path, const std::string& title, const std::string& xlabel,
+void plot_lines(const std::string& path, const std::string& title, const std::string& xlabel,
                 const std::string& ylabel, const std::vector<Series>& series, bool log_y, bool log_x) {
   const PlotDir dir;
   std::ostringstream gp;
@@ -152,10 +180,10 @@ bool plot_lines(const std::string& path, const std::string& title, const std::st
              " pt 7 ps 0.5 title " + quote(S.name);
   }
   gp << "plot " << (plots.empty() ? "NaN notitle" : plots) << "\n";
-  return run_gnuplot(gp.str(), path, dir);
+  run_gnuplot(gp.str(), path, dir);
 }
 
-bool plot_graph(const std::string& path, const std::string& title, const std::vector<GraphNode>& nodes,
+void plot_graph(const std::string& path, const std::string& title, const std::vector<GraphNode>& nodes,
                 const std::vector<GraphArrow>& arrows, const std::vector<std::string>& legend, int width, int height) {
   const PlotDir dir;
   double x0 = 0, x1 = 1, y0 = 0, y1 = 1;
@@ -187,7 +215,7 @@ bool plot_graph(const std::string& path, const std::string& title, const std::ve
   gp << "plot 'nodes.dat' using 1:2 with points pt 7 ps 5.5 lc rgb '#e8e8e8', "
         "'' using 1:2 with points pt 6 ps 5.5 lc rgb '#606060', "
         "'' using 1:2:3 with labels font 'sans,8' tc rgb '#000000'\n";
-  return run_gnuplot(gp.str(), path, dir);
+  run_gnuplot(gp.str(), path, dir);
 }
 
 }  // namespace hl
