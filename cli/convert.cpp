@@ -10,6 +10,7 @@
 #include "cli/child_process.h"
 #include "cli/commands.h"
 #include "lib/fileutil.h"
+#include "lib/stop.h"
 #include "models/checkpoint.h"
 #include "train/run_dir.h"
 
