@@ -52,6 +52,9 @@ py::object json_to_py(const json& j);
 TrainArgs args_from_kwargs(const py::dict& kwargs, const std::function<bool(const std::string&)>& skip = {},
                            bool task_training_defaults = false);
 ModelConfig model_config_from_kwargs(const py::dict& kwargs);
+// The busy-machine rule (lib/threads.h) for work that would run on `most` threads when the caller
+// chose no count: the count to use, the notice said as a RuntimeWarning, as the CLI says it.
+int threads_for_this_machine(int most);
 
 // ---- Ctrl-C during long C++ work ---------------------------------------------------------------
 
