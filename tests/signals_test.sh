@@ -99,6 +99,14 @@ PATH="$T/fails:$PATH" timeout 60 "$HL" edges --checkpoint "$M" --examples 8 --th
 if [ "$r" = 1 ] && grep -q "could not draw .*\.png: gnuplot failed" "$T/err"; then ok "edges with a failing gnuplot: exit 1 naming the PNG"
 else bad "edges with a failing gnuplot: exit $r (want 1 naming the PNG)" "$T/err"; fi
 
+# ---- L0's search for --target-heads starts where the data says, not at --lambda's smallest ------
+# (from --lambda 1e-30 it quadrupled through 56 fine-tunings, two minutes on a larger model)
+timeout 60 "$HL" prune --checkpoint "$M" --method l0 --lambda 1e-30 --target-heads 1 --l0-steps 5 --threads 1 --out "$T/l0" \
+  >/dev/null 2>"$T/err"; r=$?
+runs=$(grep -c "^  lambda" "$T/err")
+if [ "$r" = 0 ] && [ "$runs" -le 12 ] && [ "$(($(wc -l <"$T/l0/l0.csv") - 1))" = "$runs" ]; then ok "prune l0 --lambda 1e-30: $runs fine-tunings"
+else bad "prune l0 --lambda 1e-30: exit $r, $runs fine-tunings (want at most 12)" "$T/err"; fi
+
 # ---- the busy-machine rule, for commands other than train -----------------------------------------
 # HEADLAB_TEST_IDLE_CORES stands in for /proc/stat's reading: one core left idle by others.
 if [ "$(nproc)" -ge 2 ]; then
