@@ -72,8 +72,8 @@ done
 
 # ---- a gnuplot that hangs, ignores SIGTERM, or fails ---------------------------------------------
 mkdir -p "$T/hang" "$T/deaf" "$T/fails"
-printf '#!/bin/sh\nexec sleep 1000\n' >"$T/hang/gnuplot"
-printf '#!/bin/sh\ntrap "" TERM\nwhile :; do sleep 1; done\n' >"$T/deaf/gnuplot"
+printf '#!/bin/sh\necho $$ >"%s"\nexec sleep 1000\n' "$T/hang.pid" >"$T/hang/gnuplot"
+printf '#!/bin/sh\necho $$ >"%s"\ntrap "" TERM\nwhile :; do sleep 1; done\n' "$T/deaf.pid" >"$T/deaf/gnuplot"
 printf '#!/bin/sh\necho "line 3: unknown terminal type" >&2\nexit 1\n' >"$T/fails/gnuplot"
 chmod +x "$T/hang/gnuplot" "$T/deaf/gnuplot" "$T/fails/gnuplot"
 for stub in hang deaf; do
@@ -82,10 +82,10 @@ for stub in hang deaf; do
     --out "$T/o_$stub" >/dev/null 2>"$T/err"; r=$?
   ms=$(( ($(date +%s%N) - t0) / 1000000 ))
   if [ "$r" = 1 ] && [ "$ms" -lt 15000 ] && grep -q "could not draw .*detect.png: gnuplot was still running after 2 s" "$T/err" \
-     && ! pgrep -f "$T/$stub/gnuplot" >/dev/null; then
+     && [ -s "$T/$stub.pid" ] && ! kill -0 "$(cat "$T/$stub.pid")" 2>/dev/null; then
     ok "a gnuplot that $stub: ended after the 2 s limit, exit 1 naming detect.png (${ms} ms)"
   else bad "a gnuplot that $stub: exit $r after ${ms} ms (want 1 within 15 s, the PNG named, the stub gone)" "$T/err"; fi
-  pkill -KILL -f "$T/$stub/gnuplot" 2>/dev/null
+  [ -s "$T/$stub.pid" ] && kill -KILL "$(cat "$T/$stub.pid")" 2>/dev/null
 done
 # every command that draws fails with the PNG named when gnuplot fails
 for cmd in detect compose; do

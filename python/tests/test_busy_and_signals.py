@@ -35,7 +35,7 @@ def test_trainer_applies_the_busy_machine_rule(monkeypatch):
 
 @two_cores
 def test_scores_over_training_applies_the_busy_machine_rule(monkeypatch, tmp_path):
-    t = hl.Trainer(**SMALL, threads=1, out=str(tmp_path / "run"))
+    t = hl.Trainer(**SMALL, threads=1, out=str(tmp_path / "run"), snapshot_at=[1])
     t.run(progress=False)
     monkeypatch.setenv("HEADLAB_TEST_IDLE_CORES", "1")
     with pytest.warns(RuntimeWarning) as said:
