@@ -68,6 +68,9 @@ int run_child_process(const std::vector<std::string>& argv, const ChildOptions& 
   if (capture) ::close(pipe_fd[1]);
 
   const auto started = std::chrono::steady_clock::now();
+  // only a stop asked for while the child runs ends it: one started after a stop (the plots of
+  // an interrupted training run) is part of finishing up, and runs to its end
+  const bool stop_before = stop_requested();
   std::chrono::steady_clock::time_point term_sent;
   bool ending = false, killed = false, timed_out = false;
   // Called between waits: decides whether to end the child, and escalates to SIGKILL when it
@@ -75,7 +78,7 @@ int run_child_process(const std::vector<std::string>& argv, const ChildOptions& 
   // child is not reaped yet, so its pid (the group's id) cannot have been reused.
   const auto watch = [&] {
     if (!ending && opt.time_limit_s > 0 && seconds_since(started) > opt.time_limit_s) timed_out = true;
-    if (!ending && (timed_out || (opt.forward_stop && stop_requested()))) {
+    if (!ending && (timed_out || (opt.forward_stop && !stop_before && stop_requested()))) {
       ::kill(-pid, SIGTERM);
       term_sent = std::chrono::steady_clock::now();
       ending = true;

@@ -10,7 +10,7 @@ namespace hl {
 struct ChildOptions {
   std::string cwd;           // directory the child starts in (empty: ours)
   std::string output_file;   // its stdout and stderr go here (empty: stdout captured, stderr ours)
-  bool forward_stop = false; // a stop request made while it runs ends it (SIGTERM, then SIGKILL)
+  bool forward_stop = false; // a stop asked for while it runs ends it (SIGTERM, then SIGKILL)
   double time_limit_s = 0;   // > 0: a child still running after this long is ended and reported
 };
 
@@ -18,7 +18,8 @@ struct ChildOptions {
 // ended it, 127 when it could not be started); stdout in *captured when output_file is empty.
 // The child runs in a process group of its own, so a terminal's Ctrl-C (sent to the whole
 // foreground group) reaches this process alone, which decides: with forward_stop, a stop
-// request (SIGINT/SIGTERM to us) ends the child; without it the child runs to its end. Ending a
+// request (SIGINT/SIGTERM to us) made while the child runs ends it; without it, or when the stop
+// came before the child started (finishing up after a stop), the child runs to its end. Ending a
 // child is SIGTERM to its group, then SIGKILL after a short grace, so a child that ignores or
 // cannot answer SIGTERM (deadlocked) is never waited for forever. A child that outlives
 // time_limit_s is ended the same way and reported by throwing Error. The child dies with this

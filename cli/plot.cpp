@@ -85,13 +85,14 @@ void run_gnuplot(const std::string& script, const std::string& path, const PlotD
   write_file_atomic((dir.path() / "plot.gp").string(), script);
   const std::string log_path = (dir.path() / "gnuplot.log").string();
   const double limit = plot_time_limit();
+  const bool stop_before = stop_requested();  // drawing what an interrupted run leaves: to the end
   int rc = 0;
   try {
     rc = run_child_process({"gnuplot", "plot.gp"}, {.cwd = dir.path().string(), .output_file = log_path, .forward_stop = true, .time_limit_s = limit});
   } catch (const Error& e) {
     fail("could not draw ", path, ": ", e.what(), " (HEADLAB_PLOT_TIMEOUT=SECONDS allows longer)");
   }
-  throw_if_stopped();  // a stop request ended gnuplot
+  if (!stop_before) throw_if_stopped();  // a stop request ended gnuplot
   const fs::path png = dir.path() / "out.png";
   if (rc != 0 || !fs::exists(png)) {
     std::string log;
