@@ -24,25 +24,32 @@ timeout 60 "$HL" train $small --steps 20 --quiet --out "$T/run" >/dev/null 2>"$T
 M="$T/run/model.safetensors"
 
 # ---- a second signal of the other kind ends the command at once ----------------------------------
-# The first signal asks for a stop at the next safe point; the second must kill the process by its
-# default action (seen as a death by that signal, not an exit), whichever the first was.
+# After the first signal, train writes its checkpoint and summary, then draws its gradient atlas
+# with a gnuplot that hangs (a child started after a stop runs to its end, up to its time limit):
+# the second signal, of the other kind, must kill the process at once by its default action (a
+# death by that signal, not an exit), whichever came first.
+mkdir -p "$T/slow"
+printf '#!/bin/sh\necho $$ >"%s"\nexec sleep 1000\n' "$T/slow.pid" >"$T/slow/gnuplot"
+chmod +x "$T/slow/gnuplot"
 for pair in "INT TERM" "TERM INT"; do
   set -- $pair
-  r=$("$PY" - "$HL" "$1" "$2" "$T/second" <<'PYEOF'
+  r=$(PATH="$T/slow:$PATH" HEADLAB_PLOT_TIMEOUT=60 "$PY" - "$HL" "$1" "$2" "$T/second" $small <<'PYEOF'
 import os, signal, subprocess, sys, time
-hl, first, second, out = sys.argv[1:]
-p = subprocess.Popen([hl, "train", "--d-model", "64", "--layers", "2", "--heads", "4", "--d-ff", "128", "--length", "16",
-                      "--batch", "64", "--threads", "1", "--steps", "1000000", "--eval-every", "100000", "--quiet", "--out", out + first],
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+hl, first, second, out, small = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+p = subprocess.Popen([hl, "train", *small, "--steps", "1000000", "--eval-every", "100000", "--log-grads", "10", "--quiet",
+                      "--out", out + first], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 time.sleep(1.5)
 if p.poll() is not None: print("finished early, exit", p.returncode); sys.exit()
-p.send_signal(getattr(signal, "SIG" + first)); p.send_signal(getattr(signal, "SIG" + second))
+p.send_signal(getattr(signal, "SIG" + first))
+time.sleep(1.5)  # train has stopped and is drawing
+p.send_signal(getattr(signal, "SIG" + second))
 try: rc = p.wait(timeout=10)
 except subprocess.TimeoutExpired: p.kill(); p.wait(); print("still running 10 s after the second signal"); sys.exit()
 print("killed by SIG%s" % signal.Signals(-rc).name[3:] if rc < 0 else "exited %d" % rc)
 PYEOF
 )
   if [ "$r" = "killed by SIG$2" ]; then ok "SIG$1 then SIG$2: $r"; else bad "SIG$1 then SIG$2: $r (want killed by SIG$2)"; fi
+  [ -s "$T/slow.pid" ] && kill -KILL "$(cat "$T/slow.pid")" 2>/dev/null; rm -f "$T/slow.pid"
 done
 
 # ---- a terminal's Ctrl-C while a command draws -----------------------------------------------------
