@@ -29,12 +29,9 @@ std::pair<CLI::App*, std::shared_ptr<RoleOpts>> add_role_command(CLI::App& app, 
   sub->add_option("--examples", opts.examples, "Sequences to average over")->capture_default_str()->check(in_range(1, 1e6));
   sub->add_option("--seed", opts.seed, "Seed of the sequences")->capture_default_str()->check(in_range(0, 1.8e19));
   add_threads_option(sub, opts.threads);
-  sub->callback([&runner, o, run] {
-    runner = [o, run] {
-      o->threads = command_threads(o->threads);  // once, before the analysis or the study over snapshots
-      return run(*o);
-    };
-  });
+  // once per command, whichever run a command installs (edges its own)
+  sub->parse_complete_callback([o] { o->threads = command_threads(o->threads); });
+  sub->callback([&runner, o, run] { runner = [o, run] { return run(*o); }; });
   return {sub, o};
 }
 

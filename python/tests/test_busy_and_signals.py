@@ -64,12 +64,12 @@ def test_encode_stops_on_ctrl_c(tmp_path):
     tok = hl.Tokenizer.load(str(tmp_path))
 
     def text(seed):  # distinct words, so no run is helped by the word cache
-        return " ".join(os.urandom(6).hex() + str(i) + seed for i in range(1_500_000))
+        return " ".join(os.urandom(6).hex() + str(i) + seed for i in range(150_000))
 
     t0 = time.monotonic()
     n = len(tok.encode(text("a")))
     whole = time.monotonic() - t0
-    assert n > 1_500_000
+    assert n > 150_000
     big = text("b")
     timer = threading.Timer(0.1, lambda: os.kill(os.getpid(), signal.SIGINT))
     t0 = time.monotonic()
