@@ -117,7 +117,7 @@ else bad "prune l0 --lambda 1e-30: exit $r, $runs fine-tunings (want at most 12)
 # ---- the busy-machine rule, for commands other than train -----------------------------------------
 # HEADLAB_TEST_IDLE_CORES stands in for /proc/stat's reading: one core left idle by others.
 if [ "$(nproc)" -ge 2 ]; then
-  for cmd in detect attn; do
+  for cmd in detect edges attn; do
     extra="--examples 8"; [ "$cmd" = attn ] && extra="--tokens 1,2,3"
     HEADLAB_TEST_IDLE_CORES=1 timeout 60 "$HL" $cmd --checkpoint "$M" $extra --out "$T/busy_$cmd" >/dev/null 2>"$T/err"; r=$?
     want="headlab: 1 of the $(nproc) cores is busy with other processes: running on 1 thread (--threads 2 to use them anyway)"
