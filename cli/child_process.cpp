@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <sstream>
 
 #include "lib/core.h"
 #include "lib/stop.h"
@@ -111,8 +112,11 @@ int run_child_process(const std::vector<std::string>& argv, const ChildOptions& 
     if (r < 0 && errno != EINTR) return 127;
     ::usleep(5000);
   }
-  if (timed_out)
-    fail(argv[0], " was still running after ", opt.time_limit_s, " s and was ended (", killed ? "SIGKILL" : "SIGTERM", ")");
+  if (timed_out) {
+    std::ostringstream what;
+    what << argv[0] << " was still running after " << opt.time_limit_s << " s and was ended (" << (killed ? "SIGKILL" : "SIGTERM") << ")";
+    throw ChildTimedOut(what.str());
+  }
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return 127;

@@ -5,7 +5,14 @@
 #include <string>
 #include <vector>
 
+#include "lib/core.h"
+
 namespace hl {
+
+// A child that outlived its time limit (it has been ended).
+struct ChildTimedOut : Error {
+  using Error::Error;
+};
 
 struct ChildOptions {
   std::string cwd;           // directory the child starts in (empty: ours)
@@ -22,7 +29,7 @@ struct ChildOptions {
 // came before the child started (finishing up after a stop), the child runs to its end. Ending a
 // child is SIGTERM to its group, then SIGKILL after a short grace, so a child that ignores or
 // cannot answer SIGTERM (deadlocked) is never waited for forever. A child that outlives
-// time_limit_s is ended the same way and reported by throwing Error. The child dies with this
+// time_limit_s is ended the same way and reported by throwing ChildTimedOut. The child dies with this
 // process (PR_SET_PDEATHSIG).
 int run_child_process(const std::vector<std::string>& argv, const ChildOptions& opt, std::string* captured = nullptr);
 

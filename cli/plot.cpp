@@ -71,10 +71,11 @@ double plot_time_limit() {
 
 // The last non-empty line of gnuplot's log: its error, in one line.
 std::string last_line(const std::string& log) {
-  size_t end = log.find_last_not_of(" \t\r\n");
+  const size_t end = log.find_last_not_of(" \t\r\n");
   if (end == std::string::npos) return "";
-  const size_t begin = log.find_last_of('\n', end);
-  return log.substr(begin == std::string::npos ? 0 : begin + 1, std::min<size_t>(end + 1 - (begin == std::string::npos ? 0 : begin + 1), 300));
+  const size_t newline = log.find_last_of('\n', end);
+  const size_t begin = newline == std::string::npos ? 0 : newline + 1;
+  return log.substr(begin, std::min<size_t>(end + 1 - begin, 300));
 }
 
 // Runs a gnuplot script in `dir` (it names only files there, by relative names: no path of
@@ -89,7 +90,7 @@ void run_gnuplot(const std::string& script, const std::string& path, const PlotD
   int rc = 0;
   try {
     rc = run_child_process({"gnuplot", "plot.gp"}, {.cwd = dir.path().string(), .output_file = log_path, .forward_stop = true, .time_limit_s = limit});
-  } catch (const Error& e) {
+  } catch (const ChildTimedOut& e) {
     fail("could not draw ", path, ": ", e.what(), " (HEADLAB_PLOT_TIMEOUT=SECONDS allows longer)");
   }
   if (!stop_before) throw_if_stopped();  // a stop request ended gnuplot
