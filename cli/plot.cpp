@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -163,6 +164,14 @@ void plot_lines(const std::string& path, const std::string& title, const std::st
   gp << "set terminal pngcairo noenhanced size 900,560 font 'sans,10'\nset output 'out.png'\n"
      << "set title " << quote(title) << "\nset xlabel " << quote(xlabel) << "\nset ylabel " << quote(ylabel)
      << "\nset grid\nset key outside right\nset style fill transparent solid 0.2 noborder\n";
+  bool any_finite = false;  // gnuplot refuses a plot with no point at all: an empty frame says so
+  for (const Series& S : series)
+    for (size_t i = 0; i < S.x.size() && i < S.y.size(); ++i) any_finite = any_finite || (std::isfinite(S.x[i]) && std::isfinite(S.y[i]));
+  if (!any_finite) {
+    gp << "set xrange [0:1]\nset yrange [0:1]\nset label 'no finite values to draw' at graph 0.5,0.5 center\nplot 2 notitle\n";
+    run_gnuplot(gp.str(), path, dir);
+    return;
+  }
   if (log_y) gp << "set logscale y\n";
   if (log_x) gp << "set logscale x 2\n";
   std::string plots;
@@ -181,7 +190,7 @@ void plot_lines(const std::string& path, const std::string& title, const std::st
     plots += (plots.empty() ? "" : ", ") + std::string("'") + data + "' using 1:2 with linespoints " + color +
              " pt 7 ps 0.5 title " + quote(S.name);
   }
-  gp << "plot " << (plots.empty() ? "NaN notitle" : plots) << "\n";
+  gp << "plot " << plots << "\n";
   run_gnuplot(gp.str(), path, dir);
 }
 
