@@ -47,10 +47,10 @@ int run_attn(const Source& s, const std::string& out) {
       m.xlabels = m.ylabels = labels;
       maps.push_back(m);
     }
-  const bool drawn = plot_heatmap_grid(out + "/attn.png", "Attention weights (rows: queries, columns: keys)",
-                                       model->cfg.n_layers, H, maps, "key", "query", 0.f, 1.f);
-  std::printf("wrote %s/attn.safetensors%s (%d layers x %d heads, %lld tokens)\n", out.c_str(),
-              drawn ? (" and " + out + "/attn.png").c_str() : "", model->cfg.n_layers, H, static_cast<long long>(T));
+  plot_heatmap_grid(out + "/attn.png", "Attention weights (rows: queries, columns: keys)", model->cfg.n_layers, H, maps,
+                    "key", "query", 0.f, 1.f);
+  std::printf("wrote %s/attn.safetensors and %s/attn.png (%d layers x %d heads, %lld tokens)\n", out.c_str(), out.c_str(),
+              model->cfg.n_layers, H, static_cast<long long>(T));
   return 0;
 }
 

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "analysis/matching.h"
+#include "cli/threads_option.h"
 #include "cli/commands.h"
 #include "cli/plot.h"
 #include "lib/fileutil.h"
@@ -46,7 +47,7 @@ std::string cell(const std::map<int64_t, EvalResult>& m, int64_t step, bool acc)
 
 int run_compare(const CompareOpts& o) {
   if (o.runs.size() != 2) fail("compare: give two run directories (RUN_A RUN_B), got ", o.runs.size());
-  set_num_threads(o.threads);
+  set_num_threads(command_threads(o.threads));
   std::vector<SweepRun> runs;
   std::vector<HeadRoleScores> roles;
   std::vector<std::unique_ptr<TransformerLM>> models;
@@ -140,7 +141,7 @@ void add_compare_command(CLI::App& app, CommandRunner& runner) {
   sub->add_option("runs", o->runs, "RUN_A RUN_B: run directories of headlab train")->required()->expected(2);
   sub->add_option("--examples", o->examples, "Probe sequences for the detectors")->capture_default_str()->check(in_range(1, 1e6));
   sub->add_option("--out", o->out, "Output directory (default: runs/compare-<date>-<time>)");
-  sub->add_option("--threads", o->threads, "Threads")->capture_default_str()->check(in_range(1, 1024));
+  add_threads_option(sub, o->threads);
   sub->callback([&runner, o] { runner = [o] { return run_compare(*o); }; });
 }
 

@@ -10,6 +10,7 @@
 #include "cli/child_process.h"
 #include "cli/commands.h"
 #include "lib/fileutil.h"
+#include "lib/stop.h"
 #include "models/checkpoint.h"
 #include "train/run_dir.h"
 
@@ -75,7 +76,9 @@ int run_convert(const ConvertOpts& o) {
       }
     } remove_partial{partial};
     std::string said;
-    const int rc = run_child_process({python, script, o.src, "--out", partial, "--errors-to-stdout"}, {}, &said);
+    // the converter runs in its own process group: a Ctrl-C reaches it through us
+    const int rc = run_child_process({python, script, o.src, "--out", partial, "--errors-to-stdout"}, {.forward_stop = true}, &said);
+    throw_if_stopped();
     if (rc != 0) {
       // the script's one-line refusal, else a pointer to its output (a traceback went to stderr)
       const std::string prefix = "error: ";

@@ -12,10 +12,21 @@
 #include <variant>
 
 #include "cli/commands.h"
+#include "cli/threads_option.h"
 #include "lib/fileutil.h"
+#include "lib/threads.h"
 #include "train/distributed.h"
 
 namespace hl {
+
+namespace {
+// The busy-machine rule from `most` threads, said on stderr when it lowers the count.
+int threads_for_this_machine(int most) {
+  const ThreadChoice c = choose_threads(most);
+  if (!c.notice.empty()) std::fprintf(stderr, "headlab: %s (--threads %d to use them anyway)\n", c.notice.c_str(), most);
+  return c.threads;
+}
+}  // namespace
 
 CLI::Option* add_setting(CLI::App* app, const std::string& flag, const std::string& help, FieldRef field, double lo, double hi,
                          const std::vector<std::string>& choices, bool is_switch) {
@@ -52,20 +63,24 @@ TrainArgs TrainFlags::resolve() const {
   TrainArgs a = resolve_train_flags(values, [this](const std::string& flag) { return given(flag); }, task_training_defaults);
   if (!given("--threads")) {
     a.threads = default_threads(a.threads);  // under mpirun: this rank's share of the cores
-    // A core busy with another process would make every parallel region wait for it: use
-    // the idle ones (a run's thread count is in its summary; --threads N chooses it).
-    if (!in_multi_rank_job()) {
-      const int idle = idle_cores();
-      if (idle < a.threads) {
-        std::fprintf(stderr, "headlab: %d of the %d cores %s busy with other processes: running on %d thread%s "
-                             "(--threads %d to use them anyway)\n", usable_cores() - idle, usable_cores(),
-                     usable_cores() - idle == 1 ? "is" : "are", idle, idle == 1 ? "" : "s", a.threads);
-        a.threads = idle;
-      }
-    }
+    // the busy-machine rule, as for every command (a run's thread count is in its summary)
+    if (!in_multi_rank_job()) a.threads = threads_for_this_machine(a.threads);
   }
   a.task.make_paths_absolute();
   return a;
+}
+
+
+CLI::Option* add_threads_option(CLI::App* sub, int& threads) {
+  threads = 0;
+  return sub
+      ->add_option("--threads", threads,
+                   "Threads (default " + std::to_string(TrainArgs{}.threads) + ", fewer when other processes keep cores busy)")
+      ->check(in_range(1, 1024));
+}
+
+int command_threads(int threads) {
+  return threads > 0 ? threads : threads_for_this_machine(TrainArgs{}.threads);
 }
 
 int64_t parse_int(const std::string& text, int64_t lo, int64_t hi, const std::string& what) {
@@ -86,7 +101,9 @@ CLI::Validator in_range(double lo, double hi) {
 namespace {
 extern "C" void on_stop_signal(int sig) {
   request_stop(sig);
-  std::signal(sig, SIG_DFL);  // a second Ctrl-C ends the process at once
+  // A second signal of either kind (Ctrl-C then SIGTERM too) ends the process at once.
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
 }
 }  // namespace
 

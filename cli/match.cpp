@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "analysis/matching.h"
+#include "cli/threads_option.h"
 #include "cli/commands.h"
 #include "cli/plot.h"
 #include "lib/fileutil.h"
@@ -52,7 +53,7 @@ json roles_json(const HeadRoleScores& r, int layers, int heads, double threshold
 
 int run_match(const MatchOpts& o) {
   if (o.checkpoints.size() != 2) fail("--checkpoint: give exactly two (A and B), got ", o.checkpoints.size());
-  set_num_threads(o.threads);
+  set_num_threads(command_threads(o.threads));
   const MatchBy by = parse_match_by(o.by);
   const std::string path_a = checkpoint_file(o.checkpoints[0]), path_b = checkpoint_file(o.checkpoints[1]);
   std::unique_ptr<TransformerLM> a = load_model(path_a), b = load_model(path_b);
@@ -142,7 +143,7 @@ void add_match_command(CLI::App& app, CommandRunner& runner) {
   sub->add_option("--role-threshold", o->threshold, "A head's role is the detector scoring at least this (else none)")
       ->capture_default_str()->check(in_range(0, 1));
   sub->add_option("--out", o->out, "Output directory (default: runs/match-<date>-<time>)");
-  sub->add_option("--threads", o->threads, "Threads")->capture_default_str()->check(in_range(1, 1024));
+  add_threads_option(sub, o->threads);
   sub->callback([&runner, o] { runner = [o] { return run_match(*o); }; });
 }
 

@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "cli/threads_option.h"
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
 #include "train/checkpoint_task.h"
@@ -50,7 +51,7 @@ void add_model_input_command(CLI::App& app, CommandRunner& runner, const std::st
   sub->add_option("--seed", s.seed, "Seed of the drawn batch")->capture_default_str()->check(in_range(0, 1.8e19));
   if (!tokens)
     sub->add_option("--batch-size", s.batch_size, "Sequences in the drawn batch")->capture_default_str()->check(in_range(1, 1 << 30));
-  sub->add_option("--threads", s.threads, "Threads")->capture_default_str()->check(in_range(1, 1024));
+  add_threads_option(sub, s.threads);
   sub->add_option("--out", *out, out_help)->required();
   sub->callback([&runner, source, out, run] { runner = [=] { return run(*source, *out); }; });
 }
@@ -59,7 +60,7 @@ void add_model_input_command(CLI::App& app, CommandRunner& runner, const std::st
 std::pair<std::unique_ptr<TransformerLM>, Batch> load_inputs(const Source& s) {
   SafetensorsFile f = read_checkpoint(s.checkpoint);
   auto model = load_model(f);
-  set_num_threads(s.threads);
+  set_num_threads(command_threads(s.threads));
   if (!s.batch_file.empty()) return {std::move(model), load_batch_file(s.batch_file, model->cfg)};
   // Given tokens need only the model's vocabulary: the task matters only when a batch is drawn
   // from it (a GPT-2 model fits no task's vocabulary).

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "cli/child_process.h"
 #include "lib/core.h"
 #include "lib/fileutil.h"
+#include "lib/stop.h"
 
 namespace hl {
 
@@ -58,12 +60,41 @@ class PlotDir {
   fs::path path_;
 };
 
+// How long gnuplot may draw one plot (seconds): HEADLAB_PLOT_TIMEOUT, else 120.
+double plot_time_limit() {
+  const char* v = std::getenv("HEADLAB_PLOT_TIMEOUT");
+  if (!v || !*v) return 120;
+  char* end = nullptr;
+  const double s = std::strtod(v, &end);
+  if (*end != '\0' || !(s > 0) || s > 1e6) fail("HEADLAB_PLOT_TIMEOUT: '", v, "' is not a number of seconds in (0, 1e6]");
+  return s;
+}
+
+// The last non-empty line of gnuplot's log: its error, in one line.
+std::string last_line(const std::string& log) {
+  const size_t end = log.find_last_not_of(" \t\r\n");
+  if (end == std::string::npos) return "";
+  const size_t newline = log.find_last_of('\n', end);
+  const size_t begin = newline == std::string::npos ? 0 : newline + 1;
+  return log.substr(begin, std::min<size_t>(end + 1 - begin, 300));
+}
+
 // Runs a gnuplot script in `dir` (it names only files there, by relative names: no path of
 // ours is ever inside the script), then writes its out.png to `path` through the atomic writer.
-bool run_gnuplot(const std::string& script, const std::string& path, const PlotDir& dir) {
+// A plot is part of the command's result: one that cannot be drawn fails the command, naming
+// the PNG; a stop request ends gnuplot and stops the command.
+void run_gnuplot(const std::string& script, const std::string& path, const PlotDir& dir) {
   write_file_atomic((dir.path() / "plot.gp").string(), script);
   const std::string log_path = (dir.path() / "gnuplot.log").string();
-  const int rc = run_child_process({"gnuplot", "plot.gp"}, {dir.path().string(), log_path});
+  const double limit = plot_time_limit();
+  const bool stop_before = stop_requested();  // drawing what an interrupted run leaves: to the end
+  int rc = 0;
+  try {
+    rc = run_child_process({"gnuplot", "plot.gp"}, {.cwd = dir.path().string(), .output_file = log_path, .forward_stop = true, .time_limit_s = limit});
+  } catch (const ChildTimedOut& e) {
+    fail("could not draw ", path, ": ", e.what(), " (HEADLAB_PLOT_TIMEOUT=SECONDS allows longer)");
+  }
+  if (!stop_before) throw_if_stopped();  // a stop request ended gnuplot
   const fs::path png = dir.path() / "out.png";
   if (rc != 0 || !fs::exists(png)) {
     std::string log;
@@ -71,12 +102,12 @@ bool run_gnuplot(const std::string& script, const std::string& path, const PlotD
       log = read_file(log_path);
     } catch (const Error&) {
     }
-    std::fprintf(stderr, "warning: could not draw %s (gnuplot %s): %s\n", path.c_str(),
-                 rc == 127 ? "not installed" : "failed", log.substr(0, 300).c_str());
-    return false;
+    if (rc == 127) fail("could not draw ", path, ": gnuplot is not installed (Debian: apt install gnuplot-nox)");
+    const std::string why = last_line(log);
+    fail("could not draw ", path, ": gnuplot ", rc == 0 ? "wrote no PNG" : "failed (exit " + std::to_string(rc) + ")",
+         why.empty() ? "" : ": " + why);
   }
   write_file_atomic(path, read_file(png.string()));
-  return true;
 }
 
 std::string tics(const char* axis, const std::vector<std::string>& labels) {
@@ -88,7 +119,7 @@ std::string tics(const char* axis, const std::vector<std::string>& labels) {
 
 }  // namespace
 
-bool plot_heatmap_grid(const std::string& path, const std::string& title, int grid_rows, int grid_cols,
+void plot_heatmap_grid(const std::string& path, const std::string& title, int grid_rows, int grid_cols,
                        const std::vector<Heatmap>& maps, const std::string& xlabel,
                        const std::string& ylabel, float vmin, float vmax) {
   const PlotDir dir;
@@ -123,16 +154,24 @@ bool plot_heatmap_grid(const std::string& path, const std::string& title, int gr
     gp << "plot '" << data << "' matrix with image notitle\n";
   }
   gp << "unset multiplot\n";
-  return run_gnuplot(gp.str(), path, dir);
+  run_gnuplot(gp.str(), path, dir);
 }
 
-bool plot_lines(const std::string& path, const std::string& title, const std::string& xlabel,
+void plot_lines(const std::string& path, const std::string& title, const std::string& xlabel,
                 const std::string& ylabel, const std::vector<Series>& series, bool log_y, bool log_x) {
   const PlotDir dir;
   std::ostringstream gp;
   gp << "set terminal pngcairo noenhanced size 900,560 font 'sans,10'\nset output 'out.png'\n"
      << "set title " << quote(title) << "\nset xlabel " << quote(xlabel) << "\nset ylabel " << quote(ylabel)
      << "\nset grid\nset key outside right\nset style fill transparent solid 0.2 noborder\n";
+  bool any_finite = false;  // gnuplot refuses a plot with no point at all: an empty frame says so
+  for (const Series& S : series)
+    for (size_t i = 0; i < S.x.size() && i < S.y.size(); ++i) any_finite = any_finite || (std::isfinite(S.x[i]) && std::isfinite(S.y[i]));
+  if (!any_finite) {
+    gp << "set xrange [0:1]\nset yrange [0:1]\nset label 'no finite values to draw' at graph 0.5,0.5 center\nplot 2 notitle\n";
+    run_gnuplot(gp.str(), path, dir);
+    return;
+  }
   if (log_y) gp << "set logscale y\n";
   if (log_x) gp << "set logscale x 2\n";
   std::string plots;
@@ -151,11 +190,11 @@ bool plot_lines(const std::string& path, const std::string& title, const std::st
     plots += (plots.empty() ? "" : ", ") + std::string("'") + data + "' using 1:2 with linespoints " + color +
              " pt 7 ps 0.5 title " + quote(S.name);
   }
-  gp << "plot " << (plots.empty() ? "NaN notitle" : plots) << "\n";
-  return run_gnuplot(gp.str(), path, dir);
+  gp << "plot " << plots << "\n";
+  run_gnuplot(gp.str(), path, dir);
 }
 
-bool plot_graph(const std::string& path, const std::string& title, const std::vector<GraphNode>& nodes,
+void plot_graph(const std::string& path, const std::string& title, const std::vector<GraphNode>& nodes,
                 const std::vector<GraphArrow>& arrows, const std::vector<std::string>& legend, int width, int height) {
   const PlotDir dir;
   double x0 = 0, x1 = 1, y0 = 0, y1 = 1;
@@ -187,7 +226,7 @@ bool plot_graph(const std::string& path, const std::string& title, const std::ve
   gp << "plot 'nodes.dat' using 1:2 with points pt 7 ps 5.5 lc rgb '#e8e8e8', "
         "'' using 1:2 with points pt 6 ps 5.5 lc rgb '#606060', "
         "'' using 1:2:3 with labels font 'sans,8' tc rgb '#000000'\n";
-  return run_gnuplot(gp.str(), path, dir);
+  run_gnuplot(gp.str(), path, dir);
 }
 
 }  // namespace hl

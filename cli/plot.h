@@ -1,7 +1,8 @@
 // PNG plots through gnuplot (Debian's gnuplot-nox, pngcairo terminal). Data go to a temp
 // directory, gnuplot writes a temp PNG, which is renamed into place: no half-written plots.
-// If gnuplot is missing or fails, a warning is printed and false returned (plots are
-// never fatal: the tables and CSV/JSON are the results).
+// A plot is part of a command's result: if gnuplot is missing, fails, writes no PNG or outlives
+// its time limit (HEADLAB_PLOT_TIMEOUT seconds, default 120), Error is thrown naming the PNG;
+// a stop request (Ctrl-C) ends gnuplot and throws Stopped.
 #pragma once
 #include <string>
 #include <vector>
@@ -16,7 +17,7 @@ struct Heatmap {
 };
 
 // A grid of heatmaps (e.g. layers x heads). vmin == vmax: each map scales on its own.
-bool plot_heatmap_grid(const std::string& path, const std::string& title, int grid_rows, int grid_cols,
+void plot_heatmap_grid(const std::string& path, const std::string& title, int grid_rows, int grid_cols,
                        const std::vector<Heatmap>& maps, const std::string& xlabel,
                        const std::string& ylabel, float vmin = 0.f, float vmax = 0.f);
 
@@ -26,7 +27,7 @@ struct Series {
   std::vector<double> lo, hi;  // optional band (min-max over seeds)
 };
 
-bool plot_lines(const std::string& path, const std::string& title, const std::string& xlabel,
+void plot_lines(const std::string& path, const std::string& title, const std::string& xlabel,
                 const std::string& ylabel, const std::vector<Series>& series, bool log_y = false,
                 bool log_x = false);
 
@@ -44,7 +45,7 @@ struct GraphArrow {
 
 // Nodes as labelled circles, arrows drawn first (under the nodes); a key of `legend` lines
 // under the title. width x height pixels.
-bool plot_graph(const std::string& path, const std::string& title, const std::vector<GraphNode>& nodes,
+void plot_graph(const std::string& path, const std::string& title, const std::vector<GraphNode>& nodes,
                 const std::vector<GraphArrow>& arrows, const std::vector<std::string>& legend, int width, int height);
 
 }  // namespace hl

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "cli/threads_option.h"
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
 #include "train/checkpoint_task.h"
@@ -27,7 +28,9 @@ std::pair<CLI::App*, std::shared_ptr<RoleOpts>> add_role_command(CLI::App& app, 
       ->capture_default_str()->check(CLI::IsMember(task_names()));
   sub->add_option("--examples", opts.examples, "Sequences to average over")->capture_default_str()->check(in_range(1, 1e6));
   sub->add_option("--seed", opts.seed, "Seed of the sequences")->capture_default_str()->check(in_range(0, 1.8e19));
-  sub->add_option("--threads", opts.threads, "Threads")->capture_default_str()->check(in_range(1, 1024));
+  add_threads_option(sub, opts.threads);
+  // once per command, whichever run a command installs (edges its own)
+  sub->parse_complete_callback([o] { o->threads = command_threads(o->threads); });
   sub->callback([&runner, o, run] { runner = [o, run] { return run(*o); }; });
   return {sub, o};
 }

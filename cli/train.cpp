@@ -132,8 +132,8 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
   } catch (const Interrupted& e) {
     bar.finish();
     if (!rank0) return stop_exit_code();  // every rank stops at the same step; rank 0 writes
-    if (atlas) draw_gradient_atlas(*atlas);
     write_summary(a.out, a, trainer.partial_result(), /*finished=*/false);
+    if (atlas) draw_gradient_atlas(*atlas);  // after the summary: a plot that fails fails the command, not the run
     const std::string launcher = group ? "mpirun -np " + std::to_string(group->size()) + " " : "";
     std::fprintf(stderr, "headlab train: interrupted: %s; continue with: %sheadlab train --resume --out %s\n", e.what(),
                  launcher.c_str(), a.out.c_str());
@@ -141,8 +141,8 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
   }
   bar.finish();
   if (!rank0) return 0;
-  if (atlas) draw_gradient_atlas(*atlas);
   write_summary(a.out, a, r);
+  if (atlas) draw_gradient_atlas(*atlas);  // after the summary: a plot that fails fails the command, not the run
   const EvalResult& e = r.final_eval;
   std::printf("\n");
   std::vector<std::vector<std::string>> table = {

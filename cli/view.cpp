@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "analysis/detectors.h"
+#include "cli/threads_option.h"
 #include "cli/commands.h"
 #include "cli/edge_graph.h"
 #include "datasets/bpe_tokenizer.h"
@@ -183,7 +184,7 @@ int run_view(const ViewOpts& o) {
   const std::string out = !o.out.empty() ? o.out : (o.run.empty() ? model_dir : o.run) + "/view.html";
   refuse_output_over_input("--out", out, {{"--checkpoint", ckpt}});
   refuse_replacing_run_file("--out", out);
-  set_num_threads(o.threads);
+  set_num_threads(command_threads(o.threads));
   const SafetensorsFile f = read_checkpoint(ckpt);
   const std::unique_ptr<TransformerLM> model = load_model(f);
   const ModelConfig& cfg = model->cfg;
@@ -334,7 +335,7 @@ void add_view_command(CLI::App& app, CommandRunner& runner) {
       ->capture_default_str()->check(CLI::IsMember(task_names()));
   sub->add_option("--examples", o->examples, "Held-out examples to show")->capture_default_str()->check(in_range(1, 64));
   sub->add_option("--seed", o->seed, "Seed of the held-out examples")->capture_default_str()->check(in_range(0, 1.8e19));
-  sub->add_option("--threads", o->threads, "Threads")->capture_default_str()->check(in_range(1, 1024));
+  add_threads_option(sub, o->threads);
   sub->add_option("--edges", o->edges, "edges.json of headlab edges on this model: adds an Edges panel (the circuit's top edges)")
       ->check(given);
   sub->add_option("--compare", o->compare,

@@ -11,6 +11,7 @@
 
 #include "lib/core.h"
 #include "lib/fileutil.h"
+#include "lib/stop.h"
 
 namespace hl {
 
@@ -180,6 +181,34 @@ struct BpeTokenizer::Impl {
   size_t merge_count = 0;
   std::vector<std::string> specials;
   std::vector<int32_t> special_ids;
+  // The specials as a trie over their bytes: node 0 is the root; (node << 8 | byte) -> child;
+  // special_at[node] is the special that ends there (-1: none). Finding the next special walks
+  // the trie from each "<|" once, so a text costs its length times the longest special's, not
+  // the number of specials times the text (which made many specials cubic).
+  std::unordered_map<uint64_t, int32_t> special_trie;
+  std::vector<int32_t> special_at{-1};
+
+  void add_special(const std::string& s, size_t index) {
+    int32_t node = 0;
+    for (unsigned char c : s) {
+      const auto [it, added] = special_trie.try_emplace(static_cast<uint64_t>(node) << 8 | c, static_cast<int32_t>(special_at.size()));
+      if (added) special_at.push_back(-1);
+      node = it->second;
+    }
+    special_at[static_cast<size_t>(node)] = static_cast<int32_t>(index);
+  }
+
+  // The longest special that starts at `p` (-1: none).
+  int32_t special_starting_at(std::string_view text, size_t p) const {
+    int32_t node = 0, found = -1;
+    for (size_t i = p; i < text.size(); ++i) {
+      const auto it = special_trie.find(static_cast<uint64_t>(node) << 8 | static_cast<unsigned char>(text[i]));
+      if (it == special_trie.end()) break;
+      node = it->second;
+      if (special_at[static_cast<size_t>(node)] >= 0) found = special_at[static_cast<size_t>(node)];
+    }
+    return found;
+  }
   // words already encoded (cleared when full); encode() is const and may run on several threads
   mutable std::mutex cache_mutex;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache;
@@ -329,6 +358,7 @@ BpeTokenizer BpeTokenizer::from_strings(const std::string& vocab_json, const std
   for (size_t v = 0; v < t.bytes.size(); ++v) {
     const std::string& s = text_of[v];
     if (!t.present[v] || made[v] || s.size() < 5 || s.rfind("<|", 0) != 0 || s.compare(s.size() - 2, 2, "|>") != 0) continue;
+    t.add_special(s, t.specials.size());
     t.specials.push_back(s);
     t.special_ids.push_back(static_cast<int32_t>(v));
     t.bytes[v] = s;
@@ -357,18 +387,24 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text, const std::stri
   const Impl& t = *impl_;
   std::vector<int32_t> out;
   std::vector<std::string_view> words;
-  size_t at = 0;
+  size_t at = 0, since_check = 0;
   while (at <= text.size()) {
     // the next special token (the longest of those starting first), or the end of the text
     size_t next = text.size(), which = 0, len = 0;
-    for (size_t k = 0; k < t.specials.size(); ++k) {
-      const size_t p = text.find(t.specials[k], at);
-      if (p != std::string_view::npos && (p < next || (p == next && t.specials[k].size() > len)))
-        next = p, which = k, len = t.specials[k].size();
+    if (!t.specials.empty()) {  // every special starts with "<|"
+      for (size_t p = text.find("<|", at); p != std::string_view::npos; p = text.find("<|", p + 1)) {
+        const int32_t k = t.special_starting_at(text, p);
+        if (k < 0) continue;
+        next = p, which = static_cast<size_t>(k), len = t.specials[static_cast<size_t>(k)].size();
+        break;
+      }
     }
     words.clear();
     pretokenize_into(text.substr(at, next - at), at, what, words);
-    for (std::string_view w : words) t.encode_word(w, out);
+    for (std::string_view w : words) {
+      if (++since_check == 4096) since_check = 0, throw_if_stopped();  // a long text stops on Ctrl-C
+      t.encode_word(w, out);
+    }
     if (next == text.size()) break;
     out.push_back(t.special_ids[which]);
     at = next + len;

@@ -9,6 +9,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -17,6 +18,7 @@
 
 #include "autograd.h"
 #include "profile.h"
+#include "threads.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -408,6 +410,8 @@ std::vector<std::pair<uint64_t, uint64_t>> cpu_jiffies() {
 }  // namespace
 
 int idle_cores(double window_s) {
+  // a reading the tests inject (a busy machine on demand), used instead of /proc/stat
+  if (const char* fake = std::getenv("HEADLAB_TEST_IDLE_CORES"); fake && *fake) return std::clamp(std::atoi(fake), 1, usable_cores());
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) != 0) return usable_cores();
   if (CPU_COUNT(&set) < usable_cores()) {  // pinned by OMP_PROC_BIND: look at every CPU
@@ -428,6 +432,18 @@ int idle_cores(double window_s) {
   }
   if (cores == 0) return usable_cores();
   return std::max(1, cores - static_cast<int>(busy + 0.5));
+}
+
+ThreadChoice choose_threads(int most) {
+  ThreadChoice c;
+  c.threads = std::max(1, std::min(most, usable_cores()));
+  const int idle = idle_cores();
+  if (idle >= c.threads) return c;
+  const int cores = usable_cores(), busy = cores - idle;
+  c.notice = std::to_string(busy) + " of the " + std::to_string(cores) + " cores " + (busy == 1 ? "is" : "are") +
+             " busy with other processes: running on " + std::to_string(idle) + " thread" + (idle == 1 ? "" : "s");
+  c.threads = idle;
+  return c;
 }
 
 void set_num_threads(int n) {

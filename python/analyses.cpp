@@ -115,8 +115,10 @@ void bind_analyses(py::module_& m) {
   // heads over training: the scores of `analysis` at every snapshot of a run (train/over_training.h)
   m.def("_scores_over_training", [](const std::string& run, const std::string& analysis, const py::object& examples,
                                     uint64_t seed, const std::string& data, int length, int bos, bool exclude_bos,
-                                    bool exclude_current, bool normalize, const std::string& task, int threads,
+                                    bool exclude_current, bool normalize, const std::string& task, const py::object& threads_given,
                                     const std::string& corrupt) {
+    // no count given: the busy-machine rule, as every command applies it
+    const int threads = threads_given.is_none() ? threads_for_this_machine(TrainArgs{}.threads) : threads_given.cast<int>();
     HeadScoreOptions o;
     o.corruption = parse_corruption(corrupt);
     // True is an int to Python, and a float would be cast away: a whole number only

@@ -87,6 +87,9 @@ struct ConfigField {
 const std::vector<ConfigField>& config_fields();
 py::dict config_dict(const ModelConfig& c);  // {name: value} in the table's order
 ModelConfig model_config_from_kwargs(const py::dict& kwargs);
+// The busy-machine rule (lib/threads.h) for work that would run on `most` threads when the caller
+// chose no count: the count to use, the notice said as a RuntimeWarning, as the CLI says it.
+int threads_for_this_machine(int most);
 
 // ---- Ctrl-C during long C++ work ---------------------------------------------------------------
 

@@ -9,6 +9,7 @@
 
 #include "bindings.h"
 #include "lib/fileutil.h"
+#include "lib/threads.h"
 #include "train/settings.h"
 
 namespace hl::bindings {
@@ -312,6 +313,15 @@ ModelConfig model_config_from_kwargs(const py::dict& kwargs) {
   c.layer_norm_eps = eps;
   c.validate();
   return c;
+}
+
+int threads_for_this_machine(int most) {
+  const ThreadChoice c = choose_threads(most);
+  if (!c.notice.empty()) {
+    const std::string text = c.notice + " (threads=" + std::to_string(most) + " to use them anyway)";
+    if (PyErr_WarnEx(PyExc_RuntimeWarning, text.c_str(), 1) != 0) throw py::error_already_set();  // warnings as errors
+  }
+  return c.threads;
 }
 
 }  // namespace hl::bindings

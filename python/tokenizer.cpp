@@ -38,12 +38,7 @@ void bind_tokenizer(py::module_& m) {
             } else {
               throw py::type_error("encode: expected str (or UTF-8 bytes), got " + std::string(py::str(text.get_type().attr("__name__"))));
             }
-            std::vector<int32_t> ids;
-            {
-              py::gil_scoped_release release;
-              ids = t.encode(bytes);
-            }
-            return ids;
+            return interruptible([&] { return t.encode(bytes); });  // Ctrl-C raises KeyboardInterrupt
           },
           py::arg("text"), "The token ids of text (str, or UTF-8 bytes) as a list of int; '<|endoftext|>' is one id.")
       .def(

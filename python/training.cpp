@@ -329,6 +329,8 @@ void bind_training(py::module_& m) {
           a = fork_args(file, a, was_given);
         } else {
           a = a.resume ? resume_args(a.out, a, was_given) : init_args(a, was_given);
+          // a new run: the busy-machine rule, as `headlab train` (a resumed run keeps its count)
+          if (!a.resume && !was_given("--threads")) a.threads = threads_for_this_machine(a.threads);
         }
         // snapshots (RUN/snapshots/step_NNNNNNNN.safetensors): a resumed run keeps its own steps unless given
         if (kw.contains("snapshot_at") && !kw["snapshot_at"].is_none())

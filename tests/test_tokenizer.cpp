@@ -5,6 +5,7 @@
 #include <boost/test/unit_test.hpp>
 #include <filesystem>
 #include <algorithm>
+#include <chrono>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -231,4 +232,55 @@ BOOST_AUTO_TEST_CASE(text_task_windows_are_stretches_of_the_files_tokens) {
   TaskConfig copy = TaskConfig::preset("copy");
   copy.tokenizer = dir;
   BOOST_TEST(error_of([&] { copy.validate(); }) == "task copy: --tokenizer is for --task text (language modelling on its tokens)");
+}
+
+namespace {
+// The ids of `text` with its specials found the slow, obvious way (at each step the earliest
+// occurrence of any special, the longest of those starting there), the text between them
+// encoded alone: what encode() must give, however it finds the specials.
+IdList encode_by_search(const BpeTokenizer& t, const std::string& text) {
+  IdList out;
+  size_t at = 0;
+  for (;;) {
+    size_t next = text.size(), len = 0;
+    for (const std::string& s : t.special_tokens()) {
+      const size_t p = text.find(s, at);
+      if (p != std::string::npos && (p < next || (p == next && s.size() > len))) next = p, len = s.size();
+    }
+    const IdList part = t.encode(text.substr(at, next - at));
+    out.insert(out.end(), part.begin(), part.end());
+    if (next == text.size()) return out;
+    out.push_back(t.id_of(text.substr(next, len)));
+    at = next + len;
+  }
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(many_specials_are_found_in_linear_time_leftmost_longest) {
+  // 4000 specials <|sN|>, each used once: searching for each special in turn took 158 s
+  nlohmann::json v = small_vocab();
+  int id = 263;
+  const int n = 4000;
+  for (int i = 0; i < n; ++i) v["<|s" + std::to_string(i) + "|>"] = id++;
+  // overlapping ones: a special inside another, one that another extends, one starting inside
+  for (const std::string s : {"<|a|>", "<|a|>b|>", "<|<|a|>", "<|s1|>x|>"}) v[s] = id++;
+  const BpeTokenizer t = BpeTokenizer::load(small_dir("bpe-many-specials", v.dump(), small_merges()));
+  BOOST_TEST(t.special_tokens().size() == static_cast<size_t>(n) + 5);
+  std::string text;
+  for (int i = 0; i < n; ++i) text += "hello the <|s" + std::to_string(i) + "|>";
+  const auto t0 = std::chrono::steady_clock::now();
+  const IdList ids = t.encode(text);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  BOOST_TEST(seconds < 5.0);  // about 0.01 s; the search for each special in turn took 158 s
+  IdList want;  // "hello the " is he ll o Ġthe Ġ, then the special
+  for (int i = 0; i < n; ++i) {
+    for (int32_t x : {257, 259, int32_t{'o'}, 258, int32_t{' '}}) want.push_back(x);
+    want.push_back(t.id_of("<|s" + std::to_string(i) + "|>"));
+  }
+  BOOST_TEST(ids == want);
+  // the overlapping cases and ordinary text, against the obvious search
+  for (const std::string s : {"x<|a|>b|>y", "<|a|>b", "<|<|a|>", "<<|a|>", "<|s1|>x|>", "<|s1|>x", "<|s12|><|s1|>",
+                              "<|<|<|s3|>|>", "hello the <|endoftext|>", "<|", "|>", "<|s|>", "é<|s7|>é"})
+    BOOST_TEST(t.encode(s) == encode_by_search(t, s), s);
+  BOOST_TEST(t.encode(text.substr(0, 2000)) == encode_by_search(t, text.substr(0, 2000)));
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 
 #include "analysis/intervals.h"
 #include "lib/fileutil.h"
@@ -32,7 +33,8 @@ const std::vector<OptionSetting<PruneStudyOptions>>& prune_study_settings() {
     {"--force", "Recompute results in --out that were made with other settings (default: refuse)", FIELD(force), NAN, NAN, {}, true},
     {"--method", "michel: importance, ablation and random orders; l0: hard-concrete gates (Voita et al.)", FIELD(method),
      NAN, NAN, {"michel", "l0"}},
-    {"--lambda", "l0: weight of the expected number of open heads (the start of the search with --target-heads)",
+    {"--lambda", "l0: weight of the expected number of open heads (with --target-heads: the least the search starts from; "
+                 "it starts where the heads' importance says they begin to close)",
      FIELD(lambda), 0, 1e6},
     {"--target-heads", "l0: search lambda until this many heads stay open; 0 = just --lambda", FIELD(target_heads), 0, 1 << 20},
     {"--l0-steps", "l0: fine-tuning steps per lambda", FIELD(l0_steps), 1, 1e9},
@@ -110,11 +112,20 @@ void l0_study(PruneStudy& r, const PruneStudyOptions& o, const SafetensorsFile& 
     return r.l0_runs.back().heads_kept;
   };
   if (o.target_heads > 0) {
-    double lo = 0, hi = o.lambda;  // kept(lo) >= target > kept(hi) once bracketed
+    // The search starts where the data says heads begin to close, not below: a gate closes
+    // roughly when lambda outweighs its head's importance (both are d loss / d gate), so a
+    // quarter of the importance of the most important head that must close. --lambda only
+    // raises the start (from --lambda 1e-30, quadrupling alone took 55 fine-tunings).
+    std::vector<double> by_importance;
+    for (const auto& row : r.importance) by_importance.insert(by_importance.end(), row.begin(), row.end());
+    std::sort(by_importance.begin(), by_importance.end(), std::greater<>());
+    const double from_data = o.target_heads < static_cast<int>(by_importance.size()) ? by_importance[o.target_heads] / 4 : 0;
+    const double start = std::isfinite(from_data) ? std::max(o.lambda, from_data) : o.lambda;
+    double lo = 0, hi = start;  // kept(lo) >= target > kept(hi) once bracketed
     int kept = run(hi);
     while (kept > o.target_heads && hi < 1e3) kept = run(hi *= 4);
     if (kept < o.target_heads) {
-      lo = hi / 4 > o.lambda / 2 ? hi / 4 : 0;
+      lo = hi / 4 > start / 2 ? hi / 4 : 0;
       for (int i = 0; i < 6 && kept != o.target_heads; ++i) {
         const double mid = lo > 0 ? std::sqrt(lo * hi) : hi / 4;
         kept = run(mid);

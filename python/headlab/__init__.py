@@ -146,7 +146,7 @@ def train(callback=None, progress=True, **settings):
 
 
 def scores_over_training(run, analysis="detect", examples=None, seed=1234, data="probe", length=0, bos=None,
-                         exclude_bos=False, exclude_current_token=False, normalize=False, task="copy", threads=2,
+                         exclude_bos=False, exclude_current_token=False, normalize=False, task="copy", threads=None,
                          corrupt="source"):
     """Each head's scores of ``analysis`` at every snapshot of ``run`` and at its final checkpoint, on the same
     inputs at each step: what ``headlab ANALYSIS --run RUN`` writes, without a loop of your own.
@@ -158,7 +158,8 @@ def scores_over_training(run, analysis="detect", examples=None, seed=1234, data=
     ``exclude_current_token`` as detect's flags; ``normalize`` as prune's; ``corrupt`` as patch's
     (``"source"`` or ``"previous"``). Returns a dict: ``steps`` (S,),
     ``checkpoints`` (the file read at each step) and ``scores``: {name: array (S, layers, heads)}.
-    A run keeps snapshots when trained with ``snapshot_every`` / ``snapshot_at``.
+    A run keeps snapshots when trained with ``snapshot_every`` / ``snapshot_at``. ``threads`` defaults to 2, fewer
+    when other processes keep cores busy (said as a RuntimeWarning).
     """
     return _core._scores_over_training(str(run), analysis, examples, seed, data, length, -1 if bos is None else bos,
                                        exclude_bos, exclude_current_token, normalize, task, threads, corrupt)

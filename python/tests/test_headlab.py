@@ -217,7 +217,7 @@ def test_backward_hooks_see_the_cached_gradients():
 def test_training_from_python_equals_the_cli_bit_for_bit(tmp_path):
     cli_dir, py_dir = str(tmp_path / "cli"), str(tmp_path / "py")
     subprocess.run([HEADLAB, "train", "--quiet", "--threads", "2", "--out", cli_dir], check=True, capture_output=True)
-    t = hl.Trainer(out=py_dir)
+    t = hl.Trainer(out=py_dir, threads=2)  # as the CLI's (without it, a busy machine may choose fewer)
     r = t.run(progress=False)
     assert metrics(cli_dir) == metrics(py_dir)
     assert len(metrics(py_dir)) == 6
@@ -256,7 +256,7 @@ def test_snapshots_from_python_equal_the_cli_s(tmp_path, capfd):
 
 
 def test_manual_steps_follow_the_same_batches_as_run():
-    settings = dict(steps=30, eval_size=50, task="varcopy", d_model=32)
+    settings = dict(steps=30, eval_size=50, task="varcopy", d_model=32, threads=2)
     a = hl.Trainer(**settings)
     a.run(progress=False)
     b = hl.Trainer(**settings)
@@ -273,7 +273,7 @@ def test_token_arrays_train_as_the_same_file_does(tmp_path):
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 20, size=(200, 12)).astype(np.int64)
     np.save(tmp_path / "ids.npy", ids)
-    settings = dict(task="tokens", steps=20, eval_every=10, batch=16)
+    settings = dict(task="tokens", steps=20, eval_every=10, batch=16, threads=2)
     hl.Trainer(data=str(tmp_path / "ids.npy"), out=str(tmp_path / "file"), **settings).run(progress=False)
     hl.Trainer(data=ids, out=str(tmp_path / "arrays"), **settings).run(progress=False)
     assert metrics(str(tmp_path / "file")) == metrics(str(tmp_path / "arrays"))
@@ -292,7 +292,7 @@ def test_token_arrays_train_as_the_same_file_does(tmp_path):
 
 
 def test_ctrl_c_stops_at_a_step_with_the_checkpoint_and_resume_finishes_the_same(tmp_path):
-    settings = dict(steps=40, eval_every=10, checkpoint_every=100, eval_size=64, d_model=32)
+    settings = dict(steps=40, eval_every=10, checkpoint_every=100, eval_size=64, d_model=32, threads=2)
     full = str(tmp_path / "full")
     hl.Trainer(out=full, **settings).run(progress=False)
 

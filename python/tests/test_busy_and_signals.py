@@ -1,0 +1,82 @@
+"""The busy-machine rule from Python (hl.Trainer and scores_over_training choose their threads as
+every command does, and say so in the same words), and Ctrl-C during Tokenizer.encode."""
+import json
+import os
+import signal
+import threading
+import time
+import warnings
+
+import pytest
+
+import headlab as hl
+
+BUSY = "1 of the 2 cores is busy with other processes: running on 1 thread (threads=2 to use them anyway)"
+two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) != 2, reason="the notice's numbers are for a 2-core machine")
+SMALL = dict(d_model=16, layers=1, heads=2, d_ff=32, length=4, alphabet=5, batch=8, eval_size=16, steps=2)
+
+
+@two_cores
+def test_trainer_applies_the_busy_machine_rule(monkeypatch):
+    # HEADLAB_TEST_IDLE_CORES stands in for /proc/stat's reading: one core left idle by others
+    monkeypatch.setenv("HEADLAB_TEST_IDLE_CORES", "1")
+    with pytest.warns(RuntimeWarning) as said:
+        t = hl.Trainer(**SMALL)
+    assert [str(w.message) for w in said if w.category is RuntimeWarning] == [BUSY]
+    assert t.args["threads"] == 1  # what runs, and what the run's summary records
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a count given is obeyed without a word
+        assert hl.Trainer(**SMALL, threads=2).args["threads"] == 2
+    monkeypatch.setenv("HEADLAB_TEST_IDLE_CORES", "2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a quiet machine: the default, without a word
+        assert hl.Trainer(**SMALL).args["threads"] == 2
+
+
+@two_cores
+def test_scores_over_training_applies_the_busy_machine_rule(monkeypatch, tmp_path):
+    t = hl.Trainer(**SMALL, threads=1, out=str(tmp_path / "run"), snapshot_at=[1])
+    t.run(progress=False)
+    monkeypatch.setenv("HEADLAB_TEST_IDLE_CORES", "1")
+    with pytest.warns(RuntimeWarning) as said:
+        hl.scores_over_training(str(tmp_path / "run"), "detect", examples=4)
+    assert [str(w.message) for w in said if w.category is RuntimeWarning] == [BUSY]
+
+
+def byte_symbols():
+    """GPT-2's printable stand-in for each byte."""
+    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def test_encode_stops_on_ctrl_c(tmp_path):
+    vocab = {s: b for b, s in byte_symbols().items()}
+    vocab["<|endoftext|>"] = 256
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n")
+    tok = hl.Tokenizer.load(str(tmp_path))
+
+    def text(seed):  # distinct words, so no run is helped by the word cache
+        return " ".join(os.urandom(6).hex() + str(i) + seed for i in range(150_000))
+
+    t0 = time.monotonic()
+    n = len(tok.encode(text("a")))
+    whole = time.monotonic() - t0
+    assert n > 150_000
+    big = text("b")
+    timer = threading.Timer(0.1, lambda: os.kill(os.getpid(), signal.SIGINT))
+    t0 = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt, match="stopped by"):
+        tok.encode(big)
+    stopped = time.monotonic() - t0
+    timer.join()
+    # stopped within a few thousand words, not after the whole text (which takes `whole`)
+    assert stopped < 0.1 + whole / 3, f"encode took {stopped:.2f} s to stop; the whole text takes {whole:.2f} s"

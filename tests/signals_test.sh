@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# Signals, child processes and a busy machine: a second signal of either kind ends a command at
+# once; a terminal's Ctrl-C (SIGINT to the whole process group) while gnuplot draws reaches
+# headlab alone, which ends gnuplot and exits 130 (or finishes with its PNG); a gnuplot that hangs
+# is ended within its time limit and one that fails fails the command; the busy-machine rule is
+# applied by commands other than train. Every command runs under a bound; the temporary
+# directory is removed at the end.
+# Usage: signals_test.sh path/to/headlab
+set -u
+HL=$(realpath "${1:?usage: signals_test.sh path/to/headlab}")
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+cd "$T" || exit 1
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+PY=python3; [ -x /usr/bin/python3 ] && PY=/usr/bin/python3
+pass=0; fail=0
+ok()  { pass=$((pass+1)); echo "ok   $1"; }
+bad() { fail=$((fail+1)); echo "FAIL $1"; [ -n "${2:-}" ] && [ -f "$2" ] && sed 's/^/     /' "$2" | tail -5; }
+
+# ---- fixture: a small trained copy model ---------------------------------------------------------
+small="--d-model 16 --layers 2 --heads 2 --d-ff 32 --length 4 --alphabet 5 --batch 8 --eval-size 16 --threads 1"
+timeout 60 "$HL" train $small --steps 20 --quiet --out "$T/run" >/dev/null 2>"$T/err" \
+  || { bad "fixture: small train run" "$T/err"; echo "$pass passed, $fail failed"; exit 1; }
+M="$T/run/model.safetensors"
+
+# ---- a second signal of the other kind ends the command at once ----------------------------------
+# After the first signal, train writes its checkpoint and summary, then draws its gradient atlas
+# with a gnuplot that hangs (a child started after a stop runs to its end, up to its time limit):
+# the second signal, of the other kind, must kill the process at once by its default action (a
+# death by that signal, not an exit), whichever came first.
+mkdir -p "$T/slow"
+printf '#!/bin/sh\necho $$ >"%s"\nexec sleep 1000\n' "$T/slow.pid" >"$T/slow/gnuplot"
+chmod +x "$T/slow/gnuplot"
+for pair in "INT TERM" "TERM INT"; do
+  set -- $pair
+  r=$(PATH="$T/slow:$PATH" HEADLAB_PLOT_TIMEOUT=60 "$PY" - "$HL" "$1" "$2" "$T/second" $small <<'PYEOF'
+import os, signal, subprocess, sys, time
+hl, first, second, out, small = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+p = subprocess.Popen([hl, "train", *small, "--steps", "1000000", "--eval-every", "100000", "--log-grads", "10", "--quiet",
+                      "--out", out + first], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+time.sleep(1.5)
+if p.poll() is not None: print("finished early, exit", p.returncode); sys.exit()
+p.send_signal(getattr(signal, "SIG" + first))
+time.sleep(1.5)  # train has stopped and is drawing
+p.send_signal(getattr(signal, "SIG" + second))
+try: rc = p.wait(timeout=10)
+except subprocess.TimeoutExpired: p.kill(); p.wait(); print("still running 10 s after the second signal"); sys.exit()
+print("killed by SIG%s" % signal.Signals(-rc).name[3:] if rc < 0 else "exited %d" % rc)
+PYEOF
+)
+  if [ "$r" = "killed by SIG$2" ]; then ok "SIG$1 then SIG$2: $r"; else bad "SIG$1 then SIG$2: $r (want killed by SIG$2)"; fi
+  [ -s "$T/slow.pid" ] && kill -KILL "$(cat "$T/slow.pid")" 2>/dev/null; rm -f "$T/slow.pid"
+done
+
+# ---- a terminal's Ctrl-C while a command draws -----------------------------------------------------
+# setsid makes headlab the leader of a group of its own, as a shell's job is; kill -INT -- -PGID is
+# what the terminal sends on Ctrl-C. The signal lands at 20 points spread over a run, most while
+# gnuplot draws; each run must end within 15 s with 130, or finish (0) with its PNG.
+t0=$(date +%s%N)
+timeout 60 "$HL" detect --checkpoint "$M" --examples 8 --threads 1 --out "$T/d0" >/dev/null 2>"$T/err"
+d_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+[ -f "$T/d0/detect.png" ] || bad "detect draws detect.png (quiet run)" "$T/err"
+problems=""
+for i in $(seq 20); do
+  setsid "$HL" detect --checkpoint "$M" --examples 8 --threads 1 --out "$T/d$i" >/dev/null 2>"$T/ctrlc.err" &
+  pid=$!
+  sleep "$("$PY" -c "print($d_ms * $i / 21 / 1000)")"
+  kill -INT -- -"$pid" 2>/dev/null
+  for _ in $(seq 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -KILL -- -"$pid" 2>/dev/null; wait "$pid" 2>/dev/null; problems+=" run $i: still running 15 s after Ctrl-C;"; continue
+  fi
+  wait "$pid"; r=$?
+  if [ "$r" = 0 ] && [ ! -f "$T/d$i/detect.png" ]; then problems+=" run $i: exit 0 without detect.png ($(head -c 200 "$T/ctrlc.err"));"
+  elif [ "$r" != 0 ] && [ "$r" != 130 ]; then problems+=" run $i: exit $r ($(head -c 200 "$T/ctrlc.err"));"; fi
+done
+[ -z "$problems" ] && ok "Ctrl-C to the process group x20 during detect (${d_ms} ms a run): 130 or a complete run" \
+                   || bad "Ctrl-C to the process group during detect:$problems"
+
+# ---- a gnuplot that hangs, ignores SIGTERM, or fails ---------------------------------------------
+mkdir -p "$T/hang" "$T/deaf" "$T/fails"
+printf '#!/bin/sh\necho $$ >"%s"\nexec sleep 1000\n' "$T/hang.pid" >"$T/hang/gnuplot"
+printf '#!/bin/sh\necho $$ >"%s"\ntrap "" TERM\nwhile :; do sleep 1; done\n' "$T/deaf.pid" >"$T/deaf/gnuplot"
+printf '#!/bin/sh\necho "line 3: unknown terminal type" >&2\nexit 1\n' >"$T/fails/gnuplot"
+chmod +x "$T/hang/gnuplot" "$T/deaf/gnuplot" "$T/fails/gnuplot"
+for stub in hang deaf; do
+  t0=$(date +%s%N)
+  PATH="$T/$stub:$PATH" HEADLAB_PLOT_TIMEOUT=2 timeout -k 3 30 "$HL" detect --checkpoint "$M" --examples 8 --threads 1 \
+    --out "$T/o_$stub" >/dev/null 2>"$T/err"; r=$?
+  ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  if [ "$r" = 1 ] && [ "$ms" -lt 15000 ] && grep -q "could not draw .*detect.png: gnuplot was still running after 2 s" "$T/err" \
+     && [ -s "$T/$stub.pid" ] && ! kill -0 "$(cat "$T/$stub.pid")" 2>/dev/null; then
+    ok "a gnuplot that $stub: ended after the 2 s limit, exit 1 naming detect.png (${ms} ms)"
+  else bad "a gnuplot that $stub: exit $r after ${ms} ms (want 1 within 15 s, the PNG named, the stub gone)" "$T/err"; fi
+  [ -s "$T/$stub.pid" ] && kill -KILL "$(cat "$T/$stub.pid")" 2>/dev/null
+done
+# every command that draws fails with the PNG named when gnuplot fails
+for cmd in detect compose; do
+  PATH="$T/fails:$PATH" timeout 60 "$HL" "$cmd" --checkpoint "$M" --examples 8 --threads 1 --out "$T/f_$cmd" >/dev/null 2>"$T/err"; r=$?
+  want="headlab: error: could not draw $T/f_$cmd/$cmd.png: gnuplot failed (exit 1): line 3: unknown terminal type"
+  if [ "$r" = 1 ] && [ "$(tail -1 "$T/err")" = "$want" ] && [ "$(grep -c "could not draw" "$T/err")" = 1 ]; then
+    ok "$cmd with a failing gnuplot: exit 1, one line naming $cmd.png"
+  else bad "$cmd with a failing gnuplot: exit $r (want 1 and one line naming $cmd.png)" "$T/err"; fi
+done
+PATH="$T/fails:$PATH" timeout 60 "$HL" edges --checkpoint "$M" --examples 8 --threads 1 --out "$T/f_edges" >/dev/null 2>"$T/err"; r=$?
+if [ "$r" = 1 ] && grep -q "could not draw .*\.png: gnuplot failed" "$T/err"; then ok "edges with a failing gnuplot: exit 1 naming the PNG"
+else bad "edges with a failing gnuplot: exit $r (want 1 naming the PNG)" "$T/err"; fi
+
+# ---- L0's search for --target-heads starts where the data says, not at --lambda's smallest ------
+# (from --lambda 1e-30 it quadrupled through 56 fine-tunings, two minutes on a larger model)
+timeout 60 "$HL" prune --checkpoint "$M" --method l0 --lambda 1e-30 --target-heads 1 --l0-steps 5 --threads 1 --out "$T/l0" \
+  >/dev/null 2>"$T/err"; r=$?
+runs=$(grep -c "^  lambda" "$T/err")
+if [ "$r" = 0 ] && [ "$runs" -le 12 ] && [ "$(($(wc -l <"$T/l0/l0.csv") - 1))" = "$runs" ]; then ok "prune l0 --lambda 1e-30: $runs fine-tunings"
+else bad "prune l0 --lambda 1e-30: exit $r, $runs fine-tunings (want at most 12)" "$T/err"; fi
+
+# ---- the busy-machine rule, for commands other than train -----------------------------------------
+# HEADLAB_TEST_IDLE_CORES stands in for /proc/stat's reading: one core left idle by others.
+if [ "$(nproc)" -ge 2 ]; then
+  for cmd in detect edges attn; do
+    extra="--examples 8"; [ "$cmd" = attn ] && extra="--tokens 1,2,3"
+    HEADLAB_TEST_IDLE_CORES=1 timeout 60 "$HL" $cmd --checkpoint "$M" $extra --out "$T/busy_$cmd" >/dev/null 2>"$T/err"; r=$?
+    want="headlab: 1 of the $(nproc) cores is busy with other processes: running on 1 thread (--threads 2 to use them anyway)"
+    [ "$(nproc)" -gt 2 ] && want="headlab: $(( $(nproc) - 1 )) of the $(nproc) cores are busy with other processes: running on 1 thread (--threads 2 to use them anyway)"
+    if [ "$r" = 0 ] && grep -qxF "$want" "$T/err"; then ok "$cmd on a busy machine: runs on the idle core and says so"
+    else bad "$cmd on a busy machine: exit $r, want the line: $want" "$T/err"; fi
+    HEADLAB_TEST_IDLE_CORES=1 timeout 60 "$HL" $cmd --checkpoint "$M" $extra --threads 2 --out "$T/busy2_$cmd" >/dev/null 2>"$T/err"; r=$?
+    if [ "$r" = 0 ] && ! grep -q "busy with other processes" "$T/err"; then ok "$cmd --threads 2 on a busy machine: obeyed, no notice"
+    else bad "$cmd --threads 2 on a busy machine: exit $r or a notice" "$T/err"; fi
+  done
+else
+  echo "skip the busy-machine cases (one core)"
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]
