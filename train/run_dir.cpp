@@ -51,26 +51,29 @@ void refuse_inside_snapshots(const std::string& flag, const std::string& path) {
       fail(flag, " ", path, ": inside the snapshots of the run in ", p.parent_path().string(),
            "; headlab does not write among a run's snapshots: choose another ", flag);
 }
+}  // namespace
 
-void refuse_other_kind(const std::string& dir, const std::string& kind, const std::string& flag) {
+void check_output_dir(const std::string& dir, const std::string& kind, const std::string& flag) {
   refuse_inside_snapshots(flag, dir);
   const std::string held = output_dir_kind(dir);
   if (!held.empty() && held != kind)
     fail(flag, " ", dir, ": the directory holds the results of headlab ", held, "; headlab ", kind,
          " writes to a directory of its own: choose another ", flag);
 }
-}  // namespace
 
 void claim_output_dir(const std::string& dir, const std::string& kind, const std::string& flag) {
-  refuse_other_kind(dir, kind, flag);
+  check_output_dir(dir, kind, flag);
   make_dirs(dir);
   const std::string mark = (fs::path(dir) / kMark).string();
   if (!file_exists(mark)) write_file_atomic(mark, kind + "\n");
 }
 
-void claim_output_dir(const StagedDir& dir, const std::string& kind, const std::string& flag) {
-  refuse_other_kind(dir.dir(), kind, flag);
-  if (!file_exists((fs::path(dir.dir()) / kMark).string())) write_file_atomic(dir.file(kMark), kind + "\n");
+std::unique_ptr<StagedDir> claim_staged_output_dir(const std::string& dir, const std::string& kind,
+                                                   const std::string& flag) {
+  check_output_dir(dir, kind, flag);
+  auto staged = std::make_unique<StagedDir>(dir);
+  if (!file_exists((fs::path(dir) / kMark).string())) write_file_atomic(staged->file(kMark), kind + "\n");
+  return staged;
 }
 
 void refuse_replacing_run_file(const std::string& flag, const std::string& path) {

@@ -5,6 +5,7 @@
 // recognised by their files.
 #pragma once
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -17,9 +18,12 @@ std::string output_dir_kind(const std::string& dir);  // "" for none (or no dire
 // Makes `dir` (mkdir -p) and marks it as `kind`; fails naming `flag` when it holds another kind.
 // Fails too when `dir` is inside a run's snapshots (RUN/snapshots): they are the run's own.
 void claim_output_dir(const std::string& dir, const std::string& kind, const std::string& flag = "--out");
-// The same for a directory written all or nothing (StagedDir): refuses now what the above
-// refuses, and puts the mark among the staged files, so that it appears with them.
-void claim_output_dir(const StagedDir& dir, const std::string& kind, const std::string& flag = "--out");
+// What claim_output_dir refuses, refused now, making nothing (for a check before long work).
+void check_output_dir(const std::string& dir, const std::string& kind, const std::string& flag = "--out");
+// The same for a directory written all or nothing: checks `dir` as above before anything is
+// made, then returns its StagedDir with the mark among the staged files (it appears with them).
+std::unique_ptr<StagedDir> claim_staged_output_dir(const std::string& dir, const std::string& kind,
+                                                   const std::string& flag = "--out");
 // Fails naming `flag` when `path` is an existing result file of a run (a checkpoint, summary,
 // metrics, table or JSON in a train, ablate or prune directory, or a snapshot), or lies inside a
 // run's snapshots directory: no command replaces a run's files unless the user removes them first.
