@@ -87,8 +87,9 @@ int run_convert(const ConvertOpts& o) {
       }
     } remove_partial{partial};
     std::string said;
-    const int rc = run_child_process({python, script, o.src, "--out", partial, "--errors-to-stdout"},
-                                     {.forward_stop = true}, &said);
+    ChildOptions child;
+    child.forward_stop = true;  // a stop request (SIGTERM to headlab alone) reaches the converter
+    const int rc = run_child_process({python, script, o.src, "--out", partial, "--errors-to-stdout"}, child, &said);
     if (rc != 0) {
       // the script's one-line refusal (or its word that a signal stopped it); else what it
       // printed, then the exit status (a traceback went to stderr, above)
