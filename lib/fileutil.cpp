@@ -219,19 +219,23 @@ void remove_stale_temp_files(const std::string& dir) {
 
 StagedDir::StagedDir(const std::string& dir) : dir_(dir) {
   namespace fs = std::filesystem;
+  std::error_code ec;
   fs::path target = fs::path(dir).lexically_normal();
   if (target.filename().empty()) target = target.parent_path();  // "out/" names out
-  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  make_dirs(parent.string());
-  const std::string prefix = "." + target.filename().string() + ".partial.";
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(parent, ec)) {  // a killed writer's leftovers
+  if (fs::exists(target, ec) && !fs::is_directory(target, ec)) fail(dir, ": exists and is not a directory");
+  // an existing directory (a rerun, a link to one, a mount point) stages inside itself, so that
+  // the renames stay on its file system; a new one beside itself, to appear by one rename
+  in_place_ = fs::is_directory(target, ec);
+  const fs::path home = in_place_ ? target : target.has_parent_path() ? target.parent_path() : fs::path(".");
+  if (!in_place_) make_dirs(home.string());
+  const std::string prefix = in_place_ ? ".headlab.partial." : "." + target.filename().string() + ".partial.";
+  for (const auto& entry : fs::directory_iterator(home, ec)) {  // a killed writer's leftovers
     const std::string name = entry.path().filename().string();
     if (name.rfind(prefix, 0) == 0 && !pid_runs(name.substr(prefix.size()))) fs::remove_all(entry.path(), ec);
   }
-  stage_ = (parent / (prefix + std::to_string(::getpid()))).string();
+  stage_ = (home / (prefix + std::to_string(::getpid()))).string();
   fs::remove_all(stage_, ec);
-  if (!fs::create_directory(stage_, ec)) fail(dir, ": cannot create a directory beside it: ", ec.message());
+  if (!fs::create_directory(stage_, ec)) fail(dir, ": cannot create a directory to write in: ", ec.message());
 }
 
 StagedDir::~StagedDir() {
@@ -243,11 +247,9 @@ StagedDir::~StagedDir() {
 void StagedDir::publish() {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (!fs::exists(dir_, ec) || (fs::is_directory(dir_, ec) && fs::is_empty(dir_, ec))) {
-    // one rename: the whole directory appears at once (rename replaces an empty directory)
+  if (!in_place_) {  // one rename: the whole directory appears at once
     if (::rename(stage_.c_str(), dir_.c_str()) != 0) fail(dir_, ": cannot create: ", std::strerror(errno));
-  } else {
-    if (!fs::is_directory(dir_, ec)) fail(dir_, ": exists and is not a directory");
+  } else {  // every file is complete before the first is renamed in
     for (const auto& entry : fs::directory_iterator(stage_)) {
       const std::string to = (fs::path(dir_) / entry.path().filename()).string();
       refuse_replacing_non_regular("", to);

@@ -49,11 +49,11 @@ class DirLock {
 // is killed mid-write, for PIDs that no longer run. Call with the directory's lock held.
 void remove_stale_temp_files(const std::string& dir);
 
-// A directory of results written all or nothing. Its files are written into a hidden sibling,
-// DIR/../.NAME.partial.PID, and appear in DIR together at publish(): by one rename when DIR is
-// new (or empty), else (a directory being added to, e.g. a rerun) by renaming each file in once
-// every one is complete. Destroyed before publish() (an error, a full disk, a signal), it removes
-// the sibling, so DIR is as it was; a sibling left by a killed process is removed by the next
+// A directory of results written all or nothing. A new DIR is written in a hidden sibling,
+// DIR/../.NAME.partial.PID, renamed to DIR at publish(): it appears whole. An existing DIR (a
+// rerun) is written in a hidden DIR/.headlab.partial.PID whose files are renamed in at publish(),
+// once every one is complete. Destroyed before publish() (an error, a full disk, a signal), it
+// removes what it wrote, so DIR is as it was; what a killed process left is removed by the next
 // StagedDir of the same DIR.
 class StagedDir {
  public:
@@ -68,7 +68,7 @@ class StagedDir {
 
  private:
   std::string dir_, stage_;
-  bool published_ = false;
+  bool in_place_ = false, published_ = false;
 };
 
 // Fails when `output` names the same file as one of `inputs` (so writing it would destroy an
