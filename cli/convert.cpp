@@ -95,7 +95,8 @@ int run_convert(const ConvertOpts& o) {
       // printed, then the exit status (a traceback went to stderr, above)
       const std::string prefix = "error: ";
       const bool one_line = said.rfind(prefix, 0) == 0 && said.find('\n') + 1 == said.size();
-      const std::string line = one_line ? said.substr(prefix.size(), said.size() - prefix.size() - 1) : "";
+      std::string line = one_line ? said.substr(prefix.size(), said.size() - prefix.size() - 1) : "";
+      if (const size_t at = line.find(partial); at != std::string::npos) line.replace(at, partial.size(), o.out);  // (a full disk)
       // stopped (us, passed on to it, or it alone): 130/143 and one line, as every command
       if (stop_requested()) {
         std::fprintf(stderr, "headlab: error: %s: not converted: stopped by %s; nothing was written\n", o.src.c_str(),
