@@ -99,6 +99,12 @@ if [ "$(id -u)" = 0 ] && mount -t tmpfs -o size=2m tmpfs "$T/mnt" 2>/dev/null; t
   if [ "$rc" -ge 1 ] && [ "$rc" -lt 124 ] && [ ! -e "$MNT/edges" ] && [ -z "$(ls -A "$MNT" | grep -v filler)" ]; then
     ok "edges on a full disk: no directory (exit $rc)"
   else bad "edges on a full disk: exit $rc, left: $(ls -A "$MNT" "$MNT/edges" 2>/dev/null | tr '\n' ' ')" "$T/err"; fi
+  # dla: room for its mark only
+  fill "$MNT" 4
+  run 60 "$HL" dla --checkpoint "$M" --examples 8 --out "$MNT/dla"
+  if [ "$rc" -ge 1 ] && [ "$rc" -lt 124 ] && [ ! -e "$MNT/dla" ] && [ -z "$(ls -A "$MNT" | grep -v filler)" ]; then
+    ok "dla on a full disk: no directory (exit $rc)"
+  else bad "dla on a full disk: exit $rc, left: $(ls -A "$MNT" "$MNT/dla" 2>/dev/null | tr '\n' ' ')" "$T/err"; fi
   # train: snapshots that cannot fit are refused before the run, leaving no directory
   fill "$MNT" 64
   run 60 "$HL" train $small --steps 200 --snapshot-every 1 --out "$MNT/snaprun"
