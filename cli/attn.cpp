@@ -22,12 +22,13 @@ int run_attn(const Source& s, const std::string& out) {
   model->eval();
   const ActivationCache cache =
       model->run_with_cache(one.inputs, names_ending_with("attn.hook_pattern"), false, one.key_padding).second;
-  claim_output_dir(out, "attn");
+  // the files appear together, or none (a full disk, a signal)
+  const std::unique_ptr<StagedDir> staged = claim_staged_output_dir(out, "attn");
   SafetensorsWriter w;
   for (int l = 0; l < model->cfg.n_layers; ++l) w.add("attn." + std::to_string(l), cache[pattern_hook(l)]);
   w.add_ids("input_ids", one.inputs, DType::I64);
   w.set_meta("format", "headlab-attention");
-  w.write(out + "/attn.safetensors");
+  w.write(staged->staging() + "/attn.safetensors");
   SafetensorsFile f = read_checkpoint(s.checkpoint);
   const std::unique_ptr<Task> task = make_task(checkpoint_task(f, TaskConfig::preset(s.task.name)));
   const bool task_names_tokens = task->vocab_size() == model->cfg.vocab_size;  // else (a GPT-2 model's tokens) the ids
@@ -47,8 +48,9 @@ int run_attn(const Source& s, const std::string& out) {
       m.xlabels = m.ylabels = labels;
       maps.push_back(m);
     }
-  plot_heatmap_grid(out + "/attn.png", "Attention weights (rows: queries, columns: keys)", model->cfg.n_layers, H, maps,
-                    "key", "query", 0.f, 1.f);
+  plot_heatmap_grid(staged->staging() + "/attn.png", "Attention weights (rows: queries, columns: keys)", model->cfg.n_layers,
+                    H, maps, "key", "query", 0.f, 1.f);
+  staged->publish();
   std::printf("wrote %s/attn.safetensors and %s/attn.png (%d layers x %d heads, %lld tokens)\n", out.c_str(), out.c_str(),
               model->cfg.n_layers, H, static_cast<long long>(T));
   return 0;

@@ -59,7 +59,8 @@ int run_compare(const CompareOpts& o) {
     roles.push_back(detector_role_scores(*models.back(), o.examples));
   }
   const std::string out = o.out.empty() ? default_out_dir("compare") : o.out;
-  claim_output_dir(out, "compare");
+  // the files appear together, or none (a full disk, a signal)
+  const std::unique_ptr<StagedDir> staged = claim_staged_output_dir(out, "compare");
   std::printf("A: %s%s\nB: %s%s\n\n", o.runs[0].c_str(), (fork_note(o.runs[0]).empty() ? "" : " (" + fork_note(o.runs[0]) + ")").c_str(),
               o.runs[1].c_str(), (fork_note(o.runs[1]).empty() ? "" : " (" + fork_note(o.runs[1]) + ")").c_str());
   // ---- trajectories, by step (the union of both runs' eval steps)
@@ -112,8 +113,8 @@ int run_compare(const CompareOpts& o) {
       heads.push_back(row);
     }
   print_table(heads);
-  write_file_atomic(out + "/compare.csv", csv);
-  write_file_atomic(out + "/compare_heads.csv", hcsv);
+  write_file_atomic(staged->file("compare.csv"), csv);
+  write_file_atomic(staged->file("compare_heads.csv"), hcsv);
   std::vector<Series> loss(2), acc(2);
   for (int r = 0; r < 2; ++r) {
     loss[r].name = acc[r].name = r == 0 ? "A" : "B";
@@ -122,11 +123,12 @@ int run_compare(const CompareOpts& o) {
       acc[r].x.push_back(static_cast<double>(s)), acc[r].y.push_back(100 * e.token_acc);
     }
   }
-  plot_lines(out + "/compare_loss.png", "Held-out loss: A " + o.runs[0] + ", B " + o.runs[1], "step", "loss", loss, true);
-  plot_lines(out + "/compare_accuracy.png", "Held-out token accuracy", "step", "token accuracy (%)", acc);
+  plot_lines(staged->file("compare_loss.png"), "Held-out loss: A " + o.runs[0] + ", B " + o.runs[1], "step", "loss", loss, true);
+  plot_lines(staged->file("compare_accuracy.png"), "Held-out token accuracy", "step", "token accuracy (%)", acc);
   // the two runs as the page names them (headlab view RUN --compare OUT)
   auto label = [&](int r) { return o.runs[r] + (fork_note(o.runs[r]).empty() ? "" : " (" + fork_note(o.runs[r]) + ")"); };
-  write_file_atomic(out + "/compare.json", nlohmann::json{{"a", label(0)}, {"b", label(1)}}.dump(2) + "\n");
+  write_file_atomic(staged->file("compare.json"), nlohmann::json{{"a", label(0)}, {"b", label(1)}}.dump(2) + "\n");
+  staged->publish();
   std::printf("\nwrote %s/{compare.csv,compare_heads.csv,compare.json,compare_loss.png,compare_accuracy.png}\n"
               "the page: headlab view %s --compare %s\n", out.c_str(), o.runs[1].c_str(), out.c_str());
   return 0;

@@ -18,10 +18,12 @@ int run_compose(const RoleOpts& o) {
   RoleModel m = load_role_model(o);
   const int L = m.model->cfg.n_layers;
   if (L < 2) fail(o.checkpoint, ": composition needs at least 2 layers, the model has ", L);
-  claim_output_dir(out, "compose");
+  // the files appear together, or none (a full disk, a signal)
+  const std::unique_ptr<StagedDir> staged = claim_staged_output_dir(out, "compose");
   std::vector<CompositionScores> layers;
   for (int l = 0; l + 1 < L; ++l) layers.push_back(composition_scores(*m.model, l, l + 1));
-  write_compose_files(out, layers, composition_baseline(m.model->cfg));
+  write_compose_files(staged->staging(), layers, composition_baseline(m.model->cfg));
+  staged->publish();
   std::printf("\nwrote %s/compose.csv, compose_baseline.csv, compose.png\n", out.c_str());
   return 0;
 }

@@ -1,7 +1,11 @@
 // headlab convert: a model made elsewhere -> a headlab checkpoint. A Hugging Face GPT-2
 // directory (or any checkpoint headlab reads) is converted here; a nanoGPT ckpt.pt (a torch
 // pickle) by scripts/convert_nanogpt.py, run as a child process with Debian's Python and torch
-// (torch.load(weights_only=True): nothing in the file is ever run).
+// (it checks the archive's members and unpickles only tensors and containers: nothing in the
+// file is ever run, and a TorchScript archive is refused).
+#include <unistd.h>
+
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -48,6 +52,8 @@ int run_convert(const ConvertOpts& o) {
   refuse_replacing_run_file("--out", o.out);
   std::error_code ec;
   if (!std::filesystem::exists(o.src, ec)) fail(o.src, ": not found");
+  if (const std::string kind = non_regular_kind(o.src, true); !kind.empty() && kind != "a directory")
+    fail(o.src, ": is ", kind, ", not a regular file: give a checkpoint file or a model directory");
   if (std::filesystem::is_directory(o.out, ec)) fail("--out ", o.out, ": is a directory; give the checkpoint file to write");
   check_can_write(o.out);
   if (std::filesystem::is_directory(o.src, ec)) {
@@ -66,8 +72,13 @@ int run_convert(const ConvertOpts& o) {
                                    ? installed
                                    : env_or("HEADLAB_SOURCE_DIR", HEADLAB_SOURCE_DIR) + "/scripts/convert_nanogpt.py";
     if (!file_exists(script)) fail("convert: the nanoGPT converter ", script, " is missing (set HEADLAB_SOURCE_DIR to the source tree)");
-    // the script writes beside --out; the file takes its name only once headlab loads it
-    const std::string partial = o.out + ".converting";
+    // the script writes beside --out under a name of our own (hidden, with our pid: never a
+    // user's file); the file takes --out's name only once headlab loads it
+    const std::filesystem::path out_path(o.out);
+    const std::string partial =
+        (out_path.has_parent_path() ? out_path.parent_path() : std::filesystem::path("."))
+            .append("." + out_path.filename().string() + ".converting." + std::to_string(::getpid()))
+            .string();
     struct RemovePartial {
       const std::string& path;
       ~RemovePartial() {
@@ -76,15 +87,32 @@ int run_convert(const ConvertOpts& o) {
       }
     } remove_partial{partial};
     std::string said;
-    // the converter runs in its own process group: a Ctrl-C reaches it through us
-    const int rc = run_child_process({python, script, o.src, "--out", partial, "--errors-to-stdout"}, {.forward_stop = true}, &said);
-    throw_if_stopped();
+    // The converter runs in its own process group, so a terminal's Ctrl-C reaches headlab alone;
+    // a stop request is passed on to it.
+    ChildOptions child;
+    child.forward_stop = true;
+    const int rc = run_child_process({python, script, o.src, "--out", partial, "--errors-to-stdout"}, child, &said);
     if (rc != 0) {
-      // the script's one-line refusal, else a pointer to its output (a traceback went to stderr)
+      // the script's one-line refusal (or its word that a signal stopped it); else what it
+      // printed, then the exit status (a traceback went to stderr, above)
       const std::string prefix = "error: ";
-      if (said.rfind(prefix, 0) == 0 && said.find('\n') + 1 == said.size())
-        fail(said.substr(prefix.size(), said.size() - prefix.size() - 1));
-      fail(o.src, ": not converted (", script, " exited with ", rc, "; its output is above)");
+      const bool one_line = said.rfind(prefix, 0) == 0 && said.find('\n') + 1 == said.size();
+      std::string line = one_line ? said.substr(prefix.size(), said.size() - prefix.size() - 1) : "";
+      if (const size_t at = line.find(partial); at != std::string::npos) line.replace(at, partial.size(), o.out);  // (a full disk)
+      // stopped (us, passed on to it, or it alone): 130/143 and one line, as every command
+      if (stop_requested()) {
+        std::fprintf(stderr, "headlab: error: %s: not converted: stopped by %s; nothing was written\n", o.src.c_str(),
+                     stop_signal_name().c_str());
+        return stop_exit_code();
+      }
+      if (rc == 128 + SIGINT || rc == 128 + SIGTERM) {
+        std::fprintf(stderr, "headlab: error: %s\n",
+                     (line.empty() ? o.src + ": not converted: the converter was stopped; nothing was written" : line).c_str());
+        return rc;
+      }
+      if (one_line) fail(line);
+      std::fputs(said.c_str(), stderr);
+      fail(o.src, ": not converted (", script, " exited with ", rc, ")");
     }
     load_model(partial);  // every check of a headlab checkpoint, before it takes --out's name
     std::filesystem::rename(partial, o.out);

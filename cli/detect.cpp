@@ -54,14 +54,16 @@ int run_detect(const RoleOpts& o) {
     const DetectorIntervals r = detect_with_intervals(*m.model, data, kinds, opt);
     for (size_t k = 0; k < kinds.size(); ++k) add_detector_columns(names, grids, to_string(kinds[k]), r.score[k], r.lo[k], r.hi[k]);
   }
-  claim_output_dir(out, "detect");
+  // the files appear together, or none (a full disk, a signal)
+  const std::unique_ptr<StagedDir> staged = claim_staged_output_dir(out, "detect");
   std::printf("head detector scores (share of attention on the pattern, 95%% bootstrap interval over the sequences; "
               "%d sequences of %s%s%s):\n\n", o.examples,
               o.data == "probe"         ? "random tokens with a block repeated at a varying distance"
               : o.data == "fixed-probe" ? "repeated random tokens [r r]"
                                         : ("task " + m.config.name).c_str(),
               o.exclude_bos ? ", BOS excluded" : "", o.exclude_current ? ", current token excluded" : "");
-  write_detect_files(out, names, grids);
+  write_detect_files(staged->staging(), names, grids);
+  staged->publish();
   std::printf("\nwrote %s/detect.csv, detect.png\n", out.c_str());
   return 0;
 }

@@ -82,7 +82,8 @@ int run_dla(const RoleOpts& o) {
                   "batches of " + std::to_string(batch_rows) + " sequence(s) of " + std::to_string(T) + " tokens",
                   o.tokens.empty() && o.text.empty() ? "--examples (batches hold up to 64)" : "the tokens given (--tokens, --text)");
   const DlaResult r = direct_logit_attribution(*m.model, data);
-  claim_output_dir(out, "dla");
+  // the files appear together, or none (a full disk, a signal)
+  const std::unique_ptr<StagedDir> staged = claim_staged_output_dir(out, "dla");
 
   // One row per component, then the bias term and the logit itself: the components' means plus
   // the bias term's mean are the mean logit (each row's values are averaged alike).
@@ -121,15 +122,16 @@ int run_dla(const RoleOpts& o) {
               "sequences of each sequence's mean, 95%% bootstrap interval over the sequences; components + ln_final_bias = "
               "logit):\n\n", source.c_str(), r.logit_per_row.size(), static_cast<long long>(r.positions));
   print_table(table);
-  write_file_atomic(out + "/dla.csv", csv);
-  write_file_atomic(out + "/dla.json", j.dump(2) + "\n");
+  write_file_atomic(staged->file("dla.csv"), csv);
+  write_file_atomic(staged->file("dla.json"), j.dump(2) + "\n");
   double extent = 0;  // a symmetric colour scale: positive and negative attributions apart
   for (auto& row : heads)
     for (double v : row) extent = std::max(extent, std::fabs(v));
   if (extent == 0) extent = 1;
-  plot_heatmap_grid(out + "/dla.png", "Direct logit attribution of the answer per head", 1, 1,
+  plot_heatmap_grid(staged->file("dla.png"), "Direct logit attribution of the answer per head", 1, 1,
                     {head_heatmap("mean attribution", heads, "L", "H")}, "head", "layer", static_cast<float>(-extent),
                     static_cast<float>(extent));
+  staged->publish();
   std::printf("\nwrote %s/dla.csv, dla.json, dla.png\n", out.c_str());
   return 0;
 }

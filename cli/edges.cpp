@@ -72,10 +72,7 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
     for (const std::string& r : split_commas(f.to)) (void)parse_receiver(m.model->cfg, r);
   // a directory of another command's results is refused now, not after the work (claiming it
   // then fails the same way, having made nothing)
-  if (f.path_from.empty()) {
-    const std::string kind = output_dir_kind(out);
-    if (!kind.empty() && kind != "edges") claim_output_dir(out, "edges");
-  }
+  if (f.path_from.empty()) check_output_dir(out, "edges");
   const PatchingInputs in = role_patching_inputs(m, o, edge_patching_memory_bytes, "edges");
   if (!f.path_from.empty()) return run_path(o, f, m, in);
   EdgeResult r;
@@ -84,7 +81,8 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
     r = edge_patching(*m.model, in, [&](size_t done, size_t) { bar.update(static_cast<int64_t>(done), "receivers"); });
     bar.finish();
   }
-  claim_output_dir(out, "edges");  // once the work is done: a stopped or failed run leaves no directory
+  // once the work is done: a stopped or failed run leaves no directory; the files appear together
+  const std::unique_ptr<StagedDir> dir = claim_staged_output_dir(out, "edges");
   const ModelConfig& c = m.model->cfg;
   // files: every edge in edge order, full precision
   nlohmann::json edges = nlohmann::json::array();
@@ -132,10 +130,11 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
   print_table(table);
   warn_if_corruption_changes_little(r.clean_metric, r.corrupted_metric);
   std::printf("\ncorrelation of attribution with exact over all edges: %.3f\n", pearson(exact, attribution));
-  write_file_atomic(out + "/edges.json", j.dump(2) + "\n");
-  write_file_atomic(out + "/edges.csv", csv);
-  st.write(out + "/inputs.safetensors");
-  write_edge_graph_png(j, f.top, out + "/edges.png");  // the --top edges, drawn by layer
+  write_file_atomic(dir->file("edges.json"), j.dump(2) + "\n");
+  write_file_atomic(dir->file("edges.csv"), csv);
+  st.write(dir->file("inputs.safetensors"));
+  write_edge_graph_png(j, f.top, dir->file("edges.png"));  // the --top edges, drawn by layer
+  dir->publish();
   std::printf("wrote %s/edges.json, edges.csv, inputs.safetensors, edges.png\n", out.c_str());
   return 0;
 }

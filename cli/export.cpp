@@ -8,6 +8,7 @@
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
 #include "models/hf_gpt2.h"
+#include "train/run_dir.h"
 
 namespace hl {
 
@@ -21,12 +22,13 @@ int run_export(const ExportOpts& o) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const bool src_is_dir = fs::is_directory(o.checkpoint, ec);
+  refuse_replacing_run_file("--out", o.out);  // never among a run's snapshots
   if (fs::exists(o.out, ec) && !fs::is_directory(o.out, ec)) fail("--out ", o.out, ": exists and is not a directory");
   if (fs::exists(o.out, ec) && src_is_dir && fs::equivalent(o.out, o.checkpoint, ec))
     fail("--out ", o.out, ": is the source model's directory; choose another");
-  for (const char* name : {"config.json", "model.safetensors", "model.safetensors.index.json"})
-    if (file_exists(o.out + "/" + name))
-      fail("--out ", o.out, ": already holds ", name, "; remove it or choose another directory");
+  for (const auto& entry : fs::directory_iterator(o.out, ec))  // before the model loads; write_hf_gpt2 checks again
+    fail("--out ", o.out, ": already holds ", entry.path().filename().string(),
+         "; the export writes a directory of its own: give a new or empty directory");
   const std::unique_ptr<TransformerLM> model = load_model(o.checkpoint);
   check_hf_gpt2_exportable(*model);  // refused before anything is written
   const std::string tokenizer_dir =

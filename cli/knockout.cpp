@@ -38,7 +38,8 @@ int run_knockout(const RoleOpts& o) {
                        "--examples " + std::to_string(o.examples) + " of " + std::to_string(task.seq_len()) + " tokens");
   const std::vector<Batch> data = task.held_out(o.examples, o.seed, 64);
   const KnockoutResult r = knockout(*m.model, data, opt);
-  claim_output_dir(out, "knockout");
+  // the files appear together, or none (a full disk, a signal)
+  const std::unique_ptr<StagedDir> staged = claim_staged_output_dir(out, "knockout");
   const std::string where = o.hook + (o.head >= 0 ? " head " + std::to_string(o.head) : "") +
                             (o.positions.empty() ? "" : " at positions " + o.positions);
   std::printf("%s ablation of %s on %zu held-out examples of task %s (95%% bootstrap intervals over the examples)\n\n",
@@ -56,7 +57,7 @@ int run_knockout(const RoleOpts& o) {
                   r.ablated_loss[i], r.clean_acc[i], r.ablated_acc[i]);
     csv += line;
   }
-  write_file_atomic(out + "/knockout.csv", csv);
+  write_file_atomic(staged->staging() + "/knockout.csv", csv);
   json j = {{"hook", o.hook},
             {"head", o.head >= 0 ? json(o.head) : json(nullptr)},
             {"positions", opt.site.positions.empty() ? json(nullptr) : json(opt.site.positions)},
@@ -75,7 +76,8 @@ int run_knockout(const RoleOpts& o) {
               {"ablated_token_acc", interval_json(r.ablated_acc_ci95)},
               {"d_token_acc", interval_json(r.d_acc_ci95)}}}};
   if (!r.permutation.empty()) j["permutation"] = r.permutation;
-  write_file_atomic(out + "/knockout.json", j.dump(2) + "\n");
+  write_file_atomic(staged->staging() + "/knockout.json", j.dump(2) + "\n");
+  staged->publish();
   std::printf("\nwrote %s/knockout.csv, knockout.json\n", out.c_str());
   return 0;
 }

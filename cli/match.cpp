@@ -63,7 +63,8 @@ int run_match(const MatchOpts& o) {
   const PairRoles pr = pair_roles(m, ra, rb, o.threshold);
 
   const std::string out = o.out.empty() ? default_out_dir("match") : o.out;
-  claim_output_dir(out, "match");
+  // the files appear together, or none (a full disk, a signal)
+  const std::unique_ptr<StagedDir> staged = claim_staged_output_dir(out, "match");
   std::printf("heads of A (%s) matched to heads of B (%s) by %s%s; role = detector scoring >= %.2f on the probe\n\n",
               path_a.c_str(), path_b.c_str(),
               by == MatchBy::Pattern ? "attention pattern (1 - Jensen-Shannon divergence, mean over the probe's queries)"
@@ -111,16 +112,17 @@ int run_match(const MatchOpts& o) {
     for (double v : row) hm.values.push_back(static_cast<float>(v));
   for (int i = 0; i < hm.rows; ++i) hm.ylabels.push_back(head_name(i / m.heads_a, i % m.heads_a));
   for (int j = 0; j < hm.cols; ++j) hm.xlabels.push_back(head_name(j / m.heads_b, j % m.heads_b));
-  write_file_atomic(out + "/match.csv", csv);
-  write_file_atomic(out + "/match.json",
+  write_file_atomic(staged->file("match.csv"), csv);
+  write_file_atomic(staged->file("match.json"),
                     json({{"a", path_a}, {"b", path_b}, {"by", to_string(by)}, {"across_layers", o.across_layers},
                           {"role_threshold", o.threshold}, {"probe_examples", o.examples}, {"seed", o.seed},
                           {"mean_similarity", m.mean_similarity}, {"same_role_pairs", pr.same_role}, {"pairs", pairs},
                           {"roles", recur}, {"heads_a", roles_json(ra, m.layers_a, m.heads_a, o.threshold)},
                           {"heads_b", roles_json(rb, m.layers_b, m.heads_b, o.threshold)}, {"similarity", m.similarity}})
                             .dump(2) + "\n");
-  plot_heatmap_grid(out + "/match.png", "Head similarity (" + to_string(by) + ")", 1, 1, {hm}, "head of B (layer.head)",
+  plot_heatmap_grid(staged->file("match.png"), "Head similarity (" + to_string(by) + ")", 1, 1, {hm}, "head of B (layer.head)",
                     "head of A (layer.head)");
+  staged->publish();
   std::printf("\nwrote %s/{match.csv,match.json,match.png}\n", out.c_str());
   return 0;
 }

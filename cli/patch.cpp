@@ -34,7 +34,8 @@ std::vector<std::string> split_axes(const std::string& text) {
 int run_generic_patch(const RoleOpts& o, const std::string& out, RoleModel& m, const PatchingInputs& in) {
   const std::vector<std::string> axes = o.axes.empty() ? default_patch_axes(m.model->cfg, o.hook) : split_axes(o.axes);
   const PatchGrid g = generic_activation_patch(*m.model, in, o.hook, axes);
-  claim_output_dir(out, "patch");
+  // the files appear together, or none (a full disk, a signal)
+  const std::unique_ptr<StagedDir> staged = claim_staged_output_dir(out, "patch");
   std::string stem = o.hook;
   std::replace(stem.begin(), stem.end(), '.', '_');
   std::string csv, header;
@@ -62,12 +63,13 @@ int run_generic_patch(const RoleOpts& o, const std::string& out, RoleModel& m, c
   warn_if_corruption_changes_little(g.clean_metric, g.corrupted_metric);
   if (table.size() <= 65) print_table(table);
   else std::printf("(%zu values: see the CSV)\n", g.values.size());
-  write_file_atomic(out + "/patch_" + stem + ".csv", csv);
+  write_file_atomic(staged->staging() + "/patch_" + stem + ".csv", csv);
   nlohmann::json j = {{"hook", o.hook},        {"hooks", g.hooks},   {"axes", axes},
                       {"shape", g.shape},      {"values", g.values}, {"clean_metric", g.clean_metric},
                       {"corrupted_metric", g.corrupted_metric},      {"rows", in.answers.size()},
                       {"task", o.data == "probe" ? std::string("probe") : m.config.name}, {"seed", o.seed}};
-  write_file_atomic(out + "/patch_" + stem + ".json", j.dump(2) + "\n");
+  write_file_atomic(staged->staging() + "/patch_" + stem + ".json", j.dump(2) + "\n");
+  staged->publish();
   std::printf("\nwrote %s/patch_%s.csv, patch_%s.json\n", out.c_str(), stem.c_str(), stem.c_str());
   return 0;
 }
@@ -87,15 +89,17 @@ int run_patch(const RoleOpts& o) {
   const PatchingInputs in = role_patching_inputs(m, o, patching_memory_bytes, "patch", o.data == "probe");
   if (!o.hook.empty()) return run_generic_patch(o, out, m, in);
   const PatchingResult r = activation_patching(*m.model, in);
-  claim_output_dir(out, "patch");
+  // the files appear together, or none (a full disk, a signal)
+  const std::unique_ptr<StagedDir> staged = claim_staged_output_dir(out, "patch");
   std::printf("activation patching, %zu rows of %s (one %s token corrupted per row); logit difference clean %.4f, "
               "corrupted %.4f; 1 = the clean run's, 0 = the corrupted run's\n\nper head (hook_z):\n\n",
               in.answers.size(), (o.data == "probe" ? "the repeat probe" : "task " + m.config.name).c_str(), o.corrupt.c_str(),
               r.clean_metric, r.corrupted_metric);
   warn_if_corruption_changes_little(r.clean_metric, r.corrupted_metric);
-  write_patch_files(out, r);
+  write_patch_files(staged->staging(), r);
   std::printf("\ncorrelation of attribution with exact patching: heads %.3f, residual positions %.3f\n", r.z_correlation,
               r.resid_correlation);
+  staged->publish();
   std::printf("wrote %s/patch_heads.csv, patch_resid.csv, patch_heads.png, patch_resid.png\n", out.c_str());
   return 0;
 }

@@ -70,8 +70,9 @@ int write_scores_over_training(const std::string& run, const std::string& out_fl
   const ScoresOverTraining s = scores_over_training(run, analysis, ho, [&](size_t done, size_t total, int64_t step) {
     std::fprintf(stderr, "%s --run: step %lld (%zu of %zu)\n", kind.c_str(), static_cast<long long>(step), done, total);
   });
-  claim_output_dir(out, kind);
-  const std::string stem = out + "/" + analysis + "_over_training";
+  // the files appear together, or none (a full disk, a signal)
+  const std::unique_ptr<StagedDir> staged = claim_staged_output_dir(out, kind);
+  const std::string stem = staged->staging() + "/" + analysis + "_over_training";
   write_file_atomic(stem + ".csv", scores_over_training_csv(s));
   nlohmann::json j = {{"run", run}, {"analysis", analysis}, {"steps", s.steps}, {"checkpoints", s.checkpoints},
                       {"layers", s.layers}, {"heads", s.heads}, {"examples", ho.examples}, {"seed", ho.seed}};
@@ -117,7 +118,9 @@ int write_scores_over_training(const std::string& run, const std::string& out_fl
               analysis.c_str(), s.steps.size(), run.c_str(), static_cast<long long>(s.steps.front()),
               static_cast<long long>(s.steps.back()), ho.examples);
   print_table(table);
-  std::printf("\nwrote %s.csv, %s.json, %s_<score>.png\n", stem.c_str(), stem.c_str(), stem.c_str());
+  staged->publish();
+  const std::string shown = out + "/" + analysis + "_over_training";
+  std::printf("\nwrote %s.csv, %s.json, %s_<score>.png\n", shown.c_str(), shown.c_str(), shown.c_str());
   return 0;
 }
 

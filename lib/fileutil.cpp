@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +20,29 @@
 
 namespace hl {
 
+namespace {
+// What a non-regular file is, in the words of the messages ("" for a regular file).
+const char* kind_of(const struct stat& st) {
+  if (S_ISREG(st.st_mode)) return "";
+  return S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a pipe (FIFO)"
+         : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : S_ISSOCK(st.st_mode) ? "a socket"
+         : S_ISLNK(st.st_mode) ? "a symbolic link" : "not a file";
+}
+}  // namespace
+
+std::string non_regular_kind(const std::string& path, bool follow_links) {
+  struct stat st;
+  if ((follow_links ? ::stat(path.c_str(), &st) : ::lstat(path.c_str(), &st)) != 0) return "";
+  return kind_of(st);
+}
+
+void refuse_replacing_non_regular(const std::string& what, const std::string& path) {
+  const std::string kind = non_regular_kind(path, false);
+  if (!kind.empty())
+    fail(what, path, ": exists and is ", kind, ", not a regular file: headlab replaces only regular files; "
+         "give a path of its own");
+}
+
 std::string read_file(const std::string& path) {
   // The type is checked before opening (opening a device can act on it), and again on what was
   // opened (O_NONBLOCK: a FIFO swapped in meanwhile does not wait for a writer).
@@ -26,9 +50,7 @@ std::string read_file(const std::string& path) {
   if (::stat(path.c_str(), &st) != 0) fail(path, ": cannot open: ", std::strerror(errno));
   auto refuse_special = [&](const struct stat& st) {
     if (S_ISREG(st.st_mode)) return;
-    const char* kind = S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a pipe (FIFO)"
-                       : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : S_ISSOCK(st.st_mode) ? "a socket" : "not a file";
-    fail(path, ": is ", kind, ", not a regular file: give a file");
+    fail(path, ": is ", kind_of(st), ", not a regular file: give a file");
   };
   refuse_special(st);
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -96,6 +118,7 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   const std::string tmp = (dir / ("." + target.filename().string() + ".tmp." +
                                   std::to_string(::getpid()))).string();
+  refuse_replacing_non_regular("", path);  // a rename over a device or a FIFO would replace it
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) fail(path, ": cannot write: ", std::strerror(errno));
   size_t done = 0;
@@ -139,6 +162,7 @@ void check_can_write(const std::string& path) {
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   std::error_code ec;
   if (path.empty() || fs::is_directory(target, ec)) fail(path, ": cannot write: is a directory");
+  refuse_replacing_non_regular("", path);
   if (!fs::is_directory(dir, ec)) fail(path, ": cannot write: no directory ", dir.string());
   if (::access(dir.c_str(), W_OK) != 0) fail(path, ": cannot write: ", dir.string(), ": ", std::strerror(errno));
 }
@@ -173,6 +197,15 @@ DirLock::~DirLock() {
   if (fd_ >= 0) ::close(fd_);  // closing releases the flock
 }
 
+namespace {
+// The pid in a temporary name ("...tmp.PID", "...partial.PID") still runs.
+bool pid_runs(const std::string& pid) {
+  if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) return true;  // not ours: keep
+  const long p = std::strtol(pid.c_str(), nullptr, 10);
+  return p <= 0 || ::kill(static_cast<pid_t>(p), 0) == 0 || errno != ESRCH;
+}
+}  // namespace
+
 void remove_stale_temp_files(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -180,11 +213,57 @@ void remove_stale_temp_files(const std::string& dir) {
     const std::string name = entry.path().filename().string();
     const size_t at = name.rfind(".tmp.");
     if (name.empty() || name[0] != '.' || at == std::string::npos) continue;
-    const std::string pid = name.substr(at + 5);
-    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    const long p = std::strtol(pid.c_str(), nullptr, 10);
-    if (p > 0 && (::kill(static_cast<pid_t>(p), 0) == 0 || errno != ESRCH)) continue;  // its writer still runs
+    if (pid_runs(name.substr(at + 5))) continue;  // its writer still runs
     fs::remove(entry.path(), ec);
+  }
+}
+
+StagedDir::StagedDir(const std::string& dir) : dir_(dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path target = fs::path(dir).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();  // "out/" names out
+  if (fs::exists(target, ec) && !fs::is_directory(target, ec)) fail(dir, ": exists and is not a directory");
+  // an existing directory (a rerun, a link to one, a mount point) stages inside itself, so that
+  // the renames stay on its file system; a new one beside itself, to appear by one rename
+  in_place_ = fs::is_directory(target, ec);
+  const fs::path home = in_place_ ? target : target.has_parent_path() ? target.parent_path() : fs::path(".");
+  if (!in_place_) make_dirs(home.string());
+  const std::string prefix = in_place_ ? ".headlab.partial." : "." + target.filename().string() + ".partial.";
+  for (const auto& entry : fs::directory_iterator(home, ec)) {  // a killed writer's leftovers
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) == 0 && !pid_runs(name.substr(prefix.size()))) fs::remove_all(entry.path(), ec);
+  }
+  stage_ = (home / (prefix + std::to_string(::getpid()))).string();
+  fs::remove_all(stage_, ec);
+  if (!fs::create_directory(stage_, ec)) fail(dir, ": cannot create a directory to write in: ", ec.message());
+}
+
+StagedDir::~StagedDir() {
+  if (published_) return;
+  std::error_code ec;
+  std::filesystem::remove_all(stage_, ec);
+}
+
+void StagedDir::publish() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!in_place_) {  // one rename: the whole directory appears at once
+    if (::rename(stage_.c_str(), dir_.c_str()) != 0) fail(dir_, ": cannot create: ", std::strerror(errno));
+  } else {  // every file is complete before the first is renamed in
+    for (const auto& entry : fs::directory_iterator(stage_)) {
+      const std::string to = (fs::path(dir_) / entry.path().filename()).string();
+      refuse_replacing_non_regular("", to);
+      if (::rename(entry.path().c_str(), to.c_str()) != 0) fail(to, ": rename failed: ", std::strerror(errno));
+    }
+    fs::remove(stage_, ec);
+  }
+  published_ = true;
+  const fs::path target(dir_);
+  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  for (const fs::path& d : {target, parent}) {  // make the renames durable
+    const int dfd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY);
+    if (dfd >= 0) ::fsync(dfd), ::close(dfd);
   }
 }
 

@@ -13,7 +13,16 @@ namespace hl {
 // regular file (a directory, a FIFO, a device: never read until memory runs out or a writer
 // comes), or does not fit in the memory available.
 std::string read_file(const std::string& path);
+// Refuses (as check_can_write does) a path that exists and is not a regular file: a device, a
+// FIFO, a socket, a directory or a symbolic link is never replaced (a rename would replace the
+// node itself, e.g. /dev/null, or the user's link).
 void write_file_atomic(const std::string& path, const std::string& bytes);
+// "" when `path` is missing or a regular file, else what it is ("a pipe (FIFO)", "a device", "a
+// symbolic link" when not following links, ...).
+std::string non_regular_kind(const std::string& path, bool follow_links);
+// Fails "WHAT PATH: exists and is a device, not a regular file ..." unless `path` is missing or a
+// regular file (a symbolic link is refused too): what every writer checks before writing.
+void refuse_replacing_non_regular(const std::string& what, const std::string& path);
 void make_dirs(const std::string& path);  // mkdir -p
 // Fails, naming the path and why, unless write_file_atomic(path, ...) could write it now (its
 // directory exists and is writable, and path is not a directory): a command checks its
@@ -39,6 +48,28 @@ class DirLock {
 // Removes the temporary files (".NAME.tmp.PID") that write_file_atomic leaves when its process
 // is killed mid-write, for PIDs that no longer run. Call with the directory's lock held.
 void remove_stale_temp_files(const std::string& dir);
+
+// A directory of results written all or nothing. A new DIR is written in a hidden sibling,
+// DIR/../.NAME.partial.PID, renamed to DIR at publish(): it appears whole. An existing DIR (a
+// rerun) is written in a hidden DIR/.headlab.partial.PID whose files are renamed in at publish(),
+// once every one is complete. Destroyed before publish() (an error, a full disk, a signal), it
+// removes what it wrote, so DIR is as it was; what a killed process left is removed by the next
+// StagedDir of the same DIR.
+class StagedDir {
+ public:
+  explicit StagedDir(const std::string& dir);
+  ~StagedDir();
+  StagedDir(const StagedDir&) = delete;
+  StagedDir& operator=(const StagedDir&) = delete;
+  const std::string& dir() const { return dir_; }      // where the files will be
+  const std::string& staging() const { return stage_; }  // where they are written now
+  std::string file(const std::string& name) const { return stage_ + "/" + name; }
+  void publish();
+
+ private:
+  std::string dir_, stage_;
+  bool in_place_ = false, published_ = false;
+};
 
 // Fails when `output` names the same file as one of `inputs` (so writing it would destroy an
 // input), e.g. `grads --checkpoint m.safetensors --out m.safetensors`.

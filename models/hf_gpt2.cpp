@@ -280,6 +280,29 @@ void check_hf_gpt2_exportable(const TransformerLM& model) {
 
 bool write_hf_gpt2(const TransformerLM& model, const std::string& dir, const std::string& tokenizer_dir) {
   check_hf_gpt2_exportable(model);
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(dir, ec)) && !fs::is_directory(fs::symlink_status(dir, ec)))
+    fail(dir, ": exists and is not a directory");
+  if (fs::is_directory(dir, ec))
+    for (const auto& entry : fs::directory_iterator(dir, ec))
+      fail(dir, ": already holds ", entry.path().filename().string(),
+           "; the export writes a directory of its own: give a new or empty directory");
+  // the tokenizer files to copy: only the source's own (a link out of its directory could
+  // carry any file of the user's into the export)
+  std::vector<std::pair<std::string, std::string>> tokenizer;  // name, bytes
+  if (!tokenizer_dir.empty()) {
+    const fs::path home = fs::weakly_canonical(tokenizer_dir, ec);
+    for (const std::string& name : gpt2_tokenizer_files()) {
+      const std::string from = tokenizer_dir + "/" + name;
+      if (!fs::exists(fs::symlink_status(from, ec))) continue;
+      const fs::path real = fs::weakly_canonical(from, ec);
+      if (fs::is_symlink(fs::symlink_status(from, ec)) && real.parent_path() != home)
+        fail(from, ": is a symbolic link to ", real.string(), ", outside ", tokenizer_dir,
+             "; the export copies only the model directory's own files: copy the file there or remove the link");
+      tokenizer.emplace_back(name, read_file(from));
+    }
+  }
   const ModelConfig& c = model.cfg;
   const int64_t d = c.d_model, F = c.d_ff;
   std::map<std::string, Tensor> p;
@@ -370,12 +393,11 @@ bool write_hf_gpt2(const TransformerLM& model, const std::string& dir, const std
               {"tie_word_embeddings", tied},
               {"torch_dtype", "float32"}};
   const std::string weights = w.serialize();
-  make_dirs(dir);
-  write_file_atomic(dir + "/model.safetensors", weights);
-  write_file_atomic(dir + "/config.json", cfg.dump(2) + "\n");
-  if (!tokenizer_dir.empty())
-    for (const std::string& name : gpt2_tokenizer_files())
-      if (file_exists(tokenizer_dir + "/" + name)) write_file_atomic(dir + "/" + name, read_file(tokenizer_dir + "/" + name));
+  StagedDir out(dir);  // all files, or none on a full disk or a signal
+  write_file_atomic(out.file("model.safetensors"), weights);
+  write_file_atomic(out.file("config.json"), cfg.dump(2) + "\n");
+  for (const auto& [name, bytes] : tokenizer) write_file_atomic(out.file(name), bytes);
+  out.publish();
   return tied;
 }
 

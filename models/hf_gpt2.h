@@ -27,7 +27,9 @@ SafetensorsFile read_hf_gpt2(const std::string& dir);
 // "tie_word_embeddings": false and lm_head.weight is written. Missing biases are written as
 // zeros and head gates are folded into c_proj's rows: both exact. With `tokenizer_dir`, the
 // tokenizer files found there (vocab.json, merges.txt, encoder.json, vocab.bpe) are copied
-// byte for byte. Returns whether the unembedding was tied.
+// byte for byte (a symbolic link to a file outside tokenizer_dir is refused: never copied out of
+// its place). `dir` is written all or nothing (StagedDir): it must be new or empty, since the
+// export never replaces a file it did not write. Returns whether the unembedding was tied.
 bool write_hf_gpt2(const TransformerLM& model, const std::string& dir, const std::string& tokenizer_dir = "");
 // Refuses, naming the setting, a model write_hf_gpt2 cannot express.
 void check_hf_gpt2_exportable(const TransformerLM& model);

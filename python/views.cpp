@@ -1,5 +1,6 @@
 // The pages of views/ for Python's inline views (python/headlab/views.py wraps them).
 #include "bindings.h"
+#include "lib/fileutil.h"
 #include "views/pages.h"
 
 namespace hl::bindings {
@@ -17,6 +18,9 @@ std::vector<std::vector<int32_t>> rows_of(const PyData& d, int n) {
 }  // namespace
 
 void bind_views(py::module_& m) {
+  // View.save writes through the library's one writer: atomic, and never over a device, a FIFO or a link
+  m.def("_write_file_atomic", [](const std::string& path, const std::string& bytes) { write_file_atomic(path, bytes); },
+        py::arg("path"), py::arg("bytes"));
   m.def("_rows_of", &rows_of, py::arg("data"), py::arg("n"));
   m.def("_head_view_page",
         [](TransformerLM& model, const std::vector<std::tuple<std::string, std::vector<int32_t>, std::vector<std::string>>>& rows,

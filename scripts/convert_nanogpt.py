@@ -3,9 +3,12 @@
 
     /usr/bin/python3 scripts/convert_nanogpt.py ckpt.pt --out model.safetensors
 
-(`headlab convert ckpt.pt --out model.safetensors` runs this.) The file is read with
-torch.load(weights_only=True): only tensors and plain containers are unpickled, so a pickle
-carrying code (a __reduce__ payload) is refused and nothing in it runs.
+(`headlab convert ckpt.pt --out model.safetensors` runs this.) Nothing in the file is ever run:
+torch.load is never called (torch 1.13 hands a TorchScript archive to torch.jit.load, which runs
+its code); a zip archive must hold exactly the members torch.save writes (no code/, no
+constants.pkl), and the pickle is read with an unpickler that resolves only the functions that
+rebuild tensors and OrderedDict, so a __reduce__ payload is refused before it is called. Both of
+torch.save's formats are read: the zip archive and the legacy bare pickle.
 
 nanoGPT's GPT is GPT-2 with nn.Linear layers (weight (out, in), headlab's layout too): c_attn
 (3d, d) holds [W_Q; W_K; W_V]; exact GELU; LayerNorm eps 1e-5, its bias absent when
@@ -16,6 +19,9 @@ positions; lm_head tied to wte (headlab keeps a copy as head.weight). torch.comp
 import argparse
 import json
 import os
+import re
+import signal
+import stat
 import sys
 
 import numpy as np
@@ -40,10 +46,11 @@ SAFE_GLOBALS = {("collections", "OrderedDict"), ("torch._utils", "_rebuild_tenso
 
 
 class _RestrictedPickle:
-    """A pickle module for torch.load whose Unpickler resolves only SAFE_GLOBALS (Python's
-    "restricting globals" recipe). torch 1.13's weights_only unpickler cannot read floats
-    (opcode BINFLOAT, e.g. model_args['dropout']), so a file it refuses for that alone is read
-    again with this one, which likewise never runs code from the file."""
+    """The pickle module handed to torch's readers: its Unpickler (and load, which torch's legacy
+    reader calls for the file's header pickles) resolves only SAFE_GLOBALS (Python's
+    "restricting globals" recipe), so nothing named in the file is ever called but them. It is
+    used instead of torch.load(weights_only=True), whose 1.13 version hands a TorchScript
+    archive to torch.jit.load (which runs the archive's code) and cannot read floats."""
     import pickle as _pickle
 
     class Unpickler(_pickle.Unpickler):
@@ -52,44 +59,81 @@ class _RestrictedPickle:
                 return super().find_class(module, name)
             raise _RestrictedPickle._pickle.UnpicklingError(f"global '{module}.{name}' is not allowed")
 
-    load = _pickle.load
+    @staticmethod
+    def load(f, **kw):
+        return _RestrictedPickle.Unpickler(f, **kw).load()
+
+
+# The members torch.save writes into its zip archive, under one top folder ARCHIVE/. A TorchScript
+# archive (torch.jit.save) also has code/ and constants.pkl; torch.load would hand it to
+# torch.jit.load, which runs that code. Anything else is not a plain checkpoint either.
+_ZIP_MEMBER = re.compile(r"(data\.pkl|version|byteorder|\.data/version|\.data/serialization_id|data/[0-9]+)")
+
+
+def check_zip_members(path, names):
+    """Refuses a zip that is not exactly what torch.save writes, before any torch reader opens it."""
+    tops = {n.split("/", 1)[0] for n in names}
+    if len(tops) != 1 or any("/" not in n for n in names):
+        raise Refused(f"{path}: refused: not a torch.save archive (its members are not in one folder); it is not read")
+    for n in names:
+        member = n.split("/", 1)[1]
+        if member == "constants.pkl" or member.startswith("code/"):
+            raise Refused(f"{path}: refused: a TorchScript archive (it holds code: {n}), not a checkpoint of tensors; "
+                          "nothing in it is run")
+        if not _ZIP_MEMBER.fullmatch(member):
+            raise Refused(f"{path}: refused: unexpected member {n} (torch.save writes only data.pkl, data/N and version "
+                          "files); it is not read")
+    if tops.pop() + "/data.pkl" not in names:
+        raise Refused(f"{path}: refused: a zip without data.pkl, not a torch.save checkpoint")
 
 
 def load_ckpt(path):
     import pickle
+    import zipfile
     try:
         import torch
     except ImportError:
         raise Refused(f"{path}: reading a torch checkpoint needs PyTorch ({sys.executable} has none; "
                       "Debian's python3-torch provides it)")
-    if not os.path.isfile(path):
-        raise Refused(f"{path}: not found")
-
-    def refused(e):
-        msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-        msg = msg.split("WeightsUnpickler error: ")[-1]  # torch's reason, without its advice to load unsafely
-        return Refused(f"{path}: refused: the pickle holds more than tensors and plain data, and is not run ({msg})")
-
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError) as e:
-        if "Unsupported operand" not in str(e):  # a global or an operation weights_only refuses
-            if isinstance(e, pickle.UnpicklingError) or "weights_only" in str(e) or "Unsupported" in str(e):
-                raise refused(e)
-            raise Refused(f"{path}: not a readable torch checkpoint ({str(e).splitlines()[0]})")
-    except (EOFError, OSError, ValueError) as e:
-        raise Refused(f"{path}: not a readable torch checkpoint ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
-    # torch 1.13 refused an opcode (a float): the restricted unpickler. torch.load itself cannot
-    # take it (Debian's 1.13 replaces any pickle_module by pickle unless weights_only), so the
-    # zip archive torch.save writes is read with torch's own _load and this pickle module.
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise Refused(f"{path}: not found")
+    except OSError as e:
+        raise Refused(f"{path}: cannot read: {e.strerror}")
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a pipe (FIFO)" if stat.S_ISFIFO(st.st_mode)
+                else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+                else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a file")
+        raise Refused(f"{path}: is {kind}, not a regular file: give a file")
+
+    def unreadable(e):
+        return Refused(f"{path}: not a readable torch checkpoint ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
+
+    # torch.load is never called: the two formats torch.save writes are told apart here and read
+    # by torch's own readers with the restricted pickle module. A zip (torch >= 1.6) is checked
+    # member by member first; a bare pickle (the legacy format, protocol 2+) starts with 0x80.
     try:
         with open(path, "rb") as f:
-            with torch.serialization._open_zipfile_reader(f) as archive:
-                return torch.serialization._load(archive, "cpu", _RestrictedPickle, encoding="utf-8")
+            head = f.read(4)
+            f.seek(0)
+            if head == b"PK\x03\x04":
+                try:
+                    names = zipfile.ZipFile(f).namelist()
+                except zipfile.BadZipFile as e:
+                    raise unreadable(e)
+                check_zip_members(path, names)
+                f.seek(0)
+                with torch.serialization._open_zipfile_reader(f) as archive:
+                    return torch.serialization._load(archive, "cpu", _RestrictedPickle, encoding="utf-8")
+            if head[:1] == b"\x80":
+                return torch.serialization._legacy_load(f, "cpu", _RestrictedPickle, encoding="utf-8")
+            raise Refused(f"{path}: not a torch checkpoint (neither the zip archive nor the pickle that torch.save writes)")
     except pickle.UnpicklingError as e:
-        raise refused(e)
-    except (RuntimeError, EOFError, OSError, ValueError) as e:
-        raise Refused(f"{path}: not a readable torch checkpoint ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
+        msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise Refused(f"{path}: refused: the pickle holds more than tensors and plain data, and is not run ({msg})")
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+        raise unreadable(e)
 
 
 def convert(ckpt, source):
@@ -113,6 +157,8 @@ def convert(ckpt, source):
             continue
         if not hasattr(v, "detach"):
             raise Refused(f"{source}: model entry '{k}' is not a tensor")
+        if not v.dtype.is_floating_point:  # a complex weight would lose its imaginary part, an integer one means another model
+            raise Refused(f"{source}: tensor '{k}' is {str(v.dtype).replace('torch.', '')}, not a real floating-point tensor")
         sd[k] = v.detach().float().contiguous().numpy()
     bias = "transformer.h.0.attn.c_attn.bias" in sd
     if "bias" in args and bool(args["bias"]) != bias:
@@ -169,6 +215,24 @@ def convert(ckpt, source):
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}, config, bias
 
 
+_partial = []  # the temporary file being written, removed if a signal ends the conversion
+
+
+def _stopper(ckpt, to):
+    """SIGINT or SIGTERM ends the conversion where it is (even inside torch's C++ code, which
+    would turn an exception into a RuntimeError): one line, nothing written, exit 128 + signal."""
+    def stop(signum, frame):
+        for p in _partial:
+            try:
+                os.remove(p)
+            except OSError:
+                pass
+        print(f"error: {ckpt}: not converted: stopped by {signal.Signals(signum).name}; nothing was written",
+              file=to, flush=True)
+        os._exit(128 + signum)
+    return stop
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="nanoGPT ckpt.pt -> headlab checkpoint")
     ap.add_argument("ckpt")
@@ -176,17 +240,31 @@ def main(argv=None):
     ap.add_argument("--errors-to-stdout", action="store_true",
                     help="print a refusal on stdout (headlab convert, which runs this, reports it)")
     a = ap.parse_args(argv)
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, _stopper(a.ckpt, sys.stdout if a.errors_to_stdout else sys.stderr))
     try:
         tensors, config, bias = convert(load_ckpt(a.ckpt), a.ckpt)
     except Refused as e:
         print(f"error: {e}", file=sys.stdout if a.errors_to_stdout else sys.stderr)
         return 1
-    # headlab's parameter order (docs/formats.md); written beside the target, then renamed.
-    tmp = a.out + f".tmp.{os.getpid()}"
+    # headlab's parameter order (docs/formats.md); written beside the target, then renamed. The
+    # target is only ever a regular file (or new): never a device, a FIFO or a symlink.
+    out_dir = os.path.dirname(a.out) or "."
+    tmp = os.path.join(out_dir, f".{os.path.basename(a.out)}.tmp.{os.getpid()}")
+    _partial.append(tmp)
     try:
+        if os.path.lexists(a.out) and not stat.S_ISREG(os.lstat(a.out).st_mode):
+            raise Refused(f"--out {a.out}: exists and is not a regular file (a device, a pipe, a link or a directory); "
+                          "give a path of its own")
         write_safetensors(tmp, tensors, {"format": "headlab-checkpoint", "format_version": "1",
                                          "config": json.dumps(config), "converted_from": "nanogpt"})
         os.replace(tmp, a.out)
+    except Refused as e:
+        print(f"error: {e}", file=sys.stdout if a.errors_to_stdout else sys.stderr)
+        return 1
+    except OSError as e:  # a full disk, a directory we may not write: one line, not a traceback
+        print(f"error: {a.out}: cannot write: {e.strerror or e}", file=sys.stdout if a.errors_to_stdout else sys.stderr)
+        return 1
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)

@@ -40,17 +40,44 @@ std::string output_dir_kind(const std::string& dir) {
   return kind_from_files(dir);
 }
 
-void claim_output_dir(const std::string& dir, const std::string& kind, const std::string& flag) {
+namespace {
+// Fails when `path` is, or is inside, the snapshots directory of a train run (RUN/snapshots).
+void refuse_inside_snapshots(const std::string& flag, const std::string& path) {
+  std::error_code ec;
+  const fs::path full = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  if (ec) return;
+  for (fs::path p = full; p.has_relative_path(); p = p.parent_path())
+    if (p.filename() == "snapshots" && output_dir_kind(p.parent_path().string()) == "train")
+      fail(flag, " ", path, ": inside the snapshots of the run in ", p.parent_path().string(),
+           "; headlab does not write among a run's snapshots: choose another ", flag);
+}
+}  // namespace
+
+void check_output_dir(const std::string& dir, const std::string& kind, const std::string& flag) {
+  refuse_inside_snapshots(flag, dir);
   const std::string held = output_dir_kind(dir);
   if (!held.empty() && held != kind)
     fail(flag, " ", dir, ": the directory holds the results of headlab ", held, "; headlab ", kind,
          " writes to a directory of its own: choose another ", flag);
+}
+
+void claim_output_dir(const std::string& dir, const std::string& kind, const std::string& flag) {
+  check_output_dir(dir, kind, flag);
   make_dirs(dir);
   const std::string mark = (fs::path(dir) / kMark).string();
   if (!file_exists(mark)) write_file_atomic(mark, kind + "\n");
 }
 
+std::unique_ptr<StagedDir> claim_staged_output_dir(const std::string& dir, const std::string& kind,
+                                                   const std::string& flag) {
+  check_output_dir(dir, kind, flag);
+  auto staged = std::make_unique<StagedDir>(dir);
+  if (!file_exists((fs::path(dir) / kMark).string())) write_file_atomic(staged->file(kMark), kind + "\n");
+  return staged;
+}
+
 void refuse_replacing_run_file(const std::string& flag, const std::string& path) {
+  refuse_inside_snapshots(flag, path);
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) return;
   const fs::path p(path);

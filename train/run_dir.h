@@ -5,18 +5,28 @@
 // recognised by their files.
 #pragma once
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+
+#include "lib/fileutil.h"
 
 namespace hl {
 
 std::string output_dir_kind(const std::string& dir);  // "" for none (or no directory)
 // Makes `dir` (mkdir -p) and marks it as `kind`; fails naming `flag` when it holds another kind.
+// Fails too when `dir` is inside a run's snapshots (RUN/snapshots): they are the run's own.
 void claim_output_dir(const std::string& dir, const std::string& kind, const std::string& flag = "--out");
+// What claim_output_dir refuses, refused now, making nothing (for a check before long work).
+void check_output_dir(const std::string& dir, const std::string& kind, const std::string& flag = "--out");
+// The same for a directory written all or nothing: checks `dir` as above before anything is
+// made, then returns its StagedDir with the mark among the staged files (it appears with them).
+std::unique_ptr<StagedDir> claim_staged_output_dir(const std::string& dir, const std::string& kind,
+                                                   const std::string& flag = "--out");
 // Fails naming `flag` when `path` is an existing result file of a run (a checkpoint, summary,
-// metrics, table or JSON in a train, ablate or prune directory): no command replaces a run's
-// files unless the user removes them first.
+// metrics, table or JSON in a train, ablate or prune directory, or a snapshot), or lies inside a
+// run's snapshots directory: no command replaces a run's files unless the user removes them first.
 void refuse_replacing_run_file(const std::string& flag, const std::string& path);
 
 // The first setting that differs between the settings stored with earlier results and today's

@@ -337,8 +337,19 @@ Trainer::Trainer(TrainArgs args, std::unique_ptr<Task> task, ProcessGroup* group
     if (!args_.out.empty() && fs::weakly_canonical(run_dir_of_state_file(args_.fork_from)) == fs::weakly_canonical(args_.out))
       fail("--out ", args_.out, ": the fork needs a directory of its own, not the run it forks");
   }
+  // A directory this constructor makes is removed again when a later check fails (--init's
+  // vocabulary, the snapshots' disk space): a refused run leaves no directory, lock or mark.
+  struct RemoveIfRefused {
+    std::string dir;
+    ~RemoveIfRefused() {
+      std::error_code ec;
+      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+    }
+  } remove_if_refused;
   if (!args_.out.empty()) {
     if (writes_files()) {
+      std::error_code ec;
+      if (!std::filesystem::exists(args_.out, ec)) remove_if_refused.dir = args_.out;
       claim_output_dir(args_.out, "train");
       lock_ = std::make_unique<DirLock>(args_.out);
       remove_stale_temp_files(args_.out);
@@ -380,6 +391,7 @@ Trainer::Trainer(TrainArgs args, std::unique_ptr<Task> task, ProcessGroup* group
     check_checkpoint_tensors(args_.model, f);
     load_parameters(*model_, f);
   }
+  remove_if_refused.dir.clear();  // every check passed: the directory stays
 }
 
 void Trainer::plan_snapshots() {

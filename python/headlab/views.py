@@ -6,7 +6,6 @@ network is needed), and ``view.save(path)`` writes the same page as a standalone
 """
 import html as _html
 import os
-import tempfile
 
 import numpy as np
 
@@ -25,20 +24,10 @@ class View:
                 f'border: 1px solid #ddd" sandbox="allow-scripts"></iframe>')
 
     def save(self, path):
-        """Writes the page to ``path`` (whole or not at all) and returns the path."""
+        """Writes the page to ``path`` (whole or not at all) and returns the path. An existing
+        ``path`` that is not a regular file (a device, a FIFO, a symbolic link) is refused."""
         path = os.fspath(path)
-        folder = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".view-", suffix=".html")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(self.html)
-            # mkstemp makes the file 0600; a saved page is for sharing, as `headlab view`'s is (0644)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        _core._write_file_atomic(path, self.html)
         return path
 
     def __repr__(self):

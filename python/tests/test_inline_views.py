@@ -112,6 +112,24 @@ def test_the_notebook_html_is_an_isolated_iframe_holding_the_page_and_fetches_no
     assert os.stat(path).st_mode & 0o777 == 0o644  # readable by others, as the command's pages
 
 
+def test_view_save_never_replaces_a_device_a_fifo_or_a_link(tmp_path):
+    import stat
+    v = hl.view(small_model(), np.arange(8))
+    os.mkfifo(tmp_path / "fifo.html")
+    nodes = {"fifo.html": stat.S_ISFIFO}
+    if os.geteuid() == 0:  # a character device of our own (the numbers of /dev/null), never /dev itself
+        os.mknod(tmp_path / "dev.html", stat.S_IFCHR | 0o600, os.makedev(1, 3))
+        nodes["dev.html"] = stat.S_ISCHR
+    (tmp_path / "secret").write_text("secret")
+    os.symlink(tmp_path / "secret", tmp_path / "link.html")
+    nodes["link.html"] = stat.S_ISLNK
+    for name, is_kind in nodes.items():
+        with pytest.raises(ValueError, match=re.escape(name) + ".*not a regular file"):
+            v.save(tmp_path / name)
+        assert is_kind(os.lstat(tmp_path / name).st_mode), name
+    assert (tmp_path / "secret").read_text() == "secret"
+
+
 def test_small_views_carry_their_values():
     t = hl.token_view(["a", "</script>", "c"], [0.25, -1.0, float("nan")], title="loss", value_name="nats")
     d = page_data(t.html)

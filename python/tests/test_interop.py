@@ -314,6 +314,165 @@ def test_nanogpt_pickle_payload_is_refused_and_never_runs(tmp_path, payload_firs
     assert r.returncode != 0 and not marker.exists() and not out.exists(), r.stderr
 
 
+def torchscript_archive(path, marker):
+    """A TorchScript archive whose loading writes `marker` (its __setstate__ maps the file with
+    torch.from_file(shared=True) and fills it): what torch 1.13's torch.load(weights_only=True)
+    hands to torch.jit.load."""
+    source = f"""
+import torch
+from typing import Tuple
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.zeros(1)
+    def forward(self, x):
+        return x
+    @torch.jit.export
+    def __getstate__(self):
+        return (self.w, self.training)
+    @torch.jit.export
+    def __setstate__(self, state: Tuple[torch.Tensor, bool]):
+        t = torch.from_file({str(marker)!r}, shared=True, size=4)
+        t.fill_(1.0)
+        self.w = state[0] + t[:1] * 0.0
+        self.training = state[1]
+"""
+    module_file = path.parent / "ts_module.py"
+    module_file.write_text(source)
+    sys.path.insert(0, str(path.parent))
+    try:
+        import ts_module
+        torch.jit.save(torch.jit.script(ts_module.M()), str(path))
+    finally:
+        sys.path.remove(str(path.parent))
+        sys.modules.pop("ts_module", None)
+
+
+def test_torchscript_archive_is_refused_and_never_runs(tmp_path):
+    marker = tmp_path / "marker"
+    archive = tmp_path / "made.pt"
+    torchscript_archive(archive, marker)
+    torch.jit.load(str(archive))  # the archive does what it says when loaded ...
+    assert marker.exists()
+    marker.unlink()
+    out = tmp_path / "out.safetensors"
+    for name in ("ckpt.pt", "model.bin", "ckpt"):  # ... but never through headlab
+        (tmp_path / name).write_bytes(archive.read_bytes())
+        r = run("convert", tmp_path / name, "--out", out)
+        assert not marker.exists(), name  # nothing of the archive ran
+        line = bad_line(r)
+        assert f"{name}: refused: a TorchScript archive" in line and "nothing in it is run" in line, line
+        r = subprocess.run(["/usr/bin/python3", os.path.join(SCRIPTS, "convert_nanogpt.py"), str(tmp_path / name),
+                            "--out", str(out)], capture_output=True, text=True)
+        assert r.returncode == 1 and "refused: a TorchScript archive" in r.stderr, r.stderr
+        assert not marker.exists(), name
+        assert not out.exists()
+
+
+def test_zip_with_more_than_torch_save_writes_is_refused(tmp_path):
+    import zipfile
+    ckpt = tmp_path / "ckpt.pt"
+    ref.write_nanogpt_ckpt(str(ckpt), dict(NANO), ref.random_nanogpt(dict(NANO)))
+    extra = tmp_path / "extra.pt"
+    with zipfile.ZipFile(ckpt) as src, zipfile.ZipFile(extra, "w") as dst:
+        for item in src.infolist():
+            dst.writestr(item, src.read(item.filename))
+        dst.writestr("ckpt/extra/notes.txt", "x")
+    line = bad_line(run("convert", extra, "--out", tmp_path / "o.safetensors"))
+    assert "refused: unexpected member ckpt/extra/notes.txt" in line, line
+
+
+def test_nanogpt_legacy_format_converts_like_the_zip(tmp_path):
+    args = dict(NANO)
+    sd = ref.random_nanogpt(args, seed=3)
+    zipped, legacy = tmp_path / "zip.pt", tmp_path / "legacy.pt"
+    ref.write_nanogpt_ckpt(str(zipped), args, sd)
+    torch.save({"model": sd, "optimizer": {}, "model_args": args, "iter_num": 0, "best_val_loss": torch.tensor(1.5)},
+               str(legacy), _use_new_zipfile_serialization=False)
+    assert legacy.read_bytes()[:1] == b"\x80"  # a bare pickle, not a zip
+    for src in (zipped, legacy):
+        r = run("convert", src, "--out", tmp_path / (src.stem + ".safetensors"))
+        assert r.returncode == 0, r.stderr
+    assert (tmp_path / "zip.safetensors").read_bytes() == (tmp_path / "legacy.safetensors").read_bytes()
+    # a legacy pickle with a payload is refused as the zip one is
+    marker = tmp_path / "payload_ran"
+    torch.save({"model": sd, "model_args": args, "x": Payload(str(marker))}, str(tmp_path / "evil.pt"),
+               _use_new_zipfile_serialization=False)
+    line = bad_line(run("convert", tmp_path / "evil.pt", "--out", tmp_path / "evil.safetensors"))
+    assert "refused" in line and "not run" in line and not marker.exists(), line
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "int64", "bool"])
+def test_nanogpt_non_real_tensor_refused_naming_the_key(tmp_path, dtype):
+    args = dict(NANO)
+    sd = ref.random_nanogpt(args)
+    sd["transformer.wte.weight"] = sd["transformer.wte.weight"].to(getattr(torch, dtype))
+    ckpt = tmp_path / "ckpt.pt"
+    ref.write_nanogpt_ckpt(str(ckpt), args, sd)
+    out = tmp_path / "out.safetensors"
+    line = bad_line(run("convert", ckpt, "--out", out))
+    assert f"tensor 'transformer.wte.weight' is {dtype}, not a real floating-point tensor" in line, line
+    assert not out.exists()
+
+
+def test_nanogpt_convert_special_files_and_a_users_partial_name(tmp_path):
+    fifo = tmp_path / "x.pt"
+    os.mkfifo(fifo)
+    line = bad_line(run("convert", fifo, "--out", tmp_path / "o.safetensors"))
+    assert "x.pt: is a pipe (FIFO), not a regular file" in line, line
+    # a file of the user's named like the old partial output is left alone
+    ckpt = tmp_path / "ckpt.pt"
+    ref.write_nanogpt_ckpt(str(ckpt), dict(NANO), ref.random_nanogpt(dict(NANO)))
+    out = tmp_path / "o.safetensors"
+    mine = tmp_path / "o.safetensors.converting"
+    mine.write_text("mine")
+    assert run("convert", ckpt, "--out", out).returncode == 0
+    assert mine.read_text() == "mine" and out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt", "o.safetensors", "o.safetensors.converting", "x.pt"]
+
+
+@pytest.mark.parametrize("sig,code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_nanogpt_convert_stopped_by_a_signal(tmp_path, sig, code):
+    import signal
+    import time
+    ckpt = tmp_path / "ckpt.pt"
+    ref.write_nanogpt_ckpt(str(ckpt), dict(NANO), ref.random_nanogpt(dict(NANO)))
+    out = tmp_path / "o.safetensors"
+    # the converter is stopped (its process group: a terminal's Ctrl-C), then headlab alone
+    for whole_group in (True, False):
+        p = subprocess.Popen([HEADLAB, "convert", str(ckpt), "--out", str(out)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+        time.sleep(1.0)  # the converter is importing torch
+        if whole_group:
+            os.killpg(p.pid, getattr(signal, sig))
+        else:
+            p.send_signal(getattr(signal, sig))
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == code, err
+        assert err.strip().count("\n") == 0 and f"not converted: stopped by {sig}; nothing was written" in err, err
+        assert "its output is above" not in err
+        assert sorted(q.name for q in tmp_path.iterdir()) == ["ckpt.pt"]
+
+
+def test_nanogpt_script_on_a_full_disk_says_one_line(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    ckpt = tmp_path / "ckpt.pt"
+    ref.write_nanogpt_ckpt(str(ckpt), dict(NANO), ref.random_nanogpt(dict(NANO)))
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mnt)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        r = subprocess.run(["/usr/bin/python3", os.path.join(SCRIPTS, "convert_nanogpt.py"), str(ckpt), "--out",
+                            str(mnt / "o.safetensors")], capture_output=True, text=True)
+        assert r.returncode == 1 and r.stderr.strip().count("\n") == 0, r.stderr
+        assert "o.safetensors: cannot write: No space left on device" in r.stderr and "Traceback" not in r.stderr
+        assert os.listdir(mnt) == []
+    finally:
+        subprocess.run(["umount", str(mnt)])
+
+
 def test_nanogpt_bad_shapes_named(tmp_path):
     args = dict(NANO)
     sd = ref.random_nanogpt(args)
