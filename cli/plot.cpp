@@ -92,7 +92,7 @@ void run_gnuplot(const std::string& script, const std::string& path, const PlotD
   try {
     rc = run_child_process({"gnuplot", "plot.gp"}, {.cwd = dir.path().string(), .output_file = log_path, .forward_stop = true, .time_limit_s = limit});
   } catch (const ChildTimedOut& e) {
-    fail("could not draw ", path, ": ", e.what(), " (HEADLAB_PLOT_TIMEOUT=SECONDS allows longer)");
+    fail("could not draw ", StagedDir::shown_path(path), ": ", e.what(), " (HEADLAB_PLOT_TIMEOUT=SECONDS allows longer)");
   }
   if (!stop_before) throw_if_stopped();  // a stop request ended gnuplot
   const fs::path png = dir.path() / "out.png";
@@ -102,9 +102,9 @@ void run_gnuplot(const std::string& script, const std::string& path, const PlotD
       log = read_file(log_path);
     } catch (const Error&) {
     }
-    if (rc == 127) fail("could not draw ", path, ": gnuplot is not installed (Debian: apt install gnuplot-nox)");
+    if (rc == 127) fail("could not draw ", StagedDir::shown_path(path), ": gnuplot is not installed (Debian: apt install gnuplot-nox)");
     const std::string why = last_line(log);
-    fail("could not draw ", path, ": gnuplot ", rc == 0 ? "wrote no PNG" : "failed (exit " + std::to_string(rc) + ")",
+    fail("could not draw ", StagedDir::shown_path(path), ": gnuplot ", rc == 0 ? "wrote no PNG" : "failed (exit " + std::to_string(rc) + ")",
          why.empty() ? "" : ": " + why);
   }
   write_file_atomic(path, read_file(png.string()));

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <fstream>
 #include <sstream>
 
@@ -120,7 +121,7 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
                                   std::to_string(::getpid()))).string();
   refuse_replacing_non_regular("", path);  // a rename over a device or a FIFO would replace it
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) fail(path, ": cannot write: ", std::strerror(errno));
+  if (fd < 0) fail(StagedDir::shown_path(path), ": cannot write: ", std::strerror(errno));
   size_t done = 0;
   while (done < bytes.size()) {
     ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
@@ -129,19 +130,19 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
       const int e = errno;
       ::close(fd);
       ::unlink(tmp.c_str());
-      fail(path, ": write failed: ", std::strerror(e));
+      fail(StagedDir::shown_path(path), ": write failed: ", std::strerror(e));
     }
     done += static_cast<size_t>(w);
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     const int e = errno;
     ::unlink(tmp.c_str());
-    fail(path, ": fsync failed: ", std::strerror(e));
+    fail(StagedDir::shown_path(path), ": fsync failed: ", std::strerror(e));
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int e = errno;
     ::unlink(tmp.c_str());
-    fail(path, ": rename failed: ", std::strerror(e));
+    fail(StagedDir::shown_path(path), ": rename failed: ", std::strerror(e));
   }
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
   if (dfd >= 0) {  // make the rename itself durable
@@ -218,6 +219,28 @@ void remove_stale_temp_files(const std::string& dir) {
   }
 }
 
+namespace {
+// The live staging directories (staging -> final), for messages that name a file being written.
+std::mutex staged_mutex;
+std::vector<std::pair<std::string, std::string>>& live_stagings() {
+  static std::vector<std::pair<std::string, std::string>> live;
+  return live;
+}
+void forget_staging(const std::string& stage) {
+  std::lock_guard<std::mutex> lock(staged_mutex);
+  auto& live = live_stagings();
+  std::erase_if(live, [&](const auto& p) { return p.first == stage; });
+}
+}  // namespace
+
+std::string StagedDir::shown_path(const std::string& path) {
+  std::lock_guard<std::mutex> lock(staged_mutex);
+  for (const auto& [stage, dir] : live_stagings())
+    if (path.size() > stage.size() && path.compare(0, stage.size(), stage) == 0 && path[stage.size()] == '/')
+      return (std::filesystem::path(dir) / path.substr(stage.size() + 1)).string();
+  return path;
+}
+
 StagedDir::StagedDir(const std::string& dir) : dir_(dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -237,9 +260,12 @@ StagedDir::StagedDir(const std::string& dir) : dir_(dir) {
   stage_ = (home / (prefix + std::to_string(::getpid()))).string();
   fs::remove_all(stage_, ec);
   if (!fs::create_directory(stage_, ec)) fail(dir, ": cannot create a directory to write in: ", ec.message());
+  std::lock_guard<std::mutex> lock(staged_mutex);
+  live_stagings().emplace_back(stage_, dir_);
 }
 
 StagedDir::~StagedDir() {
+  forget_staging(stage_);
   if (published_) return;
   std::error_code ec;
   std::filesystem::remove_all(stage_, ec);

@@ -65,6 +65,9 @@ class StagedDir {
   const std::string& staging() const { return stage_; }  // where they are written now
   std::string file(const std::string& name) const { return stage_ + "/" + name; }
   void publish();
+  // `path` as the user will find it: a file inside a live StagedDir's staging directory named
+  // at its place in DIR (for messages: "could not draw out/detect.png", not the hidden path).
+  static std::string shown_path(const std::string& path);
 
  private:
   std::string dir_, stage_;
