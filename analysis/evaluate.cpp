@@ -217,6 +217,7 @@ Ids generate(TransformerLM& model, const Ids& prompt, int64_t max_new_tokens, do
     for (int64_t t = 0; t < T; ++t) out.at(b, t) = prompt.at(b, t);
   if (max_new_tokens == 0) return out;
   NoGradGuard ng;
+  EvalScope eval(model);  // no dropout: the same seed gives the same tokens in any mode
   Rng rng(seed);
   std::vector<KVCacheLayer> cache;
   ForwardOptions opt;

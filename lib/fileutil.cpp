@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -42,6 +43,18 @@ void refuse_replacing_non_regular(const std::string& what, const std::string& pa
   if (!kind.empty())
     fail(what, path, ": exists and is ", kind, ", not a regular file: headlab replaces only regular files; "
          "give a path of its own");
+}
+
+std::FILE* open_log(const std::string& path, bool append) {
+  refuse_replacing_non_regular("", path);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | (append ? O_APPEND : O_TRUNC), 0644);
+  if (fd < 0) fail(path, ": cannot open for writing: ", std::strerror(errno));
+  std::FILE* f = ::fdopen(fd, append ? "a" : "w");
+  if (!f) {
+    ::close(fd);
+    fail(path, ": cannot open for writing: ", std::strerror(errno));
+  }
+  return f;
 }
 
 std::string read_file(const std::string& path) {
@@ -120,7 +133,11 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   const std::string tmp = (dir / ("." + target.filename().string() + ".tmp." +
                                   std::to_string(::getpid()))).string();
   refuse_replacing_non_regular("", path);  // a rename over a device or a FIFO would replace it
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  // O_EXCL | O_NOFOLLOW: a link planted at the temporary name is never followed; a leftover of an
+  // earlier process with our pid (or such a link) is removed, itself, and the name made anew once
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0644);
+  if (fd < 0 && errno == EEXIST && ::unlink(tmp.c_str()) == 0)
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0644);
   if (fd < 0) fail(StagedDir::shown_path(path), ": cannot write: ", std::strerror(errno));
   size_t done = 0;
   while (done < bytes.size()) {
@@ -200,7 +217,8 @@ DirLock::~DirLock() {
 
 namespace {
 // The pid in a temporary name ("...tmp.PID", "...partial.PID") still runs.
-bool pid_runs(const std::string& pid) {
+bool pid_runs(const std::string& id) {  // id: "PID" or "PID.N"
+  const std::string pid = id.substr(0, id.find('.'));
   if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) return true;  // not ours: keep
   const long p = std::strtol(pid.c_str(), nullptr, 10);
   return p <= 0 || ::kill(static_cast<pid_t>(p), 0) == 0 || errno != ESRCH;
@@ -257,7 +275,9 @@ StagedDir::StagedDir(const std::string& dir) : dir_(dir) {
     const std::string name = entry.path().filename().string();
     if (name.rfind(prefix, 0) == 0 && !pid_runs(name.substr(prefix.size()))) fs::remove_all(entry.path(), ec);
   }
-  stage_ = (home / (prefix + std::to_string(::getpid()))).string();
+  // pid and a count: two StagedDirs of one DIR in one process (Python threads) never share one
+  static std::atomic<int> count{0};
+  stage_ = (home / (prefix + std::to_string(::getpid()) + "." + std::to_string(count++))).string();
   fs::remove_all(stage_, ec);
   if (!fs::create_directory(stage_, ec)) fail(dir, ": cannot create a directory to write in: ", ec.message());
   std::lock_guard<std::mutex> lock(staged_mutex);
@@ -274,15 +294,29 @@ StagedDir::~StagedDir() {
 void StagedDir::publish() {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (!in_place_) {  // one rename: the whole directory appears at once
-    if (::rename(stage_.c_str(), dir_.c_str()) != 0) fail(dir_, ": cannot create: ", std::strerror(errno));
-  } else {  // every file is complete before the first is renamed in
+  // every file is complete, and every target checked, before the first is renamed in
+  const auto move_entries_in = [&] {
+    std::vector<std::pair<fs::path, std::string>> moves;
     for (const auto& entry : fs::directory_iterator(stage_)) {
       const std::string to = (fs::path(dir_) / entry.path().filename()).string();
+      if (entry.is_directory(ec) && fs::exists(fs::symlink_status(to, ec)))
+        fail(to, ": exists: a directory of results is not written over another");
       refuse_replacing_non_regular("", to);
-      if (::rename(entry.path().c_str(), to.c_str()) != 0) fail(to, ": rename failed: ", std::strerror(errno));
+      moves.emplace_back(entry.path(), to);
     }
+    for (const auto& [from, to] : moves)
+      if (::rename(from.c_str(), to.c_str()) != 0) fail(to, ": rename failed: ", std::strerror(errno));
     fs::remove(stage_, ec);
+  };
+  if (!in_place_) {  // one rename: the whole directory appears at once
+    if (::rename(stage_.c_str(), dir_.c_str()) != 0) {
+      // DIR appeared since the start (another command named it too): move the files in instead
+      if (errno != EEXIST && errno != ENOTEMPTY) fail(dir_, ": cannot create: ", std::strerror(errno));
+      if (!fs::is_directory(fs::symlink_status(dir_, ec))) fail(dir_, ": exists and is not a directory");
+      move_entries_in();
+    }
+  } else {
+    move_entries_in();
   }
   published_ = true;
   const fs::path target(dir_);

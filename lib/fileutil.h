@@ -3,6 +3,7 @@
 // the directory. A crash (even kill -9) leaves either the old file or the new one, never a
 // half-written one.
 #pragma once
+#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +24,9 @@ std::string non_regular_kind(const std::string& path, bool follow_links);
 // Fails "WHAT PATH: exists and is a device, not a regular file ..." unless `path` is missing or a
 // regular file (a symbolic link is refused too): what every writer checks before writing.
 void refuse_replacing_non_regular(const std::string& what, const std::string& path);
+// A log written line by line (metrics.jsonl): opened for appending or anew, never through a
+// link and never onto a device or a FIFO (refused like write_file_atomic's targets).
+std::FILE* open_log(const std::string& path, bool append);
 void make_dirs(const std::string& path);  // mkdir -p
 // Fails, naming the path and why, unless write_file_atomic(path, ...) could write it now (its
 // directory exists and is writable, and path is not a directory): a command checks its
@@ -50,8 +54,9 @@ class DirLock {
 void remove_stale_temp_files(const std::string& dir);
 
 // A directory of results written all or nothing. A new DIR is written in a hidden sibling,
-// DIR/../.NAME.partial.PID, renamed to DIR at publish(): it appears whole. An existing DIR (a
-// rerun) is written in a hidden DIR/.headlab.partial.PID whose files are renamed in at publish(),
+// DIR/../.NAME.partial.PID.N, renamed to DIR at publish() (DIR made meanwhile by another
+// writer: the files are moved into it instead): it appears whole. An existing DIR (a
+// rerun) is written in a hidden DIR/.headlab.partial.PID.N whose files are renamed in at publish(),
 // once every one is complete. Destroyed before publish() (an error, a full disk, a signal), it
 // removes what it wrote, so DIR is as it was; what a killed process left is removed by the next
 // StagedDir of the same DIR.

@@ -556,7 +556,13 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
              for (const char* attr : {"_fwd_hooks", "_bwd_hooks"})
                if (py::hasattr(self, attr)) py::delattr(self, attr);
            }, "Removes every hook add_hook (or a hooks() block) left on the model")
-      .def("generate", [](TransformerLM& model, const py::object& tokens, int64_t max_new_tokens, double temperature, uint64_t seed) {
+      .def("generate", [](const py::object& self, const py::object& tokens, int64_t max_new_tokens, double temperature, uint64_t seed) {
+             // a hooked model (an ablation in a hooks() block) would generate as if unhooked: refused
+             for (const char* attr : {"_fwd_hooks", "_bwd_hooks"})
+               if (py::hasattr(self, attr) && py::len(self.attr(attr)) > 0)
+                 throw Error("generate runs without hooks, and this model holds some (add_hook or a hooks() block): "
+                             "call reset_hooks() first, or run the hooked forward step by step");
+             TransformerLM& model = self.cast<TransformerLM&>();
              const Ids x = ids_from(tokens, "tokens");
              Ids out;
              {

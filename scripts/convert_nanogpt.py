@@ -67,7 +67,7 @@ class _RestrictedPickle:
 # The members torch.save writes into its zip archive, under one top folder ARCHIVE/. A TorchScript
 # archive (torch.jit.save) also has code/ and constants.pkl; torch.load would hand it to
 # torch.jit.load, which runs that code. Anything else is not a plain checkpoint either.
-_ZIP_MEMBER = re.compile(r"(data\.pkl|version|byteorder|\.data/version|\.data/serialization_id|data/[0-9]+)")
+_ZIP_MEMBER = re.compile(r"(data\.pkl|version|byteorder|\.format_version|\.storage_alignment|\.data/version|\.data/serialization_id|data/[0-9]+)")
 
 
 def check_zip_members(path, names):

@@ -140,7 +140,8 @@ int64_t checkpoint_step(const SafetensorsFile& f, const std::string& path) {
 int64_t checkpoint_step(const std::string& path) { return checkpoint_step(read_safetensors(path), path); }
 // A file dropped into a run's snapshots from another run (another seed, model or task) would be
 // scored as this run's step: its stored arguments must define the same run as the run's own.
-void check_same_run(const SafetensorsFile& f, const std::string& path, const std::string& run_args) {
+void check_same_run(const SafetensorsFile& f, const std::string& path, const std::string& run_args,
+                    const std::string& run_source) {
   if (run_args == "null") return;  // neither summary nor checkpoint: nothing to compare with
   std::string args;
   try {
@@ -148,7 +149,9 @@ void check_same_run(const SafetensorsFile& f, const std::string& path, const std
   } catch (const nlohmann::json::exception& e) {
     fail(path, ": its train_state metadata is unreadable (", e.what(), ")");
   }
-  const std::string difference = first_identity_difference(run_args, args, "in the run", "in this file");
+  // both read back and written again: a setting one side predates compares as its default
+  const std::string difference = first_identity_difference(TrainArgs::from_json(run_args, run_source).to_json(),
+                                                           TrainArgs::from_json(args, path).to_json(), "in the run", "in this file");
   if (!difference.empty())
     fail(path, ": a snapshot of another run (", difference, "): remove it, or analyse the run it belongs to");
 }
@@ -182,7 +185,7 @@ ScoresOverTraining scores_over_training(const std::string& run, const std::strin
     const SafetensorsFile f = read_checkpoint(s.checkpoints[i]);
     if (const int64_t stored = checkpoint_step(f, s.checkpoints[i]); stored != s.steps[i])
       fail(s.checkpoints[i], ": holds the weights of step ", stored, ", not of step ", s.steps[i], " (a renamed or copied file)");
-    check_same_run(f, s.checkpoints[i], run_args);
+    check_same_run(f, s.checkpoints[i], run_args, run);
     const HeadScores h = head_scores(analysis, f, s.checkpoints[i], o);
     const int L = static_cast<int>(h.grids[0].size()), H = L ? static_cast<int>(h.grids[0][0].size()) : 0;
     if (i == 0) s.layers = L, s.heads = H;

@@ -733,8 +733,7 @@ std::pair<float, float> Trainer::step(const std::function<void(TransformerLM&)>&
       const EvalResult e = evaluate(*model_, *task_, held_out_, args_.eval_autoregressive || last);
       const std::string path = args_.out + "/metrics.jsonl";
       // the first line of a fresh run starts the file; a resumed loop appends
-      FILE* f = std::fopen(path.c_str(), manual_metrics_started_ || args_.resume || !args_.fork_from.empty() ? "a" : "w");
-      if (!f) fail(path, ": cannot open for writing: ", std::strerror(errno));
+      FILE* f = open_log(path, manual_metrics_started_ || args_.resume || !args_.fork_from.empty());
       const std::string line = eval_json(done, e, sched_.at(done - 1), 0, 0) + "\n";
       const bool ok = std::fwrite(line.data(), 1, line.size(), f) == line.size();
       if (std::fclose(f) != 0 || !ok) fail(path, ": write failed: ", std::strerror(errno));
@@ -796,8 +795,7 @@ TrainResult Trainer::run(const TrainObserver& obs) {
       write_file_atomic(metrics_path, kept);
     }
   }
-  FILE* metrics = metrics_path.empty() ? nullptr : std::fopen(metrics_path.c_str(), start ? "a" : "w");
-  if (!metrics_path.empty() && !metrics) fail(metrics_path, ": cannot open for writing: ", std::strerror(errno));
+  FILE* metrics = metrics_path.empty() ? nullptr : open_log(metrics_path, start);
   struct Closer {
     FILE*& f;
     ~Closer() { if (f) std::fclose(f); }

@@ -382,6 +382,23 @@ def test_zip_with_more_than_torch_save_writes_is_refused(tmp_path):
     assert "refused: unexpected member ckpt/extra/notes.txt" in line, line
 
 
+def test_members_newer_torch_writes_are_read(tmp_path):
+    # torch 2.x adds .format_version and .storage_alignment (plain data) to every archive it saves
+    import zipfile
+    ckpt = tmp_path / "ckpt.pt"
+    ref.write_nanogpt_ckpt(str(ckpt), dict(NANO), ref.random_nanogpt(dict(NANO)))
+    newer = tmp_path / "newer.pt"
+    with zipfile.ZipFile(ckpt) as src, zipfile.ZipFile(newer, "w") as dst:
+        for item in src.infolist():
+            dst.writestr(item, src.read(item.filename))
+        dst.writestr("ckpt/.format_version", "1")
+        dst.writestr("ckpt/.storage_alignment", "64")
+    for src in (ckpt, newer):
+        r = run("convert", src, "--out", tmp_path / (src.stem + ".safetensors"))
+        assert r.returncode == 0, r.stderr
+    assert (tmp_path / "ckpt.safetensors").read_bytes() == (tmp_path / "newer.safetensors").read_bytes()
+
+
 def test_nanogpt_legacy_format_converts_like_the_zip(tmp_path):
     args = dict(NANO)
     sd = ref.random_nanogpt(args, seed=3)

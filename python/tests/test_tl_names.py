@@ -188,6 +188,19 @@ def test_generate_greedy_is_the_argmax_of_full_forwards_and_sampling_follows_the
         m.generate(prompt, max_new_tokens=13)
 
 
+def test_generate_refuses_a_hooked_model_and_ignores_training_mode():
+    m = tiny(seed=3, dropout=0.5)
+    prompt = ids(B=1, T=4)
+    want = m.generate(prompt, max_new_tokens=5, temperature=1.0, seed=2)
+    m.train()  # dropout on: generation still runs in evaluation mode
+    assert np.array_equal(m.generate(prompt, max_new_tokens=5, temperature=1.0, seed=2), want)
+    m.eval()
+    with m.hooks(fwd_hooks=[("blocks.0.attn.hook_z", lambda z, hook: np.zeros_like(z))]):
+        with pytest.raises(ValueError, match="generate runs without hooks, and this model holds some"):
+            m.generate(prompt, max_new_tokens=2)
+    assert np.array_equal(m.generate(prompt, max_new_tokens=5, temperature=1.0, seed=2), want)
+
+
 def test_byte_level_text_round_trips_and_a_model_without_tokenizer_says_so():
     m = tiny(d_vocab=256)
     t = m.to_tokens("héllo")
