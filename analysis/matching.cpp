@@ -287,6 +287,25 @@ std::vector<Batch> match_probe(const TransformerLM& a, const TransformerLM& b, i
   return varied_repeat_probe(examples, k, static_cast<int>(std::min(a.cfg.vocab_size, b.cfg.vocab_size)), seed);
 }
 
+MatchCost match_cost(const TransformerLM& a, const TransformerLM& b, int examples, bool by_pattern) {
+  const int64_t n = examples, batches = (n + 63) / 64, batch = std::min<int64_t>(64, n);
+  // the probe length varied_repeat_probe uses: twice the longest repeat
+  auto seq_len = [](int64_t max_len) { return 2 * std::min<int64_t>(16, max_len / 2); };
+  const int probes_per_model = 3 + (by_pattern ? 1 : 0);  // three detectors, and the shared probe
+  MatchCost c;
+  c.rows = n;
+  c.forward_passes = 2 * probes_per_model * batches;
+  for (const TransformerLM* m : {&a, &b}) {
+    const double T = static_cast<double>(seq_len(m->cfg.max_seq_len)), L = m->cfg.n_layers, H = m->cfg.n_heads;
+    const double d = static_cast<double>(m->cfg.d_model), V = static_cast<double>(m->cfg.vocab_size);
+    c.memory_bytes += 8.0 * static_cast<double>(n) * T;  // its detector probe: inputs and targets, int32
+    // one batch: patterns, about ten d_model-wide activations per layer, the logits (float32)
+    c.memory_bytes += 4.0 * static_cast<double>(batch) * T * (L * H * T + 10 * L * d + V);
+  }
+  if (by_pattern) c.memory_bytes += 8.0 * static_cast<double>(n) * seq_len(std::min(a.cfg.max_seq_len, b.cfg.max_seq_len));
+  return c;
+}
+
 PairRoles pair_roles(const HeadMatch& m, const HeadRoleScores& a, const HeadRoleScores& b, double threshold) {
   PairRoles r;
   for (const HeadPair& p : m.pairs) {
