@@ -101,6 +101,14 @@ refused "patch --axes '': refused naming the flag" 30 '--axes;;empty' "" -- \
   "$HL" patch --checkpoint "$M" --examples 4 --hook hook_z --axes '' --out "$T/o_p"
 refused "knockout --positions ' ': refused naming the flag" 30 '--positions;;empty' "" -- \
   "$HL" knockout --checkpoint "$M" --hook blocks.0.attn.hook_z --positions ' ' --out "$T/o_k"
+# empty items of comma lists (CLI11 would drop them), in each spelling; lists split by the command
+refused "ablate --head-counts 1,,2: refused naming the flag" 30 '--head-counts;;empty item' "" -- \
+  "$HL" ablate --head-counts 1,,2 --steps 1 --out "$T/o_hc"
+refused "train --snapshot-at=0,5,: refused naming the flag" 30 '--snapshot-at;;empty item' "" -- \
+  "$HL" train $small --steps 5 --snapshot-at=0,5, --out "$T/o_sa"
+if [ -e "$T/o_hc" ] || [ -e "$T/o_sa" ]; then bad "empty list items: a directory was written"; else ok "empty list items: nothing written"; fi
+refused "knockout --positions 1,,2: refused naming the flag" 30 '--positions' "" -- \
+  "$HL" knockout --checkpoint "$M" --hook blocks.0.attn.hook_z --positions 1,,2 --out "$T/o_k2"
 
 # ---- valid input is accepted ---------------------------------------------------------------------
 for i in $(seq 40); do printf 'the quick brown fox jumps over the lazy dog. '; done > "$T/lm.txt"
