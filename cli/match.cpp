@@ -58,10 +58,8 @@ int run_match(const MatchOpts& o) {
   const std::string path_a = checkpoint_file(o.checkpoints[0]), path_b = checkpoint_file(o.checkpoints[1]);
   std::unique_ptr<TransformerLM> a = load_model(path_a), b = load_model(path_b);
   const MatchCost cost = match_cost(*a, *b, o.examples, by == MatchBy::Pattern);
-  check_fits_in_memory(cost.memory_bytes, "--examples " + std::to_string(o.examples) + " (lower it)");
-  std::printf("match: %d probe rows, about %lld forward passes of up to 64 rows and %s of memory\n", o.examples,
-              static_cast<long long>(cost.forward_passes), format_bytes(cost.memory_bytes).c_str());
-  std::fflush(stdout);  // said before the work, even when stdout is a pipe
+  announce_memory("match", cost.memory_bytes, std::to_string(o.examples) + " probe rows in about " +
+                  std::to_string(cost.forward_passes) + " forward passes of up to 64 rows", "--examples");
   const std::vector<Batch> probe = by == MatchBy::Pattern ? match_probe(*a, *b, o.examples, o.seed) : std::vector<Batch>{};
   const HeadMatch m = match_heads(*a, *b, probe, {by, o.across_layers});
   const HeadRoleScores ra = detector_role_scores(*a, o.examples, o.seed), rb = detector_role_scores(*b, o.examples, o.seed);

@@ -139,10 +139,10 @@ else bad "edges under ulimit -v: exit $rc" "$T/err"; fi
 
 # ---- match: an estimate before the work, a refusal naming --examples when it does not fit ---------
 run 5 "$HL" match --checkpoint "$M" --checkpoint "$M" --examples 1000000 --threads 1 --out "$T/o_match"
-if grep -qE '^match: 1000000 probe rows, about 125000 forward passes .* [0-9.]+ [KMG]iB of memory' "$T/out"
-then ok "match --examples 1000000: the estimate comes first"; else bad "match --examples 1000000: no estimate (exit $rc)" "$T/out"; fi
+if grep -qE '^headlab match: about [0-9.]+ [KMG]iB of memory for 1000000 probe rows in about 125000 forward passes' "$T/err"
+then ok "match --examples 1000000: the estimate comes first"; else bad "match --examples 1000000: no estimate (exit $rc)" "$T/err"; fi
 run 30 bash -c "ulimit -v 600000; exec \"\$0\" \"\$@\"" "$HL" match --checkpoint "$M" --checkpoint "$M" --examples 1000000 --out "$T/o_match2"
-if [ "$rc" -ge 1 ] && [ "$rc" -lt 124 ] && grep -qE -- '--examples 1000000.*needs about [0-9.]+ [KMG]iB' "$T/err" && [ ! -e "$T/o_match2" ]
+if [ "$rc" -ge 1 ] && [ "$rc" -lt 124 ] && grep -qE -- 'match: 1000000 probe rows.*needs about [0-9.]+ [KMG]iB.*lower --examples' "$T/err" && [ ! -e "$T/o_match2" ]
 then ok "match under ulimit -v: refused naming --examples (exit $rc)"; else bad "match under ulimit -v: exit $rc" "$T/err"; fi
 
 echo "$pass passed, $fail failed"
