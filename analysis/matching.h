@@ -80,6 +80,8 @@ struct MatchCost {
   double memory_bytes = 0;
 };
 MatchCost match_cost(const TransformerLM& a, const TransformerLM& b, int examples, bool by_pattern);
+// The same for detector_role_scores of one model (its probe freed at the end).
+MatchCost detector_roles_cost(const TransformerLM& model, int examples);
 
 // Roles of both heads of every pair of `m` (head_role of each side), and how many pairs have
 // the same role that is not "none".

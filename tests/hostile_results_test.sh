@@ -144,6 +144,9 @@ then ok "match --examples 1000000: the estimate comes first"; else bad "match --
 run 30 bash -c "ulimit -v 600000; exec \"\$0\" \"\$@\"" "$HL" match --checkpoint "$M" --checkpoint "$M" --examples 1000000 --out "$T/o_match2"
 if [ "$rc" -ge 1 ] && [ "$rc" -lt 124 ] && grep -qE -- 'match: 1000000 probe rows.*needs about [0-9.]+ [KMG]iB.*lower --examples' "$T/err" && [ ! -e "$T/o_match2" ]
 then ok "match under ulimit -v: refused naming --examples (exit $rc)"; else bad "match under ulimit -v: exit $rc" "$T/err"; fi
+run 60 "$HL" compare "$T/run" "$T/run" --examples 20 --threads 1 --out "$T/o_cmp_est"
+if [ "$rc" = 0 ] && grep -qE '^headlab compare: about [0-9.]+ [KMG]?i?B of memory for 20 probe rows per run in about 6 forward passes' "$T/err"
+then ok "compare: the estimate comes first"; else bad "compare: no estimate (exit $rc)" "$T/err"; fi
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
