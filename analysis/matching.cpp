@@ -287,6 +287,36 @@ std::vector<Batch> match_probe(const TransformerLM& a, const TransformerLM& b, i
   return varied_repeat_probe(examples, k, static_cast<int>(std::min(a.cfg.vocab_size, b.cfg.vocab_size)), seed);
 }
 
+namespace {
+int64_t probe_len(int64_t max_seq_len) { return 2 * std::min<int64_t>(16, max_seq_len / 2); }  // varied_repeat_probe's
+}  // namespace
+
+MatchCost detector_roles_cost(const TransformerLM& m, int examples) {
+  const int64_t n = examples, batch = std::min<int64_t>(64, n);
+  const double T = static_cast<double>(probe_len(m.cfg.max_seq_len)), L = m.cfg.n_layers, H = m.cfg.n_heads;
+  const double d = static_cast<double>(m.cfg.d_model), V = static_cast<double>(m.cfg.vocab_size);
+  MatchCost c;
+  c.rows = n;
+  c.forward_passes = 3 * ((n + 63) / 64);  // a pass per batch of 64 rows and per detector
+  // the probe's inputs and targets (int32); one batch's patterns, about ten d_model-wide
+  // activations per layer and the logits (float32)
+  c.memory_bytes = 8.0 * static_cast<double>(n) * T + 4.0 * static_cast<double>(batch) * T * (L * H * T + 10 * L * d + V);
+  return c;
+}
+
+MatchCost match_cost(const TransformerLM& a, const TransformerLM& b, int examples, bool by_pattern) {
+  const MatchCost ca = detector_roles_cost(a, examples), cb = detector_roles_cost(b, examples);
+  MatchCost c;
+  c.rows = examples;
+  c.forward_passes = ca.forward_passes + cb.forward_passes;
+  c.memory_bytes = std::max(ca.memory_bytes, cb.memory_bytes);  // one model's detectors at a time
+  if (by_pattern) {  // the shared probe, read by both models: a pass per batch each
+    c.forward_passes += 2 * ((static_cast<int64_t>(examples) + 63) / 64);
+    c.memory_bytes += 8.0 * examples * static_cast<double>(probe_len(std::min(a.cfg.max_seq_len, b.cfg.max_seq_len)));
+  }
+  return c;
+}
+
 PairRoles pair_roles(const HeadMatch& m, const HeadRoleScores& a, const HeadRoleScores& b, double threshold) {
   PairRoles r;
   for (const HeadPair& p : m.pairs) {

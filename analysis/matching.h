@@ -72,6 +72,17 @@ std::string head_role(const HeadRoleScores& r, int layer, int head, double thres
 // up to min(16, max_seq_len / 2) of the shorter model, tokens of the smaller vocabulary).
 std::vector<Batch> match_probe(const TransformerLM& a, const TransformerLM& b, int examples = 200, uint64_t seed = 1234);
 
+// What `match` costs, said before the work (`examples` can be large): forward passes (one per
+// batch of 64 probe rows, per model, per pattern probe and per detector) and the memory held at
+// once (the probes' token ids, and one batch's activations and patterns per model).
+struct MatchCost {
+  int64_t forward_passes = 0, rows = 0;
+  double memory_bytes = 0;
+};
+MatchCost match_cost(const TransformerLM& a, const TransformerLM& b, int examples, bool by_pattern);
+// The same for detector_role_scores of one model (its probe freed at the end).
+MatchCost detector_roles_cost(const TransformerLM& model, int examples);
+
 // Roles of both heads of every pair of `m` (head_role of each side), and how many pairs have
 // the same role that is not "none".
 struct PairRoles {

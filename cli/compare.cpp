@@ -56,8 +56,16 @@ int run_compare(const CompareOpts& o) {
     if (!run_finished(dir)) fail(dir, ": not a finished run of headlab train (no summary.json saying it finished)");
     runs.push_back(read_finished_run(dir, 0, 0, "compare reads a run's summary.json and metrics.jsonl as headlab train wrote them"));
     models.push_back(load_model(dir + "/model.safetensors"));
-    roles.push_back(detector_role_scores(*models.back(), o.examples));
   }
+  MatchCost cost;  // the models' probes in turn: the passes add up, the memory of one at a time
+  for (const auto& m : models) {
+    const MatchCost c = detector_roles_cost(*m, o.examples);
+    cost.forward_passes += c.forward_passes;
+    cost.memory_bytes = std::max(cost.memory_bytes, c.memory_bytes);
+  }
+  announce_memory("compare", cost.memory_bytes, std::to_string(o.examples) + " probe rows per run in about " +
+                  std::to_string(cost.forward_passes) + " forward passes of up to 64 rows", "--examples");
+  for (const auto& m : models) roles.push_back(detector_role_scores(*m, o.examples));
   const std::string out = o.out.empty() ? default_out_dir("compare") : o.out;
   // the files appear together, or none (a full disk, a signal)
   const std::unique_ptr<StagedDir> staged = claim_staged_output_dir(out, "compare");

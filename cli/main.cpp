@@ -75,6 +75,35 @@ void refuse_empty_values(const CLI::App& sub) {
   }
   for (const CLI::App* nested : sub.get_subcommands()) refuse_empty_values(*nested);
 }
+// CLI11 drops the empty items of a comma list ('--head-counts 1,,2' reads as 1,2), so the raw
+// words are checked: a list flag with an empty item is refused, naming the flag.
+void refuse_empty_list_items(const CLI::App& sub, int argc, char** argv) {
+  auto empty_item = [](const std::string& v) {
+    size_t at = 0;
+    while (true) {
+      const size_t comma = v.find(',', at);
+      const std::string item = v.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+      if (item.find_first_not_of(" \t\n") == std::string::npos) return true;
+      if (comma == std::string::npos) return false;
+      at = comma + 1;
+    }
+  };
+  for (const CLI::Option* opt : sub.get_options()) {
+    if (opt->count() == 0 || opt->get_delimiter() != ',') continue;
+    for (int i = 1; i < argc; ++i) {
+      const std::string word = argv[i];
+      const size_t eq = word.find('=');
+      const bool joined = word.rfind("--", 0) == 0 && eq != std::string::npos;
+      const std::string name = joined ? word.substr(0, eq) : word;
+      if (name.empty() || name[0] != '-' || !opt->check_name(name)) continue;
+      if (!joined && i + 1 >= argc) continue;
+      const std::string value = joined ? word.substr(eq + 1) : argv[i + 1];
+      if (empty_item(value))
+        throw std::runtime_error(opt->get_name() + " '" + value + "' has an empty item: give values separated by single commas");
+    }
+  }
+  for (const CLI::App* nested : sub.get_subcommands()) refuse_empty_list_items(*nested, argc, argv);
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -129,6 +158,7 @@ int main(int argc, char** argv) {
   }
   try {
     refuse_empty_values(*app.get_subcommands().front());
+    refuse_empty_list_items(*app.get_subcommands().front(), argc, argv);
   } catch (const std::exception& e) {
     return report_error(e.what());
   }

@@ -57,6 +57,9 @@ int run_match(const MatchOpts& o) {
   const MatchBy by = parse_match_by(o.by);
   const std::string path_a = checkpoint_file(o.checkpoints[0]), path_b = checkpoint_file(o.checkpoints[1]);
   std::unique_ptr<TransformerLM> a = load_model(path_a), b = load_model(path_b);
+  const MatchCost cost = match_cost(*a, *b, o.examples, by == MatchBy::Pattern);
+  announce_memory("match", cost.memory_bytes, std::to_string(o.examples) + " probe rows in about " +
+                  std::to_string(cost.forward_passes) + " forward passes of up to 64 rows", "--examples");
   const std::vector<Batch> probe = by == MatchBy::Pattern ? match_probe(*a, *b, o.examples, o.seed) : std::vector<Batch>{};
   const HeadMatch m = match_heads(*a, *b, probe, {by, o.across_layers});
   const HeadRoleScores ra = detector_role_scores(*a, o.examples, o.seed), rb = detector_role_scores(*b, o.examples, o.seed);

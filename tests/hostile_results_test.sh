@@ -101,6 +101,14 @@ refused "patch --axes '': refused naming the flag" 30 '--axes;;empty' "" -- \
   "$HL" patch --checkpoint "$M" --examples 4 --hook hook_z --axes '' --out "$T/o_p"
 refused "knockout --positions ' ': refused naming the flag" 30 '--positions;;empty' "" -- \
   "$HL" knockout --checkpoint "$M" --hook blocks.0.attn.hook_z --positions ' ' --out "$T/o_k"
+# empty items of comma lists (CLI11 would drop them), in each spelling; lists split by the command
+refused "ablate --head-counts 1,,2: refused naming the flag" 30 '--head-counts;;empty item' "" -- \
+  "$HL" ablate --head-counts 1,,2 --steps 1 --out "$T/o_hc"
+refused "train --snapshot-at=0,5,: refused naming the flag" 30 '--snapshot-at;;empty item' "" -- \
+  "$HL" train $small --steps 5 --snapshot-at=0,5, --out "$T/o_sa"
+if [ -e "$T/o_hc" ] || [ -e "$T/o_sa" ]; then bad "empty list items: a directory was written"; else ok "empty list items: nothing written"; fi
+refused "knockout --positions 1,,2: refused naming the flag" 30 '--positions' "" -- \
+  "$HL" knockout --checkpoint "$M" --hook blocks.0.attn.hook_z --positions 1,,2 --out "$T/o_k2"
 
 # ---- valid input is accepted ---------------------------------------------------------------------
 for i in $(seq 40); do printf 'the quick brown fox jumps over the lazy dog. '; done > "$T/lm.txt"
@@ -128,6 +136,17 @@ run 60 bash -c "ulimit -v 600000; exec \"\$0\" \"\$@\"" "$HL" edges --checkpoint
 if [ "$rc" -ge 1 ] && [ "$rc" -lt 124 ] && grep -qE -- '--examples' "$T/err" && grep -qE 'needs about [0-9.]+ [KMG]iB' "$T/err" &&
    ! grep -q 'bad_alloc' "$T/err"; then ok "edges under ulimit -v: refused with the estimate and --examples (exit $rc)"
 else bad "edges under ulimit -v: exit $rc" "$T/err"; fi
+
+# ---- match: an estimate before the work, a refusal naming --examples when it does not fit ---------
+run 5 "$HL" match --checkpoint "$M" --checkpoint "$M" --examples 1000000 --threads 1 --out "$T/o_match"
+if grep -qE '^headlab match: about [0-9.]+ [KMG]iB of memory for 1000000 probe rows in about 125000 forward passes' "$T/err"
+then ok "match --examples 1000000: the estimate comes first"; else bad "match --examples 1000000: no estimate (exit $rc)" "$T/err"; fi
+run 30 bash -c "ulimit -v 600000; exec \"\$0\" \"\$@\"" "$HL" match --checkpoint "$M" --checkpoint "$M" --examples 1000000 --out "$T/o_match2"
+if [ "$rc" -ge 1 ] && [ "$rc" -lt 124 ] && grep -qE -- 'match: 1000000 probe rows.*needs about [0-9.]+ [KMG]iB.*lower --examples' "$T/err" && [ ! -e "$T/o_match2" ]
+then ok "match under ulimit -v: refused naming --examples (exit $rc)"; else bad "match under ulimit -v: exit $rc" "$T/err"; fi
+run 60 "$HL" compare "$T/run" "$T/run" --examples 20 --threads 1 --out "$T/o_cmp_est"
+if [ "$rc" = 0 ] && grep -qE '^headlab compare: about [0-9.]+ [KMG]?i?B of memory for 20 probe rows per run in about 6 forward passes' "$T/err"
+then ok "compare: the estimate comes first"; else bad "compare: no estimate (exit $rc)" "$T/err"; fi
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
