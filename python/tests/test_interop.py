@@ -448,6 +448,23 @@ def test_nanogpt_convert_special_files_and_a_users_partial_name(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt", "o.safetensors", "o.safetensors.converting", "x.pt"]
 
 
+def converter_started(pid):
+    """Whether headlab (pid) has a child running scripts/convert_nanogpt.py."""
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and b"convert_nanogpt.py" in cmd:
+            return True
+    return False
+
+
 @pytest.mark.parametrize("sig,code", [("SIGINT", 130), ("SIGTERM", 143)])
 def test_nanogpt_convert_stopped_by_a_signal(tmp_path, sig, code):
     import signal
@@ -459,7 +476,12 @@ def test_nanogpt_convert_stopped_by_a_signal(tmp_path, sig, code):
     for whole_group in (True, False):
         p = subprocess.Popen([HEADLAB, "convert", str(ckpt), "--out", str(out)], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
-        time.sleep(1.0)  # the converter is importing torch
+        # signal once the converter has started: it is then importing torch (a fixed sleep could
+        # let a fast machine finish the whole conversion first)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not converter_started(p.pid):
+            time.sleep(0.01)
+        time.sleep(0.05)
         if whole_group:
             os.killpg(p.pid, getattr(signal, sig))
         else:
