@@ -4,16 +4,8 @@
 # input that must work, and messages that must name the flag or file without library internals.
 # Every command runs under `timeout` in a temporary directory removed at the end.
 # Usage: hostile_results_test.sh path/to/headlab
-set -u
-HL=$(realpath "${1:?usage: hostile_results_test.sh path/to/headlab}")
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-cd "$T" || exit 1
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-PY=python3; [ -x /usr/bin/python3 ] && PY=/usr/bin/python3
-pass=0; fail=0
-ok()  { pass=$((pass+1)); echo "ok   $1"; }
-bad() { fail=$((fail+1)); echo "FAIL $1"; [ -n "${2:-}" ] && [ -f "$2" ] && sed 's/^/     /' "$2" | tail -5; }
+HL_USAGE=hostile_results_test.sh
+source "$(dirname "${BASH_SOURCE[0]}")/harness.sh"
 # run SECS cmd...: rc, stdout in $T/out, stderr in $T/err
 run() { local secs=$1; shift; timeout -k 3 "$secs" "$@" >"$T/out" 2>"$T/err"; rc=$?; }
 # refused NAME SECS MUST NOT -- cmd...: exit 1..123; the output matches every extended regex of

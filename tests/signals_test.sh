@@ -6,16 +6,8 @@
 # applied by commands other than train. Every command runs under a bound; the temporary
 # directory is removed at the end.
 # Usage: signals_test.sh path/to/headlab
-set -u
-HL=$(realpath "${1:?usage: signals_test.sh path/to/headlab}")
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-cd "$T" || exit 1
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-PY=python3; [ -x /usr/bin/python3 ] && PY=/usr/bin/python3
-pass=0; fail=0
-ok()  { pass=$((pass+1)); echo "ok   $1"; }
-bad() { fail=$((fail+1)); echo "FAIL $1"; [ -n "${2:-}" ] && [ -f "$2" ] && sed 's/^/     /' "$2" | tail -5; }
+HL_USAGE=signals_test.sh
+source "$(dirname "${BASH_SOURCE[0]}")/harness.sh"
 
 # ---- fixture: a small trained copy model ---------------------------------------------------------
 small="--d-model 16 --layers 2 --heads 2 --d-ff 32 --length 4 --alphabet 5 --batch 8 --eval-size 16 --threads 1"
