@@ -96,8 +96,8 @@ std::vector<std::complex<double>> ov_circuit_eigenvalues(const TransformerLM& mo
   const bool fold = c.norm == Norm::Pre;  // ln1 reads the residual before W_V, ln_final before W_U
   const Tensor WV = head_rows(attn.W_V.weight, kv, dh), WO = head_cols(attn.W_O.weight, head, dh);  // (dh, D), (D, dh)
   const float *E = model.tok_emb.weight.data(), *U = model.head.weight.data();                       // (V, D) each
-  auto w1 = [&](int64_t d) { return fold ? static_cast<double>(model.blocks[layer]->ln1.weight.data()[d]) : 1.0; };
-  auto wf = [&](int64_t d) { return fold && model.ln_f ? static_cast<double>(model.ln_f->weight.data()[d]) : 1.0; };
+  auto w1 = [&](int64_t d) { return fold ? model.blocks[layer]->ln1.gain(d) : 1.0; };
+  auto wf = [&](int64_t d) { return fold && model.ln_f ? model.ln_f->gain(d) : 1.0; };
   // G = W_E W_U restricted to the residual: sum over tokens of E[v]^T U'[v] (D x D), U' = U diag(w_f)
   std::vector<double> G(static_cast<size_t>(D * D), 0.0);
   for (int64_t v = 0; v < V; ++v)

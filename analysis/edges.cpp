@@ -150,6 +150,14 @@ void check_edge_model(const ModelConfig& cfg) {
   if (cfg.kv_heads() != cfg.n_heads)
     fail("edges: the model shares keys and values between heads (n_kv_heads ", cfg.kv_heads(), " of n_heads ", cfg.n_heads,
          "); a head's .k and .v receivers need its own key and value head");
+  // block options the edge passes do not model yet (they replay a sequential layer-norm block)
+  if (cfg.parallel_block)
+    fail("edges: the model has parallel blocks (parallel_block); edges are defined for sequential blocks here, whose MLP "
+         "reads attention's output");
+  if (cfg.sandwich_norm) fail("edges: the model has sandwich norms (sandwich_norm); edges are not defined for them here");
+  if (cfg.normalization != NormKind::LayerNorm)
+    fail("edges: the model's normalization is ", to_string(cfg.normalization), "; edges are defined for layernorm models here");
+  if (cfg.final_softcap > 0.f) fail("edges: the model soft-caps its logits (final_softcap); edges are not defined for it here");
 }
 
 void check_edge_inputs(const ModelConfig& cfg, const PatchingInputs& in) {

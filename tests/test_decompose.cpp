@@ -37,7 +37,19 @@ std::vector<ModelConfig> configs() {
   attn_only.d_ff = 0;
   ModelConfig head_bias = test_model({.layers = 3, .heads = 4, .kv_heads = 2});
   head_bias.head_bias = true;
-  return {test_model(), attn_only, head_bias};
+  // the block options: RMS norms (no centring, no bias; 1 + w), sandwich norms (each head's
+  // share of the norm's output by its cached scale), parallel blocks, gated MLPs, scaled embeddings
+  auto with = [](auto set) {
+    ModelConfig c = test_model();
+    set(c);
+    return c;
+  };
+  return {test_model(), attn_only, head_bias,
+          with([](ModelConfig& c) { c.normalization = NormKind::RMSNorm; }),
+          with([](ModelConfig& c) { c.normalization = NormKind::RMSNorm1p; c.sandwich_norm = true; c.embed_scale = true; }),
+          with([](ModelConfig& c) { c.sandwich_norm = true; c.mlp = Mlp::GeGLU; }),
+          with([](ModelConfig& c) { c.parallel_block = true; c.mlp = Mlp::SwiGLU; c.normalization = NormKind::RMSNorm; }),
+          with([](ModelConfig& c) { c.parallel_block = true; c.sandwich_norm = true; c.d_ff = 0; })};
 }
 
 }  // namespace
@@ -114,7 +126,8 @@ BOOST_AUTO_TEST_CASE(components_sum_to_the_residual_at_every_layer) {
     for (int layer = 0; layer <= L; ++layer) {
       const ResidStack s = decompose_resid(m, cache, layer);
       const int64_t C = s.components();
-      BOOST_TEST(C == 2 + layer * (c.n_heads + (c.attn_bias ? 1 : 0) + (c.has_mlp() ? 1 : 0)));
+      const bool norm_bias = c.sandwich_norm && c.normalization == NormKind::LayerNorm;  // "{l}_attn_norm_bias"
+      BOOST_TEST(C == 2 + layer * (c.n_heads + (c.attn_bias ? 1 : 0) + (norm_bias ? 1 : 0) + (c.has_mlp() ? 1 : 0)));
       BOOST_TEST(s.labels[0] == "embed");
       BOOST_TEST(s.labels[1] == "pos_embed");
       if (layer > 0) BOOST_TEST(s.labels[2] == "L0H0");
@@ -171,7 +184,7 @@ BOOST_AUTO_TEST_CASE(logit_attributions_and_the_bias_term_sum_to_the_logits) {
           sum += a.values[k * 12 + r];
           dsum += diff.values[k * 12 + r];
           for (int64_t d = 0; d < D; ++d)  // |each product| of the projection
-            mag += std::fabs(scaled.values[(k * 12 + r) * D + d] * m.ln_f->weight.data()[d] * m.head.weight.data()[tok * D + d]);
+            mag += std::fabs(scaled.values[(k * 12 + r) * D + d] * m.ln_f->gain(d) * m.head.weight.data()[tok * D + d]);
         }
         // the model's logit is a float32 layer norm and a dot product of D terms: each term
         // carries at most ~(D + 8) u of its size, so 4 (D + 8) u * (the sum of |terms|)
