@@ -269,10 +269,11 @@ BOOST_AUTO_TEST_CASE(patching_a_residual_hook_with_the_clean_activation_restores
   for (const Variant& v : variants()) {
     const ModelConfig c = config(v);
     auto m = random_model(c, 8);
-    Tensor clean_logits;
+    Tensor clean_logits, corrupted_logits;
     {
       NoGradGuard ng;
       clean_logits = m->forward(clean);
+      corrupted_logits = m->forward(corrupted);
     }
     // the largest |patched - clean| logit
     const PatchMetric distance = [&](const Tensor& logits, const std::vector<int64_t>&) {
@@ -280,14 +281,13 @@ BOOST_AUTO_TEST_CASE(patching_a_residual_hook_with_the_clean_activation_restores
       for (int64_t i = 0; i < logits.numel(); ++i) d = std::max(d, std::fabs(double(logits.data()[i]) - clean_logits.data()[i]));
       return d;
     };
+    BOOST_TEST(distance(corrupted_logits, {}) > 0.01);  // the corruption changes the logits: the test can fail
     std::vector<std::string> hooks = {"hook_resid_pre", "hook_resid_post"};
     if (!v.parallel && v.d_ff > 0) hooks.push_back("hook_resid_mid");
     for (const std::string& hook : hooks) {
       const PatchGrid g = generic_activation_patch(*m, clean, corrupted, hook, {"layer"}, distance);
       BOOST_TEST_CONTEXT(v.what << " " << hook) {
         BOOST_TEST(g.values == std::vector<double>(static_cast<size_t>(c.n_layers), 0.0), tt::per_element());
-        BOOST_TEST(g.clean_metric == 0.0);
-        BOOST_TEST(g.corrupted_metric > 0.0);  // the corruption changes the logits: the test can fail
       }
     }
   }
@@ -347,9 +347,9 @@ BOOST_AUTO_TEST_CASE(bad_block_options_get_one_message_naming_the_option) {
 BOOST_AUTO_TEST_CASE(a_config_without_block_options_is_the_gpt2_style_block) {
   const ModelConfig c = ModelConfig::from_json(
       R"({"vocab_size":7,"d_model":8,"n_layers":1,"n_heads":2,"d_ff":4,"max_seq_len":6})", "old.json");
-  BOOST_TEST(c.normalization == NormKind::LayerNorm);
+  BOOST_TEST(to_string(c.normalization) == "layernorm");
   BOOST_TEST(!c.sandwich_norm);
-  BOOST_TEST(c.mlp == Mlp::Plain);
+  BOOST_TEST(to_string(c.mlp) == "plain");
   BOOST_TEST(!c.parallel_block);
   BOOST_TEST(!c.embed_scale);
   BOOST_TEST(c.final_softcap == 0.f);
