@@ -14,6 +14,7 @@
 #include "models/checkpoint.h"
 #include "models/transformer.h"
 #include "tests/fixtures.h"
+#include "train/settings.h"
 
 using namespace hl;
 using namespace hl::test;
@@ -354,4 +355,42 @@ BOOST_AUTO_TEST_CASE(a_config_without_block_options_is_the_gpt2_style_block) {
   BOOST_TEST(!c.embed_scale);
   BOOST_TEST(c.final_softcap == 0.f);
   BOOST_TEST(c.arch.empty());
+}
+
+BOOST_AUTO_TEST_CASE(arch_presets_set_defaults_that_explicit_flags_override) {
+  auto resolve = [](const std::string& arch, std::vector<std::string> given_flags, auto set) {
+    TrainFlagValues v;
+    v.args.model.arch = arch;
+    v.args.task.name = "induction";
+    set(v);
+    return resolve_train_flags(v, [given_flags](const std::string& f) {
+      return f == "--arch" || std::find(given_flags.begin(), given_flags.end(), f) != given_flags.end();
+    }, true);
+  };
+  const TrainArgs llama = resolve("llama", {}, [](TrainFlagValues&) {});
+  BOOST_TEST(to_string(llama.model.normalization) == "rmsnorm");
+  BOOST_TEST(to_string(llama.model.mlp) == "swiglu");
+  BOOST_TEST(!llama.model.mlp_bias);
+  BOOST_TEST(!llama.model.attn_bias);
+  BOOST_TEST(llama.model.n_layers == 2);  // induction's training defaults still apply
+  BOOST_TEST(llama.model.arch == "llama");
+  // an explicit flag wins over the preset
+  const TrainArgs plain = resolve("llama", {"--mlp"}, [](TrainFlagValues& v) { v.mlp = "plain"; });
+  BOOST_TEST(to_string(plain.model.mlp) == "plain");
+  BOOST_TEST(to_string(plain.model.normalization) == "rmsnorm");
+  const TrainArgs gemma = resolve("gemma2", {}, [](TrainFlagValues&) {});
+  BOOST_TEST(gemma.model.sandwich_norm);
+  BOOST_TEST(gemma.model.embed_scale);
+  BOOST_TEST(gemma.model.final_softcap == 30.f);
+  BOOST_TEST(to_string(gemma.model.normalization) == "rmsnorm_1p");
+  const TrainArgs gpt2 = resolve("gpt2", {}, [](TrainFlagValues&) {});
+  ModelConfig same = gpt2.model;  // gpt2 is today's defaults: only the recorded name differs
+  same.arch = "";
+  BOOST_TEST(same.to_json() == resolve("", {}, [](TrainFlagValues&) {}).model.to_json());
+  // resuming a run with another preset is refused naming the flag
+  BOOST_CHECK_EXCEPTION(resume_with_flags(gpt2, llama, [](const std::string& f) { return f == "--arch"; }, "run/checkpoint.safetensors"),
+                        Error, [](const Error& e) {
+                          return std::string(e.what()) ==
+                                 "--arch \"llama\" does not match the run being resumed (\"gpt2\" in run/checkpoint.safetensors)";
+                        });
 }
