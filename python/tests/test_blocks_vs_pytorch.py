@@ -1,0 +1,72 @@
+"""headlab's block options against scripts/reference/modern_lm.py (PyTorch, written from the
+published definitions), in float64: the logits and every parameter's gradient of the loss equal
+the reference within float32's arithmetic, for each option, the presets and mixed combinations."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import headlab as hl
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (Debian's python3-torch)")
+
+sys.path.insert(0, os.path.join(os.environ.get("HEADLAB_SOURCE_DIR", "."), "scripts", "reference"))
+import modern_lm  # noqa: E402
+
+SMALL = dict(d_vocab=11, d_model=16, n_layers=2, n_heads=4, d_mlp=24, n_ctx=8, head_bias=True)
+CASES = {
+    "rmsnorm": dict(normalization="rmsnorm"),
+    "rmsnorm_1p": dict(normalization="rmsnorm_1p"),
+    "sandwich layernorm": dict(sandwich_norm=True, attn_bias=True),
+    "swiglu": dict(mlp="swiglu"),
+    "geglu erf": dict(mlp="geglu", activation="gelu_erf"),
+    "relu2": dict(activation="relu2"),
+    "parallel": dict(parallel_block=True),
+    "embed scale": dict(embed_scale=True),
+    "final softcap": dict(final_softcap=2.0),
+    "llama": dict(arch="llama", n_key_value_heads=2),
+    "neox": dict(arch="neox"),
+    "gemma2": dict(arch="gemma2", final_softcap=3.0),
+    "parallel swiglu rmsnorm_1p sandwich": dict(parallel_block=True, mlp="swiglu", normalization="rmsnorm_1p",
+                                                sandwich_norm=True, embed_scale=True),
+    "post-norm rmsnorm geglu": dict(norm="post", normalization="rmsnorm", mlp="geglu"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_logits_and_gradients_equal_the_reference(tmp_path, case):
+    cfg = hl.ModelConfig(**SMALL, **CASES[case])
+    model = hl.TransformerLM(cfg, seed=1)
+    rng = np.random.default_rng(2)
+    for name, p in model.named_parameters().items():  # away from the init: gains not 1, biases not 0
+        a = np.asarray(p.numpy())
+        a[...] = rng.normal(0, 0.3, a.shape) + (1.0 if "ln" in name and name.endswith("weight")
+                                                and cfg.normalization != "rmsnorm_1p" else 0.0)
+    path = str(tmp_path / "m.safetensors")
+    model.save(path)
+    ids = rng.integers(0, 11, (3, 8))
+    targets = np.roll(ids, -1, axis=1)
+    targets[:, -1] = -1
+
+    loss = model.loss(ids, targets)
+    loss.backward()
+    got_logits = np.asarray(model(ids).numpy(), dtype=np.float64)
+
+    ref_cfg, params = modern_lm.load(path, requires_grad=True)
+    logits = modern_lm.forward(ref_cfg, params, torch.tensor(ids))
+    t = torch.tensor(targets)
+    ref_loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 11), t.reshape(-1), ignore_index=-1)
+    ref_loss.backward()
+
+    # float32 through two blocks of width 16 to 24: a few hundred unit round-offs of the values'
+    # size; 1e-5 of the largest value leaves room and is far below any wrong formula
+    want = logits.detach().numpy()
+    assert np.abs(got_logits - want).max() <= 1e-5 * (1 + np.abs(want).max()), case
+    assert abs(loss.item() - ref_loss.item()) <= 1e-5 * (1 + abs(ref_loss.item()))
+    names = dict(model.named_parameters())
+    assert sorted(names) == sorted(params)
+    for name, p in names.items():
+        g = np.asarray(p.grad.numpy(), dtype=np.float64)
+        r = params[name].grad.numpy()
+        assert np.abs(g - r).max() <= 2e-5 * (1 + np.abs(r).max()), (case, name, np.abs(g - r).max(), np.abs(r).max())
