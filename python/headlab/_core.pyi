@@ -60,7 +60,8 @@ class ModelConfig:
 
 ModelConfig(**settings): n_layers, n_heads, d_model, d_head, d_mlp, d_vocab, n_ctx,
 n_key_value_heads, norm, activation, positions, attn_bias, mlp_bias, head_bias, eps, dropout,
-attn_dropout; each also by its CLI flag's name (layers=, heads=, kv_heads=, d_ff=, vocab_size=,
+attn_dropout, the block options normalization, sandwich_norm, mlp, parallel_block, embed_scale,
+final_softcap and arch (a preset's name: its settings, unless given); each also by its CLI flag's name (layers=, heads=, kv_heads=, d_ff=, vocab_size=,
 max_seq_len=, layer_norm_eps=). What is not given takes the CLI's default.
 ModelConfig(**cfg.to_dict()) gives cfg back."""
     def __init__(self, **kwargs: Any) -> None:
@@ -94,7 +95,7 @@ ModelConfig(**cfg.to_dict()) gives cfg back."""
         """pre or post LayerNorm"""
     @property
     def activation(self) -> object:
-        """gelu_erf, gelu_tanh or relu"""
+        """gelu_erf, gelu_tanh, relu, relu2 or silu"""
     @property
     def positions(self) -> object:
         """learned or sinusoidal"""
@@ -116,6 +117,27 @@ ModelConfig(**cfg.to_dict()) gives cfg back."""
     @property
     def attn_dropout(self) -> object:
         """Dropout on attention weights"""
+    @property
+    def normalization(self) -> object:
+        """layernorm, rmsnorm or rmsnorm_1p"""
+    @property
+    def sandwich_norm(self) -> object:
+        """A norm on attention's and the MLP's output (Gemma 2)"""
+    @property
+    def mlp(self) -> object:
+        """plain, swiglu or geglu"""
+    @property
+    def parallel_block(self) -> object:
+        """x + attn(ln1 x) + mlp(ln2 x)"""
+    @property
+    def embed_scale(self) -> object:
+        """Token embeddings times sqrt(d_model)"""
+    @property
+    def final_softcap(self) -> object:
+        """Logit soft-cap; 0 = none"""
+    @property
+    def arch(self) -> object:
+        """The --arch preset it was made with ('' = none)"""
     def to_dict(self) -> dict:
         """{name: value} of every setting, by the names ModelConfig(...) takes"""
     def __eq__(self, arg0: ModelConfig) -> bool:
@@ -204,7 +226,7 @@ class Tensor:
 class Tokenizer:
     """GPT-2's byte-level BPE tokenizer: the same ids as OpenAI's encoder and Hugging Face's GPT2Tokenizer."""
     @staticmethod
-    def load(dir: str) -> Tokenizer:
+    def load(dir: str | os.PathLike) -> Tokenizer:
         """From a directory with vocab.json + merges.txt (Hugging Face) or encoder.json + vocab.bpe (OpenAI)."""
     def encode(self, text: object) -> List[int]:
         """The token ids of text (str, or UTF-8 bytes) as a list of int; '<|endoftext|>' is one id."""
@@ -239,11 +261,11 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
     def __init__(self, config: ModelConfig, seed: int = ...) -> None:
         """A model of this config, initialised from seed"""
     @staticmethod
-    def load(path: str) -> object:
+    def load(path: str | os.PathLike) -> object:
         """A model from a headlab checkpoint (safetensors) or a Hugging Face GPT-2 directory (with its tokenizer files: model.tokenizer)"""
-    def save(self, path: str) -> None:
+    def save(self, path: str | os.PathLike) -> None:
         """Writes a checkpoint the CLI reads (atomic)"""
-    def load_parameters(self, path: str) -> None:
+    def load_parameters(self, path: str | os.PathLike) -> None:
         """Reads the parameters of a checkpoint of the same config into this model"""
     @property
     def cfg(self) -> ModelConfig:

@@ -70,3 +70,14 @@ def test_logits_and_gradients_equal_the_reference(tmp_path, case):
         g = np.asarray(p.grad.numpy(), dtype=np.float64)
         r = params[name].grad.numpy()
         assert np.abs(g - r).max() <= 2e-5 * (1 + np.abs(r).max()), (case, name, np.abs(g - r).max(), np.abs(r).max())
+
+
+def test_trainer_takes_the_block_options_and_presets(tmp_path):
+    """hl.Trainer's keywords are the settings table's: a preset, and a flag that overrides it."""
+    t = hl.Trainer(task="induction", arch="gemma2", mlp="swiglu", d_ff=16, steps=2, eval_every=2, threads=1,
+                   out=str(tmp_path / "run"))
+    cfg = t.model.cfg
+    assert (cfg.arch, cfg.normalization, cfg.sandwich_norm, cfg.mlp, cfg.embed_scale, cfg.final_softcap) == \
+        ("gemma2", "rmsnorm_1p", True, "swiglu", True, 30.0)
+    with pytest.raises(ValueError, match="^mlp must be one of plain, swiglu, geglu, got 'glu'$"):
+        hl.Trainer(task="induction", mlp="glu", steps=2, out=str(tmp_path / "bad"))
