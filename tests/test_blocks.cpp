@@ -9,6 +9,8 @@
 #include <cmath>
 #include <filesystem>
 
+#include "analysis/decompose.h"
+#include "analysis/edges.h"
 #include "analysis/patching.h"
 #include "lib/gradcheck.h"
 #include "models/checkpoint.h"
@@ -393,4 +395,53 @@ BOOST_AUTO_TEST_CASE(arch_presets_set_defaults_that_explicit_flags_override) {
                           return std::string(e.what()) ==
                                  "--arch \"llama\" does not match the run being resumed (\"gpt2\" in run/checkpoint.safetensors)";
                         });
+}
+
+BOOST_AUTO_TEST_CASE(dla_with_a_final_soft_cap_attributes_the_logit_before_the_cap) {
+  // components + the bias term sum to the logit before the cap: the same model without the cap
+  ModelConfig c = config({"gemma2-like", NormKind::RMSNorm1p, true, Mlp::GeGLU, Activation::GeluTanh, false, true, 0.5f});
+  auto m = random_model(c, 10);
+  ModelConfig uncapped = c;
+  uncapped.final_softcap = 0.f;
+  TransformerLM u(uncapped, 10);
+  for (auto& [name, p] : u.named_parameters()) p.copy_from(m->parameter(name));
+  Batch batch;
+  batch.inputs = ids_2x5();
+  batch.targets = Ids(Shape{2, 5}, {3, -1, 2, 6, 0, -1, 1, 1, 2, 4});
+  const DlaResult r = direct_logit_attribution(*m, {batch});
+  NoGradGuard ng;
+  const Tensor want = u.forward(batch.inputs);  // (2, 5, 7)
+  for (int64_t b = 0; b < 2; ++b) {
+    double logit = 0, sum = r.bias_per_row[b];
+    int n = 0;
+    for (int64_t t = 0; t < 5; ++t)
+      if (const int32_t y = batch.targets.at(b, t); y >= 0) logit += want.data()[(b * 5 + t) * 7 + y], ++n;
+    logit /= n;
+    for (const auto& comp : r.per_row) sum += comp[b];
+    BOOST_TEST(std::fabs(r.logit_per_row[b] - logit) <= 1e-5 * (1 + std::fabs(logit)));
+    BOOST_TEST(std::fabs(sum - logit) <= 1e-5 * (1 + std::fabs(logit)));
+    BOOST_TEST(std::fabs(logit) > 0.5);  // beyond the cap: the capped logit would differ
+  }
+}
+
+BOOST_AUTO_TEST_CASE(edges_refuse_the_blocks_they_do_not_model_naming_the_option) {
+  auto refused = [](auto set, const std::string& message) {
+    ModelConfig c = test_model();
+    set(c);
+    BOOST_CHECK_EXCEPTION(check_edge_model(c), Error, [&](const Error& e) {
+      BOOST_TEST(std::string(e.what()) == message);
+      return true;
+    });
+  };
+  refused([](ModelConfig& c) { c.parallel_block = true; },
+          "edges: the model has parallel blocks (parallel_block); edges are defined for sequential blocks here, whose MLP "
+          "reads attention's output");
+  refused([](ModelConfig& c) { c.sandwich_norm = true; }, "edges: the model has sandwich norms (sandwich_norm); edges are not defined for them here");
+  refused([](ModelConfig& c) { c.normalization = NormKind::RMSNorm; },
+          "edges: the model's normalization is rmsnorm; edges are defined for layernorm models here");
+  refused([](ModelConfig& c) { c.final_softcap = 30.f; },
+          "edges: the model soft-caps its logits (final_softcap); edges are not defined for it here");
+  ModelConfig ok = test_model();
+  ok.mlp = Mlp::SwiGLU;  // a gated MLP is read and replayed through its own forward
+  BOOST_CHECK_NO_THROW(check_edge_model(ok));
 }
