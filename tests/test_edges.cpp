@@ -132,8 +132,11 @@ BOOST_AUTO_TEST_CASE(edges_are_enumerated_in_forward_order) {
 }
 
 BOOST_AUTO_TEST_CASE(exact_edge_patching_matches_the_hooked_reference_for_every_edge) {
-  for (int64_t d_ff : {12, 0}) {
-    TransformerLM m(test_model({.layers = 3, .d_ff = d_ff}), 5);
+  for (const char* variant : {"mlp", "attention-only", "swiglu"}) {  // a gated MLP is replayed through its own forward
+    const int64_t d_ff = std::string(variant) == "attention-only" ? 0 : 12;
+    ModelConfig c = test_model({.layers = 3, .d_ff = d_ff});
+    if (std::string(variant) == "swiglu") c.mlp = Mlp::SwiGLU;
+    TransformerLM m(c, 5);
     randomise(m, 6);
     m.blocks[1]->attn.gates.data()[1] = 0.5f;  // a gated head: its result carries the gate
     PatchingInputs in = inputs();
