@@ -445,3 +445,31 @@ BOOST_AUTO_TEST_CASE(edges_refuse_the_blocks_they_do_not_model_naming_the_option
   ok.mlp = Mlp::SwiGLU;  // a gated MLP is read and replayed through its own forward
   BOOST_CHECK_NO_THROW(check_edge_model(ok));
 }
+
+BOOST_AUTO_TEST_CASE(rms_hook_scale_is_the_divisor_and_a_replaced_one_is_used) {
+  for (NormKind kind : {NormKind::RMSNorm, NormKind::RMSNorm1p}) {
+    ModelConfig c = config({"rms"});
+    c.normalization = kind;
+    c.sandwich_norm = true;
+    auto m = random_model(c, 11);
+    NoGradGuard ng;
+    auto [logits, cache] = m->run_with_cache(ids_2x5(), all_names());
+    // hook_scale is sqrt(mean(x^2) + eps) of the norm's input
+    const Tensor &s = cache["blocks.0.ln1.hook_scale"], &x = cache["blocks.0.hook_resid_pre"];
+    for (int64_t r = 0; r < 10; ++r) {
+      double ms = 0;
+      for (int64_t d = 0; d < 8; ++d) ms += std::pow(double(x.data()[r * 8 + d]), 2) / 8;
+      BOOST_TEST(std::fabs(s.data()[r] - std::sqrt(ms + 1e-5)) <= 1e-6 * std::sqrt(ms + 1e-5));
+    }
+    // twice the scale halves the normalized output, x / (2 s) * gain (TransformerLens's use)
+    Hooks h;
+    h.add_forward("blocks.1.ln1_post.hook_scale", [](const Tensor& t, const std::string&) { return mul_scalar(t, 2.f); });
+    ActivationCache doubled;
+    h.cache(doubled, all_names());
+    ForwardOptions opt;
+    opt.hooks = &h;
+    m->forward(ids_2x5(), opt);
+    const Tensor &y = cache["blocks.1.ln1_post.hook_normalized"], &y2 = doubled["blocks.1.ln1_post.hook_normalized"];
+    for (int64_t i = 0; i < y.numel(); ++i) BOOST_TEST(std::fabs(y2.data()[i] - 0.5f * y.data()[i]) <= 1e-6 * (1 + std::fabs(y.data()[i])));
+  }
+}
