@@ -276,6 +276,15 @@ void check_hf_gpt2_exportable(const TransformerLM& model) {
     refuse("the model has d_head ", c.head_dim(), " x n_heads ", c.n_heads, " != d_model ", c.d_model);
   if (!c.has_mlp()) refuse("the model is attention-only (d_ff 0), every GPT-2 block has an MLP");
   if (c.head_bias) refuse("the model's unembedding has a bias (head_bias), GPT-2's lm_head has none");
+  // the block options: GPT-2's block is LayerNorm, a plain gelu/relu MLP, sequential, unscaled, uncapped
+  if (c.activation == Activation::Relu2 || c.activation == Activation::Silu)
+    refuse("the model's activation is ", to_string(c.activation), ", GPT-2's are gelu and relu");
+  if (c.normalization != NormKind::LayerNorm) refuse("the model's normalization is ", to_string(c.normalization), ", GPT-2's is layernorm");
+  if (c.sandwich_norm) refuse("the model has sandwich norms (sandwich_norm)");
+  if (c.gated_mlp()) refuse("the model's MLP is gated (mlp \"", to_string(c.mlp), "\")");
+  if (c.parallel_block) refuse("the model has parallel blocks (parallel_block)");
+  if (c.embed_scale) refuse("the model scales its embeddings (embed_scale)");
+  if (c.final_softcap > 0.f) refuse("the model soft-caps its logits (final_softcap)");
 }
 
 bool write_hf_gpt2(const TransformerLM& model, const std::string& dir, const std::string& tokenizer_dir) {

@@ -14,6 +14,7 @@
 #include "analysis/patching.h"
 #include "lib/gradcheck.h"
 #include "models/checkpoint.h"
+#include "models/hf_gpt2.h"
 #include "models/transformer.h"
 #include "tests/fixtures.h"
 #include "train/settings.h"
@@ -472,4 +473,26 @@ BOOST_AUTO_TEST_CASE(rms_hook_scale_is_the_divisor_and_a_replaced_one_is_used) {
     const Tensor &y = cache["blocks.1.ln1_post.hook_normalized"], &y2 = doubled["blocks.1.ln1_post.hook_normalized"];
     for (int64_t i = 0; i < y.numel(); ++i) BOOST_TEST(std::fabs(y2.data()[i] - 0.5f * y.data()[i]) <= 1e-6 * (1 + std::fabs(y.data()[i])));
   }
+}
+
+BOOST_AUTO_TEST_CASE(gpt2_export_refuses_every_block_option_naming_it) {
+  // a GPT-2 directory of such a model would load elsewhere and compute something else
+  const std::string tail = "; GPT-2's layout cannot express it";
+  auto refused = [&](auto set, const std::string& why) {
+    ModelConfig c = test_model({.attn_bias = true});
+    set(c);
+    TransformerLM m(c, 1);
+    BOOST_CHECK_EXCEPTION(check_hf_gpt2_exportable(m), Error, [&](const Error& e) {
+      BOOST_TEST(std::string(e.what()) == "export --format hf-gpt2: " + why + tail);
+      return true;
+    });
+  };
+  refused([](ModelConfig& c) { c.activation = Activation::Relu2; }, "the model's activation is relu2, GPT-2's are gelu and relu");
+  refused([](ModelConfig& c) { c.normalization = NormKind::RMSNorm; }, "the model's normalization is rmsnorm, GPT-2's is layernorm");
+  refused([](ModelConfig& c) { c.sandwich_norm = true; }, "the model has sandwich norms (sandwich_norm)");
+  refused([](ModelConfig& c) { c.mlp = Mlp::SwiGLU; c.activation = Activation::GeluTanh; }, "the model's MLP is gated (mlp \"swiglu\")");
+  refused([](ModelConfig& c) { c.parallel_block = true; }, "the model has parallel blocks (parallel_block)");
+  refused([](ModelConfig& c) { c.embed_scale = true; }, "the model scales its embeddings (embed_scale)");
+  refused([](ModelConfig& c) { c.final_softcap = 30.f; }, "the model soft-caps its logits (final_softcap)");
+  BOOST_CHECK_NO_THROW(check_hf_gpt2_exportable(TransformerLM(test_model({.attn_bias = true}), 1)));
 }
