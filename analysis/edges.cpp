@@ -150,13 +150,11 @@ void check_edge_model(const ModelConfig& cfg) {
   if (cfg.kv_heads() != cfg.n_heads)
     fail("edges: the model shares keys and values between heads (n_kv_heads ", cfg.kv_heads(), " of n_heads ", cfg.n_heads,
          "); a head's .k and .v receivers need its own key and value head");
-  // block options the edge passes do not model yet (they replay a sequential layer-norm block)
+  // block options the edge passes do not model yet (they replay a sequential block without a cap)
   if (cfg.parallel_block)
     fail("edges: the model has parallel blocks (parallel_block); edges are defined for sequential blocks here, whose MLP "
          "reads attention's output");
   if (cfg.sandwich_norm) fail("edges: the model has sandwich norms (sandwich_norm); edges are not defined for them here");
-  if (cfg.normalization != NormKind::LayerNorm)
-    fail("edges: the model's normalization is ", to_string(cfg.normalization), "; edges are defined for layernorm models here");
   if (cfg.final_softcap > 0.f) fail("edges: the model soft-caps its logits (final_softcap); edges are not defined for it here");
 }
 
@@ -323,31 +321,34 @@ double hooked_patched_metric(TransformerLM& model, const PatchingInputs& in, con
   return edge_metric(model.forward_from(start, start < c.n_layers ? runs.resid_pre[start] : runs.resid_final, opt), in.answers);
 }
 
-// dL/dx of layer norm y = (x - mean) / s * w + b, s = sqrt(var + eps), from g = dL/dy, per row of
+// dL/dx of the norm y = (x - mean) / s * w + b, s = sqrt(var + eps), from g = dL/dy, per row of
 // x (..., D): (g w - mean(g w) - x_hat mean(g w x_hat)) / s with x_hat = (x - mean) / s, in double.
-// The layer norm's own backward, written out because the gradient arrives at a hook after it.
+// The RMS forms the same without the centring (mean 0, s = sqrt(mean(x^2) + eps), w their gain).
+// The norm's own backward, written out because the gradient arrives at a hook after it.
 Tensor layer_norm_input_grad(const Tensor& x, const LayerNorm& ln, const Tensor& gy) {
   const int64_t D = x.shape().back(), N = x.numel() / D;
   Tensor gx = Tensor::empty(x.shape());
-  const float* w = ln.weight.data();
+  const bool centred = ln.centred();
   for (int64_t r = 0; r < N; ++r) {
     const float* xr = x.data() + r * D;
     const float* g = gy.data() + r * D;
     double mu = 0, var = 0;
-    for (int64_t j = 0; j < D; ++j) mu += xr[j];
-    mu /= static_cast<double>(D);
+    if (centred) {
+      for (int64_t j = 0; j < D; ++j) mu += xr[j];
+      mu /= static_cast<double>(D);
+    }
     for (int64_t j = 0; j < D; ++j) var += (xr[j] - mu) * (xr[j] - mu);
     const double s = std::sqrt(var / static_cast<double>(D) + ln.eps);
     double mg = 0, mgx = 0;
     for (int64_t j = 0; j < D; ++j) {
-      const double gw = static_cast<double>(g[j]) * w[j];
+      const double gw = static_cast<double>(g[j]) * ln.gain(j);
       mg += gw;
       mgx += gw * (xr[j] - mu) / s;
     }
-    mg /= static_cast<double>(D);
+    mg = centred ? mg / static_cast<double>(D) : 0.0;
     mgx /= static_cast<double>(D);
     for (int64_t j = 0; j < D; ++j)
-      gx.data()[r * D + j] = static_cast<float>((static_cast<double>(g[j]) * w[j] - mg - (xr[j] - mu) / s * mgx) / s);
+      gx.data()[r * D + j] = static_cast<float>((static_cast<double>(g[j]) * ln.gain(j) - mg - (xr[j] - mu) / s * mgx) / s);
   }
   return gx;
 }
