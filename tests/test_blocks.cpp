@@ -495,3 +495,32 @@ BOOST_AUTO_TEST_CASE(gpt2_export_refuses_every_block_option_naming_it) {
   refused([](ModelConfig& c) { c.final_softcap = 30.f; }, "the model soft-caps its logits (final_softcap)");
   BOOST_CHECK_NO_THROW(check_hf_gpt2_exportable(TransformerLM(test_model({.attn_bias = true}), 1)));
 }
+
+BOOST_AUTO_TEST_CASE(kv_cache_decoding_and_live_positions_equal_the_full_forward) {
+  // the two other forwards (a token at a time with a KV cache; only the live positions, as
+  // training on the copy tasks runs) give the full forward's logits for every block option
+  for (const Variant& v : variants()) {
+    auto m = random_model(config(v), 12);
+    NoGradGuard ng;
+    const Ids ids = ids_2x5();
+    const Tensor full = m->forward(ids);  // (2, 5, 7)
+    std::vector<KVCacheLayer> cache;
+    ForwardOptions opt;
+    opt.kv_cache = &cache;
+    double worst = 0;
+    for (int t = 0; t < 5; ++t) {
+      const Tensor step = m->forward(Ids(Shape{2, 1}, {ids.at(0, t), ids.at(1, t)}), opt);  // (2, 1, 7)
+      for (int b = 0; b < 2; ++b)
+        for (int k = 0; k < 7; ++k) worst = std::max(worst, double(std::fabs(step.at({b, 0, k}) - full.at({b, t, k}))));
+    }
+    const std::vector<int32_t> live = {3, 5};
+    ForwardOptions lopt;
+    lopt.live_len = live;
+    const Tensor packed = m->forward(ids, lopt);  // (8, 7): row 0's 3 positions, then row 1's 5
+    for (int64_t i = 0; i < 8; ++i) {
+      const int64_t b = i < 3 ? 0 : 1, t = i < 3 ? i : i - 3;
+      for (int k = 0; k < 7; ++k) worst = std::max(worst, double(std::fabs(packed.at({i, k}) - full.at({b, t, k}))));
+    }
+    BOOST_TEST_CONTEXT(v.what) { BOOST_TEST(worst <= 1e-5); }  // float32 round-off of other summation orders
+  }
+}
