@@ -291,10 +291,15 @@ BOOST_AUTO_TEST_CASE(copying_score_of_an_identity_ov_circuit_with_tied_embedding
 }
 
 BOOST_AUTO_TEST_CASE(ov_eigenvalues_sum_to_the_trace_of_the_full_circuit) {
-  // sum of eigenvalues = trace(W_U' W_O W_V' W_E) over the vocabulary, computed here the long way
+  // sum of eigenvalues = trace(W_U' W_O W_V' W_E) over the vocabulary, computed here the long way;
+  // the gains folded (1 + w for rmsnorm_1p, the sandwich norm's after W_O), the embedding scale in
+  for (bool gemma : {false, true}) {
   ModelConfig c = test_model({.vocab = 9, .heads = 2});
+  if (gemma) c.normalization = NormKind::RMSNorm1p, c.sandwich_norm = true, c.embed_scale = true;
   const auto mp = random_model(c, 19);
   const TransformerLM& m = *mp;
+  const double emb = gemma ? std::sqrt(8.f) : 1.0;
+  auto post = [&](int64_t d) { return gemma ? m.blocks[1]->ln1_post->gain(d) : 1.0; };
   const int64_t D = 8, dh = 4, V = 9;
   for (int head = 0; head < 2; ++head) {
     const auto& a = m.blocks[1]->attn;
@@ -303,10 +308,10 @@ BOOST_AUTO_TEST_CASE(ov_eigenvalues_sum_to_the_trace_of_the_full_circuit) {
       std::vector<double> val(dh, 0.0), out(D, 0.0);
       for (int64_t k = 0; k < dh; ++k)
         for (int64_t d = 0; d < D; ++d)
-          val[k] += static_cast<double>(a.W_V.weight.data()[(head * dh + k) * D + d]) * m.blocks[1]->ln1.weight.data()[d] * m.tok_emb.weight.data()[v * D + d];
+          val[k] += static_cast<double>(a.W_V.weight.data()[(head * dh + k) * D + d]) * m.blocks[1]->ln1.gain(d) * m.tok_emb.weight.data()[v * D + d] * emb;
       for (int64_t d = 0; d < D; ++d)
         for (int64_t k = 0; k < dh; ++k) out[d] += static_cast<double>(a.W_O.weight.data()[d * 2 * dh + head * dh + k]) * val[k];
-      for (int64_t d = 0; d < D; ++d) trace += static_cast<double>(m.head.weight.data()[v * D + d]) * m.ln_f->weight.data()[d] * out[d];
+      for (int64_t d = 0; d < D; ++d) trace += static_cast<double>(m.head.weight.data()[v * D + d]) * m.ln_f->gain(d) * post(d) * out[d];
     }
     double sum = 0, mag = 0;
     for (const auto& l : ov_circuit_eigenvalues(m, 1, head)) sum += l.real(), mag += std::abs(l);
@@ -314,4 +319,5 @@ BOOST_AUTO_TEST_CASE(ov_eigenvalues_sum_to_the_trace_of_the_full_circuit) {
     BOOST_TEST(std::fabs(copying_score(m, 1, head) - sum / mag) <= 1e-12);
   }
   BOOST_TEST(error_of([&] { ov_circuit_eigenvalues(m, 2, 0); }) == "ov_circuit_eigenvalues: head (2, 0) is outside 2 layers x 2 heads");
+  }
 }
