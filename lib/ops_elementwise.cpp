@@ -234,7 +234,7 @@ Tensor gelu_erf(const Tensor& x) {
   return unary_op("gelu_erf", x, [](float v) { return act::gelu_erf(v); }, [](float v, float, float g) { return act::gelu_erf_backward(v, g); });
 }
 
-// act(gate) * up in one pass, and both gradients in one pass back (the gated MLP's elementwise
+// act(gate) * up in one pass over the elements, both gradients in one backward (the gated MLP's elementwise
 // work: silu for SwiGLU, gelu for GeGLU, any activation of the list).
 namespace {
 // Calls f with the activation's forward and backward as branch-free functors (the loops then
