@@ -61,7 +61,7 @@ void TrainFlags::add(CLI::App* app, bool with_run_flags, bool with_heads) {
 
 TrainArgs TrainFlags::resolve() const {
   TrainArgs a = resolve_train_flags(values, [this](const std::string& flag) { return given(flag); }, task_training_defaults);
-  if (!given("--threads")) {
+  if (machine_threads && !given("--threads")) {
     a.threads = default_threads(a.threads);  // under mpirun: this rank's share of the cores
     // the busy-machine rule, as for every command (a run's thread count is in its summary)
     if (!in_multi_rank_job()) a.threads = threads_for_this_machine(a.threads);
