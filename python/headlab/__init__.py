@@ -68,6 +68,10 @@ class Trainer:
     checkpoint.safetensors with the training state; the settings come from it) with ``gate=["1.0=0"]``, ``freeze=["0.1"]``,
     ``reinit=["1.1"]`` (LAYER.HEAD) and ``out``.
 
+    The run is planned as ``headlab train`` plans it (one library function): the same refusals
+    in the same words, and without ``threads`` the busy-machine rule's count, said on stderr
+    (``notices``) unless ``quiet``.
+
     ``run()`` trains to ``steps`` as ``headlab train`` does (the same numbers); ``step()`` takes
     one optimisation step for a loop of your own. A trainer does one or the other.
     """
@@ -78,6 +82,12 @@ class Trainer:
         if not self._quiet:  # what the run plan chose, as `headlab train` says it up front
             for line in self._t.notices:
                 notice("headlab: " + line)
+
+    @property
+    def notices(self):
+        """The lines the run plan said before the run (threads lowered on a busy machine, the
+        snapshots' disk), shown unless ``quiet``."""
+        return self._t.notices
 
     @property
     def snapshot_plan(self):
