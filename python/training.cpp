@@ -316,14 +316,15 @@ void bind_training(py::module_& m) {
   // ---- training -------------------------------------------------------------------------------
   py::class_<PyTrainer>(m, "_Trainer")
       .def(py::init([](py::kwargs kw) {
-        // the keywords of the settings table, of the run-control table, and the data (None = not given)
+        // the keywords of the run-control table (None = not given), of the settings table, and the data
         RunRequest r;
         std::set<std::string> given;
         py::dict settings;
         for (auto& [k, v] : kw) {
           const std::string key = k.cast<std::string>();
-          if (key == "data" || key == "eval_data" || v.is_none()) continue;
+          if (key == "data" || key == "eval_data") continue;
           if (const RunSetting* s = find_run_setting(key)) {
+            if (v.is_none()) continue;
             set_run_setting(r, *s, v);
             given.insert(s->flag);
           } else {
