@@ -23,10 +23,14 @@ namespace {
 // The busy-machine rule from `most` threads, said on stderr when it lowers the count.
 int threads_for_this_machine(int most) {
   const ThreadChoice c = choose_threads(most);
-  if (!c.notice.empty()) std::fprintf(stderr, "headlab: %s (--threads %d to use them anyway)\n", c.notice.c_str(), most);
+  say_thread_choice(c.notice, most);
   return c.threads;
 }
 }  // namespace
+
+void say_thread_choice(const std::string& notice, int wanted) {
+  if (!notice.empty()) std::fprintf(stderr, "headlab: %s (--threads %d to use them anyway)\n", notice.c_str(), wanted);
+}
 
 CLI::Option* add_setting(CLI::App* app, const std::string& flag, const std::string& help, FieldRef field, double lo, double hi,
                          const std::vector<std::string>& choices, bool is_switch) {

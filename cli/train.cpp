@@ -8,6 +8,7 @@
 #include "cli/atlas_plots.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
+#include "cli/threads_option.h"
 #include "lib/fileutil.h"
 #include "lib/safetensors.h"
 #include "train/atlas.h"
@@ -25,8 +26,7 @@ int run_train(TrainFlags& flags, RunRequest request, bool quiet) {
   if (request.out.empty()) request.out = default_out_dir("train");
   request.given = [&](const std::string& f) { return flags.given(f); };
   const RunPlan plan = plan_run(flags.resolve(), request);
-  if (!plan.threads_notice.empty())
-    std::fprintf(stderr, "headlab: %s (--threads %d to use them anyway)\n", plan.threads_notice.c_str(), plan.threads_wanted);
+  say_thread_choice(plan.threads_notice, plan.threads_wanted);
   const TrainArgs& args = plan.args;
   // under mpirun: data-parallel over the ranks; rank 0 reports and writes every file
   ProcessGroup* group = in_multi_rank_job() ? job() : nullptr;
