@@ -20,6 +20,7 @@ struct TrainFlags {
   void add(CLI::App* app, bool with_run_flags = true, bool with_heads = true);
   TrainArgs resolve() const;  // parses the text flags into args, applies task presets
   bool task_training_defaults = false;  // also the task's training defaults (train, study)
+  bool machine_threads = true;  // resolve() applies the busy-machine rule (false: train's run plan does)
   // Whether `flag` was on the command line (false for a flag this command does not have).
   bool given(const std::string& flag) const {
     const CLI::Option* o = app_ ? app_->get_option_no_throw(flag) : nullptr;

@@ -23,10 +23,14 @@ namespace {
 // The busy-machine rule from `most` threads, said on stderr when it lowers the count.
 int threads_for_this_machine(int most) {
   const ThreadChoice c = choose_threads(most);
-  if (!c.notice.empty()) std::fprintf(stderr, "headlab: %s (--threads %d to use them anyway)\n", c.notice.c_str(), most);
+  say_thread_choice(c.notice, most);
   return c.threads;
 }
 }  // namespace
+
+void say_thread_choice(const std::string& notice, int wanted) {
+  if (!notice.empty()) std::fprintf(stderr, "headlab: %s (--threads %d to use them anyway)\n", notice.c_str(), wanted);
+}
 
 CLI::Option* add_setting(CLI::App* app, const std::string& flag, const std::string& help, FieldRef field, double lo, double hi,
                          const std::vector<std::string>& choices, bool is_switch) {
@@ -61,7 +65,7 @@ void TrainFlags::add(CLI::App* app, bool with_run_flags, bool with_heads) {
 
 TrainArgs TrainFlags::resolve() const {
   TrainArgs a = resolve_train_flags(values, [this](const std::string& flag) { return given(flag); }, task_training_defaults);
-  if (!given("--threads")) {
+  if (machine_threads && !given("--threads")) {
     a.threads = default_threads(a.threads);  // under mpirun: this rank's share of the cores
     // the busy-machine rule, as for every command (a run's thread count is in its summary)
     if (!in_multi_rank_job()) a.threads = threads_for_this_machine(a.threads);

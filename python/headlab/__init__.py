@@ -8,8 +8,6 @@ one-line message as the command line.
 
 See docs/python.md for a worked example.
 """
-import os
-import sys
 
 from ._core import (  # noqa: F401
     ActivationCache, Batches, HeadlabError, ModelConfig, NonFiniteError, Task, Tensor, TransformerLM,
@@ -23,7 +21,7 @@ from ._core import (  # noqa: F401
 from ._core import Tokenizer  # noqa: F401
 from . import _core
 from . import lens as _lens  # noqa: F401  (hooks(), to_tokens, to_str_tokens, to_string on TransformerLM)
-from .progress import Progress
+from .progress import Progress, notice
 from .views import View, grid_view, token_view, view  # noqa: F401
 
 __all__ = [
@@ -70,6 +68,10 @@ class Trainer:
     checkpoint.safetensors with the training state; the settings come from it) with ``gate=["1.0=0"]``, ``freeze=["0.1"]``,
     ``reinit=["1.1"]`` (LAYER.HEAD) and ``out``.
 
+    The run is planned as ``headlab train`` plans it (one library function): the same refusals
+    in the same words, and without ``threads`` the busy-machine rule's count, said on stderr
+    (``notices``) unless ``quiet``.
+
     ``run()`` trains to ``steps`` as ``headlab train`` does (the same numbers); ``step()`` takes
     one optimisation step for a loop of your own. A trainer does one or the other.
     """
@@ -77,11 +79,15 @@ class Trainer:
     def __init__(self, quiet=False, **settings):
         self._quiet = bool(quiet)
         self._t = _core._Trainer(**settings)
-        steps, each = self._t.snapshot_plan
-        if steps and not self._quiet:  # what the snapshots will cost, as `headlab train` says it up front
-            print("headlab: %d snapshot%s (steps %s) of %.1f MiB each: %.1f MiB of disk in %s"
-                  % (len(steps), "" if len(steps) == 1 else "s", ", ".join(map(str, steps)), each / 2**20,
-                     len(steps) * each / 2**20, os.path.join(settings["out"], "snapshots")), file=sys.stderr)
+        if not self._quiet:  # what the run plan chose, as `headlab train` says it up front
+            for line in self._t.notices:
+                notice("headlab: " + line)
+
+    @property
+    def notices(self):
+        """The lines the run plan said before the run (threads lowered on a busy machine, the
+        snapshots' disk), shown unless ``quiet``."""
+        return self._t.notices
 
     @property
     def snapshot_plan(self):
@@ -104,7 +110,9 @@ class Trainer:
             if callback is not None:
                 callback(step, total, loss, tps)
 
-        return self._t.run(on_step=on_step, on_eval=bar.eval)
+        result = self._t.run(on_step=on_step, on_eval=bar.eval)
+        bar.finish(result)
+        return result
 
     def step(self):
         """One optimisation step on the next training batch: returns (loss, gradient norm)."""
