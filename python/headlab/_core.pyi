@@ -347,6 +347,12 @@ Padding is ``<|endoftext|>`` when the tokenizer has it, else id 0 (never attende
     @property
     def tokenizer(self) -> Any:
         """The model's tokenizer (hl.Tokenizer) or None: set by TransformerLM.load from a GPT-2 directory, or assigned"""
+    @property
+    def OV(self) -> Any:
+        """Each head's OV circuit W_V @ W_O as a FactoredMatrix [n_layers, n_heads, d_model, d_model]"""
+    @property
+    def QK(self) -> Any:
+        """Each head's QK circuit W_Q @ W_K^T as a FactoredMatrix [n_layers, n_heads, d_model, d_model]"""
 
 @overload
 def activation_patching(model: TransformerLM, task: object = ..., data: object = ..., seed: int = ..., alphabet: Optional[int] = ...) -> object:

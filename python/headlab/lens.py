@@ -11,6 +11,7 @@ import contextlib
 import numpy as np
 
 from ._core import TransformerLM
+from .factored import _ov, _qk
 
 _BOS = "<|endoftext|>"
 
@@ -128,3 +129,5 @@ TransformerLM.tokenizer = property(
     lambda self: self.__dict__.get("_tokenizer"),
     lambda self, tok: self.__dict__.__setitem__("_tokenizer", tok),
     doc="The model's tokenizer (hl.Tokenizer) or None: set by TransformerLM.load from a GPT-2 directory, or assigned")
+TransformerLM.OV = property(_ov, doc="Each head's OV circuit W_V @ W_O as a FactoredMatrix [n_layers, n_heads, d_model, d_model]")
+TransformerLM.QK = property(_qk, doc="Each head's QK circuit W_Q @ W_K^T as a FactoredMatrix [n_layers, n_heads, d_model, d_model]")
