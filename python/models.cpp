@@ -41,7 +41,11 @@ struct PyCallable {
 };
 std::shared_ptr<PyCallable> keep(const py::function& f) { return std::make_shared<PyCallable>(f); }
 
-// fn(activation, name) -> None or a replacement array of the same shape.
+// A hook made by headlab.tensor_hook(fn) receives the activation as an hl.Tensor in the graph.
+bool wants_tensor(const py::function& f) { return py::hasattr(f, "_headlab_as_tensor"); }
+
+// fn(activation, name) -> None or a replacement of the same shape: an array (a constant to
+// autograd) or an hl.Tensor (its graph kept: gradients flow through an expression of x).
 Hooks hooks_from(const ModelConfig& cfg, const std::vector<std::pair<std::string, py::function>>& fwd,
                  const std::vector<std::pair<std::string, py::function>>& bwd) {
   Hooks hooks;
@@ -53,7 +57,7 @@ Hooks hooks_from(const ModelConfig& cfg, const std::vector<std::pair<std::string
       // An exception the hook raises (KeyboardInterrupt and SystemExit included) reaches the
       // caller as itself: error_already_set carries it through the C++ frames.
       try {
-        r = fn->fn(view_of(x, /*writeable=*/false), n);
+        r = wants_tensor(fn->fn) ? fn->fn(x, n) : fn->fn(view_of(x, /*writeable=*/false), n);
       } catch (py::error_already_set& e) {
         // NumPy's "assignment destination is read-only" does not say what to do instead
         if (e.matches(PyExc_ValueError) && std::string(e.what()).find("read-only") != std::string::npos)
@@ -62,9 +66,14 @@ Hooks hooks_from(const ModelConfig& cfg, const std::vector<std::pair<std::string
         throw;
       }
       if (r.is_none()) return Tensor();
-      py::array a = py::array::ensure(r);
-      if (!a) throw py::type_error("hook at " + n + ": return None or an array, got " + std::string(py::str(r.get_type())));
-      Tensor t = tensor_from_array(a, "hook at " + n);
+      Tensor t;
+      if (py::isinstance<Tensor>(r)) {
+        t = r.cast<Tensor>();  // differentiable: the graph from x (if any) is kept
+      } else {
+        py::array a = py::array::ensure(r);
+        if (!a) throw py::type_error("hook at " + n + ": return None, an array or an hl.Tensor, got " + std::string(py::str(r.get_type())));
+        t = tensor_from_array(a, "hook at " + n);
+      }
       if (t.shape() != x.shape())
         throw py::value_error("hook at " + n + ": the replacement has shape " + t.shape().str() + " but the activation is " +
                               x.shape().str());
@@ -607,7 +616,9 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
            }, py::arg("ids"), py::arg("fwd_hooks") = HookList{}, py::arg("bwd_hooks") = HookList{},
            py::arg("attention_mask") = py::none(),
            "logits with hooks (after the model's own, add_hook): fn(activation, name) may return a replacement "
-           "(the activation is read-only: edit a copy); backward hooks fn(grad, name) run during backward()")
+           "(the activation is read-only: edit a copy; an array is a constant to autograd; a hook wrapped in "
+           "headlab.tensor_hook gets an hl.Tensor and its returned expression keeps the gradient); backward hooks "
+           "fn(grad, name) run during backward()")
       .def("add_hook", [](const py::object& self, const std::string& name, const py::function& fn, const std::string& dir) {
              check_hook_name(self.cast<const TransformerLM&>().cfg, name);
              if (dir != "fwd" && dir != "bwd") throw py::value_error("add_hook: dir must be 'fwd' or 'bwd', got '" + dir + "'");

@@ -312,7 +312,7 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
     def run_with_cache(self, ids: object, names_filter: object = ..., incl_bwd: bool = ..., attention_mask: object = ...) -> tuple:
         """(logits, cache): cache[name] for every hook name passing names_filter (None = all but the split q/k/v inputs, a name, a list, or a predicate name -> bool); incl_bwd=True: cache.grad(name) after logits' loss.backward(). The cache's decompose_resid, logit_attrs and the rest read hook_result and hook_scale, which names_filter=None caches. attention_mask: as model(ids, attention_mask)"""
     def run_with_hooks(self, ids: object, fwd_hooks: List[Tuple[str, function]] = ..., bwd_hooks: List[Tuple[str, function]] = ..., attention_mask: object = ...) -> Tensor:
-        """logits with hooks (after the model's own, add_hook): fn(activation, name) may return a replacement (the activation is read-only: edit a copy); backward hooks fn(grad, name) run during backward()"""
+        """logits with hooks (after the model's own, add_hook): fn(activation, name) may return a replacement (the activation is read-only: edit a copy; an array is a constant to autograd; a hook wrapped in headlab.tensor_hook gets an hl.Tensor and its returned expression keeps the gradient); backward hooks fn(grad, name) run during backward()"""
     def add_hook(self, name: str, hook: function, dir: str = ...) -> None:
         """Keeps hook fn(activation, name) at `name` for every forward of the model until reset_hooks()"""
     def reset_hooks(self) -> None:

@@ -7,6 +7,7 @@ directory's tokenizer files (or assigned: ``model.tokenizer = hl.Tokenizer.load(
 of 256 tokens without one reads text as its UTF-8 bytes, as the byte-level tasks do.
 """
 import contextlib
+import functools
 
 import numpy as np
 
@@ -38,6 +39,18 @@ def hooks(self, fwd_hooks=(), bwd_hooks=(), reset_hooks_end=True):
             for attr, before in kept.items():
                 if before:
                     setattr(self, attr, before)
+
+
+def tensor_hook(fn):
+    """A hook ``fn(activation, name)`` that receives the activation as an :class:`hl.Tensor` in the
+    autograd graph: the expression it returns (``2 * x``, ``x - mean``) is differentiable, so
+    gradients flow back through it to what made ``x``. A plain hook gets a read-only NumPy array
+    and its returned array is a constant to autograd (no gradient reaches what is upstream)."""
+    @functools.wraps(fn)
+    def hook(x, name):
+        return fn(x, name)
+    hook._headlab_as_tensor = True
+    return hook
 
 
 def _tokenizer(self, what):
