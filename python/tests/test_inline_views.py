@@ -194,3 +194,35 @@ def test_a_grid_of_more_than_125k_values_renders(browser, tmp_path):
     legend = browser.execute_script("return document.getElementById('legend').textContent")
     assert legend == "score: -1000 .. 128600 (red > 0, blue < 0, white 0)"  # 128599 to 4 digits
     assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+
+
+def test_grid_colour_scales_with_vmin_vmax_and_diverging_values(browser, tmp_path):
+    def backgrounds(v):
+        page = tmp_path / "scale.html"
+        page.write_text(v.html)
+        browser.get("file://" + str(page))
+        cells = browser.execute_script(
+            "return [...document.querySelectorAll('td')].map(td => getComputedStyle(td).backgroundColor)")
+        return cells, browser.execute_script("return document.getElementById('legend').textContent")
+
+    faint = np.array([[0.03, 0.0]])
+    # its own scale: 0.03 is the grid's maximum and as red as any maximum
+    assert backgrounds(hl.grid_view(faint))[0] == ["rgb(255, 51, 51)", "rgb(255, 255, 255)"]
+    # one scale for several grids: 0.03 of 0..1 is nearly white
+    cells, legend = backgrounds(hl.grid_view(faint, vmin=0, vmax=1))
+    assert cells == ["rgb(255, 249, 249)", "rgb(255, 255, 255)"]
+    assert legend == "score: 0 .. 0.03 (red > 0, blue < 0, white 0); colour scale 0 .. 1"
+    # signed values: diverging around 0, clamped to the bounds
+    cells, _ = backgrounds(hl.grid_view([[-0.5, 0.5, 3.0]], vmin=-1, vmax=1))
+    assert cells == ["rgb(153, 153, 255)", "rgb(255, 153, 153)", "rgb(255, 51, 51)"]
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+
+
+def test_colour_scale_bounds_are_checked():
+    d = page_data(hl.grid_view([[1.0]], vmin=-2, vmax=2).html)
+    assert (d["vmin"], d["vmax"]) == (-2, 2)
+    assert page_data(hl.token_view(["a"], [1.0]).html)["vmin"] is None
+    with pytest.raises(ValueError, match="grid view: give both vmin and vmax, or neither"):
+        hl.grid_view([[1.0]], vmin=0)
+    with pytest.raises(ValueError, match="token view: vmin 1 must be below vmax 1"):
+        hl.token_view(["a"], [1.0], vmin=1, vmax=1)
