@@ -12,16 +12,25 @@ import numpy as np
 from . import _core
 
 
+# The host side of the pages' size messages (views/*.html post_height): the frame whose page sent
+# the message takes its height. One listener per notebook page, set by the first view shown.
+_RESIZE = ("<script>if(!window.__headlab_views){window.__headlab_views=1;window.addEventListener('message',e=>{"
+           "const h=e.data&&e.data.headlab_height;if(!(h>0))return;"
+           "for(const f of document.querySelectorAll('iframe.headlab-view'))"
+           "if(f.contentWindow===e.source)f.style.height=Math.min(h,20000)+'px';});}</script>")
+
+
 class View:
     """A self-contained HTML page: ``.html`` is the page, ``.save(path)`` writes it, and Jupyter
-    shows it inline (``_repr_html_``) in an iframe of ``height`` pixels."""
+    shows it inline (``_repr_html_``) in an iframe sized to its content: the page reports its
+    height to the notebook; ``height`` pixels until it does (or where scripts do not run)."""
 
     def __init__(self, page, height, notes=()):
         self.html, self.height, self.notes = page, int(height), list(notes)
 
     def _repr_html_(self):
-        return (f'<iframe srcdoc="{_html.escape(self.html, quote=True)}" style="width: 100%; height: {self.height}px; '
-                f'border: 1px solid #ddd" sandbox="allow-scripts"></iframe>')
+        return (_RESIZE + f'<iframe class="headlab-view" srcdoc="{_html.escape(self.html, quote=True)}" '
+                f'style="width: 100%; height: {self.height}px; border: 1px solid #ddd" sandbox="allow-scripts"></iframe>')
 
     def save(self, path):
         """Writes the page to ``path`` (whole or not at all) and returns the path. An existing
