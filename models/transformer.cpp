@@ -446,8 +446,14 @@ Tensor TransformerLM::forward(const Ids& ids, const ForwardOptions& opt) {
   const Hooks* hk = opt.hooks;
   auto hook = [&](const char* name, const Tensor& t) { return hk ? hk->apply(name, t) : t; };  // no string without hooks
   const Tensor tok = hook(kHookEmbed, token_embeddings(ids));  // (B, T, d_model)
-  Tensor pos;                                                    // (T, d_model), broadcast over B
-  if (pos_emb) {
+  Tensor pos;  // (T, d_model), broadcast over B, or (B, T, d_model) for position_ids
+  if (opt.position_ids) {
+    const Ids& p = *opt.position_ids;
+    if (p.shape != ids.shape) fail("model: position_ids ", p.shape.str(), " must be the ids' ", ids.shape.str());
+    for (int32_t v : p.data)
+      if (v < 0 || v >= cfg.max_seq_len) fail("model: position ", v, " is outside 0..", cfg.max_seq_len - 1, " (n_ctx)");
+    pos = pos_emb ? pos_emb->forward(p) : embedding(sinusoid, p);
+  } else if (pos_emb) {
     positions_.shape = Shape{T};  // reused: no allocation per forward
     positions_.data.resize(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) positions_.data[t] = static_cast<int32_t>(offset + t);
@@ -528,7 +534,8 @@ Tensor TransformerLM::forward_from(int layer, const Tensor& resid_pre, const For
 
 Tensor TransformerLM::forward_live(const Ids& ids, const ForwardOptions& opt) {
   const int64_t B = ids.shape[0], T = ids.shape[1];
-  if (opt.hooks || opt.kv_cache) fail("model: live_len cannot be combined with hooks or a KV cache");
+  if (opt.hooks || opt.kv_cache || opt.position_ids)
+    fail("model: live_len cannot be combined with hooks, a KV cache or position_ids");
   if (static_cast<int64_t>(opt.live_len.size()) != B)
     fail("model: live_len has ", opt.live_len.size(), " entries for ", B, " rows");
   int64_t n = 0, T_live = 0;
@@ -575,6 +582,23 @@ std::pair<Tensor, ActivationCache> TransformerLM::run_with_cache(const Ids& ids,
   opt.key_padding = key_padding;
   Tensor logits = forward(ids, opt);
   return {logits, cache};
+}
+
+Ids positions_from_padding(const Tensor& key_padding, const std::vector<int32_t>& offset) {
+  if (key_padding.ndim() != 2) fail("model: key_padding must be (B, T), got ", key_padding.shape().str());
+  const int64_t B = key_padding.size(0), T = key_padding.size(1);
+  if (!offset.empty() && static_cast<int64_t>(offset.size()) != B)
+    fail("model: ", offset.size(), " position offsets for ", B, " rows");
+  Ids pos(Shape{B, T});
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t seen = offset.empty() ? 0 : offset[static_cast<size_t>(b)];  // real tokens before this column
+    for (int64_t t = 0; t < T; ++t) {
+      const bool real = key_padding.data()[b * T + t] == 0.f;
+      pos.at(b, t) = real ? seen : std::max(seen - 1, 0);  // padding: the last real token's (TransformerLens)
+      seen += real;
+    }
+  }
+  return pos;
 }
 
 std::vector<HookPointInfo> describe_hook_points(const ModelConfig& c) {

@@ -108,6 +108,10 @@ class TransformerBlock : public Module {
 // Everything the LM forward can be asked to do beyond computing logits.
 struct ForwardOptions {
   Tensor key_padding;                    // (B, T), non-zero = padding (never attended to)
+  // (B, T) each token's position; null = 0..T-1 (after a KV cache's tokens). A left-padded row's
+  // positions start at its first real token (positions_from_padding), as TransformerLens's do;
+  // hook_pos_embed is then (B, T, d_model). Not with live_len.
+  const Ids* position_ids = nullptr;
   const Hooks* hooks = nullptr;          // named hook points (models/hooks.h); none = fast path
   std::vector<KVCacheLayer>* kv_cache = nullptr;  // incremental decoding (no grad)
   // Compute only the first live_len[b] positions of row b (0 <= live_len[b] <= T): in a causal
@@ -123,6 +127,12 @@ struct ForwardOptions {
   // that reads attention patterns then never makes the (B, T, vocab) logits. -1 = the logits.
   int stop_at_layer = -1;
 };
+
+// The positions of a padded batch from its key_padding (B, T): each token's count of real
+// tokens before it (0 for padding before the first), so a row's real tokens sit at 0, 1, ...
+// wherever the padding is. `offset`: real tokens already cached before column 0 (per row, or
+// none = 0).
+Ids positions_from_padding(const Tensor& key_padding, const std::vector<int32_t>& offset = {});
 
 class TransformerLM : public Module {
  public:

@@ -1,5 +1,6 @@
 // Conversions between Python objects and headlab's (arrays, token ids, results) and settings by
 // keyword, resolved through the CLI's flag table; shared by the files that bind each area.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -58,6 +59,19 @@ Tensor tensor_from_array(const py::array& a, const std::string& what) {
 }
 
 Ids ids_from(const py::object& obj, const char* what) {
+  // rows of different lengths (a ragged list) make no array: say how to run them
+  if (py::isinstance<py::list>(obj) || py::isinstance<py::tuple>(obj)) {
+    std::vector<size_t> lens;
+    for (const py::handle& row : obj)
+      if (py::isinstance<py::list>(row) || py::isinstance<py::tuple>(row) || py::isinstance<py::array>(row)) lens.push_back(py::len(row));
+    if (lens.size() > 1 && std::any_of(lens.begin(), lens.end(), [&](size_t n) { return n != lens[0]; })) {
+      std::string l;
+      for (size_t n : lens) l += (l.empty() ? "" : ", ") + std::to_string(n);
+      throw py::value_error(std::string(what) + ": the rows have different lengths (" + l + "): pad them to one length and " +
+                            "pass attention_mask (1 = token, 0 = padding), e.g. ids, mask = model.to_tokens(texts, " +
+                            "padding_side='right')");
+    }
+  }
   py::array a = py::array::ensure(obj);
   if (!a) throw py::type_error(std::string(what) + ": expected an integer array or list of token ids");
   if (a.dtype().kind() != 'i' && a.dtype().kind() != 'u')

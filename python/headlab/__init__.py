@@ -21,6 +21,8 @@ from ._core import (  # noqa: F401
 from ._core import Tokenizer  # noqa: F401
 from . import _core
 from . import lens as _lens  # noqa: F401  (hooks(), to_tokens, to_str_tokens, to_string on TransformerLM)
+from .factored import FactoredMatrix  # noqa: F401
+from .lens import tensor_hook  # noqa: F401
 from .progress import Progress, notice
 from .views import View, grid_view, token_view, view  # noqa: F401
 
@@ -36,6 +38,7 @@ __all__ = [
     "ov_eigenvalues", "ov_singular_values", "per_token_loss", "prune_curve", "qk_singular_values", "set_num_threads",
     "copying_score", "single_head_ablation", "softmax", "tensor", "train", "train_settings", "Tokenizer",
     "View", "view", "token_view", "grid_view",
+    "FactoredMatrix", "tensor_hook",
 ]
 
 
