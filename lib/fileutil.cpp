@@ -351,6 +351,18 @@ void StagedDir::publish() {
   }
 }
 
+bool is_own_file_of(const std::string& dir, const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_symlink(fs::symlink_status(path, ec))) return true;
+  const fs::path home = fs::weakly_canonical(dir, ec), real = fs::weakly_canonical(path, ec);
+  if (ec) return false;
+  if (real.parent_path() == home) return true;
+  const fs::path snapshots = home.parent_path(), repo = snapshots.parent_path();
+  const bool hub_snapshot = snapshots.filename() == "snapshots" && repo.filename().string().starts_with("models--");
+  return hub_snapshot && real.parent_path() == repo / "blobs";
+}
+
 void refuse_output_over_input(const std::string& flag, const std::string& output,
                               const std::vector<std::pair<std::string, std::string>>& inputs) {
   namespace fs = std::filesystem;

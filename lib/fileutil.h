@@ -83,6 +83,12 @@ class StagedDir {
   bool in_place_ = false, published_ = false;
 };
 
+// Whether `path`, an entry of directory `dir`, is dir's own file: not a symbolic link, or a link to
+// a file in dir itself, or, when dir is a Hugging Face hub-cache snapshot (.../models--NAME/
+// snapshots/REV, whose files are links to ../../blobs/HASH), a link into that same cache
+// repository's blobs directory (.../models--NAME/blobs). Any other link leads out of dir.
+bool is_own_file_of(const std::string& dir, const std::string& path);
+
 // Fails when `output` names the same file as one of `inputs` (so writing it would destroy an
 // input), e.g. `grads --checkpoint m.safetensors --out m.safetensors`.
 void refuse_output_over_input(const std::string& flag, const std::string& output,

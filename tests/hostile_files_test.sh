@@ -76,6 +76,34 @@ run 60 "$HL" export "$T/src/model.safetensors" --out "$T/exp2"
 [ "$rc" = 0 ] && [ -f "$T/exp2/config.json" ] && [ -f "$T/exp2/model.safetensors" ] && [ -z "$(ls -A "$T" | grep partial)" ] \
   && ok "export to a new directory: complete, no staging left" || bad "export to a new directory: exit $rc" "$T/err"
 
+# ---- a Hugging Face hub-cache snapshot: its links into the repository's blobs are its own -------
+# models--NAME/snapshots/REV/FILE -> ../../blobs/HASH, as huggingface_hub lays out ~/.cache/huggingface/hub
+hub="$T/hub/models--tiny"; snap="$hub/snapshots/0123abc"
+mkdir -p "$hub/blobs" "$snap"
+printf '{"<|endoftext|>": 0, "a": 1}' >"$T/exp2/vocab.json"; printf '#version: 0.2\n' >"$T/exp2/merges.txt"
+for f in config.json model.safetensors vocab.json merges.txt; do
+  h=$(sha256sum "$T/exp2/$f" | cut -c1-40); cp "$T/exp2/$f" "$hub/blobs/$h"; ln -s "../../blobs/$h" "$snap/$f"
+done
+run 60 "$HL" export "$snap" --out "$T/exp_hub"
+if [ "$rc" = 0 ] && cmp -s "$T/exp_hub/vocab.json" "$T/exp2/vocab.json" && cmp -s "$T/exp_hub/merges.txt" "$T/exp2/merges.txt" \
+   && [ ! -L "$T/exp_hub/vocab.json" ]; then ok "export of a hub-cache snapshot (links into its blobs): exported, tokenizer copied"
+else bad "export of a hub-cache snapshot: exit $rc" "$T/err"; fi
+run 60 "$HL" attn --checkpoint "$snap" --tokens 1,1 --threads 1 --out "$T/attn_hub"
+[ "$rc" = 0 ] && ok "--checkpoint a hub-cache snapshot: read" || bad "--checkpoint a hub-cache snapshot: exit $rc" "$T/err"
+# still refused: a blob that is itself a link out, another repository's blobs, a snapshot-like
+# directory outside a models-- repository
+snap2="$hub/snapshots/evil"; mkdir -p "$snap2"; cp -P "$snap/config.json" "$snap/model.safetensors" "$snap2/"
+ln -s "$T/secret" "$hub/blobs/evil"; ln -s ../../blobs/evil "$snap2/vocab.json"
+refused "hub snapshot whose blob links out of the cache: refused" 'vocab\.json.*(link|outside)' "$HL" export "$snap2" --out "$T/exp_h2"
+other="$T/hub/models--other/blobs"; mkdir -p "$other"; cp "$T/exp2/merges.txt" "$other/m"
+rm "$snap2/vocab.json"; ln -s ../../../models--other/blobs/m "$snap2/merges.txt"
+refused "hub snapshot linking another repository's blobs: refused" 'merges\.txt.*(link|outside)' "$HL" export "$snap2" --out "$T/exp_h3"
+fake="$T/notcache/snapshots/r"; mkdir -p "$fake" "$T/notcache/blobs"; cp "$T/exp2/config.json" "$T/exp2/model.safetensors" "$fake/"
+cp "$T/exp2/merges.txt" "$T/notcache/blobs/m"; ln -s ../../blobs/m "$fake/merges.txt"
+refused "snapshots/ outside a models-- repository: its links out refused" 'merges\.txt.*(link|outside)' "$HL" export "$fake" --out "$T/exp_h4"
+[ ! -e "$T/exp_h2" ] && [ ! -e "$T/exp_h3" ] && [ ! -e "$T/exp_h4" ] && ok "nothing exported from the refused snapshots" \
+  || bad "a refused snapshot left an export"
+
 # ---- a full disk: the directory appears complete or not at all --------------------------------
 # fill NAME DIR FREE_KIB: leave about FREE_KIB KiB free on the tmpfs holding DIR
 fill() { rm -f "$MNT/filler"; local avail; avail=$(df -k --output=avail "$MNT" | tail -1)
