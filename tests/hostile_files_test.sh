@@ -133,6 +133,26 @@ if [ "$(id -u)" = 0 ] && mount -t tmpfs -o size=2m tmpfs "$T/mnt" 2>/dev/null; t
   if [ "$rc" -ge 1 ] && [ "$rc" -lt 124 ] && [ ! -e "$MNT/dla" ] && [ -z "$(ls -A "$MNT" | grep -v filler)" ]; then
     ok "dla on a full disk: no directory (exit $rc)"
   else bad "dla on a full disk: exit $rc, left: $(ls -A "$MNT" "$MNT/dla" 2>/dev/null | tr '\n' ' ')" "$T/err"; fi
+  # the other commands that write a directory: room for a few small files, not for all of theirs
+  # (each run first with room, to learn its files, then with a page less than they take)
+  run 60 "$HL" train $small --steps 4 --seed 3 --out "$T/run_b"; [ "$rc" = 0 ] || bad "fixture: a second run (exit $rc)" "$T/err"
+  for cmd in compare match detect patch knockout; do
+    case $cmd in
+      compare) args=("$T/run" "$T/run_b" --examples 8) ;;
+      match) args=(--checkpoint "$M" --checkpoint "$T/run_b/model.safetensors" --examples 8) ;;
+      knockout) args=(--checkpoint "$M" --hook blocks.0.attn.hook_z --examples 8) ;;
+      *) args=(--checkpoint "$M" --examples 8) ;;
+    esac
+    rm -rf "$T/ref_$cmd"; rm -f "$MNT/filler"
+    run 120 "$HL" $cmd "${args[@]}" --threads 1 --out "$T/ref_$cmd"
+    [ "$rc" = 0 ] || { bad "fixture: $cmd (exit $rc)" "$T/err"; continue; }
+    need=0; for f in "$T/ref_$cmd"/* "$T/ref_$cmd"/.headlab-kind; do need=$((need + $(kib "$f"))); done
+    fill "$MNT" $((need - 4))
+    run 120 "$HL" $cmd "${args[@]}" --threads 1 --out "$MNT/$cmd"
+    if [ "$rc" -ge 1 ] && [ "$rc" -lt 124 ] && [ ! -e "$MNT/$cmd" ] && [ -z "$(ls -A "$MNT" | grep -v filler)" ]; then
+      ok "$cmd on a full disk ($((need - 4)) of its $need KiB free): no directory (exit $rc)"
+    else bad "$cmd on a full disk: exit $rc, left: $(ls -A "$MNT" "$MNT/$cmd" 2>/dev/null | tr '\n' ' ')" "$T/err"; fi
+  done
   # train: snapshots that cannot fit are refused before the run, leaving no directory
   fill "$MNT" 64
   run 60 "$HL" train $small --steps 200 --snapshot-every 1 --out "$MNT/snaprun"
