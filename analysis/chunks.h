@@ -1,9 +1,10 @@
 // Batched passes in chunks of rows. An analysis that runs the model over every example runs it
 // over chunks of rows instead, so its memory is bounded by one chunk's, not --examples, and a stop
 // request is answered between chunks (throw_if_stopped), not after a pass over every example.
-// Rows are independent in a forward pass (each row's numbers do not depend on the others in its
-// batch), and results summed over rows carry their running sum from chunk to chunk in row order,
-// so a chunked analysis gives, bit for bit, what one batch of every row gives.
+// A row's numbers in a forward pass do not depend on the other rows of its batch as long as each
+// matrix product takes the same kernel (rows_per_pass keeps chunks large enough for that), and
+// results summed over rows carry their running sum from chunk to chunk in row order, so a chunked
+// analysis gives, bit for bit, what one batch of every row gives.
 #pragma once
 #include <cstdint>
 #include <utility>
