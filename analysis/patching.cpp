@@ -41,6 +41,7 @@ PatchingInputs corrupt_one_symbol(const Batch& b, int alphabet, uint64_t seed, C
   std::vector<int64_t> rows;
   PatchingInputs in;
   for (int64_t r = 0; r < B; ++r) {
+    if (r % 4096 == 0) throw_if_stopped();  // 10^6 rows take seconds
     const int prompt = b.prompt_len.empty() ? 0 : b.prompt_len[r];
     std::vector<std::pair<int64_t, int64_t>> choices;  // (source position, answer position)
     std::set<int32_t> used;
