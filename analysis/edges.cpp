@@ -181,11 +181,11 @@ void check_edge_inputs(const ModelConfig& cfg, const PatchingInputs& in) {
 double edge_patching_memory_bytes(const ModelConfig& cfg, int64_t rows, int64_t T) {
   const double D = static_cast<double>(cfg.d_model), tokens = static_cast<double>(rows) * static_cast<double>(T),
                L = cfg.n_layers, H = cfg.n_heads;
-  // two cached runs and a backward (patching's estimate), the heads' results of both runs, one
+  // two cached runs and a backward of every row in one batch, the heads' results of both runs, one
   // delta per sender, the receivers' gradients, and a batch of patched runs (<= 2^16 rows)
   const double caches = 2 * L * H * tokens * D, deltas = (1 + L * H) * tokens * D, grads = (3 * H + 2) * L * tokens * D;
   const double batch = std::max(tokens, 65536.0) * (12 * D + 3 * static_cast<double>(cfg.d_ff));
-  return patching_memory_bytes(cfg, rows, T) + 4.0 * (caches + deltas + grads + batch);
+  return estimate_step_bytes(cfg, rows, T, true) + 4.0 * (caches + deltas + grads + batch);
 }
 
 namespace {

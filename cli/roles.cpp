@@ -173,9 +173,9 @@ PatchingInputs role_patching_inputs(RoleModel& m, const RoleOpts& o, double (*by
   if (probe && 2 * k > cfg.max_seq_len)
     fail("--length ", k, ": the probe's ", 2 * k, " tokens exceed the model's max_seq_len ", cfg.max_seq_len);
   const int64_t T = probe ? 2 * k : role_task(m, o.checkpoint).seq_len();
-  // every example is in one batch
+  // `bytes` says whether the examples are one batch or chunks of rows
   announce_memory(command, bytes(cfg, o.examples, T) - 4.0 * static_cast<double>(parameter_count(cfg)),
-                  std::to_string(o.examples) + " sequences of " + std::to_string(T) + " tokens in one batch",
+                  std::to_string(o.examples) + " sequences of " + std::to_string(T) + " tokens",
                   probe ? "--examples or --length" : "--examples");
   if (probe)
     return corrupt_one_symbol(concat_rows(varied_repeat_probe(o.examples, k, static_cast<int>(cfg.vocab_size), o.seed)),

@@ -298,16 +298,14 @@ bool write_hf_gpt2(const TransformerLM& model, const std::string& dir, const std
       fail(dir, ": already holds ", entry.path().filename().string(),
            "; the export writes a directory of its own: give a new or empty directory");
   // the tokenizer files to copy: only the source's own (a link out of its directory could
-  // carry any file of the user's into the export)
+  // carry any file of the user's into the export; a hub-cache snapshot's links to its blobs are its own)
   std::vector<std::pair<std::string, std::string>> tokenizer;  // name, bytes
   if (!tokenizer_dir.empty()) {
-    const fs::path home = fs::weakly_canonical(tokenizer_dir, ec);
     for (const std::string& name : gpt2_tokenizer_files()) {
       const std::string from = tokenizer_dir + "/" + name;
       if (!fs::exists(fs::symlink_status(from, ec))) continue;
-      const fs::path real = fs::weakly_canonical(from, ec);
-      if (fs::is_symlink(fs::symlink_status(from, ec)) && real.parent_path() != home)
-        fail(from, ": is a symbolic link to ", real.string(), ", outside ", tokenizer_dir,
+      if (!is_own_file_of(tokenizer_dir, from))
+        fail(from, ": is a symbolic link to ", fs::weakly_canonical(from, ec).string(), ", outside ", tokenizer_dir,
              "; the export copies only the model directory's own files: copy the file there or remove the link");
       tokenizer.emplace_back(name, read_file(from));
     }
