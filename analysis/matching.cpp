@@ -287,7 +287,7 @@ std::string head_role(const HeadRoleScores& r, int layer, int head, const std::v
   double top = -1;
   for (size_t d = 0; d < r.detectors.size(); ++d) {
     const double s = r.scores[d][layer][head];
-    if (s >= thresholds[d] && s > top) top = s, best = r.detectors[d];
+    if (s > thresholds[d] && s > top) top = s, best = r.detectors[d];  // above chance, not at it
   }
   return best;
 }

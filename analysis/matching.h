@@ -68,7 +68,7 @@ HeadRoleScores detector_role_scores(TransformerLM& model, int examples = 200, ui
 // The role of one head: the detector of highest score when it is at least `threshold`, else "none".
 std::string head_role(const HeadRoleScores& r, int layer, int head, double threshold = 0.4);
 // The same with a threshold per detector (thresholds[d] for r.detectors[d]): the detector whose
-// score is furthest above its threshold (by score), when any is at least its own.
+// score is highest among those strictly above their own threshold, else "none".
 std::string head_role(const HeadRoleScores& r, int layer, int head, const std::vector<double>& thresholds);
 // Each detector's level of chance for models of `cfg`: the largest score any head of `models`
 // untrained models of that shape (initialised as headlab train does, seeds 1..models) gets on

@@ -108,7 +108,7 @@ int run_compare(const CompareOpts& o) {
   print_table(table);
   // ---- the heads' detector scores at the end
   std::printf("\nheads' detector scores at the end (share of attention on the pattern, probe of %d sequences);\n", o.examples);
-  std::printf("a head's role is the detector it scores highest on among those it scores at least the threshold of:\n");
+  std::printf("a head's role is the detector it scores highest on among those it scores above the threshold of:\n");
   if (o.role_threshold >= 0) {
     std::printf("  %s (--role-threshold)\n\n", thresholds_text(roles[0], thresholds[0]).c_str());
   } else {
