@@ -204,7 +204,7 @@ class Tensor:
 class Tokenizer:
     """GPT-2's byte-level BPE tokenizer: the same ids as OpenAI's encoder and Hugging Face's GPT2Tokenizer."""
     @staticmethod
-    def load(dir: str) -> Tokenizer:
+    def load(dir: str | os.PathLike) -> Tokenizer:
         """From a directory with vocab.json + merges.txt (Hugging Face) or encoder.json + vocab.bpe (OpenAI)."""
     def encode(self, text: object) -> List[int]:
         """The token ids of text (str, or UTF-8 bytes) as a list of int; '<|endoftext|>' is one id."""
@@ -239,11 +239,11 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
     def __init__(self, config: ModelConfig, seed: int = ...) -> None:
         """A model of this config, initialised from seed"""
     @staticmethod
-    def load(path: str) -> object:
+    def load(path: str | os.PathLike) -> object:
         """A model from a headlab checkpoint (safetensors) or a Hugging Face GPT-2 directory (with its tokenizer files: model.tokenizer)"""
-    def save(self, path: str) -> None:
+    def save(self, path: str | os.PathLike) -> None:
         """Writes a checkpoint the CLI reads (atomic)"""
-    def load_parameters(self, path: str) -> None:
+    def load_parameters(self, path: str | os.PathLike) -> None:
         """Reads the parameters of a checkpoint of the same config into this model"""
     @property
     def cfg(self) -> ModelConfig:
@@ -381,6 +381,9 @@ def get_act_name(name: str, layer: Optional[int] = ..., layer_type: str = ...) -
 
 def grad_enabled() -> bool:
     """Whether ops record a graph now (False inside headlab.no_grad())"""
+
+def head_analyses() -> list:
+    """The per-head analyses of scores_over_training (and `headlab COMMAND --run`), one dict per analysis: name, command, scores (the names of the grids it returns), help, default_examples"""
 
 def head_gradient_norms(model: TransformerLM) -> dict:
     """Gradient atlas of the current gradients: per-head Frobenius norms (L, H or H_kv) of grads and weights"""
