@@ -11,8 +11,6 @@ namespace hl {
 
 namespace {
 
-std::string block(int l) { return "blocks." + std::to_string(l) + "."; }
-
 void check_pre_norm(const TransformerLM& model, const char* what) {
   if (model.cfg.norm != Norm::Pre)
     fail(what, ": needs a pre-norm model (a post-norm model normalises the residual stream after each block, so it "
@@ -94,9 +92,9 @@ StackBuilder builder(int64_t B, int64_t T, int64_t D, int64_t pos, int64_t compo
 void add_heads(StackBuilder& sb, const TransformerLM& model, const ActivationCache& cache, int layer, const char* what) {
   const int H = model.cfg.n_heads;
   const int64_t D = model.cfg.d_model;
-  const Tensor& r = cached(cache, block(layer) + "attn.hook_result", what);  // (B, T, H, D)
+  const Tensor& r = cached(cache, hook_name(layer, "attn.hook_result"), what);  // (B, T, H, D)
   const LayerNorm* post = model.blocks[layer]->ln1_post.get();
-  const Tensor* scale = post ? &cached(cache, block(layer) + "ln1_post.hook_scale", what) : nullptr;
+  const Tensor* scale = post ? &cached(cache, hook_name(layer, "ln1_post.hook_scale"), what) : nullptr;
   for (int h = 0; h < H; ++h) {
     sb.add("L" + std::to_string(layer) + "H" + std::to_string(h),
            [&](int64_t b, int64_t t) { return r.data() + ((b * sb.T + t) * H + h) * D; });
@@ -134,12 +132,12 @@ ResidStack decompose_resid(const TransformerLM& model, const ActivationCache& ca
     const LayerNorm* post = model.blocks[l]->ln1_post.get();  // sandwich norm: W_O's bias goes through it too
     if (bias.defined()) {
       sb.add(std::to_string(l) + "_attn_bias", [&](int64_t, int64_t) { return bias.data(); });
-      if (post) sb.through_norm(*post, cached(cache, block(l) + "ln1_post.hook_scale", what));
+      if (post) sb.through_norm(*post, cached(cache, hook_name(l, "ln1_post.hook_scale"), what));
     }
     if (post && post->bias.defined())
       sb.add(std::to_string(l) + "_attn_norm_bias", [&](int64_t, int64_t) { return post->bias.data(); });
     if (model.cfg.has_mlp()) {
-      const Tensor& m = cached(cache, block(l) + "hook_mlp_out", what);  // (B, T, D)
+      const Tensor& m = cached(cache, hook_name(l, "hook_mlp_out"), what);  // (B, T, D)
       sb.add(std::to_string(l) + "_mlp_out", [&](int64_t b, int64_t t) { return m.data() + (b * T + t) * D; });
     }
   }
@@ -165,7 +163,7 @@ ResidStack accumulated_resid(const TransformerLM& model, const ActivationCache& 
   StackBuilder sb = builder(B, T, D, pos, layer + 1, what);
   for (int l = 0; l <= layer; ++l) {
     const bool final = l == model.cfg.n_layers;
-    const Tensor& r = cached(cache, final ? block(l - 1) + "hook_resid_post" : block(l) + "hook_resid_pre", what);
+    const Tensor& r = cached(cache, final ? hook_name(l - 1, "hook_resid_post") : hook_name(l, "hook_resid_pre"), what);
     sb.add(final ? "final_post" : std::to_string(l) + "_pre", [&](int64_t b, int64_t t) { return r.data() + (b * T + t) * D; });
   }
   return sb.done();
@@ -186,7 +184,7 @@ ResidStack apply_ln_to_stack(const TransformerLM& model, const ActivationCache& 
     for (size_t i = 1; i < want.size(); ++i) exp += ", " + std::to_string(want[i]);
     fail(what, ": the stack has shape (", got, ") but this cache and position need (components", exp, ")");
   }
-  const std::string name = layer == model.cfg.n_layers ? "ln_final.hook_scale" : block(layer) + "ln1.hook_scale";
+  const std::string name = layer == model.cfg.n_layers ? "ln_final.hook_scale" : hook_name(layer, "ln1.hook_scale");
   const Tensor& scale = cached(cache, name, what);  // (B, T, 1)
   const bool centred = model.cfg.normalization == NormKind::LayerNorm;
   ResidStack out = stack;

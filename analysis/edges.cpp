@@ -190,7 +190,6 @@ double edge_patching_memory_bytes(const ModelConfig& cfg, int64_t rows, int64_t 
 
 namespace {
 
-std::string layer_name(int l, const char* name) { return "blocks." + std::to_string(l) + "." + name; }
 
 // head h of a per-head activation (B, T, H, D) -> (B, T, D)
 Tensor head_slice(const Tensor& x, int h) {
@@ -217,7 +216,7 @@ Runs record_runs(TransformerLM& model, const PatchingInputs& in) {
   auto senders_filter = [](const std::string& n) {
     return n == "hook_embed" || n == "hook_pos_embed" || n.ends_with("attn.hook_result");
   };
-  const std::string last = layer_name(c.n_layers - 1, "hook_resid_post");
+  const std::string last = hook_name(c.n_layers - 1, "hook_resid_post");
   const std::string mid_name = c.has_mlp() ? "hook_resid_mid" : "hook_resid_post";
   const ActivationCache clean = model.run_with_cache(in.clean, [&](const std::string& n) {
     return senders_filter(n) || n.ends_with("hook_resid_pre") || n.ends_with(mid_name) || n == last;
@@ -225,14 +224,14 @@ Runs record_runs(TransformerLM& model, const PatchingInputs& in) {
   throw_if_stopped();
   const ActivationCache corrupt = model.run_with_cache(in.corrupted, senders_filter).second;
   for (int l = 0; l < c.n_layers; ++l) {
-    r.resid_pre.push_back(clean[layer_name(l, "hook_resid_pre")]);
-    r.resid_mid.push_back(clean[layer_name(l, mid_name.c_str())]);
+    r.resid_pre.push_back(clean[hook_name(l, "hook_resid_pre")]);
+    r.resid_mid.push_back(clean[hook_name(l, mid_name.c_str())]);
   }
   r.resid_final = clean[last];
   // embed = token + position embeddings, as the model adds them
   r.deltas.push_back(sub(add(corrupt["hook_embed"], corrupt["hook_pos_embed"]), add(clean["hook_embed"], clean["hook_pos_embed"])));
   for (int l = 0; l < c.n_layers; ++l) {
-    const std::string n = layer_name(l, "attn.hook_result");
+    const std::string n = hook_name(l, "attn.hook_result");
     for (int h = 0; h < c.n_heads; ++h) r.deltas.push_back(sub(head_slice(corrupt[n], h), head_slice(clean[n], h)));
   }
   return r;
@@ -253,7 +252,7 @@ Hooks receiver_hooks(TransformerLM& model, const std::vector<std::pair<EdgeRecei
   for (auto& [l, ps] : by_layer) {
     if (l == c.n_layers) {  // logits: unembed(ln_final(resid_final + delta))
       auto x = std::make_shared<Tensor>(resid_final);
-      hooks.add_forward(layer_name(c.n_layers - 1, "hook_resid_post"), [x](const Tensor& t, const std::string&) {
+      hooks.add_forward(hook_name(c.n_layers - 1, "hook_resid_post"), [x](const Tensor& t, const std::string&) {
         *x = t;
         return Tensor();
       });
@@ -266,7 +265,7 @@ Hooks receiver_hooks(TransformerLM& model, const std::vector<std::pair<EdgeRecei
     }
     TransformerBlock& block = *model.blocks[l];
     auto pre = std::make_shared<Tensor>(), mid = std::make_shared<Tensor>();
-    hooks.add_forward(layer_name(l, "hook_resid_pre"), [pre](const Tensor& t, const std::string&) {
+    hooks.add_forward(hook_name(l, "hook_resid_pre"), [pre](const Tensor& t, const std::string&) {
       *pre = t;
       return Tensor();
     });
@@ -278,7 +277,7 @@ Hooks receiver_hooks(TransformerLM& model, const std::vector<std::pair<EdgeRecei
       const char* point = kind == EdgeReceiver::Q ? "attn.hook_q_input" : kind == EdgeReceiver::K ? "attn.hook_k_input" : "attn.hook_v_input";
       LayerNorm* ln = &block.ln1;
       // head h's copy of ln1's output (B, T, H, D) replaced by ln1(input + delta)
-      hooks.add_forward(layer_name(l, point), [pre, heads, ln](const Tensor& copies, const std::string&) {
+      hooks.add_forward(hook_name(l, point), [pre, heads, ln](const Tensor& copies, const std::string&) {
         Tensor y = copies.clone();
         const int64_t rows = copies.size(0) * copies.size(1), H = copies.size(2), D = copies.size(3);
         for (const auto& [h, d] : heads) {
@@ -290,13 +289,13 @@ Hooks receiver_hooks(TransformerLM& model, const std::vector<std::pair<EdgeRecei
     }
     for (const auto& [r, d] : ps)
       if (r.kind == EdgeReceiver::Mlp) {
-        hooks.add_forward(layer_name(l, "hook_resid_mid"), [mid](const Tensor& t, const std::string&) {
+        hooks.add_forward(hook_name(l, "hook_resid_mid"), [mid](const Tensor& t, const std::string&) {
           *mid = t;
           return Tensor();
         });
         LayerNorm* ln = block.ln2.get();
         const Tensor delta = d;
-        hooks.add_forward(layer_name(l, "ln2.hook_normalized"), [mid, delta, ln](const Tensor&, const std::string&) {
+        hooks.add_forward(hook_name(l, "ln2.hook_normalized"), [mid, delta, ln](const Tensor&, const std::string&) {
           return ln->forward(add(*mid, delta));
         });
       }
@@ -363,14 +362,14 @@ std::vector<Tensor> receiver_gradients(TransformerLM& model, const PatchingInput
   std::vector<Tensor> gq(L), gk(L), gv(L), gmlp(L);
   Hooks hooks;
   for (int l = 0; l < L; ++l) {
-    hooks.add_backward(layer_name(l, "attn.hook_q_input"), [&gq, l](const Tensor& g, const std::string&) { gq[l] = g.clone(); });
-    hooks.add_backward(layer_name(l, "attn.hook_k_input"), [&gk, l](const Tensor& g, const std::string&) { gk[l] = g.clone(); });
-    hooks.add_backward(layer_name(l, "attn.hook_v_input"), [&gv, l](const Tensor& g, const std::string&) { gv[l] = g.clone(); });
+    hooks.add_backward(hook_name(l, "attn.hook_q_input"), [&gq, l](const Tensor& g, const std::string&) { gq[l] = g.clone(); });
+    hooks.add_backward(hook_name(l, "attn.hook_k_input"), [&gk, l](const Tensor& g, const std::string&) { gk[l] = g.clone(); });
+    hooks.add_backward(hook_name(l, "attn.hook_v_input"), [&gv, l](const Tensor& g, const std::string&) { gv[l] = g.clone(); });
     if (c.has_mlp())
-      hooks.add_backward(layer_name(l, "ln2.hook_normalized"), [&gmlp, l](const Tensor& g, const std::string&) { gmlp[l] = g.clone(); });
+      hooks.add_backward(hook_name(l, "ln2.hook_normalized"), [&gmlp, l](const Tensor& g, const std::string&) { gmlp[l] = g.clone(); });
   }
   Tensor gfinal;
-  hooks.add_backward(layer_name(L - 1, "hook_resid_post"), [&gfinal](const Tensor& g, const std::string&) { gfinal = g.clone(); });
+  hooks.add_backward(hook_name(L - 1, "hook_resid_post"), [&gfinal](const Tensor& g, const std::string&) { gfinal = g.clone(); });
   {
     EvalScope mode(model);
     ForwardOptions opt;
@@ -665,7 +664,7 @@ PathPatchingResult path_patching(TransformerLM& model, const PatchingInputs& in,
   EvalScope mode(model);
   NoGradGuard ng;
   ActivationCache corrupt;
-  const std::string point = sender.layer < 0 ? "hook_embed" : layer_name(sender.layer, "attn.hook_result");
+  const std::string point = sender.layer < 0 ? "hook_embed" : hook_name(sender.layer, "attn.hook_result");
   corrupt = model.run_with_cache(in.corrupted, name_is(point)).second;
   Hooks hooks;
   const int h = sender.head;

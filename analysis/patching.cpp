@@ -212,10 +212,9 @@ bool is_hook(const ModelConfig& cfg, const std::string& name) {
 // The hook's name within a block ("attn.hook_z" for "hook_z"), or fails saying why.
 std::string block_relative_name(const ModelConfig& cfg, const std::string& hook) {
   std::vector<std::string> found;
-  const std::string prefix = "blocks.0.";
   for (const HookPointInfo& p : describe_hook_points(cfg)) {
-    if (!p.name.starts_with(prefix)) continue;
-    const std::string rel = p.name.substr(prefix.size());
+    if (hook_layer(p.name) != 0) continue;
+    const std::string rel = in_block_name(p.name);
     if (rel == hook || rel.ends_with("." + hook)) found.push_back(rel);
   }
   if (found.size() == 1) return found[0];
@@ -232,7 +231,7 @@ std::vector<std::string> default_patch_axes(const ModelConfig& cfg, const std::s
   std::string full = hook;
   if (!is_hook(cfg, hook)) {
     axes.push_back("layer");
-    full = "blocks.0." + block_relative_name(cfg, hook);
+    full = hook_name(0, block_relative_name(cfg, hook));
   }
   axes.push_back(hook_axes(cfg, full).head >= 0 ? "head" : "pos");
   return axes;
@@ -258,9 +257,9 @@ PatchGrid sweep(TransformerLM& model, const Ids& clean, const Ids& corrupted, co
   if (by_layer) {
     if (is_hook(model.cfg, hook))
       fail("patching: ", hook, " is one hook point; to patch over layers name it without its layer (e.g. ",
-           hook.substr(0, 7) == "blocks." ? hook.substr(hook.find('.', 7) + 1) : std::string("attn.hook_z"), ")");
+           hook_layer(hook) >= 0 ? in_block_name(hook) : std::string("attn.hook_z"), ")");
     const std::string rel = block_relative_name(model.cfg, hook);
-    for (int l = 0; l < model.cfg.n_layers; ++l) g.hooks.push_back("blocks." + std::to_string(l) + "." + rel);
+    for (int l = 0; l < model.cfg.n_layers; ++l) g.hooks.push_back(hook_name(l, rel));
   } else {
     if (!is_hook(model.cfg, hook)) fail("patching: '", hook, "' is not a hook point of this model; name it in full (blocks.1.attn.hook_z) or patch over the layer axis too");
     g.hooks.push_back(hook);
@@ -326,9 +325,9 @@ PatchGrid sweep(TransformerLM& model, const Ids& clean, const Ids& corrupted, co
       });
       ForwardOptions opt;
       opt.hooks = &hooks;
-      int block = -1;  // the block whose hook is patched (none: hook_embed, ln_final, ...)
-      const bool in_block = std::sscanf(name.c_str(), "blocks.%d.", &block) == 1 && block > 0;
-      const Tensor logits = in_block ? model.forward_from(block, corrupted_resid["blocks." + std::to_string(block) + ".hook_resid_pre"], opt)
+      const int block = hook_layer(name);  // the block whose hook is patched (-1: hook_embed, ln_final, ...)
+      const bool in_block = block > 0;
+      const Tensor logits = in_block ? model.forward_from(block, corrupted_resid[hook_name(block, "hook_resid_pre")], opt)
                                      : model.forward(chunk_corrupted, opt);  // (rows, T, V)
       on_pass(flat, idx, logits, begin);
     }
@@ -420,7 +419,7 @@ PatchingResult activation_patching(TransformerLM& model, const PatchingInputs& i
       corrupt = std::move(cache);
     }
     for (int l = 0; l < L; ++l) {
-      const std::string zn = "blocks." + std::to_string(l) + ".attn.hook_z", res = "blocks." + std::to_string(l) + ".hook_resid_pre";
+      const std::string zn = attn_hook(l, "z"), res = hook_name(l, "hook_resid_pre");
       const Tensor &cz = clean[zn], &kz = corrupt[zn], &gz = corrupt.grad(zn);  // (rows, T, H, dh)
       const Tensor &cr = clean[res], &kr = corrupt[res], &gr = corrupt.grad(res);  // (rows, T, D)
       for (int h = 0; h < H; ++h)

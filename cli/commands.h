@@ -56,6 +56,9 @@ void announce_memory(const std::string& command, double need, const std::string&
 // A whole decimal integer in [lo, hi] (no trailing characters, no wrap-around), else an error
 // naming `what` and the text.
 int64_t parse_int(const std::string& text, int64_t lo, int64_t hi, const std::string& what);
+// --tokens: token ids separated by commas and/or spaces ("3,7 9"), each a whole number in
+// [0, vocab_size); fails naming `flag` for a bad id or for none.
+std::vector<int32_t> parse_token_ids(const std::string& text, int64_t vocab_size, const std::string& flag = "--tokens");
 // CLI11 check for a number in [lo, hi] (finite; NaN and Inf rejected), shown in --help.
 CLI::Validator in_range(double lo, double hi);
 // One option (or switch) bound to a field, with its range or choices checked and shown in --help.

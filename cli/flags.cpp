@@ -116,6 +116,20 @@ void install_stop_handler() {
   std::signal(SIGTERM, on_stop_signal);
 }
 
+std::vector<int32_t> parse_token_ids(const std::string& text, int64_t vocab_size, const std::string& flag) {
+  std::vector<int32_t> ids;
+  size_t at = 0;
+  while (true) {
+    at = text.find_first_not_of(", \t\n", at);
+    if (at == std::string::npos) break;
+    const size_t end = std::min(text.find_first_of(", \t\n", at), text.size());
+    ids.push_back(static_cast<int32_t>(parse_int(text.substr(at, end - at), 0, vocab_size - 1, flag + " (ids of the vocabulary)")));
+    at = end;
+  }
+  if (ids.empty()) fail(flag, ": no token ids given");
+  return ids;
+}
+
 std::string default_out_dir(const std::string& command) {
   const std::time_t t = std::time(nullptr);
   char buf[64];

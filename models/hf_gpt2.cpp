@@ -232,7 +232,7 @@ SafetensorsFile read_hf_gpt2(const std::string& dir) {
   move("wte.weight", "tok_emb.weight");
   move("wpe.weight", "pos_emb.weight");
   for (int l = 0; l < cfg.n_layers; ++l) {
-    const std::string h = "h." + std::to_string(l) + ".", b = "blocks." + std::to_string(l) + ".";
+    const std::string h = "h." + std::to_string(l) + ".", b = block_prefix(l);
     move(h + "ln_1.weight", b + "ln1.weight");
     move(h + "ln_1.bias", b + "ln1.bias");
     move(h + "ln_2.weight", b + "ln2.weight");
@@ -342,7 +342,7 @@ bool write_hf_gpt2(const TransformerLM& model, const std::string& dir, const std
   w.add("transformer.wte.weight", wte);
   w.add("transformer.wpe.weight", p.at("pos_emb.weight"));
   for (int l = 0; l < c.n_layers; ++l) {
-    const std::string h = "transformer.h." + std::to_string(l) + ".", b = "blocks." + std::to_string(l) + ".";
+    const std::string h = "transformer.h." + std::to_string(l) + ".", b = block_prefix(l);
     w.add(h + "ln_1.weight", p.at(b + "ln1.weight"));
     w.add(h + "ln_1.bias", p.at(b + "ln1.bias"));
     std::vector<float> qkv(static_cast<size_t>(d * 3 * d)), qkv_b(static_cast<size_t>(3 * d));  // (d, 3d), (3d)

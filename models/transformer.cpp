@@ -490,7 +490,7 @@ Tensor TransformerLM::run_blocks(int layer, Tensor x, MultiHeadAttention::Call& 
   for (int l = layer; l < stop; ++l) {
     call.kv_cache = opt.kv_cache ? &(*opt.kv_cache)[l] : nullptr;
     if (live && l + 1 == cfg.n_layers) call.output_rows = opt.output_rows;  // the last block: only those rows on
-    x = blocks[l]->forward(x, call, hk, hk ? "blocks." + std::to_string(l) + "." : std::string());
+    x = blocks[l]->forward(x, call, hk, hk ? block_prefix(l) : std::string());
   }
   if (opt.stop_at_layer >= 0) return x;  // (B, T, d_model): the residual stream entering block stop
   if (live && opt.output_rows && layer == cfg.n_layers) x = gather_rows(x, *opt.output_rows);
@@ -606,7 +606,7 @@ std::vector<HookPointInfo> describe_hook_points(const ModelConfig& c) {
   std::vector<HookPointInfo> p = {{kHookEmbed, "(B, T, " + D + ")", "token embeddings"},
                                   {kHookPosEmbed, "(T, " + D + ")", "position embeddings (broadcast over the batch)"}};
   const std::vector<HookPointInfo> block = TransformerBlock::hook_points(c);
-  for (int l = 0; l < c.n_layers; ++l) append_hook_points(p, "blocks." + std::to_string(l) + ".", block);
+  for (int l = 0; l < c.n_layers; ++l) append_hook_points(p, block_prefix(l), block);
   if (c.norm == Norm::Pre) {
     p.push_back({kLnFinalScale, kScaleShape, scale_what(c)});
     p.push_back({kLnFinal, "(B, T, " + D + ")", "final norm (into the unembedding)"});
@@ -654,7 +654,7 @@ std::vector<std::pair<std::string, Shape>> parameter_shapes(const ModelConfig& c
   p.push_back({"tok_emb.weight", Shape{c.vocab_size, D}});
   if (c.positions == Positions::Learned) p.push_back({"pos_emb.weight", Shape{c.max_seq_len, D}});
   for (int l = 0; l < c.n_layers; ++l) {
-    const std::string b = "blocks." + std::to_string(l) + ".";
+    const std::string b = block_prefix(l);
     norm(b + "ln1");
     linear(b + "attn.W_Q", Hq, D, c.attn_bias);
     linear(b + "attn.W_K", Hkv, D, c.attn_bias);

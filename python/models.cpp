@@ -207,48 +207,17 @@ py::array repeat_kv(const TransformerLM& model, py::array kv) {
   return groups == 1 ? kv : py::module_::import("numpy").attr("repeat")(kv, groups, py::arg("axis") = 1);
 }
 
-// TransformerLens's utils.get_act_name: ("pattern", 0) -> "blocks.0.attn.hook_pattern",
-// ("q", 1, "attn"), ("resid_pre", 2), ("scale", 0, "ln1"), ("embed",), ("scale",) ->
-// ln_final.hook_scale; a full name ("blocks.0.hook_resid_pre") is kept; "pattern0" = ("pattern", 0).
-std::string act_name(std::string name, std::optional<int> layer, std::string layer_type) {
-  if ((name.find('.') != std::string::npos || name.rfind("hook_", 0) == 0) && !layer && layer_type.empty()) return name;
-  // "resid_pre3", "pattern0a": the name, the layer, then the layer type
-  const size_t digit = name.find_first_of("0123456789");
-  if (digit != std::string::npos && digit > 0) {
-    size_t end = digit;
-    while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
-    layer = std::stoi(name.substr(digit, end - digit));
-    layer_type = name.substr(end);
-    name = name.substr(0, digit);
-  }
-  static const std::map<std::string, std::string> act_alias = {
-      {"attn", "pattern"}, {"attn_logits", "attn_scores"}, {"key", "k"}, {"query", "q"}, {"value", "v"},
-      {"mlp_pre", "pre"}, {"mlp_mid", "mid"}, {"mlp_post", "post"}};
-  static const std::map<std::string, std::string> type_alias = {
-      {"a", "attn"}, {"m", "mlp"}, {"b", ""}, {"block", ""}, {"blocks", ""}, {"attention", "attn"}};
-  if (auto it = act_alias.find(name); it != act_alias.end()) name = it->second;
-  static const std::set<std::string> attn = {"k", "v", "q", "z", "rot_k", "rot_q", "result", "pattern", "attn_scores",
-                                             "q_input", "k_input", "v_input"};
-  static const std::set<std::string> mlp = {"pre", "post", "mid", "pre_linear"};
-  if (attn.count(name)) layer_type = "attn";
-  else if (mlp.count(name)) layer_type = "mlp";
-  else if (auto it = type_alias.find(layer_type); it != type_alias.end()) layer_type = it->second;
-  std::string full = layer ? "blocks." + std::to_string(*layer) + "." : "";
-  if (!layer_type.empty()) full += layer_type + ".";
-  full += "hook_" + name;
-  if ((name == "scale" || name == "normalized") && !layer) full = "ln_final." + full;
-  return full;
-}
-// A cache key: a name, or a (name, layer[, layer_type]) tuple as TransformerLens's cache takes.
+// A cache key: a name, or a (name, layer[, layer_type]) tuple as TransformerLens's cache takes
+// (get_act_name, models/hooks.h: the one spelling of hook names).
 std::string act_name_of(const py::object& key) {
-  if (py::isinstance<py::str>(key)) return act_name(key.cast<std::string>(), std::nullopt, "");
+  if (py::isinstance<py::str>(key)) return get_act_name(key.cast<std::string>(), std::nullopt, "");
   if (!py::isinstance<py::tuple>(key)) throw py::type_error("a cache key is a hook name or a tuple (name, layer[, layer_type])");
   const auto t = key.cast<py::tuple>();
   if (t.size() < 1 || t.size() > 3 || !py::isinstance<py::str>(t[0]))
     throw py::type_error("a cache key tuple is (name, layer[, layer_type]), e.g. ('pattern', 0)");
   std::optional<int> layer;
   if (t.size() > 1 && !t[1].is_none()) layer = t[1].cast<int>();
-  return act_name(t[0].cast<std::string>(), layer, t.size() > 2 ? t[2].cast<std::string>() : "");
+  return get_act_name(t[0].cast<std::string>(), layer, t.size() > 2 ? t[2].cast<std::string>() : "");
 }
 
 // The activation cache seen from Python: cache[name] is an array view. It knows the model and
@@ -399,7 +368,7 @@ ModelConfig(**cfg.to_dict()) gives cfg back.)");
     };
   };
   m.def("get_act_name", [](const std::string& name, std::optional<int> layer, const std::string& layer_type) {
-        return act_name(name, layer, layer_type);
+        return get_act_name(name, layer, layer_type);
       }, py::arg("name"), py::arg("layer") = py::none(), py::arg("layer_type") = "",
       "A hook's full name from TransformerLens's short form: get_act_name('pattern', 0) = 'blocks.0.attn.hook_pattern'");
   py::class_<PyCache>(m, "ActivationCache", "Activations by hook name (read-only array views) and their gradients")

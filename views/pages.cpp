@@ -120,7 +120,7 @@ json head_view_examples(TransformerLM& model, const std::vector<ViewExample>& ex
     std::string q;
     q.reserve(static_cast<size_t>(2 * L * H * T * (T + 1) / 2));
     for (int l = 0; l < L; ++l) {
-      const Tensor& p = cache["blocks." + std::to_string(l) + ".attn.hook_pattern"];  // (1, H, T, T)
+      const Tensor& p = cache[attn_hook(l, "pattern")];  // (1, H, T, T)
       for (int h = 0; h < H; ++h)
         for (int64_t i = 0; i < T; ++i)
           for (int64_t j = 0; j <= i; ++j) {

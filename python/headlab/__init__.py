@@ -18,6 +18,7 @@ from ._core import (  # noqa: F401
     ov_eigenvalues, ov_singular_values, per_token_loss, prune_curve, qk_singular_values, repeated_random_tokens,
     set_num_threads, varied_repeat_probe, single_head_ablation, softmax, tensor, train_settings,
 )
+from ._core import head_analyses  # noqa: F401
 from ._core import Tokenizer  # noqa: F401
 from . import _core
 from . import lens as _lens  # noqa: F401  (hooks(), to_tokens, to_str_tokens, to_string on TransformerLM)
@@ -38,7 +39,7 @@ __all__ = [
     "ov_eigenvalues", "ov_singular_values", "per_token_loss", "prune_curve", "qk_singular_values", "set_num_threads",
     "copying_score", "single_head_ablation", "softmax", "tensor", "train", "train_settings", "Tokenizer",
     "View", "view", "token_view", "grid_view",
-    "FactoredMatrix", "tensor_hook",
+    "FactoredMatrix", "tensor_hook", "head_analyses",
 ]
 
 
@@ -158,7 +159,7 @@ def train(callback=None, progress=True, **settings):
 
 def scores_over_training(run, analysis="detect", examples=None, seed=1234, data="probe", length=0, bos=None,
                          exclude_bos=False, exclude_current_token=False, normalize=False, task="copy", threads=None,
-                         corrupt="source"):
+                         corrupt="source", out=None):
     """Each head's scores of ``analysis`` at every snapshot of ``run`` and at its final checkpoint, on the same
     inputs at each step: what ``headlab ANALYSIS --run RUN`` writes, without a loop of your own.
 
@@ -169,11 +170,14 @@ def scores_over_training(run, analysis="detect", examples=None, seed=1234, data=
     ``exclude_current_token`` as detect's flags; ``normalize`` as prune's; ``corrupt`` as patch's
     (``"source"`` or ``"previous"``). Returns a dict: ``steps`` (S,),
     ``checkpoints`` (the file read at each step) and ``scores``: {name: array (S, layers, heads)}.
+    ``out``: a directory to write ``ANALYSIS_over_training.csv`` and ``.json`` into, as the command does, or
+    ``True`` for ``RUN/over_training/ANALYSIS``, where ``headlab view RUN``'s over-training panel reads them
+    (the dict then has ``out``). ``head_analyses()`` lists the analyses, their scores and defaults.
     A run keeps snapshots when trained with ``snapshot_every`` / ``snapshot_at``. ``threads`` defaults to 2, fewer
     when other processes keep cores busy (said as a RuntimeWarning).
     """
     return _core._scores_over_training(str(run), analysis, examples, seed, data, length, -1 if bos is None else bos,
-                                       exclude_bos, exclude_current_token, normalize, task, threads, corrupt)
+                                       exclude_bos, exclude_current_token, normalize, task, threads, corrupt, out)
 
 
 def ablate(model, data, hook, head=None, kind="zero", positions=None, mean_data=None, per_position=False, seed=0,

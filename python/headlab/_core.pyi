@@ -416,6 +416,9 @@ def get_act_name(name: str, layer: Optional[int] = ..., layer_type: str = ...) -
 def grad_enabled() -> bool:
     """Whether ops record a graph now (False inside headlab.no_grad())"""
 
+def head_analyses() -> list:
+    """The per-head analyses of scores_over_training (and `headlab COMMAND --run`), one dict per analysis: name, command, scores (the names of the grids it returns), help, default_examples"""
+
 def head_gradient_norms(model: TransformerLM) -> dict:
     """Gradient atlas of the current gradients: per-head Frobenius norms (L, H or H_kv) of grads and weights"""
 
