@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <omp.h>
 
 namespace hl {
 
@@ -19,7 +20,9 @@ int64_t rows_per_pass(const ModelConfig& cfg, int64_t rows, int64_t T, bool with
   // a row's numbers do not depend on the rows beside it only while every matrix product takes the
   // kernel the whole batch takes; the kernels switch at a few hundred rows of tokens (small_gemm_wins,
   // lib/ops_matmul.cpp), so no chunk has fewer than kChunkMinTokens / 2 tokens (row_chunks halves at worst)
-  const int64_t least = (kChunkMinTokens + std::max<int64_t>(1, T) - 1) / std::max<int64_t>(1, T);
+  // (and the products split their rows over the threads, so each thread's share must stay that large)
+  const int64_t min_tokens = kChunkMinTokens * std::max(1, omp_get_max_threads() / 2);
+  const int64_t least = (min_tokens + std::max<int64_t>(1, T) - 1) / std::max<int64_t>(1, T);
   return std::clamp<int64_t>(std::max(per, least), 1, rows);
 }
 

@@ -21,9 +21,9 @@ inline constexpr double kChunkBytes = 64.0 * 1024 * 1024;
 inline constexpr int64_t kChunkMinTokens = 2048;
 
 // Rows of T tokens per chunk: as many as estimate_step_bytes(cfg, rows, T, with_grads) keeps within
-// kChunkBytes beyond the parameters, at least kChunkMinTokens tokens' worth, at most `rows`.
-// HEADLAB_TEST_ROWS_PER_PASS=N (tests only) replaces the budget's count, to compare small chunks
-// with one batch.
+// kChunkBytes beyond the parameters, at least kChunkMinTokens tokens' worth for every two threads,
+// at most `rows`. HEADLAB_TEST_ROWS_PER_PASS=N (tests only) replaces the budget's count (the least
+// still holds), to compare chunkings with one batch.
 int64_t rows_per_pass(const ModelConfig& cfg, int64_t rows, int64_t T, bool with_grads);
 
 // [begin, end) row ranges covering 0..rows in order: as few as hold at most `per` rows each, of

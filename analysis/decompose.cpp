@@ -123,9 +123,11 @@ ResidStack decompose_resid(const TransformerLM& model, const ActivationCache& ca
   const int64_t per_layer = model.cfg.n_heads + (model.cfg.attn_bias ? 1 : 0) + (post_bias ? 1 : 0) + (model.cfg.has_mlp() ? 1 : 0);
   StackBuilder sb = builder(B, T, D, pos, 2 + layer * per_layer, what);
   const Tensor& e = cached(cache, "hook_embed", what);      // (B, T, D)
-  const Tensor& p = cached(cache, "hook_pos_embed", what);  // (T, D), the same for every row
+  // (T, D), the same for every row; (B, T, D) when the forward had position ids (a padded batch)
+  const Tensor& p = cached(cache, "hook_pos_embed", what);
+  const bool per_row = p.ndim() == 3;
   sb.add("embed", [&](int64_t b, int64_t t) { return e.data() + (b * T + t) * D; });
-  sb.add("pos_embed", [&](int64_t, int64_t t) { return p.data() + t * D; });
+  sb.add("pos_embed", [&](int64_t b, int64_t t) { return p.data() + ((per_row ? b * T : 0) + t) * D; });
   for (int l = 0; l < layer; ++l) {
     add_heads(sb, model, cache, l, what);
     const Tensor& bias = model.blocks[l]->attn.W_O.bias;  // (D) or undefined

@@ -394,7 +394,7 @@ ModelConfig(**cfg.to_dict()) gives cfg back.)");
       .def("decompose_resid", stack_method(decompose_resid, "decompose_resid"), py::arg("layer") = -1,
            py::arg("pos_slice") = py::none(), py::arg("apply_ln") = false, py::arg("return_labels") = false,
            "Components whose sum is the residual stream entering `layer` (-1/None = the final one): (C, B, T, d_model), "
-           "or (C, B, d_model) with pos_slice; labels embed, pos_embed, L{l}H{h}, {l}_attn_bias, {l}_mlp_out")
+           "or (C, B, d_model) with pos_slice; labels embed, pos_embed, L{l}H{h}, {l}_attn_bias, {l}_attn_norm_bias, {l}_mlp_out")
       .def("stack_head_results", stack_method(stack_head_results, "stack_head_results"), py::arg("layer") = -1,
            py::arg("pos_slice") = py::none(), py::arg("apply_ln") = false, py::arg("return_labels") = false,
            "Each head's output (hook_result) of the layers before `layer`: (layer*heads, B, T, d_model), labels L{l}H{h}")

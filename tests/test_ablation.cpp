@@ -302,7 +302,9 @@ BOOST_AUTO_TEST_CASE(patching_in_chunks_of_rows_equals_one_batch_bit_for_bit) {
   BOOST_TEST_REQUIRE(in.clean.shape[0] > 400);
   const PatchingResult whole = activation_patching(m, in);  // the rows fit in one chunk
   const PatchGrid whole_resid = generic_activation_patch(m, in, "hook_resid_pre", {"layer", "pos"});
-  for (const char* per : {"1", "250"}) {  // 1: the least, 256 rows of 8 tokens
+  // 1: the least (2048 tokens a chunk on up to 3 threads: 228 rows of 9), so 3 chunks of about 187
+  // rows; 280: 2 chunks of 280 rows
+  for (const char* per : {"1", "280"}) {
     RowsPerPass forced(per);
     BOOST_TEST_CONTEXT("rows per pass " << per) {
       const PatchingResult r = activation_patching(m, in);

@@ -22,7 +22,7 @@ class ActivationCache:
     def __iter__(self) -> Iterator:
         ...
     def decompose_resid(self, layer: object = ..., pos_slice: object = ..., apply_ln: bool = ..., return_labels: bool = ...) -> object:
-        """Components whose sum is the residual stream entering `layer` (-1/None = the final one): (C, B, T, d_model), or (C, B, d_model) with pos_slice; labels embed, pos_embed, L{l}H{h}, {l}_attn_bias, {l}_mlp_out"""
+        """Components whose sum is the residual stream entering `layer` (-1/None = the final one): (C, B, T, d_model), or (C, B, d_model) with pos_slice; labels embed, pos_embed, L{l}H{h}, {l}_attn_bias, {l}_attn_norm_bias, {l}_mlp_out"""
     def stack_head_results(self, layer: object = ..., pos_slice: object = ..., apply_ln: bool = ..., return_labels: bool = ...) -> object:
         """Each head's output (hook_result) of the layers before `layer`: (layer*heads, B, T, d_model), labels L{l}H{h}"""
     def accumulated_resid(self, layer: object = ..., pos_slice: object = ..., apply_ln: bool = ..., return_labels: bool = ...) -> object:

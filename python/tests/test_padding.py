@@ -128,3 +128,19 @@ def test_to_tokens_pads_on_either_side_and_returns_the_mask():
         m.to_tokens(["abc", "d"])
     with pytest.raises(ValueError, match="to_tokens: padding_side must be 'right', 'left' or None, got 'top'"):
         m.to_tokens(["abc"], padding_side="top")
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_the_residual_decomposition_of_a_padded_batch_sums_to_each_rows_residual(side):
+    # with a mask the position embeddings are per row: each row's components must use its own
+    m = tiny()
+    ids, mask = padded(ROWS, side, pad=10)
+    _, cache = m.run_with_cache(ids, attention_mask=mask)
+    L = m.cfg.n_layers
+    stack = cache.decompose_resid(layer=L)  # (components, B, T, d_model)
+    resid = cache[f"blocks.{L - 1}.hook_resid_post"]
+    assert np.all(np.abs(stack.sum(0) - resid) <= 1e-5 * (1 + np.abs(stack).sum(0)))
+    _, one = m.run_with_cache([ROWS[1]])
+    alone = one.decompose_resid(layer=L)
+    c = real_cols(mask, 1)
+    np.testing.assert_allclose(stack[:, 1][:, c], alone[:, 0], rtol=0, atol=2e-5)
