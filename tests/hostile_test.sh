@@ -4,16 +4,8 @@
 # command runs under `timeout` (a crash or a hang is a failure, never a stuck test), in a
 # temporary directory that is removed at the end.
 # Usage: hostile_test.sh path/to/headlab
-set -u
-HL=$(realpath "${1:?usage: hostile_test.sh path/to/headlab}")
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-cd "$T" || exit 1
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-PY=python3; [ -x /usr/bin/python3 ] && PY=/usr/bin/python3   # stdlib only: crafts the files
-pass=0; fail=0
-ok()  { pass=$((pass+1)); echo "ok   $1"; }
-bad() { fail=$((fail+1)); echo "FAIL $1"; [ -n "${2:-}" ] && [ -f "$2" ] && sed 's/^/     /' "$2" | tail -5; }
+HL_USAGE=hostile_test.sh
+source "$(dirname "${BASH_SOURCE[0]}")/harness.sh"
 
 # run SECS cmd...: runs cmd under timeout (TERM, then KILL 3 s later); sets rc and ms (wall),
 # stdout in $T/out, stderr in $T/err. A timed-out command has rc 124 (or 137 if TERM was ignored).
