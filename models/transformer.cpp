@@ -1,5 +1,6 @@
 #include "models/transformer.h"
 
+#include <cctype>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -11,7 +12,15 @@ std::string to_string(Norm n) { return n == Norm::Pre ? "pre" : "post"; }
 std::string to_string(Activation a) {
   return a == Activation::GeluTanh ? "gelu_tanh" : a == Activation::GeluErf ? "gelu_erf" : "relu";
 }
-std::string to_string(Positions p) { return p == Positions::Learned ? "learned" : "sinusoidal"; }
+std::string to_string(Positions p) {
+  switch (p) {
+    case Positions::Learned: return "learned";
+    case Positions::Sinusoidal: return "sinusoidal";
+    case Positions::Rotary: return "rotary";
+    case Positions::None: return "none";
+  }
+  return "learned";
+}
 Norm parse_norm(const std::string& s) {
   if (s == "pre") return Norm::Pre;
   if (s == "post") return Norm::Post;
@@ -26,10 +35,12 @@ Activation parse_activation(const std::string& s) {
 Positions parse_positions(const std::string& s) {
   if (s == "learned") return Positions::Learned;
   if (s == "sinusoidal") return Positions::Sinusoidal;
-  fail("unknown positions '", s, "' (expected learned or sinusoidal)");
+  if (s == "rotary") return Positions::Rotary;
+  if (s == "none") return Positions::None;
+  fail("unknown positions '", s, "' (expected learned, sinusoidal, rotary or none)");
 }
 
-AttentionConfig ModelConfig::attention() const {
+AttentionConfig ModelConfig::attention(int layer) const {
   AttentionConfig a;
   a.d_model = d_model;
   a.n_heads = n_heads;
@@ -37,7 +48,38 @@ AttentionConfig ModelConfig::attention() const {
   a.d_head = d_head;
   a.bias = attn_bias;
   a.dropout = attn_dropout;
+  // attention options
+  a.qkv_bias = qkv_bias;
+  a.o_bias = o_bias;
+  a.rotary = positions == Positions::Rotary;
+  a.rope.dim = rotary_dim;
+  a.rope.theta = rope_theta;
+  a.rope.interleaved = rotary_style == "interleaved";
+  a.max_positions = max_seq_len;
+  a.qk_norm = qk_norm;
+  a.norm_eps = layer_norm_eps;
+  a.scale = attn_scale;
+  a.softcap = attn_softcap;
+  a.window = window_of_layer(layer);
   return a;
+}
+
+namespace {
+// window_layers "L:G" as (L, G), or (0, 0) when it is not of that form.
+std::pair<int, int> local_global(const std::string& s) {
+  const size_t colon = s.find(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == s.size() || s.size() > 12) return {0, 0};
+  for (size_t i = 0; i < s.size(); ++i)
+    if (i != colon && !std::isdigit(static_cast<unsigned char>(s[i]))) return {0, 0};
+  return {std::stoi(s.substr(0, colon)), std::stoi(s.substr(colon + 1))};
+}
+}  // namespace
+
+int64_t ModelConfig::window_of_layer(int layer) const {
+  if (sliding_window <= 0 || window_layers == "all") return sliding_window;
+  if (window_layers == "alternate") return layer % 2 == 0 ? sliding_window : 0;  // even layers local (Gemma 2)
+  const auto [local, global] = local_global(window_layers);
+  return layer % (local + global) < local ? sliding_window : 0;  // `local` local layers, then `global` global ones
 }
 
 void ModelConfig::validate() const {
@@ -65,7 +107,25 @@ void ModelConfig::validate() const {
   if (!(attn_dropout >= 0.f && attn_dropout < 1.f)) fail("model config: attn_dropout must be in [0, 1), got ", attn_dropout);
   if (!(layer_norm_eps > 0.f) || !std::isfinite(layer_norm_eps))
     fail("model config: layer_norm_eps must be positive, got ", layer_norm_eps);
-  attention().validate();
+  // attention options: each message names the setting (the flag is it with '-' for '_')
+  if (rotary_style != "half" && rotary_style != "interleaved")
+    fail("model config: rotary_style '", rotary_style, "' is not half or interleaved");
+  if (positions == Positions::Rotary && (rotary_dim < 0 || rotary_dim % 2 || rotary_dim > head_dim()))
+    fail("model config: rotary_dim ", rotary_dim, " must be even and at most d_head ", head_dim(), " (0 = d_head)");
+  if (!(rope_theta > 0.f) || !std::isfinite(rope_theta)) fail("model config: rope_theta must be positive, got ", rope_theta);
+  if (!(attn_scale >= 0.f) || !std::isfinite(attn_scale))
+    fail("model config: attn_scale must be positive (0 = 1/sqrt(d_head)), got ", attn_scale);
+  if (!(attn_softcap >= 0.f) || !std::isfinite(attn_softcap))
+    fail("model config: attn_softcap must be positive (0 = no cap), got ", attn_softcap);
+  if (sliding_window < 0) fail("model config: sliding_window must be positive (0 = none), got ", sliding_window);
+  if (window_layers != "all" && window_layers != "alternate") {
+    const auto [local, global] = local_global(window_layers);
+    if (local < 1 || global < 0)
+      fail("model config: window_layers '", window_layers, "' is not all, alternate or L:G (local:global layers, e.g. 5:1)");
+  }
+  if (window_layers != "all" && sliding_window == 0)
+    fail("model config: window_layers '", window_layers, "' needs a sliding_window (the local layers' window)");
+  for (int l = 0; l < n_layers; ++l) attention(l).validate();
 }
 
 std::string ModelConfig::to_json() const {
@@ -77,6 +137,22 @@ std::string ModelConfig::to_json() const {
             {"positions", to_string(positions)}, {"attn_bias", attn_bias},
             {"mlp_bias", mlp_bias},       {"head_bias", head_bias},
             {"layer_norm_eps", layer_norm_eps}};
+  // attention options: written when not the default, so today's configs stay as they were
+  const ModelConfig d;
+  if (positions == Positions::Rotary) {
+    j["rope_theta"] = rope_theta;
+    j["rotary_dim"] = rotary_dim;
+    j["rotary_style"] = rotary_style;
+  }
+  if (qk_norm) j["qk_norm"] = true;
+  if (attn_scale != d.attn_scale) j["attn_scale"] = attn_scale;
+  if (attn_softcap != d.attn_softcap) j["attn_softcap"] = attn_softcap;
+  if (sliding_window) {
+    j["sliding_window"] = sliding_window;
+    j["window_layers"] = window_layers;
+  }
+  if (qkv_bias) j["qkv_bias"] = true;
+  if (o_bias) j["o_bias"] = true;
   return j.dump();
 }
 
@@ -123,6 +199,17 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
   get("mlp_bias", c.mlp_bias, false);
   get("head_bias", c.head_bias, false);
   get("layer_norm_eps", c.layer_norm_eps, false);
+  // attention options (absent: the defaults)
+  get("rope_theta", c.rope_theta, false);
+  get("rotary_dim", c.rotary_dim, false);
+  get("rotary_style", c.rotary_style, false);
+  get("qk_norm", c.qk_norm, false);
+  get("attn_scale", c.attn_scale, false);
+  get("attn_softcap", c.attn_softcap, false);
+  get("sliding_window", c.sliding_window, false);
+  get("window_layers", c.window_layers, false);
+  get("qkv_bias", c.qkv_bias, false);
+  get("o_bias", c.o_bias, false);
   try {
     c.validate();
   } catch (const Error& e) {
@@ -166,10 +253,10 @@ Tensor FeedForward::forward(const Tensor& x, const Hooks* hk, const std::string&
   return fc2.forward(h);
 }
 
-TransformerBlock::TransformerBlock(const ModelConfig& c, Rng& rng, Rng* dropout_rng)
+TransformerBlock::TransformerBlock(const ModelConfig& c, Rng& rng, Rng* dropout_rng, int layer)
     : norm(c.norm),
       ln1(c.d_model, c.layer_norm_eps),
-      attn(c.attention(), rng, dropout_rng),
+      attn(c.attention(layer), rng, dropout_rng),
       resid_dropout(c.dropout, dropout_rng) {
   register_module("ln1", &ln1);
   register_module("attn", &attn);
@@ -299,7 +386,7 @@ TransformerLM::TransformerLM(const ModelConfig& c, uint64_t seed)
   if (c.positions == Positions::Learned) {
     pos_emb = std::make_unique<Embedding>(c.max_seq_len, c.d_model, init_rng);
     register_module("pos_emb", pos_emb.get());
-  } else {
+  } else if (c.positions == Positions::Sinusoidal) {
     sinusoid = Tensor::empty({c.max_seq_len, c.d_model});
     std::vector<double> inv_freq;  // 1 / 10000^(i / d_model) for even i
     for (int64_t i = 0; i < c.d_model; i += 2) inv_freq.push_back(1.0 / std::pow(10000.0, static_cast<double>(i) / c.d_model));
@@ -311,7 +398,7 @@ TransformerLM::TransformerLM(const ModelConfig& c, uint64_t seed)
       }
   }
   for (int l = 0; l < c.n_layers; ++l) {
-    blocks.push_back(std::make_unique<TransformerBlock>(c, init_rng, &dropout_rng));
+    blocks.push_back(std::make_unique<TransformerBlock>(c, init_rng, &dropout_rng, l));
     register_module("blocks." + std::to_string(l), blocks.back().get());
   }
   if (c.norm == Norm::Pre) {
@@ -340,17 +427,15 @@ Tensor TransformerLM::forward(const Ids& ids, const ForwardOptions& opt) {
   const Hooks* hk = opt.hooks;
   auto hook = [&](const char* name, const Tensor& t) { return hk ? hk->apply(name, t) : t; };  // no string without hooks
   const Tensor tok = hook(kHookEmbed, tok_emb.forward(ids));  // (B, T, d_model)
-  Tensor pos;                                                    // (T, d_model), broadcast over B
-  if (pos_emb) {
-    positions_.shape = Shape{T};  // reused: no allocation per forward
-    positions_.data.resize(static_cast<size_t>(T));
-    for (int64_t t = 0; t < T; ++t) positions_.data[t] = static_cast<int32_t>(offset + t);
-    pos = pos_emb->forward(positions_);
-  } else {
-    pos = slice(sinusoid, 0, offset, offset + T);
-  }
-  Tensor x = emb_dropout.forward(add(tok, hook(kHookPosEmbed, pos)));
+  positions_.shape = Shape{T};  // the position ids (reused: no allocation per forward)
+  positions_.data.resize(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) positions_.data[t] = static_cast<int32_t>(offset + t);
+  Tensor pos;                   // (T, d_model), broadcast over B; rotary and no positions add none
+  if (pos_emb) pos = pos_emb->forward(positions_);
+  else if (sinusoid.defined()) pos = slice(sinusoid, 0, offset, offset + T);
+  Tensor x = emb_dropout.forward(pos.defined() ? add(tok, hook(kHookPosEmbed, pos)) : tok);
   MultiHeadAttention::Call call = causal_call(opt, B, offset + T);
+  call.positions = positions_.data;  // rotary attention turns q and k by them
   return run_blocks(0, x, call, opt);
 }
 
@@ -434,11 +519,14 @@ Tensor TransformerLM::forward_live(const Ids& ids, const ForwardOptions& opt) {
       live_ids_.data[static_cast<size_t>(i)] = ids.at(b, t);
       live_positions_.data[static_cast<size_t>(i)] = t;
     }
-  const Tensor pos = pos_emb ? pos_emb->forward(live_positions_) : embedding(sinusoid, live_positions_);  // (n, d_model)
-  Tensor x = emb_dropout.forward(add(tok_emb.forward(live_ids_), pos));                                 // (n, d_model)
+  const Tensor pos = pos_emb ? pos_emb->forward(live_positions_)
+                     : sinusoid.defined() ? embedding(sinusoid, live_positions_) : Tensor();  // (n, d_model)
+  const Tensor tok = tok_emb.forward(live_ids_);
+  Tensor x = emb_dropout.forward(pos.defined() ? add(tok, pos) : tok);  // (n, d_model)
   MultiHeadAttention::Call call;
   call.causal = true;
   call.live_len = opt.live_len;
+  call.positions = live_positions_.data;
   if (opt.key_padding.defined()) {
     if (opt.key_padding.shape() != Shape({B, T}))
       fail("model: key_padding ", opt.key_padding.shape().str(), " must be (", B, ",", T, ")");
@@ -465,8 +553,9 @@ std::pair<Tensor, ActivationCache> TransformerLM::run_with_cache(const Ids& ids,
 
 std::vector<HookPointInfo> describe_hook_points(const ModelConfig& c) {
   const std::string D = std::to_string(c.d_model);
-  std::vector<HookPointInfo> p = {{kHookEmbed, "(B, T, " + D + ")", "token embeddings"},
-                                  {kHookPosEmbed, "(T, " + D + ")", "position embeddings (broadcast over the batch)"}};
+  std::vector<HookPointInfo> p = {{kHookEmbed, "(B, T, " + D + ")", "token embeddings"}};
+  if (c.positions == Positions::Learned || c.positions == Positions::Sinusoidal)  // rotary and none add none
+    p.push_back({kHookPosEmbed, "(T, " + D + ")", "position embeddings (broadcast over the batch)"});
   const std::vector<HookPointInfo> block = TransformerBlock::hook_points(c);
   for (int l = 0; l < c.n_layers; ++l) append_hook_points(p, "blocks." + std::to_string(l) + ".", block);
   if (c.norm == Norm::Pre) {
@@ -518,10 +607,15 @@ std::vector<std::pair<std::string, Shape>> parameter_shapes(const ModelConfig& c
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string b = "blocks." + std::to_string(l) + ".";
     norm(b + "ln1");
-    linear(b + "attn.W_Q", Hq, D, c.attn_bias);
-    linear(b + "attn.W_K", Hkv, D, c.attn_bias);
-    linear(b + "attn.W_V", Hkv, D, c.attn_bias);
-    linear(b + "attn.W_O", D, Hq, c.attn_bias);
+    const AttentionConfig a = c.attention(l);
+    linear(b + "attn.W_Q", Hq, D, a.has_qkv_bias());
+    linear(b + "attn.W_K", Hkv, D, a.has_qkv_bias());
+    linear(b + "attn.W_V", Hkv, D, a.has_qkv_bias());
+    linear(b + "attn.W_O", D, Hq, a.has_o_bias());
+    if (c.qk_norm) {
+      p.push_back({b + "attn.q_norm.weight", Shape{dh}});
+      p.push_back({b + "attn.k_norm.weight", Shape{dh}});
+    }
     if (!c.has_mlp()) continue;  // attention-only
     norm(b + "ln2");
     linear(b + "ffn.fc1", c.d_ff, D, c.mlp_bias);

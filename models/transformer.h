@@ -11,7 +11,9 @@
 namespace hl {
 
 enum class Norm { Pre, Post };
-enum class Positions { Learned, Sinusoidal };
+// Learned and sinusoidal positions are added to the embeddings; rotary ones turn q and k in
+// every layer's attention; none (NoPE) has no positional signal but the causal mask.
+enum class Positions { Learned, Sinusoidal, Rotary, None };
 
 struct ModelConfig {
   int64_t vocab_size = 13;
@@ -31,11 +33,23 @@ struct ModelConfig {
   float layer_norm_eps = 1e-5f;
   float dropout = 0.f;       // embeddings and residual branches
   float attn_dropout = 0.f;  // attention weights
+  // attention options (docs/architectures.md, "attention options"); the defaults are today's
+  // attention, and a config without these keys reads as the defaults
+  float rope_theta = 10000.f;          // rotary positions: angle base
+  int64_t rotary_dim = 0;              // rotary positions: dims of each head that turn; 0 = d_head
+  std::string rotary_style = "half";   // half (rotate-half, Llama/NeoX) or interleaved (GPT-J)
+  bool qk_norm = false;                // RMSNorm over d_head on q and k (Qwen3, OLMo2)
+  float attn_scale = 0.f;              // score scale; 0 = 1/sqrt(d_head); 1 = unscaled (GPT-Neo)
+  float attn_softcap = 0.f;            // > 0: scores -> cap * tanh(scores / cap) (Gemma 2)
+  int64_t sliding_window = 0;          // > 0: local layers see the last this many keys
+  std::string window_layers = "all";   // which layers are local: all, alternate (even ones) or L:G
+  bool qkv_bias = false, o_bias = false;  // biases on W_Q/W_K/W_V, on W_O (attn_bias = both)
+  int64_t window_of_layer(int layer) const;  // layer's sliding window, 0 = global
 
   int kv_heads() const { return n_kv_heads ? n_kv_heads : n_heads; }
   int64_t head_dim() const { return d_head ? d_head : d_model / n_heads; }
   bool has_mlp() const { return d_ff > 0; }
-  AttentionConfig attention() const;
+  AttentionConfig attention(int layer = 0) const;  // layer: which window it has
   void validate() const;  // one clear message for the first bad value
   std::string to_json() const;  // the "config" metadata (docs/formats.md)
   static ModelConfig from_json(const std::string& text, const std::string& source);
@@ -61,7 +75,7 @@ class FeedForward : public Module {
 
 class TransformerBlock : public Module {
  public:
-  TransformerBlock(const ModelConfig& cfg, Rng& rng, Rng* dropout_rng);
+  TransformerBlock(const ModelConfig& cfg, Rng& rng, Rng* dropout_rng, int layer = 0);
   // x (B, T, d_model) -> (B, T, d_model). Hook points (prefix "blocks.{l}."): hook_resid_pre,
   // ln1.hook_normalized (pre-norm), attn.*, hook_attn_out, hook_resid_mid, ln2.hook_normalized
   // (pre-norm), mlp.hook_pre, mlp.hook_post, hook_mlp_out, hook_resid_post; all (B, T, d_model)
