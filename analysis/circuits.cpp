@@ -96,13 +96,17 @@ std::vector<std::complex<double>> ov_circuit_eigenvalues(const TransformerLM& mo
   const bool fold = c.norm == Norm::Pre;  // ln1 reads the residual before W_V, ln_final before W_U
   const Tensor WV = head_rows(attn.W_V.weight, kv, dh), WO = head_cols(attn.W_O.weight, head, dh);  // (dh, D), (D, dh)
   const float *E = model.tok_emb.weight.data(), *U = model.head.weight.data();                       // (V, D) each
-  auto w1 = [&](int64_t d) { return fold ? static_cast<double>(model.blocks[layer]->ln1.weight.data()[d]) : 1.0; };
-  auto wf = [&](int64_t d) { return fold && model.ln_f ? static_cast<double>(model.ln_f->weight.data()[d]) : 1.0; };
+  auto w1 = [&](int64_t d) { return fold ? model.blocks[layer]->ln1.gain(d) : 1.0; };
+  // the gains after W_O: the sandwich norm's (ln1_post) and ln_final's, folded as ln1's is
+  const LayerNorm* post = model.blocks[layer]->ln1_post.get();
+  auto wf = [&](int64_t d) { return (fold && model.ln_f ? model.ln_f->gain(d) : 1.0) * (post ? post->gain(d) : 1.0); };
+  // the embeddings as the model reads them (Gemma's sqrt(d_model), rounded to float32 as the forward does)
+  const double emb = c.embed_scale ? static_cast<double>(std::sqrt(static_cast<float>(D))) : 1.0;
   // G = W_E W_U restricted to the residual: sum over tokens of E[v]^T U'[v] (D x D), U' = U diag(w_f)
   std::vector<double> G(static_cast<size_t>(D * D), 0.0);
   for (int64_t v = 0; v < V; ++v)
     for (int64_t i = 0; i < D; ++i) {
-      const double e = E[v * D + i];
+      const double e = E[v * D + i] * emb;
       for (int64_t j = 0; j < D; ++j) G[i * D + j] += e * U[v * D + j] * wf(j);
     }
   // core = (W_V diag(w_1)) G W_O (dh x dh)

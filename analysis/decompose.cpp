@@ -11,8 +11,6 @@ namespace hl {
 
 namespace {
 
-std::string block(int l) { return "blocks." + std::to_string(l) + "."; }
-
 void check_pre_norm(const TransformerLM& model, const char* what) {
   if (model.cfg.norm != Norm::Pre)
     fail(what, ": needs a pre-norm model (a post-norm model normalises the residual stream after each block, so it "
@@ -57,6 +55,24 @@ struct StackBuilder {
         for (int64_t d = 0; d < D; ++d) s.values.push_back(v ? v[d] : 0.0);
       }
   }
+  // The last component as a sandwich norm `ln` with the cached divisors `scale` (B, T, 1) makes
+  // its share of the norm's output: centred (layer norm), divided, times the gain. Linear in the
+  // component for a fixed divisor, so the components still sum to the norm's output once its bias
+  // (a component of its own) is added, as TransformerLens's apply_ln_to_stack.
+  void through_norm(const LayerNorm& ln, const Tensor& scale) {
+    const int64_t t0 = pos < 0 ? 0 : pos, t1 = pos < 0 ? T : pos + 1;
+    double* v = s.values.data() + s.values.size() - static_cast<size_t>(B * (t1 - t0) * D);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = t0; t < t1; ++t, v += D) {
+        double mu = 0;
+        if (ln.centred()) {
+          for (int64_t d = 0; d < D; ++d) mu += v[d];
+          mu /= static_cast<double>(D);
+        }
+        const double sc = scale.data()[b * T + t];
+        for (int64_t d = 0; d < D; ++d) v[d] = (v[d] - mu) / sc * ln.gain(d);
+      }
+  }
   ResidStack done() {
     const int64_t C = static_cast<int64_t>(s.labels.size());
     s.shape = pos < 0 ? std::vector<int64_t>{C, B, T, D} : std::vector<int64_t>{C, B, D};
@@ -72,13 +88,18 @@ StackBuilder builder(int64_t B, int64_t T, int64_t D, int64_t pos, int64_t compo
   return StackBuilder{B, T, D, pos, {}};
 }
 
+// Each head's result, taken through the layer's sandwich norm (ln1_post) when it has one.
 void add_heads(StackBuilder& sb, const TransformerLM& model, const ActivationCache& cache, int layer, const char* what) {
   const int H = model.cfg.n_heads;
   const int64_t D = model.cfg.d_model;
-  const Tensor& r = cached(cache, block(layer) + "attn.hook_result", what);  // (B, T, H, D)
-  for (int h = 0; h < H; ++h)
+  const Tensor& r = cached(cache, hook_name(layer, "attn.hook_result"), what);  // (B, T, H, D)
+  const LayerNorm* post = model.blocks[layer]->ln1_post.get();
+  const Tensor* scale = post ? &cached(cache, hook_name(layer, "ln1_post.hook_scale"), what) : nullptr;
+  for (int h = 0; h < H; ++h) {
     sb.add("L" + std::to_string(layer) + "H" + std::to_string(h),
            [&](int64_t b, int64_t t) { return r.data() + ((b * sb.T + t) * H + h) * D; });
+    if (post) sb.through_norm(*post, *scale);
+  }
 }
 
 }  // namespace
@@ -98,7 +119,8 @@ ResidStack decompose_resid(const TransformerLM& model, const ActivationCache& ca
   const auto [B, T] = batch_dims(cache, what);
   check_pos(pos, T, what);
   const int64_t D = model.cfg.d_model;
-  const int64_t per_layer = model.cfg.n_heads + (model.cfg.attn_bias ? 1 : 0) + (model.cfg.has_mlp() ? 1 : 0);
+  const bool post_bias = model.cfg.sandwich_norm && model.cfg.normalization == NormKind::LayerNorm;
+  const int64_t per_layer = model.cfg.n_heads + (model.cfg.attn_bias ? 1 : 0) + (post_bias ? 1 : 0) + (model.cfg.has_mlp() ? 1 : 0);
   StackBuilder sb = builder(B, T, D, pos, 2 + layer * per_layer, what);
   const Tensor& e = cached(cache, "hook_embed", what);      // (B, T, D)
   const Tensor& p = cached(cache, "hook_pos_embed", what);  // (T, D), the same for every row
@@ -107,9 +129,15 @@ ResidStack decompose_resid(const TransformerLM& model, const ActivationCache& ca
   for (int l = 0; l < layer; ++l) {
     add_heads(sb, model, cache, l, what);
     const Tensor& bias = model.blocks[l]->attn.W_O.bias;  // (D) or undefined
-    if (bias.defined()) sb.add(std::to_string(l) + "_attn_bias", [&](int64_t, int64_t) { return bias.data(); });
+    const LayerNorm* post = model.blocks[l]->ln1_post.get();  // sandwich norm: W_O's bias goes through it too
+    if (bias.defined()) {
+      sb.add(std::to_string(l) + "_attn_bias", [&](int64_t, int64_t) { return bias.data(); });
+      if (post) sb.through_norm(*post, cached(cache, hook_name(l, "ln1_post.hook_scale"), what));
+    }
+    if (post && post->bias.defined())
+      sb.add(std::to_string(l) + "_attn_norm_bias", [&](int64_t, int64_t) { return post->bias.data(); });
     if (model.cfg.has_mlp()) {
-      const Tensor& m = cached(cache, block(l) + "hook_mlp_out", what);  // (B, T, D)
+      const Tensor& m = cached(cache, hook_name(l, "hook_mlp_out"), what);  // (B, T, D)
       sb.add(std::to_string(l) + "_mlp_out", [&](int64_t b, int64_t t) { return m.data() + (b * T + t) * D; });
     }
   }
@@ -135,7 +163,7 @@ ResidStack accumulated_resid(const TransformerLM& model, const ActivationCache& 
   StackBuilder sb = builder(B, T, D, pos, layer + 1, what);
   for (int l = 0; l <= layer; ++l) {
     const bool final = l == model.cfg.n_layers;
-    const Tensor& r = cached(cache, final ? block(l - 1) + "hook_resid_post" : block(l) + "hook_resid_pre", what);
+    const Tensor& r = cached(cache, final ? hook_name(l - 1, "hook_resid_post") : hook_name(l, "hook_resid_pre"), what);
     sb.add(final ? "final_post" : std::to_string(l) + "_pre", [&](int64_t b, int64_t t) { return r.data() + (b * T + t) * D; });
   }
   return sb.done();
@@ -156,17 +184,20 @@ ResidStack apply_ln_to_stack(const TransformerLM& model, const ActivationCache& 
     for (size_t i = 1; i < want.size(); ++i) exp += ", " + std::to_string(want[i]);
     fail(what, ": the stack has shape (", got, ") but this cache and position need (components", exp, ")");
   }
-  const std::string name = layer == model.cfg.n_layers ? "ln_final.hook_scale" : block(layer) + "ln1.hook_scale";
+  const std::string name = layer == model.cfg.n_layers ? "ln_final.hook_scale" : hook_name(layer, "ln1.hook_scale");
   const Tensor& scale = cached(cache, name, what);  // (B, T, 1)
+  const bool centred = model.cfg.normalization == NormKind::LayerNorm;
   ResidStack out = stack;
   const int64_t rows = B * (pos < 0 ? T : 1);  // (b, t) pairs per component
   for (int64_t c = 0; c < C; ++c)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t b = pos < 0 ? r / T : r, t = pos < 0 ? r % T : pos;
       double* v = out.values.data() + (c * rows + r) * D;
-      double mu = 0;
-      for (int64_t d = 0; d < D; ++d) mu += v[d];
-      mu /= static_cast<double>(D);
+      double mu = 0;  // the RMS forms do not centre
+      if (centred) {
+        for (int64_t d = 0; d < D; ++d) mu += v[d];
+        mu /= static_cast<double>(D);
+      }
       const double s = scale.data()[b * T + t];
       for (int64_t d = 0; d < D; ++d) v[d] = (v[d] - mu) / s;
     }
@@ -174,12 +205,12 @@ ResidStack apply_ln_to_stack(const TransformerLM& model, const ActivationCache& 
 }
 
 namespace {
-// ln_final.weight * W_U[:, tok] (D), in double; W_U is head.weight (V, D).
+// ln_final's gain (weight, or 1 + weight) * W_U[:, tok] (D), in double; W_U is head.weight (V, D).
 std::vector<double> direction(const TransformerLM& model, int32_t tok) {
   const int64_t D = model.cfg.d_model;
   const float* u = model.head.weight.data() + static_cast<int64_t>(tok) * D;
   std::vector<double> dir(static_cast<size_t>(D));
-  for (int64_t d = 0; d < D; ++d) dir[d] = static_cast<double>(u[d]) * (model.ln_f ? model.ln_f->weight.data()[d] : 1.f);
+  for (int64_t d = 0; d < D; ++d) dir[d] = static_cast<double>(u[d]) * (model.ln_f ? model.ln_f->gain(d) : 1.0);
   return dir;
 }
 
@@ -235,7 +266,7 @@ double final_bias_term(const TransformerLM& model, int32_t token, int32_t incorr
   auto term = [&](int32_t tok) {
     if (tok < 0 || tok >= model.cfg.vocab_size) fail("final_bias_term: token ", tok, " is outside the vocabulary 0..", model.cfg.vocab_size - 1);
     double s = model.head.bias.defined() ? model.head.bias.data()[tok] : 0.0;
-    if (model.ln_f)
+    if (model.ln_f && model.ln_f->bias.defined())  // the RMS forms have no bias
       for (int64_t d = 0; d < D; ++d) s += static_cast<double>(model.ln_f->bias.data()[d]) * model.head.weight.data()[tok * D + d];
     return s;
   };
@@ -264,6 +295,17 @@ std::vector<double> per_token_loss(const Tensor& logits, const Ids& targets) {
   return loss;
 }
 
+namespace {
+// W_U[:, tok] . ln_final's output at row r (+ the unembedding bias), in double: the logit before
+// the final soft-cap.
+double logit_before_cap(const TransformerLM& model, const Tensor& normalized, int64_t r, int32_t tok) {
+  const int64_t D = model.cfg.d_model;
+  double s = model.head.bias.defined() ? model.head.bias.data()[tok] : 0.0;
+  for (int64_t d = 0; d < D; ++d) s += static_cast<double>(normalized.data()[r * D + d]) * model.head.weight.data()[tok * D + d];
+  return s;
+}
+}  // namespace
+
 DlaResult direct_logit_attribution(TransformerLM& model, const std::vector<Batch>& data) {
   check_pre_norm(model, "dla");
   check_data_fits_model(data, model.cfg, "dla");  // ids and targets index the model's tables
@@ -274,7 +316,11 @@ DlaResult direct_logit_attribution(TransformerLM& model, const std::vector<Batch
   DlaResult res;
   for (const Batch& batch : data) {
     throw_if_stopped();
-    auto [logits, cache] = model.run_with_cache(batch.inputs, decomposition_hooks(), false, batch.key_padding);
+    // with a final soft-cap the components sum to the logit before the cap: made from ln_final's output
+    const bool capped = model.cfg.final_softcap > 0.f;
+    NameFilter hooks = decomposition_hooks();
+    if (capped) hooks = [all = hooks](const std::string& n) { return all(n) || n == "ln_final.hook_normalized"; };
+    auto [logits, cache] = model.run_with_cache(batch.inputs, hooks, false, batch.key_padding);
     const int64_t B = batch.inputs.shape[0], T = batch.inputs.shape[1], V = model.cfg.vocab_size;
     std::vector<std::vector<double>> sum;  // [row][component] over the row's counted positions
     std::vector<double> bias(static_cast<size_t>(B), 0.0), logit(static_cast<size_t>(B), 0.0);
@@ -311,7 +357,8 @@ DlaResult direct_logit_attribution(TransformerLM& model, const std::vector<Batch
           sum[b][c] += a;
         }
         bias[b] += final_bias_term(model, y);
-        logit[b] += logits.data()[(b * T + t) * V + y];
+        logit[b] += capped ? logit_before_cap(model, cache["ln_final.hook_normalized"], b * T + t, y)
+                           : logits.data()[(b * T + t) * V + y];
         ++n[b];
       }
     }

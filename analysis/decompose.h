@@ -4,10 +4,17 @@
 // model, in eval mode) and computes in double, so the identities hold to float32 rounding of the
 // cached activations:
 //   sum of decompose_resid(layer) == the residual stream entering `layer`, and
-//   sum of logit_attrs(apply_ln_to_stack(decompose_resid(n_layers))) + final_bias_term == the logit.
+//   sum of logit_attrs(apply_ln_to_stack(decompose_resid(n_layers))) + final_bias_term == the logit
+//   (with final_softcap: the logit before the cap).
+// The norms may be any NormKind (the RMS forms are not centred and have no bias; rmsnorm_1p's gain
+// is 1 + weight). A parallel block adds its attention and MLP outputs to the same residual; a
+// sandwich norm's output is split over the heads with its cached hook_scale (ln1_post), its bias
+// being a component of its own ("{l}_attn_norm_bias", layer norm only); hook_mlp_out is already
+// after ln2_post.
 // Component labels (in this order): "embed", "pos_embed", then per layer l < layer the heads
 // "L{l}H{h}" (each head's hook_result), "{l}_attn_bias" (W_O's bias, when the model has
-// attention biases) and "{l}_mlp_out" (when the model has MLPs).
+// attention biases), "{l}_attn_norm_bias" (sandwich layer norm's bias) and "{l}_mlp_out" (when the
+// model has MLPs).
 #pragma once
 #include <string>
 #include <vector>

@@ -81,7 +81,7 @@ std::vector<HeadGrid> detect_heads(TransformerLM& model, const std::vector<Batch
       if (per_sequence)
         for (auto& each : *per_sequence) each.emplace_back(L, std::vector<double>(H, 0.0));
       for (int l = 0; l < L; ++l) {
-        const float* P = cache["blocks." + std::to_string(l) + ".attn.hook_pattern"].data();  // (B, H, T, T)
+        const float* P = cache[attn_hook(l, "pattern")].data();  // (B, H, T, T)
         for (int h = 0; h < H; ++h) {
           const float* src = P + ((r * H + h) * T) * T;
           for (int64_t i = 0; i < n; ++i)

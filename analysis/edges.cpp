@@ -150,6 +150,12 @@ void check_edge_model(const ModelConfig& cfg) {
   if (cfg.kv_heads() != cfg.n_heads)
     fail("edges: the model shares keys and values between heads (n_kv_heads ", cfg.kv_heads(), " of n_heads ", cfg.n_heads,
          "); a head's .k and .v receivers need its own key and value head");
+  // block options the edge passes do not model yet (they replay a sequential block without a cap)
+  if (cfg.parallel_block)
+    fail("edges: the model has parallel blocks (parallel_block); edges are defined for sequential blocks here, whose MLP "
+         "reads attention's output");
+  if (cfg.sandwich_norm) fail("edges: the model has sandwich norms (sandwich_norm); edges are not defined for them here");
+  if (cfg.final_softcap > 0.f) fail("edges: the model soft-caps its logits (final_softcap); edges are not defined for it here");
 }
 
 void check_edge_inputs(const ModelConfig& cfg, const PatchingInputs& in) {
@@ -175,16 +181,15 @@ void check_edge_inputs(const ModelConfig& cfg, const PatchingInputs& in) {
 double edge_patching_memory_bytes(const ModelConfig& cfg, int64_t rows, int64_t T) {
   const double D = static_cast<double>(cfg.d_model), tokens = static_cast<double>(rows) * static_cast<double>(T),
                L = cfg.n_layers, H = cfg.n_heads;
-  // two cached runs and a backward (patching's estimate), the heads' results of both runs, one
+  // two cached runs and a backward of every row in one batch, the heads' results of both runs, one
   // delta per sender, the receivers' gradients, and a batch of patched runs (<= 2^16 rows)
   const double caches = 2 * L * H * tokens * D, deltas = (1 + L * H) * tokens * D, grads = (3 * H + 2) * L * tokens * D;
   const double batch = std::max(tokens, 65536.0) * (12 * D + 3 * static_cast<double>(cfg.d_ff));
-  return patching_memory_bytes(cfg, rows, T) + 4.0 * (caches + deltas + grads + batch);
+  return estimate_step_bytes(cfg, rows, T, true) + 4.0 * (caches + deltas + grads + batch);
 }
 
 namespace {
 
-std::string layer_name(int l, const char* name) { return "blocks." + std::to_string(l) + "." + name; }
 
 // head h of a per-head activation (B, T, H, D) -> (B, T, D)
 Tensor head_slice(const Tensor& x, int h) {
@@ -211,7 +216,7 @@ Runs record_runs(TransformerLM& model, const PatchingInputs& in) {
   auto senders_filter = [](const std::string& n) {
     return n == "hook_embed" || n == "hook_pos_embed" || n.ends_with("attn.hook_result");
   };
-  const std::string last = layer_name(c.n_layers - 1, "hook_resid_post");
+  const std::string last = hook_name(c.n_layers - 1, "hook_resid_post");
   const std::string mid_name = c.has_mlp() ? "hook_resid_mid" : "hook_resid_post";
   const ActivationCache clean = model.run_with_cache(in.clean, [&](const std::string& n) {
     return senders_filter(n) || n.ends_with("hook_resid_pre") || n.ends_with(mid_name) || n == last;
@@ -219,14 +224,14 @@ Runs record_runs(TransformerLM& model, const PatchingInputs& in) {
   throw_if_stopped();
   const ActivationCache corrupt = model.run_with_cache(in.corrupted, senders_filter).second;
   for (int l = 0; l < c.n_layers; ++l) {
-    r.resid_pre.push_back(clean[layer_name(l, "hook_resid_pre")]);
-    r.resid_mid.push_back(clean[layer_name(l, mid_name.c_str())]);
+    r.resid_pre.push_back(clean[hook_name(l, "hook_resid_pre")]);
+    r.resid_mid.push_back(clean[hook_name(l, mid_name.c_str())]);
   }
   r.resid_final = clean[last];
   // embed = token + position embeddings, as the model adds them
   r.deltas.push_back(sub(add(corrupt["hook_embed"], corrupt["hook_pos_embed"]), add(clean["hook_embed"], clean["hook_pos_embed"])));
   for (int l = 0; l < c.n_layers; ++l) {
-    const std::string n = layer_name(l, "attn.hook_result");
+    const std::string n = hook_name(l, "attn.hook_result");
     for (int h = 0; h < c.n_heads; ++h) r.deltas.push_back(sub(head_slice(corrupt[n], h), head_slice(clean[n], h)));
   }
   return r;
@@ -247,7 +252,7 @@ Hooks receiver_hooks(TransformerLM& model, const std::vector<std::pair<EdgeRecei
   for (auto& [l, ps] : by_layer) {
     if (l == c.n_layers) {  // logits: unembed(ln_final(resid_final + delta))
       auto x = std::make_shared<Tensor>(resid_final);
-      hooks.add_forward(layer_name(c.n_layers - 1, "hook_resid_post"), [x](const Tensor& t, const std::string&) {
+      hooks.add_forward(hook_name(c.n_layers - 1, "hook_resid_post"), [x](const Tensor& t, const std::string&) {
         *x = t;
         return Tensor();
       });
@@ -260,7 +265,7 @@ Hooks receiver_hooks(TransformerLM& model, const std::vector<std::pair<EdgeRecei
     }
     TransformerBlock& block = *model.blocks[l];
     auto pre = std::make_shared<Tensor>(), mid = std::make_shared<Tensor>();
-    hooks.add_forward(layer_name(l, "hook_resid_pre"), [pre](const Tensor& t, const std::string&) {
+    hooks.add_forward(hook_name(l, "hook_resid_pre"), [pre](const Tensor& t, const std::string&) {
       *pre = t;
       return Tensor();
     });
@@ -272,7 +277,7 @@ Hooks receiver_hooks(TransformerLM& model, const std::vector<std::pair<EdgeRecei
       const char* point = kind == EdgeReceiver::Q ? "attn.hook_q_input" : kind == EdgeReceiver::K ? "attn.hook_k_input" : "attn.hook_v_input";
       LayerNorm* ln = &block.ln1;
       // head h's copy of ln1's output (B, T, H, D) replaced by ln1(input + delta)
-      hooks.add_forward(layer_name(l, point), [pre, heads, ln](const Tensor& copies, const std::string&) {
+      hooks.add_forward(hook_name(l, point), [pre, heads, ln](const Tensor& copies, const std::string&) {
         Tensor y = copies.clone();
         const int64_t rows = copies.size(0) * copies.size(1), H = copies.size(2), D = copies.size(3);
         for (const auto& [h, d] : heads) {
@@ -284,13 +289,13 @@ Hooks receiver_hooks(TransformerLM& model, const std::vector<std::pair<EdgeRecei
     }
     for (const auto& [r, d] : ps)
       if (r.kind == EdgeReceiver::Mlp) {
-        hooks.add_forward(layer_name(l, "hook_resid_mid"), [mid](const Tensor& t, const std::string&) {
+        hooks.add_forward(hook_name(l, "hook_resid_mid"), [mid](const Tensor& t, const std::string&) {
           *mid = t;
           return Tensor();
         });
         LayerNorm* ln = block.ln2.get();
         const Tensor delta = d;
-        hooks.add_forward(layer_name(l, "ln2.hook_normalized"), [mid, delta, ln](const Tensor&, const std::string&) {
+        hooks.add_forward(hook_name(l, "ln2.hook_normalized"), [mid, delta, ln](const Tensor&, const std::string&) {
           return ln->forward(add(*mid, delta));
         });
       }
@@ -315,31 +320,34 @@ double hooked_patched_metric(TransformerLM& model, const PatchingInputs& in, con
   return edge_metric(model.forward_from(start, start < c.n_layers ? runs.resid_pre[start] : runs.resid_final, opt), in.answers);
 }
 
-// dL/dx of layer norm y = (x - mean) / s * w + b, s = sqrt(var + eps), from g = dL/dy, per row of
+// dL/dx of the norm y = (x - mean) / s * w + b, s = sqrt(var + eps), from g = dL/dy, per row of
 // x (..., D): (g w - mean(g w) - x_hat mean(g w x_hat)) / s with x_hat = (x - mean) / s, in double.
-// The layer norm's own backward, written out because the gradient arrives at a hook after it.
+// The RMS forms the same without the centring (mean 0, s = sqrt(mean(x^2) + eps), w their gain).
+// The norm's own backward, written out because the gradient arrives at a hook after it.
 Tensor layer_norm_input_grad(const Tensor& x, const LayerNorm& ln, const Tensor& gy) {
   const int64_t D = x.shape().back(), N = x.numel() / D;
   Tensor gx = Tensor::empty(x.shape());
-  const float* w = ln.weight.data();
+  const bool centred = ln.centred();
   for (int64_t r = 0; r < N; ++r) {
     const float* xr = x.data() + r * D;
     const float* g = gy.data() + r * D;
     double mu = 0, var = 0;
-    for (int64_t j = 0; j < D; ++j) mu += xr[j];
-    mu /= static_cast<double>(D);
+    if (centred) {
+      for (int64_t j = 0; j < D; ++j) mu += xr[j];
+      mu /= static_cast<double>(D);
+    }
     for (int64_t j = 0; j < D; ++j) var += (xr[j] - mu) * (xr[j] - mu);
     const double s = std::sqrt(var / static_cast<double>(D) + ln.eps);
     double mg = 0, mgx = 0;
     for (int64_t j = 0; j < D; ++j) {
-      const double gw = static_cast<double>(g[j]) * w[j];
+      const double gw = static_cast<double>(g[j]) * ln.gain(j);
       mg += gw;
       mgx += gw * (xr[j] - mu) / s;
     }
-    mg /= static_cast<double>(D);
+    mg = centred ? mg / static_cast<double>(D) : 0.0;
     mgx /= static_cast<double>(D);
     for (int64_t j = 0; j < D; ++j)
-      gx.data()[r * D + j] = static_cast<float>((static_cast<double>(g[j]) * w[j] - mg - (xr[j] - mu) / s * mgx) / s);
+      gx.data()[r * D + j] = static_cast<float>((static_cast<double>(g[j]) * ln.gain(j) - mg - (xr[j] - mu) / s * mgx) / s);
   }
   return gx;
 }
@@ -354,14 +362,14 @@ std::vector<Tensor> receiver_gradients(TransformerLM& model, const PatchingInput
   std::vector<Tensor> gq(L), gk(L), gv(L), gmlp(L);
   Hooks hooks;
   for (int l = 0; l < L; ++l) {
-    hooks.add_backward(layer_name(l, "attn.hook_q_input"), [&gq, l](const Tensor& g, const std::string&) { gq[l] = g.clone(); });
-    hooks.add_backward(layer_name(l, "attn.hook_k_input"), [&gk, l](const Tensor& g, const std::string&) { gk[l] = g.clone(); });
-    hooks.add_backward(layer_name(l, "attn.hook_v_input"), [&gv, l](const Tensor& g, const std::string&) { gv[l] = g.clone(); });
+    hooks.add_backward(hook_name(l, "attn.hook_q_input"), [&gq, l](const Tensor& g, const std::string&) { gq[l] = g.clone(); });
+    hooks.add_backward(hook_name(l, "attn.hook_k_input"), [&gk, l](const Tensor& g, const std::string&) { gk[l] = g.clone(); });
+    hooks.add_backward(hook_name(l, "attn.hook_v_input"), [&gv, l](const Tensor& g, const std::string&) { gv[l] = g.clone(); });
     if (c.has_mlp())
-      hooks.add_backward(layer_name(l, "ln2.hook_normalized"), [&gmlp, l](const Tensor& g, const std::string&) { gmlp[l] = g.clone(); });
+      hooks.add_backward(hook_name(l, "ln2.hook_normalized"), [&gmlp, l](const Tensor& g, const std::string&) { gmlp[l] = g.clone(); });
   }
   Tensor gfinal;
-  hooks.add_backward(layer_name(L - 1, "hook_resid_post"), [&gfinal](const Tensor& g, const std::string&) { gfinal = g.clone(); });
+  hooks.add_backward(hook_name(L - 1, "hook_resid_post"), [&gfinal](const Tensor& g, const std::string&) { gfinal = g.clone(); });
   {
     EvalScope mode(model);
     ForwardOptions opt;
@@ -656,7 +664,7 @@ PathPatchingResult path_patching(TransformerLM& model, const PatchingInputs& in,
   EvalScope mode(model);
   NoGradGuard ng;
   ActivationCache corrupt;
-  const std::string point = sender.layer < 0 ? "hook_embed" : layer_name(sender.layer, "attn.hook_result");
+  const std::string point = sender.layer < 0 ? "hook_embed" : hook_name(sender.layer, "attn.hook_result");
   corrupt = model.run_with_cache(in.corrupted, name_is(point)).second;
   Hooks hooks;
   const int h = sender.head;

@@ -205,7 +205,8 @@ EvalResult evaluate(TransformerLM& model, const std::vector<Batch>& data, bool a
   return r;
 }
 
-Ids generate(TransformerLM& model, const Ids& prompt, int64_t max_new_tokens, double temperature, uint64_t seed) {
+Ids generate(TransformerLM& model, const Ids& prompt, int64_t max_new_tokens, double temperature, uint64_t seed,
+             const Tensor& key_padding) {
   if (prompt.shape.size() != 2 || prompt.shape[1] < 1) fail("generate: the prompt must have at least one token");
   if (max_new_tokens < 0) fail("generate: max_new_tokens must be >= 0, got ", max_new_tokens);
   if (!(temperature >= 0) || !std::isfinite(temperature)) fail("generate: temperature must be >= 0, got ", temperature);
@@ -223,6 +224,29 @@ Ids generate(TransformerLM& model, const Ids& prompt, int64_t max_new_tokens, do
   std::vector<KVCacheLayer> cache;
   ForwardOptions opt;
   opt.kv_cache = &cache;
+  // Padded prompts: the padding stays masked in the cache; the new tokens' positions continue
+  // each row's real ones (so right padding, which would put them after the padding, is refused).
+  Ids positions;
+  std::vector<int32_t> real(static_cast<size_t>(B), 0);  // each row's real tokens so far
+  Tensor padding;
+  if (key_padding.defined()) {
+    if (key_padding.shape() != Shape({B, T})) fail("generate: key_padding ", key_padding.shape().str(), " must be (", B, ",", T, ")");
+    for (int64_t b = 0; b < B; ++b) {
+      if (key_padding.data()[b * T + T - 1] != 0.f)
+        fail("generate: row ", b, " ends in padding: pad the prompts on the left, so that the new tokens follow them");
+      for (int64_t t = 0; t < T; ++t) real[static_cast<size_t>(b)] += key_padding.data()[b * T + t] == 0.f;
+    }
+    positions = positions_from_padding(key_padding);
+    opt.position_ids = &positions;
+    padding = key_padding;
+    opt.key_padding = key_padding;
+  }
+  // The keys' padding once the cache holds `keys` columns: the prompt's, then real tokens.
+  const auto padding_of = [&](int64_t keys) {
+    Tensor p = Tensor::zeros({B, keys});
+    for (int64_t b = 0; b < B; ++b) std::copy_n(padding.data() + b * T, T, p.data() + b * keys);
+    return p;
+  };
   Tensor logits = model.forward(prompt, opt);  // (B, T, V), then (B, 1, V) per new token
   const int64_t V = logits.size(2);
   std::vector<double> p(static_cast<size_t>(V));
@@ -244,7 +268,14 @@ Ids generate(TransformerLM& model, const Ids& prompt, int64_t max_new_tokens, do
       }
       out.at(b, T + i) = next.at(b, 0) = tok;
     }
-    if (i + 1 < max_new_tokens) logits = model.forward(next, opt);
+    if (i + 1 < max_new_tokens) {
+      if (padding.defined()) {
+        positions = Ids(Shape{B, 1});
+        for (int64_t b = 0; b < B; ++b) positions.at(b, 0) = real[static_cast<size_t>(b)] + static_cast<int32_t>(i);
+        opt.key_padding = padding_of(T + i + 1);
+      }
+      logits = model.forward(next, opt);
+    }
   }
   return out;
 }

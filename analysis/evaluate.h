@@ -63,6 +63,9 @@ std::vector<std::vector<std::vector<int32_t>>> greedy_answers(TransformerLM& mod
 // the most likely token (the first on ties), > 0 samples from softmax(logits / temperature) with
 // an Rng seeded by `seed` (the same seed, the same tokens). Returns (B, T + max_new_tokens).
 // Fails, naming the lengths, when the result would not fit the model's max_seq_len.
-Ids generate(TransformerLM& model, const Ids& prompt, int64_t max_new_tokens, double temperature, uint64_t seed);
+// key_padding (B, T), non-zero = padding: prompts of different lengths, padded on the left (every
+// row's last column real, so the new tokens follow each prompt); positions count real tokens.
+Ids generate(TransformerLM& model, const Ids& prompt, int64_t max_new_tokens, double temperature, uint64_t seed,
+             const Tensor& key_padding = Tensor());
 
 }  // namespace hl

@@ -26,8 +26,7 @@ ActivationCache recorded_forward(TransformerLM& model, const Batch& b, NameFilte
   int stop = 0;
   for (const auto& [name, shape] : hook_points(model.cfg)) {
     if (!filter(name)) continue;
-    int layer = -1;
-    if (std::sscanf(name.c_str(), "blocks.%d.", &layer) == 1) stop = std::max(stop, layer + 1);
+    if (const int layer = hook_layer(name); layer >= 0) stop = std::max(stop, layer + 1);
     else if (name.rfind("ln_final.", 0) == 0) stop = model.cfg.n_layers + 1;  // needs the whole forward
   }
   ActivationCache cache;
@@ -42,12 +41,10 @@ ActivationCache recorded_forward(TransformerLM& model, const Batch& b, NameFilte
 }
 
 namespace {
-std::string layer_hook(int l, const char* name) { return "blocks." + std::to_string(l) + ".attn." + name; }
-
-// Per layer, the activation `name` (e.g. "hook_z") of one recorded forward, as raw pointers.
+// Per layer, the attention activation `name` (e.g. "z") of one recorded forward, as raw pointers.
 std::vector<const float*> per_layer(const ActivationCache& c, int layers, const char* name) {
   std::vector<const float*> p;
-  for (int l = 0; l < layers; ++l) p.push_back(c[layer_hook(l, name)].data());
+  for (int l = 0; l < layers; ++l) p.push_back(c[attn_hook(l, name)].data());
   return p;
 }
 
@@ -56,7 +53,7 @@ std::vector<const float*> per_layer(const ActivationCache& c, int layers, const 
 template <class F>
 void for_each_token(TransformerLM& model, const std::vector<Batch>& data, const char* name, F&& f) {
   for (const Batch& b : data) {
-    const ActivationCache cache = recorded_forward(model, b, names_ending_with(std::string("attn.") + name));
+    const ActivationCache cache = recorded_forward(model, b, names_ending_with(in_block_name(attn_hook(0, name))));
     const std::vector<const float*> acts = per_layer(cache, model.cfg.n_layers, name);
     const int64_t B = b.size(), T = b.inputs.shape[1];
     for (int64_t r = 0; r < B; ++r)
@@ -71,7 +68,7 @@ std::vector<Tensor> mean_head_outputs(TransformerLM& model, const std::vector<Ba
   const int64_t W = model.cfg.n_heads * model.cfg.head_dim();
   std::vector<std::vector<double>> sums(L, std::vector<double>(W, 0.0));
   int64_t count = 0;
-  for_each_token(model, data, "hook_z", [&](const std::vector<const float*>& zs, const Batch&, int64_t r, int64_t t, int64_t T) {
+  for_each_token(model, data, "z", [&](const std::vector<const float*>& zs, const Batch&, int64_t r, int64_t t, int64_t T) {
     for (int l = 0; l < L; ++l) {
       const float* z = zs[l] + (r * T + t) * W;  // (B, T, H, dh)
       for (int64_t j = 0; j < W; ++j) sums[l][j] += z[j];
@@ -109,7 +106,7 @@ AblationResult single_head_ablation(TransformerLM& model, const std::vector<Batc
         // head h of layer l's z replaced by zeros, or by its mean output
         const Tensor value = mode == 1 ? slice(means[l], 0, h * dh, (h + 1) * dh) : Tensor();
         Hooks hooks;
-        hooks.add_forward(layer_hook(l, "hook_z"), [h, value](const Tensor& z, const std::string&) {
+        hooks.add_forward(attn_hook(l, "z"), [h, value](const Tensor& z, const std::string&) {
           return replace_head(z, h, value);
         });
         const EvalResult e = evaluate(model, data, false, &hooks, &rows);
@@ -190,7 +187,7 @@ HeadGrid head_importance(TransformerLM& model, const std::vector<Batch>& data, b
   std::vector<double> row_sum(static_cast<size_t>(H)), dots(static_cast<size_t>(H));
   // The summed token loss is sum over rows of n_r L(x_r), and rows do not see each other, so on
   // row r its gradient is n_r dL(x_r)/dz: the row's sum of z . dL/dz over n_r is dL(x_r)/dxi_h.
-  backward_each(model, data, names_ending_with("attn.hook_z"), [&](const Batch& b, const ActivationCache& cache) {
+  backward_each(model, data, names_ending_with(in_block_name(attn_hook(0, "z"))), [&](const Batch& b, const ActivationCache& cache) {
     const int64_t B = b.size(), T = b.inputs.shape[1];
     std::vector<int64_t> counted(static_cast<size_t>(B), 0);
     for (int64_t r = 0; r < B; ++r)
@@ -204,7 +201,7 @@ HeadGrid head_importance(TransformerLM& model, const std::vector<Batch>& data, b
       }
     }
     for (int l = 0; l < model.cfg.n_layers; ++l) {
-      const std::string name = layer_hook(l, "hook_z");
+      const std::string name = attn_hook(l, "z");
       if (!cache.has_grad(name)) continue;
       const Tensor &z = cache[name], &gz = cache.grad(name);  // (B, T, H, dh)
       for (int64_t r = 0; r < B; ++r) {
@@ -235,11 +232,11 @@ HeadGrid head_importance_per_token(TransformerLM& model, const std::vector<Batch
   const int64_t dh = model.cfg.head_dim(), W = H * dh;
   int64_t n_tokens = 0;
   std::vector<double> dots(static_cast<size_t>(H));
-  backward_each(model, data, names_ending_with("attn.hook_z"), [&](const Batch& b, const ActivationCache& cache) {
+  backward_each(model, data, names_ending_with(in_block_name(attn_hook(0, "z"))), [&](const Batch& b, const ActivationCache& cache) {
     const int64_t B = b.size(), T = b.inputs.shape[1];
     n_tokens += b.counted_targets();
     for (int l = 0; l < model.cfg.n_layers; ++l) {
-      const std::string name = layer_hook(l, "hook_z");
+      const std::string name = attn_hook(l, "z");
       if (!cache.has_grad(name)) continue;
       const Tensor &z = cache[name], &gz = cache.grad(name);  // (B, T, H, dh)
       for (int64_t r = 0; r < B; ++r)
@@ -260,7 +257,7 @@ HeadStats attention_statistics(TransformerLM& model, const std::vector<Batch>& d
   HeadStats s{grid(model), grid(model), grid(model), grid(model)};
   const int L = model.cfg.n_layers, H = model.cfg.n_heads;
   int64_t queries = 0;
-  for_each_token(model, data, "hook_pattern", [&](const std::vector<const float*>& patterns, const Batch& b, int64_t r,
+  for_each_token(model, data, "pattern", [&](const std::vector<const float*>& patterns, const Batch& b, int64_t r,
                                                    int64_t i, int64_t T) {
     int64_t visible = 0;
     for (int64_t j = 0; j <= i; ++j) visible += !is_pad(b, r, j);

@@ -196,8 +196,8 @@ Matrix pattern_similarity(TransformerLM& a, TransformerLM& b, const std::vector<
              b.cfg.vocab_size, ")");
     const ActivationCache ca = recorded_forward(a, batch, patterns), cb = recorded_forward(b, batch, patterns);
     std::vector<const float*> pa, pb;  // per layer: (B, H, T, T)
-    for (int l = 0; l < La; ++l) pa.push_back(ca["blocks." + std::to_string(l) + ".attn.hook_pattern"].data());
-    for (int l = 0; l < Lb; ++l) pb.push_back(cb["blocks." + std::to_string(l) + ".attn.hook_pattern"].data());
+    for (int l = 0; l < La; ++l) pa.push_back(ca[attn_hook(l, "pattern")].data());
+    for (int l = 0; l < Lb; ++l) pb.push_back(cb[attn_hook(l, "pattern")].data());
     for (int64_t r = 0; r < B; ++r) {
       int64_t n = T;  // this row's length: trailing padding removed
       if (batch.key_padding.defined())
@@ -278,6 +278,31 @@ std::string head_role(const HeadRoleScores& r, int layer, int head, double thres
   for (size_t d = 0; d < r.detectors.size(); ++d)
     if (r.scores[d][layer][head] >= top) top = r.scores[d][layer][head], best = r.detectors[d];
   return best;
+}
+
+std::string head_role(const HeadRoleScores& r, int layer, int head, const std::vector<double>& thresholds) {
+  if (thresholds.size() != r.detectors.size())
+    fail("head roles: ", thresholds.size(), " thresholds for ", r.detectors.size(), " detectors");
+  std::string best = "none";
+  double top = -1;
+  for (size_t d = 0; d < r.detectors.size(); ++d) {
+    const double s = r.scores[d][layer][head];
+    if (s > thresholds[d] && s > top) top = s, best = r.detectors[d];  // above chance, not at it
+  }
+  return best;
+}
+
+std::vector<double> random_baseline_thresholds(const ModelConfig& cfg, int examples, uint64_t seed, int models) {
+  std::vector<double> t;
+  for (int m = 0; m < models; ++m) {
+    TransformerLM untrained(cfg, static_cast<uint64_t>(1 + m));
+    const HeadRoleScores r = detector_role_scores(untrained, examples, seed);
+    t.resize(r.detectors.size(), 0.0);
+    for (size_t d = 0; d < r.detectors.size(); ++d)
+      for (const auto& row : r.scores[d])
+        for (double s : row) t[d] = std::max(t[d], s);
+  }
+  return t;
 }
 
 std::vector<Batch> match_probe(const TransformerLM& a, const TransformerLM& b, int examples, uint64_t seed) {

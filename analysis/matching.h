@@ -67,6 +67,14 @@ struct HeadRoleScores {
 HeadRoleScores detector_role_scores(TransformerLM& model, int examples = 200, uint64_t seed = 1234);
 // The role of one head: the detector of highest score when it is at least `threshold`, else "none".
 std::string head_role(const HeadRoleScores& r, int layer, int head, double threshold = 0.4);
+// The same with a threshold per detector (thresholds[d] for r.detectors[d]): the detector whose
+// score is highest among those strictly above their own threshold, else "none".
+std::string head_role(const HeadRoleScores& r, int layer, int head, const std::vector<double>& thresholds);
+// Each detector's level of chance for models of `cfg`: the largest score any head of `models`
+// untrained models of that shape (initialised as headlab train does, seeds 1..models) gets on
+// the probe detector_role_scores(examples, seed) uses. A trained head whose score is at or
+// below it does nothing random weights do not do already.
+std::vector<double> random_baseline_thresholds(const ModelConfig& cfg, int examples = 200, uint64_t seed = 1234, int models = 4);
 
 // Shared prompts for match by pattern: varied_repeat_probe rows that both models can read (block
 // up to min(16, max_seq_len / 2) of the shorter model, tokens of the smaller vocabulary).

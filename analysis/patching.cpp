@@ -1,6 +1,7 @@
 #include "analysis/patching.h"
 
 #include "analysis/ablation.h"
+#include "analysis/chunks.h"
 #include "analysis/intervals.h"
 
 #include "lib/stop.h"
@@ -40,6 +41,7 @@ PatchingInputs corrupt_one_symbol(const Batch& b, int alphabet, uint64_t seed, C
   std::vector<int64_t> rows;
   PatchingInputs in;
   for (int64_t r = 0; r < B; ++r) {
+    if (r % 4096 == 0) throw_if_stopped();  // 10^6 rows take seconds
     const int prompt = b.prompt_len.empty() ? 0 : b.prompt_len[r];
     std::vector<std::pair<int64_t, int64_t>> choices;  // (source position, answer position)
     std::set<int32_t> used;
@@ -93,21 +95,50 @@ PatchingInputs corrupt_one_symbol(const Batch& b, int alphabet, uint64_t seed, C
 }
 
 double patching_memory_bytes(const ModelConfig& cfg, int64_t rows, int64_t T) {
-  return estimate_step_bytes(cfg, rows, T, true);
-}
-
-Tensor logit_difference(const Tensor& logits, const std::vector<PatchAnswer>& answers) {
-  const int64_t T = logits.size(1), V = logits.size(2);
-  Tensor select = Tensor::zeros(logits.shape());  // +1/n at the clean answer, -1/n at the corrupted one
-  const float w = 1.f / static_cast<float>(answers.size());
-  for (const PatchAnswer& a : answers) {
-    select.data()[(a.row * T + a.pos) * V + a.clean] += w;
-    select.data()[(a.row * T + a.pos) * V + a.corrupted] -= w;
-  }
-  return sum(mul(logits, select));
+  // one chunk's passes, and per row its ids and its answer's value at every head and in the two runs
+  return chunked_pass_bytes(cfg, rows, T, true, 8.0 * static_cast<double>(cfg.n_layers * cfg.n_heads + 2));
 }
 
 namespace {
+// The metric's terms on logits (rows, T, V) of rows row0..: +w at each answer's clean token, -w at
+// its corrupted one, summed over the logits times them (differentiable in the logits).
+Tensor weighted_logit_difference(const Tensor& logits, const std::vector<PatchAnswer>& answers, int64_t row0, float w) {
+  const int64_t R = logits.size(0), T = logits.size(1), V = logits.size(2);
+  Tensor select = Tensor::zeros(logits.shape());
+  for (const PatchAnswer& a : answers) {
+    if (a.row < row0 || a.row >= row0 + R) continue;
+    select.data()[((a.row - row0) * T + a.pos) * V + a.clean] += w;
+    select.data()[((a.row - row0) * T + a.pos) * V + a.corrupted] -= w;
+  }
+  return mul(logits, select);
+}
+}  // namespace
+
+Tensor logit_difference(const Tensor& logits, const std::vector<PatchAnswer>& answers) {
+  return sum(weighted_logit_difference(logits, answers, 0, 1.f / static_cast<float>(answers.size())));
+}
+
+LogitDifferenceSum::LogitDifferenceSum(const std::vector<PatchAnswer>& answers)
+    : answers_(&answers), w_(1.f / static_cast<float>(answers.size())) {}
+
+void LogitDifferenceSum::add(const Tensor& logits, int64_t row0) {
+  const Tensor terms = weighted_logit_difference(logits, *answers_, row0, w_);
+  // sum()'s own order: one float, element after element
+  for (const float* t = terms.data(), *end = t + terms.numel(); t != end; ++t) sum_ += *t;
+}
+
+namespace {
+
+// Each answer's logit difference, of the answers in logits (rows, T, V) of rows row0..: each[a].
+void each_answer(const Tensor& logits, const std::vector<PatchAnswer>& answers, int64_t row0, std::vector<double>& each) {
+  const int64_t R = logits.size(0), T = logits.size(1), V = logits.size(2);
+  for (size_t i = 0; i < answers.size(); ++i) {
+    const PatchAnswer& a = answers[i];
+    if (a.row < row0 || a.row >= row0 + R) continue;
+    const float* row = logits.data() + ((a.row - row0) * T + a.pos) * V;
+    each[i] = static_cast<double>(row[a.clean]) - static_cast<double>(row[a.corrupted]);
+  }
+}
 
 // The mean logit difference, and with `each` every answer's own (for intervals).
 double metric_of(TransformerLM& model, const Ids& ids, const std::vector<PatchAnswer>& answers, const Hooks* hooks = nullptr,
@@ -117,14 +148,7 @@ double metric_of(TransformerLM& model, const Ids& ids, const std::vector<PatchAn
   ForwardOptions opt;
   opt.hooks = hooks;
   const Tensor logits = model.forward(ids, opt);  // (B, T, V)
-  if (each) {
-    const int64_t T = logits.size(1), V = logits.size(2);
-    each->clear();
-    for (const PatchAnswer& a : answers) {
-      const float* row = logits.data() + (a.row * T + a.pos) * V;
-      each->push_back(static_cast<double>(row[a.clean]) - static_cast<double>(row[a.corrupted]));
-    }
-  }
+  if (each) each->assign(answers.size(), 0.0), each_answer(logits, answers, 0, *each);
   return logit_difference(logits, answers).item();
 }
 
@@ -141,10 +165,9 @@ ActivationCache run_recorded(TransformerLM& model, const PatchingInputs& in, con
   return cache;
 }
 
-// sum over the elements f selects of (clean - corrupted) * grad
+// s plus the sum over the elements f selects of (clean - corrupted) * grad (s: the chunks before)
 template <class Select>
-double attribution(const Tensor& clean, const Tensor& corrupted, const Tensor& grad, Select&& selected) {
-  double s = 0;
+double attribution(double s, const Tensor& clean, const Tensor& corrupted, const Tensor& grad, Select&& selected) {
   for (int64_t i = 0; i < clean.numel(); ++i)
     if (selected(i)) s += (static_cast<double>(clean.data()[i]) - corrupted.data()[i]) * grad.data()[i];
   return s;
@@ -189,10 +212,9 @@ bool is_hook(const ModelConfig& cfg, const std::string& name) {
 // The hook's name within a block ("attn.hook_z" for "hook_z"), or fails saying why.
 std::string block_relative_name(const ModelConfig& cfg, const std::string& hook) {
   std::vector<std::string> found;
-  const std::string prefix = "blocks.0.";
   for (const HookPointInfo& p : describe_hook_points(cfg)) {
-    if (!p.name.starts_with(prefix)) continue;
-    const std::string rel = p.name.substr(prefix.size());
+    if (hook_layer(p.name) != 0) continue;
+    const std::string rel = in_block_name(p.name);
     if (rel == hook || rel.ends_with("." + hook)) found.push_back(rel);
   }
   if (found.size() == 1) return found[0];
@@ -209,14 +231,23 @@ std::vector<std::string> default_patch_axes(const ModelConfig& cfg, const std::s
   std::string full = hook;
   if (!is_hook(cfg, hook)) {
     axes.push_back("layer");
-    full = "blocks.0." + block_relative_name(cfg, hook);
+    full = hook_name(0, block_relative_name(cfg, hook));
   }
   axes.push_back(hook_axes(cfg, full).head >= 0 ? "head" : "pos");
   return axes;
 }
 
-PatchGrid generic_activation_patch(TransformerLM& model, const Ids& clean, const Ids& corrupted, const std::string& hook,
-                                   const std::vector<std::string>& axes, const PatchMetric& metric) {
+namespace {
+
+// A patched pass's logits (rows, T, V) of the batch's rows row0.., at index `flat` (`idx` per axis).
+using OnPass = std::function<void(int64_t flat, const std::vector<int64_t>& idx, const Tensor& logits, int64_t row0)>;
+
+// The passes of a sweep: for every chunk of `per` rows (in row order) the clean run is recorded once
+// and the corrupted run's residual stream into each block, then for every index the corrupted run
+// with the clean activation written at that index goes to on_pass. Returns the grid's axes, shape
+// and hooks, its values zero.
+PatchGrid sweep(TransformerLM& model, const Ids& clean, const Ids& corrupted, const std::string& hook,
+                const std::vector<std::string>& axes, int64_t per, const OnPass& on_pass) {
   if (clean.shape.ndim != 2 || clean.shape != corrupted.shape)
     fail("patching: the clean ids ", clean.shape.str(), " and the corrupted ids ", corrupted.shape.str(), " must be (B, T) of one shape");
   if (axes.empty()) fail("patching: no axes to patch over (e.g. layer,head)");
@@ -226,76 +257,112 @@ PatchGrid generic_activation_patch(TransformerLM& model, const Ids& clean, const
   if (by_layer) {
     if (is_hook(model.cfg, hook))
       fail("patching: ", hook, " is one hook point; to patch over layers name it without its layer (e.g. ",
-           hook.substr(0, 7) == "blocks." ? hook.substr(hook.find('.', 7) + 1) : std::string("attn.hook_z"), ")");
+           hook_layer(hook) >= 0 ? in_block_name(hook) : std::string("attn.hook_z"), ")");
     const std::string rel = block_relative_name(model.cfg, hook);
-    for (int l = 0; l < model.cfg.n_layers; ++l) g.hooks.push_back("blocks." + std::to_string(l) + "." + rel);
+    for (int l = 0; l < model.cfg.n_layers; ++l) g.hooks.push_back(hook_name(l, rel));
   } else {
     if (!is_hook(model.cfg, hook)) fail("patching: '", hook, "' is not a hook point of this model; name it in full (blocks.1.attn.hook_z) or patch over the layer axis too");
     g.hooks.push_back(hook);
   }
-  // the clean run, recorded once; and the corrupted run's residual stream into each block, from
-  // which a patched run of a block's hook starts (forward_from: the blocks before it would
-  // compute the same again; GPT-2 small, patching layer l skips l of its 12 blocks)
-  ActivationCache cache, corrupted_resid;
-  {
-    EvalScope mode(model);
-    NoGradGuard ng;
-    cache = model.run_with_cache(clean, names_in(g.hooks)).second;
-    ForwardOptions stop;
-    Hooks record;
-    record.cache(corrupted_resid, names_ending_with("hook_resid_pre"));
-    stop.hooks = &record;
-    stop.stop_at_layer = model.cfg.n_layers;  // no logits needed
-    (void)model.forward(corrupted, stop);
-  }
-  const HookAxes ha = hook_axes(model.cfg, g.hooks[0]);
-  const Shape s = cache[g.hooks[0]].shape();
-  std::vector<int> dim;  // per axis, the activation's axis it indexes (-1: the layer)
-  for (const std::string& a : axes) {
-    if (std::count(axes.begin(), axes.end(), a) > 1) fail("patching: axis '", a, "' given twice");
-    const int d = a == "layer" ? -1 : a == "head" ? ha.head : a == "pos" ? ha.pos : a == "src_pos" ? ha.src_pos : -2;
-    if (d == -2) fail("patching: unknown axis '", a, "' (expected layer, head, pos or src_pos)");
-    if (a != "layer" && d < 0) fail("patching: ", g.hooks[0], " ", s.str(), " has no ", a, " axis");
-    dim.push_back(d);
-    g.shape.push_back(d < 0 ? model.cfg.n_layers : s[d]);
-  }
-  int64_t n = 1;
-  for (int64_t k : g.shape) n *= k;
-  g.values.resize(static_cast<size_t>(n));
-  std::vector<int64_t> idx(axes.size(), 0), stride(static_cast<size_t>(s.ndim), 1);
-  for (int d = s.ndim - 2; d >= 0; --d) stride[d] = stride[d + 1] * s[d + 1];
   EvalScope mode(model);
   NoGradGuard ng;
-  for (int64_t flat = 0; flat < n; ++flat) {
-    throw_if_stopped();  // each index is a pass over every example
-    for (int64_t f = flat, a = static_cast<int64_t>(axes.size()) - 1; a >= 0; --a) idx[a] = f % g.shape[a], f /= g.shape[a];
-    int layer = 0;
-    std::vector<std::pair<int, int64_t>> fixed;  // (activation axis, index) the patch writes at
-    for (size_t a = 0; a < axes.size(); ++a) {
-      if (dim[a] < 0) layer = static_cast<int>(idx[a]);
-      else fixed.push_back({dim[a], idx[a]});
+  std::vector<int> dim;  // per axis, the activation's axis it indexes (-1: the layer)
+  int64_t n = 0;
+  for (const auto& [begin, end] : row_chunks(clean.shape[0], per)) {
+    throw_if_stopped();
+    const Ids chunk_clean = slice_rows(clean, begin, end), chunk_corrupted = slice_rows(corrupted, begin, end);
+    // the clean run, recorded once; and the corrupted run's residual stream into each block, from
+    // which a patched run of a block's hook starts (forward_from: the blocks before it would
+    // compute the same again; GPT-2 small, patching layer l skips l of its 12 blocks)
+    ActivationCache cache, corrupted_resid;
+    cache = model.run_with_cache(chunk_clean, names_in(g.hooks)).second;
+    {
+      ForwardOptions stop;
+      Hooks record;
+      record.cache(corrupted_resid, names_ending_with("hook_resid_pre"));
+      stop.hooks = &record;
+      stop.stop_at_layer = model.cfg.n_layers;  // no logits needed
+      (void)model.forward(chunk_corrupted, stop);
     }
-    const std::string& name = g.hooks[by_layer ? layer : 0];
-    const Tensor& from = cache[name];
-    Hooks hooks;
-    hooks.add_forward(name, [&](const Tensor& x, const std::string&) {  // the setter
-      if (x.shape() != from.shape()) fail("patching: ", name, " is ", x.shape().str(), " in the corrupted run, ", from.shape().str(), " in the clean run");
-      Tensor y = x.clone();
-      for (int64_t i = 0; i < y.numel(); ++i) {
-        bool here = true;
-        for (const auto& [d, k] : fixed) here = here && (i / stride[d]) % s[d] == k;
-        if (here) y.data()[i] = from.data()[i];
+    const Shape s = cache[g.hooks[0]].shape();
+    if (g.shape.empty()) {  // the axes, once: they do not depend on the rows
+      const HookAxes ha = hook_axes(model.cfg, g.hooks[0]);
+      for (const std::string& a : axes) {
+        if (std::count(axes.begin(), axes.end(), a) > 1) fail("patching: axis '", a, "' given twice");
+        const int d = a == "layer" ? -1 : a == "head" ? ha.head : a == "pos" ? ha.pos : a == "src_pos" ? ha.src_pos : -2;
+        if (d == -2) fail("patching: unknown axis '", a, "' (expected layer, head, pos or src_pos)");
+        if (a != "layer" && d < 0) fail("patching: ", g.hooks[0], " ", s.str(), " has no ", a, " axis");
+        dim.push_back(d);
+        g.shape.push_back(d < 0 ? model.cfg.n_layers : s[d]);
       }
-      return y;
-    });
-    ForwardOptions opt;
-    opt.hooks = &hooks;
-    int block = -1;  // the block whose hook is patched (none: hook_embed, ln_final, ...)
-    const bool in_block = std::sscanf(name.c_str(), "blocks.%d.", &block) == 1 && block > 0;
-    const Tensor logits = in_block ? model.forward_from(block, corrupted_resid["blocks." + std::to_string(block) + ".hook_resid_pre"], opt)
-                                   : model.forward(corrupted, opt);  // (B, T, V)
-    g.values[static_cast<size_t>(flat)] = metric(logits, idx);
+      n = 1;
+      for (int64_t k : g.shape) n *= k;
+      g.values.assign(static_cast<size_t>(n), 0.0);
+    }
+    std::vector<int64_t> idx(axes.size(), 0), stride(static_cast<size_t>(s.ndim), 1);
+    for (int d = s.ndim - 2; d >= 0; --d) stride[d] = stride[d + 1] * s[d + 1];
+    for (int64_t flat = 0; flat < n; ++flat) {
+      throw_if_stopped();  // each index is a pass over a chunk of rows
+      for (int64_t f = flat, a = static_cast<int64_t>(axes.size()) - 1; a >= 0; --a) idx[a] = f % g.shape[a], f /= g.shape[a];
+      int layer = 0;
+      std::vector<std::pair<int, int64_t>> fixed;  // (activation axis, index) the patch writes at
+      for (size_t a = 0; a < axes.size(); ++a) {
+        if (dim[a] < 0) layer = static_cast<int>(idx[a]);
+        else fixed.push_back({dim[a], idx[a]});
+      }
+      const std::string& name = g.hooks[by_layer ? layer : 0];
+      const Tensor& from = cache[name];
+      Hooks hooks;
+      hooks.add_forward(name, [&](const Tensor& x, const std::string&) {  // the setter
+        if (x.shape() != from.shape()) fail("patching: ", name, " is ", x.shape().str(), " in the corrupted run, ", from.shape().str(), " in the clean run");
+        Tensor y = x.clone();
+        for (int64_t i = 0; i < y.numel(); ++i) {
+          bool here = true;
+          for (const auto& [d, k] : fixed) here = here && (i / stride[d]) % s[d] == k;
+          if (here) y.data()[i] = from.data()[i];
+        }
+        return y;
+      });
+      ForwardOptions opt;
+      opt.hooks = &hooks;
+      const int block = hook_layer(name);  // the block whose hook is patched (-1: hook_embed, ln_final, ...)
+      const bool in_block = block > 0;
+      const Tensor logits = in_block ? model.forward_from(block, corrupted_resid[hook_name(block, "hook_resid_pre")], opt)
+                                     : model.forward(chunk_corrupted, opt);  // (rows, T, V)
+      on_pass(flat, idx, logits, begin);
+    }
   }
+  return g;
+}
+
+// The mean logit difference of runs over `ids` in chunks, and with `each` every answer's own.
+double chunked_metric(TransformerLM& model, const Ids& ids, const std::vector<PatchAnswer>& answers, int64_t per,
+                      std::vector<double>* each = nullptr) {
+  EvalScope mode(model);
+  NoGradGuard ng;
+  LogitDifferenceSum total(answers);
+  if (each) each->assign(answers.size(), 0.0);
+  for (const auto& [begin, end] : row_chunks(ids.shape[0], per)) {
+    throw_if_stopped();
+    const Tensor logits = model.forward(slice_rows(ids, begin, end));
+    total.add(logits, begin);
+    if (each) each_answer(logits, answers, begin, *each);
+  }
+  return total.value();
+}
+
+}  // namespace
+
+PatchGrid generic_activation_patch(TransformerLM& model, const Ids& clean, const Ids& corrupted, const std::string& hook,
+                                   const std::vector<std::string>& axes, const PatchMetric& metric) {
+  // the metric sees each patched run's logits of every row at once: one chunk
+  std::vector<double> values;
+  PatchGrid g = sweep(model, clean, corrupted, hook, axes, std::max<int64_t>(1, clean.shape[0]),
+                      [&](int64_t flat, const std::vector<int64_t>& idx, const Tensor& logits, int64_t) {
+                        values.resize(static_cast<size_t>(flat) + 1);
+                        values[static_cast<size_t>(flat)] = metric(logits, idx);
+                      });
+  g.values = values;
   return g;
 }
 
@@ -303,71 +370,98 @@ PatchGrid generic_activation_patch(TransformerLM& model, const PatchingInputs& i
                                    const std::vector<std::string>& axes) {
   if (in.clean.shape.ndim != 2 || in.clean.shape != in.corrupted.shape)
     fail("patching: the clean ids ", in.clean.shape.str(), " and the corrupted ids ", in.corrupted.shape.str(), " must be (B, T) of one shape");
-  const double mc = metric_of(model, in.clean, in.answers), mk = metric_of(model, in.corrupted, in.answers);
+  const int64_t per = rows_per_pass(model.cfg, in.clean.shape[0], in.clean.shape[1], false);
+  const double mc = chunked_metric(model, in.clean, in.answers, per), mk = chunked_metric(model, in.corrupted, in.answers, per);
   const double span = mc - mk;
   if (!(std::fabs(span) > 0)) fail("patching: the clean and the corrupted runs give the same metric (", mc, "): nothing to restore");
-  PatchGrid g = generic_activation_patch(model, in.clean, in.corrupted, hook, axes, [&](const Tensor& logits, const std::vector<int64_t>&) {
-    return (logit_difference(logits, in.answers).item() - mk) / span;
-  });
+  std::vector<LogitDifferenceSum> sums;  // per index, over the chunks
+  PatchGrid g = sweep(model, in.clean, in.corrupted, hook, axes, per,
+                      [&](int64_t flat, const std::vector<int64_t>&, const Tensor& logits, int64_t row0) {
+                        if (sums.size() <= static_cast<size_t>(flat)) sums.resize(static_cast<size_t>(flat) + 1, LogitDifferenceSum(in.answers));
+                        sums[static_cast<size_t>(flat)].add(logits, row0);
+                      });
+  for (size_t i = 0; i < g.values.size(); ++i) g.values[i] = (sums[i].value() - mk) / span;
   g.clean_metric = mc, g.corrupted_metric = mk;
   return g;
 }
 
 PatchingResult activation_patching(TransformerLM& model, const PatchingInputs& in) {
   const int L = model.cfg.n_layers, H = model.cfg.n_heads;
-  const int64_t T = in.clean.shape[1], dh = model.cfg.head_dim(), D = model.cfg.d_model;
-  auto wanted = [](const std::string& n) {
-    return n.ends_with("attn.hook_z") || n.ends_with("hook_resid_pre");
-  };
-  const ActivationCache clean = run_recorded(model, in, in.clean, wanted, false);
-  const ActivationCache corrupt = run_recorded(model, in, in.corrupted, wanted, true);
+  const int64_t B = in.clean.shape[0], T = in.clean.shape[1], dh = model.cfg.head_dim(), D = model.cfg.d_model;
+  // every pass runs over chunks of rows (the corrupted run's backward sets their size); what is
+  // summed over rows carries its sum from chunk to chunk, so the result is one batch's, bit for bit
+  const int64_t per = rows_per_pass(model.cfg, B, T, true);
   PatchingResult r;
-  std::vector<double> clean_each, corrupted_each, patched_each;
-  r.clean_metric = metric_of(model, in.clean, in.answers, nullptr, &clean_each);
-  r.corrupted_metric = metric_of(model, in.corrupted, in.answers, nullptr, &corrupted_each);
+  std::vector<double> clean_each, corrupted_each;
+  r.clean_metric = chunked_metric(model, in.clean, in.answers, per, &clean_each);
+  r.corrupted_metric = chunked_metric(model, in.corrupted, in.answers, per, &corrupted_each);
   const double span = r.clean_metric - r.corrupted_metric;
   if (!(std::fabs(span) > 0)) fail("patching: the clean and the corrupted runs give the same metric (", r.clean_metric, "): nothing to restore");
   auto normalised = [&](double m) { return (m - r.corrupted_metric) / span; };
-  // exact patching: the generic loop over (layer, head) of hook_z and (layer, pos) of hook_resid_pre
-  r.z_exact_ci95_lo = r.z_exact_ci95_hi = HeadGrid(L, std::vector<double>(H));
-  const PatchGrid z = generic_activation_patch(model, in.clean, in.corrupted, "attn.hook_z", {"layer", "head"},
-                                               [&](const Tensor& logits, const std::vector<int64_t>& at) {
-    const int l = static_cast<int>(at[0]), h = static_cast<int>(at[1]);
-    const int64_t Tl = logits.size(1), V = logits.size(2);
-    patched_each.clear();
-    for (const PatchAnswer& a : in.answers) {
-      const float* row = logits.data() + (a.row * Tl + a.pos) * V;
-      patched_each.push_back(static_cast<double>(row[a.clean]) - static_cast<double>(row[a.corrupted]));
+  // attribution: (clean - corrupted) . d metric / d activation, summed over the rows' elements
+  HeadGrid z_attribution(L, std::vector<double>(H)), resid_attribution(L, std::vector<double>(T));
+  const float w = 1.f / static_cast<float>(in.answers.size());
+  for (const auto& [begin, end] : row_chunks(B, per)) {
+    throw_if_stopped();
+    auto wanted = [](const std::string& n) { return n.ends_with("attn.hook_z") || n.ends_with("hook_resid_pre"); };
+    const Ids chunk_clean = slice_rows(in.clean, begin, end), chunk_corrupted = slice_rows(in.corrupted, begin, end);
+    ActivationCache clean, corrupt;
+    {
+      EvalScope mode(model);
+      NoGradGuard ng;
+      clean = model.run_with_cache(chunk_clean, wanted).second;
     }
-    // resampling the answers: the normalised restoration of each resample
-    const Interval ci = bootstrap_interval95(
-        in.answers.size(),
-        [&](const std::vector<size_t>& idx) {
-          double p = 0, c = 0, k = 0;
-          for (size_t i : idx) p += patched_each[i], c += clean_each[i], k += corrupted_each[i];
-          return c != k ? (p - k) / (c - k) : 0.0;
-        },
-        1000, 1 + 131 * l + h);
-    r.z_exact_ci95_lo[l][h] = ci.lo, r.z_exact_ci95_hi[l][h] = ci.hi;
-    return normalised(logit_difference(logits, in.answers).item());
-  });
-  const PatchGrid resid = generic_activation_patch(model, in.clean, in.corrupted, "hook_resid_pre", {"layer", "pos"},
-                                                   [&](const Tensor& logits, const std::vector<int64_t>&) {
-                                                     return normalised(logit_difference(logits, in.answers).item());
-                                                   });
-  r.z_exact = r.z_attribution = HeadGrid(L, std::vector<double>(H));
+    {
+      EvalScope mode(model);
+      auto [logits, cache] = model.run_with_cache(chunk_corrupted, wanted, true);
+      sum(weighted_logit_difference(logits, in.answers, begin, w)).backward();
+      model.zero_grad();  // the parameters' gradients are a by-product
+      corrupt = std::move(cache);
+    }
+    for (int l = 0; l < L; ++l) {
+      const std::string zn = attn_hook(l, "z"), res = hook_name(l, "hook_resid_pre");
+      const Tensor &cz = clean[zn], &kz = corrupt[zn], &gz = corrupt.grad(zn);  // (rows, T, H, dh)
+      const Tensor &cr = clean[res], &kr = corrupt[res], &gr = corrupt.grad(res);  // (rows, T, D)
+      for (int h = 0; h < H; ++h)
+        z_attribution[l][h] = attribution(z_attribution[l][h], cz, kz, gz, [&](int64_t i) { return (i / dh) % H == h; });
+      for (int64_t t = 0; t < T; ++t)
+        resid_attribution[l][t] = attribution(resid_attribution[l][t], cr, kr, gr, [&](int64_t i) { return (i / D) % T == t; });
+    }
+  }
+  // exact patching: the generic sweeps over (layer, head) of hook_z and (layer, pos) of hook_resid_pre
+  std::vector<LogitDifferenceSum> z_sums(static_cast<size_t>(L * H), LogitDifferenceSum(in.answers));
+  std::vector<std::vector<double>> z_each(static_cast<size_t>(L * H), std::vector<double>(in.answers.size()));
+  (void)sweep(model, in.clean, in.corrupted, "attn.hook_z", {"layer", "head"}, per,
+              [&](int64_t flat, const std::vector<int64_t>&, const Tensor& logits, int64_t row0) {
+                z_sums[static_cast<size_t>(flat)].add(logits, row0);
+                each_answer(logits, in.answers, row0, z_each[static_cast<size_t>(flat)]);
+              });
+  std::vector<LogitDifferenceSum> resid_sums(static_cast<size_t>(L * T), LogitDifferenceSum(in.answers));
+  (void)sweep(model, in.clean, in.corrupted, "hook_resid_pre", {"layer", "pos"}, per,
+              [&](int64_t flat, const std::vector<int64_t>&, const Tensor& logits, int64_t row0) {
+                resid_sums[static_cast<size_t>(flat)].add(logits, row0);
+              });
+  r.z_exact = r.z_attribution = r.z_exact_ci95_lo = r.z_exact_ci95_hi = HeadGrid(L, std::vector<double>(H));
   r.resid_exact = r.resid_attribution = HeadGrid(L, std::vector<double>(T));
   for (int l = 0; l < L; ++l) {
-    const std::string zn = "blocks." + std::to_string(l) + ".attn.hook_z", res = "blocks." + std::to_string(l) + ".hook_resid_pre";
-    const Tensor &cz = clean[zn], &kz = corrupt[zn], &gz = corrupt.grad(zn);  // (B, T, H, dh)
-    const Tensor &cr = clean[res], &kr = corrupt[res], &gr = corrupt.grad(res);  // (B, T, D)
     for (int h = 0; h < H; ++h) {
-      r.z_exact[l][h] = z.at({l, h});
-      r.z_attribution[l][h] = attribution(cz, kz, gz, [&](int64_t i) { return (i / dh) % H == h; }) / span;
+      const std::vector<double>& patched_each = z_each[static_cast<size_t>(l * H + h)];
+      // resampling the answers: the normalised restoration of each resample
+      const Interval ci = bootstrap_interval95(
+          in.answers.size(),
+          [&](const std::vector<size_t>& idx) {
+            double p = 0, c = 0, k = 0;
+            for (size_t i : idx) p += patched_each[i], c += clean_each[i], k += corrupted_each[i];
+            return c != k ? (p - k) / (c - k) : 0.0;
+          },
+          1000, 1 + 131 * l + h);
+      r.z_exact_ci95_lo[l][h] = ci.lo, r.z_exact_ci95_hi[l][h] = ci.hi;
+      r.z_exact[l][h] = normalised(z_sums[static_cast<size_t>(l * H + h)].value());
+      r.z_attribution[l][h] = z_attribution[l][h] / span;
     }
     for (int64_t t = 0; t < T; ++t) {
-      r.resid_exact[l][t] = resid.at({l, t});
-      r.resid_attribution[l][t] = attribution(cr, kr, gr, [&](int64_t i) { return (i / D) % T == t; }) / span;
+      r.resid_exact[l][t] = normalised(resid_sums[static_cast<size_t>(l * T + t)].value());
+      r.resid_attribution[l][t] = resid_attribution[l][t] / span;
     }
   }
   r.z_correlation = pearson(r.z_exact, r.z_attribution);
@@ -382,7 +476,7 @@ std::pair<double, double> patch_whole_activation(TransformerLM& model, const Pat
   Hooks hooks;
   hooks.add_forward(name, [&](const Tensor&, const std::string&) { return clean[name].clone(); });
   const double exact = (metric_of(model, in.corrupted, in.answers, &hooks) - mk) / (mc - mk);
-  const double attr = attribution(clean[name], corrupt[name], corrupt.grad(name), [](int64_t) { return true; }) / (mc - mk);
+  const double attr = attribution(0.0, clean[name], corrupt[name], corrupt.grad(name), [](int64_t) { return true; }) / (mc - mk);
   return {exact, attr};
 }
 

@@ -46,6 +46,17 @@ PatchingInputs corrupt_one_symbol(const Batch& batch, int alphabet, uint64_t see
 // Mean over answers of logits[row, pos, clean] - logits[row, pos, corrupted]: a one-element tensor,
 // differentiable in the logits.
 Tensor logit_difference(const Tensor& logits, const std::vector<PatchAnswer>& answers);
+// logit_difference over a batch given in chunks of rows, in row order: the same float sum, bit for
+// bit, as logit_difference of the whole batch's logits.
+class LogitDifferenceSum {
+ public:
+  explicit LogitDifferenceSum(const std::vector<PatchAnswer>& answers);  // every answer of the batch (kept by reference)
+  void add(const Tensor& logits, int64_t row0);  // logits (rows, T, V) of the batch's rows row0, row0 + 1, ...
+  double value() const { return sum_; }
+ private:
+  const std::vector<PatchAnswer>* answers_;
+  float w_, sum_ = 0.f;
+};
 
 struct PatchingResult {
   double clean_metric = 0, corrupted_metric = 0;  // logit differences (not normalised)
@@ -57,8 +68,9 @@ struct PatchingResult {
 // Runs the clean and corrupted inputs, then the corrupted one with each head's hook_z (all
 // positions) and each layer's hook_resid_pre at each position taken from the clean run; and one
 // backward of the corrupted run for the attribution (clean - corrupted) . d metric / d activation.
-// Bytes activation_patching needs for `rows` sequences of T tokens: the clean run's cache, the
-// corrupted run's with its gradients, and one forward pass at a time (an upper estimate).
+// Bytes activation_patching needs for `rows` sequences of T tokens: one chunk's clean run's cache,
+// corrupted run's with its gradients and forward pass (analysis/chunks.h), and what it keeps per row.
+// Every pass runs over chunks of rows, checking for a stop between them.
 double patching_memory_bytes(const ModelConfig& cfg, int64_t rows, int64_t T);
 PatchingResult activation_patching(TransformerLM& model, const PatchingInputs& in);
 

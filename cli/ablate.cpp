@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/plot.h"
 #include "cli/progress.h"
+#include "cli/table.h"
 #include "lib/fileutil.h"
 #include "train/distributed.h"
 #include "train/sweep.h"
@@ -27,9 +28,14 @@ std::string with_range(const Spread& s, int prec, bool pct = false) {
   if (!s.ci95.defined()) return fixed(k * s.mean, prec);
   return fixed(k * s.mean, prec) + " [" + fixed(k * s.ci95.lo, prec) + ", " + fixed(k * s.ci95.hi, prec) + "]";
 }
-// the interval's ends for the CSV (empty for one seed)
-std::string ci_cells(const Spread& s) {
-  return s.ci95.defined() ? fixed(s.ci95.lo, 6) + "," + fixed(s.ci95.hi, 6) : std::string(",");
+// the interval's ends (empty for one seed)
+void ci_cells(Table::Row& row, const std::string& name, const Spread& s) {
+  if (s.ci95.defined()) row.number(name + "_ci95_lo", s.ci95.lo).number(name + "_ci95_hi", s.ci95.hi);
+  else row.empty(name + "_ci95_lo").empty(name + "_ci95_hi");
+}
+// mean, min and max over the seeds
+void spread_cells(Table::Row& row, const std::string& name, const Spread& s) {
+  row.number(name + "_mean", s.mean).number(name + "_min", s.lo).number(name + "_max", s.hi);
 }
 
 struct AblateOpts {
@@ -96,14 +102,8 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
                                                   "exact (tf) %", "exact (greedy) %", "step to 99%",
                                                   "time vs H=" + std::to_string(h1), "memory vs H=" + std::to_string(h1)}};
   json summary = json::array();
-  std::string csv = "heads,d_head,params,seeds,loss_mean,loss_min,loss_max,perplexity_mean,token_acc_mean,token_acc_min,"
-                    "token_acc_max,exact_tf_mean,exact_tf_min,exact_tf_max,exact_ar_mean,exact_ar_min,exact_ar_max,"
-                    "first_step_99_mean,runs_reaching_99,train_s_mean,time_rel,peak_tensor_mib_mean,memory_rel,"
-                    "loss_ci95_lo,loss_ci95_hi,token_acc_ci95_lo,token_acc_ci95_hi,exact_tf_ci95_lo,exact_tf_ci95_hi,"
-                    "exact_ar_ci95_lo,exact_ar_ci95_hi";
+  Table csv;  // ablation.csv: a row per head count, its columns defined once below
   const std::vector<std::string>& detectors = by_heads.front().detectors;
-  for (const std::string& d : detectors) csv += ",runs_with_" + d + ",heads_with_" + d;
-  csv += ",seed_match_similarity_mean,seed_match_pairs,seed_match_same_role\n";
   // mechanisms: which circuit formed in how many seeds, and how alike the seeds' heads are
   std::vector<std::string> mech_header = {"heads"};
   for (const std::string& d : detectors) mech_header.push_back(d + " head formed");
@@ -120,25 +120,32 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
     table.push_back({std::to_string(s.heads), std::to_string(s.d_head), std::to_string(s.params), with_range(s.loss, 3),
                      fixed(s.perplexity.mean, 3), with_range(s.token_acc, 1, true), with_range(s.exact, 1, true),
                      with_range(s.ar_exact, 1, true), f99s, fixed(s.time_rel, 2) + "x", fixed(s.memory_rel, 2) + "x"});
-    csv += std::to_string(s.heads) + "," + std::to_string(s.d_head) + "," + std::to_string(s.params) + "," +
-           std::to_string(s.runs) + "," + fixed(s.loss.mean, 6) + "," + fixed(s.loss.lo, 6) + "," + fixed(s.loss.hi, 6) + "," +
-           fixed(s.perplexity.mean, 6) + "," + fixed(s.token_acc.mean, 6) + "," + fixed(s.token_acc.lo, 6) + "," +
-           fixed(s.token_acc.hi, 6) + "," + fixed(s.exact.mean, 6) + "," + fixed(s.exact.lo, 6) + "," + fixed(s.exact.hi, 6) +
-           "," + fixed(s.ar_exact.mean, 6) + "," + fixed(s.ar_exact.lo, 6) + "," + fixed(s.ar_exact.hi, 6) + "," +
-           (reached == 0 ? "" : fixed(f99.mean, 1)) + "," + std::to_string(reached) + "," + fixed(s.train_s.mean, 4) + "," +
-           fixed(s.time_rel, 4) + "," + fixed(s.peak_bytes.mean / 1048576.0, 4) + "," + fixed(s.memory_rel, 4) + "," +
-           ci_cells(s.loss) + "," + ci_cells(s.token_acc) + "," + ci_cells(s.exact) + "," + ci_cells(s.ar_exact);
+    Table::Row row = csv.row();
+    row.integer("heads", s.heads).integer("d_head", s.d_head).integer("params", s.params).integer("seeds", s.runs);
+    spread_cells(row, "loss", s.loss);
+    row.number("perplexity_mean", s.perplexity.mean);
+    spread_cells(row, "token_acc", s.token_acc);
+    spread_cells(row, "exact_tf", s.exact);
+    spread_cells(row, "exact_ar", s.ar_exact);
+    row.number("first_step_99_mean", reached == 0 ? std::nullopt : std::optional<double>(f99.mean), 1)
+        .integer("runs_reaching_99", static_cast<int64_t>(reached))
+        .number("train_s_mean", s.train_s.mean, 4).number("time_rel", s.time_rel, 4)
+        .number("peak_tensor_mib_mean", s.peak_bytes.mean / 1048576.0, 4).number("memory_rel", s.memory_rel, 4);
+    ci_cells(row, "loss", s.loss);
+    ci_cells(row, "token_acc", s.token_acc);
+    ci_cells(row, "exact_tf", s.exact);
+    ci_cells(row, "exact_ar", s.ar_exact);
     std::vector<std::string> mrow = {std::to_string(s.heads)};
     json formed = json::object();
     for (size_t d = 0; d < s.detectors.size(); ++d) {
-      csv += "," + std::to_string(s.runs_with_role[d]) + "," + std::to_string(s.heads_with_role[d]);
+      row.integer("runs_with_" + detectors[d], s.runs_with_role[d]).integer("heads_with_" + detectors[d], s.heads_with_role[d]);
       mrow.push_back(std::to_string(s.runs_with_role[d]) + "/" + std::to_string(s.runs) + " seeds (" +
                      std::to_string(s.heads_with_role[d]) + " heads)");
       formed[s.detectors[d]] = {{"runs", s.runs_with_role[d]}, {"heads", s.heads_with_role[d]}};
     }
     const bool matched = s.match_pairs > 0;
-    csv += "," + (matched ? fixed(s.match_similarity.mean, 6) : std::string()) + "," + std::to_string(s.match_pairs) + "," +
-           std::to_string(s.match_same_role) + "\n";
+    row.number("seed_match_similarity_mean", matched ? std::optional<double>(s.match_similarity.mean) : std::nullopt)
+        .integer("seed_match_pairs", s.match_pairs).integer("seed_match_same_role", s.match_same_role);
     mrow.push_back(matched ? with_range(s.match_similarity, 3) : "-");
     mrow.push_back(matched ? std::to_string(s.match_same_role) + "/" + std::to_string(s.match_pairs) : "-");
     mech.push_back(mrow);
@@ -155,16 +162,17 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
                                        {"seed_match", {{"similarity", matched ? json(s.match_similarity.mean) : json(nullptr)},
                                                        {"pairs", s.match_pairs}, {"same_role", s.match_same_role}}}}}});
   }
-  std::string runs_csv = "heads,seed,d_head,params,loss,token_acc,exact_tf,exact_ar,first_step_99,train_s,peak_tensor_bytes";
-  for (const std::string& d : detectors) runs_csv += ",heads_" + d;
-  runs_csv += ",roles,seed_match_similarity,seed_match_same_role\n";
+  Table runs_csv;  // ablation_runs.csv: a row per run
   json runs_json = json::array();
   for (const SweepRun& r : runs) {
-    runs_csv += std::to_string(r.heads) + "," + std::to_string(r.seed) + "," + std::to_string(r.d_head) + "," +
-                std::to_string(r.params) + "," + fixed(r.loss, 6) + "," + fixed(r.token_acc, 6) + "," + fixed(r.exact, 6) +
-                "," + fixed(r.ar_exact, 6) + "," + (r.first_99 >= 0 ? std::to_string(r.first_99) : "") + "," +
-                fixed(r.train_s, 4) + "," + fixed(r.peak_bytes, 0);
-    for (const std::string& d : detectors) runs_csv += "," + std::to_string(r.heads_with_role(d));
+    Table::Row row = runs_csv.row();
+    row.integer("heads", r.heads).integer("seed", static_cast<int64_t>(r.seed)).integer("d_head", r.d_head)
+        .integer("params", r.params).number("loss", r.loss).number("token_acc", r.token_acc).number("exact_tf", r.exact)
+        .number("exact_ar", r.ar_exact);
+    if (r.first_99 >= 0) row.integer("first_step_99", r.first_99);
+    else row.empty("first_step_99");
+    row.number("train_s", r.train_s, 4).number("peak_tensor_bytes", r.peak_bytes, 0);
+    for (const std::string& d : detectors) row.integer("heads_" + d, r.heads_with_role(d));
     std::string roles;  // "0.1:induction 1.0:previous_token": the heads with a role
     json heads = json::array();
     for (size_t l = 0; l < r.role.size(); ++l)
@@ -174,15 +182,16 @@ int run_ablate(TrainFlags& flags, AblateOpts o) {
         for (size_t d = 0; d < r.roles.detectors.size(); ++d) scores[r.roles.detectors[d]] = r.roles.scores[d][l][h];
         heads.push_back({{"layer", l}, {"head", h}, {"role", r.role[l][h]}, {"scores", scores}});
       }
-    runs_csv += "," + roles + "," + (r.matched ? fixed(r.match_similarity, 6) : "") + "," +
-                (r.matched ? std::to_string(r.match_same_role) : "") + "\n";
+    row.text("roles", roles).number("seed_match_similarity", r.matched ? std::optional<double>(r.match_similarity) : std::nullopt);
+    if (r.matched) row.integer("seed_match_same_role", r.match_same_role);
+    else row.empty("seed_match_same_role");
     runs_json.push_back({{"heads", r.heads}, {"seed", r.seed}, {"head_roles", heads},
                          {"seed_match", r.matched ? json{{"similarity", r.match_similarity}, {"pairs", r.match_pairs},
                                                          {"same_role", r.match_same_role}}
                                                   : json(nullptr)}});
   }
-  write_file_atomic(out + "/ablation.csv", csv);
-  write_file_atomic(out + "/ablation_runs.csv", runs_csv);
+  write_file_atomic(out + "/ablation.csv", csv.csv());
+  write_file_atomic(out + "/ablation_runs.csv", runs_csv.csv());
   write_file_atomic(out + "/ablation.json",
                     json({{"config", json::parse(base.to_json())}, {"policy", o.sweep.policy}, {"seeds", o.sweep.seeds},
                           {"role_threshold", o.sweep.role_threshold}, {"role_examples", o.sweep.role_examples},

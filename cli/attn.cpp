@@ -25,7 +25,7 @@ int run_attn(const Source& s, const std::string& out) {
   // the files appear together, or none (a full disk, a signal)
   const std::unique_ptr<StagedDir> staged = claim_staged_output_dir(out, "attn");
   SafetensorsWriter w;
-  for (int l = 0; l < model->cfg.n_layers; ++l) w.add("attn." + std::to_string(l), cache[pattern_hook(l)]);
+  for (int l = 0; l < model->cfg.n_layers; ++l) w.add("attn." + std::to_string(l), cache[attn_hook(l, "pattern")]);
   w.add_ids("input_ids", one.inputs, DType::I64);
   w.set_meta("format", "headlab-attention");
   w.write(staged->staging() + "/attn.safetensors");
@@ -43,7 +43,7 @@ int run_attn(const Source& s, const std::string& out) {
       Heatmap m;
       m.title = "layer " + std::to_string(l) + " head " + std::to_string(h);
       m.rows = m.cols = static_cast<int>(T);
-      const float* p = cache[pattern_hook(l)].data() + static_cast<int64_t>(h) * T * T;
+      const float* p = cache[attn_hook(l, "pattern")].data() + static_cast<int64_t>(h) * T * T;
       m.values.assign(p, p + T * T);
       m.xlabels = m.ylabels = labels;
       maps.push_back(m);

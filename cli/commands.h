@@ -20,6 +20,7 @@ struct TrainFlags {
   void add(CLI::App* app, bool with_run_flags = true, bool with_heads = true);
   TrainArgs resolve() const;  // parses the text flags into args, applies task presets
   bool task_training_defaults = false;  // also the task's training defaults (train, study)
+  bool machine_threads = true;  // resolve() applies the busy-machine rule (false: train's run plan does)
   // Whether `flag` was on the command line (false for a flag this command does not have).
   bool given(const std::string& flag) const {
     const CLI::Option* o = app_ ? app_->get_option_no_throw(flag) : nullptr;
@@ -55,6 +56,9 @@ void announce_memory(const std::string& command, double need, const std::string&
 // A whole decimal integer in [lo, hi] (no trailing characters, no wrap-around), else an error
 // naming `what` and the text.
 int64_t parse_int(const std::string& text, int64_t lo, int64_t hi, const std::string& what);
+// --tokens: token ids separated by commas and/or spaces ("3,7 9"), each a whole number in
+// [0, vocab_size); fails naming `flag` for a bad id or for none.
+std::vector<int32_t> parse_token_ids(const std::string& text, int64_t vocab_size, const std::string& flag = "--tokens");
 // CLI11 check for a number in [lo, hi] (finite; NaN and Inf rejected), shown in --help.
 CLI::Validator in_range(double lo, double hi);
 // One option (or switch) bound to a field, with its range or choices checked and shown in --help.

@@ -26,7 +26,17 @@ struct CompareOpts {
   std::vector<std::string> runs;
   std::string out;
   int examples = 200, threads = 2;
+  double role_threshold = -1;  // < 0: each detector's random baseline (random_baseline_thresholds)
 };
+
+constexpr int kBaselineModels = 4;  // untrained models per run behind each detector's threshold
+
+// "previous_token 0.213, duplicate_token 0.150, induction 0.094"
+std::string thresholds_text(const HeadRoleScores& r, const std::vector<double>& t) {
+  std::string s;
+  for (size_t d = 0; d < r.detectors.size(); ++d) s += (d ? ", " : "") + r.detectors[d] + " " + fixed(t[d], 3);
+  return s;
+}
 
 // "forked from FILE at step N, gate 1.0=0" from a run's stored settings, or "" for a run of its own.
 std::string fork_note(const std::string& dir) {
@@ -60,12 +70,18 @@ int run_compare(const CompareOpts& o) {
   MatchCost cost;  // the models' probes in turn: the passes add up, the memory of one at a time
   for (const auto& m : models) {
     const MatchCost c = detector_roles_cost(*m, o.examples);
-    cost.forward_passes += c.forward_passes;
+    // the run's model and, for the thresholds, its untrained baselines
+    cost.forward_passes += c.forward_passes * (o.role_threshold < 0 ? 1 + kBaselineModels : 1);
     cost.memory_bytes = std::max(cost.memory_bytes, c.memory_bytes);
   }
   announce_memory("compare", cost.memory_bytes, std::to_string(o.examples) + " probe rows per run in about " +
                   std::to_string(cost.forward_passes) + " forward passes of up to 64 rows", "--examples");
-  for (const auto& m : models) roles.push_back(detector_role_scores(*m, o.examples));
+  std::vector<std::vector<double>> thresholds;  // per run, per detector
+  for (const auto& m : models) {
+    roles.push_back(detector_role_scores(*m, o.examples));
+    thresholds.push_back(o.role_threshold >= 0 ? std::vector<double>(roles.back().detectors.size(), o.role_threshold)
+                                               : random_baseline_thresholds(m->cfg, o.examples, 1234, kBaselineModels));
+  }
   const std::string out = o.out.empty() ? default_out_dir("compare") : o.out;
   // the files appear together, or none (a full disk, a signal)
   const std::unique_ptr<StagedDir> staged = claim_staged_output_dir(out, "compare");
@@ -91,7 +107,17 @@ int run_compare(const CompareOpts& o) {
   std::printf("held-out loss and token accuracy over training:\n\n");
   print_table(table);
   // ---- the heads' detector scores at the end
-  std::printf("\nheads' detector scores at the end (share of attention on the pattern, probe of %d sequences):\n\n", o.examples);
+  std::printf("\nheads' detector scores at the end (share of attention on the pattern, probe of %d sequences);\n", o.examples);
+  std::printf("a head's role is the detector it scores highest on among those it scores above the threshold of:\n");
+  if (o.role_threshold >= 0) {
+    std::printf("  %s (--role-threshold)\n\n", thresholds_text(roles[0], thresholds[0]).c_str());
+  } else {
+    const bool same = thresholds[0] == thresholds[1];
+    for (int r = 0; r < (same ? 1 : 2); ++r)
+      std::printf("  %s%s\n", same ? "" : (r == 0 ? "A: " : "B: "), thresholds_text(roles[r], thresholds[r]).c_str());
+    std::printf("  (the largest score of any head of %d untrained models of the same shape on this probe; "
+                "--role-threshold sets one for all)\n\n", kBaselineModels);
+  }
   const ModelConfig &ma = models[0]->cfg, &mb = models[1]->cfg;
   const int L = std::max(ma.n_layers, mb.n_layers), H = std::max(ma.n_heads, mb.n_heads);
   std::vector<std::string> header = {"head"};
@@ -106,7 +132,7 @@ int run_compare(const CompareOpts& o) {
   };
   auto role = [&](int r, int l, int h) {
     const ModelConfig& c = r == 0 ? ma : mb;
-    return l < c.n_layers && h < c.n_heads ? head_role(roles[r], l, h) : std::string();
+    return l < c.n_layers && h < c.n_heads ? head_role(roles[r], l, h, thresholds[r]) : std::string();
   };
   for (int l = 0; l < L; ++l)
     for (int h = 0; h < H; ++h) {
@@ -135,7 +161,13 @@ int run_compare(const CompareOpts& o) {
   plot_lines(staged->file("compare_accuracy.png"), "Held-out token accuracy", "step", "token accuracy (%)", acc);
   // the two runs as the page names them (headlab view RUN --compare OUT)
   auto label = [&](int r) { return o.runs[r] + (fork_note(o.runs[r]).empty() ? "" : " (" + fork_note(o.runs[r]) + ")"); };
-  write_file_atomic(staged->file("compare.json"), nlohmann::json{{"a", label(0)}, {"b", label(1)}}.dump(2) + "\n");
+  json role_thresholds = json::object();
+  for (int r = 0; r < 2; ++r)
+    for (size_t d = 0; d < roles[r].detectors.size(); ++d) role_thresholds[r == 0 ? "a" : "b"][roles[r].detectors[d]] = thresholds[r][d];
+  write_file_atomic(staged->file("compare.json"),
+                    nlohmann::json{{"a", label(0)}, {"b", label(1)}, {"role_thresholds", role_thresholds},
+                                   {"role_thresholds_from", o.role_threshold >= 0 ? "--role-threshold" : "random baseline"}}
+                            .dump(2) + "\n");
   staged->publish();
   std::printf("\nwrote %s/{compare.csv,compare_heads.csv,compare.json,compare_loss.png,compare_accuracy.png}\n"
               "the page: headlab view %s --compare %s\n", out.c_str(), o.runs[1].c_str(), out.c_str());
@@ -151,6 +183,10 @@ void add_compare_command(CLI::App& app, CommandRunner& runner) {
   sub->add_option("runs", o->runs, "RUN_A RUN_B: run directories of headlab train")->required()->expected(2);
   sub->add_option("--examples", o->examples, "Probe sequences for the detectors")->capture_default_str()->check(in_range(1, 1e6));
   sub->add_option("--out", o->out, "Output directory (default: runs/compare-<date>-<time>)");
+  sub->add_option("--role-threshold", o->role_threshold,
+                  "One score at which a head takes a detector's role, for every detector (default: each detector's "
+                  "random baseline, the largest score of any head of 4 untrained models of the same shape)")
+      ->check(in_range(0, 1));
   add_threads_option(sub, o->threads);
   sub->callback([&runner, o] { runner = [o] { return run_compare(*o); }; });
 }

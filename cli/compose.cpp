@@ -13,7 +13,7 @@ namespace hl {
 namespace {
 
 int run_compose(const RoleOpts& o) {
-  if (over_training_requested(o)) return write_scores_over_training(o.run, o.out, "compose", "compose", head_score_options(o));
+  if (over_training_requested(o)) return write_scores_over_training(o.run, o.out, "compose", head_score_options(o));
   const std::string out = o.out.empty() ? default_out_dir("compose") : o.out;
   RoleModel m = load_role_model(o);
   const int L = m.model->cfg.n_layers;

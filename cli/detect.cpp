@@ -17,7 +17,7 @@ namespace {
 int run_detect(const RoleOpts& o) {
   if (over_training_requested(o)) {
     if (!o.pattern_file.empty()) fail("--pattern goes with --checkpoint: --run scores the three detectors over training");
-    return write_scores_over_training(o.run, o.out, "detect", "detect", head_score_options(o));
+    return write_scores_over_training(o.run, o.out, "detect", head_score_options(o));
   }
   const std::string out = o.out.empty() ? default_out_dir("detect") : o.out;
   RoleModel m = load_role_model(o);

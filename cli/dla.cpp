@@ -34,7 +34,7 @@ double mean_of(const std::vector<double>& v) {
 int run_dla(const RoleOpts& o) {
   if (over_training_requested(o)) {
     if (!o.tokens.empty()) fail("--tokens goes with --checkpoint: --run attributes the task's answers over training");
-    return write_scores_over_training(o.run, o.out, "dla", "dla", head_score_options(o));
+    return write_scores_over_training(o.run, o.out, "dla", head_score_options(o));
   }
   const std::string out = o.out.empty() ? default_out_dir("dla") : o.out;
   RoleModel m = load_role_model(o);
@@ -50,9 +50,7 @@ int run_dla(const RoleOpts& o) {
     const std::string flag = o.tokens.empty() ? "--text" : "--tokens";
     std::vector<int32_t> ids;
     if (!o.tokens.empty()) {
-      std::istringstream ss(o.tokens);
-      for (std::string tok; ss >> tok;)
-        ids.push_back(static_cast<int32_t>(parse_int(tok, 0, cfg.vocab_size - 1, "--tokens (ids of the vocabulary)")));
+      ids = parse_token_ids(o.tokens, cfg.vocab_size);
     } else {  // GPT-2's BPE: --tokenizer, else the files beside a Hugging Face directory's model
       const std::string dir = !o.tokenizer.empty() ? o.tokenizer : std::filesystem::is_directory(o.checkpoint) ? o.checkpoint : "";
       if (dir.empty()) fail("--text needs --tokenizer DIR (vocab.json + merges.txt, or encoder.json + vocab.bpe)");

@@ -23,10 +23,14 @@ namespace {
 // The busy-machine rule from `most` threads, said on stderr when it lowers the count.
 int threads_for_this_machine(int most) {
   const ThreadChoice c = choose_threads(most);
-  if (!c.notice.empty()) std::fprintf(stderr, "headlab: %s (--threads %d to use them anyway)\n", c.notice.c_str(), most);
+  say_thread_choice(c.notice, most);
   return c.threads;
 }
 }  // namespace
+
+void say_thread_choice(const std::string& notice, int wanted) {
+  if (!notice.empty()) std::fprintf(stderr, "headlab: %s (--threads %d to use them anyway)\n", notice.c_str(), wanted);
+}
 
 CLI::Option* add_setting(CLI::App* app, const std::string& flag, const std::string& help, FieldRef field, double lo, double hi,
                          const std::vector<std::string>& choices, bool is_switch) {
@@ -61,7 +65,7 @@ void TrainFlags::add(CLI::App* app, bool with_run_flags, bool with_heads) {
 
 TrainArgs TrainFlags::resolve() const {
   TrainArgs a = resolve_train_flags(values, [this](const std::string& flag) { return given(flag); }, task_training_defaults);
-  if (!given("--threads")) {
+  if (machine_threads && !given("--threads")) {
     a.threads = default_threads(a.threads);  // under mpirun: this rank's share of the cores
     // the busy-machine rule, as for every command (a run's thread count is in its summary)
     if (!in_multi_rank_job()) a.threads = threads_for_this_machine(a.threads);
@@ -110,6 +114,20 @@ extern "C" void on_stop_signal(int sig) {
 void install_stop_handler() {
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
+}
+
+std::vector<int32_t> parse_token_ids(const std::string& text, int64_t vocab_size, const std::string& flag) {
+  std::vector<int32_t> ids;
+  size_t at = 0;
+  while (true) {
+    at = text.find_first_not_of(", \t\n", at);
+    if (at == std::string::npos) break;
+    const size_t end = std::min(text.find_first_of(", \t\n", at), text.size());
+    ids.push_back(static_cast<int32_t>(parse_int(text.substr(at, end - at), 0, vocab_size - 1, flag + " (ids of the vocabulary)")));
+    at = end;
+  }
+  if (ids.empty()) fail(flag, ": no token ids given");
+  return ids;
 }
 
 std::string default_out_dir(const std::string& command) {

@@ -24,7 +24,7 @@ int run_grads(const Source& s, const std::string& out) {
   w.add("loss", loss);
   for (auto& [name, t] : model->named_parameters())
     w.add("grad." + name, t.grad().defined() ? t.grad() : Tensor::zeros(t.shape()));
-  for (int l = 0; l < model->cfg.n_layers; ++l) w.add("attn." + std::to_string(l), cache[pattern_hook(l)]);
+  for (int l = 0; l < model->cfg.n_layers; ++l) w.add("attn." + std::to_string(l), cache[attn_hook(l, "pattern")]);
   w.add_ids("input_ids", batch.inputs, DType::I64);
   w.add_ids("targets", batch.targets, DType::I64);
   w.set_meta("format", "headlab-grads");

@@ -32,7 +32,6 @@ Batch load_batch_file(const std::string& path, const ModelConfig& cfg) {
 
 }  // namespace
 
-std::string pattern_hook(int layer) { return "blocks." + std::to_string(layer) + ".attn.hook_pattern"; }
 
 void add_model_input_command(CLI::App& app, CommandRunner& runner, const std::string& name, const std::string& help,
                              bool tokens, const std::string& out_help, ModelInputRun run) {
@@ -65,20 +64,11 @@ std::pair<std::unique_ptr<TransformerLM>, Batch> load_inputs(const Source& s) {
   // Given tokens need only the model's vocabulary: the task matters only when a batch is drawn
   // from it (a GPT-2 model fits no task's vocabulary).
   if (!s.tokens.empty()) {
-    std::vector<int32_t> ids;
-    std::string text = s.tokens;
-    std::replace(text.begin(), text.end(), ',', ' ');
-    std::stringstream ss(text);
-    std::string tok;
-    while (ss >> tok)
-      ids.push_back(static_cast<int32_t>(parse_int(tok, 0, model->cfg.vocab_size - 1, "--tokens (ids of the vocabulary)")));
-    if (ids.empty()) fail("--tokens: no token ids given");
+    const std::vector<int32_t> ids = parse_token_ids(s.tokens, model->cfg.vocab_size);
     Batch b;
     b.inputs = Ids(Shape{1, static_cast<int64_t>(ids.size())}, ids);
     b.targets = Ids(Shape{1, static_cast<int64_t>(ids.size())});
     std::fill(b.targets.data.begin(), b.targets.data.end(), -1);
-    for (int32_t v : ids)
-      if (v < 0 || v >= model->cfg.vocab_size) fail("--tokens: id ", v, " outside the vocabulary 0..", model->cfg.vocab_size - 1);
     if (static_cast<int64_t>(ids.size()) > model->cfg.max_seq_len)
       fail("--tokens: ", ids.size(), " tokens exceed the model's max_seq_len ", model->cfg.max_seq_len);
     return {std::move(model), b};

@@ -27,7 +27,5 @@ void add_model_input_command(CLI::App& app, CommandRunner& runner, const std::st
                              bool tokens, const std::string& out_help, ModelInputRun run);
 // Loads the model and the batch a command works on.
 std::pair<std::unique_ptr<TransformerLM>, Batch> load_inputs(const Source& s);
-// The hook name of layer l's attention pattern.
-std::string pattern_hook(int layer);
 
 }  // namespace hl

@@ -77,7 +77,7 @@ int run_generic_patch(const RoleOpts& o, const std::string& out, RoleModel& m, c
 int run_patch(const RoleOpts& o) {
   if (over_training_requested(o)) {
     if (!o.hook.empty()) fail("--hook goes with --checkpoint: --run patches hook_z per head over training");
-    return write_scores_over_training(o.run, o.out, "patch", "patch", head_score_options(o));
+    return write_scores_over_training(o.run, o.out, "patch", head_score_options(o));
   }
   const std::string out = o.out.empty() ? default_out_dir("patch") : o.out;
   if (!o.axes.empty() && o.hook.empty()) fail("--axes needs --hook (the hook point to patch over them)");

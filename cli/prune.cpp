@@ -176,7 +176,7 @@ int run_prune(TrainFlags& flags, const PruneOpts& o) {
     ho.normalize = o.study.normalize;
     ho.fallback_task = base.task;
     ho.threads = base.threads;
-    return write_scores_over_training(o.run, o.out, "importance", "prune", ho);
+    return write_scores_over_training(o.run, o.out, "importance", ho);
   }
   std::unique_ptr<ProgressBar> bar;
   PruneObserver obs;

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "cli/table.h"
 #include "cli/threads_option.h"
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
@@ -65,34 +66,19 @@ HeadScoreOptions head_score_options(const RoleOpts& o) {
 }
 
 int write_scores_over_training(const std::string& run, const std::string& out_flag, const std::string& analysis,
-                               const std::string& kind, const HeadScoreOptions& ho) {
-  const std::string out = out_flag.empty() ? run + "/over_training/" + analysis : out_flag;
+                               const HeadScoreOptions& ho) {
+  const std::string kind = head_analysis(analysis).command;  // the command that marks OUT
+  const std::string out = out_flag.empty() ? over_training_dir(run, analysis) : out_flag;
   const ScoresOverTraining s = scores_over_training(run, analysis, ho, [&](size_t done, size_t total, int64_t step) {
     std::fprintf(stderr, "%s --run: step %lld (%zu of %zu)\n", kind.c_str(), static_cast<long long>(step), done, total);
   });
   // the files appear together, or none (a full disk, a signal)
   const std::unique_ptr<StagedDir> staged = claim_staged_output_dir(out, kind);
   const std::string stem = staged->staging() + "/" + analysis + "_over_training";
-  write_file_atomic(stem + ".csv", scores_over_training_csv(s));
-  nlohmann::json j = {{"run", run}, {"analysis", analysis}, {"steps", s.steps}, {"checkpoints", s.checkpoints},
-                      {"layers", s.layers}, {"heads", s.heads}, {"examples", ho.examples}, {"seed", ho.seed}};
+  write_scores_over_training_files(staged->staging(), s, ho);
   std::vector<std::vector<std::string>> table = {{"score", "head", "at the first step", "at the last step", "largest at step"}};
   for (size_t k = 0; k < s.score_names.size(); ++k) {
     std::vector<Series> lines;
-    nlohmann::json per_step = nlohmann::json::array();  // [step][layer][head], NaN as null
-    for (size_t i = 0; i < s.steps.size(); ++i) {
-      nlohmann::json grid = nlohmann::json::array();
-      for (int l = 0; l < s.layers; ++l) {
-        nlohmann::json row = nlohmann::json::array();
-        for (int h = 0; h < s.heads; ++h) {
-          const double v = s.at(k, i, l, h);
-          row.push_back(std::isnan(v) ? nlohmann::json() : nlohmann::json(v));
-        }
-        grid.push_back(row);
-      }
-      per_step.push_back(grid);
-    }
-    j["scores"][s.score_names[k]] = per_step;
     for (int l = 0; l < s.layers; ++l)
       for (int h = 0; h < s.heads; ++h) {
         Series line;
@@ -113,7 +99,6 @@ int write_scores_over_training(const std::string& run, const std::string& out_fl
     plot_lines(stem + "_" + s.score_names[k] + ".png", analysis + ": " + s.score_names[k] + " per head over training", "step",
                s.score_names[k], lines);
   }
-  write_file_atomic(stem + ".json", j.dump(1) + "\n");
   std::printf("%s per head over training: %zu checkpoints of %s (steps %lld..%lld), the same %d inputs at each\n\n",
               analysis.c_str(), s.steps.size(), run.c_str(), static_cast<long long>(s.steps.front()),
               static_cast<long long>(s.steps.back()), ho.examples);
@@ -173,9 +158,9 @@ PatchingInputs role_patching_inputs(RoleModel& m, const RoleOpts& o, double (*by
   if (probe && 2 * k > cfg.max_seq_len)
     fail("--length ", k, ": the probe's ", 2 * k, " tokens exceed the model's max_seq_len ", cfg.max_seq_len);
   const int64_t T = probe ? 2 * k : role_task(m, o.checkpoint).seq_len();
-  // every example is in one batch
+  // `bytes` says whether the examples are one batch or chunks of rows
   announce_memory(command, bytes(cfg, o.examples, T) - 4.0 * static_cast<double>(parameter_count(cfg)),
-                  std::to_string(o.examples) + " sequences of " + std::to_string(T) + " tokens in one batch",
+                  std::to_string(o.examples) + " sequences of " + std::to_string(T) + " tokens",
                   probe ? "--examples or --length" : "--examples");
   if (probe)
     return corrupt_one_symbol(concat_rows(varied_repeat_probe(o.examples, k, static_cast<int>(cfg.vocab_size), o.seed)),
@@ -217,21 +202,15 @@ Heatmap head_heatmap(const std::string& title, const HeadGrid& g, const std::str
 // One table and CSV with a row per (layer, head) and a column per grid.
 void write_head_table(const std::string& path, const std::vector<std::string>& names, const std::vector<HeadGrid>& grids,
                       bool quiet) {
-  std::string csv = "layer,head";
-  std::vector<std::string> header = {"layer", "head"};
-  for (auto& n : names) csv += "," + n, header.push_back(n);
-  csv += "\n";
-  std::vector<std::vector<std::string>> table = {header};
+  Table t(3);  // 6 digits in the CSV, 3 on screen
   for (size_t l = 0; l < grids[0].size(); ++l)
     for (size_t h = 0; h < grids[0][l].size(); ++h) {
-      std::vector<std::string> row = {std::to_string(l), std::to_string(h)};
-      csv += std::to_string(l) + "," + std::to_string(h);
-      for (const HeadGrid& g : grids) csv += "," + fixed(g[l][h], 6), row.push_back(fixed(g[l][h], 3));
-      csv += "\n";
-      table.push_back(row);
+      Table::Row row = t.row();
+      row.integer("layer", static_cast<int64_t>(l)).integer("head", static_cast<int64_t>(h));
+      for (size_t k = 0; k < grids.size(); ++k) row.number(names[k], grids[k][l][h], 6);
     }
-  write_file_atomic(path, csv);
-  if (!quiet) print_table(table);
+  write_file_atomic(path, t.csv());
+  if (!quiet) t.print();
 }
 
 void add_detector_columns(std::vector<std::string>& names, std::vector<HeadGrid>& grids, const std::string& name,

@@ -58,9 +58,9 @@ HeadScoreOptions head_score_options(const RoleOpts& o);
 // `COMMAND --run RUN`: `analysis`'s per-head scores at every snapshot of RUN and its final
 // checkpoint -> OUT/ANALYSIS_over_training.csv (step, layer, head, one column per score), .json
 // and one PNG per score (a line per head against the step); OUT defaults to
-// RUN/over_training/ANALYSIS, where `headlab view RUN` finds it. `kind` marks OUT (the command).
+// RUN/over_training/ANALYSIS, where `headlab view RUN` finds it, marked as the analysis's command's.
 int write_scores_over_training(const std::string& run, const std::string& out_flag, const std::string& analysis,
-                               const std::string& kind, const HeadScoreOptions& ho);
+                               const HeadScoreOptions& ho);
 
 // The checkpoint's model, and its task's settings (the task itself is made by role_task, when a
 // command needs its data, and checked against the model's vocabulary).

@@ -1,8 +1,9 @@
 // --threads of the commands other than train (train's is a training setting, resolved with the
-// same rule in TrainFlags::resolve): a count given is obeyed; without one the busy-machine rule
+// same rule by its run plan, train/run_plan.h): a count given is obeyed; without one the busy-machine rule
 // (choose_threads, lib/threads.h) picks it and says so, as train does.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <string>
 
 namespace hl {
 
@@ -11,5 +12,7 @@ CLI::Option* add_threads_option(CLI::App* sub, int& threads);
 // The thread count to run on: `threads` when given (> 0), else the busy-machine rule from the
 // default count, its notice on stderr.
 int command_threads(int threads);
+// The busy-machine rule's notice on stderr, with how to ask for `wanted` threads anyway (no-op when empty).
+void say_thread_choice(const std::string& notice, int wanted);
 
 }  // namespace hl

@@ -1,5 +1,6 @@
 // headlab train: trains a transformer on a task, with live progress, held-out evals,
 // atomic checkpoints and exact resume.
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -7,10 +8,12 @@
 #include "cli/atlas_plots.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
+#include "cli/threads_option.h"
 #include "lib/fileutil.h"
 #include "lib/safetensors.h"
 #include "train/atlas.h"
 #include "train/distributed.h"
+#include "train/run_plan.h"
 #include "train/snapshots.h"
 
 namespace hl {
@@ -19,56 +22,12 @@ using json = nlohmann::json;
 
 namespace {
 
-// The stored run's arguments with the flags given now; under mpirun this rank's share of threads.
-TrainArgs args_to_resume(TrainFlags& flags, const std::string& out) {
-  TrainArgs r = resume_args(out, flags.resolve(), [&](const std::string& f) { return flags.given(f); });
-  if (!flags.given("--threads")) r.threads = default_threads(r.threads);
-  return r;
-}
-
-// train --fork-from FILE (or --fork RUN --at STEP) with --gate/--freeze/--reinit.
-struct ForkFlags {
-  std::string run, from;  // --fork RUN (with --at STEP), or --fork-from FILE
-  int64_t at = -1;
-  std::vector<std::string> gate, freeze, reinit;
-  bool given() const { return !from.empty() || !run.empty(); }
-  // the file the fork starts from
-  std::string state_file() const {
-    if (!run.empty() && !from.empty()) fail("--fork and --fork-from both name the state to fork from: choose one");
-    if (!run.empty() && at < 0) fail("--fork ", run, ": give the step of its snapshot to start from (--at STEP)");
-    if (run.empty() && at >= 0) fail("--at ", at, " goes with --fork RUN");
-    return run.empty() ? from : require_snapshot(run, at);
-  }
-};
-
-int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool quiet, int64_t log_grads,
-              const std::vector<int64_t>& dump_at, const std::vector<int64_t>& snapshot_at, bool snapshot_at_given,
-              const ForkFlags& fork) {
-  const std::string out = out_flag.empty() ? default_out_dir("train") : out_flag;
-  if (!fork.given() && !(fork.gate.empty() && fork.freeze.empty() && fork.reinit.empty()))
-    fail("--gate, --freeze and --reinit apply to a fork: give --fork RUN --at STEP (or --fork-from FILE)");
-  if (fork.at >= 0 && !fork.given()) fail("--at ", fork.at, " goes with --fork RUN");
-  if (fork.given() && resume) fail("--resume continues a run (a fork too) from its own checkpoint: leave out --fork");
-  if (fork.given() && flags.given("--init")) fail("--init and --fork both give the starting weights: choose one");
-  TrainArgs args = resume ? args_to_resume(flags, out) : flags.resolve();
-  if (fork.given()) {
-    TrainArgs given = args;
-    given.out = out;
-    given.gate_heads = fork.gate, given.freeze_heads = fork.freeze, given.reinit_heads = fork.reinit;
-    given.log_grads_every = log_grads;
-    given.dump_grads_at = dump_at;
-    args = fork_args(fork.state_file(), given, [&](const std::string& f) { return flags.given(f); });
-    if (!flags.given("--threads")) args.threads = default_threads(args.threads);
-  } else if (!resume) {
-    args = init_args(args, [&](const std::string& f) { return flags.given(f); });
-    refuse_output_over_input("--out", out + "/model.safetensors", {{"--init", args.init}});
-    refuse_output_over_input("--out", out + "/checkpoint.safetensors", {{"--init", args.init}});
-    args.out = out;
-    args.log_grads_every = log_grads;
-    args.dump_grads_at = dump_at;
-  }
-  // a resumed run, or a fork, keeps the run's own snapshot steps unless given
-  if ((!resume && !fork.given()) || snapshot_at_given) args.snapshot_at = snapshot_at;  // a resumed run keeps its own unless given
+int run_train(TrainFlags& flags, RunRequest request, bool quiet) {
+  if (request.out.empty()) request.out = default_out_dir("train");
+  request.given = [&](const std::string& f) { return flags.given(f); };
+  const RunPlan plan = plan_run(flags.resolve(), request);
+  say_thread_choice(plan.threads_notice, plan.threads_wanted);
+  const TrainArgs& args = plan.args;
   // under mpirun: data-parallel over the ranks; rank 0 reports and writes every file
   ProcessGroup* group = in_multi_rank_job() ? job() : nullptr;
   const bool rank0 = !group || group->rank() == 0;
@@ -81,19 +40,8 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
                static_cast<long long>(a.model.d_model), static_cast<long long>(a.model.head_dim()),
                a.task.name.c_str(), trainer.task().vocab_size(), trainer.task().seq_len(),
                static_cast<long long>(a.steps), a.threads, a.out.c_str());
-  if (rank0 && !trainer.snapshot_plan().steps.empty()) {
-    const auto& plan = trainer.snapshot_plan();
-    const size_t n = plan.steps.size();
-    std::string at;
-    for (size_t i = 0; i < n; ++i) {
-      if (n > 8 && i == 5) i = n - 1, at += ", ...";  // a long list: its ends
-      at += (i ? ", " : "") + std::to_string(plan.steps[i]);
-    }
-    std::fprintf(stderr, "headlab train: %zu snapshot%s (step%s %s) of %s each: %s of disk in %s/snapshots\n", n,
-                 n == 1 ? "" : "s", n == 1 ? "" : "s", at.c_str(),
-                 format_bytes(plan.bytes_each).c_str(), format_bytes(plan.bytes_each * static_cast<double>(n)).c_str(),
-                 a.out.c_str());
-  }
+  const std::string snapshots = snapshot_notice(trainer);
+  if (rank0 && !snapshots.empty()) std::fprintf(stderr, "headlab train: %s\n", snapshots.c_str());
   if (rank0 && group)
     std::fprintf(stderr, "headlab train: data-parallel over %d ranks: %d of the %d sequences of each batch per rank\n",
                  group->size(), a.batch / group->size(), a.batch);
@@ -169,44 +117,24 @@ int run_train(TrainFlags& flags, const std::string& out_flag, bool resume, bool 
 void add_train_command(CLI::App& app, CommandRunner& runner) {
   CLI::App* sub = app.add_subcommand("train", "Train a transformer on a task (copy by default; see --task)");
   auto flags = std::make_shared<TrainFlags>();
-  auto out = std::make_shared<std::string>();
-  auto resume = std::make_shared<bool>(false);
+  auto request = std::make_shared<RunRequest>();
   auto quiet = std::make_shared<bool>(false);
-  auto log_grads = std::make_shared<int64_t>(0);
-  auto dump_at = std::make_shared<std::vector<int64_t>>();
-  auto snapshot_at = std::make_shared<std::vector<int64_t>>();
-  auto fork = std::make_shared<ForkFlags>();
   flags->add(sub);
   flags->task_training_defaults = true;
-  sub->add_option("--out", *out, "Output directory (default: runs/train-<date>-<time>)");
-  sub->add_flag("--resume", *resume, "Continue the run in --out from its last checkpoint");
-  sub->add_option("--init", flags->args.init, "Start from the weights in this checkpoint, e.g. made in PyTorch; the model's architecture comes from it");
+  flags->machine_threads = false;  // the run plan chooses them
+  for (const RunSetting& s : run_settings()) {
+    CLI::Option* opt = std::visit(
+        [&](auto* value) -> CLI::Option* {
+          if constexpr (std::is_same_v<decltype(value), bool*>) return sub->add_flag(s.flag, *value, s.help);
+          else return sub->add_option(s.flag, *value, s.help);
+        },
+        s.field(*request));
+    // the range in --help; plan_run checks it, for both doors
+    if (!std::isnan(s.lo)) opt->check(CLI::Validator([](std::string&) { return std::string(); }, range_text(s.lo, s.hi)));
+    if (opt->get_expected_max() > 1) opt->delimiter(',');
+  }
   sub->add_flag("--quiet", *quiet, "No progress output");
-  sub->add_option("--log-grads", *log_grads,
-                  "Gradient atlas: every N steps log per-head gradient and weight norms of W_Q/W_K/W_V/W_O "
-                  "(grad_atlas.csv) and attention entropy; 0 = off")->capture_default_str()->check(in_range(0, 1e15));
-  sub->add_option("--dump-grads-at", *dump_at, "Steps at which to dump every gradient (grads/step_N.safetensors) "
-                                               "and per-head W_QK / W_OV singular values")->delimiter(',')->check(in_range(1, 1e15));
-  CLI::Option* snapshot_at_opt =
-      sub->add_option("--snapshot-at", *snapshot_at, "Steps at which to keep the run's full resume state "
-                                                     "(RUN/snapshots/step_NNNNNNNN.safetensors); 0 = the initial weights")
-          ->delimiter(',')->check(in_range(0, 1e15));
-  sub->add_option("--fork", fork->run,
-                  "Counterfactual fork of this run (its directory) from its snapshot at --at, into --out: the same data "
-                  "order and RNG, settings from the snapshot; with --gate/--freeze/--reinit");
-  sub->add_option("--at", fork->at, "The step of the snapshot --fork starts from")->check(in_range(0, 1e15));
-  sub->add_option("--fork-from", fork->from,
-                  "Like --fork RUN --at STEP, from a file with the training state (a snapshot or checkpoint.safetensors)");
-  sub->add_option("--gate", fork->gate, "Fork: set a head's gate, LAYER.HEAD=VALUE (0 = the head's output removed); repeatable")
-      ->delimiter(',');
-  sub->add_option("--freeze", fork->freeze, "Fork: keep a head's W_Q/W_K/W_V rows and W_O columns exactly, LAYER.HEAD; repeatable")
-      ->delimiter(',');
-  sub->add_option("--reinit", fork->reinit, "Fork: draw a head's weights again as at construction and reset their optimizer "
-                                            "moments, LAYER.HEAD; repeatable")->delimiter(',');
-  sub->callback([&runner, flags, out, resume, quiet, log_grads, dump_at, snapshot_at, snapshot_at_opt, fork] {
-    const bool at_given = snapshot_at_opt->count() > 0;
-    runner = [=] { return run_train(*flags, *out, *resume, *quiet, *log_grads, *dump_at, *snapshot_at, at_given, *fork); };
-  });
+  sub->callback([&runner, flags, request, quiet] { runner = [=] { return run_train(*flags, *request, *quiet); }; });
 }
 
 }  // namespace hl

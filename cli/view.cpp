@@ -140,14 +140,7 @@ json read_edges_for_view(const std::string& given, int top, const ModelConfig& c
 std::vector<ViewExample> examples_for(const ViewOpts& o, const ModelConfig& cfg, const Task* task, const BpeTokenizer* tok) {
   std::vector<ViewExample> ex;
   if (!o.tokens.empty()) {
-    std::string text = o.tokens;
-    std::replace(text.begin(), text.end(), ',', ' ');
-    std::stringstream ss(text);
-    std::string tok;
-    ViewExample e{"--tokens", {}, {}};
-    while (ss >> tok) e.ids.push_back(static_cast<int32_t>(parse_int(tok, 0, cfg.vocab_size - 1, "--tokens (ids of the vocabulary)")));
-    if (e.ids.empty()) fail("--tokens: no token ids given");
-    ex.push_back(e);
+    ex.push_back({"--tokens", parse_token_ids(o.tokens, cfg.vocab_size), {}});
   } else if (!o.text.empty() && tok) {
     ViewExample e{"--text", tok->encode(o.text, "--text"), {}};
     if (e.ids.empty()) fail("--text: the text holds no tokens");
@@ -296,8 +289,8 @@ int run_view(const ViewOpts& o) {
   // heads over training: what `detect|patch|dla|compose|prune --run RUN` wrote into the run
   json over = json::array();
   if (!o.run.empty())
-    for (const std::string& a : over_training_analyses()) {
-      json t = read_csv(o.run + "/over_training/" + a + "/" + a + "_over_training.csv");
+    for (const std::string& a : head_analysis_names()) {
+      json t = read_csv(over_training_dir(o.run, a) + "/" + a + "_over_training.csv");
       if (!t.is_null()) over.push_back({{"analysis", a}, {"table", std::move(t)}});
     }
   if (!over.empty()) data["over_training"] = std::move(over);

@@ -6,7 +6,8 @@
 
 namespace hl {
 
-enum class Activation { GeluTanh, GeluErf, Relu };
+// Relu2: relu(v)^2 (ReLU squared); Silu: v sigmoid(v) (SwiGLU's gate)
+enum class Activation { GeluTanh, GeluErf, Relu, Relu2, Silu };
 
 namespace act {
 
@@ -17,6 +18,15 @@ constexpr float kInvSqrt2Pi = 0.3989422804014327f;
 
 inline float relu(float v) { return v > 0.f ? v : 0.f; }
 inline float relu_backward(float v, float g) { return v > 0.f ? g : 0.f; }  // 0 (not NaN) for g = inf, v < 0
+inline float relu2(float v) { return v > 0.f ? v * v : 0.f; }
+inline float relu2_backward(float v, float g) { return v > 0.f ? 2.f * v * g : 0.f; }
+
+// v sigmoid(v); exp_fast clamps its argument, so a large |v| gives v or 0, never NaN
+inline float silu(float v) { return v / (1.f + exp_fast(-v)); }
+inline float silu_backward(float v, float g) {
+  const float s = 1.f / (1.f + exp_fast(-v));
+  return g * s * (1.f + v * (1.f - s));
+}
 
 // 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3)))
 inline float gelu_tanh(float v) { return 0.5f * v * (1.f + tanh_fast(kSqrt2OverPi * (v + kGeluCoeff * v * v * v))); }

@@ -57,10 +57,11 @@ std::FILE* open_log(const std::string& path, bool append) {
   return f;
 }
 
-std::string read_file(const std::string& path) {
-  // The type is checked before opening (opening a device can act on it), and again on what was
-  // opened (O_NONBLOCK: a FIFO swapped in meanwhile does not wait for a writer).
-  struct stat st;
+namespace {
+// Opens a regular file for reading, or fails naming it. The type is checked before opening
+// (opening a device can act on it), and again on what was opened (O_NONBLOCK: a FIFO swapped in
+// meanwhile does not wait for a writer). Returns the descriptor; `st` is the opened file's.
+int open_regular_file(const std::string& path, struct stat& st) {
   if (::stat(path.c_str(), &st) != 0) fail(path, ": cannot open: ", std::strerror(errno));
   auto refuse_special = [&](const struct stat& st) {
     if (S_ISREG(st.st_mode)) return;
@@ -69,25 +70,48 @@ std::string read_file(const std::string& path) {
   refuse_special(st);
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) fail(path, ": cannot open: ", std::strerror(errno));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  if (::fstat(fd, &st) != 0) fail(path, ": cannot read: ", std::strerror(errno));
-  refuse_special(st);
+  try {
+    if (::fstat(fd, &st) != 0) fail(path, ": cannot read: ", std::strerror(errno));
+    refuse_special(st);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  return fd;
+}
+struct Closer {
+  int fd;
+  ~Closer() { ::close(fd); }
+};
+// Reads up to n bytes at p; fewer only at the end of the file (it may shrink while we read it).
+size_t read_fully(int fd, const std::string& path, char* p, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t k = ::read(fd, p + got, n - got);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) fail(path, ": read error: ", std::strerror(errno));
+    if (k == 0) break;
+    got += static_cast<size_t>(k);
+  }
+  return got;
+}
+}  // namespace
+
+std::string read_file(const std::string& path) {
+  struct stat st;
+  const Closer closer{open_regular_file(path, st)};
   const double size = static_cast<double>(st.st_size);
   check_fits_in_memory(size, path + " (" + format_bytes(size) + ")");
   std::string bytes(static_cast<size_t>(st.st_size), '\0');
-  size_t got = 0;
-  while (got < bytes.size()) {
-    const ssize_t n = ::read(fd, bytes.data() + got, bytes.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail(path, ": read error: ", std::strerror(errno));
-    if (n == 0) break;  // the file shrank while we read it
-    got += static_cast<size_t>(n);
-  }
-  bytes.resize(got);
+  bytes.resize(read_fully(closer.fd, path, bytes.data(), bytes.size()));
   return bytes;
+}
+
+void read_file_blocks(const std::string& path, const std::function<void(const char*, size_t)>& block) {
+  struct stat st;
+  const Closer closer{open_regular_file(path, st)};
+  std::vector<char> buf(size_t{1} << 20);  // 1 MiB at a time, whatever the file's size
+  for (size_t n; (n = read_fully(closer.fd, path, buf.data(), buf.size())) > 0;) block(buf.data(), n);
 }
 
 // Well-formed UTF-8 as the Unicode standard defines it (its Table 3-7): no overlong forms, no
@@ -325,6 +349,18 @@ void StagedDir::publish() {
     const int dfd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY);
     if (dfd >= 0) ::fsync(dfd), ::close(dfd);
   }
+}
+
+bool is_own_file_of(const std::string& dir, const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_symlink(fs::symlink_status(path, ec))) return true;
+  const fs::path home = fs::weakly_canonical(dir, ec), real = fs::weakly_canonical(path, ec);
+  if (ec) return false;
+  if (real.parent_path() == home) return true;
+  const fs::path snapshots = home.parent_path(), repo = snapshots.parent_path();
+  const bool hub_snapshot = snapshots.filename() == "snapshots" && repo.filename().string().starts_with("models--");
+  return hub_snapshot && real.parent_path() == repo / "blobs";
 }
 
 void refuse_output_over_input(const std::string& flag, const std::string& output,

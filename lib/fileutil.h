@@ -4,6 +4,7 @@
 // half-written one.
 #pragma once
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,6 +15,9 @@ namespace hl {
 // regular file (a directory, a FIFO, a device: never read until memory runs out or a writer
 // comes), or does not fit in the memory available.
 std::string read_file(const std::string& path);
+// The same file's bytes handed to `block` in pieces of at most 1 MiB, in order: memory stays
+// small whatever the file's size.
+void read_file_blocks(const std::string& path, const std::function<void(const char*, size_t)>& block);
 // Refuses (as check_can_write does) a path that exists and is not a regular file: a device, a
 // FIFO, a socket, a directory or a symbolic link is never replaced (a rename would replace the
 // node itself, e.g. /dev/null, or the user's link).
@@ -78,6 +82,12 @@ class StagedDir {
   std::string dir_, stage_;
   bool in_place_ = false, published_ = false;
 };
+
+// Whether `path`, an entry of directory `dir`, is dir's own file: not a symbolic link, or a link to
+// a file in dir itself, or, when dir is a Hugging Face hub-cache snapshot (.../models--NAME/
+// snapshots/REV, whose files are links to ../../blobs/HASH), a link into that same cache
+// repository's blobs directory (.../models--NAME/blobs). Any other link leads out of dir.
+bool is_own_file_of(const std::string& dir, const std::string& path);
 
 // Fails when `output` names the same file as one of `inputs` (so writing it would destroy an
 // input), e.g. `grads --checkpoint m.safetensors --out m.safetensors`.

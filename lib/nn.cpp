@@ -79,12 +79,24 @@ Embedding::Embedding(int64_t num, int64_t dim, Rng& rng, float init_std) {
   register_parameter("weight", &weight);
 }
 
-LayerNorm::LayerNorm(int64_t dim, float eps) : eps(eps) {
+LayerNorm::LayerNorm(int64_t dim, float eps, NormKind kind) : eps(eps), kind(kind) {
   HL_CHECK(dim > 0, "LayerNorm: dimension must be positive, got ", dim);
-  weight = Tensor::ones({dim});
-  bias = Tensor::zeros({dim});
+  // every form starts as the identity scale: w = 1, or 1 + w with w = 0
+  weight = kind == NormKind::RMSNorm1p ? Tensor::zeros({dim}) : Tensor::ones({dim});
   register_parameter("weight", &weight);
-  register_parameter("bias", &bias);
+  if (kind == NormKind::LayerNorm) {
+    bias = Tensor::zeros({dim});
+    register_parameter("bias", &bias);
+  }
+}
+
+Tensor LayerNorm::forward(const Tensor& x) const {
+  if (kind == NormKind::LayerNorm) return layer_norm(x, weight, bias, eps);
+  return rms_norm(x, weight, eps, kind == NormKind::RMSNorm1p);
+}
+
+double LayerNorm::gain(int64_t d) const {
+  return static_cast<double>(weight.data()[d]) + (kind == NormKind::RMSNorm1p ? 1.0 : 0.0);
 }
 
 }  // namespace hl

@@ -85,12 +85,23 @@ class Embedding : public Module {
   Tensor weight;  // (num, dim)
 };
 
+// The forms of a model's normalisation (the config's `normalization`): LayerNorm (centred,
+// weight and bias), RMSNorm (x / rms(x) * weight) and RMSNorm1p (x / rms(x) * (1 + weight), as
+// Gemma).
+enum class NormKind { LayerNorm, RMSNorm, RMSNorm1p };
+
+// A model's normalisation module in any of the NormKind forms: one type, so every block and
+// analysis that reads ln1/ln2/ln_f handles all of them.
 class LayerNorm : public Module {
  public:
-  explicit LayerNorm(int64_t dim, float eps = 1e-5f);
-  Tensor forward(const Tensor& x) const { return layer_norm(x, weight, bias, eps); }
-  Tensor weight, bias;  // (dim)
+  explicit LayerNorm(int64_t dim, float eps = 1e-5f, NormKind kind = NormKind::LayerNorm);
+  Tensor forward(const Tensor& x) const;
+  bool centred() const { return kind == NormKind::LayerNorm; }
+  double gain(int64_t d) const;  // what feature d is multiplied by after normalising: w[d] or 1 + w[d]
+  Tensor weight;  // (dim)
+  Tensor bias;    // (dim); undefined for the RMS forms
   float eps;
+  NormKind kind;
 };
 
 class Dropout : public Module {

@@ -16,6 +16,7 @@ namespace hl {
 #define HEADLAB_OPS(X)                                                                 \
   X(add) X(sub) X(mul) X(div) X(neg) X(add_scalar) X(mul_scalar) X(pow)                 \
   X(exp) X(log) X(sqrt) X(tanh) X(sigmoid) X(relu) X(gelu_tanh) X(gelu_erf)             \
+  X(relu2) X(silu) X(gated_act) X(rms_norm)                                             \
   X(matmul) X(linear) X(linear_stacked) X(linear_act) X(sum) X(mean) X(max)                                             \
   X(softmax) X(log_softmax) X(masked_fill) X(cross_entropy) X(layer_norm)               \
   X(embedding) X(gather_rows) X(dropout) X(reshape) X(permute) X(transpose) X(slice) X(concat) X(split) X(tap)
@@ -49,6 +50,10 @@ Tensor sigmoid(const Tensor& x);
 Tensor relu(const Tensor& x);
 Tensor gelu_tanh(const Tensor& x);  // 0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3)))
 Tensor gelu_erf(const Tensor& x);   // 0.5x(1+erf(x/sqrt(2)))
+Tensor relu2(const Tensor& x);      // relu(x)^2
+Tensor silu(const Tensor& x);       // x sigmoid(x)
+// act(gate) * up, elementwise, same shapes: the gated MLP's (SwiGLU, GeGLU) fused middle.
+Tensor gated_act(const Tensor& gate, const Tensor& up, Activation act);
 
 // ---- matrix products (cblas_sgemm; transposes are BLAS flags, never copies) ------------------
 // a (M,K) x b (K,N) -> (M,N); batched: a (...,M,K) x b (...,K,N) with equal leading dims;
@@ -80,6 +85,9 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, float value);
 Tensor cross_entropy(const Tensor& logits, const Ids& targets, int ignore_index = -1);
 // Over the last axis; weight and bias (D) may be undefined. Saves mean and rstd.
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);
+// RMSNorm over the last axis: x / sqrt(mean(x^2) + eps) * weight, or * (1 + weight) with
+// one_plus (Gemma's form); weight (D). Saves the reciprocal rms per row.
+Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps, bool one_plus = false);
 // weight (V, D), ids (...) -> (..., D). Backward scatter-adds (repeated ids accumulate).
 Tensor embedding(const Tensor& weight, const Ids& ids);
 // x viewed as rows of its last axis (R, D) -> (n, D): rows[i] for each i, in order. Backward

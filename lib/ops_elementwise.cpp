@@ -221,11 +221,67 @@ Tensor sigmoid(const Tensor& x) {
 Tensor relu(const Tensor& x) {
   return unary_op("relu", x, [](float v) { return act::relu(v); }, [](float v, float, float g) { return act::relu_backward(v, g); });
 }
+Tensor relu2(const Tensor& x) {
+  return unary_op("relu2", x, [](float v) { return act::relu2(v); }, [](float v, float, float g) { return act::relu2_backward(v, g); });
+}
+Tensor silu(const Tensor& x) {
+  return unary_op("silu", x, [](float v) { return act::silu(v); }, [](float v, float, float g) { return act::silu_backward(v, g); });
+}
 Tensor gelu_tanh(const Tensor& x) {
   return unary_op("gelu_tanh", x, [](float v) { return act::gelu_tanh(v); }, [](float v, float, float g) { return act::gelu_tanh_backward(v, g); });
 }
 Tensor gelu_erf(const Tensor& x) {
   return unary_op("gelu_erf", x, [](float v) { return act::gelu_erf(v); }, [](float v, float, float g) { return act::gelu_erf_backward(v, g); });
+}
+
+// act(gate) * up in one pass over the elements, both gradients in one backward (the gated MLP's elementwise
+// work: silu for SwiGLU, gelu for GeGLU, any activation of the list).
+namespace {
+// Calls f with the activation's forward and backward as branch-free functors (the loops then
+// vectorise per activation, as linear_act's do).
+template <class F>
+void with_activation(Activation a, F&& f) {
+  switch (a) {
+    case Activation::GeluTanh: f([](float v) { return act::gelu_tanh(v); }, [](float v, float g) { return act::gelu_tanh_backward(v, g); }); break;
+    case Activation::GeluErf: f([](float v) { return act::gelu_erf(v); }, [](float v, float g) { return act::gelu_erf_backward(v, g); }); break;
+    case Activation::Relu: f([](float v) { return act::relu(v); }, [](float v, float g) { return act::relu_backward(v, g); }); break;
+    case Activation::Relu2: f([](float v) { return act::relu2(v); }, [](float v, float g) { return act::relu2_backward(v, g); }); break;
+    case Activation::Silu: f([](float v) { return act::silu(v); }, [](float v, float g) { return act::silu_backward(v, g); }); break;
+  }
+}
+}  // namespace
+
+Tensor gated_act(const Tensor& gate, const Tensor& up, Activation activation) {
+  HL_PROFILE(Elementwise);
+  if (gate.shape() != up.shape())
+    fail("gated_act: gate ", gate.shape().str(), " and up ", up.shape().str(), " must have the same shape");
+  Tensor out = Tensor::empty(gate.shape());
+  const int64_t n = gate.numel();
+  with_activation(activation, [&](auto f, auto) {
+    parallel_ranges(n, n, [&](int64_t lo, int64_t hi) {
+      const float *G = gate.data(), *U = up.data();
+      float* Y = out.data();
+      for (int64_t i = lo; i < hi; ++i) Y[i] = f(G[i]) * U[i];
+    });
+  });
+  if (needs_graph({&gate, &up}))
+    attach(out, "gated_act", {gate, up}, [gate, up, activation](TensorImpl& self) {
+      HL_PROFILE(Elementwise);
+      float* dg = grad_buffer(gate);
+      float* du = grad_buffer(up);
+      const int64_t n = self.shape.numel();
+      with_activation(activation, [&](auto f, auto df) {
+        parallel_ranges(n, n, [&](int64_t lo, int64_t hi) {
+          const float *G = gate.data(), *U = up.data(), *g = self.grad->data();
+          float *dG = dg, *dU = du;
+          if (dG)
+            for (int64_t i = lo; i < hi; ++i) dG[i] += df(G[i], g[i] * U[i]);
+          if (dU)
+            for (int64_t i = lo; i < hi; ++i) dU[i] += f(G[i]) * g[i];
+        });
+      });
+    });
+  return out;
 }
 
 }  // namespace hl

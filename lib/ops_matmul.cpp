@@ -580,6 +580,8 @@ Tensor linear_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation 
     case Activation::GeluTanh: apply([](float v) { return act::gelu_tanh(v); }); break;
     case Activation::GeluErf: apply([](float v) { return act::gelu_erf(v); }); break;
     case Activation::Relu: apply([](float v) { return act::relu(v); }); break;
+    case Activation::Relu2: apply([](float v) { return act::relu2(v); }); break;
+    case Activation::Silu: apply([](float v) { return act::silu(v); }); break;
   }
   if (record)
     attach(y, "linear_act", {x, w, b}, [x, w, b, u, activation](TensorImpl& self) {
@@ -601,6 +603,8 @@ Tensor linear_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation 
         case Activation::GeluTanh: run([](float v, float g) { return act::gelu_tanh_backward(v, g); }); break;
         case Activation::GeluErf: run([](float v, float g) { return act::gelu_erf_backward(v, g); }); break;
         case Activation::Relu: run([](float v, float g) { return act::relu_backward(v, g); }); break;
+        case Activation::Relu2: run([](float v, float g) { return act::relu2_backward(v, g); }); break;
+        case Activation::Silu: run([](float v, float g) { return act::silu_backward(v, g); }); break;
       }
     });
   return y;

@@ -1,5 +1,5 @@
 // Fused neural-net ops: softmax / log_softmax, masked_fill, cross_entropy (log-softmax + NLL),
-// layer_norm, embedding, dropout.
+// layer_norm, rms_norm, embedding, dropout.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -284,6 +284,79 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) 
             if (gw) gw[j] += part[j];
             if (gb) gb[j] += part[D + j];
           }
+        }
+      });
+    });
+  return y;
+}
+
+// y = x rstd w' with rstd = 1 / sqrt(mean(x^2) + eps) and w' = w or 1 + w. Laid out as
+// layer_norm (one pass forward, dx and dw in one pass back, dw summed per thread in a fixed
+// order), without the centring.
+Tensor rms_norm(const Tensor& x, const Tensor& w, float eps, bool one_plus) {
+  HL_PROFILE(LayerNorm);
+  HL_CHECK(x.ndim() >= 1, "rms_norm: input needs a feature axis, got ", x.shape().str());
+  const int64_t D = x.shape().back(), N = D ? x.numel() / D : 0;
+  if (!w.defined() || w.ndim() != 1 || w.size(0) != D)
+    fail("rms_norm: weight ", w.defined() ? w.shape().str() : std::string("(none)"), " does not match input ", x.shape().str());
+  Tensor y = Tensor::empty(x.shape());
+  Tensor rstds = Tensor::empty({N});  // saved: 1 / rms per row
+  const float add_w = one_plus ? 1.f : 0.f;
+  const float *X = x.data(), *W = w.data();
+  float *Y = y.data(), *R = rstds.data();
+  parallel_for(N, N * D, [&](int64_t r) {
+    const float *xr = X + r * D, *Wr = W;
+    const float rstd = 1.f / std::sqrt(sum_sq_dev_lanes(xr, D, 0.f) / static_cast<float>(D) + eps);
+    R[r] = rstd;
+    float* yr = Y + r * D;
+    for (int64_t j = 0; j < D; ++j) yr[j] = xr[j] * rstd * (Wr[j] + add_w);
+  });
+  if (needs_graph({&x, &w}))
+    attach(y, "rms_norm", {x, w}, [x, w, rstds, N, D, add_w](TensorImpl& self) {
+      HL_PROFILE(LayerNorm);
+      const float *g = self.grad->data(), *X = x.data(), *R = rstds.data(), *Wv = w.data();
+      bool fresh;
+      float* gx = grad_buffer_for_overwrite(x, fresh);
+      float* gw = grad_buffer(w);
+      const int nt = threads_for(N * D);
+      Tensor scratch = nt > 1 && gw ? Tensor::empty({nt - 1, D}) : Tensor();
+      run_on_threads(nt, [&](int t, int n) {
+        const auto [lo, hi] = row_block(N, t, n);
+        const float* const Wr = Wv;
+        float* pw = gw;
+        if (t > 0 && scratch.defined()) {
+          pw = scratch.data() + (t - 1) * D;
+          std::fill(pw, pw + D, 0.f);
+        }
+        for (int64_t r = lo; r < hi; ++r) {
+          const float rstd = R[r];
+          const float *xr = X + r * D, *gr = g + r * D;
+          if (gx) {  // dx = rstd (dxhat - xhat mean(dxhat xhat)), dxhat = g w', xhat = x rstd
+            float m = 0.f;
+#pragma omp simd reduction(+ : m)
+            for (int64_t j = 0; j < D; ++j) m += gr[j] * (Wr[j] + add_w) * xr[j] * rstd;
+            m /= static_cast<float>(D);
+            float* gxr = gx + r * D;
+            auto dx = [&](int64_t j) { return rstd * (gr[j] * (Wr[j] + add_w) - xr[j] * rstd * m); };
+            if (fresh) {
+#pragma omp simd
+              for (int64_t j = 0; j < D; ++j) gxr[j] = dx(j);
+            } else {
+#pragma omp simd
+              for (int64_t j = 0; j < D; ++j) gxr[j] += dx(j);
+            }
+          }
+          if (pw) {
+#pragma omp simd
+            for (int64_t j = 0; j < D; ++j) pw[j] += gr[j] * xr[j] * rstd;
+          }
+        }
+        if (n == 1 || !scratch.defined()) return;
+#pragma omp barrier
+        if (t != 0) return;
+        for (int p = 0; p < n - 1; ++p) {
+          const float* part = scratch.data() + p * D;
+          for (int64_t j = 0; j < D; ++j) gw[j] += part[j];
         }
       });
     });

@@ -463,8 +463,9 @@ void norm_and_turn(const MultiHeadAttention& m, Projected& x, const MultiHeadAtt
   std::vector<int32_t> buf;
   const int64_t T = x.packed ? x.qkv.size(1) : x.q.size(1);
   const std::span<const int32_t> pos = c.rotary ? call_positions(call, T, buf) : std::span<const int32_t>();
-  if (c.rotary && static_cast<int64_t>(pos.size()) != T)
-    fail("attention: ", pos.size(), " position ids for ", T, " positions (rotary positions need one per position)");
+  const int64_t B = x.packed ? x.qkv.size(0) : x.q.size(0);
+  if (c.rotary && static_cast<int64_t>(pos.size()) != T && static_cast<int64_t>(pos.size()) != B * T)
+    fail("attention: ", pos.size(), " position ids for ", B, " x ", T, " positions (rotary positions need one per position, or per row and position)");
   if (x.packed && !c.qk_norm && !hp.hooked(kHookRotQ) && !hp.hooked(kHookRotK)) {
     x.qkv = rotary(x.qkv, x.H + x.Hkv, pos, m.rotary_cos_sin, c.rope, /*in_place=*/true);
     x.q = x.k = x.v = Tensor();  // split again, from the turned buffer, if needed

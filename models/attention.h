@@ -134,8 +134,9 @@ class MultiHeadAttention : public Module {
     // consecutive rows (self-attention without hooks or cache); the output is the same shape.
     std::span<const int32_t> live_len;
     const Ids* output_rows = nullptr;  // with live_len: the output only at these packed rows
-    // Position ids of x_q's rows for rotary positions: (T), the same for every sequence, or with
-    // live_len one per packed row. Empty: 0..T-1 after the KV cache's filled rows.
+    // Position ids of x_q's rows for rotary positions: (T), the same for every sequence, (B, T)
+    // one per row and position (a padded batch's), or with live_len one per packed row. Empty:
+    // 0..T-1 after the KV cache's filled rows.
     std::span<const int32_t> positions;
     const Hooks* hooks = nullptr;  // hook points hook_prefix + hook_q_input, hook_k_input, hook_v_input,
     std::string hook_prefix;       //   hook_q, hook_k, hook_v, hook_attn_scores, hook_pattern, hook_z, hook_result

@@ -232,7 +232,7 @@ SafetensorsFile read_hf_gpt2(const std::string& dir) {
   move("wte.weight", "tok_emb.weight");
   move("wpe.weight", "pos_emb.weight");
   for (int l = 0; l < cfg.n_layers; ++l) {
-    const std::string h = "h." + std::to_string(l) + ".", b = "blocks." + std::to_string(l) + ".";
+    const std::string h = "h." + std::to_string(l) + ".", b = block_prefix(l);
     move(h + "ln_1.weight", b + "ln1.weight");
     move(h + "ln_1.bias", b + "ln1.bias");
     move(h + "ln_2.weight", b + "ln2.weight");
@@ -281,6 +281,15 @@ void check_hf_gpt2_exportable(const TransformerLM& model) {
     refuse("the model has d_head ", c.head_dim(), " x n_heads ", c.n_heads, " != d_model ", c.d_model);
   if (!c.has_mlp()) refuse("the model is attention-only (d_ff 0), every GPT-2 block has an MLP");
   if (c.head_bias) refuse("the model's unembedding has a bias (head_bias), GPT-2's lm_head has none");
+  // the block options: GPT-2's block is LayerNorm, a plain gelu/relu MLP, sequential, unscaled, uncapped
+  if (c.activation == Activation::Relu2 || c.activation == Activation::Silu)
+    refuse("the model's activation is ", to_string(c.activation), ", GPT-2's are gelu and relu");
+  if (c.normalization != NormKind::LayerNorm) refuse("the model's normalization is ", to_string(c.normalization), ", GPT-2's is layernorm");
+  if (c.sandwich_norm) refuse("the model has sandwich norms (sandwich_norm)");
+  if (c.gated_mlp()) refuse("the model's MLP is gated (mlp \"", to_string(c.mlp), "\")");
+  if (c.parallel_block) refuse("the model has parallel blocks (parallel_block)");
+  if (c.embed_scale) refuse("the model scales its embeddings (embed_scale)");
+  if (c.final_softcap > 0.f) refuse("the model soft-caps its logits (final_softcap)");
 }
 
 bool write_hf_gpt2(const TransformerLM& model, const std::string& dir, const std::string& tokenizer_dir) {
@@ -294,16 +303,14 @@ bool write_hf_gpt2(const TransformerLM& model, const std::string& dir, const std
       fail(dir, ": already holds ", entry.path().filename().string(),
            "; the export writes a directory of its own: give a new or empty directory");
   // the tokenizer files to copy: only the source's own (a link out of its directory could
-  // carry any file of the user's into the export)
+  // carry any file of the user's into the export; a hub-cache snapshot's links to its blobs are its own)
   std::vector<std::pair<std::string, std::string>> tokenizer;  // name, bytes
   if (!tokenizer_dir.empty()) {
-    const fs::path home = fs::weakly_canonical(tokenizer_dir, ec);
     for (const std::string& name : gpt2_tokenizer_files()) {
       const std::string from = tokenizer_dir + "/" + name;
       if (!fs::exists(fs::symlink_status(from, ec))) continue;
-      const fs::path real = fs::weakly_canonical(from, ec);
-      if (fs::is_symlink(fs::symlink_status(from, ec)) && real.parent_path() != home)
-        fail(from, ": is a symbolic link to ", real.string(), ", outside ", tokenizer_dir,
+      if (!is_own_file_of(tokenizer_dir, from))
+        fail(from, ": is a symbolic link to ", fs::weakly_canonical(from, ec).string(), ", outside ", tokenizer_dir,
              "; the export copies only the model directory's own files: copy the file there or remove the link");
       tokenizer.emplace_back(name, read_file(from));
     }
@@ -340,7 +347,7 @@ bool write_hf_gpt2(const TransformerLM& model, const std::string& dir, const std
   w.add("transformer.wte.weight", wte);
   w.add("transformer.wpe.weight", p.at("pos_emb.weight"));
   for (int l = 0; l < c.n_layers; ++l) {
-    const std::string h = "transformer.h." + std::to_string(l) + ".", b = "blocks." + std::to_string(l) + ".";
+    const std::string h = "transformer.h." + std::to_string(l) + ".", b = block_prefix(l);
     w.add(h + "ln_1.weight", p.at(b + "ln1.weight"));
     w.add(h + "ln_1.bias", p.at(b + "ln1.bias"));
     std::vector<float> qkv(static_cast<size_t>(d * 3 * d)), qkv_b(static_cast<size_t>(3 * d));  // (d, 3d), (3d)

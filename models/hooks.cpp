@@ -1,8 +1,59 @@
 #include "models/hooks.h"
 
 #include <algorithm>
+#include <cctype>
+#include <map>
+#include <set>
 
 namespace hl {
+
+std::string block_prefix(int layer) { return "blocks." + std::to_string(layer) + "."; }
+std::string hook_name(int layer, const std::string& in_block) { return block_prefix(layer) + in_block; }
+std::string attn_hook(int layer, const std::string& what) { return block_prefix(layer) + "attn.hook_" + what; }
+
+int hook_layer(const std::string& name) {
+  if (!name.starts_with("blocks.")) return -1;
+  size_t i = 7;
+  int layer = 0;
+  if (i >= name.size() || !std::isdigit(static_cast<unsigned char>(name[i]))) return -1;
+  while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) layer = layer * 10 + (name[i++] - '0');
+  return i < name.size() && name[i] == '.' ? layer : -1;
+}
+
+std::string in_block_name(const std::string& name) {
+  if (hook_layer(name) < 0) return name;
+  return name.substr(name.find('.', 7) + 1);
+}
+
+std::string get_act_name(std::string name, std::optional<int> layer, std::string layer_type) {
+  if ((name.find('.') != std::string::npos || name.rfind("hook_", 0) == 0) && !layer && layer_type.empty()) return name;
+  // "resid_pre3", "pattern0a": the name, the layer, then the layer type
+  const size_t digit = name.find_first_of("0123456789");
+  if (digit != std::string::npos && digit > 0) {
+    size_t end = digit;
+    while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
+    layer = std::stoi(name.substr(digit, end - digit));
+    layer_type = name.substr(end);
+    name = name.substr(0, digit);
+  }
+  static const std::map<std::string, std::string> act_alias = {
+      {"attn", "pattern"}, {"attn_logits", "attn_scores"}, {"key", "k"}, {"query", "q"}, {"value", "v"},
+      {"mlp_pre", "pre"}, {"mlp_mid", "mid"}, {"mlp_post", "post"}};
+  static const std::map<std::string, std::string> type_alias = {
+      {"a", "attn"}, {"m", "mlp"}, {"b", ""}, {"block", ""}, {"blocks", ""}, {"attention", "attn"}};
+  if (auto it = act_alias.find(name); it != act_alias.end()) name = it->second;
+  static const std::set<std::string> attn = {"k", "v", "q", "z", "rot_k", "rot_q", "result", "pattern", "attn_scores",
+                                             "q_input", "k_input", "v_input"};
+  static const std::set<std::string> mlp = {"pre", "post", "mid", "pre_linear"};
+  if (attn.count(name)) layer_type = "attn";
+  else if (mlp.count(name)) layer_type = "mlp";
+  else if (auto it = type_alias.find(layer_type); it != type_alias.end()) layer_type = it->second;
+  std::string in_block = layer_type.empty() ? "" : layer_type + ".";
+  in_block += "hook_" + name;
+  if (layer) return hook_name(*layer, in_block);
+  if (name == "scale" || name == "normalized") return "ln_final." + in_block;
+  return in_block;
+}
 
 void append_hook_points(std::vector<HookPointInfo>& to, const std::string& prefix, const std::vector<HookPointInfo>& points) {
   for (const HookPointInfo& p : points) to.push_back({prefix + p.name, p.shape, p.what});

@@ -14,12 +14,33 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "lib/ops.h"
 
 namespace hl {
+
+// ---- Hook names: the one place they are spelled. Every analysis, study, command and the Python
+// module build names here, never by hand. Parameters live under the same module prefix
+// ("blocks.1.attn.W_Q.weight"); see docs/hooks.md for where parameter and hook names differ.
+// "blocks.3." : the prefix of layer 3's module, its hook points and its parameters.
+std::string block_prefix(int layer);
+// A hook point inside a block: hook_name(1, "attn.hook_z") = "blocks.1.attn.hook_z",
+// hook_name(0, "hook_resid_pre") = "blocks.0.hook_resid_pre".
+std::string hook_name(int layer, const std::string& in_block);
+// An attention hook point: attn_hook(1, "pattern") = "blocks.1.attn.hook_pattern".
+std::string attn_hook(int layer, const std::string& what);
+// The layer of a name inside a block ("blocks.3.attn.hook_z" -> 3), or -1 (hook_embed, ln_final.*).
+int hook_layer(const std::string& name);
+// The name after the block prefix ("blocks.3.attn.hook_z" -> "attn.hook_z"); `name` if it has none.
+std::string in_block_name(const std::string& name);
+// TransformerLens's utils.get_act_name: ("pattern", 0) -> "blocks.0.attn.hook_pattern", ("q", 1,
+// "attn"), ("resid_pre", 2), ("scale", 0, "ln1"), ("embed"), ("scale") -> "ln_final.hook_scale";
+// "pattern0" = ("pattern", 0); a full name ("blocks.0.hook_resid_pre") is kept. hl.get_act_name
+// and the Python cache's keys call this.
+std::string get_act_name(std::string name, std::optional<int> layer = std::nullopt, std::string layer_type = "");
 
 // A hook point as its module declares it: the name ("hook_q", prefixed by the module's place
 // when gathered: "blocks.0.attn.hook_q"), the shape with the config's sizes filled in

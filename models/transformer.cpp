@@ -10,7 +10,14 @@ using json = nlohmann::json;
 
 std::string to_string(Norm n) { return n == Norm::Pre ? "pre" : "post"; }
 std::string to_string(Activation a) {
-  return a == Activation::GeluTanh ? "gelu_tanh" : a == Activation::GeluErf ? "gelu_erf" : "relu";
+  switch (a) {
+    case Activation::GeluTanh: return "gelu_tanh";
+    case Activation::GeluErf: return "gelu_erf";
+    case Activation::Relu: return "relu";
+    case Activation::Relu2: return "relu2";
+    case Activation::Silu: return "silu";
+  }
+  return "?";
 }
 std::string to_string(Positions p) {
   switch (p) {
@@ -30,7 +37,9 @@ Activation parse_activation(const std::string& s) {
   if (s == "gelu_tanh" || s == "gelu") return Activation::GeluTanh;
   if (s == "gelu_erf") return Activation::GeluErf;
   if (s == "relu") return Activation::Relu;
-  fail("unknown activation '", s, "' (expected gelu_tanh, gelu_erf or relu)");
+  if (s == "relu2") return Activation::Relu2;
+  if (s == "silu") return Activation::Silu;
+  fail("unknown activation '", s, "' (expected gelu_tanh, gelu_erf, relu, relu2 or silu)");
 }
 Positions parse_positions(const std::string& s) {
   if (s == "learned") return Positions::Learned;
@@ -38,6 +47,23 @@ Positions parse_positions(const std::string& s) {
   if (s == "rotary") return Positions::Rotary;
   if (s == "none") return Positions::None;
   fail("unknown positions '", s, "' (expected learned, sinusoidal, rotary or none)");
+}
+
+std::string to_string(NormKind n) {
+  return n == NormKind::LayerNorm ? "layernorm" : n == NormKind::RMSNorm ? "rmsnorm" : "rmsnorm_1p";
+}
+std::string to_string(Mlp m) { return m == Mlp::Plain ? "plain" : m == Mlp::SwiGLU ? "swiglu" : "geglu"; }
+NormKind parse_normalization(const std::string& s) {
+  if (s == "layernorm") return NormKind::LayerNorm;
+  if (s == "rmsnorm") return NormKind::RMSNorm;
+  if (s == "rmsnorm_1p") return NormKind::RMSNorm1p;
+  fail("unknown normalization '", s, "' (expected layernorm, rmsnorm or rmsnorm_1p)");
+}
+Mlp parse_mlp(const std::string& s) {
+  if (s == "plain") return Mlp::Plain;
+  if (s == "swiglu") return Mlp::SwiGLU;
+  if (s == "geglu") return Mlp::GeGLU;
+  fail("unknown mlp '", s, "' (expected plain, swiglu or geglu)");
 }
 
 AttentionConfig ModelConfig::attention(int layer) const {
@@ -107,6 +133,13 @@ void ModelConfig::validate() const {
   if (!(attn_dropout >= 0.f && attn_dropout < 1.f)) fail("model config: attn_dropout must be in [0, 1), got ", attn_dropout);
   if (!(layer_norm_eps > 0.f) || !std::isfinite(layer_norm_eps))
     fail("model config: layer_norm_eps must be positive, got ", layer_norm_eps);
+  // block options: what only the pre-norm block has, and the values that mean nothing
+  if (norm == Norm::Post && (sandwich_norm || parallel_block))
+    fail("model config: ", sandwich_norm ? "sandwich_norm" : "parallel_block", " needs norm pre (a post-norm block has no such form)");
+  if (mlp == Mlp::GeGLU && activation != Activation::GeluTanh && activation != Activation::GeluErf)
+    fail("model config: mlp geglu takes activation gelu_tanh or gelu_erf (its gate's gelu), got ", to_string(activation));
+  if (!(final_softcap >= 0.f) || !std::isfinite(final_softcap))
+    fail("model config: final_softcap must be a positive cap, or 0 for none, got ", final_softcap);
   // attention options: each message names the setting (the flag is it with '-' for '_')
   if (rotary_style != "half" && rotary_style != "interleaved")
     fail("model config: rotary_style '", rotary_style, "' is not half or interleaved");
@@ -137,22 +170,25 @@ std::string ModelConfig::to_json() const {
             {"positions", to_string(positions)}, {"attn_bias", attn_bias},
             {"mlp_bias", mlp_bias},       {"head_bias", head_bias},
             {"layer_norm_eps", layer_norm_eps}};
-  // attention options: written when not the default, so today's configs stay as they were
-  const ModelConfig d;
-  if (positions == Positions::Rotary) {
-    j["rope_theta"] = rope_theta;
-    j["rotary_dim"] = rotary_dim;
-    j["rotary_style"] = rotary_style;
-  }
-  if (qk_norm) j["qk_norm"] = true;
-  if (attn_scale != d.attn_scale) j["attn_scale"] = attn_scale;
-  if (attn_softcap != d.attn_softcap) j["attn_softcap"] = attn_softcap;
-  if (sliding_window) {
-    j["sliding_window"] = sliding_window;
-    j["window_layers"] = window_layers;
-  }
-  if (qkv_bias) j["qkv_bias"] = true;
-  if (o_bias) j["o_bias"] = true;
+  // attention options (absent in older files: the defaults, today's attention)
+  j["rope_theta"] = rope_theta;
+  j["rotary_dim"] = rotary_dim;
+  j["rotary_style"] = rotary_style;
+  j["qk_norm"] = qk_norm;
+  j["attn_scale"] = attn_scale;
+  j["attn_softcap"] = attn_softcap;
+  j["sliding_window"] = sliding_window;
+  j["window_layers"] = window_layers;
+  j["qkv_bias"] = qkv_bias;
+  j["o_bias"] = o_bias;
+  // block options
+  j["normalization"] = to_string(normalization);
+  j["sandwich_norm"] = sandwich_norm;
+  j["mlp"] = to_string(mlp);
+  j["parallel_block"] = parallel_block;
+  j["embed_scale"] = embed_scale;
+  j["final_softcap"] = final_softcap;
+  j["arch"] = arch;
   return j.dump();
 }
 
@@ -210,6 +246,21 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
   get("window_layers", c.window_layers, false);
   get("qkv_bias", c.qkv_bias, false);
   get("o_bias", c.o_bias, false);
+  // block options (absent in older files: the GPT-2-style block)
+  std::string normalization = "layernorm", mlp = "plain";
+  get("normalization", normalization, false);
+  get("mlp", mlp, false);
+  try {
+    c.normalization = parse_normalization(normalization);
+    c.mlp = parse_mlp(mlp);
+  } catch (const Error& e) {
+    fail(source, ": config: ", e.what());
+  }
+  get("sandwich_norm", c.sandwich_norm, false);
+  get("parallel_block", c.parallel_block, false);
+  get("embed_scale", c.embed_scale, false);
+  get("final_softcap", c.final_softcap, false);
+  get("arch", c.arch, false);
   try {
     c.validate();
   } catch (const Error& e) {
@@ -218,10 +269,14 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
   return c;
 }
 
-FeedForward::FeedForward(int64_t d_model, int64_t d_ff, Activation act, bool bias, Rng& rng)
-    : fc1(d_model, d_ff, bias, rng), fc2(d_ff, d_model, bias, rng), act(act) {
+FeedForward::FeedForward(const ModelConfig& c, Rng& rng)
+    : fc1(c.d_model, c.d_ff, c.mlp_bias, rng), fc2(c.d_ff, c.d_model, c.mlp_bias, rng), act(c.gate_activation()) {
   register_module("fc1", &fc1);
   register_module("fc2", &fc2);
+  if (c.gated_mlp()) {
+    gate = std::make_unique<Linear>(c.d_model, c.d_ff, c.mlp_bias, rng);
+    register_module("gate", gate.get());
+  }
 }
 
 namespace {
@@ -230,20 +285,31 @@ Tensor activation(const Tensor& x, Activation a) {
     case Activation::Relu: return relu(x);
     case Activation::GeluTanh: return gelu_tanh(x);
     case Activation::GeluErf: return gelu_erf(x);
+    case Activation::Relu2: return relu2(x);
+    case Activation::Silu: return silu(x);
   }
   return x;
 }
 }  // namespace
 
 // The hook points of the MLP, declared with the code that makes them.
-constexpr char kHookPre[] = "hook_pre", kHookPost[] = "hook_post";
+constexpr char kHookPre[] = "hook_pre", kHookPreLinear[] = "hook_pre_linear", kHookPost[] = "hook_post";
 
-std::vector<HookPointInfo> FeedForward::hook_points(int64_t d_ff) {
-  const std::string shape = "(B, T, " + std::to_string(d_ff) + ")";
+std::vector<HookPointInfo> FeedForward::hook_points(const ModelConfig& c) {
+  const std::string shape = "(B, T, " + std::to_string(c.d_ff) + ")";
+  if (c.gated_mlp())
+    return {{kHookPre, shape, "gated MLP's gate pre-activation (gate output)"},
+            {kHookPreLinear, shape, "gated MLP's linear branch (fc1 output)"},
+            {kHookPost, shape, "gated MLP's act(gate) * linear, into fc2"}};
   return {{kHookPre, shape, "MLP pre-activation (fc1 output)"}, {kHookPost, shape, "MLP activation"}};
 }
 
 Tensor FeedForward::forward(const Tensor& x, const Hooks* hk, const std::string& prefix) const {
+  if (gate) {  // fc2(act(gate x) * fc1 x); the elementwise middle is one fused op
+    auto hook = [&](const char* name, const Tensor& t) { return hk ? hk->apply(prefix + name, t) : t; };
+    const Tensor g = hook(kHookPre, gate->forward(x)), u = hook(kHookPreLinear, fc1.forward(x));
+    return fc2.forward(hook(kHookPost, gated_act(g, u, act)));
+  }
   Tensor h;  // (..., d_ff)
   if (hk && hk->any(prefix + kHookPre))  // the pre-activation exists only on request
     h = activation(hk->apply(prefix + kHookPre, linear(x, fc1.weight, fc1.bias)), act);
@@ -255,29 +321,44 @@ Tensor FeedForward::forward(const Tensor& x, const Hooks* hk, const std::string&
 
 TransformerBlock::TransformerBlock(const ModelConfig& c, Rng& rng, Rng* dropout_rng, int layer)
     : norm(c.norm),
-      ln1(c.d_model, c.layer_norm_eps),
+      parallel(c.parallel_block),
+      ln1(c.d_model, c.layer_norm_eps, c.normalization),
       attn(c.attention(layer), rng, dropout_rng),
       resid_dropout(c.dropout, dropout_rng) {
   register_module("ln1", &ln1);
   register_module("attn", &attn);
+  if (c.sandwich_norm) {
+    ln1_post = std::make_unique<LayerNorm>(c.d_model, c.layer_norm_eps, c.normalization);
+    register_module("ln1_post", ln1_post.get());
+  }
   register_module("resid_dropout", &resid_dropout);  // so eval() turns it off
   if (c.has_mlp()) {  // after attention's: the initialisation draws in the same order as always
-    ln2 = std::make_unique<LayerNorm>(c.d_model, c.layer_norm_eps);
-    ffn = std::make_unique<FeedForward>(c.d_model, c.d_ff, c.activation, c.mlp_bias, rng);
+    ln2 = std::make_unique<LayerNorm>(c.d_model, c.layer_norm_eps, c.normalization);
+    ffn = std::make_unique<FeedForward>(c, rng);
     register_module("ln2", ln2.get());
     register_module("ffn", ffn.get());
+    if (c.sandwich_norm) {
+      ln2_post = std::make_unique<LayerNorm>(c.d_model, c.layer_norm_eps, c.normalization);
+      register_module("ln2_post", ln2_post.get());
+    }
   }
 }
 
 // ---- layer norm's hook_scale ----------------------------------------------------------------
 
-constexpr char kScaleShape[] = "(B, T, 1)",
-               kScaleWhat[] = "layer norm's divisor sqrt(var + eps) of each position (as TransformerLens)";
+constexpr char kScaleShape[] = "(B, T, 1)";
 
 namespace {
-// sqrt(var + eps) of each row of x (..., D) -> (..., 1), the divisor of layer norm (biased
-// variance, as layer_norm), in double then rounded. No graph: a constant of the forward.
-Tensor layer_norm_scale(const Tensor& x, float eps) {
+std::string scale_what(const ModelConfig& c) {
+  return c.normalization == NormKind::LayerNorm
+             ? "layer norm's divisor sqrt(var + eps) of each position (as TransformerLens)"
+             : "RMSNorm's divisor sqrt(mean(x^2) + eps) of each position (as TransformerLens)";
+}
+
+// The divisor of each row of x (..., D) -> (..., 1): sqrt(var + eps) for layer norm (biased
+// variance, as layer_norm), sqrt(mean(x^2) + eps) for the RMS forms; in double then rounded. No
+// graph: a constant of the forward.
+Tensor norm_scale(const Tensor& x, float eps, bool centred) {
   const int64_t D = x.shape().back(), N = x.numel() / D;
   Shape dims = x.shape();
   dims[dims.ndim - 1] = 1;
@@ -286,8 +367,10 @@ Tensor layer_norm_scale(const Tensor& x, float eps) {
   for (int64_t r = 0; r < N; ++r) {
     const float* xr = X + r * D;
     double mu = 0, var = 0;
-    for (int64_t j = 0; j < D; ++j) mu += xr[j];
-    mu /= static_cast<double>(D);
+    if (centred) {
+      for (int64_t j = 0; j < D; ++j) mu += xr[j];
+      mu /= static_cast<double>(D);
+    }
     for (int64_t j = 0; j < D; ++j) var += (xr[j] - mu) * (xr[j] - mu);
     s.data()[r] = static_cast<float>(std::sqrt(var / static_cast<double>(D) + eps));
   }
@@ -295,18 +378,21 @@ Tensor layer_norm_scale(const Tensor& x, float eps) {
 }
 
 // ln(x), with the hook point `scale_name` (its divisor, (..., 1)) when hooked. A hook that only
-// reads it leaves the fused layer norm (bit for bit); a replaced scale is used as TransformerLens
-// uses it: (x - mean) / scale * weight + bias, the gradient flowing through the centring only.
+// reads it leaves the fused norm (bit for bit); a replaced scale is used as TransformerLens
+// uses it: (x - mean) / scale * weight + bias (RMS forms: x / scale * weight, or * (1 + weight)),
+// the gradient flowing through the numerator only.
 // The hook's name (prefix + name) is made only when there are hooks: an unhooked forward (a
 // training step) builds no string.
 Tensor hooked_layer_norm(const LayerNorm& ln, const Tensor& x, const Hooks* hk, const std::string& prefix, const char* name) {
   if (!hk) return ln.forward(x);
   const std::string scale_name = prefix + name;
   if (!hk->any(scale_name)) return ln.forward(x);
-  const Tensor scale = layer_norm_scale(x, ln.eps);        // (..., 1)
+  const Tensor scale = norm_scale(x, ln.eps, ln.centred());  // (..., 1)
   const Tensor used = hk->apply(scale_name, scale);
   if (used.impl() == scale.impl()) return ln.forward(x);  // read, not replaced
-  const Tensor centred = sub(x, mean(x, {-1}, true));     // (..., D)
+  if (!ln.centred())
+    return mul(div(x, used), ln.kind == NormKind::RMSNorm1p ? add_scalar(ln.weight, 1.f) : ln.weight);
+  const Tensor centred = sub(x, mean(x, {-1}, true));  // (..., D)
   return add(mul(div(centred, used), ln.weight), ln.bias);
 }
 }  // namespace
@@ -315,28 +401,38 @@ Tensor hooked_layer_norm(const LayerNorm& ln, const Tensor& x, const Hooks* hk, 
 constexpr char kResidPre[] = "hook_resid_pre", kLn1[] = "ln1.hook_normalized", kAttnOut[] = "hook_attn_out",
                kResidMid[] = "hook_resid_mid", kLn2[] = "ln2.hook_normalized", kMlpOut[] = "hook_mlp_out",
                kLn1Scale[] = "ln1.hook_scale", kLn2Scale[] = "ln2.hook_scale",
-               kResidPost[] = "hook_resid_post", kAttn[] = "attn.", kMlp[] = "mlp.";
+               kResidPost[] = "hook_resid_post", kAttn[] = "attn.", kMlp[] = "mlp.",
+               kLn1Post[] = "ln1_post.hook_normalized", kLn1PostScale[] = "ln1_post.hook_scale",
+               kLn2Post[] = "ln2_post.hook_normalized", kLn2PostScale[] = "ln2_post.hook_scale";
 
 std::vector<HookPointInfo> TransformerBlock::hook_points(const ModelConfig& c) {
   const std::string resid = "(B, T, " + std::to_string(c.d_model) + ")";
   const bool pre = c.norm == Norm::Pre;
   std::vector<HookPointInfo> p = {{kResidPre, resid, "residual stream into the block"}};
   if (pre) {
-    p.push_back({kLn1Scale, kScaleShape, kScaleWhat});
-    p.push_back({kLn1, resid, "layer norm before attention"});
+    p.push_back({kLn1Scale, kScaleShape, scale_what(c)});
+    p.push_back({kLn1, resid, "norm before attention"});
   }
   append_hook_points(p, kAttn, MultiHeadAttention::hook_points(c.attention()));
+  if (c.sandwich_norm) {
+    p.push_back({kLn1PostScale, kScaleShape, scale_what(c)});
+    p.push_back({kLn1Post, resid, "sandwich norm on attention's output"});
+  }
   p.push_back({kAttnOut, resid, "attention output added to the residual stream"});
   if (!c.has_mlp()) {  // attention-only: the residual stream goes on from attention
     p.push_back({kResidPost, resid, "residual stream out of the block"});
     return p;
   }
-  p.push_back({kResidMid, resid, "residual stream after attention"});
+  if (!c.parallel_block) p.push_back({kResidMid, resid, "residual stream after attention"});
   if (pre) {
-    p.push_back({kLn2Scale, kScaleShape, kScaleWhat});
-    p.push_back({kLn2, resid, "layer norm before the MLP"});
+    p.push_back({kLn2Scale, kScaleShape, scale_what(c)});
+    p.push_back({kLn2, resid, c.parallel_block ? "norm before the MLP (of the block's input)" : "norm before the MLP"});
   }
-  append_hook_points(p, kMlp, FeedForward::hook_points(c.d_ff));
+  append_hook_points(p, kMlp, FeedForward::hook_points(c));
+  if (c.sandwich_norm) {
+    p.push_back({kLn2PostScale, kScaleShape, scale_what(c)});
+    p.push_back({kLn2Post, resid, "sandwich norm on the MLP's output"});
+  }
   p.push_back({kMlpOut, resid, "MLP output added to the residual stream"});
   p.push_back({kResidPost, resid, "residual stream out of the block"});
   return p;
@@ -354,13 +450,18 @@ Tensor TransformerBlock::forward(const Tensor& x_in, const MultiHeadAttention::C
   const Tensor x = hook(kResidPre, x_in);
   // with output_rows, attention reads every row and the block goes on with only those rows
   const Tensor x_out = call.output_rows ? gather_rows(x, *call.output_rows) : x;
-  if (norm == Norm::Pre) {  // x = x + attn(ln1(x)); x = x + ffn(ln2(x))
-    const Tensor a = hook(kAttnOut, resid_dropout.forward(attn.forward(hook(kLn1, hooked_layer_norm(ln1, x, hk, prefix, kLn1Scale)), Tensor(), call)));
+  // a branch's output as added to the residual stream: through the sandwich norm when there is one
+  auto branch_out = [&](const Tensor& y, const std::unique_ptr<LayerNorm>& post, const char* name, const char* scale) {
+    return post ? hook(name, hooked_layer_norm(*post, y, hk, prefix, scale)) : y;
+  };
+  if (norm == Norm::Pre) {  // x = x + attn(ln1(x)); x = x + ffn(ln2(x)); parallel: x + attn(ln1 x) + ffn(ln2 x)
+    const Tensor a = hook(kAttnOut, resid_dropout.forward(branch_out(
+        attn.forward(hook(kLn1, hooked_layer_norm(ln1, x, hk, prefix, kLn1Scale)), Tensor(), call), ln1_post, kLn1Post, kLn1PostScale)));
     if (!ffn) return hook(kResidPost, add(x_out, a));  // attention-only
-    const Tensor mid = hook(kResidMid, add(x_out, a));
-    const Tensor m =
-        hook(kMlpOut, resid_dropout.forward(ffn->forward(hook(kLn2, hooked_layer_norm(*ln2, mid, hk, prefix, kLn2Scale)), hk, mlp)));
-    return hook(kResidPost, add(mid, m));
+    const Tensor mid = parallel ? x_out : hook(kResidMid, add(x_out, a));  // what the MLP reads
+    const Tensor m = hook(kMlpOut, resid_dropout.forward(branch_out(
+        ffn->forward(hook(kLn2, hooked_layer_norm(*ln2, mid, hk, prefix, kLn2Scale)), hk, mlp), ln2_post, kLn2Post, kLn2PostScale)));
+    return hook(kResidPost, parallel ? add(add(x_out, a), m) : add(mid, m));
   }
   // post-norm: x = ln1(x + attn(x)); x = ln2(x + ffn(x))
   const Tensor a = hook(kAttnOut, resid_dropout.forward(attn.forward(x, Tensor(), call)));
@@ -402,7 +503,7 @@ TransformerLM::TransformerLM(const ModelConfig& c, uint64_t seed)
     register_module("blocks." + std::to_string(l), blocks.back().get());
   }
   if (c.norm == Norm::Pre) {
-    ln_f = std::make_unique<LayerNorm>(c.d_model, c.layer_norm_eps);
+    ln_f = std::make_unique<LayerNorm>(c.d_model, c.layer_norm_eps, c.normalization);
     register_module("ln_f", ln_f.get());
   }
   register_module("head", &head);
@@ -426,17 +527,36 @@ Tensor TransformerLM::forward(const Ids& ids, const ForwardOptions& opt) {
   if (opt.output_rows) fail("model: output_rows needs live_len");
   const Hooks* hk = opt.hooks;
   auto hook = [&](const char* name, const Tensor& t) { return hk ? hk->apply(name, t) : t; };  // no string without hooks
-  const Tensor tok = hook(kHookEmbed, tok_emb.forward(ids));  // (B, T, d_model)
-  positions_.shape = Shape{T};  // the position ids (reused: no allocation per forward)
-  positions_.data.resize(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) positions_.data[t] = static_cast<int32_t>(offset + t);
-  Tensor pos;                   // (T, d_model), broadcast over B; rotary and no positions add none
-  if (pos_emb) pos = pos_emb->forward(positions_);
-  else if (sinusoid.defined()) pos = slice(sinusoid, 0, offset, offset + T);
+  const Tensor tok = hook(kHookEmbed, token_embeddings(ids));  // (B, T, d_model)
+  // (T, d_model), broadcast over B, or (B, T, d_model) for position_ids; rotary and none add none
+  Tensor pos;
+  std::span<const int32_t> rows_positions;  // what rotary attention turns q and k by
+  if (opt.position_ids) {
+    const Ids& p = *opt.position_ids;
+    if (p.shape != ids.shape) fail("model: position_ids ", p.shape.str(), " must be the ids' ", ids.shape.str());
+    for (int32_t v : p.data)
+      if (v < 0 || v >= cfg.max_seq_len) fail("model: position ", v, " is outside 0..", cfg.max_seq_len - 1, " (n_ctx)");
+    if (pos_emb) pos = pos_emb->forward(p);
+    else if (sinusoid.defined()) pos = embedding(sinusoid, p);
+    rows_positions = p.data;  // (B, T): one per row
+  } else {
+    positions_.shape = Shape{T};  // reused: no allocation per forward
+    positions_.data.resize(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) positions_.data[t] = static_cast<int32_t>(offset + t);
+    if (pos_emb) pos = pos_emb->forward(positions_);
+    else if (sinusoid.defined()) pos = slice(sinusoid, 0, offset, offset + T);
+    rows_positions = positions_.data;  // (T): the same for every row
+  }
   Tensor x = emb_dropout.forward(pos.defined() ? add(tok, hook(kHookPosEmbed, pos)) : tok);
   MultiHeadAttention::Call call = causal_call(opt, B, offset + T);
-  call.positions = positions_.data;  // rotary attention turns q and k by them
+  call.positions = rows_positions;  // rotary attention turns q and k by them
   return run_blocks(0, x, call, opt);
+}
+
+Tensor TransformerLM::token_embeddings(const Ids& ids) const {
+  const Tensor e = tok_emb.forward(ids);
+  // Gemma's normaliser is sqrt(d_model) rounded to the activations' type first, as here
+  return cfg.embed_scale ? mul_scalar(e, std::sqrt(static_cast<float>(cfg.d_model))) : e;
 }
 
 MultiHeadAttention::Call TransformerLM::causal_call(const ForwardOptions& opt, int64_t B, int64_t keys) const {
@@ -457,12 +577,14 @@ Tensor TransformerLM::run_blocks(int layer, Tensor x, MultiHeadAttention::Call& 
   for (int l = layer; l < stop; ++l) {
     call.kv_cache = opt.kv_cache ? &(*opt.kv_cache)[l] : nullptr;
     if (live && l + 1 == cfg.n_layers) call.output_rows = opt.output_rows;  // the last block: only those rows on
-    x = blocks[l]->forward(x, call, hk, hk ? "blocks." + std::to_string(l) + "." : std::string());
+    x = blocks[l]->forward(x, call, hk, hk ? block_prefix(l) : std::string());
   }
   if (opt.stop_at_layer >= 0) return x;  // (B, T, d_model): the residual stream entering block stop
   if (live && opt.output_rows && layer == cfg.n_layers) x = gather_rows(x, *opt.output_rows);
   if (ln_f) x = hk ? hk->apply(kLnFinal, hooked_layer_norm(*ln_f, x, hk, std::string(), kLnFinalScale)) : ln_f->forward(x);
-  return head.forward(x);  // (B, T, vocab), or (live or output rows, vocab)
+  const Tensor logits = head.forward(x);  // (B, T, vocab), or (live or output rows, vocab)
+  if (cfg.final_softcap == 0.f) return logits;
+  return mul_scalar(tanh(mul_scalar(logits, 1.f / cfg.final_softcap)), cfg.final_softcap);  // cap tanh(logits / cap)
 }
 
 Tensor TransformerLM::forward_from(int layer, const Tensor& resid_pre, const ForwardOptions& opt) {
@@ -494,12 +616,18 @@ Tensor TransformerLM::forward_from(int layer, const Tensor& resid_pre, const For
   if (resid_pre.size(1) > cfg.max_seq_len)
     fail("model: sequence of length ", resid_pre.size(1), " exceeds max_seq_len ", cfg.max_seq_len);
   MultiHeadAttention::Call call = causal_call(opt, resid_pre.size(0), resid_pre.size(1));
+  if (opt.position_ids) {  // rotary attention turns q and k by them (the embeddings' are in resid_pre)
+    if (opt.position_ids->shape != Shape{resid_pre.size(0), resid_pre.size(1)})
+      fail("model: position_ids ", opt.position_ids->shape.str(), " must be the residual stream's (B, T)");
+    call.positions = opt.position_ids->data;
+  }
   return run_blocks(layer, resid_pre, call, opt);
 }
 
 Tensor TransformerLM::forward_live(const Ids& ids, const ForwardOptions& opt) {
   const int64_t B = ids.shape[0], T = ids.shape[1];
-  if (opt.hooks || opt.kv_cache) fail("model: live_len cannot be combined with hooks or a KV cache");
+  if (opt.hooks || opt.kv_cache || opt.position_ids)
+    fail("model: live_len cannot be combined with hooks, a KV cache or position_ids");
   if (static_cast<int64_t>(opt.live_len.size()) != B)
     fail("model: live_len has ", opt.live_len.size(), " entries for ", B, " rows");
   int64_t n = 0, T_live = 0;
@@ -521,7 +649,7 @@ Tensor TransformerLM::forward_live(const Ids& ids, const ForwardOptions& opt) {
     }
   const Tensor pos = pos_emb ? pos_emb->forward(live_positions_)
                      : sinusoid.defined() ? embedding(sinusoid, live_positions_) : Tensor();  // (n, d_model)
-  const Tensor tok = tok_emb.forward(live_ids_);
+  const Tensor tok = token_embeddings(live_ids_);
   Tensor x = emb_dropout.forward(pos.defined() ? add(tok, pos) : tok);  // (n, d_model)
   MultiHeadAttention::Call call;
   call.causal = true;
@@ -551,16 +679,33 @@ std::pair<Tensor, ActivationCache> TransformerLM::run_with_cache(const Ids& ids,
   return {logits, cache};
 }
 
+Ids positions_from_padding(const Tensor& key_padding, const std::vector<int32_t>& offset) {
+  if (key_padding.ndim() != 2) fail("model: key_padding must be (B, T), got ", key_padding.shape().str());
+  const int64_t B = key_padding.size(0), T = key_padding.size(1);
+  if (!offset.empty() && static_cast<int64_t>(offset.size()) != B)
+    fail("model: ", offset.size(), " position offsets for ", B, " rows");
+  Ids pos(Shape{B, T});
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t seen = offset.empty() ? 0 : offset[static_cast<size_t>(b)];  // real tokens before this column
+    for (int64_t t = 0; t < T; ++t) {
+      const bool real = key_padding.data()[b * T + t] == 0.f;
+      pos.at(b, t) = real ? seen : std::max(seen - 1, 0);  // padding: the last real token's (TransformerLens)
+      seen += real;
+    }
+  }
+  return pos;
+}
+
 std::vector<HookPointInfo> describe_hook_points(const ModelConfig& c) {
   const std::string D = std::to_string(c.d_model);
   std::vector<HookPointInfo> p = {{kHookEmbed, "(B, T, " + D + ")", "token embeddings"}};
   if (c.positions == Positions::Learned || c.positions == Positions::Sinusoidal)  // rotary and none add none
     p.push_back({kHookPosEmbed, "(T, " + D + ")", "position embeddings (broadcast over the batch)"});
   const std::vector<HookPointInfo> block = TransformerBlock::hook_points(c);
-  for (int l = 0; l < c.n_layers; ++l) append_hook_points(p, "blocks." + std::to_string(l) + ".", block);
+  for (int l = 0; l < c.n_layers; ++l) append_hook_points(p, block_prefix(l), block);
   if (c.norm == Norm::Pre) {
-    p.push_back({kLnFinalScale, kScaleShape, kScaleWhat});
-    p.push_back({kLnFinal, "(B, T, " + D + ")", "final layer norm (into the unembedding)"});
+    p.push_back({kLnFinalScale, kScaleShape, scale_what(c)});
+    p.push_back({kLnFinal, "(B, T, " + D + ")", "final norm (into the unembedding)"});
   }
   return p;
 }
@@ -600,12 +745,12 @@ std::vector<std::pair<std::string, Shape>> parameter_shapes(const ModelConfig& c
   };
   auto norm = [&](const std::string& name) {
     p.push_back({name + ".weight", Shape{D}});
-    p.push_back({name + ".bias", Shape{D}});
+    if (c.normalization == NormKind::LayerNorm) p.push_back({name + ".bias", Shape{D}});
   };
   p.push_back({"tok_emb.weight", Shape{c.vocab_size, D}});
   if (c.positions == Positions::Learned) p.push_back({"pos_emb.weight", Shape{c.max_seq_len, D}});
   for (int l = 0; l < c.n_layers; ++l) {
-    const std::string b = "blocks." + std::to_string(l) + ".";
+    const std::string b = block_prefix(l);
     norm(b + "ln1");
     const AttentionConfig a = c.attention(l);
     linear(b + "attn.W_Q", Hq, D, a.has_qkv_bias());
@@ -616,10 +761,13 @@ std::vector<std::pair<std::string, Shape>> parameter_shapes(const ModelConfig& c
       p.push_back({b + "attn.q_norm.weight", Shape{dh}});
       p.push_back({b + "attn.k_norm.weight", Shape{dh}});
     }
+    if (c.sandwich_norm) norm(b + "ln1_post");
     if (!c.has_mlp()) continue;  // attention-only
     norm(b + "ln2");
     linear(b + "ffn.fc1", c.d_ff, D, c.mlp_bias);
     linear(b + "ffn.fc2", D, c.d_ff, c.mlp_bias);
+    if (c.gated_mlp()) linear(b + "ffn.gate", c.d_ff, D, c.mlp_bias);
+    if (c.sandwich_norm) norm(b + "ln2_post");
   }
   if (c.norm == Norm::Pre) norm("ln_f");
   linear("head", c.vocab_size, D, c.head_bias);
@@ -641,7 +789,7 @@ double estimate_step_bytes(const ModelConfig& c, int64_t B, int64_t T, bool trai
   if (c.positions == Positions::Sinusoidal) params += static_cast<double>(c.max_seq_len) * D;  // the table
   // per token and layer: residuals, two norms, q/k/v, head outputs, W_O output, FFN in and out;
   // per sequence and layer: the (H, T, T) pattern (and in backward its gradient work buffer)
-  const double per_token_layer = 6 * D + W + 2 * Wkv + W + 2 * F;
+  const double per_token_layer = 6 * D + W + 2 * Wkv + W + (c.gated_mlp() ? 4 : 2) * F + (c.sandwich_norm ? 2 * D : 0);
   const double pattern = H * static_cast<double>(T) * static_cast<double>(T) * static_cast<double>(B);
   double acts = c.n_layers * (tokens * per_token_layer + pattern) + tokens * (2 * D + (logits ? 2 * V : 0));
   if (training) acts *= 2;  // their gradients

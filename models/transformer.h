@@ -14,6 +14,7 @@ enum class Norm { Pre, Post };
 // Learned and sinusoidal positions are added to the embeddings; rotary ones turn q and k in
 // every layer's attention; none (NoPE) has no positional signal but the causal mask.
 enum class Positions { Learned, Sinusoidal, Rotary, None };
+enum class Mlp { Plain, SwiGLU, GeGLU };  // GeGLU's gelu is `activation`'s (gelu_tanh or gelu_erf)
 
 struct ModelConfig {
   int64_t vocab_size = 13;
@@ -45,10 +46,20 @@ struct ModelConfig {
   std::string window_layers = "all";   // which layers are local: all, alternate (even ones) or L:G
   bool qkv_bias = false, o_bias = false;  // biases on W_Q/W_K/W_V, on W_O (attn_bias = both)
   int64_t window_of_layer(int layer) const;  // layer's sliding window, 0 = global
+  // block options (docs/architectures.md); the defaults are the GPT-2-style block
+  NormKind normalization = NormKind::LayerNorm;  // ln1, ln2, ln_f (and the sandwich norms); eps layer_norm_eps
+  bool sandwich_norm = false;   // ln1_post / ln2_post on attention's and the MLP's output (Gemma 2)
+  Mlp mlp = Mlp::Plain;         // gated: fc2(act(gate x) * fc1 x)
+  bool parallel_block = false;  // x + attn(ln1 x) + mlp(ln2 x) (GPT-NeoX, GPT-J)
+  bool embed_scale = false;     // token embeddings times sqrt(d_model) (Gemma)
+  float final_softcap = 0.f;    // logits -> cap tanh(logits / cap); 0 = none
+  std::string arch;             // the --arch preset it was made with: provenance only, "" = none
 
   int kv_heads() const { return n_kv_heads ? n_kv_heads : n_heads; }
   int64_t head_dim() const { return d_head ? d_head : d_model / n_heads; }
   bool has_mlp() const { return d_ff > 0; }
+  bool gated_mlp() const { return mlp != Mlp::Plain; }
+  Activation gate_activation() const { return mlp == Mlp::SwiGLU ? Activation::Silu : activation; }
   AttentionConfig attention(int layer = 0) const;  // layer: which window it has
   void validate() const;  // one clear message for the first bad value
   std::string to_json() const;  // the "config" metadata (docs/formats.md)
@@ -58,44 +69,63 @@ struct ModelConfig {
 std::string to_string(Norm n);
 std::string to_string(Activation a);
 std::string to_string(Positions p);
+std::string to_string(NormKind n);
+std::string to_string(Mlp m);
+NormKind parse_normalization(const std::string& s);
+Mlp parse_mlp(const std::string& s);
 Norm parse_norm(const std::string& s);
 Activation parse_activation(const std::string& s);
 Positions parse_positions(const std::string& s);
 
 class FeedForward : public Module {
  public:
-  FeedForward(int64_t d_model, int64_t d_ff, Activation act, bool bias, Rng& rng);
+  // Plain: fc2(act(fc1 x)). Gated (SwiGLU, GeGLU): fc2(act(gate x) * fc1 x), gate (d_ff, d_model)
+  // made after fc1 and fc2 (a plain model's initialisation draws stay as they were).
+  FeedForward(const ModelConfig& cfg, Rng& rng);
   // (..., d_model) -> (..., d_model). Hook points prefix + hook_pre (..., d_ff) before the
-  // activation and hook_post (..., d_ff) after it.
+  // activation (a gated MLP's: gate x), hook_pre_linear (gated only: fc1 x) and hook_post
+  // (..., d_ff), what fc2 reads.
   Tensor forward(const Tensor& x, const Hooks* hooks = nullptr, const std::string& prefix = "") const;
-  static std::vector<HookPointInfo> hook_points(int64_t d_ff);
+  static std::vector<HookPointInfo> hook_points(const ModelConfig& cfg);
   Linear fc1, fc2;
-  Activation act;
+  std::unique_ptr<Linear> gate;  // gated MLPs only
+  Activation act;                // of the plain MLP, or of the gate
 };
 
 class TransformerBlock : public Module {
  public:
   TransformerBlock(const ModelConfig& cfg, Rng& rng, Rng* dropout_rng, int layer = 0);
   // x (B, T, d_model) -> (B, T, d_model). Hook points (prefix "blocks.{l}."): hook_resid_pre,
-  // ln1.hook_normalized (pre-norm), attn.*, hook_attn_out, hook_resid_mid, ln2.hook_normalized
-  // (pre-norm), mlp.hook_pre, mlp.hook_post, hook_mlp_out, hook_resid_post; all (B, T, d_model)
-  // but the attention's and the MLP's (d_ff). Attention-only (d_ff 0): hook_resid_pre, ln1,
-  // attn.*, hook_attn_out, hook_resid_post.
+  // ln1.hook_normalized (pre-norm), attn.*, [ln1_post.*], hook_attn_out, hook_resid_mid,
+  // ln2.hook_normalized (pre-norm), mlp.hook_pre, [mlp.hook_pre_linear], mlp.hook_post,
+  // [ln2_post.*], hook_mlp_out, hook_resid_post; all (B, T, d_model) but the attention's and the
+  // MLP's (d_ff). Attention-only (d_ff 0): no hook_resid_mid, ln2, mlp.*. A parallel block has
+  // no hook_resid_mid (nothing sits between attention and the MLP): hook_attn_out and
+  // hook_mlp_out are both added to hook_resid_pre. hook_attn_out / hook_mlp_out are what is
+  // added to the residual stream (after the sandwich norm when there is one).
   Tensor forward(const Tensor& x, const MultiHeadAttention::Call& call, const Hooks* hooks = nullptr,
                  const std::string& prefix = "");
   // Its hook points and its modules', in forward order, named within the block ("attn.hook_q").
   static std::vector<HookPointInfo> hook_points(const ModelConfig& cfg);
   Norm norm;
+  bool parallel;  // attention and MLP both read the block's input (ModelConfig::parallel_block)
   LayerNorm ln1;
   MultiHeadAttention attn;
   std::unique_ptr<LayerNorm> ln2;    // null in an attention-only model (d_ff 0)
   std::unique_ptr<FeedForward> ffn;  // likewise
+  // sandwich norms (ModelConfig::sandwich_norm): on attention's and the MLP's output before
+  // each residual add; null without
+  std::unique_ptr<LayerNorm> ln1_post, ln2_post;
   Dropout resid_dropout;
 };
 
 // Everything the LM forward can be asked to do beyond computing logits.
 struct ForwardOptions {
   Tensor key_padding;                    // (B, T), non-zero = padding (never attended to)
+  // (B, T) each token's position; null = 0..T-1 (after a KV cache's tokens). A left-padded row's
+  // positions start at its first real token (positions_from_padding), as TransformerLens's do;
+  // hook_pos_embed is then (B, T, d_model). Not with live_len.
+  const Ids* position_ids = nullptr;
   const Hooks* hooks = nullptr;          // named hook points (models/hooks.h); none = fast path
   std::vector<KVCacheLayer>* kv_cache = nullptr;  // incremental decoding (no grad)
   // Compute only the first live_len[b] positions of row b (0 <= live_len[b] <= T): in a causal
@@ -111,6 +141,12 @@ struct ForwardOptions {
   // that reads attention patterns then never makes the (B, T, vocab) logits. -1 = the logits.
   int stop_at_layer = -1;
 };
+
+// The positions of a padded batch from its key_padding (B, T): each token's count of real
+// tokens before it (0 for padding before the first), so a row's real tokens sit at 0, 1, ...
+// wherever the padding is. `offset`: real tokens already cached before column 0 (per row, or
+// none = 0).
+Ids positions_from_padding(const Tensor& key_padding, const std::vector<int32_t>& offset = {});
 
 class TransformerLM : public Module {
  public:
@@ -151,6 +187,7 @@ class TransformerLM : public Module {
 
  private:
   Tensor forward_live(const Ids& ids, const ForwardOptions& opt);  // forward with live_len
+  Tensor token_embeddings(const Ids& ids) const;  // tok_emb, times sqrt(d_model) with embed_scale
   // blocks[layer..] on x, then ln_final and the head: the one tail of forward and forward_from
   Tensor run_blocks(int layer, Tensor x, MultiHeadAttention::Call& call, const ForwardOptions& opt);
   // the attention call of a forward of B rows: causal, with opt's key padding checked as (B, keys)

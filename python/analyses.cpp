@@ -11,6 +11,7 @@
 #include "analysis/patching.h"
 #include "bindings.h"
 #include "train/over_training.h"
+#include "train/run_dir.h"
 #include "lib/fileutil.h"
 
 namespace hl::bindings {
@@ -116,7 +117,13 @@ void bind_analyses(py::module_& m) {
   m.def("_scores_over_training", [](const std::string& run, const std::string& analysis, const py::object& examples,
                                     uint64_t seed, const std::string& data, int length, int bos, bool exclude_bos,
                                     bool exclude_current, bool normalize, const std::string& task, const py::object& threads_given,
-                                    const std::string& corrupt) {
+                                    const std::string& corrupt, const py::object& out_given) {
+    // out: a directory for the files `headlab ANALYSIS --run` writes (True: where headlab view RUN reads them)
+    std::string out;
+    if (py::isinstance<py::bool_>(out_given)) out = out_given.cast<bool>() ? over_training_dir(run, analysis) : "";
+    else if (!out_given.is_none()) out = py::str(out_given).cast<std::string>();
+    const std::string kind = head_analysis(analysis).command;  // a bad name fails before anything is read
+    if (!out.empty()) check_output_dir(out, kind, "out");
     // no count given: the busy-machine rule, as every command applies it
     const int threads = threads_given.is_none() ? threads_for_this_machine(TrainArgs{}.threads) : threads_given.cast<int>();
     HeadScoreOptions o;
@@ -130,7 +137,7 @@ void bind_analyses(py::module_& m) {
       unknown.name = task;
       unknown.validate();
     }
-    o.examples = examples.is_none() ? default_examples(analysis) : examples.cast<int>();
+    o.examples = examples.is_none() ? head_analysis(analysis).default_examples() : examples.cast<int>();
     if (o.examples < 1) throw py::value_error("scores_over_training: examples must be at least 1, got " + std::to_string(o.examples));
     if (threads < 1) throw py::value_error("scores_over_training: threads must be at least 1, got " + std::to_string(threads));
     o.seed = seed, o.data = data, o.length = length, o.bos = bos;
@@ -138,6 +145,11 @@ void bind_analyses(py::module_& m) {
     o.fallback_task = TaskConfig::preset(task);
     o.threads = threads;
     const ScoresOverTraining s = interruptible([&] { return scores_over_training(run, analysis, o); });
+    if (!out.empty()) {  // the files appear together, or none, as the command's
+      const std::unique_ptr<StagedDir> staged = claim_staged_output_dir(out, kind, "out");
+      write_scores_over_training_files(staged->staging(), s, o);
+      staged->publish();
+    }
     py::dict scores;
     for (size_t k = 0; k < s.score_names.size(); ++k) {
       py::array_t<double> a({static_cast<py::ssize_t>(s.steps.size()), static_cast<py::ssize_t>(s.layers),
@@ -149,8 +161,18 @@ void bind_analyses(py::module_& m) {
     r["steps"] = py::array_t<int64_t>(static_cast<py::ssize_t>(s.steps.size()), s.steps.data());
     r["checkpoints"] = s.checkpoints;
     r["scores"] = scores;
+    if (!out.empty()) r["out"] = out;
     return r;
   });
+  m.def("head_analyses", [] {
+        py::list rows;
+        for (const HeadAnalysis& a : head_analyses())
+          rows.append(py::dict(py::arg("name") = a.name, py::arg("command") = a.command, py::arg("scores") = a.scores,
+                               py::arg("help") = a.help, py::arg("default_examples") = a.default_examples()));
+        return rows;
+      },
+      "The per-head analyses of scores_over_training (and `headlab COMMAND --run`), one dict per analysis: name, "
+      "command, scores (the names of the grids it returns), help, default_examples");
   m.def("per_token_loss", [](TransformerLM& model, const py::object& ids, const py::object& targets) {
     const Ids x = ids_from(ids);
     Ids y;

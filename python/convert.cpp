@@ -1,5 +1,6 @@
 // Conversions between Python objects and headlab's (arrays, token ids, results) and settings by
 // keyword, resolved through the CLI's flag table; shared by the files that bind each area.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -58,6 +59,19 @@ Tensor tensor_from_array(const py::array& a, const std::string& what) {
 }
 
 Ids ids_from(const py::object& obj, const char* what) {
+  // rows of different lengths (a ragged list) make no array: say how to run them
+  if (py::isinstance<py::list>(obj) || py::isinstance<py::tuple>(obj)) {
+    std::vector<size_t> lens;
+    for (const py::handle& row : obj)
+      if (py::isinstance<py::list>(row) || py::isinstance<py::tuple>(row) || py::isinstance<py::array>(row)) lens.push_back(py::len(row));
+    if (lens.size() > 1 && std::any_of(lens.begin(), lens.end(), [&](size_t n) { return n != lens[0]; })) {
+      std::string l;
+      for (size_t n : lens) l += (l.empty() ? "" : ", ") + std::to_string(n);
+      throw py::value_error(std::string(what) + ": the rows have different lengths (" + l + "): pad them to one length and " +
+                            "pass attention_mask (1 = token, 0 = padding), e.g. ids, mask = model.to_tokens(texts, " +
+                            "padding_side='right')");
+    }
+  }
   py::array a = py::array::ensure(obj);
   if (!a) throw py::type_error(std::string(what) + ": expected an integer array or list of token ids");
   if (a.dtype().kind() != 'i' && a.dtype().kind() != 'u')
@@ -223,7 +237,7 @@ const std::vector<ConfigField>& config_fields() {
       {"d_mlp", "d_ff", "Feed-forward width; 0 = attention-only", [](const ModelConfig& c) -> py::object { return py::int_(c.d_ff); }},
       {"n_ctx", "max_seq_len", "Longest sequence (positions)", [](const ModelConfig& c) -> py::object { return py::int_(c.max_seq_len); }},
       {"norm", "", "pre or post LayerNorm", [](const ModelConfig& c) -> py::object { return py::str(to_string(c.norm)); }},
-      {"activation", "", "gelu_erf, gelu_tanh or relu", [](const ModelConfig& c) -> py::object { return py::str(to_string(c.activation)); }},
+      {"activation", "", "gelu_erf, gelu_tanh, relu, relu2 or silu", [](const ModelConfig& c) -> py::object { return py::str(to_string(c.activation)); }},
       {"positions", "", "learned or sinusoidal", [](const ModelConfig& c) -> py::object { return py::str(to_string(c.positions)); }},
       {"attn_bias", "", "Biases on W_Q, W_K, W_V, W_O", [](const ModelConfig& c) -> py::object { return py::bool_(c.attn_bias); }},
       {"mlp_bias", "", "Biases on the feed-forward layers", [](const ModelConfig& c) -> py::object { return py::bool_(c.mlp_bias); }},
@@ -231,6 +245,14 @@ const std::vector<ConfigField>& config_fields() {
       {"eps", "layer_norm_eps", "LayerNorm epsilon", [](const ModelConfig& c) -> py::object { return short_float(c.layer_norm_eps); }},
       {"dropout", "", "Dropout on embeddings and residual branches", [](const ModelConfig& c) -> py::object { return short_float(c.dropout); }},
       {"attn_dropout", "", "Dropout on attention weights", [](const ModelConfig& c) -> py::object { return short_float(c.attn_dropout); }},
+      // block options (docs/architectures.md)
+      {"normalization", "", "layernorm, rmsnorm or rmsnorm_1p", [](const ModelConfig& c) -> py::object { return py::str(to_string(c.normalization)); }},
+      {"sandwich_norm", "", "A norm on attention's and the MLP's output (Gemma 2)", [](const ModelConfig& c) -> py::object { return py::bool_(c.sandwich_norm); }},
+      {"mlp", "", "plain, swiglu or geglu", [](const ModelConfig& c) -> py::object { return py::str(to_string(c.mlp)); }},
+      {"parallel_block", "", "x + attn(ln1 x) + mlp(ln2 x)", [](const ModelConfig& c) -> py::object { return py::bool_(c.parallel_block); }},
+      {"embed_scale", "", "Token embeddings times sqrt(d_model)", [](const ModelConfig& c) -> py::object { return py::bool_(c.embed_scale); }},
+      {"final_softcap", "", "Logit soft-cap; 0 = none", [](const ModelConfig& c) -> py::object { return short_float(c.final_softcap); }},
+      {"arch", "", "The --arch preset it was made with ('' = none)", [](const ModelConfig& c) -> py::object { return py::str(c.arch); }},
   };
   return fields;
 }

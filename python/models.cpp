@@ -41,7 +41,11 @@ struct PyCallable {
 };
 std::shared_ptr<PyCallable> keep(const py::function& f) { return std::make_shared<PyCallable>(f); }
 
-// fn(activation, name) -> None or a replacement array of the same shape.
+// A hook made by headlab.tensor_hook(fn) receives the activation as an hl.Tensor in the graph.
+bool wants_tensor(const py::function& f) { return py::hasattr(f, "_headlab_as_tensor"); }
+
+// fn(activation, name) -> None or a replacement of the same shape: an array (a constant to
+// autograd) or an hl.Tensor (its graph kept: gradients flow through an expression of x).
 Hooks hooks_from(const ModelConfig& cfg, const std::vector<std::pair<std::string, py::function>>& fwd,
                  const std::vector<std::pair<std::string, py::function>>& bwd) {
   Hooks hooks;
@@ -53,7 +57,7 @@ Hooks hooks_from(const ModelConfig& cfg, const std::vector<std::pair<std::string
       // An exception the hook raises (KeyboardInterrupt and SystemExit included) reaches the
       // caller as itself: error_already_set carries it through the C++ frames.
       try {
-        r = fn->fn(view_of(x, /*writeable=*/false), n);
+        r = wants_tensor(fn->fn) ? fn->fn(x, n) : fn->fn(view_of(x, /*writeable=*/false), n);
       } catch (py::error_already_set& e) {
         // NumPy's "assignment destination is read-only" does not say what to do instead
         if (e.matches(PyExc_ValueError) && std::string(e.what()).find("read-only") != std::string::npos)
@@ -62,9 +66,14 @@ Hooks hooks_from(const ModelConfig& cfg, const std::vector<std::pair<std::string
         throw;
       }
       if (r.is_none()) return Tensor();
-      py::array a = py::array::ensure(r);
-      if (!a) throw py::type_error("hook at " + n + ": return None or an array, got " + std::string(py::str(r.get_type())));
-      Tensor t = tensor_from_array(a, "hook at " + n);
+      Tensor t;
+      if (py::isinstance<Tensor>(r)) {
+        t = r.cast<Tensor>();  // differentiable: the graph from x (if any) is kept
+      } else {
+        py::array a = py::array::ensure(r);
+        if (!a) throw py::type_error("hook at " + n + ": return None, an array or an hl.Tensor, got " + std::string(py::str(r.get_type())));
+        t = tensor_from_array(a, "hook at " + n);
+      }
       if (t.shape() != x.shape())
         throw py::value_error("hook at " + n + ": the replacement has shape " + t.shape().str() + " but the activation is " +
                               x.shape().str());
@@ -98,14 +107,65 @@ std::optional<Hooks> model_hooks(const py::object& self, const HookList& fwd = {
   if (f.empty() && b.empty()) return std::nullopt;
   return hooks_from(self.cast<const TransformerLM&>().cfg, f, b);
 }
-Tensor forward_with_hooks(const py::object& self, const Ids& x, const HookList& fwd = {}, const HookList& bwd = {}) {
+// TransformerLens's attention_mask (B, T) of a padded batch, 1 = a token, 0 = padding: the
+// forward's key padding and each token's position (a left-padded row's start at its first token).
+struct Padding {
+  Tensor key_padding;  // undefined: no mask given
+  Ids positions;
+  void apply(ForwardOptions& opt) const {
+    if (!key_padding.defined()) return;
+    opt.key_padding = key_padding;
+    opt.position_ids = &positions;
+  }
+};
+Padding padding_from(const py::object& mask, const Ids& ids, const char* what = "attention_mask") {
+  Padding p;
+  if (mask.is_none()) return p;
+  py::array a = py::array::ensure(mask);
+  if (!a || (a.dtype().kind() != 'i' && a.dtype().kind() != 'u' && a.dtype().kind() != 'b'))
+    throw py::type_error(std::string(what) + ": expected an integer or bool array (1 = token, 0 = padding)");
+  if (a.ndim() == 1) a = a.reshape({py::ssize_t(1), a.shape(0)});
+  const int64_t B = ids.shape[0], T = ids.shape[1];
+  if (a.ndim() != 2 || a.shape(0) != B || a.shape(1) != T)
+    throw py::value_error(std::string(what) + ": shape " + shape_text(a) + " must be the ids' (" + std::to_string(B) + ", " +
+                          std::to_string(T) + ")");
+  const auto v = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(a);
+  p.key_padding = Tensor::zeros({B, T});
+  for (int64_t b = 0; b < B; ++b) {
+    bool any = false;
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t m = v.data()[b * T + t];
+      if (m != 0 && m != 1)
+        throw py::value_error(std::string(what) + ": values are 1 (token) or 0 (padding), got " + std::to_string(m));
+      p.key_padding.data()[b * T + t] = m == 0 ? 1.f : 0.f;
+      any |= m == 1;
+    }
+    if (!any) throw py::value_error(std::string(what) + ": row " + std::to_string(b) + " has no token (every entry is 0)");
+  }
+  p.positions = positions_from_padding(p.key_padding);
+  return p;
+}
+
+Tensor forward_with_hooks(const py::object& self, const Ids& x, const HookList& fwd = {}, const HookList& bwd = {},
+                          const Padding& pad = {}) {
   TransformerLM& model = self.cast<TransformerLM&>();
   const std::optional<Hooks> hooks = model_hooks(self, fwd, bwd);
   ForwardOptions opt;
   opt.hooks = hooks ? &*hooks : nullptr;
+  pad.apply(opt);
   py::gil_scoped_release release;
   return model.forward(x, opt);
 }
+// The forward of model(ids, attention_mask=...) and forward(...).
+Tensor forward_masked(const py::object& self, const py::object& ids, const py::object& mask) {
+  const Ids x = ids_from(ids);
+  return forward_with_hooks(self, x, {}, {}, padding_from(mask, x));
+}
+constexpr char kForwardDoc[] =
+    "ids (T) or (B, T) -> logits (B, T, d_vocab), with the hooks the model holds (add_hook). "
+    "attention_mask (B, T), 1 = token, 0 = padding, runs prompts of different lengths padded on either side "
+    "(model.to_tokens(texts, padding_side=...) makes both): padding is never attended to, and a row's positions "
+    "count its tokens from its first (as alone)";
 
 // TransformerLens's weights, [n_layers, heads, ...], from headlab's per-layer (out, in) Linears:
 // copies (a layer's weights are their own tensor, so no view spans the layers).
@@ -147,48 +207,17 @@ py::array repeat_kv(const TransformerLM& model, py::array kv) {
   return groups == 1 ? kv : py::module_::import("numpy").attr("repeat")(kv, groups, py::arg("axis") = 1);
 }
 
-// TransformerLens's utils.get_act_name: ("pattern", 0) -> "blocks.0.attn.hook_pattern",
-// ("q", 1, "attn"), ("resid_pre", 2), ("scale", 0, "ln1"), ("embed",), ("scale",) ->
-// ln_final.hook_scale; a full name ("blocks.0.hook_resid_pre") is kept; "pattern0" = ("pattern", 0).
-std::string act_name(std::string name, std::optional<int> layer, std::string layer_type) {
-  if ((name.find('.') != std::string::npos || name.rfind("hook_", 0) == 0) && !layer && layer_type.empty()) return name;
-  // "resid_pre3", "pattern0a": the name, the layer, then the layer type
-  const size_t digit = name.find_first_of("0123456789");
-  if (digit != std::string::npos && digit > 0) {
-    size_t end = digit;
-    while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
-    layer = std::stoi(name.substr(digit, end - digit));
-    layer_type = name.substr(end);
-    name = name.substr(0, digit);
-  }
-  static const std::map<std::string, std::string> act_alias = {
-      {"attn", "pattern"}, {"attn_logits", "attn_scores"}, {"key", "k"}, {"query", "q"}, {"value", "v"},
-      {"mlp_pre", "pre"}, {"mlp_mid", "mid"}, {"mlp_post", "post"}};
-  static const std::map<std::string, std::string> type_alias = {
-      {"a", "attn"}, {"m", "mlp"}, {"b", ""}, {"block", ""}, {"blocks", ""}, {"attention", "attn"}};
-  if (auto it = act_alias.find(name); it != act_alias.end()) name = it->second;
-  static const std::set<std::string> attn = {"k", "v", "q", "z", "rot_k", "rot_q", "result", "pattern", "attn_scores",
-                                             "q_input", "k_input", "v_input"};
-  static const std::set<std::string> mlp = {"pre", "post", "mid", "pre_linear"};
-  if (attn.count(name)) layer_type = "attn";
-  else if (mlp.count(name)) layer_type = "mlp";
-  else if (auto it = type_alias.find(layer_type); it != type_alias.end()) layer_type = it->second;
-  std::string full = layer ? "blocks." + std::to_string(*layer) + "." : "";
-  if (!layer_type.empty()) full += layer_type + ".";
-  full += "hook_" + name;
-  if ((name == "scale" || name == "normalized") && !layer) full = "ln_final." + full;
-  return full;
-}
-// A cache key: a name, or a (name, layer[, layer_type]) tuple as TransformerLens's cache takes.
+// A cache key: a name, or a (name, layer[, layer_type]) tuple as TransformerLens's cache takes
+// (get_act_name, models/hooks.h: the one spelling of hook names).
 std::string act_name_of(const py::object& key) {
-  if (py::isinstance<py::str>(key)) return act_name(key.cast<std::string>(), std::nullopt, "");
+  if (py::isinstance<py::str>(key)) return get_act_name(key.cast<std::string>(), std::nullopt, "");
   if (!py::isinstance<py::tuple>(key)) throw py::type_error("a cache key is a hook name or a tuple (name, layer[, layer_type])");
   const auto t = key.cast<py::tuple>();
   if (t.size() < 1 || t.size() > 3 || !py::isinstance<py::str>(t[0]))
     throw py::type_error("a cache key tuple is (name, layer[, layer_type]), e.g. ('pattern', 0)");
   std::optional<int> layer;
   if (t.size() > 1 && !t[1].is_none()) layer = t[1].cast<int>();
-  return act_name(t[0].cast<std::string>(), layer, t.size() > 2 ? t[2].cast<std::string>() : "");
+  return get_act_name(t[0].cast<std::string>(), layer, t.size() > 2 ? t[2].cast<std::string>() : "");
 }
 
 // The activation cache seen from Python: cache[name] is an array view. It knows the model and
@@ -301,7 +330,8 @@ void bind_models(py::module_& m) {
 
 ModelConfig(**settings): n_layers, n_heads, d_model, d_head, d_mlp, d_vocab, n_ctx,
 n_key_value_heads, norm, activation, positions, attn_bias, mlp_bias, head_bias, eps, dropout,
-attn_dropout; each also by its CLI flag's name (layers=, heads=, kv_heads=, d_ff=, vocab_size=,
+attn_dropout, the block options normalization, sandwich_norm, mlp, parallel_block, embed_scale,
+final_softcap and arch (a preset's name: its settings, unless given); each also by its CLI flag's name (layers=, heads=, kv_heads=, d_ff=, vocab_size=,
 max_seq_len=, layer_norm_eps=). What is not given takes the CLI's default.
 ModelConfig(**cfg.to_dict()) gives cfg back.)");
   config.def(py::init([](py::kwargs kw) { return model_config_from_kwargs(kw); }),
@@ -338,7 +368,7 @@ ModelConfig(**cfg.to_dict()) gives cfg back.)");
     };
   };
   m.def("get_act_name", [](const std::string& name, std::optional<int> layer, const std::string& layer_type) {
-        return act_name(name, layer, layer_type);
+        return get_act_name(name, layer, layer_type);
       }, py::arg("name"), py::arg("layer") = py::none(), py::arg("layer_type") = "",
       "A hook's full name from TransformerLens's short form: get_act_name('pattern', 0) = 'blocks.0.attn.hook_pattern'");
   py::class_<PyCache>(m, "ActivationCache", "Activations by hook name (read-only array views) and their gradients")
@@ -435,15 +465,21 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
       .def("train", [](TransformerLM& model, bool on) { model.train(on); }, py::arg("on") = true,
            "Training mode (dropout on) or, with on=False, evaluation mode")
       .def("eval", [](TransformerLM& model) { model.eval(); }, "Evaluation mode (no dropout)")
-      .def("forward", [](const py::object& self, const py::object& ids) { return forward_with_hooks(self, ids_from(ids)); },
-           py::arg("ids"), "ids (T) or (B, T) -> logits (B, T, d_vocab), with the hooks the model holds (add_hook)")
-      .def("__call__", [](const py::object& self, const py::object& ids) { return forward_with_hooks(self, ids_from(ids)); },
-           py::arg("ids"), "The same as forward(ids)")
-      .def("loss", [](const py::object& self, const py::object& ids, const py::object& targets) {
+      .def("forward", &forward_masked, py::arg("ids"), py::arg("attention_mask") = py::none(), kForwardDoc)
+      .def("__call__", &forward_masked, py::arg("ids"), py::arg("attention_mask") = py::none(),
+           "The same as forward(ids, attention_mask)")
+      .def("loss", [](const py::object& self, const py::object& ids, const py::object& targets, const py::object& mask) {
              const Ids x = ids_from(ids), y = counted_targets_from(targets, "loss");
-             return cross_entropy(forward_with_hooks(self, x), y);
-           }, py::arg("ids"), py::arg("targets"),
-           "Mean cross-entropy over targets != -1 (a tensor; call backward()); no counted target raises ValueError")
+             const Padding pad = padding_from(mask, x);
+             if (pad.key_padding.defined())  // a target at padding would count a position that is not there
+               for (size_t i = 0; i < y.data.size() && i < x.data.size(); ++i)
+                 if (y.data[i] >= 0 && pad.key_padding.data()[i] != 0.f)
+                   throw py::value_error("loss: targets count a padding position (row " + std::to_string(i / x.shape[1]) +
+                                         ", column " + std::to_string(i % x.shape[1]) + "): set its target to -1");
+             return cross_entropy(forward_with_hooks(self, x, {}, {}, pad), y);
+           }, py::arg("ids"), py::arg("targets"), py::arg("attention_mask") = py::none(),
+           "Mean cross-entropy over targets != -1 (a tensor; call backward()); no counted target raises ValueError. "
+           "With attention_mask, padding positions must have target -1")
       .def("named_parameters", [](const TransformerLM& model) {
              py::dict d;
              for (auto& [name, t] : model.named_parameters()) d[py::str(name)] = t;
@@ -516,9 +552,11 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
              for (auto& row : model.gate_values()) g.emplace_back(row.begin(), row.end());
              return grid_array(g);
            }, "Every layer's head gates (n_layers, n_heads)")
-      .def("run_with_cache", [](const py::object& self, const py::object& ids, const py::object& names, bool incl_bwd) {
+      .def("run_with_cache", [](const py::object& self, const py::object& ids, const py::object& names, bool incl_bwd,
+                                const py::object& mask) {
              TransformerLM& model = self.cast<TransformerLM&>();
              const Ids x = ids_from(ids);
+             const Padding pad = padding_from(mask, x);
              // a misspelt name is refused here, as run_with_hooks refuses it, not at lookup
              if (py::isinstance<py::str>(names)) check_hook_name(model.cfg, names.cast<std::string>());
              else if (!names.is_none() && !py::isinstance<py::function>(names))
@@ -528,6 +566,7 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
              hooks.cache(cache, filter_from(names), incl_bwd);
              ForwardOptions opt;
              opt.hooks = &hooks;
+             pad.apply(opt);
              Tensor logits;
              {
                py::gil_scoped_release release;
@@ -535,15 +574,21 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
              }
              return py::make_tuple(logits, PyCache{cache, self, x});
            }, py::arg("ids"), py::arg("names_filter") = py::none(), py::arg("incl_bwd") = false,
+           py::arg("attention_mask") = py::none(),
            "(logits, cache): cache[name] for every hook name passing names_filter (None = all but the split q/k/v "
            "inputs, a name, a list, or a predicate name -> bool); incl_bwd=True: cache.grad(name) after "
            "logits' loss.backward(). The cache's decompose_resid, logit_attrs and the rest read hook_result and "
-           "hook_scale, which names_filter=None caches")
-      .def("run_with_hooks", [](const py::object& self, const py::object& ids, const HookList& fwd_hooks, const HookList& bwd_hooks) {
-             return forward_with_hooks(self, ids_from(ids), fwd_hooks, bwd_hooks);
+           "hook_scale, which names_filter=None caches. attention_mask: as model(ids, attention_mask)")
+      .def("run_with_hooks", [](const py::object& self, const py::object& ids, const HookList& fwd_hooks, const HookList& bwd_hooks,
+                                const py::object& mask) {
+             const Ids x = ids_from(ids);
+             return forward_with_hooks(self, x, fwd_hooks, bwd_hooks, padding_from(mask, x));
            }, py::arg("ids"), py::arg("fwd_hooks") = HookList{}, py::arg("bwd_hooks") = HookList{},
+           py::arg("attention_mask") = py::none(),
            "logits with hooks (after the model's own, add_hook): fn(activation, name) may return a replacement "
-           "(the activation is read-only: edit a copy); backward hooks fn(grad, name) run during backward()")
+           "(the activation is read-only: edit a copy; an array is a constant to autograd; a hook wrapped in "
+           "headlab.tensor_hook gets an hl.Tensor and its returned expression keeps the gradient); backward hooks "
+           "fn(grad, name) run during backward()")
       .def("add_hook", [](const py::object& self, const std::string& name, const py::function& fn, const std::string& dir) {
              check_hook_name(self.cast<const TransformerLM&>().cfg, name);
              if (dir != "fwd" && dir != "bwd") throw py::value_error("add_hook: dir must be 'fwd' or 'bwd', got '" + dir + "'");
@@ -556,7 +601,8 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
              for (const char* attr : {"_fwd_hooks", "_bwd_hooks"})
                if (py::hasattr(self, attr)) py::delattr(self, attr);
            }, "Removes every hook add_hook (or a hooks() block) left on the model")
-      .def("generate", [](const py::object& self, const py::object& tokens, int64_t max_new_tokens, double temperature, uint64_t seed) {
+      .def("generate", [](const py::object& self, const py::object& tokens, int64_t max_new_tokens, double temperature, uint64_t seed,
+                          const py::object& mask) {
              // a hooked model (an ablation in a hooks() block) would generate as if unhooked: refused
              for (const char* attr : {"_fwd_hooks", "_bwd_hooks"})
                if (py::hasattr(self, attr) && py::len(self.attr(attr)) > 0)
@@ -564,16 +610,19 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
                              "call reset_hooks() first, or run the hooked forward step by step");
              TransformerLM& model = self.cast<TransformerLM&>();
              const Ids x = ids_from(tokens, "tokens");
+             const Padding pad = padding_from(mask, x);
              Ids out;
              {
                py::gil_scoped_release release;
-               out = generate(model, x, max_new_tokens, temperature, seed);
+               out = generate(model, x, max_new_tokens, temperature, seed, pad.key_padding);
              }
              return ids_to_array(out);
            }, py::arg("tokens"), py::arg("max_new_tokens") = 10, py::arg("temperature") = 0.0, py::arg("seed") = 0,
+           py::arg("attention_mask") = py::none(),
            "tokens (T) or (B, T) continued by max_new_tokens tokens (KV-cached; without hooks): temperature 0 is "
            "greedy, > 0 samples from softmax(logits / temperature), the same seed giving the same tokens. "
-           "Returns (B, T + max_new_tokens) ids")
+           "Returns (B, T + max_new_tokens) ids. Prompts of different lengths: padded on the left with their "
+           "attention_mask (to_tokens(texts, padding_side='left'))")
       .def_property_readonly("num_parameters", &TransformerLM::num_parameters, "How many parameters the model has");
 }
 

@@ -9,6 +9,7 @@
 #include "train/atlas.h"
 #include "lib/rng.h"
 #include "models/checkpoint.h"
+#include "train/run_plan.h"
 #include "train/settings.h"
 
 namespace hl::bindings {
@@ -107,7 +108,32 @@ py::dict batch_dict(const Batch& b) {
 
 struct PyTrainer {
   std::unique_ptr<Trainer> trainer;
+  std::vector<std::string> notices;  // plan_run's and the snapshots', for Trainer to show
 };
+
+// A keyword of the run-control table (out=, fork=, gate=[...]) into its field, with a TypeError
+// naming it when the value has the wrong type; plan_run checks ranges and combinations.
+void set_run_setting(RunRequest& r, const RunSetting& s, const py::handle& value) {
+  const std::string key = s.name();
+  std::visit(
+      [&](auto* field) {
+        using T = std::remove_pointer_t<decltype(field)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          if (!py::isinstance<py::bool_>(value)) throw py::type_error(key + ": expected True or False");
+          *field = value.cast<bool>();
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          *field = path_from(value, key);
+        } else if constexpr (std::is_same_v<T, int64_t>) {
+          if (py::isinstance<py::bool_>(value)) wrong_argument_type(value, key, "an integer");
+          *field = cast_arg<int64_t>(value, key, "an integer");
+        } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+          *field = cast_arg<T>(value, key, "a list of int such as [100, 200]");
+        } else {
+          *field = cast_arg<T>(value, key, std::string("a list of str such as ['") + (key == "gate" ? "0.1=0" : "0.1") + "']");
+        }
+      },
+      s.field(r));
+}
 
 py::dict run_trainer(Trainer& t, const py::object& on_step, const py::object& on_eval) {
   if (t.has_run()) throw py::value_error("Trainer: run() was already called; make a new Trainer (resume=True continues a run)");
@@ -290,56 +316,39 @@ void bind_training(py::module_& m) {
   // ---- training -------------------------------------------------------------------------------
   py::class_<PyTrainer>(m, "_Trainer")
       .def(py::init([](py::kwargs kw) {
-        std::set<std::string> extra = {"data", "eval_data", "out", "init", "resume", "log_grads", "dump_grads_at", "snapshot_at",
-                                       "fork", "at", "fork_from", "gate", "freeze", "reinit"};
-        TrainArgs a = args_from_kwargs(kw, [&](const std::string& k) { return extra.count(k) > 0; }, true);
-        if (kw.contains("out") && !kw["out"].is_none()) a.out = path_from(kw["out"], "out");
-        if (kw.contains("init") && !kw["init"].is_none()) a.init = path_from(kw["init"], "init");
-        if (kw.contains("resume")) a.resume = kw["resume"].cast<bool>();
-        // the gradient atlas, as `headlab train --log-grads N --dump-grads-at S,..` writes it into out
-        if (kw.contains("log_grads") && !kw["log_grads"].is_none()) a.log_grads_every = kw["log_grads"].cast<int64_t>();
-        if (kw.contains("dump_grads_at") && !kw["dump_grads_at"].is_none())
-          a.dump_grads_at = kw["dump_grads_at"].cast<std::vector<int64_t>>();
-        if ((a.log_grads_every > 0 || !a.dump_grads_at.empty()) && a.out.empty())
-          throw py::value_error("log_grads / dump_grads_at write the gradient atlas into a run directory: give out=");
-        if (a.log_grads_every < 0) throw py::value_error("log_grads must not be negative");
+        // the keywords of the run-control table (None = not given), of the settings table, and the data
+        RunRequest r;
+        std::set<std::string> given;
+        py::dict settings;
+        for (auto& [k, v] : kw) {
+          const std::string key = k.cast<std::string>();
+          if (key == "data" || key == "eval_data") continue;
+          if (const RunSetting* s = find_run_setting(key)) {
+            if (v.is_none()) continue;
+            set_run_setting(r, *s, v);
+            given.insert(s->flag);
+          } else {
+            settings[k] = v;
+            if (const TrainSetting* s = find_train_setting(key)) given.insert(s->flag);
+          }
+        }
+        TrainArgs a = args_from_kwargs(settings, {}, true);
         std::unique_ptr<Task> task = task_from(a, kw.contains("data") ? py::object(kw["data"]) : py::object(py::none()),
                                                kw.contains("eval_data") ? py::object(kw["eval_data"]) : py::object(py::none()));
-        std::set<std::string> given;  // the flags of the keywords given
-        for (auto& [k, v] : kw)
-          if (const TrainSetting* s = find_train_setting(k.cast<std::string>())) given.insert(s->flag);
-        const auto was_given = [&](const std::string& f) { return given.count(f) > 0; };
-        // a counterfactual fork (train --fork-from FILE --gate/--freeze/--reinit): settings from FILE
-        auto texts = [&](const char* k) {
-          return kw.contains(k) && !kw[k].is_none()
-                     ? cast_arg<std::vector<std::string>>(kw[k], k, std::string("a list of str such as ['") +
-                                                                        (k == std::string("gate") ? "0.1=0" : "0.1") + "']")
-                     : std::vector<std::string>{};
-        };
-        a.gate_heads = texts("gate"), a.freeze_heads = texts("freeze"), a.reinit_heads = texts("reinit");
-        const bool by_run = kw.contains("fork") && !kw["fork"].is_none(), by_file = kw.contains("fork_from") && !kw["fork_from"].is_none();
-        if (by_run && by_file) throw py::value_error("fork and fork_from both name the state to fork from: choose one");
-        if (by_run != (kw.contains("at") && !kw["at"].is_none()))
-          throw py::value_error("fork=RUN goes with at=STEP, the step of the run's snapshot to start from");
-        if (by_run || by_file) {
-          if (a.resume) throw py::value_error("resume=True continues a run (a fork too) from its own checkpoint: leave out fork");
-          if (task) throw py::value_error("fork: the fork trains on the task of the run it forks; leave out data arrays");
-          const std::string file = by_run ? require_snapshot(path_from(kw["fork"], "fork"), kw["at"].cast<int64_t>())
-                                          : path_from(kw["fork_from"], "fork_from");
-          a = fork_args(file, a, was_given);
-        } else {
-          a = a.resume ? resume_args(a.out, a, was_given) : init_args(a, was_given);
-          // a new run: the busy-machine rule, as `headlab train` (a resumed run keeps its count)
-          if (!a.resume && !was_given("--threads")) a.threads = threads_for_this_machine(a.threads);
-        }
-        // snapshots (RUN/snapshots/step_NNNNNNNN.safetensors): a resumed run keeps its own steps unless given
-        if (kw.contains("snapshot_at") && !kw["snapshot_at"].is_none())
-          a.snapshot_at = kw["snapshot_at"].cast<std::vector<int64_t>>();
+        r.own_task = task != nullptr;
+        r.given = [&](const std::string& f) { return given.count(f) > 0; };
         PyTrainer t;
         py::gil_scoped_release release;
-        t.trainer = std::make_unique<Trainer>(a, std::move(task));
+        RunPlan plan = plan_run(a, r);
+        if (!plan.threads_notice.empty())
+          t.notices.push_back(plan.threads_notice + " (threads=" + std::to_string(plan.threads_wanted) + " to use them anyway)");
+        t.trainer = std::make_unique<Trainer>(plan.args, std::move(task));
+        if (const std::string s = snapshot_notice(*t.trainer); !s.empty()) t.notices.push_back(s);
         return t;
       }))
+      .def_property_readonly("notices", [](const PyTrainer& t) { return t.notices; },
+                             "What the run plan chose that the command line says on stderr (threads lowered on a busy "
+                             "machine, the snapshots' disk), one line each")
       .def("run", [](PyTrainer& t, const py::object& on_step, const py::object& on_eval) {
              return run_trainer(*t.trainer, on_step, on_eval);
            }, py::arg("on_step") = py::none(), py::arg("on_eval") = py::none())

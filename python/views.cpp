@@ -41,8 +41,22 @@ void bind_views(py::module_& m) {
           return py::make_tuple(views::head_view_page(std::move(data), compact), cuts);
         });
   m.def("_byte_token_text", &byte_token_text);
-  m.def("_token_values_page", &views::token_values_page);
-  m.def("_grid_page", &views::grid_page);
+  // vmin, vmax: None = the data's own colour scale (views::ColourScale)
+  const auto scale = [](const std::optional<double>& lo, const std::optional<double>& hi) {
+    views::ColourScale s;
+    if (lo) s.vmin = *lo;
+    if (hi) s.vmax = *hi;
+    return s;
+  };
+  m.def("_token_values_page", [scale](const std::string& title, const std::vector<std::string>& tokens, const std::vector<double>& values,
+                                      const std::string& value_name, std::optional<double> vmin, std::optional<double> vmax) {
+    return views::token_values_page(title, tokens, values, value_name, scale(vmin, vmax));
+  });
+  m.def("_grid_page", [scale](const std::string& title, int rows, int cols, const std::vector<double>& values,
+                              const std::vector<std::string>& row_labels, const std::vector<std::string>& col_labels,
+                              const std::string& value_name, std::optional<double> vmin, std::optional<double> vmax) {
+    return views::grid_page(title, rows, cols, values, row_labels, col_labels, value_name, scale(vmin, vmax));
+  });
 }
 
 }  // namespace hl::bindings

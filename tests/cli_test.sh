@@ -236,6 +236,10 @@ print("sum", "ok" if ok else "BAD %r vs %r" % (sum(parts), logit), "L0H1",
 check "dla JSON" 0 '"component": "ln_final_bias"' -- cat "$T/dla/dla.json"
 check "dla --tokens: one sequence, no interval" 0 "^L0H1,0,1,[-0-9.e]+,nan,nan$" -- bash -c "\"$HL\" dla --checkpoint \"$M\" --tokens '1 2 3 1 2 3' --out \"$T/dlat\" >/dev/null && cat \"$T/dlat/dla.csv\""
 check "dla --tokens outside the vocabulary" nonzero "--tokens \(ids of the vocabulary\): 99 is outside" -- "$HL" dla --checkpoint "$M" --tokens "1 99" --out "$T/dlat2"
+# --tokens: one parser for every command: commas and/or spaces, the same line for a bad id
+check "dla --tokens takes commas as attn does" 0 "^L0H1,0,1,[-0-9.e]+,nan,nan$" -- bash -c "\"$HL\" dla --checkpoint \"$M\" --tokens '1,2 3,1, 2 3' --out \"$T/dlat3\" >/dev/null && cat \"$T/dlat3/dla.csv\""
+check "dla --tokens with none" nonzero "error: --tokens: no token ids given$" -- "$HL" dla --checkpoint "$M" --tokens " , " --out "$T/dlat4"
+check "attn --tokens outside the vocabulary, dla's words" nonzero "--tokens \(ids of the vocabulary\): 99 is outside" -- "$HL" attn --checkpoint "$M" --tokens "1,99" --out "$T/attt"
 "$HL" train $small --norm post --steps 2 --quiet --out "$T/postrun" >/dev/null 2>&1
 check "dla refuses a post-norm model" nonzero "dla needs a pre-norm model: .* is post-norm" -- "$HL" dla --checkpoint "$T/postrun/model.safetensors" --out "$T/dlap"
 [ ! -e "$T/dlap" ] && ok "no output directory after a refused dla" || bad "dla left a directory"
@@ -287,6 +291,9 @@ check "match CSV" 0 "^layer_a,head_a,role_a,layer_b,head_b,role_b,similarity$" -
 check "match needs two checkpoints" nonzero "give exactly two" -- "$HL" match --checkpoint "$T/orig" --out "$T/m2"
 check "compare a run and its fork" 0 "heads' detector scores at the end" -- "$HL" compare "$T/orig" "$T/gated" --examples 16 --out "$T/c"
 check "compare CSV" 0 "^step,loss_a,loss_b,token_acc_a,token_acc_b$" -- cat "$T/c/compare.csv"
+check "compare prints each detector's threshold from random baselines" 0 "^  previous_token 0\.[0-9]{3}, duplicate_token 0\.[0-9]{3}, induction 0\.[0-9]{3}$" -- "$HL" compare "$T/orig" "$T/gated" --examples 16 --out "$T/c3"
+check "compare.json holds the thresholds" 0 '"role_thresholds_from": "random baseline"' -- cat "$T/c3/compare.json"
+check "compare --role-threshold sets one for all" 0 "^  previous_token 0\.300, duplicate_token 0\.300, induction 0\.300 \(--role-threshold\)$" -- "$HL" compare "$T/orig" "$T/gated" --examples 16 --role-threshold 0.3 --out "$T/c4"
 check "view --compare: the page carries both runs' curves and heads" 0 '"compare":\{"a":"[^"]*orig","b":"[^"]*gated \(fork of' -- bash -c "\"$HL\" view \"$T/gated\" --compare \"$T/c\" --out \"$T/c/page.html\" >/dev/null && grep -o '\"compare\":{\"a\":\"[^\"]*\",\"b\":\"[^\"]*' \"$T/c/page.html\""
 check "view --compare of a directory without compare's files" nonzero "--compare .*: no readable compare.json" -- "$HL" view "$T/gated" --compare "$T/orig" --out "$T/c/page2.html"
 check "compare refuses a missing run" nonzero "nope: no such run directory" -- "$HL" compare "$T/orig" "$T/nope" --out "$T/c2"

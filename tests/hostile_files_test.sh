@@ -76,6 +76,34 @@ run 60 "$HL" export "$T/src/model.safetensors" --out "$T/exp2"
 [ "$rc" = 0 ] && [ -f "$T/exp2/config.json" ] && [ -f "$T/exp2/model.safetensors" ] && [ -z "$(ls -A "$T" | grep partial)" ] \
   && ok "export to a new directory: complete, no staging left" || bad "export to a new directory: exit $rc" "$T/err"
 
+# ---- a Hugging Face hub-cache snapshot: its links into the repository's blobs are its own -------
+# models--NAME/snapshots/REV/FILE -> ../../blobs/HASH, as huggingface_hub lays out ~/.cache/huggingface/hub
+hub="$T/hub/models--tiny"; snap="$hub/snapshots/0123abc"
+mkdir -p "$hub/blobs" "$snap"
+printf '{"<|endoftext|>": 0, "a": 1}' >"$T/exp2/vocab.json"; printf '#version: 0.2\n' >"$T/exp2/merges.txt"
+for f in config.json model.safetensors vocab.json merges.txt; do
+  h=$(sha256sum "$T/exp2/$f" | cut -c1-40); cp "$T/exp2/$f" "$hub/blobs/$h"; ln -s "../../blobs/$h" "$snap/$f"
+done
+run 60 "$HL" export "$snap" --out "$T/exp_hub"
+if [ "$rc" = 0 ] && cmp -s "$T/exp_hub/vocab.json" "$T/exp2/vocab.json" && cmp -s "$T/exp_hub/merges.txt" "$T/exp2/merges.txt" \
+   && [ ! -L "$T/exp_hub/vocab.json" ]; then ok "export of a hub-cache snapshot (links into its blobs): exported, tokenizer copied"
+else bad "export of a hub-cache snapshot: exit $rc" "$T/err"; fi
+run 60 "$HL" attn --checkpoint "$snap" --tokens 1,1 --threads 1 --out "$T/attn_hub"
+[ "$rc" = 0 ] && ok "--checkpoint a hub-cache snapshot: read" || bad "--checkpoint a hub-cache snapshot: exit $rc" "$T/err"
+# still refused: a blob that is itself a link out, another repository's blobs, a snapshot-like
+# directory outside a models-- repository
+snap2="$hub/snapshots/evil"; mkdir -p "$snap2"; cp -P "$snap/config.json" "$snap/model.safetensors" "$snap2/"
+ln -s "$T/secret" "$hub/blobs/evil"; ln -s ../../blobs/evil "$snap2/vocab.json"
+refused "hub snapshot whose blob links out of the cache: refused" 'vocab\.json.*(link|outside)' "$HL" export "$snap2" --out "$T/exp_h2"
+other="$T/hub/models--other/blobs"; mkdir -p "$other"; cp "$T/exp2/merges.txt" "$other/m"
+rm "$snap2/vocab.json"; ln -s ../../../models--other/blobs/m "$snap2/merges.txt"
+refused "hub snapshot linking another repository's blobs: refused" 'merges\.txt.*(link|outside)' "$HL" export "$snap2" --out "$T/exp_h3"
+fake="$T/notcache/snapshots/r"; mkdir -p "$fake" "$T/notcache/blobs"; cp "$T/exp2/config.json" "$T/exp2/model.safetensors" "$fake/"
+cp "$T/exp2/merges.txt" "$T/notcache/blobs/m"; ln -s ../../blobs/m "$fake/merges.txt"
+refused "snapshots/ outside a models-- repository: its links out refused" 'merges\.txt.*(link|outside)' "$HL" export "$fake" --out "$T/exp_h4"
+[ ! -e "$T/exp_h2" ] && [ ! -e "$T/exp_h3" ] && [ ! -e "$T/exp_h4" ] && ok "nothing exported from the refused snapshots" \
+  || bad "a refused snapshot left an export"
+
 # ---- a full disk: the directory appears complete or not at all --------------------------------
 # fill NAME DIR FREE_KIB: leave about FREE_KIB KiB free on the tmpfs holding DIR
 fill() { rm -f "$MNT/filler"; local avail; avail=$(df -k --output=avail "$MNT" | tail -1)
@@ -105,6 +133,26 @@ if [ "$(id -u)" = 0 ] && mount -t tmpfs -o size=2m tmpfs "$T/mnt" 2>/dev/null; t
   if [ "$rc" -ge 1 ] && [ "$rc" -lt 124 ] && [ ! -e "$MNT/dla" ] && [ -z "$(ls -A "$MNT" | grep -v filler)" ]; then
     ok "dla on a full disk: no directory (exit $rc)"
   else bad "dla on a full disk: exit $rc, left: $(ls -A "$MNT" "$MNT/dla" 2>/dev/null | tr '\n' ' ')" "$T/err"; fi
+  # the other commands that write a directory: room for a few small files, not for all of theirs
+  # (each run first with room, to learn its files, then with a page less than they take)
+  run 60 "$HL" train $small --steps 4 --seed 3 --out "$T/run_b"; [ "$rc" = 0 ] || bad "fixture: a second run (exit $rc)" "$T/err"
+  for cmd in compare match detect patch knockout; do
+    case $cmd in
+      compare) args=("$T/run" "$T/run_b" --examples 8) ;;
+      match) args=(--checkpoint "$M" --checkpoint "$T/run_b/model.safetensors" --examples 8) ;;
+      knockout) args=(--checkpoint "$M" --hook blocks.0.attn.hook_z --examples 8) ;;
+      *) args=(--checkpoint "$M" --examples 8) ;;
+    esac
+    rm -rf "$T/ref_$cmd"; rm -f "$MNT/filler"
+    run 120 "$HL" $cmd "${args[@]}" --threads 1 --out "$T/ref_$cmd"
+    [ "$rc" = 0 ] || { bad "fixture: $cmd (exit $rc)" "$T/err"; continue; }
+    need=0; for f in "$T/ref_$cmd"/* "$T/ref_$cmd"/.headlab-kind; do need=$((need + $(kib "$f"))); done
+    fill "$MNT" $((need - 4))
+    run 120 "$HL" $cmd "${args[@]}" --threads 1 --out "$MNT/$cmd"
+    if [ "$rc" -ge 1 ] && [ "$rc" -lt 124 ] && [ ! -e "$MNT/$cmd" ] && [ -z "$(ls -A "$MNT" | grep -v filler)" ]; then
+      ok "$cmd on a full disk ($((need - 4)) of its $need KiB free): no directory (exit $rc)"
+    else bad "$cmd on a full disk: exit $rc, left: $(ls -A "$MNT" "$MNT/$cmd" 2>/dev/null | tr '\n' ' ')" "$T/err"; fi
+  done
   # train: snapshots that cannot fit are refused before the run, leaving no directory
   fill "$MNT" 64
   run 60 "$HL" train $small --steps 200 --snapshot-every 1 --out "$MNT/snaprun"

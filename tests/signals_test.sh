@@ -109,6 +109,65 @@ runs=$(grep -c "^  lambda" "$T/err")
 if [ "$r" = 0 ] && [ "$runs" -le 12 ] && [ "$(($(wc -l <"$T/l0/l0.csv") - 1))" = "$runs" ]; then ok "prune l0 --lambda 1e-30: $runs fine-tunings"
 else bad "prune l0 --lambda 1e-30: exit $r, $runs fine-tunings (want at most 12)" "$T/err"; fi
 
+# ---- a signal to a command that writes a directory: 130/143, no directory, no hidden staging -------
+# Each runs long enough (--examples 100000) to be signalled mid-work: dla at 3 s, in its intervals
+# (which once ran to the end and wrote dla/ after the signal), the others at 1 s; each must stop
+# within 5 s (patch once finished its pass over every example first: 9 s).
+timeout 60 "$HL" train $small --steps 20 --seed 3 --quiet --out "$T/run_b" >/dev/null 2>"$T/err" || bad "fixture: a second run" "$T/err"
+for cmd in edges dla patch compare; do
+  for sig in INT TERM; do
+    args=(--checkpoint "$M"); [ "$cmd" = compare ] && args=("$T/run" "$T/run_b")
+    delay=1; [ "$cmd" = dla ] && delay=3
+    r=$("$PY" - "$sig" "$delay" "$T/sig_$cmd" "$HL" "$cmd" "${args[@]}" --examples 100000 --threads 1 <<'PYEOF'
+import os, signal, subprocess, sys, time
+sig, delay, out, cmd = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4:]
+p = subprocess.Popen(cmd + ["--out", out], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+time.sleep(delay)
+if p.poll() is not None: print("finished before the signal, exit", p.returncode); sys.exit()
+t = time.time(); p.send_signal(getattr(signal, "SIG" + sig))
+try: rc = p.wait(timeout=20)
+except subprocess.TimeoutExpired: p.kill(); p.wait(); print("still running 20 s after the signal"); sys.exit()
+d, base = os.path.split(out)
+left = [n for n in os.listdir(d) if n == base or n.startswith("." + base + ".partial")]
+print("exit %d after %.1f s, left: %s" % (rc, time.time() - t, ",".join(left) or "nothing"))
+PYEOF
+)
+    want=130; [ "$sig" = TERM ] && want=143
+    secs=$(echo "$r" | sed -n 's/.* after \([0-9.]*\) s.*/\1/p')
+    case "$r" in "exit $want after "*", left: nothing") quick=yes ;; *) quick=no ;; esac
+    [ "$quick" = yes ] && "$PY" -c "import sys; sys.exit(float('$secs') >= 5)" && ok "$cmd SIG$sig mid-work: $r" \
+      || bad "$cmd SIG$sig mid-work: $r (want exit $want within 5 s, nothing left)"
+  done
+done
+
+# ---- batched passes in chunks: memory bounded, a signal answered between chunks ------------------
+# patch's passes once took every example in one batch: 555 MB at --examples 20000 against 67 MB at
+# 2000, and a SIGINT 1 s into --examples 60000 of a d_model 32 model was answered 11 s later.
+peak() { "$PY" -c 'import resource,subprocess,sys
+rc=subprocess.call(sys.argv[1:],stdout=subprocess.DEVNULL,stderr=subprocess.DEVNULL)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss if rc == 0 else -rc)' "$@"; }
+p2k=$(peak "$HL" patch --checkpoint "$M" --examples 2000 --threads 1 --out "$T/mem2k")
+p20k=$(peak "$HL" patch --checkpoint "$M" --examples 20000 --threads 1 --out "$T/mem20k")
+if [ "$p2k" -gt 0 ] && [ "$p20k" -gt 0 ] && [ $((p20k - p2k)) -lt 61440 ]; then ok "patch --examples 20000 peaks at ${p20k} KiB, 2000 at ${p2k} KiB (within 60 MiB)"
+else bad "patch peak memory: ${p20k} KiB at --examples 20000 against ${p2k} KiB at 2000 (want within 60 MiB)"; fi
+timeout 60 "$HL" train --d-model 32 --layers 2 --heads 2 --d-ff 64 --length 8 --alphabet 5 --batch 8 --eval-size 16 --threads 1 \
+  --steps 5 --quiet --out "$T/run32" >/dev/null 2>"$T/err" || bad "fixture: a d_model 32 run" "$T/err"
+r=$("$PY" - "$HL" "$T/run32/model.safetensors" "$T/sig_big" <<'PYEOF'
+import os, signal, subprocess, sys, time
+hl, m, out = sys.argv[1:]
+p = subprocess.Popen([hl, "patch", "--checkpoint", m, "--examples", "60000", "--threads", "1", "--out", out],
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+time.sleep(1)
+t = time.time(); p.send_signal(signal.SIGINT)
+try: rc = p.wait(timeout=30)
+except subprocess.TimeoutExpired: p.kill(); p.wait(); rc = "none"
+print(rc, "%.1f" % (time.time() - t), "dir" if os.path.exists(out) else "nodir")
+PYEOF
+)
+set -- $r
+if [ "$1" = 130 ] && "$PY" -c "import sys; sys.exit(float('$2') >= 3)" && [ "$3" = nodir ]; then ok "patch --examples 60000: SIGINT at 1 s answered in $2 s, exit 130, no directory"
+else bad "patch --examples 60000 SIGINT at 1 s: exit $1 after $2 s, $3 (want 130 within 3 s, no directory)"; fi
+
 # ---- the busy-machine rule, for commands other than train -----------------------------------------
 # HEADLAB_TEST_IDLE_CORES stands in for /proc/stat's reading: one core left idle by others.
 if [ "$(nproc)" -ge 2 ]; then

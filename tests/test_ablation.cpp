@@ -274,3 +274,51 @@ BOOST_AUTO_TEST_CASE(patching_one_heads_split_input_equals_patching_its_q_k_or_v
     if (std::string(x) == "v") BOOST_TEST(largest > 0.1);  // not all zeros: the comparison means something
   }
 }
+
+// ---- batched passes in chunks of rows --------------------------------------------------------------
+namespace {
+// n rows of a repeated block over the small model's vocabulary, each row's first copy corrupted
+PatchingInputs many_patching_inputs(int64_t n) {
+  Batch b;
+  b.inputs = Ids(Shape{n, 8});
+  b.targets = Ids(Shape{n, 8});
+  Rng rng(3);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t t = 0; t < 4; ++t) b.inputs.at(r, t) = b.inputs.at(r, t + 4) = static_cast<int32_t>(rng.next_u64() % 9);
+    for (int64_t t = 0; t < 8; ++t) b.targets.at(r, t) = t + 1 < 8 ? b.inputs.at(r, t + 1) : -1;
+  }
+  return corrupt_one_symbol(b, 9, 5);
+}
+struct RowsPerPass {  // HEADLAB_TEST_ROWS_PER_PASS for one scope
+  explicit RowsPerPass(const char* n) { setenv("HEADLAB_TEST_ROWS_PER_PASS", n, 1); }
+  ~RowsPerPass() { unsetenv("HEADLAB_TEST_ROWS_PER_PASS"); }
+};
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(patching_in_chunks_of_rows_equals_one_batch_bit_for_bit) {
+  // the shape of the CLI's small runs: 2 layers, 2 heads of 8, 9 tokens a row
+  TransformerLM m(test_model({.vocab = 9, .d_model = 16, .heads = 2, .d_ff = 32, .max_seq_len = 64, .attn_bias = false}), 17);
+  const PatchingInputs in = many_patching_inputs(560);
+  BOOST_TEST_REQUIRE(in.clean.shape[0] > 400);
+  const PatchingResult whole = activation_patching(m, in);  // the rows fit in one chunk
+  const PatchGrid whole_resid = generic_activation_patch(m, in, "hook_resid_pre", {"layer", "pos"});
+  for (const char* per : {"1", "250"}) {  // 1: the least, 256 rows of 8 tokens
+    RowsPerPass forced(per);
+    BOOST_TEST_CONTEXT("rows per pass " << per) {
+      const PatchingResult r = activation_patching(m, in);
+      BOOST_TEST(r.clean_metric == whole.clean_metric);
+      BOOST_TEST(r.corrupted_metric == whole.corrupted_metric);
+      for (int l = 0; l < 2; ++l) {
+        BOOST_TEST(r.z_exact[l] == whole.z_exact[l], boost::test_tools::per_element());
+        BOOST_TEST(r.z_exact[l].size() == 2u);
+        BOOST_TEST(r.z_attribution[l] == whole.z_attribution[l], boost::test_tools::per_element());
+        BOOST_TEST(r.z_exact_ci95_lo[l] == whole.z_exact_ci95_lo[l], boost::test_tools::per_element());
+        BOOST_TEST(r.z_exact_ci95_hi[l] == whole.z_exact_ci95_hi[l], boost::test_tools::per_element());
+        BOOST_TEST(r.resid_exact[l] == whole.resid_exact[l], boost::test_tools::per_element());
+        BOOST_TEST(r.resid_attribution[l] == whole.resid_attribution[l], boost::test_tools::per_element());
+      }
+      const PatchGrid g = generic_activation_patch(m, in, "hook_resid_pre", {"layer", "pos"});
+      BOOST_TEST(g.values == whole_resid.values, boost::test_tools::per_element());
+    }
+  }
+}

@@ -37,7 +37,19 @@ std::vector<ModelConfig> configs() {
   attn_only.d_ff = 0;
   ModelConfig head_bias = test_model({.layers = 3, .heads = 4, .kv_heads = 2});
   head_bias.head_bias = true;
-  return {test_model(), attn_only, head_bias};
+  // the block options: RMS norms (no centring, no bias; 1 + w), sandwich norms (each head's
+  // share of the norm's output by its cached scale), parallel blocks, gated MLPs, scaled embeddings
+  auto with = [](auto set) {
+    ModelConfig c = test_model();
+    set(c);
+    return c;
+  };
+  return {test_model(), attn_only, head_bias,
+          with([](ModelConfig& c) { c.normalization = NormKind::RMSNorm; }),
+          with([](ModelConfig& c) { c.normalization = NormKind::RMSNorm1p; c.sandwich_norm = true; c.embed_scale = true; }),
+          with([](ModelConfig& c) { c.sandwich_norm = true; c.mlp = Mlp::GeGLU; }),
+          with([](ModelConfig& c) { c.parallel_block = true; c.mlp = Mlp::SwiGLU; c.normalization = NormKind::RMSNorm; }),
+          with([](ModelConfig& c) { c.parallel_block = true; c.sandwich_norm = true; c.d_ff = 0; })};
 }
 
 }  // namespace
@@ -114,7 +126,8 @@ BOOST_AUTO_TEST_CASE(components_sum_to_the_residual_at_every_layer) {
     for (int layer = 0; layer <= L; ++layer) {
       const ResidStack s = decompose_resid(m, cache, layer);
       const int64_t C = s.components();
-      BOOST_TEST(C == 2 + layer * (c.n_heads + (c.attn_bias ? 1 : 0) + (c.has_mlp() ? 1 : 0)));
+      const bool norm_bias = c.sandwich_norm && c.normalization == NormKind::LayerNorm;  // "{l}_attn_norm_bias"
+      BOOST_TEST(C == 2 + layer * (c.n_heads + (c.attn_bias ? 1 : 0) + (norm_bias ? 1 : 0) + (c.has_mlp() ? 1 : 0)));
       BOOST_TEST(s.labels[0] == "embed");
       BOOST_TEST(s.labels[1] == "pos_embed");
       if (layer > 0) BOOST_TEST(s.labels[2] == "L0H0");
@@ -171,7 +184,7 @@ BOOST_AUTO_TEST_CASE(logit_attributions_and_the_bias_term_sum_to_the_logits) {
           sum += a.values[k * 12 + r];
           dsum += diff.values[k * 12 + r];
           for (int64_t d = 0; d < D; ++d)  // |each product| of the projection
-            mag += std::fabs(scaled.values[(k * 12 + r) * D + d] * m.ln_f->weight.data()[d] * m.head.weight.data()[tok * D + d]);
+            mag += std::fabs(scaled.values[(k * 12 + r) * D + d] * m.ln_f->gain(d) * m.head.weight.data()[tok * D + d]);
         }
         // the model's logit is a float32 layer norm and a dot product of D terms: each term
         // carries at most ~(D + 8) u of its size, so 4 (D + 8) u * (the sum of |terms|)
@@ -278,10 +291,15 @@ BOOST_AUTO_TEST_CASE(copying_score_of_an_identity_ov_circuit_with_tied_embedding
 }
 
 BOOST_AUTO_TEST_CASE(ov_eigenvalues_sum_to_the_trace_of_the_full_circuit) {
-  // sum of eigenvalues = trace(W_U' W_O W_V' W_E) over the vocabulary, computed here the long way
+  // sum of eigenvalues = trace(W_U' W_O W_V' W_E) over the vocabulary, computed here the long way;
+  // the gains folded (1 + w for rmsnorm_1p, the sandwich norm's after W_O), the embedding scale in
+  for (bool gemma : {false, true}) {
   ModelConfig c = test_model({.vocab = 9, .heads = 2});
+  if (gemma) c.normalization = NormKind::RMSNorm1p, c.sandwich_norm = true, c.embed_scale = true;
   const auto mp = random_model(c, 19);
   const TransformerLM& m = *mp;
+  const double emb = gemma ? std::sqrt(8.f) : 1.0;
+  auto post = [&](int64_t d) { return gemma ? m.blocks[1]->ln1_post->gain(d) : 1.0; };
   const int64_t D = 8, dh = 4, V = 9;
   for (int head = 0; head < 2; ++head) {
     const auto& a = m.blocks[1]->attn;
@@ -290,10 +308,10 @@ BOOST_AUTO_TEST_CASE(ov_eigenvalues_sum_to_the_trace_of_the_full_circuit) {
       std::vector<double> val(dh, 0.0), out(D, 0.0);
       for (int64_t k = 0; k < dh; ++k)
         for (int64_t d = 0; d < D; ++d)
-          val[k] += static_cast<double>(a.W_V.weight.data()[(head * dh + k) * D + d]) * m.blocks[1]->ln1.weight.data()[d] * m.tok_emb.weight.data()[v * D + d];
+          val[k] += static_cast<double>(a.W_V.weight.data()[(head * dh + k) * D + d]) * m.blocks[1]->ln1.gain(d) * m.tok_emb.weight.data()[v * D + d] * emb;
       for (int64_t d = 0; d < D; ++d)
         for (int64_t k = 0; k < dh; ++k) out[d] += static_cast<double>(a.W_O.weight.data()[d * 2 * dh + head * dh + k]) * val[k];
-      for (int64_t d = 0; d < D; ++d) trace += static_cast<double>(m.head.weight.data()[v * D + d]) * m.ln_f->weight.data()[d] * out[d];
+      for (int64_t d = 0; d < D; ++d) trace += static_cast<double>(m.head.weight.data()[v * D + d]) * m.ln_f->gain(d) * post(d) * out[d];
     }
     double sum = 0, mag = 0;
     for (const auto& l : ov_circuit_eigenvalues(m, 1, head)) sum += l.real(), mag += std::abs(l);
@@ -301,4 +319,5 @@ BOOST_AUTO_TEST_CASE(ov_eigenvalues_sum_to_the_trace_of_the_full_circuit) {
     BOOST_TEST(std::fabs(copying_score(m, 1, head) - sum / mag) <= 1e-12);
   }
   BOOST_TEST(error_of([&] { ov_circuit_eigenvalues(m, 2, 0); }) == "ov_circuit_eigenvalues: head (2, 0) is outside 2 layers x 2 heads");
+  }
 }

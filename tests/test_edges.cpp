@@ -132,8 +132,13 @@ BOOST_AUTO_TEST_CASE(edges_are_enumerated_in_forward_order) {
 }
 
 BOOST_AUTO_TEST_CASE(exact_edge_patching_matches_the_hooked_reference_for_every_edge) {
-  for (int64_t d_ff : {12, 0}) {
-    TransformerLM m(test_model({.layers = 3, .d_ff = d_ff}), 5);
+  // a gated MLP is replayed through its own forward; RMS norms (Llama's) have their own backward
+  for (const std::string variant : {"mlp", "attention-only", "rmsnorm swiglu", "rmsnorm_1p"}) {
+    const int64_t d_ff = variant == "attention-only" ? 0 : 12;
+    ModelConfig c = test_model({.layers = 3, .d_ff = d_ff});
+    if (variant == "rmsnorm swiglu") c.mlp = Mlp::SwiGLU, c.normalization = NormKind::RMSNorm;
+    if (variant == "rmsnorm_1p") c.normalization = NormKind::RMSNorm1p;
+    TransformerLM m(c, 5);
     randomise(m, 6);
     m.blocks[1]->attn.gates.data()[1] = 0.5f;  // a gated head: its result carries the gate
     PatchingInputs in = inputs();
@@ -208,9 +213,17 @@ BOOST_AUTO_TEST_CASE(a_model_built_by_hand_carries_everything_on_one_path) {
 
 BOOST_AUTO_TEST_CASE(attribution_is_the_limit_of_exact_patching_of_a_shrinking_delta) {
   // attribution(s -> r) = grad . delta_s; central differences of the hooked exact patching with
-  // +-eps delta_s check the gradient at every kind of receiver (through ln1 per head, ln2, ln_final)
-  TransformerLM m(test_model({.layers = 2}), 7);
+  // +-eps delta_s check the gradient at every kind of receiver (through ln1 per head, ln2, ln_final),
+  // through layer norms and through Gemma's RMS norms (1 + w)
+  for (NormKind kind : {NormKind::LayerNorm, NormKind::RMSNorm1p}) {
+  ModelConfig c = test_model({.layers = 2});
+  c.normalization = kind;
+  TransformerLM m(c, 7);
   randomise(m, 8);
+  if (kind == NormKind::RMSNorm1p)  // gains 1 + w near 1, as randomise makes layer norms' w
+    for (auto& [name, p] : m.named_parameters())
+      if (name.find("ln") != std::string::npos && name.ends_with(".weight"))
+        for (int64_t i = 0; i < p.numel(); ++i) p.data()[i] -= 1.f;
   const PatchingInputs in = inputs();
   const EdgeResult r = edge_patching(m, in);
   const std::vector<Tensor> deltas = sender_deltas(m, in);
@@ -234,6 +247,7 @@ BOOST_AUTO_TEST_CASE(attribution_is_the_limit_of_exact_patching_of_a_shrinking_d
   for (int64_t i = 0; i < g.numel(); ++i) dot += static_cast<double>(g.data()[i]) * deltas[1].data()[i];
   for (const Edge& e : r.edges)
     if (e.sender.name() == "L0H0" && e.receiver.name() == "L1H1.k") BOOST_TEST(e.attribution == dot);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(path_patching_to_every_reader_is_activation_patching_of_the_sender) {

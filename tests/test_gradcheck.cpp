@@ -110,6 +110,11 @@ std::vector<OpCase> cases_for(const std::string& op) {
     add_case("relu", {away_from_zero({3, 4})}, [eye](V in) {
       return linear_act(IN(0), eye, Tensor::zeros({4}), Activation::Relu);
     });
+    add_case("relu2", {away_from_zero({3, 4})}, [eye](V in) {
+      return linear_act(IN(0), eye, Tensor::zeros({4}), Activation::Relu2);
+    });
+    add_case("silu", {rnd({2, 3, 4}), rnd({5, 4}), rnd({5})},
+             [](V in) { return linear_act(IN(0), IN(1), IN(2), Activation::Silu); });
   } else if (op == "linear_stacked") {
     // weights back to back in one slab (one sgemm per product) and separate ones (one each)
     Tensor slab = Tensor::randn({(2 + 3 + 2) * 4}, rng());
@@ -154,6 +159,18 @@ std::vector<OpCase> cases_for(const std::string& op) {
   } else if (op == "layer_norm") {
     add_case("affine", {rnd({3, 6}), rnd({6}), rnd({6})}, [](V in) { return layer_norm(IN(0), IN(1), IN(2)); });
     add_case("no bias (2,3,8)", {rnd({2, 3, 8}), rnd({8})}, [](V in) { return layer_norm(IN(0), IN(1), Tensor()); });
+  } else if (op == "rms_norm") {
+    add_case("(3,6)", {rnd({3, 6}), rnd({6})}, [](V in) { return rms_norm(IN(0), IN(1), 1e-5f); });
+    add_case("1 + w, (2,3,8)", {rnd({2, 3, 8}), rnd({8})}, [](V in) { return rms_norm(IN(0), IN(1), 1e-6f, true); });
+  } else if (op == "relu2") {
+    add_case("(3,5) away from 0", {away_from_zero({3, 5})}, [](V in) { return relu2(IN(0)); });
+  } else if (op == "silu") {
+    add_case("(4,3)", {rnd({4, 3})}, [](V in) { return silu(IN(0)); });
+  } else if (op == "gated_act") {
+    add_case("silu (2,3,5)", {rnd({2, 3, 5}), rnd({2, 3, 5})}, [](V in) { return gated_act(IN(0), IN(1), Activation::Silu); });
+    add_case("gelu_tanh (3,4)", {rnd({3, 4}), rnd({3, 4})}, [](V in) { return gated_act(IN(0), IN(1), Activation::GeluTanh); });
+    add_case("gelu_erf (4,3)", {rnd({4, 3}), rnd({4, 3})}, [](V in) { return gated_act(IN(0), IN(1), Activation::GeluErf); });
+    add_case("relu2 (3,4)", {away_from_zero({3, 4}), rnd({3, 4})}, [](V in) { return gated_act(IN(0), IN(1), Activation::Relu2); });
   } else if (op == "embedding") {
     Ids ids(Shape{2, 3}, {1, 4, 1, 0, 6, 1});
     add_case("repeats", {rnd({7, 4})}, [ids](V in) { return embedding(IN(0), ids); });

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "analysis/heads.h"
+#include "lib/fileutil.h"
 #include "models/transformer.h"
 #include "tests/reference_model.h"
 #include "lib/gradcheck.h"
@@ -424,4 +425,76 @@ BOOST_AUTO_TEST_CASE(recorded_forward_stops_early_and_records_what_the_whole_for
   for (const std::string& n : want) BOOST_TEST(early[n].to_vector() == full[n].to_vector(), n);
   const ActivationCache last = recorded_forward(m, b, name_is("ln_final.hook_normalized"));  // needs the whole forward
   BOOST_TEST(last["ln_final.hook_normalized"].to_vector() == full["ln_final.hook_normalized"].to_vector());
+}
+
+// The names every caller builds through models/hooks.h, and TransformerLens's short forms.
+BOOST_AUTO_TEST_CASE(hook_names_are_spelled_in_one_place) {
+  BOOST_TEST(hook_name(1, "attn.hook_z") == "blocks.1.attn.hook_z");
+  BOOST_TEST(attn_hook(12, "pattern") == "blocks.12.attn.hook_pattern");
+  BOOST_TEST(hook_layer("blocks.12.attn.hook_z") == 12);
+  BOOST_TEST(hook_layer("hook_embed") == -1);
+  BOOST_TEST(hook_layer("ln_final.hook_scale") == -1);
+  BOOST_TEST(hook_layer("blocks.x.hook_z") == -1);
+  BOOST_TEST(in_block_name("blocks.3.ln2.hook_scale") == "ln2.hook_scale");
+  BOOST_TEST(in_block_name("hook_embed") == "hook_embed");
+  BOOST_TEST(get_act_name("pattern", 0) == "blocks.0.attn.hook_pattern");
+  BOOST_TEST(get_act_name("resid_pre", 2) == "blocks.2.hook_resid_pre");
+  BOOST_TEST(get_act_name("scale", 0, "ln1") == "blocks.0.ln1.hook_scale");
+  BOOST_TEST(get_act_name("scale") == "ln_final.hook_scale");
+  BOOST_TEST(get_act_name("post", 1) == "blocks.1.mlp.hook_post");
+  BOOST_TEST(get_act_name("pattern0") == "blocks.0.attn.hook_pattern");
+  BOOST_TEST(get_act_name("embed") == "hook_embed");
+  BOOST_TEST(get_act_name("blocks.0.hook_resid_pre") == "blocks.0.hook_resid_pre");
+}
+
+namespace {
+// The hook names of docs/hooks.md's table, with `blocks.{l}.` as written. A row names one point
+// or several: "`blocks.{l}.attn.hook_k`, `hook_v`" (a bare name: the first one's module) and
+// "`blocks.{l}.ln1.hook_scale`, `ln2.hook_scale`" (a dotted name: in the first one's block).
+std::set<std::string> documented_hook_names() {
+  const std::string doc = read_file(HEADLAB_SOURCE_DIR "/docs/hooks.md");
+  std::set<std::string> names;
+  size_t at = doc.find("| name | shape | what |");
+  BOOST_REQUIRE(at != std::string::npos);
+  at = doc.find('\n', doc.find('\n', at) + 1) + 1;  // past the header and its rule
+  while (at < doc.size() && doc[at] == '|') {
+    const size_t end = doc.find('\n', at);
+    const std::string first = doc.substr(at + 1, doc.find('|', at + 1) - at - 1);  // the name cell
+    std::string lead;
+    for (size_t q = first.find('`'); q != std::string::npos; q = first.find('`', first.find('`', q + 1) + 1)) {
+      const std::string n = first.substr(q + 1, first.find('`', q + 1) - q - 1);
+      if (lead.empty()) lead = n, names.insert(n);
+      else if (n.find('.') == std::string::npos) names.insert(lead.substr(0, lead.rfind('.') + 1) + n);
+      else names.insert((lead.starts_with("blocks.{l}.") ? std::string("blocks.{l}.") : std::string()) + n);
+    }
+    at = end + 1;
+  }
+  return names;
+}
+// A model's hook names with layer 0's as `blocks.{l}.` (the later layers repeat them).
+std::set<std::string> model_hook_names(const ModelConfig& c) {
+  std::set<std::string> names;
+  for (const HookPointInfo& p : describe_hook_points(c)) {
+    const int layer = hook_layer(p.name);
+    if (layer < 0) names.insert(p.name);
+    else if (layer == 0) names.insert("blocks.{l}." + in_block_name(p.name));
+  }
+  return names;
+}
+}  // namespace
+
+// docs/hooks.md's table is the model's list: a point the model makes and the table leaves out,
+// or a row no configuration makes, fails. Configurations with hook points of their own go in
+// `configs`.
+BOOST_AUTO_TEST_CASE(the_hook_table_in_the_docs_is_the_models) {
+  const std::set<std::string> documented = documented_hook_names();
+  const std::vector<ModelConfig> configs = {small()};
+  std::set<std::string> made;
+  for (const ModelConfig& c : configs) {
+    const std::set<std::string> here = model_hook_names(c);
+    for (const std::string& n : here) BOOST_TEST(documented.count(n) == 1u, "docs/hooks.md has no row for " << n);
+    made.insert(here.begin(), here.end());
+  }
+  for (const std::string& n : documented) BOOST_TEST(made.count(n) == 1u, "docs/hooks.md lists " << n << ", which no model makes");
+  BOOST_TEST(documented.size() > 20u);
 }

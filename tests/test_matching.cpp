@@ -208,3 +208,24 @@ BOOST_AUTO_TEST_CASE(pair_roles_read_the_detectors) {
   HeadRoleScores rc{{"previous_token", "induction"}, {{{0.0, 0.0}}, {{0.0, 0.7}}}};
   BOOST_TEST(pair_roles(m, ra, rc).same_role == 1);
 }
+
+// Per-detector thresholds: a head below a fixed 0.4 cut-off (0.398, a gated fork's induction head)
+// still takes its role when it is above the detector's random baseline; at the baseline it does not.
+BOOST_AUTO_TEST_CASE(roles_against_each_detectors_random_baseline) {
+  HeadRoleScores r{{"previous_token", "induction"}, {{{0.05, 0.30, 0.10}}, {{0.398, 0.31, 0.10}}}};
+  const std::vector<double> t = {0.20, 0.10};
+  BOOST_TEST(head_role(r, 0, 0, 0.4) == "none");
+  BOOST_TEST(head_role(r, 0, 0, t) == "induction");
+  BOOST_TEST(head_role(r, 0, 1, t) == "induction");       // both above theirs: the higher score
+  BOOST_TEST(head_role(r, 0, 2, t) == "none");            // at induction's baseline, below previous_token's
+  BOOST_TEST(error_of([&] { head_role(r, 0, 0, std::vector<double>{0.1}); }) == "head roles: 1 thresholds for 2 detectors");
+  // the baseline is the largest score of any untrained head: every untrained head is at or below it
+  const ModelConfig c = sharp_config();
+  const std::vector<double> base = random_baseline_thresholds(c, 16, 1234, 2);
+  BOOST_TEST(base.size() == 3u);
+  TransformerLM untrained(c, 2);  // one of the baseline's models
+  const HeadRoleScores u = detector_role_scores(untrained, 16, 1234);
+  for (int l = 0; l < c.n_layers; ++l)
+    for (int h = 0; h < c.n_heads; ++h) BOOST_TEST(head_role(u, l, h, base) == "none");
+  for (size_t d = 0; d < 3; ++d) BOOST_TEST((base[d] > 0 && base[d] < 1));
+}

@@ -15,6 +15,7 @@
 #include "train/settings.h"
 #include "models/checkpoint.h"
 #include "train/over_training.h"
+#include "train/run_dir.h"
 #include "train/snapshots.h"
 #include "train/trainer.h"
 #include "tests/fixtures.h"
@@ -588,4 +589,20 @@ BOOST_AUTO_TEST_CASE(scores_over_training_read_every_snapshot_and_the_final_chec
              snapshot_path(dir, 25) + ": holds the weights of step 20, not of step 25 (a renamed or copied file)");
   BOOST_TEST(error_of([&] { scores_over_training(dir, "roles", o); }) ==
              "analysis 'roles' is not one of detect, patch, importance, dla, compose");
+}
+
+// A run's data files are fingerprinted in 1 MiB blocks, not read whole; the text is the one runs
+// recorded before (FNV-1a of the bytes), so their resumes still match.
+BOOST_AUTO_TEST_CASE(data_file_fingerprint_is_streamed_and_unchanged) {
+  const std::string dir = fresh_dir("fingerprint");
+  std::filesystem::create_directories(dir);
+  write_file_atomic(dir + "/a", "a");
+  // the hash runs have recorded: FNV-1a's loop from the basis 1469598103934665603 (computed apart in Python)
+  BOOST_TEST(file_fingerprint(dir + "/a") == "1 bytes, fnv1a 44bd8ad473cd9906");
+  std::string big(3 * (1 << 20) + 12345, '\0');  // three blocks and a piece
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>((i * 2654435761u) >> 13);
+  write_file_atomic(dir + "/big", big);
+  BOOST_TEST(file_fingerprint(dir + "/big") == fingerprint(big));
+  BOOST_TEST(file_fingerprint(dir + "/big").starts_with(std::to_string(big.size()) + " bytes, fnv1a "));
+  BOOST_TEST(error_of([&] { file_fingerprint(dir); }) == dir + ": is a directory, not a regular file: give a file");
 }

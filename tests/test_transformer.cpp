@@ -24,7 +24,9 @@ Ids ids_2x5() { return Ids(Shape{2, 5}, {1, 3, 5, 2, 6, 0, 4, 4, 1, 2}); }
 BOOST_AUTO_TEST_CASE(feedforward_gradcheck_each_activation) {
   for (Activation a : {Activation::GeluTanh, Activation::GeluErf, Activation::Relu}) {
     Rng r(1);
-    FeedForward ff(6, 10, a, true, r);
+    ModelConfig c = test_model({.d_model = 6, .d_ff = 10});
+    c.activation = a;
+    FeedForward ff(c, r);
     for (auto& p : ff.parameters()) init_normal(p, r, 0.5f);
     Tensor x = Tensor::randn({2, 3, 6}, r).requires_grad_();
     // ReLU has a kink at 0: draw inputs until no hidden pre-activation lies within 0.05 of

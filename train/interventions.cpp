@@ -86,7 +86,7 @@ std::vector<HeadSlice> head_slices(TransformerLM& model, int layer, int head) {
     fail("head ", layer, ".", head, " is outside the model's ", c.n_layers, " layers x ", c.n_heads, " heads");
   const int64_t dh = c.head_dim(), D = c.d_model, H = c.n_heads;
   MultiHeadAttention& at = model.blocks[layer]->attn;
-  const std::string prefix = "blocks." + std::to_string(layer) + ".attn.";
+  const std::string prefix = block_prefix(layer) + "attn.";  // the parameters' module, as the hooks'
   std::vector<HeadSlice> out;
   auto rows = [&](const std::string& name, Tensor& t, int64_t width) {  // rows head*dh .. of a (rows, width) tensor
     HeadSlice s{prefix + name, t, {}};

@@ -120,12 +120,33 @@ void reuse_only_if_same(const std::string& dir, const std::string& what, const s
        "): rerun with the same flags, choose another --out, or pass ", force_flag, " to discard it and recompute");
 }
 
+namespace {
+// FNV-1a over bytes given in pieces: the hash of their concatenation.
+struct Fnv1a {
+  uint64_t h = 1469598103934665603ull;
+  size_t n = 0;
+  void add(const char* p, size_t k) {
+    for (size_t i = 0; i < k; ++i) h = (h ^ static_cast<unsigned char>(p[i])) * 1099511628211ull;
+    n += k;
+  }
+  std::string text() const {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%zu bytes, fnv1a %016llx", n, static_cast<unsigned long long>(h));
+    return buf;
+  }
+};
+}  // namespace
+
 std::string fingerprint(const std::string& bytes) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%zu bytes, fnv1a %016llx", bytes.size(), static_cast<unsigned long long>(h));
-  return buf;
+  Fnv1a f;
+  f.add(bytes.data(), bytes.size());
+  return f.text();
+}
+
+std::string file_fingerprint(const std::string& path) {
+  Fnv1a f;
+  read_file_blocks(path, [&](const char* p, size_t k) { f.add(p, k); });
+  return f.text();
 }
 
 }  // namespace hl

@@ -45,5 +45,7 @@ void reuse_only_if_same(const std::string& dir, const std::string& what, const s
 // "N bytes, fnv1a H" of a file's bytes: the same text for the same contents, another for a file
 // that was changed or replaced.
 std::string fingerprint(const std::string& bytes);
+// fingerprint() of a file's bytes, read in blocks (a data file larger than memory is hashed too).
+std::string file_fingerprint(const std::string& path);
 
 }  // namespace hl

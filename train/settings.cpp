@@ -74,6 +74,15 @@ constexpr double kMany = 1e15;  // "no limit" in practice
 std::vector<TrainSetting> make_table() {
   std::string task_help = "Task:";
   for (const TaskInfo& t : task_registry()) task_help += "\n  " + t.name + ": " + t.help;
+  std::string arch_help = "Architecture preset: defaults for the settings below, each overridden by its own flag:";
+  std::vector<std::string> arch_names = {""};  // "" = none
+  for (const ArchPreset& p : arch_presets()) {
+    arch_names.push_back(p.name);
+    arch_help += "\n  " + p.name + ": " + p.help;
+    std::string list;
+    for (const auto& [flag, value] : p.settings) list += (list.empty() ? " (" : ", ") + flag + " " + value;
+    arch_help += list.empty() ? " (today's defaults)" : list + ")";
+  }
   // clang-format off
   return {
     {"--d-model", "/model/d_model", "Model width", FIELD(args.model.d_model), R::kMustMatch, 1, 1 << 16},
@@ -83,8 +92,8 @@ std::vector<TrainSetting> make_table() {
     {"--d-head", "/model/d_head", "Head size; 0 = d_model / heads", FIELD(args.model.d_head), R::kMustMatch, 0, 1 << 20},
     {"--d-ff", "/model/d_ff", "Feed-forward width; 0 = attention-only (no MLP)", FIELD(args.model.d_ff), R::kMustMatch, 0, 1 << 20},
     {"--norm", "/model/norm", "pre or post LayerNorm", FIELD(norm), R::kMustMatch, NAN, NAN, {"pre", "post"}},
-    {"--activation", "/model/activation", "gelu_erf, gelu_tanh or relu", FIELD(activation), R::kMustMatch, NAN, NAN,
-     {"gelu_erf", "gelu_tanh", "relu"}},
+    {"--activation", "/model/activation", "gelu_erf, gelu_tanh, relu, relu2 (ReLU squared) or silu; --mlp geglu: its gelu",
+     FIELD(activation), R::kMustMatch, NAN, NAN, {"gelu_erf", "gelu_tanh", "relu", "relu2", "silu"}},
     {"--positions", "/model/positions", "learned, sinusoidal, rotary (RoPE, on q and k in each layer) or none (NoPE)",
      FIELD(positions), R::kMustMatch, NAN, NAN, {"learned", "sinusoidal", "rotary", "none"}},
     {"--attn-bias", "/model/attn_bias", "Biases on W_Q, W_K, W_V, W_O", FIELD(args.model.attn_bias)},
@@ -106,6 +115,18 @@ std::vector<TrainSetting> make_table() {
     {"--qkv-bias", "/model/qkv_bias", "Biases on W_Q, W_K, W_V", FIELD(args.model.qkv_bias)},
     {"--o-bias", "/model/o_bias", "Bias on W_O", FIELD(args.model.o_bias)},
     {"--mlp-bias", "/model/mlp_bias", "Biases on the feed-forward layers", FIELD(args.model.mlp_bias)},
+    // block options (docs/architectures.md)
+    {"--arch", "/model/arch", arch_help, FIELD(args.model.arch), R::kMustMatch, NAN, NAN, arch_names},
+    {"--normalization", "/model/normalization", "layernorm, rmsnorm or rmsnorm_1p (x / rms * (1 + w), as Gemma); "
+     "every norm of the model, eps 1e-5", FIELD(normalization), R::kMustMatch, NAN, NAN, {"layernorm", "rmsnorm", "rmsnorm_1p"}},
+    {"--sandwich-norm", "/model/sandwich_norm", "A norm on attention's and the MLP's output before each residual add (Gemma 2)",
+     FIELD(args.model.sandwich_norm)},
+    {"--mlp", "/model/mlp", "plain, swiglu or geglu: gated fc2(act(gate x) * fc1 x), act silu or --activation's gelu",
+     FIELD(mlp), R::kMustMatch, NAN, NAN, {"plain", "swiglu", "geglu"}},
+    {"--parallel-block", "/model/parallel_block", "x + attn(ln1 x) + mlp(ln2 x) (GPT-NeoX, GPT-J)", FIELD(args.model.parallel_block)},
+    {"--embed-scale", "/model/embed_scale", "Token embeddings times sqrt(d_model) (Gemma)", FIELD(args.model.embed_scale)},
+    {"--final-softcap", "/model/final_softcap", "Logits -> cap tanh(logits / cap); 0 = none", FIELD(args.model.final_softcap),
+     R::kMustMatch, 0, 1e30},
     {"--dropout", "/dropout", "Dropout on embeddings and residual branches", FIELD(args.model.dropout), R::kMustMatch, 0, 0.999},
     {"--attn-dropout", "/attn_dropout", "Dropout on attention weights", FIELD(args.model.attn_dropout), R::kMustMatch, 0, 0.999},
     {"--task", "/task/name", task_help, FIELD(args.task.name), R::kMustMatch, NAN, NAN, task_names()},
@@ -155,6 +176,29 @@ std::vector<TrainSetting> make_table() {
 
 }  // namespace
 
+const std::vector<ArchPreset>& arch_presets() {
+  // The attention side of the presets is added with the attention options: llama --positions
+  // rotary; neox rotary with --rotary-dim d_head/4; gemma2 rotary, --attn-softcap 50 and local
+  // attention on alternate layers (window 4096).
+  static const std::vector<ArchPreset> presets = {
+      {"gpt2", "the GPT-2-style block", {}},
+      {"llama", "Llama-style: RMSNorm, SwiGLU, no biases",
+       {{"--normalization", "rmsnorm"}, {"--mlp", "swiglu"}, {"--mlp-bias", "false"}, {"--attn-bias", "false"}}},
+      {"neox", "GPT-NeoX (Pythia): parallel attention and MLP, LayerNorm, gelu",
+       {{"--parallel-block", "true"}, {"--attn-bias", "true"}, {"--activation", "gelu_erf"}}},
+      {"gemma2", "Gemma 2: RMSNorm (1 + w), sandwich norms, GeGLU, scaled embeddings, logit soft-cap 30",
+       {{"--normalization", "rmsnorm_1p"}, {"--sandwich-norm", "true"}, {"--mlp", "geglu"}, {"--activation", "gelu_tanh"},
+        {"--mlp-bias", "false"}, {"--attn-bias", "false"}, {"--embed-scale", "true"}, {"--final-softcap", "30"}}},
+  };
+  return presets;
+}
+
+const ArchPreset* find_arch_preset(const std::string& name) {
+  for (const ArchPreset& p : arch_presets())
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
 std::string TrainSetting::name() const {
   std::string n = flag.substr(2);
   for (char& c : n)
@@ -198,6 +242,14 @@ TrainArgs resolve_train_flags(const TrainFlagValues& given_values, const std::fu
                               bool task_training_defaults) {
   // The task's training defaults (induction's model and schedule) apply to the flags not given.
   TrainFlagValues v = given_values;
+  // The preset first: a task's training defaults (induction's sizes) then fill in what is still
+  // not given, and neither overrides an explicit flag.
+  if (!v.args.model.arch.empty()) {
+    const ArchPreset* preset = find_arch_preset(v.args.model.arch);
+    if (!preset) fail("--arch: '", v.args.model.arch, "' is not a preset");
+    for (const auto& [flag, text] : preset->settings)
+      if (!given(flag)) set_from_text(*find_train_setting(flag), v, text);
+  }
   if (const TaskInfo* task = task_training_defaults ? find_task(v.args.task.name) : nullptr)
     for (const auto& [flag, text] : task->train_defaults)
       if (!given(flag))
@@ -216,6 +268,8 @@ TrainArgs resolve_train_flags(const TrainFlagValues& given_values, const std::fu
   a.model.norm = parse_norm(v.norm);
   a.model.activation = parse_activation(v.activation);
   a.model.positions = parse_positions(v.positions);
+  a.model.normalization = parse_normalization(v.normalization);
+  a.model.mlp = parse_mlp(v.mlp);
   return a;
 }
 

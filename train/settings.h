@@ -18,6 +18,7 @@ namespace hl {
 struct TrainFlagValues {
   TrainArgs args;
   std::string norm = "pre", activation = "gelu_erf", positions = "learned", shuffle = "on";
+  std::string normalization = "layernorm", mlp = "plain";  // block options
   TrainFlagValues() { args.task.min_len = 0; }  // "0 = --length"; resolve fills it in
 };
 
@@ -46,8 +47,17 @@ const std::vector<TrainSetting>& train_settings();
 // The row of "--d-model" or "d_model", or null.
 const TrainSetting* find_train_setting(const std::string& flag_or_name);
 
-// The run the flags describe: parses the text flags and applies the task's preset (alphabet,
-// lengths) to what was not given.
+// The --arch presets: name -> the settings it gives, as (flag, value) pairs, applied to the flags
+// not given explicitly (before a task's training defaults).
+struct ArchPreset {
+  std::string name, help;
+  std::vector<std::pair<std::string, std::string>> settings;
+};
+const std::vector<ArchPreset>& arch_presets();
+const ArchPreset* find_arch_preset(const std::string& name);  // null for an unknown name
+
+// The run the flags describe: parses the text flags and applies the --arch preset and the task's
+// preset (alphabet, lengths) to what was not given.
 // With task_training_defaults, the task's training defaults (induction's model and schedule) also
 // apply to the flags not given: for training the task as such (train, study, Python's Trainer),
 // not for the sweeps, which keep their own regime.

@@ -283,7 +283,7 @@ namespace {
 std::map<std::string, std::string> data_file_fingerprints(const TaskConfig& t) {
   std::map<std::string, std::string> r;
   for (const std::string& path : {t.data, t.eval_data})
-    if (!path.empty() && path.front() != '(') r[path] = fingerprint(read_file(path));
+    if (!path.empty() && path.front() != '(') r[path] = file_fingerprint(path);
   return r;
 }
 }  // namespace

@@ -120,7 +120,7 @@ json head_view_examples(TransformerLM& model, const std::vector<ViewExample>& ex
     std::string q;
     q.reserve(static_cast<size_t>(2 * L * H * T * (T + 1) / 2));
     for (int l = 0; l < L; ++l) {
-      const Tensor& p = cache["blocks." + std::to_string(l) + ".attn.hook_pattern"];  // (1, H, T, T)
+      const Tensor& p = cache[attn_hook(l, "pattern")];  // (1, H, T, T)
       for (int h = 0; h < H; ++h)
         for (int64_t i = 0; i < T; ++i)
           for (int64_t j = 0; j <= i; ++j) {
@@ -140,18 +140,31 @@ std::string head_view_page(json data, bool compact) {
   return fill(kHeadViewPage, data);
 }
 
+namespace {
+void check_scale(const ColourScale& s, const char* what) {
+  for (double x : {s.vmin, s.vmax})
+    if (std::isinf(x)) fail(what, ": vmin and vmax must be finite numbers, got ", x);
+  if (std::isnan(s.vmin) != std::isnan(s.vmax)) fail(what, ": give both vmin and vmax, or neither");
+  if (!std::isnan(s.vmin) && !(s.vmin < s.vmax)) fail(what, ": vmin ", s.vmin, " must be below vmax ", s.vmax);
+}
+}  // namespace
+
 std::string token_values_page(const std::string& title, const std::vector<std::string>& tokens,
-                              const std::vector<double>& values, const std::string& value_name) {
+                              const std::vector<double>& values, const std::string& value_name,
+                              const ColourScale& scale) {
+  check_scale(scale, "token view");
   if (tokens.size() != values.size())
     fail("token view: ", tokens.size(), " tokens but ", values.size(), " values (one value per token)");
   json v = json::array();
   for (double x : values) v.push_back(finite_or_null(x));
-  return fill(kSmallViewPage, {{"kind", "tokens"}, {"title", title}, {"value_name", value_name}, {"tokens", tokens}, {"values", v}});
+  return fill(kSmallViewPage, {{"kind", "tokens"}, {"title", title}, {"value_name", value_name}, {"tokens", tokens}, {"values", v},
+                               {"vmin", finite_or_null(scale.vmin)}, {"vmax", finite_or_null(scale.vmax)}});
 }
 
 std::string grid_page(const std::string& title, int rows, int cols, const std::vector<double>& values,
                       const std::vector<std::string>& row_labels, const std::vector<std::string>& col_labels,
-                      const std::string& value_name) {
+                      const std::string& value_name, const ColourScale& scale) {
+  check_scale(scale, "grid view");
   if (rows < 1 || cols < 1) fail("grid view: ", rows, " x ", cols, " has no cells");
   if (values.size() != static_cast<size_t>(rows) * static_cast<size_t>(cols))
     fail("grid view: ", values.size(), " values for ", rows, " x ", cols, " cells");
@@ -160,7 +173,8 @@ std::string grid_page(const std::string& title, int rows, int cols, const std::v
   json v = json::array();
   for (double x : values) v.push_back(finite_or_null(x));
   return fill(kSmallViewPage, {{"kind", "grid"}, {"title", title}, {"value_name", value_name}, {"rows", rows}, {"cols", cols},
-                               {"row_labels", row_labels}, {"col_labels", col_labels}, {"values", v}});
+                               {"row_labels", row_labels}, {"col_labels", col_labels}, {"values", v},
+                               {"vmin", finite_or_null(scale.vmin)}, {"vmax", finite_or_null(scale.vmax)}});
 }
 
 }  // namespace hl::views

@@ -8,6 +8,7 @@
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -37,12 +38,21 @@ std::string head_view_page(nlohmann::json data, bool compact = false);
 
 // Tokens coloured by a value each (loss, direct logit attribution, a patching effect...):
 // tokens (T) and values (T) of one sequence; NaN = no value (drawn plain).
+// The colour scale of a small view: NaN = the data's own (white at 0, red above, blue below,
+// scaled by the largest |value|). Given: values are clamped to [vmin, vmax]; a range of one sign
+// runs from white at its end nearer 0, one across 0 is diverging around 0. The same bounds give
+// several views one scale.
+struct ColourScale {
+  double vmin = std::numeric_limits<double>::quiet_NaN(), vmax = std::numeric_limits<double>::quiet_NaN();
+};
+
 std::string token_values_page(const std::string& title, const std::vector<std::string>& tokens,
-                              const std::vector<double>& values, const std::string& value_name);
+                              const std::vector<double>& values, const std::string& value_name,
+                              const ColourScale& scale = {});
 
 // A grid of scores, rows x columns (e.g. layers x heads), values row-major; labels of both axes.
 std::string grid_page(const std::string& title, int rows, int cols, const std::vector<double>& values,
                       const std::vector<std::string>& row_labels, const std::vector<std::string>& col_labels,
-                      const std::string& value_name);
+                      const std::string& value_name, const ColourScale& scale = {});
 
 }  // namespace hl::views

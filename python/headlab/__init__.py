@@ -8,8 +8,6 @@ one-line message as the command line.
 
 See docs/python.md for a worked example.
 """
-import os
-import sys
 
 from ._core import (  # noqa: F401
     ActivationCache, Batches, HeadlabError, ModelConfig, NonFiniteError, Task, Tensor, TransformerLM,
@@ -20,10 +18,13 @@ from ._core import (  # noqa: F401
     ov_eigenvalues, ov_singular_values, per_token_loss, prune_curve, qk_singular_values, repeated_random_tokens,
     set_num_threads, varied_repeat_probe, single_head_ablation, softmax, tensor, train_settings,
 )
+from ._core import head_analyses  # noqa: F401
 from ._core import Tokenizer  # noqa: F401
 from . import _core
 from . import lens as _lens  # noqa: F401  (hooks(), to_tokens, to_str_tokens, to_string on TransformerLM)
-from .progress import Progress
+from .factored import FactoredMatrix  # noqa: F401
+from .lens import tensor_hook  # noqa: F401
+from .progress import Progress, notice
 from .views import View, grid_view, token_view, view  # noqa: F401
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "ov_eigenvalues", "ov_singular_values", "per_token_loss", "prune_curve", "qk_singular_values", "set_num_threads",
     "copying_score", "single_head_ablation", "softmax", "tensor", "train", "train_settings", "Tokenizer",
     "View", "view", "token_view", "grid_view",
+    "FactoredMatrix", "tensor_hook", "head_analyses",
 ]
 
 
@@ -70,6 +72,10 @@ class Trainer:
     checkpoint.safetensors with the training state; the settings come from it) with ``gate=["1.0=0"]``, ``freeze=["0.1"]``,
     ``reinit=["1.1"]`` (LAYER.HEAD) and ``out``.
 
+    The run is planned as ``headlab train`` plans it (one library function): the same refusals
+    in the same words, and without ``threads`` the busy-machine rule's count, said on stderr
+    (``notices``) unless ``quiet``.
+
     ``run()`` trains to ``steps`` as ``headlab train`` does (the same numbers); ``step()`` takes
     one optimisation step for a loop of your own. A trainer does one or the other.
     """
@@ -77,11 +83,15 @@ class Trainer:
     def __init__(self, quiet=False, **settings):
         self._quiet = bool(quiet)
         self._t = _core._Trainer(**settings)
-        steps, each = self._t.snapshot_plan
-        if steps and not self._quiet:  # what the snapshots will cost, as `headlab train` says it up front
-            print("headlab: %d snapshot%s (steps %s) of %.1f MiB each: %.1f MiB of disk in %s"
-                  % (len(steps), "" if len(steps) == 1 else "s", ", ".join(map(str, steps)), each / 2**20,
-                     len(steps) * each / 2**20, os.path.join(settings["out"], "snapshots")), file=sys.stderr)
+        if not self._quiet:  # what the run plan chose, as `headlab train` says it up front
+            for line in self._t.notices:
+                notice("headlab: " + line)
+
+    @property
+    def notices(self):
+        """The lines the run plan said before the run (threads lowered on a busy machine, the
+        snapshots' disk), shown unless ``quiet``."""
+        return self._t.notices
 
     @property
     def snapshot_plan(self):
@@ -104,7 +114,9 @@ class Trainer:
             if callback is not None:
                 callback(step, total, loss, tps)
 
-        return self._t.run(on_step=on_step, on_eval=bar.eval)
+        result = self._t.run(on_step=on_step, on_eval=bar.eval)
+        bar.finish(result)
+        return result
 
     def step(self):
         """One optimisation step on the next training batch: returns (loss, gradient norm)."""
@@ -147,7 +159,7 @@ def train(callback=None, progress=True, **settings):
 
 def scores_over_training(run, analysis="detect", examples=None, seed=1234, data="probe", length=0, bos=None,
                          exclude_bos=False, exclude_current_token=False, normalize=False, task="copy", threads=None,
-                         corrupt="source"):
+                         corrupt="source", out=None):
     """Each head's scores of ``analysis`` at every snapshot of ``run`` and at its final checkpoint, on the same
     inputs at each step: what ``headlab ANALYSIS --run RUN`` writes, without a loop of your own.
 
@@ -158,11 +170,14 @@ def scores_over_training(run, analysis="detect", examples=None, seed=1234, data=
     ``exclude_current_token`` as detect's flags; ``normalize`` as prune's; ``corrupt`` as patch's
     (``"source"`` or ``"previous"``). Returns a dict: ``steps`` (S,),
     ``checkpoints`` (the file read at each step) and ``scores``: {name: array (S, layers, heads)}.
+    ``out``: a directory to write ``ANALYSIS_over_training.csv`` and ``.json`` into, as the command does, or
+    ``True`` for ``RUN/over_training/ANALYSIS``, where ``headlab view RUN``'s over-training panel reads them
+    (the dict then has ``out``). ``head_analyses()`` lists the analyses, their scores and defaults.
     A run keeps snapshots when trained with ``snapshot_every`` / ``snapshot_at``. ``threads`` defaults to 2, fewer
     when other processes keep cores busy (said as a RuntimeWarning).
     """
     return _core._scores_over_training(str(run), analysis, examples, seed, data, length, -1 if bos is None else bos,
-                                       exclude_bos, exclude_current_token, normalize, task, threads, corrupt)
+                                       exclude_bos, exclude_current_token, normalize, task, threads, corrupt, out)
 
 
 def ablate(model, data, hook, head=None, kind="zero", positions=None, mean_data=None, per_position=False, seed=0,

@@ -60,7 +60,8 @@ class ModelConfig:
 
 ModelConfig(**settings): n_layers, n_heads, d_model, d_head, d_mlp, d_vocab, n_ctx,
 n_key_value_heads, norm, activation, positions, attn_bias, mlp_bias, head_bias, eps, dropout,
-attn_dropout; each also by its CLI flag's name (layers=, heads=, kv_heads=, d_ff=, vocab_size=,
+attn_dropout, the block options normalization, sandwich_norm, mlp, parallel_block, embed_scale,
+final_softcap and arch (a preset's name: its settings, unless given); each also by its CLI flag's name (layers=, heads=, kv_heads=, d_ff=, vocab_size=,
 max_seq_len=, layer_norm_eps=). What is not given takes the CLI's default.
 ModelConfig(**cfg.to_dict()) gives cfg back."""
     def __init__(self, **kwargs: Any) -> None:
@@ -94,7 +95,7 @@ ModelConfig(**cfg.to_dict()) gives cfg back."""
         """pre or post LayerNorm"""
     @property
     def activation(self) -> object:
-        """gelu_erf, gelu_tanh or relu"""
+        """gelu_erf, gelu_tanh, relu, relu2 or silu"""
     @property
     def positions(self) -> object:
         """learned or sinusoidal"""
@@ -116,6 +117,27 @@ ModelConfig(**cfg.to_dict()) gives cfg back."""
     @property
     def attn_dropout(self) -> object:
         """Dropout on attention weights"""
+    @property
+    def normalization(self) -> object:
+        """layernorm, rmsnorm or rmsnorm_1p"""
+    @property
+    def sandwich_norm(self) -> object:
+        """A norm on attention's and the MLP's output (Gemma 2)"""
+    @property
+    def mlp(self) -> object:
+        """plain, swiglu or geglu"""
+    @property
+    def parallel_block(self) -> object:
+        """x + attn(ln1 x) + mlp(ln2 x)"""
+    @property
+    def embed_scale(self) -> object:
+        """Token embeddings times sqrt(d_model)"""
+    @property
+    def final_softcap(self) -> object:
+        """Logit soft-cap; 0 = none"""
+    @property
+    def arch(self) -> object:
+        """The --arch preset it was made with ('' = none)"""
     def to_dict(self) -> dict:
         """{name: value} of every setting, by the names ModelConfig(...) takes"""
     def __eq__(self, arg0: ModelConfig) -> bool:
@@ -204,7 +226,7 @@ class Tensor:
 class Tokenizer:
     """GPT-2's byte-level BPE tokenizer: the same ids as OpenAI's encoder and Hugging Face's GPT2Tokenizer."""
     @staticmethod
-    def load(dir: str) -> Tokenizer:
+    def load(dir: str | os.PathLike) -> Tokenizer:
         """From a directory with vocab.json + merges.txt (Hugging Face) or encoder.json + vocab.bpe (OpenAI)."""
     def encode(self, text: object) -> List[int]:
         """The token ids of text (str, or UTF-8 bytes) as a list of int; '<|endoftext|>' is one id."""
@@ -239,11 +261,11 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
     def __init__(self, config: ModelConfig, seed: int = ...) -> None:
         """A model of this config, initialised from seed"""
     @staticmethod
-    def load(path: str) -> object:
+    def load(path: str | os.PathLike) -> object:
         """A model from a headlab checkpoint (safetensors) or a Hugging Face GPT-2 directory (with its tokenizer files: model.tokenizer)"""
-    def save(self, path: str) -> None:
+    def save(self, path: str | os.PathLike) -> None:
         """Writes a checkpoint the CLI reads (atomic)"""
-    def load_parameters(self, path: str) -> None:
+    def load_parameters(self, path: str | os.PathLike) -> None:
         """Reads the parameters of a checkpoint of the same config into this model"""
     @property
     def cfg(self) -> ModelConfig:
@@ -257,12 +279,12 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
         """Training mode (dropout on) or, with on=False, evaluation mode"""
     def eval(self) -> None:
         """Evaluation mode (no dropout)"""
-    def forward(self, ids: object) -> Tensor:
-        """ids (T) or (B, T) -> logits (B, T, d_vocab), with the hooks the model holds (add_hook)"""
-    def __call__(self, ids: object) -> Tensor:
-        """The same as forward(ids)"""
-    def loss(self, ids: object, targets: object) -> Tensor:
-        """Mean cross-entropy over targets != -1 (a tensor; call backward()); no counted target raises ValueError"""
+    def forward(self, ids: object, attention_mask: object = ...) -> Tensor:
+        """ids (T) or (B, T) -> logits (B, T, d_vocab), with the hooks the model holds (add_hook). attention_mask (B, T), 1 = token, 0 = padding, runs prompts of different lengths padded on either side (model.to_tokens(texts, padding_side=...) makes both): padding is never attended to, and a row's positions count its tokens from its first (as alone)"""
+    def __call__(self, ids: object, attention_mask: object = ...) -> Tensor:
+        """The same as forward(ids, attention_mask)"""
+    def loss(self, ids: object, targets: object, attention_mask: object = ...) -> Tensor:
+        """Mean cross-entropy over targets != -1 (a tensor; call backward()); no counted target raises ValueError. With attention_mask, padding positions must have target -1"""
     def named_parameters(self) -> dict:
         """name -> Tensor (headlab's parameter names; np.asarray gives a view)"""
     def zero_grad(self) -> None:
@@ -309,16 +331,16 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
         """Head gates of a layer (H): a view to set"""
     def gate_values(self) -> numpy.ndarray:
         """Every layer's head gates (n_layers, n_heads)"""
-    def run_with_cache(self, ids: object, names_filter: object = ..., incl_bwd: bool = ...) -> tuple:
-        """(logits, cache): cache[name] for every hook name passing names_filter (None = all but the split q/k/v inputs, a name, a list, or a predicate name -> bool); incl_bwd=True: cache.grad(name) after logits' loss.backward(). The cache's decompose_resid, logit_attrs and the rest read hook_result and hook_scale, which names_filter=None caches"""
-    def run_with_hooks(self, ids: object, fwd_hooks: List[Tuple[str, function]] = ..., bwd_hooks: List[Tuple[str, function]] = ...) -> Tensor:
-        """logits with hooks (after the model's own, add_hook): fn(activation, name) may return a replacement (the activation is read-only: edit a copy); backward hooks fn(grad, name) run during backward()"""
+    def run_with_cache(self, ids: object, names_filter: object = ..., incl_bwd: bool = ..., attention_mask: object = ...) -> tuple:
+        """(logits, cache): cache[name] for every hook name passing names_filter (None = all but the split q/k/v inputs, a name, a list, or a predicate name -> bool); incl_bwd=True: cache.grad(name) after logits' loss.backward(). The cache's decompose_resid, logit_attrs and the rest read hook_result and hook_scale, which names_filter=None caches. attention_mask: as model(ids, attention_mask)"""
+    def run_with_hooks(self, ids: object, fwd_hooks: List[Tuple[str, function]] = ..., bwd_hooks: List[Tuple[str, function]] = ..., attention_mask: object = ...) -> Tensor:
+        """logits with hooks (after the model's own, add_hook): fn(activation, name) may return a replacement (the activation is read-only: edit a copy; an array is a constant to autograd; a hook wrapped in headlab.tensor_hook gets an hl.Tensor and its returned expression keeps the gradient); backward hooks fn(grad, name) run during backward()"""
     def add_hook(self, name: str, hook: function, dir: str = ...) -> None:
         """Keeps hook fn(activation, name) at `name` for every forward of the model until reset_hooks()"""
     def reset_hooks(self) -> None:
         """Removes every hook add_hook (or a hooks() block) left on the model"""
-    def generate(self, tokens: object, max_new_tokens: int = ..., temperature: float = ..., seed: int = ...) -> numpy.ndarray:
-        """tokens (T) or (B, T) continued by max_new_tokens tokens (KV-cached; without hooks): temperature 0 is greedy, > 0 samples from softmax(logits / temperature), the same seed giving the same tokens. Returns (B, T + max_new_tokens) ids"""
+    def generate(self, tokens: object, max_new_tokens: int = ..., temperature: float = ..., seed: int = ..., attention_mask: object = ...) -> numpy.ndarray:
+        """tokens (T) or (B, T) continued by max_new_tokens tokens (KV-cached; without hooks): temperature 0 is greedy, > 0 samples from softmax(logits / temperature), the same seed giving the same tokens. Returns (B, T + max_new_tokens) ids. Prompts of different lengths: padded on the left with their attention_mask (to_tokens(texts, padding_side='left'))"""
     @property
     def num_parameters(self) -> int:
         """How many parameters the model has"""
@@ -329,11 +351,17 @@ the block (``model(ids)``, ``loss``, ``run_with_cache``, ``run_with_hooks``) run
 ``fn(activation, name)`` returns None or a replacement of the same shape (the activation is
 read-only: edit a copy). On leaving the block the hooks added by it are removed (those added
 before stay); ``reset_hooks_end=False`` keeps them until ``model.reset_hooks()``."""
-    def to_tokens(self, input: Any, prepend_bos: Any = ...) -> Any:
-        """Token ids (1, T) of a string, or (B, T) of a list of strings of the same token length.
+    def to_tokens(self, input: Any, prepend_bos: Any = ..., padding_side: Any = ...) -> Any:
+        """Token ids (1, T) of a string, or (B, T) of a list of strings.
 
 ``prepend_bos``: None = the tokenizer's ``<|endoftext|>`` first when it has one (GPT-2, as
-TransformerLens does), none for a byte-level model; True requires that token."""
+TransformerLens does), none for a byte-level model; True requires that token.
+
+``padding_side``: None = the texts must have one token length; ``"right"`` or ``"left"`` pads
+the shorter ones on that side and returns ``(ids, attention_mask)`` (1 = token, 0 = padding)
+for ``model(ids, attention_mask=mask)``. TransformerLens derives the mask from a pad token in
+the forward; headlab returns it, since a byte-level model has no token free for padding.
+Padding is ``<|endoftext|>`` when the tokenizer has it, else id 0 (never attended to)."""
     def to_string(self, tokens: Any) -> Any:
         """The text of token ids: a str for (T) ids, a list of str for (B, T)."""
     def to_str_tokens(self, input: Any, prepend_bos: Any = ...) -> Any:
@@ -341,6 +369,12 @@ TransformerLens does), none for a byte-level model; True requires that token."""
     @property
     def tokenizer(self) -> Any:
         """The model's tokenizer (hl.Tokenizer) or None: set by TransformerLM.load from a GPT-2 directory, or assigned"""
+    @property
+    def OV(self) -> Any:
+        """Each head's OV circuit W_V @ W_O as a FactoredMatrix [n_layers, n_heads, d_model, d_model]"""
+    @property
+    def QK(self) -> Any:
+        """Each head's QK circuit W_Q @ W_K^T as a FactoredMatrix [n_layers, n_heads, d_model, d_model]"""
 
 @overload
 def activation_patching(model: TransformerLM, task: object = ..., data: object = ..., seed: int = ..., alphabet: Optional[int] = ...) -> object:
@@ -381,6 +415,9 @@ def get_act_name(name: str, layer: Optional[int] = ..., layer_type: str = ...) -
 
 def grad_enabled() -> bool:
     """Whether ops record a graph now (False inside headlab.no_grad())"""
+
+def head_analyses() -> list:
+    """The per-head analyses of scores_over_training (and `headlab COMMAND --run`), one dict per analysis: name, command, scores (the names of the grids it returns), help, default_examples"""
 
 def head_gradient_norms(model: TransformerLM) -> dict:
     """Gradient atlas of the current gradients: per-head Frobenius norms (L, H or H_kv) of grads and weights"""

@@ -7,10 +7,12 @@ directory's tokenizer files (or assigned: ``model.tokenizer = hl.Tokenizer.load(
 of 256 tokens without one reads text as its UTF-8 bytes, as the byte-level tasks do.
 """
 import contextlib
+import functools
 
 import numpy as np
 
 from ._core import TransformerLM
+from .factored import _ov, _qk
 
 _BOS = "<|endoftext|>"
 
@@ -39,6 +41,18 @@ def hooks(self, fwd_hooks=(), bwd_hooks=(), reset_hooks_end=True):
                     setattr(self, attr, before)
 
 
+def tensor_hook(fn):
+    """A hook ``fn(activation, name)`` that receives the activation as an :class:`hl.Tensor` in the
+    autograd graph: the expression it returns (``2 * x``, ``x - mean``) is differentiable, so
+    gradients flow back through it to what made ``x``. A plain hook gets a read-only NumPy array
+    and its returned array is a constant to autograd (no gradient reaches what is upstream)."""
+    @functools.wraps(fn)
+    def hook(x, name):
+        return fn(x, name)
+    hook._headlab_as_tensor = True
+    return hook
+
+
 def _tokenizer(self, what):
     tok = getattr(self, "tokenizer", None)
     if tok is None and self.cfg.d_vocab != 256:
@@ -55,16 +69,25 @@ def _bos_id(tok, what):
     return ids[0]
 
 
-def to_tokens(self, input, prepend_bos=None):
-    """Token ids (1, T) of a string, or (B, T) of a list of strings of the same token length.
+def to_tokens(self, input, prepend_bos=None, padding_side=None):
+    """Token ids (1, T) of a string, or (B, T) of a list of strings.
 
     ``prepend_bos``: None = the tokenizer's ``<|endoftext|>`` first when it has one (GPT-2, as
     TransformerLens does), none for a byte-level model; True requires that token.
+
+    ``padding_side``: None = the texts must have one token length; ``"right"`` or ``"left"`` pads
+    the shorter ones on that side and returns ``(ids, attention_mask)`` (1 = token, 0 = padding)
+    for ``model(ids, attention_mask=mask)``. TransformerLens derives the mask from a pad token in
+    the forward; headlab returns it, since a byte-level model has no token free for padding.
+    Padding is ``<|endoftext|>`` when the tokenizer has it, else id 0 (never attended to).
     """
+    if padding_side not in (None, "right", "left"):
+        raise ValueError(f"to_tokens: padding_side must be 'right', 'left' or None, got {padding_side!r}")
     tok = _tokenizer(self, "to_tokens")
     texts = [input] if isinstance(input, str) else list(input)
+    has_bos = tok is not None and _BOS in (getattr(tok, "special_tokens", None) or {})
     bos = None
-    if prepend_bos or (prepend_bos is None and tok is not None and _BOS in (getattr(tok, "special_tokens", None) or {})):
+    if prepend_bos or (prepend_bos is None and has_bos):
         bos = _bos_id(tok, "to_tokens")
     rows = []
     for text in texts:
@@ -72,10 +95,24 @@ def to_tokens(self, input, prepend_bos=None):
             raise TypeError(f"to_tokens: expected a str or a list of str, got {type(text).__name__}")
         ids = tok.encode(text) if tok is not None else list(text.encode("utf-8"))
         rows.append(([bos] if bos is not None else []) + list(ids))
-    if len({len(r) for r in rows}) > 1:
-        raise ValueError("to_tokens: the texts have different token lengths (%s); give them one at a time"
-                         % ", ".join(str(len(r)) for r in rows))
-    return np.array(rows, dtype=np.int64)
+    lengths = [len(r) for r in rows]
+    if padding_side is None:
+        if len(set(lengths)) > 1:
+            raise ValueError("to_tokens: the texts have different token lengths (%s); pad them with "
+                             "padding_side='right' or 'left' (which returns ids and attention_mask)"
+                             % ", ".join(str(n) for n in lengths))
+        return np.array(rows, dtype=np.int64)
+    if min(lengths, default=0) == 0:
+        raise ValueError("to_tokens: a text has no token (an empty string without prepend_bos)")
+    pad = _bos_id(tok, "to_tokens") if has_bos else 0
+    T = max(lengths)
+    ids = np.full((len(rows), T), pad, dtype=np.int64)
+    mask = np.zeros((len(rows), T), dtype=np.int64)
+    for i, r in enumerate(rows):
+        cols = slice(0, len(r)) if padding_side == "right" else slice(T - len(r), T)
+        ids[i, cols] = r
+        mask[i, cols] = 1
+    return ids, mask
 
 
 def to_string(self, tokens):
@@ -105,3 +142,5 @@ TransformerLM.tokenizer = property(
     lambda self: self.__dict__.get("_tokenizer"),
     lambda self, tok: self.__dict__.__setitem__("_tokenizer", tok),
     doc="The model's tokenizer (hl.Tokenizer) or None: set by TransformerLM.load from a GPT-2 directory, or assigned")
+TransformerLM.OV = property(_ov, doc="Each head's OV circuit W_V @ W_O as a FactoredMatrix [n_layers, n_heads, d_model, d_model]")
+TransformerLM.QK = property(_qk, doc="Each head's QK circuit W_Q @ W_K^T as a FactoredMatrix [n_layers, n_heads, d_model, d_model]")

@@ -4,7 +4,8 @@ nothing; this is the Python door's own display).
 Three places, chosen when the run starts:
 
 - a Jupyter cell: one bar that updates in place (IPython's ``display(..., display_id=True)``
-  and ``handle.update``), with a line per evaluation under it;
+  and ``handle.update``), and under it at the end the run's final table; the evaluations go to
+  the run's log (``out/metrics.jsonl``), not under the bar;
 - a terminal (stderr is a tty): one ``\\r`` line redrawn at most ten times a second;
 - anything else (a log, a pipe): one line per evaluation, nothing per step.
 """
@@ -40,21 +41,40 @@ def eval_line(step, total, ev):
             f"token_acc {100 * ev['token_acc']:.2f}%  exact {100 * ev['exact_match']:.2f}%")
 
 
+def notice(line):
+    """A line of what a run chose (threads, snapshots' disk): on stderr as the command line says it,
+    but in a notebook a plain line on stdout (Jupyter shows stderr in red, as for an error)."""
+    print(line, file=sys.stdout if notebook_display() is not None else sys.stderr, flush=True)
+
+
+def final_table(result):
+    """(metric, value) rows of a finished run, as `headlab train` prints them."""
+    ev = result["final_eval"]
+    rows = [("steps", str(result["steps"])), ("train time", f"{result['wall_s']:.1f} s"),
+            ("held-out loss", f"{ev['loss']:.6f}"), ("token accuracy", f"{100 * ev['token_acc']:.2f}%"),
+            ("exact match (teacher-forced)", f"{100 * ev['exact_match']:.2f}%")]
+    first = result["first_step_99"]
+    rows += [("first step >= 99% token acc", str(first) if first >= 0 else "never"), ("parameters", str(result["params"]))]
+    return rows
+
+
 class _Cell:
     """What a notebook shows: HTML for the cell, text for consoles and tests."""
 
-    def __init__(self, text, evals, fraction):
-        self.text, self.evals, self.fraction = text, list(evals), fraction
+    def __init__(self, text, fraction, table=()):
+        self.text, self.fraction, self.table = text, fraction, list(table)
 
     def __repr__(self):
-        return "\n".join([self.text] + self.evals)
+        width = max((len(k) for k, _ in self.table), default=0)
+        return "\n".join([self.text] + [f"{k:<{width}}  {v}" for k, v in self.table])
 
     def _repr_html_(self):
         pct = f"{100 * self.fraction:.1f}%"
-        rows = "".join(f"<div>{html.escape(e)}</div>" for e in self.evals)
+        rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in self.table)
+        table = f"<table>{rows}</table>" if rows else ""
         return (f"<div style='font-family:monospace'>"
                 f"<progress value='{self.fraction:.4f}' max='1' style='width:20em'></progress> {pct} "
-                f"{html.escape(self.text)}{rows}</div>")
+                f"{html.escape(self.text)}{table}</div>")
 
 
 class Progress:
@@ -73,7 +93,7 @@ class Progress:
         self.min_interval = min_interval
         self.last_draw = None  # monotonic time of the last redraw
         self.handle = None     # the notebook's display handle
-        self.acc, self.evals = None, []
+        self.acc = None
         self.last_step = (0, total, float("nan"), 0.0)
 
     def _text(self, step, total, loss, tokens_per_s):
@@ -91,10 +111,10 @@ class Progress:
         self.last_draw = now
         self._draw(step, total, loss, tokens_per_s)
 
-    def _draw(self, step, total, loss, tokens_per_s):
+    def _draw(self, step, total, loss, tokens_per_s, table=()):
         text = self._text(step, total, loss, tokens_per_s)
         if self.mode == "notebook":
-            cell = _Cell(text, self.evals, step / max(total, 1))
+            cell = _Cell(text, step / max(total, 1), table)
             if self.handle is None:
                 self.handle = self.display(cell, display_id=True)
             else:
@@ -111,8 +131,12 @@ class Progress:
         if self.mode == "log":
             print(line, file=self.stream, flush=True)
         elif self.mode == "notebook":
-            self.evals.append(line)
-            self._draw(*self.last_step)  # the new line shows at once
+            self._draw(*self.last_step)  # the bar's accuracy; the line itself is in the run's log
+
+    def finish(self, result):
+        """The run's final table: in a notebook under the bar, in the same cell."""
+        if self.mode == "notebook":
+            self._draw(*self.last_step, table=final_table(result))
 
 
 def _isatty(stream):

@@ -12,16 +12,25 @@ import numpy as np
 from . import _core
 
 
+# The host side of the pages' size messages (views/*.html post_height): the frame whose page sent
+# the message takes its height. One listener per notebook page, set by the first view shown.
+_RESIZE = ("<script>if(!window.__headlab_views){window.__headlab_views=1;window.addEventListener('message',e=>{"
+           "const h=e.data&&e.data.headlab_height;if(!(h>0))return;"
+           "for(const f of document.querySelectorAll('iframe.headlab-view'))"
+           "if(f.contentWindow===e.source)f.style.height=Math.min(h,20000)+'px';});}</script>")
+
+
 class View:
     """A self-contained HTML page: ``.html`` is the page, ``.save(path)`` writes it, and Jupyter
-    shows it inline (``_repr_html_``) in an iframe of ``height`` pixels."""
+    shows it inline (``_repr_html_``) in an iframe sized to its content: the page reports its
+    height to the notebook; ``height`` pixels until it does (or where scripts do not run)."""
 
     def __init__(self, page, height, notes=()):
         self.html, self.height, self.notes = page, int(height), list(notes)
 
     def _repr_html_(self):
-        return (f'<iframe srcdoc="{_html.escape(self.html, quote=True)}" style="width: 100%; height: {self.height}px; '
-                f'border: 1px solid #ddd" sandbox="allow-scripts"></iframe>')
+        return (_RESIZE + f'<iframe class="headlab-view" srcdoc="{_html.escape(self.html, quote=True)}" '
+                f'style="width: 100%; height: {self.height}px; border: 1px solid #ddd" sandbox="allow-scripts"></iframe>')
 
     def save(self, path):
         """Writes the page to ``path`` (whole or not at all) and returns the path. An existing
@@ -96,26 +105,36 @@ def view(model, data, tokens=None, task=None, examples=4, title=None, height=720
     return View(page, height, notes)
 
 
-def token_view(tokens, values, title="", value_name="value", height=None):
+_SCALE_DOC = """vmin, vmax: the colour scale's ends (both or neither; values beyond are clamped): the same
+    bounds give several views one scale, so 0.03 and 0.95 differ in colour across grids. Without
+    them the view's own range: diverging (white at 0, red above, blue below) when the values have
+    both signs, white to red (or blue) when they have one, scaled by the largest |value|."""
+
+
+def token_view(tokens, values, title="", value_name="value", height=None, vmin=None, vmax=None):
     """Tokens coloured by one value each (a loss, a direct logit attribution, a patching effect):
     red above 0, blue below, white at 0; hover a token for its value. tokens: a list of texts
-    (or of ids); values: (T) numbers, NaN for none."""
+    (or of ids); values: (T) numbers, NaN for none. """
     values = np.asarray(values, dtype=np.float64)
     if values.ndim != 1:
         raise ValueError(f"token_view: values must be one per token (T), got shape {values.shape}")
     tokens = [str(t) for t in tokens]
-    page = _core._token_values_page(title, tokens, values.tolist(), value_name)
+    page = _core._token_values_page(title, tokens, values.tolist(), value_name, vmin, vmax)
     return View(page, height or 90 + 26 * (1 + len(tokens) // 24))
 
 
-def grid_view(scores, title="", value_name="score", row_labels=None, col_labels=None, height=None):
+def grid_view(scores, title="", value_name="score", row_labels=None, col_labels=None, height=None, vmin=None, vmax=None):
     """A grid of scores, e.g. layers x heads of a detector, importance or patching effect; hover a
-    cell for its value. scores: (rows, cols); labels default to L0.. and H0.."""
+    cell for its value. scores: (rows, cols); labels default to L0.. and H0.. """
     scores = np.asarray(scores, dtype=np.float64)
     if scores.ndim != 2:
         raise ValueError(f"grid_view: scores must be (rows, cols), got shape {scores.shape}")
     rows, cols = scores.shape
     row_labels = [f"L{r}" for r in range(rows)] if row_labels is None else [str(r) for r in row_labels]
     col_labels = [f"H{c}" for c in range(cols)] if col_labels is None else [str(c) for c in col_labels]
-    page = _core._grid_page(title, rows, cols, scores.ravel().tolist(), row_labels, col_labels, value_name)
+    page = _core._grid_page(title, rows, cols, scores.ravel().tolist(), row_labels, col_labels, value_name, vmin, vmax)
     return View(page, height or 100 + 24 * rows)
+
+
+token_view.__doc__ += _SCALE_DOC
+grid_view.__doc__ += _SCALE_DOC

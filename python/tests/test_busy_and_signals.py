@@ -3,6 +3,7 @@ every command does, and say so in the same words), and Ctrl-C during Tokenizer.e
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 import warnings
@@ -17,20 +18,31 @@ SMALL = dict(d_model=16, layers=1, heads=2, d_ff=32, length=4, alphabet=5, batch
 
 
 @two_cores
-def test_trainer_applies_the_busy_machine_rule(monkeypatch):
+def test_trainer_applies_the_busy_machine_rule_and_says_so_as_the_cli_does(monkeypatch, capfd, tmp_path):
     # HEADLAB_TEST_IDLE_CORES stands in for /proc/stat's reading: one core left idle by others
     monkeypatch.setenv("HEADLAB_TEST_IDLE_CORES", "1")
-    with pytest.warns(RuntimeWarning) as said:
-        t = hl.Trainer(**SMALL)
-    assert [str(w.message) for w in said if w.category is RuntimeWarning] == [BUSY]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a line on stderr as the command line's, not a warning
+        t = hl.Trainer(**SMALL, out=str(tmp_path / "py"))
+    assert capfd.readouterr().err == "headlab: " + BUSY + "\n"
     assert t.args["threads"] == 1  # what runs, and what the run's summary records
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a count given is obeyed without a word
-        assert hl.Trainer(**SMALL, threads=2).args["threads"] == 2
+    t.run(progress=False)
+    hl.Trainer(**SMALL, quiet=True)  # quiet: not a word
+    assert hl.Trainer(**SMALL, threads=2).args["threads"] == 2  # a count given is obeyed without a word
+    assert capfd.readouterr().err == ""
+    # the command line chooses the same count from the same reading, and so trains the same numbers
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in SMALL.items()]
+    p = subprocess.run([os.environ.get("HEADLAB_BINARY", "headlab"), "train", *flags, "--quiet", "--out",
+                        str(tmp_path / "cli")], capture_output=True, text=True, check=True)
+    assert p.stderr.splitlines()[0] == "headlab: " + BUSY.replace("threads=2", "--threads 2")
+    summaries = [json.load(open(tmp_path / d / "summary.json")) for d in ("cli", "py")]
+    assert [s["config"]["threads"] for s in summaries] == [1, 1]
+    numbers = [[{k: v for k, v in json.loads(line).items() if k not in ("wall_s", "tokens_per_s")}
+                for line in open(tmp_path / d / "metrics.jsonl")] for d in ("cli", "py")]
+    assert numbers[0] == numbers[1] and numbers[0][-1]["step"] == 2
     monkeypatch.setenv("HEADLAB_TEST_IDLE_CORES", "2")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a quiet machine: the default, without a word
-        assert hl.Trainer(**SMALL).args["threads"] == 2
+    assert hl.Trainer(**SMALL).args["threads"] == 2  # a quiet machine: the default, without a word
+    assert capfd.readouterr().err == ""
 
 
 @two_cores

@@ -488,7 +488,7 @@ def test_every_train_setting_works_as_a_keyword_and_the_atlas_matches_the_cli(tm
         py, cli = (tmp_path / "py" / f).read_text(), (tmp_path / "cli" / f).read_text()
         assert py == cli and len(py.splitlines()) > 2, f
     assert (tmp_path / "py" / "grads" / "step_20.safetensors").exists()
-    with pytest.raises(ValueError, match="give out="):
+    with pytest.raises(ValueError, match="write the gradient atlas into the run.s directory: give --out"):
         hl.Trainer(log_grads=10, **settings)
 
 

@@ -99,7 +99,9 @@ def test_bad_input_is_refused_with_a_clear_message():
 def test_the_notebook_html_is_an_isolated_iframe_holding_the_page_and_fetches_nothing(tmp_path):
     v = hl.view(small_model(), np.arange(8))
     frame = v._repr_html_()
-    m = re.fullmatch(r'<iframe srcdoc="([^"]*)" style="[^"]*" sandbox="allow-scripts"></iframe>', frame)
+    # the frame, after the notebook side of the pages' size messages (no network either)
+    m = re.fullmatch(r'<script>[^<]*</script><iframe class="headlab-view" srcdoc="([^"]*)" style="[^"]*" '
+                     r'sandbox="allow-scripts"></iframe>', frame)
     assert m, frame[:200]
     assert html.unescape(m.group(1)) == v.html
     # nothing from the network: no external script, style, image or font
@@ -194,3 +196,55 @@ def test_a_grid_of_more_than_125k_values_renders(browser, tmp_path):
     legend = browser.execute_script("return document.getElementById('legend').textContent")
     assert legend == "score: -1000 .. 128600 (red > 0, blue < 0, white 0)"  # 128599 to 4 digits
     assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+
+
+def test_grid_colour_scales_with_vmin_vmax_and_diverging_values(browser, tmp_path):
+    def backgrounds(v):
+        page = tmp_path / "scale.html"
+        page.write_text(v.html)
+        browser.get("file://" + str(page))
+        cells = browser.execute_script(
+            "return [...document.querySelectorAll('td')].map(td => getComputedStyle(td).backgroundColor)")
+        return cells, browser.execute_script("return document.getElementById('legend').textContent")
+
+    faint = np.array([[0.03, 0.0]])
+    # its own scale: 0.03 is the grid's maximum and as red as any maximum
+    assert backgrounds(hl.grid_view(faint))[0] == ["rgb(255, 51, 51)", "rgb(255, 255, 255)"]
+    # one scale for several grids: 0.03 of 0..1 is nearly white
+    cells, legend = backgrounds(hl.grid_view(faint, vmin=0, vmax=1))
+    assert cells == ["rgb(255, 249, 249)", "rgb(255, 255, 255)"]
+    assert legend == "score: 0 .. 0.03 (red > 0, blue < 0, white 0); colour scale 0 .. 1"
+    # signed values: diverging around 0, clamped to the bounds
+    cells, _ = backgrounds(hl.grid_view([[-0.5, 0.5, 3.0]], vmin=-1, vmax=1))
+    assert cells == ["rgb(153, 153, 255)", "rgb(255, 153, 153)", "rgb(255, 51, 51)"]
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+
+
+def test_colour_scale_bounds_are_checked():
+    d = page_data(hl.grid_view([[1.0]], vmin=-2, vmax=2).html)
+    assert (d["vmin"], d["vmax"]) == (-2, 2)
+    assert page_data(hl.token_view(["a"], [1.0]).html)["vmin"] is None
+    with pytest.raises(ValueError, match="grid view: give both vmin and vmax, or neither"):
+        hl.grid_view([[1.0]], vmin=0)
+    with pytest.raises(ValueError, match="token view: vmin 1 must be below vmax 1"):
+        hl.token_view(["a"], [1.0], vmin=1, vmax=1)
+
+
+def test_inline_views_are_sized_to_their_content(browser, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    views = [hl.grid_view(np.arange(40 * 3, dtype=float).reshape(40, 3), height=200),  # taller than its start
+             hl.view(small_model(), np.arange(6) % 20)]                                 # shorter than 720 px
+    host = tmp_path / "notebook_like.html"
+    host.write_text("<!DOCTYPE html><html><body>" + "".join(v._repr_html_() for v in views) + "</body></html>")
+    browser.get("file://" + str(host))
+    frames = browser.find_elements(By.TAG_NAME, "iframe")
+    for frame, start in zip(frames, (200, 720)):
+        WebDriverWait(browser, 30).until(lambda d: frame.size["height"] != start + 2)  # 2: the border
+        browser.switch_to.frame(frame)
+        try:
+            content = browser.execute_script("return Math.ceil(document.body.getBoundingClientRect().bottom)")
+            clipped = browser.execute_script("return document.documentElement.scrollHeight > window.innerHeight")
+        finally:
+            browser.switch_to.default_content()
+        assert not clipped and content <= frame.size["height"] <= content + 40, (start, content, frame.size)

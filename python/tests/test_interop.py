@@ -588,7 +588,7 @@ def test_commands_refuse_work_that_cannot_fit_naming_the_estimate_and_the_flag(t
         (["detect", "--length", 16384], r"detect: batches of 64 sequences of 32768 tokens needs about .* of memory, more "
                                         r"than the .* available; lower --length .* or --examples"),
         (["patch", "--data", "probe", "--length", 16384, "--examples", 2],
-         r"patch: 2 sequences of 32768 tokens in one batch needs about .* available; lower --examples or --length"),
+         r"patch: 2 sequences of 32768 tokens needs about .* available; lower --examples or --length"),
         (["dla", "--tokens", " ".join(["1"] * 32768)],
          r"dla: batches of 1 sequence\(s\) of 32768 tokens needs about .* available; lower the tokens given"),
     ]

@@ -35,6 +35,34 @@ FLAGS = {"detect": ("detect", ["--examples", "24"]), "patch": ("patch", ["--exam
          "dla": ("dla", ["--examples", "24"]), "compose": ("compose", []), "importance": ("prune", ["--eval-size", "48"])}
 
 
+def test_every_registered_analysis_is_reached_by_its_command_and_by_python():
+    # the registry (train/head_analyses.h) names each analysis and the command whose --run gives it;
+    # FLAGS drives the CLI and Python runs below: a row left out of it fails here
+    rows = hl.head_analyses()
+    assert {r["name"]: r["command"] for r in rows} == {a: c for a, (c, _) in FLAGS.items()}
+    for r in rows:
+        assert r["scores"] and r["help"] and r["default_examples"] >= 1
+    with pytest.raises(hl.HeadlabError, match="analysis 'roles' is not one of detect, patch, importance, dla, compose"):
+        hl.scores_over_training("no-such-run", analysis="roles")
+
+
+def test_out_writes_the_files_the_command_and_the_page_read(run, over, tmp_path):
+    # out=DIR: the command's CSV and JSON, byte for byte; out=True: RUN/over_training/ANALYSIS, where the page looks
+    cli_dir = tmp_path / "cli"
+    cli("compose", "--run", run, "--out", str(cli_dir), *THREADS)
+    r = hl.scores_over_training(run, analysis="compose", threads=2, out=str(tmp_path / "py"))
+    assert r["out"] == str(tmp_path / "py")
+    for ext in ("csv", "json"):
+        assert (tmp_path / "py" / ("compose_over_training." + ext)).read_bytes() == \
+            (cli_dir / ("compose_over_training." + ext)).read_bytes()
+    r = hl.scores_over_training(run, analysis="compose", threads=2, out=True)
+    assert r["out"] == os.path.join(run, "over_training", "compose")
+    assert os.path.isfile(os.path.join(run, "over_training", "compose", "compose_over_training.csv"))
+    page = tmp_path / "page.html"
+    cli("view", run, "--out", str(page), *THREADS)
+    assert '"analysis":"compose"' in page.read_text()
+
+
 @pytest.fixture(scope="module")
 def over(run, tmp_path_factory):
     """Each analysis's ANALYSIS_over_training.csv from `headlab COMMAND --run`, as rows."""

@@ -1,6 +1,7 @@
 """Trainer.run()'s progress: a bar updated in place in a notebook (a fake IPython display here,
 no kernel needed), a \\r line on a terminal, one line per evaluation in logs, nothing when quiet."""
 import io
+import json
 
 import headlab as hl
 import headlab.progress as progress
@@ -29,20 +30,30 @@ def eval_steps(result):
     return [row["step"] for row in result["curve"]]
 
 
-def test_a_notebook_gets_one_display_updated_in_place(monkeypatch, capsys):
+def test_a_notebook_gets_one_display_updated_in_place_then_the_final_table(monkeypatch, capfd, tmp_path):
     fake = FakeDisplay()
     monkeypatch.setattr(progress, "notebook_display", lambda: fake)
-    result = hl.Trainer(**SETTINGS).run()
+    out = tmp_path / "run"
+    result = hl.Trainer(**SETTINGS, out=str(out), snapshot_at=[30]).run()
     assert len(fake.shown) == 1 and fake.updates  # one cell output, then updates of it
-    last = fake.updates[-1]
-    text = repr(last)
-    assert "train [" + "#" * 30 + "] 30/30" in text
-    # one line per evaluation under the bar, in order
-    assert [line.split()[1] for line in text.split("\n")[1:]] == [f"{s}/30" for s in eval_steps(result)]
-    html = last._repr_html_()
-    assert "<progress value='1.0000'" in html and html.count("held-out loss") == len(eval_steps(result))
-    err = capsys.readouterr().err
-    assert err == ""  # nothing else printed
+    text = repr(fake.updates[-1]).split("\n")
+    assert text[0].startswith("train [" + "#" * 30 + "] 30/30")
+    # under the bar the final table, no evaluation lines: those are in the run's log
+    ev = result["final_eval"]
+    assert text[1:] == ["steps                         30", f"train time                    {result['wall_s']:.1f} s",
+                        f"held-out loss                 {ev['loss']:.6f}",
+                        f"token accuracy                {100 * ev['token_acc']:.2f}%",
+                        f"exact match (teacher-forced)  {100 * ev['exact_match']:.2f}%",
+                        "first step >= 99% token acc   " + (str(result["first_step_99"]) if result["first_step_99"] >= 0 else "never"),
+                        f"parameters                    {result['params']}"]
+    assert not any("token_acc" in repr(u) for u in fake.updates)  # an evaluation line's word
+    html = fake.updates[-1]._repr_html_()
+    assert "<progress value='1.0000'" in html and "<td>held-out loss</td>" in html
+    assert [json.loads(line)["step"] for line in open(out / "metrics.jsonl")] == eval_steps(result)
+    # the snapshots' disk notice: a plain line in the cell's output (stdout), nothing red on stderr
+    captured = capfd.readouterr()
+    assert captured.err == ""
+    assert captured.out.startswith("headlab: 1 snapshot (step 30) of ") and captured.out.endswith(" of disk in " + str(out) + "/snapshots\n")
 
 
 def test_a_log_gets_one_line_per_evaluation_and_quiet_nothing(capsys):

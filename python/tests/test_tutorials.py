@@ -32,7 +32,7 @@ def run_notebook(name, tmp_path):
             assert out["output_type"] != "error", f"{name}: {out.get('ename')}: {out.get('evalue')}"
             if out["output_type"] == "stream" and out["name"] == "stdout":
                 text += out["text"]
-            if "data" in out and str(out["data"].get("text/html", "")).startswith("<iframe srcdoc="):
+            if "data" in out and '<iframe class="headlab-view" srcdoc=' in str(out["data"].get("text/html", "")):
                 html_outputs.append(out["data"]["text/html"])  # the inline views (not the progress display)
     return nb, text, html_outputs
 
@@ -136,4 +136,8 @@ def test_the_transformerlens_names_tutorial_uses_them(tmp_path):
     assert number(r"the last position's logits moved by (\d+\.\d+)", text) > 0
     assert "earlier positions unchanged: True" in text and "hooks removed after the block: True" in text
     assert re.search(r"greedy: \[(\d+, ){10}\d+\]", text) and "sampled twice alike: True" in text
+    assert "padded rows as alone (left, right): True True" in text and "generated as alone: True" in text
+    assert "OV of L1H0: shape (32, 32), rank 8; norm and singular values as the dense product: True True" in text
+    assert "gradient through 2 * x is twice the one at the replacement: True" in text
+    assert "a constant replacement passes no gradient: True" in text
     assert len(frames) == 1

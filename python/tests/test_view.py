@@ -147,6 +147,24 @@ def test_heads_over_training_draw_a_chart_per_score_with_a_line_per_head(browser
       for (let i = 0; i < px.length; i += 4) if (Math.abs(px[i] - px[i + 1]) > 60 || Math.abs(px[i + 1] - px[i + 2]) > 60) coloured++;
       return coloured;""")
     assert legend > 50  # coloured lines were drawn
+    assert browser.execute_script("return document.getElementById('over-training-log').checked") is False  # 0..20
+
+
+def test_the_over_training_axis_is_log_when_the_steps_span_more_than_two_decades(browser, tmp_path):
+    run = str(tmp_path / "long")
+    subprocess.run([HEADLAB, "train", "--quiet", "--d-model", "16", "--layers", "2", "--heads", "2", "--length", "6",
+                    "--steps", "202", "--eval-every", "202", "--eval-size", "16", "--snapshot-at", "1", "--out", run],
+                   check=True, capture_output=True)
+    # Python writes what the page reads (steps 1 and 202)
+    assert hl.scores_over_training(run, analysis="compose", threads=2, out=True)["steps"].tolist() == [1, 202]
+    assert view(run).returncode == 0
+    assert open_page(browser, os.path.join(run, "view.html")) == []
+    box = browser.find_element(By.ID, "over-training-log")
+    assert box.is_selected()
+    pixels = "const c = document.getElementById('over-compose-k_composition'); return c.toDataURL();"
+    log_chart = browser.execute_script(pixels)
+    box.click()  # back to a linear axis: the chart is drawn again, differently
+    assert not box.is_selected() and browser.execute_script(pixels) != log_chart
 
 
 def test_missing_or_corrupt_input_is_one_line_and_writes_nothing(tmp_path):
