@@ -78,7 +78,7 @@ AttentionConfig ModelConfig::attention(int layer) const {
   a.qkv_bias = qkv_bias;
   a.o_bias = o_bias;
   a.rotary = positions == Positions::Rotary;
-  a.rope.dim = rotary_dim;
+  a.rope.dim = rotary_dims();
   a.rope.theta = rope_theta;
   a.rope.interleaved = rotary_style == "interleaved";
   a.max_positions = max_seq_len;
@@ -144,7 +144,11 @@ void ModelConfig::validate() const {
   if (rotary_style != "half" && rotary_style != "interleaved")
     fail("model config: rotary_style '", rotary_style, "' is not half or interleaved");
   if (positions == Positions::Rotary && (rotary_dim < 0 || rotary_dim % 2 || rotary_dim > head_dim()))
-    fail("model config: rotary_dim ", rotary_dim, " must be even and at most d_head ", head_dim(), " (0 = d_head)");
+    fail("model config: rotary_dim ", rotary_dim, " must be even and at most d_head ", head_dim(), " (0 = rotary_pct's)");
+  if (!(rotary_pct > 0.f && rotary_pct <= 1.f)) fail("model config: rotary_pct must be in (0, 1], got ", rotary_pct);
+  if (positions == Positions::Rotary && rotary_dim == 0 && (rotary_dims() < 2 || rotary_dims() % 2))
+    fail("model config: rotary_pct ", rotary_pct, " of d_head ", head_dim(), " is ", rotary_dims(),
+         " dims; rotary needs an even number, at least 2 (or give rotary_dim)");
   if (!(rope_theta > 0.f) || !std::isfinite(rope_theta)) fail("model config: rope_theta must be positive, got ", rope_theta);
   if (!(attn_scale >= 0.f) || !std::isfinite(attn_scale))
     fail("model config: attn_scale must be positive (0 = 1/sqrt(d_head)), got ", attn_scale);
@@ -173,6 +177,7 @@ std::string ModelConfig::to_json() const {
   // attention options (absent in older files: the defaults, today's attention)
   j["rope_theta"] = rope_theta;
   j["rotary_dim"] = rotary_dim;
+  j["rotary_pct"] = rotary_pct;
   j["rotary_style"] = rotary_style;
   j["qk_norm"] = qk_norm;
   j["attn_scale"] = attn_scale;
@@ -238,6 +243,7 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
   // attention options (absent: the defaults)
   get("rope_theta", c.rope_theta, false);
   get("rotary_dim", c.rotary_dim, false);
+  get("rotary_pct", c.rotary_pct, false);
   get("rotary_style", c.rotary_style, false);
   get("qk_norm", c.qk_norm, false);
   get("attn_scale", c.attn_scale, false);

@@ -37,7 +37,8 @@ struct ModelConfig {
   // attention options (docs/architectures.md, "attention options"); the defaults are today's
   // attention, and a config without these keys reads as the defaults
   float rope_theta = 10000.f;          // rotary positions: angle base
-  int64_t rotary_dim = 0;              // rotary positions: dims of each head that turn; 0 = d_head
+  int64_t rotary_dim = 0;              // rotary positions: dims of each head that turn; 0 = rotary_pct's
+  float rotary_pct = 1.f;              // rotary positions with rotary_dim 0: this fraction of d_head (Pythia 0.25)
   std::string rotary_style = "half";   // half (rotate-half, Llama/NeoX) or interleaved (GPT-J)
   bool qk_norm = false;                // RMSNorm over d_head on q and k (Qwen3, OLMo2)
   float attn_scale = 0.f;              // score scale; 0 = 1/sqrt(d_head); 1 = unscaled (GPT-Neo)
@@ -46,6 +47,10 @@ struct ModelConfig {
   std::string window_layers = "all";   // which layers are local: all, alternate (even ones) or L:G
   bool qkv_bias = false, o_bias = false;  // biases on W_Q/W_K/W_V, on W_O (attn_bias = both)
   int64_t window_of_layer(int layer) const;  // layer's sliding window, 0 = global
+  // the dims of each head rotary positions turn: rotary_dim, or floor(rotary_pct * d_head) as GPT-NeoX
+  int64_t rotary_dims() const {
+    return rotary_dim ? rotary_dim : static_cast<int64_t>(static_cast<double>(rotary_pct) * static_cast<double>(head_dim()) + 1e-4);
+  }
   // block options (docs/architectures.md); the defaults are the GPT-2-style block
   NormKind normalization = NormKind::LayerNorm;  // ln1, ln2, ln_f (and the sandwich norms); eps layer_norm_eps
   bool sandwich_norm = false;   // ln1_post / ln2_post on attention's and the MLP's output (Gemma 2)
