@@ -369,3 +369,25 @@ BOOST_AUTO_TEST_CASE(bad_values_and_contradicting_resumes_are_refused_naming_the
                           return std::string(e.what()) == "--qk-norm true does not match the run being resumed (false in run/checkpoint.safetensors)";
                         });
 }
+
+BOOST_AUTO_TEST_CASE(a_left_padded_rotary_row_equals_the_row_alone) {
+  // position_ids from the padding: the padded row's real tokens sit at 0, 1, ... as alone
+  ModelConfig c = every_option();
+  c.sliding_window = 0, c.window_layers = "all";
+  auto m = random_model(c, 12);
+  const Ids alone(Shape{1, 3}, {4, 1, 5});
+  const Ids padded(Shape{1, 5}, {0, 0, 4, 1, 5});
+  Tensor key_padding = Tensor::zeros({1, 5});
+  key_padding.at({0, 0}) = key_padding.at({0, 1}) = 1.f;
+  const Ids positions = positions_from_padding(key_padding);
+  ForwardOptions opt;
+  opt.key_padding = key_padding;
+  opt.position_ids = &positions;
+  NoGradGuard ng;
+  const Tensor want = m->forward(alone), got = slice(m->forward(padded, opt), 1, 2, 5);
+  BOOST_TEST(max_diff(got, want) < 2e-5f);
+  // the positions are read: real tokens at 0, 2, 3 (not a shift of 0, 1, 2) give another row
+  const Ids gapped(Shape{1, 5}, {0, 0, 0, 2, 3});
+  opt.position_ids = &gapped;
+  BOOST_TEST(max_diff(slice(m->forward(padded, opt), 1, 2, 5), want) > 1e-3f);
+}
