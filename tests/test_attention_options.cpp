@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "analysis/edges.h"
 #include "lib/gradcheck.h"
 #include "models/checkpoint.h"
 #include "models/transformer.h"
@@ -390,4 +391,19 @@ BOOST_AUTO_TEST_CASE(a_left_padded_rotary_row_equals_the_row_alone) {
   const Ids gapped(Shape{1, 5}, {0, 0, 0, 2, 3});
   opt.position_ids = &gapped;
   BOOST_TEST(max_diff(slice(m->forward(padded, opt), 1, 2, 5), want) > 1e-3f);
+}
+
+BOOST_AUTO_TEST_CASE(edges_refuse_the_attention_options_they_do_not_replay) {
+  ModelConfig c = test_model();
+  c.positions = Positions::Rotary;
+  BOOST_CHECK_EXCEPTION(check_edge_model(c), Error, [](const Error& e) {
+    return std::string(e.what()) == "edges: the model's attention has rotary positions (positions rotary); edges are not defined for it here";
+  });
+  c = test_model();
+  c.sliding_window = 3;
+  BOOST_CHECK_EXCEPTION(check_edge_model(c), Error, [](const Error& e) { return std::string(e.what()).find("sliding_window") != std::string::npos; });
+  c = test_model();
+  c.positions = Positions::None;  // NoPE: nothing to replay
+  c.qkv_bias = true;
+  check_edge_model(c);
 }
