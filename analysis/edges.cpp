@@ -156,6 +156,14 @@ void check_edge_model(const ModelConfig& cfg) {
          "reads attention's output");
   if (cfg.sandwich_norm) fail("edges: the model has sandwich norms (sandwich_norm); edges are not defined for them here");
   if (cfg.final_softcap > 0.f) fail("edges: the model soft-caps its logits (final_softcap); edges are not defined for it here");
+  // attention options the edge passes' own head replay (head_result) does not apply yet
+  const char* attention_option = cfg.positions == Positions::Rotary ? "rotary positions (positions rotary)"
+                                 : cfg.qk_norm                      ? "QK-norm (qk_norm)"
+                                 : cfg.attn_scale != 0.f            ? "a score scale (attn_scale)"
+                                 : cfg.attn_softcap != 0.f          ? "soft-capped scores (attn_softcap)"
+                                 : cfg.sliding_window != 0          ? "sliding windows (sliding_window)"
+                                                                    : nullptr;
+  if (attention_option) fail("edges: the model's attention has ", attention_option, "; edges are not defined for it here");
 }
 
 void check_edge_inputs(const ModelConfig& cfg, const PatchingInputs& in) {

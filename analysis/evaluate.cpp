@@ -102,7 +102,8 @@ Tensor forward_batch(TransformerLM& model, const Batch& batch, BatchScratch& scr
   opt.key_padding = batch.key_padding;
   opt.hooks = hooks;
   targets = &batch.targets;
-  if (!hooks && batch.live_positions(scratch.live_len, scratch.output_rows, scratch.targets)) {
+  // packed live positions, except with soft-capped scores (the unfused score path takes no packed rows)
+  if (!hooks && model.cfg.attn_softcap == 0.f && batch.live_positions(scratch.live_len, scratch.output_rows, scratch.targets)) {
     opt.live_len = scratch.live_len;
     opt.output_rows = &scratch.output_rows;
     targets = &scratch.targets;

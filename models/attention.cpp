@@ -32,6 +32,8 @@ void check_attention_args(AttnDims& d, const AttentionArgs& a) {
   if (a.pattern_grad.defined() && a.pattern_grad.shape() != Shape({d.B, d.H, d.Tq, d.Tk}))
     fail("attention: pattern_grad ", a.pattern_grad.shape().str(), " must be (B,H,Tq,Tk)");
   if (a.dropout > 0.f && !a.rng) fail("attention: dropout needs a random generator");
+  if (a.window < 0 || (a.window > 0 && !a.causal)) fail("attention: a sliding window (", a.window, ") needs the causal mask");
+  d.window = static_cast<int32_t>(std::min<int64_t>(a.window, d.Tk));  // a window of Tk or more hides nothing
 }
 
 void check_heads(int64_t H, int64_t Hkv) {
@@ -76,8 +78,8 @@ AttnDims packed_columns(const Tensor& qkv, const AttentionArgs& a, int ndim, con
     fail("attention: ", what, " ", qkv.shape().str(), " ", ndim == 3 ? "is" : "are", " not ", d.H, " + 2 x ", d.Hkv,
          " heads of d_head ", d.dh);
   d.q_ld = d.kv_ld = W;
-  d.k_off = d.H * d.dh;
-  d.v_off = (d.H + d.Hkv) * d.dh;
+  d.k_off = static_cast<int32_t>(d.H * d.dh);
+  d.v_off = static_cast<int32_t>((d.H + d.Hkv) * d.dh);
   return d;
 }
 
@@ -155,20 +157,43 @@ void AttentionConfig::validate() const {
     fail("attention: n_heads ", n_heads, " does not divide d_model ", d_model,
          " (give d_head explicitly to use any head size)");
   if (!(dropout >= 0.f && dropout < 1.f)) fail("attention: dropout must be in [0, 1), got ", dropout);
+  if (rotary) {
+    const int64_t rd = rope.dim ? rope.dim : head_dim();
+    if (rope.dim < 0 || rd % 2 || rd > head_dim())
+      fail("attention: rotary_dim ", rope.dim, " must be even and at most d_head ", head_dim(), " (0 = d_head)");
+    if (!(rope.theta > 0.f) || !std::isfinite(rope.theta)) fail("attention: rope_theta must be positive, got ", rope.theta);
+    if (max_positions < 1) fail("attention: rotary positions need max_positions (the longest sequence), got ", max_positions);
+  }
+  if (!(scale >= 0.f) || !std::isfinite(scale)) fail("attention: attn_scale must be positive (0 = 1/sqrt(d_head)), got ", scale);
+  if (!(softcap >= 0.f) || !std::isfinite(softcap)) fail("attention: attn_softcap must be positive (0 = none), got ", softcap);
+  if (window < 0) fail("attention: sliding_window must be positive (0 = none), got ", window);
+  if (qk_norm && (!(norm_eps > 0.f) || !std::isfinite(norm_eps))) fail("attention: the QK-norm's eps must be positive, got ", norm_eps);
 }
+
+MultiHeadAttention::HeadNorm::HeadNorm(int64_t d_head) : weight(Tensor::ones({d_head})) { register_parameter("weight", &weight); }
 
 MultiHeadAttention::MultiHeadAttention(const AttentionConfig& c, Rng& rng, Rng* dropout_rng)
     : cfg((c.validate(), c)),
-      W_Q(c.d_model, c.n_heads * c.head_dim(), c.bias, rng),
-      W_K(c.d_model, c.kv_heads() * c.head_dim(), c.bias, rng),
-      W_V(c.d_model, c.kv_heads() * c.head_dim(), c.bias, rng),
-      W_O(c.n_heads * c.head_dim(), c.d_model, c.bias, rng),
+      W_Q(c.d_model, c.n_heads * c.head_dim(), c.has_qkv_bias(), rng),
+      W_K(c.d_model, c.kv_heads() * c.head_dim(), c.has_qkv_bias(), rng),
+      W_V(c.d_model, c.kv_heads() * c.head_dim(), c.has_qkv_bias(), rng),
+      W_O(c.n_heads * c.head_dim(), c.d_model, c.has_o_bias(), rng),
       gates(Tensor::ones({c.n_heads})),
       dropout_rng_(dropout_rng) {
   register_module("W_Q", &W_Q);
   register_module("W_K", &W_K);
   register_module("W_V", &W_V);
   register_module("W_O", &W_O);
+  if (c.qk_norm) {  // ones: no draws, the initialisation of everything else is unchanged
+    q_norm = std::make_unique<HeadNorm>(c.head_dim());
+    k_norm = std::make_unique<HeadNorm>(c.head_dim());
+    register_module("q_norm", q_norm.get());
+    register_module("k_norm", k_norm.get());
+  }
+  if (c.rotary) {
+    cfg.rope.d_head = c.head_dim();
+    rotary_cos_sin = rotary_table(c.max_positions, cfg.rope);
+  }
   // Move the initialised W_Q, W_K, W_V (and biases) into one slab each, as views.
   auto into_slab = [](std::initializer_list<Tensor*> parts) {
     int64_t total = 0;
@@ -184,7 +209,7 @@ MultiHeadAttention::MultiHeadAttention(const AttentionConfig& c, Rng& rng, Rng* 
     }
   };
   into_slab({&W_Q.weight, &W_K.weight, &W_V.weight});
-  if (c.bias) into_slab({&W_Q.bias, &W_K.bias, &W_V.bias});
+  if (c.has_qkv_bias()) into_slab({&W_Q.bias, &W_K.bias, &W_V.bias});
 }
 
 namespace {
@@ -202,22 +227,33 @@ Tensor kv_heads_for_queries(const Tensor& t, int64_t Tk, int H, int Hkv, int64_t
   return concat(per_head, 1);  // (B, H, Tk, dh)
 }
 
-// Scaled, masked scores (B, H, Tq, Tk): masked keys are -inf (weight 0 after softmax).
-Tensor attention_scores(const Tensor& q, const Tensor& k, const AttentionArgs& a, int64_t Tk) {
-  const int64_t B = q.size(0), Tq = q.size(1), H = a.n_heads, dh = a.d_head;
-  const Tensor qh = permute(reshape(q, {B, Tq, H, dh}), {0, 2, 1, 3});  // (B, H, Tq, dh)
-  const float scale = a.scale > 0.f ? a.scale : 1.f / std::sqrt(static_cast<float>(dh));
-  Tensor s = mul_scalar(matmul(qh, kv_heads_for_queries(k, Tk, a.n_heads, a.n_kv_heads, dh), false, true), scale);
-  if (a.additive_mask.defined()) s = add(s, a.additive_mask);
+// The masks of scores s (B, H, Tq, Tk): masked keys are -inf (weight 0 after softmax).
+Tensor mask_scores(Tensor s, const AttentionArgs& a, bool additive = true) {
+  const int64_t B = s.size(0), Tq = s.size(2), Tk = s.size(3);
+  if (additive && a.additive_mask.defined()) s = add(s, a.additive_mask);
   const float neg_inf = -std::numeric_limits<float>::infinity();
   if (a.causal) {
     Tensor m = Tensor::zeros({Tq, Tk});
     for (int64_t i = 0; i < Tq; ++i)
-      for (int64_t j = i + (Tk - Tq) + 1; j < Tk; ++j) m.at({i, j}) = 1.f;
+      for (int64_t j = 0; j < Tk; ++j)  // after the query, or before its sliding window
+        if (j > i + (Tk - Tq) || (a.window > 0 && j <= i + (Tk - Tq) - a.window)) m.at({i, j}) = 1.f;
     s = masked_fill(s, m, neg_inf);
   }
   if (a.key_padding.defined()) s = masked_fill(s, reshape(a.key_padding, {B, 1, 1, Tk}), neg_inf);
   return s;
+}
+
+// Scaled scores (B, H, Tq, Tk), unmasked.
+Tensor scaled_scores(const Tensor& q, const Tensor& k, const AttentionArgs& a, int64_t Tk) {
+  const int64_t B = q.size(0), Tq = q.size(1), H = a.n_heads, dh = a.d_head;
+  const Tensor qh = permute(reshape(q, {B, Tq, H, dh}), {0, 2, 1, 3});  // (B, H, Tq, dh)
+  const float scale = a.scale > 0.f ? a.scale : 1.f / std::sqrt(static_cast<float>(dh));
+  return mul_scalar(matmul(qh, kv_heads_for_queries(k, Tk, a.n_heads, a.n_kv_heads, dh), false, true), scale);
+}
+
+// Scaled, masked scores (B, H, Tq, Tk): masked keys are -inf (weight 0 after softmax).
+Tensor attention_scores(const Tensor& q, const Tensor& k, const AttentionArgs& a, int64_t Tk) {
+  return mask_scores(scaled_scores(q, k, a, Tk), a);
 }
 
 // dL/dS (B, H, Tq, Tk) of S -> softmax(S) = P from dL/dP: P (dP - rowsum(dP P)), rows in double.
@@ -249,7 +285,9 @@ Tensor attention_from_pattern(const Tensor& P, const Tensor& v, const AttentionA
 // apply these names, and hook_points() lists them with their shapes and meanings.
 constexpr char kHookQInput[] = "hook_q_input", kHookKInput[] = "hook_k_input", kHookVInput[] = "hook_v_input",
                kHookQ[] = "hook_q", kHookK[] = "hook_k", kHookV[] = "hook_v", kHookScores[] = "hook_attn_scores",
-               kHookPattern[] = "hook_pattern", kHookZ[] = "hook_z", kHookResult[] = "hook_result";
+               kHookPattern[] = "hook_pattern", kHookZ[] = "hook_z", kHookResult[] = "hook_result",
+               kHookQNormed[] = "q_norm.hook_normalized", kHookKNormed[] = "k_norm.hook_normalized",
+               kHookRotQ[] = "hook_rot_q", kHookRotK[] = "hook_rot_k", kHookScoresCapped[] = "hook_attn_scores_capped";
 
 struct HookPoints {
   const Hooks* hk;
@@ -265,13 +303,53 @@ struct HookPoints {
   }
 };
 
+// ---- QK-norm and rotary positions (after hook_q and hook_k, before the KV cache) --------------
+
+// RMSNorm over d_head of each head of t (..., heads*dh) with the (dh) weight w shared by the heads.
+Tensor head_rms_norm(const Tensor& t, int heads, int64_t dh, const Tensor& w, float eps) {
+  const Tensor x = reshape(t, {t.numel() / (heads * dh), heads, dh});
+  const Tensor inv = pow(add_scalar(mean(mul(x, x), {-1}, true), eps), -0.5f);  // (rows, heads, 1)
+  return reshape(mul(mul(x, inv), w), t.shape());
+}
+
+// The position ids of a call's rows: Call::positions, or 0..T-1 after the cache's rows, or with
+// live_len 0..len-1 of each packed sequence. `buf` holds them when they are made here.
+std::span<const int32_t> call_positions(const MultiHeadAttention::Call& call, int64_t rows, std::vector<int32_t>& buf) {
+  if (!call.positions.empty()) return call.positions;
+  if (!call.live_len.empty()) {
+    for (int32_t len : call.live_len)
+      for (int32_t t = 0; t < len; ++t) buf.push_back(t);
+  } else {
+    const int64_t offset = call.kv_cache ? call.kv_cache->len : 0;
+    for (int64_t t = 0; t < rows; ++t) buf.push_back(static_cast<int32_t>(offset + t));
+  }
+  return buf;
+}
+
+// Packed rows qkv (n, (H + 2 Hkv) dh) of sequences back to back, their q and k normalised and
+// turned (no hooks on this path).
+Tensor position_and_norm_packed(const MultiHeadAttention& m, Tensor qkv, const MultiHeadAttention::Call& call, int64_t n) {
+  const AttentionConfig& c = m.cfg;
+  const int H = c.n_heads, Hkv = c.kv_heads();
+  const int64_t dh = c.head_dim();
+  std::vector<int32_t> buf;
+  if (c.qk_norm) {
+    std::vector<Tensor> p = split(qkv, {H * dh, Hkv * dh, Hkv * dh}, qkv.ndim() - 1);
+    qkv = concat({head_rms_norm(p[0], H, dh, m.q_norm->weight, c.norm_eps), head_rms_norm(p[1], Hkv, dh, m.k_norm->weight, c.norm_eps), p[2]},
+                 qkv.ndim() - 1);
+  }
+  // q's and k's heads are the first H + Hkv of each row: one pass over the fresh buffer, in place
+  if (c.rotary) qkv = rotary(qkv, H + Hkv, call_positions(call, n, buf), m.rotary_cos_sin, c.rope, /*in_place=*/true);
+  return qkv;
+}
+
 // Sequences packed back to back (Call::live_len): x_q (n, d_model) -> (n or output rows, d_model).
 // One projection and attention_varlen: nothing is computed beyond a sequence's own length.
 Tensor forward_packed_sequences(const MultiHeadAttention& m, const Tensor& x_q, const Tensor& x_kv,
                                 const MultiHeadAttention::Call& call, const AttentionArgs& a) {
   if (x_kv.defined() || call.kv_cache || call.hooks) fail("attention: packed sequences are for self-attention without hooks or cache");
   const Tensor ws[3] = {m.W_Q.weight, m.W_K.weight, m.W_V.weight}, bs[3] = {m.W_Q.bias, m.W_K.bias, m.W_V.bias};
-  const Tensor qkv = linear_stacked(x_q, ws, bs);  // (n, (H + 2 Hkv) dh)
+  const Tensor qkv = position_and_norm_packed(m, linear_stacked(x_q, ws, bs), call, x_q.size(0));  // (n, (H + 2 Hkv) dh)
   const Tensor z = attention_varlen(qkv, call.live_len, a);  // (n, H*dh)
   return m.W_O.forward(call.output_rows ? gather_rows(z, *call.output_rows) : z);  // (n or output rows, d_model)
 }
@@ -375,6 +453,36 @@ Projected project_qkv(const MultiHeadAttention& m, const Tensor& x_q, const Tens
   return p;
 }
 
+// Step 1b: QK-norm (q_norm.hook_normalized, k_norm.hook_normalized), then rotary positions
+// (hook_rot_q, hook_rot_k), before the KV cache keeps the keys. Self-attention with neither
+// QK-norm nor those hooks turns q and k where they lie in the packed buffer (one pass, in place);
+// otherwise q and k are turned apart.
+void norm_and_turn(const MultiHeadAttention& m, Projected& x, const MultiHeadAttention::Call& call, const HookPoints& hp) {
+  const AttentionConfig& c = m.cfg;
+  if (!c.qk_norm && !c.rotary) return;
+  std::vector<int32_t> buf;
+  const int64_t T = x.packed ? x.qkv.size(1) : x.q.size(1);
+  const std::span<const int32_t> pos = c.rotary ? call_positions(call, T, buf) : std::span<const int32_t>();
+  const int64_t B = x.packed ? x.qkv.size(0) : x.q.size(0);
+  if (c.rotary && static_cast<int64_t>(pos.size()) != T && static_cast<int64_t>(pos.size()) != B * T)
+    fail("attention: ", pos.size(), " position ids for ", B, " x ", T, " positions (rotary positions need one per position, or per row and position)");
+  if (x.packed && !c.qk_norm && !hp.hooked(kHookRotQ) && !hp.hooked(kHookRotK)) {
+    x.qkv = rotary(x.qkv, x.H + x.Hkv, pos, m.rotary_cos_sin, c.rope, /*in_place=*/true);
+    x.q = x.k = x.v = Tensor();  // split again, from the turned buffer, if needed
+    return;
+  }
+  x.split_packed();
+  if (c.qk_norm) {
+    x.q = hp.heads(kHookQNormed, head_rms_norm(x.q, x.H, x.dh, m.q_norm->weight, c.norm_eps), x.H);
+    x.k = hp.heads(kHookKNormed, head_rms_norm(x.k, x.Hkv, x.dh, m.k_norm->weight, c.norm_eps), x.Hkv);
+  }
+  if (c.rotary) {
+    x.q = hp.heads(kHookRotQ, rotary(x.q, x.H, pos, m.rotary_cos_sin, c.rope), x.H);
+    x.k = hp.heads(kHookRotK, rotary(x.k, x.Hkv, pos, m.rotary_cos_sin, c.rope), x.Hkv);
+  }
+  if (x.packed) x.qkv = concat({x.q, x.k, x.v}, 2);
+}
+
 // Step 2: append this call's keys and values (B, T, Hkv*dh) to the cache buffers, which grow
 // only when full, and point k and v at the buffers. Returns the rows filled: the keys to attend to.
 int64_t append_to_cache(KVCacheLayer& c, Tensor& k, Tensor& v) {
@@ -442,12 +550,30 @@ Tensor attend_fused(Projected& x, AttentionArgs& a, const HookPoints& hp, const 
   return z;
 }
 
+// Step 3 with a soft-cap on the scores, from differentiable primitive ops (the fused op has no
+// cap): hook_attn_scores sees the scaled scores before the cap (masked keys -inf), then
+// cap * tanh(scores / cap), the additive mask and the masks again, hook_attn_scores_capped,
+// softmax, hook_pattern, dropout, P V.
+Tensor attend_capped(Projected& x, const AttentionArgs& a, const HookPoints& hp, float cap, int64_t Tk,
+                     const std::string& scores_name, const std::string& pattern_name) {
+  x.split_packed();
+  Tensor S = mask_scores(scaled_scores(x.q, x.k, a, Tk), a, /*additive=*/false);
+  if (hp.hooked(kHookScores)) S = hp.hk->apply(scores_name, S);
+  Tensor C = mask_scores(mul_scalar(tanh(mul_scalar(S, 1.f / cap)), cap), a);
+  if (hp.hooked(kHookScoresCapped)) C = hp.hk->apply(hp.pre + kHookScoresCapped, C);
+  Tensor P = softmax(C, -1);
+  if (hp.hooked(kHookPattern)) P = hp.hk->apply(pattern_name, P);
+  if (a.dropout > 0.f) P = dropout(P, a.dropout, *a.rng, true);
+  return attention_from_pattern(P, x.v, a);
+}
+
 // Step 3: z (B, Tq, H*dh), the gated head outputs: the fused op, unless a forward hook replaces
-// the scores or the pattern. kv_len: the cache's filled rows, or 0.
-Tensor attend(Projected& x, AttentionArgs& a, const HookPoints& hp, int64_t B, int64_t Tq, int64_t kv_len) {
+// the scores or the pattern, or the scores are soft-capped. kv_len: the cache's filled rows, or 0.
+Tensor attend(Projected& x, AttentionArgs& a, const HookPoints& hp, int64_t B, int64_t Tq, int64_t kv_len, float softcap) {
   const int64_t Tk = kv_len ? kv_len : (x.packed ? Tq : x.k.size(1));
   const std::string scores_name = hp.hk ? hp.pre + kHookScores : std::string(),  // no strings
                     pattern_name = hp.hk ? hp.pre + kHookPattern : std::string();      // without hooks
+  if (softcap > 0.f) return attend_capped(x, a, hp, softcap, Tk, scores_name, pattern_name);
   Tensor P = pattern_of_replaced_scores(x, a, hp, scores_name, Tk);
   if (!P.defined()) return attend_fused(x, a, hp, scores_name, pattern_name, B, Tq, Tk);
   // unfused from the replaced scores' pattern on: hook_pattern, dropout, P V
@@ -498,20 +624,34 @@ Tensor output_projection(const MultiHeadAttention& m, const Tensor& z, const Hoo
 std::vector<HookPointInfo> MultiHeadAttention::hook_points(const AttentionConfig& c) {
   const std::string H = std::to_string(c.n_heads), Hkv = std::to_string(c.kv_heads()), dh = std::to_string(c.head_dim()),
                     D = std::to_string(c.d_model);
-  return {{kHookQInput, "(B, T, " + H + ", " + D + ")",
-           "input of the queries, a copy per head: each head's q from its own (computed only when hooked)"},
-          {kHookKInput, "(B, T, " + Hkv + ", " + D + ")",
-           "input of the keys, a copy per kv head: each head's k from its own (computed only when hooked)"},
-          {kHookVInput, "(B, T, " + Hkv + ", " + D + ")",
-           "input of the values, a copy per kv head: each head's v from its own (computed only when hooked)"},
-          {kHookQ, "(B, T, " + H + ", " + dh + ")", "queries per head"},
-          {kHookK, "(B, T, " + Hkv + ", " + dh + ")", "keys per kv head"},
-          {kHookV, "(B, T, " + Hkv + ", " + dh + ")", "values per kv head"},
-          {kHookScores, "(B, " + H + ", T, T)", "scaled, masked scores before softmax (-inf where masked)"},
-          {kHookPattern, "(B, " + H + ", T, T)", "attention weights (rows: queries, columns: keys)"},
-          {kHookZ, "(B, T, " + H + ", " + dh + ")", "head outputs (gated) before W_O"},
-          {kHookResult, "(B, T, " + H + ", " + D + ")",
-           "each head's contribution to the residual stream (computed only when hooked)"}};
+  std::vector<HookPointInfo> p = {
+      {kHookQInput, "(B, T, " + H + ", " + D + ")",
+       "input of the queries, a copy per head: each head's q from its own (computed only when hooked)"},
+      {kHookKInput, "(B, T, " + Hkv + ", " + D + ")",
+       "input of the keys, a copy per kv head: each head's k from its own (computed only when hooked)"},
+      {kHookVInput, "(B, T, " + Hkv + ", " + D + ")",
+       "input of the values, a copy per kv head: each head's v from its own (computed only when hooked)"},
+      {kHookQ, "(B, T, " + H + ", " + dh + ")", "queries per head"},
+      {kHookK, "(B, T, " + Hkv + ", " + dh + ")", "keys per kv head"},
+      {kHookV, "(B, T, " + Hkv + ", " + dh + ")", "values per kv head"}};
+  if (c.qk_norm) {
+    p.push_back({kHookQNormed, "(B, T, " + H + ", " + dh + ")", "queries after the QK-norm"});
+    p.push_back({kHookKNormed, "(B, T, " + Hkv + ", " + dh + ")", "keys after the QK-norm"});
+  }
+  if (c.rotary) {
+    p.push_back({kHookRotQ, "(B, T, " + H + ", " + dh + ")", "queries turned by their positions (rotary)"});
+    p.push_back({kHookRotK, "(B, T, " + Hkv + ", " + dh + ")", "keys turned by their positions (rotary)"});
+  }
+  if (c.softcap > 0.f) {
+    p.push_back({kHookScores, "(B, " + H + ", T, T)", "scaled scores before the soft-cap (-inf where masked)"});
+    p.push_back({kHookScoresCapped, "(B, " + H + ", T, T)", "soft-capped, masked scores before softmax (-inf where masked)"});
+  } else {
+    p.push_back({kHookScores, "(B, " + H + ", T, T)", "scaled, masked scores before softmax (-inf where masked)"});
+  }
+  p.push_back({kHookPattern, "(B, " + H + ", T, T)", "attention weights (rows: queries, columns: keys)"});
+  p.push_back({kHookZ, "(B, T, " + H + ", " + dh + ")", "head outputs (gated) before W_O"});
+  p.push_back({kHookResult, "(B, T, " + H + ", " + D + ")", "each head's contribution to the residual stream (computed only when hooked)"});
+  return p;
 }
 
 AttentionArgs MultiHeadAttention::args_for(const Call& call, int64_t kv_len) const {
@@ -526,19 +666,26 @@ AttentionArgs MultiHeadAttention::args_for(const Call& call, int64_t kv_len) con
   a.dropout = training() ? cfg.dropout : 0.f;
   a.rng = dropout_rng_;
   a.kv_len = kv_len;
+  a.scale = cfg.scale;
+  a.window = cfg.window;
   return a;
 }
 
 Tensor MultiHeadAttention::forward(const Tensor& x_q, const Tensor& x_kv, const Call& call) {
-  if (!call.live_len.empty()) return forward_packed_sequences(*this, x_q, x_kv, call, args_for(call, 0));
+  if (!call.live_len.empty()) {
+    if (cfg.softcap > 0.f) fail("attention: soft-capped scores take no packed sequences (live_len)");
+    return forward_packed_sequences(*this, x_q, x_kv, call, args_for(call, 0));
+  }
   const HookPoints hp{call.hooks, call.hook_prefix, cfg.head_dim()};
   // 1. q, k, v: self-attention without a cache projects them in one packed product
+  if (cfg.rotary && x_kv.defined()) fail("attention: rotary positions are for self-attention (x_kv given)");
   Projected x = project_qkv(*this, x_q, x_kv, !x_kv.defined() && !call.kv_cache, hp);
+  norm_and_turn(*this, x, call, hp);  // QK-norm, rotary positions
   // 2. KV cache: append this call's keys and values, attend to all of them
   const int64_t kv_len = call.kv_cache ? append_to_cache(*call.kv_cache, x.k, x.v) : 0;
   // 3. attend: the gated head outputs z (B, Tq, H*dh)
   AttentionArgs a = args_for(call, kv_len);
-  Tensor z = attend(x, a, hp, x_q.size(0), x_q.size(1), kv_len);
+  Tensor z = attend(x, a, hp, x_q.size(0), x_q.size(1), kv_len, cfg.softcap);
   z = hp.heads(kHookZ, z, cfg.n_heads);
   // 4. result: W_O z (B, Tq, d_model), through each head's contribution when that is hooked
   return output_projection(*this, z, hp);

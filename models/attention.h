@@ -7,6 +7,8 @@
 // over (batch, kv-head) with OpenMP. The op keeps the attention pattern P (B, H, Tq, Tk)
 // for analysis and can hand out dL/dP after backward.
 #pragma once
+#include <memory>
+#include <span>
 #include <vector>
 
 #include "lib/nn.h"
@@ -16,7 +18,7 @@
 namespace hl {
 
 // The differentiable ops defined in models/; tests/test_attention.cpp gradchecks each one.
-#define HEADLAB_MODEL_OPS(X) X(attention) X(attention_packed) X(attention_varlen)
+#define HEADLAB_MODEL_OPS(X) X(attention) X(attention_packed) X(attention_varlen) X(rotary)
 
 struct AttentionArgs {
   int n_heads = 1;
@@ -35,6 +37,8 @@ struct AttentionArgs {
   std::function<void(const Tensor& dP)> on_pattern_grad;  // then called with it (backward hooks)
   int64_t kv_len = 0;   // 0 = k.size(1); else only the first kv_len rows of k and v are keys
                         // (a KV-cache buffer holds more rows than are filled)
+  int64_t window = 0;   // > 0, causal only: query i sees the last `window` keys up to its own
+                        // (sliding-window attention); 0 = all of them
 };
 
 // q (B, Tq, H*dh), k and v (B, Tk, Hkv*dh) -> (B, Tq, H*dh): per head g_h * softmax(q k^T
@@ -54,6 +58,26 @@ Tensor attention_packed(const Tensor& qkv, const AttentionArgs& args, Tensor* pa
 // -> (sum of len, H*dh). No position is computed beyond its sequence (a batch's padding costs
 // nothing). key_padding, if given, is (B, longest len). No pattern, additive mask or kv_len.
 Tensor attention_varlen(const Tensor& qkv, std::span<const int32_t> len, const AttentionArgs& a);
+
+// Rotary position embeddings (RoPE, Su et al.): the pair (a, b) of a head's columns at position
+// p turns by the angle p * theta^(-2i/dim): a' = a cos - b sin, b' = b cos + a sin.
+struct RotaryArgs {
+  int64_t d_head = 0;
+  int64_t dim = 0;          // columns of each head that turn (even, <= d_head); 0 = d_head
+  float theta = 10000.f;
+  bool interleaved = false; // pairs (2i, 2i+1) as GPT-J; else (i, i + dim/2), rotate-half as Llama/NeoX
+  int64_t rot_dim() const { return dim ? dim : d_head; }
+};
+// cos and sin of every angle for positions 0..positions-1: (positions, dim) as dim/2 cosines then
+// dim/2 sines per row (computed in double, rounded once). What rotary() reads.
+Tensor rotary_table(int64_t positions, const RotaryArgs& a);
+// x (..., W) with rows of W columns: the first `heads` heads of d_head columns of each row turn
+// by that row's position, the other columns pass through (so a packed qkv turns q and k, not v:
+// heads = H + Hkv). Row r is at position pos[r % pos.size()] (pos: (T) for (B, T, W), or one per
+// row). in_place: x's storage is overwritten and the result shares it (x itself must not be
+// read again; its gradient is still its own) - one pass over the buffer, no copy of v.
+Tensor rotary(const Tensor& x, int heads, std::span<const int32_t> pos, const Tensor& table, const RotaryArgs& a,
+              bool in_place = false);
 
 // Functional scaled dot-product attention without projections: q, k, v (T, H*dk) or
 // (B, T, H*dk), heads split by columns. Returns (output, pattern (B, H, Tq, Tk)).
@@ -78,6 +102,18 @@ struct AttentionConfig {
   int64_t d_head = 0;  // 0 = d_model / n_heads (must divide)
   bool bias = false;
   float dropout = 0.f;  // attention-weight dropout
+  // Today's attention options (docs/architectures.md, "attention options"):
+  bool qkv_bias = false, o_bias = false;  // biases on W_Q/W_K/W_V and on W_O (`bias` = both)
+  bool rotary = false;                    // rotary positions on q and k (after QK-norm)
+  RotaryArgs rope;                        // its dims, theta and pairing (d_head filled in)
+  int64_t max_positions = 0;              // positions the rotary table covers (the LM's max_seq_len)
+  bool qk_norm = false;   // RMSNorm over d_head on q and k, learned (d_head) weights q_norm, k_norm
+  float norm_eps = 1e-5f;  // of the QK-norm
+  float scale = 0.f;       // of the scores; 0 = 1/sqrt(d_head)
+  float softcap = 0.f;     // > 0: scores -> softcap * tanh(scores / softcap), after scaling
+  int64_t window = 0;      // > 0: each query sees the last `window` keys up to its own
+  bool has_qkv_bias() const { return bias || qkv_bias; }
+  bool has_o_bias() const { return bias || o_bias; }
   int kv_heads() const { return n_kv_heads ? n_kv_heads : n_heads; }
   int64_t head_dim() const { return d_head ? d_head : d_model / n_heads; }
   void validate() const;  // throws naming the bad value
@@ -98,6 +134,10 @@ class MultiHeadAttention : public Module {
     // consecutive rows (self-attention without hooks or cache); the output is the same shape.
     std::span<const int32_t> live_len;
     const Ids* output_rows = nullptr;  // with live_len: the output only at these packed rows
+    // Position ids of x_q's rows for rotary positions: (T), the same for every sequence, (B, T)
+    // one per row and position (a padded batch's), or with live_len one per packed row. Empty:
+    // 0..T-1 after the KV cache's filled rows.
+    std::span<const int32_t> positions;
     const Hooks* hooks = nullptr;  // hook points hook_prefix + hook_q_input, hook_k_input, hook_v_input,
     std::string hook_prefix;       //   hook_q, hook_k, hook_v, hook_attn_scores, hook_pattern, hook_z, hook_result
   };
@@ -115,6 +155,14 @@ class MultiHeadAttention : public Module {
   // self-attention projects with one sgemm (linear_stacked) and feeds attention_packed. Each
   // is still its own parameter with its own name and gradient (views of one gradient block).
   Linear W_Q, W_K, W_V, W_O;
+  // QK-norm's learned (d_head) weights, shared by the heads (parameters q_norm.weight,
+  // k_norm.weight); undefined without qk_norm.
+  struct HeadNorm : Module {
+    explicit HeadNorm(int64_t d_head);
+    Tensor weight;
+  };
+  std::unique_ptr<HeadNorm> q_norm, k_norm;
+  Tensor rotary_cos_sin;  // rotary_table(max_positions) with rotary; not a parameter
   // Per-head gates (H), ones by default; not a parameter (not in checkpoints' tensors).
   // Call gates.requires_grad_() to get dL/dg (Michel et al. head importance).
   Tensor gates;

@@ -22,9 +22,15 @@ namespace hl::attn {
 struct AttnDims {
   int64_t B, Tq, Tk, H, Hkv, dh;
   int64_t kv_rows;  // rows per batch entry in the k/v buffers (>= Tk)
+  // > 0 (causal only): query i sees only the last `window` keys up to its own, j > i + (Tk - Tq)
+  // - window (sliding-window attention); every path masks them like padded keys
+  int32_t window = 0;
   // Where q, k and v live: row strides and column offsets into their tensors' rows. Separate
   // tensors: q (B,Tq,H*dh), k and v (B,Tk,Hkv*dh), offsets 0. Packed: one (B,T,(H+2Hkv)dh).
-  int64_t q_ld = 0, kv_ld = 0, q_off = 0, k_off = 0, v_off = 0;
+  // (column offsets and the window are 32-bit: the backward closure holding these dims stays
+  // within its inline size)
+  int64_t q_ld = 0, kv_ld = 0;
+  int32_t q_off = 0, k_off = 0, v_off = 0;
   // Sequences of their own lengths packed back to back (attention_varlen): sequence b is rows
   // [starts[b], starts[b + 1]) of q, k, v and the output; Tq = Tk = kv_rows = the longest.
   // Undefined: sequence b starts at row b * Tq of q and the output, b * kv_rows of k and v.

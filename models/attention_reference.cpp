@@ -57,6 +57,8 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 void masked_softmax_row(float* row, int64_t ke, const AttnDims& d, int64_t b, int64_t h, int64_t i,
                         bool causal, const float* pad, const float* am, const MaskStrides& ms) {
   const int64_t last = causal ? i + (d.Tk - d.Tq) : d.Tk - 1;  // last visible key
+  // a sliding window hides the keys before its first (their weights come out 0, as padded keys')
+  for (int64_t j = 0, first = d.window > 0 ? std::min(ke, last - d.window + 1) : 0; j < first; ++j) row[j] = kNegInf;
   if (pad || am)
     for (int64_t j = 0; j < ke; ++j) {
       if (pad && pad[j] != 0.f) row[j] = kNegInf;

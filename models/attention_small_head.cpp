@@ -58,6 +58,9 @@ void small_head_forward(const AttnDims& d, bool causal, const float* pad, float 
       _Pragma("GCC unroll 16") for (int64_t c = 0; c < DH; ++c) sj = _mm512_fmadd_ps(qt[c], _mm512_set1_ps(k[j * d.ldkv() + c]), sj);
       __mmask16 vis = pad && pad[j] != 0.f ? __mmask16(0) : rows;
       if (causal) vis &= _mm512_cmp_epi32_mask(_mm512_set1_epi32(static_cast<int>(j)), lane_last, _MM_CMPINT_LE);
+      if (d.window > 0)  // a sliding window: lane l sees keys j > its last - window
+        vis &= _mm512_cmp_epi32_mask(_mm512_set1_epi32(static_cast<int>(j)),
+                                     _mm512_sub_epi32(lane_last, _mm512_set1_epi32(static_cast<int>(d.window))), _MM_CMPINT_NLE);
       sj = _mm512_mask_blend_ps(vis, _mm512_set1_ps(-INFINITY), sj);
       _mm512_store_ps(st + 16 * j, sj);
       mx = _mm512_max_ps(mx, sj);

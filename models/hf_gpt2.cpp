@@ -270,7 +270,12 @@ void check_hf_gpt2_exportable(const TransformerLM& model) {
   const ModelConfig& c = model.cfg;
   auto refuse = [](auto&&... why) { fail("export --format hf-gpt2: ", why..., "; GPT-2's layout cannot express it"); };
   if (c.norm != Norm::Pre) refuse("the model is post-norm (norm \"post\"), GPT-2 is pre-norm");
-  if (c.positions != Positions::Learned) refuse("the model has sinusoidal positions (positions \"sinusoidal\"), GPT-2 learns them");
+  if (c.positions != Positions::Learned)
+    refuse("the model has ", to_string(c.positions), " positions (positions \"", to_string(c.positions), "\"), GPT-2 learns them");
+  if (c.qk_norm || c.attn_scale != 0.f || c.attn_softcap != 0.f || c.sliding_window != 0 || c.qkv_bias != c.o_bias ||
+      (c.qkv_bias && !c.attn_bias))
+    refuse("the model's attention has options GPT-2's has not (qk_norm, attn_scale, attn_softcap, sliding_window or "
+           "qkv_bias/o_bias apart)");
   if (c.kv_heads() != c.n_heads) refuse("the model has n_kv_heads ", c.kv_heads(), " != n_heads ", c.n_heads, " (grouped-query attention)");
   if (c.head_dim() * c.n_heads != c.d_model)
     refuse("the model has d_head ", c.head_dim(), " x n_heads ", c.n_heads, " != d_model ", c.d_model);

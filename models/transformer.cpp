@@ -1,5 +1,6 @@
 #include "models/transformer.h"
 
+#include <cctype>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -18,7 +19,15 @@ std::string to_string(Activation a) {
   }
   return "?";
 }
-std::string to_string(Positions p) { return p == Positions::Learned ? "learned" : "sinusoidal"; }
+std::string to_string(Positions p) {
+  switch (p) {
+    case Positions::Learned: return "learned";
+    case Positions::Sinusoidal: return "sinusoidal";
+    case Positions::Rotary: return "rotary";
+    case Positions::None: return "none";
+  }
+  return "learned";
+}
 Norm parse_norm(const std::string& s) {
   if (s == "pre") return Norm::Pre;
   if (s == "post") return Norm::Post;
@@ -35,7 +44,9 @@ Activation parse_activation(const std::string& s) {
 Positions parse_positions(const std::string& s) {
   if (s == "learned") return Positions::Learned;
   if (s == "sinusoidal") return Positions::Sinusoidal;
-  fail("unknown positions '", s, "' (expected learned or sinusoidal)");
+  if (s == "rotary") return Positions::Rotary;
+  if (s == "none") return Positions::None;
+  fail("unknown positions '", s, "' (expected learned, sinusoidal, rotary or none)");
 }
 
 std::string to_string(NormKind n) {
@@ -55,7 +66,7 @@ Mlp parse_mlp(const std::string& s) {
   fail("unknown mlp '", s, "' (expected plain, swiglu or geglu)");
 }
 
-AttentionConfig ModelConfig::attention() const {
+AttentionConfig ModelConfig::attention(int layer) const {
   AttentionConfig a;
   a.d_model = d_model;
   a.n_heads = n_heads;
@@ -63,7 +74,38 @@ AttentionConfig ModelConfig::attention() const {
   a.d_head = d_head;
   a.bias = attn_bias;
   a.dropout = attn_dropout;
+  // attention options
+  a.qkv_bias = qkv_bias;
+  a.o_bias = o_bias;
+  a.rotary = positions == Positions::Rotary;
+  a.rope.dim = rotary_dims();
+  a.rope.theta = rope_theta;
+  a.rope.interleaved = rotary_style == "interleaved";
+  a.max_positions = max_seq_len;
+  a.qk_norm = qk_norm;
+  a.norm_eps = layer_norm_eps;
+  a.scale = attn_scale;
+  a.softcap = attn_softcap;
+  a.window = window_of_layer(layer);
   return a;
+}
+
+namespace {
+// window_layers "L:G" as (L, G), or (0, 0) when it is not of that form.
+std::pair<int, int> local_global(const std::string& s) {
+  const size_t colon = s.find(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == s.size() || s.size() > 12) return {0, 0};
+  for (size_t i = 0; i < s.size(); ++i)
+    if (i != colon && !std::isdigit(static_cast<unsigned char>(s[i]))) return {0, 0};
+  return {std::stoi(s.substr(0, colon)), std::stoi(s.substr(colon + 1))};
+}
+}  // namespace
+
+int64_t ModelConfig::window_of_layer(int layer) const {
+  if (sliding_window <= 0 || window_layers == "all") return sliding_window;
+  if (window_layers == "alternate") return layer % 2 == 0 ? sliding_window : 0;  // even layers local (Gemma 2)
+  const auto [local, global] = local_global(window_layers);
+  return layer % (local + global) < local ? sliding_window : 0;  // `local` local layers, then `global` global ones
 }
 
 void ModelConfig::validate() const {
@@ -98,7 +140,29 @@ void ModelConfig::validate() const {
     fail("model config: mlp geglu takes activation gelu_tanh or gelu_erf (its gate's gelu), got ", to_string(activation));
   if (!(final_softcap >= 0.f) || !std::isfinite(final_softcap))
     fail("model config: final_softcap must be a positive cap, or 0 for none, got ", final_softcap);
-  attention().validate();
+  // attention options: each message names the setting (the flag is it with '-' for '_')
+  if (rotary_style != "half" && rotary_style != "interleaved")
+    fail("model config: rotary_style '", rotary_style, "' is not half or interleaved");
+  if (positions == Positions::Rotary && (rotary_dim < 0 || rotary_dim % 2 || rotary_dim > head_dim()))
+    fail("model config: rotary_dim ", rotary_dim, " must be even and at most d_head ", head_dim(), " (0 = rotary_pct's)");
+  if (!(rotary_pct > 0.f && rotary_pct <= 1.f)) fail("model config: rotary_pct must be in (0, 1], got ", rotary_pct);
+  if (positions == Positions::Rotary && rotary_dim == 0 && (rotary_dims() < 2 || rotary_dims() % 2))
+    fail("model config: rotary_pct ", rotary_pct, " of d_head ", head_dim(), " is ", rotary_dims(),
+         " dims; rotary needs an even number, at least 2 (or give rotary_dim)");
+  if (!(rope_theta > 0.f) || !std::isfinite(rope_theta)) fail("model config: rope_theta must be positive, got ", rope_theta);
+  if (!(attn_scale >= 0.f) || !std::isfinite(attn_scale))
+    fail("model config: attn_scale must be positive (0 = 1/sqrt(d_head)), got ", attn_scale);
+  if (!(attn_softcap >= 0.f) || !std::isfinite(attn_softcap))
+    fail("model config: attn_softcap must be positive (0 = no cap), got ", attn_softcap);
+  if (sliding_window < 0) fail("model config: sliding_window must be positive (0 = none), got ", sliding_window);
+  if (window_layers != "all" && window_layers != "alternate") {
+    const auto [local, global] = local_global(window_layers);
+    if (local < 1 || global < 0)
+      fail("model config: window_layers '", window_layers, "' is not all, alternate or L:G (local:global layers, e.g. 5:1)");
+  }
+  if (window_layers != "all" && sliding_window == 0)
+    fail("model config: window_layers '", window_layers, "' needs a sliding_window (the local layers' window)");
+  for (int l = 0; l < n_layers; ++l) attention(l).validate();
 }
 
 std::string ModelConfig::to_json() const {
@@ -110,6 +174,18 @@ std::string ModelConfig::to_json() const {
             {"positions", to_string(positions)}, {"attn_bias", attn_bias},
             {"mlp_bias", mlp_bias},       {"head_bias", head_bias},
             {"layer_norm_eps", layer_norm_eps}};
+  // attention options (absent in older files: the defaults, today's attention)
+  j["rope_theta"] = rope_theta;
+  j["rotary_dim"] = rotary_dim;
+  j["rotary_pct"] = rotary_pct;
+  j["rotary_style"] = rotary_style;
+  j["qk_norm"] = qk_norm;
+  j["attn_scale"] = attn_scale;
+  j["attn_softcap"] = attn_softcap;
+  j["sliding_window"] = sliding_window;
+  j["window_layers"] = window_layers;
+  j["qkv_bias"] = qkv_bias;
+  j["o_bias"] = o_bias;
   // block options
   j["normalization"] = to_string(normalization);
   j["sandwich_norm"] = sandwich_norm;
@@ -164,6 +240,18 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
   get("mlp_bias", c.mlp_bias, false);
   get("head_bias", c.head_bias, false);
   get("layer_norm_eps", c.layer_norm_eps, false);
+  // attention options (absent: the defaults)
+  get("rope_theta", c.rope_theta, false);
+  get("rotary_dim", c.rotary_dim, false);
+  get("rotary_pct", c.rotary_pct, false);
+  get("rotary_style", c.rotary_style, false);
+  get("qk_norm", c.qk_norm, false);
+  get("attn_scale", c.attn_scale, false);
+  get("attn_softcap", c.attn_softcap, false);
+  get("sliding_window", c.sliding_window, false);
+  get("window_layers", c.window_layers, false);
+  get("qkv_bias", c.qkv_bias, false);
+  get("o_bias", c.o_bias, false);
   // block options (absent in older files: the GPT-2-style block)
   std::string normalization = "layernorm", mlp = "plain";
   get("normalization", normalization, false);
@@ -237,11 +325,11 @@ Tensor FeedForward::forward(const Tensor& x, const Hooks* hk, const std::string&
   return fc2.forward(h);
 }
 
-TransformerBlock::TransformerBlock(const ModelConfig& c, Rng& rng, Rng* dropout_rng)
+TransformerBlock::TransformerBlock(const ModelConfig& c, Rng& rng, Rng* dropout_rng, int layer)
     : norm(c.norm),
       parallel(c.parallel_block),
       ln1(c.d_model, c.layer_norm_eps, c.normalization),
-      attn(c.attention(), rng, dropout_rng),
+      attn(c.attention(layer), rng, dropout_rng),
       resid_dropout(c.dropout, dropout_rng) {
   register_module("ln1", &ln1);
   register_module("attn", &attn);
@@ -405,7 +493,7 @@ TransformerLM::TransformerLM(const ModelConfig& c, uint64_t seed)
   if (c.positions == Positions::Learned) {
     pos_emb = std::make_unique<Embedding>(c.max_seq_len, c.d_model, init_rng);
     register_module("pos_emb", pos_emb.get());
-  } else {
+  } else if (c.positions == Positions::Sinusoidal) {
     sinusoid = Tensor::empty({c.max_seq_len, c.d_model});
     std::vector<double> inv_freq;  // 1 / 10000^(i / d_model) for even i
     for (int64_t i = 0; i < c.d_model; i += 2) inv_freq.push_back(1.0 / std::pow(10000.0, static_cast<double>(i) / c.d_model));
@@ -417,7 +505,7 @@ TransformerLM::TransformerLM(const ModelConfig& c, uint64_t seed)
       }
   }
   for (int l = 0; l < c.n_layers; ++l) {
-    blocks.push_back(std::make_unique<TransformerBlock>(c, init_rng, &dropout_rng));
+    blocks.push_back(std::make_unique<TransformerBlock>(c, init_rng, &dropout_rng, l));
     register_module("blocks." + std::to_string(l), blocks.back().get());
   }
   if (c.norm == Norm::Pre) {
@@ -446,23 +534,28 @@ Tensor TransformerLM::forward(const Ids& ids, const ForwardOptions& opt) {
   const Hooks* hk = opt.hooks;
   auto hook = [&](const char* name, const Tensor& t) { return hk ? hk->apply(name, t) : t; };  // no string without hooks
   const Tensor tok = hook(kHookEmbed, token_embeddings(ids));  // (B, T, d_model)
-  Tensor pos;  // (T, d_model), broadcast over B, or (B, T, d_model) for position_ids
+  // (T, d_model), broadcast over B, or (B, T, d_model) for position_ids; rotary and none add none
+  Tensor pos;
+  std::span<const int32_t> rows_positions;  // what rotary attention turns q and k by
   if (opt.position_ids) {
     const Ids& p = *opt.position_ids;
     if (p.shape != ids.shape) fail("model: position_ids ", p.shape.str(), " must be the ids' ", ids.shape.str());
     for (int32_t v : p.data)
       if (v < 0 || v >= cfg.max_seq_len) fail("model: position ", v, " is outside 0..", cfg.max_seq_len - 1, " (n_ctx)");
-    pos = pos_emb ? pos_emb->forward(p) : embedding(sinusoid, p);
-  } else if (pos_emb) {
+    if (pos_emb) pos = pos_emb->forward(p);
+    else if (sinusoid.defined()) pos = embedding(sinusoid, p);
+    rows_positions = p.data;  // (B, T): one per row
+  } else {
     positions_.shape = Shape{T};  // reused: no allocation per forward
     positions_.data.resize(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) positions_.data[t] = static_cast<int32_t>(offset + t);
-    pos = pos_emb->forward(positions_);
-  } else {
-    pos = slice(sinusoid, 0, offset, offset + T);
+    if (pos_emb) pos = pos_emb->forward(positions_);
+    else if (sinusoid.defined()) pos = slice(sinusoid, 0, offset, offset + T);
+    rows_positions = positions_.data;  // (T): the same for every row
   }
-  Tensor x = emb_dropout.forward(add(tok, hook(kHookPosEmbed, pos)));
+  Tensor x = emb_dropout.forward(pos.defined() ? add(tok, hook(kHookPosEmbed, pos)) : tok);
   MultiHeadAttention::Call call = causal_call(opt, B, offset + T);
+  call.positions = rows_positions;  // rotary attention turns q and k by them
   return run_blocks(0, x, call, opt);
 }
 
@@ -529,6 +622,11 @@ Tensor TransformerLM::forward_from(int layer, const Tensor& resid_pre, const For
   if (resid_pre.size(1) > cfg.max_seq_len)
     fail("model: sequence of length ", resid_pre.size(1), " exceeds max_seq_len ", cfg.max_seq_len);
   MultiHeadAttention::Call call = causal_call(opt, resid_pre.size(0), resid_pre.size(1));
+  if (opt.position_ids) {  // rotary attention turns q and k by them (the embeddings' are in resid_pre)
+    if (opt.position_ids->shape != Shape{resid_pre.size(0), resid_pre.size(1)})
+      fail("model: position_ids ", opt.position_ids->shape.str(), " must be the residual stream's (B, T)");
+    call.positions = opt.position_ids->data;
+  }
   return run_blocks(layer, resid_pre, call, opt);
 }
 
@@ -555,11 +653,14 @@ Tensor TransformerLM::forward_live(const Ids& ids, const ForwardOptions& opt) {
       live_ids_.data[static_cast<size_t>(i)] = ids.at(b, t);
       live_positions_.data[static_cast<size_t>(i)] = t;
     }
-  const Tensor pos = pos_emb ? pos_emb->forward(live_positions_) : embedding(sinusoid, live_positions_);  // (n, d_model)
-  Tensor x = emb_dropout.forward(add(token_embeddings(live_ids_), pos));                                // (n, d_model)
+  const Tensor pos = pos_emb ? pos_emb->forward(live_positions_)
+                     : sinusoid.defined() ? embedding(sinusoid, live_positions_) : Tensor();  // (n, d_model)
+  const Tensor tok = token_embeddings(live_ids_);
+  Tensor x = emb_dropout.forward(pos.defined() ? add(tok, pos) : tok);  // (n, d_model)
   MultiHeadAttention::Call call;
   call.causal = true;
   call.live_len = opt.live_len;
+  call.positions = live_positions_.data;
   if (opt.key_padding.defined()) {
     if (opt.key_padding.shape() != Shape({B, T}))
       fail("model: key_padding ", opt.key_padding.shape().str(), " must be (", B, ",", T, ")");
@@ -603,8 +704,9 @@ Ids positions_from_padding(const Tensor& key_padding, const std::vector<int32_t>
 
 std::vector<HookPointInfo> describe_hook_points(const ModelConfig& c) {
   const std::string D = std::to_string(c.d_model);
-  std::vector<HookPointInfo> p = {{kHookEmbed, "(B, T, " + D + ")", "token embeddings"},
-                                  {kHookPosEmbed, "(T, " + D + ")", "position embeddings (broadcast over the batch)"}};
+  std::vector<HookPointInfo> p = {{kHookEmbed, "(B, T, " + D + ")", "token embeddings"}};
+  if (c.positions == Positions::Learned || c.positions == Positions::Sinusoidal)  // rotary and none add none
+    p.push_back({kHookPosEmbed, "(T, " + D + ")", "position embeddings (broadcast over the batch)"});
   const std::vector<HookPointInfo> block = TransformerBlock::hook_points(c);
   for (int l = 0; l < c.n_layers; ++l) append_hook_points(p, block_prefix(l), block);
   if (c.norm == Norm::Pre) {
@@ -656,10 +758,15 @@ std::vector<std::pair<std::string, Shape>> parameter_shapes(const ModelConfig& c
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string b = block_prefix(l);
     norm(b + "ln1");
-    linear(b + "attn.W_Q", Hq, D, c.attn_bias);
-    linear(b + "attn.W_K", Hkv, D, c.attn_bias);
-    linear(b + "attn.W_V", Hkv, D, c.attn_bias);
-    linear(b + "attn.W_O", D, Hq, c.attn_bias);
+    const AttentionConfig a = c.attention(l);
+    linear(b + "attn.W_Q", Hq, D, a.has_qkv_bias());
+    linear(b + "attn.W_K", Hkv, D, a.has_qkv_bias());
+    linear(b + "attn.W_V", Hkv, D, a.has_qkv_bias());
+    linear(b + "attn.W_O", D, Hq, a.has_o_bias());
+    if (c.qk_norm) {
+      p.push_back({b + "attn.q_norm.weight", Shape{dh}});
+      p.push_back({b + "attn.k_norm.weight", Shape{dh}});
+    }
     if (c.sandwich_norm) norm(b + "ln1_post");
     if (!c.has_mlp()) continue;  // attention-only
     norm(b + "ln2");

@@ -11,7 +11,9 @@
 namespace hl {
 
 enum class Norm { Pre, Post };
-enum class Positions { Learned, Sinusoidal };
+// Learned and sinusoidal positions are added to the embeddings; rotary ones turn q and k in
+// every layer's attention; none (NoPE) has no positional signal but the causal mask.
+enum class Positions { Learned, Sinusoidal, Rotary, None };
 enum class Mlp { Plain, SwiGLU, GeGLU };  // GeGLU's gelu is `activation`'s (gelu_tanh or gelu_erf)
 
 struct ModelConfig {
@@ -32,6 +34,23 @@ struct ModelConfig {
   float layer_norm_eps = 1e-5f;
   float dropout = 0.f;       // embeddings and residual branches
   float attn_dropout = 0.f;  // attention weights
+  // attention options (docs/architectures.md, "attention options"); the defaults are today's
+  // attention, and a config without these keys reads as the defaults
+  float rope_theta = 10000.f;          // rotary positions: angle base
+  int64_t rotary_dim = 0;              // rotary positions: dims of each head that turn; 0 = rotary_pct's
+  float rotary_pct = 1.f;              // rotary positions with rotary_dim 0: this fraction of d_head (Pythia 0.25)
+  std::string rotary_style = "half";   // half (rotate-half, Llama/NeoX) or interleaved (GPT-J)
+  bool qk_norm = false;                // RMSNorm over d_head on q and k (Qwen3, OLMo2)
+  float attn_scale = 0.f;              // score scale; 0 = 1/sqrt(d_head); 1 = unscaled (GPT-Neo)
+  float attn_softcap = 0.f;            // > 0: scores -> cap * tanh(scores / cap) (Gemma 2)
+  int64_t sliding_window = 0;          // > 0: local layers see the last this many keys
+  std::string window_layers = "all";   // which layers are local: all, alternate (even ones) or L:G
+  bool qkv_bias = false, o_bias = false;  // biases on W_Q/W_K/W_V, on W_O (attn_bias = both)
+  int64_t window_of_layer(int layer) const;  // layer's sliding window, 0 = global
+  // the dims of each head rotary positions turn: rotary_dim, or floor(rotary_pct * d_head) as GPT-NeoX
+  int64_t rotary_dims() const {
+    return rotary_dim ? rotary_dim : static_cast<int64_t>(static_cast<double>(rotary_pct) * static_cast<double>(head_dim()) + 1e-4);
+  }
   // block options (docs/architectures.md); the defaults are the GPT-2-style block
   NormKind normalization = NormKind::LayerNorm;  // ln1, ln2, ln_f (and the sandwich norms); eps layer_norm_eps
   bool sandwich_norm = false;   // ln1_post / ln2_post on attention's and the MLP's output (Gemma 2)
@@ -46,7 +65,7 @@ struct ModelConfig {
   bool has_mlp() const { return d_ff > 0; }
   bool gated_mlp() const { return mlp != Mlp::Plain; }
   Activation gate_activation() const { return mlp == Mlp::SwiGLU ? Activation::Silu : activation; }
-  AttentionConfig attention() const;
+  AttentionConfig attention(int layer = 0) const;  // layer: which window it has
   void validate() const;  // one clear message for the first bad value
   std::string to_json() const;  // the "config" metadata (docs/formats.md)
   static ModelConfig from_json(const std::string& text, const std::string& source);
@@ -80,7 +99,7 @@ class FeedForward : public Module {
 
 class TransformerBlock : public Module {
  public:
-  TransformerBlock(const ModelConfig& cfg, Rng& rng, Rng* dropout_rng);
+  TransformerBlock(const ModelConfig& cfg, Rng& rng, Rng* dropout_rng, int layer = 0);
   // x (B, T, d_model) -> (B, T, d_model). Hook points (prefix "blocks.{l}."): hook_resid_pre,
   // ln1.hook_normalized (pre-norm), attn.*, [ln1_post.*], hook_attn_out, hook_resid_mid,
   // ln2.hook_normalized (pre-norm), mlp.hook_pre, [mlp.hook_pre_linear], mlp.hook_post,

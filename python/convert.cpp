@@ -238,7 +238,7 @@ const std::vector<ConfigField>& config_fields() {
       {"n_ctx", "max_seq_len", "Longest sequence (positions)", [](const ModelConfig& c) -> py::object { return py::int_(c.max_seq_len); }},
       {"norm", "", "pre or post LayerNorm", [](const ModelConfig& c) -> py::object { return py::str(to_string(c.norm)); }},
       {"activation", "", "gelu_erf, gelu_tanh, relu, relu2 or silu", [](const ModelConfig& c) -> py::object { return py::str(to_string(c.activation)); }},
-      {"positions", "", "learned or sinusoidal", [](const ModelConfig& c) -> py::object { return py::str(to_string(c.positions)); }},
+      {"positions", "", "learned, sinusoidal, rotary or none", [](const ModelConfig& c) -> py::object { return py::str(to_string(c.positions)); }},
       {"attn_bias", "", "Biases on W_Q, W_K, W_V, W_O", [](const ModelConfig& c) -> py::object { return py::bool_(c.attn_bias); }},
       {"mlp_bias", "", "Biases on the feed-forward layers", [](const ModelConfig& c) -> py::object { return py::bool_(c.mlp_bias); }},
       {"head_bias", "", "A bias on the unembedding (b_U)", [](const ModelConfig& c) -> py::object { return py::bool_(c.head_bias); }},
@@ -252,6 +252,18 @@ const std::vector<ConfigField>& config_fields() {
       {"parallel_block", "", "x + attn(ln1 x) + mlp(ln2 x)", [](const ModelConfig& c) -> py::object { return py::bool_(c.parallel_block); }},
       {"embed_scale", "", "Token embeddings times sqrt(d_model)", [](const ModelConfig& c) -> py::object { return py::bool_(c.embed_scale); }},
       {"final_softcap", "", "Logit soft-cap; 0 = none", [](const ModelConfig& c) -> py::object { return short_float(c.final_softcap); }},
+      // attention options (docs/architectures.md)
+      {"rope_theta", "", "Rotary positions: the angles' base", [](const ModelConfig& c) -> py::object { return short_float(c.rope_theta); }},
+      {"rotary_dim", "", "Rotary positions: dims of each head that turn; 0 = rotary_pct's", [](const ModelConfig& c) -> py::object { return py::int_(c.rotary_dim); }},
+      {"rotary_pct", "", "Rotary positions, rotary_dim 0: the fraction of each head that turns", [](const ModelConfig& c) -> py::object { return short_float(c.rotary_pct); }},
+      {"rotary_style", "", "half (rotate-half) or interleaved (GPT-J)", [](const ModelConfig& c) -> py::object { return py::str(c.rotary_style); }},
+      {"qk_norm", "", "RMSNorm over d_head on queries and keys", [](const ModelConfig& c) -> py::object { return py::bool_(c.qk_norm); }},
+      {"attn_scale", "", "Score scale; 0 = 1/sqrt(d_head)", [](const ModelConfig& c) -> py::object { return short_float(c.attn_scale); }},
+      {"attn_softcap", "", "Attention score soft-cap; 0 = none", [](const ModelConfig& c) -> py::object { return short_float(c.attn_softcap); }},
+      {"sliding_window", "", "Local layers' window; 0 = none", [](const ModelConfig& c) -> py::object { return py::int_(c.sliding_window); }},
+      {"window_layers", "", "all, alternate or L:G", [](const ModelConfig& c) -> py::object { return py::str(c.window_layers); }},
+      {"qkv_bias", "", "Biases on W_Q, W_K, W_V", [](const ModelConfig& c) -> py::object { return py::bool_(c.qkv_bias); }},
+      {"o_bias", "", "Bias on W_O", [](const ModelConfig& c) -> py::object { return py::bool_(c.o_bias); }},
       {"arch", "", "The --arch preset it was made with ('' = none)", [](const ModelConfig& c) -> py::object { return py::str(c.arch); }},
   };
   return fields;

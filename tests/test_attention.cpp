@@ -405,6 +405,21 @@ std::vector<ModelOpCase> model_op_cases(const std::string& op) {
                        {rnd({n, (c.H + 2 * c.Hkv) * dh}), g}});
     }
   }
+  if (op == "rotary")  // partial and full rotary dims, both pairings, positions that are not 0..T-1
+    for (const bool interleaved : {false, true})
+      for (const int64_t dim : {int64_t{0}, int64_t{2}}) {
+        RotaryArgs ra;
+        ra.d_head = 4, ra.dim = dim, ra.interleaved = interleaved;
+        const Tensor table = rotary_table(16, ra);
+        const std::vector<int32_t> pos = {3, 7, 11};
+        for (const bool in_place : {false, true})
+          cases.push_back({std::string(interleaved ? "interleaved" : "half") + (dim ? " partial" : "") + (in_place ? " in place" : ""),
+                           [ra, table, pos, in_place](const std::vector<Tensor>& in) {
+                             // 3 heads of 4 of 14 columns: 2 pass through (as v in a packed qkv)
+                             return rotary(in_place ? mul_scalar(in[0], 1.f) : in[0], 3, pos, table, ra, in_place);
+                           },
+                           {rnd({2, 3, 14})}});
+      }
   return cases;
 }
 

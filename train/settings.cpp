@@ -94,9 +94,28 @@ std::vector<TrainSetting> make_table() {
     {"--norm", "/model/norm", "pre or post LayerNorm", FIELD(norm), R::kMustMatch, NAN, NAN, {"pre", "post"}},
     {"--activation", "/model/activation", "gelu_erf, gelu_tanh, relu, relu2 (ReLU squared) or silu; --mlp geglu: its gelu",
      FIELD(activation), R::kMustMatch, NAN, NAN, {"gelu_erf", "gelu_tanh", "relu", "relu2", "silu"}},
-    {"--positions", "/model/positions", "learned or sinusoidal", FIELD(positions), R::kMustMatch, NAN, NAN,
-     {"learned", "sinusoidal"}},
+    {"--positions", "/model/positions", "learned, sinusoidal, rotary (RoPE, on q and k in each layer) or none (NoPE)",
+     FIELD(positions), R::kMustMatch, NAN, NAN, {"learned", "sinusoidal", "rotary", "none"}},
     {"--attn-bias", "/model/attn_bias", "Biases on W_Q, W_K, W_V, W_O", FIELD(args.model.attn_bias)},
+    // attention options (docs/architectures.md)
+    {"--rope-theta", "/model/rope_theta", "Rotary positions: the base of the angles", FIELD(args.model.rope_theta), R::kMustMatch, 1e-3, 1e12},
+    {"--rotary-dim", "/model/rotary_dim", "Rotary positions: the dims of each head that turn (even, <= d_head; 0 = --rotary-pct's)",
+     FIELD(args.model.rotary_dim), R::kMustMatch, 0, 1 << 20},
+    {"--rotary-pct", "/model/rotary_pct", "Rotary positions, --rotary-dim 0: this fraction of each head turns (Pythia 0.25)",
+     FIELD(args.model.rotary_pct), R::kMustMatch, 0.01, 1},
+    {"--rotary-style", "/model/rotary_style", "Rotary pairs: half (rotate-half, Llama/NeoX) or interleaved (GPT-J)",
+     FIELD(args.model.rotary_style), R::kMustMatch, NAN, NAN, {"half", "interleaved"}},
+    {"--qk-norm", "/model/qk_norm", "RMSNorm over d_head on queries and keys, before rotary (Qwen3, OLMo2)", FIELD(args.model.qk_norm)},
+    {"--attn-scale", "/model/attn_scale", "Score scale; 0 = 1/sqrt(d_head), 1 = unscaled (GPT-Neo)", FIELD(args.model.attn_scale),
+     R::kMustMatch, 0, 1e6},
+    {"--attn-softcap", "/model/attn_softcap", "Soft-cap of the scores, cap * tanh(score / cap) (Gemma 2); 0 = none",
+     FIELD(args.model.attn_softcap), R::kMustMatch, 0, 1e30},
+    {"--sliding-window", "/model/sliding_window", "Local layers see the last N keys (sliding window); 0 = none",
+     FIELD(args.model.sliding_window), R::kMustMatch, 0, 1 << 20},
+    {"--window-layers", "/model/window_layers", "Which layers are local: all, alternate (even layers) or L:G (e.g. 5:1)",
+     FIELD(args.model.window_layers)},
+    {"--qkv-bias", "/model/qkv_bias", "Biases on W_Q, W_K, W_V", FIELD(args.model.qkv_bias)},
+    {"--o-bias", "/model/o_bias", "Bias on W_O", FIELD(args.model.o_bias)},
     {"--mlp-bias", "/model/mlp_bias", "Biases on the feed-forward layers", FIELD(args.model.mlp_bias)},
     // block options (docs/architectures.md)
     {"--arch", "/model/arch", arch_help, FIELD(args.model.arch), R::kMustMatch, NAN, NAN, arch_names},
@@ -160,18 +179,21 @@ std::vector<TrainSetting> make_table() {
 }  // namespace
 
 const std::vector<ArchPreset>& arch_presets() {
-  // The attention side of the presets is added with the attention options: llama --positions
-  // rotary; neox rotary with --rotary-dim d_head/4; gemma2 rotary, --attn-softcap 50 and local
-  // attention on alternate layers (window 4096).
+  // block options, then attention options (neox's quarter of each head is --rotary-pct: a
+  // --rotary-dim given explicitly takes its place)
   static const std::vector<ArchPreset> presets = {
       {"gpt2", "the GPT-2-style block", {}},
-      {"llama", "Llama-style: RMSNorm, SwiGLU, no biases",
-       {{"--normalization", "rmsnorm"}, {"--mlp", "swiglu"}, {"--mlp-bias", "false"}, {"--attn-bias", "false"}}},
-      {"neox", "GPT-NeoX (Pythia): parallel attention and MLP, LayerNorm, gelu",
-       {{"--parallel-block", "true"}, {"--attn-bias", "true"}, {"--activation", "gelu_erf"}}},
-      {"gemma2", "Gemma 2: RMSNorm (1 + w), sandwich norms, GeGLU, scaled embeddings, logit soft-cap 30",
+      {"llama", "Llama-style: RMSNorm, SwiGLU, no biases, rotary positions",
+       {{"--normalization", "rmsnorm"}, {"--mlp", "swiglu"}, {"--mlp-bias", "false"}, {"--attn-bias", "false"},
+        {"--positions", "rotary"}}},
+      {"neox", "GPT-NeoX (Pythia): parallel attention and MLP, LayerNorm, gelu, rotary on a quarter of each head",
+       {{"--parallel-block", "true"}, {"--attn-bias", "true"}, {"--activation", "gelu_erf"}, {"--positions", "rotary"},
+        {"--rotary-pct", "0.25"}}},
+      {"gemma2", "Gemma 2: RMSNorm (1 + w), sandwich norms, GeGLU, scaled embeddings, logit soft-cap 30, rotary, "
+                 "attention soft-cap 50, local (4096) and global layers alternating",
        {{"--normalization", "rmsnorm_1p"}, {"--sandwich-norm", "true"}, {"--mlp", "geglu"}, {"--activation", "gelu_tanh"},
-        {"--mlp-bias", "false"}, {"--attn-bias", "false"}, {"--embed-scale", "true"}, {"--final-softcap", "30"}}},
+        {"--mlp-bias", "false"}, {"--attn-bias", "false"}, {"--embed-scale", "true"}, {"--final-softcap", "30"},
+        {"--positions", "rotary"}, {"--attn-softcap", "50"}, {"--sliding-window", "4096"}, {"--window-layers", "alternate"}}},
   };
   return presets;
 }
@@ -232,6 +254,9 @@ TrainArgs resolve_train_flags(const TrainFlagValues& given_values, const std::fu
     if (!preset) fail("--arch: '", v.args.model.arch, "' is not a preset");
     for (const auto& [flag, text] : preset->settings)
       if (!given(flag)) set_from_text(*find_train_setting(flag), v, text);
+    // a window pattern goes with its window: an explicit --sliding-window 0 takes gemma2's away
+    if (given("--sliding-window") && v.args.model.sliding_window == 0 && !given("--window-layers"))
+      v.args.model.window_layers = "all";
   }
   if (const TaskInfo* task = task_training_defaults ? find_task(v.args.task.name) : nullptr)
     for (const auto& [flag, text] : task->train_defaults)

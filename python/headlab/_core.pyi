@@ -61,7 +61,9 @@ class ModelConfig:
 ModelConfig(**settings): n_layers, n_heads, d_model, d_head, d_mlp, d_vocab, n_ctx,
 n_key_value_heads, norm, activation, positions, attn_bias, mlp_bias, head_bias, eps, dropout,
 attn_dropout, the block options normalization, sandwich_norm, mlp, parallel_block, embed_scale,
-final_softcap and arch (a preset's name: its settings, unless given); each also by its CLI flag's name (layers=, heads=, kv_heads=, d_ff=, vocab_size=,
+final_softcap, the attention options rope_theta, rotary_dim, rotary_pct, rotary_style, qk_norm,
+attn_scale, attn_softcap, sliding_window, window_layers, qkv_bias, o_bias, and arch (a preset's
+name: its settings, unless given); each also by its CLI flag's name (layers=, heads=, kv_heads=, d_ff=, vocab_size=,
 max_seq_len=, layer_norm_eps=). What is not given takes the CLI's default.
 ModelConfig(**cfg.to_dict()) gives cfg back."""
     def __init__(self, **kwargs: Any) -> None:
@@ -98,7 +100,7 @@ ModelConfig(**cfg.to_dict()) gives cfg back."""
         """gelu_erf, gelu_tanh, relu, relu2 or silu"""
     @property
     def positions(self) -> object:
-        """learned or sinusoidal"""
+        """learned, sinusoidal, rotary or none"""
     @property
     def attn_bias(self) -> object:
         """Biases on W_Q, W_K, W_V, W_O"""
@@ -135,6 +137,39 @@ ModelConfig(**cfg.to_dict()) gives cfg back."""
     @property
     def final_softcap(self) -> object:
         """Logit soft-cap; 0 = none"""
+    @property
+    def rope_theta(self) -> object:
+        """Rotary positions: the angles' base"""
+    @property
+    def rotary_dim(self) -> object:
+        """Rotary positions: dims of each head that turn; 0 = rotary_pct's"""
+    @property
+    def rotary_pct(self) -> object:
+        """Rotary positions, rotary_dim 0: the fraction of each head that turns"""
+    @property
+    def rotary_style(self) -> object:
+        """half (rotate-half) or interleaved (GPT-J)"""
+    @property
+    def qk_norm(self) -> object:
+        """RMSNorm over d_head on queries and keys"""
+    @property
+    def attn_scale(self) -> object:
+        """Score scale; 0 = 1/sqrt(d_head)"""
+    @property
+    def attn_softcap(self) -> object:
+        """Attention score soft-cap; 0 = none"""
+    @property
+    def sliding_window(self) -> object:
+        """Local layers' window; 0 = none"""
+    @property
+    def window_layers(self) -> object:
+        """all, alternate or L:G"""
+    @property
+    def qkv_bias(self) -> object:
+        """Biases on W_Q, W_K, W_V"""
+    @property
+    def o_bias(self) -> object:
+        """Bias on W_O"""
     @property
     def arch(self) -> object:
         """The --arch preset it was made with ('' = none)"""

@@ -26,11 +26,19 @@ CASES = {
     "embed scale": dict(embed_scale=True),
     "final softcap": dict(final_softcap=2.0),
     "llama": dict(arch="llama", n_key_value_heads=2),
-    "neox": dict(arch="neox"),
+    "neox": dict(arch="neox", d_head=8),  # rotary on 2 of each head's 8
     "gemma2": dict(arch="gemma2", final_softcap=3.0),
     "parallel swiglu rmsnorm_1p sandwich": dict(parallel_block=True, mlp="swiglu", normalization="rmsnorm_1p",
                                                 sandwich_norm=True, embed_scale=True),
     "post-norm rmsnorm geglu": dict(norm="post", normalization="rmsnorm", mlp="geglu"),
+    # attention options
+    "rotary interleaved partial, qk-norm": dict(positions="rotary", rotary_dim=2, rotary_style="interleaved",
+                                                 qk_norm=True, rope_theta=100.0),
+    "rotary_pct, soft-cap, q/k/v biases": dict(positions="rotary", rotary_pct=0.5, attn_softcap=2.0, qkv_bias=True),
+    "nope, unscaled, alternate windows, o bias": dict(positions="none", attn_scale=1.0, sliding_window=3,
+                                                      window_layers="alternate", o_bias=True),
+    "sinusoidal, scale, 1:1 windows": dict(positions="sinusoidal", attn_scale=0.7, sliding_window=2, window_layers="1:1"),
+    "llama + qk-norm + windows": dict(arch="llama", n_key_value_heads=2, qk_norm=True, sliding_window=4),
 }
 
 

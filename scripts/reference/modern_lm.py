@@ -16,8 +16,8 @@ Block options (headlab names, with the definitions they follow):
 
 Attention options (of the attention side; read when the config has them, defaults otherwise):
   positions      learned | sinusoidal (added to the embeddings) | rotary | none (NoPE)
-  rope_theta, rotary_dim (0 = d_head; partial rotary rotates the first rotary_dim features of
-                 each head, as GPT-NeoX), rotary_style half (rotate-half pairs (i, i + r/2), Llama,
+  rope_theta, rotary_dim (0 = int(rotary_pct * d_head), rotary_pct 1 when absent; partial rotary
+                 rotates the first rotary_dim features of each head, as GPT-NeoX), rotary_style half (rotate-half pairs (i, i + r/2), Llama,
                  NeoX) | interleaved (pairs (2i, 2i + 1), GPT-J); angle of pair i at position p:
                  p * theta^(-2i / r)
   qk_norm        RMSNorm over d_head of q and of k (weights attn.q_norm.weight, attn.k_norm.weight,
@@ -106,7 +106,7 @@ def attention(x, p, prefix, cfg, layer):
         q = norm(q, p, prefix + "q_norm", "rmsnorm", cfg["layer_norm_eps"])
         k = norm(k, p, prefix + "k_norm", "rmsnorm", cfg["layer_norm_eps"])
     if cfg.get("positions") == "rotary":
-        dim = cfg.get("rotary_dim") or dh
+        dim = cfg.get("rotary_dim") or int(dh * cfg.get("rotary_pct", 1.0))  # GPT-NeoX's rotary_ndims
         q = rotary(q, cfg.get("rope_theta", 10000.0), dim, cfg.get("rotary_style", "half"))
         k = rotary(k, cfg.get("rope_theta", 10000.0), dim, cfg.get("rotary_style", "half"))
     k = k.repeat_interleave(H // Hkv, dim=1)
