@@ -10,7 +10,7 @@
 
 #include "analysis/decompose.h"
 #include "analysis/intervals.h"
-#include "datasets/bpe_tokenizer.h"
+#include "datasets/tokenizer.h"
 #include "cli/roles.h"
 #include "lib/fileutil.h"
 #include "train/run_dir.h"
@@ -51,13 +51,13 @@ int run_dla(const RoleOpts& o) {
     std::vector<int32_t> ids;
     if (!o.tokens.empty()) {
       ids = parse_token_ids(o.tokens, cfg.vocab_size);
-    } else {  // GPT-2's BPE: --tokenizer, else the files beside a Hugging Face directory's model
+    } else {  // --tokenizer, else the files beside a Hugging Face directory's model
       const std::string dir = !o.tokenizer.empty() ? o.tokenizer : std::filesystem::is_directory(o.checkpoint) ? o.checkpoint : "";
-      if (dir.empty()) fail("--text needs --tokenizer DIR (vocab.json + merges.txt, or encoder.json + vocab.bpe)");
-      const BpeTokenizer tok = BpeTokenizer::load(dir);
-      if (tok.vocab_size() > cfg.vocab_size)
-        fail("--tokenizer ", dir, ": its vocabulary has ", tok.vocab_size(), " tokens, more than the model's ", cfg.vocab_size);
-      ids = tok.encode(o.text, "--text");
+      if (dir.empty()) fail("--text needs --tokenizer DIR (tokenizer.json, vocab.json + merges.txt, or encoder.json + vocab.bpe)");
+      const std::shared_ptr<const Tokenizer> tok = load_tokenizer(dir);
+      if (tok->vocab_size() > cfg.vocab_size)
+        fail("--tokenizer ", dir, ": its vocabulary has ", tok->vocab_size(), " tokens, more than the model's ", cfg.vocab_size);
+      ids = tok->encode(o.text, "--text", true);  // with the BOS/EOS the tokenizer's files add
     }
     if (ids.size() < 2) fail(flag, ": give at least 2 tokens (each position is attributed its next token)");
     if (static_cast<int64_t>(ids.size()) > cfg.max_seq_len)

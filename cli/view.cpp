@@ -13,7 +13,7 @@
 #include "cli/threads_option.h"
 #include "cli/commands.h"
 #include "cli/edge_graph.h"
-#include "datasets/bpe_tokenizer.h"
+#include "datasets/tokenizer.h"
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
 #include "train/checkpoint_task.h"
@@ -137,12 +137,12 @@ json read_edges_for_view(const std::string& given, int top, const ModelConfig& c
 
 // The examples to show: given ids, given text (byte-level models, or encoded with the
 // tokenizer), or rows of the task's held-out set (trailing padding removed).
-std::vector<ViewExample> examples_for(const ViewOpts& o, const ModelConfig& cfg, const Task* task, const BpeTokenizer* tok) {
+std::vector<ViewExample> examples_for(const ViewOpts& o, const ModelConfig& cfg, const Task* task, const Tokenizer* tok) {
   std::vector<ViewExample> ex;
   if (!o.tokens.empty()) {
     ex.push_back({"--tokens", parse_token_ids(o.tokens, cfg.vocab_size), {}});
   } else if (!o.text.empty() && tok) {
-    ViewExample e{"--text", tok->encode(o.text, "--text"), {}};
+    ViewExample e{"--text", tok->encode(o.text, "--text", true), {}};  // with its BOS/EOS
     if (e.ids.empty()) fail("--text: the text holds no tokens");
     ex.push_back(e);
   } else if (!o.text.empty()) {
@@ -187,16 +187,15 @@ int run_view(const ViewOpts& o) {
   const TaskConfig tc = checkpoint_task(f, TaskConfig::preset(o.task));
   // --text is encoded with --tokenizer, or else with the tokenizer the model was trained with
   // (--task text --tokenizer), or the one in a GPT-2 model's directory, if any
-  std::optional<BpeTokenizer> tok;
-  const bool dir_has_tokenizer = fs::is_directory(ckpt) && ((file_exists(ckpt + "/vocab.json") && file_exists(ckpt + "/merges.txt")) ||
-                                                            (file_exists(ckpt + "/encoder.json") && file_exists(ckpt + "/vocab.bpe")));
+  std::shared_ptr<const Tokenizer> tok;
+  const bool dir_has_tokenizer = has_tokenizer_files(ckpt);
   const std::string tok_dir = !o.tokenizer.empty() ? o.tokenizer
                               : o.text.empty()     ? std::string()
                               : !tc.tokenizer.empty() ? tc.tokenizer
                               : dir_has_tokenizer  ? ckpt
                                                    : std::string();
   if (!tok_dir.empty()) {
-    tok = BpeTokenizer::load(tok_dir);
+    tok = load_tokenizer(tok_dir);
     if (tok->vocab_size() > cfg.vocab_size)
       fail("--tokenizer ", tok_dir, ": its vocabulary has ", tok->vocab_size(), " tokens, more than the model's ", cfg.vocab_size);
   }

