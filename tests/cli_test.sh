@@ -30,7 +30,9 @@ check "hooks lists the hook points" 0 "blocks.1.attn.hook_pattern +\(B, 2, T, T\
 check "view takes --text or --tokens, not both" nonzero "(--text excludes --tokens|--tokens excludes --text)" -- "$HL" view --checkpoint /nonexistent.safetensors --text hi --tokens "1 2"
 check "view refuses an empty --text" nonzero "--text.*is empty" -- "$HL" view --checkpoint /nonexistent.safetensors --text ""
 check "--tokenizer is for the text task" nonzero "task copy: --tokenizer is for --task text" -- "$HL" train --task copy --tokenizer "$T" --steps 1 --out "$T/x"
-check "text refuses a directory without tokenizer files" nonzero "$T: no tokenizer files \(expected vocab.json \+ merges.txt" -- "$HL" train --task text --data /usr/share/common-licenses/GPL-3 --tokenizer "$T" --steps 1 --out "$T/x"
+check "text refuses a directory without tokenizer files" nonzero "$T: no tokenizer files \(expected tokenizer.json, as Hugging Face writes it, vocab.json \+ merges.txt" -- "$HL" train --task text --data /usr/share/common-licenses/GPL-3 --tokenizer "$T" --steps 1 --out "$T/x"
+mkdir -p "$T/unigram" && printf '{"model": {"type": "Unigram", "vocab": [["a", 0.0]]}}' > "$T/unigram/tokenizer.json"
+check "text refuses a tokenizer.json of another model type" nonzero "$T/unigram/tokenizer.json: the model type \"Unigram\" is not supported" -- "$HL" train --task text --data /usr/share/common-licenses/GPL-3 --tokenizer "$T/unigram" --steps 1 --out "$T/x"
 check "missing checkpoint" nonzero "/nonexistent.safetensors: cannot open" -- "$HL" grads --checkpoint /nonexistent.safetensors --out "$T/g.st"
 
 # A small run to have a real checkpoint.

@@ -259,22 +259,27 @@ class Tensor:
         """The mean of every element (a one-element tensor)"""
 
 class Tokenizer:
-    """GPT-2's byte-level BPE tokenizer: the same ids as OpenAI's encoder and Hugging Face's GPT2Tokenizer."""
+    """A BPE tokenizer giving the same ids as Hugging Face's tokenizers: a tokenizer.json (GPT-NeoX/Pythia, Qwen2/3, SmolLM2, Llama 2/3, Gemma) or GPT-2's files."""
     @staticmethod
     def load(dir: str | os.PathLike) -> Tokenizer:
-        """From a directory with vocab.json + merges.txt (Hugging Face) or encoder.json + vocab.bpe (OpenAI)."""
-    def encode(self, text: object) -> List[int]:
-        """The token ids of text (str, or UTF-8 bytes) as a list of int; '<|endoftext|>' is one id."""
-    def decode(self, ids: object) -> str:
-        """The text of ids (str); bytes that are no whole character become U+FFFD."""
-    def decode_bytes(self, ids: object) -> bytes:
-        """The exact bytes of ids."""
+        """From a directory with tokenizer.json (and tokenizer_config.json), vocab.json + merges.txt (Hugging Face's GPT-2) or encoder.json + vocab.bpe (OpenAI)."""
+    def encode(self, text: object, add_special_tokens: bool = ...) -> List[int]:
+        """The token ids of text (str, or UTF-8 bytes) as a list of int; special tokens such as '<|endoftext|>' are one id each. add_special_tokens: the BOS/EOS the tokenizer's files add around a text (as Hugging Face's encode)."""
+    def decode(self, ids: object, skip_special_tokens: bool = ...) -> str:
+        """The text of ids (str) through the tokenizer's decoder; bytes that are no whole character become U+FFFD."""
+    def decode_bytes(self, ids: object, skip_special_tokens: bool = ...) -> bytes:
+        """The exact bytes of ids through the tokenizer's decoder."""
     @property
     def vocab_size(self) -> int:
         """How many tokens it has"""
     @property
     def special_tokens(self) -> List[str]:
-        """Its special tokens' texts, e.g. <|endoftext|>"""
+        """Its special tokens' texts, e.g. <|endoftext|>, <s>"""
+    @property
+    def bos_token_id(self) -> object:
+        """The id a text starts with under prepend_bos (GPT-2: <|endoftext|>; tokenizer.json: its post-processor's or tokenizer_config.json's bos_token), or None"""
+    def token_to_id(self, token: str) -> object:
+        """The id of a vocabulary entry as written in the files (e.g. 'Ġworld', '▁world'), or None"""
     def token_text(self, id: int) -> str:
         """The token's text for display (control characters and partial characters escaped, e.g. '\\\\n', '\\\\xf0')."""
     def __len__(self) -> int:
@@ -297,7 +302,7 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
         """A model of this config, initialised from seed"""
     @staticmethod
     def load(path: str | os.PathLike) -> object:
-        """A model from a headlab checkpoint (safetensors) or a Hugging Face GPT-2 directory (with its tokenizer files: model.tokenizer)"""
+        """A model from a headlab checkpoint (safetensors) or a Hugging Face model directory (with its tokenizer files, tokenizer.json or GPT-2's: model.tokenizer)"""
     def save(self, path: str | os.PathLike) -> None:
         """Writes a checkpoint the CLI reads (atomic)"""
     def load_parameters(self, path: str | os.PathLike) -> None:
@@ -389,14 +394,15 @@ before stay); ``reset_hooks_end=False`` keeps them until ``model.reset_hooks()``
     def to_tokens(self, input: Any, prepend_bos: Any = ..., padding_side: Any = ...) -> Any:
         """Token ids (1, T) of a string, or (B, T) of a list of strings.
 
-``prepend_bos``: None = the tokenizer's ``<|endoftext|>`` first when it has one (GPT-2, as
-TransformerLens does), none for a byte-level model; True requires that token.
+``prepend_bos``: None = the tokenizer's BOS first when it has one (``tok.bos_token_id``: GPT-2's
+``<|endoftext|>`` as TransformerLens does, a tokenizer.json's ``<s>`` or ``<|begin_of_text|>``),
+none for a byte-level model; True requires that token.
 
 ``padding_side``: None = the texts must have one token length; ``"right"`` or ``"left"`` pads
 the shorter ones on that side and returns ``(ids, attention_mask)`` (1 = token, 0 = padding)
 for ``model(ids, attention_mask=mask)``. TransformerLens derives the mask from a pad token in
 the forward; headlab returns it, since a byte-level model has no token free for padding.
-Padding is ``<|endoftext|>`` when the tokenizer has it, else id 0 (never attended to)."""
+Padding is the BOS token when the tokenizer has one, else id 0 (never attended to)."""
     def to_string(self, tokens: Any) -> Any:
         """The text of token ids: a str for (T) ids, a list of str for (B, T)."""
     def to_str_tokens(self, input: Any, prepend_bos: Any = ...) -> Any:
