@@ -126,30 +126,33 @@ def byte_level(kind, n_merges=300):
 
 def sentencepiece(kind, n_merges=300):
     """A SentencePiece-style BPE tokenizer.json with byte fallback: kind "llama2" (TinyLlama/Llama
-    2: Prepend + Replace normalizer, <s> prepended, the Replace/ByteFallback/Fuse/Strip decoder)
-    or "metaspace" (Mistral's newer layout: the Metaspace pre-tokenizer and decoder). Characters
-    the corpus lacks (emoji, CJK beyond it) become <0xXX> tokens."""
+    2: Prepend + Replace normalizer, <s> prepended, the Replace/ByteFallback/Fuse/Strip decoder),
+    "metaspace" (Mistral's newer layout: the Metaspace pre-tokenizer) or "gemma" (Replace
+    normalizer without a prefix, Split(" ", MergedWithPrevious), <bos> prepended, no Strip).
+    Characters the corpus lacks (emoji, CJK beyond it) become <0xXX> tokens."""
     sp = "\u2581"
     text = CORPUS.replace(" ", sp)
     words = [list(w) for w in re.findall(sp + "?[^" + sp + "]+|" + sp, sp + text)]
     merges = train_merges(words, n_merges)
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    names = ["<pad>", "<eos>", "<bos>", "<unk>"] if kind == "gemma" else ["<unk>", "<s>", "</s>"]
+    vocab = {t: i for i, t in enumerate(names)}
+    unk, bos = names[-1] if kind == "gemma" else names[0], names[2] if kind == "gemma" else names[1]
     for b in range(256):
         vocab[f"<0x{b:02X}>"] = len(vocab)
     for ch in sorted(set(text) | {sp}):
         vocab.setdefault(ch, len(vocab))
     for a, b in merges:
         vocab.setdefault(a + b, len(vocab))
-    added_tokens = [added(0, "<unk>", True, False), added(1, "<s>", True, False), added(2, "</s>", True, False)]
+    added_tokens = [added(i, t, True, False) for i, t in enumerate(names)]
     vocab["[INST]"] = len(vocab)
     added_tokens.append(added(vocab["[INST]"], "[INST]", False, False))
-    model = {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None, "end_of_word_suffix": None,
+    model = {"type": "BPE", "dropout": None, "unk_token": unk, "continuing_subword_prefix": None, "end_of_word_suffix": None,
              "fuse_unk": True, "byte_fallback": True, "vocab": vocab, "merges": [f"{a} {b}" for a, b in merges]}
     post = {"type": "TemplateProcessing",
-            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-            "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                     {"SpecialToken": {"id": "<s>", "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
-            "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}}
+            "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                     {"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {bos: {"id": bos, "ids": [vocab[bos]], "tokens": [bos]}}}
     if kind == "llama2":
         normalizer = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": sp},
                                                           {"type": "Replace", "pattern": {"String": " "}, "content": sp}]}
@@ -157,6 +160,11 @@ def sentencepiece(kind, n_merges=300):
         decoder = {"type": "Sequence", "decoders": [
             {"type": "Replace", "pattern": {"String": sp}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"},
             {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    elif kind == "gemma":
+        normalizer = {"type": "Replace", "pattern": {"String": " "}, "content": sp}
+        pre = {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": False}
+        decoder = {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": sp}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"}]}
     else:
         normalizer = None
         pre = {"type": "Metaspace", "replacement": sp, "prepend_scheme": "first", "split": False}
@@ -168,7 +176,8 @@ def sentencepiece(kind, n_merges=300):
 
 
 KINDS = {"neox": lambda: byte_level("neox"), "qwen2": lambda: byte_level("qwen2"), "llama3": lambda: byte_level("llama3"),
-         "llama2": lambda: sentencepiece("llama2"), "metaspace": lambda: sentencepiece("metaspace")}
+         "llama2": lambda: sentencepiece("llama2"), "metaspace": lambda: sentencepiece("metaspace"),
+         "gemma": lambda: sentencepiece("gemma")}
 
 
 def write(kind, directory):

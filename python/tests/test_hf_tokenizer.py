@@ -1,7 +1,7 @@
 """hl.Tokenizer with Hugging Face tokenizer.json files, exact against the tokenizers library itself
 (its Node binding, the npm package @anush008/tokenizers, fetched once per build tree and run
 under node): for each kind (byte-level BPE with GPT-NeoX's, Qwen2's and Llama 3's split patterns;
-SentencePiece-style BPE with byte fallback, as Llama 2 and Mistral lay it out) a tokenizer.json
+SentencePiece-style BPE with byte fallback, as Llama 2, Mistral and Gemma lay it out) a tokenizer.json
 written by hf_tokenizer_files.py, a few hundred hostile strings encoded with and without the
 special tokens and decoded; round trips; the refusals. Skips, saying why, when npm cannot fetch the
 package or node is missing."""
@@ -58,7 +58,7 @@ def reference(library, tokenizer_json, texts, tmp_path):
 
 
 SPECIALS = ["<|endoftext|>", "<|padding|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|eot_id|>", "<s>", "</s>",
-            "<unk>", "[WORD]", "[INST]", "   "]
+            "<unk>", "<bos>", "<eos>", "<pad>", "[WORD]", "[INST]", "   "]
 
 
 def hostile_strings():
@@ -95,7 +95,7 @@ def test_same_ids_and_text_as_the_tokenizers_library(kind, library, tmp_path):
     # their encoding adds at the start is stripped again)
     for t in texts:
         keeps = unicodedata.normalize("NFC", t) == t if kind in ("neox", "qwen2") else True
-        if kind in ("llama2", "metaspace"):
+        if kind in ("llama2", "metaspace", "gemma"):
             keeps = not any(s in t for s in SPECIALS + ["▁"]) and (kind == "llama2" or not t.startswith(" "))
         if keeps:
             assert tok.decode(tok.encode(t, add_special_tokens=False)) == t, (kind, t)
