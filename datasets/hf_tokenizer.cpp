@@ -821,8 +821,8 @@ HfTokenizer HfTokenizer::from_json(const std::string& text, const std::string& n
     }
   };
   if (const json* pp = field(j, "post_processor")) read_post(*pp, name + ": post_processor");
-  // ---- tokenizer_config.json: add_bos_token / add_eos_token, as the Llama and Gemma tokenizers
-  // of transformers rebuild their post-processor from them; bos_token for prepend_bos
+  // ---- tokenizer_config.json: add_bos_token / add_eos_token, as transformers' Llama and Gemma
+  // tokenizer classes rebuild their post-processor from them; bos_token for prepend_bos
   json cfg;
   if (!config_text.empty()) {
     try {
@@ -839,7 +839,10 @@ HfTokenizer HfTokenizer::from_json(const std::string& text, const std::string& n
     if (id < 0) fail(config_name, ": ", key, " \"", s, "\" is not in the vocabulary of ", name);
     return id;
   };
-  if (cfg.is_object()) {
+  // only the tokenizer classes that rebuild their post-processor from the flags read them
+  const std::string cls = cfg.is_object() && cfg.contains("tokenizer_class") && cfg["tokenizer_class"].is_string()
+                              ? cfg["tokenizer_class"].get<std::string>() : "";
+  if (cls.rfind("Llama", 0) == 0 || cls.rfind("CodeLlama", 0) == 0 || cls.rfind("Gemma", 0) == 0) {
     for (const auto& [flag, key, ids] : {std::tuple{"add_bos_token", "bos_token", &t.before}, std::tuple{"add_eos_token", "eos_token", &t.after}}) {
       if (!cfg.contains(flag) || !cfg[flag].is_boolean()) continue;
       ids->clear();

@@ -10,7 +10,8 @@
 //        -> BPE on each piece (merges by rank; unk_token, fuse_unk, byte_fallback,
 //           ignore_merges)
 //        -> with add_special: the post-processor's tokens (TemplateProcessing, Roberta/Bert,
-//           ByteLevel, Sequence), or tokenizer_config.json's add_bos_token/add_eos_token.
+//           ByteLevel, Sequence), or tokenizer_config.json's add_bos_token/add_eos_token for
+//           the Llama and Gemma tokenizer classes.
 // decode applies the decoder (ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace,
 // Sequence). A type headlab does not implement is refused naming the field and the type.
 #pragma once

@@ -114,10 +114,13 @@ def test_what_the_files_say_about_bos_and_specials(tmp_path):
     # tokenizer_config.json: Pythia's bos_token serves prepend_bos; add_eos_token appends </s>
     (tmp_path / "neox" / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<|endoftext|>"}))
     assert hl.Tokenizer.load(str(tmp_path / "neox")).bos_token_id == 0
-    (tmp_path / "llama2" / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": True, "add_eos_token": True,
-                                                                           "bos_token": "<s>", "eos_token": "</s>"}))
+    config = {"add_bos_token": True, "add_eos_token": True, "bos_token": "<s>", "eos_token": "</s>"}
+    (tmp_path / "llama2" / "tokenizer_config.json").write_text(json.dumps(dict(config, tokenizer_class="LlamaTokenizerFast")))
     ids = hl.Tokenizer.load(str(tmp_path / "llama2")).encode("hi")
     assert ids[0] == 1 and ids[-1] == 2
+    # a class that does not rebuild its post-processor from the flags keeps the file's template
+    (tmp_path / "llama2" / "tokenizer_config.json").write_text(json.dumps(dict(config, tokenizer_class="PreTrainedTokenizerFast")))
+    assert hl.Tokenizer.load(str(tmp_path / "llama2")).encode("hi")[-1] != 2
 
 
 def refusal(tmp_path, name, edit):
