@@ -147,8 +147,8 @@ void add_dla_command(CLI::App& app, CommandRunner& runner) {
                   "Attribute the next-token predictions of these token ids (e.g. \"11 3 4 12 3 4\") instead of the task's "
                   "answers: one sequence, so no interval");
   sub->add_option("--text", o->text, "Attribute the next-token predictions of this text, encoded with --tokenizer (or the "
-                                     "tokenizer files in a Hugging Face GPT-2 directory given as --checkpoint)");
-  sub->add_option("--tokenizer", o->tokenizer, "GPT-2 tokenizer directory (vocab.json + merges.txt, or encoder.json + vocab.bpe) for --text");
+                                     "tokenizer files in a Hugging Face model directory given as --checkpoint), with the BOS/EOS they add");
+  sub->add_option("--tokenizer", o->tokenizer, "Tokenizer directory (tokenizer.json, vocab.json + merges.txt, or encoder.json + vocab.bpe) for --text");
 }
 
 }  // namespace hl

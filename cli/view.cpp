@@ -321,7 +321,7 @@ void add_view_command(CLI::App& app, CommandRunner& runner) {
   sub->add_option("--text", o->text, "Show this text (one token per byte, or encoded with --tokenizer)")
       ->check(given)->excludes(tokens);
   sub->add_option("--tokenizer", o->tokenizer,
-                  "GPT-2 tokenizer directory (vocab.json + merges.txt, or encoder.json + vocab.bpe): encodes --text and "
+                  "Tokenizer directory (tokenizer.json, vocab.json + merges.txt, or encoder.json + vocab.bpe): encodes --text and "
                   "labels the tokens (default: the one the model was trained with, if any)")->check(given);
   sub->add_option("--task", o->task, "Task of the examples when the checkpoint does not name one")
       ->capture_default_str()->check(CLI::IsMember(task_names()));

@@ -133,7 +133,7 @@ std::vector<TrainSetting> make_table() {
     {"--attn-dropout", "/attn_dropout", "Dropout on attention weights", FIELD(args.model.attn_dropout), R::kMustMatch, 0, 0.999},
     {"--task", "/task/name", task_help, FIELD(args.task.name), R::kMustMatch, NAN, NAN, task_names()},
     {"--data", "/task/data", "Data file of --task text (any UTF-8 file) or tokens (.safetensors or .npy)", FIELD(args.task.data)},
-    {"--tokenizer", "/task/tokenizer", "--task text: GPT-2 tokenizer directory (vocab.json + merges.txt, or encoder.json + vocab.bpe); "
+    {"--tokenizer", "/task/tokenizer", "--task text: tokenizer directory (tokenizer.json, vocab.json + merges.txt, or encoder.json + vocab.bpe); "
      "the model learns its tokens instead of bytes", FIELD(args.task.tokenizer)},
     {"--eval-data", "/task/eval_data", "Held-out file of --task tokens (default: the last 10% of the rows)", FIELD(args.task.eval_data)},
     {"--shuffle", "/task/shuffle", "--task tokens: on = random rows, off = consecutive rows in file order", FIELD(shuffle),

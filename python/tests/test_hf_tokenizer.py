@@ -178,9 +178,20 @@ def test_text_task_and_view_take_a_tokenizer_json(tmp_path):
     labels = [json.loads(m) for m in re.findall(r'"tokens":(\[.*?\])', page.read_text(encoding="utf-8"))]
     assert labels[0] == [tok.token_text(i) for i in tok.encode("the quick fox")]  # its BOS, then the tokens' text
     assert labels[0][0] == "<|begin_of_text|>" and " quick" in labels[0]
-    # a model directory with tokenizer.json: model.tokenizer, to_tokens with its BOS, to_str_tokens
-    model = hl.TransformerLM.load(str(out / "model.safetensors"))
-    model.tokenizer = tok
-    ids = model.to_tokens("the quick fox")
-    assert ids.tolist() == [tok.encode("the quick fox")]
-    assert model.to_str_tokens("the quick fox")[0] == "<|begin_of_text|>"
+    # a Hugging Face model directory with tokenizer.json beside config.json: model.tokenizer,
+    # to_tokens with its BOS, to_str_tokens; dla --text and view --text encode with it
+    hf = tmp_path / "hf"
+    r = subprocess.run([HEADLAB, "export", str(out), "--out", str(hf)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    shutil.copy(tmp_path / "tok" / "tokenizer.json", hf / "tokenizer.json")
+    model = hl.TransformerLM.load(str(hf))
+    assert "tokenizer.json BPE" in repr(model.tokenizer)
+    assert model.to_tokens("the quick fox").tolist() == [tok.encode("the quick fox")]
+    assert model.to_tokens("the quick fox", prepend_bos=False).tolist() == [tok.encode("the quick fox", add_special_tokens=False)]
+    assert model.to_str_tokens("the quick fox")[:2] == ["<|begin_of_text|>", "t"]
+    r = subprocess.run([HEADLAB, "dla", "--checkpoint", str(hf), "--text", "the quick brown fox", "--out", str(tmp_path / "dla")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    dla = json.loads((tmp_path / "dla" / "dla.json").read_text())
+    # every position but the last is attributed its next token: <|begin_of_text|> and the text's
+    assert dla["positions"] + 1 == len(tok.encode("the quick brown fox")) == 1 + len(tok.encode("the quick brown fox", False))
