@@ -546,12 +546,10 @@ struct HfTokenizer::Impl {
             next.push_back(std::move(t));
           }
           break;
-        case DecKind::Metaspace:
-          for (size_t i = 0; i < toks.size(); ++i) {
-            std::string t = replace_all(toks[i], d.content, " ");
-            if (!for_display && i == 0 && d.prepend != "never" && !t.empty() && t[0] == ' ') t.erase(0, 1);
-            next.push_back(std::move(t));
-          }
+        case DecKind::Metaspace:  // the replacement is a space, except in the first token, where
+                                  // the library drops it (wherever it is) unless prepend is never
+          for (size_t i = 0; i < toks.size(); ++i)
+            next.push_back(replace_all(toks[i], d.content, !for_display && i == 0 && d.prepend != "never" ? "" : " "));
           break;
       }
       toks = std::move(next);

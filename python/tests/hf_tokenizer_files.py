@@ -127,7 +127,7 @@ def byte_level(kind, n_merges=300):
 def sentencepiece(kind, n_merges=300):
     """A SentencePiece-style BPE tokenizer.json with byte fallback: kind "llama2" (TinyLlama/Llama
     2: Prepend + Replace normalizer, <s> prepended, the Replace/ByteFallback/Fuse/Strip decoder),
-    "metaspace" (Mistral's newer layout: the Metaspace pre-tokenizer) or "gemma" (Replace
+    "metaspace" (the Metaspace pre-tokenizer and decoder) or "gemma" (Replace
     normalizer without a prefix, Split(" ", MergedWithPrevious), <bos> prepended, no Strip).
     Characters the corpus lacks (emoji, CJK beyond it) become <0xXX> tokens."""
     sp = "\u2581"
@@ -143,6 +143,7 @@ def sentencepiece(kind, n_merges=300):
         vocab.setdefault(ch, len(vocab))
     for a, b in merges:
         vocab.setdefault(a + b, len(vocab))
+    vocab.setdefault(sp + sp, len(vocab))  # no merge makes it; decoding its id shows how "▁" is read
     added_tokens = [added(i, t, True, False) for i, t in enumerate(names)]
     vocab["[INST]"] = len(vocab)
     added_tokens.append(added(vocab["[INST]"], "[INST]", False, False))
@@ -169,8 +170,7 @@ def sentencepiece(kind, n_merges=300):
         normalizer = None
         pre = {"type": "Metaspace", "replacement": sp, "prepend_scheme": "first", "split": False}
         decoder = {"type": "Sequence", "decoders": [
-            {"type": "Replace", "pattern": {"String": sp}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"},
-            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+            {"type": "ByteFallback"}, {"type": "Metaspace", "replacement": sp, "prepend_scheme": "first", "split": False}]}
     return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added_tokens, "normalizer": normalizer,
             "pre_tokenizer": pre, "post_processor": post, "decoder": decoder, "model": model}
 

@@ -13,5 +13,7 @@ const texts = JSON.parse(fs.readFileSync(process.argv[4], 'utf-8'));
     const plain = (await tok.encode(t, null, { addSpecialTokens: false })).getIds();
     out.push({ ids, plain, decoded: await tok.decode(plain, false) });
   }
-  process.stdout.write(JSON.stringify(out));
+  const decoded = [];
+  for (const ids of process.argv[5] ? JSON.parse(fs.readFileSync(process.argv[5], 'utf-8')) : []) decoded.push(await tok.decode(ids, false));
+  process.stdout.write(JSON.stringify({ texts: out, decoded }));
 })().catch((e) => { console.error(String(e)); process.exit(1); });

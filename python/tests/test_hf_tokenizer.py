@@ -7,6 +7,7 @@ special tokens and decoded; round trips; the refusals. Skips, saying why, when n
 package or node is missing."""
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -47,14 +48,17 @@ def library():
     return module
 
 
-def reference(library, tokenizer_json, texts, tmp_path):
-    src = tmp_path / "texts.json"
+def reference(library, tokenizer_json, texts, tmp_path, id_lists=()):
+    """The library's encodings of texts, and its decodes of id_lists."""
+    src, ids = tmp_path / "texts.json", tmp_path / "ids.json"
     src.write_text(json.dumps(texts), encoding="utf-8")
+    ids.write_text(json.dumps(list(id_lists)), encoding="utf-8")
     node = shutil.which("node") or shutil.which("nodejs")
-    r = subprocess.run([node, os.path.join(HERE, "hf_tokenizers_reference.js"), library, tokenizer_json, str(src)],
+    r = subprocess.run([node, os.path.join(HERE, "hf_tokenizers_reference.js"), library, tokenizer_json, str(src), str(ids)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
+    out = json.loads(r.stdout)
+    return out["texts"], out["decoded"]
 
 
 SPECIALS = ["<|endoftext|>", "<|padding|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|eot_id|>", "<s>", "</s>",
@@ -80,7 +84,14 @@ def test_same_ids_and_text_as_the_tokenizers_library(kind, library, tmp_path):
     tok = hl.Tokenizer.load(str(tmp_path / kind))
     texts = hostile_strings()
     assert len(texts) > 400
-    expected = reference(library, path, texts, tmp_path)
+    rng = random.Random(1)  # any ids, specials included: every decoder step, cut characters, U+FFFD
+    id_lists = [[rng.randrange(tok.vocab_size) for _ in range(rng.randint(1, 8))] for _ in range(300)]
+    double = tok.token_to_id("▁▁")  # "▁▁" first and later: where the decoders differ
+    if double is not None:
+        id_lists += [[double], [double, double], [tok.token_to_id("a"), double], [double, tok.token_to_id("<0x41>")]]
+    expected, decoded = reference(library, path, texts, tmp_path, id_lists)
+    wrong = [(ids, d) for ids, d in zip(id_lists, decoded) if tok.decode(ids) != d]
+    assert not wrong, f"{kind}: {len(wrong)} of {len(id_lists)} id lists decode differently, e.g. {wrong[:3]}"
     wrong = [(t, tok.encode(t), e["ids"]) for t, e in zip(texts, expected) if tok.encode(t) != e["ids"]]
     assert not wrong, f"{kind}: {len(wrong)} of {len(texts)} differ (add_special_tokens), e.g. {wrong[:3]}"
     wrong = [(t, e["plain"]) for t, e in zip(texts, expected) if tok.encode(t, add_special_tokens=False) != e["plain"]]
