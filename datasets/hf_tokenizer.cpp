@@ -44,6 +44,16 @@ size_t invalid_utf8_at(std::string_view s) {
 
 size_t utf8_len(unsigned char c) { return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4; }
 
+// Whether s[b, e) is one character of Unicode's White_Space (Rust's char::is_whitespace, which
+// the library's lstrip/rstrip use): the characters of kWhiteSpaceClass.
+bool white_space_at(const std::string& s, size_t b, size_t e) {
+  std::vector<uint32_t> cp;
+  if (!code_points(std::string_view(s).substr(b, e - b), cp) || cp.size() != 1) return false;
+  const uint32_t c = cp[0];
+  return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
+         c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
 std::string replace_all(std::string s, const std::string& from, const std::string& to) {
   if (from.empty()) return s;
   std::string out;
@@ -327,10 +337,19 @@ struct HfTokenizer::Impl {
           continue;
         }
         size_t b = i, e = i + hit->content.size();
-        if (hit->lstrip)
-          while (b > from && std::string(" \t\n\r\v\f").find(s[b - 1]) != std::string::npos) --b;
+        if (hit->lstrip)  // the white space before it, back to the text not yet emitted
+          for (size_t k = b; k > from;) {
+            do --k;
+            while (k > from && (static_cast<unsigned char>(s[k]) & 0xC0) == 0x80);
+            if (!white_space_at(s, k, b)) break;
+            b = k;
+          }
         if (hit->rstrip)
-          while (e < s.size() && std::string(" \t\n\r\v\f").find(s[e]) != std::string::npos) ++e;
+          while (e < s.size()) {
+            const size_t n = std::min(utf8_len(static_cast<unsigned char>(s[e])), s.size() - e);
+            if (!white_space_at(s, e, e + n)) break;
+            e += n;
+          }
         if (b > from) out.push_back({s.substr(from, b - from), -1, at_start});
         out.push_back({hit->content, hit->id, false});
         at_start = false;

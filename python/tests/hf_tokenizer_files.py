@@ -72,7 +72,7 @@ def added(id, content, special, normalized=None):
 
 def byte_level(kind, n_merges=300):
     """A byte-level BPE tokenizer.json: kind "neox" (GPT-2's pattern inside ByteLevel, NFC, added
-    whitespace-run tokens), "qwen2" (Split with Qwen2's pattern, NFC, merges as pairs) or "llama3"
+    whitespace-run tokens), "qwen2" (Split with Qwen2's pattern, NFC, merges as pairs, an lstrip/rstrip token) or "llama3"
     (Split with Llama 3's pattern, ignore_merges, <|begin_of_text|> prepended)."""
     sym = byte_symbols()
     words = [[sym[b] for b in w.encode()] for w in re.findall(r" ?\S+|\s+", CORPUS)]
@@ -93,6 +93,9 @@ def byte_level(kind, n_merges=300):
             vocab[s] = len(vocab)
     for s in specials:
         added_tokens.append(added(vocab[s], s, True))
+    if kind == "qwen2":  # a special token that takes the spaces on both sides with it
+        vocab["<|mask|>"] = len(vocab)
+        added_tokens.append(dict(added(vocab["<|mask|>"], "<|mask|>", True), lstrip=True, rstrip=True))
     # added tokens that are not special: NeoX's whitespace runs (normalized) and one matched raw
     for content, normalized in (("   ", True), ("[WORD]", False)):
         vocab[content] = len(vocab)

@@ -62,7 +62,7 @@ def reference(library, tokenizer_json, texts, tmp_path, id_lists=()):
 
 
 SPECIALS = ["<|endoftext|>", "<|padding|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|eot_id|>", "<s>", "</s>",
-            "<unk>", "<bos>", "<eos>", "<pad>", "[WORD]", "[INST]", "   "]
+            "<unk>", "<bos>", "<eos>", "<pad>", "[WORD]", "[INST]", "   ", "<|mask|>"]
 
 
 def hostile_strings():
@@ -74,7 +74,7 @@ def hostile_strings():
     extra += ["<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n", "[INST] What's 2+2? [/INST] 4</s>",
               "<s>[INST]x[/INST]", "▁already▁metaspace", "▁", "▁▁ ▁", " leading", "  two", "\u00e9 vs e\u0301",
               "ﬁ ligature ① circled", "Å Å", "한국어 ᄒᆞᆫ", "1 22 333 4444 55555 666666", "'S 'LL 'Re", "a\r\nb\rc",
-              "x\u0085y", "\u2000\u2001spaces", "😀" * 5, "🏳️‍🌈 👩🏽‍💻", "ZWJ\u200d\u200d"]
+              "x\u0085y", "\u2000\u2001spaces", "a \u3000<|mask|>\u00a0 b", "\t<|mask|>\n", "x  <|mask|><|mask|>  y", "😀" * 5, "🏳️‍🌈 👩🏽‍💻", "ZWJ\u200d\u200d"]
     return comparison_strings() + extra
 
 
@@ -102,10 +102,11 @@ def test_same_ids_and_text_as_the_tokenizers_library(kind, library, tmp_path):
     assert sum(len(e["plain"]) for e in expected) > 3000
     assert len({i for e in expected for i in e["plain"]}) > 200
     # decode(encode(s)) == s where the tokenizer promises it: byte-level BPE keeps every byte of
-    # an NFC text; the SentencePiece layouts keep a text without added tokens or "▁" (the space
+    # an NFC text without lstrip/rstrip tokens; the SentencePiece layouts keep a text without added tokens or "▁" (the space
     # their encoding adds at the start is stripped again)
     for t in texts:
         keeps = unicodedata.normalize("NFC", t) == t if kind in ("neox", "qwen2") else True
+        keeps = keeps and "<|mask|>" not in t  # it takes the spaces around it
         if kind in ("llama2", "metaspace", "gemma"):
             keeps = not any(s in t for s in SPECIALS + ["▁"]) and (kind == "llama2" or not t.startswith(" "))
         if keeps:
