@@ -1,0 +1,73 @@
+// Circuit discovery on the edges of edges.h (docs/circuits.md): methods that score or select
+// edges, each returning one value per edge in model_edges order (the order of edge_patching's
+// result), and the circuit run that measures a set of kept edges.
+//
+// EAP-IG (Hanna et al. 2024): the attribution delta_s . dm/d(r's input), with the gradient
+// averaged over `steps` runs along a path from the corrupted run (alpha 0) to the clean run
+// (alpha 1), at alpha = k / steps for k = 1..steps (the right Riemann sum, so one step is the
+// clean run: edge attribution).
+//   inputs:      the token embedding interpolated, clean + (1 - alpha) (corrupted - clean);
+//                everything downstream follows.
+//   activations: per sender layer (the embedding, or attention layer l), that layer's outputs
+//                interpolated the same way, the rest of the run recomputed; an edge from a sender of
+//                that layer takes its gradients from that layer's runs ((L + 1) steps runs in all).
+//
+// The circuit run: the clean run in which each receiver r reads its input in that run plus, for
+// every edge s -> r not kept, out_s(corrupted) - out_s(this run) (ACDC's and MIB's edge
+// ablation: a removed edge carries the corrupted run's value of its sender).
+//
+// ACDC (Conmy et al. 2023): receivers from the logits back, each one's senders in reverse order;
+// an edge is removed when the circuit run without it changes the score by less than `threshold`
+// (metric: |m_new - m_current|; kl: KL_new - KL_current). A receiver whose head no kept edge reads
+// loses its edges without a run (they cannot change anything).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "analysis/edges.h"
+
+namespace hl {
+
+struct EapIgOptions {
+  enum Interpolate { Inputs, Activations } interpolate = Inputs;
+  int steps = 5;  // 1..1000
+};
+// "inputs" / "activations"
+const char* interpolation_name(EapIgOptions::Interpolate i);
+EapIgOptions::Interpolate parse_interpolation(const std::string& name);
+
+// EAP-IG's score of every edge, model_edges order. Fails on a steps value out of range and on
+// what edge_patching refuses.
+std::vector<double> eap_ig_scores(TransformerLM& model, const PatchingInputs& in, const EapIgOptions& opt);
+
+// The circuit run's metric (and its mean KL(clean || circuit) over the answers' positions) with
+// kept[i] saying whether edge i (model_edges order) is kept.
+struct CircuitRun {
+  double metric = 0, kl = 0;
+};
+CircuitRun circuit_run(TransformerLM& model, const PatchingInputs& in, const std::vector<bool>& kept);
+
+struct AcdcOptions {
+  enum Score { Metric, Kl } score = Metric;
+  double threshold = 0.01;  // >= 0
+};
+struct AcdcResult {
+  std::vector<bool> kept;      // model_edges order
+  std::vector<double> scores;  // per edge, the change when its removal was tried (0: removed without a run)
+  CircuitRun final_run;        // the circuit of the kept edges
+  int runs = 0;                // circuit runs made
+};
+AcdcResult acdc(TransformerLM& model, const PatchingInputs& in, const AcdcOptions& opt);
+
+// The top `k` edges by |score| (ties: earlier edge first), as a kept mask; k in 0..edges.
+std::vector<bool> top_edges(const std::vector<double>& scores, size_t k);
+
+// Faithfulness of the top-k circuits of `scores` for each k in sizes: the circuit run's metric.
+struct FaithfulnessPoint {
+  size_t edges = 0;
+  double metric = 0;
+};
+std::vector<FaithfulnessPoint> faithfulness_curve(TransformerLM& model, const PatchingInputs& in,
+                                                  const std::vector<double>& scores, const std::vector<size_t>& sizes);
+
+}  // namespace hl
