@@ -1,6 +1,7 @@
 #include "analysis/circuit_discovery.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -315,6 +316,123 @@ std::vector<FaithfulnessPoint> faithfulness_curve(TransformerLM& model, const Pa
     out.push_back({k, runner.run(top_edges(scores, k)).metric});
   }
   return out;
+}
+
+// ---- the methods by name, scored against exact patching --------------------------------------------
+
+std::vector<std::string> edge_method_names() { return {"attribution", "eap-ig", "acdc"}; }
+
+void check_edge_method(const std::string& method) {
+  const auto names = edge_method_names();
+  if (std::find(names.begin(), names.end(), method) == names.end())
+    fail("edges: unknown method '", method, "' (expected attribution, eap-ig or acdc)");
+}
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+MethodScores run_edge_method(TransformerLM& model, const PatchingInputs& in, const EdgeResult& exact, const EdgeMethodOptions& opt) {
+  check_edge_method(opt.method);
+  MethodScores out;
+  out.method = opt.method;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (opt.method == "attribution") {
+    (void)receiver_gradients(model, in);  // timed as the method would run alone: one backward
+    for (const Edge& e : exact.edges) out.scores.push_back(e.attribution);
+  } else if (opt.method == "eap-ig") {
+    out.scores = eap_ig_scores(model, in, opt.ig);
+  } else {
+    AcdcResult a = acdc(model, in, opt.acdc);
+    out.scores = std::move(a.scores);
+    out.circuit = std::move(a.kept);
+  }
+  out.seconds = seconds_since(t0);
+  return out;
+}
+
+namespace {
+// ranks of |x| (1 = smallest), ties at their mean rank
+std::vector<double> abs_ranks(const std::vector<double>& x) {
+  std::vector<size_t> order(x.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return std::abs(x[a]) < std::abs(x[b]); });
+  std::vector<double> r(x.size());
+  for (size_t i = 0; i < order.size();) {
+    size_t j = i;
+    while (j + 1 < order.size() && std::abs(x[order[j + 1]]) == std::abs(x[order[i]])) ++j;
+    for (size_t k = i; k <= j; ++k) r[order[k]] = 0.5 * static_cast<double>(i + j) + 1.0;
+    i = j + 1;
+  }
+  return r;
+}
+}  // namespace
+
+double rank_correlation(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) fail("edges: rank correlation of ", a.size(), " and ", b.size(), " values");
+  const std::vector<double> ra = abs_ranks(a), rb = abs_ranks(b);
+  const double n = static_cast<double>(a.size());
+  double ma = 0, mb = 0;
+  for (size_t i = 0; i < ra.size(); ++i) ma += ra[i] / n, mb += rb[i] / n;
+  double sab = 0, saa = 0, sbb = 0;
+  for (size_t i = 0; i < ra.size(); ++i) {
+    sab += (ra[i] - ma) * (rb[i] - mb);
+    saa += (ra[i] - ma) * (ra[i] - ma);
+    sbb += (rb[i] - mb) * (rb[i] - mb);
+  }
+  return saa > 0 && sbb > 0 ? sab / std::sqrt(saa * sbb) : 0.0;
+}
+
+double top_k_overlap(const std::vector<double>& a, const std::vector<double>& b, size_t k) {
+  if (k < 1 || k > a.size()) fail("edges: top-k overlap of k ", k, " outside 1..", a.size(), " (the model's edges)");
+  const std::vector<bool> ta = top_edges(a, k), tb = top_edges(b, k);
+  size_t both = 0;
+  for (size_t i = 0; i < ta.size(); ++i) both += ta[i] && tb[i];
+  return static_cast<double>(both) / static_cast<double>(k);
+}
+
+std::vector<size_t> faithfulness_sizes(size_t n) {
+  std::vector<size_t> s;
+  for (size_t base = 1;; base *= 10) {
+    for (size_t m : {size_t{1}, size_t{2}, size_t{5}})
+      if (base * m < n) s.push_back(base * m);
+    if (base * 10 >= n) break;
+  }
+  s.insert(s.begin(), 0);
+  s.push_back(n);
+  return s;
+}
+
+EdgeComparison compare_edge_methods(TransformerLM& model, const PatchingInputs& in, const std::vector<std::string>& methods,
+                                    const EdgeMethodOptions& opt, size_t top_k, const std::vector<size_t>& sizes) {
+  for (const std::string& m : methods) check_edge_method(m);
+  if (methods.empty()) fail("edges: no methods to compare");
+  check_edge_inputs(model.cfg, in);
+  const size_t n = model_edges(model.cfg).size();
+  if (top_k < 1 || top_k > n) fail("edges: top-k ", top_k, " is outside 1..", n, " (the model's edges)");
+  for (size_t k : sizes)
+    if (k > n) fail("circuit: size ", k, " is above the model's ", n, " edges");
+  EdgeComparison c;
+  c.top_k = top_k;
+  const auto t0 = std::chrono::steady_clock::now();
+  c.exact = edge_patching(model, in);
+  c.exact_seconds = seconds_since(t0);
+  std::vector<double> exact;
+  for (const Edge& e : c.exact.edges) exact.push_back(e.exact);
+  c.exact_curve = faithfulness_curve(model, in, exact, sizes);
+  for (const std::string& name : methods) {
+    EdgeMethodOptions o = opt;
+    o.method = name;
+    MethodComparison m;
+    m.scores = run_edge_method(model, in, c.exact, o);
+    m.rank_correlation = rank_correlation(m.scores.scores, exact);
+    m.top_k_overlap = top_k_overlap(m.scores.scores, exact, top_k);
+    m.curve = faithfulness_curve(model, in, m.scores.scores, sizes);
+    c.methods.push_back(std::move(m));
+  }
+  return c;
 }
 
 }  // namespace hl

@@ -70,4 +70,49 @@ struct FaithfulnessPoint {
 std::vector<FaithfulnessPoint> faithfulness_curve(TransformerLM& model, const PatchingInputs& in,
                                                   const std::vector<double>& scores, const std::vector<size_t>& sizes);
 
+// ---- the methods by name, scored against exact patching ------------------------------------------
+
+// The methods of `headlab edges --method` and hl.edge_patching(method=): attribution, eap-ig, acdc.
+std::vector<std::string> edge_method_names();
+struct EdgeMethodOptions {
+  std::string method = "attribution";
+  EapIgOptions ig;
+  AcdcOptions acdc;
+};
+// Fails naming the choices for an unknown method.
+void check_edge_method(const std::string& method);
+
+struct MethodScores {
+  std::string method;
+  std::vector<double> scores;  // model_edges order; acdc: the change when its removal was tried
+  std::vector<bool> circuit;   // acdc: the edges it kept; other methods: empty
+  double seconds = 0;          // wall-clock time of the method alone (the attribution: its own backward)
+};
+// One method's scores. The attribution is taken from `exact` (edge_patching's result).
+MethodScores run_edge_method(TransformerLM& model, const PatchingInputs& in, const EdgeResult& exact, const EdgeMethodOptions& opt);
+
+// Spearman's rank correlation of |a| and |b| (ties share their mean rank); 0 when either is constant.
+double rank_correlation(const std::vector<double>& a, const std::vector<double>& b);
+// |top k of a ∩ top k of b| / k by |value|, k in 1..size.
+double top_k_overlap(const std::vector<double>& a, const std::vector<double>& b, size_t k);
+
+struct MethodComparison {
+  MethodScores scores;
+  double rank_correlation = 0, top_k_overlap = 0;
+  std::vector<FaithfulnessPoint> curve;  // the method's top-k circuits
+};
+struct EdgeComparison {
+  EdgeResult exact;
+  double exact_seconds = 0;
+  size_t top_k = 0;
+  std::vector<FaithfulnessPoint> exact_curve;  // exact patching's top-k circuits
+  std::vector<MethodComparison> methods;
+};
+// Every method in `methods` beside exact patching on one model and task: rank correlation and top-k
+// overlap with the exact effects, and faithfulness curves over `sizes` (each <= the edge count).
+EdgeComparison compare_edge_methods(TransformerLM& model, const PatchingInputs& in, const std::vector<std::string>& methods,
+                                    const EdgeMethodOptions& opt, size_t top_k, const std::vector<size_t>& sizes);
+// The default sizes of a faithfulness curve over n edges: 0, 1, 2, 5, 10, 20, 50, ... and n.
+std::vector<size_t> faithfulness_sizes(size_t n);
+
 }  // namespace hl

@@ -256,6 +256,13 @@ check "edges path patching" 0 "activation patching of L0H1" -- "$HL" edges --che
 check "edges refuses an unknown receiver" nonzero "unknown receiver 'L0H1.z'" -- "$HL" edges --checkpoint "$M" --path-from embed --to L0H1.z --out "$T/edges_b"
 check "edges --to needs --path-from" nonzero "--to needs --path-from" -- "$HL" edges --checkpoint "$M" --to logits --out "$T/edges_b"
 check "edges refuses a bad flag" nonzero "--top: value 0 is below 1" -- "$HL" edges --checkpoint "$M" --top 0 --out "$T/edges_b"
+check "edges --method eap-ig" 0 "eap-ig: rank correlation of \|score\| with \|exact\|" -- "$HL" edges --checkpoint "$M" --rows 16 --method eap-ig --ig-steps 2 --out "$T/edges_ig"
+check "edges.csv has the method's column" 0 "^sender,receiver,exact,attribution,linearisation_error,eap-ig$" -- head -1 "$T/edges_ig/edges.csv"
+check "edges --method all compares the methods" 0 "acdc \(its circuit: [0-9]+ edges\)" -- "$HL" edges --checkpoint "$M" --rows 16 --method all --ig-steps 2 --top 5 --out "$T/edges_all"
+check "methods.csv: exact and three methods" 0 "^5$" -- bash -c "wc -l < '$T/edges_all/methods.csv'"
+check "faithfulness.png is a PNG" 0 "^PNG$" -- bash -c "head -c 4 '$T/edges_all/faithfulness.png' | tail -c 3"
+check "edges refuses an unknown method" nonzero "unknown method 'pruning' \(expected attribution, eap-ig or acdc\)" -- "$HL" edges --checkpoint "$M" --method pruning --out "$T/edges_b"
+check "edges refuses --ig-steps 0" nonzero "--ig-steps: value 0 is outside \[1, 1000\]" -- "$HL" edges --checkpoint "$M" --method eap-ig --ig-steps 0 --out "$T/edges_b"
 check "edges refuses a post-norm model" nonzero "post-norm \(norm = post\)" -- "$HL" edges --checkpoint "$T/postrun/model.safetensors" --out "$T/edges_b"
 [ ! -e "$T/edges_b" ] && ok "no output directory after a refused edges" || bad "edges left a directory"
 check "hooks lists hook_scale" 0 "ln_final.hook_scale +\(B, T, 1\)" -- "$HL" hooks --heads 2
