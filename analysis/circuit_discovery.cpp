@@ -328,6 +328,19 @@ void check_edge_method(const std::string& method) {
     fail("edges: unknown method '", method, "' (expected attribution, eap-ig or acdc)");
 }
 
+AcdcOptions::Score parse_acdc_score(const std::string& name) {
+  if (name == "metric") return AcdcOptions::Metric;
+  if (name == "kl") return AcdcOptions::Kl;
+  fail("acdc: unknown score '", name, "' (expected metric or kl)");
+}
+
+void check_edge_method_options(const EdgeMethodOptions& opt) {
+  check_edge_method(opt.method);
+  if (opt.ig.steps < 1 || opt.ig.steps > 1000) fail("eap-ig: steps ", opt.ig.steps, " is outside 1..1000");
+  if (!(opt.acdc.threshold >= 0) || !std::isfinite(opt.acdc.threshold))
+    fail("acdc: threshold ", opt.acdc.threshold, " must be a number >= 0");
+}
+
 namespace {
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -335,7 +348,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 MethodScores run_edge_method(TransformerLM& model, const PatchingInputs& in, const EdgeResult& exact, const EdgeMethodOptions& opt) {
-  check_edge_method(opt.method);
+  check_edge_method_options(opt);
   MethodScores out;
   out.method = opt.method;
   const auto t0 = std::chrono::steady_clock::now();

@@ -81,6 +81,10 @@ struct EdgeMethodOptions {
 };
 // Fails naming the choices for an unknown method.
 void check_edge_method(const std::string& method);
+// "metric" / "kl", failing naming the choices.
+AcdcOptions::Score parse_acdc_score(const std::string& name);
+// One line for an unknown method or an option out of range (steps 1..1000, threshold >= 0), before any work.
+void check_edge_method_options(const EdgeMethodOptions& opt);
 
 struct MethodScores {
   std::string method;

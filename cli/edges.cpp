@@ -43,7 +43,7 @@ EdgeMethodOptions method_options(const EdgeFlags& f) {
   o.ig.steps = f.ig_steps;
   o.ig.interpolate = parse_interpolation(f.ig_interpolate);
   o.acdc.threshold = f.acdc_threshold;
-  o.acdc.score = f.acdc_score == "kl" ? AcdcOptions::Kl : AcdcOptions::Metric;
+  o.acdc.score = parse_acdc_score(f.acdc_score);
   return o;
 }
 
@@ -141,7 +141,11 @@ int run_path(const RoleOpts& o, const EdgeFlags& f, RoleModel& m, const Patching
 
 int run_edges(const RoleOpts& o, const EdgeFlags& f) {
   if (!f.to.empty() && f.path_from.empty()) fail("--to needs --path-from (the sender whose paths to patch)");
-  if (f.method != "all") check_edge_method(f.method);
+  {
+    EdgeMethodOptions mo = method_options(f);
+    if (f.method == "all") mo.method = "attribution";  // all: every method, with these options
+    check_edge_method_options(mo);
+  }
   const std::string out = o.out.empty() ? default_out_dir("edges") : o.out;
   RoleModel m = load_role_model(o);
   check_edge_model(m.model->cfg);  // before the data is made

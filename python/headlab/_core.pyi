@@ -439,8 +439,8 @@ def cross_entropy(logits: Tensor, targets: object) -> Tensor:
 def detect_heads(model: TransformerLM, data: object, kind: str = ..., exclude_bos: bool = ..., exclude_current_token: bool = ...) -> numpy.ndarray:
     """TransformerLens-style detector scores (L, H): previous_token, duplicate_token or induction"""
 
-def edge_patching(model: TransformerLM, clean: object, corrupted: object, *, answers: object) -> dict:
-    """Exact edge patching and edge attribution of every edge (as headlab edges): senders and receivers (names, in edge order), exact, attribution and linearisation_error (attribution - exact) arrays, clean_metric and corrupted_metric (mean logit difference of the answers (row, pos, clean token, corrupted token))"""
+def edge_patching(model: TransformerLM, clean: object, corrupted: object, *, answers: object, method: str = ..., ig_steps: int = ..., ig_interpolate: str = ..., acdc_threshold: float = ..., acdc_score: str = ...) -> dict:
+    """Exact edge patching and edge attribution of every edge (as headlab edges): senders and receivers (names, in edge order), exact, attribution and linearisation_error (attribution - exact) arrays, clean_metric and corrupted_metric (mean logit difference of the answers (row, pos, clean token, corrupted token)). method='eap-ig' (ig_steps, ig_interpolate 'inputs' or 'activations') or 'acdc' (acdc_threshold, acdc_score 'metric' or 'kl') adds that method's scores under its name (acdc: also 'circuit', the kept edges), as headlab edges --method"""
 
 def evaluate(model: TransformerLM, task: object = ..., data: object = ..., autoregressive: bool = ...) -> dict:
     """Held-out loss, token_acc, exact_match (and ar_exact_match with autoregressive=True) over the data's counted targets"""
