@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <numeric>
 
 #include "lib/stop.h"
@@ -446,6 +447,58 @@ EdgeComparison compare_edge_methods(TransformerLM& model, const PatchingInputs& 
     c.methods.push_back(std::move(m));
   }
   return c;
+}
+
+// ---- MIB export ---------------------------------------------------------------------------------
+
+namespace {
+std::string mib_sender(const EdgeSender& s) {
+  return s.layer < 0 ? "input" : "a" + std::to_string(s.layer) + ".h" + std::to_string(s.head);
+}
+std::string mib_receiver(const EdgeReceiver& r) {
+  switch (r.kind) {
+    case EdgeReceiver::Q: case EdgeReceiver::K: case EdgeReceiver::V:
+      return "a" + std::to_string(r.layer) + ".h" + std::to_string(r.head) + "<" + std::string(1, "qkv"[r.kind]) + ">";
+    case EdgeReceiver::Mlp: return "m" + std::to_string(r.layer);
+    case EdgeReceiver::Logits: return "logits";
+  }
+  return "";
+}
+}  // namespace
+
+std::string mib_graph_json(const ModelConfig& cfg, const std::vector<double>& scores, const std::vector<bool>& kept) {
+  check_edge_model(cfg);
+  const auto edges = model_edges(cfg);
+  if (scores.size() != edges.size()) fail("mib export: ", scores.size(), " scores for the model's ", edges.size(), " edges");
+  if (!kept.empty() && kept.size() != edges.size()) fail("mib export: ", kept.size(), " kept flags for the model's ", edges.size(), " edges");
+  nlohmann::ordered_json nodes = nlohmann::ordered_json::object(), out_edges = nlohmann::ordered_json::object();
+  auto node = [&](const std::string& n, bool in) { nodes[n]["in_graph"] = nodes.contains(n) ? (nodes[n]["in_graph"].get<bool>() || in) : in; };
+  node("input", false);
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    for (int h = 0; h < cfg.n_heads; ++h) node("a" + std::to_string(l) + ".h" + std::to_string(h), false);
+    if (cfg.has_mlp()) node("m" + std::to_string(l), true);  // never patched here
+  }
+  node("logits", false);
+  for (size_t e = 0; e < edges.size(); ++e) {
+    const bool in = !kept.empty() && kept[e];
+    const std::string to = mib_receiver(edges[e].second);
+    out_edges[mib_sender(edges[e].first) + "->" + to] = {{"score", scores[e]}, {"in_graph", in}};
+    if (in) {
+      node(mib_sender(edges[e].first), true);
+      node(to.substr(0, to.find('<')), true);
+    }
+  }
+  // MIB's MLP senders: m{l} -> every later reader, kept (their outputs always flow here)
+  if (cfg.has_mlp())
+    for (const EdgeReceiver& r : edge_receivers(cfg))
+      for (int l = 0; l < cfg.n_layers; ++l)
+        if (r.kind == EdgeReceiver::Logits || l < r.layer)  // an MLP feeds the later layers and the logits
+          out_edges["m" + std::to_string(l) + "->" + mib_receiver(r)] = {{"score", 0.0}, {"in_graph", true}};
+  const nlohmann::ordered_json j = {{"cfg", {{"n_layers", cfg.n_layers}, {"n_heads", cfg.n_heads}, {"parallel_attn_mlp", false},
+                                             {"d_model", cfg.d_model}}},
+                                    {"nodes", nodes},
+                                    {"edges", out_edges}};
+  return j.dump();
 }
 
 }  // namespace hl

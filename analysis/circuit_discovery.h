@@ -116,6 +116,14 @@ struct EdgeComparison {
 // overlap with the exact effects, and faithfulness curves over `sizes` (each <= the edge count).
 EdgeComparison compare_edge_methods(TransformerLM& model, const PatchingInputs& in, const std::vector<std::string>& methods,
                                     const EdgeMethodOptions& opt, size_t top_k, const std::vector<size_t>& sizes);
+// Edge scores and a circuit in the MIB circuit track's graph JSON (cisnlp/MIB-circuit-track,
+// EAP-IG's Graph): {"cfg": {n_layers, n_heads, parallel_attn_mlp, d_model}, "nodes": {name:
+// {in_graph}}, "edges": {name: {score, in_graph}}} with nodes input, a{l}.h{h}, m{l}, logits and
+// edges "a0.h1->a1.h0<k>", "input->m0", "a1.h0->logits". MIB's graph also has the MLPs as senders
+// (m{l} -> ...), which these edges never patch: those edges are written with score 0 and in the
+// graph (the circuit run keeps every MLP output). kept empty: every edge out of the graph.
+std::string mib_graph_json(const ModelConfig& cfg, const std::vector<double>& scores, const std::vector<bool>& kept);
+
 // The default sizes of a faithfulness curve over n edges: 0, 1, 2, 5, 10, 20, 50, ... and n.
 std::vector<size_t> faithfulness_sizes(size_t n);
 

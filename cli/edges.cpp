@@ -249,13 +249,36 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
     }
   }
   if (compare) write_comparison(comparison, *dir);
+  // MIB's graph JSON: the method's scores, in the graph its circuit (acdc) or its top --top edges
+  const size_t k = std::min<size_t>(static_cast<size_t>(f.top), r.edges.size());
+  auto write_mib = [&](const std::string& file, const std::vector<double>& scores, const std::vector<bool>& circuit) {
+    write_file_atomic(dir->file(file), mib_graph_json(c, scores, circuit.empty() ? top_edges(scores, k) : circuit) + "\n");
+  };
+  std::vector<std::string> mib_files;
+  if (compare) {
+    std::vector<double> ex;
+    for (const Edge& e : r.edges) ex.push_back(e.exact);
+    write_mib("mib_exact.json", ex, {});
+    mib_files.push_back("mib_exact.json");
+    for (const MethodComparison& mc : comparison.methods) {
+      write_mib("mib_" + mc.scores.method + ".json", mc.scores.scores, mc.scores.circuit);
+      mib_files.push_back("mib_" + mc.scores.method + ".json");
+    }
+  } else {
+    std::vector<double> att;
+    for (const Edge& e : r.edges) att.push_back(e.attribution);
+    write_mib("mib_graph.json", with_extra ? extra.scores : att, extra.circuit);
+    mib_files.push_back("mib_graph.json");
+  }
   write_file_atomic(dir->file("edges.json"), j.dump(2) + "\n");
   write_file_atomic(dir->file("edges.csv"), csv);
   st.write(dir->file("inputs.safetensors"));
   write_edge_graph_png(j, f.top, dir->file("edges.png"));  // the --top edges, drawn by layer
   dir->publish();
-  std::printf("wrote %s/edges.json, edges.csv, inputs.safetensors, edges.png%s\n", out.c_str(),
-              compare ? ", comparison.json, methods.csv, faithfulness.csv, faithfulness.png" : "");
+  std::string mib_list;
+  for (const std::string& m : mib_files) mib_list += ", " + m;
+  std::printf("wrote %s/edges.json, edges.csv, inputs.safetensors, edges.png%s%s\n", out.c_str(),
+              compare ? ", comparison.json, methods.csv, faithfulness.csv, faithfulness.png" : "", mib_list.c_str());
   return 0;
 }
 

@@ -260,6 +260,8 @@ check "edges --method eap-ig" 0 "eap-ig: rank correlation of \|score\| with \|ex
 check "edges.csv has the method's column" 0 "^sender,receiver,exact,attribution,linearisation_error,eap-ig$" -- head -1 "$T/edges_ig/edges.csv"
 check "edges --method all compares the methods" 0 "acdc \(its circuit: [0-9]+ edges\)" -- "$HL" edges --checkpoint "$M" --rows 16 --method all --ig-steps 2 --top 5 --out "$T/edges_all"
 check "methods.csv: exact and three methods" 0 "^5$" -- bash -c "wc -l < '$T/edges_all/methods.csv'"
+check "edges writes MIB's graph JSON" 0 '"a0.h1->logits":\{"score":[-0-9.e]+,"in_graph":(true|false)\}' -- cat "$T/edges_ig/mib_graph.json"
+check "edges --method all writes one MIB graph per method" 0 "^mib_acdc.json mib_attribution.json mib_eap-ig.json mib_exact.json$" -- bash -c "cd '$T/edges_all' && echo mib_*.json"
 check "faithfulness.png is a PNG" 0 "^PNG$" -- bash -c "head -c 4 '$T/edges_all/faithfulness.png' | tail -c 3"
 check "edges refuses an unknown method" nonzero "unknown method 'pruning' \(expected attribution, eap-ig or acdc\)" -- "$HL" edges --checkpoint "$M" --method pruning --out "$T/edges_b"
 check "edges refuses --ig-steps 0" nonzero "--ig-steps: value 0 is outside \[1, 1000\]" -- "$HL" edges --checkpoint "$M" --method eap-ig --ig-steps 0 --out "$T/edges_b"

@@ -5,6 +5,7 @@
 #define BOOST_TEST_MODULE circuit_discovery
 #include <boost/test/unit_test.hpp>
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 #include "analysis/circuit_discovery.h"
 #include "analysis/planted_circuits.h"
@@ -208,4 +209,34 @@ BOOST_AUTO_TEST_CASE(attribution_misses_the_planted_circuit_and_eap_ig_recovers_
     else
       BOOST_TEST(rec.found == 3u);
   }
+}
+
+BOOST_AUTO_TEST_CASE(mib_export_has_mibs_edges_and_our_scores) {
+  const ModelConfig c = test_model({.layers = 2, .heads = 2});  // with MLPs
+  const auto edges = model_edges(c);
+  std::vector<double> scores(edges.size());
+  std::vector<bool> kept(edges.size(), false);
+  for (size_t i = 0; i < scores.size(); ++i) scores[i] = 0.5 + static_cast<double>(i);
+  kept[7] = true;  // L0H0 -> mlp0
+  const nlohmann::json j = nlohmann::json::parse(mib_graph_json(c, scores, kept));
+  // MIB's graph of L layers of H heads with MLPs: per layer l, 3H (1 + lH + l) q/k/v edges and
+  // 1 + (l + 1)H + l MLP edges; 1 + LH + L into the logits
+  const size_t L = 2, H = 2;
+  size_t mib = 1 + L * H + L;
+  for (size_t l = 0; l < L; ++l) mib += 3 * H * (1 + l * H + l) + 1 + (l + 1) * H + l;
+  BOOST_TEST(j["edges"].size() == mib);
+  BOOST_TEST(j["nodes"].size() == 1 + L * H + L + 1);
+  BOOST_TEST(j["cfg"]["n_layers"] == 2);
+  BOOST_TEST(edges[7].first.name() + ">" + edges[7].second.name() == "L0H0>mlp0");
+  BOOST_TEST(j["edges"]["a0.h0->m0"]["score"] == 7.5);
+  BOOST_TEST(j["edges"]["a0.h0->m0"]["in_graph"] == true);
+  BOOST_TEST(j["edges"]["input->a0.h0<q>"]["score"] == 0.5);
+  BOOST_TEST(j["edges"]["input->a0.h0<q>"]["in_graph"] == false);
+  BOOST_TEST(j["edges"]["a1.h1->logits"]["score"] == scores.back());
+  BOOST_TEST(j["edges"]["m0->a1.h0<k>"]["in_graph"] == true);  // MLP senders: never patched here
+  BOOST_TEST(j["nodes"]["a0.h0"]["in_graph"] == true);
+  BOOST_TEST(j["nodes"]["a1.h0"]["in_graph"] == false);
+  size_t ours = 0;
+  for (const auto& [name, e] : j["edges"].items()) ours += !name.starts_with("m");
+  BOOST_TEST(ours == edges.size());
 }
