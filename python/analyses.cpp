@@ -8,6 +8,7 @@
 #include "analysis/detectors.h"
 #include "analysis/circuit_discovery.h"
 #include "analysis/edges.h"
+#include "analysis/qk_attribution.h"
 #include "analysis/matching.h"
 #include "analysis/patching.h"
 #include "bindings.h"
@@ -507,6 +508,21 @@ void bind_analyses(py::module_& m) {
      "Path patching of sender (embed or L{l}H{h}) to receivers (names; default: every reader): path = metric of the clean run "
      "with every receiver reading its input + the sender's corrupted-minus-clean output, minus the clean metric; activation = "
      "the same for the sender's whole output patched; clean_metric, corrupted_metric");
+  m.def("qk_attribution", [](TransformerLM& model, const py::object& ids, int64_t row, int layer, int head, int64_t query, int64_t key) {
+    const QkAttribution a = qk_attribution(model, ids_from(ids, "ids"), row, layer, head, query, key);
+    const auto C = static_cast<py::ssize_t>(a.components.size());
+    py::array_t<double> pairs({C, C});
+    std::copy(a.pairs.begin(), a.pairs.end(), pairs.mutable_data());
+    py::dict d;
+    d["components"] = a.components;
+    d["pairs"] = pairs;
+    d["score"] = a.score;
+    return d;
+  }, py::arg("model"), py::arg("ids"), py::kw_only(), py::arg("row") = 0, py::arg("layer"), py::arg("head"), py::arg("query"),
+     py::arg("key"),
+     "QK attribution: head (layer, head)'s scaled attention score at (query, key) of ids' row split into pairs of upstream "
+     "components (tok, pos, earlier heads L{l}H{h}, L{l}.b_O, mlp{l}, bias) through ln1 with its scale frozen: components "
+     "(names), pairs (C, C) [query side, key side], which sum to score (the model's)");
   m.def("mean_activation", [](TransformerLM& model, const py::object& data_obj, const std::string& hook, bool per_position) {
     const DataArg data = data_arg(data_obj, model, "mean_activation");
     return interruptible([&] { return mean_activation(model, data.batches(), hook, per_position); });

@@ -499,6 +499,9 @@ def permute_heads(model: TransformerLM, layer: int, perm: List[int]) -> None:
 def prune_curve(model: TransformerLM, task: object = ..., data: object = ..., order: str = ..., step_fraction: float = ..., min_per_layer: int = ..., recompute: bool = ..., seed: int = ...) -> dict:
     """Accuracy as heads are removed in an order (on a copy; the model is unchanged)"""
 
+def qk_attribution(model: TransformerLM, ids: object, *, row: int = ..., layer: int, head: int, query: int, key: int) -> dict:
+    """QK attribution: head (layer, head)'s scaled attention score at (query, key) of ids' row split into pairs of upstream components (tok, pos, earlier heads L{l}H{h}, L{l}.b_O, mlp{l}, bias) through ln1 with its scale frozen: components (names), pairs (C, C) [query side, key side], which sum to score (the model's)"""
+
 def qk_singular_values(model: TransformerLM, layer: int, head: int) -> List[float]:
     """Singular values (descending) of the head's QK circuit W_Q^T W_K (d_model x d_model, rank <= d_head)"""
 

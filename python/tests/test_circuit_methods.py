@@ -62,3 +62,24 @@ def test_bad_method_options_get_one_line(run):
         with pytest.raises(Exception) as e:
             hl.edge_patching(*args, answers=inp["answers"], **kw)
         assert str(e.value) == message, kw
+
+
+def test_qk_attribution_pairs_sum_to_the_models_scores(run):
+    ck, _ = run
+    m = hl.TransformerLM.load(ck)
+    ids = np.array([[1, 3, 2, 0, 4, 3], [2, 2, 1, 4, 0, 1]], dtype=np.int32)
+    # the model's own scores, from its hook point, for every head, query and key of both rows
+    _, cache = m.run_with_cache(ids)
+    for layer in range(2):
+        scores = np.asarray(cache[f"blocks.{layer}.attn.hook_attn_scores"])  # (B, H, T, T)
+        for row in range(2):
+            for head in range(2):
+                for q in range(6):
+                    for k in range(q + 1):
+                        a = hl.qk_attribution(m, ids, row=row, layer=layer, head=head, query=q, key=k)
+                        assert a["pairs"].shape == (len(a["components"]),) * 2
+                        assert a["components"][0] == "tok" and a["components"][-1] == "bias"
+                        assert a["score"] == pytest.approx(float(scores[row, head, q, k]), abs=1e-5)
+                        assert a["pairs"].sum() == pytest.approx(a["score"], abs=1e-4 * max(1.0, abs(a["score"])))
+    with pytest.raises(Exception, match="qk attribution: key position 3 is outside 0..2"):
+        hl.qk_attribution(m, ids, layer=0, head=0, query=2, key=3)
