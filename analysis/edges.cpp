@@ -360,15 +360,33 @@ Tensor layer_norm_input_grad(const Tensor& x, const LayerNorm& ln, const Tensor&
   return gx;
 }
 
-// dm/d(each receiver's input) of one clean forward and backward, (B, T, D), in edge_receivers
-// order. q/k/v: the gradient at the head's copy of ln1's output (the split input hooks) taken
-// back through ln1; mlp: at ln2's output taken back through ln2; logits: at ln_final's input.
-std::vector<Tensor> receiver_gradients(TransformerLM& model, const PatchingInputs& in, const Runs& runs) {
+}  // namespace
+
+// q/k/v: the gradient at the head's copy of ln1's output (the split input hooks) taken back
+// through ln1; mlp: at ln2's output taken back through ln2; logits: at ln_final's input. The norms'
+// inputs are read from the same run, so an intervened run's gradients are its own.
+std::vector<Tensor> receiver_gradients(TransformerLM& model, const PatchingInputs& in,
+                                       const std::function<void(Hooks&)>& intervene) {
   if (!grad_enabled()) fail("edges: edge attribution needs one backward; run it outside no_grad");
   const ModelConfig& c = model.cfg;
   const int L = c.n_layers;
   std::vector<Tensor> gq(L), gk(L), gv(L), gmlp(L);
   Hooks hooks;
+  if (intervene) intervene(hooks);
+  Runs runs;  // this run's norm inputs
+  runs.resid_pre.resize(L);
+  runs.resid_mid.resize(L);
+  const char* mid_name = c.has_mlp() ? "hook_resid_mid" : "hook_resid_post";
+  for (int l = 0; l < L; ++l) {
+    hooks.add_forward(hook_name(l, "hook_resid_pre"), [&runs, l](const Tensor& t, const std::string&) {
+      runs.resid_pre[l] = t.detach();
+      return Tensor();
+    });
+    hooks.add_forward(hook_name(l, mid_name), [&runs, l](const Tensor& t, const std::string&) {
+      runs.resid_mid[l] = t.detach();
+      return Tensor();
+    });
+  }
   for (int l = 0; l < L; ++l) {
     hooks.add_backward(hook_name(l, "attn.hook_q_input"), [&gq, l](const Tensor& g, const std::string&) { gq[l] = g.clone(); });
     hooks.add_backward(hook_name(l, "attn.hook_k_input"), [&gk, l](const Tensor& g, const std::string&) { gk[l] = g.clone(); });
@@ -407,6 +425,13 @@ std::vector<Tensor> receiver_gradients(TransformerLM& model, const PatchingInput
   }
   return out;
 }
+
+std::vector<Tensor> edge_sender_deltas(TransformerLM& model, const PatchingInputs& in) {
+  check_edge_inputs(model.cfg, in);
+  return record_runs(model, in).deltas;
+}
+
+namespace {
 
 double dot(const Tensor& a, const Tensor& b) {
   double s = 0;
@@ -620,7 +645,7 @@ EdgeResult edge_patching(TransformerLM& model, const PatchingInputs& in, const s
   const ModelConfig& c = model.cfg;
   const Runs runs = record_runs(model, in);
   throw_if_stopped();
-  const std::vector<Tensor> grads = receiver_gradients(model, in, runs);
+  const std::vector<Tensor> grads = receiver_gradients(model, in);
   throw_if_stopped();
   EvalScope mode(model);
   NoGradGuard ng;
@@ -702,8 +727,7 @@ double patched_receiver_metric(TransformerLM& model, const PatchingInputs& in, c
 Tensor receiver_input_gradient(TransformerLM& model, const PatchingInputs& in, const EdgeReceiver& receiver) {
   check_edge_inputs(model.cfg, in);
   (void)parse_receiver(model.cfg, receiver.name());
-  const Runs runs = record_runs(model, in);
-  const std::vector<Tensor> g = receiver_gradients(model, in, runs);
+  const std::vector<Tensor> g = receiver_gradients(model, in);
   const std::vector<EdgeReceiver> all = edge_receivers(model.cfg);
   return g[static_cast<size_t>(std::find(all.begin(), all.end(), receiver) - all.begin())];
 }

@@ -85,6 +85,14 @@ PathPatchingResult path_patching(TransformerLM& model, const PatchingInputs& in,
 // Every receiver s writes to (its readers).
 std::vector<EdgeReceiver> readers_of(const ModelConfig& cfg, const EdgeSender& sender);
 
+// dm/d(each receiver's input), (B, T, D) in edge_receivers order, from one forward and backward
+// of the clean run with `intervene`'s forward hooks added (e.g. an interpolated embedding for
+// EAP-IG; none: the clean run's gradients, which edge attribution uses).
+std::vector<Tensor> receiver_gradients(TransformerLM& model, const PatchingInputs& in,
+                                       const std::function<void(Hooks&)>& intervene = {});
+// delta_s = out_s(corrupted) - out_s(clean) of every sender, (B, T, d_model), edge_senders order.
+std::vector<Tensor> edge_sender_deltas(TransformerLM& model, const PatchingInputs& in);
+
 // For tests: the metric of the clean run in which `receiver` reads its input + delta (B, T,
 // d_model), computed through the hooks of a full forward from the receiver's block (the reference
 // the fast path of edge_patching is checked against) ...

@@ -1,13 +1,17 @@
 // headlab edges: exact edge patching and edge attribution of every edge of a checkpoint's model
 // on its task's rows with one token corrupted (the inputs of headlab patch): flags ->
 // edge_patching -> a table of the top edges, edges.json, edges.csv and inputs.safetensors in --out.
-// With --path-from (and --to), path patching of one sender: printed, no files.
+// With --path-from (and --to), path patching of one sender: printed, no files. With --method, a
+// circuit-discovery method's scores beside the exact effects (--method all: every method, and
+// methods.csv / faithfulness.csv / comparison.json / faithfulness.png comparing them).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "analysis/circuit_discovery.h"
 #include "analysis/edges.h"
+#include "cli/plot.h"
 #include "cli/edge_graph.h"
 #include "cli/progress.h"
 #include "cli/roles.h"
@@ -19,15 +23,88 @@ namespace hl {
 
 namespace {
 
-struct EdgeFlags {
-  int top = 20;
-  std::string path_from, to;
-};
-
 std::string full(double v) {
   char s[64];
   std::snprintf(s, sizeof s, "%.17g", v);
   return s;
+}
+
+struct EdgeFlags {
+  int top = 20;
+  std::string path_from, to;
+  std::string method = "attribution", ig_interpolate = "inputs", acdc_score = "metric";
+  int ig_steps = 5;
+  double acdc_threshold = 0.1;
+};
+
+EdgeMethodOptions method_options(const EdgeFlags& f) {
+  EdgeMethodOptions o;
+  o.method = f.method;
+  o.ig.steps = f.ig_steps;
+  o.ig.interpolate = parse_interpolation(f.ig_interpolate);
+  o.acdc.threshold = f.acdc_threshold;
+  o.acdc.score = parse_acdc_score(f.acdc_score);
+  return o;
+}
+
+// --method all: the comparison's files in dir, its table printed
+void write_comparison(const EdgeComparison& c, StagedDir& dir) {
+  std::vector<std::vector<std::string>> table = {
+      {"method", "seconds", "rank correlation with exact", "top-" + std::to_string(c.top_k) + " overlap", "metric of its top-" + std::to_string(c.top_k)}};
+  auto metric_at = [&](const std::vector<FaithfulnessPoint>& curve) {
+    for (const FaithfulnessPoint& p : curve)
+      if (p.edges == c.top_k) return fixed(p.metric, 4);
+    return std::string("-");
+  };
+  table.push_back({"exact", fixed(c.exact_seconds, 3), "1", "1", metric_at(c.exact_curve)});
+  std::string methods_csv = "method,seconds,rank_correlation,top_k,top_k_overlap,circuit_edges\n";
+  std::string curve_csv = "method,edges,metric\n";
+  nlohmann::json jm = nlohmann::json::array();
+  auto curve_json = [](const std::vector<FaithfulnessPoint>& curve) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const FaithfulnessPoint& p : curve) a.push_back({{"edges", p.edges}, {"metric", p.metric}});
+    return a;
+  };
+  std::vector<Series> series;
+  auto add_curve = [&](const std::string& name, const std::vector<FaithfulnessPoint>& curve) {
+    Series se;
+    se.name = name;
+    for (const FaithfulnessPoint& p : curve) {
+      curve_csv += name + "," + std::to_string(p.edges) + "," + full(p.metric) + "\n";
+      if (p.edges == 0) continue;  // log x: the empty circuit (the corrupted run) is in the CSV only
+      se.x.push_back(static_cast<double>(p.edges));
+      se.y.push_back(p.metric);
+    }
+    series.push_back(se);
+  };
+  add_curve("exact", c.exact_curve);
+  methods_csv += "exact," + full(c.exact_seconds) + ",1," + std::to_string(c.top_k) + ",1,\n";
+  for (const MethodComparison& m : c.methods) {
+    size_t circuit = 0;
+    for (bool k : m.scores.circuit) circuit += k;
+    const std::string circuit_s = m.scores.circuit.empty() ? "" : std::to_string(circuit);
+    table.push_back({m.scores.method + (circuit_s.empty() ? "" : " (its circuit: " + circuit_s + " edges)"), fixed(m.scores.seconds, 3),
+                     fixed(m.rank_correlation, 3), fixed(m.top_k_overlap, 3), metric_at(m.curve)});
+    methods_csv += m.scores.method + "," + full(m.scores.seconds) + "," + full(m.rank_correlation) + "," + std::to_string(c.top_k) +
+                   "," + full(m.top_k_overlap) + "," + circuit_s + "\n";
+    add_curve(m.scores.method, m.curve);
+    nlohmann::json o = {{"method", m.scores.method}, {"seconds", m.scores.seconds}, {"rank_correlation", m.rank_correlation},
+                        {"top_k_overlap", m.top_k_overlap}, {"faithfulness", curve_json(m.curve)}, {"scores", m.scores.scores}};
+    if (!m.scores.circuit.empty()) o["circuit_edges"] = circuit;
+    jm.push_back(o);
+  }
+  std::printf("\nmethods against exact patching (rank correlation of |score| with |exact|; faithfulness: the metric of the "
+              "model with only the top edges, the rest patched from the corrupted run; clean %.4f, corrupted %.4f)\n\n",
+              c.exact.clean_metric, c.exact.corrupted_metric);
+  print_table(table);
+  const nlohmann::json j = {{"top_k", c.top_k}, {"clean_metric", c.exact.clean_metric}, {"corrupted_metric", c.exact.corrupted_metric},
+                            {"exact", {{"seconds", c.exact_seconds}, {"faithfulness", curve_json(c.exact_curve)}}},
+                            {"methods", jm}};
+  write_file_atomic(dir.file("comparison.json"), j.dump(2) + "\n");
+  write_file_atomic(dir.file("methods.csv"), methods_csv);
+  write_file_atomic(dir.file("faithfulness.csv"), curve_csv);
+  plot_lines(dir.file("faithfulness.png"), "faithfulness of each method's top-k circuit", "edges kept (log)", "metric (logit difference)",
+             series, false, true);
 }
 
 std::vector<std::string> split_commas(const std::string& text) {
@@ -64,6 +141,11 @@ int run_path(const RoleOpts& o, const EdgeFlags& f, RoleModel& m, const Patching
 
 int run_edges(const RoleOpts& o, const EdgeFlags& f) {
   if (!f.to.empty() && f.path_from.empty()) fail("--to needs --path-from (the sender whose paths to patch)");
+  {
+    EdgeMethodOptions mo = method_options(f);
+    if (f.method == "all") mo.method = "attribution";  // all: every method, with these options
+    check_edge_method_options(mo);
+  }
   const std::string out = o.out.empty() ? default_out_dir("edges") : o.out;
   RoleModel m = load_role_model(o);
   check_edge_model(m.model->cfg);  // before the data is made
@@ -81,25 +163,41 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
     r = edge_patching(*m.model, in, [&](size_t done, size_t) { bar.update(static_cast<int64_t>(done), "receivers"); });
     bar.finish();
   }
+  // a method other than the attribution (which edge_patching gives): its scores beside
+  const bool compare = f.method == "all";
+  const EdgeMethodOptions mopt = method_options(f);
+  EdgeComparison comparison;
+  MethodScores extra;
+  if (compare) {
+    const size_t n = r.edges.size();
+    comparison = compare_edge_methods(*m.model, in, edge_method_names(), mopt, std::min<size_t>(static_cast<size_t>(f.top), n),
+                                      faithfulness_sizes(n));
+    r = comparison.exact;
+  } else if (f.method != "attribution") {
+    extra = run_edge_method(*m.model, in, r, mopt);
+  }
+  const bool with_extra = !extra.scores.empty();
   // once the work is done: a stopped or failed run leaves no directory; the files appear together
   const std::unique_ptr<StagedDir> dir = claim_staged_output_dir(out, "edges");
   const ModelConfig& c = m.model->cfg;
   // files: every edge in edge order, full precision
   nlohmann::json edges = nlohmann::json::array();
-  std::string csv = "sender,receiver,exact,attribution,linearisation_error\n";
+  std::string csv = "sender,receiver,exact,attribution,linearisation_error" + (with_extra ? "," + extra.method : std::string()) + "\n";
   HeadGrid exact(1), attribution(1);
-  for (const Edge& e : r.edges) {
+  for (size_t i = 0; i < r.edges.size(); ++i) {
+    const Edge& e = r.edges[i];
     edges.push_back({{"sender", e.sender.name()},
                      {"receiver", e.receiver.name()},
                      {"exact", e.exact},
                      {"attribution", e.attribution},
                      {"linearisation_error", e.linearisation_error()}});
+    if (with_extra) edges.back()[extra.method] = extra.scores[i];
     csv += e.sender.name() + "," + e.receiver.name() + "," + full(e.exact) + "," + full(e.attribution) + "," +
-           full(e.linearisation_error()) + "\n";
+           full(e.linearisation_error()) + (with_extra ? "," + full(extra.scores[i]) : std::string()) + "\n";
     exact[0].push_back(e.exact);
     attribution[0].push_back(e.attribution);
   }
-  const nlohmann::json j = {{"metric", "logit_difference"}, {"corruption", o.corrupt},
+  nlohmann::json j = {{"metric", "logit_difference"}, {"corruption", o.corrupt},
                             {"clean_metric", r.clean_metric}, {"corrupted_metric", r.corrupted_metric},
                             {"n_layers", c.n_layers},       {"n_heads", c.n_heads},           {"has_mlp", c.has_mlp()},
                             {"edges", edges}};
@@ -118,10 +216,12 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return std::fabs(r.edges[a].exact) > std::fabs(r.edges[b].exact); });
   std::vector<std::vector<std::string>> table = {{"rank", "sender", "receiver", "exact", "attribution", "linearisation error"}};
+  if (with_extra) table[0].push_back(extra.method);
   for (size_t k = 0; k < order.size() && static_cast<int>(k) < f.top; ++k) {
     const Edge& e = r.edges[order[k]];
     table.push_back({std::to_string(k + 1), e.sender.name(), e.receiver.name(), fixed(e.exact, 4), fixed(e.attribution, 4),
                      fixed(e.linearisation_error(), 4)});
+    if (with_extra) table.back().push_back(fixed(extra.scores[order[k]], 4));
   }
   std::printf("edge patching, %zu edges, %zu answers of task %s (one %s token corrupted per row); logit difference clean %.4f, "
               "corrupted %.4f\nexact = the metric with the receiver alone reading the sender's corrupted output, minus the "
@@ -130,12 +230,55 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
   print_table(table);
   warn_if_corruption_changes_little(r.clean_metric, r.corrupted_metric);
   std::printf("\ncorrelation of attribution with exact over all edges: %.3f\n", pearson(exact, attribution));
+  if (with_extra) {
+    std::vector<double> ex;
+    for (const Edge& e : r.edges) ex.push_back(e.exact);
+    const size_t k = std::min<size_t>(static_cast<size_t>(f.top), ex.size());
+    j["method"] = extra.method;
+    j["method_seconds"] = extra.seconds;
+    std::printf("%s: rank correlation of |score| with |exact| %.3f, top-%zu overlap %.3f, %.3f s\n", extra.method.c_str(),
+                rank_correlation(extra.scores, ex), k, top_k_overlap(extra.scores, ex, k), extra.seconds);
+    if (!extra.circuit.empty()) {
+      size_t kept = 0;
+      for (bool b : extra.circuit) kept += b;
+      nlohmann::json names = nlohmann::json::array();
+      for (size_t i = 0; i < extra.circuit.size(); ++i)
+        if (extra.circuit[i]) names.push_back(r.edges[i].sender.name() + "->" + r.edges[i].receiver.name());
+      j["circuit"] = names;
+      std::printf("%s's circuit: %zu edges\n", extra.method.c_str(), kept);
+    }
+  }
+  if (compare) write_comparison(comparison, *dir);
+  // MIB's graph JSON: the method's scores, in the graph its circuit (acdc) or its top --top edges
+  const size_t k = std::min<size_t>(static_cast<size_t>(f.top), r.edges.size());
+  auto write_mib = [&](const std::string& file, const std::vector<double>& scores, const std::vector<bool>& circuit) {
+    write_file_atomic(dir->file(file), mib_graph_json(c, scores, circuit.empty() ? top_edges(scores, k) : circuit) + "\n");
+  };
+  std::vector<std::string> mib_files;
+  if (compare) {
+    std::vector<double> ex;
+    for (const Edge& e : r.edges) ex.push_back(e.exact);
+    write_mib("mib_exact.json", ex, {});
+    mib_files.push_back("mib_exact.json");
+    for (const MethodComparison& mc : comparison.methods) {
+      write_mib("mib_" + mc.scores.method + ".json", mc.scores.scores, mc.scores.circuit);
+      mib_files.push_back("mib_" + mc.scores.method + ".json");
+    }
+  } else {
+    std::vector<double> att;
+    for (const Edge& e : r.edges) att.push_back(e.attribution);
+    write_mib("mib_graph.json", with_extra ? extra.scores : att, extra.circuit);
+    mib_files.push_back("mib_graph.json");
+  }
   write_file_atomic(dir->file("edges.json"), j.dump(2) + "\n");
   write_file_atomic(dir->file("edges.csv"), csv);
   st.write(dir->file("inputs.safetensors"));
   write_edge_graph_png(j, f.top, dir->file("edges.png"));  // the --top edges, drawn by layer
   dir->publish();
-  std::printf("wrote %s/edges.json, edges.csv, inputs.safetensors, edges.png\n", out.c_str());
+  std::string mib_list;
+  for (const std::string& m : mib_files) mib_list += ", " + m;
+  std::printf("wrote %s/edges.json, edges.csv, inputs.safetensors, edges.png%s%s\n", out.c_str(),
+              compare ? ", comparison.json, methods.csv, faithfulness.csv, faithfulness.png" : "", mib_list.c_str());
   return 0;
 }
 
@@ -160,6 +303,24 @@ void add_edges_command(CLI::App& app, CommandRunner& runner) {
   sub->add_option("--to", flags->to,
                   "--path-from: receivers, comma-separated (L{layer}H{head}.q/.k/.v, mlp{layer}, logits; default: every reader "
                   "of the sender)");
+  sub->add_option("--method", flags->method,
+                  "Circuit-discovery method scored beside the exact effects: attribution, eap-ig, acdc, or all (every method "
+                  "compared: rank correlation, top-k overlap with k = --top, faithfulness curves, time)")
+      ->capture_default_str();
+  sub->add_option("--ig-steps", flags->ig_steps, "eap-ig: interpolation steps from the corrupted to the clean run")
+      ->capture_default_str()
+      ->check(in_range(1, 1000));
+  sub->add_option("--ig-interpolate", flags->ig_interpolate, "eap-ig: what is interpolated: inputs (the token embedding) or "
+                  "activations (each layer's outputs in turn)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"inputs", "activations"}));
+  sub->add_option("--acdc-threshold", flags->acdc_threshold, "acdc: an edge is removed when the circuit's score changes by less")
+      ->capture_default_str()
+      ->check(in_range(0, 1e9));
+  sub->add_option("--acdc-score", flags->acdc_score, "acdc: metric (|change of the logit difference|) or kl (increase of "
+                  "KL(clean || circuit) at the answers)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"metric", "kl"}));
   sub->callback([&runner, o = o, flags] { runner = [o, flags] { return run_edges(*o, *flags); }; });
 }
 

@@ -6,7 +6,9 @@
 #include "analysis/circuits.h"
 #include "analysis/decompose.h"
 #include "analysis/detectors.h"
+#include "analysis/circuit_discovery.h"
 #include "analysis/edges.h"
+#include "analysis/qk_attribution.h"
 #include "analysis/matching.h"
 #include "analysis/patching.h"
 #include "bindings.h"
@@ -435,11 +437,21 @@ void bind_analyses(py::module_& m) {
      "Generic activation patching: for every index over `axes` (layer, head, pos, src_pos) of `hook`, the corrupted run with "
      "the clean activation written there, scored by the restored fraction of the answers' logit difference (or metric(logits)); "
      "an array indexed by the axes");
-  m.def("edge_patching", [](TransformerLM& model, const py::object& clean, const py::object& corrupted, const py::object& answers) {
+  m.def("edge_patching", [](TransformerLM& model, const py::object& clean, const py::object& corrupted, const py::object& answers,
+                            const std::string& method, int ig_steps, const std::string& ig_interpolate, double acdc_threshold,
+                            const std::string& acdc_score) {
+    EdgeMethodOptions mopt;  // the method's options, checked before the work
+    mopt.method = method;
+    mopt.ig.steps = ig_steps;
+    mopt.ig.interpolate = parse_interpolation(ig_interpolate);
+    mopt.acdc.score = parse_acdc_score(acdc_score);
+    mopt.acdc.threshold = acdc_threshold;
+    check_edge_method_options(mopt);
     const PatchingInputs in = edge_inputs(model, clean, corrupted, answers, "edge_patching");
     check_fits_in_memory(edge_patching_memory_bytes(model.cfg, in.clean.shape[0], in.clean.shape[1]),
                          "edge_patching: " + std::to_string(in.clean.shape[0]) + " rows");
     const EdgeResult r = interruptible([&] { return edge_patching(model, in); });
+    const MethodScores ms = method == "attribution" ? MethodScores{} : interruptible([&] { return run_edge_method(model, in, r, mopt); });
     std::vector<std::string> senders, receivers;
     py::array_t<double> exact(static_cast<py::ssize_t>(r.edges.size())), attribution(static_cast<py::ssize_t>(r.edges.size())),
         error(static_cast<py::ssize_t>(r.edges.size()));
@@ -459,11 +471,22 @@ void bind_analyses(py::module_& m) {
     d["linearisation_error"] = error;
     d["clean_metric"] = r.clean_metric;
     d["corrupted_metric"] = r.corrupted_metric;
+    if (!ms.scores.empty()) {  // the method's scores, edge order, under its name; acdc: its circuit
+      d[py::str(method)] = py::array_t<double>(static_cast<py::ssize_t>(ms.scores.size()), ms.scores.data());
+      if (!ms.circuit.empty()) {
+        py::array_t<bool> kept(static_cast<py::ssize_t>(ms.circuit.size()));
+        for (size_t i = 0; i < ms.circuit.size(); ++i) kept.mutable_data()[i] = ms.circuit[i];
+        d["circuit"] = kept;
+      }
+    }
     return d;
-  }, py::arg("model"), py::arg("clean"), py::arg("corrupted"), py::kw_only(), py::arg("answers"),
+  }, py::arg("model"), py::arg("clean"), py::arg("corrupted"), py::kw_only(), py::arg("answers"), py::arg("method") = "attribution",
+     py::arg("ig_steps") = 5, py::arg("ig_interpolate") = "inputs", py::arg("acdc_threshold") = 0.1, py::arg("acdc_score") = "metric",
      "Exact edge patching and edge attribution of every edge (as headlab edges): senders and receivers (names, in edge "
      "order), exact, attribution and linearisation_error (attribution - exact) arrays, clean_metric and corrupted_metric "
-     "(mean logit difference of the answers (row, pos, clean token, corrupted token))");
+     "(mean logit difference of the answers (row, pos, clean token, corrupted token)). method='eap-ig' (ig_steps, "
+     "ig_interpolate 'inputs' or 'activations') or 'acdc' (acdc_threshold, acdc_score 'metric' or 'kl') adds that method's "
+     "scores under its name (acdc: also 'circuit', the kept edges), as headlab edges --method");
   m.def("path_patching", [](TransformerLM& model, const py::object& clean, const py::object& corrupted, const std::string& sender,
                             const py::object& receivers, const py::object& answers) {
     const PatchingInputs in = edge_inputs(model, clean, corrupted, answers, "path_patching");
@@ -485,6 +508,21 @@ void bind_analyses(py::module_& m) {
      "Path patching of sender (embed or L{l}H{h}) to receivers (names; default: every reader): path = metric of the clean run "
      "with every receiver reading its input + the sender's corrupted-minus-clean output, minus the clean metric; activation = "
      "the same for the sender's whole output patched; clean_metric, corrupted_metric");
+  m.def("qk_attribution", [](TransformerLM& model, const py::object& ids, int64_t row, int layer, int head, int64_t query, int64_t key) {
+    const QkAttribution a = qk_attribution(model, ids_from(ids, "ids"), row, layer, head, query, key);
+    const auto C = static_cast<py::ssize_t>(a.components.size());
+    py::array_t<double> pairs({C, C});
+    std::copy(a.pairs.begin(), a.pairs.end(), pairs.mutable_data());
+    py::dict d;
+    d["components"] = a.components;
+    d["pairs"] = pairs;
+    d["score"] = a.score;
+    return d;
+  }, py::arg("model"), py::arg("ids"), py::kw_only(), py::arg("row") = 0, py::arg("layer"), py::arg("head"), py::arg("query"),
+     py::arg("key"),
+     "QK attribution: head (layer, head)'s scaled attention score at (query, key) of ids' row split into pairs of upstream "
+     "components (tok, pos, earlier heads L{l}H{h}, L{l}.b_O, mlp{l}, bias) through ln1 with its scale frozen: components "
+     "(names), pairs (C, C) [query side, key side], which sum to score (the model's)");
   m.def("mean_activation", [](TransformerLM& model, const py::object& data_obj, const std::string& hook, bool per_position) {
     const DataArg data = data_arg(data_obj, model, "mean_activation");
     return interruptible([&] { return mean_activation(model, data.batches(), hook, per_position); });

@@ -20,6 +20,7 @@ from ._core import (  # noqa: F401
 )
 from ._core import head_analyses  # noqa: F401
 from ._core import Tokenizer  # noqa: F401
+from ._core import qk_attribution  # noqa: F401
 from . import _core
 from . import lens as _lens  # noqa: F401  (hooks(), to_tokens, to_str_tokens, to_string on TransformerLM)
 from .factored import FactoredMatrix  # noqa: F401
@@ -37,7 +38,7 @@ __all__ = [
     "repeated_random_tokens", "varied_repeat_probe",
     "head_gradient_norms", "head_importance", "head_importance_per_token", "hook_points", "no_grad", "num_threads",
     "ov_eigenvalues", "ov_singular_values", "per_token_loss", "prune_curve", "qk_singular_values", "set_num_threads",
-    "copying_score", "single_head_ablation", "softmax", "tensor", "train", "train_settings", "Tokenizer",
+    "copying_score", "qk_attribution", "single_head_ablation", "softmax", "tensor", "train", "train_settings", "Tokenizer",
     "View", "view", "token_view", "grid_view",
     "FactoredMatrix", "tensor_hook", "head_analyses",
 ]

@@ -445,8 +445,8 @@ def cross_entropy(logits: Tensor, targets: object) -> Tensor:
 def detect_heads(model: TransformerLM, data: object, kind: str = ..., exclude_bos: bool = ..., exclude_current_token: bool = ...) -> numpy.ndarray:
     """TransformerLens-style detector scores (L, H): previous_token, duplicate_token or induction"""
 
-def edge_patching(model: TransformerLM, clean: object, corrupted: object, *, answers: object) -> dict:
-    """Exact edge patching and edge attribution of every edge (as headlab edges): senders and receivers (names, in edge order), exact, attribution and linearisation_error (attribution - exact) arrays, clean_metric and corrupted_metric (mean logit difference of the answers (row, pos, clean token, corrupted token))"""
+def edge_patching(model: TransformerLM, clean: object, corrupted: object, *, answers: object, method: str = ..., ig_steps: int = ..., ig_interpolate: str = ..., acdc_threshold: float = ..., acdc_score: str = ...) -> dict:
+    """Exact edge patching and edge attribution of every edge (as headlab edges): senders and receivers (names, in edge order), exact, attribution and linearisation_error (attribution - exact) arrays, clean_metric and corrupted_metric (mean logit difference of the answers (row, pos, clean token, corrupted token)). method='eap-ig' (ig_steps, ig_interpolate 'inputs' or 'activations') or 'acdc' (acdc_threshold, acdc_score 'metric' or 'kl') adds that method's scores under its name (acdc: also 'circuit', the kept edges), as headlab edges --method"""
 
 def evaluate(model: TransformerLM, task: object = ..., data: object = ..., autoregressive: bool = ...) -> dict:
     """Held-out loss, token_acc, exact_match (and ar_exact_match with autoregressive=True) over the data's counted targets"""
@@ -504,6 +504,9 @@ def permute_heads(model: TransformerLM, layer: int, perm: List[int]) -> None:
 
 def prune_curve(model: TransformerLM, task: object = ..., data: object = ..., order: str = ..., step_fraction: float = ..., min_per_layer: int = ..., recompute: bool = ..., seed: int = ...) -> dict:
     """Accuracy as heads are removed in an order (on a copy; the model is unchanged)"""
+
+def qk_attribution(model: TransformerLM, ids: object, *, row: int = ..., layer: int, head: int, query: int, key: int) -> dict:
+    """QK attribution: head (layer, head)'s scaled attention score at (query, key) of ids' row split into pairs of upstream components (tok, pos, earlier heads L{l}H{h}, L{l}.b_O, mlp{l}, bias) through ln1 with its scale frozen: components (names), pairs (C, C) [query side, key side], which sum to score (the model's)"""
 
 def qk_singular_values(model: TransformerLM, layer: int, head: int) -> List[float]:
     """Singular values (descending) of the head's QK circuit W_Q^T W_K (d_model x d_model, rank <= d_head)"""

@@ -1,0 +1,504 @@
+#include "analysis/circuit_discovery.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "lib/stop.h"
+
+namespace hl {
+
+const char* interpolation_name(EapIgOptions::Interpolate i) { return i == EapIgOptions::Inputs ? "inputs" : "activations"; }
+
+EapIgOptions::Interpolate parse_interpolation(const std::string& name) {
+  if (name == "inputs") return EapIgOptions::Inputs;
+  if (name == "activations") return EapIgOptions::Activations;
+  fail("eap-ig: unknown interpolation '", name, "' (expected inputs or activations)");
+}
+
+namespace {
+
+// head h of a per-head activation (B, T, H, D) -> (B, T, D)
+Tensor head_of(const Tensor& x, int h) { return reshape(slice(x, 2, h, h + 1), {x.size(0), x.size(1), x.size(3)}); }
+
+double dot(const Tensor& a, const Tensor& b) {
+  double s = 0;
+  const float *x = a.data(), *y = b.data();
+  for (int64_t i = 0; i < a.numel(); ++i) s += static_cast<double>(x[i]) * y[i];
+  return s;
+}
+
+size_t sender_index(const ModelConfig& c, const EdgeSender& s) {
+  return s.layer < 0 ? 0 : 1 + static_cast<size_t>(s.layer) * c.n_heads + s.head;
+}
+
+}  // namespace
+
+// ---- EAP-IG -----------------------------------------------------------------------------------
+
+std::vector<double> eap_ig_scores(TransformerLM& model, const PatchingInputs& in, const EapIgOptions& opt) {
+  if (opt.steps < 1 || opt.steps > 1000) fail("eap-ig: steps ", opt.steps, " is outside 1..1000");
+  check_edge_inputs(model.cfg, in);
+  const ModelConfig& c = model.cfg;
+  const std::vector<Tensor> deltas = edge_sender_deltas(model, in);
+  const auto edges = model_edges(c);
+  const std::vector<EdgeReceiver> receivers = edge_receivers(c);
+  std::vector<size_t> receiver_of(edges.size()), sender_of(edges.size());
+  for (size_t e = 0; e < edges.size(); ++e) {
+    receiver_of[e] = static_cast<size_t>(std::find(receivers.begin(), receivers.end(), edges[e].second) - receivers.begin());
+    sender_of[e] = sender_index(c, edges[e].first);
+  }
+  // the interpolated points: the token embedding, and (activations) each attention layer's results
+  std::vector<std::string> points = {"hook_embed"};
+  if (opt.interpolate == EapIgOptions::Activations)
+    for (int l = 0; l < c.n_layers; ++l) points.push_back(hook_name(l, "attn.hook_result"));
+  ActivationCache clean, corrupt;
+  {
+    EvalScope mode(model);
+    NoGradGuard ng;
+    auto wanted = [&](const std::string& n) { return std::find(points.begin(), points.end(), n) != points.end(); };
+    clean = model.run_with_cache(in.clean, wanted).second;
+    corrupt = model.run_with_cache(in.corrupted, wanted).second;
+  }
+  std::vector<double> scores(edges.size(), 0.0);
+  for (size_t g = 0; g < points.size(); ++g) {
+    const std::string& point = points[g];
+    const Tensor from_clean = sub(corrupt[point], clean[point]);  // corrupted - clean at this point
+    // which edges take their gradients from this point's runs: all (inputs), or its senders'
+    auto in_group = [&](size_t e) {
+      if (opt.interpolate == EapIgOptions::Inputs) return true;
+      return g == 0 ? edges[e].first.layer < 0 : edges[e].first.layer == static_cast<int>(g) - 1;
+    };
+    for (int k = 1; k <= opt.steps; ++k) {
+      throw_if_stopped();  // each step is a forward and backward over every row
+      const float back = 1.f - static_cast<float>(k) / static_cast<float>(opt.steps);  // 1 - alpha; 0 at the clean run
+      const Tensor target = add(clean[point], mul_scalar(from_clean, back));
+      const bool is_embed = g == 0;
+      const std::vector<Tensor> grads = receiver_gradients(model, in, [&](Hooks& hooks) {
+        hooks.add_forward(point, [target, is_embed](const Tensor& x, const std::string&) {
+          // the embedding is a leaf: replaced outright. A layer's results keep their graph (the
+          // value is target's, the gradient flows to x) so the receivers before them still get one.
+          return is_embed ? target : add(x, sub(target, x.detach()));
+        });
+      });
+      for (size_t e = 0; e < edges.size(); ++e)
+        if (in_group(e)) scores[e] += dot(deltas[sender_of[e]], grads[receiver_of[e]]);
+    }
+  }
+  for (double& s : scores) s /= static_cast<double>(opt.steps);
+  return scores;
+}
+
+// ---- the circuit run --------------------------------------------------------------------------
+
+namespace {
+
+// Runs circuits of one model and task: the corrupted run's sender outputs and the clean run's
+// logits are cached once.
+class CircuitRunner {
+ public:
+  CircuitRunner(TransformerLM& model, const PatchingInputs& in) : m_(model), c_(model.cfg), in_(in), edges_(model_edges(c_)) {
+    check_edge_inputs(c_, in);
+    EvalScope mode(model);
+    NoGradGuard ng;
+    auto filter = [](const std::string& n) { return n == "hook_embed" || n == "hook_pos_embed" || n.ends_with("attn.hook_result"); };
+    const auto [logits, clean] = model.run_with_cache(in.clean, filter);
+    corrupt_ = model.run_with_cache(in.corrupted, filter).second;
+    embed_delta_ = sub(add(corrupt_["hook_embed"], corrupt_["hook_pos_embed"]), add(clean["hook_embed"], clean["hook_pos_embed"]));
+    clean_log_probs_ = answer_log_probs(logits);
+  }
+
+  CircuitRun run(const std::vector<bool>& kept) {
+    if (kept.size() != edges_.size()) fail("circuit: ", kept.size(), " kept flags for the model's ", edges_.size(), " edges");
+    const int L = c_.n_layers;
+    // the removed senders of each receiver
+    std::map<std::string, std::vector<EdgeSender>> removed;
+    std::map<std::string, EdgeReceiver> receiver;
+    for (size_t e = 0; e < edges_.size(); ++e)
+      if (!kept[e]) {
+        removed[edges_[e].second.name()].push_back(edges_[e].first);
+        receiver[edges_[e].second.name()] = edges_[e].second;
+      }
+    EvalScope mode(m_);
+    NoGradGuard ng;
+    Hooks hooks;
+    auto results = std::make_shared<std::vector<Tensor>>(L);  // this run's hook_result per layer (B, T, H, D)
+    auto resid = std::make_shared<std::map<std::string, Tensor>>();
+    for (int l = 0; l < L; ++l)
+      hooks.add_forward(hook_name(l, "attn.hook_result"), [results, l](const Tensor& t, const std::string&) {
+        (*results)[l] = t;
+        return Tensor();
+      });
+    auto observe = [&](const std::string& point) {
+      hooks.add_forward(point, [resid, point](const Tensor& t, const std::string&) {
+        (*resid)[point] = t;
+        return Tensor();
+      });
+    };
+    // sum over the removed senders of (corrupted - this run) at the time of the read
+    const Tensor embed_delta = embed_delta_;
+    const ActivationCache corrupt = corrupt_;
+    auto correction = [results, embed_delta, corrupt](const std::vector<EdgeSender>& senders) {
+      Tensor d;
+      for (const EdgeSender& s : senders) {
+        const Tensor ds = s.layer < 0 ? embed_delta
+                                      : sub(head_of(corrupt[hook_name(s.layer, "attn.hook_result")], s.head),
+                                            head_of((*results)[s.layer], s.head));
+        d = d.defined() ? add(d, ds) : ds;
+      }
+      return d;
+    };
+    std::map<int, std::vector<std::pair<EdgeReceiver, std::vector<EdgeSender>>>> by_layer;
+    for (const auto& [name, senders] : removed) {
+      const EdgeReceiver& r = receiver[name];
+      by_layer[r.kind == EdgeReceiver::Logits ? L : r.layer].push_back({r, senders});
+    }
+    for (const auto& [l, rs] : by_layer) {
+      if (l == L) {
+        const std::string point = hook_name(L - 1, "hook_resid_post");
+        observe(point);
+        const std::vector<EdgeSender> senders = rs[0].second;
+        LayerNorm* ln = m_.ln_f.get();
+        hooks.add_forward("ln_final.hook_normalized", [resid, point, senders, ln, correction](const Tensor&, const std::string&) {
+          return ln->forward(add(resid->at(point), correction(senders)));
+        });
+        continue;
+      }
+      const std::string pre = hook_name(l, "hook_resid_pre");
+      observe(pre);
+      TransformerBlock& block = *m_.blocks[l];
+      for (EdgeReceiver::Kind kind : {EdgeReceiver::Q, EdgeReceiver::K, EdgeReceiver::V}) {
+        std::vector<std::pair<int, std::vector<EdgeSender>>> heads;
+        for (const auto& [r, senders] : rs)
+          if (r.kind == kind) heads.push_back({r.head, senders});
+        if (heads.empty()) continue;
+        const char* point = kind == EdgeReceiver::Q ? "attn.hook_q_input" : kind == EdgeReceiver::K ? "attn.hook_k_input" : "attn.hook_v_input";
+        LayerNorm* ln = &block.ln1;
+        // head h's copy of ln1's output (B, T, H, D) replaced by ln1(input + correction)
+        hooks.add_forward(hook_name(l, point), [resid, pre, heads, ln, correction](const Tensor& copies, const std::string&) {
+          Tensor y = copies.clone();
+          const int64_t rows = copies.size(0) * copies.size(1), H = copies.size(2), D = copies.size(3);
+          for (const auto& [h, senders] : heads) {
+            const Tensor v = ln->forward(add(resid->at(pre), correction(senders)));  // (B, T, D)
+            for (int64_t r = 0; r < rows; ++r) std::copy(v.data() + r * D, v.data() + (r + 1) * D, y.data() + (r * H + h) * D);
+          }
+          return y;
+        });
+      }
+      for (const auto& [r, senders] : rs)
+        if (r.kind == EdgeReceiver::Mlp) {
+          const std::string mid = hook_name(l, "hook_resid_mid");
+          observe(mid);
+          LayerNorm* ln = block.ln2.get();
+          const std::vector<EdgeSender> ss = senders;
+          hooks.add_forward(hook_name(l, "ln2.hook_normalized"), [resid, mid, ss, ln, correction](const Tensor&, const std::string&) {
+            return ln->forward(add(resid->at(mid), correction(ss)));
+          });
+        }
+    }
+    ForwardOptions opt;
+    opt.hooks = &hooks;
+    const Tensor logits = m_.forward(in_.clean, opt);
+    CircuitRun out;
+    out.metric = edge_metric(logits, in_.answers);
+    const std::vector<std::vector<double>> lp = answer_log_probs(logits);
+    for (size_t a = 0; a < lp.size(); ++a)
+      for (size_t v = 0; v < lp[a].size(); ++v) out.kl += std::exp(clean_log_probs_[a][v]) * (clean_log_probs_[a][v] - lp[a][v]);
+    out.kl /= static_cast<double>(lp.size());
+    return out;
+  }
+
+  const std::vector<std::pair<EdgeSender, EdgeReceiver>>& edges() const { return edges_; }
+
+ private:
+  // log-softmax of the logits at each answer's position, in double
+  std::vector<std::vector<double>> answer_log_probs(const Tensor& logits) const {
+    const int64_t T = logits.size(1), V = logits.size(2);
+    std::vector<std::vector<double>> out;
+    for (const PatchAnswer& a : in_.answers) {
+      const float* row = logits.data() + (a.row * T + a.pos) * V;
+      const double mx = *std::max_element(row, row + V);
+      double z = 0;
+      for (int64_t v = 0; v < V; ++v) z += std::exp(row[v] - mx);
+      std::vector<double> lp(static_cast<size_t>(V));
+      for (int64_t v = 0; v < V; ++v) lp[v] = row[v] - mx - std::log(z);
+      out.push_back(std::move(lp));
+    }
+    return out;
+  }
+
+  TransformerLM& m_;
+  const ModelConfig& c_;
+  const PatchingInputs& in_;
+  std::vector<std::pair<EdgeSender, EdgeReceiver>> edges_;
+  ActivationCache corrupt_;
+  Tensor embed_delta_;
+  std::vector<std::vector<double>> clean_log_probs_;
+};
+
+}  // namespace
+
+CircuitRun circuit_run(TransformerLM& model, const PatchingInputs& in, const std::vector<bool>& kept) {
+  CircuitRunner runner(model, in);
+  return runner.run(kept);
+}
+
+// ---- ACDC -------------------------------------------------------------------------------------
+
+AcdcResult acdc(TransformerLM& model, const PatchingInputs& in, const AcdcOptions& opt) {
+  if (!(opt.threshold >= 0) || !std::isfinite(opt.threshold)) fail("acdc: threshold ", opt.threshold, " must be a number >= 0");
+  CircuitRunner runner(model, in);
+  const auto& edges = runner.edges();
+  AcdcResult res;
+  res.kept.assign(edges.size(), true);
+  res.scores.assign(edges.size(), 0.0);
+  CircuitRun cur = runner.run(res.kept);
+  res.runs = 1;
+  // edges are grouped by receiver, receivers in forward order: walk them backwards
+  size_t end = edges.size();
+  while (end > 0) {
+    size_t begin = end;
+    while (begin > 0 && edges[begin - 1].second == edges[end - 1].second) --begin;
+    const EdgeReceiver& r = edges[end - 1].second;
+    bool read = true;  // whether a kept edge reads r's head (its output matters)
+    if (r.kind == EdgeReceiver::Q || r.kind == EdgeReceiver::K || r.kind == EdgeReceiver::V) {
+      read = false;
+      for (size_t e = 0; e < edges.size(); ++e)
+        if (res.kept[e] && edges[e].first == EdgeSender{r.layer, r.head}) read = true;
+    }
+    for (size_t e = end; e-- > begin;) {
+      throw_if_stopped();
+      if (!read) {
+        res.kept[e] = false;
+        continue;
+      }
+      res.kept[e] = false;
+      const CircuitRun next = runner.run(res.kept);
+      ++res.runs;
+      const double change = opt.score == AcdcOptions::Metric ? std::abs(next.metric - cur.metric) : next.kl - cur.kl;
+      res.scores[e] = change;
+      if (change < opt.threshold)
+        cur = next;
+      else
+        res.kept[e] = true;
+    }
+    end = begin;
+  }
+  res.final_run = cur;
+  return res;
+}
+
+// ---- circuits of a size -----------------------------------------------------------------------
+
+std::vector<bool> top_edges(const std::vector<double>& scores, size_t k) {
+  if (k > scores.size()) fail("circuit: size ", k, " is above the model's ", scores.size(), " edges");
+  std::vector<size_t> order(scores.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return std::abs(scores[a]) > std::abs(scores[b]); });
+  std::vector<bool> kept(scores.size(), false);
+  for (size_t i = 0; i < k; ++i) kept[order[i]] = true;
+  return kept;
+}
+
+std::vector<FaithfulnessPoint> faithfulness_curve(TransformerLM& model, const PatchingInputs& in,
+                                                  const std::vector<double>& scores, const std::vector<size_t>& sizes) {
+  const size_t n = model_edges(model.cfg).size();
+  if (scores.size() != n) fail("circuit: ", scores.size(), " scores for the model's ", n, " edges");
+  for (size_t k : sizes)
+    if (k > n) fail("circuit: size ", k, " is above the model's ", n, " edges");
+  CircuitRunner runner(model, in);
+  std::vector<FaithfulnessPoint> out;
+  for (size_t k : sizes) {
+    throw_if_stopped();
+    out.push_back({k, runner.run(top_edges(scores, k)).metric});
+  }
+  return out;
+}
+
+// ---- the methods by name, scored against exact patching --------------------------------------------
+
+std::vector<std::string> edge_method_names() { return {"attribution", "eap-ig", "acdc"}; }
+
+void check_edge_method(const std::string& method) {
+  const auto names = edge_method_names();
+  if (std::find(names.begin(), names.end(), method) == names.end())
+    fail("edges: unknown method '", method, "' (expected attribution, eap-ig or acdc)");
+}
+
+AcdcOptions::Score parse_acdc_score(const std::string& name) {
+  if (name == "metric") return AcdcOptions::Metric;
+  if (name == "kl") return AcdcOptions::Kl;
+  fail("acdc: unknown score '", name, "' (expected metric or kl)");
+}
+
+void check_edge_method_options(const EdgeMethodOptions& opt) {
+  check_edge_method(opt.method);
+  if (opt.ig.steps < 1 || opt.ig.steps > 1000) fail("eap-ig: steps ", opt.ig.steps, " is outside 1..1000");
+  if (!(opt.acdc.threshold >= 0) || !std::isfinite(opt.acdc.threshold))
+    fail("acdc: threshold ", opt.acdc.threshold, " must be a number >= 0");
+}
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+MethodScores run_edge_method(TransformerLM& model, const PatchingInputs& in, const EdgeResult& exact, const EdgeMethodOptions& opt) {
+  check_edge_method_options(opt);
+  MethodScores out;
+  out.method = opt.method;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (opt.method == "attribution") {
+    (void)receiver_gradients(model, in);  // timed as the method would run alone: one backward
+    for (const Edge& e : exact.edges) out.scores.push_back(e.attribution);
+  } else if (opt.method == "eap-ig") {
+    out.scores = eap_ig_scores(model, in, opt.ig);
+  } else {
+    AcdcResult a = acdc(model, in, opt.acdc);
+    out.scores = std::move(a.scores);
+    out.circuit = std::move(a.kept);
+  }
+  out.seconds = seconds_since(t0);
+  return out;
+}
+
+namespace {
+// ranks of |x| (1 = smallest), ties at their mean rank
+std::vector<double> abs_ranks(const std::vector<double>& x) {
+  std::vector<size_t> order(x.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return std::abs(x[a]) < std::abs(x[b]); });
+  std::vector<double> r(x.size());
+  for (size_t i = 0; i < order.size();) {
+    size_t j = i;
+    while (j + 1 < order.size() && std::abs(x[order[j + 1]]) == std::abs(x[order[i]])) ++j;
+    for (size_t k = i; k <= j; ++k) r[order[k]] = 0.5 * static_cast<double>(i + j) + 1.0;
+    i = j + 1;
+  }
+  return r;
+}
+}  // namespace
+
+double rank_correlation(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) fail("edges: rank correlation of ", a.size(), " and ", b.size(), " values");
+  const std::vector<double> ra = abs_ranks(a), rb = abs_ranks(b);
+  const double n = static_cast<double>(a.size());
+  double ma = 0, mb = 0;
+  for (size_t i = 0; i < ra.size(); ++i) ma += ra[i] / n, mb += rb[i] / n;
+  double sab = 0, saa = 0, sbb = 0;
+  for (size_t i = 0; i < ra.size(); ++i) {
+    sab += (ra[i] - ma) * (rb[i] - mb);
+    saa += (ra[i] - ma) * (ra[i] - ma);
+    sbb += (rb[i] - mb) * (rb[i] - mb);
+  }
+  return saa > 0 && sbb > 0 ? sab / std::sqrt(saa * sbb) : 0.0;
+}
+
+double top_k_overlap(const std::vector<double>& a, const std::vector<double>& b, size_t k) {
+  if (k < 1 || k > a.size()) fail("edges: top-k overlap of k ", k, " outside 1..", a.size(), " (the model's edges)");
+  const std::vector<bool> ta = top_edges(a, k), tb = top_edges(b, k);
+  size_t both = 0;
+  for (size_t i = 0; i < ta.size(); ++i) both += ta[i] && tb[i];
+  return static_cast<double>(both) / static_cast<double>(k);
+}
+
+std::vector<size_t> faithfulness_sizes(size_t n) {
+  std::vector<size_t> s;
+  for (size_t base = 1;; base *= 10) {
+    for (size_t m : {size_t{1}, size_t{2}, size_t{5}})
+      if (base * m < n) s.push_back(base * m);
+    if (base * 10 >= n) break;
+  }
+  s.insert(s.begin(), 0);
+  s.push_back(n);
+  return s;
+}
+
+EdgeComparison compare_edge_methods(TransformerLM& model, const PatchingInputs& in, const std::vector<std::string>& methods,
+                                    const EdgeMethodOptions& opt, size_t top_k, const std::vector<size_t>& sizes) {
+  for (const std::string& m : methods) check_edge_method(m);
+  if (methods.empty()) fail("edges: no methods to compare");
+  check_edge_inputs(model.cfg, in);
+  const size_t n = model_edges(model.cfg).size();
+  if (top_k < 1 || top_k > n) fail("edges: top-k ", top_k, " is outside 1..", n, " (the model's edges)");
+  for (size_t k : sizes)
+    if (k > n) fail("circuit: size ", k, " is above the model's ", n, " edges");
+  EdgeComparison c;
+  c.top_k = top_k;
+  const auto t0 = std::chrono::steady_clock::now();
+  c.exact = edge_patching(model, in);
+  c.exact_seconds = seconds_since(t0);
+  std::vector<double> exact;
+  for (const Edge& e : c.exact.edges) exact.push_back(e.exact);
+  c.exact_curve = faithfulness_curve(model, in, exact, sizes);
+  for (const std::string& name : methods) {
+    EdgeMethodOptions o = opt;
+    o.method = name;
+    MethodComparison m;
+    m.scores = run_edge_method(model, in, c.exact, o);
+    m.rank_correlation = rank_correlation(m.scores.scores, exact);
+    m.top_k_overlap = top_k_overlap(m.scores.scores, exact, top_k);
+    m.curve = faithfulness_curve(model, in, m.scores.scores, sizes);
+    c.methods.push_back(std::move(m));
+  }
+  return c;
+}
+
+// ---- MIB export ---------------------------------------------------------------------------------
+
+namespace {
+std::string mib_sender(const EdgeSender& s) {
+  return s.layer < 0 ? "input" : "a" + std::to_string(s.layer) + ".h" + std::to_string(s.head);
+}
+std::string mib_receiver(const EdgeReceiver& r) {
+  switch (r.kind) {
+    case EdgeReceiver::Q: case EdgeReceiver::K: case EdgeReceiver::V:
+      return "a" + std::to_string(r.layer) + ".h" + std::to_string(r.head) + "<" + std::string(1, "qkv"[r.kind]) + ">";
+    case EdgeReceiver::Mlp: return "m" + std::to_string(r.layer);
+    case EdgeReceiver::Logits: return "logits";
+  }
+  return "";
+}
+}  // namespace
+
+std::string mib_graph_json(const ModelConfig& cfg, const std::vector<double>& scores, const std::vector<bool>& kept) {
+  check_edge_model(cfg);
+  const auto edges = model_edges(cfg);
+  if (scores.size() != edges.size()) fail("mib export: ", scores.size(), " scores for the model's ", edges.size(), " edges");
+  if (!kept.empty() && kept.size() != edges.size()) fail("mib export: ", kept.size(), " kept flags for the model's ", edges.size(), " edges");
+  nlohmann::ordered_json nodes = nlohmann::ordered_json::object(), out_edges = nlohmann::ordered_json::object();
+  auto node = [&](const std::string& n, bool in) { nodes[n]["in_graph"] = nodes.contains(n) ? (nodes[n]["in_graph"].get<bool>() || in) : in; };
+  node("input", false);
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    for (int h = 0; h < cfg.n_heads; ++h) node("a" + std::to_string(l) + ".h" + std::to_string(h), false);
+    if (cfg.has_mlp()) node("m" + std::to_string(l), true);  // never patched here
+  }
+  node("logits", false);
+  for (size_t e = 0; e < edges.size(); ++e) {
+    const bool in = !kept.empty() && kept[e];
+    const std::string to = mib_receiver(edges[e].second);
+    out_edges[mib_sender(edges[e].first) + "->" + to] = {{"score", scores[e]}, {"in_graph", in}};
+    if (in) {
+      node(mib_sender(edges[e].first), true);
+      node(to.substr(0, to.find('<')), true);
+    }
+  }
+  // MIB's MLP senders: m{l} -> every later reader, kept (their outputs always flow here)
+  if (cfg.has_mlp())
+    for (const EdgeReceiver& r : edge_receivers(cfg))
+      for (int l = 0; l < cfg.n_layers; ++l)
+        if (r.kind == EdgeReceiver::Logits || l < r.layer)  // an MLP feeds the later layers and the logits
+          out_edges["m" + std::to_string(l) + "->" + mib_receiver(r)] = {{"score", 0.0}, {"in_graph", true}};
+  const nlohmann::ordered_json j = {{"cfg", {{"n_layers", cfg.n_layers}, {"n_heads", cfg.n_heads}, {"parallel_attn_mlp", false},
+                                             {"d_model", cfg.d_model}}},
+                                    {"nodes", nodes},
+                                    {"edges", out_edges}};
+  return j.dump();
+}
+
+}  // namespace hl

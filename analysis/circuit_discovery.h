@@ -1,0 +1,130 @@
+// Circuit discovery on the edges of edges.h (docs/circuits.md): methods that score or select
+// edges, each returning one value per edge in model_edges order (the order of edge_patching's
+// result), and the circuit run that measures a set of kept edges.
+//
+// EAP-IG (Hanna et al. 2024): the attribution delta_s . dm/d(r's input), with the gradient
+// averaged over `steps` runs along a path from the corrupted run (alpha 0) to the clean run
+// (alpha 1), at alpha = k / steps for k = 1..steps (the right Riemann sum, so one step is the
+// clean run: edge attribution).
+//   inputs:      the token embedding interpolated, clean + (1 - alpha) (corrupted - clean);
+//                everything downstream follows.
+//   activations: per sender layer (the embedding, or attention layer l), that layer's outputs
+//                interpolated the same way, the rest of the run recomputed; an edge from a sender of
+//                that layer takes its gradients from that layer's runs ((L + 1) steps runs in all).
+//
+// The circuit run: the clean run in which each receiver r reads its input in that run plus, for
+// every edge s -> r not kept, out_s(corrupted) - out_s(this run) (ACDC's and MIB's edge
+// ablation: a removed edge carries the corrupted run's value of its sender).
+//
+// ACDC (Conmy et al. 2023): receivers from the logits back, each one's senders in reverse order;
+// an edge is removed when the circuit run without it changes the score by less than `threshold`
+// (metric: |m_new - m_current|; kl: KL_new - KL_current). A receiver whose head no kept edge reads
+// loses its edges without a run (they cannot change anything).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "analysis/edges.h"
+
+namespace hl {
+
+struct EapIgOptions {
+  enum Interpolate { Inputs, Activations } interpolate = Inputs;
+  int steps = 5;  // 1..1000
+};
+// "inputs" / "activations"
+const char* interpolation_name(EapIgOptions::Interpolate i);
+EapIgOptions::Interpolate parse_interpolation(const std::string& name);
+
+// EAP-IG's score of every edge, model_edges order. Fails on a steps value out of range and on
+// what edge_patching refuses.
+std::vector<double> eap_ig_scores(TransformerLM& model, const PatchingInputs& in, const EapIgOptions& opt);
+
+// The circuit run's metric (and its mean KL(clean || circuit) over the answers' positions) with
+// kept[i] saying whether edge i (model_edges order) is kept.
+struct CircuitRun {
+  double metric = 0, kl = 0;
+};
+CircuitRun circuit_run(TransformerLM& model, const PatchingInputs& in, const std::vector<bool>& kept);
+
+struct AcdcOptions {
+  enum Score { Metric, Kl } score = Metric;
+  double threshold = 0.01;  // >= 0
+};
+struct AcdcResult {
+  std::vector<bool> kept;      // model_edges order
+  std::vector<double> scores;  // per edge, the change when its removal was tried (0: removed without a run)
+  CircuitRun final_run;        // the circuit of the kept edges
+  int runs = 0;                // circuit runs made
+};
+AcdcResult acdc(TransformerLM& model, const PatchingInputs& in, const AcdcOptions& opt);
+
+// The top `k` edges by |score| (ties: earlier edge first), as a kept mask; k in 0..edges.
+std::vector<bool> top_edges(const std::vector<double>& scores, size_t k);
+
+// Faithfulness of the top-k circuits of `scores` for each k in sizes: the circuit run's metric.
+struct FaithfulnessPoint {
+  size_t edges = 0;
+  double metric = 0;
+};
+std::vector<FaithfulnessPoint> faithfulness_curve(TransformerLM& model, const PatchingInputs& in,
+                                                  const std::vector<double>& scores, const std::vector<size_t>& sizes);
+
+// ---- the methods by name, scored against exact patching ------------------------------------------
+
+// The methods of `headlab edges --method` and hl.edge_patching(method=): attribution, eap-ig, acdc.
+std::vector<std::string> edge_method_names();
+struct EdgeMethodOptions {
+  std::string method = "attribution";
+  EapIgOptions ig;
+  AcdcOptions acdc;
+};
+// Fails naming the choices for an unknown method.
+void check_edge_method(const std::string& method);
+// "metric" / "kl", failing naming the choices.
+AcdcOptions::Score parse_acdc_score(const std::string& name);
+// One line for an unknown method or an option out of range (steps 1..1000, threshold >= 0), before any work.
+void check_edge_method_options(const EdgeMethodOptions& opt);
+
+struct MethodScores {
+  std::string method;
+  std::vector<double> scores;  // model_edges order; acdc: the change when its removal was tried
+  std::vector<bool> circuit;   // acdc: the edges it kept; other methods: empty
+  double seconds = 0;          // wall-clock time of the method alone (the attribution: its own backward)
+};
+// One method's scores. The attribution is taken from `exact` (edge_patching's result).
+MethodScores run_edge_method(TransformerLM& model, const PatchingInputs& in, const EdgeResult& exact, const EdgeMethodOptions& opt);
+
+// Spearman's rank correlation of |a| and |b| (ties share their mean rank); 0 when either is constant.
+double rank_correlation(const std::vector<double>& a, const std::vector<double>& b);
+// |top k of a ∩ top k of b| / k by |value|, k in 1..size.
+double top_k_overlap(const std::vector<double>& a, const std::vector<double>& b, size_t k);
+
+struct MethodComparison {
+  MethodScores scores;
+  double rank_correlation = 0, top_k_overlap = 0;
+  std::vector<FaithfulnessPoint> curve;  // the method's top-k circuits
+};
+struct EdgeComparison {
+  EdgeResult exact;
+  double exact_seconds = 0;
+  size_t top_k = 0;
+  std::vector<FaithfulnessPoint> exact_curve;  // exact patching's top-k circuits
+  std::vector<MethodComparison> methods;
+};
+// Every method in `methods` beside exact patching on one model and task: rank correlation and top-k
+// overlap with the exact effects, and faithfulness curves over `sizes` (each <= the edge count).
+EdgeComparison compare_edge_methods(TransformerLM& model, const PatchingInputs& in, const std::vector<std::string>& methods,
+                                    const EdgeMethodOptions& opt, size_t top_k, const std::vector<size_t>& sizes);
+// Edge scores and a circuit in the MIB circuit track's graph JSON (cisnlp/MIB-circuit-track,
+// EAP-IG's Graph): {"cfg": {n_layers, n_heads, parallel_attn_mlp, d_model}, "nodes": {name:
+// {in_graph}}, "edges": {name: {score, in_graph}}} with nodes input, a{l}.h{h}, m{l}, logits and
+// edges "a0.h1->a1.h0<k>", "input->m0", "a1.h0->logits". MIB's graph also has the MLPs as senders
+// (m{l} -> ...), which these edges never patch: those edges are written with score 0 and in the
+// graph (the circuit run keeps every MLP output). kept empty: every edge out of the graph.
+std::string mib_graph_json(const ModelConfig& cfg, const std::vector<double>& scores, const std::vector<bool>& kept);
+
+// The default sizes of a faithfulness curve over n edges: 0, 1, 2, 5, 10, 20, 50, ... and n.
+std::vector<size_t> faithfulness_sizes(size_t n);
+
+}  // namespace hl
