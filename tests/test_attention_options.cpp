@@ -393,17 +393,12 @@ BOOST_AUTO_TEST_CASE(a_left_padded_rotary_row_equals_the_row_alone) {
   BOOST_TEST(max_diff(slice(m->forward(padded, opt), 1, 2, 5), want) > 1e-3f);
 }
 
-BOOST_AUTO_TEST_CASE(edges_refuse_the_attention_options_they_do_not_replay) {
+BOOST_AUTO_TEST_CASE(edges_take_every_attention_option) {
+  // exact edges equal the hooked reference with each option: tests/test_edges.cpp
   ModelConfig c = test_model();
-  c.positions = Positions::Rotary;
-  BOOST_CHECK_EXCEPTION(check_edge_model(c), Error, [](const Error& e) {
-    return std::string(e.what()) == "edges: the model's attention has rotary positions (positions rotary); edges are not defined for it here";
-  });
-  c = test_model();
-  c.sliding_window = 3;
-  BOOST_CHECK_EXCEPTION(check_edge_model(c), Error, [](const Error& e) { return std::string(e.what()).find("sliding_window") != std::string::npos; });
-  c = test_model();
-  c.positions = Positions::None;  // NoPE: nothing to replay
-  c.qkv_bias = true;
-  check_edge_model(c);
+  c.positions = Positions::Rotary, c.qk_norm = true, c.attn_scale = 1.f, c.attn_softcap = 5.f, c.sliding_window = 3;
+  c.qkv_bias = c.o_bias = true;
+  BOOST_CHECK_NO_THROW(check_edge_model(c));
+  c.n_kv_heads = 1;  // grouped keys and values stay refused: a head's .k and .v need their own
+  BOOST_CHECK_EXCEPTION(check_edge_model(c), Error, [](const Error& e) { return std::string(e.what()).find("n_kv_heads 1") != std::string::npos; });
 }
