@@ -103,12 +103,19 @@ class CircuitRunner {
  public:
   CircuitRunner(TransformerLM& model, const PatchingInputs& in) : m_(model), c_(model.cfg), in_(in), edges_(model_edges(c_)) {
     check_edge_inputs(c_, in);
+    // the circuit run adds each removed sender's hook_result delta to what its receiver reads;
+    // with sandwich norms a head's write to the residual is ln1_post of the whole attention output
+    if (c_.sandwich_norm)
+      fail("circuit: the model has sandwich norms (sandwich_norm); the circuit run (ACDC, faithfulness) patches "
+           "heads' outputs where the residual stream reads them, which a norm after attention does not allow");
     EvalScope mode(model);
     NoGradGuard ng;
     auto filter = [](const std::string& n) { return n == "hook_embed" || n == "hook_pos_embed" || n.ends_with("attn.hook_result"); };
     const auto [logits, clean] = model.run_with_cache(in.clean, filter);
     corrupt_ = model.run_with_cache(in.corrupted, filter).second;
-    embed_delta_ = sub(add(corrupt_["hook_embed"], corrupt_["hook_pos_embed"]), add(clean["hook_embed"], clean["hook_pos_embed"]));
+    // rotary and NoPE models have no hook_pos_embed: the embedding sender is the token embedding
+    auto embed = [](const ActivationCache& a) { return a.has("hook_pos_embed") ? add(a["hook_embed"], a["hook_pos_embed"]) : a["hook_embed"]; };
+    embed_delta_ = sub(embed(corrupt_), embed(clean));
     clean_log_probs_ = answer_log_probs(logits);
   }
 
@@ -191,7 +198,8 @@ class CircuitRunner {
       }
       for (const auto& [r, senders] : rs)
         if (r.kind == EdgeReceiver::Mlp) {
-          const std::string mid = hook_name(l, "hook_resid_mid");
+          // ln2 reads hook_resid_mid, or in a parallel block the block's input
+          const std::string mid = c_.parallel_block ? pre : hook_name(l, "hook_resid_mid");
           observe(mid);
           LayerNorm* ln = block.ln2.get();
           const std::vector<EdgeSender> ss = senders;
@@ -494,7 +502,7 @@ std::string mib_graph_json(const ModelConfig& cfg, const std::vector<double>& sc
       for (int l = 0; l < cfg.n_layers; ++l)
         if (r.kind == EdgeReceiver::Logits || l < r.layer)  // an MLP feeds the later layers and the logits
           out_edges["m" + std::to_string(l) + "->" + mib_receiver(r)] = {{"score", 0.0}, {"in_graph", true}};
-  const nlohmann::ordered_json j = {{"cfg", {{"n_layers", cfg.n_layers}, {"n_heads", cfg.n_heads}, {"parallel_attn_mlp", false},
+  const nlohmann::ordered_json j = {{"cfg", {{"n_layers", cfg.n_layers}, {"n_heads", cfg.n_heads}, {"parallel_attn_mlp", cfg.parallel_block},
                                              {"d_model", cfg.d_model}}},
                                     {"nodes", nodes},
                                     {"edges", out_edges}};

@@ -160,6 +160,22 @@ std::vector<HeadNormRow> head_gradient_norms(const TransformerLM& model, int64_t
   return rows;
 }
 
+std::vector<HeadNormRow> mlp_gradient_norms(const TransformerLM& model, int64_t step) {
+  std::vector<HeadNormRow> rows;
+  for (int l = 0; l < static_cast<int>(model.blocks.size()); ++l) {
+    const FeedForward* f = model.blocks[l]->ffn.get();
+    if (!f) continue;  // attention-only
+    auto add = [&](const char* name, const Tensor& w) {
+      const Tensor g = w.grad();
+      rows.push_back({step, l, -1, name, g.defined() ? frob(g) : 0.0, frob(w)});
+    };
+    if (f->gate) add("W_gate", f->gate->weight);
+    add("W_in", f->fc1.weight);
+    add("W_out", f->fc2.weight);
+  }
+  return rows;
+}
+
 double composition_score(const std::vector<double>& A, const std::vector<double>& B, int D) {
   double ab = 0, a = 0, b = 0;
   for (int i = 0; i < D; ++i)
@@ -216,12 +232,21 @@ Factored ov_factors(const TransformerLM& model, int layer, int head) {
   return {to_double(head_cols(attn.W_O.weight, head, dh)), to_double(head_rows(attn.W_V.weight, kv, dh)),
           static_cast<int>(D), static_cast<int>(dh)};
 }
-Factored qk_factors(const TransformerLM& model, int layer, int head) {
+// W_QK = X Y with X = (R(offset) W_Q^h)^T (D x dh) and Y = W_K^h (dh x D). The rows of X are
+// d_head vectors: the model's rotary op turns each as a query `offset` positions after the key
+// (at position 0, unturned).
+Factored qk_factors(const TransformerLM& model, int layer, int head, int64_t offset = 0) {
   const auto& attn = model.blocks.at(layer)->attn;
   const int64_t dh = attn.cfg.head_dim(), D = attn.cfg.d_model;
   const int kv = head / (attn.cfg.n_heads / attn.cfg.kv_heads());
-  return {transpose(to_double(head_rows(attn.W_Q.weight, head, dh)), dh, D), to_double(head_rows(attn.W_K.weight, kv, dh)),
-          static_cast<int>(D), static_cast<int>(dh)};
+  std::vector<double> X = transpose(to_double(head_rows(attn.W_Q.weight, head, dh)), dh, D);
+  if (attn.cfg.rotary && offset != 0) {
+    Tensor rows = Tensor::empty({D, dh});  // (D, dh): W_Q^h's columns as rows
+    for (int64_t i = 0; i < D * dh; ++i) rows.data()[i] = static_cast<float>(X[static_cast<size_t>(i)]);
+    const int32_t pos = static_cast<int32_t>(offset);
+    X = to_double(rotary(rows, 1, std::span<const int32_t>(&pos, 1), attn.rotary_cos_sin, attn.cfg.rope));
+  }
+  return {X, to_double(head_rows(attn.W_K.weight, kv, dh)), static_cast<int>(D), static_cast<int>(dh)};
 }
 
 double score(const Factored& b, const Factored& a) {
@@ -232,21 +257,52 @@ double score(const Factored& b, const Factored& a) {
 }  // namespace
 
 CompositionScores composition_scores(const TransformerLM& model, int layer_a, int layer_b) {
+  return composition_scores(model, layer_a, layer_b, 0);
+}
+
+CompositionScores composition_scores(const TransformerLM& model, int layer_a, int layer_b, int64_t offset) {
   const int L = model.cfg.n_layers, H = model.cfg.n_heads;
   if (layer_a < 0 || layer_b >= L || layer_a >= layer_b)
     fail("composition_scores: layers ", layer_a, " -> ", layer_b, " must satisfy 0 <= a < b < ", L);
+  if (offset < 0 || offset >= model.cfg.max_seq_len)
+    fail("composition_scores: key offset ", offset, " is outside 0..", model.cfg.max_seq_len - 1, " (max_seq_len)");
   CompositionScores c;
   c.q = c.k = c.v = std::vector<std::vector<double>>(H, std::vector<double>(H, 0.0));
   for (int ha = 0; ha < H; ++ha) {
     const Factored ov_a = ov_factors(model, layer_a, ha);
     for (int hb = 0; hb < H; ++hb) {
-      const Factored qk_b = qk_factors(model, layer_b, hb);
+      const Factored qk_b = qk_factors(model, layer_b, hb, offset);
       c.q[ha][hb] = score(qk_b.transposed(), ov_a);
       c.k[ha][hb] = score(qk_b, ov_a);
       c.v[ha][hb] = score(ov_factors(model, layer_b, hb), ov_a);
     }
   }
   return c;
+}
+
+CompositionScores composition_scores_over_offsets(const TransformerLM& model, int layer_a, int layer_b, int64_t n_offsets) {
+  if (n_offsets < 1 || n_offsets > model.cfg.max_seq_len)
+    fail("composition_scores: ", n_offsets, " key offsets is outside 1..", model.cfg.max_seq_len, " (max_seq_len)");
+  CompositionScores mean = composition_scores(model, layer_a, layer_b, 0);
+  for (int64_t o = 1; o < n_offsets; ++o) {
+    const CompositionScores s = composition_scores(model, layer_a, layer_b, o);
+    for (size_t a = 0; a < mean.q.size(); ++a)
+      for (size_t b = 0; b < mean.q[a].size(); ++b)
+        mean.q[a][b] += s.q[a][b], mean.k[a][b] += s.k[a][b], mean.v[a][b] += s.v[a][b];
+  }
+  for (auto* g : {&mean.q, &mean.k, &mean.v})
+    for (auto& row : *g)
+      for (double& x : row) x /= static_cast<double>(n_offsets);
+  return mean;
+}
+
+std::vector<double> qk_circuit(const TransformerLM& model, int layer, int head, int64_t offset) {
+  const ModelConfig& c = model.cfg;
+  if (layer < 0 || layer >= c.n_layers || head < 0 || head >= c.n_heads)
+    fail("qk_circuit: head (", layer, ", ", head, ") is outside ", c.n_layers, " layers x ", c.n_heads, " heads");
+  if (offset < 0 || offset >= c.max_seq_len) fail("qk_circuit: key offset ", offset, " is outside 0..", c.max_seq_len - 1);
+  const Factored f = qk_factors(model, layer, head, offset);
+  return matmul(f.X, f.Y, f.D, f.k, f.D);
 }
 
 CompositionBaseline composition_baseline(const ModelConfig& cfg, int models, uint64_t seed) {

@@ -13,13 +13,19 @@ namespace hl {
 struct HeadNormRow {
   int64_t step;
   int layer, head;
-  std::string matrix;  // W_Q, W_K, W_V, W_O
+  std::string matrix;  // W_Q, W_K, W_V, W_O; MLP rows: W_gate, W_in, W_out
   double grad_norm, weight_norm;
 };
 
 // Per-head Frobenius norms of the current gradients and weights of every attention layer:
 // row blocks of W_Q (per head), W_K and W_V (per kv head), column blocks of W_O.
 std::vector<HeadNormRow> head_gradient_norms(const TransformerLM& model, int64_t step);
+
+// Frobenius norms of the current gradients and weights of every layer's MLP matrices, with
+// TransformerLens's names: a gated MLP's W_gate (gate, d_ff x d_model), W_in (up, fc1) and W_out
+// (down, fc2); a plain MLP's W_in (fc1) and W_out (fc2). head is -1. None for an attention-only
+// model.
+std::vector<HeadNormRow> mlp_gradient_norms(const TransformerLM& model, int64_t step);
 
 // Singular values (descending, min(rows, cols) of them) of a dense row-major matrix (LAPACK dgesvd).
 std::vector<double> singular_values(std::vector<double> m, int rows, int cols);
@@ -56,6 +62,20 @@ struct CompositionScores {
   std::vector<std::vector<double>> q, k, v;
 };
 CompositionScores composition_scores(const TransformerLM& model, int layer_a, int layer_b);
+
+// Under rotary positions a query at position i and a key at j score x_i^T W_Q^T R(j - i) W_K x_j
+// (R the rotation of each turned pair by (j - i) theta_k; R(0) = I), so W_QK depends on the
+// key's offset before the query, offset = i - j >= 0. These take W_QK^B(offset) =
+// (R(offset) W_Q^h)^T W_K^h, the rotation put on the query side by the model's own rotary op (its
+// pairing, rotary_dim and theta); V-composition has no rotation. Offset 0 is composition_scores;
+// a model without rotary positions scores the same at every offset. offset in 0..max_seq_len-1.
+CompositionScores composition_scores(const TransformerLM& model, int layer_a, int layer_b, int64_t offset);
+// The mean of composition_scores(model, a, b, offset) over offsets 0..n_offsets-1 (each equally):
+// a head's composition over the key offsets it may read (n_offsets 1..max_seq_len).
+CompositionScores composition_scores_over_offsets(const TransformerLM& model, int layer_a, int layer_b, int64_t n_offsets);
+// W_QK of a head at a key offset, dense (D x D, row-major): (R(offset) W_Q^h)^T W_K^h, what
+// x_i^T W_QK x_j is the scaled-away score of (before the scale, without biases or QK-norm).
+std::vector<double> qk_circuit(const TransformerLM& model, int layer, int head, int64_t offset = 0);
 
 // What composition scores random weights of the same shapes get: the scores between the heads of
 // two layers of `models` freshly initialised 2-layer models of cfg's widths (Gaussian weights; the

@@ -120,14 +120,19 @@ ResidStack decompose_resid(const TransformerLM& model, const ActivationCache& ca
   check_pos(pos, T, what);
   const int64_t D = model.cfg.d_model;
   const bool post_bias = model.cfg.sandwich_norm && model.cfg.normalization == NormKind::LayerNorm;
-  const int64_t per_layer = model.cfg.n_heads + (model.cfg.attn_bias ? 1 : 0) + (post_bias ? 1 : 0) + (model.cfg.has_mlp() ? 1 : 0);
+  const bool o_bias = model.cfg.attn_bias || model.cfg.o_bias;  // W_O's bias, a component of its own
+  const int64_t per_layer = model.cfg.n_heads + (o_bias ? 1 : 0) + (post_bias ? 1 : 0) + (model.cfg.has_mlp() ? 1 : 0);
   StackBuilder sb = builder(B, T, D, pos, 2 + layer * per_layer, what);
   const Tensor& e = cached(cache, "hook_embed", what);      // (B, T, D)
-  // (T, D), the same for every row; (B, T, D) when the forward had position ids (a padded batch)
-  const Tensor& p = cached(cache, "hook_pos_embed", what);
-  const bool per_row = p.ndim() == 3;
+  // (T, D), the same for every row; (B, T, D) when the forward had position ids (a padded batch).
+  // Rotary and NoPE models add no position embedding: their pos_embed component is zero.
+  const bool additive = model.cfg.positions == Positions::Learned || model.cfg.positions == Positions::Sinusoidal;
+  const Tensor p = additive ? cached(cache, "hook_pos_embed", what) : Tensor();
+  const bool per_row = additive && p.ndim() == 3;
   sb.add("embed", [&](int64_t b, int64_t t) { return e.data() + (b * T + t) * D; });
-  sb.add("pos_embed", [&](int64_t b, int64_t t) { return p.data() + ((per_row ? b * T : 0) + t) * D; });
+  sb.add("pos_embed", [&](int64_t b, int64_t t) -> const float* {
+    return additive ? p.data() + ((per_row ? b * T : 0) + t) * D : nullptr;
+  });
   for (int l = 0; l < layer; ++l) {
     add_heads(sb, model, cache, l, what);
     const Tensor& bias = model.blocks[l]->attn.W_O.bias;  // (D) or undefined

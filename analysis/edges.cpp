@@ -97,6 +97,12 @@ bool is_edge(const EdgeSender& s, const EdgeReceiver& r) {
   return false;
 }
 
+bool is_edge(const ModelConfig& cfg, const EdgeSender& s, const EdgeReceiver& r) {
+  // a parallel block's MLP reads hook_resid_pre, beside attention: only earlier layers reach it
+  if (cfg.parallel_block && r.kind == EdgeReceiver::Mlp && s.layer >= 0) return s.layer < r.layer;
+  return is_edge(s, r);
+}
+
 std::vector<EdgeSender> edge_senders(const ModelConfig& cfg) {
   std::vector<EdgeSender> s = {EdgeSender{}};
   for (int l = 0; l < cfg.n_layers; ++l)
@@ -120,14 +126,14 @@ std::vector<std::pair<EdgeSender, EdgeReceiver>> model_edges(const ModelConfig& 
   const std::vector<EdgeSender> senders = edge_senders(cfg);
   for (const EdgeReceiver& r : edge_receivers(cfg))
     for (const EdgeSender& s : senders)
-      if (is_edge(s, r)) e.push_back({s, r});
+      if (is_edge(cfg, s, r)) e.push_back({s, r});
   return e;
 }
 
 std::vector<EdgeReceiver> readers_of(const ModelConfig& cfg, const EdgeSender& sender) {
   std::vector<EdgeReceiver> r;
   for (const EdgeReceiver& x : edge_receivers(cfg))
-    if (is_edge(sender, x)) r.push_back(x);
+    if (is_edge(cfg, sender, x)) r.push_back(x);
   return r;
 }
 
@@ -150,20 +156,6 @@ void check_edge_model(const ModelConfig& cfg) {
   if (cfg.kv_heads() != cfg.n_heads)
     fail("edges: the model shares keys and values between heads (n_kv_heads ", cfg.kv_heads(), " of n_heads ", cfg.n_heads,
          "); a head's .k and .v receivers need its own key and value head");
-  // block options the edge passes do not model yet (they replay a sequential block without a cap)
-  if (cfg.parallel_block)
-    fail("edges: the model has parallel blocks (parallel_block); edges are defined for sequential blocks here, whose MLP "
-         "reads attention's output");
-  if (cfg.sandwich_norm) fail("edges: the model has sandwich norms (sandwich_norm); edges are not defined for them here");
-  if (cfg.final_softcap > 0.f) fail("edges: the model soft-caps its logits (final_softcap); edges are not defined for it here");
-  // attention options the edge passes' own head replay (head_result) does not apply yet
-  const char* attention_option = cfg.positions == Positions::Rotary ? "rotary positions (positions rotary)"
-                                 : cfg.qk_norm                      ? "QK-norm (qk_norm)"
-                                 : cfg.attn_scale != 0.f            ? "a score scale (attn_scale)"
-                                 : cfg.attn_softcap != 0.f          ? "soft-capped scores (attn_softcap)"
-                                 : cfg.sliding_window != 0          ? "sliding windows (sliding_window)"
-                                                                    : nullptr;
-  if (attention_option) fail("edges: the model's attention has ", attention_option, "; edges are not defined for it here");
 }
 
 void check_edge_inputs(const ModelConfig& cfg, const PatchingInputs& in) {
@@ -206,7 +198,11 @@ Tensor head_slice(const Tensor& x, int h) {
 
 // The clean run's residual streams and both runs' sender outputs.
 struct Runs {
-  std::vector<Tensor> resid_pre, resid_mid;  // per layer (B, T, D); resid_mid: the MLP's input (attention-only: resid_post)
+  // per layer (B, T, D): the block's input; resid_pre + hook_attn_out (hook_resid_mid of a
+  // sequential block, resid_post attention-only); what ln2 reads (resid_mid, or resid_pre in a
+  // parallel block)
+  std::vector<Tensor> resid_pre, resid_mid, mlp_in;
+  std::vector<Tensor> attn_raw;              // sandwich norms only: attention's output before ln1_post (B, T, D)
   Tensor resid_final;                        // (B, T, D): ln_final's input
   std::vector<Tensor> deltas;                // per sender (edge_senders order), (B, T, D)
   double clean_metric = 0, corrupted_metric = 0;
@@ -225,19 +221,30 @@ Runs record_runs(TransformerLM& model, const PatchingInputs& in) {
     return n == "hook_embed" || n == "hook_pos_embed" || n.ends_with("attn.hook_result");
   };
   const std::string last = hook_name(c.n_layers - 1, "hook_resid_post");
-  const std::string mid_name = c.has_mlp() ? "hook_resid_mid" : "hook_resid_post";
+  // a parallel block has no hook_resid_mid: resid_pre + hook_attn_out, as the block adds them
+  const std::string mid_name = !c.has_mlp() ? "hook_resid_post" : c.parallel_block ? "hook_attn_out" : "hook_resid_mid";
   const ActivationCache clean = model.run_with_cache(in.clean, [&](const std::string& n) {
     return senders_filter(n) || n.ends_with("hook_resid_pre") || n.ends_with(mid_name) || n == last;
   }).second;
   throw_if_stopped();
   const ActivationCache corrupt = model.run_with_cache(in.corrupted, senders_filter).second;
   for (int l = 0; l < c.n_layers; ++l) {
-    r.resid_pre.push_back(clean[hook_name(l, "hook_resid_pre")]);
-    r.resid_mid.push_back(clean[hook_name(l, mid_name.c_str())]);
+    const Tensor& pre = clean[hook_name(l, "hook_resid_pre")];
+    r.resid_pre.push_back(pre);
+    r.resid_mid.push_back(c.parallel_block && c.has_mlp() ? add(pre, clean[hook_name(l, mid_name.c_str())])
+                                                          : clean[hook_name(l, mid_name.c_str())]);
+    r.mlp_in.push_back(c.parallel_block ? pre : r.resid_mid.back());
+    if (c.sandwich_norm) {  // the heads' results summed, plus W_O's bias: what ln1_post reads
+      const Tensor& res = clean[hook_name(l, "attn.hook_result")];  // (B, T, H, D)
+      const Tensor& b = model.blocks[l]->attn.W_O.bias;
+      const Tensor raw = sum(res, {2});
+      r.attn_raw.push_back(b.defined() ? add(raw, b) : raw);
+    }
   }
   r.resid_final = clean[last];
-  // embed = token + position embeddings, as the model adds them
-  r.deltas.push_back(sub(add(corrupt["hook_embed"], corrupt["hook_pos_embed"]), add(clean["hook_embed"], clean["hook_pos_embed"])));
+  // embed = token (+ position) embeddings, as the model adds them (rotary and NoPE models add none)
+  auto embed = [](const ActivationCache& a) { return a.has("hook_pos_embed") ? add(a["hook_embed"], a["hook_pos_embed"]) : a["hook_embed"]; };
+  r.deltas.push_back(sub(embed(corrupt), embed(clean)));
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string n = hook_name(l, "attn.hook_result");
     for (int h = 0; h < c.n_heads; ++h) r.deltas.push_back(sub(head_slice(corrupt[n], h), head_slice(clean[n], h)));
@@ -297,10 +304,13 @@ Hooks receiver_hooks(TransformerLM& model, const std::vector<std::pair<EdgeRecei
     }
     for (const auto& [r, d] : ps)
       if (r.kind == EdgeReceiver::Mlp) {
-        hooks.add_forward(hook_name(l, "hook_resid_mid"), [mid](const Tensor& t, const std::string&) {
-          *mid = t;
-          return Tensor();
-        });
+        // what ln2 reads: hook_resid_mid, or in a parallel block the block's input (as `pre`)
+        if (c.parallel_block) mid = pre;
+        else
+          hooks.add_forward(hook_name(l, "hook_resid_mid"), [mid](const Tensor& t, const std::string&) {
+            *mid = t;
+            return Tensor();
+          });
         LayerNorm* ln = block.ln2.get();
         const Tensor delta = d;
         hooks.add_forward(hook_name(l, "ln2.hook_normalized"), [mid, delta, ln](const Tensor&, const std::string&) {
@@ -362,9 +372,11 @@ Tensor layer_norm_input_grad(const Tensor& x, const LayerNorm& ln, const Tensor&
 
 }  // namespace
 
-// q/k/v: the gradient at the head's copy of ln1's output (the split input hooks) taken back
-// through ln1; mlp: at ln2's output taken back through ln2; logits: at ln_final's input. The norms'
-// inputs are read from the same run, so an intervened run's gradients are its own.
+// dm/d(each receiver's input), (B, T, D), in edge_receivers order. q/k/v: the gradient at the
+// head's copy of ln1's output (the split input hooks) taken back through ln1; mlp: at ln2's output
+// taken back through ln2 (to what it reads: resid_mid, or resid_pre in a parallel block); logits:
+// at ln_final's input. The norms' inputs are read from the same run, so an intervened run's
+// gradients are its own.
 std::vector<Tensor> receiver_gradients(TransformerLM& model, const PatchingInputs& in,
                                        const std::function<void(Hooks&)>& intervene) {
   if (!grad_enabled()) fail("edges: edge attribution needs one backward; run it outside no_grad");
@@ -373,19 +385,20 @@ std::vector<Tensor> receiver_gradients(TransformerLM& model, const PatchingInput
   std::vector<Tensor> gq(L), gk(L), gv(L), gmlp(L);
   Hooks hooks;
   if (intervene) intervene(hooks);
-  Runs runs;  // this run's norm inputs
+  Runs runs;  // this run's norm inputs: ln1's (resid_pre) and ln2's (mlp_in)
   runs.resid_pre.resize(L);
-  runs.resid_mid.resize(L);
-  const char* mid_name = c.has_mlp() ? "hook_resid_mid" : "hook_resid_post";
+  runs.mlp_in.resize(L);
   for (int l = 0; l < L; ++l) {
     hooks.add_forward(hook_name(l, "hook_resid_pre"), [&runs, l](const Tensor& t, const std::string&) {
       runs.resid_pre[l] = t.detach();
       return Tensor();
     });
-    hooks.add_forward(hook_name(l, mid_name), [&runs, l](const Tensor& t, const std::string&) {
-      runs.resid_mid[l] = t.detach();
-      return Tensor();
-    });
+    // ln2 reads hook_resid_mid in a sequential block, the block's input in a parallel one
+    if (c.has_mlp() && !c.parallel_block)
+      hooks.add_forward(hook_name(l, "hook_resid_mid"), [&runs, l](const Tensor& t, const std::string&) {
+        runs.mlp_in[l] = t.detach();
+        return Tensor();
+      });
   }
   for (int l = 0; l < L; ++l) {
     hooks.add_backward(hook_name(l, "attn.hook_q_input"), [&gq, l](const Tensor& g, const std::string&) { gq[l] = g.clone(); });
@@ -403,6 +416,7 @@ std::vector<Tensor> receiver_gradients(TransformerLM& model, const PatchingInput
     logit_difference(model.forward(in.clean, opt), in.answers).backward();
     model.zero_grad();  // the parameters' gradients are a by-product
   }
+  if (c.parallel_block) runs.mlp_in = runs.resid_pre;
   std::vector<Tensor> out;
   for (const EdgeReceiver& r : edge_receivers(c)) {
     const int l = r.layer;
@@ -415,7 +429,7 @@ std::vector<Tensor> receiver_gradients(TransformerLM& model, const PatchingInput
       }
       case EdgeReceiver::Mlp:
         if (!gmlp[l].defined()) fail("edges: no gradient reached ", r.name());
-        out.push_back(layer_norm_input_grad(runs.resid_mid[l], *model.blocks[l]->ln2, gmlp[l]));
+        out.push_back(layer_norm_input_grad(runs.mlp_in[l], *model.blocks[l]->ln2, gmlp[l]));
         break;
       case EdgeReceiver::Logits:
         if (!gfinal.defined()) fail("edges: no gradient reached the logits' input");
@@ -450,10 +464,11 @@ struct Packing {
   Ids rows;                         // (n): packed row -> b * T + t
   std::vector<int32_t> out_rows;    // packed rows of the answers' positions (each once)
   std::vector<int64_t> answer_out;  // per answer, its index in out_rows
-  int64_t n = 0;
+  int64_t n = 0, T = 0;
 
   Packing(const PatchingInputs& in) {
-    const int64_t B = in.clean.shape[0], T = in.clean.shape[1];
+    const int64_t B = in.clean.shape[0];
+    T = in.clean.shape[1];
     live_len.assign(static_cast<size_t>(B), 0);
     for (const PatchAnswer& a : in.answers) live_len[a.row] = std::max<int32_t>(live_len[a.row], static_cast<int32_t>(a.pos + 1));
     std::vector<int64_t> start(static_cast<size_t>(B));
@@ -473,14 +488,15 @@ struct Packing {
   int64_t n_out() const { return static_cast<int64_t>(out_rows.size()); }
 };
 
-// S stacked copies of the packing: live lengths and out rows of the batch.
+// S stacked copies of the packing: live lengths, out rows and positions (what rotary turns by) of the batch.
 struct Stack {
-  std::vector<int32_t> live_len;
+  std::vector<int32_t> live_len, positions;
   Ids out_rows;
   Stack(const Packing& p, int64_t S) : out_rows(Shape{S * p.n_out()}) {
     for (int64_t j = 0; j < S; ++j) {
       live_len.insert(live_len.end(), p.live_len.begin(), p.live_len.end());
       for (int64_t i = 0; i < p.n_out(); ++i) out_rows.data[j * p.n_out() + i] = static_cast<int32_t>(j * p.n + p.out_rows[i]);
+      for (int64_t i = 0; i < p.n; ++i) positions.push_back(static_cast<int32_t>(p.rows.data[i] % p.T));
     }
   }
 };
@@ -499,6 +515,8 @@ class FastEdges {
     for (int l = 0; l < c_.n_layers; ++l) {
       pre_.push_back(pk_.pack(runs.resid_pre[l]));
       mid_.push_back(pk_.pack(runs.resid_mid[l]));
+      mlp_in_.push_back(c_.parallel_block ? pre_.back() : mid_.back());
+      if (c_.sandwich_norm) raw_.push_back(pk_.pack(runs.attn_raw[l]));
     }
     final_ = pk_.pack(runs.resid_final);
     for (const Tensor& d : runs.deltas) deltas_.push_back(pk_.pack(d));
@@ -543,24 +561,40 @@ class FastEdges {
     auto it = base_.find(key);
     if (it != base_.end()) return it->second;
     const Tensor logits = key == c_.n_layers ? unembed(gather_rows(final_, Stack(pk_, 1).out_rows))
-                                             : after_attention(key, mid_[key], Tensor(), 1);
+                                             : after_attention(key, attn_sum(key, Tensor(), 1), mlp_in_[key], Tensor(), 1);
     return base_[key] = metric(logits, 0);
   }
 
-  Tensor unembed(const Tensor& x) const { return m_.head.forward(m_.ln_f->forward(x)); }
+  // ln_final, the head and the final soft-cap, as the model's forward ends
+  Tensor unembed(const Tensor& x) const { return m_.cap_logits(m_.head.forward(m_.ln_f->forward(x))); }
+
+  // The residual stream after block l's attention, resid_pre + hook_attn_out (S n, D), when the
+  // attention's output (before any sandwich norm, W_O's bias included) moves by raw_delta (S n, D;
+  // undefined = the clean run's). Without a sandwich norm the move adds as it is; with one it
+  // goes through ln1_post with the rest of the output.
+  Tensor attn_sum(int l, const Tensor& raw_delta, int64_t S) const {
+    if (!c_.sandwich_norm) return raw_delta.defined() ? add_stacked(mid_[l], raw_delta) : tile(mid_[l], S);
+    const Tensor raw = raw_delta.defined() ? add_stacked(raw_[l], raw_delta) : tile(raw_[l], S);
+    return add_stacked(pre_[l], m_.blocks[l]->ln1_post->forward(raw));
+  }
 
   // The rest of block l from its attention's output on, then the later blocks, ln_final and the
-  // head: (S n, D) -> the answers' logits (S n_out, V). mlp_delta (S n, D), if given, is added
-  // to the MLP's input alone.
-  Tensor after_attention(int l, const Tensor& mid_in, const Tensor& mlp_delta, int64_t S) {
+  // head: the residual after attention (S n, D) and what the MLP reads (S n or n rows, D: the
+  // same in a sequential block, the block's input in a parallel one) -> the answers' logits
+  // (S n_out, V). mlp_delta (S n, D), if given, is added to the MLP's input alone.
+  Tensor after_attention(int l, const Tensor& mid_in, const Tensor& mlp_read, const Tensor& mlp_delta, int64_t S) {
     const Stack st(pk_, S);
     const bool last = l + 1 == c_.n_layers;
     const Tensor mid = last ? gather_rows(mid_in, st.out_rows) : mid_in;
     Tensor x = mid;
     const TransformerBlock& b = *m_.blocks[l];
     if (b.ffn) {
-      const Tensor read = mlp_delta.defined() ? add(mid, last ? gather_rows(mlp_delta, st.out_rows) : mlp_delta) : mid;
-      x = add(mid, b.ffn->forward(b.ln2->forward(read)));
+      // the MLP's input: its own rows (a sequential block's, mid_in) or the clean ones of every copy
+      const Tensor own = c_.parallel_block ? tile(mlp_read, S) : mlp_read;
+      const Tensor base = c_.parallel_block ? (last ? gather_rows(own, st.out_rows) : own) : mid;
+      const Tensor read = mlp_delta.defined() ? add(base, last ? gather_rows(mlp_delta, st.out_rows) : mlp_delta) : base;
+      const Tensor y = b.ffn->forward(b.ln2->forward(read));
+      x = add(mid, b.ln2_post ? b.ln2_post->forward(y) : y);
     }
     if (last) return unembed(x);
     ForwardOptions opt;
@@ -569,17 +603,34 @@ class FastEdges {
     return m_.forward_from(l + 1, x, opt);
   }
 
-  // Head h of layer l on its q, k and v (each (S n, dh)): its result z_h W_O[:, h] (S n, D).
-  Tensor head_result(int l, int h, const Tensor& q, const Tensor& k, const Tensor& v, int64_t S) {
+  // Head h of layer l on its projected q, k and v (each (S n, dh)): its result z_h W_O[:, h]
+  // (S n, D), with the layer's attention options as MultiHeadAttention applies them: QK-norm,
+  // rotary positions (each packed row at its position in its sequence), the score scale, the
+  // sliding window and the soft-cap.
+  Tensor head_result(int l, int h, const Tensor& q_in, const Tensor& k_in, const Tensor& v, int64_t S) {
     const MultiHeadAttention& a = m_.blocks[l]->attn;
+    const AttentionConfig& ac = a.cfg;
     const int64_t dh = c_.head_dim();
     const Stack st(pk_, S);
+    Tensor q = q_in, k = k_in;
+    if (ac.qk_norm) {
+      q = head_rms_norm(q, 1, dh, a.q_norm->weight, ac.norm_eps);
+      k = head_rms_norm(k, 1, dh, a.k_norm->weight, ac.norm_eps);
+    }
+    if (ac.rotary) {
+      q = rotary(q, 1, st.positions, a.rotary_cos_sin, ac.rope);
+      k = rotary(k, 1, st.positions, a.rotary_cos_sin, ac.rope);
+    }
     AttentionArgs args;
     args.n_heads = 1;
     args.d_head = static_cast<int>(dh);
     args.causal = true;
+    args.scale = ac.scale;
+    args.window = ac.window;
     args.gates = slice(a.gates, 0, h, h + 1);
-    const Tensor z = attention_varlen(concat({q, k, v}, 1), st.live_len, args);  // (S n, dh)
+    const Tensor qkv = concat({q, k, v}, 1);
+    const Tensor z = ac.softcap > 0.f ? attention_varlen_capped(qkv, st.live_len, args, ac.softcap)
+                                      : attention_varlen(qkv, st.live_len, args);  // (S n, dh)
     return linear(z, head_cols(a.W_O.weight, h, dh));
   }
 
@@ -612,17 +663,18 @@ class FastEdges {
         const Stack st(pk_, S);
         return unembed(gather_rows(add_stacked(final_, delta), st.out_rows));
       }
-      case EdgeReceiver::Mlp: return after_attention(l, S == 1 ? mid_[l] : tile(mid_[l], S), delta, S);
+      case EdgeReceiver::Mlp: return after_attention(l, attn_sum(l, Tensor(), S), mlp_in_[l], delta, S);
       default: {
-        // only head h changes in block l: the residual after attention is the clean one plus
-        // (its new result - its clean result)
+        // only head h changes in block l: attention's output is the clean one plus (its new
+        // result - its clean result)
         const int which = r.kind == EdgeReceiver::Q ? 0 : r.kind == EdgeReceiver::K ? 1 : 2;
         const CleanHead& ch = clean_head(l, r.head);
         Tensor qkv[3];
         for (int w = 0; w < 3; ++w)
           qkv[w] = w == which ? project(l, r.head, w, m_.blocks[l]->ln1.forward(add_stacked(pre_[l], delta))) : tile(ch.qkv[w], S);
         const Tensor result = head_result(l, r.head, qkv[0], qkv[1], qkv[2], S);
-        return after_attention(l, add_stacked(mid_[l], add_stacked(neg(ch.result), result)), Tensor(), S);
+        const Tensor mid = attn_sum(l, add_stacked(neg(ch.result), result), S);
+        return after_attention(l, mid, c_.parallel_block ? mlp_in_[l] : mid, Tensor(), S);
       }
     }
   }
@@ -631,7 +683,7 @@ class FastEdges {
   const ModelConfig& c_;
   const PatchingInputs& in_;
   Packing pk_;
-  std::vector<Tensor> pre_, mid_, deltas_;  // packed (n, D)
+  std::vector<Tensor> pre_, mid_, mlp_in_, raw_, deltas_;  // packed (n, D); raw_: sandwich norms only
   Tensor final_;
   int64_t max_stack_ = 1;
   std::map<int, double> base_;
@@ -660,7 +712,7 @@ EdgeResult edge_patching(TransformerLM& model, const PatchingInputs& in, const s
     const EdgeReceiver& r = receivers[ri];
     std::vector<size_t> from;
     for (size_t si = 0; si < senders.size(); ++si)
-      if (is_edge(senders[si], r)) from.push_back(si);
+      if (is_edge(c, senders[si], r)) from.push_back(si);
     const std::vector<double> exact = fast.receiver(r, from);
     for (size_t i = 0; i < from.size(); ++i)
       res.edges.push_back({senders[from[i]], r, exact[i], dot(runs.deltas[from[i]], grads[ri])});
@@ -679,7 +731,7 @@ PathPatchingResult path_patching(TransformerLM& model, const PatchingInputs& in,
   for (size_t i = 0; i < receivers.size(); ++i) {
     const EdgeReceiver& r = receivers[i];
     (void)parse_receiver(c, r.name());  // in range, and an MLP only where there is one
-    if (!is_edge(sender, r))
+    if (!is_edge(c, sender, r))
       fail("edges: ", sender.name(), " is written after ", r.name(), " reads the residual stream (no edge ", sender.name(), " -> ",
            r.name(), ")");
     for (size_t j = 0; j < i; ++j)

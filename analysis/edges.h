@@ -31,8 +31,12 @@ struct EdgeReceiver {
 EdgeSender parse_sender(const ModelConfig& cfg, const std::string& name);
 // "L1H2.q" / ".k" / ".v", "mlp1", "logits", likewise (mlp of an attention-only model refused).
 EdgeReceiver parse_receiver(const ModelConfig& cfg, const std::string& name);
-// Whether s writes to the residual stream before r reads it.
+// Whether s writes to the residual stream before r reads it, in a model of sequential blocks
+// (an MLP reads its own layer's heads) ...
 bool is_edge(const EdgeSender& s, const EdgeReceiver& r);
+// ... and in this model: with parallel blocks (parallel_block) the MLP reads the block's input,
+// so a layer's heads do not reach its own MLP. What model_edges and readers_of list.
+bool is_edge(const ModelConfig& cfg, const EdgeSender& s, const EdgeReceiver& r);
 std::vector<EdgeSender> edge_senders(const ModelConfig& cfg);      // forward order: embed, L0H0, L0H1, ...
 std::vector<EdgeReceiver> edge_receivers(const ModelConfig& cfg);  // forward order: L0H0.q/k/v, L0H1.q ..., mlp0, L1..., logits
 // Every edge: receivers in forward order, for each its senders in forward order.
@@ -53,7 +57,9 @@ struct EdgeResult {
 // double, from logits (B, T, V).
 double edge_metric(const Tensor& logits, const std::vector<PatchAnswer>& answers);
 // Fails naming the setting for a model these analyses cannot take: post-norm, or grouped-query
-// attention (a head's .k and .v need their own key and value heads).
+// attention (a head's .k and .v need their own key and value heads). Every block and attention
+// option of docs/architectures.md is taken (parallel blocks, sandwich norms, soft-caps, rotary
+// positions, QK-norm, score scales, sliding windows, biases).
 void check_edge_model(const ModelConfig& cfg);
 // Fails with one message for what these analyses cannot take: check_edge_model's, clean and corrupted ids of different shapes, no answers, an answer outside the ids
 // or the vocabulary.

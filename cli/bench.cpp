@@ -41,10 +41,12 @@ struct BenchConfig {
   int64_t T = 33;
   int64_t vocab = 13;  // the copy task's
   bool gelu_tanh = false;  // GPT-2's GELU (gpt2-small) instead of the reference's exact one
+  bool llama = false;      // Llama-style block (--arch llama): RMSNorm, SwiGLU, rotary, no biases
 };
 
 // The model of a config, as PyTorch's reference builds it (exact GELU unless gelu_tanh, biases
-// everywhere, an untied unembedding).
+// everywhere, an untied unembedding; a Llama-style config as scripts/reference/modern_lm.py builds
+// --arch llama's: RMSNorm, SwiGLU (gate, up, down of d_ff), rotary positions, no biases).
 ModelConfig model_config(const BenchConfig& bc) {
   ModelConfig c;
   c.vocab_size = bc.vocab;
@@ -55,6 +57,12 @@ ModelConfig model_config(const BenchConfig& bc) {
   c.max_seq_len = bc.T;
   c.activation = bc.gelu_tanh ? Activation::GeluTanh : Activation::GeluErf;
   c.attn_bias = c.mlp_bias = c.head_bias = true;
+  if (bc.llama) {
+    c.normalization = NormKind::RMSNorm;
+    c.mlp = Mlp::SwiGLU;
+    c.positions = Positions::Rotary;
+    c.attn_bias = c.mlp_bias = c.head_bias = false;
+  }
   return c;
 }
 
@@ -62,6 +70,9 @@ BenchConfig named_config(const std::string& s) {
   if (s == "S") return {"S", 64, 2, 4, 256, 64, 33};
   if (s == "M") return {"M", 256, 4, 8, 1024, 32, 128};
   if (s == "L") return {"L", 768, 2, 12, 3072, 8, 128};
+  // S and M with the Llama-style block (d_ff the same: a SwiGLU MLP has 1.5x the plain one's weights)
+  if (s == "S-llama") return {s, 64, 2, 4, 256, 64, 33, 13, false, true};
+  if (s == "M-llama") return {s, 256, 4, 8, 1024, 32, 128, 13, false, true};
   // the varcopy study model (ablate's default) with 1, 4 and 16 heads: PyTorch's torch_step.py
   // has the same configs
   if (s == "V1" || s == "V4" || s == "V16") return {s, 32, 2, std::stoi(s.substr(1)), 128, 64, 33, 67};
@@ -70,7 +81,7 @@ BenchConfig named_config(const std::string& s) {
   // forward's multiply-adds
   if (s == "gpt2-small") return {s, 768, 12, 12, 3072, 8, 128, 50257, true};
   // custom: d_model,layers,heads,d_ff,batch,T
-  const char* forms = "S, M, L, V1, V4, V16, gpt2-small or six numbers d_model,layers,heads,d_ff,batch,T; several are separated "
+  const char* forms = "S, M, L, S-llama, M-llama, V1, V4, V16, gpt2-small or six numbers d_model,layers,heads,d_ff,batch,T; several are separated "
                       "by spaces (--config V1 V4)";
   // a name (no comma) or names joined by commas; numbers with a comma go to parse_int's message
   if (s.empty() || s.find(',') == std::string::npos || !std::isdigit(static_cast<unsigned char>(s[0])))
@@ -104,7 +115,8 @@ struct Work {
   double positions, squares, outputs;
 };
 double matmul_macs(const BenchConfig& c, const Work& w) {  // multiply-adds of the weight products
-  const double d = c.d_model, tail = d * d + 2.0 * d * c.d_ff;  // W_O and the feed-forward
+  // W_O and the feed-forward (a gated one has three d x d_ff matrices)
+  const double d = c.d_model, tail = d * d + (c.llama ? 3.0 : 2.0) * d * c.d_ff;
   return c.layers * 3.0 * d * d * w.positions + (c.layers - 1) * tail * w.positions + (tail + d * c.vocab) * w.outputs;
 }
 double train_flops(const BenchConfig& c, const Work& w) {
@@ -449,7 +461,7 @@ void add_bench_command(CLI::App& app, CommandRunner& runner) {
     return s;
   };
   sub->add_option("--config", o->configs,
-                  "S, M, L (the speed configs), V1, V4, V16 (ablate's varcopy model with 1, 4, 16 heads), gpt2-small "
+                  "S, M, L (the speed configs), S-llama, M-llama (S and M with the Llama-style block), V1, V4, V16 (ablate's varcopy model with 1, 4, 16 heads), gpt2-small "
                   "(GPT-2 small's shape and vocabulary, B 8, T 128) or "
                   "d_model,layers,heads,d_ff,batch,T")
       ->delimiter(' ')->capture_default_str();

@@ -305,13 +305,6 @@ struct HookPoints {
 
 // ---- QK-norm and rotary positions (after hook_q and hook_k, before the KV cache) --------------
 
-// RMSNorm over d_head of each head of t (..., heads*dh) with the (dh) weight w shared by the heads.
-Tensor head_rms_norm(const Tensor& t, int heads, int64_t dh, const Tensor& w, float eps) {
-  const Tensor x = reshape(t, {t.numel() / (heads * dh), heads, dh});
-  const Tensor inv = pow(add_scalar(mean(mul(x, x), {-1}, true), eps), -0.5f);  // (rows, heads, 1)
-  return reshape(mul(mul(x, inv), w), t.shape());
-}
-
 // The position ids of a call's rows: Call::positions, or 0..T-1 after the cache's rows, or with
 // live_len 0..len-1 of each packed sequence. `buf` holds them when they are made here.
 std::span<const int32_t> call_positions(const MultiHeadAttention::Call& call, int64_t rows, std::vector<int32_t>& buf) {
@@ -350,7 +343,8 @@ Tensor forward_packed_sequences(const MultiHeadAttention& m, const Tensor& x_q, 
   if (x_kv.defined() || call.kv_cache || call.hooks) fail("attention: packed sequences are for self-attention without hooks or cache");
   const Tensor ws[3] = {m.W_Q.weight, m.W_K.weight, m.W_V.weight}, bs[3] = {m.W_Q.bias, m.W_K.bias, m.W_V.bias};
   const Tensor qkv = position_and_norm_packed(m, linear_stacked(x_q, ws, bs), call, x_q.size(0));  // (n, (H + 2 Hkv) dh)
-  const Tensor z = attention_varlen(qkv, call.live_len, a);  // (n, H*dh)
+  const Tensor z = m.cfg.softcap > 0.f ? attention_varlen_capped(qkv, call.live_len, a, m.cfg.softcap)
+                                       : attention_varlen(qkv, call.live_len, a);  // (n, H*dh)
   return m.W_O.forward(call.output_rows ? gather_rows(z, *call.output_rows) : z);  // (n or output rows, d_model)
 }
 
@@ -621,6 +615,46 @@ Tensor output_projection(const MultiHeadAttention& m, const Tensor& z, const Hoo
 
 }  // namespace
 
+Tensor head_rms_norm(const Tensor& t, int heads, int64_t dh, const Tensor& w, float eps) {
+  const Tensor x = reshape(t, {t.numel() / (heads * dh), heads, dh});
+  const Tensor inv = pow(add_scalar(mean(mul(x, x), {-1}, true), eps), -0.5f);  // (rows, heads, 1)
+  return reshape(mul(mul(x, inv), w), t.shape());
+}
+
+Tensor attention_varlen_capped(const Tensor& qkv, std::span<const int32_t> len, const AttentionArgs& a_in, float softcap) {
+  if (!(softcap > 0.f)) fail("attention: soft-cap ", softcap, " must be positive");
+  AttnDims d = packed_columns(qkv, a_in, 2, "packed sequences", "(rows, (heads + 2 kv_heads) d_head)");
+  if (a_in.kv_len || a_in.pattern_grad.defined() || a_in.on_pattern_grad || a_in.additive_mask.defined() || !a_in.causal)
+    fail("attention: soft-capped packed sequences are causal, with no kv_len or additive mask and no pattern gradient");
+  const int64_t B = static_cast<int64_t>(len.size()), n = qkv.size(0), W = qkv.size(1);
+  int64_t longest = 0, rows = 0;
+  for (int32_t l : len) {
+    if (l < 0) fail("attention: sequence length ", l, " < 0");
+    longest = std::max<int64_t>(longest, l), rows += l;
+  }
+  if (rows != n) fail("attention: sequence lengths add up to ", rows, ", qkv has ", n, " rows");
+  if (longest == 0) return Tensor::zeros({0, d.H * d.dh});
+  // padded row (b, t) <- packed row start_b + t, or the zero row n after the sequence
+  Ids padded(Shape{B * longest}), packed(Shape{n});
+  for (int64_t b = 0, start = 0; b < B; start += len[static_cast<size_t>(b)], ++b)
+    for (int64_t t = 0; t < longest; ++t) {
+      const bool real = t < len[static_cast<size_t>(b)];
+      padded.data[static_cast<size_t>(b * longest + t)] = static_cast<int32_t>(real ? start + t : n);
+      if (real) packed.data[static_cast<size_t>(start + t)] = static_cast<int32_t>(b * longest + t);
+    }
+  const Tensor grid = reshape(gather_rows(concat({qkv, Tensor::zeros({1, W})}, 0), padded), {B, longest, W});
+  const std::vector<Tensor> p = split(grid, {d.H * d.dh, d.Hkv * d.dh, d.Hkv * d.dh}, 2);
+  AttentionArgs a = a_in;
+  a.d_head = static_cast<int>(d.dh);
+  a.n_kv_heads = static_cast<int>(d.Hkv);
+  a.window = std::min<int64_t>(a.window, longest);
+  const Tensor S = mask_scores(scaled_scores(p[0], p[1], a, longest), a, /*additive=*/false);  // (B, H, longest, longest)
+  Tensor P = softmax(mask_scores(mul_scalar(tanh(mul_scalar(S, 1.f / softcap)), softcap), a), -1);
+  if (a.dropout > 0.f) P = dropout(P, a.dropout, *a.rng, true);
+  const Tensor z = attention_from_pattern(P, p[2], a);  // (B, longest, H*dh)
+  return gather_rows(reshape(z, {B * longest, d.H * d.dh}), packed);
+}
+
 std::vector<HookPointInfo> MultiHeadAttention::hook_points(const AttentionConfig& c) {
   const std::string H = std::to_string(c.n_heads), Hkv = std::to_string(c.kv_heads()), dh = std::to_string(c.head_dim()),
                     D = std::to_string(c.d_model);
@@ -673,7 +707,6 @@ AttentionArgs MultiHeadAttention::args_for(const Call& call, int64_t kv_len) con
 
 Tensor MultiHeadAttention::forward(const Tensor& x_q, const Tensor& x_kv, const Call& call) {
   if (!call.live_len.empty()) {
-    if (cfg.softcap > 0.f) fail("attention: soft-capped scores take no packed sequences (live_len)");
     return forward_packed_sequences(*this, x_q, x_kv, call, args_for(call, 0));
   }
   const HookPoints hp{call.hooks, call.hook_prefix, cfg.head_dim()};

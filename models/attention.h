@@ -59,6 +59,16 @@ Tensor attention_packed(const Tensor& qkv, const AttentionArgs& args, Tensor* pa
 // nothing). key_padding, if given, is (B, longest len). No pattern, additive mask or kv_len.
 Tensor attention_varlen(const Tensor& qkv, std::span<const int32_t> len, const AttentionArgs& a);
 
+// attention_varlen with soft-capped scores, softcap * tanh(scores / softcap) after scaling (Gemma
+// 2): the fused op has no cap, so the sequences are laid out padded, (B, longest, ...), and
+// attended by differentiable primitive ops; the padding after a sequence is never a key of its
+// positions (causal), and the result comes back packed, (sum of len, H*dh). Dropout as `a` says.
+Tensor attention_varlen_capped(const Tensor& qkv, std::span<const int32_t> len, const AttentionArgs& a, float softcap);
+
+// RMSNorm over d_head of each of the `heads` heads of t (..., heads*dh) with the (dh) weight w
+// shared by the heads (the QK-norm): x / sqrt(mean(x^2) + eps) * w.
+Tensor head_rms_norm(const Tensor& t, int heads, int64_t dh, const Tensor& w, float eps);
+
 // Rotary position embeddings (RoPE, Su et al.): the pair (a, b) of a head's columns at position
 // p turns by the angle p * theta^(-2i/dim): a' = a cos - b sin, b' = b cos + a sin.
 struct RotaryArgs {

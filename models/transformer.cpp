@@ -588,7 +588,10 @@ Tensor TransformerLM::run_blocks(int layer, Tensor x, MultiHeadAttention::Call& 
   if (opt.stop_at_layer >= 0) return x;  // (B, T, d_model): the residual stream entering block stop
   if (live && opt.output_rows && layer == cfg.n_layers) x = gather_rows(x, *opt.output_rows);
   if (ln_f) x = hk ? hk->apply(kLnFinal, hooked_layer_norm(*ln_f, x, hk, std::string(), kLnFinalScale)) : ln_f->forward(x);
-  const Tensor logits = head.forward(x);  // (B, T, vocab), or (live or output rows, vocab)
+  return cap_logits(head.forward(x));  // (B, T, vocab), or (live or output rows, vocab)
+}
+
+Tensor TransformerLM::cap_logits(const Tensor& logits) const {
   if (cfg.final_softcap == 0.f) return logits;
   return mul_scalar(tanh(mul_scalar(logits, 1.f / cfg.final_softcap)), cfg.final_softcap);  // cap tanh(logits / cap)
 }

@@ -176,6 +176,8 @@ class TransformerLM : public Module {
     return blocks[layer]->attn.gates;
   }
   void set_gates_require_grad(bool on);
+  // The head's logits as the forward returns them: cap tanh(logits / cap) with final_softcap, else as they are.
+  Tensor cap_logits(const Tensor& logits) const;
   std::vector<std::vector<float>> gate_values() const;  // (n_layers, H)
   bool gates_all_one() const;
 

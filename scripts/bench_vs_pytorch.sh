@@ -8,7 +8,8 @@
 # OPENBLAS_CORETYPE: Debian's OpenBLAS 0.3.21 does not recognise this CPU and falls back to its
 # Prescott kernels when the variable is unset, for PyTorch as for headlab. Both run with the
 # same kernels: CORE (default SkylakeX, the AVX-512 ones); CORE=unset runs with it unset.
-# Usage: scripts/bench_vs_pytorch.sh [CONFIGS...]   (default: S M L V1 V4 V16; also gpt2-small)
+# Usage: scripts/bench_vs_pytorch.sh [CONFIGS...]   (default: S M L V1 V4 V16; also S-llama,
+# M-llama (the Llama-style block against scripts/reference/modern_lm.py's) and gpt2-small)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED=${SHARED:-$PWD/scripts/reference}
@@ -33,7 +34,7 @@ HL_ENV=(env -u OMP_WAIT_POLICY)
 [ "${HEADLAB_ENV:-best}" = same ] && HL_ENV=(env)
 out=$(mktemp -d)
 for cfg in "${configs[@]}"; do
-  steps=30; case $cfg in S|V*) steps=50;; gpt2-small) steps=10;; esac
+  steps=30; case $cfg in S|S-llama|V*) steps=50;; gpt2-small) steps=10;; esac
   for r in $(seq "$ROUNDS"); do
     echo "round $r/$ROUNDS: $cfg" >&2
     "${HL_ENV[@]}" ./build/headlab bench --one "$cfg" --threads "$THREADS" --steps "$steps" --warmup 5 >> "$out/headlab.jsonl"
@@ -48,12 +49,12 @@ load = lambda f: [json.loads(l) for l in open(f"{d}/{f}") if l.strip()]
 hl, tt, tf = load("headlab.jsonl"), load("torch_train.jsonl"), load("torch_fwd.jsonl")
 med = lambda xs: statistics.median(xs)
 print(f"OPENBLAS_CORETYPE={core}, {threads} threads, headlab environment: {sys.argv[4]}, medians over rounds of per-run medians")
-print(f"{'cfg':4} {'headlab train ms':>16} {'torch train ms':>15} {'speed-up':>9} {'headlab fwd ms':>15} {'torch fwd ms':>13} {'speed-up':>9} {'headlab RSS MiB':>16} {'torch RSS MiB':>14}")
+print(f"{'cfg':7} {'headlab train ms':>16} {'torch train ms':>15} {'speed-up':>9} {'headlab fwd ms':>15} {'torch fwd ms':>13} {'speed-up':>9} {'headlab RSS MiB':>16} {'torch RSS MiB':>14}")
 for cfg in dict.fromkeys(r["config"] for r in hl):
     h = [r for r in hl if r["config"] == cfg]; a = [r for r in tt if r["config"] == cfg]; f = [r for r in tf if r["config"] == cfg]
     ht, at = med([r["train_ms_median"] for r in h]), med([r["ms_median"] for r in a])
     hf, af = med([r["fwd_ms_median"] for r in h]), med([r["ms_median"] for r in f])
     hr, ar = med([r["peak_rss_kb"] for r in h]) / 1024, med([r["peak_rss_kb"] for r in a]) / 1024
-    print(f"{cfg:4} {ht:16.2f} {at:15.2f} {at/ht:8.2f}x {hf:15.2f} {af:13.2f} {af/hf:8.2f}x {hr:16.1f} {ar:14.1f}")
+    print(f"{cfg:7} {ht:16.2f} {at:15.2f} {at/ht:8.2f}x {hf:15.2f} {af:13.2f} {af/hf:8.2f}x {hr:16.1f} {ar:14.1f}")
 PY
 rm -rf "$out"

@@ -162,7 +162,7 @@ done <<'EOF2'
 --head-counts: 2 is given twice|ablate --head-counts 2,2
 EOF2
 check "bad --config" nonzero "--config '16,1,2,32,4,8x': '8x' is not a whole number" -- "$HL" bench --config 16,1,2,32,4,8x
-check "unknown config name" nonzero "unknown config 'Q': give S, M, L, V1, V4, V16, gpt2-small or six numbers" -- "$HL" bench --config Q
+check "unknown config name" nonzero "unknown config 'Q': give S, M, L, S-llama, M-llama, V1, V4, V16, gpt2-small or six numbers" -- "$HL" bench --config Q
 check "configs joined by a comma" nonzero "unknown config 'V1,V4'.*separated by spaces \(--config V1 V4\)" -- "$HL" bench --config V1,V4
 check "custom config of five numbers" nonzero "--config '16,1,2,32,4': 5 numbers" -- "$HL" bench --config 16,1,2,32,4
 check "bench --json into a missing directory, before any work" nonzero "$T/nodir/b.json: cannot write: no directory" -- "$HL" bench --config 16,1,2,32,4,8 --json "$T/nodir/b.json"

@@ -9,6 +9,7 @@
 #include "lib/core.h"
 #include "models/attention.h"
 #include "models/transformer.h"
+#include "train/settings.h"
 
 namespace hl::test {
 
@@ -36,6 +37,24 @@ inline ModelConfig test_model(const TestModel& t = {}) {
   c.norm = t.norm;
   c.attn_bias = t.attn_bias;
   return c;
+}
+
+// `base` with the options of the --arch preset `arch` (as `headlab train --arch` gives them when
+// no other flag is given), its sizes kept.
+inline ModelConfig preset_model(const std::string& arch, const ModelConfig& base) {
+  const ArchPreset* p = find_arch_preset(arch);
+  if (!p) fail("no preset ", arch);
+  TrainFlagValues v;
+  v.args.model = base;
+  v.args.model.arch = arch;
+  // the fields kept as text until resolved
+  v.norm = to_string(base.norm), v.activation = to_string(base.activation), v.positions = to_string(base.positions);
+  v.normalization = to_string(base.normalization), v.mlp = to_string(base.mlp);
+  return resolve_train_flags(v, [p](const std::string& f) {
+           for (const auto& s : p->settings)
+             if (s.first == f) return false;
+           return true;  // every other setting as `base` has it
+         }).model;
 }
 
 // d_model 8, 2 heads, no biases.

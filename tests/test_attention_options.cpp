@@ -196,6 +196,40 @@ BOOST_AUTO_TEST_CASE(kv_cache_decoding_equals_the_full_forward_with_rotary_and_a
     }
 }
 
+BOOST_AUTO_TEST_CASE(packed_live_positions_with_a_soft_cap_equal_the_full_forward_and_its_gradients) {
+  // live_len (training's skip of the positions after a row's last target, the edge passes) takes
+  // soft-capped scores through a padded layout: the live rows' logits and the parameters'
+  // gradients of a loss on them equal the full forward's
+  auto m = random_model(every_option(), 21);
+  const Ids ids(Shape{3, 8}, {1, 3, 5, 2, 6, 0, 4, 4, 1, 2, 0, 3, 6, 5, 4, 3, 2, 1, 5, 5, 0, 1, 2, 3});
+  const std::vector<int32_t> live = {5, 8, 3};
+  Ids rows(Shape{16});
+  for (int32_t b = 0, i = 0; b < 3; ++b)
+    for (int32_t t = 0; t < live[static_cast<size_t>(b)]; ++t) rows.data[static_cast<size_t>(i++)] = b * 8 + t;
+  ForwardOptions lo;
+  lo.live_len = live;
+  const Tensor packed = m->forward(ids, lo);  // (16, vocab)
+  const Tensor V = reshape(m->forward(ids), {24, m->cfg.vocab_size});
+  const Tensor full = gather_rows(V, rows);
+  BOOST_TEST(max_diff(packed, full) < 1e-5f);
+  auto grads = [&](const Tensor& logits) {
+    sum(mul(logits, logits), {0, 1}).backward();
+    std::vector<float> g;
+    for (auto& [name, p] : m->named_parameters()) {
+      const std::vector<float> v = p.grad().to_vector();
+      g.insert(g.end(), v.begin(), v.end());
+    }
+    m->zero_grad();
+    return g;
+  };
+  const std::vector<float> gp = grads(m->forward(ids, lo)), gf = grads(gather_rows(reshape(m->forward(ids), {24, m->cfg.vocab_size}), rows));
+  BOOST_TEST_REQUIRE(gp.size() == gf.size());
+  float worst = 0.f, biggest = 0.f;
+  for (size_t i = 0; i < gp.size(); ++i) worst = std::max(worst, std::fabs(gp[i] - gf[i])), biggest = std::max(biggest, std::fabs(gf[i]));
+  BOOST_TEST(biggest > 0.1f);
+  BOOST_TEST(worst <= 1e-4f * biggest);
+}
+
 BOOST_AUTO_TEST_CASE(a_window_of_t_is_global_and_a_window_of_1_sees_itself_in_every_kernel_path) {
   // dh 2: small-head kernels; dh 12: the reference path; T 80: long slices; then packed, varlen
   for (const int64_t dh : {int64_t{2}, int64_t{12}})
@@ -393,17 +427,12 @@ BOOST_AUTO_TEST_CASE(a_left_padded_rotary_row_equals_the_row_alone) {
   BOOST_TEST(max_diff(slice(m->forward(padded, opt), 1, 2, 5), want) > 1e-3f);
 }
 
-BOOST_AUTO_TEST_CASE(edges_refuse_the_attention_options_they_do_not_replay) {
+BOOST_AUTO_TEST_CASE(edges_take_every_attention_option) {
+  // exact edges equal the hooked reference with each option: tests/test_edges.cpp
   ModelConfig c = test_model();
-  c.positions = Positions::Rotary;
-  BOOST_CHECK_EXCEPTION(check_edge_model(c), Error, [](const Error& e) {
-    return std::string(e.what()) == "edges: the model's attention has rotary positions (positions rotary); edges are not defined for it here";
-  });
-  c = test_model();
-  c.sliding_window = 3;
-  BOOST_CHECK_EXCEPTION(check_edge_model(c), Error, [](const Error& e) { return std::string(e.what()).find("sliding_window") != std::string::npos; });
-  c = test_model();
-  c.positions = Positions::None;  // NoPE: nothing to replay
-  c.qkv_bias = true;
-  check_edge_model(c);
+  c.positions = Positions::Rotary, c.qk_norm = true, c.attn_scale = 1.f, c.attn_softcap = 5.f, c.sliding_window = 3;
+  c.qkv_bias = c.o_bias = true;
+  BOOST_CHECK_NO_THROW(check_edge_model(c));
+  c.n_kv_heads = 1;  // grouped keys and values stay refused: a head's .k and .v need their own
+  BOOST_CHECK_EXCEPTION(check_edge_model(c), Error, [](const Error& e) { return std::string(e.what()).find("n_kv_heads 1") != std::string::npos; });
 }

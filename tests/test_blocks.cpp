@@ -425,25 +425,69 @@ BOOST_AUTO_TEST_CASE(dla_with_a_final_soft_cap_attributes_the_logit_before_the_c
   }
 }
 
-BOOST_AUTO_TEST_CASE(edges_refuse_the_blocks_they_do_not_model_naming_the_option) {
-  auto refused = [](auto set, const std::string& message) {
-    ModelConfig c = test_model();
-    set(c);
-    BOOST_CHECK_EXCEPTION(check_edge_model(c), Error, [&](const Error& e) {
-      BOOST_TEST(std::string(e.what()) == message);
-      return true;
-    });
-  };
-  refused([](ModelConfig& c) { c.parallel_block = true; },
-          "edges: the model has parallel blocks (parallel_block); edges are defined for sequential blocks here, whose MLP "
-          "reads attention's output");
-  refused([](ModelConfig& c) { c.sandwich_norm = true; }, "edges: the model has sandwich norms (sandwich_norm); edges are not defined for them here");
-  refused([](ModelConfig& c) { c.final_softcap = 30.f; },
-          "edges: the model soft-caps its logits (final_softcap); edges are not defined for it here");
-  ModelConfig ok = test_model();
-  ok.mlp = Mlp::SwiGLU;  // a gated MLP and RMS norms are modelled (test_edges.cpp)
-  ok.normalization = NormKind::RMSNorm;
-  BOOST_CHECK_NO_THROW(check_edge_model(ok));
+BOOST_AUTO_TEST_CASE(each_preset_keeps_the_dla_and_decomposition_identities_and_clean_patching_restores_the_run) {
+  // tiny models of each --arch preset (d_head 8: neox's quarter turns 2 dims; gemma2's window of 3
+  // hides keys, its final cap 2 bends the logits); exact edges of each preset: tests/test_edges.cpp
+  const Ids clean = ids_2x5(), corrupted(Shape{2, 5}, {2, 3, 0, 2, 6, 5, 4, 1, 1, 2});
+  for (const std::string arch : {"gpt2", "llama", "neox", "gemma2"}) {
+    BOOST_TEST_CONTEXT(arch) {
+      ModelConfig c = preset_model(arch, test_model({.d_model = 16, .d_ff = 12}));
+      if (arch == "gemma2") c.sliding_window = 3, c.final_softcap = 2.f;
+      auto m = random_model(c, 12);
+      NoGradGuard ng;
+      // decomposition: the components sum to the residual stream entering every layer
+      auto [logits, cache] = m->run_with_cache(clean, decomposition_hooks());
+      for (int layer = 0; layer <= c.n_layers; ++layer) {
+        const ResidStack st = decompose_resid(*m, cache, layer);
+        const Tensor& resid = layer < c.n_layers ? cache["blocks." + std::to_string(layer) + ".hook_resid_pre"]
+                                                 : cache["blocks." + std::to_string(c.n_layers - 1) + ".hook_resid_post"];
+        const int64_t N = resid.numel();
+        double worst = 0, scale = 0;
+        for (int64_t i = 0; i < N; ++i) {
+          double sum = 0, mag = 0;
+          for (int64_t k = 0; k < st.components(); ++k) sum += st.values[k * N + i], mag += std::fabs(st.values[k * N + i]);
+          worst = std::max(worst, std::fabs(sum - resid.data()[i]));
+          scale = std::max(scale, mag);
+        }
+        BOOST_TEST(worst <= 1e-5 * (1 + scale), "layer " << layer << ": components miss the residual by " << worst);
+      }
+      // DLA: the components plus the bias term sum to the logit (before a final cap: the same
+      // model without it)
+      ModelConfig uncapped = c;
+      uncapped.final_softcap = 0.f;
+      TransformerLM u(uncapped, 12);
+      for (auto& [name, p] : u.named_parameters()) p.copy_from(m->parameter(name));
+      Batch batch;
+      batch.inputs = clean;
+      batch.targets = Ids(Shape{2, 5}, {3, -1, 2, 6, 0, -1, 1, 1, 2, 4});
+      const DlaResult r = direct_logit_attribution(*m, {batch});
+      const Tensor want = u.forward(batch.inputs);  // (2, 5, 7)
+      for (int64_t b = 0; b < 2; ++b) {
+        double logit = 0, sum = r.bias_per_row[b];
+        int n = 0;
+        for (int64_t t = 0; t < 5; ++t)
+          if (const int32_t y = batch.targets.at(b, t); y >= 0) logit += want.data()[(b * 5 + t) * 7 + y], ++n;
+        logit /= n;
+        for (const auto& comp : r.per_row) sum += comp[b];
+        BOOST_TEST(std::fabs(r.logit_per_row[b] - logit) <= 1e-5 * (1 + std::fabs(logit)));
+        BOOST_TEST(std::fabs(sum - logit) <= 1e-5 * (1 + std::fabs(logit)));
+      }
+      // patching every position of a residual hook with the clean activation restores the clean run
+      const Tensor clean_logits = m->forward(clean), corrupted_logits = m->forward(corrupted);
+      const PatchMetric distance = [&](const Tensor& l, const std::vector<int64_t>&) {
+        double d = 0;
+        for (int64_t i = 0; i < l.numel(); ++i) d = std::max(d, std::fabs(double(l.data()[i]) - clean_logits.data()[i]));
+        return d;
+      };
+      BOOST_TEST(distance(corrupted_logits, {}) > 0.01);  // the corruption changes the logits: the test can fail
+      std::vector<std::string> hooks = {"hook_resid_pre", "hook_resid_post"};
+      if (!c.parallel_block) hooks.push_back("hook_resid_mid");
+      for (const std::string& hook : hooks) {
+        const PatchGrid g = generic_activation_patch(*m, clean, corrupted, hook, {"layer"}, distance);
+        BOOST_TEST(g.values == std::vector<double>(static_cast<size_t>(c.n_layers), 0.0), tt::per_element());
+      }
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(rms_hook_scale_is_the_divisor_and_a_replaced_one_is_used) {

@@ -11,6 +11,7 @@
 
 using namespace hl;
 using hl::test::error_of;
+using hl::test::preset_model;
 using hl::test::test_model;
 
 namespace {
@@ -43,7 +44,8 @@ std::vector<Tensor> sender_deltas(TransformerLM& m, const PatchingInputs& in) {
   EvalScope mode(m);
   NoGradGuard ng;
   const ActivationCache c = m.run_with_cache(in.clean, all_names()).second, k = m.run_with_cache(in.corrupted, all_names()).second;
-  std::vector<Tensor> d = {sub(add(k["hook_embed"], k["hook_pos_embed"]), add(c["hook_embed"], c["hook_pos_embed"]))};
+  auto embed = [](const ActivationCache& a) { return a.has("hook_pos_embed") ? add(a["hook_embed"], a["hook_pos_embed"]) : a["hook_embed"]; };
+  std::vector<Tensor> d = {sub(embed(k), embed(c))};
   for (int l = 0; l < m.cfg.n_layers; ++l) {
     const std::string n = "blocks." + std::to_string(l) + ".attn.hook_result";
     const Tensor &rc = c[n], &rk = k[n];  // (B, T, H, D)
@@ -68,6 +70,8 @@ double clean_metric(TransformerLM& m, const PatchingInputs& in) {
 // head or stacked, packed rows or not): each logit is a chain of a few dot products of <= 64
 // terms of order 1 through layer norms, so they agree to a few hundred units of round-off.
 constexpr double kTol = 2e-5;
+
+EdgeSender s_of(const ModelConfig& c, const std::string& name) { return parse_sender(c, name); }
 
 }  // namespace
 
@@ -129,15 +133,50 @@ BOOST_AUTO_TEST_CASE(edges_are_enumerated_in_forward_order) {
     BOOST_TEST((parse_receiver(c, r.name()) == r));
   }
   BOOST_TEST(readers_of(c, parse_sender(c, "L1H0")).size() == 2u);  // mlp1 and logits
+  // a parallel block's MLP reads the block's input: a layer's heads do not reach its own MLP
+  ModelConfig par = c;
+  par.parallel_block = true;
+  const auto pe = model_edges(par);
+  BOOST_TEST(pe.size() == e.size() - 4);  // L0H0, L0H1 -> mlp0 and L1H0, L1H1 -> mlp1 are gone
+  for (const auto& [s, r] : pe)
+    if (r.kind == EdgeReceiver::Mlp) BOOST_TEST(s.layer < r.layer);
+  BOOST_TEST(is_edge(s_of(c, "L1H0"), parse_receiver(c, "mlp1")));
+  BOOST_TEST(!is_edge(par, s_of(c, "L1H0"), parse_receiver(c, "mlp1")));
+  BOOST_TEST(is_edge(par, s_of(c, "L0H1"), parse_receiver(c, "mlp1")));
+  BOOST_TEST(readers_of(par, parse_sender(c, "L1H0")).size() == 1u);  // logits only
 }
 
 BOOST_AUTO_TEST_CASE(exact_edge_patching_matches_the_hooked_reference_for_every_edge) {
-  // a gated MLP is replayed through its own forward; RMS norms (Llama's) have their own backward
-  for (const std::string variant : {"mlp", "attention-only", "rmsnorm swiglu", "rmsnorm_1p"}) {
+  // a gated MLP is replayed through its own forward; RMS norms (Llama's) have their own backward;
+  // every block and attention option: the fast path's head replay applies it as the model does,
+  // and the hooked reference runs the model itself
+  for (const std::string variant :
+       {"mlp", "attention-only", "rmsnorm swiglu", "rmsnorm_1p", "parallel", "parallel swiglu rmsnorm", "sandwich layernorm",
+        "sandwich rmsnorm_1p geglu", "final softcap", "rotary half", "rotary interleaved partial", "nope", "qk_norm",
+        "qk_norm rotary", "attn_scale", "attn_softcap", "sliding window", "sliding window alternate", "qkv_bias o_bias",
+        "preset gpt2", "preset llama", "preset neox", "preset gemma2"}) {
     const int64_t d_ff = variant == "attention-only" ? 0 : 12;
     ModelConfig c = test_model({.layers = 3, .d_ff = d_ff});
+    if (variant.starts_with("preset ")) {  // d_head 8: neox's quarter turns 2 dims
+      c = preset_model(variant.substr(7), test_model({.d_model = 16, .layers = 3, .d_ff = 12}));
+      if (variant == "preset gemma2") c.sliding_window = 3;  // 4096 would be global on 6 tokens
+    }
     if (variant == "rmsnorm swiglu") c.mlp = Mlp::SwiGLU, c.normalization = NormKind::RMSNorm;
     if (variant == "rmsnorm_1p") c.normalization = NormKind::RMSNorm1p;
+    if (variant.starts_with("parallel")) c.parallel_block = true;
+    if (variant == "parallel swiglu rmsnorm") c.mlp = Mlp::SwiGLU, c.normalization = NormKind::RMSNorm;
+    if (variant.starts_with("sandwich")) c.sandwich_norm = true, c.attn_bias = true;  // W_O's bias inside ln1_post
+    if (variant == "sandwich rmsnorm_1p geglu") c.normalization = NormKind::RMSNorm1p, c.mlp = Mlp::GeGLU;
+    if (variant == "final softcap") c.final_softcap = 1.5f;  // logits of order 1: the cap bends them
+    if (variant.find("rotary") != std::string::npos) c.positions = Positions::Rotary;
+    if (variant == "rotary interleaved partial") c.rotary_style = "interleaved", c.rotary_dim = 2;
+    if (variant == "nope") c.positions = Positions::None;
+    if (variant.starts_with("qk_norm")) c.qk_norm = true;
+    if (variant == "attn_scale") c.attn_scale = 1.f;
+    if (variant == "attn_softcap") c.attn_softcap = 0.7f;  // scores of order 1: the cap bends them
+    if (variant.starts_with("sliding window")) c.sliding_window = variant == "sliding window" ? 3 : 2;
+    if (variant == "sliding window alternate") c.window_layers = "alternate";
+    if (variant == "qkv_bias o_bias") c.qkv_bias = c.o_bias = true;
     TransformerLM m(c, 5);
     randomise(m, 6);
     m.blocks[1]->attn.gates.data()[1] = 0.5f;  // a gated head: its result carries the gate
@@ -154,10 +193,10 @@ BOOST_AUTO_TEST_CASE(exact_edge_patching_matches_the_hooked_reference_for_every_
       const Edge& e = r.edges[i];
       BOOST_TEST_REQUIRE((e.sender == edges[i].first && e.receiver == edges[i].second));
       const double ref = patched_receiver_metric(m, in, e.receiver, deltas[e.sender.layer < 0 ? 0 : 1 + e.sender.layer * 2 + e.sender.head]) - m0;
-      BOOST_TEST_CONTEXT(e.sender.name() << " -> " << e.receiver.name()) { BOOST_TEST(std::fabs(e.exact - ref) <= kTol); }
+      BOOST_TEST_CONTEXT(variant << ": " << e.sender.name() << " -> " << e.receiver.name()) { BOOST_TEST(std::fabs(e.exact - ref) <= kTol); }
       biggest = std::max(biggest, std::fabs(ref));
     }
-    BOOST_TEST(biggest > 0.05);  // the edges carry effects far above the tolerance
+    BOOST_TEST(biggest > 0.05, variant);  // the edges carry effects far above the tolerance
   }
 }
 

@@ -286,6 +286,51 @@ BOOST_AUTO_TEST_CASE(atlas_norms_equal_slices_of_the_full_gradient) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(atlas_mlp_norms_are_the_gate_up_and_down_gradients_and_are_written_and_resumed) {
+  CopyTask task(tiny_task());
+  const auto data = task.held_out(4, 2, 4);
+  for (Mlp kind : {Mlp::SwiGLU, Mlp::Plain}) {
+    ModelConfig c = tiny_model();
+    c.mlp = kind;
+    TransformerLM m(c, 6);
+    ForwardOptions o;
+    o.key_padding = data[0].key_padding;
+    cross_entropy(m.forward(data[0].inputs, o), data[0].targets).backward();
+    const auto rows = mlp_gradient_norms(m, 7);
+    const bool gated = kind == Mlp::SwiGLU;
+    BOOST_TEST_REQUIRE(rows.size() == 2u * (gated ? 3 : 2));
+    for (const HeadNormRow& r : rows) {
+      const FeedForward& f = *m.blocks[r.layer]->ffn;
+      const Tensor& w = r.matrix == "W_gate" ? f.gate->weight : r.matrix == "W_in" ? f.fc1.weight : f.fc2.weight;
+      BOOST_TEST((r.matrix != "W_gate" || gated));
+      double s = 0, sw = 0;
+      for (int64_t i = 0; i < w.numel(); ++i)
+        s += double(w.grad().data()[i]) * w.grad().data()[i], sw += double(w.data()[i]) * w.data()[i];
+      BOOST_TEST(s > 0);
+      BOOST_TEST(r.grad_norm == std::sqrt(s), tt::tolerance(1e-9));
+      BOOST_TEST(r.weight_norm == std::sqrt(sw), tt::tolerance(1e-9));
+      BOOST_TEST((r.step == 7 && r.head == -1));
+    }
+    // the atlas writes them (step,layer,matrix,...) and a resumed atlas keeps those before its step
+    const std::string dir = fresh_dir(gated ? "atlas_mlp_gated" : "atlas_mlp_plain");
+    std::filesystem::create_directories(dir);
+    {
+      GradAtlas a(dir, 1, {}, false);
+      a.observe(1, m);
+      a.observe(2, m);
+    }
+    const std::string csv = read_file(dir + "/mlp_grad_atlas.csv");
+    BOOST_TEST(csv.starts_with("step,layer,matrix,grad_norm,weight_norm\n1,0," + std::string(gated ? "W_gate" : "W_in") + ","));
+    GradAtlas resumed(dir, 1, {}, true);
+    BOOST_TEST(resumed.mlp_norm_rows().size() == 2 * rows.size());
+    resumed.observe(2, m);  // step 2 again: its old rows dropped, new ones logged
+    BOOST_TEST(resumed.mlp_norm_rows().size() == 2 * rows.size());
+  }
+  ModelConfig attention_only = tiny_model();
+  attention_only.d_ff = 0;
+  BOOST_TEST(mlp_gradient_norms(TransformerLM(attention_only, 1), 0).empty());
+}
+
 BOOST_AUTO_TEST_CASE(circuit_singular_values) {
   // singular values of a known matrix: diag(3, 2) rotated
   const std::vector<double> m = {0, 2, 3, 0};

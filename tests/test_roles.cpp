@@ -197,6 +197,83 @@ BOOST_AUTO_TEST_CASE(model_composition_scores_equal_the_products_formed_in_full)
     }
 }
 
+
+BOOST_AUTO_TEST_CASE(rotary_composition_is_taken_at_a_key_offset_as_the_models_scores_are) {
+  for (const std::string style : {"half", "interleaved"}) {
+    ModelConfig c = test_model({.d_model = 12, .heads = 3, .d_ff = 16, .max_seq_len = 16, .attn_bias = false});
+    c.positions = Positions::Rotary;
+    c.rotary_style = style;
+    if (style == "interleaved") c.rotary_dim = 2;  // partial: one pair of each head turns
+    TransformerLM m(c, 9);
+    const int D = 12, dh = 4, T = 7;
+    BOOST_TEST_CONTEXT(style) {
+      // W_QK at offset i - j gives the model's own scores q'_i . k'_j (after rotary, before the scale)
+      Rng r(3);
+      Tensor x = Tensor::empty({1, T, D});
+      for (int64_t i = 0; i < x.numel(); ++i) x.data()[i] = r.normal();
+      Tensor rq, rk;
+      Hooks hk;
+      hk.add_forward("a.hook_rot_q", [&](const Tensor& t, const std::string&) { rq = t.clone(); return Tensor(); });
+      hk.add_forward("a.hook_rot_k", [&](const Tensor& t, const std::string&) { rk = t.clone(); return Tensor(); });
+      MultiHeadAttention::Call call;
+      call.causal = true;
+      call.hooks = &hk;
+      call.hook_prefix = "a.";
+      {
+        NoGradGuard ng;
+        m.blocks[1]->attn.forward(x, Tensor(), call);
+      }
+      BOOST_TEST_REQUIRE((rq.defined() && rk.defined()));
+      for (int b = 0; b < 3; ++b)
+        for (int i = 0; i < T; ++i)
+          for (int j = 0; j <= i; ++j) {
+            double s = 0, ref = 0;
+            for (int t = 0; t < dh; ++t) s += double(rq.data()[(i * 3 + b) * dh + t]) * rk.data()[(j * 3 + b) * dh + t];
+            const std::vector<double> W = qk_circuit(m, 1, b, i - j);
+            for (int a = 0; a < D; ++a)
+              for (int e = 0; e < D; ++e) ref += x.data()[i * D + a] * W[a * D + e] * x.data()[j * D + e];
+            BOOST_TEST(std::fabs(s - ref) <= 1e-5 * (1 + std::fabs(s)), "head " << b << " i " << i << " j " << j);
+          }
+      // the scores at an offset are those of the dense matrices at that offset
+      auto tr = [&](const std::vector<double>& a) {
+        std::vector<double> t(a.size());
+        for (int i = 0; i < D; ++i)
+          for (int j = 0; j < D; ++j) t[j * D + i] = a[i * D + j];
+        return t;
+      };
+      auto ov = [&](int layer, int h) {
+        const auto& A = m.blocks[layer]->attn;
+        std::vector<double> o(D * D, 0.0);
+        for (int i = 0; i < D; ++i)
+          for (int j = 0; j < D; ++j)
+            for (int t = 0; t < dh; ++t) o[i * D + j] += double(A.W_O.weight.at({i, h * dh + t})) * A.W_V.weight.at({h * dh + t, j});
+        return o;
+      };
+      const CompositionScores at0 = composition_scores(m, 0, 1), plain0 = composition_scores(m, 0, 1, 0);
+      bool moved = false;
+      for (int64_t offset : {0, 3}) {
+        const CompositionScores cs = composition_scores(m, 0, 1, offset);
+        for (int a = 0; a < 3; ++a)
+          for (int b = 0; b < 3; ++b) {
+            const std::vector<double> qk = qk_circuit(m, 1, b, offset), ov_a = ov(0, a);
+            BOOST_TEST(cs.q[a][b] == composition_score(tr(qk), ov_a, D), boost::test_tools::tolerance(1e-9));
+            BOOST_TEST(cs.k[a][b] == composition_score(qk, ov_a, D), boost::test_tools::tolerance(1e-9));
+            BOOST_TEST(cs.v[a][b] == at0.v[a][b], boost::test_tools::tolerance(1e-12));  // no rotation in W_OV
+            moved = moved || std::fabs(cs.k[a][b] - at0.k[a][b]) > 1e-3;
+          }
+      }
+      BOOST_TEST(moved);  // under rotary the offset matters: the test can fail
+      BOOST_TEST(plain0.k == at0.k);  // offset 0 (R = I) is the unrotated score
+      const CompositionScores mean = composition_scores_over_offsets(m, 0, 1, 2), at1 = composition_scores(m, 0, 1, 1);
+      BOOST_TEST(mean.k[1][2] == (at0.k[1][2] + at1.k[1][2]) / 2, boost::test_tools::tolerance(1e-12));
+    }
+  }
+  // without rotary positions every offset scores as offset 0
+  TransformerLM plain(test_model({.d_model = 12, .heads = 3, .max_seq_len = 16, .attn_bias = false}), 9);
+  BOOST_TEST(composition_scores(plain, 0, 1, 5).k == composition_scores(plain, 0, 1).k);
+  BOOST_CHECK_THROW(composition_scores(plain, 0, 1, 16), Error);
+}
+
 namespace {
 // A copy model trained a little, so clean and corrupted answers differ.
 std::unique_ptr<Trainer> trained_copy_model() {

@@ -19,9 +19,10 @@ namespace hl {
 GradAtlas::GradAtlas(std::string out, int64_t every, std::vector<int64_t> dump_at, bool resume)
     : out_(std::move(out)), every_(every), dump_at_(std::move(dump_at)) {
   if (!resume) return;
-  // Rows of an earlier part of the run, checked: step, layer and head whole numbers, then the
-  // table's other columns (a file edited by hand is refused, naming the line).
-  auto load = [&](const std::string& name, std::vector<std::string>& rows, size_t columns, int number_column) {
+  // Rows of an earlier part of the run, checked: step, layer and head (the first `wholes`
+  // columns) whole numbers, then the table's other columns (a file edited by hand is refused,
+  // naming the line).
+  auto load = [&](const std::string& name, std::vector<std::string>& rows, size_t columns, int number_column, size_t wholes = 3) {
     const std::string path = out_ + "/" + name;
     if (!file_exists(path)) return;
     std::stringstream in(read_file(path));
@@ -42,7 +43,8 @@ GradAtlas::GradAtlas(std::string out, int64_t every, std::vector<int64_t> dump_a
         std::strtod(x.c_str(), &end);
         return !x.empty() && *end == '\0';
       };
-      if (f.size() < columns || !whole(f[0]) || !whole(f[1]) || !whole(f[2]) || !number(f[number_column]))
+      const bool wholes_ok = f.size() >= wholes && std::all_of(f.begin(), f.begin() + static_cast<std::ptrdiff_t>(wholes), whole);
+      if (f.size() < columns || !wholes_ok || !number(f[number_column]))
         fail(path, ": line ", n, " is not a row of this table ('", line.substr(0, 60), "'); remove the file to start it again");
       rows.push_back(line);
     }
@@ -50,6 +52,7 @@ GradAtlas::GradAtlas(std::string out, int64_t every, std::vector<int64_t> dump_a
   load("grad_atlas.csv", norm_rows_, 6, 4);
   load("attn_entropy.csv", entropy_rows_, 5, 4);
   load("circuits.csv", circuit_rows_, 6, 4);
+  load("mlp_grad_atlas.csv", mlp_norm_rows_, 5, 3, 2);
 }
 
 void GradAtlas::write_csvs() const {
@@ -61,6 +64,7 @@ void GradAtlas::write_csvs() const {
   write("grad_atlas.csv", "step,layer,head,matrix,grad_norm,weight_norm", norm_rows_);
   write("attn_entropy.csv", "step,layer,head,entropy,entropy_norm", entropy_rows_);
   write("circuits.csv", "step,layer,head,circuit,stable_rank,singular_values", circuit_rows_);
+  if (!mlp_norm_rows_.empty()) write("mlp_grad_atlas.csv", "step,layer,matrix,grad_norm,weight_norm", mlp_norm_rows_);
 }
 
 void GradAtlas::observe(int64_t step, TransformerLM& model) {
@@ -73,6 +77,7 @@ void GradAtlas::observe(int64_t step, TransformerLM& model) {
     drop_from(norm_rows_);
     drop_from(entropy_rows_);
     drop_from(circuit_rows_);
+    drop_from(mlp_norm_rows_);
     first_ = false;
   }
   const bool log = every_ > 0 && step % every_ == 0;
@@ -84,6 +89,11 @@ void GradAtlas::observe(int64_t step, TransformerLM& model) {
       std::snprintf(buf, sizeof buf, "%lld,%d,%d,%s,%.8g,%.8g", static_cast<long long>(r.step), r.layer, r.head,
                     r.matrix.c_str(), r.grad_norm, r.weight_norm);
       norm_rows_.push_back(buf);
+    }
+    for (const HeadNormRow& r : mlp_gradient_norms(model, step)) {
+      std::snprintf(buf, sizeof buf, "%lld,%d,%s,%.8g,%.8g", static_cast<long long>(r.step), r.layer, r.matrix.c_str(),
+                    r.grad_norm, r.weight_norm);
+      mlp_norm_rows_.push_back(buf);
     }
     if (has_probe_) {
       const HeadStats st = attention_statistics(model, {probe_});
