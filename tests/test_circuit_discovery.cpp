@@ -122,6 +122,31 @@ BOOST_AUTO_TEST_CASE(the_circuit_run_removes_edges_as_exact_patching_does) {
   BOOST_TEST(std::abs(circuit_run(a, in, std::vector<bool>(ea.edges.size(), false)).metric - ea.corrupted_metric) < 2e-5);
 }
 
+// The same identity through today's blocks: rotary (no hook_pos_embed: the embedding sender is
+// the token embedding), RMSNorm, gated MLPs and, in the neox preset, parallel blocks (the MLP reads
+// the block's input). Sandwich norms (gemma2) are refused naming the option.
+BOOST_AUTO_TEST_CASE(the_circuit_run_removes_edges_through_the_presets) {
+  const PatchingInputs in = inputs();
+  for (const std::string arch : {"llama", "neox"}) {
+    TransformerLM m(hl::test::preset_model(arch, test_model({.d_model = 16, .layers = 2})), 3);  // d_head 8: neox turns 2 dims
+    randomise(m, 10);
+    const EdgeResult exact = edge_patching(m, in);
+    const size_t n = exact.edges.size();
+    BOOST_TEST_CONTEXT(arch) {
+      BOOST_TEST(circuit_run(m, in, std::vector<bool>(n, true)).metric == exact.clean_metric);
+      for (size_t e = 0; e < n; ++e) {
+        std::vector<bool> kept(n, true);
+        kept[e] = false;
+        BOOST_TEST_CONTEXT(exact.edges[e].sender.name() << ">" << exact.edges[e].receiver.name()) {
+          BOOST_TEST(std::abs(circuit_run(m, in, kept).metric - exact.clean_metric - exact.edges[e].exact) < 2e-5);
+        }
+      }
+    }
+  }
+  TransformerLM g(hl::test::preset_model("gemma2", test_model({.layers = 2})), 3);
+  BOOST_TEST(error_of([&] { circuit_run(g, in, {}); }).find("sandwich_norm") != std::string::npos);
+}
+
 BOOST_AUTO_TEST_CASE(bad_options_get_one_line) {
   TransformerLM m(test_model(), 3);
   const PatchingInputs in = inputs();
