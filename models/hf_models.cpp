@@ -6,7 +6,6 @@
 #include <nlohmann/json.hpp>
 #include <filesystem>
 #include <map>
-#include <set>
 #include <sstream>
 
 #include "lib/fileutil.h"
@@ -141,7 +140,6 @@ ModelConfig hf_model_config(const std::string& config_text, const std::string& s
   const Fields f{c, source, type};
   const Family fam = family_of(type);
   ModelConfig cfg;
-  cfg.arch = "";
   cfg.vocab_size = f.integer("vocab_size", 1, int64_t{1} << 24);
   cfg.max_seq_len = f.integer("max_position_embeddings", 1, int64_t{1} << 20);
   cfg.norm = Norm::Pre;
@@ -243,7 +241,7 @@ ModelConfig hf_model_config(const std::string& config_text, const std::string& s
         cfg.sandwich_norm = true;
         cfg.embed_scale = true;
         cfg.attn_scale = static_cast<float>(1.0 / std::sqrt(f.positive_or("query_pre_attn_scalar", 256)));
-        cfg.attn_softcap = static_cast<float>(f.positive_or("attn_logit_softcapping", 0) );
+        cfg.attn_softcap = static_cast<float>(f.positive_or("attn_logit_softcapping", 0));
         cfg.final_softcap = static_cast<float>(f.positive_or("final_logit_softcapping", 0));
         std::vector<bool> local;
         if (!read_layer_types(f, cfg.n_layers, local))
