@@ -137,9 +137,9 @@ int run_convert(const ConvertOpts& o) {
 
 void add_convert_command(CLI::App& app, CommandRunner& runner) {
   CLI::App* sub = app.add_subcommand(
-      "convert", "Convert a model made elsewhere (Hugging Face GPT-2 directory, nanoGPT ckpt.pt) to a headlab checkpoint");
+      "convert", "Convert a model made elsewhere (Hugging Face model directory, nanoGPT ckpt.pt) to a headlab checkpoint");
   auto o = std::make_shared<ConvertOpts>();
-  sub->add_option("src", o->src, "Hugging Face GPT-2 directory (config.json + model.safetensors), nanoGPT ckpt.pt, or a headlab checkpoint")
+  sub->add_option("src", o->src, "Hugging Face model directory (config.json + model.safetensors: gpt2, gpt_neox, llama, mistral, qwen2, qwen3, gpt_neo, gemma2), nanoGPT ckpt.pt, or a headlab checkpoint")
       ->required();
   sub->add_option("--out", o->out, "headlab checkpoint to write (safetensors)")->required();
   sub->callback([&runner, o] { runner = [o] { return run_convert(*o); }; });

@@ -40,7 +40,7 @@ void add_model_input_command(CLI::App& app, CommandRunner& runner, const std::st
   auto out = std::make_shared<std::string>();
   Source& s = *source;
   if (tokens) s.batch_size = 1;
-  sub->add_option("--checkpoint", s.checkpoint, "Model checkpoint (safetensors, a run directory, or a Hugging Face GPT-2 directory)")->required();
+  sub->add_option("--checkpoint", s.checkpoint, "Model checkpoint (safetensors, a run directory, or a Hugging Face model directory)")->required();
   if (tokens)
     sub->add_option("--tokens", s.tokens, "Token ids of one sequence, e.g. \"11 3 4 12 3 4\" (else drawn from the task)");
   else

@@ -23,7 +23,7 @@ std::pair<CLI::App*, std::shared_ptr<RoleOpts>> add_role_command(CLI::App& app, 
   auto o = std::make_shared<RoleOpts>(defaults);
   RoleOpts& opts = *o;
   const std::string& command = name;
-  sub->add_option("--checkpoint", opts.checkpoint, "Model checkpoint (safetensors, a run directory, or a Hugging Face GPT-2 directory)")->required();
+  sub->add_option("--checkpoint", opts.checkpoint, "Model checkpoint (safetensors, a run directory, or a Hugging Face model directory)")->required();
   sub->add_option("--out", opts.out, "Output directory (default: runs/" + command + "-<date>-<time>)");
   sub->add_option("--task", opts.task, "Task of the data when the checkpoint does not name one")
       ->capture_default_str()->check(CLI::IsMember(task_names()));

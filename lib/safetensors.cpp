@@ -1,6 +1,7 @@
 #include "safetensors.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -16,12 +17,47 @@ const char* dtype_name(DType d) {
     case DType::F32: return "F32";
     case DType::I64: return "I64";
     case DType::I32: return "I32";
+    case DType::BF16: return "BF16";
+    case DType::F16: return "F16";
   }
   return "?";
 }
 
 namespace {
-size_t dtype_size(DType d) { return d == DType::I64 ? 8 : 4; }
+size_t dtype_size(DType d) {
+  switch (d) {
+    case DType::I64: return 8;
+    case DType::BF16:
+    case DType::F16: return 2;
+    default: return 4;
+  }
+}
+
+// bfloat16 is float32's upper half: shifting it back is exact.
+float bf16_to_f32(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// IEEE half -> float: normals and subnormals exactly, infinities and NaNs kept.
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  float f;
+  if (exp == 0) {
+    f = std::ldexp(static_cast<float>(mant), -24);  // subnormal (or zero): mant * 2^-24, exact
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    bits |= sign;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
+  const uint32_t bits = sign | (exp == 31 ? (0xffu << 23) | (mant << 13) : ((exp + 112) << 23) | (mant << 13));
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
 }  // namespace
 
 SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& source, const SkipTensor& skip) {
@@ -65,7 +101,9 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& s
     if (d == "F32") t.dtype = DType::F32;
     else if (d == "I64") t.dtype = DType::I64;
     else if (d == "I32") t.dtype = DType::I32;
-    else bad("tensor '", name, "': unsupported dtype '", d, "' (expected F32, I64 or I32)");
+    else if (d == "BF16") t.dtype = DType::BF16;
+    else if (d == "F16") t.dtype = DType::F16;
+    else bad("tensor '", name, "': unsupported dtype '", d, "' (expected F32, BF16, F16, I64 or I32)");
     const json& sh = e["shape"];
     if (!sh.is_array() || sh.size() > kMaxDims) bad("tensor '", name, "': shape must be an array of at most ", kMaxDims, " sizes");
     uint64_t count = 1;
@@ -108,11 +146,33 @@ const StTensor& SafetensorsFile::get(const std::string& name) const {
   return it->second;
 }
 
+StTensor as_f32(const StTensor& t, const std::string& name, const std::string& source) {
+  if (t.dtype == DType::F32) return t;
+  if (t.dtype != DType::BF16 && t.dtype != DType::F16)
+    fail(source, ": tensor '", name, "' is ", dtype_name(t.dtype), ", expected F32, BF16 or F16");
+  const int64_t n = t.shape.numel();
+  if (t.bytes.size() != static_cast<size_t>(2 * n))  // parse_safetensors checks this; a hand-made StTensor may not
+    fail(source, ": tensor '", name, "' of ", dtype_name(t.dtype), " shape ", t.shape.str(), " needs ", 2 * n,
+         " bytes but holds ", t.bytes.size());
+  StTensor out;
+  out.dtype = DType::F32;
+  out.shape = t.shape;
+  out.bytes.resize(static_cast<size_t>(4 * n));
+  const bool bf16 = t.dtype == DType::BF16;
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, t.bytes.data() + 2 * i, 2);
+    const float f = bf16 ? bf16_to_f32(h) : f16_to_f32(h);
+    std::memcpy(out.bytes.data() + 4 * i, &f, 4);
+  }
+  return out;
+}
+
 Tensor SafetensorsFile::f32(const std::string& name, const Shape* expect) const {
-  const StTensor& t = get(name);
-  if (t.dtype != DType::F32) fail(source, ": tensor '", name, "' is ", dtype_name(t.dtype), ", expected F32");
-  if (expect && *expect != t.shape)
-    fail(source, ": tensor '", name, "' has shape ", t.shape.str(), ", expected ", expect->str());
+  const StTensor& stored = get(name);
+  if (expect && *expect != stored.shape)
+    fail(source, ": tensor '", name, "' has shape ", stored.shape.str(), ", expected ", expect->str());
+  const StTensor t = as_f32(stored, name, source);
   Tensor out = Tensor::empty(t.shape);
   std::memcpy(out.data(), t.bytes.data(), t.bytes.size());
   return out;
@@ -131,7 +191,7 @@ Ids SafetensorsFile::ids(const std::string& name) const {
       std::memcpy(&w, t.bytes.data() + 4 * i, 4);
       v = w;
     } else {
-      fail(source, ": tensor '", name, "' is F32, expected I64 or I32 indices");
+      fail(source, ": tensor '", name, "' is ", dtype_name(t.dtype), ", expected I64 or I32 indices");
     }
     if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max())
       fail(source, ": tensor '", name, "' value ", v, " does not fit in 32 bits");

@@ -13,7 +13,9 @@
 
 namespace hl {
 
-enum class DType { F32, I64, I32 };
+// BF16 and F16 are read (Hugging Face checkpoints are stored in them) and converted to F32
+// exactly (every bfloat16 and float16 value is a float32 value); they are never written.
+enum class DType { F32, I64, I32, BF16, F16 };
 const char* dtype_name(DType d);
 
 struct StTensor {
@@ -30,11 +32,16 @@ class SafetensorsFile {
 
   bool has(const std::string& name) const { return tensors.count(name) > 0; }
   const StTensor& get(const std::string& name) const;  // throws if missing
-  // F32 tensor; with `expect` given, a different shape is an error naming both shapes.
+  // F32 tensor (a BF16 or F16 one converted exactly); with `expect` given, a different shape is
+  // an error naming both shapes.
   Tensor f32(const std::string& name, const Shape* expect = nullptr) const;
   Ids ids(const std::string& name) const;  // I64 or I32, values must fit in int32
   std::string meta(const std::string& key) const;  // throws if missing
 };
+
+// t as F32: itself, or a BF16/F16 tensor widened exactly; an integer tensor is refused naming
+// `name` and `source`.
+StTensor as_f32(const StTensor& t, const std::string& name, const std::string& source);
 
 // Tensors whose names pass `skip` are left out unread and unchecked (buffers of foreign
 // checkpoints, e.g. GPT-2's causal-mask "attn.bias", whatever their dtype).

@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "lib/fileutil.h"
-#include "models/hf_gpt2.h"
+#include "models/hf_models.h"
 
 namespace hl {
 
@@ -45,7 +45,7 @@ SafetensorsFile read_checkpoint(const std::string& path) {
     if (!file_exists(path + "/config.json") && file_exists(path + "/model.safetensors") &&
         (file_exists(path + "/summary.json") || file_exists(path + "/checkpoint.safetensors")))
       return read_safetensors(path + "/model.safetensors");
-    return read_hf_gpt2(path);
+    return read_hf_directory(path);
   }
   return read_safetensors(path);
 }

@@ -52,6 +52,58 @@ bool is_mask_buffer(const std::string& name) { return ends_with(name, ".attn.bia
 
 }  // namespace
 
+std::map<std::string, StTensor> read_hf_weights(const std::string& dir, const SkipTensor& skip,
+                                                std::map<std::string, std::string>& origin) {
+  // The weight files: one model.safetensors, or the shards the index names.
+  std::vector<std::string> files;
+  std::map<std::string, std::string> weight_map;  // tensor -> shard, from the index
+  if (file_exists(dir + "/model.safetensors")) {
+    files.push_back("model.safetensors");
+  } else if (file_exists(dir + "/model.safetensors.index.json")) {
+    const std::string index_path = dir + "/model.safetensors.index.json";
+    const json index = parse_json_file(index_path);
+    if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
+      fail(index_path, ": needs a \"weight_map\" object (tensor name -> shard file)");
+    for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
+      if (!it.value().is_string()) fail(index_path, ": weight_map entry '", it.key(), "' is not a file name");
+      const std::string shard = it.value().get<std::string>();
+      if (shard.empty() || shard.find('/') != std::string::npos || shard.find('\\') != std::string::npos || shard == "..")
+        fail(index_path, ": shard name '", shard, "' must be a file in the same directory");
+      weight_map[it.key()] = shard;
+      if (std::find(files.begin(), files.end(), shard) == files.end()) files.push_back(shard);
+    }
+    if (files.empty()) fail(index_path, ": weight_map names no shard");
+  } else {
+    fail(dir, ": has a config.json but neither model.safetensors nor model.safetensors.index.json");
+  }
+  std::map<std::string, StTensor> hf;
+  for (const std::string& name : files) {
+    const std::string path = dir + "/" + name;
+    if (!file_exists(path)) fail(dir, ": shard '", name, "' named in model.safetensors.index.json is missing");
+    SafetensorsFile shard = read_safetensors(path, skip);
+    for (auto& [key, t] : shard.tensors) {
+      if (!weight_map.empty()) {
+        auto w = weight_map.find(key);
+        if (w == weight_map.end() || w->second != name)
+          fail(path, ": tensor '", key, "' is not listed for this shard in model.safetensors.index.json");
+      }
+      if (hf.count(key)) fail(path, ": tensor '", key, "' appears twice (in two shards)");
+      origin[key] = path;
+      // BF16/F16 widened here, one tensor at a time (the narrow bytes are released at once)
+      hf[key] = t.dtype == DType::BF16 || t.dtype == DType::F16 ? as_f32(t, key, path) : std::move(t);
+      t.bytes = std::string();
+    }
+  }
+  for (auto& [key, shard] : weight_map) {
+    if (skip && skip(key)) continue;
+    if (!hf.count(key)) fail(dir + "/" + shard, ": tensor '", key, "' listed in model.safetensors.index.json is not in the shard");
+  }
+  for (auto& [key, t] : hf)
+    if (t.dtype != DType::F32)
+      fail(origin[key], ": tensor '", key, "' is ", dtype_name(t.dtype), "; model weights are read from F32, BF16 or F16");
+  return hf;
+}
+
 const std::vector<std::string>& gpt2_tokenizer_files() {
   static const std::vector<std::string> names = {"vocab.json", "merges.txt", "encoder.json", "vocab.bpe"};
   return names;
@@ -132,52 +184,15 @@ SafetensorsFile read_hf_gpt2(const std::string& dir) {
   const bool tied = !cj.contains("tie_word_embeddings") || cj["tie_word_embeddings"].is_null() ||
                     cj["tie_word_embeddings"].get<bool>();
 
-  // The weight files: one model.safetensors, or the shards the index names.
-  std::vector<std::string> files;
-  std::map<std::string, std::string> weight_map;  // tensor -> shard, from the index
-  if (file_exists(dir + "/model.safetensors")) {
-    files.push_back("model.safetensors");
-  } else if (file_exists(dir + "/model.safetensors.index.json")) {
-    const std::string index_path = dir + "/model.safetensors.index.json";
-    const json index = parse_json_file(index_path);
-    if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
-      fail(index_path, ": needs a \"weight_map\" object (tensor name -> shard file)");
-    for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
-      if (!it.value().is_string()) fail(index_path, ": weight_map entry '", it.key(), "' is not a file name");
-      const std::string shard = it.value().get<std::string>();
-      if (shard.empty() || shard.find('/') != std::string::npos || shard.find('\\') != std::string::npos || shard == "..")
-        fail(index_path, ": shard name '", shard, "' must be a file in the same directory");
-      weight_map[it.key()] = shard;
-      if (std::find(files.begin(), files.end(), shard) == files.end()) files.push_back(shard);
-    }
-    if (files.empty()) fail(index_path, ": weight_map names no shard");
-  } else {
-    fail(dir, ": has a config.json but neither model.safetensors nor model.safetensors.index.json");
-  }
-
   // Read every shard, the mask buffers skipped; names without the "transformer." prefix.
+  std::map<std::string, std::string> file_of;  // tensor -> file, for messages
   std::map<std::string, StTensor> hf;
-  std::map<std::string, std::string> origin;  // tensor -> file, for messages
-  for (const std::string& name : files) {
-    const std::string path = dir + "/" + name;
-    if (!file_exists(path)) fail(dir, ": shard '", name, "' named in model.safetensors.index.json is missing");
-    SafetensorsFile shard = read_safetensors(path, is_mask_buffer);
-    for (auto& [key, t] : shard.tensors) {
-      if (!weight_map.empty()) {
-        auto w = weight_map.find(key);
-        if (w == weight_map.end() || w->second != name)
-          fail(path, ": tensor '", key, "' is not listed for this shard in model.safetensors.index.json");
-      }
-      std::string k = key.rfind("transformer.", 0) == 0 ? key.substr(12) : key;
-      if (hf.count(k)) fail(path, ": tensor '", key, "' appears twice (with and without the transformer. prefix, or in two shards)");
-      origin[k] = path;
-      hf[k] = std::move(t);
-    }
-  }
-  for (auto& [key, shard] : weight_map) {
-    if (is_mask_buffer(key)) continue;
+  std::map<std::string, std::string> origin;
+  for (auto& [key, t] : read_hf_weights(dir, is_mask_buffer, file_of)) {
     std::string k = key.rfind("transformer.", 0) == 0 ? key.substr(12) : key;
-    if (!hf.count(k)) fail(dir + "/" + shard, ": tensor '", key, "' listed in model.safetensors.index.json is not in the shard");
+    if (hf.count(k)) fail(file_of[key], ": tensor '", key, "' appears twice (with and without the transformer. prefix)");
+    origin[k] = file_of[key];
+    hf[k] = std::move(t);
   }
 
   // Every GPT-2 tensor the config needs, with its shape: (in, out) for Conv1D weights.
@@ -207,8 +222,6 @@ SafetensorsFile read_hf_gpt2(const std::string& dir) {
   for (auto& [name, shape] : expected) {
     auto it = hf.find(name);
     if (it == hf.end()) fail(dir, ": missing tensor '", name, "' that config.json needs");
-    if (it->second.dtype != DType::F32)
-      fail(origin[name], ": tensor '", name, "' is ", dtype_name(it->second.dtype), "; only F32 GPT-2 weights are read");
     if (it->second.shape != shape)
       fail(origin[name], ": tensor '", name, "' has shape ", it->second.shape.str(), " but config.json ", summary, " needs ",
            shape.str());

@@ -3,6 +3,7 @@
 // model.safetensors.index.json. GPT-2 is a pre-norm transformer with learned positions, biases
 // everywhere and a tied unembedding, which headlab's TransformerLM represents exactly.
 #pragma once
+#include <map>
 #include <string>
 
 #include "lib/safetensors.h"
@@ -33,6 +34,12 @@ SafetensorsFile read_hf_gpt2(const std::string& dir);
 bool write_hf_gpt2(const TransformerLM& model, const std::string& dir, const std::string& tokenizer_dir = "");
 // Refuses, naming the setting, a model write_hf_gpt2 cannot express.
 void check_hf_gpt2_exportable(const TransformerLM& model);
+// The tensors of a Hugging Face directory's weight files: model.safetensors, or the shards
+// model.safetensors.index.json lists (each tensor checked against the index), under their HF
+// names, BF16/F16 widened to F32 exactly; tensors whose names pass `skip` are left out unread.
+// `origin` gets each tensor's file, for messages. Shared by every HF reader.
+std::map<std::string, StTensor> read_hf_weights(const std::string& dir, const SkipTensor& skip,
+                                                std::map<std::string, std::string>& origin);
 // The tokenizer file names copied beside a GPT-2 model.
 const std::vector<std::string>& gpt2_tokenizer_files();
 

@@ -91,6 +91,11 @@ AttentionConfig ModelConfig::attention(int layer) const {
 }
 
 namespace {
+// window_layers as one letter per layer (L local, G global: GPT-Neo's and layer_types' patterns),
+// or "" when it is not of that form.
+bool is_layer_letters(const std::string& s) {
+  return !s.empty() && s.find_first_not_of("LG") == std::string::npos;
+}
 // window_layers "L:G" as (L, G), or (0, 0) when it is not of that form.
 std::pair<int, int> local_global(const std::string& s) {
   const size_t colon = s.find(':');
@@ -104,6 +109,8 @@ std::pair<int, int> local_global(const std::string& s) {
 int64_t ModelConfig::window_of_layer(int layer) const {
   if (sliding_window <= 0 || window_layers == "all") return sliding_window;
   if (window_layers == "alternate") return layer % 2 == 0 ? sliding_window : 0;  // even layers local (Gemma 2)
+  if (is_layer_letters(window_layers))
+    return static_cast<size_t>(layer) < window_layers.size() && window_layers[static_cast<size_t>(layer)] == 'L' ? sliding_window : 0;
   const auto [local, global] = local_global(window_layers);
   return layer % (local + global) < local ? sliding_window : 0;  // `local` local layers, then `global` global ones
 }
@@ -155,10 +162,14 @@ void ModelConfig::validate() const {
   if (!(attn_softcap >= 0.f) || !std::isfinite(attn_softcap))
     fail("model config: attn_softcap must be positive (0 = no cap), got ", attn_softcap);
   if (sliding_window < 0) fail("model config: sliding_window must be positive (0 = none), got ", sliding_window);
-  if (window_layers != "all" && window_layers != "alternate") {
+  if (is_layer_letters(window_layers)) {
+    if (static_cast<int>(window_layers.size()) != n_layers)
+      fail("model config: window_layers '", window_layers, "' has ", window_layers.size(), " letters for ", n_layers,
+           " layers (one L or G per layer)");
+  } else if (window_layers != "all" && window_layers != "alternate") {
     const auto [local, global] = local_global(window_layers);
     if (local < 1 || global < 0)
-      fail("model config: window_layers '", window_layers, "' is not all, alternate or L:G (local:global layers, e.g. 5:1)");
+      fail("model config: window_layers '", window_layers, "' is not all, alternate, L:G (local:global layers, e.g. 5:1) or one L/G per layer");
   }
   if (window_layers != "all" && sliding_window == 0)
     fail("model config: window_layers '", window_layers, "' needs a sliding_window (the local layers' window)");

@@ -44,7 +44,7 @@ struct ModelConfig {
   float attn_scale = 0.f;              // score scale; 0 = 1/sqrt(d_head); 1 = unscaled (GPT-Neo)
   float attn_softcap = 0.f;            // > 0: scores -> cap * tanh(scores / cap) (Gemma 2)
   int64_t sliding_window = 0;          // > 0: local layers see the last this many keys
-  std::string window_layers = "all";   // which layers are local: all, alternate (even ones) or L:G
+  std::string window_layers = "all";   // which layers are local: all, alternate (even ones), L:G, or one L/G per layer ("GLGL")
   bool qkv_bias = false, o_bias = false;  // biases on W_Q/W_K/W_V, on W_O (attn_bias = both)
   int64_t window_of_layer(int layer) const;  // layer's sliding window, 0 = global
   // the dims of each head rotary positions turn: rotary_dim, or floor(rotary_pct * d_head) as GPT-NeoX

@@ -389,6 +389,16 @@ BOOST_AUTO_TEST_CASE(bad_values_and_contradicting_resumes_are_refused_naming_the
   c = every_option();
   c.sliding_window = 0;
   refused(c, "model config: window_layers 'alternate' needs a sliding_window (the local layers' window)");
+  // one letter per layer (GPT-Neo's attention_types, layer_types): local where L
+  c = every_option();
+  c.window_layers = "GL";
+  BOOST_TEST(c.window_of_layer(0) == 0);
+  BOOST_TEST(c.window_of_layer(1) == 2);
+  BOOST_CHECK_NO_THROW(c.validate());
+  c.window_layers = "GLG";
+  refused(c, "model config: window_layers 'GLG' has 3 letters for 2 layers (one L or G per layer)");
+  c.window_layers = "Gl";
+  refused(c, "model config: window_layers 'Gl' is not all, alternate, L:G (local:global layers, e.g. 5:1) or one L/G per layer");
   // a cap below 0 given as a flag: the table's range names the flag
   BOOST_CHECK_EXCEPTION(resolve("", {"--attn-softcap"}, [](TrainFlagValues& v) { v.args.model.attn_softcap = -2.f; }).validate(),
                         Error, [](const Error& e) {

@@ -1,7 +1,9 @@
 // safetensors round trips and one rejection test per reader rule of docs/formats.md.
 #define BOOST_TEST_MODULE safetensors
 #include <boost/test/unit_test.hpp>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "lib/fileutil.h"
@@ -74,8 +76,59 @@ BOOST_AUTO_TEST_CASE(rejects_invalid_json) {
   BOOST_TEST(contains(message_of_parse(make_file("{\"a\": [1,", "")), "header is not valid JSON"));
 }
 BOOST_AUTO_TEST_CASE(rejects_unknown_dtype) {
-  const std::string h = R"({"a":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}})";
-  BOOST_TEST(contains(message_of_parse(make_file(h, std::string(4, '\0'))), "unsupported dtype 'F16'"));
+  const std::string h = R"({"a":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[0,2]}})";
+  BOOST_TEST(contains(message_of_parse(make_file(h, std::string(2, '\0'))), "unsupported dtype 'F8_E4M3'"));
+}
+// Little-endian bytes of 16-bit values.
+std::string halves(const std::vector<uint16_t>& v) {
+  std::string out;
+  for (uint16_t h : v) out += std::string{static_cast<char>(h & 0xff), static_cast<char>(h >> 8)};
+  return out;
+}
+BOOST_AUTO_TEST_CASE(bf16_and_f16_read_as_exact_float32) {
+  // bf16: 1.0 = 0x3f80, -2.5 = 0xc020, 0x0001 = 2^-133 (the smallest subnormal), 0x7f80 = +inf. f16: 1.0 = 0x3c00, -2.5 = 0xc100,
+  // 65504 = 0x7bff (the largest), 2^-24 = 0x0001 (the smallest subnormal), -0 = 0x8000, 0x7c00 = +inf.
+  const std::string h = R"({"b":{"dtype":"BF16","shape":[2,2],"data_offsets":[0,8]},)"
+                        R"("f":{"dtype":"F16","shape":[6],"data_offsets":[8,20]}})";
+  const std::string data = halves({0x3f80, 0xc020, 0x0001, 0x7f80}) + halves({0x3c00, 0xc100, 0x7bff, 0x0001, 0x8000, 0x7c00});
+  const SafetensorsFile f = parse_safetensors(make_file(h, data), "m.safetensors");
+  const std::vector<float> b = f.f32("b").to_vector(), x = f.f32("f").to_vector();
+  BOOST_TEST(f.f32("b").shape() == Shape({2, 2}));
+  BOOST_TEST(b[0] == 1.f);
+  BOOST_TEST(b[1] == -2.5f);
+  BOOST_TEST(b[2] == std::ldexp(1.f, -133));
+  BOOST_TEST((std::isinf(b[3]) && b[3] > 0));
+  BOOST_TEST(x[0] == 1.f);
+  BOOST_TEST(x[1] == -2.5f);
+  BOOST_TEST(x[2] == 65504.f);
+  BOOST_TEST(x[3] == std::ldexp(1.f, -24));
+  BOOST_TEST((x[4] == 0.f && std::signbit(x[4])));
+  BOOST_TEST((std::isinf(x[5]) && x[5] > 0));
+  // every f16 value (NaNs aside) widens to the float that rounds back to it: the exact value
+  for (uint32_t v = 0; v < 0x10000; ++v) {
+    StTensor t;
+    t.dtype = DType::F16;
+    t.shape = Shape{1};
+    t.bytes = halves({static_cast<uint16_t>(v)});
+    float got;
+    std::memcpy(&got, as_f32(t, "t", "s").bytes.data(), 4);
+    const uint32_t exp = (v >> 10) & 0x1f, mant = v & 0x3ff;
+    if (exp == 31) {
+      BOOST_TEST((mant ? std::isnan(got) : std::isinf(got)));
+      continue;
+    }
+    const double want = (v & 0x8000 ? -1.0 : 1.0) * (exp ? std::ldexp(1024.0 + mant, static_cast<int>(exp) - 25) : std::ldexp(double(mant), -24));
+    if (static_cast<double>(got) != want) BOOST_FAIL("f16 " << v << " read as " << got << ", expected " << want);
+  }
+}
+BOOST_AUTO_TEST_CASE(bf16_with_the_wrong_byte_count_is_refused_naming_the_tensor) {
+  const std::string h = R"({"model.embed.weight":{"dtype":"BF16","shape":[3],"data_offsets":[0,4]}})";
+  BOOST_TEST(message_of_parse(make_file(h, std::string(4, '\0'))) ==
+             "f.safetensors: not a valid safetensors file: tensor 'model.embed.weight': shape (3) of BF16 needs 6 bytes "
+             "but data_offsets span 4");
+  BOOST_CHECK_EXCEPTION(parse_safetensors(make_file(R"({"n":{"dtype":"I32","shape":[1],"data_offsets":[0,4]}})", std::string(4, '\0')), "m")
+                            .f32("n"),
+                        Error, [](const Error& e) { return std::string(e.what()) == "m: tensor 'n' is I32, expected F32, BF16 or F16"; });
 }
 BOOST_AUTO_TEST_CASE(rejects_offsets_outside_data) {
   const std::string h = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";

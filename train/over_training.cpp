@@ -54,9 +54,14 @@ ScoresOverTraining scores_over_training(const std::string& run, const std::strin
     s.steps.push_back(step);
     s.checkpoints.push_back(snapshot_path(run, step));
   }
-  if (s.steps.empty()) fail(run, " has no snapshots (", how_to_make_snapshots(), ")");
+  // a model's downloaded revisions (stepN subdirectories): their steps are their names'
+  const bool revisions = s.steps.empty() && !(s.steps = revision_steps(run)).empty();
+  if (revisions)
+    for (int64_t step : s.steps) s.checkpoints.push_back(revision_path(run, step));
+  if (s.steps.empty())
+    fail(run, " has no snapshots (", how_to_make_snapshots(), ") and no revision subdirectories (step0, step1000, ... each with a config.json)");
   const std::string final_path = run + "/checkpoint.safetensors";
-  if (file_exists(final_path)) {
+  if (!revisions && file_exists(final_path)) {
     const int64_t last = checkpoint_step(final_path);
     if (std::find(s.steps.begin(), s.steps.end(), last) == s.steps.end()) {
       // a run stopped early may hold snapshots written after its checkpoint: keep the steps in order
@@ -69,9 +74,11 @@ ScoresOverTraining scores_over_training(const std::string& run, const std::strin
   const std::string run_args = stored_run_args(run);
   for (size_t i = 0; i < s.steps.size(); ++i) {
     const SafetensorsFile f = read_checkpoint(s.checkpoints[i]);
-    if (const int64_t stored = checkpoint_step(f, s.checkpoints[i]); stored != s.steps[i])
-      fail(s.checkpoints[i], ": holds the weights of step ", stored, ", not of step ", s.steps[i], " (a renamed or copied file)");
-    check_same_run(f, s.checkpoints[i], run_args, run);
+    if (!revisions) {  // a revision holds no train state: its step is its name
+      if (const int64_t stored = checkpoint_step(f, s.checkpoints[i]); stored != s.steps[i])
+        fail(s.checkpoints[i], ": holds the weights of step ", stored, ", not of step ", s.steps[i], " (a renamed or copied file)");
+      check_same_run(f, s.checkpoints[i], run_args, run);
+    }
     const HeadScores h = head_scores(analysis, f, s.checkpoints[i], o);
     const int L = static_cast<int>(h.grids[0].size()), H = L ? static_cast<int>(h.grids[0][0].size()) : 0;
     if (i == 0) s.layers = L, s.heads = H;

@@ -112,7 +112,7 @@ std::vector<TrainSetting> make_table() {
      FIELD(args.model.attn_softcap), R::kMustMatch, 0, 1e30},
     {"--sliding-window", "/model/sliding_window", "Local layers see the last N keys (sliding window); 0 = none",
      FIELD(args.model.sliding_window), R::kMustMatch, 0, 1 << 20},
-    {"--window-layers", "/model/window_layers", "Which layers are local: all, alternate (even layers) or L:G (e.g. 5:1)",
+    {"--window-layers", "/model/window_layers", "Which layers are local: all, alternate (even layers), L:G (e.g. 5:1) or one L/G letter per layer (e.g. GLGL)",
      FIELD(args.model.window_layers)},
     {"--qkv-bias", "/model/qkv_bias", "Biases on W_Q, W_K, W_V", FIELD(args.model.qkv_bias)},
     {"--o-bias", "/model/o_bias", "Bias on W_O", FIELD(args.model.o_bias)},

@@ -48,6 +48,27 @@ std::vector<int64_t> snapshot_steps(const std::string& run) {
   return steps;
 }
 
+std::vector<int64_t> revision_steps(const std::string& dir) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return steps;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() <= 4 || name.size() > 22 || name.rfind("step", 0) != 0 ||
+        !std::all_of(name.begin() + 4, name.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    if (!e.is_directory(ec) || !file_exists((e.path() / "config.json").string())) continue;
+    steps.push_back(std::stoll(name.substr(4)));
+  }
+  if (ec) fail(dir, ": cannot list its revisions: ", ec.message());
+  std::sort(steps.begin(), steps.end());
+  for (size_t i = 1; i < steps.size(); ++i)  // step1000 and step01000
+    if (steps[i] == steps[i - 1]) fail(dir, ": two revision directories name step ", steps[i]);
+  return steps;
+}
+
+std::string revision_path(const std::string& dir, int64_t step) { return dir + "/step" + std::to_string(step); }
+
 std::string how_to_make_snapshots() {
   return "train with --snapshot-every N or --snapshot-at S1,S2,... (in Python snapshot_every=, snapshot_at=) to keep them";
 }

@@ -17,6 +17,13 @@ std::string snapshot_dir(const std::string& run);
 std::string snapshot_path(const std::string& run, int64_t step);
 // The steps of the snapshots RUN holds, ascending (empty when it holds none).
 std::vector<int64_t> snapshot_steps(const std::string& run);
+// A directory of a model's revisions as they are downloaded (Pythia's step0, step1000, ...: one
+// subdirectory stepN per step, each a Hugging Face model directory with a config.json): their
+// steps, ascending, read from the names; empty when `dir` holds none. Such a directory is a run
+// for the analyses over training (train/over_training.h).
+std::vector<int64_t> revision_steps(const std::string& dir);
+// DIR/stepN
+std::string revision_path(const std::string& dir, int64_t step);
 // snapshot_path(run, step) when that file exists; otherwise fails with
 // "RUN has no snapshot at step 150; it has 0, 100, 200" (or how to make snapshots, when it has none).
 std::string require_snapshot(const std::string& run, int64_t step);

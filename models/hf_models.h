@@ -1,0 +1,62 @@
+// Hugging Face model directories of today's decoder-only architectures (docs/models.md):
+// gpt_neox (Pythia), llama, mistral, qwen2, qwen3, gpt_neo and gemma2, beside GPT-2's own reader
+// (models/hf_gpt2.h). A directory holds config.json and model.safetensors, or shards listed in
+// model.safetensors.index.json; BF16 and F16 tensors are widened to float32 exactly.
+//
+// Each architecture is two tables read in one place: config.json's keys -> ModelConfig
+// (hf_model_config), and HF tensor names -> headlab parameter names with a per-tensor transform
+// (hf_tensor_map). Reading and writing both walk the same map, so what is read is what is written.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "lib/safetensors.h"
+#include "models/transformer.h"
+
+namespace hl {
+
+// The model_type values read here (gpt2 is read by models/hf_gpt2.h).
+const std::vector<std::string>& hf_model_types();
+
+// The headlab config of a config.json of one of hf_model_types(); refuses, naming the field, what
+// headlab cannot represent (rope_scaling other than default, a sliding window on Qwen, an unknown
+// activation, ...). `source` names the file in messages.
+ModelConfig hf_model_config(const std::string& config_text, const std::string& source);
+
+// How one HF tensor becomes headlab parameters.
+enum class HfTransform {
+  Same,          // the same values under another name
+  NeoxQkv,       // GPT-NeoX's fused query_key_value, rows per head [H, 3, d_head] -> W_Q, W_K, W_V
+};
+struct HfTensor {
+  std::string hf;               // the HF name, e.g. "model.layers.0.self_attn.q_proj.weight"
+  Shape shape;                  // its shape as config.json describes it
+  std::vector<std::string> to;  // headlab parameter(s) it becomes
+  HfTransform how = HfTransform::Same;
+};
+// Every tensor of an HF model of this type and config, in the order the HF model has them; the
+// unembedding (lm_head / embed_out) only when `tied` is false.
+std::vector<HfTensor> hf_tensor_map(const std::string& model_type, const ModelConfig& cfg, bool tied);
+
+// Reads any HF directory headlab knows (gpt2 and hf_model_types()) as a headlab checkpoint held in
+// memory (parameters under headlab's names, the metadata of a headlab checkpoint). Every tensor is
+// checked against config.json (name and shape) before any model is built; an unknown model_type,
+// a missing or extra tensor, and a shape config.json does not describe are refused naming them.
+SafetensorsFile read_hf_directory(const std::string& dir);
+
+// The layouts `headlab export --format hf` can write: "gpt2" (models/hf_gpt2.h) and
+// hf_model_types().
+// The layout a model's options call for: the first of gpt2, gpt_neox, llama, qwen2, qwen3,
+// mistral, gemma2, gpt_neo that expresses it exactly; refuses, naming the nearest layout's first
+// setting it cannot express, a model none expresses.
+std::string hf_layout_for(const TransformerLM& model);
+// Refuses, naming the setting, a model the `model_type` layout cannot express (the config written
+// must read back as the model's own: every setting that changes its computation compared).
+void check_hf_model_exportable(const TransformerLM& model, const std::string& model_type);
+// Writes `model` as a `model_type` directory: config.json and model.safetensors (F32) under
+// that architecture's names, through hf_tensor_map (NeoX's query_key_value fused per head). The
+// unembedding is tied when head.weight equals tok_emb.weight bit for bit. `dir` is written all or
+// nothing: it must be new or empty. Returns whether the unembedding was tied.
+bool write_hf_model(const TransformerLM& model, const std::string& model_type, const std::string& dir);
+
+}  // namespace hl

@@ -1,0 +1,228 @@
+"""Hugging Face directories of today's architectures (gpt_neox, llama, mistral, qwen2, qwen3, gpt_neo,
+gemma2) read by headlab: tiny random models written by scripts/reference/hf_modern.py (from each
+architecture's published modeling code) load through `hl.TransformerLM.load` and `headlab convert`
+with logits equal to the reference's float64 forward within 1e-4 relative, also from BF16, F16 and
+sharded files; what headlab cannot represent is refused in one line naming the field or tensor."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (Debian's python3-torch)")
+hl = pytest.importorskip("headlab")
+
+HEADLAB = os.environ.get("HEADLAB_BINARY", "headlab")
+SCRIPTS = os.path.join(os.environ.get("HEADLAB_SOURCE_DIR", "."), "scripts")
+sys.path.insert(0, os.path.join(SCRIPTS, "reference"))
+import hf_modern as ref  # noqa: E402
+
+
+def run(*args):
+    return subprocess.run([HEADLAB, *map(str, args)], capture_output=True, text=True)
+
+
+def ids_for(vocab, T=11, B=2, seed=5):
+    return np.random.default_rng(seed).integers(0, vocab, size=(B, T)).astype(np.int64)
+
+
+def headlab_logits(path, ids):
+    return np.asarray(hl.TransformerLM.load(str(path))(ids.astype(np.int32)), dtype=np.float64)
+
+
+def assert_close(got, want):
+    # within 1e-4 of the logits' scale: float32 arithmetic against a float64 reference
+    scale = np.abs(want).max()
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= 1e-4 * scale, np.abs(got - want).max() / scale
+
+
+def make(tmp_path, name, dtype=torch.float32, shards=1, config=None, seed=0):
+    config = dict(ref.CONFIGS[name], **(config or {}))
+    state = ref.random_state(config, seed=seed)
+    d = tmp_path / f"{name}-{str(dtype).split('.')[-1]}-{shards}"
+    ref.write_hf(str(d), config, state, dtype, shards)
+    # what the file holds: the state rounded to its dtype
+    return d, config, ref.widen(ref.narrow(state, dtype))
+
+
+@pytest.mark.parametrize("name", sorted(ref.CONFIGS))
+def test_logits_match_the_reference(tmp_path, name):
+    d, config, state = make(tmp_path, name)
+    ids = ids_for(config["vocab_size"])
+    assert_close(headlab_logits(d, ids), ref.forward(config, state, ids).numpy())
+
+
+@pytest.mark.parametrize("name,dtype,shards", [("pythia", torch.bfloat16, 1), ("smollm2", torch.bfloat16, 3),
+                                               ("gemma2", torch.bfloat16, 2), ("qwen3", torch.float16, 1),
+                                               ("tinystories", torch.float32, 2)])
+def test_bf16_f16_and_sharded_files_load(tmp_path, name, dtype, shards):
+    d, config, state = make(tmp_path, name, dtype, shards)
+    ids = ids_for(config["vocab_size"])
+    assert_close(headlab_logits(d, ids), ref.forward(config, state, ids).numpy())
+    # BF16/F16 values widen exactly: headlab's embedding is the file's, bit for bit
+    m = hl.TransformerLM.load(str(d))
+    emb = next(v for k, v in state.items() if k.endswith(("embed_in.weight", "embed_tokens.weight", "wte.weight")))
+    assert np.array_equal(np.asarray(m.named_parameters()["tok_emb.weight"]), emb)
+
+
+def test_convert_writes_a_checkpoint_with_the_same_logits(tmp_path):
+    d, config, state = make(tmp_path, "pythia")
+    out = tmp_path / "pythia.safetensors"
+    r = run("convert", d, "--out", out)
+    assert r.returncode == 0, r.stderr
+    ids = ids_for(config["vocab_size"])
+    assert_close(headlab_logits(out, ids), ref.forward(config, state, ids).numpy())
+    assert np.array_equal(headlab_logits(out, ids), headlab_logits(d, ids))
+
+
+def test_commands_take_an_hf_dir(tmp_path):
+    d, _, _ = make(tmp_path, "smollm2")
+    r = run("detect", "--checkpoint", d, "--examples", 4, "--length", 4, "--out", tmp_path / "det")
+    assert r.returncode == 0, r.stderr
+
+
+def bad_line(r):
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+def edit_config(d, **changes):
+    c = json.load(open(d / "config.json"))
+    c.update(changes)
+    json.dump(c, open(d / "config.json", "w"))
+
+
+@pytest.mark.parametrize("name,changes,expect", [
+    ("smollm2", {"model_type": "mixtral"}, "model_type \"mixtral\" is not an architecture headlab reads"),
+    ("smollm2", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "'rope_scaling' of type \"llama3\" is not supported"),
+    ("smollm2", {"hidden_size": 32}, "has shape (29,24) but config.json"),
+    ("smollm2", {"num_key_value_heads": 4}, "self_attn.k_proj.weight' has shape (12,24)"),
+    ("qwen2", {"use_sliding_window": True}, "'use_sliding_window' true"),
+    ("smollm2", {"tie_word_embeddings": False}, "missing tensor 'lm_head.weight' that config.json needs"),
+    ("smollm2", {"num_hidden_layers": 1}, "unexpected tensor 'model.layers.1.input_layernorm.weight'"),
+    ("pythia", {"hidden_act": "gelu_fast"}, "'hidden_act' \"gelu_fast\" is not an activation headlab has"),
+    ("tinystories", {"attention_types": [[["global", "local"], 2]]}, "'attention_types' describes 4 layers but num_layers is 2"),
+    ("gemma2", {"num_hidden_layers": 4}, "missing tensor 'model.layers.3.input_layernorm.weight'"),
+])
+def test_refusals_name_the_field(tmp_path, name, changes, expect):
+    d, _, _ = make(tmp_path, name)
+    edit_config(d, **changes)
+    out = tmp_path / "out.safetensors"
+    line = bad_line(run("convert", d, "--out", out))
+    assert expect in line, line
+    assert not out.exists()
+
+
+def test_truncated_shard_is_refused(tmp_path):
+    d, _, _ = make(tmp_path, "smollm2", shards=2)
+    shard = d / "model-00002-of-00002.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-10])
+    out = tmp_path / "out.safetensors"
+    line = bad_line(run("convert", d, "--out", out))
+    assert "model-00002-of-00002.safetensors: not a valid safetensors file" in line and "truncated" in line, line
+    assert not out.exists()
+
+
+def test_bf16_tensor_with_the_wrong_byte_count_is_refused(tmp_path):
+    d, _, _ = make(tmp_path, "pythia", torch.bfloat16)
+    data = bytearray((d / "model.safetensors").read_bytes())
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    e = header["gpt_neox.final_layer_norm.bias"]
+    e["shape"] = [e["shape"][0] + 1]  # one element more than its bytes hold
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    (d / "model.safetensors").write_bytes(len(h).to_bytes(8, "little") + h + bytes(data[8 + n:]))
+    out = tmp_path / "out.safetensors"
+    line = bad_line(run("convert", d, "--out", out))
+    assert "tensor 'gpt_neox.final_layer_norm.bias': shape (33) of BF16 needs 66 bytes but data_offsets span 64" in line, line
+    assert not out.exists()
+
+
+# ---------- a model's revisions (stepN subdirectories) as a run ----------
+
+def read_csv(path):
+    import csv
+    return list(csv.DictReader(open(path)))
+
+
+def test_revision_directories_are_a_run(tmp_path):
+    # three revisions of a Pythia-shaped model, as downloaded: DIR/step0, DIR/step512, DIR/step1000
+    run_dir = tmp_path / "pythia-revisions"
+    for seed, step in enumerate([1000, 0, 512]):
+        config = ref.CONFIGS["pythia"]
+        ref.write_hf(str(run_dir / f"step{step}"), config, ref.random_state(config, seed=seed), torch.bfloat16)
+    over = tmp_path / "over"
+    r = run("detect", "--run", run_dir, "--examples", 8, "--out", over)
+    assert r.returncode == 0, r.stderr
+    rows = read_csv(over / "detect_over_training.csv")
+    assert sorted({int(x["step"]) for x in rows}) == [0, 512, 1000]
+    py = hl.scores_over_training(str(run_dir), analysis="detect", examples=8)
+    assert list(py["steps"]) == [0, 512, 1000]
+    for step in (0, 512, 1000):
+        one = tmp_path / f"one-{step}"
+        r = run("detect", "--checkpoint", run_dir / f"step{step}", "--examples", 8, "--out", one)
+        assert r.returncode == 0, r.stderr
+        for o in read_csv(one / "detect.csv"):
+            x = next(x for x in rows if (int(x["step"]), x["layer"], x["head"]) == (step, o["layer"], o["head"]))
+            for name in ("previous_token", "duplicate_token", "induction"):
+                assert "%.6f" % float(x[name]) == o[name], (step, name, o)
+
+
+# ---------- out: headlab export --format hf ----------
+
+LAYOUT = {"pythia": "gpt_neox", "neox_sequential": "gpt_neox", "smollm2": "llama", "llama_untied": "llama",
+          "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "tinystories": "gpt_neo", "gemma2": "gemma2"}
+
+
+@pytest.mark.parametrize("name", sorted(ref.CONFIGS))
+def test_export_writes_the_layout_back_bit_for_bit(tmp_path, name):
+    d, config, state = make(tmp_path, name)
+    first = tmp_path / "first.safetensors"
+    assert run("convert", d, "--out", first).returncode == 0
+    out = tmp_path / "exported"
+    r = run("export", first, "--format", "hf", "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert f"({LAYOUT[name]} layout" in r.stdout, r.stdout
+    # the layout's own tensors, every one as the original file holds it
+    exported_config, exported = ref.read_hf(str(out))
+    assert exported_config["model_type"] == config["model_type"]
+    assert sorted(exported) == sorted(state)
+    for k in state:
+        assert np.array_equal(exported[k], state[k]), k
+    # the reference forward of the exported files gives headlab's logits
+    ids = ids_for(config["vocab_size"])
+    assert_close(headlab_logits(first, ids), ref.forward(exported_config, exported, ids).numpy())
+    # and convert reads them back bit for bit
+    again = tmp_path / "again.safetensors"
+    assert run("convert", out, "--out", again).returncode == 0
+    a, b = hl.TransformerLM.load(str(first)).named_parameters(), hl.TransformerLM.load(str(again)).named_parameters()
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert np.array_equal(np.asarray(a[k]), np.asarray(b[k])), k
+
+
+@pytest.mark.parametrize("name,fmt,expect", [
+    ("pythia", "hf-gpt_neo", "the gpt_neo layout cannot express the model's positions rotary (the layout gives learned)"),
+    ("smollm2", "hf-gpt_neox", "the gpt_neox layout cannot express the model's mlp swiglu"),
+    ("qwen3", "hf-qwen2", "the qwen2 layout cannot express the model's qk_norm 1"),
+    ("mistral", "hf-llama", "the llama layout cannot express the model's sliding_window 4,4"),
+])
+def test_export_refuses_what_the_layout_cannot_express(tmp_path, name, fmt, expect):
+    d, _, _ = make(tmp_path, name)
+    out = tmp_path / "exported"
+    line = bad_line(run("export", d, "--format", fmt, "--out", out))
+    assert expect in line, line
+    assert not out.exists()
+
+
+def test_export_refuses_an_attention_only_model(tmp_path):
+    ck = tmp_path / "attn_only.safetensors"
+    hl.TransformerLM(hl.ModelConfig(d_ff=0, positions="rotary", normalization="rmsnorm"), seed=1).save(str(ck))
+    line = bad_line(run("export", ck, "--format", "hf", "--out", tmp_path / "x"))
+    assert "no Hugging Face layout expresses the model" in line and "d_ff 0" in line, line
