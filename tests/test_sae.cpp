@@ -1,0 +1,274 @@
+// Sparse autoencoders: the activation ops' gradients (finite differences; for the JumpReLU
+// threshold, central differences of the kernel-smoothed function whose derivative the
+// straight-through estimator is), the module's forward against its formula, the geometric
+// median, and training on a planted dictionary recovering its directions per architecture.
+#define BOOST_TEST_MODULE sae
+#include <boost/test/unit_test.hpp>
+#include <chrono>
+#include <cmath>
+#include <functional>
+
+#include "analysis/features.h"
+#include "datasets/planted_features.h"
+#include "lib/gradcheck.h"
+#include "models/sae.h"
+#include "train/sae_trainer.h"
+
+using namespace hl;
+namespace tt = boost::test_tools;
+
+namespace {
+
+Rng& rng() {
+  static Rng r(43);
+  return r;
+}
+Tensor rnd(const Shape& s) { return Tensor::randn(s, rng()).requires_grad_(); }
+
+// The rectangle-kernel smoothing of H(x - theta) and of x H(x - theta), u = (x - theta) / eps:
+// S(u) = clamp(u + 1/2, 0, 1) has dS/dtheta = -K(u)/eps; theta S(u) + eps Q(u), Q' = S, equals
+// x H(x - theta) outside the window and has d/dtheta = -(theta/eps) K(u): what the ops return.
+double smooth_step(double x, double theta, double eps) { return std::clamp((x - theta) / eps + 0.5, 0.0, 1.0); }
+double smooth_jumprelu(double x, double theta, double eps) {
+  const double u = (x - theta) / eps;
+  const double q = u <= -0.5 ? 0.0 : u >= 0.5 ? u : 0.5 * (u + 0.5) * (u + 0.5);
+  return theta * smooth_step(x, theta, eps) + eps * q;
+}
+
+// The op's threshold gradient for upstream U against central differences of
+// sum U * smoothed(pre, threshold). pre is drawn so that about half its entries lie inside
+// the kernel's window (else the gradient would be 0 = 0).
+GradcheckResult threshold_check(bool step) {
+  const int64_t N = 16, D = 5;
+  const float eps = 0.05f;
+  Tensor theta = Tensor::uniform({D}, rng(), 0.3f, 1.f);
+  Tensor pre = Tensor::empty({N, D});
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t j = 0; j < D; ++j) {
+      float u = rng().uniform(-1.f, 1.f);
+      if (std::abs(std::abs(u) - 0.5f) < 0.02f) u = 0.3f;  // away from the kink of S
+      pre.at({r, j}) = theta.data()[j] + eps * u;
+    }
+  const Tensor up = Tensor::randn({N, D}, rng());
+  theta.requires_grad_();
+  const Tensor y = step ? jumprelu_step(pre, theta, eps) : jumprelu(pre, theta, eps);
+  sum(mul(y, up)).backward();
+  GradcheckResult res;
+  bool any_nonzero = false;
+  for (int64_t j = 0; j < D; ++j) {
+    auto L = [&](double t) {
+      double s = 0;
+      for (int64_t r = 0; r < N; ++r)
+        s += up.at({r, j}) * (step ? smooth_step(pre.at({r, j}), t, eps) : smooth_jumprelu(pre.at({r, j}), t, eps));
+      return s;
+    };
+    const double t = theta.data()[j], h = 1e-4;
+    const double numeric = (L(t + h) - L(t - h)) / (2 * h);
+    const double analytic = theta.grad().data()[j];
+    any_nonzero = any_nonzero || numeric != 0;
+    const double e = std::abs(analytic - numeric);
+    res.max_abs_err = std::max(res.max_abs_err, e);
+    ++res.checked;
+    if (e > 1e-3 + 1e-3 * std::abs(numeric) && res.ok) {
+      res.ok = false;
+      res.message = "threshold " + std::to_string(j) + ": analytic " + std::to_string(analytic) + " numeric " + std::to_string(numeric);
+    }
+  }
+  if (!any_nonzero) res.ok = false, res.message = "no entry inside the kernel's window";
+  return res;
+}
+
+struct SaeOpCase {
+  std::string what;
+  std::function<GradcheckResult()> run;
+};
+
+std::vector<SaeOpCase> sae_op_cases(const std::string& op) {
+  std::vector<SaeOpCase> cases;
+  auto pre_case = [&](std::string what, std::function<Tensor(const Tensor&)> fn) {
+    cases.push_back({what, [fn] { return gradcheck([fn](const std::vector<Tensor>& in) { return fn(in[0]); }, {rnd({4, 9})}); }});
+  };
+  if (op == "topk_relu")
+    for (const int64_t k : {1, 3, 9}) pre_case("k " + std::to_string(k), [k](const Tensor& p) { return topk_relu(p, k); });
+  if (op == "batch_topk_relu")
+    for (const int64_t k : {1, 10, 36}) pre_case("k_total " + std::to_string(k), [k](const Tensor& p) { return batch_topk_relu(p, k); });
+  if (op == "jumprelu" || op == "jumprelu_step") {
+    const bool step = op == "jumprelu_step";
+    // the gradient to pre (thresholds held fixed, no entry near them)
+    pre_case("pre", [step](const Tensor& p) {
+      Tensor t = Tensor::from({9}, {-2.5f, -0.7f, 0.2f, 3.f, 0.9f, -1.2f, 0.45f, 1.7f, -5.f});
+      return step ? jumprelu_step(p, t, 1e-4f) : jumprelu(p, t, 1e-4f);
+    });
+    cases.push_back({"threshold (smoothed)", [step] { return threshold_check(step); }});
+  }
+  return cases;
+}
+
+std::vector<std::string> sae_op_names() {
+#define HL_NAME(op) #op,
+  return {HEADLAB_SAE_OPS(HL_NAME)};
+#undef HL_NAME
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(every_sae_op_has_a_gradient_check) {
+  // derived from the op list: an op added to HEADLAB_SAE_OPS without cases fails here
+  for (const std::string& op : sae_op_names())
+    BOOST_TEST_CONTEXT("op " << op) { BOOST_TEST(!sae_op_cases(op).empty()); }
+}
+
+BOOST_AUTO_TEST_CASE(every_sae_op_passes_its_gradient_checks) {
+  for (const std::string& op : sae_op_names())
+    for (SaeOpCase& c : sae_op_cases(op)) {
+      const GradcheckResult res = c.run();
+      BOOST_TEST_CONTEXT("op " << op << " case " << c.what) {
+        BOOST_TEST(res.ok, res.message);
+        BOOST_TEST(res.checked > 0);
+      }
+    }
+}
+
+BOOST_AUTO_TEST_CASE(topk_keeps_the_k_largest_positive_entries) {
+  const Tensor pre = Tensor::from({2, 5}, {0.5f, -1.f, 3.f, 2.f, 0.1f, -3.f, -2.f, 0.2f, -1.f, -0.5f});
+  const std::vector<float> want = {0, 0, 3, 2, 0, 0, 0, 0.2f, 0, 0};  // row 2: only 0.2 is positive
+  BOOST_TEST(topk_relu(pre, 2).to_vector() == want, tt::per_element());
+  const std::vector<float> batch = {0.5f, 0, 3, 2, 0, 0, 0, 0, 0, 0};  // the 3 largest of the batch
+  BOOST_TEST(batch_topk_relu(pre, 3).to_vector() == batch, tt::per_element());
+  const Tensor theta = Tensor::from({5}, {0.4f, 0.f, 3.f, 1.f, 1.f});
+  const std::vector<float> jump = {0.5f, 0, 0, 2, 0, 0, 0, 0, 0, 0};  // pre > theta strictly (0.2 < 3)
+  BOOST_TEST(jumprelu(pre, theta, 0.1f).to_vector() == jump, tt::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(forward_is_the_saelens_formula) {
+  SaeConfig cfg;
+  cfg.d_in = 3, cfg.d_sae = 4, cfg.arch = SaeArch::Standard;
+  Rng r(5);
+  Sae sae = Sae::init(cfg, r);
+  sae.b_enc.copy_from(Tensor::from({4}, {0.1f, -0.2f, 0.3f, -0.4f}));
+  sae.b_dec.copy_from(Tensor::from({3}, {0.5f, -0.5f, 0.25f}));
+  const Tensor x = Tensor::randn({2, 3}, r);
+  const Tensor f = sae.encode(x), x_hat = sae.decode(f);
+  for (int64_t n = 0; n < 2; ++n) {
+    std::vector<double> fr(4);
+    for (int64_t j = 0; j < 4; ++j) {
+      double p = sae.b_enc.data()[j];
+      for (int64_t c = 0; c < 3; ++c) p += (x.at({n, c}) - sae.b_dec.data()[c]) * double(sae.W_enc.at({c, j}));
+      fr[j] = std::max(p, 0.0);
+      BOOST_TEST(f.at({n, j}) == fr[j], tt::tolerance(1e-5));
+    }
+    for (int64_t c = 0; c < 3; ++c) {
+      double v = sae.b_dec.data()[c];
+      for (int64_t j = 0; j < 4; ++j) v += fr[j] * sae.W_dec.at({j, c});
+      BOOST_TEST(x_hat.at({n, c}) == v, tt::tolerance(1e-5));
+    }
+  }
+  // initialisation: unit decoder rows, encoder its transpose
+  for (int64_t j = 0; j < 4; ++j) {
+    BOOST_TEST(sae.decoder_row_norms().data()[j] == 1.f, tt::tolerance(1e-6f));
+    for (int64_t c = 0; c < 3; ++c) BOOST_TEST(sae.W_enc.at({c, j}) == sae.W_dec.at({j, c}));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(geometric_median_of_collinear_points_is_the_middle_one) {
+  // 0, 1, 10 on a line: the median is 1, the mean 11/3
+  const Tensor x = Tensor::from({3, 2}, {0, 0, 1, 0, 10, 0});
+  const Tensor m = geometric_median(x, 1000, 1e-9f);
+  BOOST_TEST(m.data()[0] == 1.f, tt::tolerance(1e-3f));
+  BOOST_TEST(std::abs(m.data()[1]) < 1e-6f);
+}
+
+BOOST_AUTO_TEST_CASE(decoder_projection_keeps_rows_unit_and_removes_the_parallel_gradient) {
+  SaeConfig cfg;
+  cfg.d_in = 6, cfg.d_sae = 5, cfg.arch = SaeArch::TopK, cfg.k = 2;
+  Rng r(9);
+  Sae sae = Sae::init(cfg, r);
+  sum(mul(sae.forward(Tensor::randn({7, 6}, r)), Tensor::randn({7, 6}, r))).backward();
+  sae.remove_decoder_parallel_grad();
+  for (int64_t j = 0; j < 5; ++j) {
+    double dot = 0;
+    for (int64_t c = 0; c < 6; ++c) dot += double(sae.W_dec.at({j, c})) * sae.W_dec.grad().at({j, c});
+    BOOST_TEST(std::abs(dot) < 1e-6);
+  }
+}
+
+// ---- training on a planted dictionary ---------------------------------------------------------
+
+namespace {
+
+struct Recovery {
+  double live_recovered = 0;  // of live features, the fraction with max cosine >= 0.9
+  double mean_max_cos = 0;    // over live features
+  double planted_found = 0;   // of planted directions, the fraction some feature matches >= 0.9
+  double seconds = 0;
+  SaeMetrics metrics;
+};
+
+Recovery train_on_planted(SaeConfig cfg, SaeTrainArgs args) {
+  Rng data_rng(11);
+  const PlantedDictionary dict = PlantedDictionary::make(64, 512, 4.f, data_rng);
+  cfg.d_in = 64;
+  if (getenv("XS")) args.steps = atoi(getenv("XS"));
+  if (getenv("XB")) args.batch = atoi(getenv("XB"));
+  if (getenv("XL")) args.lr = atof(getenv("XL"));
+  if (getenv("XC")) args.l1_coefficient = args.l0_coefficient = atof(getenv("XC"));
+  if (getenv("XW")) cfg.bandwidth = atof(getenv("XW"));
+  if (getenv("XT")) cfg.initial_threshold = atof(getenv("XT"));
+  const auto t0 = std::chrono::steady_clock::now();
+  SaeTrainer trainer(cfg, args, [&](int64_t rows) { return dict.sample(rows, data_rng); });
+  trainer.train();
+  Recovery rec;
+  rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const Tensor eval = dict.sample(8192, data_rng);
+  rec.metrics = sae_metrics(trainer.sae(), eval);
+  const std::vector<double> cos = max_cosine(trainer.sae().W_dec, dict.directions);
+  int64_t live = 0, good = 0;
+  for (size_t j = 0; j < cos.size(); ++j)
+    if (rec.metrics.density[j] > 0) ++live, good += cos[j] >= 0.9, rec.mean_max_cos += cos[j];
+  rec.live_recovered = live ? double(good) / double(live) : 0;
+  rec.mean_max_cos = live ? rec.mean_max_cos / double(live) : 0;
+  const std::vector<double> found = max_cosine(dict.directions, trainer.sae().W_dec);
+  for (double c : found) rec.planted_found += (c >= 0.9) / double(found.size());
+  BOOST_TEST_MESSAGE(sae_arch_name(cfg.arch) << ": " << rec.seconds << " s, live recovered " << rec.live_recovered
+                     << ", mean max-cos " << rec.mean_max_cos << ", planted found " << rec.planted_found << ", L0 "
+                     << rec.metrics.l0 << ", explained variance " << rec.metrics.explained_variance << ", dead "
+                     << rec.metrics.dead_fraction);
+  return rec;
+}
+
+void check_recovers(const Recovery& rec) {
+  BOOST_TEST(rec.live_recovered >= 0.9);
+  BOOST_TEST(rec.mean_max_cos >= 0.9);
+  BOOST_TEST(rec.planted_found >= 0.9);
+}
+
+SaeConfig planted_config(SaeArch arch) {
+  SaeConfig cfg;
+  cfg.d_sae = 512, cfg.arch = arch, cfg.k = 4;
+  return cfg;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(topk_recovers_a_planted_dictionary) {
+  SaeTrainArgs a;
+  a.steps = 600, a.batch = 512, a.lr = 3e-3f, a.warmup = 20, a.dead_after = 4096;
+  check_recovers(train_on_planted(planted_config(SaeArch::TopK), a));
+}
+BOOST_AUTO_TEST_CASE(batch_topk_recovers_a_planted_dictionary) {
+  SaeTrainArgs a;
+  a.steps = 600, a.batch = 512, a.lr = 3e-3f, a.warmup = 20, a.dead_after = 4096;
+  check_recovers(train_on_planted(planted_config(SaeArch::BatchTopK), a));
+}
+BOOST_AUTO_TEST_CASE(standard_recovers_a_planted_dictionary) {
+  SaeTrainArgs a;
+  a.steps = 600, a.batch = 512, a.lr = 3e-3f, a.warmup = 20, a.dead_after = 4096, a.l1_coefficient = 0.1f;
+  check_recovers(train_on_planted(planted_config(SaeArch::Standard), a));
+}
+BOOST_AUTO_TEST_CASE(jumprelu_recovers_a_planted_dictionary) {
+  SaeTrainArgs a;
+  a.steps = 600, a.batch = 512, a.lr = 3e-3f, a.warmup = 20, a.dead_after = 4096, a.l0_coefficient = 0.05f;
+  SaeConfig cfg = planted_config(SaeArch::JumpReLU);
+  cfg.bandwidth = 0.05f, cfg.initial_threshold = 0.1f;
+  check_recovers(train_on_planted(cfg, a));
+}
