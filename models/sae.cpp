@@ -6,8 +6,12 @@
 #include <cmath>
 #include <limits>
 
+#include <nlohmann/json.hpp>
+
 #include "lib/autograd.h"
+#include "lib/fileutil.h"
 #include "lib/parallel.h"
+#include "lib/safetensors.h"
 
 namespace hl {
 
@@ -170,7 +174,7 @@ Sae Sae::init(const SaeConfig& cfg, Rng& rng) {
   return s;
 }
 
-Tensor Sae::threshold() const { return exp(log_threshold); }
+Tensor Sae::threshold() const { return log_threshold.defined() ? exp(log_threshold) : file_threshold; }
 
 Tensor Sae::pre_acts(const Tensor& x) const {
   HL_CHECK(x.ndim() == 2 && x.size(1) == cfg.d_in, "SAE: activations must be (N, ", cfg.d_in, "), got ", x.shape().str());
@@ -238,6 +242,84 @@ Tensor Sae::decoder_row_norms() const {
     n.data()[r] = static_cast<float>(std::sqrt(nn));
   }
   return n;
+}
+
+void save_saelens(const Sae& sae, const std::string& dir) {
+  const bool batch_topk = sae.cfg.arch == SaeArch::BatchTopK;
+  nlohmann::json cfg = {{"architecture", batch_topk ? "jumprelu" : sae_arch_name(sae.cfg.arch)},
+                        {"d_in", sae.cfg.d_in},
+                        {"d_sae", sae.cfg.d_sae},
+                        {"dtype", "float32"},
+                        {"device", "cpu"},
+                        {"apply_b_dec_to_input", sae.cfg.apply_b_dec_to_input},
+                        {"normalize_activations", "none"},
+                        {"hook_name", sae.cfg.hook_name}};
+  if (sae.cfg.arch == SaeArch::TopK) cfg["k"] = sae.cfg.k;
+  SafetensorsWriter w;
+  w.add("W_enc", sae.W_enc);
+  w.add("b_enc", sae.b_enc);
+  w.add("W_dec", sae.W_dec);
+  w.add("b_dec", sae.b_dec);
+  if (sae.cfg.arch == SaeArch::JumpReLU) {
+    NoGradGuard no_grad;
+    w.add("threshold", sae.threshold());
+  }
+  if (batch_topk) w.add("threshold", sae.batch_threshold);
+  w.write(dir + "/sae_weights.safetensors");
+  write_file_atomic(dir + "/cfg.json", cfg.dump(2) + "\n");
+}
+
+Sae load_saelens(const std::string& dir) {
+  const std::string cfg_path = dir + "/cfg.json";
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(cfg_path));
+  } catch (const nlohmann::json::exception& e) {
+    fail(cfg_path, ": not valid JSON (", e.what(), ")");
+  }
+  HL_CHECK(j.is_object(), cfg_path, ": not a JSON object");
+  auto field = [&](const char* key) -> const nlohmann::json& {
+    HL_CHECK(j.contains(key), cfg_path, ": field '", key, "' is missing");
+    return j[key];
+  };
+  auto positive = [&](const char* key) {
+    const nlohmann::json& v = field(key);
+    HL_CHECK(v.is_number_integer() && v.get<int64_t>() >= 1, cfg_path, ": field '", key, "' must be a positive integer, got ", v.dump());
+    return v.get<int64_t>();
+  };
+  SaeConfig cfg;
+  const std::string arch = j.value("architecture", std::string("standard"));
+  HL_CHECK(arch == "standard" || arch == "topk" || arch == "jumprelu", cfg_path, ": field 'architecture' is '", arch,
+           "'; this reader takes standard, topk and jumprelu");
+  cfg.arch = parse_sae_arch(arch);
+  cfg.d_in = positive("d_in");
+  cfg.d_sae = positive("d_sae");
+  if (cfg.arch == SaeArch::TopK) cfg.k = positive("k");
+  if (j.contains("apply_b_dec_to_input")) {
+    HL_CHECK(j["apply_b_dec_to_input"].is_boolean(), cfg_path, ": field 'apply_b_dec_to_input' must be true or false");
+    cfg.apply_b_dec_to_input = j["apply_b_dec_to_input"].get<bool>();
+  }
+  const nlohmann::json norm = j.value("normalize_activations", nlohmann::json("none"));
+  HL_CHECK(norm.is_null() || norm == "none", cfg_path, ": field 'normalize_activations' is ", norm.dump(),
+           "; only 'none' is read (the SAE would need the activations' scaling factor)");
+  if (j.contains("hook_name") && j["hook_name"].is_string()) cfg.hook_name = j["hook_name"].get<std::string>();
+  const std::string weights_path = dir + "/sae_weights.safetensors";
+  const SafetensorsFile f = read_safetensors(weights_path);
+  const Shape enc{cfg.d_in, cfg.d_sae}, dec{cfg.d_sae, cfg.d_in}, in{cfg.d_in}, feat{cfg.d_sae};
+  Sae sae;
+  sae.cfg = cfg;
+  sae.W_enc = f.f32("W_enc", &enc).requires_grad_();
+  sae.b_enc = f.f32("b_enc", &feat).requires_grad_();
+  sae.W_dec = f.f32("W_dec", &dec).requires_grad_();
+  sae.b_dec = f.f32("b_dec", &in).requires_grad_();
+  if (cfg.arch == SaeArch::JumpReLU) {
+    sae.file_threshold = f.f32("threshold", &feat);
+    for (int64_t i = 0; i < cfg.d_sae; ++i) {
+      const float t = sae.file_threshold.data()[i];
+      HL_CHECK(t >= 0.f && std::isfinite(t), weights_path, ": threshold[", i, "] = ", t, " is not a non-negative number");
+    }
+  }
+  return sae;
 }
 
 Tensor geometric_median(const Tensor& x, int max_iters, float tol) {

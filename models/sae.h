@@ -54,13 +54,14 @@ struct SaeConfig {
 struct Sae {
   SaeConfig cfg;
   Tensor W_enc, b_enc, W_dec, b_dec;
-  Tensor log_threshold;       // (d_sae), JumpReLU only
+  Tensor log_threshold;       // (d_sae), JumpReLU trained here
+  Tensor file_threshold;      // (d_sae), JumpReLU read from a file: its thresholds exactly
   Tensor batch_threshold;     // (d_sae) BatchTopK's inference threshold (not trained), else undefined
 
   // W_dec rows random unit vectors, W_enc = W_dec^T, biases zero (SAELens's initialisation).
   static Sae init(const SaeConfig& cfg, Rng& rng);
 
-  Tensor threshold() const;                 // exp(log_threshold), on the graph
+  Tensor threshold() const;                 // exp(log_threshold) on the graph, or file_threshold
   Tensor pre_acts(const Tensor& x) const;   // (N, d_in) -> (N, d_sae)
   // f for a training batch (BatchTopK selects over the batch) or, with training false, for
   // inference (BatchTopK applies its threshold, so a row's features do not depend on the others).
@@ -76,6 +77,15 @@ struct Sae {
   void normalize_decoder_rows() const;
   Tensor decoder_row_norms() const;  // (d_sae), no graph
 };
+
+// SAELens's files: DIR/cfg.json (architecture, d_in, d_sae, apply_b_dec_to_input,
+// normalize_activations, hook_name, k) and DIR/sae_weights.safetensors (W_enc, b_enc, W_dec,
+// b_dec, and threshold for JumpReLU; float32). A BatchTopK SAE is written as the JumpReLU
+// SAE it is at inference, as SAELens does. Files go through write_file_atomic; the caller
+// makes DIR. The reader refuses what it cannot reproduce (another architecture, normalised
+// activations, shapes that disagree with cfg.json) with one line naming the file and field.
+void save_saelens(const Sae& sae, const std::string& dir);
+Sae load_saelens(const std::string& dir);
 
 // Weiszfeld's iteration for the point minimising the sum of Euclidean distances to the rows of
 // x (N, d): b_dec's initialisation in SAELens. Returns (d).
