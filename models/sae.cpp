@@ -244,6 +244,21 @@ Tensor Sae::decoder_row_norms() const {
   return n;
 }
 
+Tensor sae_rows(const Tensor& activation, int64_t d_in, const std::string& hook) {
+  HL_CHECK(activation.ndim() >= 2, "SAE at ", hook, ": the activation ", activation.shape().str(), " is not (B, T, ...)");
+  const int64_t tokens = activation.size(0) * activation.size(1);
+  const int64_t width = tokens ? activation.numel() / tokens : 0;
+  HL_CHECK(width == d_in, "SAE at ", hook, ": the activation has ", width, " values per token ", activation.shape().str(),
+           ", the SAE takes d_in = ", d_in);
+  return reshape(activation, {tokens, d_in});
+}
+
+ForwardHook sae_splice(const Sae& sae) {
+  return [sae](const Tensor& x, const std::string& name) {
+    return reshape(sae.forward(sae_rows(x, sae.cfg.d_in, name)), x.shape());
+  };
+}
+
 void save_saelens(const Sae& sae, const std::string& dir) {
   const bool batch_topk = sae.cfg.arch == SaeArch::BatchTopK;
   nlohmann::json cfg = {{"architecture", batch_topk ? "jumprelu" : sae_arch_name(sae.cfg.arch)},

@@ -17,6 +17,7 @@
 
 #include "lib/ops.h"
 #include "lib/optim.h"
+#include "models/hooks.h"
 
 namespace hl {
 
@@ -77,6 +78,14 @@ struct Sae {
   void normalize_decoder_rows() const;
   Tensor decoder_row_norms() const;  // (d_sae), no graph
 };
+
+// A hook point's activation (B, T, ...) as SAE rows (B*T, d_in): the dimensions after (B, T)
+// flattened, so blocks.L.attn.hook_z (B, T, H, d_head) gives TransformerLens's hook_z
+// concatenated over heads, (B*T, H*d_head). A width other than d_in is an error naming the hook.
+Tensor sae_rows(const Tensor& activation, int64_t d_in, const std::string& hook);
+// The splice: a forward hook that replaces the activation by the SAE's reconstruction (same
+// shape), so every analysis that takes Hooks runs on the model with the SAE in place.
+ForwardHook sae_splice(const Sae& sae);
 
 // SAELens's files: DIR/cfg.json (architecture, d_in, d_sae, apply_b_dec_to_input,
 // normalize_activations, hook_name, k) and DIR/sae_weights.safetensors (W_enc, b_enc, W_dec,

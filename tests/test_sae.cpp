@@ -17,6 +17,7 @@
 #include "lib/gradcheck.h"
 #include "lib/safetensors.h"
 #include "models/sae.h"
+#include "tests/fixtures.h"
 #include "train/sae_trainer.h"
 
 using namespace hl;
@@ -373,4 +374,109 @@ BOOST_AUTO_TEST_CASE(saelens_reference_files_load_with_the_same_encode_and_decod
       BOOST_TEST(active < f.numel());  // the activation did zero some features
     }
   }
+}
+
+// ---- on a model -------------------------------------------------------------------------------
+
+namespace {
+// relu(x) - relu(-x) = x: d_sae = 2 d_in, W_enc = [I, -I], W_dec = [I; -I], biases 0. Exact in
+// float32: each output is one product by 1 plus products by 0.
+Sae identity_sae(int64_t d_in) {
+  SaeConfig cfg;
+  cfg.d_in = d_in, cfg.d_sae = 2 * d_in, cfg.arch = SaeArch::Standard;
+  Rng r(1);
+  Sae sae = Sae::init(cfg, r);
+  sae.W_enc.fill_(0.f), sae.W_dec.fill_(0.f);
+  for (int64_t i = 0; i < d_in; ++i) {
+    sae.W_enc.at({i, i}) = 1.f, sae.W_enc.at({i, d_in + i}) = -1.f;
+    sae.W_dec.at({i, i}) = 1.f, sae.W_dec.at({d_in + i, i}) = -1.f;
+  }
+  return sae;
+}
+Ids some_tokens(int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
+  Rng r(seed);
+  Ids ids({B, T});
+  for (auto& v : ids.data) v = static_cast<int32_t>(r.next_u64() % static_cast<uint64_t>(vocab));
+  return ids;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(splice_of_an_identity_sae_changes_no_logit) {
+  ModelConfig c = hl::test::test_model({.heads = 4});
+  TransformerLM model(c, 3);
+  const Ids ids = some_tokens(3, 5, c.vocab_size, 4);
+  const Tensor clean = model.forward(ids);
+  for (const std::string hook : {"blocks.1.attn.hook_z", "blocks.0.hook_resid_post", "blocks.1.hook_mlp_out"}) {
+    BOOST_TEST_CONTEXT(hook) {
+      Hooks hooks;
+      hooks.add_forward(hook, sae_splice(identity_sae(c.d_model)));
+      ForwardOptions opt;
+      opt.hooks = &hooks;
+      check_bits(model.forward(ids, opt), clean);
+      // the splice is in the forward: an SAE that reconstructs nothing but b_dec changes the logits
+      Sae zero = identity_sae(c.d_model);
+      zero.W_dec.fill_(0.f);
+      Hooks zh;
+      zh.add_forward(hook, sae_splice(zero));
+      opt.hooks = &zh;
+      const Tensor z = model.forward(ids, opt);
+      BOOST_TEST(std::memcmp(z.data(), clean.data(), sizeof(float) * z.numel()) != 0);
+    }
+  }
+  // an SAE of another width
+  Hooks wrong;
+  wrong.add_forward("blocks.1.attn.hook_z", sae_splice(identity_sae(c.d_model + 1)));
+  ForwardOptions opt;
+  opt.hooks = &wrong;
+  BOOST_CHECK_EXCEPTION(model.forward(ids, opt), Error, [](const Error& e) {
+    return std::string(e.what()).find("SAE at blocks.1.attn.hook_z: the activation has 8 values per token") != std::string::npos;
+  });
+}
+
+BOOST_AUTO_TEST_CASE(activations_stream_from_hook_z_through_the_shuffle_buffer) {
+  ModelConfig c = hl::test::test_model({.heads = 4});
+  TransformerLM model(c, 3);
+  std::vector<Ids> batches = {some_tokens(4, 6, c.vocab_size, 1), some_tokens(4, 6, c.vocab_size, 2)};
+  // every row drawn is one of the model's hook_z rows (concatenated over heads), each once per pass
+  ActivationSource src = model_activations(model, "blocks.1.attn.hook_z", batches, 48, 7);
+  const Tensor drawn = src(48);
+  std::vector<std::vector<float>> expected;
+  for (const Ids& ids : batches) {
+    auto [logits, cache] = model.run_with_cache(ids, name_is("blocks.1.attn.hook_z"));
+    const Tensor r = sae_rows(cache["blocks.1.attn.hook_z"], c.d_model, "z");
+    for (int64_t i = 0; i < r.size(0); ++i) expected.emplace_back(r.data() + i * c.d_model, r.data() + (i + 1) * c.d_model);
+  }
+  std::vector<std::vector<float>> got;
+  for (int64_t i = 0; i < 48; ++i) got.emplace_back(drawn.data() + i * c.d_model, drawn.data() + (i + 1) * c.d_model);
+  BOOST_TEST(got != expected);  // shuffled
+  std::sort(got.begin(), got.end()), std::sort(expected.begin(), expected.end());
+  BOOST_TEST((got == expected));
+  BOOST_CHECK_EXCEPTION(model_activations(model, "blocks.7.attn.hook_z", batches, 8, 0), Error, [](const Error& e) {
+    return std::string(e.what()) == "SAE: the model has no hook point 'blocks.7.attn.hook_z' (`headlab hooks` lists them)";
+  });
+  // a short TopK run on the stream: the reconstruction improves
+  SaeConfig cfg;
+  cfg.d_in = c.d_model, cfg.d_sae = 32, cfg.arch = SaeArch::TopK, cfg.k = 4, cfg.hook_name = "blocks.1.attn.hook_z";
+  SaeTrainArgs a;
+  a.steps = 60, a.batch = 24, a.lr = 1e-2f, a.init_rows = 48;
+  SaeTrainer trainer(cfg, a, model_activations(model, cfg.hook_name, batches, 48, 3));
+  std::vector<float> ev;
+  trainer.train([&](const SaeStepStats& s) { ev.push_back(s.explained_variance); });
+  BOOST_TEST(ev.size() == 60u);
+  BOOST_TEST(ev.back() > ev.front() + 0.2f);
+}
+
+BOOST_AUTO_TEST_CASE(nan_activations_are_refused_with_the_row) {
+  SaeConfig cfg;
+  cfg.d_in = 4, cfg.d_sae = 8, cfg.arch = SaeArch::TopK, cfg.k = 2;
+  SaeTrainArgs a;
+  a.batch = 3, a.init_rows = 3;
+  ActivationSource src = [](int64_t rows) {
+    Tensor x = Tensor::zeros({rows, 4});
+    x.at({1, 2}) = NAN;
+    return x;
+  };
+  BOOST_CHECK_EXCEPTION(SaeTrainer(cfg, a, src), Error, [](const Error& e) {
+    return std::string(e.what()) == "SAE training: the activations hold a non-finite value (row 1, column 2)";
+  });
 }

@@ -39,6 +39,53 @@ Sae initial_sae(const SaeConfig& cfg, const SaeTrainArgs& args, const Activation
 
 }  // namespace
 
+ActivationSource model_activations(TransformerLM& model, const std::string& hook, std::vector<Ids> batches,
+                                   int64_t buffer_rows, uint64_t seed) {
+  bool known = false;
+  for (const auto& [name, shape] : hook_points(model.cfg)) known = known || name == hook;
+  HL_CHECK(known, "SAE: the model has no hook point '", hook, "' (`headlab hooks` lists them)");
+  HL_CHECK(!batches.empty(), "SAE: no token batches to read activations from");
+  HL_CHECK(buffer_rows >= 1, "SAE: the shuffle buffer must hold at least 1 row, got ", buffer_rows);
+  struct Buffer {
+    std::vector<float> rows;  // (n, d) row-major
+    int64_t d = 0, next_batch = 0;
+    Rng rng;
+  };
+  auto buf = std::make_shared<Buffer>();
+  buf->rng.seed_with(seed);
+  TransformerLM* m = &model;
+  return [m, hook, batches = std::move(batches), buffer_rows, buf](int64_t rows) {
+    NoGradGuard no_grad;
+    auto size = [&] { return buf->d ? static_cast<int64_t>(buf->rows.size()) / buf->d : 0; };
+    while (size() < std::max(buffer_rows, rows)) {
+      throw_if_stopped();
+      const Ids& ids = batches[static_cast<size_t>(buf->next_batch++ % static_cast<int64_t>(batches.size()))];
+      ForwardOptions opt;
+      opt.stop_at_layer = hook_layer(hook) >= 0 ? hook_layer(hook) + 1 : -1;  // nothing after the hook's block
+      Hooks hooks;
+      ActivationCache cache;
+      hooks.cache(cache, name_is(hook));
+      opt.hooks = &hooks;
+      m->forward(ids, opt);
+      const Tensor act = cache[hook];
+      const int64_t tokens = act.size(0) * act.size(1);
+      if (!buf->d) buf->d = act.numel() / std::max<int64_t>(tokens, 1);
+      const Tensor r = sae_rows(act, buf->d, hook);
+      buf->rows.insert(buf->rows.end(), r.data(), r.data() + r.numel());
+    }
+    const int64_t d = buf->d;
+    Tensor out = Tensor::empty({rows, d});
+    for (int64_t i = 0; i < rows; ++i) {
+      // take a random row; the last row fills its place
+      const int64_t n = size(), j = static_cast<int64_t>(buf->rng.next_u64() % static_cast<uint64_t>(n));
+      std::copy_n(buf->rows.data() + j * d, d, out.data() + i * d);
+      std::copy_n(buf->rows.data() + (n - 1) * d, d, buf->rows.data() + j * d);
+      buf->rows.resize(static_cast<size_t>((n - 1) * d));
+    }
+    return out;
+  };
+}
+
 SaeTrainer::SaeTrainer(const SaeConfig& cfg, const SaeTrainArgs& args, ActivationSource source)
     : cfg_(cfg), args_(args), source_(std::move(source)), sae_(initial_sae(cfg, args, source_)),
       opt_(sae_.params(), args.lr), rows_since_fired_(static_cast<size_t>(cfg.d_sae), 0) {}

@@ -9,6 +9,7 @@
 
 #include "lib/optim.h"
 #include "models/sae.h"
+#include "models/transformer.h"
 
 namespace hl {
 
@@ -28,6 +29,14 @@ struct SaeTrainArgs {
 
 // The next `rows` activations (rows, d_in); must not repeat the same tensor storage.
 using ActivationSource = std::function<Tensor(int64_t rows)>;
+
+// Activations of `model` at `hook` over `batches` of token ids (cycled), as SAE rows (sae_rows:
+// hook_z concatenated over heads), mixed in a shuffle buffer of `buffer_rows` rows: the buffer
+// is topped up with whole batches from the model and each request takes rows from it at random
+// (SAELens's mixing buffer, without an activation file). A hook the model does not have is an
+// error naming it; the model runs without gradients.
+ActivationSource model_activations(TransformerLM& model, const std::string& hook, std::vector<Ids> batches,
+                                   int64_t buffer_rows, uint64_t seed);
 
 struct SaeStepStats {
   int64_t step = 0;
