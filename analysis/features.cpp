@@ -39,6 +39,26 @@ SaeMetrics sae_metrics(const Sae& sae, const Tensor& x, const Tensor& target, do
   return m;
 }
 
+Tensor decoder_head_fractions(const Sae& sae, int n_heads) {
+  const int64_t F = sae.cfg.d_sae, D = sae.cfg.d_in;
+  HL_CHECK(n_heads >= 1 && D % n_heads == 0, "decoder_head_fractions: d_in ", D, " is not n_heads (", n_heads,
+           ") blocks of d_head: the SAE is not on this layer's hook_z");
+  const int64_t dh = D / n_heads;
+  Tensor out = Tensor::zeros({F, n_heads});
+  const float* w = sae.W_dec.data();
+  for (int64_t j = 0; j < F; ++j) {
+    std::vector<double> part(static_cast<size_t>(n_heads), 0.0);
+    double total = 0;
+    for (int64_t c = 0; c < D; ++c) {
+      const double v = double(w[j * D + c]) * w[j * D + c];
+      part[c / dh] += v, total += v;
+    }
+    if (total > 0)
+      for (int h = 0; h < n_heads; ++h) out.data()[j * n_heads + h] = static_cast<float>(part[h] / total);
+  }
+  return out;
+}
+
 std::vector<double> max_cosine(const Tensor& rows, const Tensor& reference) {
   HL_CHECK(rows.ndim() == 2 && reference.ndim() == 2 && rows.size(1) == reference.size(1),
            "max_cosine: rows ", rows.shape().str(), " and reference ", reference.shape().str(), " must be (n, d) and (m, d)");

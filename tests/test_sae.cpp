@@ -480,3 +480,40 @@ BOOST_AUTO_TEST_CASE(nan_activations_are_refused_with_the_row) {
     return std::string(e.what()) == "SAE training: the activations hold a non-finite value (row 1, column 2)";
   });
 }
+
+BOOST_AUTO_TEST_CASE(a_feature_written_by_one_head_is_attributed_to_that_head) {
+  // a model whose layer-1 head 2 writes a known direction: an SAE on hook_z trained on it puts
+  // the feature's decoder row in head 2's block
+  ModelConfig c = hl::test::test_model({.heads = 4});
+  TransformerLM model(c, 3);
+  const int64_t dh = c.d_model / 4;
+  std::vector<Ids> batches = {some_tokens(4, 6, c.vocab_size, 1), some_tokens(4, 6, c.vocab_size, 2)};
+  ActivationSource z = model_activations(model, "blocks.1.attn.hook_z", batches, 48, 7);
+  // keep only head 2's block of the activations: the only head that writes anything
+  ActivationSource head2 = [z, dh](int64_t rows) {
+    Tensor x = z(rows);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t col = 0; col < x.size(1); ++col)
+        if (col / dh != 2) x.at({r, col}) = 0.f;
+    return x;
+  };
+  SaeConfig cfg;
+  cfg.d_in = c.d_model, cfg.d_sae = 16, cfg.arch = SaeArch::TopK, cfg.k = 2;
+  SaeTrainArgs a;
+  a.steps = 150, a.batch = 24, a.lr = 1e-2f, a.init_rows = 48;
+  SaeTrainer trainer(cfg, a, head2);
+  trainer.train();
+  const Tensor frac = decoder_head_fractions(trainer.sae(), 4);  // (16, 4)
+  const SaeMetrics m = sae_metrics(trainer.sae(), head2(48));
+  int64_t live = 0;
+  for (int64_t j = 0; j < 16; ++j) {
+    double row = 0;
+    for (int h = 0; h < 4; ++h) row += frac.at({j, h});
+    BOOST_TEST(row == 1.0, tt::tolerance(1e-5));
+    if (m.density[j] == 0) continue;
+    ++live;
+    BOOST_TEST(frac.at({j, 2}) >= 0.99f, "feature " << j << " head 2 fraction " << frac.at({j, 2}));
+  }
+  BOOST_TEST(live >= 2);
+  BOOST_CHECK_THROW(decoder_head_fractions(trainer.sae(), 3), Error);  // 8 columns are not 3 heads
+}
