@@ -183,6 +183,43 @@ ModelConfig(**cfg.to_dict()) gives cfg back."""
 class NonFiniteError(FloatingPointError):
     """A NaN or Inf where a finite value is needed (a loss, a weight)"""
 
+class SAE:
+    """A sparse autoencoder in SAELens's layout: W_enc (d_in, d_sae), b_enc, W_dec (d_sae, d_in),
+b_dec, and for JumpReLU its thresholds. encode(x) = act((x - b_dec) W_enc + b_enc), decode(f) = f W_dec + b_dec."""
+    @property
+    def d_in(self) -> int:
+        """Input width (a hook point's values per token)"""
+    @property
+    def d_sae(self) -> int:
+        """Number of features"""
+    @property
+    def architecture(self) -> str:
+        """standard, topk, batchtopk or jumprelu"""
+    @property
+    def hook_name(self) -> str:
+        """The hook point it reads"""
+    @property
+    def W_enc(self) -> numpy.ndarray:
+        """(d_in, d_sae), read-only view"""
+    @property
+    def W_dec(self) -> numpy.ndarray:
+        """(d_sae, d_in), read-only view: the rows are the features' directions"""
+    @property
+    def b_enc(self) -> numpy.ndarray:
+        """(d_sae), read-only view"""
+    @property
+    def b_dec(self) -> numpy.ndarray:
+        """(d_in), read-only view"""
+    def encode(self, x: numpy.ndarray) -> numpy.ndarray:
+        """Feature activations (N, d_sae) of activations x (N, d_in)"""
+    def decode(self, f: numpy.ndarray) -> numpy.ndarray:
+        """Reconstruction (N, d_in) of feature activations f (N, d_sae)"""
+    def save(self, dir: str | os.PathLike) -> None:
+        """Writes dir/cfg.json and dir/sae_weights.safetensors in SAELens's layout"""
+    @staticmethod
+    def load(dir: str | os.PathLike) -> SAE:
+        """Reads an SAE saved by save() or by SAELens (standard, topk, jumprelu; cfg.json + sae_weights.safetensors)"""
+
 class Task:
     """A task of the command line (copy, varcopy, induction, text, tokens, ...): its data and vocabulary"""
     def __init__(self, name: str = ..., **kwargs: Any) -> None:
@@ -525,6 +562,10 @@ def softmax(x: Tensor, axis: int = ...) -> Tensor:
 
 def tensor(array: numpy.ndarray, requires_grad: bool = ...) -> Tensor:
     """A float32 copy of a float array (float64 is rounded to float32); never a view"""
+
+def train_sae(model: TransformerLM, hook: str, data: object, architecture: str = ..., expansion: int = ..., k: int = ..., steps: int = ..., batch: int = ..., lr: float = ..., warmup: int = ..., buffer: int = ..., l1_coefficient: float = ..., l0_coefficient: float = ..., bandwidth: float = ..., seed: int = ...) -> SAE:
+    """Trains an SAE on model's activations at hook (e.g. "blocks.1.attn.hook_z", heads concatenated) over data,
+token ids (B, T) run through the model and mixed in a shuffle buffer of `buffer` rows. Returns an SAE."""
 
 def train_settings() -> list:
     """(keyword, flag, help) of every training setting"""

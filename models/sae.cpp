@@ -1,0 +1,372 @@
+// Sparse autoencoders: the four activation ops (forward, then backward beside it) and the
+// module's forward in SAELens's layout.
+#include "sae.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+#include "lib/autograd.h"
+#include "lib/fileutil.h"
+#include "lib/parallel.h"
+#include "lib/safetensors.h"
+
+namespace hl {
+
+namespace {
+
+void check_pre(const char* op, const Tensor& pre) {
+  HL_CHECK(pre.defined() && pre.ndim() == 2, op, ": pre-activations must be (N, d_sae), got ",
+           pre.defined() ? pre.shape().str() : std::string("nothing"));
+}
+
+void check_threshold(const char* op, const Tensor& pre, const Tensor& threshold, float bandwidth) {
+  check_pre(op, pre);
+  HL_CHECK(threshold.defined() && threshold.ndim() == 1 && threshold.size(0) == pre.size(1), op,
+           ": threshold must be (", pre.size(1), "), got ", threshold.defined() ? threshold.shape().str() : std::string("nothing"));
+  HL_CHECK(bandwidth > 0.f && std::isfinite(bandwidth), op, ": bandwidth must be positive, got ", bandwidth);
+}
+
+// Backward of an op whose output is pre where kept and 0 elsewhere: the gradient passes where
+// the output is non-zero (kept entries are positive).
+void attach_pass_where_kept(Tensor& out, const char* op, const Tensor& pre) {
+  attach(out, op, {pre}, [pre](TensorImpl& self) {
+    const float* g = self.grad->data();
+    const float* y = self.data();
+    float* gp = grad_buffer(pre);
+    if (!gp) return;
+    const int64_t n = pre.numel();
+    for (int64_t i = 0; i < n; ++i) gp[i] += y[i] > 0.f ? g[i] : 0.f;
+  });
+}
+
+}  // namespace
+
+Tensor topk_relu(const Tensor& pre, int64_t k) {
+  check_pre("topk_relu", pre);
+  const int64_t N = pre.size(0), D = pre.size(1);
+  HL_CHECK(k >= 1 && k <= D, "topk_relu: k must be in [1, ", D, "], got ", k);
+  Tensor out = Tensor::zeros(pre.shape());
+  const float* p = pre.data();
+  float* y = out.data();
+  parallel_for(N, N * D, [&](int64_t r) {
+    thread_local std::vector<int32_t> order;
+    order.resize(static_cast<size_t>(D));
+    for (int64_t j = 0; j < D; ++j) order[j] = static_cast<int32_t>(j);
+    const float* row = p + r * D;
+    // the k largest first; ties broken by index so the selection is deterministic
+    std::nth_element(order.begin(), order.begin() + (k - 1), order.end(), [row](int32_t a, int32_t b) {
+      return row[a] > row[b] || (row[a] == row[b] && a < b);
+    });
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t c = order[j];
+      y[r * D + c] = row[c] > 0.f ? row[c] : 0.f;
+    }
+  });
+  if (needs_graph({&pre})) attach_pass_where_kept(out, "topk_relu", pre);
+  return out;
+}
+
+Tensor batch_topk_relu(const Tensor& pre, int64_t k_total) {
+  check_pre("batch_topk_relu", pre);
+  const int64_t n = pre.numel();
+  HL_CHECK(k_total >= 1 && k_total <= n, "batch_topk_relu: k_total must be in [1, ", n, "], got ", k_total);
+  Tensor out = Tensor::zeros(pre.shape());
+  const float* p = pre.data();
+  float* y = out.data();
+  thread_local std::vector<int64_t> order;
+  order.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[i] = i;
+  std::nth_element(order.begin(), order.begin() + (k_total - 1), order.end(), [p](int64_t a, int64_t b) {
+    return p[a] > p[b] || (p[a] == p[b] && a < b);
+  });
+  for (int64_t j = 0; j < k_total; ++j) {
+    const int64_t i = order[j];
+    y[i] = p[i] > 0.f ? p[i] : 0.f;
+  }
+  if (needs_graph({&pre})) attach_pass_where_kept(out, "batch_topk_relu", pre);
+  return out;
+}
+
+namespace {
+inline bool in_rectangle(float pre, float theta, float bandwidth) {
+  const float u = (pre - theta) / bandwidth;
+  return u > -0.5f && u < 0.5f;
+}
+
+// jumprelu (scale_by_theta) and its step: the shared forward and straight-through backward.
+Tensor jump(const char* op, const Tensor& pre, const Tensor& threshold, float bandwidth, bool step) {
+  check_threshold(op, pre, threshold, bandwidth);
+  const int64_t N = pre.size(0), D = pre.size(1);
+  Tensor out = Tensor::empty(pre.shape());
+  const float *p = pre.data(), *t = threshold.data();
+  float* y = out.data();
+  parallel_for(N, N * D, [&](int64_t r) {
+    for (int64_t j = 0; j < D; ++j) {
+      const float v = p[r * D + j];
+      y[r * D + j] = v > t[j] ? (step ? 1.f : v) : 0.f;
+    }
+  });
+  if (needs_graph({&pre, &threshold}))
+    attach(out, op, {pre, threshold}, [pre, threshold, bandwidth, step, N, D](TensorImpl& self) {
+      const float* g = self.grad->data();
+      const float *p = pre.data(), *t = threshold.data();
+      if (float* gp = step ? nullptr : grad_buffer(pre))
+        for (int64_t i = 0; i < N * D; ++i) gp[i] += p[i] > t[i % D] ? g[i] : 0.f;
+      if (float* gt = grad_buffer(threshold))
+        for (int64_t r = 0; r < N; ++r)
+          for (int64_t j = 0; j < D; ++j)
+            if (in_rectangle(p[r * D + j], t[j], bandwidth))
+              gt[j] -= (step ? 1.f : t[j]) / bandwidth * g[r * D + j];
+    });
+  return out;
+}
+}  // namespace
+
+Tensor jumprelu(const Tensor& pre, const Tensor& threshold, float bandwidth) {
+  return jump("jumprelu", pre, threshold, bandwidth, false);
+}
+Tensor jumprelu_step(const Tensor& pre, const Tensor& threshold, float bandwidth) {
+  return jump("jumprelu_step", pre, threshold, bandwidth, true);
+}
+
+SaeArch parse_sae_arch(const std::string& name) {
+  if (name == "standard") return SaeArch::Standard;
+  if (name == "topk") return SaeArch::TopK;
+  if (name == "batchtopk") return SaeArch::BatchTopK;
+  if (name == "jumprelu") return SaeArch::JumpReLU;
+  fail("SAE architecture '", name, "' is not one of standard, topk, batchtopk, jumprelu");
+}
+
+std::string sae_arch_name(SaeArch a) {
+  switch (a) {
+    case SaeArch::Standard: return "standard";
+    case SaeArch::TopK: return "topk";
+    case SaeArch::BatchTopK: return "batchtopk";
+    case SaeArch::JumpReLU: return "jumprelu";
+  }
+  return "?";
+}
+
+Sae Sae::init(const SaeConfig& cfg, Rng& rng) {
+  HL_CHECK(cfg.d_in >= 1 && cfg.d_sae >= 1, "SAE: d_in and d_sae must be positive, got ", cfg.d_in, " and ", cfg.d_sae);
+  if (cfg.arch == SaeArch::TopK || cfg.arch == SaeArch::BatchTopK)
+    HL_CHECK(cfg.k >= 1 && cfg.k <= cfg.d_sae, "SAE: k must be in [1, d_sae = ", cfg.d_sae, "], got ", cfg.k);
+  Sae s;
+  s.cfg = cfg;
+  s.W_dec = Tensor::randn({cfg.d_sae, cfg.d_in}, rng);
+  s.normalize_decoder_rows();
+  s.W_enc = Tensor::empty({cfg.d_in, cfg.d_sae});
+  const float* wd = s.W_dec.data();
+  float* we = s.W_enc.data();
+  for (int64_t i = 0; i < cfg.d_sae; ++i)
+    for (int64_t j = 0; j < cfg.d_in; ++j) we[j * cfg.d_sae + i] = wd[i * cfg.d_in + j];
+  s.b_enc = Tensor::zeros({cfg.d_sae});
+  s.b_dec = Tensor::zeros({cfg.d_in});
+  for (Tensor* t : {&s.W_enc, &s.b_enc, &s.W_dec, &s.b_dec}) t->requires_grad_();
+  if (cfg.arch == SaeArch::JumpReLU) {
+    HL_CHECK(cfg.initial_threshold > 0.f, "SAE: the initial threshold must be positive, got ", cfg.initial_threshold);
+    s.log_threshold = Tensor::full({cfg.d_sae}, std::log(cfg.initial_threshold)).requires_grad_();
+  }
+  if (cfg.arch == SaeArch::BatchTopK) s.batch_threshold = Tensor::zeros({cfg.d_sae});
+  return s;
+}
+
+Tensor Sae::threshold() const { return log_threshold.defined() ? exp(log_threshold) : file_threshold; }
+
+Tensor Sae::pre_acts(const Tensor& x) const {
+  HL_CHECK(x.ndim() == 2 && x.size(1) == cfg.d_in, "SAE: activations must be (N, ", cfg.d_in, "), got ", x.shape().str());
+  const Tensor in = cfg.apply_b_dec_to_input ? sub(x, b_dec) : x;
+  return add(matmul(in, W_enc), b_enc);
+}
+
+Tensor Sae::activate(const Tensor& pre, bool training) const {
+  switch (cfg.arch) {
+    case SaeArch::Standard: return relu(pre);
+    case SaeArch::TopK: return topk_relu(pre, cfg.k);
+    case SaeArch::BatchTopK:
+      // inference: one threshold per feature, so a row's features do not depend on the batch
+      if (!training) return jumprelu(pre, batch_threshold, 1.f);
+      return batch_topk_relu(pre, std::min(cfg.k * pre.size(0), pre.numel()));
+    case SaeArch::JumpReLU: return jumprelu(pre, threshold(), cfg.bandwidth);
+  }
+  return Tensor();
+}
+
+Tensor Sae::decode(const Tensor& f) const {
+  HL_CHECK(f.ndim() == 2 && f.size(1) == cfg.d_sae, "SAE: features must be (N, ", cfg.d_sae, "), got ", f.shape().str());
+  return add(matmul(f, W_dec), b_dec);
+}
+
+std::vector<NamedParam> Sae::params() const {
+  std::vector<NamedParam> p = {{"W_enc", W_enc}, {"b_enc", b_enc}, {"W_dec", W_dec}, {"b_dec", b_dec}};
+  if (log_threshold.defined()) p.push_back({"log_threshold", log_threshold});
+  return p;
+}
+
+void Sae::remove_decoder_parallel_grad() const {
+  if (!W_dec.grad().defined()) return;
+  const int64_t R = cfg.d_sae, C = cfg.d_in;
+  const float* w = W_dec.data();
+  float* g = W_dec.grad().data();
+  parallel_for(R, R * C, [&](int64_t r) {
+    double dot = 0, nn = 0;
+    for (int64_t c = 0; c < C; ++c) dot += double(w[r * C + c]) * g[r * C + c], nn += double(w[r * C + c]) * w[r * C + c];
+    if (nn == 0) return;
+    const float a = static_cast<float>(dot / nn);
+    for (int64_t c = 0; c < C; ++c) g[r * C + c] -= a * w[r * C + c];
+  });
+}
+
+void Sae::normalize_decoder_rows() const {
+  const int64_t R = W_dec.size(0), C = W_dec.size(1);
+  float* w = W_dec.data();
+  parallel_for(R, R * C, [&](int64_t r) {
+    double nn = 0;
+    for (int64_t c = 0; c < C; ++c) nn += double(w[r * C + c]) * w[r * C + c];
+    if (nn == 0) return;
+    const float inv = static_cast<float>(1.0 / std::sqrt(nn));
+    for (int64_t c = 0; c < C; ++c) w[r * C + c] *= inv;
+  });
+}
+
+Tensor Sae::decoder_row_norms() const {
+  const int64_t R = W_dec.size(0), C = W_dec.size(1);
+  Tensor n = Tensor::empty({R});
+  const float* w = W_dec.data();
+  for (int64_t r = 0; r < R; ++r) {
+    double nn = 0;
+    for (int64_t c = 0; c < C; ++c) nn += double(w[r * C + c]) * w[r * C + c];
+    n.data()[r] = static_cast<float>(std::sqrt(nn));
+  }
+  return n;
+}
+
+Tensor sae_rows(const Tensor& activation, int64_t d_in, const std::string& hook) {
+  HL_CHECK(activation.ndim() >= 2, "SAE at ", hook, ": the activation ", activation.shape().str(), " is not (B, T, ...)");
+  const int64_t tokens = activation.size(0) * activation.size(1);
+  const int64_t width = tokens ? activation.numel() / tokens : 0;
+  HL_CHECK(width == d_in, "SAE at ", hook, ": the activation has ", width, " values per token ", activation.shape().str(),
+           ", the SAE takes d_in = ", d_in);
+  return reshape(activation, {tokens, d_in});
+}
+
+ForwardHook sae_splice(const Sae& sae) {
+  return [sae](const Tensor& x, const std::string& name) {
+    return reshape(sae.forward(sae_rows(x, sae.cfg.d_in, name)), x.shape());
+  };
+}
+
+void save_saelens(const Sae& sae, const std::string& dir) {
+  const bool batch_topk = sae.cfg.arch == SaeArch::BatchTopK;
+  nlohmann::json cfg = {{"architecture", batch_topk ? "jumprelu" : sae_arch_name(sae.cfg.arch)},
+                        {"d_in", sae.cfg.d_in},
+                        {"d_sae", sae.cfg.d_sae},
+                        {"dtype", "float32"},
+                        {"device", "cpu"},
+                        {"apply_b_dec_to_input", sae.cfg.apply_b_dec_to_input},
+                        {"normalize_activations", "none"},
+                        {"hook_name", sae.cfg.hook_name}};
+  if (sae.cfg.arch == SaeArch::TopK) cfg["k"] = sae.cfg.k;
+  SafetensorsWriter w;
+  w.add("W_enc", sae.W_enc);
+  w.add("b_enc", sae.b_enc);
+  w.add("W_dec", sae.W_dec);
+  w.add("b_dec", sae.b_dec);
+  if (sae.cfg.arch == SaeArch::JumpReLU) {
+    NoGradGuard no_grad;
+    w.add("threshold", sae.threshold());
+  }
+  if (batch_topk) w.add("threshold", sae.batch_threshold);
+  w.write(dir + "/sae_weights.safetensors");
+  write_file_atomic(dir + "/cfg.json", cfg.dump(2) + "\n");
+}
+
+Sae load_saelens(const std::string& dir) {
+  const std::string cfg_path = dir + "/cfg.json";
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(cfg_path));
+  } catch (const nlohmann::json::exception& e) {
+    fail(cfg_path, ": not valid JSON (", e.what(), ")");
+  }
+  HL_CHECK(j.is_object(), cfg_path, ": not a JSON object");
+  auto field = [&](const char* key) -> const nlohmann::json& {
+    HL_CHECK(j.contains(key), cfg_path, ": field '", key, "' is missing");
+    return j[key];
+  };
+  auto positive = [&](const char* key) {
+    const nlohmann::json& v = field(key);
+    HL_CHECK(v.is_number_integer() && v.get<int64_t>() >= 1, cfg_path, ": field '", key, "' must be a positive integer, got ", v.dump());
+    return v.get<int64_t>();
+  };
+  SaeConfig cfg;
+  const std::string arch = j.value("architecture", std::string("standard"));
+  HL_CHECK(arch == "standard" || arch == "topk" || arch == "jumprelu", cfg_path, ": field 'architecture' is '", arch,
+           "'; this reader takes standard, topk and jumprelu");
+  cfg.arch = parse_sae_arch(arch);
+  cfg.d_in = positive("d_in");
+  cfg.d_sae = positive("d_sae");
+  if (cfg.arch == SaeArch::TopK) cfg.k = positive("k");
+  if (j.contains("apply_b_dec_to_input")) {
+    HL_CHECK(j["apply_b_dec_to_input"].is_boolean(), cfg_path, ": field 'apply_b_dec_to_input' must be true or false");
+    cfg.apply_b_dec_to_input = j["apply_b_dec_to_input"].get<bool>();
+  }
+  const nlohmann::json norm = j.value("normalize_activations", nlohmann::json("none"));
+  HL_CHECK(norm.is_null() || norm == "none", cfg_path, ": field 'normalize_activations' is ", norm.dump(),
+           "; only 'none' is read (the SAE would need the activations' scaling factor)");
+  if (j.contains("hook_name") && j["hook_name"].is_string()) cfg.hook_name = j["hook_name"].get<std::string>();
+  const std::string weights_path = dir + "/sae_weights.safetensors";
+  const SafetensorsFile f = read_safetensors(weights_path);
+  const Shape enc{cfg.d_in, cfg.d_sae}, dec{cfg.d_sae, cfg.d_in}, in{cfg.d_in}, feat{cfg.d_sae};
+  Sae sae;
+  sae.cfg = cfg;
+  sae.W_enc = f.f32("W_enc", &enc).requires_grad_();
+  sae.b_enc = f.f32("b_enc", &feat).requires_grad_();
+  sae.W_dec = f.f32("W_dec", &dec).requires_grad_();
+  sae.b_dec = f.f32("b_dec", &in).requires_grad_();
+  if (cfg.arch == SaeArch::JumpReLU) {
+    sae.file_threshold = f.f32("threshold", &feat);
+    for (int64_t i = 0; i < cfg.d_sae; ++i) {
+      const float t = sae.file_threshold.data()[i];
+      HL_CHECK(t >= 0.f && std::isfinite(t), weights_path, ": threshold[", i, "] = ", t, " is not a non-negative number");
+    }
+  }
+  return sae;
+}
+
+Tensor geometric_median(const Tensor& x, int max_iters, float tol) {
+  HL_CHECK(x.ndim() == 2 && x.size(0) >= 1, "geometric_median: x must be (N, d) with N >= 1, got ", x.shape().str());
+  const int64_t N = x.size(0), D = x.size(1);
+  const float* p = x.data();
+  std::vector<double> m(D, 0.0), next(D);
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t d = 0; d < D; ++d) m[d] += p[i * D + d] / double(N);  // start at the mean
+  for (int it = 0; it < max_iters; ++it) {
+    std::fill(next.begin(), next.end(), 0.0);
+    double wsum = 0;
+    for (int64_t i = 0; i < N; ++i) {
+      double dist = 0;
+      for (int64_t d = 0; d < D; ++d) dist += (p[i * D + d] - m[d]) * (p[i * D + d] - m[d]);
+      // a point on the iterate gets a large finite weight instead of a division by zero
+      const double w = 1.0 / std::max(std::sqrt(dist), 1e-12);
+      wsum += w;
+      for (int64_t d = 0; d < D; ++d) next[d] += w * p[i * D + d];
+    }
+    double moved = 0, scale = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      next[d] /= wsum;
+      moved += (next[d] - m[d]) * (next[d] - m[d]);
+      scale += next[d] * next[d];
+    }
+    m.swap(next);
+    if (std::sqrt(moved) <= tol * std::max(1.0, std::sqrt(scale))) break;
+  }
+  Tensor out = Tensor::empty({D});
+  for (int64_t d = 0; d < D; ++d) out.data()[d] = static_cast<float>(m[d]);
+  return out;
+}
+
+}  // namespace hl

@@ -1,0 +1,103 @@
+// Sparse autoencoders on a hook point's activations, in SAELens's (v6) layout and forward:
+//
+//   W_enc (d_in, d_sae), b_enc (d_sae), W_dec (d_sae, d_in), b_dec (d_in), threshold (d_sae)
+//   pre   = (x - b_dec) W_enc + b_enc        (b_dec subtracted only with apply_b_dec_to_input)
+//   f     = act(pre)                          (N, d_sae): the feature activations
+//   x_hat = f W_dec + b_dec                   (N, d_in)
+//
+// The activations, one per architecture: Standard relu (loss: L1 of f weighted by the decoder
+// rows' norms), TopK (the k largest pre-activations of each row, then relu), BatchTopK (the
+// k*N largest relu(pre) of the whole batch; a single threshold at inference), JumpReLU
+// (pre where pre > threshold; loss: L0 through a straight-through step, Rajamanoharan et al.
+// 2024). Those four activations are differentiable ops (HEADLAB_SAE_OPS, gradient tests in
+// tests/test_sae.cpp, which fails for an op without them).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "lib/ops.h"
+#include "lib/optim.h"
+#include "models/hooks.h"
+
+namespace hl {
+
+#define HEADLAB_SAE_OPS(X) X(topk_relu) X(batch_topk_relu) X(jumprelu) X(jumprelu_step)
+
+// pre (N, d_sae) -> per row the k largest values kept where positive, zeros elsewhere. The
+// gradient passes to the kept positive entries.
+Tensor topk_relu(const Tensor& pre, int64_t k);
+// pre (N, d_sae) -> relu(pre) with only the k_total largest entries of the whole batch kept.
+Tensor batch_topk_relu(const Tensor& pre, int64_t k_total);
+// pre (N, d_sae), threshold (d_sae) -> pre * H(pre - threshold). dL/dpre = H(pre - threshold) g;
+// dL/dthreshold = -(threshold / bandwidth) K((pre - threshold) / bandwidth) g summed over rows,
+// K the rectangle 1{|u| < 1/2}: the straight-through estimator of Rajamanoharan et al. 2024.
+Tensor jumprelu(const Tensor& pre, const Tensor& threshold, float bandwidth);
+// H(pre - threshold) (the L0 of a JumpReLU SAE): no gradient to pre; dL/dthreshold =
+// -(1 / bandwidth) K((pre - threshold) / bandwidth) g summed over rows.
+Tensor jumprelu_step(const Tensor& pre, const Tensor& threshold, float bandwidth);
+
+enum class SaeArch { Standard, TopK, BatchTopK, JumpReLU };
+SaeArch parse_sae_arch(const std::string& name);  // "standard", "topk", "batchtopk", "jumprelu"
+std::string sae_arch_name(SaeArch a);
+
+struct SaeConfig {
+  int64_t d_in = 0, d_sae = 0;
+  SaeArch arch = SaeArch::TopK;
+  int64_t k = 32;            // TopK, BatchTopK: active features per row (on average for BatchTopK)
+  float bandwidth = 0.001f;  // JumpReLU: width of the rectangle kernel of the threshold gradient
+  float initial_threshold = 0.001f;  // JumpReLU
+  bool apply_b_dec_to_input = true;
+  std::string hook_name;     // where the activations come from (informative)
+};
+
+// The parameters (leaves requiring grad) and the forward. JumpReLU trains log_threshold
+// (threshold = exp(log_threshold) stays positive), as SAELens does.
+struct Sae {
+  SaeConfig cfg;
+  Tensor W_enc, b_enc, W_dec, b_dec;
+  Tensor log_threshold;       // (d_sae), JumpReLU trained here
+  Tensor file_threshold;      // (d_sae), JumpReLU read from a file: its thresholds exactly
+  Tensor batch_threshold;     // (d_sae) BatchTopK's inference threshold (not trained), else undefined
+
+  // W_dec rows random unit vectors, W_enc = W_dec^T, biases zero (SAELens's initialisation).
+  static Sae init(const SaeConfig& cfg, Rng& rng);
+
+  Tensor threshold() const;                 // exp(log_threshold) on the graph, or file_threshold
+  Tensor pre_acts(const Tensor& x) const;   // (N, d_in) -> (N, d_sae)
+  // f for a training batch (BatchTopK selects over the batch) or, with training false, for
+  // inference (BatchTopK applies its threshold, so a row's features do not depend on the others).
+  Tensor activate(const Tensor& pre, bool training) const;
+  Tensor encode(const Tensor& x) const { return activate(pre_acts(x), false); }
+  Tensor decode(const Tensor& f) const;     // (N, d_sae) -> (N, d_in)
+  Tensor forward(const Tensor& x) const { return decode(encode(x)); }
+
+  std::vector<NamedParam> params() const;
+  // Unit-norm decoder rows: the gradient component along each row removed before the step,
+  // the rows renormalised after it (SAELens's projected gradient).
+  void remove_decoder_parallel_grad() const;
+  void normalize_decoder_rows() const;
+  Tensor decoder_row_norms() const;  // (d_sae), no graph
+};
+
+// A hook point's activation (B, T, ...) as SAE rows (B*T, d_in): the dimensions after (B, T)
+// flattened, so blocks.L.attn.hook_z (B, T, H, d_head) gives TransformerLens's hook_z
+// concatenated over heads, (B*T, H*d_head). A width other than d_in is an error naming the hook.
+Tensor sae_rows(const Tensor& activation, int64_t d_in, const std::string& hook);
+// The splice: a forward hook that replaces the activation by the SAE's reconstruction (same
+// shape), so every analysis that takes Hooks runs on the model with the SAE in place.
+ForwardHook sae_splice(const Sae& sae);
+
+// SAELens's files: DIR/cfg.json (architecture, d_in, d_sae, apply_b_dec_to_input,
+// normalize_activations, hook_name, k) and DIR/sae_weights.safetensors (W_enc, b_enc, W_dec,
+// b_dec, and threshold for JumpReLU; float32). A BatchTopK SAE is written as the JumpReLU
+// SAE it is at inference, as SAELens does. Files go through write_file_atomic; the caller
+// makes DIR. The reader refuses what it cannot reproduce (another architecture, normalised
+// activations, shapes that disagree with cfg.json) with one line naming the file and field.
+void save_saelens(const Sae& sae, const std::string& dir);
+Sae load_saelens(const std::string& dir);
+
+// Weiszfeld's iteration for the point minimising the sum of Euclidean distances to the rows of
+// x (N, d): b_dec's initialisation in SAELens. Returns (d).
+Tensor geometric_median(const Tensor& x, int max_iters = 100, float tol = 1e-5f);
+
+}  // namespace hl
