@@ -9,6 +9,7 @@
 
 #include "analysis/edges.h"
 #include "cli/edge_graph.h"
+#include "cli/precision_option.h"
 #include "cli/progress.h"
 #include "cli/roles.h"
 #include "lib/fileutil.h"
@@ -160,7 +161,12 @@ void add_edges_command(CLI::App& app, CommandRunner& runner) {
   sub->add_option("--to", flags->to,
                   "--path-from: receivers, comma-separated (L{layer}H{head}.q/.k/.v, mlp{layer}, logits; default: every reader "
                   "of the sender)");
-  sub->callback([&runner, o = o, flags] { runner = [o, flags] { return run_edges(*o, *flags); }; });
+  sub->callback([&runner, o = o, flags] {
+    runner = [o, flags] {
+      const PrecisionScope precision(precision_from_flag(o->precision));  // add_role_command's --precision
+      return run_edges(*o, *flags);
+    };
+  });
 }
 
 }  // namespace hl

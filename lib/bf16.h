@@ -18,6 +18,11 @@ enum class Precision { Float32, Bf16 };
 std::string_view precision_name(Precision p);                 // "float32" | "bf16"
 Precision parse_precision(std::string_view s, std::string_view what);  // fails naming `what`
 
+// What a study run in bf16 says beside its results (both doors, the same words).
+inline constexpr const char* kBf16ResultsNote =
+    "precision bf16: results are approximate (the linear layers' products round their operands to bf16, "
+    "8 significant bits, and accumulate in float32)";
+
 // This thread's precision for the linear layers' products (Float32 unless a scope sets it).
 Precision matmul_precision();
 

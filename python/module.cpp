@@ -49,4 +49,5 @@ PYBIND11_MODULE(_core, m) {
   bind_analyses(m);
   bind_views(m);
   bind_tokenizer(m);
+  bind_precision(m);
 }

@@ -15,11 +15,22 @@
 #include <optional>
 #include <vector>
 
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include "lib/autograd.h"
 #include "lib/bf16.h"
 #include "lib/ops.h"
+#include "lib/safetensors.h"
+#include "train/snapshots.h"
+#include "train/trainer.h"
+#include "tests/fixtures.h"
 
 using namespace hl;
+using namespace hl::test;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
 
 namespace {
 
@@ -233,6 +244,88 @@ BOOST_AUTO_TEST_CASE(scope_restores_and_backward_follows_the_forward) {
   BOOST_TEST(grads(true, false) == grads(true, true));
   BOOST_TEST(grads(true, false) != f32);
   BOOST_TEST((matmul_precision() == Precision::Float32));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---- training in bf16 ---------------------------------------------------------------------------
+
+namespace {
+TrainArgs bf16_args(const std::string& out, const std::string& precision = "bf16") {
+  TrainArgs a;
+  a.model.d_model = 32;
+  a.model.n_layers = 2;
+  a.model.n_heads = 2;
+  a.model.d_ff = 64;
+  a.task = TaskConfig::preset("copy");
+  a.task.alphabet = 5;
+  a.task.min_len = a.task.max_len = 4;
+  a.batch = 32;
+  a.steps = 40;
+  a.eval_every = 10;
+  a.checkpoint_every = 20;
+  a.eval_size = 64;
+  a.warmup = 5;
+  a.threads = 2;
+  a.precision = precision;
+  a.out = out;
+  return a;
+}
+std::vector<double> held_out_losses(const std::string& dir) {
+  std::ifstream in(dir + "/metrics.jsonl");
+  std::vector<double> out;
+  std::string line;
+  while (std::getline(in, line)) out.push_back(json::parse(line).at("loss").get<double>());
+  return out;
+}
+std::vector<std::string> model_bytes(const std::string& file) {
+  const SafetensorsFile f = read_safetensors(file);
+  std::vector<std::string> out;
+  for (const auto& [name, t] : f.tensors) out.push_back(name + std::string(t.bytes.begin(), t.bytes.end()));
+  return out;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(training)
+
+// The master weights are float32 and each bf16 product is deterministic for a thread count: a
+// resumed bf16 run, and a run continued from one of its snapshots, end bit for bit where the
+// uninterrupted run ends.
+BOOST_AUTO_TEST_CASE(resume_and_snapshots_of_a_bf16_run_are_bit_exact) {
+  const std::string full = fresh_dir("bf16-full"), cut = fresh_dir("bf16-cut"), fork = fresh_dir("bf16-fork"),
+                    f32 = fresh_dir("bf16-f32");
+  TrainArgs a = bf16_args(full);
+  a.snapshot_every = 10;
+  Trainer(a).run();
+  Trainer(bf16_args(f32, "float32")).run();
+  BOOST_TEST(model_bytes(full + "/model.safetensors") != model_bytes(f32 + "/model.safetensors"));  // bf16 was used
+  {  // "crash" at step 25, after the step-20 checkpoint
+    Trainer t(bf16_args(cut));
+    TrainObserver obs;
+    obs.on_step = [](int64_t step, int64_t, float, double) {
+      if (step == 25) throw std::runtime_error("simulated crash");
+    };
+    BOOST_CHECK_THROW(t.run(obs), std::runtime_error);
+  }
+  TrainArgs r = bf16_args(cut);
+  r.resume = true;
+  Trainer(r).run();
+  BOOST_TEST(held_out_losses(full) == held_out_losses(cut), boost::test_tools::per_element());
+  BOOST_TEST(model_bytes(full + "/model.safetensors") == model_bytes(cut + "/model.safetensors"));
+  // a run directory whose checkpoint is the step-10 snapshot: resume_args reads bf16 from it
+  make_dirs(fork);
+  fs::copy_file(snapshot_path(full, 10), fork + "/checkpoint.safetensors");
+  TrainArgs from_snapshot = resume_args(fork, TrainArgs{}, [](const std::string&) { return false; });
+  BOOST_TEST(from_snapshot.precision == "bf16");
+  Trainer(from_snapshot).run();
+  BOOST_TEST(model_bytes(full + "/model.safetensors") == model_bytes(fork + "/model.safetensors"));
+}
+
+BOOST_AUTO_TEST_CASE(an_unknown_precision_is_refused_naming_the_flag) {
+  TrainArgs a = bf16_args("", "fp8");
+  BOOST_CHECK_EXCEPTION(a.validate(), Error, [](const Error& e) {
+    return std::string(e.what()) == "--precision must be one of float32, bf16, got 'fp8'";
+  });
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -20,6 +20,7 @@ from ._core import (  # noqa: F401
 )
 from ._core import head_analyses  # noqa: F401
 from ._core import Tokenizer  # noqa: F401
+from ._core import precision  # noqa: F401  (with hl.precision("bf16"): ...)
 from . import _core
 from . import lens as _lens  # noqa: F401  (hooks(), to_tokens, to_str_tokens, to_string on TransformerLM)
 from .factored import FactoredMatrix  # noqa: F401
@@ -40,6 +41,7 @@ __all__ = [
     "copying_score", "single_head_ablation", "softmax", "tensor", "train", "train_settings", "Tokenizer",
     "View", "view", "token_view", "grid_view",
     "FactoredMatrix", "tensor_hook", "head_analyses",
+    "precision",
 ]
 
 
