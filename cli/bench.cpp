@@ -17,6 +17,7 @@
 #include "cli/alloc_counter.h"
 #include "cli/child_process.h"
 #include "cli/commands.h"
+#include "lib/bf16.h"
 #include "lib/fileutil.h"
 #include "lib/optim.h"
 #include "lib/profile.h"
@@ -268,6 +269,25 @@ json sgemm_peak(int threads) {
   return {{"threads", num_threads()}, {"sgemm_gflops", median(g)}};
 }
 
+// The bf16 product's peak, measured as sgemm's: 2048^3, operands already bf16, float32 result.
+json bf16_gemm_peak(int threads) {
+  set_num_threads(threads);
+  const int64_t n = 2048;
+  std::vector<float> a(n * n, 0.5f), c(n * n, 0.f);
+  std::vector<uint16_t> ah(n * n), bh(n * n);
+  convert_to_bf16(a.data(), ah.data(), n * n);
+  convert_to_bf16(a.data(), bh.data(), n * n);
+  std::vector<double> g;
+  for (int r = 0; r < 7; ++r) {
+    throw_if_stopped();
+    const auto t0 = clk::now();
+    gemm_bf16(false, false, n, n, n, ah.data(), n, bh.data(), n, 0.f, c.data(), n);
+    const double s = std::chrono::duration<double>(clk::now() - t0).count();
+    if (r >= 2) g.push_back(2.0 * n * n * n / s * 1e-9);
+  }
+  return {{"threads", num_threads()}, {"sgemm_gflops", median(g)}};
+}
+
 std::string self_exe() {
   char buf[4096];
   const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
@@ -303,6 +323,7 @@ struct BenchOpts {
   std::string one;
   bool peak = false;
   bool sweep = false;  // also time the default head-count sweep (headlab ablate)
+  std::vector<std::string> precisions = {"float32"};  // each config in each (lib/bf16.h)
   std::string task;    // empty: random tokens
   std::string out_json;
 };
@@ -339,13 +360,17 @@ SweepTime time_default_sweep(int threads) {
 }
 
 int run_bench(const BenchOpts& o) {
+  // a child runs in the one precision it is given
+  const PrecisionScope precision(o.one.empty() && !o.peak ? Precision::Float32 : parse_precision(o.precisions.at(0), "--precision"));
   if (!o.one.empty()) {  // child mode
-    const json j = bench_one(named_config(o.one), o.threads.at(0), o.steps, o.warmup, o.profile, o.task);
+    json j = bench_one(named_config(o.one), o.threads.at(0), o.steps, o.warmup, o.profile, o.task);
+    j["precision"] = o.precisions.at(0);
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
   if (o.peak) {
-    std::printf("%s\n", sgemm_peak(o.threads.at(0)).dump().c_str());
+    const bool bf16 = matmul_precision() == Precision::Bf16;
+    std::printf("%s\n", (bf16 ? bf16_gemm_peak(o.threads.at(0)) : sgemm_peak(o.threads.at(0))).dump().c_str());
     return 0;
   }
   if (o.steps < 1 || o.warmup < 0) fail("bench: --steps must be positive and --warmup not negative");
@@ -361,28 +386,34 @@ int run_bench(const BenchOpts& o) {
   std::fprintf(stderr, "headlab bench: %d timed steps after %d warm-up; OpenBLAS kernels %s (OPENBLAS_CORETYPE=%s%s)\n",
                o.steps, o.warmup, openblas_get_corename(), coretype ? coretype : "(unset)",
                auto_from ? (std::string(", set by headlab: OpenBLAS detected ") + auto_from).c_str() : "");
-  std::map<int, double> peaks;
-  for (int t : o.threads) peaks[t] = run_child({"--peak", "--threads", std::to_string(t)})["sgemm_gflops"];
+  for (const std::string& p : o.precisions)
+    if (parse_precision(p, "--precision") == Precision::Bf16) require_bf16_cpu();
+  std::map<std::pair<std::string, int>, double> peaks;  // (precision, threads) -> GFLOP/s
+  for (const std::string& p : o.precisions)
+    for (int t : o.threads)
+      peaks[{p, t}] = run_child({"--peak", "--threads", std::to_string(t), "--precision", p})["sgemm_gflops"];
   std::vector<json> results;
-  std::vector<std::vector<std::string>> rows = {{"config", "threads", "train ms (median)", "min-max", "fwd ms", "min-max",
-                                                 "tokens/s", "train GFLOP/s", "% sgemm peak", "peak RSS MiB",
+  std::vector<std::vector<std::string>> rows = {{"config", "precision", "threads", "train ms (median)", "min-max", "fwd ms", "min-max",
+                                                 "tokens/s", "train GFLOP/s", "% product peak", "peak RSS MiB",
                                                  "mallocs/step"}};
   for (const std::string& c : o.configs)
+    for (const std::string& prec : o.precisions)
     for (int t : o.threads) {
-      std::fprintf(stderr, "  running %s on %d thread%s...\n", c.c_str(), t, t > 1 ? "s" : "");
+      std::fprintf(stderr, "  running %s in %s on %d thread%s...\n", c.c_str(), prec.c_str(), t, t > 1 ? "s" : "");
       std::vector<std::string> args = {"--one", c, "--threads", std::to_string(t), "--steps", std::to_string(o.steps),
-                                       "--warmup", std::to_string(o.warmup)};
+                                       "--warmup", std::to_string(o.warmup), "--precision", prec};
       if (o.profile) args.push_back("--profile");
       if (!o.task.empty()) args.insert(args.end(), {"--task", o.task});
       json j = run_child(args);
-      j["sgemm_peak_gflops"] = peaks[t];
+      const double peak = peaks[{prec, t}];
+      j["product_peak_gflops"] = peak;
       results.push_back(j);
       // a task sets the length: say so where it differs from the config's own
       const std::string label = j["T"] == named_config(c).T ? c : c + " (T " + std::to_string(j["T"].get<int64_t>()) + ")";
-      rows.push_back({label, std::to_string(j["threads"].get<int>()), fixed(j["train_ms_median"], 2),
+      rows.push_back({label, prec, std::to_string(j["threads"].get<int>()), fixed(j["train_ms_median"], 2),
                       fixed(j["train_ms_min"], 2) + "-" + fixed(j["train_ms_max"], 2), fixed(j["fwd_ms_median"], 2),
                       fixed(j["fwd_ms_min"], 2) + "-" + fixed(j["fwd_ms_max"], 2), fixed(j["tokens_per_s"], 0),
-                      fixed(j["train_gflops"], 1), fixed(100.0 * j["train_gflops"].get<double>() / peaks[t], 1),
+                      fixed(j["train_gflops"], 1), fixed(100.0 * j["train_gflops"].get<double>() / peak, 1),
                       fixed(j["peak_rss_kb"].get<double>() / 1024, 1),
                       j["mallocs_per_step"].is_null() ? "n/a" : fixed(j["mallocs_per_step"], 1)});
     }
@@ -394,8 +425,8 @@ int run_bench(const BenchOpts& o) {
                 o.task.c_str(), task->seq_len(), task->vocab_size());
   else
     std::printf("\ndata: random tokens at every position, as the PyTorch reference (--task NAME for a task's batches)\n");
-  std::printf("sgemm peak (2048^3, this BLAS):");
-  for (auto& [t, g] : peaks) std::printf("  %d thread%s %.0f GFLOP/s", t, t > 1 ? "s" : "", g);
+  std::printf("product peak (2048^3: float32 this BLAS's sgemm, bf16 oneDNN's bf16 x bf16 -> float32):");
+  for (auto& [pt, g] : peaks) std::printf("  %s %d thread%s %.0f GFLOP/s", pt.first.c_str(), pt.second, pt.second > 1 ? "s" : "", g);
   std::printf("\n");
   if (o.threads.size() > 1) {  // scaling
     std::printf("\nthread scaling (train step, median):\n");
@@ -470,6 +501,11 @@ void add_bench_command(CLI::App& app, CommandRunner& runner) {
   sub->add_option("--steps", o->steps, "Timed steps (after warm-up)")->capture_default_str();
   sub->add_option("--warmup", o->warmup, "Warm-up steps")->capture_default_str();
   sub->add_flag("--profile", o->profile, "Add a per-op breakdown of a training step");
+  sub->add_option("--precision", o->precisions,
+                  "Precisions to run each config in: float32, bf16 (the linear layers' products with bf16 operands "
+                  "and float32 accumulation; needs AVX512_BF16), e.g. --precision float32 bf16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"float32", "bf16"}));
   sub->add_flag("--sweep", o->sweep, "Also time the default head-count sweep (headlab ablate, about half a minute)");
   sub->add_option("--task", o->task,
                   "Step on this task's batches as training does (positions after each row's last target are "

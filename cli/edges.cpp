@@ -13,6 +13,7 @@
 #include "analysis/edges.h"
 #include "cli/plot.h"
 #include "cli/edge_graph.h"
+#include "cli/precision_option.h"
 #include "cli/progress.h"
 #include "cli/roles.h"
 #include "lib/fileutil.h"
@@ -321,7 +322,12 @@ void add_edges_command(CLI::App& app, CommandRunner& runner) {
                   "KL(clean || circuit) at the answers)")
       ->capture_default_str()
       ->check(CLI::IsMember({"metric", "kl"}));
-  sub->callback([&runner, o = o, flags] { runner = [o, flags] { return run_edges(*o, *flags); }; });
+  sub->callback([&runner, o = o, flags] {
+    runner = [o, flags] {
+      const PrecisionScope precision(precision_from_flag(o->precision));  // add_role_command's --precision
+      return run_edges(*o, *flags);
+    };
+  });
 }
 
 }  // namespace hl

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/table.h"
+#include "cli/precision_option.h"
 #include "cli/threads_option.h"
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
@@ -32,7 +33,13 @@ std::pair<CLI::App*, std::shared_ptr<RoleOpts>> add_role_command(CLI::App& app, 
   add_threads_option(sub, opts.threads);
   // once per command, whichever run a command installs (edges its own)
   sub->parse_complete_callback([o] { o->threads = command_threads(o->threads); });
-  sub->callback([&runner, o, run] { runner = [o, run] { return run(*o); }; });
+  add_precision_option(sub, opts.precision);
+  sub->callback([&runner, o, run] {
+    runner = [o, run] {
+      const PrecisionScope precision(precision_from_flag(o->precision));
+      return run(*o);
+    };
+  });
   return {sub, o};
 }
 

@@ -30,6 +30,7 @@ struct RoleOpts {
   int head = -1;
   bool per_position = false;
   std::string corrupt = "source";  // patch and edges: which token corrupt_one_symbol replaces
+  std::string precision = "float32";  // --precision: the linear layers' products (lib/bf16.h)
 };
 // "1,4,7" -> {1, 4, 7} (empty text: empty), each checked as a whole number >= 0; `flag` names it.
 std::vector<int64_t> parse_positions_flag(const std::string& text, const std::string& flag);

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "analysis/detectors.h"
+#include "cli/precision_option.h"
 #include "cli/threads_option.h"
 #include "cli/commands.h"
 #include "cli/edge_graph.h"
@@ -36,6 +37,7 @@ struct ViewOpts {
   int examples = 4;
   uint64_t seed = 1234;
   int threads = 2;
+  std::string precision = "float32";
 };
 
 // A CSV file as {"columns": [...], "rows": [[...]]}, numbers as numbers; null when absent. A row
@@ -335,7 +337,13 @@ void add_view_command(CLI::App& app, CommandRunner& runner) {
       ->check(given);
   sub->add_option("--edges-top", o->edges_top, "Edges the panel draws first (largest |exact|; the page offers up to 500)")
       ->capture_default_str()->check(in_range(1, 500));
-  sub->callback([&runner, o] { runner = [o] { return run_view(*o); }; });
+  add_precision_option(sub, o->precision);
+  sub->callback([&runner, o] {
+    runner = [o] {
+      const PrecisionScope precision(precision_from_flag(o->precision));
+      return run_view(*o);
+    };
+  });
 }
 
 }  // namespace hl

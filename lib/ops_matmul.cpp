@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "autograd.h"
+#include "bf16.h"
 #include "ops.h"
 #include "parallel.h"
 #include "profile.h"
@@ -324,32 +325,82 @@ struct LinearArgs {
   int64_t R, in, N;  // x (R, in), y (R, N)
   std::span<const Tensor> ws, bs;
   bool one_block;  // weights back to back: one sgemm for all
+  bool bf16;       // products with bf16 operands (float32 accumulation) through oneDNN
 };
 
 int linear_threads(const LinearArgs& a) { return product_threads(a.R, a.N, a.in); }
 
+bool any_bias(const LinearArgs& a) {
+  bool any = false;
+  for (const Tensor& b : a.bs) any = any || b.defined();
+  return any;
+}
+
+// Rows [lo, hi) of U = the biases side by side.
+void fill_bias_rows(const LinearArgs& a, float* U, int64_t lo, int64_t hi) {
+  float* first = U + lo * a.N;  // row lo = the biases side by side; later rows copy it
+  for (size_t i = 0, col = 0; i < a.ws.size(); col += a.ws[i].size(0), ++i) {
+    const int64_t out = a.ws[i].size(0);
+    if (a.bs[i].defined()) std::copy(a.bs[i].data(), a.bs[i].data() + out, first + col);
+    else std::fill(first + col, first + col + out, 0.f);
+  }
+  for (int64_t r = lo + 1; r < hi; ++r) {
+    float* row = U + r * a.N;
+#pragma omp simd
+    for (int64_t o = 0; o < a.N; ++o) row[o] = first[o];
+  }
+}
+
+// ---- bf16 products: operands rounded to bf16 into per-thread buffers (grown once), one oneDNN
+// product over all rows (oneDNN threads it), float32 results. The weights are converted side by
+// side, so stacked weights are always one block.
+enum Bf16Slot { kBf16X, kBf16W, kBf16dU, kBf16Slots };
+uint16_t* bf16_scratch(Bf16Slot slot, int64_t n) {
+  thread_local std::vector<uint16_t> bufs[kBf16Slots];
+  std::vector<uint16_t>& b = bufs[slot];
+  if (static_cast<int64_t>(b.size()) < n) b.resize(static_cast<size_t>(n));
+  return b.data();
+}
+
+const uint16_t* weights_bf16(const LinearArgs& a) {  // (N, in)
+  uint16_t* w = bf16_scratch(kBf16W, a.N * a.in);
+  for (size_t i = 0, col = 0; i < a.ws.size(); col += a.ws[i].size(0), ++i)
+    convert_to_bf16(a.ws[i].data(), w + col * a.in, a.ws[i].size(0) * a.in);
+  return w;
+}
+
+const uint16_t* input_bf16(const LinearArgs& a) {  // (R, in)
+  uint16_t* x = bf16_scratch(kBf16X, a.R * a.in);
+  convert_to_bf16(a.X, x, a.R * a.in);
+  return x;
+}
+
+template <class Post>
+void linear_forward_bf16(const LinearArgs& a, float* U, Post post) {
+  const bool bias = any_bias(a);
+  const int nt = linear_threads(a);
+  if (bias)
+    run_on_threads(nt, [&](int t, int n) {
+      const auto [lo, hi] = row_block(a.R, t, n);
+      if (hi > lo) fill_bias_rows(a, U, lo, hi);
+    });
+  gemm_bf16(false, true, a.R, a.N, a.in, input_bf16(a), a.in, weights_bf16(a), a.in, bias ? 1.f : 0.f, U, a.N);
+  run_on_threads(nt, [&](int t, int n) {
+    const auto [lo, hi] = row_block(a.R, t, n);
+    if (hi > lo) post(lo, hi);
+  });
+}
+
 // U (R, N) = X W^T + b, then post(lo, hi) on each thread's rows.
 template <class Post>
 void linear_forward(const LinearArgs& a, float* U, Post post) {
-  bool any_bias = false;
-  for (const Tensor& b : a.bs) any_bias = any_bias || b.defined();
+  if (a.bf16) return linear_forward_bf16(a, U, post);
+  const bool bias = any_bias(a);
   run_on_threads(linear_threads(a), [&](int t, int n) {
     const auto [lo, hi] = row_block(a.R, t, n);
     if (hi == lo) return;
-    if (any_bias) {
-      float* first = U + lo * a.N;  // row lo = the biases side by side; later rows copy it
-      for (size_t i = 0, col = 0; i < a.ws.size(); col += a.ws[i].size(0), ++i) {
-        const int64_t out = a.ws[i].size(0);
-        if (a.bs[i].defined()) std::copy(a.bs[i].data(), a.bs[i].data() + out, first + col);
-        else std::fill(first + col, first + col + out, 0.f);
-      }
-      for (int64_t r = lo + 1; r < hi; ++r) {
-        float* row = U + r * a.N;
-#pragma omp simd
-        for (int64_t o = 0; o < a.N; ++o) row[o] = first[o];
-      }
-    }
-    const float beta = any_bias ? 1.f : 0.f;
+    if (bias) fill_bias_rows(a, U, lo, hi);
+    const float beta = bias ? 1.f : 0.f;
     const float* X = a.X + lo * a.in;
     if (a.one_block) {
       sgemm_call(false, true, hi - lo, a.N, a.in, 1.f, X, a.in, a.ws[0].data(), a.in, beta, U + lo * a.N, a.N);
@@ -385,10 +436,53 @@ WeightGrads weight_grads(std::span<const Tensor> ws, bool one_block) {
   return g;
 }
 
+// The bf16 backward: dU rounded to bf16 as each thread makes its rows, then dX = dU W and
+// dW = dU^T X as two oneDNN products; db sums dU (float32) in row order, columns over threads.
+template <class Pre>
+void linear_backward_bf16(const LinearArgs& a, const float* dU, Pre pre, float* gx, bool gx_fresh) {
+  const WeightGrads gw = weight_grads(a.ws, a.one_block);
+  float* gb[kMaxStacked] = {};
+  bool any_gb = false;
+  for (size_t i = 0; i < a.bs.size(); ++i) any_gb = (gb[i] = grad_buffer(a.bs[i])) || any_gb;
+  uint16_t* dUh = bf16_scratch(kBf16dU, a.R * a.N);  // (R, N)
+  run_on_threads(linear_threads(a), [&](int t, int n) {
+    const auto [lo, hi] = row_block(a.R, t, n);
+    if (hi == lo) return;
+    pre(lo, hi);
+    convert_to_bf16(dU + lo * a.N, dUh + lo * a.N, (hi - lo) * a.N);
+  });
+  if (any_gb)
+    run_on_threads(linear_threads(a), [&](int t, int n) {
+      for (size_t i = 0, col = 0; i < a.bs.size(); col += a.ws[i].size(0), ++i) {
+        if (!gb[i]) continue;
+        const auto [lo, hi] = row_block(a.ws[i].size(0), t, n);
+        float* g = gb[i];
+        for (int64_t r = 0; r < a.R; ++r) {
+          const float* row = dU + r * a.N + col;
+#pragma omp simd
+          for (int64_t o = lo; o < hi; ++o) g[o] += row[o];
+        }
+      }
+    });
+  if (gx)  // dX (R, in) (+)= dU W
+    gemm_bf16(false, false, a.R, a.in, a.N, dUh, a.N, weights_bf16(a), a.in, gx_fresh ? 0.f : 1.f, gx, a.in);
+  if (gw.any()) {  // dW (N, in) (+)= dU^T X
+    const uint16_t* Xh = input_bf16(a);
+    if (gw.slab) {
+      gemm_bf16(true, false, a.N, a.in, a.R, dUh, a.N, Xh, a.in, gw.slab_beta, gw.slab, a.in);
+    } else {
+      for (size_t i = 0, col = 0; i < a.ws.size(); col += a.ws[i].size(0), ++i)
+        if (gw.each[i])
+          gemm_bf16(true, false, a.ws[i].size(0), a.in, a.R, dUh + col, a.N, Xh, a.in, gw.each_beta[i], gw.each[i], a.in);
+    }
+  }
+}
+
 // Backward of U = X W^T + b given dU: pre(lo, hi) first makes rows [lo, hi) of dU (for an
 // activation; a no-op when dU is dY itself). gx may be null (x needs no gradient).
 template <class Pre>
 void linear_backward(const LinearArgs& a, const float* dU, Pre pre, float* gx, bool gx_fresh) {
+  if (a.bf16) return linear_backward_bf16(a, dU, pre, gx, gx_fresh);
   const WeightGrads gw = weight_grads(a.ws, a.one_block);
   float* gb[kMaxStacked] = {};
   bool any_gb = false;
@@ -518,6 +612,7 @@ LinearArgs plan_linear(const Tensor& x, std::span<const Tensor> ws, std::span<co
   a.ws = ws;
   a.bs = bs;
   a.one_block = back_to_back(ws);
+  a.bf16 = matmul_precision() == Precision::Bf16;
   return a;
 }
 
@@ -550,10 +645,11 @@ Tensor linear_stacked(const Tensor& x, std::span<const Tensor> ws, std::span<con
     for (size_t i = 0; i < ws.size(); ++i) w[i] = ws[i], b[i] = bs[i];
     const int n = static_cast<int>(ws.size());
     attach(y, "linear", {x, w[0], w[1], w[2], b[0], b[1], b[2]},
-           [x, w0 = w[0], w1 = w[1], w2 = w[2], b0 = b[0], b1 = b[1], b2 = b[2], n](TensorImpl& self) {
+           [x, w0 = w[0], w1 = w[1], w2 = w[2], b0 = b[0], b1 = b[1], b2 = b[2], n, bf16 = a.bf16](TensorImpl& self) {
              HL_PROFILE(Matmul);
              const Tensor w[kMaxStacked] = {w0, w1, w2}, b[kMaxStacked] = {b0, b1, b2};
-             const LinearArgs a = plan_linear(x, std::span<const Tensor>(w, n), std::span<const Tensor>(b, n));
+             LinearArgs a = plan_linear(x, std::span<const Tensor>(w, n), std::span<const Tensor>(b, n));
+             a.bf16 = bf16;  // the forward's precision
              bool fresh;  // a fresh dX buffer is written with beta = 0 (no zero fill)
              float* gx = grad_buffer_for_overwrite(x, fresh);
              linear_backward(a, self.grad->data(), [](int64_t, int64_t) {}, gx, fresh);
@@ -584,10 +680,11 @@ Tensor linear_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation 
     case Activation::Silu: apply([](float v) { return act::silu(v); }); break;
   }
   if (record)
-    attach(y, "linear_act", {x, w, b}, [x, w, b, u, activation](TensorImpl& self) {
+    attach(y, "linear_act", {x, w, b}, [x, w, b, u, activation, bf16 = a.bf16](TensorImpl& self) {
       HL_PROFILE(Matmul);
       const Tensor ws[1] = {w}, bs[1] = {b};
-      const LinearArgs a = plan_linear(x, ws, bs);
+      LinearArgs a = plan_linear(x, ws, bs);
+      a.bf16 = bf16;  // the forward's precision
       const int64_t N = a.N;
       Tensor du = Tensor::empty(u.shape());  // dL/dU
       const float *G = self.grad->data(), *U = u.data();

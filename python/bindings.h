@@ -153,6 +153,7 @@ void bind_analyses(py::module_& m);  // analyses.cpp
 void bind_views(py::module_& m);     // views.cpp: the pages of the inline views
 void bind_tokenizer(py::module_& m);  // tokenizer.cpp: GPT-2's BPE tokenizer
 void bind_features(py::module_& m);   // features.cpp: sparse autoencoders
+void bind_precision(py::module_& m);  // precision.cpp: hl.precision("bf16"), a with block
 
 }  // namespace hl::bindings
 

@@ -50,4 +50,5 @@ PYBIND11_MODULE(_core, m) {
   bind_views(m);
   bind_tokenizer(m);
   bind_features(m);
+  bind_precision(m);
 }

@@ -10,12 +10,15 @@
 # same kernels: CORE (default SkylakeX, the AVX-512 ones); CORE=unset runs with it unset.
 # Usage: scripts/bench_vs_pytorch.sh [CONFIGS...]   (default: S M L V1 V4 V16; also S-llama,
 # M-llama (the Llama-style block against scripts/reference/modern_lm.py's) and gpt2-small)
+# BF16=1 also runs, in the same rounds, headlab --precision bf16 and PyTorch under
+# torch.autocast("cpu", dtype=torch.bfloat16) (forward and loss), and prints a second table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED=${SHARED:-$PWD/scripts/reference}
 ROUNDS=${ROUNDS:-3}
 THREADS=${THREADS:-2}
 CORE=${CORE:-SkylakeX}
+BF16=${BF16:-0}
 configs=("$@"); [ ${#configs[@]} -gt 0 ] || configs=(S M L V1 V4 V16)
 
 if ! dpkg-query -W -f='${Status}' python3-torch 2>/dev/null | grep -q "install ok installed"; then
@@ -40,6 +43,11 @@ for cfg in "${configs[@]}"; do
     "${HL_ENV[@]}" ./build/headlab bench --one "$cfg" --threads "$THREADS" --steps "$steps" --warmup 5 >> "$out/headlab.jsonl"
     /usr/bin/python3 "$SHARED/torch_step.py" --config "$cfg" --steps "$steps" --threads "$THREADS" --mode train >> "$out/torch_train.jsonl"
     /usr/bin/python3 "$SHARED/torch_step.py" --config "$cfg" --steps "$steps" --threads "$THREADS" --mode forward >> "$out/torch_fwd.jsonl"
+    if [ "$BF16" = 1 ]; then
+      "${HL_ENV[@]}" ./build/headlab bench --one "$cfg" --precision bf16 --threads "$THREADS" --steps "$steps" --warmup 5 >> "$out/headlab_bf16.jsonl"
+      /usr/bin/python3 "$SHARED/torch_step.py" --config "$cfg" --steps "$steps" --threads "$THREADS" --mode train --autocast >> "$out/torch_train_bf16.jsonl"
+      /usr/bin/python3 "$SHARED/torch_step.py" --config "$cfg" --steps "$steps" --threads "$THREADS" --mode forward --autocast >> "$out/torch_fwd_bf16.jsonl"
+    fi
   done
 done
 /usr/bin/python3 - "$out" "${OPENBLAS_CORETYPE:-unset}" "$THREADS" "${HEADLAB_ENV:-best}" <<'PY'
@@ -56,5 +64,17 @@ for cfg in dict.fromkeys(r["config"] for r in hl):
     hf, af = med([r["fwd_ms_median"] for r in h]), med([r["ms_median"] for r in f])
     hr, ar = med([r["peak_rss_kb"] for r in h]) / 1024, med([r["peak_rss_kb"] for r in a]) / 1024
     print(f"{cfg:7} {ht:16.2f} {at:15.2f} {at/ht:8.2f}x {hf:15.2f} {af:13.2f} {af/hf:8.2f}x {hr:16.1f} {ar:14.1f}")
+import os
+if os.path.exists(f"{d}/headlab_bf16.jsonl"):
+    hb, tb, fb = load("headlab_bf16.jsonl"), load("torch_train_bf16.jsonl"), load("torch_fwd_bf16.jsonl")
+    print("\nbf16: headlab --precision bf16 against headlab float32 and PyTorch under torch.autocast(\"cpu\", dtype=torch.bfloat16)")
+    print(f"{'cfg':10} {'hl f32 train':>12} {'hl bf16 train':>13} {'torch autocast train':>20} {'bf16/f32':>8} {'vs autocast':>11}"
+          f" {'hl f32 fwd':>10} {'hl bf16 fwd':>11} {'torch autocast fwd':>18} {'bf16/f32':>8} {'vs autocast':>11}")
+    for cfg in dict.fromkeys(r["config"] for r in hb):
+        pick = lambda rows, key: med([r[key] for r in rows if r["config"] == cfg])
+        ht, hf = pick(hl, "train_ms_median"), pick(hl, "fwd_ms_median")
+        bt, bf = pick(hb, "train_ms_median"), pick(hb, "fwd_ms_median")
+        at, af = pick(tb, "ms_median"), pick(fb, "ms_median")
+        print(f"{cfg:10} {ht:12.2f} {bt:13.2f} {at:20.2f} {ht/bt:7.2f}x {at/bt:10.2f}x {hf:10.2f} {bf:11.2f} {af:18.2f} {hf/bf:7.2f}x {af/bf:10.2f}x")
 PY
 rm -rf "$out"

@@ -6,6 +6,7 @@ PKGS=(
   g++ cmake make pkg-config        # toolchain
   ccache                           # rebuilds of unchanged files (a second clone, the sanitizer tree) come from its cache
   libopenblas-openmp-dev           # CBLAS sgemm; OpenMP build shares our thread pool
+  libdnnl-dev                      # oneDNN: bf16 x bf16 -> f32 matmuls for --precision bf16 (OpenBLAS has no sbgemm)
   liblapacke-dev                   # LAPACK's C interface (SVD, QR of head circuits); LAPACK from OpenBLAS
   libomp-dev                       # harmless if g++'s libgomp is used; kept for clang users
   libboost-test-dev                # Boost.Test: the unit test framework

@@ -217,6 +217,12 @@ check "metrics log through a link refused" nonzero "metrics.jsonl: exists and is
 # What heads do: detect, patch, compose, prune --method l0 on the small run's model.
 M="$T/run/model.safetensors"
 check "detect writes its table" 0 "previous_token" -- "$HL" detect --checkpoint "$M" --examples 8 --out "$T/det"
+# --precision bf16 (lib/bf16.h): studies say their results are approximate; a run keeps its precision;
+# a CPU without AVX512_BF16 (oneDNN told to stop below it) is refused naming the instruction
+check "detect in bf16 says results are approximate" 0 "^precision bf16: results are approximate" -- "$HL" detect --checkpoint "$M" --examples 8 --precision bf16 --out "$T/det16"
+check "resume refuses another precision" nonzero "error: --precision .bf16. does not match the run being resumed" -- "$HL" train --precision bf16 --steps 40 --resume --out "$T/run"
+check "bf16 refused without AVX512_BF16" nonzero "error: precision bf16 needs the CPU's AVX512_BF16 instructions \(vdpbf16ps" -- env DNNL_MAX_CPU_ISA=AVX512_CORE "$HL" train $small --precision bf16 --steps 2 --out "$T/bf16x"
+check "studies refuse bf16 without AVX512_BF16" nonzero "error: precision bf16 needs the CPU's AVX512_BF16" -- env DNNL_MAX_CPU_ISA=AVX512_CORE "$HL" detect --checkpoint "$M" --examples 8 --precision bf16 --out "$T/det16x"
 check "detect CSV" 0 "^layer,head,previous_token,previous_token_ci95_lo,previous_token_ci95_hi,duplicate_token,duplicate_token_ci95_lo,duplicate_token_ci95_hi,induction,induction_ci95_lo,induction_ci95_hi$" -- cat "$T/det/detect.csv"
 # The named study: one seed, shortened; the circuit forms, each seed gets its roles and a page; a rerun reads it back
 check "study induction forms the circuit" 0 "formed in 1 of 1 seeds" -- "$HL" study induction --seeds 1 --steps 1000 --threads 2 --quiet --out "$T/study"

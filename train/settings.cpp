@@ -156,6 +156,9 @@ std::vector<TrainSetting> make_table() {
     {"--decay-all", "/decay_all", "Also decay biases, LayerNorm and embeddings", FIELD(args.decay_all), R::kMustMatch, NAN, NAN, {},
      /*is_switch=*/true},
     {"--momentum", "/momentum", "SGD momentum", FIELD(args.momentum), R::kMustMatch, 0, 0.999999},
+    {"--precision", "/precision", "float32, or bf16: the linear layers' products with bf16 operands and float32 "
+     "accumulation (needs AVX512_BF16); weights, gradients, optimizer, norms, softmax, loss stay float32",
+     FIELD(args.precision), R::kMustMatch, NAN, NAN, {"float32", "bf16"}},
     {"--clip", "/clip", "Clip gradients to this global norm; 0 = off", FIELD(args.clip), R::kMustMatch, 0, 1e12},
     {"--seed", "/seed", "Seed of initialisation, data and dropout", FIELD(args.seed), R::kMustMatch, 0, 1.8e19},
     {"--threads", "/threads", "Threads (OpenMP and OpenBLAS); under mpirun: the cores of a node shared among its ranks", FIELD(args.threads), R::kIncidental, 1, 1024},

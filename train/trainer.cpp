@@ -13,10 +13,12 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <sstream>
 
 #include "lib/autograd.h"
+#include "lib/bf16.h"
 #include "lib/fileutil.h"
 #include "lib/safetensors.h"
 #include "models/checkpoint.h"
@@ -68,7 +70,7 @@ std::string eval_json(int64_t step, const EvalResult& e, float lr, double tokens
   X(decay_all) X(beta1) X(beta2) X(momentum) X(clip) X(seed) X(threads) X(eval_every)               \
   X(checkpoint_every) X(eval_size) X(eval_seed) X(eval_autoregressive) X(skip_nonfinite)            \
   X(log_grads_every) X(dump_grads_at) X(init) X(snapshot_every) X(snapshot_at) X(fork_from) X(gate_heads)    \
-  X(freeze_heads) X(reinit_heads) X(data_files)
+  X(freeze_heads) X(reinit_heads) X(data_files) X(precision)
 
 std::string TrainArgs::to_json() const {
   json j = {{"model", json::parse(model.to_json())}, {"dropout", model.dropout}, {"attn_dropout", model.attn_dropout},
@@ -125,6 +127,7 @@ void TrainArgs::validate() const {
     if (s < 0 || s > steps)
       fail("--snapshot-at ", s, " is outside the run's steps 0..", steps, " (0 = the initial weights)");
   parse_schedule(schedule);
+  if (run_precision(*this) == Precision::Bf16) require_bf16_cpu();
   task.validate();
   ModelConfig m = model;
   m.vocab_size = std::max<int64_t>(m.vocab_size, 1);
@@ -648,6 +651,7 @@ void finetune(TransformerLM& model, const Task& task, int steps, float lr, int b
 }
 
 std::pair<float, float> Trainer::step_at(int64_t step, const std::function<void(TransformerLM&)>& on_gradients) {
+  const PrecisionScope precision(run_precision(args_));
   opt_->lr = sched_.at(step);
   task_->sample_into(batch_, args_.batch, data_rng_);
   if (group_) return data_parallel_step(step, on_gradients);
@@ -730,6 +734,7 @@ std::pair<float, float> Trainer::step(const std::function<void(TransformerLM&)>&
     const int64_t done = manual_step_;
     const bool last = done == args_.steps;
     if (done % args_.eval_every == 0 || last) {
+      const PrecisionScope precision(run_precision(args_));
       const EvalResult e = evaluate(*model_, *task_, held_out_, args_.eval_autoregressive || last);
       const std::string path = args_.out + "/metrics.jsonl";
       // the first line of a fresh run starts the file; a resumed loop appends
@@ -750,6 +755,7 @@ std::pair<float, float> Trainer::step(const std::function<void(TransformerLM&)>&
 
 EvalResult Trainer::evaluate_held_out(bool autoregressive) {
   set_num_threads(args_.threads);
+  const PrecisionScope precision(run_precision(args_));
   return evaluate(*model_, *task_, held_out_, autoregressive);
 }
 
@@ -841,7 +847,9 @@ TrainResult Trainer::run(const TrainObserver& obs) {
       // every evaluation, and the training steps after it, fault their pages in again (a fifth
       // of a study run's time at d_head 2), and peak memory is the same either way.
       const auto eval_start = clock::now();
+      std::optional<PrecisionScope> precision(run_precision(args_));
       EvalResult e = evaluate(*model_, *task_, held_out_, args_.eval_autoregressive || last);
+      precision.reset();
       eval_s_so_far_ += std::chrono::duration<double>(clock::now() - eval_start).count();
       if (!std::isfinite(e.loss)) {
         check_weights_finite(step + 1, last_ckpt);
@@ -887,6 +895,7 @@ TrainResult Trainer::run(const TrainObserver& obs) {
   res.peak_tensor_bytes = pool_stats().bytes_peak;
   if (!res.curve.empty()) res.final_eval = res.curve.back().second;
   if (start >= args_.steps && leads()) {  // resumed a finished run: evaluate once more for the summary
+    const PrecisionScope precision(run_precision(args_));
     res.final_eval = evaluate(*model_, *task_, held_out_, true);
   }
   return res;

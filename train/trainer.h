@@ -9,6 +9,7 @@
 
 #include "datasets/copy_task.h"  // CopyTask for callers that build copy batches by hand
 #include "datasets/task.h"
+#include "lib/bf16.h"
 #include "lib/fileutil.h"
 #include "lib/optim.h"
 #include "lib/safetensors.h"
@@ -60,11 +61,17 @@ struct TrainArgs {
   // The task's data files as the run first read them (path -> "N bytes, fnv1a H"), recorded when
   // a run starts: a resume or fork refuses a file that has changed since.
   std::map<std::string, std::string> data_files;
+  // The linear layers' products: "float32" or "bf16" (bf16 operands, float32 accumulation and
+  // float32 everything else: weights, gradients, optimizer state; lib/bf16.h). Evaluations too.
+  std::string precision = "float32";
 
   std::string to_json() const;
   static TrainArgs from_json(const std::string& text, const std::string& source);
   void validate() const;
 };
+
+// The run's precision (TrainArgs::precision); validate() has refused any other name.
+inline Precision run_precision(const TrainArgs& a) { return parse_precision(a.precision, "--precision"); }
 
 struct TrainResult {
   EvalResult final_eval;

@@ -22,6 +22,7 @@ from ._core import head_analyses  # noqa: F401
 from ._core import Tokenizer  # noqa: F401
 from ._core import qk_attribution  # noqa: F401
 from ._core import SAE, train_sae  # noqa: F401  (sparse autoencoders)
+from ._core import precision  # noqa: F401  (with hl.precision("bf16"): ...)
 from . import _core
 from . import lens as _lens  # noqa: F401  (hooks(), to_tokens, to_str_tokens, to_string on TransformerLM)
 from .factored import FactoredMatrix  # noqa: F401
@@ -43,6 +44,7 @@ __all__ = [
     "View", "view", "token_view", "grid_view",
     "FactoredMatrix", "tensor_hook", "head_analyses",
     "SAE", "train_sae",
+    "precision",
 ]
 
 

@@ -539,6 +539,14 @@ def per_token_loss(model: TransformerLM, ids: object, targets: object = ...) -> 
 def permute_heads(model: TransformerLM, layer: int, perm: List[int]) -> None:
     """Reorder the heads of a layer in place (new head h = old head perm[h]); the model computes the same function"""
 
+class precision:
+    """Context manager: inside `with hl.precision("bf16"):` the linear layers' products take bf16 operands with float32 accumulation (norms, softmax, the residual stream stay float32), on this thread. For forward-only studies of large models; results are approximate (a warning says so). Needs a CPU with AVX512_BF16. precision("float32") restores the default inside an outer bf16 block."""
+    def __init__(self, precision: str) -> None:
+        """Makes the block; precision is float32 or bf16"""
+    @property
+    def name(self) -> str:
+        """The precision: float32 or bf16"""
+
 def prune_curve(model: TransformerLM, task: object = ..., data: object = ..., order: str = ..., step_fraction: float = ..., min_per_layer: int = ..., recompute: bool = ..., seed: int = ...) -> dict:
     """Accuracy as heads are removed in an order (on a copy; the model is unchanged)"""
 

@@ -1,0 +1,337 @@
+// The bf16 paths (lib/bf16.h): rounding, the oneDNN product and the linear layers under
+// PrecisionScope(Bf16), against float64 references with bounds from bf16's rounding.
+//
+// Operands rounded to 8 significant bits (unit roundoff u = 2^-8) make each product a b off by at
+// most (2u + u^2)|a b|; the products of bf16 values are exact in float32 and the sum over K adds
+// at most K 2^-24 of sum |a b| (float32 accumulation in any order). So for every element
+//   |C - C64| <= ((2u + u^2) + K 2^-24 (1 + u)^2) sum_k |a_ik| |b_kj|
+// and, against float64 of the rounded operands, the float32 accumulation term alone.
+// The bf16 paths do not call OpenBLAS, so these hold under any OPENBLAS_CORETYPE (CI's three
+// kernel sets: the ctest run is repeated with Haswell, SkylakeX and the default).
+#define BOOST_TEST_MODULE bf16
+#include <boost/test/unit_test.hpp>
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "lib/autograd.h"
+#include "lib/bf16.h"
+#include "lib/ops.h"
+#include "lib/safetensors.h"
+#include "train/snapshots.h"
+#include "train/trainer.h"
+#include "tests/fixtures.h"
+
+using namespace hl;
+using namespace hl::test;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr double kU = 1.0 / 256;  // bf16's unit roundoff, 2^-8
+
+Rng& rng() {
+  static Rng r(42);
+  return r;
+}
+
+uint32_t bits_of(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+float float_of(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+double rounded(float x) { return from_bf16(to_bf16(x)); }
+
+// Element (i, j) of op(X) for X row-major at stride ld: (rows, cols) or, transposed, (cols, rows).
+double at(const std::vector<float>& X, bool trans, int64_t ld, int64_t i, int64_t j, bool round) {
+  const float v = trans ? X[j * ld + i] : X[i * ld + j];
+  return round ? rounded(v) : v;
+}
+
+struct Bound {
+  double worst = 0;  // largest |err| / allowed seen (must stay <= 1)
+  void check(double got, double want, double allowed) { worst = std::max(worst, std::abs(got - want) / allowed); }
+};
+
+double bf16_bound(int64_t K, double abs_sum) { return ((2 * kU + kU * kU) + K * std::ldexp(1.0, -24) * (1 + kU) * (1 + kU)) * abs_sum + 1e-30; }
+double accumulation_bound(int64_t K, double abs_sum) { return K * std::ldexp(1.0, -24) * abs_sum + 1e-30; }
+
+std::vector<float> randn(int64_t n) {
+  const Tensor t = Tensor::randn({n}, rng());
+  return std::vector<float>(t.data(), t.data() + n);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(rounding)
+
+BOOST_AUTO_TEST_CASE(round_to_nearest_even_exact_values) {
+  BOOST_TEST(to_bf16(1.0f) == 0x3F80);
+  BOOST_TEST(to_bf16(float_of(0x3F808000)) == 0x3F80);  // 1 + 2^-8: halfway, to the even 1.0
+  BOOST_TEST(to_bf16(float_of(0x3F818000)) == 0x3F82);  // 1 + 3 2^-8: halfway, to the even 1 + 2^-6
+  BOOST_TEST(to_bf16(float_of(0x3F808001)) == 0x3F81);  // just above halfway: up
+  BOOST_TEST(to_bf16(float_of(0x3F807FFF)) == 0x3F80);  // just below: down
+  BOOST_TEST(to_bf16(-1.0f) == 0xBF80);
+  BOOST_TEST(to_bf16(float_of(0x7F7FFFFF)) == 0x7F80);  // FLT_MAX rounds to infinity
+  BOOST_TEST(to_bf16(INFINITY) == 0x7F80);
+  BOOST_TEST(std::isnan(from_bf16(to_bf16(NAN))));
+  BOOST_TEST(std::isnan(from_bf16(to_bf16(float_of(0x7F800001)))));  // a NaN whose payload is all low bits
+}
+
+BOOST_AUTO_TEST_CASE(vector_conversion_equals_the_scalar_definition) {
+  PrecisionScope bf16(Precision::Bf16);
+  for (int64_t n : {1, 15, 16, 17, 31, 32, 33, 100, 70001}) {  // tails of both widths; 70001 is threaded
+    std::vector<float> x = randn(n);
+    for (int64_t i = 0; i < n; i += 7) x[i] = float_of(bits_of(x[i]) | 0x8000u);  // ties and above-ties
+    std::vector<uint16_t> h(n);
+    convert_to_bf16(x.data(), h.data(), n);
+    int64_t differ = 0;
+    for (int64_t i = 0; i < n; ++i) differ += h[i] != to_bf16(x[i]);
+    BOOST_TEST(differ == 0, "n = " << n);
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(products)
+
+// Every transpose, strides wider than the matrices, beta 0 and 1.
+BOOST_AUTO_TEST_CASE(gemm_bf16_within_the_rounding_bound) {
+  PrecisionScope bf16(Precision::Bf16);
+  const int64_t M = 37, N = 50, K = 300, pad = 3;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb)
+      for (float beta : {0.f, 1.f}) {
+        const int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+        const std::vector<float> A = randn((ta ? K : M) * lda), B = randn((tb ? N : K) * ldb), C0 = randn(M * ldc);
+        std::vector<uint16_t> Ah(A.size()), Bh(B.size());
+        convert_to_bf16(A.data(), Ah.data(), static_cast<int64_t>(A.size()));
+        convert_to_bf16(B.data(), Bh.data(), static_cast<int64_t>(B.size()));
+        std::vector<float> C = C0;
+        gemm_bf16(ta, tb, M, N, K, Ah.data(), lda, Bh.data(), ldb, beta, C.data(), ldc);
+        Bound exact_ops, real_ops;
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t j = 0; j < N; ++j) {
+            double sum = beta * C0[i * ldc + j], sum_rounded = sum, abs_sum = std::abs(sum);
+            for (int64_t k = 0; k < K; ++k) {
+              sum += at(A, ta, lda, i, k, false) * at(B, tb, ldb, k, j, false);
+              sum_rounded += at(A, ta, lda, i, k, true) * at(B, tb, ldb, k, j, true);
+              abs_sum += std::abs(at(A, ta, lda, i, k, false) * at(B, tb, ldb, k, j, false));
+            }
+            exact_ops.check(C[i * ldc + j], sum_rounded, accumulation_bound(K + 1, abs_sum * (1 + 3 * kU)));
+            real_ops.check(C[i * ldc + j], sum, bf16_bound(K + 1, abs_sum));
+          }
+        BOOST_TEST_MESSAGE("gemm_bf16 ta " << ta << " tb " << tb << " beta " << beta << ": error / bound " << exact_ops.worst
+                                              << " (rounded operands), " << real_ops.worst << " (float64)");
+        BOOST_TEST(exact_ops.worst <= 1.0, "ta " << ta << " tb " << tb << " beta " << beta);
+        BOOST_TEST(real_ops.worst <= 1.0, "ta " << ta << " tb " << tb << " beta " << beta);
+        BOOST_TEST(real_ops.worst > 0.0);  // the operands were rounded: not float32's result
+        // the padding between rows is never written
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t j = N; j < ldc; ++j) BOOST_TEST(C[i * ldc + j] == C0[i * ldc + j]);
+      }
+}
+
+BOOST_AUTO_TEST_CASE(bf16_is_refused_outside_a_bf16_cpu_only) {
+  // On this machine (AVX512_BF16) nothing is refused; the refusal itself is tested through the
+  // command line with DNNL_MAX_CPU_ISA=AVX512_CORE (tests/cli_test.sh).
+  if (bf16_unsupported_reason().empty()) BOOST_CHECK_NO_THROW(PrecisionScope(Precision::Bf16));
+  else BOOST_CHECK_THROW(PrecisionScope(Precision::Bf16), Error);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(linear_layers)
+
+// y = act(x W^T + b) and its three gradients under bf16, for one weight, stacked weights side by
+// side (one block) and apart, against float64 with the bounds above. dU of an activation is
+// float32 (its error is float32's, far inside the bound).
+void check_linear(int stacked, bool back_to_back, bool act) {
+  const int64_t R = 40, in = 96, out = 24;
+  Tensor x = Tensor::randn({2, R / 2, in}, rng()).requires_grad_();
+  std::vector<Tensor> ws, bs;
+  Tensor slab = Tensor::randn({stacked * out, in}, rng(), 0.f, 0.2f);
+  for (int i = 0; i < stacked; ++i) {
+    ws.push_back(back_to_back ? storage_view(slab, i * out * in, {out, in}).requires_grad_()
+                              : Tensor::randn({out, in}, rng(), 0.f, 0.2f).requires_grad_());
+    bs.push_back(Tensor::randn({out}, rng()).requires_grad_());
+  }
+  const int64_t N = stacked * out;
+  const Tensor g = Tensor::randn({2, R / 2, N}, rng());
+  Tensor y;
+  {
+    PrecisionScope bf16(Precision::Bf16);
+    y = act ? linear_act(x, ws[0], bs[0], Activation::Relu) : linear_stacked(x, ws, bs);
+  }
+  y.backward(g);  // outside the scope: the backward keeps the forward's precision
+  auto W = [&](int64_t o, int64_t k) { return static_cast<double>(ws[o / out].data()[(o % out) * in + k]); };
+  auto X = [&](int64_t r, int64_t k) { return static_cast<double>(x.data()[r * in + k]); };
+  std::vector<double> u(R * N), dU(R * N);
+  Bound fwd, dx, dw, db;
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t o = 0; o < N; ++o) {
+      double s = bs[o / out].data()[o % out], a = std::abs(s);
+      for (int64_t k = 0; k < in; ++k) s += X(r, k) * W(o, k), a += std::abs(X(r, k) * W(o, k));
+      u[r * N + o] = s;
+      const double want = act ? std::max(s, 0.0) : s;
+      fwd.check(y.data()[r * N + o], want, bf16_bound(in + 1, a));
+      // relu's gradient from headlab's own U (a U near 0 may differ in sign from float64's)
+      const bool on = act ? y.data()[r * N + o] > 0 : true;
+      dU[r * N + o] = on ? g.data()[r * N + o] : 0.0;
+    }
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t k = 0; k < in; ++k) {
+      double s = 0, a = 0;
+      for (int64_t o = 0; o < N; ++o) s += dU[r * N + o] * W(o, k), a += std::abs(dU[r * N + o] * W(o, k));
+      dx.check(x.grad().data()[r * in + k], s, bf16_bound(N, a));
+    }
+  for (int64_t o = 0; o < N; ++o) {
+    for (int64_t k = 0; k < in; ++k) {
+      double s = 0, a = 0;
+      for (int64_t r = 0; r < R; ++r) s += dU[r * N + o] * X(r, k), a += std::abs(dU[r * N + o] * X(r, k));
+      dw.check(ws[o / out].grad().data()[(o % out) * in + k], s, bf16_bound(R, a));
+    }
+    double s = 0, a = 0;
+    for (int64_t r = 0; r < R; ++r) s += dU[r * N + o], a += std::abs(dU[r * N + o]);
+    db.check(bs[o / out].grad().data()[o % out], s, accumulation_bound(R, a));  // db stays float32
+  }
+  BOOST_TEST_MESSAGE("linear error / bound: y " << fwd.worst << ", dx " << dx.worst << ", dW " << dw.worst << ", db " << db.worst);
+  BOOST_TEST(fwd.worst <= 1.0);
+  BOOST_TEST(dx.worst <= 1.0);
+  BOOST_TEST(dw.worst <= 1.0);
+  BOOST_TEST(db.worst <= 1.0);
+}
+
+BOOST_AUTO_TEST_CASE(linear_one_weight) { check_linear(1, false, false); }
+BOOST_AUTO_TEST_CASE(linear_stacked_side_by_side) { check_linear(3, true, false); }
+BOOST_AUTO_TEST_CASE(linear_stacked_apart) { check_linear(3, false, false); }
+BOOST_AUTO_TEST_CASE(linear_act_relu) { check_linear(1, false, true); }
+
+// The precision is the forward's: a float32 forward differentiated inside a bf16 scope is
+// float32's bit for bit, and after the scope float32 is back.
+BOOST_AUTO_TEST_CASE(scope_restores_and_backward_follows_the_forward) {
+  Tensor x = Tensor::randn({64, 32}, rng()).requires_grad_();
+  Tensor w = Tensor::randn({48, 32}, rng()).requires_grad_();
+  auto grads = [&](bool bf16_forward, bool bf16_backward) {
+    x.zero_grad();
+    w.zero_grad();
+    Tensor y;
+    {
+      std::optional<PrecisionScope> s;
+      if (bf16_forward) s.emplace(Precision::Bf16);
+      y = linear(x, w, Tensor());
+    }
+    std::optional<PrecisionScope> s;
+    if (bf16_backward) s.emplace(Precision::Bf16);
+    sum(y).backward();
+    std::vector<float> out(y.data(), y.data() + y.numel());
+    out.insert(out.end(), w.grad().data(), w.grad().data() + w.numel());
+    return out;
+  };
+  const std::vector<float> f32 = grads(false, false);
+  BOOST_TEST(grads(false, true) == f32);
+  BOOST_TEST(grads(true, false) == grads(true, true));
+  BOOST_TEST(grads(true, false) != f32);
+  BOOST_TEST((matmul_precision() == Precision::Float32));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---- training in bf16 ---------------------------------------------------------------------------
+
+namespace {
+TrainArgs bf16_args(const std::string& out, const std::string& precision = "bf16") {
+  TrainArgs a;
+  a.model.d_model = 32;
+  a.model.n_layers = 2;
+  a.model.n_heads = 2;
+  a.model.d_ff = 64;
+  a.task = TaskConfig::preset("copy");
+  a.task.alphabet = 5;
+  a.task.min_len = a.task.max_len = 4;
+  a.batch = 32;
+  a.steps = 40;
+  a.eval_every = 10;
+  a.checkpoint_every = 20;
+  a.eval_size = 64;
+  a.warmup = 5;
+  a.threads = 2;
+  a.precision = precision;
+  a.out = out;
+  return a;
+}
+std::vector<double> held_out_losses(const std::string& dir) {
+  std::ifstream in(dir + "/metrics.jsonl");
+  std::vector<double> out;
+  std::string line;
+  while (std::getline(in, line)) out.push_back(json::parse(line).at("loss").get<double>());
+  return out;
+}
+std::vector<std::string> model_bytes(const std::string& file) {
+  const SafetensorsFile f = read_safetensors(file);
+  std::vector<std::string> out;
+  for (const auto& [name, t] : f.tensors) out.push_back(name + std::string(t.bytes.begin(), t.bytes.end()));
+  return out;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(training)
+
+// The master weights are float32 and each bf16 product is deterministic for a thread count: a
+// resumed bf16 run, and a run continued from one of its snapshots, end bit for bit where the
+// uninterrupted run ends.
+BOOST_AUTO_TEST_CASE(resume_and_snapshots_of_a_bf16_run_are_bit_exact) {
+  const std::string full = fresh_dir("bf16-full"), cut = fresh_dir("bf16-cut"), fork = fresh_dir("bf16-fork"),
+                    f32 = fresh_dir("bf16-f32");
+  TrainArgs a = bf16_args(full);
+  a.snapshot_every = 10;
+  Trainer(a).run();
+  Trainer(bf16_args(f32, "float32")).run();
+  BOOST_TEST(model_bytes(full + "/model.safetensors") != model_bytes(f32 + "/model.safetensors"));  // bf16 was used
+  // From the same weights and batches, bf16 follows float32's held-out loss: measured at most
+  // 0.06% apart over these 40 steps (docs/performance.md); 0.5% allowed.
+  const std::vector<double> lb = held_out_losses(full), lf = held_out_losses(f32);
+  BOOST_TEST(lb.size() == 4u);
+  BOOST_TEST(lf.size() == 4u);
+  for (size_t i = 0; i < std::min(lb.size(), lf.size()); ++i) BOOST_TEST(std::abs(lb[i] - lf[i]) <= 0.005 * lf[i]);
+  {  // "crash" at step 25, after the step-20 checkpoint
+    Trainer t(bf16_args(cut));
+    TrainObserver obs;
+    obs.on_step = [](int64_t step, int64_t, float, double) {
+      if (step == 25) throw std::runtime_error("simulated crash");
+    };
+    BOOST_CHECK_THROW(t.run(obs), std::runtime_error);
+  }
+  TrainArgs r = bf16_args(cut);
+  r.resume = true;
+  Trainer(r).run();
+  BOOST_TEST(held_out_losses(full) == held_out_losses(cut), boost::test_tools::per_element());
+  BOOST_TEST(model_bytes(full + "/model.safetensors") == model_bytes(cut + "/model.safetensors"));
+  // a run directory whose checkpoint is the step-10 snapshot: resume_args reads bf16 from it
+  make_dirs(fork);
+  fs::copy_file(snapshot_path(full, 10), fork + "/checkpoint.safetensors");
+  TrainArgs from_snapshot = resume_args(fork, TrainArgs{}, [](const std::string&) { return false; });
+  BOOST_TEST(from_snapshot.precision == "bf16");
+  Trainer(from_snapshot).run();
+  BOOST_TEST(model_bytes(full + "/model.safetensors") == model_bytes(fork + "/model.safetensors"));
+}
+
+BOOST_AUTO_TEST_CASE(an_unknown_precision_is_refused_naming_the_flag) {
+  TrainArgs a = bf16_args("", "fp8");
+  BOOST_CHECK_EXCEPTION(a.validate(), Error, [](const Error& e) {
+    return std::string(e.what()) == "--precision must be one of float32, bf16, got 'fp8'";
+  });
+}
+
+BOOST_AUTO_TEST_SUITE_END()
