@@ -162,16 +162,17 @@ void bind_analyses(py::module_& m) {
     r["checkpoints"] = s.checkpoints;
     r["scores"] = scores;
     if (!out.empty()) r["out"] = out;
-    return r;
+    return typed_result("ScoresOverTraining", r);
   });
   m.def("head_analyses", [] {
         py::list rows;
         for (const HeadAnalysis& a : head_analyses())
-          rows.append(py::dict(py::arg("name") = a.name, py::arg("command") = a.command, py::arg("scores") = a.scores,
-                               py::arg("help") = a.help, py::arg("default_examples") = a.default_examples()));
+          rows.append(typed_result("HeadAnalysis", py::dict(py::arg("name") = a.name, py::arg("command") = a.command,
+                                                            py::arg("scores") = a.scores, py::arg("help") = a.help,
+                                                            py::arg("default_examples") = a.default_examples())));
         return rows;
       },
-      "The per-head analyses of scores_over_training (and `headlab COMMAND --run`), one dict per analysis: name, "
+      "The per-head analyses of scores_over_training (and `headlab COMMAND --run`), one HeadAnalysis per analysis: name, "
       "command, scores (the names of the grids it returns), help, default_examples");
   m.def("per_token_loss", [](TransformerLM& model, const py::object& ids, const py::object& targets) {
     const Ids x = ids_from(ids);
@@ -206,9 +207,9 @@ void bind_analyses(py::module_& m) {
       py::gil_scoped_release release;
       e = evaluate(model, d.batches(), ar);
     }
-    return eval_dict(e);
+    return eval_result(e);
   }, py::arg("model"), py::arg("task") = py::none(), py::arg("data") = py::none(), py::arg("autoregressive") = false,
-     "Held-out loss, token_acc, exact_match (and ar_exact_match with autoregressive=True) over the data's counted targets");
+     "An EvalResult: held-out loss, token_acc, exact_match (and ar_exact_match with autoregressive=True) over the data's counted targets");
   // the two importances: (model, data, normalize) -> (L, H) array, computed without the GIL
   auto bind_importance = [&m](const char* name, HeadGrid (*fn)(TransformerLM&, const std::vector<Batch>&, bool),
                               const char* doc) {
@@ -242,10 +243,10 @@ void bind_analyses(py::module_& m) {
     d["d_acc"] = grid_array(r.d_acc);
     d["d_loss_mean"] = grid_array(r.d_loss_mean);
     d["d_acc_mean"] = grid_array(r.d_acc_mean);
-    d["base"] = eval_dict(r.base);
-    return d;
+    d["base"] = eval_result(r.base);
+    return typed_result("AblationResult", d);
   }, py::arg("model"), py::arg("task") = py::none(), py::arg("data") = py::none(),
-     "Change in held-out loss/accuracy when each head alone is zero- or mean-ablated: arrays (L, H)");
+     "An AblationResult: the change in held-out loss/accuracy when each head alone is zero- or mean-ablated, arrays (L, H)");
   m.def("attention_statistics", [](TransformerLM& model, const py::object& data) {
     const DataArg dt = data_arg(data, model, "attention_statistics");
     HeadStats s;
@@ -258,9 +259,9 @@ void bind_analyses(py::module_& m) {
     d["entropy_norm"] = grid_array(s.entropy_norm);
     d["confidence"] = grid_array(s.confidence);
     d["argmax_distance"] = grid_array(s.argmax_distance);
-    return d;
+    return typed_result("HeadStats", d);
   }, py::arg("model"), py::arg("data"),
-     "Per head (L, H), over non-padding queries: entropy, entropy_norm, confidence, argmax_distance");
+     "A HeadStats: per head (L, H), over non-padding queries, entropy, entropy_norm, confidence, argmax_distance");
   m.def("prune_curve", [](const TransformerLM& model, py::object task, py::object data_obj, const std::string& order,
                           double step_fraction, int min_per_layer, bool recompute, uint64_t seed) {
     split_task(task, data_obj, "prune_curve");
@@ -299,10 +300,10 @@ void bind_analyses(py::module_& m) {
     d["loss"] = py::array(py::cast(loss));
     d["token_acc"] = py::array(py::cast(acc));
     d["removed"] = removed;
-    return d;
+    return typed_result("PruneCurve", d);
   }, py::arg("model"), py::arg("task") = py::none(), py::arg("data") = py::none(), py::arg("order") = "importance", py::arg("step_fraction") = 0.1,
      py::arg("min_per_layer") = 0, py::arg("recompute") = false, py::arg("seed") = 1000,
-     "Accuracy as heads are removed in an order (on a copy; the model is unchanged)");
+     "A PruneCurve: accuracy as heads are removed in an order (on a copy; the model is unchanged)");
   m.def("head_gradient_norms", [](const TransformerLM& model) {
     bool any = false;
     for (const auto& [name, p] : model.named_parameters()) any = any || p.grad().defined();
@@ -320,8 +321,8 @@ void bind_analyses(py::module_& m) {
       d[py::str(std::string("weight_") + mat)] = grid_array(w);
     }
     (void)H;
-    return d;
-  }, py::arg("model"), "Gradient atlas of the current gradients: per-head Frobenius norms (L, H or H_kv) of grads and weights");
+    return typed_result("HeadGradientNorms", d);
+  }, py::arg("model"), "A HeadGradientNorms: the gradient atlas of the current gradients, per-head Frobenius norms (L, H or H_kv) of grads and weights");
   m.def("repeated_random_tokens", [](int n, int k, int vocab, uint64_t seed) { return PyData{repeated_random_tokens(n, k, vocab, seed)}; },
         py::arg("n"), py::arg("k"), py::arg("vocab"), py::arg("seed") = 1234,
         "The fixed probe: n sequences [r_1..r_k, r_1..r_k] of uniform random tokens (every repeat k back)");
@@ -368,11 +369,11 @@ void bind_analyses(py::module_& m) {
     out["unmatched_b"] = ub;
     out["similarity"] = sim;
     out["mean_similarity"] = m.mean_similarity;
-    return out;
+    return typed_result("HeadMatch", out);
   }, py::arg("model_a"), py::arg("model_b"), py::arg("data") = py::none(), py::arg("by") = "pattern",
      py::arg("across_layers") = false, py::arg("examples") = 200, py::arg("seed") = 1234,
      "Heads of model_a matched one to one to heads of model_b (Hungarian assignment) by attention pattern on data "
-     "(default: the varied repeat probe) or by QK/OV circuit weights; dict with pairs (layer_a, head_a, layer_b, head_b, "
+     "(default: the varied repeat probe) or by QK/OV circuit weights; a HeadMatch: pairs (layer_a, head_a, layer_b, head_b, "
      "similarity), unmatched_a, unmatched_b, similarity (heads of A x heads of B, layer-major) and mean_similarity");
   m.def("hungarian", [](const std::vector<std::vector<double>>& cost) { return hungarian(cost); }, py::arg("cost"),
         "Optimal assignment of rows to distinct columns minimising the summed cost; -1 for rows left out (more rows than columns)");
@@ -408,10 +409,10 @@ void bind_analyses(py::module_& m) {
     d["resid_correlation"] = r.resid_correlation;
     d["clean_ids"] = ids_to_array(in.clean);
     d["corrupted_ids"] = ids_to_array(in.corrupted);
-    return py::object(d);
+    return typed_result("PatchingResult", d);
   }, py::arg("model"), py::arg("task") = py::none(), py::arg("data") = py::none(), py::arg("seed") = 1234,
      py::arg("alphabet") = py::none(),
-     "Patching per head (hook_z, (L, H)) and per residual position ((L, T)), exact and attribution, normalised clean=1, corrupted=0");
+     "A PatchingResult: patching per head (hook_z, (L, H)) and per residual position ((L, T)), exact and attribution, normalised clean=1, corrupted=0");
   // ---- ablations by hook name and generic activation patching ------------------------------------
   m.def("corrupt_one_symbol", [](const PyTask& task, const PyData& data, uint64_t seed, const std::string& corrupt) {
     if (data.batches.empty()) throw py::value_error("corrupt_one_symbol: no data");
@@ -425,9 +426,9 @@ void bind_analyses(py::module_& m) {
       a(i, 0) = in.answers[i].row, a(i, 1) = in.answers[i].pos, a(i, 2) = in.answers[i].clean, a(i, 3) = in.answers[i].corrupted;
     d["answers"] = answers;
     d["source_pos"] = py::array(py::cast(in.source_pos));
-    return d;
+    return typed_result("PatchingInputs", d);
   }, py::arg("task"), py::arg("data"), py::arg("seed") = 1234, py::arg("corrupt") = "source",
-     "The patching inputs activation_patching(model, task, data) makes from the first batch: clean and corrupted ids "
+     "A PatchingInputs: the patching inputs activation_patching(model, task, data) makes from the first batch: clean and corrupted ids "
      "(R, T), answers (R, 4) of (row, pos, clean token, corrupted token), source_pos (R): the position changed. "
      "corrupt='source' changes the answer's earlier occurrence, 'previous' the token before it (which the answer follows)");
   m.def("activation_patching", generic_patching, py::arg("model"), py::arg("clean"), py::arg("corrupted"), py::arg("hook") = "hook_z",
@@ -459,9 +460,9 @@ void bind_analyses(py::module_& m) {
     d["linearisation_error"] = error;
     d["clean_metric"] = r.clean_metric;
     d["corrupted_metric"] = r.corrupted_metric;
-    return d;
+    return typed_result("EdgeResult", d);
   }, py::arg("model"), py::arg("clean"), py::arg("corrupted"), py::kw_only(), py::arg("answers"),
-     "Exact edge patching and edge attribution of every edge (as headlab edges): senders and receivers (names, in edge "
+     "An EdgeResult: exact edge patching and edge attribution of every edge (as headlab edges), senders and receivers (names, in edge "
      "order), exact, attribution and linearisation_error (attribution - exact) arrays, clean_metric and corrupted_metric "
      "(mean logit difference of the answers (row, pos, clean token, corrupted token))");
   m.def("path_patching", [](TransformerLM& model, const py::object& clean, const py::object& corrupted, const std::string& sender,
@@ -479,10 +480,10 @@ void bind_analyses(py::module_& m) {
     d["activation"] = p.activation;
     d["clean_metric"] = p.clean_metric;
     d["corrupted_metric"] = p.corrupted_metric;
-    return d;
+    return typed_result("PathPatchingResult", d);
   }, py::arg("model"), py::arg("clean"), py::arg("corrupted"), py::kw_only(), py::arg("sender"), py::arg("receivers") = py::none(),
      py::arg("answers"),
-     "Path patching of sender (embed or L{l}H{h}) to receivers (names; default: every reader): path = metric of the clean run "
+     "A PathPatchingResult: path patching of sender (embed or L{l}H{h}) to receivers (names; default: every reader): path = metric of the clean run "
      "with every receiver reading its input + the sender's corrupted-minus-clean output, minus the clean metric; activation = "
      "the same for the sender's whole output patched; clean_metric, corrupted_metric");
   m.def("mean_activation", [](TransformerLM& model, const py::object& data_obj, const std::string& hook, bool per_position) {
@@ -531,11 +532,11 @@ void bind_analyses(py::module_& m) {
     ci["d_token_acc"] = interval(r.d_acc_ci95);
     d["ci95"] = ci;
     if (!r.permutation.empty()) d["permutation"] = py::array(py::cast(r.permutation));
-    return d;
+    return typed_result("KnockoutResult", d);
   }, py::arg("model"), py::arg("data"), py::arg("hook"), py::arg("head") = -1, py::arg("kind") = "zero",
      py::arg("positions") = std::vector<int64_t>{}, py::arg("mean_data") = py::none(), py::arg("per_position") = false,
      py::arg("seed") = 0, py::arg("permutation") = std::vector<int64_t>{},
-     "Ablate a hook point by name (zero, mean or resample; one head or all; some positions or all): clean and ablated loss "
+     "A KnockoutResult: ablate a hook point by name (zero, mean or resample; one head or all; some positions or all): clean and ablated loss "
      "and accuracy, per example and overall, with 95% bootstrap intervals");
   m.def("composition_scores", [](const TransformerLM& model, int layer_a, int layer_b) {
     const CompositionScores c = composition_scores(model, layer_a, layer_b);
@@ -543,8 +544,8 @@ void bind_analyses(py::module_& m) {
     d["q"] = grid_array(c.q);
     d["k"] = grid_array(c.k);
     d["v"] = grid_array(c.v);
-    return d;
-  }, py::arg("model"), py::arg("layer_a"), py::arg("layer_b"), "Q/K/V composition [head of layer_a][head of layer_b]");
+    return typed_result("CompositionScores", d);
+  }, py::arg("model"), py::arg("layer_a"), py::arg("layer_b"), "A CompositionScores: Q/K/V composition, q, k, v [head of layer_a][head of layer_b]");
   m.def("composition_baseline", [](const ModelConfig& cfg, int models, uint64_t seed) {
     if (models < 2) throw py::value_error("composition_baseline: models must be at least 2, got " + std::to_string(models));
     CompositionBaseline b;
@@ -561,9 +562,9 @@ void bind_analyses(py::module_& m) {
       one["hi"] = b.hi[k];
       d[kinds[k]] = one;
     }
-    return d;
+    return typed_result("CompositionBaseline", d);
   }, py::arg("config"), py::arg("models") = 20, py::arg("seed") = 1,
-     "What composition scores random weights of config's shapes get: per kind (q, k, v) the mean and the 2.5th and 97.5th "
+     "A CompositionBaseline: what composition scores random weights of config's shapes get: per kind (q, k, v) the mean and the 2.5th and 97.5th "
      "percentiles (lo, hi) over the head pairs of `models` random 2-layer models");
   m.def("qk_singular_values", [](const TransformerLM& model, int layer, int head) { return qk_circuit_singular_values(model, layer, head); },
         py::arg("model"), py::arg("layer"), py::arg("head"),

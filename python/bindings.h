@@ -45,7 +45,11 @@ Ids counted_targets_from(const py::object& targets, const char* who);
 // A NumPy view of t's storage; the array keeps the tensor alive.
 py::array view_of(const Tensor& t, bool writeable = true);
 py::array grid_array(const HeadGrid& g);
-py::dict eval_dict(const EvalResult& e);
+// A result object of headlab/results.py (EdgeResult, ...) with these fields: attributes, a repr
+// that names them, to_dict(), and read as the dict earlier versions returned.
+py::object typed_result(const char* type, const py::dict& fields);
+py::dict eval_fields(const EvalResult& e);
+py::object eval_result(const EvalResult& e);  // an EvalResult
 py::object json_to_py(const json& j);
 
 // ---- paths and typed arguments (convert.cpp) ---------------------------------------------------

@@ -122,7 +122,11 @@ py::array grid_array(const HeadGrid& g) {
   return a;
 }
 
-py::dict eval_dict(const EvalResult& e) {
+py::object typed_result(const char* type, const py::dict& fields) {
+  return py::module_::import("headlab.results").attr(type)(**fields);
+}
+
+py::dict eval_fields(const EvalResult& e) {
   py::dict d;
   d["loss"] = e.loss;
   d["token_acc"] = e.token_acc;
@@ -132,6 +136,8 @@ py::dict eval_dict(const EvalResult& e) {
   d["sequences"] = e.sequences;
   return d;
 }
+
+py::object eval_result(const EvalResult& e) { return typed_result("EvalResult", eval_fields(e)); }
 
 py::object json_to_py(const json& j) { return py::module_::import("json").attr("loads")(j.dump()); }
 

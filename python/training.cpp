@@ -135,7 +135,7 @@ void set_run_setting(RunRequest& r, const RunSetting& s, const py::handle& value
       s.field(r));
 }
 
-py::dict run_trainer(Trainer& t, const py::object& on_step, const py::object& on_eval) {
+py::object run_trainer(Trainer& t, const py::object& on_step, const py::object& on_eval) {
   if (t.has_run()) throw py::value_error("Trainer: run() was already called; make a new Trainer (resume=True continues a run)");
   TrainObserver obs;
   PendingSignal pending;  // Ctrl-C noticed at a step: the trainer stops after that step's checkpoint
@@ -155,8 +155,7 @@ py::dict run_trainer(Trainer& t, const py::object& on_step, const py::object& on
   obs.on_eval = [&](int64_t step, const EvalResult& e) {
     if (on_eval.is_none()) return;
     py::gil_scoped_acquire gil;
-    py::dict d = eval_dict(e);
-    call(on_eval, step, d);
+    call(on_eval, step, eval_result(e));
   };
   // the gradient atlas (log_grads, dump_grads_at), written into out as the command line writes it
   std::unique_ptr<GradAtlas> atlas;
@@ -187,7 +186,7 @@ py::dict run_trainer(Trainer& t, const py::object& on_step, const py::object& on
   }
   if (!t.args().out.empty()) write_summary(t.args().out, t.args(), r);
   py::dict d;
-  d["final_eval"] = eval_dict(r.final_eval);
+  d["final_eval"] = eval_result(r.final_eval);
   d["steps"] = r.steps;
   d["wall_s"] = r.wall_s;
   d["train_s"] = r.train_s;
@@ -196,12 +195,12 @@ py::dict run_trainer(Trainer& t, const py::object& on_step, const py::object& on
   d["first_step_99"] = r.first_step_99;
   py::list curve;
   for (auto& [s, e] : r.curve) {
-    py::dict row = eval_dict(e);
+    py::dict row = eval_fields(e);
     row["step"] = s;
-    curve.append(row);
+    curve.append(typed_result("EvalResult", row));
   }
   d["curve"] = curve;
-  return d;
+  return typed_result("TrainResult", d);
 }
 
 }  // namespace
@@ -371,7 +370,7 @@ void bind_training(py::module_& m) {
           py::gil_scoped_release release;
           e = t.trainer->evaluate_held_out(ar);
         }
-        return eval_dict(e);
+        return eval_result(e);
       }, py::arg("autoregressive") = false)
       .def("save", [](PyTrainer& t, const PathArg& p) {
         save_checkpoint(p.path, t.trainer->model(), {}, {{"task", t.trainer->args().task.to_json()}});

@@ -418,20 +418,20 @@ def activation_patching(model: TransformerLM, task: object = ..., data: object =
 def activation_patching(model: TransformerLM, clean: object, corrupted: object, hook: str = ..., axes: List[str] = ..., answers: object = ..., metric: object = ...) -> numpy.ndarray:
     ...
 
-def attention_statistics(model: TransformerLM, data: object) -> dict:
-    """Per head (L, H), over non-padding queries: entropy, entropy_norm, confidence, argmax_distance"""
+def attention_statistics(model: TransformerLM, data: object) -> object:
+    """A HeadStats: per head (L, H), over non-padding queries, entropy, entropy_norm, confidence, argmax_distance"""
 
-def composition_baseline(config: ModelConfig, models: int = ..., seed: int = ...) -> dict:
-    """What composition scores random weights of config's shapes get: per kind (q, k, v) the mean and the 2.5th and 97.5th percentiles (lo, hi) over the head pairs of `models` random 2-layer models"""
+def composition_baseline(config: ModelConfig, models: int = ..., seed: int = ...) -> object:
+    """A CompositionBaseline: what composition scores random weights of config's shapes get: per kind (q, k, v) the mean and the 2.5th and 97.5th percentiles (lo, hi) over the head pairs of `models` random 2-layer models"""
 
-def composition_scores(model: TransformerLM, layer_a: int, layer_b: int) -> dict:
-    """Q/K/V composition [head of layer_a][head of layer_b]"""
+def composition_scores(model: TransformerLM, layer_a: int, layer_b: int) -> object:
+    """A CompositionScores: Q/K/V composition, q, k, v [head of layer_a][head of layer_b]"""
 
 def copying_score(model: TransformerLM, layer: int, head: int) -> float:
     """Re(sum of the OV circuit's eigenvalues) / sum of their |.|: 1 copies, -1 suppresses (Elhage et al. 2021)"""
 
-def corrupt_one_symbol(task: Task, data: Batches, seed: int = ..., corrupt: str = ...) -> dict:
-    """The patching inputs activation_patching(model, task, data) makes from the first batch: clean and corrupted ids (R, T), answers (R, 4) of (row, pos, clean token, corrupted token), source_pos (R): the position changed. corrupt='source' changes the answer's earlier occurrence, 'previous' the token before it (which the answer follows)"""
+def corrupt_one_symbol(task: Task, data: Batches, seed: int = ..., corrupt: str = ...) -> object:
+    """A PatchingInputs: the patching inputs activation_patching(model, task, data) makes from the first batch: clean and corrupted ids (R, T), answers (R, 4) of (row, pos, clean token, corrupted token), source_pos (R): the position changed. corrupt='source' changes the answer's earlier occurrence, 'previous' the token before it (which the answer follows)"""
 
 def cross_entropy(logits: Tensor, targets: object) -> Tensor:
     """Mean cross-entropy of (B, T, V) logits over targets != -1"""
@@ -439,11 +439,11 @@ def cross_entropy(logits: Tensor, targets: object) -> Tensor:
 def detect_heads(model: TransformerLM, data: object, kind: str = ..., exclude_bos: bool = ..., exclude_current_token: bool = ...) -> numpy.ndarray:
     """TransformerLens-style detector scores (L, H): previous_token, duplicate_token or induction"""
 
-def edge_patching(model: TransformerLM, clean: object, corrupted: object, *, answers: object) -> dict:
-    """Exact edge patching and edge attribution of every edge (as headlab edges): senders and receivers (names, in edge order), exact, attribution and linearisation_error (attribution - exact) arrays, clean_metric and corrupted_metric (mean logit difference of the answers (row, pos, clean token, corrupted token))"""
+def edge_patching(model: TransformerLM, clean: object, corrupted: object, *, answers: object) -> object:
+    """An EdgeResult: exact edge patching and edge attribution of every edge (as headlab edges), senders and receivers (names, in edge order), exact, attribution and linearisation_error (attribution - exact) arrays, clean_metric and corrupted_metric (mean logit difference of the answers (row, pos, clean token, corrupted token))"""
 
-def evaluate(model: TransformerLM, task: object = ..., data: object = ..., autoregressive: bool = ...) -> dict:
-    """Held-out loss, token_acc, exact_match (and ar_exact_match with autoregressive=True) over the data's counted targets"""
+def evaluate(model: TransformerLM, task: object = ..., data: object = ..., autoregressive: bool = ...) -> object:
+    """An EvalResult: held-out loss, token_acc, exact_match (and ar_exact_match with autoregressive=True) over the data's counted targets"""
 
 def get_act_name(name: str, layer: Optional[int] = ..., layer_type: str = ...) -> str:
     """A hook's full name from TransformerLens's short form: get_act_name('pattern', 0) = 'blocks.0.attn.hook_pattern'"""
@@ -452,10 +452,10 @@ def grad_enabled() -> bool:
     """Whether ops record a graph now (False inside headlab.no_grad())"""
 
 def head_analyses() -> list:
-    """The per-head analyses of scores_over_training (and `headlab COMMAND --run`), one dict per analysis: name, command, scores (the names of the grids it returns), help, default_examples"""
+    """The per-head analyses of scores_over_training (and `headlab COMMAND --run`), one HeadAnalysis per analysis: name, command, scores (the names of the grids it returns), help, default_examples"""
 
-def head_gradient_norms(model: TransformerLM) -> dict:
-    """Gradient atlas of the current gradients: per-head Frobenius norms (L, H or H_kv) of grads and weights"""
+def head_gradient_norms(model: TransformerLM) -> object:
+    """A HeadGradientNorms: the gradient atlas of the current gradients, per-head Frobenius norms (L, H or H_kv) of grads and weights"""
 
 def head_importance(model: TransformerLM, data: object, normalize: bool = ...) -> numpy.ndarray:
     """Michel et al. (2019) importance (L, H): the mean over examples of |dL(x)/d gate_h|, L(x) the example's mean loss"""
@@ -472,8 +472,8 @@ def hungarian(cost: List[List[float]]) -> List[int]:
 def live_tensors() -> int:
     """Tensors alive now (for leak checks)"""
 
-def match_heads(model_a: TransformerLM, model_b: TransformerLM, data: object = ..., by: str = ..., across_layers: bool = ..., examples: int = ..., seed: int = ...) -> dict:
-    """Heads of model_a matched one to one to heads of model_b (Hungarian assignment) by attention pattern on data (default: the varied repeat probe) or by QK/OV circuit weights; dict with pairs (layer_a, head_a, layer_b, head_b, similarity), unmatched_a, unmatched_b, similarity (heads of A x heads of B, layer-major) and mean_similarity"""
+def match_heads(model_a: TransformerLM, model_b: TransformerLM, data: object = ..., by: str = ..., across_layers: bool = ..., examples: int = ..., seed: int = ...) -> object:
+    """Heads of model_a matched one to one to heads of model_b (Hungarian assignment) by attention pattern on data (default: the varied repeat probe) or by QK/OV circuit weights; a HeadMatch: pairs (layer_a, head_a, layer_b, head_b, similarity), unmatched_a, unmatched_b, similarity (heads of A x heads of B, layer-major) and mean_similarity"""
 
 def mean_activation(model: TransformerLM, data: object, hook: str, per_position: bool = ...) -> Tensor:
     """Mean of a hook's activation over the data's rows (and positions unless per_position): its shape with those axes of size 1"""
@@ -487,8 +487,8 @@ def ov_eigenvalues(model: TransformerLM, layer: int, head: int) -> numpy.ndarray
 def ov_singular_values(model: TransformerLM, layer: int, head: int) -> List[float]:
     """Singular values (descending) of the head's OV circuit W_O W_V (d_model x d_model, rank <= d_head)"""
 
-def path_patching(model: TransformerLM, clean: object, corrupted: object, *, sender: str, receivers: object = ..., answers: object) -> dict:
-    """Path patching of sender (embed or L{l}H{h}) to receivers (names; default: every reader): path = metric of the clean run with every receiver reading its input + the sender's corrupted-minus-clean output, minus the clean metric; activation = the same for the sender's whole output patched; clean_metric, corrupted_metric"""
+def path_patching(model: TransformerLM, clean: object, corrupted: object, *, sender: str, receivers: object = ..., answers: object) -> object:
+    """A PathPatchingResult: path patching of sender (embed or L{l}H{h}) to receivers (names; default: every reader): path = metric of the clean run with every receiver reading its input + the sender's corrupted-minus-clean output, minus the clean metric; activation = the same for the sender's whole output patched; clean_metric, corrupted_metric"""
 
 def per_token_loss(model: TransformerLM, ids: object, targets: object = ...) -> numpy.ndarray:
     """Cross-entropy at each position: targets None = next token, (B, T-1); else (B, T) with 0 where the target is -1"""
@@ -496,8 +496,8 @@ def per_token_loss(model: TransformerLM, ids: object, targets: object = ...) -> 
 def permute_heads(model: TransformerLM, layer: int, perm: List[int]) -> None:
     """Reorder the heads of a layer in place (new head h = old head perm[h]); the model computes the same function"""
 
-def prune_curve(model: TransformerLM, task: object = ..., data: object = ..., order: str = ..., step_fraction: float = ..., min_per_layer: int = ..., recompute: bool = ..., seed: int = ...) -> dict:
-    """Accuracy as heads are removed in an order (on a copy; the model is unchanged)"""
+def prune_curve(model: TransformerLM, task: object = ..., data: object = ..., order: str = ..., step_fraction: float = ..., min_per_layer: int = ..., recompute: bool = ..., seed: int = ...) -> object:
+    """A PruneCurve: accuracy as heads are removed in an order (on a copy; the model is unchanged)"""
 
 def qk_singular_values(model: TransformerLM, layer: int, head: int) -> List[float]:
     """Singular values (descending) of the head's QK circuit W_Q^T W_K (d_model x d_model, rank <= d_head)"""
@@ -508,8 +508,8 @@ def repeated_random_tokens(n: int, k: int, vocab: int, seed: int = ...) -> Batch
 def set_num_threads(n: int) -> None:
     """Threads of the C++ kernels from now on"""
 
-def single_head_ablation(model: TransformerLM, task: object = ..., data: object = ...) -> dict:
-    """Change in held-out loss/accuracy when each head alone is zero- or mean-ablated: arrays (L, H)"""
+def single_head_ablation(model: TransformerLM, task: object = ..., data: object = ...) -> object:
+    """An AblationResult: the change in held-out loss/accuracy when each head alone is zero- or mean-ablated, arrays (L, H)"""
 
 def softmax(x: Tensor, axis: int = ...) -> Tensor:
     """Softmax along axis (differentiable)"""
