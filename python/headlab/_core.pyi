@@ -42,8 +42,8 @@ class ActivationCache:
 
 class Batches:
     """Batches of held-out rows: a task's (Task.held_out), a probe's, or your arrays"""
-    def __init__(self, input_ids: object, targets: object = ..., loss_mask: object = ..., batch_size: object = ..., prompt_len: object = ...) -> None:
-        """Batches(input_ids (N, T), targets=None, loss_mask=None, batch_size=128, prompt_len=None), or Batches({'input_ids': ..., 'targets': ..., 'loss_mask': ...}): rows by the tokens task's rule (targets -1 = not counted; without targets position t predicts input t+1; loss_mask 0 = not counted)"""
+    def __init__(self, input_ids: object, targets: object = ..., loss_mask: object = ..., batch_size: object = ..., prompt_len: object = ..., attention_mask: object = ...) -> None:
+        """Batches(input_ids (N, T), targets=None, loss_mask=None, batch_size=128, prompt_len=None, attention_mask=None), or Batches({'input_ids': ..., 'targets': ..., 'loss_mask': ...}): rows by the tokens task's rule (targets -1 = not counted; without targets position t predicts input t+1; loss_mask 0 = not counted). attention_mask (1 = token, 0 = padding): rows of different lengths padded on the right, each analysed as the row alone (padding neither attended to nor counted)"""
     @property
     def rows(self) -> int:
         """Rows over all batches"""
