@@ -117,7 +117,7 @@ void bind_analyses(py::module_& m) {
   m.def("_scores_over_training", [](const std::string& run, const std::string& analysis, const py::object& examples,
                                     uint64_t seed, const std::string& data, int length, int bos, bool exclude_bos,
                                     bool exclude_current, bool normalize, const std::string& task, const py::object& threads_given,
-                                    const std::string& corrupt, const py::object& out_given) {
+                                    const std::string& corrupt, const py::object& out_given, bool quiet) {
     // out: a directory for the files `headlab ANALYSIS --run` writes (True: where headlab view RUN reads them)
     std::string out;
     if (py::isinstance<py::bool_>(out_given)) out = out_given.cast<bool>() ? over_training_dir(run, analysis) : "";
@@ -125,7 +125,7 @@ void bind_analyses(py::module_& m) {
     const std::string kind = head_analysis(analysis).command;  // a bad name fails before anything is read
     if (!out.empty()) check_output_dir(out, kind, "out");
     // no count given: the busy-machine rule, as every command applies it
-    const int threads = threads_given.is_none() ? threads_for_this_machine(TrainArgs{}.threads) : threads_given.cast<int>();
+    const int threads = threads_given.is_none() ? threads_for_this_machine(TrainArgs{}.threads, quiet) : threads_given.cast<int>();
     HeadScoreOptions o;
     o.corruption = parse_corruption(corrupt);
     // True is an int to Python, and a float would be cast away: a whole number only

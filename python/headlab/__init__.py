@@ -90,6 +90,7 @@ class Trainer:
 
     def __init__(self, quiet=False, **settings):
         self._quiet = bool(quiet)
+        self._logged = settings.get("out") is not None  # evaluations go to out/metrics.jsonl
         self._t = _core._Trainer(**settings)
         if not self._quiet:  # what the run plan chose, as `headlab train` says it up front
             for line in self._t.notices:
@@ -115,7 +116,8 @@ class Trainer:
         at the next step with the checkpoint written (when ``out`` is set) and raises
         KeyboardInterrupt; ``resume=True`` continues.
         """
-        bar = Progress(self._t.args["steps"], not self._quiet if progress is None else progress)
+        bar = Progress(self._t.args["steps"], not self._quiet if progress is None else progress,
+                       logged=self._logged)
 
         def on_step(step, total, loss, tps):
             bar.step(step, total, loss, tps)
@@ -167,7 +169,7 @@ def train(callback=None, progress=True, **settings):
 
 def scores_over_training(run, analysis="detect", examples=None, seed=1234, data="probe", length=0, bos=None,
                          exclude_bos=False, exclude_current_token=False, normalize=False, task="copy", threads=None,
-                         corrupt="source", out=None):
+                         corrupt="source", out=None, quiet=False):
     """Each head's scores of ``analysis`` at every snapshot of ``run`` and at its final checkpoint, on the same
     inputs at each step: what ``headlab ANALYSIS --run RUN`` writes, without a loop of your own.
 
@@ -182,10 +184,12 @@ def scores_over_training(run, analysis="detect", examples=None, seed=1234, data=
     ``True`` for ``RUN/over_training/ANALYSIS``, where ``headlab view RUN``'s over-training panel reads them
     (the result then has ``out``). ``head_analyses()`` lists the analyses, their scores and defaults.
     A run keeps snapshots when trained with ``snapshot_every`` / ``snapshot_at``. ``threads`` defaults to 2, fewer
-    when other processes keep cores busy (said as a RuntimeWarning).
+    when other processes keep cores busy, said as :class:`Trainer` says it (a line on stderr, in a notebook the
+    cell's output) unless ``quiet``.
     """
     return _core._scores_over_training(str(run), analysis, examples, seed, data, length, -1 if bos is None else bos,
-                                       exclude_bos, exclude_current_token, normalize, task, threads, corrupt, out)
+                                       exclude_bos, exclude_current_token, normalize, task, threads, corrupt, out,
+                                       bool(quiet))
 
 
 def ablate(model, data, hook, head=None, kind="zero", positions=None, mean_data=None, per_position=False, seed=0,

@@ -73,3 +73,4 @@ def test_to_dict_is_plain_all_the_way_down(setup):
     assert all(type(c) is hl.EvalResult and "step" in c for c in r.curve)
     plain = r.to_dict()
     assert type(plain["curve"][0]) is dict and plain["curve"][-1]["step"] == 2
+
