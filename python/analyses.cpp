@@ -109,6 +109,22 @@ py::array generic_patching(TransformerLM& model, const py::object& clean, const 
   return out;
 }
 
+// f() computed without the GIL (a short analysis; long ones are `interruptible`).
+template <class F>
+auto without_gil(F&& f) {
+  py::gil_scoped_release release;
+  return f();
+}
+
+// A typed result (headlab/results.py) of named (L, H) grids, then the fields of `more`.
+py::object grids_result(const char* type, std::initializer_list<std::pair<const char*, const HeadGrid&>> grids,
+                        const py::dict& more = py::dict()) {
+  py::dict d;
+  for (const auto& [name, g] : grids) d[name] = grid_array(g);
+  for (const auto& [k, v] : more) d[k] = v;
+  return typed_result(type, d);
+}
+
 }  // namespace
 
 void bind_analyses(py::module_& m) {
@@ -202,12 +218,7 @@ void bind_analyses(py::module_& m) {
   m.def("evaluate", [](TransformerLM& model, py::object task, py::object data, bool ar) {
     split_task(task, data, "evaluate");
     const DataArg d = data_arg(data, model, "evaluate");
-    EvalResult e;
-    {
-      py::gil_scoped_release release;
-      e = evaluate(model, d.batches(), ar);
-    }
-    return eval_result(e);
+    return eval_result(without_gil([&] { return evaluate(model, d.batches(), ar); }));
   }, py::arg("model"), py::arg("task") = py::none(), py::arg("data") = py::none(), py::arg("autoregressive") = false,
      "An EvalResult: held-out loss, token_acc, exact_match (and ar_exact_match with autoregressive=True) over the data's counted targets");
   // the two importances: (model, data, normalize) -> (L, H) array, computed without the GIL
@@ -215,12 +226,7 @@ void bind_analyses(py::module_& m) {
                               const char* doc) {
     m.def(name, [fn, name](TransformerLM& model, const py::object& data, bool normalize) {
       const DataArg d = data_arg(data, model, name);
-      HeadGrid g;
-      {
-        py::gil_scoped_release release;
-        g = fn(model, d.batches(), normalize);
-      }
-      return grid_array(g);
+      return grid_array(without_gil([&] { return fn(model, d.batches(), normalize); }));
     }, py::arg("model"), py::arg("data"), py::arg("normalize") = false, doc);
   };
   bind_importance("head_importance",
@@ -233,33 +239,17 @@ void bind_analyses(py::module_& m) {
   m.def("single_head_ablation", [](TransformerLM& model, py::object task, py::object data) {
     split_task(task, data, "single_head_ablation");
     const DataArg dt = data_arg(data, model, "single_head_ablation");
-    AblationResult r;
-    {
-      py::gil_scoped_release release;
-      r = single_head_ablation(model, dt.batches());
-    }
-    py::dict d;
-    d["d_loss"] = grid_array(r.d_loss);
-    d["d_acc"] = grid_array(r.d_acc);
-    d["d_loss_mean"] = grid_array(r.d_loss_mean);
-    d["d_acc_mean"] = grid_array(r.d_acc_mean);
-    d["base"] = eval_result(r.base);
-    return typed_result("AblationResult", d);
+    const AblationResult r = without_gil([&] { return single_head_ablation(model, dt.batches()); });
+    return grids_result("AblationResult",
+                        {{"d_loss", r.d_loss}, {"d_acc", r.d_acc}, {"d_loss_mean", r.d_loss_mean}, {"d_acc_mean", r.d_acc_mean}},
+                        py::dict(py::arg("base") = eval_result(r.base)));
   }, py::arg("model"), py::arg("task") = py::none(), py::arg("data") = py::none(),
      "An AblationResult: the change in held-out loss/accuracy when each head alone is zero- or mean-ablated, arrays (L, H)");
   m.def("attention_statistics", [](TransformerLM& model, const py::object& data) {
     const DataArg dt = data_arg(data, model, "attention_statistics");
-    HeadStats s;
-    {
-      py::gil_scoped_release release;
-      s = attention_statistics(model, dt.batches());
-    }
-    py::dict d;
-    d["entropy"] = grid_array(s.entropy);
-    d["entropy_norm"] = grid_array(s.entropy_norm);
-    d["confidence"] = grid_array(s.confidence);
-    d["argmax_distance"] = grid_array(s.argmax_distance);
-    return typed_result("HeadStats", d);
+    const HeadStats s = without_gil([&] { return attention_statistics(model, dt.batches()); });
+    return grids_result("HeadStats", {{"entropy", s.entropy}, {"entropy_norm", s.entropy_norm}, {"confidence", s.confidence},
+                                      {"argmax_distance", s.argmax_distance}});
   }, py::arg("model"), py::arg("data"),
      "A HeadStats: per head (L, H), over non-padding queries, entropy, entropy_norm, confidence, argmax_distance");
   m.def("prune_curve", [](const TransformerLM& model, py::object task, py::object data_obj, const std::string& order,
@@ -284,11 +274,7 @@ void bind_analyses(py::module_& m) {
     o.step_fraction = step_fraction;
     o.min_per_layer = min_per_layer;
     o.recompute = recompute;
-    std::vector<PruneStep> steps;
-    {
-      py::gil_scoped_release release;
-      steps = prune_curve(*copy, data.batches(), rank, o);
-    }
+    const std::vector<PruneStep> steps = without_gil([&] { return prune_curve(*copy, data.batches(), rank, o); });
     py::dict d;
     std::vector<double> frac, loss, acc;
     py::list removed;
@@ -540,19 +526,11 @@ void bind_analyses(py::module_& m) {
      "and accuracy, per example and overall, with 95% bootstrap intervals");
   m.def("composition_scores", [](const TransformerLM& model, int layer_a, int layer_b) {
     const CompositionScores c = composition_scores(model, layer_a, layer_b);
-    py::dict d;
-    d["q"] = grid_array(c.q);
-    d["k"] = grid_array(c.k);
-    d["v"] = grid_array(c.v);
-    return typed_result("CompositionScores", d);
+    return grids_result("CompositionScores", {{"q", c.q}, {"k", c.k}, {"v", c.v}});
   }, py::arg("model"), py::arg("layer_a"), py::arg("layer_b"), "A CompositionScores: Q/K/V composition, q, k, v [head of layer_a][head of layer_b]");
   m.def("composition_baseline", [](const ModelConfig& cfg, int models, uint64_t seed) {
     if (models < 2) throw py::value_error("composition_baseline: models must be at least 2, got " + std::to_string(models));
-    CompositionBaseline b;
-    {
-      py::gil_scoped_release release;
-      b = composition_baseline(cfg, models, seed);
-    }
+    const CompositionBaseline b = without_gil([&] { return composition_baseline(cfg, models, seed); });
     py::dict d;
     const char* kinds[3] = {"q", "k", "v"};
     for (int k = 0; k < 3; ++k) {
