@@ -262,7 +262,10 @@ const std::vector<ConfigField>& config_fields() {
       {"d_mlp", "d_ff", "Feed-forward width; 0 = attention-only", [](const ModelConfig& c) -> py::object { return py::int_(c.d_ff); }},
       {"n_ctx", "max_seq_len", "Longest sequence (positions)", [](const ModelConfig& c) -> py::object { return py::int_(c.max_seq_len); }},
       {"norm", "", "pre or post LayerNorm", [](const ModelConfig& c) -> py::object { return py::str(to_string(c.norm)); }},
-      {"activation", "", "gelu_erf, gelu_tanh, relu, relu2 or silu", [](const ModelConfig& c) -> py::object { return py::str(to_string(c.activation)); }},
+      // a SwiGLU gate is silu whatever the field holds: said as what the model computes
+      {"activation", "", "gelu_erf, gelu_tanh, relu, relu2 or silu (mlp swiglu: silu)", [](const ModelConfig& c) -> py::object {
+         return py::str(c.mlp == Mlp::SwiGLU ? "silu" : to_string(c.activation));
+       }},
       {"positions", "", "learned, sinusoidal, rotary or none", [](const ModelConfig& c) -> py::object { return py::str(to_string(c.positions)); }},
       {"attn_bias", "", "Biases on W_Q, W_K, W_V, W_O", [](const ModelConfig& c) -> py::object { return py::bool_(c.attn_bias); }},
       {"mlp_bias", "", "Biases on the feed-forward layers", [](const ModelConfig& c) -> py::object { return py::bool_(c.mlp_bias); }},

@@ -97,7 +97,7 @@ ModelConfig(**cfg.to_dict()) gives cfg back."""
         """pre or post LayerNorm"""
     @property
     def activation(self) -> object:
-        """gelu_erf, gelu_tanh, relu, relu2 or silu"""
+        """gelu_erf, gelu_tanh, relu, relu2 or silu (mlp swiglu: silu)"""
     @property
     def positions(self) -> object:
         """learned, sinusoidal, rotary or none"""

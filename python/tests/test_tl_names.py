@@ -223,3 +223,6 @@ def test_a_swiglu_gate_refuses_an_activation_it_would_ignore():
         hl.ModelConfig(mlp="swiglu", activation="relu")
     assert hl.ModelConfig(mlp="swiglu", activation="silu").mlp == "swiglu"
     assert hl.ModelConfig(mlp="swiglu").mlp == "swiglu"  # not given: nothing to ignore
+    # a SwiGLU config says silu, so it makes itself again
+    cfg = hl.ModelConfig(arch="llama", d_model=16, n_heads=2)
+    assert cfg.activation == "silu" and hl.ModelConfig(**cfg.to_dict()) == cfg
