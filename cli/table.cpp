@@ -8,9 +8,13 @@
 
 namespace hl {
 
-Table::Row Table::row() {
+void Table::check_complete() const {
   if (!rows_.empty() && rows_.back().size() != columns_.size())
-    fail("table: row ", rows_.size(), " fills ", rows_.back().size(), " of the ", columns_.size(), " columns");
+    fail("table: row ", rows_.size() - 1, " fills ", rows_.back().size(), " of the ", columns_.size(), " columns");
+}
+
+Table::Row Table::row() {
+  check_complete();
   rows_.emplace_back();
   return Row(*this, rows_.size() - 1);
 }
@@ -60,6 +64,7 @@ std::string Table::shown(const Cell& c, bool for_csv) const {
 }
 
 std::string Table::csv() const {
+  check_complete();
   std::string out;
   for (size_t i = 0; i < columns_.size(); ++i) out += (i ? "," : "") + columns_[i];
   out += "\n";
@@ -71,6 +76,7 @@ std::string Table::csv() const {
 }
 
 nlohmann::ordered_json Table::json() const {
+  check_complete();
   nlohmann::ordered_json a = nlohmann::ordered_json::array();
   for (const auto& r : rows_) {
     nlohmann::ordered_json o = nlohmann::ordered_json::object();
@@ -87,6 +93,7 @@ nlohmann::ordered_json Table::json() const {
 }
 
 std::vector<std::vector<std::string>> Table::text_rows() const {
+  check_complete();
   std::vector<std::vector<std::string>> t = {columns_};
   for (const auto& r : rows_) {
     std::vector<std::string> line;

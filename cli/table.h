@@ -48,6 +48,8 @@ class Table {
 
  private:
   std::string shown(const Cell& c, bool for_csv) const;
+  // Every row fills every column: the next row, and each writer, refuse a row left short.
+  void check_complete() const;
   int shown_decimals_;
   std::vector<std::string> columns_;
   std::vector<std::vector<Cell>> rows_;

@@ -308,7 +308,31 @@ std::unique_ptr<Task> make_tokens_task(const TaskConfig& cfg, const TokenArrays&
 std::vector<Batch> token_batches(const TokenArrays& a, int batch_size, const std::string& source,
                                  const std::vector<int>& prompt_len) {
   if (batch_size < 1) fail(source, ": batch_size must be positive, got ", batch_size);
-  const Rows r = rows_from(a.input_ids, a.targets, a.loss_mask, source);
+  // a padded row counts only its tokens: position t counts where it is a token and, without
+  // targets, where the token it predicts (t + 1) is one too
+  const std::vector<float>& pad = a.attention_mask;
+  std::vector<float> counted = a.loss_mask;
+  if (!pad.empty()) {
+    const int64_t N = a.input_ids.shape[0], T = a.input_ids.shape[1];
+    if (static_cast<int64_t>(pad.size()) != N * T)
+      fail(source, ": attention_mask has ", pad.size(), " values but input_ids is ", a.input_ids.shape.str());
+    if (counted.empty()) counted.assign(pad.size(), 1.f);
+    const bool next_token = a.targets.numel() == 0;
+    for (int64_t i = 0; i < N; ++i) {
+      const float* m = pad.data() + i * T;
+      if (m[0] == 0.f) fail(source, ": attention_mask: row ", i, " starts with padding: the analyses take rows padded on the right "
+                            "(each row's tokens first; to_tokens(texts, padding_side='right'))");
+      for (int64_t t = 0; t < T; ++t) {
+        if (m[t] != 0.f && m[t] != 1.f) fail(source, ": attention_mask: values are 1 (token) or 0 (padding), got ", m[t]);
+        if (t > 0 && m[t] == 1.f && m[t - 1] == 0.f)
+          fail(source, ": attention_mask: row ", i, " has a token at position ", t, " after padding: the analyses take rows padded "
+               "on the right (each row's tokens first)");
+        const bool real = m[t] == 1.f && (!next_token || (t + 1 < T && m[t + 1] == 1.f));
+        if (!real) counted[i * T + t] = 0.f;
+      }
+    }
+  }
+  const Rows r = rows_from(a.input_ids, a.targets, counted, source);
   require_targets(r, source, "measure");
   if (!prompt_len.empty()) {
     if (static_cast<int64_t>(prompt_len.size()) != r.n)
@@ -323,6 +347,12 @@ std::vector<Batch> token_batches(const TokenArrays& a, int batch_size, const std
     for (int64_t i = done; i < std::min<int64_t>(r.n, done + batch_size); ++i) rows.push_back(i);
     out.emplace_back();
     fill(out.back(), r, rows);
+    if (!pad.empty()) {  // key_padding: 1 where the input is padding
+      Batch& b = out.back();
+      b.key_padding = Tensor::zeros({static_cast<int64_t>(rows.size()), r.T});
+      for (size_t i = 0; i < rows.size(); ++i)
+        for (int64_t t = 0; t < r.T; ++t) b.key_padding.data()[i * r.T + t] = 1.f - pad[rows[i] * r.T + t];
+    }
     if (!prompt_len.empty())
       std::copy_n(prompt_len.begin() + done, rows.size(), out.back().prompt_len.begin());
   }

@@ -111,6 +111,22 @@ py::array generic_patching(TransformerLM& model, const py::object& clean, const 
   return out;
 }
 
+// f() computed without the GIL (a short analysis; long ones are `interruptible`).
+template <class F>
+auto without_gil(F&& f) {
+  py::gil_scoped_release release;
+  return f();
+}
+
+// A typed result (headlab/results.py) of named (L, H) grids, then the fields of `more`.
+py::object grids_result(const char* type, std::initializer_list<std::pair<const char*, const HeadGrid&>> grids,
+                        const py::dict& more = py::dict()) {
+  py::dict d;
+  for (const auto& [name, g] : grids) d[name] = grid_array(g);
+  for (const auto& [k, v] : more) d[k] = v;
+  return typed_result(type, d);
+}
+
 }  // namespace
 
 void bind_analyses(py::module_& m) {
@@ -119,7 +135,7 @@ void bind_analyses(py::module_& m) {
   m.def("_scores_over_training", [](const std::string& run, const std::string& analysis, const py::object& examples,
                                     uint64_t seed, const std::string& data, int length, int bos, bool exclude_bos,
                                     bool exclude_current, bool normalize, const std::string& task, const py::object& threads_given,
-                                    const std::string& corrupt, const py::object& out_given) {
+                                    const std::string& corrupt, const py::object& out_given, bool quiet) {
     // out: a directory for the files `headlab ANALYSIS --run` writes (True: where headlab view RUN reads them)
     std::string out;
     if (py::isinstance<py::bool_>(out_given)) out = out_given.cast<bool>() ? over_training_dir(run, analysis) : "";
@@ -127,7 +143,7 @@ void bind_analyses(py::module_& m) {
     const std::string kind = head_analysis(analysis).command;  // a bad name fails before anything is read
     if (!out.empty()) check_output_dir(out, kind, "out");
     // no count given: the busy-machine rule, as every command applies it
-    const int threads = threads_given.is_none() ? threads_for_this_machine(TrainArgs{}.threads) : threads_given.cast<int>();
+    const int threads = threads_given.is_none() ? threads_for_this_machine(TrainArgs{}.threads, quiet) : threads_given.cast<int>();
     HeadScoreOptions o;
     o.corruption = parse_corruption(corrupt);
     // True is an int to Python, and a float would be cast away: a whole number only
@@ -164,16 +180,17 @@ void bind_analyses(py::module_& m) {
     r["checkpoints"] = s.checkpoints;
     r["scores"] = scores;
     if (!out.empty()) r["out"] = out;
-    return r;
+    return typed_result("ScoresOverTraining", r);
   });
   m.def("head_analyses", [] {
         py::list rows;
         for (const HeadAnalysis& a : head_analyses())
-          rows.append(py::dict(py::arg("name") = a.name, py::arg("command") = a.command, py::arg("scores") = a.scores,
-                               py::arg("help") = a.help, py::arg("default_examples") = a.default_examples()));
+          rows.append(typed_result("HeadAnalysis", py::dict(py::arg("name") = a.name, py::arg("command") = a.command,
+                                                            py::arg("scores") = a.scores, py::arg("help") = a.help,
+                                                            py::arg("default_examples") = a.default_examples())));
         return rows;
       },
-      "The per-head analyses of scores_over_training (and `headlab COMMAND --run`), one dict per analysis: name, "
+      "The per-head analyses of scores_over_training (and `headlab COMMAND --run`), one HeadAnalysis per analysis: name, "
       "command, scores (the names of the grids it returns), help, default_examples");
   m.def("per_token_loss", [](TransformerLM& model, const py::object& ids, const py::object& targets) {
     const Ids x = ids_from(ids);
@@ -203,25 +220,15 @@ void bind_analyses(py::module_& m) {
   m.def("evaluate", [](TransformerLM& model, py::object task, py::object data, bool ar) {
     split_task(task, data, "evaluate");
     const DataArg d = data_arg(data, model, "evaluate");
-    EvalResult e;
-    {
-      py::gil_scoped_release release;
-      e = evaluate(model, d.batches(), ar);
-    }
-    return eval_dict(e);
+    return eval_result(without_gil([&] { return evaluate(model, d.batches(), ar); }));
   }, py::arg("model"), py::arg("task") = py::none(), py::arg("data") = py::none(), py::arg("autoregressive") = false,
-     "Held-out loss, token_acc, exact_match (and ar_exact_match with autoregressive=True) over the data's counted targets");
+     "An EvalResult: held-out loss, token_acc, exact_match (and ar_exact_match with autoregressive=True) over the data's counted targets");
   // the two importances: (model, data, normalize) -> (L, H) array, computed without the GIL
   auto bind_importance = [&m](const char* name, HeadGrid (*fn)(TransformerLM&, const std::vector<Batch>&, bool),
                               const char* doc) {
     m.def(name, [fn, name](TransformerLM& model, const py::object& data, bool normalize) {
       const DataArg d = data_arg(data, model, name);
-      HeadGrid g;
-      {
-        py::gil_scoped_release release;
-        g = fn(model, d.batches(), normalize);
-      }
-      return grid_array(g);
+      return grid_array(without_gil([&] { return fn(model, d.batches(), normalize); }));
     }, py::arg("model"), py::arg("data"), py::arg("normalize") = false, doc);
   };
   bind_importance("head_importance",
@@ -234,35 +241,19 @@ void bind_analyses(py::module_& m) {
   m.def("single_head_ablation", [](TransformerLM& model, py::object task, py::object data) {
     split_task(task, data, "single_head_ablation");
     const DataArg dt = data_arg(data, model, "single_head_ablation");
-    AblationResult r;
-    {
-      py::gil_scoped_release release;
-      r = single_head_ablation(model, dt.batches());
-    }
-    py::dict d;
-    d["d_loss"] = grid_array(r.d_loss);
-    d["d_acc"] = grid_array(r.d_acc);
-    d["d_loss_mean"] = grid_array(r.d_loss_mean);
-    d["d_acc_mean"] = grid_array(r.d_acc_mean);
-    d["base"] = eval_dict(r.base);
-    return d;
+    const AblationResult r = without_gil([&] { return single_head_ablation(model, dt.batches()); });
+    return grids_result("AblationResult",
+                        {{"d_loss", r.d_loss}, {"d_acc", r.d_acc}, {"d_loss_mean", r.d_loss_mean}, {"d_acc_mean", r.d_acc_mean}},
+                        py::dict(py::arg("base") = eval_result(r.base)));
   }, py::arg("model"), py::arg("task") = py::none(), py::arg("data") = py::none(),
-     "Change in held-out loss/accuracy when each head alone is zero- or mean-ablated: arrays (L, H)");
+     "An AblationResult: the change in held-out loss/accuracy when each head alone is zero- or mean-ablated, arrays (L, H)");
   m.def("attention_statistics", [](TransformerLM& model, const py::object& data) {
     const DataArg dt = data_arg(data, model, "attention_statistics");
-    HeadStats s;
-    {
-      py::gil_scoped_release release;
-      s = attention_statistics(model, dt.batches());
-    }
-    py::dict d;
-    d["entropy"] = grid_array(s.entropy);
-    d["entropy_norm"] = grid_array(s.entropy_norm);
-    d["confidence"] = grid_array(s.confidence);
-    d["argmax_distance"] = grid_array(s.argmax_distance);
-    return d;
+    const HeadStats s = without_gil([&] { return attention_statistics(model, dt.batches()); });
+    return grids_result("HeadStats", {{"entropy", s.entropy}, {"entropy_norm", s.entropy_norm}, {"confidence", s.confidence},
+                                      {"argmax_distance", s.argmax_distance}});
   }, py::arg("model"), py::arg("data"),
-     "Per head (L, H), over non-padding queries: entropy, entropy_norm, confidence, argmax_distance");
+     "A HeadStats: per head (L, H), over non-padding queries, entropy, entropy_norm, confidence, argmax_distance");
   m.def("prune_curve", [](const TransformerLM& model, py::object task, py::object data_obj, const std::string& order,
                           double step_fraction, int min_per_layer, bool recompute, uint64_t seed) {
     split_task(task, data_obj, "prune_curve");
@@ -285,11 +276,7 @@ void bind_analyses(py::module_& m) {
     o.step_fraction = step_fraction;
     o.min_per_layer = min_per_layer;
     o.recompute = recompute;
-    std::vector<PruneStep> steps;
-    {
-      py::gil_scoped_release release;
-      steps = prune_curve(*copy, data.batches(), rank, o);
-    }
+    const std::vector<PruneStep> steps = without_gil([&] { return prune_curve(*copy, data.batches(), rank, o); });
     py::dict d;
     std::vector<double> frac, loss, acc;
     py::list removed;
@@ -301,10 +288,10 @@ void bind_analyses(py::module_& m) {
     d["loss"] = py::array(py::cast(loss));
     d["token_acc"] = py::array(py::cast(acc));
     d["removed"] = removed;
-    return d;
+    return typed_result("PruneCurve", d);
   }, py::arg("model"), py::arg("task") = py::none(), py::arg("data") = py::none(), py::arg("order") = "importance", py::arg("step_fraction") = 0.1,
      py::arg("min_per_layer") = 0, py::arg("recompute") = false, py::arg("seed") = 1000,
-     "Accuracy as heads are removed in an order (on a copy; the model is unchanged)");
+     "A PruneCurve: accuracy as heads are removed in an order (on a copy; the model is unchanged)");
   m.def("head_gradient_norms", [](const TransformerLM& model) {
     bool any = false;
     for (const auto& [name, p] : model.named_parameters()) any = any || p.grad().defined();
@@ -322,8 +309,8 @@ void bind_analyses(py::module_& m) {
       d[py::str(std::string("weight_") + mat)] = grid_array(w);
     }
     (void)H;
-    return d;
-  }, py::arg("model"), "Gradient atlas of the current gradients: per-head Frobenius norms (L, H or H_kv) of grads and weights");
+    return typed_result("HeadGradientNorms", d);
+  }, py::arg("model"), "A HeadGradientNorms: the gradient atlas of the current gradients, per-head Frobenius norms (L, H or H_kv) of grads and weights");
   m.def("repeated_random_tokens", [](int n, int k, int vocab, uint64_t seed) { return PyData{repeated_random_tokens(n, k, vocab, seed)}; },
         py::arg("n"), py::arg("k"), py::arg("vocab"), py::arg("seed") = 1234,
         "The fixed probe: n sequences [r_1..r_k, r_1..r_k] of uniform random tokens (every repeat k back)");
@@ -370,11 +357,11 @@ void bind_analyses(py::module_& m) {
     out["unmatched_b"] = ub;
     out["similarity"] = sim;
     out["mean_similarity"] = m.mean_similarity;
-    return out;
+    return typed_result("HeadMatch", out);
   }, py::arg("model_a"), py::arg("model_b"), py::arg("data") = py::none(), py::arg("by") = "pattern",
      py::arg("across_layers") = false, py::arg("examples") = 200, py::arg("seed") = 1234,
      "Heads of model_a matched one to one to heads of model_b (Hungarian assignment) by attention pattern on data "
-     "(default: the varied repeat probe) or by QK/OV circuit weights; dict with pairs (layer_a, head_a, layer_b, head_b, "
+     "(default: the varied repeat probe) or by QK/OV circuit weights; a HeadMatch: pairs (layer_a, head_a, layer_b, head_b, "
      "similarity), unmatched_a, unmatched_b, similarity (heads of A x heads of B, layer-major) and mean_similarity");
   m.def("hungarian", [](const std::vector<std::vector<double>>& cost) { return hungarian(cost); }, py::arg("cost"),
         "Optimal assignment of rows to distinct columns minimising the summed cost; -1 for rows left out (more rows than columns)");
@@ -410,10 +397,10 @@ void bind_analyses(py::module_& m) {
     d["resid_correlation"] = r.resid_correlation;
     d["clean_ids"] = ids_to_array(in.clean);
     d["corrupted_ids"] = ids_to_array(in.corrupted);
-    return py::object(d);
+    return typed_result("PatchingResult", d);
   }, py::arg("model"), py::arg("task") = py::none(), py::arg("data") = py::none(), py::arg("seed") = 1234,
      py::arg("alphabet") = py::none(),
-     "Patching per head (hook_z, (L, H)) and per residual position ((L, T)), exact and attribution, normalised clean=1, corrupted=0");
+     "A PatchingResult: patching per head (hook_z, (L, H)) and per residual position ((L, T)), exact and attribution, normalised clean=1, corrupted=0");
   // ---- ablations by hook name and generic activation patching ------------------------------------
   m.def("corrupt_one_symbol", [](const PyTask& task, const PyData& data, uint64_t seed, const std::string& corrupt) {
     if (data.batches.empty()) throw py::value_error("corrupt_one_symbol: no data");
@@ -427,9 +414,9 @@ void bind_analyses(py::module_& m) {
       a(i, 0) = in.answers[i].row, a(i, 1) = in.answers[i].pos, a(i, 2) = in.answers[i].clean, a(i, 3) = in.answers[i].corrupted;
     d["answers"] = answers;
     d["source_pos"] = py::array(py::cast(in.source_pos));
-    return d;
+    return typed_result("PatchingInputs", d);
   }, py::arg("task"), py::arg("data"), py::arg("seed") = 1234, py::arg("corrupt") = "source",
-     "The patching inputs activation_patching(model, task, data) makes from the first batch: clean and corrupted ids "
+     "A PatchingInputs: the patching inputs activation_patching(model, task, data) makes from the first batch: clean and corrupted ids "
      "(R, T), answers (R, 4) of (row, pos, clean token, corrupted token), source_pos (R): the position changed. "
      "corrupt='source' changes the answer's earlier occurrence, 'previous' the token before it (which the answer follows)");
   m.def("activation_patching", generic_patching, py::arg("model"), py::arg("clean"), py::arg("corrupted"), py::arg("hook") = "hook_z",
@@ -479,10 +466,10 @@ void bind_analyses(py::module_& m) {
         d["circuit"] = kept;
       }
     }
-    return d;
+    return typed_result("EdgeResult", d);
   }, py::arg("model"), py::arg("clean"), py::arg("corrupted"), py::kw_only(), py::arg("answers"), py::arg("method") = "attribution",
      py::arg("ig_steps") = 5, py::arg("ig_interpolate") = "inputs", py::arg("acdc_threshold") = 0.1, py::arg("acdc_score") = "metric",
-     "Exact edge patching and edge attribution of every edge (as headlab edges): senders and receivers (names, in edge "
+     "An EdgeResult: exact edge patching and edge attribution of every edge (as headlab edges), senders and receivers (names, in edge "
      "order), exact, attribution and linearisation_error (attribution - exact) arrays, clean_metric and corrupted_metric "
      "(mean logit difference of the answers (row, pos, clean token, corrupted token)). method='eap-ig' (ig_steps, "
      "ig_interpolate 'inputs' or 'activations') or 'acdc' (acdc_threshold, acdc_score 'metric' or 'kl') adds that method's "
@@ -502,10 +489,10 @@ void bind_analyses(py::module_& m) {
     d["activation"] = p.activation;
     d["clean_metric"] = p.clean_metric;
     d["corrupted_metric"] = p.corrupted_metric;
-    return d;
+    return typed_result("PathPatchingResult", d);
   }, py::arg("model"), py::arg("clean"), py::arg("corrupted"), py::kw_only(), py::arg("sender"), py::arg("receivers") = py::none(),
      py::arg("answers"),
-     "Path patching of sender (embed or L{l}H{h}) to receivers (names; default: every reader): path = metric of the clean run "
+     "A PathPatchingResult: path patching of sender (embed or L{l}H{h}) to receivers (names; default: every reader): path = metric of the clean run "
      "with every receiver reading its input + the sender's corrupted-minus-clean output, minus the clean metric; activation = "
      "the same for the sender's whole output patched; clean_metric, corrupted_metric");
   m.def("qk_attribution", [](TransformerLM& model, const py::object& ids, int64_t row, int layer, int head, int64_t query, int64_t key) {
@@ -569,27 +556,19 @@ void bind_analyses(py::module_& m) {
     ci["d_token_acc"] = interval(r.d_acc_ci95);
     d["ci95"] = ci;
     if (!r.permutation.empty()) d["permutation"] = py::array(py::cast(r.permutation));
-    return d;
+    return typed_result("KnockoutResult", d);
   }, py::arg("model"), py::arg("data"), py::arg("hook"), py::arg("head") = -1, py::arg("kind") = "zero",
      py::arg("positions") = std::vector<int64_t>{}, py::arg("mean_data") = py::none(), py::arg("per_position") = false,
      py::arg("seed") = 0, py::arg("permutation") = std::vector<int64_t>{},
-     "Ablate a hook point by name (zero, mean or resample; one head or all; some positions or all): clean and ablated loss "
+     "A KnockoutResult: ablate a hook point by name (zero, mean or resample; one head or all; some positions or all): clean and ablated loss "
      "and accuracy, per example and overall, with 95% bootstrap intervals");
   m.def("composition_scores", [](const TransformerLM& model, int layer_a, int layer_b) {
     const CompositionScores c = composition_scores(model, layer_a, layer_b);
-    py::dict d;
-    d["q"] = grid_array(c.q);
-    d["k"] = grid_array(c.k);
-    d["v"] = grid_array(c.v);
-    return d;
-  }, py::arg("model"), py::arg("layer_a"), py::arg("layer_b"), "Q/K/V composition [head of layer_a][head of layer_b]");
+    return grids_result("CompositionScores", {{"q", c.q}, {"k", c.k}, {"v", c.v}});
+  }, py::arg("model"), py::arg("layer_a"), py::arg("layer_b"), "A CompositionScores: Q/K/V composition, q, k, v [head of layer_a][head of layer_b]");
   m.def("composition_baseline", [](const ModelConfig& cfg, int models, uint64_t seed) {
     if (models < 2) throw py::value_error("composition_baseline: models must be at least 2, got " + std::to_string(models));
-    CompositionBaseline b;
-    {
-      py::gil_scoped_release release;
-      b = composition_baseline(cfg, models, seed);
-    }
+    const CompositionBaseline b = without_gil([&] { return composition_baseline(cfg, models, seed); });
     py::dict d;
     const char* kinds[3] = {"q", "k", "v"};
     for (int k = 0; k < 3; ++k) {
@@ -599,9 +578,9 @@ void bind_analyses(py::module_& m) {
       one["hi"] = b.hi[k];
       d[kinds[k]] = one;
     }
-    return d;
+    return typed_result("CompositionBaseline", d);
   }, py::arg("config"), py::arg("models") = 20, py::arg("seed") = 1,
-     "What composition scores random weights of config's shapes get: per kind (q, k, v) the mean and the 2.5th and 97.5th "
+     "A CompositionBaseline: what composition scores random weights of config's shapes get: per kind (q, k, v) the mean and the 2.5th and 97.5th "
      "percentiles (lo, hi) over the head pairs of `models` random 2-layer models");
   m.def("qk_singular_values", [](const TransformerLM& model, int layer, int head) { return qk_circuit_singular_values(model, layer, head); },
         py::arg("model"), py::arg("layer"), py::arg("head"),

@@ -8,6 +8,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -45,7 +46,11 @@ Ids counted_targets_from(const py::object& targets, const char* who);
 // A NumPy view of t's storage; the array keeps the tensor alive.
 py::array view_of(const Tensor& t, bool writeable = true);
 py::array grid_array(const HeadGrid& g);
-py::dict eval_dict(const EvalResult& e);
+// A result object of headlab/results.py (EdgeResult, ...) with these fields: attributes, a repr
+// that names them, to_dict(), and read as the dict earlier versions returned.
+py::object typed_result(const char* type, const py::dict& fields);
+py::dict eval_fields(const EvalResult& e);
+py::object eval_result(const EvalResult& e);  // an EvalResult
 py::object json_to_py(const json& j);
 
 // ---- paths and typed arguments (convert.cpp) ---------------------------------------------------
@@ -72,6 +77,13 @@ T cast_arg(const py::handle& obj, const std::string& what, const std::string& ex
 
 // ---- settings by keyword (the CLI's flag table; convert.cpp) ---------------------------------
 
+// One keyword's value as a setting of type T (bool, text, a number, a list of int or str), with a
+// TypeError naming the keyword and what it takes, and a number's range [lo, hi] worded as the
+// command line words it (lo NaN: none). The one converter of the settings table's keywords and
+// the run plan's (hl.Trainer, hl.Task, hl.ModelConfig).
+template <class T>
+T setting_value(const py::handle& value, const std::string& key, double lo = NAN, double hi = NAN);
+
 // TrainArgs from keywords, as `headlab train` would resolve the same flags.
 // task_training_defaults: also the task's training defaults (the Trainer), see resolve_train_flags.
 TrainArgs args_from_kwargs(const py::dict& kwargs, const std::function<bool(const std::string&)>& skip = {},
@@ -88,8 +100,9 @@ const std::vector<ConfigField>& config_fields();
 py::dict config_dict(const ModelConfig& c);  // {name: value} in the table's order
 ModelConfig model_config_from_kwargs(const py::dict& kwargs);
 // The busy-machine rule (lib/threads.h) for work that would run on `most` threads when the caller
-// chose no count: the count to use, the notice said as a RuntimeWarning, as the CLI says it.
-int threads_for_this_machine(int most);
+// chose no count: the count to use, the notice said unless quiet as hl.Trainer says it
+// (headlab.progress.notice: stderr, or the cell's output in a notebook), in the CLI's words.
+int threads_for_this_machine(int most, bool quiet = false);
 
 // ---- Ctrl-C during long C++ work ---------------------------------------------------------------
 
@@ -141,7 +154,7 @@ struct PyData {  // held-out batches
 // those arrays: the one conversion of a user's arrays into batches (training.cpp).
 PyData batches_from(const py::object& input_ids, const py::object& targets = py::none(),
                     const py::object& loss_mask = py::none(), const py::object& batch_size = py::none(),
-                    const py::object& prompt_len = py::none());
+                    const py::object& prompt_len = py::none(), const py::object& attention_mask = py::none());
 
 // ---- the areas, bound in this order by module.cpp ------------------------------------------------
 

@@ -122,7 +122,11 @@ py::array grid_array(const HeadGrid& g) {
   return a;
 }
 
-py::dict eval_dict(const EvalResult& e) {
+py::object typed_result(const char* type, const py::dict& fields) {
+  return py::module_::import("headlab.results").attr(type)(**fields);
+}
+
+py::dict eval_fields(const EvalResult& e) {
   py::dict d;
   d["loss"] = e.loss;
   d["token_acc"] = e.token_acc;
@@ -133,9 +137,65 @@ py::dict eval_dict(const EvalResult& e) {
   return d;
 }
 
+py::object eval_result(const EvalResult& e) { return typed_result("EvalResult", eval_fields(e)); }
+
 py::object json_to_py(const json& j) { return py::module_::import("json").attr("loads")(j.dump()); }
 
 // ---- settings by keyword (the CLI's flag table) ---------------------------------------------
+
+// ---- one keyword's value as its setting's type ----------------------------------------------
+
+namespace {
+// Worded as the command line words it; lo NaN: no range.
+void check_setting_range(double x, const py::handle& value, const std::string& key, double lo, double hi) {
+  if (std::isnan(lo)) return;
+  const std::string problem = range_problem(x, std::string(py::str(value)), lo, hi);
+  if (!problem.empty()) throw py::value_error(key + ": " + problem);
+}
+}  // namespace
+
+template <class T>
+T setting_value(const py::handle& value, const std::string& key, double lo, double hi) {
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!py::isinstance<py::bool_>(value)) throw py::type_error(key + ": expected True or False");
+    return value.cast<bool>();
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!py::isinstance<py::str>(value)) wrong_argument_type(value, key, "a string");
+    return value.cast<std::string>();
+  } else if constexpr (std::is_floating_point_v<T>) {
+    // any real number (NumPy scalars too), not text or a bool
+    if (py::isinstance<py::str>(value) || py::isinstance<py::bool_>(value) || !PyNumber_Check(value.ptr()))
+      wrong_argument_type(value, key, "a number");
+    const double x = PyFloat_AsDouble(value.ptr());
+    if (x == -1.0 && PyErr_Occurred()) {
+      PyErr_Clear();
+      wrong_argument_type(value, key, "a number");
+    }
+    check_setting_range(x, value, key, lo, hi);
+    return static_cast<T>(x);
+  } else if constexpr (std::is_integral_v<T>) {
+    // an integer (NumPy's too, anything with __index__), not a bool
+    if (py::isinstance<py::bool_>(value) || !PyIndex_Check(value.ptr())) wrong_argument_type(value, key, "an integer");
+    const py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(value.ptr()));
+    if (!i) throw py::error_already_set();
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+    check_setting_range(overflow ? overflow * INFINITY : static_cast<double>(v), value, key, lo, hi);
+    if (overflow || v < static_cast<long long>(std::numeric_limits<T>::min()) ||
+        (v > 0 && static_cast<unsigned long long>(v) > static_cast<unsigned long long>(std::numeric_limits<T>::max())))
+      throw py::value_error(key + ": " + std::string(py::str(value)) + " is too large");
+    return static_cast<T>(v);
+  } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+    return cast_arg<T>(value, key, "a list of int such as [100, 200]");
+  } else {
+    static_assert(std::is_same_v<T, std::vector<std::string>>);
+    return cast_arg<T>(value, key, "a list of str such as ['" + std::string(key == "gate" ? "0.1=0" : "0.1") + "']");
+  }
+}
+template bool setting_value<bool>(const py::handle&, const std::string&, double, double);
+template int64_t setting_value<int64_t>(const py::handle&, const std::string&, double, double);
+template std::vector<int64_t> setting_value<std::vector<int64_t>>(const py::handle&, const std::string&, double, double);
+template std::vector<std::string> setting_value<std::vector<std::string>>(const py::handle&, const std::string&, double, double);
 
 namespace {
 
@@ -143,45 +203,10 @@ namespace {
 void set_setting(TrainFlagValues& v, const std::string& key, const py::handle& value) {
   const TrainSetting* s = find_train_setting(key);
   if (!s) throw py::type_error("unknown setting '" + key + "' (the names are the CLI's flags with _ for -, e.g. d_model)");
-  auto check_range = [&](double x) {  // worded as the command line words it
-    if (std::isnan(s->lo)) return;
-    const std::string problem = range_problem(x, std::string(py::str(value)), s->lo, s->hi);
-    if (!problem.empty()) throw py::value_error(key + ": " + problem);
-  };
   std::visit(
       [&](auto* field) {
         using T = std::remove_pointer_t<decltype(field)>;
-        if constexpr (std::is_same_v<T, bool>) {
-          if (!py::isinstance<py::bool_>(value)) throw py::type_error(key + ": expected True or False");
-          *field = value.cast<bool>();
-        } else if constexpr (std::is_same_v<T, std::string>) {
-          if (!py::isinstance<py::str>(value)) throw py::type_error(key + ": expected a string");
-          *field = value.cast<std::string>();
-        } else if constexpr (std::is_floating_point_v<T>) {
-          // any real number (NumPy scalars too), not text or a bool
-          auto not_a_number = [&] { return py::type_error(key + ": expected a number, got " + std::string(py::str(value.get_type()))); };
-          if (py::isinstance<py::str>(value) || py::isinstance<py::bool_>(value) || !PyNumber_Check(value.ptr())) throw not_a_number();
-          const double x = PyFloat_AsDouble(value.ptr());
-          if (x == -1.0 && PyErr_Occurred()) {
-            PyErr_Clear();
-            throw not_a_number();
-          }
-          check_range(x);
-          *field = x;
-        } else {
-          // an integer (NumPy's too, anything with __index__), not a bool
-          if (py::isinstance<py::bool_>(value) || !PyIndex_Check(value.ptr()))
-            throw py::type_error(key + ": expected an integer, got " + std::string(py::str(value.get_type())));
-          const py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(value.ptr()));
-          if (!i) throw py::error_already_set();
-          int overflow = 0;
-          const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
-          const double x = overflow ? overflow * INFINITY : static_cast<double>(v);
-          check_range(x);
-          if (overflow || v < std::numeric_limits<T>::min() || v > std::numeric_limits<T>::max())
-            throw py::value_error(key + ": " + std::string(py::str(value)) + " is too large");
-          *field = static_cast<T>(v);
-        }
+        *field = setting_value<T>(value, key, s->lo, s->hi);
         if constexpr (std::is_same_v<T, std::string>) {
           if (!s->choices.empty() && std::find(s->choices.begin(), s->choices.end(), *field) == s->choices.end()) {
             std::string list;
@@ -237,7 +262,10 @@ const std::vector<ConfigField>& config_fields() {
       {"d_mlp", "d_ff", "Feed-forward width; 0 = attention-only", [](const ModelConfig& c) -> py::object { return py::int_(c.d_ff); }},
       {"n_ctx", "max_seq_len", "Longest sequence (positions)", [](const ModelConfig& c) -> py::object { return py::int_(c.max_seq_len); }},
       {"norm", "", "pre or post LayerNorm", [](const ModelConfig& c) -> py::object { return py::str(to_string(c.norm)); }},
-      {"activation", "", "gelu_erf, gelu_tanh, relu, relu2 or silu", [](const ModelConfig& c) -> py::object { return py::str(to_string(c.activation)); }},
+      // a SwiGLU gate is silu whatever the field holds: said as what the model computes
+      {"activation", "", "gelu_erf, gelu_tanh, relu, relu2 or silu (mlp swiglu: silu)", [](const ModelConfig& c) -> py::object {
+         return py::str(c.mlp == Mlp::SwiGLU ? "silu" : to_string(c.activation));
+       }},
       {"positions", "", "learned, sinusoidal, rotary or none", [](const ModelConfig& c) -> py::object { return py::str(to_string(c.positions)); }},
       {"attn_bias", "", "Biases on W_Q, W_K, W_V, W_O", [](const ModelConfig& c) -> py::object { return py::bool_(c.attn_bias); }},
       {"mlp_bias", "", "Biases on the feed-forward layers", [](const ModelConfig& c) -> py::object { return py::bool_(c.mlp_bias); }},
@@ -349,12 +377,11 @@ ModelConfig model_config_from_kwargs(const py::dict& kwargs) {
   return c;
 }
 
-int threads_for_this_machine(int most) {
+int threads_for_this_machine(int most, bool quiet) {
   const ThreadChoice c = choose_threads(most);
-  if (!c.notice.empty()) {
-    const std::string text = c.notice + " (threads=" + std::to_string(most) + " to use them anyway)";
-    if (PyErr_WarnEx(PyExc_RuntimeWarning, text.c_str(), 1) != 0) throw py::error_already_set();  // warnings as errors
-  }
+  if (!c.notice.empty() && !quiet)
+    py::module_::import("headlab.progress").attr("notice")("headlab: " + c.notice + " (threads=" + std::to_string(most) +
+                                                           " to use them anyway)");
   return c.threads;
 }
 

@@ -12,6 +12,7 @@
 
 #include "analysis/decompose.h"
 #include "analysis/evaluate.h"
+#include "lib/ops.h"
 #include "datasets/tokenizer.h"
 #include "lib/fileutil.h"
 #include "lib/safetensors.h"
@@ -57,7 +58,17 @@ Hooks hooks_from(const ModelConfig& cfg, const std::vector<std::pair<std::string
       // An exception the hook raises (KeyboardInterrupt and SystemExit included) reaches the
       // caller as itself: error_already_set carries it through the C++ frames.
       try {
-        r = wants_tensor(fn->fn) ? fn->fn(x, n) : fn->fn(view_of(x, /*writeable=*/false), n);
+        if (wants_tensor(fn->fn)) {
+          // a copy in the graph: an edit in place cannot reach the activation the model, the
+          // cache and autograd keep, and one that returns nothing is said, not silently dropped
+          const Tensor given = mul_scalar(x, 1.f);
+          r = fn->fn(given, n);
+          if (r.is_none() && std::memcmp(given.data(), x.data(), static_cast<size_t>(x.numel()) * sizeof(float)) != 0)
+            throw py::value_error("hook at " + n + ": the activation was edited in place; return the edited tensor (or an "
+                                  "expression of x such as x * mask) to replace it");
+        } else {
+          r = fn->fn(view_of(x, /*writeable=*/false), n);
+        }
       } catch (py::error_already_set& e) {
         // NumPy's "assignment destination is read-only" does not say what to do instead
         if (e.matches(PyExc_ValueError) && std::string(e.what()).find("read-only") != std::string::npos)

@@ -25,28 +25,31 @@ Ids token_ids(const py::object& obj, const char* name, const std::string& what, 
   return ids;
 }
 
-// loss_mask (N, T) of bool, uint8, integers or floats (0 = not counted) as floats.
-std::vector<float> loss_mask_from(const py::object& obj, const Ids& ids, const std::string& what) {
+// A mask (N, T) of bool, uint8, integers or floats as floats: loss_mask (0 = not counted) or
+// attention_mask (1 = token, 0 = padding), `name` in the messages.
+std::vector<float> mask_from(const py::object& obj, const Ids& ids, const std::string& what, const std::string& name = "loss_mask") {
+  const std::string meaning = name == "loss_mask" ? "0 = not counted" : "1 = token, 0 = padding";
   py::array m = py::array::ensure(obj);
-  if (!m) throw py::type_error(what + ": loss_mask must be an array");
+  if (!m) throw py::type_error(what + ": " + name + " must be an array");
   if (m.ndim() != 2 || m.shape(0) != ids.shape[0] || m.shape(1) != ids.shape[1])
-    throw py::value_error(what + ": loss_mask has shape " + shape_text(m) + " but input_ids is (" +
+    throw py::value_error(what + ": " + name + " has shape " + shape_text(m) + " but input_ids is (" +
                           std::to_string(ids.shape[0]) + ", " + std::to_string(ids.shape[1]) + ")");
-  const char kind = m.dtype().kind();  // bool, integers or floats: 0 = not counted
+  const char kind = m.dtype().kind();
   if (kind != 'b' && kind != 'i' && kind != 'u' && kind != 'f')
-    throw py::type_error(what + ": loss_mask must be bool, integer or float (0 = not counted), got dtype " +
+    throw py::type_error(what + ": " + name + " must be bool, integer or float (" + meaning + "), got dtype " +
                          std::string(py::str(m.dtype())));
-  check_copy_fits(m, 2 * sizeof(float), what + ": loss_mask");
+  check_copy_fits(m, 2 * sizeof(float), what + ": " + name);
   const auto f = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(m);
-  if (!f) throw py::type_error(what + ": cannot convert loss_mask of dtype " + std::string(py::str(m.dtype())) + " to float32");
+  if (!f) throw py::type_error(what + ": cannot convert " + name + " of dtype " + std::string(py::str(m.dtype())) + " to float32");
   std::vector<float> mask(f.data(), f.data() + f.size());
   for (float v : mask)
-    if (std::isnan(v)) throw py::value_error(what + ": loss_mask holds NaN (0 = not counted, anything else counts)");
+    if (std::isnan(v)) throw py::value_error(what + ": " + name + " holds NaN (" + meaning + ")");
   return mask;
 }
 
 // The arrays of hl.Batches and of a Trainer's data: an input_ids array, or a dict with
-// input_ids and optional targets, loss_mask and prompt_len (a batch dict of Task.sample fits).
+// input_ids and optional targets, loss_mask, attention_mask and prompt_len (a batch dict of
+// Task.sample fits).
 struct UserArrays {
   TokenArrays tokens;
   py::object prompt_len = py::none();
@@ -60,20 +63,28 @@ UserArrays user_arrays(const py::object& obj, const std::string& what) {
   py::dict d = obj;
   for (auto& [k, v] : d) {
     const std::string key = py::str(k);
-    if (key != "input_ids" && key != "targets" && key != "loss_mask" && key != "prompt_len")
+    if (key != "input_ids" && key != "targets" && key != "loss_mask" && key != "attention_mask" && key != "prompt_len")
       throw py::value_error(what + ": unknown key '" + key + "' (a dict of arrays holds input_ids, optional targets, "
-                            "loss_mask and prompt_len)");
+                            "loss_mask, attention_mask and prompt_len)");
   }
   if (!d.contains("input_ids")) throw py::value_error(what + ": a dict of arrays needs 'input_ids' (N, T)");
   TokenArrays& t = u.tokens;
   t.input_ids = ids_from(d["input_ids"], "input_ids");
   if (d.contains("targets") && !d["targets"].is_none()) t.targets = token_ids(d["targets"], "targets", what, &t.input_ids);
-  if (d.contains("loss_mask") && !d["loss_mask"].is_none()) t.loss_mask = loss_mask_from(d["loss_mask"], t.input_ids, what);
+  if (d.contains("loss_mask") && !d["loss_mask"].is_none()) t.loss_mask = mask_from(d["loss_mask"], t.input_ids, what);
+  if (d.contains("attention_mask") && !d["attention_mask"].is_none())
+    t.attention_mask = mask_from(d["attention_mask"], t.input_ids, what, "attention_mask");
   if (d.contains("prompt_len")) u.prompt_len = d["prompt_len"];
   return u;
 }
 
-TokenArrays token_arrays(const py::object& obj, const std::string& what) { return user_arrays(obj, what).tokens; }
+// Training data: rows of one length (a padded row would train on its padding).
+TokenArrays token_arrays(const py::object& obj, const std::string& what) {
+  TokenArrays t = user_arrays(obj, what).tokens;
+  if (!t.attention_mask.empty())
+    throw py::value_error(what + ": attention_mask: training rows are not padded (give loss_mask 0 where a row has no target)");
+  return t;
+}
 
 // A task from keywords; data/eval_data may be arrays or dicts of arrays (tokens without a file).
 std::unique_ptr<Task> task_from(TrainArgs& a, const py::object& data, const py::object& eval_data) {
@@ -111,31 +122,20 @@ struct PyTrainer {
   std::vector<std::string> notices;  // plan_run's and the snapshots', for Trainer to show
 };
 
-// A keyword of the run-control table (out=, fork=, gate=[...]) into its field, with a TypeError
-// naming it when the value has the wrong type; plan_run checks ranges and combinations.
+// A keyword of the run-control table (out=, fork=, gate=[...]) into its field through the one
+// converter of settings (a run's texts are paths); plan_run checks ranges and combinations.
 void set_run_setting(RunRequest& r, const RunSetting& s, const py::handle& value) {
   const std::string key = s.name();
   std::visit(
       [&](auto* field) {
         using T = std::remove_pointer_t<decltype(field)>;
-        if constexpr (std::is_same_v<T, bool>) {
-          if (!py::isinstance<py::bool_>(value)) throw py::type_error(key + ": expected True or False");
-          *field = value.cast<bool>();
-        } else if constexpr (std::is_same_v<T, std::string>) {
-          *field = path_from(value, key);
-        } else if constexpr (std::is_same_v<T, int64_t>) {
-          if (py::isinstance<py::bool_>(value)) wrong_argument_type(value, key, "an integer");
-          *field = cast_arg<int64_t>(value, key, "an integer");
-        } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
-          *field = cast_arg<T>(value, key, "a list of int such as [100, 200]");
-        } else {
-          *field = cast_arg<T>(value, key, std::string("a list of str such as ['") + (key == "gate" ? "0.1=0" : "0.1") + "']");
-        }
+        if constexpr (std::is_same_v<T, std::string>) *field = path_from(value, key);
+        else *field = setting_value<T>(value, key);
       },
       s.field(r));
 }
 
-py::dict run_trainer(Trainer& t, const py::object& on_step, const py::object& on_eval) {
+py::object run_trainer(Trainer& t, const py::object& on_step, const py::object& on_eval) {
   if (t.has_run()) throw py::value_error("Trainer: run() was already called; make a new Trainer (resume=True continues a run)");
   TrainObserver obs;
   PendingSignal pending;  // Ctrl-C noticed at a step: the trainer stops after that step's checkpoint
@@ -155,8 +155,7 @@ py::dict run_trainer(Trainer& t, const py::object& on_step, const py::object& on
   obs.on_eval = [&](int64_t step, const EvalResult& e) {
     if (on_eval.is_none()) return;
     py::gil_scoped_acquire gil;
-    py::dict d = eval_dict(e);
-    call(on_eval, step, d);
+    call(on_eval, step, eval_result(e));
   };
   // the gradient atlas (log_grads, dump_grads_at), written into out as the command line writes it
   std::unique_ptr<GradAtlas> atlas;
@@ -187,7 +186,7 @@ py::dict run_trainer(Trainer& t, const py::object& on_step, const py::object& on
   }
   if (!t.args().out.empty()) write_summary(t.args().out, t.args(), r);
   py::dict d;
-  d["final_eval"] = eval_dict(r.final_eval);
+  d["final_eval"] = eval_result(r.final_eval);
   d["steps"] = r.steps;
   d["wall_s"] = r.wall_s;
   d["train_s"] = r.train_s;
@@ -196,26 +195,27 @@ py::dict run_trainer(Trainer& t, const py::object& on_step, const py::object& on
   d["first_step_99"] = r.first_step_99;
   py::list curve;
   for (auto& [s, e] : r.curve) {
-    py::dict row = eval_dict(e);
+    py::dict row = eval_fields(e);
     row["step"] = s;
-    curve.append(row);
+    curve.append(typed_result("EvalResult", row));
   }
   d["curve"] = curve;
-  return d;
+  return typed_result("TrainResult", d);
 }
 
 }  // namespace
 
 PyData batches_from(const py::object& input_ids, const py::object& targets, const py::object& loss_mask,
-                    const py::object& batch_size, const py::object& prompt_len) {
+                    const py::object& batch_size, const py::object& prompt_len, const py::object& attention_mask) {
   const std::string what = "Batches";
   UserArrays u = user_arrays(input_ids, what);
   if (py::isinstance<py::dict>(input_ids)) {
-    if (!targets.is_none() || !loss_mask.is_none())
-      throw py::value_error(what + ": give targets and loss_mask inside the dict or as arguments, not both");
+    if (!targets.is_none() || !loss_mask.is_none() || !attention_mask.is_none())
+      throw py::value_error(what + ": give targets, loss_mask and attention_mask inside the dict or as arguments, not both");
   } else {
     if (!targets.is_none()) u.tokens.targets = token_ids(targets, "targets", what, &u.tokens.input_ids);
-    if (!loss_mask.is_none()) u.tokens.loss_mask = loss_mask_from(loss_mask, u.tokens.input_ids, what);
+    if (!loss_mask.is_none()) u.tokens.loss_mask = mask_from(loss_mask, u.tokens.input_ids, what);
+    if (!attention_mask.is_none()) u.tokens.attention_mask = mask_from(attention_mask, u.tokens.input_ids, what, "attention_mask");
   }
   if (!prompt_len.is_none()) {
     if (!u.prompt_len.is_none()) throw py::value_error(what + ": give prompt_len inside the dict or as an argument, not both");
@@ -253,14 +253,16 @@ void bind_tasks(py::module_& m) {
   // ---- tasks --------------------------------------------------------------------------------
   py::class_<PyData>(m, "Batches", "Batches of held-out rows: a task's (Task.held_out), a probe's, or your arrays")
       .def(py::init([](const py::object& input_ids, const py::object& targets, const py::object& loss_mask,
-                       const py::object& batch_size, const py::object& prompt_len) {
-             return batches_from(input_ids, targets, loss_mask, batch_size, prompt_len);
+                       const py::object& batch_size, const py::object& prompt_len, const py::object& attention_mask) {
+             return batches_from(input_ids, targets, loss_mask, batch_size, prompt_len, attention_mask);
            }),
            py::arg("input_ids"), py::arg("targets") = py::none(), py::arg("loss_mask") = py::none(),
-           py::arg("batch_size") = py::none(), py::arg("prompt_len") = py::none(),
-           "Batches(input_ids (N, T), targets=None, loss_mask=None, batch_size=128, prompt_len=None), or "
+           py::arg("batch_size") = py::none(), py::arg("prompt_len") = py::none(), py::arg("attention_mask") = py::none(),
+           "Batches(input_ids (N, T), targets=None, loss_mask=None, batch_size=128, prompt_len=None, attention_mask=None), or "
            "Batches({'input_ids': ..., 'targets': ..., 'loss_mask': ...}): rows by the tokens task's rule "
-           "(targets -1 = not counted; without targets position t predicts input t+1; loss_mask 0 = not counted)")
+           "(targets -1 = not counted; without targets position t predicts input t+1; loss_mask 0 = not counted). "
+           "attention_mask (1 = token, 0 = padding): rows of different lengths padded on the right, each analysed as "
+           "the row alone (padding neither attended to nor counted)")
       .def_property_readonly("rows", [](const PyData& d) {
         int64_t n = 0;
         for (const Batch& b : d.batches) n += b.size();
@@ -371,7 +373,7 @@ void bind_training(py::module_& m) {
           py::gil_scoped_release release;
           e = t.trainer->evaluate_held_out(ar);
         }
-        return eval_dict(e);
+        return eval_result(e);
       }, py::arg("autoregressive") = false)
       .def("save", [](PyTrainer& t, const PathArg& p) {
         save_checkpoint(p.path, t.trainer->model(), {}, {{"task", t.trainer->args().task.to_json()}});

@@ -203,6 +203,8 @@ refused "prune --out TRAINRUN: refused naming the directory and that it holds a 
   'aaa.*train|train.*aaa' "" -- "$HL" prune --checkpoint "$M" --random-seeds 1 --quiet --out "$T/aaa"
 refused "train --out PRUNEDIR: refused naming the directory and that it holds pruning results" 60 \
   'bbb.*prun|prun.*bbb' "" -- "$HL" train $small --steps 5 --out "$T/bbb"
+refused "train --mlp swiglu --activation relu: refused naming both flags (the gate is silu)" 20 \
+  '--mlp swiglu;;--activation relu;;silu' "" -- "$HL" train $small --mlp swiglu --activation relu --steps 2 --out "$T/o_swiglu"
 run 60 "$HL" prune --checkpoint "$M" --method l0 --target-heads 100 --quiet --out "$T/o_target"
 if [ "$rc" -ge 1 ] && [ "$rc" -lt 124 ] && grep -q -- '--target-heads' "$T/err" && [ ! -e "$T/o_target/prune_settings.json" ]; then
   ok "refused prune --target-heads 100 (2 heads) leaves no prune_settings.json"

@@ -281,6 +281,10 @@ TrainArgs resolve_train_flags(const TrainFlagValues& given_values, const std::fu
   a.model.positions = parse_positions(v.positions);
   a.model.normalization = parse_normalization(v.normalization);
   a.model.mlp = parse_mlp(v.mlp);
+  // a SwiGLU gate is silu whatever --activation says: another one given would be ignored
+  if (a.model.mlp == Mlp::SwiGLU && given("--activation") && a.model.activation != Activation::Silu)
+    fail("--mlp swiglu: its gate is silu, so --activation ", v.activation, " would be ignored (leave --activation out, or "
+         "--mlp geglu for a gelu gate)");
   return a;
 }
 

@@ -49,14 +49,39 @@ std::string script_safe(const std::string& s) {
   return out;
 }
 
-// The page with its data in the script element "headlab-data".
+// What both pages' scripts use: $(id), el(tag, attrs, text) (an element with attributes and
+// text), and fit_frame(), called once the page is built: inline in a notebook
+// (python/headlab/views.py's iframe) the host page learns the page's height, so that the frame
+// fits its content instead of clipping it; standalone (no parent) it does nothing.
+constexpr std::string_view kPageHelpers = R"JS(const $ = id => document.getElementById(id);
+function el(tag, attrs, text) {
+  const e = document.createElement(tag);
+  for (const k in (attrs || {})) e.setAttribute(k, attrs[k]);
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+function post_height() {
+  if (window.parent !== window)
+    window.parent.postMessage({ headlab_height: Math.ceil(document.body.getBoundingClientRect().bottom) + 16 }, "*");
+}
+function fit_frame() {
+  post_height();
+  if (window.ResizeObserver) new ResizeObserver(post_height).observe(document.body);
+})JS";
+
+// Replaces the page's one `marker` with `text`.
+void splice(std::string& page, const std::string& marker, const std::string& text) {
+  const size_t at = page.find(marker);
+  if (at == std::string::npos) fail("views: the page template has no ", marker, " marker (a build problem)");
+  page.replace(at, marker.size(), text);
+}
+
+// The page with its helpers and its data in the script element "headlab-data".
 std::string fill(std::string_view page_template, const json& data) {
   std::string page(page_template);
-  const std::string marker = "/*HEADLAB_DATA*/";
-  const size_t at = page.find(marker);
-  if (at == std::string::npos) fail("views: the page template has no data marker (a build problem)");
+  splice(page, "/*HEADLAB_PAGE_HELPERS*/", std::string(kPageHelpers));
   // NaN and infinities are not JSON: the pages read null as "no value"
-  page.replace(at, marker.size(), script_safe(data.dump(-1, ' ', false, json::error_handler_t::replace)));
+  splice(page, "/*HEADLAB_DATA*/", script_safe(data.dump(-1, ' ', false, json::error_handler_t::replace)));
   return page;
 }
 

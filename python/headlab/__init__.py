@@ -28,6 +28,11 @@ from . import lens as _lens  # noqa: F401  (hooks(), to_tokens, to_str_tokens, t
 from .factored import FactoredMatrix  # noqa: F401
 from .lens import tensor_hook  # noqa: F401
 from .progress import Progress, notice
+from .results import (  # noqa: F401
+    AblationResult, CompositionBaseline, CompositionScores, EdgeResult, EvalResult, HeadAnalysis, HeadGradientNorms,
+    HeadMatch, HeadStats, KnockoutResult, PatchingInputs, PatchingResult, PathPatchingResult, PruneCurve, Result,
+    ScoresOverTraining, TrainResult,
+)
 from .views import View, grid_view, token_view, view  # noqa: F401
 
 __all__ = [
@@ -45,6 +50,9 @@ __all__ = [
     "FactoredMatrix", "tensor_hook", "head_analyses",
     "SAE", "train_sae",
     "precision",
+    "Result", "AblationResult", "CompositionBaseline", "CompositionScores", "EdgeResult", "EvalResult", "HeadAnalysis",
+    "HeadGradientNorms", "HeadMatch", "HeadStats", "KnockoutResult", "PatchingInputs", "PatchingResult",
+    "PathPatchingResult", "PruneCurve", "ScoresOverTraining", "TrainResult",
 ]
 
 
@@ -87,6 +95,7 @@ class Trainer:
 
     def __init__(self, quiet=False, **settings):
         self._quiet = bool(quiet)
+        self._logged = settings.get("out") is not None  # evaluations go to out/metrics.jsonl
         self._t = _core._Trainer(**settings)
         if not self._quiet:  # what the run plan chose, as `headlab train` says it up front
             for line in self._t.notices:
@@ -104,7 +113,7 @@ class Trainer:
         return self._t.snapshot_plan
 
     def run(self, callback=None, progress=None):
-        """Trains to ``steps``; returns a dict (final_eval, curve, steps, wall_s, ...).
+        """Trains to ``steps``; returns a :class:`TrainResult` (final_eval, curve, steps, wall_s, ...).
 
         ``callback(step, total, loss, tokens_per_s)`` is called after every step. ``progress``
         (default: not ``quiet``): in a Jupyter cell a bar updated in place, on a terminal a
@@ -112,7 +121,8 @@ class Trainer:
         at the next step with the checkpoint written (when ``out`` is set) and raises
         KeyboardInterrupt; ``resume=True`` continues.
         """
-        bar = Progress(self._t.args["steps"], not self._quiet if progress is None else progress)
+        bar = Progress(self._t.args["steps"], not self._quiet if progress is None else progress,
+                       logged=self._logged)
 
         def on_step(step, total, loss, tps):
             bar.step(step, total, loss, tps)
@@ -164,7 +174,7 @@ def train(callback=None, progress=True, **settings):
 
 def scores_over_training(run, analysis="detect", examples=None, seed=1234, data="probe", length=0, bos=None,
                          exclude_bos=False, exclude_current_token=False, normalize=False, task="copy", threads=None,
-                         corrupt="source", out=None):
+                         corrupt="source", out=None, quiet=False):
     """Each head's scores of ``analysis`` at every snapshot of ``run`` and at its final checkpoint, on the same
     inputs at each step: what ``headlab ANALYSIS --run RUN`` writes, without a loop of your own.
 
@@ -173,16 +183,18 @@ def scores_over_training(run, analysis="detect", examples=None, seed=1234, data=
     score into the head from the layer before; NaN in layer 0). ``examples`` defaults to the command's (detect,
     dla 200, patch 64, importance prune's --eval-size); ``seed``, ``data``, ``length``, ``bos``, ``exclude_bos``,
     ``exclude_current_token`` as detect's flags; ``normalize`` as prune's; ``corrupt`` as patch's
-    (``"source"`` or ``"previous"``). Returns a dict: ``steps`` (S,),
+    (``"source"`` or ``"previous"``). Returns a :class:`ScoresOverTraining`: ``steps`` (S,),
     ``checkpoints`` (the file read at each step) and ``scores``: {name: array (S, layers, heads)}.
     ``out``: a directory to write ``ANALYSIS_over_training.csv`` and ``.json`` into, as the command does, or
     ``True`` for ``RUN/over_training/ANALYSIS``, where ``headlab view RUN``'s over-training panel reads them
-    (the dict then has ``out``). ``head_analyses()`` lists the analyses, their scores and defaults.
+    (the result then has ``out``). ``head_analyses()`` lists the analyses, their scores and defaults.
     A run keeps snapshots when trained with ``snapshot_every`` / ``snapshot_at``. ``threads`` defaults to 2, fewer
-    when other processes keep cores busy (said as a RuntimeWarning).
+    when other processes keep cores busy, said as :class:`Trainer` says it (a line on stderr, in a notebook the
+    cell's output) unless ``quiet``.
     """
     return _core._scores_over_training(str(run), analysis, examples, seed, data, length, -1 if bos is None else bos,
-                                       exclude_bos, exclude_current_token, normalize, task, threads, corrupt, out)
+                                       exclude_bos, exclude_current_token, normalize, task, threads, corrupt, out,
+                                       bool(quiet))
 
 
 def ablate(model, data, hook, head=None, kind="zero", positions=None, mean_data=None, per_position=False, seed=0,
@@ -192,7 +204,7 @@ def ablate(model, data, hook, head=None, kind="zero", positions=None, mean_data=
     ``kind``: ``"zero"``, ``"mean"`` (the mean over ``mean_data``, default ``data``; per position with
     ``per_position=True``, else over every position) or ``"resample"`` (example i takes example
     ``permutation[i]``'s activation; by default a random cycle from ``seed``). ``head``: one head of a
-    hook with a head axis (None: all); ``positions``: a list (None: all). Returns a dict: ``clean_loss``,
+    hook with a head axis (None: all); ``positions``: a list (None: all). Returns a :class:`KnockoutResult`: ``clean_loss``,
     ``ablated_loss``, ``clean_token_acc``, ``ablated_token_acc`` (floats, over every counted target),
     ``clean_losses``, ``ablated_losses``, ``clean_accs``, ``ablated_accs``, ``counted`` (arrays (N,), per
     example), ``ci95`` (95% bootstrap intervals (lo, hi), including the differences ``d_loss`` and

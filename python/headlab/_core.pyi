@@ -42,8 +42,8 @@ class ActivationCache:
 
 class Batches:
     """Batches of held-out rows: a task's (Task.held_out), a probe's, or your arrays"""
-    def __init__(self, input_ids: object, targets: object = ..., loss_mask: object = ..., batch_size: object = ..., prompt_len: object = ...) -> None:
-        """Batches(input_ids (N, T), targets=None, loss_mask=None, batch_size=128, prompt_len=None), or Batches({'input_ids': ..., 'targets': ..., 'loss_mask': ...}): rows by the tokens task's rule (targets -1 = not counted; without targets position t predicts input t+1; loss_mask 0 = not counted)"""
+    def __init__(self, input_ids: object, targets: object = ..., loss_mask: object = ..., batch_size: object = ..., prompt_len: object = ..., attention_mask: object = ...) -> None:
+        """Batches(input_ids (N, T), targets=None, loss_mask=None, batch_size=128, prompt_len=None, attention_mask=None), or Batches({'input_ids': ..., 'targets': ..., 'loss_mask': ...}): rows by the tokens task's rule (targets -1 = not counted; without targets position t predicts input t+1; loss_mask 0 = not counted). attention_mask (1 = token, 0 = padding): rows of different lengths padded on the right, each analysed as the row alone (padding neither attended to nor counted)"""
     @property
     def rows(self) -> int:
         """Rows over all batches"""
@@ -97,7 +97,7 @@ ModelConfig(**cfg.to_dict()) gives cfg back."""
         """pre or post LayerNorm"""
     @property
     def activation(self) -> object:
-        """gelu_erf, gelu_tanh, relu, relu2 or silu"""
+        """gelu_erf, gelu_tanh, relu, relu2 or silu (mlp swiglu: silu)"""
     @property
     def positions(self) -> object:
         """learned, sinusoidal, rotary or none"""
@@ -183,43 +183,6 @@ ModelConfig(**cfg.to_dict()) gives cfg back."""
 class NonFiniteError(FloatingPointError):
     """A NaN or Inf where a finite value is needed (a loss, a weight)"""
 
-class SAE:
-    """A sparse autoencoder in SAELens's layout: W_enc (d_in, d_sae), b_enc, W_dec (d_sae, d_in),
-b_dec, and for JumpReLU its thresholds. encode(x) = act((x - b_dec) W_enc + b_enc), decode(f) = f W_dec + b_dec."""
-    @property
-    def d_in(self) -> int:
-        """Input width (a hook point's values per token)"""
-    @property
-    def d_sae(self) -> int:
-        """Number of features"""
-    @property
-    def architecture(self) -> str:
-        """standard, topk, batchtopk or jumprelu"""
-    @property
-    def hook_name(self) -> str:
-        """The hook point it reads"""
-    @property
-    def W_enc(self) -> numpy.ndarray:
-        """(d_in, d_sae), read-only view"""
-    @property
-    def W_dec(self) -> numpy.ndarray:
-        """(d_sae, d_in), read-only view: the rows are the features' directions"""
-    @property
-    def b_enc(self) -> numpy.ndarray:
-        """(d_sae), read-only view"""
-    @property
-    def b_dec(self) -> numpy.ndarray:
-        """(d_in), read-only view"""
-    def encode(self, x: numpy.ndarray) -> numpy.ndarray:
-        """Feature activations (N, d_sae) of activations x (N, d_in)"""
-    def decode(self, f: numpy.ndarray) -> numpy.ndarray:
-        """Reconstruction (N, d_in) of feature activations f (N, d_sae)"""
-    def save(self, dir: str | os.PathLike) -> None:
-        """Writes dir/cfg.json and dir/sae_weights.safetensors in SAELens's layout"""
-    @staticmethod
-    def load(dir: str | os.PathLike) -> SAE:
-        """Reads an SAE saved by save() or by SAELens (standard, topk, jumprelu; cfg.json + sae_weights.safetensors)"""
-
 class Task:
     """A task of the command line (copy, varcopy, induction, text, tokens, ...): its data and vocabulary"""
     def __init__(self, name: str = ..., **kwargs: Any) -> None:
@@ -296,27 +259,22 @@ class Tensor:
         """The mean of every element (a one-element tensor)"""
 
 class Tokenizer:
-    """A BPE tokenizer giving the same ids as Hugging Face's tokenizers: a tokenizer.json (GPT-NeoX/Pythia, Qwen2/3, SmolLM2, Llama 2/3, Gemma) or GPT-2's files."""
+    """GPT-2's byte-level BPE tokenizer: the same ids as OpenAI's encoder and Hugging Face's GPT2Tokenizer."""
     @staticmethod
     def load(dir: str | os.PathLike) -> Tokenizer:
-        """From a directory with tokenizer.json (and tokenizer_config.json), vocab.json + merges.txt (Hugging Face's GPT-2) or encoder.json + vocab.bpe (OpenAI)."""
-    def encode(self, text: object, add_special_tokens: bool = ...) -> List[int]:
-        """The token ids of text (str, or UTF-8 bytes) as a list of int; special tokens such as '<|endoftext|>' are one id each. add_special_tokens: the BOS/EOS the tokenizer's files add around a text (as Hugging Face's encode)."""
-    def decode(self, ids: object, skip_special_tokens: bool = ...) -> str:
-        """The text of ids (str) through the tokenizer's decoder; bytes that are no whole character become U+FFFD."""
-    def decode_bytes(self, ids: object, skip_special_tokens: bool = ...) -> bytes:
-        """The exact bytes of ids through the tokenizer's decoder."""
+        """From a directory with vocab.json + merges.txt (Hugging Face) or encoder.json + vocab.bpe (OpenAI)."""
+    def encode(self, text: object) -> List[int]:
+        """The token ids of text (str, or UTF-8 bytes) as a list of int; '<|endoftext|>' is one id."""
+    def decode(self, ids: object) -> str:
+        """The text of ids (str); bytes that are no whole character become U+FFFD."""
+    def decode_bytes(self, ids: object) -> bytes:
+        """The exact bytes of ids."""
     @property
     def vocab_size(self) -> int:
         """How many tokens it has"""
     @property
     def special_tokens(self) -> List[str]:
-        """Its special tokens' texts, e.g. <|endoftext|>, <s>"""
-    @property
-    def bos_token_id(self) -> object:
-        """The id a text starts with under prepend_bos (GPT-2: <|endoftext|>; tokenizer.json: its post-processor's or tokenizer_config.json's bos_token), or None"""
-    def token_to_id(self, token: str) -> object:
-        """The id of a vocabulary entry as written in the files (e.g. 'Ġworld', '▁world'), or None"""
+        """Its special tokens' texts, e.g. <|endoftext|>"""
     def token_text(self, id: int) -> str:
         """The token's text for display (control characters and partial characters escaped, e.g. '\\\\n', '\\\\xf0')."""
     def __len__(self) -> int:
@@ -339,7 +297,7 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
         """A model of this config, initialised from seed"""
     @staticmethod
     def load(path: str | os.PathLike) -> object:
-        """A model from a headlab checkpoint (safetensors) or a Hugging Face model directory (with its tokenizer files, tokenizer.json or GPT-2's: model.tokenizer)"""
+        """A model from a headlab checkpoint (safetensors) or a Hugging Face GPT-2 directory (with its tokenizer files: model.tokenizer)"""
     def save(self, path: str | os.PathLike) -> None:
         """Writes a checkpoint the CLI reads (atomic)"""
     def load_parameters(self, path: str | os.PathLike) -> None:
@@ -431,15 +389,14 @@ before stay); ``reset_hooks_end=False`` keeps them until ``model.reset_hooks()``
     def to_tokens(self, input: Any, prepend_bos: Any = ..., padding_side: Any = ...) -> Any:
         """Token ids (1, T) of a string, or (B, T) of a list of strings.
 
-``prepend_bos``: None = the tokenizer's BOS first when it has one (``tok.bos_token_id``: GPT-2's
-``<|endoftext|>`` as TransformerLens does, a tokenizer.json's ``<s>`` or ``<|begin_of_text|>``),
-none for a byte-level model; True requires that token.
+``prepend_bos``: None = the tokenizer's ``<|endoftext|>`` first when it has one (GPT-2, as
+TransformerLens does), none for a byte-level model; True requires that token.
 
 ``padding_side``: None = the texts must have one token length; ``"right"`` or ``"left"`` pads
 the shorter ones on that side and returns ``(ids, attention_mask)`` (1 = token, 0 = padding)
 for ``model(ids, attention_mask=mask)``. TransformerLens derives the mask from a pad token in
 the forward; headlab returns it, since a byte-level model has no token free for padding.
-Padding is the BOS token when the tokenizer has one, else id 0 (never attended to)."""
+Padding is ``<|endoftext|>`` when the tokenizer has it, else id 0 (never attended to)."""
     def to_string(self, tokens: Any) -> Any:
         """The text of token ids: a str for (T) ids, a list of str for (B, T)."""
     def to_str_tokens(self, input: Any, prepend_bos: Any = ...) -> Any:
@@ -461,20 +418,20 @@ def activation_patching(model: TransformerLM, task: object = ..., data: object =
 def activation_patching(model: TransformerLM, clean: object, corrupted: object, hook: str = ..., axes: List[str] = ..., answers: object = ..., metric: object = ...) -> numpy.ndarray:
     ...
 
-def attention_statistics(model: TransformerLM, data: object) -> dict:
-    """Per head (L, H), over non-padding queries: entropy, entropy_norm, confidence, argmax_distance"""
+def attention_statistics(model: TransformerLM, data: object) -> object:
+    """A HeadStats: per head (L, H), over non-padding queries, entropy, entropy_norm, confidence, argmax_distance"""
 
-def composition_baseline(config: ModelConfig, models: int = ..., seed: int = ...) -> dict:
-    """What composition scores random weights of config's shapes get: per kind (q, k, v) the mean and the 2.5th and 97.5th percentiles (lo, hi) over the head pairs of `models` random 2-layer models"""
+def composition_baseline(config: ModelConfig, models: int = ..., seed: int = ...) -> object:
+    """A CompositionBaseline: what composition scores random weights of config's shapes get: per kind (q, k, v) the mean and the 2.5th and 97.5th percentiles (lo, hi) over the head pairs of `models` random 2-layer models"""
 
-def composition_scores(model: TransformerLM, layer_a: int, layer_b: int) -> dict:
-    """Q/K/V composition [head of layer_a][head of layer_b]"""
+def composition_scores(model: TransformerLM, layer_a: int, layer_b: int) -> object:
+    """A CompositionScores: Q/K/V composition, q, k, v [head of layer_a][head of layer_b]"""
 
 def copying_score(model: TransformerLM, layer: int, head: int) -> float:
     """Re(sum of the OV circuit's eigenvalues) / sum of their |.|: 1 copies, -1 suppresses (Elhage et al. 2021)"""
 
-def corrupt_one_symbol(task: Task, data: Batches, seed: int = ..., corrupt: str = ...) -> dict:
-    """The patching inputs activation_patching(model, task, data) makes from the first batch: clean and corrupted ids (R, T), answers (R, 4) of (row, pos, clean token, corrupted token), source_pos (R): the position changed. corrupt='source' changes the answer's earlier occurrence, 'previous' the token before it (which the answer follows)"""
+def corrupt_one_symbol(task: Task, data: Batches, seed: int = ..., corrupt: str = ...) -> object:
+    """A PatchingInputs: the patching inputs activation_patching(model, task, data) makes from the first batch: clean and corrupted ids (R, T), answers (R, 4) of (row, pos, clean token, corrupted token), source_pos (R): the position changed. corrupt='source' changes the answer's earlier occurrence, 'previous' the token before it (which the answer follows)"""
 
 def cross_entropy(logits: Tensor, targets: object) -> Tensor:
     """Mean cross-entropy of (B, T, V) logits over targets != -1"""
@@ -482,11 +439,11 @@ def cross_entropy(logits: Tensor, targets: object) -> Tensor:
 def detect_heads(model: TransformerLM, data: object, kind: str = ..., exclude_bos: bool = ..., exclude_current_token: bool = ...) -> numpy.ndarray:
     """TransformerLens-style detector scores (L, H): previous_token, duplicate_token or induction"""
 
-def edge_patching(model: TransformerLM, clean: object, corrupted: object, *, answers: object, method: str = ..., ig_steps: int = ..., ig_interpolate: str = ..., acdc_threshold: float = ..., acdc_score: str = ...) -> dict:
-    """Exact edge patching and edge attribution of every edge (as headlab edges): senders and receivers (names, in edge order), exact, attribution and linearisation_error (attribution - exact) arrays, clean_metric and corrupted_metric (mean logit difference of the answers (row, pos, clean token, corrupted token)). method='eap-ig' (ig_steps, ig_interpolate 'inputs' or 'activations') or 'acdc' (acdc_threshold, acdc_score 'metric' or 'kl') adds that method's scores under its name (acdc: also 'circuit', the kept edges), as headlab edges --method"""
+def edge_patching(model: TransformerLM, clean: object, corrupted: object, *, answers: object) -> object:
+    """An EdgeResult: exact edge patching and edge attribution of every edge (as headlab edges), senders and receivers (names, in edge order), exact, attribution and linearisation_error (attribution - exact) arrays, clean_metric and corrupted_metric (mean logit difference of the answers (row, pos, clean token, corrupted token))"""
 
-def evaluate(model: TransformerLM, task: object = ..., data: object = ..., autoregressive: bool = ...) -> dict:
-    """Held-out loss, token_acc, exact_match (and ar_exact_match with autoregressive=True) over the data's counted targets"""
+def evaluate(model: TransformerLM, task: object = ..., data: object = ..., autoregressive: bool = ...) -> object:
+    """An EvalResult: held-out loss, token_acc, exact_match (and ar_exact_match with autoregressive=True) over the data's counted targets"""
 
 def get_act_name(name: str, layer: Optional[int] = ..., layer_type: str = ...) -> str:
     """A hook's full name from TransformerLens's short form: get_act_name('pattern', 0) = 'blocks.0.attn.hook_pattern'"""
@@ -495,10 +452,10 @@ def grad_enabled() -> bool:
     """Whether ops record a graph now (False inside headlab.no_grad())"""
 
 def head_analyses() -> list:
-    """The per-head analyses of scores_over_training (and `headlab COMMAND --run`), one dict per analysis: name, command, scores (the names of the grids it returns), help, default_examples"""
+    """The per-head analyses of scores_over_training (and `headlab COMMAND --run`), one HeadAnalysis per analysis: name, command, scores (the names of the grids it returns), help, default_examples"""
 
-def head_gradient_norms(model: TransformerLM) -> dict:
-    """Gradient atlas of the current gradients: per-head Frobenius norms (L, H or H_kv) of grads and weights"""
+def head_gradient_norms(model: TransformerLM) -> object:
+    """A HeadGradientNorms: the gradient atlas of the current gradients, per-head Frobenius norms (L, H or H_kv) of grads and weights"""
 
 def head_importance(model: TransformerLM, data: object, normalize: bool = ...) -> numpy.ndarray:
     """Michel et al. (2019) importance (L, H): the mean over examples of |dL(x)/d gate_h|, L(x) the example's mean loss"""
@@ -515,8 +472,8 @@ def hungarian(cost: List[List[float]]) -> List[int]:
 def live_tensors() -> int:
     """Tensors alive now (for leak checks)"""
 
-def match_heads(model_a: TransformerLM, model_b: TransformerLM, data: object = ..., by: str = ..., across_layers: bool = ..., examples: int = ..., seed: int = ...) -> dict:
-    """Heads of model_a matched one to one to heads of model_b (Hungarian assignment) by attention pattern on data (default: the varied repeat probe) or by QK/OV circuit weights; dict with pairs (layer_a, head_a, layer_b, head_b, similarity), unmatched_a, unmatched_b, similarity (heads of A x heads of B, layer-major) and mean_similarity"""
+def match_heads(model_a: TransformerLM, model_b: TransformerLM, data: object = ..., by: str = ..., across_layers: bool = ..., examples: int = ..., seed: int = ...) -> object:
+    """Heads of model_a matched one to one to heads of model_b (Hungarian assignment) by attention pattern on data (default: the varied repeat probe) or by QK/OV circuit weights; a HeadMatch: pairs (layer_a, head_a, layer_b, head_b, similarity), unmatched_a, unmatched_b, similarity (heads of A x heads of B, layer-major) and mean_similarity"""
 
 def mean_activation(model: TransformerLM, data: object, hook: str, per_position: bool = ...) -> Tensor:
     """Mean of a hook's activation over the data's rows (and positions unless per_position): its shape with those axes of size 1"""
@@ -530,8 +487,8 @@ def ov_eigenvalues(model: TransformerLM, layer: int, head: int) -> numpy.ndarray
 def ov_singular_values(model: TransformerLM, layer: int, head: int) -> List[float]:
     """Singular values (descending) of the head's OV circuit W_O W_V (d_model x d_model, rank <= d_head)"""
 
-def path_patching(model: TransformerLM, clean: object, corrupted: object, *, sender: str, receivers: object = ..., answers: object) -> dict:
-    """Path patching of sender (embed or L{l}H{h}) to receivers (names; default: every reader): path = metric of the clean run with every receiver reading its input + the sender's corrupted-minus-clean output, minus the clean metric; activation = the same for the sender's whole output patched; clean_metric, corrupted_metric"""
+def path_patching(model: TransformerLM, clean: object, corrupted: object, *, sender: str, receivers: object = ..., answers: object) -> object:
+    """A PathPatchingResult: path patching of sender (embed or L{l}H{h}) to receivers (names; default: every reader): path = metric of the clean run with every receiver reading its input + the sender's corrupted-minus-clean output, minus the clean metric; activation = the same for the sender's whole output patched; clean_metric, corrupted_metric"""
 
 def per_token_loss(model: TransformerLM, ids: object, targets: object = ...) -> numpy.ndarray:
     """Cross-entropy at each position: targets None = next token, (B, T-1); else (B, T) with 0 where the target is -1"""
@@ -539,19 +496,8 @@ def per_token_loss(model: TransformerLM, ids: object, targets: object = ...) -> 
 def permute_heads(model: TransformerLM, layer: int, perm: List[int]) -> None:
     """Reorder the heads of a layer in place (new head h = old head perm[h]); the model computes the same function"""
 
-class precision:
-    """Context manager: inside `with hl.precision("bf16"):` the linear layers' products take bf16 operands with float32 accumulation (norms, softmax, the residual stream stay float32), on this thread. For forward-only studies of large models; results are approximate (a warning says so). Needs a CPU with AVX512_BF16. precision("float32") restores the default inside an outer bf16 block."""
-    def __init__(self, precision: str) -> None:
-        """Makes the block; precision is float32 or bf16"""
-    @property
-    def name(self) -> str:
-        """The precision: float32 or bf16"""
-
-def prune_curve(model: TransformerLM, task: object = ..., data: object = ..., order: str = ..., step_fraction: float = ..., min_per_layer: int = ..., recompute: bool = ..., seed: int = ...) -> dict:
-    """Accuracy as heads are removed in an order (on a copy; the model is unchanged)"""
-
-def qk_attribution(model: TransformerLM, ids: object, *, row: int = ..., layer: int, head: int, query: int, key: int) -> dict:
-    """QK attribution: head (layer, head)'s scaled attention score at (query, key) of ids' row split into pairs of upstream components (tok, pos, earlier heads L{l}H{h}, L{l}.b_O, mlp{l}, bias) through ln1 with its scale frozen: components (names), pairs (C, C) [query side, key side], which sum to score (the model's)"""
+def prune_curve(model: TransformerLM, task: object = ..., data: object = ..., order: str = ..., step_fraction: float = ..., min_per_layer: int = ..., recompute: bool = ..., seed: int = ...) -> object:
+    """A PruneCurve: accuracy as heads are removed in an order (on a copy; the model is unchanged)"""
 
 def qk_singular_values(model: TransformerLM, layer: int, head: int) -> List[float]:
     """Singular values (descending) of the head's QK circuit W_Q^T W_K (d_model x d_model, rank <= d_head)"""
@@ -562,18 +508,14 @@ def repeated_random_tokens(n: int, k: int, vocab: int, seed: int = ...) -> Batch
 def set_num_threads(n: int) -> None:
     """Threads of the C++ kernels from now on"""
 
-def single_head_ablation(model: TransformerLM, task: object = ..., data: object = ...) -> dict:
-    """Change in held-out loss/accuracy when each head alone is zero- or mean-ablated: arrays (L, H)"""
+def single_head_ablation(model: TransformerLM, task: object = ..., data: object = ...) -> object:
+    """An AblationResult: the change in held-out loss/accuracy when each head alone is zero- or mean-ablated, arrays (L, H)"""
 
 def softmax(x: Tensor, axis: int = ...) -> Tensor:
     """Softmax along axis (differentiable)"""
 
 def tensor(array: numpy.ndarray, requires_grad: bool = ...) -> Tensor:
     """A float32 copy of a float array (float64 is rounded to float32); never a view"""
-
-def train_sae(model: TransformerLM, hook: str, data: object, architecture: str = ..., expansion: int = ..., k: int = ..., steps: int = ..., batch: int = ..., lr: float = ..., warmup: int = ..., buffer: int = ..., l1_coefficient: float = ..., l0_coefficient: float = ..., bandwidth: float = ..., seed: int = ...) -> SAE:
-    """Trains an SAE on model's activations at hook (e.g. "blocks.1.attn.hook_z", heads concatenated) over data,
-token ids (B, T) run through the model and mixed in a shuffle buffer of `buffer` rows. Returns an SAE."""
 
 def train_settings() -> list:
     """(keyword, flag, help) of every training setting"""

@@ -44,7 +44,8 @@ def hooks(self, fwd_hooks=(), bwd_hooks=(), reset_hooks_end=True):
 def tensor_hook(fn):
     """A hook ``fn(activation, name)`` that receives the activation as an :class:`hl.Tensor` in the
     autograd graph: the expression it returns (``2 * x``, ``x - mean``) is differentiable, so
-    gradients flow back through it to what made ``x``. A plain hook gets a read-only NumPy array
+    gradients flow back through it to what made ``x``. ``x`` is a copy in the graph: an edit in place
+    cannot change what the model keeps, and one the hook does not return raises. A plain hook gets a read-only NumPy array
     and its returned array is a constant to autograd (no gradient reaches what is upstream)."""
     @functools.wraps(fn)
     def hook(x, name):

@@ -5,7 +5,8 @@ Three places, chosen when the run starts:
 
 - a Jupyter cell: one bar that updates in place (IPython's ``display(..., display_id=True)``
   and ``handle.update``), and under it at the end the run's final table; the evaluations go to
-  the run's log (``out/metrics.jsonl``), not under the bar;
+  the run's log (``out/metrics.jsonl``), not under the bar, or, for a run without a log, into a
+  folded list under the bar (a ``<details>`` element; the text form lists them after the table);
 - a terminal (stderr is a tty): one ``\\r`` line redrawn at most ten times a second;
 - anything else (a log, a pipe): one line per evaluation, nothing per step.
 """
@@ -61,30 +62,35 @@ def final_table(result):
 class _Cell:
     """What a notebook shows: HTML for the cell, text for consoles and tests."""
 
-    def __init__(self, text, fraction, table=()):
-        self.text, self.fraction, self.table = text, fraction, list(table)
+    def __init__(self, text, fraction, table=(), evals=()):
+        self.text, self.fraction, self.table, self.evals = text, fraction, list(table), list(evals)
 
     def __repr__(self):
         width = max((len(k) for k, _ in self.table), default=0)
-        return "\n".join([self.text] + [f"{k:<{width}}  {v}" for k, v in self.table])
+        return "\n".join([self.text] + [f"{k:<{width}}  {v}" for k, v in self.table] + self.evals)
 
     def _repr_html_(self):
         pct = f"{100 * self.fraction:.1f}%"
         rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in self.table)
         table = f"<table>{rows}</table>" if rows else ""
+        evals = ""
+        if self.evals:
+            lines = "<br>".join(html.escape(e) for e in self.evals)
+            evals = f"<details><summary>{len(self.evals)} evaluations</summary>{lines}</details>"
         return (f"<div style='font-family:monospace'>"
                 f"<progress value='{self.fraction:.4f}' max='1' style='width:20em'></progress> {pct} "
-                f"{html.escape(self.text)}{table}</div>")
+                f"{html.escape(self.text)}{table}{evals}</div>")
 
 
 class Progress:
     """Training progress for ``total`` steps; ``enabled`` False shows nothing.
 
     ``display``: the notebook's display function (found when None; tests give a fake one);
-    ``stream``: where the terminal line and the log lines go (stderr when None).
+    ``stream``: where the terminal line and the log lines go (stderr when None). ``logged``: the
+    run writes its evaluations to a log (``out``); without one a notebook keeps them under the bar.
     """
 
-    def __init__(self, total, enabled, display=None, stream=None, min_interval=0.1):
+    def __init__(self, total, enabled, display=None, stream=None, min_interval=0.1, logged=True):
         self.total, self.enabled = total, bool(enabled)
         self.stream = stream if stream is not None else sys.stderr
         self.display = (display if display is not None else notebook_display()) if self.enabled else None
@@ -95,6 +101,8 @@ class Progress:
         self.handle = None     # the notebook's display handle
         self.acc = None
         self.last_step = (0, total, float("nan"), 0.0)
+        self.logged = logged
+        self.evals = []  # the evaluation lines a notebook shows folded (a run without a log)
 
     def _text(self, step, total, loss, tokens_per_s):
         acc = "-" if self.acc is None else f"{100 * self.acc:.2f}%"
@@ -114,7 +122,7 @@ class Progress:
     def _draw(self, step, total, loss, tokens_per_s, table=()):
         text = self._text(step, total, loss, tokens_per_s)
         if self.mode == "notebook":
-            cell = _Cell(text, step / max(total, 1), table)
+            cell = _Cell(text, step / max(total, 1), table, self.evals)
             if self.handle is None:
                 self.handle = self.display(cell, display_id=True)
             else:
@@ -131,7 +139,9 @@ class Progress:
         if self.mode == "log":
             print(line, file=self.stream, flush=True)
         elif self.mode == "notebook":
-            self._draw(*self.last_step)  # the bar's accuracy; the line itself is in the run's log
+            if not self.logged:  # no run log to hold it: folded under the bar
+                self.evals.append(line)
+            self._draw(*self.last_step)  # the bar's accuracy
 
     def finish(self, result):
         """The run's final table: in a notebook under the bar, in the same cell."""

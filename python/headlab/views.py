@@ -12,7 +12,7 @@ import numpy as np
 from . import _core
 
 
-# The host side of the pages' size messages (views/*.html post_height): the frame whose page sent
+# The host side of the pages' size messages (views/pages.cpp post_height): the frame whose page sent
 # the message takes its height. One listener per notebook page, set by the first view shown.
 _RESIZE = ("<script>if(!window.__headlab_views){window.__headlab_views=1;window.addEventListener('message',e=>{"
            "const h=e.data&&e.data.headlab_height;if(!(h>0))return;"

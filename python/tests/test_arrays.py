@@ -1,6 +1,8 @@
 """The user's own arrays: hl.Batches from arrays and dicts (the tokens task's rule), every
 analysis taking arrays directly with the same numbers as the Task path on the same rows, and
 the refusals (nothing counted, ids outside the model's vocabulary)."""
+from collections.abc import Mapping
+
 import numpy as np
 import pytest
 
@@ -138,7 +140,7 @@ def test_every_analysis_takes_arrays_with_the_numbers_of_the_task_path(trained):
     ]
 
     def same(a, b, exact=True):
-        if isinstance(a, dict):
+        if isinstance(a, Mapping):
             assert a.keys() == b.keys()
             for k in a:
                 same(a[k], b[k], exact)

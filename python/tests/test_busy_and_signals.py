@@ -46,13 +46,17 @@ def test_trainer_applies_the_busy_machine_rule_and_says_so_as_the_cli_does(monke
 
 
 @two_cores
-def test_scores_over_training_applies_the_busy_machine_rule(monkeypatch, tmp_path):
+def test_scores_over_training_applies_the_busy_machine_rule_and_says_it_as_trainer(monkeypatch, tmp_path, capfd):
     t = hl.Trainer(**SMALL, threads=1, out=str(tmp_path / "run"), snapshot_at=[1])
     t.run(progress=False)
     monkeypatch.setenv("HEADLAB_TEST_IDLE_CORES", "1")
-    with pytest.warns(RuntimeWarning) as said:
-        hl.scores_over_training(str(tmp_path / "run"), "detect", examples=4)
-    assert [str(w.message) for w in said if w.category is RuntimeWarning] == [BUSY]
+    capfd.readouterr()
+    hl.Trainer(**SMALL)
+    trainer_said = capfd.readouterr().err
+    hl.scores_over_training(str(tmp_path / "run"), "detect", examples=4)
+    assert capfd.readouterr().err == trainer_said == "headlab: " + BUSY + "\n"  # one behaviour for both
+    hl.scores_over_training(str(tmp_path / "run"), "detect", examples=4, quiet=True)
+    assert capfd.readouterr().err == ""
 
 
 def byte_symbols():

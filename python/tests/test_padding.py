@@ -144,3 +144,52 @@ def test_the_residual_decomposition_of_a_padded_batch_sums_to_each_rows_residual
     alone = one.decompose_resid(layer=L)
     c = real_cols(mask, 1)
     np.testing.assert_allclose(stack[:, 1][:, c], alone[:, 0], rtol=0, atol=2e-5)
+
+
+# ---- analyses of a padded batch: hl.Batches(ids, attention_mask=mask) --------------------------
+
+def alone(row):
+    return hl.Batches(np.array([row]))
+
+
+def test_analyses_of_a_right_padded_batch_give_each_row_alone():
+    m = tiny(seed=2)
+    ids, mask = padded(ROWS, "right", pad=10)
+    data = hl.Batches(ids, attention_mask=mask)
+    n = np.array([len(r) - 1 for r in ROWS], dtype=float)  # each row's next-token targets
+    q = np.array([len(r) for r in ROWS], dtype=float)  # each row's queries
+    # detectors and importance: the mean over rows of each row alone
+    for kind in ("previous_token", "duplicate_token", "induction"):
+        want = np.mean([hl.detect_heads(m, alone(r), kind) for r in ROWS], axis=0)
+        np.testing.assert_allclose(hl.detect_heads(m, data, kind), want, rtol=0, atol=1e-6, err_msg=kind)
+    want = np.mean([hl.head_importance(m, alone(r)) for r in ROWS], axis=0)
+    np.testing.assert_allclose(hl.head_importance(m, data), want, rtol=1e-4, atol=1e-6)
+    # over tokens: the mean of each row's, weighted by its counted targets (or queries)
+    e = hl.evaluate(m, data)
+    each = [hl.evaluate(m, alone(r)) for r in ROWS]
+    assert e.tokens == n.sum() and e.sequences == len(ROWS)
+    np.testing.assert_allclose(e.loss, np.dot(n, [x.loss for x in each]) / n.sum(), rtol=1e-5)
+    s = hl.attention_statistics(m, data)
+    each = [hl.attention_statistics(m, alone(r)) for r in ROWS]
+    np.testing.assert_allclose(s.entropy, np.tensordot(q, [x.entropy for x in each], 1) / q.sum(), rtol=1e-5, atol=1e-6)
+    a = hl.single_head_ablation(m, data)
+    each = [hl.single_head_ablation(m, alone(r)) for r in ROWS]
+    np.testing.assert_allclose(a.d_loss, np.tensordot(n, [x.d_loss for x in each], 1) / n.sum(), rtol=1e-4, atol=1e-6)
+    # the dict form is the same batches
+    np.testing.assert_array_equal(hl.detect_heads(m, {"input_ids": ids, "attention_mask": mask}),
+                                  hl.detect_heads(m, data))
+
+
+def test_padding_an_analysis_cannot_take_is_refused_naming_attention_mask():
+    ids, mask = padded(ROWS, "left")
+    with pytest.raises(ValueError, match="attention_mask: row 1 starts with padding: the analyses take rows padded on the right"):
+        hl.Batches(ids, attention_mask=mask)
+    ids, mask = padded(ROWS, "right")
+    gap = mask.copy()
+    gap[0, 1] = 0
+    with pytest.raises(ValueError, match="attention_mask: row 0 has a token at position 2 after padding"):
+        hl.Batches(ids, attention_mask=gap)
+    with pytest.raises(ValueError, match="attention_mask has shape \\(3, 4\\) but input_ids is \\(3, 5\\)"):
+        hl.Batches(ids, attention_mask=mask[:, :4])
+    with pytest.raises(ValueError, match="data: attention_mask: training rows are not padded"):
+        hl.Trainer(task="tokens", data={"input_ids": ids, "attention_mask": mask}, steps=1, quiet=True)

@@ -56,6 +56,17 @@ def test_a_notebook_gets_one_display_updated_in_place_then_the_final_table(monke
     assert captured.out.startswith("headlab: 1 snapshot (step 30) of ") and captured.out.endswith(" of disk in " + str(out) + "/snapshots\n")
 
 
+def test_a_notebook_run_without_a_log_keeps_its_evaluations_folded_under_the_bar(monkeypatch):
+    fake = FakeDisplay()
+    monkeypatch.setattr(progress, "notebook_display", lambda: fake)
+    result = hl.Trainer(**SETTINGS).run()  # no out: no metrics.jsonl to hold the evaluations
+    text = repr(fake.updates[-1]).split("\n")
+    want = [progress.eval_line(row["step"], 30, row) for row in result["curve"]]
+    assert len(want) == 3 and text[-3:] == want  # after the final table
+    html = fake.updates[-1]._repr_html_()
+    assert "<details><summary>3 evaluations</summary>" in html and want[-1] in html
+
+
 def test_a_log_gets_one_line_per_evaluation_and_quiet_nothing(capsys):
     result = hl.Trainer(**SETTINGS).run()  # stderr is captured: not a terminal
     lines = capsys.readouterr().err.splitlines()

@@ -50,3 +50,26 @@ def test_a_tensor_hook_returning_the_wrong_shape_is_named():
     m = tiny()
     with pytest.raises(ValueError, match="hook at hook_embed: the replacement has shape"):
         m.run_with_hooks(IDS, fwd_hooks=[("hook_embed", hl.tensor_hook(lambda x, name: x.sum()))])
+
+
+def test_a_tensor_hook_edits_a_copy_and_an_edit_it_does_not_return_is_said():
+    m = tiny()
+    clean = np.asarray(m(IDS)).copy()
+
+    def zero_in_place(x, name):  # edits what it was given and returns nothing
+        np.asarray(x)[...] = 0
+
+    with pytest.raises(ValueError, match="hook at hook_embed: the activation was edited in place; return the edited tensor"):
+        with m.hooks(fwd_hooks=[("hook_embed", hl.tensor_hook(zero_in_place))]):
+            m(IDS)
+    np.testing.assert_array_equal(np.asarray(m(IDS)), clean)
+
+    # an edit returned is the replacement
+    def zero_and_return(x, name):
+        np.asarray(x)[...] = 0
+        return x
+
+    with m.hooks(fwd_hooks=[("hook_embed", hl.tensor_hook(zero_and_return))]):
+        edited = np.asarray(m(IDS))
+    zeros = np.asarray(m.run_with_hooks(IDS, fwd_hooks=[("hook_embed", lambda x, name: np.zeros_like(x))]))
+    np.testing.assert_array_equal(edited, zeros)

@@ -216,3 +216,13 @@ def test_byte_level_text_round_trips_and_a_model_without_tokenizer_says_so():
         m.to_tokens("hi", prepend_bos=True)
     with pytest.raises(ValueError, match="to_tokens: the model has no tokenizer .* and is not byte-level \\(256 tokens; it has 11\\)"):
         tiny().to_tokens("hi")
+
+
+def test_a_swiglu_gate_refuses_an_activation_it_would_ignore():
+    with pytest.raises(ValueError, match="--mlp swiglu: its gate is silu, so --activation relu would be ignored"):
+        hl.ModelConfig(mlp="swiglu", activation="relu")
+    assert hl.ModelConfig(mlp="swiglu", activation="silu").mlp == "swiglu"
+    assert hl.ModelConfig(mlp="swiglu").mlp == "swiglu"  # not given: nothing to ignore
+    # a SwiGLU config says silu, so it makes itself again
+    cfg = hl.ModelConfig(arch="llama", d_model=16, n_heads=2)
+    assert cfg.activation == "silu" and hl.ModelConfig(**cfg.to_dict()) == cfg
