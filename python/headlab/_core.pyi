@@ -183,6 +183,43 @@ ModelConfig(**cfg.to_dict()) gives cfg back."""
 class NonFiniteError(FloatingPointError):
     """A NaN or Inf where a finite value is needed (a loss, a weight)"""
 
+class SAE:
+    """A sparse autoencoder in SAELens's layout: W_enc (d_in, d_sae), b_enc, W_dec (d_sae, d_in),
+b_dec, and for JumpReLU its thresholds. encode(x) = act((x - b_dec) W_enc + b_enc), decode(f) = f W_dec + b_dec."""
+    @property
+    def d_in(self) -> int:
+        """Input width (a hook point's values per token)"""
+    @property
+    def d_sae(self) -> int:
+        """Number of features"""
+    @property
+    def architecture(self) -> str:
+        """standard, topk, batchtopk or jumprelu"""
+    @property
+    def hook_name(self) -> str:
+        """The hook point it reads"""
+    @property
+    def W_enc(self) -> numpy.ndarray:
+        """(d_in, d_sae), read-only view"""
+    @property
+    def W_dec(self) -> numpy.ndarray:
+        """(d_sae, d_in), read-only view: the rows are the features' directions"""
+    @property
+    def b_enc(self) -> numpy.ndarray:
+        """(d_sae), read-only view"""
+    @property
+    def b_dec(self) -> numpy.ndarray:
+        """(d_in), read-only view"""
+    def encode(self, x: numpy.ndarray) -> numpy.ndarray:
+        """Feature activations (N, d_sae) of activations x (N, d_in)"""
+    def decode(self, f: numpy.ndarray) -> numpy.ndarray:
+        """Reconstruction (N, d_in) of feature activations f (N, d_sae)"""
+    def save(self, dir: str | os.PathLike) -> None:
+        """Writes dir/cfg.json and dir/sae_weights.safetensors in SAELens's layout"""
+    @staticmethod
+    def load(dir: str | os.PathLike) -> SAE:
+        """Reads an SAE saved by save() or by SAELens (standard, topk, jumprelu; cfg.json + sae_weights.safetensors)"""
+
 class Task:
     """A task of the command line (copy, varcopy, induction, text, tokens, ...): its data and vocabulary"""
     def __init__(self, name: str = ..., **kwargs: Any) -> None:
@@ -259,22 +296,27 @@ class Tensor:
         """The mean of every element (a one-element tensor)"""
 
 class Tokenizer:
-    """GPT-2's byte-level BPE tokenizer: the same ids as OpenAI's encoder and Hugging Face's GPT2Tokenizer."""
+    """A BPE tokenizer giving the same ids as Hugging Face's tokenizers: a tokenizer.json (GPT-NeoX/Pythia, Qwen2/3, SmolLM2, Llama 2/3, Gemma) or GPT-2's files."""
     @staticmethod
     def load(dir: str | os.PathLike) -> Tokenizer:
-        """From a directory with vocab.json + merges.txt (Hugging Face) or encoder.json + vocab.bpe (OpenAI)."""
-    def encode(self, text: object) -> List[int]:
-        """The token ids of text (str, or UTF-8 bytes) as a list of int; '<|endoftext|>' is one id."""
-    def decode(self, ids: object) -> str:
-        """The text of ids (str); bytes that are no whole character become U+FFFD."""
-    def decode_bytes(self, ids: object) -> bytes:
-        """The exact bytes of ids."""
+        """From a directory with tokenizer.json (and tokenizer_config.json), vocab.json + merges.txt (Hugging Face's GPT-2) or encoder.json + vocab.bpe (OpenAI)."""
+    def encode(self, text: object, add_special_tokens: bool = ...) -> List[int]:
+        """The token ids of text (str, or UTF-8 bytes) as a list of int; special tokens such as '<|endoftext|>' are one id each. add_special_tokens: the BOS/EOS the tokenizer's files add around a text (as Hugging Face's encode)."""
+    def decode(self, ids: object, skip_special_tokens: bool = ...) -> str:
+        """The text of ids (str) through the tokenizer's decoder; bytes that are no whole character become U+FFFD."""
+    def decode_bytes(self, ids: object, skip_special_tokens: bool = ...) -> bytes:
+        """The exact bytes of ids through the tokenizer's decoder."""
     @property
     def vocab_size(self) -> int:
         """How many tokens it has"""
     @property
     def special_tokens(self) -> List[str]:
-        """Its special tokens' texts, e.g. <|endoftext|>"""
+        """Its special tokens' texts, e.g. <|endoftext|>, <s>"""
+    @property
+    def bos_token_id(self) -> object:
+        """The id a text starts with under prepend_bos (GPT-2: <|endoftext|>; tokenizer.json: its post-processor's or tokenizer_config.json's bos_token), or None"""
+    def token_to_id(self, token: str) -> object:
+        """The id of a vocabulary entry as written in the files (e.g. 'Ġworld', '▁world'), or None"""
     def token_text(self, id: int) -> str:
         """The token's text for display (control characters and partial characters escaped, e.g. '\\\\n', '\\\\xf0')."""
     def __len__(self) -> int:
@@ -297,7 +339,7 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
         """A model of this config, initialised from seed"""
     @staticmethod
     def load(path: str | os.PathLike) -> object:
-        """A model from a headlab checkpoint (safetensors) or a Hugging Face GPT-2 directory (with its tokenizer files: model.tokenizer)"""
+        """A model from a headlab checkpoint (safetensors) or a Hugging Face model directory (with its tokenizer files, tokenizer.json or GPT-2's: model.tokenizer)"""
     def save(self, path: str | os.PathLike) -> None:
         """Writes a checkpoint the CLI reads (atomic)"""
     def load_parameters(self, path: str | os.PathLike) -> None:
@@ -389,14 +431,15 @@ before stay); ``reset_hooks_end=False`` keeps them until ``model.reset_hooks()``
     def to_tokens(self, input: Any, prepend_bos: Any = ..., padding_side: Any = ...) -> Any:
         """Token ids (1, T) of a string, or (B, T) of a list of strings.
 
-``prepend_bos``: None = the tokenizer's ``<|endoftext|>`` first when it has one (GPT-2, as
-TransformerLens does), none for a byte-level model; True requires that token.
+``prepend_bos``: None = the tokenizer's BOS first when it has one (``tok.bos_token_id``: GPT-2's
+``<|endoftext|>`` as TransformerLens does, a tokenizer.json's ``<s>`` or ``<|begin_of_text|>``),
+none for a byte-level model; True requires that token.
 
 ``padding_side``: None = the texts must have one token length; ``"right"`` or ``"left"`` pads
 the shorter ones on that side and returns ``(ids, attention_mask)`` (1 = token, 0 = padding)
 for ``model(ids, attention_mask=mask)``. TransformerLens derives the mask from a pad token in
 the forward; headlab returns it, since a byte-level model has no token free for padding.
-Padding is ``<|endoftext|>`` when the tokenizer has it, else id 0 (never attended to)."""
+Padding is the BOS token when the tokenizer has one, else id 0 (never attended to)."""
     def to_string(self, tokens: Any) -> Any:
         """The text of token ids: a str for (T) ids, a list of str for (B, T)."""
     def to_str_tokens(self, input: Any, prepend_bos: Any = ...) -> Any:
@@ -439,8 +482,8 @@ def cross_entropy(logits: Tensor, targets: object) -> Tensor:
 def detect_heads(model: TransformerLM, data: object, kind: str = ..., exclude_bos: bool = ..., exclude_current_token: bool = ...) -> numpy.ndarray:
     """TransformerLens-style detector scores (L, H): previous_token, duplicate_token or induction"""
 
-def edge_patching(model: TransformerLM, clean: object, corrupted: object, *, answers: object) -> object:
-    """An EdgeResult: exact edge patching and edge attribution of every edge (as headlab edges), senders and receivers (names, in edge order), exact, attribution and linearisation_error (attribution - exact) arrays, clean_metric and corrupted_metric (mean logit difference of the answers (row, pos, clean token, corrupted token))"""
+def edge_patching(model: TransformerLM, clean: object, corrupted: object, *, answers: object, method: str = ..., ig_steps: int = ..., ig_interpolate: str = ..., acdc_threshold: float = ..., acdc_score: str = ...) -> object:
+    """An EdgeResult: exact edge patching and edge attribution of every edge (as headlab edges), senders and receivers (names, in edge order), exact, attribution and linearisation_error (attribution - exact) arrays, clean_metric and corrupted_metric (mean logit difference of the answers (row, pos, clean token, corrupted token)). method='eap-ig' (ig_steps, ig_interpolate 'inputs' or 'activations') or 'acdc' (acdc_threshold, acdc_score 'metric' or 'kl') adds that method's scores under its name (acdc: also 'circuit', the kept edges), as headlab edges --method"""
 
 def evaluate(model: TransformerLM, task: object = ..., data: object = ..., autoregressive: bool = ...) -> object:
     """An EvalResult: held-out loss, token_acc, exact_match (and ar_exact_match with autoregressive=True) over the data's counted targets"""
@@ -496,8 +539,19 @@ def per_token_loss(model: TransformerLM, ids: object, targets: object = ...) -> 
 def permute_heads(model: TransformerLM, layer: int, perm: List[int]) -> None:
     """Reorder the heads of a layer in place (new head h = old head perm[h]); the model computes the same function"""
 
+class precision:
+    """Context manager: inside `with hl.precision("bf16"):` the linear layers' products take bf16 operands with float32 accumulation (norms, softmax, the residual stream stay float32), on this thread. For forward-only studies of large models; results are approximate (a warning says so). Needs a CPU with AVX512_BF16. precision("float32") restores the default inside an outer bf16 block."""
+    def __init__(self, precision: str) -> None:
+        """Makes the block; precision is float32 or bf16"""
+    @property
+    def name(self) -> str:
+        """The precision: float32 or bf16"""
+
 def prune_curve(model: TransformerLM, task: object = ..., data: object = ..., order: str = ..., step_fraction: float = ..., min_per_layer: int = ..., recompute: bool = ..., seed: int = ...) -> object:
     """A PruneCurve: accuracy as heads are removed in an order (on a copy; the model is unchanged)"""
+
+def qk_attribution(model: TransformerLM, ids: object, *, row: int = ..., layer: int, head: int, query: int, key: int) -> dict:
+    """QK attribution: head (layer, head)'s scaled attention score at (query, key) of ids' row split into pairs of upstream components (tok, pos, earlier heads L{l}H{h}, L{l}.b_O, mlp{l}, bias) through ln1 with its scale frozen: components (names), pairs (C, C) [query side, key side], which sum to score (the model's)"""
 
 def qk_singular_values(model: TransformerLM, layer: int, head: int) -> List[float]:
     """Singular values (descending) of the head's QK circuit W_Q^T W_K (d_model x d_model, rank <= d_head)"""
@@ -516,6 +570,10 @@ def softmax(x: Tensor, axis: int = ...) -> Tensor:
 
 def tensor(array: numpy.ndarray, requires_grad: bool = ...) -> Tensor:
     """A float32 copy of a float array (float64 is rounded to float32); never a view"""
+
+def train_sae(model: TransformerLM, hook: str, data: object, architecture: str = ..., expansion: int = ..., k: int = ..., steps: int = ..., batch: int = ..., lr: float = ..., warmup: int = ..., buffer: int = ..., l1_coefficient: float = ..., l0_coefficient: float = ..., bandwidth: float = ..., seed: int = ...) -> SAE:
+    """Trains an SAE on model's activations at hook (e.g. "blocks.1.attn.hook_z", heads concatenated) over data,
+token ids (B, T) run through the model and mixed in a shuffle buffer of `buffer` rows. Returns an SAE."""
 
 def train_settings() -> list:
     """(keyword, flag, help) of every training setting"""
