@@ -139,23 +139,24 @@ py::object run_trainer(Trainer& t, const py::object& on_step, const py::object& 
   if (t.has_run()) throw py::value_error("Trainer: run() was already called; make a new Trainer (resume=True continues a run)");
   TrainObserver obs;
   PendingSignal pending;  // Ctrl-C noticed at a step: the trainer stops after that step's checkpoint
-  // A callback that raises KeyboardInterrupt (Ctrl-C while it ran) stops the run the same way.
-  auto call = [&](const py::object& fn, auto&&... args) {
-    if (fn.is_none()) return;
+  // Python code run from the trainer (a callback, and the building of its arguments: an
+  // EvalResult is a Python object) that raises KeyboardInterrupt (Ctrl-C while it ran) stops the
+  // run the same way, after the step's checkpoint.
+  auto guarded = [&](auto&& python_code) {
     py::gil_scoped_acquire gil;
     try {
-      fn(std::forward<decltype(args)>(args)...);
+      python_code();
     } catch (py::error_already_set& e) {
       if (!e.matches(PyExc_KeyboardInterrupt)) throw;
       pending.error.emplace(std::move(e));
       request_stop_on_this_thread();
     }
   };
-  obs.on_step = [&](int64_t step, int64_t total, float loss, double tps) { call(on_step, step, total, loss, tps); };
+  obs.on_step = [&](int64_t step, int64_t total, float loss, double tps) {
+    if (!on_step.is_none()) guarded([&] { on_step(step, total, loss, tps); });
+  };
   obs.on_eval = [&](int64_t step, const EvalResult& e) {
-    if (on_eval.is_none()) return;
-    py::gil_scoped_acquire gil;
-    call(on_eval, step, eval_result(e));
+    if (!on_eval.is_none()) guarded([&] { on_eval(step, eval_result(e)); });
   };
   // the gradient atlas (log_grads, dump_grads_at), written into out as the command line writes it
   std::unique_ptr<GradAtlas> atlas;
