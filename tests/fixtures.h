@@ -53,7 +53,8 @@ inline ModelConfig preset_model(const std::string& arch, const ModelConfig& base
   return resolve_train_flags(v, [p](const std::string& f) {
            for (const auto& s : p->settings)
              if (s.first == f) return false;
-           return true;  // every other setting as `base` has it
+           // the activation as a user leaves it out (a SwiGLU preset refuses an explicit non-silu one)
+           return f != "--activation";  // every other setting as `base` has it
          }).model;
 }
 

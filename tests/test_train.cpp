@@ -389,7 +389,9 @@ BOOST_AUTO_TEST_CASE(every_flag_row_writes_the_setting_its_json_pointer_names) {
             }
           },
           s.field(v));
-      const json after = json::parse(resolve_train_flags(v, all_given).to_json());
+      // --mlp swiglu refuses an explicit --activation other than silu: left out for that row
+      const auto given = [&s](const std::string& f) { return !(s.flag == "--mlp" && f == "--activation"); };
+      const json after = json::parse(resolve_train_flags(v, given).to_json());
       const json::json_pointer p(s.json_pointer);
       BOOST_TEST(after.contains(p));
       BOOST_TEST(after.value(p, json()) != before.value(p, json()));
