@@ -121,12 +121,17 @@ for cmd in edges dla patch compare; do
     r=$("$PY" - "$sig" "$delay" "$T/sig_$cmd" "$HL" "$cmd" "${args[@]}" --examples 100000 --threads 1 <<'PYEOF'
 import os, signal, subprocess, sys, time
 sig, delay, out, cmd = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4:]
-p = subprocess.Popen(cmd + ["--out", out], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+p = subprocess.Popen(cmd + ["--out", out], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+# the delay counts from the command's first words (a slow start, as a sanitizer build's under
+# load, is not mid-work: its signal handlers may not be in place yet); at most 10 s of waiting
+import select
+select.select([p.stderr], [], [], 10)
 time.sleep(delay)
 if p.poll() is not None: print("finished before the signal, exit", p.returncode); sys.exit()
 t = time.time(); p.send_signal(getattr(signal, "SIG" + sig))
 try: rc = p.wait(timeout=20)
 except subprocess.TimeoutExpired: p.kill(); p.wait(); print("still running 20 s after the signal"); sys.exit()
+p.stderr.close()
 d, base = os.path.split(out)
 left = [n for n in os.listdir(d) if n == base or n.startswith("." + base + ".partial")]
 print("exit %d after %.1f s, left: %s" % (rc, time.time() - t, ",".join(left) or "nothing"))
