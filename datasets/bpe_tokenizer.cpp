@@ -132,7 +132,7 @@ struct BpeTokenizer::Impl {
   std::unordered_map<std::string, int32_t> ids;  // vocabulary entry as written -> id
   std::array<int32_t, 256> byte_id{};   // each byte's symbol's id
   // (left id, right id) -> (rank, merged id)
-  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merge;
+  BpeMerges merge;
   size_t merge_count = 0;
   std::vector<std::string> specials;
   std::vector<int32_t> special_ids;
@@ -168,47 +168,11 @@ struct BpeTokenizer::Impl {
   mutable std::mutex cache_mutex;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache;
 
-  static uint64_t key(int32_t a, int32_t b) { return static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32 | static_cast<uint32_t>(b); }
-
-  // The reference bpe() on one word: repeatedly merge the adjacent pair of lowest rank (every
-  // occurrence, left to right). Done with a heap of candidate pairs ordered by (rank, position),
-  // which merges the same pairs in the same order in O(n log n) rather than O(n^2) for long words.
+  // BPE on one word's bytes (apply_bpe_merges)
   void bpe(std::string_view word, std::vector<int32_t>& out) const {
-    struct Sym {
-      int32_t id;
-      int prev, next;
-    };
-    std::vector<Sym> s(word.size());
-    for (size_t i = 0; i < word.size(); ++i)
-      s[i] = {byte_id[static_cast<unsigned char>(word[i])], static_cast<int>(i) - 1,
-              i + 1 < word.size() ? static_cast<int>(i) + 1 : -1};
-    struct Cand {
-      int32_t rank;
-      int pos;
-      int32_t left, right;
-      bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
-    };
-    std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
-    auto push = [&](int pos) {
-      if (pos < 0 || s[pos].next < 0) return;
-      const auto it = merge.find(key(s[pos].id, s[s[pos].next].id));
-      if (it != merge.end()) heap.push({it->second.first, pos, s[pos].id, s[s[pos].next].id});
-    };
-    for (size_t i = 0; i + 1 < word.size(); ++i) push(static_cast<int>(i));
-    while (!heap.empty()) {
-      const Cand c = heap.top();
-      heap.pop();
-      Sym& left = s[c.pos];
-      if (left.id != c.left || left.next < 0 || s[left.next].id != c.right) continue;  // stale
-      const int gone = left.next;
-      left.id = merge.at(key(c.left, c.right)).second;
-      left.next = s[gone].next;
-      if (left.next >= 0) s[left.next].prev = c.pos;
-      s[gone].id = -1;
-      push(left.prev);
-      push(c.pos);
-    }
-    for (int i = 0; i >= 0; i = s[i].next) out.push_back(s[i].id);
+    std::vector<int32_t> symbols(word.size());
+    for (size_t i = 0; i < word.size(); ++i) symbols[i] = byte_id[static_cast<unsigned char>(word[i])];
+    apply_bpe_merges(merge, symbols, out);
   }
 
   void encode_word(std::string_view word, std::vector<int32_t>& out) const {
@@ -305,7 +269,7 @@ BpeTokenizer BpeTokenizer::from_strings(const std::string& vocab_json, const std
     if (result == t.ids.end())
       fail(merges_name, ":", lineno, ": the merge \"", a, " ", b, "\" makes \"", a + b, "\", which is not in ", vocab_name);
     // a repeated pair keeps its last rank, as in the reference (a dict built from the list)
-    t.merge[Impl::key(t.ids.at(a), t.ids.at(b))] = {rank++, result->second};
+    t.merge[bpe_pair_key(t.ids.at(a), t.ids.at(b))] = {rank++, result->second};
     made[static_cast<size_t>(result->second)] = true;
   }
   t.merge_count = static_cast<size_t>(rank);

@@ -283,7 +283,7 @@ struct HfTokenizer::Impl {
   std::vector<DecStep> dec;
   bool has_decoder = false;
   // the model: BPE
-  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merge;  // (left, right) -> (rank, merged)
+  BpeMerges merge;  // (left, right) -> (rank, merged)
   size_t merge_count = 0;
   int32_t unk = -1;
   bool fuse_unk = false, byte_fallback = false, ignore_merges = false;
@@ -294,7 +294,6 @@ struct HfTokenizer::Impl {
   mutable std::mutex cache_mutex;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache;
 
-  static uint64_t key(int32_t a, int32_t b) { return static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32 | static_cast<uint32_t>(b); }
 
   int32_t id_or(const std::string& t, int32_t dflt) const {
     const auto it = all_ids.find(t);
@@ -441,41 +440,7 @@ struct HfTokenizer::Impl {
       }
     }
     if (pending_unk) sym.push_back(unk);
-    struct Sym {
-      int32_t id;
-      int prev, next;
-    };
-    std::vector<Sym> s(sym.size());
-    for (size_t i = 0; i < sym.size(); ++i)
-      s[i] = {sym[i], static_cast<int>(i) - 1, i + 1 < sym.size() ? static_cast<int>(i) + 1 : -1};
-    struct Cand {
-      int32_t rank;
-      int pos;
-      int32_t left, right;
-      bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
-    };
-    std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
-    auto push = [&](int pos) {
-      if (pos < 0 || s[pos].next < 0) return;
-      const auto it = merge.find(key(s[pos].id, s[s[pos].next].id));
-      if (it != merge.end()) heap.push({it->second.first, pos, s[pos].id, s[s[pos].next].id});
-    };
-    for (size_t i = 0; i + 1 < s.size(); ++i) push(static_cast<int>(i));
-    while (!heap.empty()) {
-      const Cand c = heap.top();
-      heap.pop();
-      Sym& left = s[c.pos];
-      if (left.id != c.left || left.next < 0 || s[left.next].id != c.right) continue;  // stale
-      const int gone = left.next;
-      left.id = merge.at(key(c.left, c.right)).second;
-      left.next = s[gone].next;
-      if (left.next >= 0) s[left.next].prev = c.pos;
-      s[gone].id = -1;
-      push(left.prev);
-      push(c.pos);
-    }
-    if (!s.empty())
-      for (int i = 0; i >= 0; i = s[i].next) out.push_back(s[i].id);
+    apply_bpe_merges(merge, sym, out);
   }
 
   void encode_word(const std::string& w, std::vector<int32_t>& out) const {
@@ -756,7 +721,7 @@ HfTokenizer HfTokenizer::from_json(const std::string& text, const std::string& n
         if (!t.ids.count(part)) fail(where, ": the token \"", part, "\" is not in model.vocab");
       const auto made = t.ids.find(a + b);
       if (made == t.ids.end()) fail(where, ": the merge \"", a, " ", b, "\" makes \"", a + b, "\", which is not in model.vocab");
-      const uint64_t k = Impl::key(t.ids.at(a), t.ids.at(b));
+      const uint64_t k = bpe_pair_key(t.ids.at(a), t.ids.at(b));
       if (!t.merge.count(k)) t.merge[k] = {static_cast<int32_t>(t.merge_count), made->second};  // the first rank counts
       ++t.merge_count;
     }

@@ -1,6 +1,7 @@
 #include "datasets/tokenizer.h"
 
 #include <cstdio>
+#include <queue>
 #include <filesystem>
 
 #include "datasets/bpe_tokenizer.h"
@@ -101,6 +102,44 @@ std::shared_ptr<const Tokenizer> load_tokenizer(const std::string& dir) {
 
 std::shared_ptr<const Tokenizer> tokenizer_for_directory(const std::string& dir) {
   return has_tokenizer_files(dir) ? load_tokenizer(dir) : nullptr;
+}
+
+void apply_bpe_merges(const BpeMerges& merges, const std::vector<int32_t>& symbols, std::vector<int32_t>& out) {
+  struct Sym {
+    int32_t id;
+    int prev, next;
+  };
+  std::vector<Sym> s(symbols.size());
+  for (size_t i = 0; i < symbols.size(); ++i)
+    s[i] = {symbols[i], static_cast<int>(i) - 1, i + 1 < symbols.size() ? static_cast<int>(i) + 1 : -1};
+  struct Cand {
+    int32_t rank;
+    int pos;
+    int32_t left, right;
+    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+  };
+  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
+  auto push = [&](int pos) {
+    if (pos < 0 || s[pos].next < 0) return;
+    const auto it = merges.find(bpe_pair_key(s[pos].id, s[s[pos].next].id));
+    if (it != merges.end()) heap.push({it->second.first, pos, s[pos].id, s[s[pos].next].id});
+  };
+  for (size_t i = 0; i + 1 < s.size(); ++i) push(static_cast<int>(i));
+  while (!heap.empty()) {
+    const Cand c = heap.top();
+    heap.pop();
+    Sym& left = s[c.pos];
+    if (left.id != c.left || left.next < 0 || s[left.next].id != c.right) continue;  // stale
+    const int gone = left.next;
+    left.id = merges.at(bpe_pair_key(c.left, c.right)).second;
+    left.next = s[gone].next;
+    if (left.next >= 0) s[left.next].prev = c.pos;
+    s[gone].id = -1;
+    push(left.prev);
+    push(c.pos);
+  }
+  if (!s.empty())
+    for (int i = 0; i >= 0; i = s[i].next) out.push_back(s[i].id);
 }
 
 }  // namespace hl

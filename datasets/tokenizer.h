@@ -6,6 +6,8 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace hl {
@@ -55,5 +57,14 @@ std::shared_ptr<const Tokenizer> load_tokenizer(const std::string& dir);
 // The tokenizer beside a model (a Hugging Face model directory's own files), or null when the
 // directory has none: what loading a model directory calls.
 std::shared_ptr<const Tokenizer> tokenizer_for_directory(const std::string& dir);
+
+// BPE's merge table, shared by GPT-2's files and tokenizer.json: (left id, right id) as
+// bpe_pair_key -> (rank, merged id).
+using BpeMerges = std::unordered_map<uint64_t, std::pair<int32_t, int32_t>>;
+inline uint64_t bpe_pair_key(int32_t a, int32_t b) { return static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32 | static_cast<uint32_t>(b); }
+// The reference bpe() on one word's symbols: repeatedly merge the adjacent pair of lowest rank
+// (every occurrence, left to right), appending the result to out. A heap of candidate pairs
+// ordered by (rank, position) merges the same pairs in the same order in O(n log n).
+void apply_bpe_merges(const BpeMerges& merges, const std::vector<int32_t>& symbols, std::vector<int32_t>& out);
 
 }  // namespace hl
