@@ -24,6 +24,17 @@ std::vector<double> transpose(const std::vector<double>& a, int rows, int cols) 
   return t;
 }
 
+// (rows x inner) * (inner x cols), row-major.
+std::vector<double> matmul(const std::vector<double>& a, const std::vector<double>& b, int rows, int inner, int cols) {
+  std::vector<double> c(static_cast<size_t>(rows) * cols, 0.0);
+  for (int i = 0; i < rows; ++i)
+    for (int t = 0; t < inner; ++t) {
+      const double v = a[i * inner + t];
+      for (int j = 0; j < cols; ++j) c[i * cols + j] += v * b[t * cols + j];
+    }
+  return c;
+}
+
 // R (k x k, upper triangular) of A = Q R for a row-major (rows x k) matrix, rows >= k.
 std::vector<double> qr_r(std::vector<double> a, int rows, int k) {
   std::vector<double> tau(static_cast<size_t>(k));
@@ -66,14 +77,50 @@ double stable_rank(const std::vector<double>& sv) {
   return s / (sv[0] * sv[0]);
 }
 
-std::vector<double> qk_circuit_singular_values(const TransformerLM& model, int layer, int head) {
+namespace {
+
+// The model's rotation of a d_head query vector at a key offset, R (dh x dh, row-major: q' = R q),
+// as its own rotary op turns it (pairing, rotary_dim, theta, the float32 cos/sin table): the op
+// turns the rows of the identity into the rows of R^T, exactly (each entry a table value or 0).
+std::vector<double> rotation(const MultiHeadAttention& attn, int64_t offset) {
+  const int64_t dh = attn.cfg.head_dim();
+  Tensor eye = Tensor::zeros({dh, dh});
+  for (int64_t i = 0; i < dh; ++i) eye.data()[i * dh + i] = 1.f;
+  const int32_t pos = static_cast<int32_t>(offset);
+  const Tensor rt = rotary(eye, 1, std::span<const int32_t>(&pos, 1), attn.rotary_cos_sin, attn.cfg.rope);
+  return transpose(to_double(rt), static_cast<int>(dh), static_cast<int>(dh));
+}
+
+void check_offset(const ModelConfig& c, int64_t offset, const char* what) {
+  if (offset < 0 || offset >= c.max_seq_len)
+    fail(what, ": offset ", offset, " is outside the key offsets 0..", c.max_seq_len - 1, " (max_seq_len ", c.max_seq_len, ")");
+}
+
+}  // namespace
+
+std::vector<double> qk_circuit_singular_values(const TransformerLM& model, int layer, int head, std::optional<int64_t> offset) {
   const auto& attn = model.blocks.at(layer)->attn;
   const int64_t dh = attn.cfg.head_dim(), D = attn.cfg.d_model;
   const int kv = head / (attn.cfg.n_heads / attn.cfg.kv_heads());
+  if (offset) check_offset(model.cfg, *offset, "qk_circuit_singular_values");
   // W_QK = W_Q^h^T W_K^h (D x D) = X Y with X = W_Q^h^T (D x dh), Y = W_K^h (dh x D)
   const std::vector<double> X = transpose(to_double(head_rows(attn.W_Q.weight, head, dh)), dh, D);
   const std::vector<double> YT = transpose(to_double(head_rows(attn.W_K.weight, kv, dh)), dh, D);
-  return low_rank_product_svals(X, YT, static_cast<int>(D), static_cast<int>(dh));
+  if (!attn.cfg.rotary) return low_rank_product_svals(X, YT, static_cast<int>(D), static_cast<int>(dh));
+  // Rotated: X(o) = X R(o)^T = Q_x (R_x R(o)^T), so W_QK(o) = Q_x (R_x R(o)^T R_y^T) Q_y^T and
+  // its singular values are those of the dh x dh core R_x R(o)^T R_y^T.
+  const int k = static_cast<int>(dh);
+  if (D < dh) fail("circuits: d_model ", D, " is below d_head ", dh);
+  const std::vector<double> rx = qr_r(X, static_cast<int>(D), k), ryt = transpose(qr_r(YT, static_cast<int>(D), k), k, k);
+  const int64_t first = offset.value_or(0), last = offset ? *offset + 1 : model.cfg.max_seq_len;
+  std::vector<double> mean(static_cast<size_t>(k), 0.0);
+  for (int64_t o = first; o < last; ++o) {
+    const std::vector<double> core = matmul(matmul(rx, transpose(rotation(attn, o), k, k), k, k, k), ryt, k, k, k);
+    const std::vector<double> sv = singular_values(core, k, k);
+    for (int i = 0; i < k; ++i) mean[i] += sv[i];
+  }
+  for (double& v : mean) v /= static_cast<double>(last - first);
+  return mean;
 }
 
 std::vector<double> ov_circuit_singular_values(const TransformerLM& model, int layer, int head) {
@@ -198,17 +245,6 @@ struct Factored {
   Factored transposed() const { return {transpose(Y, k, D), transpose(X, D, k), D, k}; }
 };
 
-// (rows x inner) * (inner x cols), row-major.
-std::vector<double> matmul(const std::vector<double>& a, const std::vector<double>& b, int rows, int inner, int cols) {
-  std::vector<double> c(static_cast<size_t>(rows) * cols, 0.0);
-  for (int i = 0; i < rows; ++i)
-    for (int t = 0; t < inner; ++t) {
-      const double v = a[i * inner + t];
-      for (int j = 0; j < cols; ++j) c[i * cols + j] += v * b[t * cols + j];
-    }
-  return c;
-}
-
 // ||X Y||_F^2 = trace((X^T X)(Y Y^T)): k x k Gram matrices instead of the D x D product.
 double frob2(const Factored& f) {
   const std::vector<double> gx = matmul(transpose(f.X, f.D, f.k), f.X, f.k, f.D, f.k);
@@ -232,19 +268,16 @@ Factored ov_factors(const TransformerLM& model, int layer, int head) {
   return {to_double(head_cols(attn.W_O.weight, head, dh)), to_double(head_rows(attn.W_V.weight, kv, dh)),
           static_cast<int>(D), static_cast<int>(dh)};
 }
-// W_QK = X Y with X = (R(offset) W_Q^h)^T (D x dh) and Y = W_K^h (dh x D). The rows of X are
-// d_head vectors: the model's rotary op turns each as a query `offset` positions after the key
-// (at position 0, unturned).
+// W_QK = X Y with X = (R(offset) W_Q^h)^T = W_Q^h^T R(offset)^T (D x dh) and Y = W_K^h (dh x D):
+// the rows of X are d_head vectors, each turned as a query `offset` positions after the key.
 Factored qk_factors(const TransformerLM& model, int layer, int head, int64_t offset = 0) {
   const auto& attn = model.blocks.at(layer)->attn;
   const int64_t dh = attn.cfg.head_dim(), D = attn.cfg.d_model;
   const int kv = head / (attn.cfg.n_heads / attn.cfg.kv_heads());
   std::vector<double> X = transpose(to_double(head_rows(attn.W_Q.weight, head, dh)), dh, D);
   if (attn.cfg.rotary && offset != 0) {
-    Tensor rows = Tensor::empty({D, dh});  // (D, dh): W_Q^h's columns as rows
-    for (int64_t i = 0; i < D * dh; ++i) rows.data()[i] = static_cast<float>(X[static_cast<size_t>(i)]);
-    const int32_t pos = static_cast<int32_t>(offset);
-    X = to_double(rotary(rows, 1, std::span<const int32_t>(&pos, 1), attn.rotary_cos_sin, attn.cfg.rope));
+    const int k = static_cast<int>(dh);
+    X = matmul(X, transpose(rotation(attn, offset), k, k), static_cast<int>(D), k, k);
   }
   return {X, to_double(head_rows(attn.W_K.weight, kv, dh)), static_cast<int>(D), static_cast<int>(dh)};
 }
@@ -254,53 +287,119 @@ double score(const Factored& b, const Factored& a) {
   return na > 0 && nb > 0 ? std::sqrt(frob2(product(b, a)) / (na * nb)) : 0.0;
 }
 
-}  // namespace
+// sqrt(num / (n1 n2)), 0 when a norm is 0: score()'s ratio from squared norms.
+double ratio(double num, double n1, double n2) { return n1 > 0 && n2 > 0 ? std::sqrt(std::max(0.0, num) / (n1 * n2)) : 0.0; }
 
-CompositionScores composition_scores(const TransformerLM& model, int layer_a, int layer_b) {
-  return composition_scores(model, layer_a, layer_b, 0);
+double dot(const std::vector<double>& a, const std::vector<double>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
 }
 
-CompositionScores composition_scores(const TransformerLM& model, int layer_a, int layer_b, int64_t offset) {
+// R G R^T (dh x dh) for the rotation R, which has at most two non-zeros a row: O(dh^2).
+struct SparseRows {
+  std::vector<std::vector<std::pair<int, double>>> rows;  // rows[i]: (j, R[i][j]) for R[i][j] != 0
+  explicit SparseRows(const std::vector<double>& R, int k) : rows(static_cast<size_t>(k)) {
+    for (int i = 0; i < k; ++i)
+      for (int j = 0; j < k; ++j)
+        if (R[i * k + j] != 0) rows[i].emplace_back(j, R[i * k + j]);
+  }
+};
+std::vector<double> conjugate(const SparseRows& R, const std::vector<double>& G, int k, bool transposed) {
+  // transposed: R^T G R, else R G R^T
+  std::vector<double> RG(static_cast<size_t>(k) * k, 0.0), out(static_cast<size_t>(k) * k, 0.0);
+  for (int i = 0; i < k; ++i)
+    for (const auto& [j, v] : R.rows[i]) {  // v = R[i][j]
+      const int dst = transposed ? j : i, src = transposed ? i : j;  // (R^T G)[j] += R[i][j] G[i]; (R G)[i] += R[i][j] G[j]
+      for (int c = 0; c < k; ++c) RG[dst * k + c] += v * G[src * k + c];
+    }
+  for (int i = 0; i < k; ++i)
+    for (const auto& [j, v] : R.rows[i]) {  // out[:, j] += R[i][j] RG[:, i] (R^T on the right); out[:, i] += R[i][j] RG[:, j]
+      const int dst = transposed ? j : i, src = transposed ? i : j;
+      for (int r = 0; r < k; ++r) out[r * k + dst] += v * RG[r * k + src];
+    }
+  return out;
+}
+
+// Q- and K-composition of a rotary layer pair, averaged over offsets 0..n-1, through d_head x d_head
+// Gram matrices (per offset O(dh^2) per head pair, so the mean over a long context stays cheap):
+// with A(o) = R(o) W_Q W_Q^T R(o)^T and B(o) = R(o)^T W_K W_K^T R(o),
+//   ||W_QK(o)||^2 = <A(o), W_K W_K^T>,  ||W_QK(o) W_OV||^2 = <A(o), N N^T>, N = W_K W_OV,
+//   ||W_QK(o)^T W_OV||^2 = <B(o), P P^T>, P = W_Q W_OV.
+void mean_rotary_qk_composition(const TransformerLM& model, int layer_a, int layer_b, int64_t n, CompositionScores& c) {
+  const auto& attn = model.blocks.at(layer_b)->attn;
+  const int H = model.cfg.n_heads, k = static_cast<int>(attn.cfg.head_dim()), D = static_cast<int>(attn.cfg.d_model);
+  std::vector<Factored> ov(static_cast<size_t>(H));
+  std::vector<double> nov(static_cast<size_t>(H));
+  for (int a = 0; a < H; ++a) ov[a] = ov_factors(model, layer_a, a), nov[a] = frob2(ov[a]);
+  auto gram = [&](const std::vector<double>& m) { return matmul(m, transpose(m, k, D), k, D, k); };  // M M^T, M (k x D)
+  std::vector<std::vector<double>> gq(H), gk(H);
+  std::vector<std::vector<std::vector<double>>> nn(H, std::vector<std::vector<double>>(H)), pp = nn;  // [b][a]
+  for (int b = 0; b < H; ++b) {
+    const Factored qk = qk_factors(model, layer_b, b);  // X = W_Q^T, Y = W_K
+    const std::vector<double> wq = transpose(qk.X, D, k);
+    gq[b] = gram(wq), gk[b] = gram(qk.Y);
+    for (int a = 0; a < H; ++a) {
+      nn[b][a] = gram(matmul(matmul(qk.Y, ov[a].X, k, D, k), ov[a].Y, k, k, D));
+      pp[b][a] = gram(matmul(matmul(wq, ov[a].X, k, D, k), ov[a].Y, k, k, D));
+    }
+  }
+  for (auto* g : {&c.q, &c.k})
+    for (auto& row : *g) std::fill(row.begin(), row.end(), 0.0);
+  for (int64_t o = 0; o < n; ++o) {
+    const SparseRows R(rotation(attn, o), k);
+    for (int b = 0; b < H; ++b) {
+      const std::vector<double> A = conjugate(R, gq[b], k, false), B = conjugate(R, gk[b], k, true);
+      const double nqk = dot(A, gk[b]);
+      for (int a = 0; a < H; ++a) {
+        c.k[a][b] += ratio(dot(A, nn[b][a]), nqk, nov[a]);
+        c.q[a][b] += ratio(dot(B, pp[b][a]), nqk, nov[a]);
+      }
+    }
+  }
+  for (auto* g : {&c.q, &c.k})
+    for (auto& row : *g)
+      for (double& x : row) x /= static_cast<double>(n);
+}
+
+}  // namespace
+
+CompositionScores composition_scores(const TransformerLM& model, int layer_a, int layer_b, std::optional<int64_t> offset) {
   const int L = model.cfg.n_layers, H = model.cfg.n_heads;
   if (layer_a < 0 || layer_b >= L || layer_a >= layer_b)
     fail("composition_scores: layers ", layer_a, " -> ", layer_b, " must satisfy 0 <= a < b < ", L);
-  if (offset < 0 || offset >= model.cfg.max_seq_len)
-    fail("composition_scores: key offset ", offset, " is outside 0..", model.cfg.max_seq_len - 1, " (max_seq_len)");
+  if (offset) check_offset(model.cfg, *offset, "composition_scores");
+  // one W_QK without rotary positions; on a rotary model without an offset: the mean (below)
+  const bool rotary = model.blocks[layer_b]->attn.cfg.rotary;
+  const int64_t at = rotary ? offset.value_or(0) : 0;
   CompositionScores c;
   c.q = c.k = c.v = std::vector<std::vector<double>>(H, std::vector<double>(H, 0.0));
   for (int ha = 0; ha < H; ++ha) {
     const Factored ov_a = ov_factors(model, layer_a, ha);
     for (int hb = 0; hb < H; ++hb) {
-      const Factored qk_b = qk_factors(model, layer_b, hb, offset);
+      const Factored qk_b = qk_factors(model, layer_b, hb, at);
       c.q[ha][hb] = score(qk_b.transposed(), ov_a);
       c.k[ha][hb] = score(qk_b, ov_a);
       c.v[ha][hb] = score(ov_factors(model, layer_b, hb), ov_a);
     }
   }
+  if (rotary && !offset) mean_rotary_qk_composition(model, layer_a, layer_b, model.cfg.max_seq_len, c);
   return c;
 }
 
 CompositionScores composition_scores_over_offsets(const TransformerLM& model, int layer_a, int layer_b, int64_t n_offsets) {
   if (n_offsets < 1 || n_offsets > model.cfg.max_seq_len)
     fail("composition_scores: ", n_offsets, " key offsets is outside 1..", model.cfg.max_seq_len, " (max_seq_len)");
-  CompositionScores mean = composition_scores(model, layer_a, layer_b, 0);
-  for (int64_t o = 1; o < n_offsets; ++o) {
-    const CompositionScores s = composition_scores(model, layer_a, layer_b, o);
-    for (size_t a = 0; a < mean.q.size(); ++a)
-      for (size_t b = 0; b < mean.q[a].size(); ++b)
-        mean.q[a][b] += s.q[a][b], mean.k[a][b] += s.k[a][b], mean.v[a][b] += s.v[a][b];
-  }
-  for (auto* g : {&mean.q, &mean.k, &mean.v})
-    for (auto& row : *g)
-      for (double& x : row) x /= static_cast<double>(n_offsets);
-  return mean;
+  CompositionScores c = composition_scores(model, layer_a, layer_b, 0);
+  if (model.blocks.at(layer_b)->attn.cfg.rotary) mean_rotary_qk_composition(model, layer_a, layer_b, n_offsets, c);
+  return c;
 }
 
 std::vector<double> qk_circuit(const TransformerLM& model, int layer, int head, int64_t offset) {
   const ModelConfig& c = model.cfg;
   if (layer < 0 || layer >= c.n_layers || head < 0 || head >= c.n_heads)
     fail("qk_circuit: head (", layer, ", ", head, ") is outside ", c.n_layers, " layers x ", c.n_heads, " heads");
-  if (offset < 0 || offset >= c.max_seq_len) fail("qk_circuit: key offset ", offset, " is outside 0..", c.max_seq_len - 1);
+  check_offset(c, offset, "qk_circuit");
   const Factored f = qk_factors(model, layer, head, offset);
   return matmul(f.X, f.Y, f.D, f.k, f.D);
 }
@@ -312,7 +411,7 @@ CompositionBaseline composition_baseline(const ModelConfig& cfg, int models, uin
   std::vector<double> kinds[3];
   for (int i = 0; i < models; ++i) {
     TransformerLM m(c, seed + static_cast<uint64_t>(i));
-    const CompositionScores s = composition_scores(m, 0, 1);
+    const CompositionScores s = composition_scores(m, 0, 1, 0);  // one offset (max_seq_len 1)
     for (int a = 0; a < c.n_heads; ++a)
       for (int b = 0; b < c.n_heads; ++b) {
         kinds[0].push_back(s.q[a][b]);

@@ -3,6 +3,7 @@
 // through LAPACK. Functions of the model that return data; files are the caller's business.
 #pragma once
 #include <complex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,7 +32,12 @@ std::vector<HeadNormRow> mlp_gradient_norms(const TransformerLM& model, int64_t 
 std::vector<double> singular_values(std::vector<double> m, int rows, int cols);
 // Singular values of W_QK = W_Q^h^T W_K^h or W_OV = W_O^h W_V^h (d_model x d_model, rank <= d_head),
 // from the d_head x d_head core of the low-rank product (QR of each factor, LAPACK dgeqrf).
-std::vector<double> qk_circuit_singular_values(const TransformerLM& model, int layer, int head);
+// On a rotary model W_QK depends on the key's offset before the query (see composition_scores):
+// the singular values of W_QK(offset), or without an offset the mean of each (the i-th largest)
+// over offsets 0..max_seq_len-1, what the gradient atlas's circuits.csv records. A model without
+// rotary positions has one W_QK, whatever the offset.
+std::vector<double> qk_circuit_singular_values(const TransformerLM& model, int layer, int head,
+                                               std::optional<int64_t> offset = std::nullopt);
 std::vector<double> ov_circuit_singular_values(const TransformerLM& model, int layer, int head);
 double stable_rank(const std::vector<double>& singular_values);  // sum s^2 / s_max^2
 
@@ -58,20 +64,23 @@ double composition_score(const std::vector<double>& A, const std::vector<double>
 // K-composition ||W_QK^B W_OV^A||, V-composition ||W_OV^B W_OV^A||, each divided by the two
 // norms. Grids [head of layer_a][head of layer_b]. Computed through the d_head-sized factors
 // (Gram matrices), never forming D x D products, so any width is cheap.
+//
+// Under rotary positions a query at position i and a key at j score x_i^T W_Q^T R(j - i) W_K x_j
+// (R the rotation of each turned pair by (j - i) theta_k; R(0) = I), so W_QK depends on the
+// key's offset before the query, offset = i - j >= 0: W_QK^B(offset) = (R(offset) W_Q^h)^T W_K^h,
+// the rotation put on the query side by the model's own rotary op (its pairing, rotary_dim and
+// theta). Q- and K-composition are taken with it; V-composition (W_OV, never rotated) is the same
+// at every offset. With `offset` the scores at that offset (0..max_seq_len-1; 0 is the unrotated
+// W_QK); without one, Q- and K-composition are their mean over offsets 0..max_seq_len-1 (each
+// equally: every offset a query may read a key at), what `headlab compose` and the studies report.
+// A model without rotary positions has one W_QK: every offset gives its scores, bit for bit.
 struct CompositionScores {
   std::vector<std::vector<double>> q, k, v;
 };
-CompositionScores composition_scores(const TransformerLM& model, int layer_a, int layer_b);
-
-// Under rotary positions a query at position i and a key at j score x_i^T W_Q^T R(j - i) W_K x_j
-// (R the rotation of each turned pair by (j - i) theta_k; R(0) = I), so W_QK depends on the
-// key's offset before the query, offset = i - j >= 0. These take W_QK^B(offset) =
-// (R(offset) W_Q^h)^T W_K^h, the rotation put on the query side by the model's own rotary op (its
-// pairing, rotary_dim and theta); V-composition has no rotation. Offset 0 is composition_scores;
-// a model without rotary positions scores the same at every offset. offset in 0..max_seq_len-1.
-CompositionScores composition_scores(const TransformerLM& model, int layer_a, int layer_b, int64_t offset);
-// The mean of composition_scores(model, a, b, offset) over offsets 0..n_offsets-1 (each equally):
-// a head's composition over the key offsets it may read (n_offsets 1..max_seq_len).
+CompositionScores composition_scores(const TransformerLM& model, int layer_a, int layer_b,
+                                     std::optional<int64_t> offset = std::nullopt);
+// The mean of composition_scores(model, a, b, offset) over offsets 0..n_offsets-1 (each equally;
+// n_offsets 1..max_seq_len); V-composition taken once.
 CompositionScores composition_scores_over_offsets(const TransformerLM& model, int layer_a, int layer_b, int64_t n_offsets);
 // W_QK of a head at a key offset, dense (D x D, row-major): (R(offset) W_Q^h)^T W_K^h, what
 // x_i^T W_QK x_j is the scaled-away score of (before the scale, without biases or QK-norm).
@@ -81,6 +90,8 @@ std::vector<double> qk_circuit(const TransformerLM& model, int layer, int head, 
 // two layers of `models` freshly initialised 2-layer models of cfg's widths (Gaussian weights; the
 // scores do not depend on their scale). Per kind (Q, K, V): the mean and the 2.5th and 97.5th
 // percentiles, so a score inside that range says nothing about the trained model.
+// Scores at one key offset: on a rotary model the mean over offsets of random weights spreads
+// less, so this range is the wider (cautious) one for it.
 struct CompositionBaseline {
   double mean[3], lo[3], hi[3];  // [0] Q, [1] K, [2] V
 };

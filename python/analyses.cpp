@@ -562,10 +562,13 @@ void bind_analyses(py::module_& m) {
      py::arg("seed") = 0, py::arg("permutation") = std::vector<int64_t>{},
      "A KnockoutResult: ablate a hook point by name (zero, mean or resample; one head or all; some positions or all): clean and ablated loss "
      "and accuracy, per example and overall, with 95% bootstrap intervals");
-  m.def("composition_scores", [](const TransformerLM& model, int layer_a, int layer_b) {
-    const CompositionScores c = composition_scores(model, layer_a, layer_b);
+  m.def("composition_scores", [](const TransformerLM& model, int layer_a, int layer_b, std::optional<int64_t> offset) {
+    const CompositionScores c = without_gil([&] { return composition_scores(model, layer_a, layer_b, offset); });
     return grids_result("CompositionScores", {{"q", c.q}, {"k", c.k}, {"v", c.v}});
-  }, py::arg("model"), py::arg("layer_a"), py::arg("layer_b"), "A CompositionScores: Q/K/V composition, q, k, v [head of layer_a][head of layer_b]");
+  }, py::arg("model"), py::arg("layer_a"), py::arg("layer_b"), py::arg("offset") = py::none(),
+     "A CompositionScores: Q/K/V composition, q, k, v [head of layer_a][head of layer_b]. On a rotary model Q- and K-composition "
+     "use W_QK(offset) = (R(offset) W_Q)^T W_K at the key offset (query position - key position); offset None: their mean over "
+     "offsets 0..n_ctx-1, as headlab compose. V-composition is never rotated; other models score the same at every offset");
   m.def("composition_baseline", [](const ModelConfig& cfg, int models, uint64_t seed) {
     if (models < 2) throw py::value_error("composition_baseline: models must be at least 2, got " + std::to_string(models));
     const CompositionBaseline b = without_gil([&] { return composition_baseline(cfg, models, seed); });
@@ -582,9 +585,12 @@ void bind_analyses(py::module_& m) {
   }, py::arg("config"), py::arg("models") = 20, py::arg("seed") = 1,
      "A CompositionBaseline: what composition scores random weights of config's shapes get: per kind (q, k, v) the mean and the 2.5th and 97.5th "
      "percentiles (lo, hi) over the head pairs of `models` random 2-layer models");
-  m.def("qk_singular_values", [](const TransformerLM& model, int layer, int head) { return qk_circuit_singular_values(model, layer, head); },
-        py::arg("model"), py::arg("layer"), py::arg("head"),
-        "Singular values (descending) of the head's QK circuit W_Q^T W_K (d_model x d_model, rank <= d_head)");
+  m.def("qk_singular_values", [](const TransformerLM& model, int layer, int head, std::optional<int64_t> offset) {
+    return qk_circuit_singular_values(model, layer, head, offset);
+  }, py::arg("model"), py::arg("layer"), py::arg("head"), py::arg("offset") = py::none(),
+     "Singular values (descending) of the head's QK circuit W_Q^T W_K (d_model x d_model, rank <= d_head). On a rotary model "
+     "those of W_QK(offset) = (R(offset) W_Q)^T W_K; offset None: the mean of each over offsets 0..n_ctx-1, as the gradient "
+     "atlas's circuits.csv");
   m.def("ov_eigenvalues", [](const TransformerLM& model, int layer, int head) {
     const auto ev = ov_circuit_eigenvalues(model, layer, head);
     py::array_t<std::complex<double>> a(static_cast<py::ssize_t>(ev.size()));

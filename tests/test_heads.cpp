@@ -351,6 +351,51 @@ BOOST_AUTO_TEST_CASE(circuit_singular_values) {
   BOOST_TEST(ref[4] < 1e-6);  // rank <= d_head
 }
 
+BOOST_AUTO_TEST_CASE(rotary_qk_singular_values_are_the_rotated_circuits_and_the_atlas_writes_their_mean) {
+  for (const std::string style : {"half", "interleaved"}) {
+    ModelConfig c = tiny_model(2);
+    c.positions = Positions::Rotary;
+    c.rotary_style = style;
+    if (style == "interleaved") c.rotary_dim = 2;  // partial: one of each head's two pairs turns
+    TransformerLM lm(c, 9);
+    BOOST_TEST_CONTEXT(style) {
+      // at an offset: the singular values of the dense W_QK(offset); without one, their mean over 0..max_seq_len-1
+      std::vector<double> mean(4, 0.0);
+      bool moved = false;
+      for (int64_t o = 0; o < c.max_seq_len; ++o) {
+        const auto ref = singular_values(qk_circuit(lm, 0, 1, o), 8, 8), got = qk_circuit_singular_values(lm, 0, 1, o);
+        BOOST_TEST_REQUIRE(got.size() == 4u);
+        for (size_t i = 0; i < 4; ++i) {
+          BOOST_TEST(got[i] == ref[i], tt::tolerance(1e-9));
+          mean[i] += ref[i] / double(c.max_seq_len);
+        }
+        moved = moved || std::fabs(ref[0] - qk_circuit_singular_values(lm, 0, 1, 0)[0]) > 1e-3;
+      }
+      BOOST_TEST(moved);  // the rotation changes the spectrum: offset 0 alone would fail below
+      const auto avg = qk_circuit_singular_values(lm, 0, 1);
+      for (size_t i = 0; i < 4; ++i) BOOST_TEST(avg[i] == mean[i], tt::tolerance(1e-9));
+      // circuits.csv's QK rows are that mean (stable rank of the values it lists)
+      const std::string dir = fresh_dir("atlas_rotary_" + style);
+      std::filesystem::create_directories(dir);
+      GradAtlas(dir, 0, {3}, false).observe(3, lm);
+      std::istringstream csv(read_file(dir + "/circuits.csv"));
+      std::string line;
+      int rows = 0;
+      while (std::getline(csv, line))
+        if (line.starts_with("3,0,1,QK,")) {
+          ++rows;
+          std::vector<double> sv;
+          std::istringstream cells(line.substr(line.find(',', std::string("3,0,1,QK,").size()) + 1));
+          for (std::string v; std::getline(cells, v, ';');) sv.push_back(std::stod(v));
+          BOOST_TEST_REQUIRE(sv.size() == 4u);
+          for (size_t i = 0; i < 4; ++i) BOOST_TEST(sv[i] == mean[i], tt::tolerance(1e-5));  // written with 6 digits
+        }
+      BOOST_TEST(rows == 1);
+    }
+  }
+  BOOST_CHECK_THROW(qk_circuit_singular_values(TransformerLM(tiny_model(2), 9), 0, 1, 9), Error);  // max_seq_len 9
+}
+
 BOOST_AUTO_TEST_CASE(ablate_command_table_and_resume) {
   const std::string out = temp_path("ablate");
   fs::remove_all(out);

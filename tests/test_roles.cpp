@@ -249,7 +249,7 @@ BOOST_AUTO_TEST_CASE(rotary_composition_is_taken_at_a_key_offset_as_the_models_s
             for (int t = 0; t < dh; ++t) o[i * D + j] += double(A.W_O.weight.at({i, h * dh + t})) * A.W_V.weight.at({h * dh + t, j});
         return o;
       };
-      const CompositionScores at0 = composition_scores(m, 0, 1), plain0 = composition_scores(m, 0, 1, 0);
+      const CompositionScores at0 = composition_scores(m, 0, 1, 0), plain0 = composition_scores_over_offsets(m, 0, 1, 1);
       bool moved = false;
       for (int64_t offset : {0, 3}) {
         const CompositionScores cs = composition_scores(m, 0, 1, offset);
@@ -263,10 +263,36 @@ BOOST_AUTO_TEST_CASE(rotary_composition_is_taken_at_a_key_offset_as_the_models_s
           }
       }
       BOOST_TEST(moved);  // under rotary the offset matters: the test can fail
-      BOOST_TEST(plain0.k == at0.k);  // offset 0 (R = I) is the unrotated score
-      const CompositionScores mean = composition_scores_over_offsets(m, 0, 1, 2), at1 = composition_scores(m, 0, 1, 1);
-      BOOST_TEST(mean.k[1][2] == (at0.k[1][2] + at1.k[1][2]) / 2, boost::test_tools::tolerance(1e-12));
+      for (int a = 0; a < 3; ++a)  // the mean over offset 0 alone (Gram matrices) is the unrotated score (factors)
+        for (int b = 0; b < 3; ++b) {
+          BOOST_TEST(plain0.k[a][b] == at0.k[a][b], boost::test_tools::tolerance(1e-12));
+          BOOST_TEST(plain0.q[a][b] == at0.q[a][b], boost::test_tools::tolerance(1e-12));
+        }
+      BOOST_TEST(plain0.v == at0.v);
+      // without an offset (compose's default): Q and K the mean of the scores at every offset 0..max_seq_len-1, V once
+      const CompositionScores mean = composition_scores(m, 0, 1);
+      std::vector<CompositionScores> each;
+      for (int64_t o = 0; o < c.max_seq_len; ++o) each.push_back(composition_scores(m, 0, 1, o));
+      for (int a = 0; a < 3; ++a)
+        for (int b = 0; b < 3; ++b) {
+          double q = 0, k = 0;
+          for (const CompositionScores& s : each) q += s.q[a][b] / double(c.max_seq_len), k += s.k[a][b] / double(c.max_seq_len);
+          BOOST_TEST(mean.q[a][b] == q, boost::test_tools::tolerance(1e-9));
+          BOOST_TEST(mean.k[a][b] == k, boost::test_tools::tolerance(1e-9));
+        }
+      BOOST_TEST(mean.v == at0.v);
+      BOOST_TEST(mean.k != at0.k);
     }
+  }
+  {  // grouped keys: each query head reads its group's W_K
+    ModelConfig c = test_model({.d_model = 12, .heads = 4, .kv_heads = 2, .max_seq_len = 5, .attn_bias = false});
+    c.positions = Positions::Rotary;
+    c.rotary_dim = 2;  // d_head 3 has an odd one out: two of its dims turn
+    TransformerLM m(c, 4);
+    const CompositionScores mean = composition_scores(m, 0, 1);
+    double k12 = 0;
+    for (int64_t o = 0; o < 5; ++o) k12 += composition_scores(m, 0, 1, o).k[1][2] / 5.0;
+    BOOST_TEST(mean.k[1][2] == k12, boost::test_tools::tolerance(1e-9));
   }
   // without rotary positions every offset scores as offset 0
   TransformerLM plain(test_model({.d_model = 12, .heads = 3, .max_seq_len = 16, .attn_bias = false}), 9);

@@ -4,7 +4,8 @@
 //   mlp_grad_atlas.csv step,layer,matrix,grad_norm,weight_norm  (models with MLPs: W_gate, W_in,
 //                     W_out of each layer, TransformerLens's names for gate, up (fc1), down (fc2))
 //   attn_entropy.csv  step,layer,head,entropy,entropy_norm  (on a fixed held-out probe batch)
-//   circuits.csv      step,layer,head,circuit,stable_rank,singular_values (W_QK, W_OV; at dump steps)
+//   circuits.csv      step,layer,head,circuit,stable_rank,singular_values (W_QK, W_OV; at dump steps;
+//                     rotary: the mean of W_QK(offset)'s over key offsets, analysis/circuits.h)
 //   grads/step_N.safetensors   every gradient (grad.<name>) at dump steps
 //   (the command line draws grad_atlas.png and attn_entropy.png from these rows at the end)
 // With GQA, W_K and W_V rows are reported per kv head (head = kv head index).

@@ -467,8 +467,8 @@ def attention_statistics(model: TransformerLM, data: object) -> object:
 def composition_baseline(config: ModelConfig, models: int = ..., seed: int = ...) -> object:
     """A CompositionBaseline: what composition scores random weights of config's shapes get: per kind (q, k, v) the mean and the 2.5th and 97.5th percentiles (lo, hi) over the head pairs of `models` random 2-layer models"""
 
-def composition_scores(model: TransformerLM, layer_a: int, layer_b: int) -> object:
-    """A CompositionScores: Q/K/V composition, q, k, v [head of layer_a][head of layer_b]"""
+def composition_scores(model: TransformerLM, layer_a: int, layer_b: int, offset: Optional[int] = ...) -> object:
+    """A CompositionScores: Q/K/V composition, q, k, v [head of layer_a][head of layer_b]. On a rotary model Q- and K-composition use W_QK(offset) = (R(offset) W_Q)^T W_K at the key offset (query position - key position); offset None: their mean over offsets 0..n_ctx-1, as headlab compose. V-composition is never rotated; other models score the same at every offset"""
 
 def copying_score(model: TransformerLM, layer: int, head: int) -> float:
     """Re(sum of the OV circuit's eigenvalues) / sum of their |.|: 1 copies, -1 suppresses (Elhage et al. 2021)"""
@@ -553,8 +553,8 @@ def prune_curve(model: TransformerLM, task: object = ..., data: object = ..., or
 def qk_attribution(model: TransformerLM, ids: object, *, row: int = ..., layer: int, head: int, query: int, key: int) -> dict:
     """QK attribution: head (layer, head)'s scaled attention score at (query, key) of ids' row split into pairs of upstream components (tok, pos, earlier heads L{l}H{h}, L{l}.b_O, mlp{l}, bias) through ln1 with its scale frozen: components (names), pairs (C, C) [query side, key side], which sum to score (the model's)"""
 
-def qk_singular_values(model: TransformerLM, layer: int, head: int) -> List[float]:
-    """Singular values (descending) of the head's QK circuit W_Q^T W_K (d_model x d_model, rank <= d_head)"""
+def qk_singular_values(model: TransformerLM, layer: int, head: int, offset: Optional[int] = ...) -> List[float]:
+    """Singular values (descending) of the head's QK circuit W_Q^T W_K (d_model x d_model, rank <= d_head). On a rotary model those of W_QK(offset) = (R(offset) W_Q)^T W_K; offset None: the mean of each over offsets 0..n_ctx-1, as the gradient atlas's circuits.csv"""
 
 def repeated_random_tokens(n: int, k: int, vocab: int, seed: int = ...) -> Batches:
     """The fixed probe: n sequences [r_1..r_k, r_1..r_k] of uniform random tokens (every repeat k back)"""
