@@ -79,7 +79,7 @@ struct DlaResult {
   std::vector<int> layer, head;     // per component; -1 when not a layer's / not a head
   std::vector<std::vector<double>> per_row;  // [component][row]
   std::vector<double> bias_per_row;          // final_bias_term, averaged likewise
-  std::vector<double> logit_per_row;         // the model's logit of the target, averaged likewise
+  std::vector<double> logit_per_row;         // the target's logit, averaged likewise (final_softcap: before the cap)
   int64_t positions = 0;                     // counted positions in all
 };
 DlaResult direct_logit_attribution(TransformerLM& model, const std::vector<Batch>& data);

@@ -93,10 +93,14 @@ int run_dla(const RoleOpts& o) {
   std::vector<Row> rows;
   for (size_t c = 0; c < r.labels.size(); ++c) rows.push_back({r.labels[c], r.layer[c], r.head[c], &r.per_row[c]});
   rows.push_back({"ln_final_bias", -1, -1, &r.bias_per_row});
-  rows.push_back({"logit", -1, -1, &r.logit_per_row});
+  // a final soft-cap (cap * tanh(logit / cap)) is not a sum of components: they sum to the logit before it
+  const float cap = cfg.final_softcap;
+  const std::string logit_row = cap > 0.f ? "logit_before_cap" : "logit";
+  rows.push_back({logit_row, -1, -1, &r.logit_per_row});
 
   nlohmann::json j = {{"data", source}, {"checkpoint", o.checkpoint}, {"examples", o.examples}, {"seed", o.seed},
                       {"rows", r.logit_per_row.size()}, {"positions", r.positions}};
+  if (cap > 0.f) j["final_softcap"] = cap;
   std::string csv = "component,layer,head,mean,ci95_lo,ci95_hi\n";
   std::vector<std::vector<std::string>> table = {{"component", "layer", "head", "mean", "95% interval"}};
   HeadGrid heads(static_cast<size_t>(cfg.n_layers), std::vector<double>(static_cast<size_t>(cfg.n_heads), 0.0));
@@ -118,7 +122,11 @@ int run_dla(const RoleOpts& o) {
   if (!o.text.empty()) j["text"] = o.text;
   std::printf("direct logit attribution of the answer token (%s, %zu sequence(s), %lld answer positions; mean over the "
               "sequences of each sequence's mean, 95%% bootstrap interval over the sequences; components + ln_final_bias = "
-              "logit):\n\n", source.c_str(), r.logit_per_row.size(), static_cast<long long>(r.positions));
+              "%s):\n", source.c_str(), r.logit_per_row.size(), static_cast<long long>(r.positions), logit_row.c_str());
+  if (cap > 0.f)
+    std::printf("the model caps its logits (%g * tanh(logit / %g)), which is not a sum of components: the attributions are of "
+                "the logit before the cap\n", static_cast<double>(cap), static_cast<double>(cap));
+  std::printf("\n");
   print_table(table);
   write_file_atomic(staged->file("dla.csv"), csv);
   write_file_atomic(staged->file("dla.json"), j.dump(2) + "\n");
