@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 
+#include "analysis/patching.h"
 #include "lib/core.h"
 #include "models/attention.h"
 #include "models/transformer.h"
@@ -56,6 +57,30 @@ inline ModelConfig preset_model(const std::string& arch, const ModelConfig& base
            // the activation as a user leaves it out (a SwiGLU preset refuses an explicit non-silu one)
            return f != "--activation";  // every other setting as `base` has it
          }).model;
+}
+
+// Every parameter of m redrawn from N(0, scale^2), norm weights around 1: effects of order 1, so a
+// wrong index moves results far above round-off.
+inline void randomise(TransformerLM& m, uint64_t seed, float scale = 0.5f) {
+  Rng rng(seed);
+  for (auto& [name, p] : m.named_parameters()) {
+    const bool norm_weight = name.find("ln") != std::string::npos && name.ends_with(".weight");
+    for (int64_t i = 0; i < p.numel(); ++i) p.data()[i] = (norm_weight ? 1.f : 0.f) + scale * rng.normal();
+  }
+}
+
+// Patching inputs of a test_model (vocabulary 7): 3 rows of 6 tokens, one token changed per row,
+// answers (row, position, clean, corrupted) at later positions, row 2 twice.
+inline PatchingInputs three_rows_one_token_changed() {
+  PatchingInputs in;
+  in.clean = Ids(Shape{3, 6}, {1, 3, 5, 2, 6, 0, 4, 4, 1, 2, 0, 3, 6, 5, 4, 3, 2, 1});
+  in.corrupted = in.clean;
+  in.corrupted.at(0, 1) = 0;
+  in.corrupted.at(1, 3) = 5;
+  in.corrupted.at(2, 0) = 1;
+  in.answers = {{0, 4, 3, 0}, {1, 5, 2, 5}, {2, 3, 6, 1}, {2, 5, 4, 2}};
+  in.source_pos = {1, 3, 0};
+  return in;
 }
 
 // d_model 8, 2 heads, no biases.

@@ -13,31 +13,12 @@
 
 using namespace hl;
 using hl::test::error_of;
+using hl::test::randomise;
 using hl::test::test_model;
 
 namespace {
 
-// Every parameter redrawn from N(0, scale^2) (norm gains around 1).
-void randomise(TransformerLM& m, uint64_t seed, float scale = 0.5f) {
-  Rng rng(seed);
-  for (auto& [name, p] : m.named_parameters()) {
-    const bool norm_weight = name.find("ln") != std::string::npos && name.ends_with(".weight");
-    for (int64_t i = 0; i < p.numel(); ++i) p.data()[i] = (norm_weight ? 1.f : 0.f) + scale * rng.normal();
-  }
-}
-
-// 3 rows of 6 tokens, one token changed per row, answers at later positions.
-PatchingInputs inputs() {
-  PatchingInputs in;
-  in.clean = Ids(Shape{3, 6}, {1, 3, 5, 2, 6, 0, 4, 4, 1, 2, 0, 3, 6, 5, 4, 3, 2, 1});
-  in.corrupted = in.clean;
-  in.corrupted.at(0, 1) = 0;
-  in.corrupted.at(1, 3) = 5;
-  in.corrupted.at(2, 0) = 1;
-  in.answers = {{0, 4, 3, 0}, {1, 5, 2, 5}, {2, 3, 6, 1}, {2, 5, 4, 2}};
-  in.source_pos = {1, 3, 0};
-  return in;
-}
+constexpr auto inputs = hl::test::three_rows_one_token_changed;
 
 double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
   double m = 0;

@@ -12,17 +12,8 @@
 
 using namespace hl;
 using hl::test::error_of;
+using hl::test::randomise;
 using hl::test::test_model;
-
-namespace {
-void randomise(TransformerLM& m, uint64_t seed, float scale = 0.5f) {
-  Rng rng(seed);
-  for (auto& [name, p] : m.named_parameters()) {
-    const bool norm_weight = name.find("ln") != std::string::npos && name.ends_with(".weight");
-    for (int64_t i = 0; i < p.numel(); ++i) p.data()[i] = (norm_weight ? 1.f : 0.f) + scale * rng.normal();
-  }
-}
-}  // namespace
 
 BOOST_AUTO_TEST_CASE(the_pairs_sum_to_the_score_for_every_head_query_and_key) {
   const Ids ids(Shape{2, 6}, {1, 3, 5, 2, 6, 0, 4, 4, 1, 2, 0, 3});
