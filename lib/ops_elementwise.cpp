@@ -251,6 +251,9 @@ void with_activation(Activation a, F&& f) {
 }
 }  // namespace
 
+// The loops below are `flatten`ed: with five activations instantiated in one function GCC stopped
+// inlining exp_fast into them (a call per element, no vectors: 45% of S-llama's step, against 8%
+// for S's fused GELU). flatten inlines every call in the loop's body, so each loop vectorises.
 Tensor gated_act(const Tensor& gate, const Tensor& up, Activation activation) {
   HL_PROFILE(Elementwise);
   if (gate.shape() != up.shape())
@@ -258,7 +261,7 @@ Tensor gated_act(const Tensor& gate, const Tensor& up, Activation activation) {
   Tensor out = Tensor::empty(gate.shape());
   const int64_t n = gate.numel();
   with_activation(activation, [&](auto f, auto) {
-    parallel_ranges(n, n, [&](int64_t lo, int64_t hi) {
+    parallel_ranges(n, n, [&](int64_t lo, int64_t hi) __attribute__((flatten)) {
       const float *G = gate.data(), *U = up.data();
       float* Y = out.data();
       for (int64_t i = lo; i < hi; ++i) Y[i] = f(G[i]) * U[i];
@@ -271,7 +274,7 @@ Tensor gated_act(const Tensor& gate, const Tensor& up, Activation activation) {
       float* du = grad_buffer(up);
       const int64_t n = self.shape.numel();
       with_activation(activation, [&](auto f, auto df) {
-        parallel_ranges(n, n, [&](int64_t lo, int64_t hi) {
+        parallel_ranges(n, n, [&](int64_t lo, int64_t hi) __attribute__((flatten)) {
           const float *G = gate.data(), *U = up.data(), *g = self.grad->data();
           float *dG = dg, *dU = du;
           if (dG)
