@@ -6,6 +6,7 @@
 #include <set>
 
 #include "lib/fileutil.h"
+#include "models/hf_config.h"
 
 namespace hl {
 
@@ -109,14 +110,19 @@ const std::vector<std::string>& gpt2_tokenizer_files() {
   return names;
 }
 
-ModelConfig hf_gpt2_config(const std::string& config_text, const std::string& source) {
+json parse_config_object(const std::string& text, const std::string& source) {
   json c;
   try {
-    c = json::parse(config_text);
+    c = json::parse(text);
   } catch (const json::exception& e) {
     fail(source, ": not valid JSON (", e.what(), ")");
   }
   if (!c.is_object()) fail(source, ": not a JSON object");
+  return c;
+}
+
+ModelConfig hf_gpt2_config(const std::string& config_text, const std::string& source) {
+  json c = parse_config_object(config_text, source);
   auto integer = [&](const char* key, int64_t lo, int64_t hi) -> int64_t {
     if (!c.contains(key)) fail(source, ": GPT-2 config field '", key, "' is missing");
     const json& v = c[key];

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "lib/fileutil.h"
+#include "models/hf_config.h"
 #include "models/hf_gpt2.h"
 
 namespace hl {
@@ -122,13 +123,7 @@ const std::vector<std::string>& hf_model_types() {
 }
 
 ModelConfig hf_model_config(const std::string& config_text, const std::string& source) {
-  json c;
-  try {
-    c = json::parse(config_text);
-  } catch (const json::exception& e) {
-    fail(source, ": not valid JSON (", e.what(), ")");
-  }
-  if (!c.is_object()) fail(source, ": not a JSON object");
+  json c = parse_config_object(config_text, source);
   if (!c.contains("model_type") || !c["model_type"].is_string()) fail(source, ": config field 'model_type' is missing");
   const std::string type = c["model_type"].get<std::string>();
   const auto& types = hf_model_types();
@@ -369,13 +364,7 @@ SafetensorsFile read_hf_directory(const std::string& dir) {
   if (!file_exists(config_path))
     fail(dir, ": a directory is read as a Hugging Face model (config.json and model.safetensors), but it has no config.json");
   const std::string config_text = read_file(config_path);
-  json cj;
-  try {
-    cj = json::parse(config_text);
-  } catch (const json::exception& e) {
-    fail(config_path, ": not valid JSON (", e.what(), ")");
-  }
-  if (!cj.is_object()) fail(config_path, ": not a JSON object");
+  json cj = parse_config_object(config_text, config_path);
   // no model_type: GPT-2's reader, as before (its configs from older exports lack the key)
   if (!cj.contains("model_type") || cj["model_type"] == "gpt2") return read_hf_gpt2(dir);
   const ModelConfig cfg = hf_model_config(config_text, config_path);
