@@ -5,6 +5,7 @@
 
 #include "lib/autograd.h"
 #include "lib/parallel.h"
+#include "lib/profile.h"
 #include "models/attention.h"
 
 namespace hl {
@@ -62,6 +63,7 @@ void turn(const float* in, float* out, int64_t rows, int64_t W, int heads, const
 
 Tensor rotary(const Tensor& x, int heads, std::span<const int32_t> pos, const Tensor& table, const RotaryArgs& a,
               bool in_place) {
+  HL_PROFILE(Attention);  // part of attention's work (bench --profile; it was counted nowhere)
   const int64_t half = a.rot_dim() / 2;
   if (x.ndim() < 2 || a.d_head < 1 || heads < 1 || heads * a.d_head > x.size(-1))
     fail("rotary: ", heads, " heads of d_head ", a.d_head, " do not fit in ", x.shape().str());
@@ -80,6 +82,7 @@ Tensor rotary(const Tensor& x, int heads, std::span<const int32_t> pos, const Te
     int32_t* sp = reinterpret_cast<int32_t*>(saved.data());
     std::copy(pos.begin(), pos.end(), sp);
     attach(out, "rotary", {x}, [x, saved, table, a, heads, rows, W, n_pos](TensorImpl& self) {
+      HL_PROFILE(Attention);
       bool fresh = false;
       float* gx = grad_buffer_for_overwrite(x, fresh);
       if (!gx) return;
