@@ -296,7 +296,7 @@ double dot(const std::vector<double>& a, const std::vector<double>& b) {
   return s;
 }
 
-// R G R^T (dh x dh) for the rotation R, which has at most two non-zeros a row: O(dh^2).
+// A rotation's non-zeros by row (at most two a row: a turned pair, or 1 for a dim that does not turn).
 struct SparseRows {
   std::vector<std::vector<std::pair<int, double>>> rows;  // rows[i]: (j, R[i][j]) for R[i][j] != 0
   explicit SparseRows(const std::vector<double>& R, int k) : rows(static_cast<size_t>(k)) {
@@ -305,8 +305,8 @@ struct SparseRows {
         if (R[i * k + j] != 0) rows[i].emplace_back(j, R[i * k + j]);
   }
 };
+// R G R^T, or with `transposed` R^T G R (k x k): O(k^2) through R's non-zeros.
 std::vector<double> conjugate(const SparseRows& R, const std::vector<double>& G, int k, bool transposed) {
-  // transposed: R^T G R, else R G R^T
   std::vector<double> RG(static_cast<size_t>(k) * k, 0.0), out(static_cast<size_t>(k) * k, 0.0);
   for (int i = 0; i < k; ++i)
     for (const auto& [j, v] : R.rows[i]) {  // v = R[i][j]
