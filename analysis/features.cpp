@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+
+#include "lib/nn.h"
+#include "lib/stop.h"
 
 namespace hl {
 
@@ -37,6 +41,104 @@ SaeMetrics sae_metrics(const Sae& sae, const Tensor& x, const Tensor& target, do
     if (d > dense_above) m.dense_fraction += 1.0 / double(F);
   }
   return m;
+}
+
+LossRecovered sae_loss_recovered(TransformerLM& model, const Sae& sae, const std::vector<Batch>& data) {
+  HL_CHECK(!data.empty(), "loss recovered: no batches");
+  HL_CHECK(!sae.cfg.hook_name.empty(), "loss recovered: the SAE names no hook point to splice it into");
+  EvalScope mode(model);
+  NoGradGuard no_grad;
+  // the whole-sequence forward (not the packed one of evaluate): the hooks see (B, T, ...)
+  auto loss = [&](const Hooks* hooks) {
+    double sum = 0;
+    int64_t counted = 0;
+    for (const Batch& b : data) {
+      throw_if_stopped();
+      ForwardOptions opt;
+      opt.hooks = hooks;
+      opt.key_padding = b.key_padding;
+      const int64_t n = b.counted_targets();
+      if (n == 0) continue;
+      sum += double(cross_entropy(model.forward(b.inputs, opt), b.targets).item()) * double(n);
+      counted += n;
+    }
+    HL_CHECK(counted > 0, "loss recovered: the batches have no counted target");
+    return sum / double(counted);
+  };
+  Hooks spliced, zeroed;
+  add_sae_splice(spliced, sae);
+  zeroed.add_forward(sae_output_hook(sae), [](const Tensor& x, const std::string&) { return Tensor::zeros(x.shape()); });
+  LossRecovered r;
+  r.clean = loss(nullptr), r.spliced = loss(&spliced), r.zero_ablated = loss(&zeroed);
+  const double gap = r.zero_ablated - r.clean;
+  r.recovered = gap != 0 ? (r.zero_ablated - r.spliced) / gap : std::numeric_limits<double>::quiet_NaN();
+  return r;
+}
+
+std::vector<DensityBucket> density_histogram(const std::vector<double>& density, int decades) {
+  HL_CHECK(decades >= 1, "density histogram: decades must be at least 1, got ", decades);
+  std::vector<DensityBucket> h;
+  h.push_back({-std::numeric_limits<double>::infinity(), -double(decades), 0});  // dead, then below 10^-decades
+  for (int d = -decades; d < 0; ++d) h.push_back({double(d), double(d + 1), 0});
+  for (double p : density) {
+    if (p <= 0) {
+      ++h[0].features;
+      continue;
+    }
+    // floor(log10 p) clamped into the buckets; density 1 falls in the last one
+    const int b = std::clamp(static_cast<int>(std::floor(std::log10(p))), -decades - 1, -1);
+    ++h[static_cast<size_t>(b + decades + 1)].features;
+  }
+  return h;
+}
+
+namespace {
+// (tokens of every batch, width) at `hook`: the rows an SAE there reads, batch after batch
+Tensor rows_at(TransformerLM& model, const std::string& hook, const std::vector<Batch>& data) {
+  std::vector<float> rows;
+  int64_t width = 0;
+  for (const Batch& b : data) {
+    throw_if_stopped();
+    auto [logits, cache] = model.run_with_cache(b.inputs, name_is(hook));
+    HL_CHECK(cache.has(hook), "SAE: the model has no hook point '", hook, "' (`headlab hooks` lists them)");
+    const Tensor act = cache[hook];
+    const int64_t tokens = act.size(0) * act.size(1);
+    width = tokens ? act.numel() / tokens : 0;
+    const Tensor r = sae_rows(act, width, hook);
+    rows.insert(rows.end(), r.data(), r.data() + r.numel());
+  }
+  Tensor out = Tensor::empty({width ? static_cast<int64_t>(rows.size()) / width : 0, width});
+  std::copy(rows.begin(), rows.end(), out.data());
+  return out;
+}
+}  // namespace
+
+SaeEvaluation evaluate_sae(TransformerLM& model, const Sae& sae, const std::vector<Batch>& data, double dense_above) {
+  HL_CHECK(!data.empty(), "SAE evaluation: no batches");
+  SaeEvaluation e;
+  {
+    EvalScope mode(model);
+    NoGradGuard no_grad;
+    const Tensor x = rows_at(model, sae.cfg.hook_name, data);
+    const Tensor target = sae.cfg.transcoder() ? rows_at(model, sae.cfg.hook_name_out, data) : Tensor();
+    e.metrics = sae_metrics(sae, x, target, dense_above);
+  }
+  e.loss = sae_loss_recovered(model, sae, data);
+  e.histogram = density_histogram(e.metrics.density);
+  return e;
+}
+
+nlohmann::ordered_json sae_evaluation_json(const SaeEvaluation& e) {
+  using json = nlohmann::ordered_json;
+  auto number = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
+  json buckets = json::array();
+  for (const DensityBucket& b : e.histogram)
+    buckets.push_back({{"log10_density_from", number(b.lo)}, {"log10_density_to", b.hi}, {"features", b.features}});
+  const SaeMetrics& m = e.metrics;
+  return {{"l0", m.l0}, {"explained_variance", m.explained_variance}, {"mse", m.mse},
+          {"loss_clean", e.loss.clean}, {"loss_spliced", e.loss.spliced}, {"loss_zero_ablated", e.loss.zero_ablated},
+          {"loss_recovered", number(e.loss.recovered)}, {"dead_fraction", m.dead_fraction}, {"dense_fraction", m.dense_fraction},
+          {"density_histogram", buckets}, {"density", m.density}};
 }
 
 Tensor decoder_head_fractions(const Sae& sae, int n_heads) {

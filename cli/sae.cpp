@@ -9,8 +9,10 @@
 
 #include "analysis/features.h"
 #include "cli/commands.h"
+#include "cli/table.h"
 #include "cli/threads_option.h"
 #include "lib/fileutil.h"
+#include "lib/stop.h"
 #include "models/checkpoint.h"
 #include "train/checkpoint_task.h"
 #include "train/run_dir.h"
@@ -21,9 +23,10 @@ namespace hl {
 namespace {
 
 struct SaeOpts {
-  std::string checkpoint, hook, out, arch = "topk", task = "copy";
+  std::string checkpoint, hook, hook_out, out, arch = "topk", task = "copy";
   int expansion = 8, k = 8, sequences = 64, batches = 16, log_every = 100, threads = 2;
-  int64_t steps = 2000, batch = 1024, buffer = 16384, warmup = 100, dead_after = 100000;
+  int64_t steps = 2000, batch = 1024, buffer = 16384, warmup = 100, dead_after = 100000, sparsity_warmup = 0, snapshot_every = 0;
+  bool resume = false;
   float lr = 4e-4f, l1 = 5.f, l0 = 1.f, bandwidth = 0.001f;
   uint64_t seed = 0;
 };
@@ -36,47 +39,86 @@ int run_sae(const SaeOpts& o) {
   std::vector<Ids> data;
   Rng rng(o.seed);
   for (int i = 0; i < o.batches; ++i) data.push_back(task->sample(o.sequences, rng).inputs);
+  // held-out sequences for the metrics and the loss recovered
+  std::vector<Batch> held_out;
+  Rng held_rng(o.seed + 3);
+  for (int i = 0; i < std::max(1, o.batches / 4); ++i) held_out.push_back(task->sample(o.sequences, held_rng));
   // the hook's width from one forward of one sequence
   const Ids one(Shape{1, data[0].shape[1]}, std::vector<int32_t>(data[0].data.begin(), data[0].data.begin() + data[0].shape[1]));
-  ActivationSource probe = model_activations(*model, o.hook, {one}, 1, 0);
   SaeConfig cfg;
-  cfg.d_in = probe(1).size(1);
+  cfg.d_in = model_activations(*model, o.hook, {one}, 1, 0)(1).size(1);
+  if (!o.hook_out.empty()) {  // a transcoder
+    cfg.hook_name_out = o.hook_out, cfg.apply_b_dec_to_input = false;
+    cfg.d_out = model_activations(*model, o.hook_out, {one}, 1, 0)(1).size(1);
+  }
   cfg.d_sae = cfg.d_in * o.expansion;
   cfg.arch = parse_sae_arch(o.arch);
   cfg.k = o.k, cfg.bandwidth = o.bandwidth, cfg.hook_name = o.hook;
   cfg.initial_threshold = o.bandwidth;
-  // parameters, their gradients and Adam's two moments; a step's (batch, d_sae) activations
-  // (pre, f and their gradients); the shuffle buffer
-  const double need = 4.0 * (4.0 * 2.0 * double(cfg.d_in) * double(cfg.d_sae) + 6.0 * double(o.batch) * double(cfg.d_sae) +
-                             double(std::max(o.buffer, o.batch) + o.sequences * data[0].shape[1]) * double(cfg.d_in));
+  const double need = sae_training_bytes(cfg, o.batch, std::max(o.buffer, o.batch) + o.sequences * data[0].shape[1]);
   check_fits_in_memory(need, "an SAE of " + std::to_string(cfg.d_sae) + " features (--expansion " + std::to_string(o.expansion) +
                                  ") on " + std::to_string(o.batch) + "-row batches (--batch)");
-  // refuse an unusable --out before training, and write nothing until the end
-  const std::unique_ptr<StagedDir> staged = claim_staged_output_dir(o.out, "sae");
   SaeTrainArgs a;
   a.steps = o.steps, a.batch = o.batch, a.lr = o.lr, a.warmup = o.warmup, a.dead_after = o.dead_after;
-  a.l1_coefficient = o.l1, a.l0_coefficient = o.l0, a.seed = o.seed;
+  a.l1_coefficient = o.l1, a.l0_coefficient = o.l0, a.sparsity_warmup = o.sparsity_warmup, a.seed = o.seed;
   a.init_rows = std::min<int64_t>(4096, o.buffer);
-  std::printf("training a %s SAE on %s: d_in %lld, %lld features, %lld steps of %lld rows\n", o.arch.c_str(), o.hook.c_str(),
+  // --out is a run directory: the state to resume (sae_state.safetensors), snapshots/stepN/ in
+  // SAELens's layout, and at the end the SAE and its metrics
+  const std::string state = o.out + "/sae_state.safetensors";
+  if (o.resume) {
+    HL_CHECK(file_exists(state), "--resume: ", o.out, " holds no SAE state (sae_state.safetensors) to continue");
+  } else {
+    HL_CHECK(!file_exists(state), "--out ", o.out, " holds an SAE run already: continue it with --resume, or choose another --out");
+  }
+  claim_output_dir(o.out, "sae");
+  std::printf("training a %s %s on %s%s: d_in %lld, %lld features, %lld steps of %lld rows\n", o.arch.c_str(),
+              cfg.transcoder() ? "transcoder" : "SAE", o.hook.c_str(), cfg.transcoder() ? (" -> " + o.hook_out).c_str() : "",
               static_cast<long long>(cfg.d_in), static_cast<long long>(cfg.d_sae), static_cast<long long>(a.steps),
               static_cast<long long>(a.batch));
-  SaeTrainer trainer(cfg, a, model_activations(*model, o.hook, data, o.buffer, o.seed + 1));
-  trainer.train([&](const SaeStepStats& s) {
-    if ((s.step + 1) % o.log_every == 0 || s.step + 1 == a.steps)
-      std::printf("step %6lld  loss %.5f  mse %.5f  L0 %.2f  explained variance %.4f  dead %.3f\n",
-                  static_cast<long long>(s.step + 1), s.loss, s.mse, s.l0, s.explained_variance, s.dead_fraction);
-    std::fflush(stdout);
-  });
-  // metrics on fresh rows of the same stream
-  ActivationSource eval = model_activations(*model, o.hook, data, o.buffer, o.seed + 2);
-  const SaeMetrics m = sae_metrics(trainer.sae(), eval(std::min<int64_t>(o.buffer, 8192)));
-  save_saelens(trainer.sae(), staged->staging());
-  nlohmann::json mj = {{"l0", m.l0}, {"explained_variance", m.explained_variance}, {"mse", m.mse},
-                       {"dead_fraction", m.dead_fraction}, {"dense_fraction", m.dense_fraction}, {"density", m.density}};
-  write_file_atomic(staged->file("metrics.json"), mj.dump(1) + "\n");
-  staged->publish();
-  std::printf("L0 %.2f, explained variance %.4f, dead %.3f, dense %.3f\nwrote %s/cfg.json, sae_weights.safetensors, metrics.json\n",
-              m.l0, m.explained_variance, m.dead_fraction, m.dense_fraction, o.out.c_str());
+  SaeTrainer trainer(cfg, a, model_activations(*model, sae_source_hooks(cfg), data, o.buffer, o.seed + 1));
+  if (o.resume) {
+    trainer.load_state(state);
+    std::printf("resumed at step %lld\n", static_cast<long long>(trainer.steps_done()));
+  }
+  try {
+    trainer.train([&](const SaeStepStats& s) {
+      const int64_t done = s.step + 1;
+      if (done % o.log_every == 0 || done == a.steps)
+        std::printf("step %6lld  loss %.5f  mse %.5f  L0 %.2f  explained variance %.4f  dead %.3f\n",
+                    static_cast<long long>(done), s.loss, s.mse, s.l0, s.explained_variance, s.dead_fraction);
+      if (o.snapshot_every > 0 && done % o.snapshot_every == 0 && done < a.steps) {
+        const std::string snap = o.out + "/snapshots/step" + std::to_string(done);
+        make_dirs(snap);
+        save_saelens(trainer.sae(), snap);
+        trainer.save_state(state);
+      }
+      std::fflush(stdout);
+    });
+    trainer.save_state(state);
+    // metrics and the loss recovered on held-out sequences
+    const SaeEvaluation ev = evaluate_sae(*model, trainer.sae(), held_out);
+    const SaeMetrics& m = ev.metrics;
+    const LossRecovered& lr = ev.loss;
+    save_saelens(trainer.sae(), o.out);
+    write_file_atomic(o.out + "/metrics.json", sae_evaluation_json(ev).dump(1) + "\n");
+    Table t(4);
+    auto row = [&](const std::string& what, double v) { t.row().text("metric", what).number("value", v); };
+    row("L0", m.l0), row("explained variance", m.explained_variance), row("mse", m.mse);
+    row("loss clean", lr.clean), row("loss with the SAE spliced in", lr.spliced), row("loss zero-ablated", lr.zero_ablated);
+    row("loss recovered", lr.recovered), row("dead fraction", m.dead_fraction), row("dense fraction", m.dense_fraction);
+    t.print();
+    Table h;
+    for (const DensityBucket& b : ev.histogram)
+      h.row().text("log10 density", (std::isinf(b.lo) ? std::string("dead or below") : std::to_string(int(b.lo))) + " .. " +
+                                        std::to_string(int(b.hi))).integer("features", b.features);
+    h.print();
+    std::printf("wrote %s/cfg.json, sae_weights.safetensors, metrics.json\n", o.out.c_str());
+  } catch (const Stopped& e) {  // Ctrl-C between steps (or while measuring): the state to go on from
+    trainer.save_state(state);
+    std::fprintf(stderr, "headlab sae: interrupted: %s at step %lld; the state is in %s; continue with the same command and --resume\n",
+                 e.what(), static_cast<long long>(trainer.steps_done()), state.c_str());
+    return stop_exit_code();
+  }
   return 0;
 }
 
@@ -88,7 +130,10 @@ void add_sae_command(CLI::App& app, CommandRunner& runner) {
   sub->add_option("--checkpoint", o->checkpoint, "Model checkpoint (safetensors or a run directory)")->required();
   sub->add_option("--hook", o->hook, "Hook point, e.g. blocks.1.attn.hook_z (heads concatenated), blocks.0.hook_resid_post; "
                                      "`headlab hooks` lists them")->required();
-  sub->add_option("--out", o->out, "Directory for cfg.json, sae_weights.safetensors (SAELens's layout) and metrics.json")->required();
+  sub->add_option("--hook-out", o->hook_out, "A transcoder: the hook point it reconstructs from --hook's activation, e.g. "
+                                             "--hook blocks.0.ln2.hook_normalized --hook-out blocks.0.hook_mlp_out (the MLP)");
+  sub->add_option("--out", o->out, "Run directory: sae_state.safetensors (resumable), snapshots/, and at the end cfg.json, "
+                                   "sae_weights.safetensors (SAELens's layout) and metrics.json")->required();
   sub->add_option("--arch", o->arch, "standard, topk, batchtopk or jumprelu")->capture_default_str()
       ->check(CLI::IsMember({"standard", "topk", "batchtopk", "jumprelu"}));
   sub->add_option("--expansion", o->expansion, "Features per input dimension (d_sae = expansion * d_in)")->capture_default_str()->check(in_range(1, 1 << 24));
@@ -100,6 +145,11 @@ void add_sae_command(CLI::App& app, CommandRunner& runner) {
   sub->add_option("--warmup", o->warmup, "Steps of linear learning-rate warmup")->capture_default_str()->check(in_range(0, 1e12));
   sub->add_option("--l1", o->l1, "standard: weight of the decoder-norm-weighted L1")->capture_default_str()->check(in_range(0, 1e6));
   sub->add_option("--l0", o->l0, "jumprelu: weight of the L0")->capture_default_str()->check(in_range(0, 1e6));
+  sub->add_option("--sparsity-warmup", o->sparsity_warmup, "standard, jumprelu: steps over which the L1 / L0 weight rises from 0")
+      ->capture_default_str()->check(in_range(0, 1e12));
+  sub->add_option("--snapshot-every", o->snapshot_every, "Every N steps: the SAE in --out/snapshots/stepN and the resumable state "
+                                                         "(0: only at the end and on Ctrl-C)")->capture_default_str()->check(in_range(0, 1e12));
+  sub->add_flag("--resume", o->resume, "Continue the run in --out from its sae_state.safetensors (same settings; --steps may grow)");
   sub->add_option("--bandwidth", o->bandwidth, "jumprelu: width of the threshold gradient's kernel (and the initial threshold)")
       ->capture_default_str()->check(in_range(1e-9, 1e6));
   sub->add_option("--dead-after", o->dead_after, "Rows without firing after which a feature is dead (AuxK trains it)")

@@ -44,13 +44,17 @@ void attach_pass_where_kept(Tensor& out, const char* op, const Tensor& pre) {
 
 }  // namespace
 
-Tensor topk_relu(const Tensor& pre, int64_t k) {
-  check_pre("topk_relu", pre);
+namespace {
+// Per row of pre (N, D) the k largest entries, ties broken by index (a deterministic selection),
+// their column indices into kept (N, k); returns the output with those entries, relu'd or not.
+Tensor topk_rows(const char* op, const Tensor& pre, int64_t k, bool relu, std::vector<int32_t>* kept) {
+  check_pre(op, pre);
   const int64_t N = pre.size(0), D = pre.size(1);
-  HL_CHECK(k >= 1 && k <= D, "topk_relu: k must be in [1, ", D, "], got ", k);
+  HL_CHECK(k >= 1 && k <= D, op, ": k must be in [1, ", D, "], got ", k);
   Tensor out = Tensor::zeros(pre.shape());
   const float* p = pre.data();
   float* y = out.data();
+  if (kept) kept->resize(static_cast<size_t>(N * k));
   parallel_for(N, N * D, [&](int64_t r) {
     thread_local std::vector<int32_t> order;
     order.resize(static_cast<size_t>(D));
@@ -62,10 +66,36 @@ Tensor topk_relu(const Tensor& pre, int64_t k) {
     });
     for (int64_t j = 0; j < k; ++j) {
       const int32_t c = order[j];
-      y[r * D + c] = row[c] > 0.f ? row[c] : 0.f;
+      y[r * D + c] = relu && row[c] <= 0.f ? 0.f : row[c];
+      if (kept) (*kept)[r * k + j] = c;
     }
   });
+  return out;
+}
+}  // namespace
+
+Tensor topk_relu(const Tensor& pre, int64_t k) {
+  Tensor out = topk_rows("topk_relu", pre, k, true, nullptr);
   if (needs_graph({&pre})) attach_pass_where_kept(out, "topk_relu", pre);
+  return out;
+}
+
+Tensor topk(const Tensor& pre, int64_t k) {
+  // a kept entry may be 0 or negative: the backward needs the indices, not the output's sign
+  auto kept = std::make_shared<std::vector<int32_t>>();
+  Tensor out = topk_rows("topk", pre, k, false, needs_graph({&pre}) ? kept.get() : nullptr);
+  if (needs_graph({&pre}))
+    attach(out, "topk", {pre}, [pre, kept, k](TensorImpl& self) {
+      const float* g = self.grad->data();
+      float* gp = grad_buffer(pre);
+      if (!gp) return;
+      const int64_t N = pre.size(0), D = pre.size(1);
+      for (int64_t r = 0; r < N; ++r)
+        for (int64_t j = 0; j < k; ++j) {
+          const int64_t i = r * D + (*kept)[r * k + j];
+          gp[i] += g[i];
+        }
+    });
   return out;
 }
 
@@ -154,17 +184,31 @@ Sae Sae::init(const SaeConfig& cfg, Rng& rng) {
   HL_CHECK(cfg.d_in >= 1 && cfg.d_sae >= 1, "SAE: d_in and d_sae must be positive, got ", cfg.d_in, " and ", cfg.d_sae);
   if (cfg.arch == SaeArch::TopK || cfg.arch == SaeArch::BatchTopK)
     HL_CHECK(cfg.k >= 1 && cfg.k <= cfg.d_sae, "SAE: k must be in [1, d_sae = ", cfg.d_sae, "], got ", cfg.k);
+  if (cfg.transcoder()) {
+    HL_CHECK(cfg.d_out >= 1, "transcoder: d_out must be positive, got ", cfg.d_out);
+    HL_CHECK(!cfg.apply_b_dec_to_input, "transcoder: b_dec is an output bias (d_out wide), apply_b_dec_to_input must be false");
+  }
+  const int64_t D = cfg.out_width();
   Sae s;
   s.cfg = cfg;
-  s.W_dec = Tensor::randn({cfg.d_sae, cfg.d_in}, rng);
+  s.W_dec = Tensor::randn({cfg.d_sae, D}, rng);
   s.normalize_decoder_rows();
   s.W_enc = Tensor::empty({cfg.d_in, cfg.d_sae});
-  const float* wd = s.W_dec.data();
-  float* we = s.W_enc.data();
-  for (int64_t i = 0; i < cfg.d_sae; ++i)
-    for (int64_t j = 0; j < cfg.d_in; ++j) we[j * cfg.d_sae + i] = wd[i * cfg.d_in + j];
+  if (D == cfg.d_in) {  // the encoder the decoder's transpose
+    const float* wd = s.W_dec.data();
+    float* we = s.W_enc.data();
+    for (int64_t i = 0; i < cfg.d_sae; ++i)
+      for (int64_t j = 0; j < cfg.d_in; ++j) we[j * cfg.d_sae + i] = wd[i * cfg.d_in + j];
+  } else {  // a transcoder between widths: unit random encoder columns
+    Tensor e = Tensor::randn({cfg.d_sae, cfg.d_in}, rng);
+    for (int64_t i = 0; i < cfg.d_sae; ++i) {
+      double nn = 0;
+      for (int64_t j = 0; j < cfg.d_in; ++j) nn += double(e.data()[i * cfg.d_in + j]) * e.data()[i * cfg.d_in + j];
+      for (int64_t j = 0; j < cfg.d_in; ++j) s.W_enc.data()[j * cfg.d_sae + i] = static_cast<float>(e.data()[i * cfg.d_in + j] / std::sqrt(nn));
+    }
+  }
   s.b_enc = Tensor::zeros({cfg.d_sae});
-  s.b_dec = Tensor::zeros({cfg.d_in});
+  s.b_dec = Tensor::zeros({D});
   for (Tensor* t : {&s.W_enc, &s.b_enc, &s.W_dec, &s.b_dec}) t->requires_grad_();
   if (cfg.arch == SaeArch::JumpReLU) {
     HL_CHECK(cfg.initial_threshold > 0.f, "SAE: the initial threshold must be positive, got ", cfg.initial_threshold);
@@ -208,7 +252,7 @@ std::vector<NamedParam> Sae::params() const {
 
 void Sae::remove_decoder_parallel_grad() const {
   if (!W_dec.grad().defined()) return;
-  const int64_t R = cfg.d_sae, C = cfg.d_in;
+  const int64_t R = cfg.d_sae, C = cfg.out_width();
   const float* w = W_dec.data();
   float* g = W_dec.grad().data();
   parallel_for(R, R * C, [&](int64_t r) {
@@ -254,14 +298,43 @@ Tensor sae_rows(const Tensor& activation, int64_t d_in, const std::string& hook)
 }
 
 ForwardHook sae_splice(const Sae& sae) {
+  HL_CHECK(!sae.cfg.transcoder(), "SAE splice: a transcoder replaces ", sae.cfg.hook_name_out, " from ", sae.cfg.hook_name,
+           "'s activation (add_sae_splice)");
   return [sae](const Tensor& x, const std::string& name) {
     return reshape(sae.forward(sae_rows(x, sae.cfg.d_in, name)), x.shape());
   };
 }
 
+void add_sae_splice(Hooks& hooks, const Sae& sae) {
+  HL_CHECK(!sae.cfg.hook_name.empty(), "SAE splice: the SAE names no hook point");
+  if (!sae.cfg.transcoder()) {
+    hooks.add_forward(sae.cfg.hook_name, sae_splice(sae));
+    return;
+  }
+  HL_CHECK(hook_layer(sae.cfg.hook_name) <= hook_layer(sae.cfg.hook_name_out), "transcoder splice: its input ",
+           sae.cfg.hook_name, " comes after its output ", sae.cfg.hook_name_out);
+  // the input hook keeps its activation (unchanged) for the output hook of the same forward
+  auto input = std::make_shared<Tensor>();
+  hooks.add_forward(sae.cfg.hook_name, [input](const Tensor& x, const std::string&) {
+    *input = x;
+    return x;
+  });
+  hooks.add_forward(sae.cfg.hook_name_out, [sae, input](const Tensor& y, const std::string& name) {
+    HL_CHECK(input->defined(), "transcoder splice: ", name, " was reached before its input ", sae.cfg.hook_name);
+    const Tensor rows = sae.forward(sae_rows(*input, sae.cfg.d_in, sae.cfg.hook_name));
+    *input = Tensor();
+    HL_CHECK(rows.numel() == y.numel(), "transcoder splice at ", name, ": its output ", rows.shape().str(), " does not fill ", y.shape().str());
+    return reshape(rows, y.shape());
+  });
+}
+
+const std::string& sae_output_hook(const Sae& sae) { return sae.cfg.transcoder() ? sae.cfg.hook_name_out : sae.cfg.hook_name; }
+
 void save_saelens(const Sae& sae, const std::string& dir) {
   const bool batch_topk = sae.cfg.arch == SaeArch::BatchTopK;
-  nlohmann::json cfg = {{"architecture", batch_topk ? "jumprelu" : sae_arch_name(sae.cfg.arch)},
+  std::string arch = batch_topk ? "jumprelu" : sae_arch_name(sae.cfg.arch);
+  if (sae.cfg.transcoder()) arch = arch == "standard" ? "transcoder" : arch + "_transcoder";
+  nlohmann::json cfg = {{"architecture", arch},
                         {"d_in", sae.cfg.d_in},
                         {"d_sae", sae.cfg.d_sae},
                         {"dtype", "float32"},
@@ -270,6 +343,7 @@ void save_saelens(const Sae& sae, const std::string& dir) {
                         {"normalize_activations", "none"},
                         {"hook_name", sae.cfg.hook_name}};
   if (sae.cfg.arch == SaeArch::TopK) cfg["k"] = sae.cfg.k;
+  if (sae.cfg.transcoder()) cfg["d_out"] = sae.cfg.d_out, cfg["hook_name_out"] = sae.cfg.hook_name_out;
   SafetensorsWriter w;
   w.add("W_enc", sae.W_enc);
   w.add("b_enc", sae.b_enc);
@@ -303,14 +377,23 @@ Sae load_saelens(const std::string& dir) {
     return v.get<int64_t>();
   };
   SaeConfig cfg;
-  const std::string arch = j.value("architecture", std::string("standard"));
-  HL_CHECK(arch == "standard" || arch == "topk" || arch == "jumprelu", cfg_path, ": field 'architecture' is '", arch,
-           "'; this reader takes standard, topk and jumprelu");
+  std::string arch = j.value("architecture", std::string("standard"));
+  const bool transcoder = arch == "transcoder" || arch == "topk_transcoder" || arch == "jumprelu_transcoder";
+  HL_CHECK(transcoder || arch == "standard" || arch == "topk" || arch == "jumprelu", cfg_path, ": field 'architecture' is '", arch,
+           "'; this reader takes standard, topk, jumprelu and their transcoders (transcoder, topk_transcoder, jumprelu_transcoder)");
+  if (transcoder) arch = arch == "transcoder" ? "standard" : arch.substr(0, arch.size() - std::string("_transcoder").size());
   cfg.arch = parse_sae_arch(arch);
   cfg.d_in = positive("d_in");
   cfg.d_sae = positive("d_sae");
+  if (transcoder) {
+    cfg.d_out = positive("d_out");
+    const nlohmann::json& out = field("hook_name_out");
+    HL_CHECK(out.is_string() && !out.get<std::string>().empty(), cfg_path, ": field 'hook_name_out' must name a hook point, got ", out.dump());
+    cfg.hook_name_out = out.get<std::string>();
+    cfg.apply_b_dec_to_input = false;  // SAELens's transcoders never subtract b_dec (another width)
+  }
   if (cfg.arch == SaeArch::TopK) cfg.k = positive("k");
-  if (j.contains("apply_b_dec_to_input")) {
+  if (j.contains("apply_b_dec_to_input") && !transcoder) {
     HL_CHECK(j["apply_b_dec_to_input"].is_boolean(), cfg_path, ": field 'apply_b_dec_to_input' must be true or false");
     cfg.apply_b_dec_to_input = j["apply_b_dec_to_input"].get<bool>();
   }
@@ -320,7 +403,7 @@ Sae load_saelens(const std::string& dir) {
   if (j.contains("hook_name") && j["hook_name"].is_string()) cfg.hook_name = j["hook_name"].get<std::string>();
   const std::string weights_path = dir + "/sae_weights.safetensors";
   const SafetensorsFile f = read_safetensors(weights_path);
-  const Shape enc{cfg.d_in, cfg.d_sae}, dec{cfg.d_sae, cfg.d_in}, in{cfg.d_in}, feat{cfg.d_sae};
+  const Shape enc{cfg.d_in, cfg.d_sae}, dec{cfg.d_sae, cfg.out_width()}, in{cfg.out_width()}, feat{cfg.d_sae};
   Sae sae;
   sae.cfg = cfg;
   sae.W_enc = f.f32("W_enc", &enc).requires_grad_();

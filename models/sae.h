@@ -21,11 +21,15 @@
 
 namespace hl {
 
-#define HEADLAB_SAE_OPS(X) X(topk_relu) X(batch_topk_relu) X(jumprelu) X(jumprelu_step)
+#define HEADLAB_SAE_OPS(X) X(topk_relu) X(topk) X(batch_topk_relu) X(jumprelu) X(jumprelu_step)
 
 // pre (N, d_sae) -> per row the k largest values kept where positive, zeros elsewhere. The
 // gradient passes to the kept positive entries.
 Tensor topk_relu(const Tensor& pre, int64_t k);
+// pre (N, d_sae) -> per row the k largest values kept as they are (negative ones too), zeros
+// elsewhere; the gradient passes to the kept entries. AuxK's dead-feature activations: a dead
+// feature's pre-activation is often negative everywhere, and relu would leave it no gradient.
+Tensor topk(const Tensor& pre, int64_t k);
 // pre (N, d_sae) -> relu(pre) with only the k_total largest entries of the whole batch kept.
 Tensor batch_topk_relu(const Tensor& pre, int64_t k_total);
 // pre (N, d_sae), threshold (d_sae) -> pre * H(pre - threshold). dL/dpre = H(pre - threshold) g;
@@ -47,10 +51,17 @@ struct SaeConfig {
   float bandwidth = 0.001f;  // JumpReLU: width of the rectangle kernel of the threshold gradient
   float initial_threshold = 0.001f;  // JumpReLU
   bool apply_b_dec_to_input = true;
-  std::string hook_name;     // where the activations come from (informative)
+  std::string hook_name;     // where the activations come from
+  // A transcoder (Dunefsky et al. 2024) reads hook_name (an MLP's input) and reconstructs
+  // hook_name_out (its output, d_out wide): W_dec (d_sae, d_out), b_dec (d_out), and b_dec is
+  // never subtracted from the input. Empty: an autoencoder (d_out = d_in).
+  std::string hook_name_out;
+  int64_t d_out = 0;
+  bool transcoder() const { return !hook_name_out.empty(); }
+  int64_t out_width() const { return transcoder() ? d_out : d_in; }
 };
 
-// The parameters (leaves requiring grad) and the forward. JumpReLU trains log_threshold
+// The parameters (leaves requiring grad) and the forward (x_hat: (N, out_width())). JumpReLU trains log_threshold
 // (threshold = exp(log_threshold) stays positive), as SAELens does.
 struct Sae {
   SaeConfig cfg;
@@ -86,9 +97,16 @@ Tensor sae_rows(const Tensor& activation, int64_t d_in, const std::string& hook)
 // The splice: a forward hook that replaces the activation by the SAE's reconstruction (same
 // shape), so every analysis that takes Hooks runs on the model with the SAE in place.
 ForwardHook sae_splice(const Sae& sae);
+// The splice as hooks: for an autoencoder sae_splice at its hook_name; for a transcoder, its
+// output from hook_name's activation replaces hook_name_out's (the MLP's output).
+void add_sae_splice(Hooks& hooks, const Sae& sae);
+// Where the splice replaces an activation: hook_name_out for a transcoder, else hook_name.
+const std::string& sae_output_hook(const Sae& sae);
 
 // SAELens's files: DIR/cfg.json (architecture, d_in, d_sae, apply_b_dec_to_input,
-// normalize_activations, hook_name, k) and DIR/sae_weights.safetensors (W_enc, b_enc, W_dec,
+// normalize_activations, hook_name, k; a transcoder's d_out and hook_name_out, its architecture
+// transcoder or jumprelu_transcoder as SAELens names them, topk_transcoder for TopK, which
+// SAELens's layout has no name for) and DIR/sae_weights.safetensors (W_enc, b_enc, W_dec,
 // b_dec, and threshold for JumpReLU; float32). A BatchTopK SAE is written as the JumpReLU
 // SAE it is at inference, as SAELens does. Files go through write_file_atomic; the caller
 // makes DIR. The reader refuses what it cannot reproduce (another architecture, normalised

@@ -57,6 +57,19 @@ check "sae writes its metrics" 0 '"explained_variance"' -- cat "$T/sae/metrics.j
 check "sae refuses a missing hook" nonzero "the model has no hook point 'blocks.5.attn.hook_z'" -- "$HL" sae --checkpoint "$T/run/model.safetensors" --hook blocks.5.attn.hook_z $sae_small --out "$T/sae2"
 check "sae estimates its memory first" nonzero "an SAE of 16777216 features \(--expansion 1048576\) on 1024-row batches \(--batch\): needs about" -- "$HL" sae --checkpoint "$T/run/model.safetensors" --hook blocks.0.attn.hook_z --expansion 1048576 --out "$T/sae2"
 [ ! -e "$T/sae2" ] && { pass=$((pass+1)); echo "ok   sae wrote nothing when refused"; } || { fail=$((fail+1)); echo "FAIL sae wrote after a refusal"; }
+check "sae reports the loss recovered" 0 '"loss_recovered"' -- cat "$T/sae/metrics.json"
+check "sae refuses an --out holding a run" nonzero "holds an SAE run already: continue it with --resume" -- "$HL" sae --checkpoint "$T/run/model.safetensors" --hook blocks.0.attn.hook_z $sae_small --out "$T/sae"
+# resume: 30 steps straight = 15 steps, then --resume to 30 (the same SAE, byte for byte)
+sae_r="--checkpoint $T/run/model.safetensors --hook blocks.0.attn.hook_z --batch 32 --buffer 256 --sequences 8 --batches 2 --expansion 2 --k 4 --threads 1"
+check "sae stops at a step" 0 "explained variance" -- "$HL" sae $sae_r --steps 15 --out "$T/sae_half"
+check "sae resumes" 0 "resumed at step 15" -- "$HL" sae $sae_r --steps 30 --resume --out "$T/sae_half"
+cmp -s "$T/sae/sae_weights.safetensors" "$T/sae_half/sae_weights.safetensors" && { pass=$((pass+1)); echo "ok   sae resumed = straight, byte for byte"; } || { fail=$((fail+1)); echo "FAIL sae resumed differs from the straight run"; }
+check "sae resume refuses other settings" nonzero "cannot resume: lr is" -- "$HL" sae $sae_r --steps 30 --lr 0.01 --resume --out "$T/sae_half"
+check "sae --resume needs a state" nonzero "holds no SAE state" -- "$HL" sae $sae_r --steps 30 --resume --out "$T/sae_none"
+# a transcoder from the MLP's input to its output
+check "sae trains a transcoder" 0 "topk transcoder on blocks.0.ln2.hook_normalized -> blocks.0.hook_mlp_out" -- "$HL" sae --checkpoint "$T/run/model.safetensors" --hook blocks.0.ln2.hook_normalized --hook-out blocks.0.hook_mlp_out $sae_small --out "$T/tc"
+check "transcoder's cfg.json" 0 '"hook_name_out": "blocks.0.hook_mlp_out"' -- cat "$T/tc/cfg.json"
+check "sae refuses a missing output hook" nonzero "the model has no hook point 'blocks.0.hook_mlp_outt'" -- "$HL" sae --checkpoint "$T/run/model.safetensors" --hook blocks.0.ln2.hook_normalized --hook-out blocks.0.hook_mlp_outt $sae_small --out "$T/tc2"
 check "resume to more steps" 0 "token accuracy" -- "$HL" train --steps 40 --resume --out "$T/run"
 check "grads from task" 0 "wrote .* gradients" -- "$HL" grads --checkpoint "$T/run/model.safetensors" --batch-size 2 --out "$T/g.st"
 check "attn with tokens" 0 "attn.safetensors" -- "$HL" attn --checkpoint "$T/run/model.safetensors" --tokens "6 1 2 3 4 7 1 2" --out "$T/attn"

@@ -72,6 +72,26 @@ done
 [ -z "$problems" ] && ok "Ctrl-C to the process group x20 during detect (${d_ms} ms a run, $handled stopped by headlab): 130 or a complete run" \
                    || bad "Ctrl-C to the process group during detect:$problems"
 
+# ---- Ctrl-C during SAE training saves a state that --resume continues -------------------------------
+sae_args=(sae --checkpoint "$M" --hook blocks.0.attn.hook_z --batch 32 --buffer 256 --sequences 8 --batches 2 --expansion 2 --k 4
+          --threads 1 --log-every 1 --out "$T/sae_int")
+setsid "$HL" "${sae_args[@]}" --steps 1000000 >"$T/sae.out" 2>"$T/sae.err" &
+pid=$!
+for _ in $(seq 300); do grep -q "^step" "$T/sae.out" 2>/dev/null && break; sleep 0.1; done  # training has begun
+kill -INT -- -"$pid" 2>/dev/null
+for _ in $(seq 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$pid" 2>/dev/null; then kill -KILL -- -"$pid" 2>/dev/null; fi
+wait "$pid"; r=$?
+saved=$(sed -n 's/.*interrupted: .* at step \([0-9]*\); the state is in .*--resume$/\1/p' "$T/sae.err")
+if [ "$r" = 130 ] && [ -n "$saved" ] && [ -f "$T/sae_int/sae_state.safetensors" ]; then
+  ok "Ctrl-C during sae: exit 130, the state saved at step $saved"
+  timeout 60 "$HL" "${sae_args[@]}" --steps $((saved + 3)) --resume >"$T/sae.out" 2>"$T/sae.err" \
+    && grep -q "resumed at step $saved" "$T/sae.out" && [ -f "$T/sae_int/sae_weights.safetensors" ] \
+    && ok "sae --resume goes on from step $saved to the end" || bad "sae --resume after Ctrl-C" "$T/sae.err"
+else
+  bad "Ctrl-C during sae: exit $r, saved step '$saved'" "$T/sae.err"
+fi
+
 # ---- a gnuplot that hangs, ignores SIGTERM, or fails ---------------------------------------------
 mkdir -p "$T/hang" "$T/deaf" "$T/fails"
 printf '#!/bin/sh\necho $$ >"%s"\nexec sleep 1000\n' "$T/hang.pid" >"$T/hang/gnuplot"

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "lib/safetensors.h"
 #include "lib/stop.h"
+#include "train/run_dir.h"
 
 namespace hl {
 
@@ -19,18 +21,32 @@ Tensor checked_batch(const ActivationSource& source, int64_t rows, int64_t d_in)
   return x;
 }
 
+// A source's rows: an autoencoder's x (N, d_in), or a transcoder's [x | target] (N, d_in + d_out).
+int64_t source_width(const SaeConfig& cfg) { return cfg.transcoder() ? cfg.d_in + cfg.d_out : cfg.d_in; }
+
+// Columns [from, from + n) of rows (N, width), as their own (N, n) tensor.
+Tensor columns(const Tensor& rows, int64_t from, int64_t n) {
+  const int64_t N = rows.size(0), W = rows.size(1);
+  Tensor out = Tensor::empty({N, n});
+  for (int64_t r = 0; r < N; ++r) std::copy_n(rows.data() + r * W + from, n, out.data() + r * n);
+  return out;
+}
+
 Sae initial_sae(const SaeConfig& cfg, const SaeTrainArgs& args, const ActivationSource& source) {
   HL_CHECK(args.steps >= 0 && args.batch >= 1 && args.lr > 0.f && args.warmup >= 0 && args.dead_after >= 1 && args.init_rows >= 1,
            "SAE training: steps >= 0, batch >= 1, lr > 0, warmup >= 0, dead_after >= 1 and init_rows >= 1 are required");
   Rng rng(args.seed);
   Sae sae = Sae::init(cfg, rng);
-  if (cfg.apply_b_dec_to_input) {
-    const Tensor sample = checked_batch(source, args.init_rows, cfg.d_in);
+  // b_dec at the centre of what the SAE reconstructs: the input, or a transcoder's target
+  if (cfg.apply_b_dec_to_input || cfg.transcoder()) {
+    const Tensor rows = checked_batch(source, args.init_rows, source_width(cfg));
+    const Tensor sample = cfg.transcoder() ? columns(rows, cfg.d_in, cfg.d_out) : rows;
+    const int64_t D = cfg.out_width();
     Tensor centre = args.b_dec_geometric_median ? geometric_median(sample) : Tensor();
     if (!centre.defined()) {
-      centre = Tensor::zeros({cfg.d_in});
+      centre = Tensor::zeros({D});
       for (int64_t r = 0; r < sample.size(0); ++r)
-        for (int64_t c = 0; c < cfg.d_in; ++c) centre.data()[c] += sample.data()[r * cfg.d_in + c] / float(sample.size(0));
+        for (int64_t c = 0; c < D; ++c) centre.data()[c] += sample.data()[r * D + c] / float(sample.size(0));
     }
     sae.b_dec.copy_from(centre);
   }
@@ -39,39 +55,54 @@ Sae initial_sae(const SaeConfig& cfg, const SaeTrainArgs& args, const Activation
 
 }  // namespace
 
-ActivationSource model_activations(TransformerLM& model, const std::string& hook, std::vector<Ids> batches,
+ActivationSource model_activations(TransformerLM& model, const std::vector<std::string>& hooks, std::vector<Ids> batches,
                                    int64_t buffer_rows, uint64_t seed) {
-  bool known = false;
-  for (const auto& [name, shape] : hook_points(model.cfg)) known = known || name == hook;
-  HL_CHECK(known, "SAE: the model has no hook point '", hook, "' (`headlab hooks` lists them)");
+  HL_CHECK(!hooks.empty(), "SAE: no hook point to read");
+  int stop_at = 0;  // the forward stops after the last hook's block (-1: the whole model)
+  for (const std::string& hook : hooks) {
+    bool known = false;
+    for (const auto& [name, shape] : hook_points(model.cfg)) known = known || name == hook;
+    HL_CHECK(known, "SAE: the model has no hook point '", hook, "' (`headlab hooks` lists them)");
+    stop_at = stop_at < 0 || hook_layer(hook) < 0 ? -1 : std::max(stop_at, hook_layer(hook) + 1);
+  }
   HL_CHECK(!batches.empty(), "SAE: no token batches to read activations from");
   HL_CHECK(buffer_rows >= 1, "SAE: the shuffle buffer must hold at least 1 row, got ", buffer_rows);
   struct Buffer {
-    std::vector<float> rows;  // (n, d) row-major
+    std::vector<float> rows;  // (n, d) row-major: each token's hooks' values side by side
     int64_t d = 0, next_batch = 0;
     Rng rng;
   };
   auto buf = std::make_shared<Buffer>();
   buf->rng.seed_with(seed);
   TransformerLM* m = &model;
-  return [m, hook, batches = std::move(batches), buffer_rows, buf](int64_t rows) {
+  return [m, hooks, stop_at, batches = std::move(batches), buffer_rows, buf](int64_t rows) {
     NoGradGuard no_grad;
     auto size = [&] { return buf->d ? static_cast<int64_t>(buf->rows.size()) / buf->d : 0; };
     while (size() < std::max(buffer_rows, rows)) {
       throw_if_stopped();
       const Ids& ids = batches[static_cast<size_t>(buf->next_batch++ % static_cast<int64_t>(batches.size()))];
       ForwardOptions opt;
-      opt.stop_at_layer = hook_layer(hook) >= 0 ? hook_layer(hook) + 1 : -1;  // nothing after the hook's block
-      Hooks hooks;
+      opt.stop_at_layer = stop_at;  // nothing after the last hook's block
+      Hooks hk;
       ActivationCache cache;
-      hooks.cache(cache, name_is(hook));
-      opt.hooks = &hooks;
+      for (const std::string& hook : hooks) hk.cache(cache, name_is(hook));
+      opt.hooks = &hk;
       m->forward(ids, opt);
-      const Tensor act = cache[hook];
-      const int64_t tokens = act.size(0) * act.size(1);
-      if (!buf->d) buf->d = act.numel() / std::max<int64_t>(tokens, 1);
-      const Tensor r = sae_rows(act, buf->d, hook);
-      buf->rows.insert(buf->rows.end(), r.data(), r.data() + r.numel());
+      std::vector<Tensor> parts;
+      int64_t d = 0;
+      for (const std::string& hook : hooks) {
+        const Tensor act = cache[hook];
+        const int64_t tokens = act.size(0) * act.size(1);
+        parts.push_back(sae_rows(act, act.numel() / std::max<int64_t>(tokens, 1), hook));
+        d += parts.back().size(1);
+      }
+      if (!buf->d) buf->d = d;
+      const int64_t tokens = parts[0].size(0), at = size();
+      buf->rows.resize(static_cast<size_t>((at + tokens) * d));
+      for (int64_t t = 0; t < tokens; ++t) {
+        float* dst = buf->rows.data() + (at + t) * d;
+        for (const Tensor& p : parts) dst = std::copy_n(p.data() + t * p.size(1), p.size(1), dst);
+      }
     }
     const int64_t d = buf->d;
     Tensor out = Tensor::empty({rows, d});
@@ -86,6 +117,16 @@ ActivationSource model_activations(TransformerLM& model, const std::string& hook
   };
 }
 
+double sae_training_bytes(const SaeConfig& cfg, int64_t batch, int64_t buffer_rows) {
+  const double F = double(cfg.d_sae), width = double(cfg.d_in + cfg.out_width());
+  return 4.0 * (4.0 * width * F + 6.0 * double(batch) * F + double(buffer_rows) * width);
+}
+
+std::vector<std::string> sae_source_hooks(const SaeConfig& cfg) {
+  if (cfg.transcoder()) return {cfg.hook_name, cfg.hook_name_out};
+  return {cfg.hook_name};
+}
+
 SaeTrainer::SaeTrainer(const SaeConfig& cfg, const SaeTrainArgs& args, ActivationSource source)
     : cfg_(cfg), args_(args), source_(std::move(source)), sae_(initial_sae(cfg, args, source_)),
       opt_(sae_.params(), args.lr), rows_since_fired_(static_cast<size_t>(cfg.d_sae), 0) {}
@@ -97,21 +138,25 @@ std::vector<bool> SaeTrainer::dead_features() const {
 }
 
 SaeStepStats SaeTrainer::step() {
-  const int64_t N = args_.batch, F = cfg_.d_sae, D = cfg_.d_in;
-  const Tensor x = checked_batch(source_, N, D);
+  const int64_t N = args_.batch, F = cfg_.d_sae, D = cfg_.out_width();
+  const Tensor rows = checked_batch(source_, N, source_width(cfg_));
+  // x (N, d_in) and what x_hat should be, target (N, D): x itself, or a transcoder's output
+  const Tensor x = cfg_.transcoder() ? columns(rows, 0, cfg_.d_in) : rows;
+  const Tensor target = cfg_.transcoder() ? columns(rows, cfg_.d_in, cfg_.d_out) : rows;
   const bool unit_decoder = cfg_.arch != SaeArch::Standard;  // Standard: the L1 carries the norms
 
   const Tensor pre = sae_.pre_acts(x);   // (N, F)
   const Tensor f = sae_.activate(pre, true);
   const Tensor x_hat = sae_.decode(f);   // (N, D)
-  const Tensor err = sub(x_hat, x);
+  const Tensor err = sub(x_hat, target);
   const Tensor mse = mean(sum(mul(err, err), {1}));
   Tensor sparsity;
+  const float ramp = args_.sparsity_warmup > 0 ? std::min(1.f, float(step_ + 1) / float(args_.sparsity_warmup)) : 1.f;
   if (cfg_.arch == SaeArch::Standard) {
     const Tensor norms = sqrt(sum(mul(sae_.W_dec, sae_.W_dec), {1}));  // (F)
-    sparsity = mul_scalar(mean(sum(mul(f, norms), {1})), args_.l1_coefficient);
+    sparsity = mul_scalar(mean(sum(mul(f, norms), {1})), args_.l1_coefficient * ramp);
   } else if (cfg_.arch == SaeArch::JumpReLU) {
-    sparsity = mul_scalar(mean(sum(jumprelu_step(pre, sae_.threshold(), cfg_.bandwidth), {1})), args_.l0_coefficient);
+    sparsity = mul_scalar(mean(sum(jumprelu_step(pre, sae_.threshold(), cfg_.bandwidth), {1})), args_.l0_coefficient * ramp);
   }
 
   // AuxK: the dead features' k_aux largest pre-activations reconstruct what the live ones miss.
@@ -123,8 +168,8 @@ SaeStepStats SaeTrainer::step() {
     Tensor alive = Tensor::zeros({1, F});
     for (int64_t j = 0; j < F; ++j) alive.data()[j] = dead[j] ? 0.f : 1.f;
     const Tensor dead_pre = masked_fill(pre, alive, -1e30f);
-    const Tensor aux_f = topk_relu(dead_pre, std::min(k_aux, n_dead));
-    const Tensor residual = sub(x, x_hat).detach();
+    const Tensor aux_f = topk(dead_pre, std::min(k_aux, n_dead));  // negative ones too: they need the gradient most
+    const Tensor residual = sub(target, x_hat).detach();
     const Tensor aux_err = sub(matmul(aux_f, sae_.W_dec), residual);
     const float scale = std::min(1.f, float(n_dead) / float(k_aux));
     aux = mul_scalar(mean(sum(mul(aux_err, aux_err), {1})), args_.aux_coefficient * scale);
@@ -163,9 +208,9 @@ SaeStepStats SaeTrainer::step() {
   double var = 0, e2 = 0;
   for (int64_t c = 0; c < D; ++c) {
     double m = 0;
-    for (int64_t r = 0; r < N; ++r) m += x.data()[r * D + c] / double(N);
+    for (int64_t r = 0; r < N; ++r) m += target.data()[r * D + c] / double(N);
     for (int64_t r = 0; r < N; ++r) {
-      const double v = x.data()[r * D + c] - m, e = err.data()[r * D + c];
+      const double v = target.data()[r * D + c] - m, e = err.data()[r * D + c];
       var += v * v, e2 += e * e;
     }
   }
@@ -173,6 +218,68 @@ SaeStepStats SaeTrainer::step() {
   s.dead_fraction = float(n_dead) / float(F);
   ++step_;
   return s;
+}
+
+nlohmann::json SaeTrainer::settings() const {
+  return {{"architecture", sae_arch_name(cfg_.arch)}, {"d_in", cfg_.d_in}, {"d_sae", cfg_.d_sae}, {"k", cfg_.k},
+          {"bandwidth", cfg_.bandwidth}, {"initial_threshold", cfg_.initial_threshold},
+          {"apply_b_dec_to_input", cfg_.apply_b_dec_to_input}, {"hook_name", cfg_.hook_name},
+          {"hook_name_out", cfg_.hook_name_out}, {"d_out", cfg_.d_out}, {"steps", args_.steps}, {"batch", args_.batch},
+          {"lr", args_.lr}, {"warmup", args_.warmup}, {"l1_coefficient", args_.l1_coefficient},
+          {"l0_coefficient", args_.l0_coefficient}, {"sparsity_warmup", args_.sparsity_warmup},
+          {"aux_coefficient", args_.aux_coefficient}, {"dead_after", args_.dead_after},
+          {"b_dec_geometric_median", args_.b_dec_geometric_median}, {"init_rows", args_.init_rows}, {"seed", args_.seed}};
+}
+
+void SaeTrainer::save_state(const std::string& path) const {
+  SafetensorsWriter w;
+  for (const NamedParam& p : sae_.params()) w.add(p.name, p.param);
+  for (const auto& [name, t] : opt_.state()) w.add(name, t);
+  if (sae_.batch_threshold.defined()) w.add("batch_threshold", sae_.batch_threshold);
+  w.set_meta("rows_since_fired", nlohmann::json(rows_since_fired_).dump());  // int64, past int32's range in long runs
+  w.set_meta("step", std::to_string(step_));
+  w.set_meta("settings", settings().dump());
+  w.write(path);
+}
+
+void SaeTrainer::load_state(const std::string& path) {
+  HL_CHECK(step_ == 0, "SAE training: load_state on a trainer that has already trained ", step_, " steps");
+  const SafetensorsFile f = read_safetensors(path);
+  nlohmann::json stored;
+  try {
+    stored = nlohmann::json::parse(f.meta("settings"));
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, ": the stored settings are not valid JSON (", e.what(), ")");
+  }
+  const std::string diff = first_json_difference(stored, settings(), {"/steps"}, "in the saved state", "now");
+  HL_CHECK(diff.empty(), path, ": cannot resume: ", diff);
+  int64_t step = 0;
+  try {
+    step = std::stoll(f.meta("step"));
+  } catch (const std::logic_error&) {
+    fail(path, ": metadata 'step' is not a number");
+  }
+  HL_CHECK(step >= 0 && step <= args_.steps, path, ": the saved step ", step, " is not within 0..", args_.steps, " (the steps asked for)");
+  NoGradGuard no_grad;
+  for (NamedParam p : sae_.params()) p.param.copy_from(f.f32(p.name, &p.param.shape()));  // shares the storage
+  std::vector<std::pair<std::string, Tensor>> moments = opt_.state();
+  for (auto& [name, t] : moments) t = f.f32(name, &t.shape());
+  opt_.load_state(moments, step);
+  if (sae_.batch_threshold.defined()) sae_.batch_threshold.copy_from(f.f32("batch_threshold", &sae_.batch_threshold.shape()));
+  std::vector<int64_t> fired;
+  try {
+    fired = nlohmann::json::parse(f.meta("rows_since_fired")).get<std::vector<int64_t>>();
+  } catch (const nlohmann::json::exception&) {
+    fail(path, ": metadata 'rows_since_fired' is not a list of integers");
+  }
+  HL_CHECK(fired.size() == rows_since_fired_.size(), path, ": 'rows_since_fired' has ", fired.size(), " values, expected ", cfg_.d_sae);
+  rows_since_fired_ = fired;
+  // the stream as it was at `step`: the same requests, their rows dropped
+  for (int64_t s = 0; s < step; ++s) {
+    throw_if_stopped();
+    source_(args_.batch);
+  }
+  step_ = step;
 }
 
 void SaeTrainer::train(const std::function<void(const SaeStepStats&)>& on_step) {

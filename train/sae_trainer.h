@@ -7,6 +7,8 @@
 #include <functional>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "lib/optim.h"
 #include "models/sae.h"
 #include "models/transformer.h"
@@ -20,6 +22,9 @@ struct SaeTrainArgs {
   int64_t warmup = 0;          // steps of linear learning-rate warmup
   float l1_coefficient = 5.f;  // Standard: weight of sum_j f_j |W_dec[j]|
   float l0_coefficient = 1.f;  // JumpReLU: weight of the step-function L0
+  // Standard, JumpReLU: steps over which the L1 / L0 weight rises linearly from 0 to its value
+  // (SAELens's l1_warm_up_steps, l0_warm_up_steps), so features form before sparsity bites
+  int64_t sparsity_warmup = 0;
   float aux_coefficient = 1.f / 32.f;  // AuxK's weight (0 turns it off)
   int64_t dead_after = 100000;  // a feature that has not fired for this many rows is dead
   bool b_dec_geometric_median = true;  // else the mean
@@ -27,7 +32,8 @@ struct SaeTrainArgs {
   uint64_t seed = 0;
 };
 
-// The next `rows` activations (rows, d_in); must not repeat the same tensor storage.
+// The next `rows` activations (rows, d_in), or for a transcoder (rows, d_in + d_out): its input
+// and its target side by side; must not repeat the same tensor storage.
 using ActivationSource = std::function<Tensor(int64_t rows)>;
 
 // Activations of `model` at `hook` over `batches` of token ids (cycled), as SAE rows (sae_rows:
@@ -35,8 +41,21 @@ using ActivationSource = std::function<Tensor(int64_t rows)>;
 // is topped up with whole batches from the model and each request takes rows from it at random
 // (SAELens's mixing buffer, without an activation file). A hook the model does not have is an
 // error naming it; the model runs without gradients.
-ActivationSource model_activations(TransformerLM& model, const std::string& hook, std::vector<Ids> batches,
+// With several hooks each row holds every hook's values of one token side by side (a
+// transcoder's [input | output]).
+ActivationSource model_activations(TransformerLM& model, const std::vector<std::string>& hooks, std::vector<Ids> batches,
                                    int64_t buffer_rows, uint64_t seed);
+inline ActivationSource model_activations(TransformerLM& model, const std::string& hook, std::vector<Ids> batches,
+                                          int64_t buffer_rows, uint64_t seed) {
+  return model_activations(model, std::vector<std::string>{hook}, std::move(batches), buffer_rows, seed);
+}
+// The hooks a source for `cfg` reads: hook_name, and a transcoder's hook_name_out after it.
+std::vector<std::string> sae_source_hooks(const SaeConfig& cfg);
+
+// The bytes training `cfg` needs: the parameters, their gradients and Adam's two moments; a
+// step's (batch, d_sae) activations (pre, f and their gradients, AuxK's); a shuffle buffer of
+// buffer_rows. Checked (check_fits_in_memory) before training starts.
+double sae_training_bytes(const SaeConfig& cfg, int64_t batch, int64_t buffer_rows);
 
 struct SaeStepStats {
   int64_t step = 0;
@@ -53,6 +72,17 @@ class SaeTrainer {
   SaeStepStats step();
   // Runs the remaining steps; `on_step` (may be empty) sees each step's statistics.
   void train(const std::function<void(const SaeStepStats&)>& on_step = {});
+
+  // The training state in one safetensors file (written atomically): the parameters, Adam's
+  // moments, the BatchTopK threshold, each feature's rows since it last fired, the step, and the
+  // settings. load_state refuses a file made with other settings (naming the first that
+  // differs; steps may grow), then replays the activation stream up to the saved step (a source
+  // gives the same rows for the same seed: the model's forwards run again, no SAE step), so
+  // training goes on bit for bit as if never stopped.
+  void save_state(const std::string& path) const;
+  void load_state(const std::string& path);
+  // The settings as saved with the state (JSON): the SAE's config and the training arguments.
+  nlohmann::json settings() const;
 
   const Sae& sae() const { return sae_; }
   int64_t steps_done() const { return step_; }

@@ -21,7 +21,7 @@ from ._core import (  # noqa: F401
 from ._core import head_analyses  # noqa: F401
 from ._core import Tokenizer  # noqa: F401
 from ._core import qk_attribution  # noqa: F401
-from ._core import SAE, train_sae  # noqa: F401  (sparse autoencoders)
+from ._core import SAE, evaluate_sae, train_sae  # noqa: F401  (sparse autoencoders)
 from ._core import precision  # noqa: F401  (with hl.precision("bf16"): ...)
 from . import _core
 from . import lens as _lens  # noqa: F401  (hooks(), to_tokens, to_str_tokens, to_string on TransformerLM)
@@ -48,7 +48,7 @@ __all__ = [
     "copying_score", "qk_attribution", "single_head_ablation", "softmax", "tensor", "train", "train_settings", "Tokenizer",
     "View", "view", "token_view", "grid_view",
     "FactoredMatrix", "tensor_hook", "head_analyses",
-    "SAE", "train_sae",
+    "SAE", "evaluate_sae", "train_sae",
     "precision",
     "Result", "AblationResult", "CompositionBaseline", "CompositionScores", "EdgeResult", "EvalResult", "HeadAnalysis",
     "HeadGradientNorms", "HeadMatch", "HeadStats", "KnockoutResult", "PatchingInputs", "PatchingResult",

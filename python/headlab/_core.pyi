@@ -199,6 +199,12 @@ b_dec, and for JumpReLU its thresholds. encode(x) = act((x - b_dec) W_enc + b_en
     def hook_name(self) -> str:
         """The hook point it reads"""
     @property
+    def hook_name_out(self) -> str:
+        """A transcoder: the hook point it reconstructs (its splice replaces it); empty for an SAE"""
+    @property
+    def d_out(self) -> int:
+        """Output width (d_in for an SAE)"""
+    @property
     def W_enc(self) -> numpy.ndarray:
         """(d_in, d_sae), read-only view"""
     @property
@@ -488,6 +494,13 @@ def edge_patching(model: TransformerLM, clean: object, corrupted: object, *, ans
 def evaluate(model: TransformerLM, task: object = ..., data: object = ..., autoregressive: bool = ...) -> object:
     """An EvalResult: held-out loss, token_acc, exact_match (and ar_exact_match with autoregressive=True) over the data's counted targets"""
 
+def evaluate_sae(model: TransformerLM, sae: SAE, data: object) -> object:
+    """The SAE measured on model over data (what hl.Batches takes: token ids (N, T), next-token targets): a dict of
+l0, explained_variance, mse, dead_fraction, dense_fraction, density (per feature) and density_histogram (log10
+buckets) on the activations at the SAE's hook, and the loss recovered when its reconstruction is spliced in:
+loss_clean, loss_spliced, loss_zero_ablated, loss_recovered = (zero_ablated - spliced) / (zero_ablated - clean).
+The same numbers as `headlab sae`'s metrics.json."""
+
 def get_act_name(name: str, layer: Optional[int] = ..., layer_type: str = ...) -> str:
     """A hook's full name from TransformerLens's short form: get_act_name('pattern', 0) = 'blocks.0.attn.hook_pattern'"""
 
@@ -571,9 +584,12 @@ def softmax(x: Tensor, axis: int = ...) -> Tensor:
 def tensor(array: numpy.ndarray, requires_grad: bool = ...) -> Tensor:
     """A float32 copy of a float array (float64 is rounded to float32); never a view"""
 
-def train_sae(model: TransformerLM, hook: str, data: object, architecture: str = ..., expansion: int = ..., k: int = ..., steps: int = ..., batch: int = ..., lr: float = ..., warmup: int = ..., buffer: int = ..., l1_coefficient: float = ..., l0_coefficient: float = ..., bandwidth: float = ..., seed: int = ...) -> SAE:
+def train_sae(model: TransformerLM, hook: str, data: object, architecture: str = ..., expansion: int = ..., k: int = ..., steps: int = ..., batch: int = ..., lr: float = ..., warmup: int = ..., buffer: int = ..., l1_coefficient: float = ..., l0_coefficient: float = ..., bandwidth: float = ..., seed: int = ..., hook_out: object = ..., sparsity_warmup: int = ...) -> SAE:
     """Trains an SAE on model's activations at hook (e.g. "blocks.1.attn.hook_z", heads concatenated) over data,
-token ids (B, T) run through the model and mixed in a shuffle buffer of `buffer` rows. Returns an SAE."""
+token ids (B, T) run through the model and mixed in a shuffle buffer of `buffer` rows. Returns an SAE.
+With hook_out, a transcoder from hook's activation to hook_out's (e.g. hook="blocks.0.ln2.hook_normalized",
+hook_out="blocks.0.hook_mlp_out": the MLP's input to its output). sparsity_warmup: steps over which the L1 (standard)
+or L0 (jumprelu) weight rises from 0."""
 
 def train_settings() -> list:
     """(keyword, flag, help) of every training setting"""

@@ -46,3 +46,37 @@ def test_sae_refuses_activations_of_another_width(tmp_path):
     sae = hl.train_sae(tiny(), "blocks.0.hook_resid_post", IDS, expansion=1, k=2, steps=2, batch=16, buffer=32)
     with pytest.raises(ValueError, match=r"SAE: activations must be \(N, 16\), got \(3,5\)"):
         sae.encode(np.zeros((3, 5), np.float32))
+
+
+def test_evaluate_sae_reports_the_loss_recovered_as_its_three_losses_say():
+    m = tiny()
+    sae = hl.train_sae(m, "blocks.1.hook_resid_post", IDS, expansion=2, k=4, steps=30, batch=32, lr=1e-2, buffer=96)
+    r = hl.evaluate_sae(m, sae, IDS)
+    # the clean loss is the model's own next-token loss on the same ids
+    assert r["loss_clean"] == pytest.approx(hl.evaluate(m, IDS)["loss"], rel=1e-6)
+    gap = r["loss_zero_ablated"] - r["loss_clean"]
+    assert r["loss_recovered"] == pytest.approx((r["loss_zero_ablated"] - r["loss_spliced"]) / gap, rel=1e-9)
+    assert len(r["density"]) == sae.d_sae
+    assert sum(b["features"] for b in r["density_histogram"]) == sae.d_sae
+    assert r["density_histogram"][0]["log10_density_from"] is None
+    assert r["dead_fraction"] == pytest.approx(np.mean(np.asarray(r["density"]) == 0))
+
+
+def test_train_sae_makes_a_transcoder_from_the_mlp_input_to_its_output(tmp_path):
+    m = tiny()
+    tc = hl.train_sae(m, "blocks.0.ln2.hook_normalized", IDS, hook_out="blocks.0.hook_mlp_out", expansion=2, k=4,
+                      steps=30, batch=32, lr=1e-2, buffer=96)
+    assert (tc.hook_name, tc.hook_name_out, tc.d_in, tc.d_out) == ("blocks.0.ln2.hook_normalized",
+                                                                    "blocks.0.hook_mlp_out", 16, 16)
+    _, cache = m.run_with_cache(IDS)
+    x = np.asarray(cache["blocks.0.ln2.hook_normalized"]).reshape(-1, 16)
+    pre = x.astype(np.float64) @ tc.W_enc + tc.b_enc  # a transcoder never subtracts b_dec
+    keep = np.argsort(-pre, axis=1)[:, :4]
+    want = np.zeros_like(pre)
+    np.put_along_axis(want, keep, np.maximum(np.take_along_axis(pre, keep, 1), 0), 1)
+    np.testing.assert_allclose(np.asarray(tc.encode(x)), want, atol=1e-5)
+    r = hl.evaluate_sae(m, tc, IDS)
+    assert r["loss_spliced"] != r["loss_clean"]  # the splice replaced the MLP's output
+    tc.save(tmp_path / "tc")
+    back = hl.SAE.load(tmp_path / "tc")
+    assert (back.hook_name_out, back.d_out) == ("blocks.0.hook_mlp_out", 16)
