@@ -32,6 +32,7 @@ namespace fs = std::filesystem;
 
 struct ViewOpts {
   std::string run, checkpoint, tokens, text, tokenizer, out, edges, compare;
+  std::string qk;  // --qk: headlab qk's qk.json (or its directory) for the QK attribution panel
   int edges_top = 20;
   std::string task = "copy";
   int examples = 4;
@@ -185,6 +186,18 @@ int run_view(const ViewOpts& o) {
   const ModelConfig& cfg = model->cfg;
   json edges_panel = o.edges.empty() ? json() : read_edges_for_view(o.edges, o.edges_top, cfg);
   const json compare_panel = o.compare.empty() ? json() : read_compare_for_view(o.compare);
+  json qk_panel;  // read now: a bad file refuses before the forward passes
+  if (!o.qk.empty()) {
+    const std::string path = fs::is_directory(o.qk) ? o.qk + "/qk.json" : o.qk;
+    if (!file_exists(path)) fail("--qk ", path, ": no such file (write it with headlab qk --out DIR)");
+    json j;
+    try {
+      j = json::parse(read_file(path));
+    } catch (const json::exception& e) {
+      fail("--qk ", path, ": not JSON (", e.what(), ")");
+    }
+    qk_panel = views::qk_panel(j, "--qk " + path, cfg);
+  }
   std::unique_ptr<Task> task;
   const TaskConfig tc = checkpoint_task(f, TaskConfig::preset(o.task));
   // --text is encoded with --tokenizer, or else with the tokenizer the model was trained with
@@ -287,6 +300,7 @@ int run_view(const ViewOpts& o) {
                {"roles_baseline", o.run.empty() ? json() : read_csv(o.run + "/compose/compose_baseline.csv")}};
   if (!edges_panel.is_null()) data["edges"] = std::move(edges_panel);
   if (!compare_panel.is_null()) data["compare"] = std::move(compare_panel);
+  if (!qk_panel.is_null()) data["qk"] = std::move(qk_panel);
   // heads over training: what `detect|patch|dla|compose|prune --run RUN` wrote into the run
   json over = json::array();
   if (!o.run.empty())
@@ -334,6 +348,9 @@ void add_view_command(CLI::App& app, CommandRunner& runner) {
       ->check(given);
   sub->add_option("--compare", o->compare,
                   "Output directory of headlab compare RUN_A RUN_B: adds a panel with the two runs' curves and heads side by side")
+      ->check(given);
+  sub->add_option("--qk", o->qk, "qk.json of headlab qk on this model (or its directory): adds a QK attribution panel (the head's "
+                  "query-side x key-side pair matrix)")
       ->check(given);
   sub->add_option("--edges-top", o->edges_top, "Edges the panel draws first (largest |exact|; the page offers up to 500)")
       ->capture_default_str()->check(in_range(1, 500));

@@ -495,21 +495,61 @@ void bind_analyses(py::module_& m) {
      "A PathPatchingResult: path patching of sender (embed or L{l}H{h}) to receivers (names; default: every reader): path = metric of the clean run "
      "with every receiver reading its input + the sender's corrupted-minus-clean output, minus the clean metric; activation = "
      "the same for the sender's whole output patched; clean_metric, corrupted_metric");
-  m.def("qk_attribution", [](TransformerLM& model, const py::object& ids, int64_t row, int layer, int head, int64_t query, int64_t key) {
-    const QkAttribution a = qk_attribution(model, ids_from(ids, "ids"), row, layer, head, query, key);
+  m.def("qk_attribution", [](TransformerLM& model, const py::object& ids_obj, int64_t row, int layer, int head, const py::object& query,
+                             const py::object& key, const py::object& answers, const py::object& source_pos, const std::string& key_rule,
+                             const std::string& aggregate) {
+    const Ids ids = ids_from(ids_obj, "ids");
+    QkAttribution a;
+    if (!answers.is_none()) {  // a task's sites, aggregated (the same call as headlab qk)
+      if (!query.is_none() || !key.is_none())
+        throw py::value_error("qk_attribution: give query and key (one site) or answers (a task's sites), not both");
+      const QkKeyRule rule = parse_qk_key_rule(key_rule);
+      const QkReduce reduce = parse_qk_reduce(aggregate);
+      PatchingInputs in;
+      in.answers = answers_from(answers, ids, model, "qk_attribution");
+      if (rule == QkKeyRule::Source) {
+        if (source_pos.is_none())
+          throw py::value_error("qk_attribution: key_rule 'source' needs source_pos (per answer, its earlier occurrence: "
+                                "hl.corrupt_one_symbol's source_pos)");
+        in.source_pos = cast_arg<std::vector<int64_t>>(source_pos, "source_pos", "a list of int, one per answer");
+      }
+      const std::vector<QkSite> sites = qk_answer_sites(in, rule);
+      a = interruptible([&] { return qk_attribution(model, ids, layer, head, sites, reduce); });
+    } else {
+      if (query.is_none() || key.is_none())
+        throw py::value_error("qk_attribution: give query and key (one site), or answers (a task's sites, e.g. hl.corrupt_one_symbol's)");
+      a = qk_attribution(model, ids, row, layer, head, cast_arg<int64_t>(query, "query", "int"), cast_arg<int64_t>(key, "key", "int"));
+    }
     const auto C = static_cast<py::ssize_t>(a.components.size());
     py::array_t<double> pairs({C, C});
     std::copy(a.pairs.begin(), a.pairs.end(), pairs.mutable_data());
+    py::array_t<int64_t> sites({static_cast<py::ssize_t>(a.sites.size()), py::ssize_t{3}});
+    for (size_t i = 0; i < a.sites.size(); ++i) {
+      sites.mutable_data(i, 0)[0] = a.sites[i].row;
+      sites.mutable_data(i, 0)[1] = a.sites[i].query;
+      sites.mutable_data(i, 0)[2] = a.sites[i].key;
+    }
     py::dict d;
+    d["layer"] = a.layer;
+    d["head"] = a.head;
     d["components"] = a.components;
     d["pairs"] = pairs;
     d["score"] = a.score;
-    return d;
-  }, py::arg("model"), py::arg("ids"), py::kw_only(), py::arg("row") = 0, py::arg("layer"), py::arg("head"), py::arg("query"),
-     py::arg("key"),
-     "QK attribution: head (layer, head)'s scaled attention score at (query, key) of ids' row split into pairs of upstream "
-     "components (tok, pos, earlier heads L{l}H{h}, L{l}.b_O, mlp{l}, bias) through ln1 with its scale frozen: components "
-     "(names), pairs (C, C) [query side, key side], which sum to score (the model's)");
+    d["query_totals"] = py::array(py::cast(a.query_totals()));
+    d["key_totals"] = py::array(py::cast(a.key_totals()));
+    d["sites"] = sites;
+    d["aggregate"] = to_string(a.reduce);
+    return typed_result("QkAttribution", d);
+  }, py::arg("model"), py::arg("ids"), py::kw_only(), py::arg("row") = 0, py::arg("layer"), py::arg("head"), py::arg("query") = py::none(),
+     py::arg("key") = py::none(), py::arg("answers") = py::none(), py::arg("source_pos") = py::none(), py::arg("key_rule") = "source",
+     py::arg("aggregate") = "mean",
+     "A QkAttribution: head (layer, head)'s scaled attention score split into pairs of upstream components (tok, pos, earlier "
+     "heads L{l}H{h}, L{l}.b_O, mlp{l}, bias) through ln1 with its scale frozen (QK-norm's too; rotary parts turned by their "
+     "position). One site: query and key of ids' row. A task's sites (as headlab qk): answers (rows of (row, pos, ...): query = "
+     "pos) with key_rule 'source' (source_pos, the answer's earlier occurrence, as hl.corrupt_one_symbol gives), 'previous' or "
+     "'max', the pairs' aggregate ('mean' or 'sum') over the sites. Fields: components (names), pairs (C, C) [query side, key "
+     "side], score (the model's, aggregated the same way: the pairs sum to it), query_totals and key_totals (C), sites (S, 3) "
+     "of (row, query, key), aggregate, layer, head");
   m.def("mean_activation", [](TransformerLM& model, const py::object& data_obj, const std::string& hook, bool per_position) {
     const DataArg data = data_arg(data_obj, model, "mean_activation");
     return interruptible([&] { return mean_activation(model, data.batches(), hook, per_position); });

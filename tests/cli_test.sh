@@ -296,6 +296,14 @@ check "edges --method all writes one MIB graph per method" 0 "^mib_acdc.json mib
 check "faithfulness.png is a PNG" 0 "^PNG$" -- bash -c "head -c 4 '$T/edges_all/faithfulness.png' | tail -c 3"
 check "edges refuses an unknown method" nonzero "unknown method 'pruning' \(expected attribution, eap-ig or acdc\)" -- "$HL" edges --checkpoint "$M" --method pruning --out "$T/edges_b"
 check "edges refuses --ig-steps 0" nonzero "--ig-steps: value 0 is outside \[1, 1000\]" -- "$HL" edges --checkpoint "$M" --method eap-ig --ig-steps 0 --out "$T/edges_b"
+# qk: QK attribution of one head over the task's answers
+check "qk prints the top pairs" 0 "score -?[0-9.]+ \(the model's, scaled, before any soft-cap\) = the sum of the pairs" -- "$HL" qk --checkpoint "$M" --head 0.1 --examples 16 --out "$T/qk"
+check "qk.csv has every pair" 0 "^query_side,key_side,value$" -- head -1 "$T/qk/qk.csv"
+check "qk.json holds the matrix" 0 '"key_rule": "source"' -- cat "$T/qk/qk.json"
+check "qk.png is a PNG" 0 "^PNG$" -- bash -c "head -c 4 '$T/qk/qk.png' | tail -c 3"
+check "qk refuses a head outside the model" nonzero "--head 0.9 \(head\): 9 is outside 0\.\.[0-9]+$" -- "$HL" qk --checkpoint "$M" --head 0.9 --out "$T/qk_b"
+check "qk refuses a head without a dot" nonzero "--head 1: expected LAYER.HEAD, e.g. 1.6" -- "$HL" qk --checkpoint "$M" --head 1 --out "$T/qk_b"
+[ ! -e "$T/qk_b" ] && ok "a refused qk writes nothing" || bad "qk left a directory"
 check "edges refuses a post-norm model" nonzero "post-norm \(norm = post\)" -- "$HL" edges --checkpoint "$T/postrun/model.safetensors" --out "$T/edges_b"
 [ ! -e "$T/edges_b" ] && ok "no output directory after a refused edges" || bad "edges left a directory"
 check "hooks lists hook_scale" 0 "ln_final.hook_scale +\(B, T, 1\)" -- "$HL" hooks --heads 2

@@ -202,4 +202,36 @@ std::string grid_page(const std::string& title, int rows, int cols, const std::v
                                {"vmin", finite_or_null(scale.vmin)}, {"vmax", finite_or_null(scale.vmax)}});
 }
 
+// ---- the QK attribution panel ----------------------------------------------------------------
+json qk_panel(const json& qk, const std::string& source, const ModelConfig& cfg) {
+  auto need = [&](const char* field, bool ok) {
+    if (!ok) fail(source, ": field '", field, "' is missing or not of headlab qk's form");
+  };
+  need("layer", qk.is_object() && qk.contains("layer") && qk["layer"].is_number_integer());
+  need("head", qk.contains("head") && qk["head"].is_number_integer());
+  need("components", qk.contains("components") && qk["components"].is_array() && !qk["components"].empty());
+  const size_t C = qk["components"].size();
+  bool square = qk.contains("pairs") && qk["pairs"].is_array() && qk["pairs"].size() == C;
+  for (size_t i = 0; square && i < C; ++i) {
+    const json& row = qk["pairs"][i];
+    square = row.is_array() && row.size() == C;
+    for (size_t j = 0; square && j < C; ++j) square = row[j].is_number();
+  }
+  need("pairs", square);
+  need("score", qk.contains("score") && qk["score"].is_number());
+  need("sites", qk.contains("sites") && qk["sites"].is_array());
+  const int layer = qk["layer"], head = qk["head"];
+  if (layer < 0 || layer >= cfg.n_layers || head < 0 || head >= cfg.n_heads)
+    fail(source, ": head L", layer, "H", head, " is not in the model's ", cfg.n_layers, " layers x ", cfg.n_heads, " heads");
+  return {{"layer", layer},
+          {"head", head},
+          {"components", qk["components"]},
+          {"pairs", qk["pairs"]},
+          {"score", qk["score"]},
+          {"sites", qk["sites"].size()},
+          {"key_rule", qk.value("key_rule", std::string("?"))},
+          {"aggregate", qk.value("aggregate", std::string("?"))},
+          {"data", qk.value("data", std::string("?"))}};
+}
+
 }  // namespace hl::views

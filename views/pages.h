@@ -55,4 +55,10 @@ std::string grid_page(const std::string& title, int rows, int cols, const std::v
                       const std::vector<std::string>& row_labels, const std::vector<std::string>& col_labels,
                       const std::string& value_name, const ColourScale& scale = {});
 
+// The QK attribution panel of the head view from `headlab qk`'s qk.json (`source` names it in
+// messages): the head, its components, the pair matrix [query side][key side], each side's
+// totals, the score, and how the sites were chosen. Fails naming the file and field when the JSON
+// is not of that form or its head is not in a model of cfg's shape.
+nlohmann::json qk_panel(const nlohmann::json& qk, const std::string& source, const ModelConfig& cfg);
+
 }  // namespace hl::views

@@ -33,6 +33,7 @@ from .results import (  # noqa: F401
     HeadMatch, HeadStats, KnockoutResult, PatchingInputs, PatchingResult, PathPatchingResult, PruneCurve, Result,
     ScoresOverTraining, TrainResult,
 )
+from .results import QkAttribution  # noqa: F401
 from .views import View, grid_view, token_view, view  # noqa: F401
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "FactoredMatrix", "tensor_hook", "head_analyses",
     "SAE", "evaluate_sae", "train_sae",
     "precision",
+    "QkAttribution",
     "Result", "AblationResult", "CompositionBaseline", "CompositionScores", "EdgeResult", "EvalResult", "HeadAnalysis",
     "HeadGradientNorms", "HeadMatch", "HeadStats", "KnockoutResult", "PatchingInputs", "PatchingResult",
     "PathPatchingResult", "PruneCurve", "ScoresOverTraining", "TrainResult",

@@ -563,8 +563,8 @@ class precision:
 def prune_curve(model: TransformerLM, task: object = ..., data: object = ..., order: str = ..., step_fraction: float = ..., min_per_layer: int = ..., recompute: bool = ..., seed: int = ...) -> object:
     """A PruneCurve: accuracy as heads are removed in an order (on a copy; the model is unchanged)"""
 
-def qk_attribution(model: TransformerLM, ids: object, *, row: int = ..., layer: int, head: int, query: int, key: int) -> dict:
-    """QK attribution: head (layer, head)'s scaled attention score at (query, key) of ids' row split into pairs of upstream components (tok, pos, earlier heads L{l}H{h}, L{l}.b_O, mlp{l}, bias) through ln1 with its scale frozen: components (names), pairs (C, C) [query side, key side], which sum to score (the model's)"""
+def qk_attribution(model: TransformerLM, ids: object, *, row: int = ..., layer: int, head: int, query: object = ..., key: object = ..., answers: object = ..., source_pos: object = ..., key_rule: str = ..., aggregate: str = ...) -> object:
+    """A QkAttribution: head (layer, head)'s scaled attention score split into pairs of upstream components (tok, pos, earlier heads L{l}H{h}, L{l}.b_O, mlp{l}, bias) through ln1 with its scale frozen (QK-norm's too; rotary parts turned by their position). One site: query and key of ids' row. A task's sites (as headlab qk): answers (rows of (row, pos, ...): query = pos) with key_rule 'source' (source_pos, the answer's earlier occurrence, as hl.corrupt_one_symbol gives), 'previous' or 'max', the pairs' aggregate ('mean' or 'sum') over the sites. Fields: components (names), pairs (C, C) [query side, key side], score (the model's, aggregated the same way: the pairs sum to it), query_totals and key_totals (C), sites (S, 3) of (row, query, key), aggregate, layer, head"""
 
 def qk_singular_values(model: TransformerLM, layer: int, head: int, offset: Optional[int] = ...) -> List[float]:
     """Singular values (descending) of the head's QK circuit W_Q^T W_K (d_model x d_model, rank <= d_head). On a rotary model those of W_QK(offset) = (R(offset) W_Q)^T W_K; offset None: the mean of each over offsets 0..n_ctx-1, as the gradient atlas's circuits.csv"""

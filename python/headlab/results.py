@@ -127,6 +127,11 @@ class EdgeResult(Result):
     (arrays, one entry per edge), clean_metric, corrupted_metric."""
 
 
+class QkAttribution(Result):
+    """qk_attribution: components (names), pairs (C, C) [query side, key side] and score (the model's), both
+    the mean or sum over sites (S, 3) of (row, query, key); query_totals, key_totals (C); aggregate, layer, head."""
+
+
 class PathPatchingResult(Result):
     """path_patching: path, activation, clean_metric, corrupted_metric (floats)."""
 
