@@ -228,7 +228,7 @@ namespace {
 // Sets one row of the flag table from a Python value; raises naming the keyword.
 void set_setting(TrainFlagValues& v, const std::string& key, const py::handle& value) {
   const TrainSetting* s = find_train_setting(key);
-  if (!s) throw py::type_error("unknown setting '" + key + "' (the names are the CLI's flags with _ for -, e.g. d_model)");
+  if (!s) throw py::type_error("unknown setting '" + key + "' (the names are the CLI's flags with _ for -, e.g. d_model, or ModelConfig's, e.g. n_heads)");
   std::visit(
       [&](auto* field) {
         using T = std::remove_pointer_t<decltype(field)>;
@@ -251,10 +251,15 @@ TrainArgs args_from_kwargs(const py::dict& kwargs, const std::function<bool(cons
   TrainFlagValues v;
   std::set<std::string> given;
   for (auto& [k, val] : kwargs) {
-    const std::string key = k.cast<std::string>();
+    std::string key = k.cast<std::string>();
     if (skip && skip(key)) continue;
-    set_setting(v, key, val);
-    given.insert(find_train_setting(key)->flag);
+    // a model setting under TransformerLens's name (n_heads) is the one under its flag's (heads)
+    if (!find_train_setting(key))
+      for (const ConfigField& f : config_fields())
+        if (key == f.name && *f.flag && find_train_setting(f.flag)) key = f.flag;
+    set_setting(v, key, val);  // unknown names raise here
+    if (!given.insert(find_train_setting(key)->flag).second)
+      throw py::type_error("the setting " + find_train_setting(key)->name() + " is given twice (under its two names)");
   }
   return resolve_train_flags(v, [&](const std::string& f) { return given.count(f) > 0; }, task_training_defaults);
 }
