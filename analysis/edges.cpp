@@ -176,6 +176,7 @@ void check_edge_inputs(const ModelConfig& cfg, const PatchingInputs& in) {
         a.clean >= cfg.vocab_size || a.corrupted < 0 || a.corrupted >= cfg.vocab_size)
       fail("edges: answer (", a.row, ", ", a.pos, ", ", a.clean, ", ", a.corrupted, ") is outside the ids ", in.clean.shape.str(),
            " or the vocabulary 0..", cfg.vocab_size - 1);
+  check_patching_padding(in, "edges");
 }
 
 double edge_patching_memory_bytes(const ModelConfig& cfg, int64_t rows, int64_t T) {

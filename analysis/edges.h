@@ -62,7 +62,7 @@ double edge_metric(const Tensor& logits, const std::vector<PatchAnswer>& answers
 // positions, QK-norm, score scales, sliding windows, biases).
 void check_edge_model(const ModelConfig& cfg);
 // Fails with one message for what these analyses cannot take: check_edge_model's, clean and corrupted ids of different shapes, no answers, an answer outside the ids
-// or the vocabulary.
+// or the vocabulary, padding other than on the right or an answer at padding (check_patching_padding).
 void check_edge_inputs(const ModelConfig& cfg, const PatchingInputs& in);
 // Bytes edge_patching needs for `rows` sequences of T tokens (an upper estimate): the clean and
 // corrupted runs' caches, one delta per sender, the gradients, and one batch of patched runs.

@@ -91,7 +91,35 @@ PatchingInputs corrupt_one_symbol(const Batch& b, int alphabet, uint64_t seed, C
     for (int64_t t = 0; t < T; ++t) in.clean.at(i, t) = b.inputs.at(rows[i], t);
   in.corrupted = in.clean;
   for (int64_t i = 0; i < R; ++i) in.corrupted.at(i, in.source_pos[i]) = in.answers[i].corrupted;
+  if (b.key_padding.defined()) {  // the chosen rows' padding
+    in.key_padding = Tensor::zeros({R, T});
+    for (int64_t i = 0; i < R; ++i)
+      std::copy_n(b.key_padding.data() + rows[i] * T, T, in.key_padding.data() + i * T);
+  }
   return in;
+}
+
+void check_patching_padding(const PatchingInputs& in, const std::string& fn) {
+  if (!in.key_padding.defined()) return;
+  const int64_t B = in.clean.shape[0], T = in.clean.shape[1];
+  if (in.key_padding.shape().ndim != 2 || in.key_padding.shape()[0] != B || in.key_padding.shape()[1] != T)
+    fail(fn, ": attention_mask has shape ", in.key_padding.shape().str(), " but the ids are ", in.clean.shape.str());
+  const float* pad = in.key_padding.data();
+  for (int64_t r = 0; r < B; ++r)
+    for (int64_t t = 0; t < T; ++t) {
+      const float p = pad[r * T + t];
+      if (p != 0.f && p != 1.f) fail(fn, ": attention_mask: values are 1 (token) or 0 (padding)");
+      // left padding would move a row's positions: the patched runs number them from column 0
+      if (t == 0 && p != 0.f)
+        fail(fn, ": attention_mask: row ", r, " starts with padding: patching and edges take rows padded on the right "
+             "(each row's tokens first; to_tokens(texts, padding_side='right'))");
+      if (t > 0 && p == 0.f && pad[r * T + t - 1] != 0.f)
+        fail(fn, ": attention_mask: row ", r, " has a token at position ", t, " after padding: patching and edges take rows "
+             "padded on the right (each row's tokens first)");
+    }
+  for (const PatchAnswer& a : in.answers)
+    if (a.row >= 0 && a.row < B && a.pos >= 0 && a.pos < T && pad[a.row * T + a.pos] != 0.f)
+      fail(fn, ": answer (", a.row, ", ", a.pos, ", ", a.clean, ", ", a.corrupted, ") is at padding (attention_mask 0 there)");
 }
 
 double patching_memory_bytes(const ModelConfig& cfg, int64_t rows, int64_t T) {
@@ -370,6 +398,7 @@ PatchGrid generic_activation_patch(TransformerLM& model, const PatchingInputs& i
                                    const std::vector<std::string>& axes) {
   if (in.clean.shape.ndim != 2 || in.clean.shape != in.corrupted.shape)
     fail("patching: the clean ids ", in.clean.shape.str(), " and the corrupted ids ", in.corrupted.shape.str(), " must be (B, T) of one shape");
+  check_patching_padding(in, "patching");
   const int64_t per = rows_per_pass(model.cfg, in.clean.shape[0], in.clean.shape[1], false);
   const double mc = chunked_metric(model, in.clean, in.answers, per), mk = chunked_metric(model, in.corrupted, in.answers, per);
   const double span = mc - mk;
@@ -390,6 +419,7 @@ PatchingResult activation_patching(TransformerLM& model, const PatchingInputs& i
   const int64_t B = in.clean.shape[0], T = in.clean.shape[1], dh = model.cfg.head_dim(), D = model.cfg.d_model;
   // every pass runs over chunks of rows (the corrupted run's backward sets their size); what is
   // summed over rows carries its sum from chunk to chunk, so the result is one batch's, bit for bit
+  check_patching_padding(in, "patching");
   const int64_t per = rows_per_pass(model.cfg, B, T, true);
   PatchingResult r;
   std::vector<double> clean_each, corrupted_each;

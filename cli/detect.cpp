@@ -16,7 +16,7 @@ namespace {
 
 int run_detect(const RoleOpts& o) {
   if (over_training_requested(o)) {
-    if (!o.pattern_file.empty()) fail("--pattern goes with --checkpoint: --run scores the three detectors over training");
+    if (!o.detect.pattern_file.empty()) fail("--pattern goes with --checkpoint: --run scores the three detectors over training");
     return write_scores_over_training(o.run, o.out, "detect", head_score_options(o));
   }
   const std::string out = o.out.empty() ? default_out_dir("detect") : o.out;
@@ -36,17 +36,17 @@ int run_detect(const RoleOpts& o) {
                   "batches of " + std::to_string(rows) + " sequences of " + std::to_string(T) + " tokens",
                   o.data == "task" ? "--examples (batches hold up to 64)"
                                    : "--length (the sequences are " + std::to_string(T) + " tokens) or --examples (batches hold up to 64)");
-  DetectorOptions opt{o.exclude_bos, o.exclude_current};
+  DetectorOptions opt{o.detect.exclude_bos, o.detect.exclude_current};
   std::vector<std::string> names;
   std::vector<HeadGrid> grids;
   // each score beside its 95% bootstrap interval over the sequences; every detector from one forward
-  if (!o.pattern_file.empty()) {
-    const SafetensorsFile pf = read_safetensors(o.pattern_file);
-    if (!pf.has("pattern")) fail(o.pattern_file, ": no 'pattern' tensor (expected pattern (T, T), float32)");
+  if (!o.detect.pattern_file.empty()) {
+    const SafetensorsFile pf = read_safetensors(o.detect.pattern_file);
+    if (!pf.has("pattern")) fail(o.detect.pattern_file, ": no 'pattern' tensor (expected pattern (T, T), float32)");
     const Tensor p = pf.f32("pattern");
     if (p.ndim() != 2 || p.size(0) != p.size(1) || p.size(0) < 1)
-      fail(o.pattern_file, ": pattern must be (T, T) with T of 1 or more, got ", p.shape().str());
-    check_finite(p, "pattern", o.pattern_file);
+      fail(o.detect.pattern_file, ": pattern must be (T, T) with T of 1 or more, got ", p.shape().str());
+    check_finite(p, "pattern", o.detect.pattern_file);
     const DetectorIntervals r = detect_with_intervals(*m.model, data, {Detector::PreviousToken}, opt, p.to_vector(), p.size(0));
     add_detector_columns(names, grids, "custom", r.score[0], r.lo[0], r.hi[0]);
   } else {
@@ -61,7 +61,7 @@ int run_detect(const RoleOpts& o) {
               o.data == "probe"         ? "random tokens with a block repeated at a varying distance"
               : o.data == "fixed-probe" ? "repeated random tokens [r r]"
                                         : ("task " + m.config.name).c_str(),
-              o.exclude_bos ? ", BOS excluded" : "", o.exclude_current ? ", current token excluded" : "");
+              o.detect.exclude_bos ? ", BOS excluded" : "", o.detect.exclude_current ? ", current token excluded" : "");
   write_detect_files(staged->staging(), names, grids);
   staged->publish();
   std::printf("\nwrote %s/detect.csv, detect.png\n", out.c_str());
@@ -82,10 +82,10 @@ void add_detect_command(CLI::App& app, CommandRunner& runner) {
       ->capture_default_str()->check(in_range(0, 1 << 19));
   sub->add_option("--bos", o->bos, "probe: start every row with this token id (e.g. the model's BOS); -1 = none")
       ->capture_default_str()->check(in_range(-1, 1 << 24));
-  sub->add_flag("--exclude-bos", o->exclude_bos, "Ignore attention to position 0");
-  sub->add_flag("--exclude-current-token", o->exclude_current, "Ignore attention of a token to itself");
+  sub->add_flag("--exclude-bos", o->detect.exclude_bos, "Ignore attention to position 0");
+  sub->add_flag("--exclude-current-token", o->detect.exclude_current, "Ignore attention of a token to itself");
   add_run_option(sub, *o);
-  sub->add_option("--pattern", o->pattern_file, "Score against your own pattern instead: a safetensors file with pattern (T, T)");
+  sub->add_option("--pattern", o->detect.pattern_file, "Score against your own pattern instead: a safetensors file with pattern (T, T)");
 }
 
 }  // namespace hl

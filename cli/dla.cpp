@@ -33,7 +33,7 @@ double mean_of(const std::vector<double>& v) {
 
 int run_dla(const RoleOpts& o) {
   if (over_training_requested(o)) {
-    if (!o.tokens.empty()) fail("--tokens goes with --checkpoint: --run attributes the task's answers over training");
+    if (!o.dla.tokens.empty()) fail("--tokens goes with --checkpoint: --run attributes the task's answers over training");
     return write_scores_over_training(o.run, o.out, "dla", head_score_options(o));
   }
   const std::string out = o.out.empty() ? default_out_dir("dla") : o.out;
@@ -44,20 +44,20 @@ int run_dla(const RoleOpts& o) {
          "so it is not a sum of components)");
   std::vector<Batch> data;
   std::string source;  // what the rows are, for the table's title and dla.json
-  if (!o.text.empty() && !o.tokens.empty()) fail("give --tokens or --text, not both");
-  if (!o.tokenizer.empty() && o.text.empty()) fail("--tokenizer encodes --text: give --text too");
-  if (!o.tokens.empty() || !o.text.empty()) {  // one sequence: each position's next token is its answer
-    const std::string flag = o.tokens.empty() ? "--text" : "--tokens";
+  if (!o.dla.text.empty() && !o.dla.tokens.empty()) fail("give --tokens or --text, not both");
+  if (!o.dla.tokenizer.empty() && o.dla.text.empty()) fail("--tokenizer encodes --text: give --text too");
+  if (!o.dla.tokens.empty() || !o.dla.text.empty()) {  // one sequence: each position's next token is its answer
+    const std::string flag = o.dla.tokens.empty() ? "--text" : "--tokens";
     std::vector<int32_t> ids;
-    if (!o.tokens.empty()) {
-      ids = parse_token_ids(o.tokens, cfg.vocab_size);
+    if (!o.dla.tokens.empty()) {
+      ids = parse_token_ids(o.dla.tokens, cfg.vocab_size);
     } else {  // --tokenizer, else the files beside a Hugging Face directory's model
-      const std::string dir = !o.tokenizer.empty() ? o.tokenizer : std::filesystem::is_directory(o.checkpoint) ? o.checkpoint : "";
+      const std::string dir = !o.dla.tokenizer.empty() ? o.dla.tokenizer : std::filesystem::is_directory(o.checkpoint) ? o.checkpoint : "";
       if (dir.empty()) fail("--text needs --tokenizer DIR (tokenizer.json, vocab.json + merges.txt, or encoder.json + vocab.bpe)");
       const std::shared_ptr<const Tokenizer> tok = load_tokenizer(dir);
       if (tok->vocab_size() > cfg.vocab_size)
         fail("--tokenizer ", dir, ": its vocabulary has ", tok->vocab_size(), " tokens, more than the model's ", cfg.vocab_size);
-      ids = tok->encode(o.text, "--text", true);  // with the BOS/EOS the tokenizer's files add
+      ids = tok->encode(o.dla.text, "--text", true);  // with the BOS/EOS the tokenizer's files add
     }
     if (ids.size() < 2) fail(flag, ": give at least 2 tokens (each position is attributed its next token)");
     if (static_cast<int64_t>(ids.size()) > cfg.max_seq_len)
@@ -78,7 +78,7 @@ int run_dla(const RoleOpts& o) {
   const int64_t batch_rows = data[0].size(), T = data[0].inputs.shape[1];
   announce_memory("dla", estimate_step_bytes(cfg, batch_rows, T, false) - 4.0 * static_cast<double>(parameter_count(cfg)),
                   "batches of " + std::to_string(batch_rows) + " sequence(s) of " + std::to_string(T) + " tokens",
-                  o.tokens.empty() && o.text.empty() ? "--examples (batches hold up to 64)" : "the tokens given (--tokens, --text)");
+                  o.dla.tokens.empty() && o.dla.text.empty() ? "--examples (batches hold up to 64)" : "the tokens given (--tokens, --text)");
   const DlaResult r = direct_logit_attribution(*m.model, data);
   // the files appear together, or none (a full disk, a signal)
   const std::unique_ptr<StagedDir> staged = claim_staged_output_dir(out, "dla");
@@ -118,8 +118,8 @@ int run_dla(const RoleOpts& o) {
                                {"ci95_hi", ci.defined() ? nlohmann::json(ci.hi) : nlohmann::json()}});
     if (row.head >= 0) heads[static_cast<size_t>(row.layer)][static_cast<size_t>(row.head)] = mean;
   }
-  if (!o.tokens.empty()) j["tokens"] = o.tokens;
-  if (!o.text.empty()) j["text"] = o.text;
+  if (!o.dla.tokens.empty()) j["tokens"] = o.dla.tokens;
+  if (!o.dla.text.empty()) j["text"] = o.dla.text;
   std::printf("direct logit attribution of the answer token (%s, %zu sequence(s), %lld answer positions; mean over the "
               "sequences of each sequence's mean, 95%% bootstrap interval over the sequences; components + ln_final_bias = "
               "%s):\n", source.c_str(), r.logit_per_row.size(), static_cast<long long>(r.positions), logit_row.c_str());
@@ -151,12 +151,12 @@ void add_dla_command(CLI::App& app, CommandRunner& runner) {
                                    "Direct logit attribution: each head's, MLP's and embedding's share of the answer logit on the task",
                                    run_dla, defaults);
   add_run_option(sub, *o);
-  sub->add_option("--tokens", o->tokens,
+  sub->add_option("--tokens", o->dla.tokens,
                   "Attribute the next-token predictions of these token ids (e.g. \"11 3 4 12 3 4\") instead of the task's "
                   "answers: one sequence, so no interval");
-  sub->add_option("--text", o->text, "Attribute the next-token predictions of this text, encoded with --tokenizer (or the "
+  sub->add_option("--text", o->dla.text, "Attribute the next-token predictions of this text, encoded with --tokenizer (or the "
                                      "tokenizer files in a Hugging Face model directory given as --checkpoint), with the BOS/EOS they add");
-  sub->add_option("--tokenizer", o->tokenizer, "Tokenizer directory (tokenizer.json, vocab.json + merges.txt, or encoder.json + vocab.bpe) for --text");
+  sub->add_option("--tokenizer", o->dla.tokenizer, "Tokenizer directory (tokenizer.json, vocab.json + merges.txt, or encoder.json + vocab.bpe) for --text");
 }
 
 }  // namespace hl

@@ -32,11 +32,11 @@ std::vector<std::string> split_axes(const std::string& text) {
 // --hook: the generic loop over the hook's axes, one CSV row per index (full precision: the
 // numbers Python's activation_patching gives, bit for bit) and a JSON of the grid.
 int run_generic_patch(const RoleOpts& o, const std::string& out, RoleModel& m, const PatchingInputs& in) {
-  const std::vector<std::string> axes = o.axes.empty() ? default_patch_axes(m.model->cfg, o.hook) : split_axes(o.axes);
-  const PatchGrid g = generic_activation_patch(*m.model, in, o.hook, axes);
+  const std::vector<std::string> axes = o.patch.axes.empty() ? default_patch_axes(m.model->cfg, o.patch.hook) : split_axes(o.patch.axes);
+  const PatchGrid g = generic_activation_patch(*m.model, in, o.patch.hook, axes);
   // the files appear together, or none (a full disk, a signal)
   const std::unique_ptr<StagedDir> staged = claim_staged_output_dir(out, "patch");
-  std::string stem = o.hook;
+  std::string stem = o.patch.hook;
   std::replace(stem.begin(), stem.end(), '.', '_');
   std::string csv, header;
   for (const std::string& a : axes) header += a + ",";
@@ -57,14 +57,14 @@ int run_generic_patch(const RoleOpts& o, const std::string& out, RoleModel& m, c
   }
   std::printf("activation patching of %s over %s, %zu rows of %s (one %s token corrupted per row); logit difference clean %.4f, "
               "corrupted %.4f; restored fraction: 1 = the clean run's, 0 = the corrupted run's\n\n",
-              o.hook.c_str(), o.axes.empty() ? (axes[0] + (axes.size() > 1 ? "," + axes[1] : "")).c_str() : o.axes.c_str(),
+              o.patch.hook.c_str(), o.patch.axes.empty() ? (axes[0] + (axes.size() > 1 ? "," + axes[1] : "")).c_str() : o.patch.axes.c_str(),
               in.answers.size(), (o.data == "probe" ? "the repeat probe" : "task " + m.config.name).c_str(), o.corrupt.c_str(),
               g.clean_metric, g.corrupted_metric);
   warn_if_corruption_changes_little(g.clean_metric, g.corrupted_metric);
   if (table.size() <= 65) print_table(table);
   else std::printf("(%zu values: see the CSV)\n", g.values.size());
   write_file_atomic(staged->staging() + "/patch_" + stem + ".csv", csv);
-  nlohmann::json j = {{"hook", o.hook},        {"hooks", g.hooks},   {"axes", axes},
+  nlohmann::json j = {{"hook", o.patch.hook},        {"hooks", g.hooks},   {"axes", axes},
                       {"shape", g.shape},      {"values", g.values}, {"clean_metric", g.clean_metric},
                       {"corrupted_metric", g.corrupted_metric},      {"rows", in.answers.size()},
                       {"task", o.data == "probe" ? std::string("probe") : m.config.name}, {"seed", o.seed}};
@@ -76,18 +76,18 @@ int run_generic_patch(const RoleOpts& o, const std::string& out, RoleModel& m, c
 
 int run_patch(const RoleOpts& o) {
   if (over_training_requested(o)) {
-    if (!o.hook.empty()) fail("--hook goes with --checkpoint: --run patches hook_z per head over training");
+    if (!o.patch.hook.empty()) fail("--hook goes with --checkpoint: --run patches hook_z per head over training");
     return write_scores_over_training(o.run, o.out, "patch", head_score_options(o));
   }
   const std::string out = o.out.empty() ? default_out_dir("patch") : o.out;
-  if (!o.axes.empty() && o.hook.empty()) fail("--axes needs --hook (the hook point to patch over them)");
+  if (!o.patch.axes.empty() && o.patch.hook.empty()) fail("--axes needs --hook (the hook point to patch over them)");
   RoleModel m = load_role_model(o);
   // a misspelt hook fails here, before the data is made (given axes are checked against the
   // hook's shape by the patching itself, before its first run)
-  if (!o.hook.empty() && o.axes.empty()) (void)default_patch_axes(m.model->cfg, o.hook);
+  if (!o.patch.hook.empty() && o.patch.axes.empty()) (void)default_patch_axes(m.model->cfg, o.patch.hook);
   // every example is in one batch, cached twice, with gradients once; --data probe: any model
   const PatchingInputs in = role_patching_inputs(m, o, patching_memory_bytes, "patch", o.data == "probe");
-  if (!o.hook.empty()) return run_generic_patch(o, out, m, in);
+  if (!o.patch.hook.empty()) return run_generic_patch(o, out, m, in);
   const PatchingResult r = activation_patching(*m.model, in);
   // the files appear together, or none (a full disk, a signal)
   const std::unique_ptr<StagedDir> staged = claim_staged_output_dir(out, "patch");
@@ -122,10 +122,10 @@ void add_patch_command(CLI::App& app, CommandRunner& runner) {
       ->capture_default_str()->check(in_range(0, 1 << 19));
   add_run_option(sub, *o);
   add_corrupt_option(sub, *o);
-  sub->add_option("--hook", o->hook,
+  sub->add_option("--hook", o->patch.hook,
                   "Patch this hook point over --axes instead (e.g. hook_z, hook_resid_pre, attn.hook_q_input; a full name "
                   "such as blocks.1.attn.hook_z takes no layer axis)");
-  sub->add_option("--axes", o->axes,
+  sub->add_option("--axes", o->patch.axes,
                   "--hook: the axes to patch over, comma-separated: layer, head, pos, src_pos (default: layer,head for "
                   "hooks with heads, else layer,pos)");
 }

@@ -64,8 +64,8 @@ HeadScoreOptions head_score_options(const RoleOpts& o) {
   h.data = o.data;
   h.length = o.length;
   h.bos = o.bos;
-  h.exclude_bos = o.exclude_bos;
-  h.exclude_current = o.exclude_current;
+  h.exclude_bos = o.detect.exclude_bos;
+  h.exclude_current = o.detect.exclude_current;
   h.fallback_task = TaskConfig::preset(o.task);
   h.threads = o.threads;
   h.corruption = parse_corruption(o.corrupt);

@@ -16,21 +16,35 @@
 
 namespace hl {
 
-struct RoleOpts {
-  std::string run;  // --run: every snapshot of this run instead of one --checkpoint
-  std::string checkpoint, out, data = "probe", pattern_file, task = "copy";
-  std::string tokens;  // dla: token ids of one sequence of your own instead of the task's rows
-  std::string text, tokenizer;  // dla: or text, encoded with GPT-2's BPE from this directory
-  int examples = 200, length = 0, threads = 2, bos = -1;
-  uint64_t seed = 1234;
+// Each role command's own flags, one struct per analysis; RoleOpts composes them with the flags
+// the commands share.
+struct DetectFlags {  // detect (and what --run of the detectors reads)
+  std::string pattern_file;  // --pattern: a (T, T) pattern of your own
   bool exclude_bos = false, exclude_current = false;
-  // knockout and patch --hook: the hook point, its head, positions ("1,4"), ablation kind and
-  // patching axes ("layer,head")
-  std::string hook, kind = "zero", positions, axes;
+};
+struct DlaFlags {  // dla: one sequence of your own instead of the task's rows
+  std::string tokens;           // --tokens: its token ids
+  std::string text, tokenizer;  // --text, encoded with the tokenizer of this directory
+};
+struct KnockoutFlags {  // knockout: the hook point, its head, positions ("1,4") and the ablation kind
+  std::string hook, kind = "zero", positions;
   int head = -1;
   bool per_position = false;
+};
+struct PatchFlags {  // patch --hook: the hook point and the patching axes ("layer,head")
+  std::string hook, axes;
+};
+struct RoleOpts {
+  std::string run;  // --run: every snapshot of this run instead of one --checkpoint
+  std::string checkpoint, out, data = "probe", task = "copy";
+  int examples = 200, length = 0, threads = 2, bos = -1;
+  uint64_t seed = 1234;
   std::string corrupt = "source";  // patch and edges: which token corrupt_one_symbol replaces
   std::string precision = "float32";  // --precision: the linear layers' products (lib/bf16.h)
+  DetectFlags detect;
+  DlaFlags dla;
+  KnockoutFlags knockout;
+  PatchFlags patch;
 };
 // "1,4,7" -> {1, 4, 7} (empty text: empty), each checked as a whole number >= 0; `flag` names it.
 std::vector<int64_t> parse_positions_flag(const std::string& text, const std::string& flag);

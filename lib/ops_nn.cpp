@@ -95,6 +95,19 @@ Tensor softmax_impl(const char* name, const Tensor& x, int axis, bool log_out) {
   return y;
 }
 
+// The norms' dx row: f(j) stored into a buffer from grad_buffer_for_overwrite when it is fresh,
+// added to it otherwise.
+template <class F>
+inline void store_or_add_row(float* out, int64_t D, bool fresh, F&& f) {
+  if (fresh) {
+#pragma omp simd
+    for (int64_t j = 0; j < D; ++j) out[j] = f(j);
+  } else {
+#pragma omp simd
+    for (int64_t j = 0; j < D; ++j) out[j] += f(j);
+  }
+}
+
 }  // namespace
 
 Tensor softmax(const Tensor& x, int axis) { return softmax_impl("softmax", x, axis, false); }
@@ -253,18 +266,10 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) 
             }
             m1 /= static_cast<float>(D);
             m2 /= static_cast<float>(D);
-            float* gxr = gx + r * D;
-            auto dx = [&](int64_t j) {
+            store_or_add_row(gx + r * D, D, fresh, [&](int64_t j) {
               const float dxhat = gr[j] * Wr[j];
               return rstd * (dxhat - m1 - (xr[j] - mu) * rstd * m2);
-            };
-            if (fresh) {
-#pragma omp simd
-              for (int64_t j = 0; j < D; ++j) gxr[j] = dx(j);
-            } else {
-#pragma omp simd
-              for (int64_t j = 0; j < D; ++j) gxr[j] += dx(j);
-            }
+            });
           }
           if (pw) {
 #pragma omp simd
@@ -336,15 +341,7 @@ Tensor rms_norm(const Tensor& x, const Tensor& w, float eps, bool one_plus) {
 #pragma omp simd reduction(+ : m)
             for (int64_t j = 0; j < D; ++j) m += gr[j] * (Wr[j] + add_w) * xr[j] * rstd;
             m /= static_cast<float>(D);
-            float* gxr = gx + r * D;
-            auto dx = [&](int64_t j) { return rstd * (gr[j] * (Wr[j] + add_w) - xr[j] * rstd * m); };
-            if (fresh) {
-#pragma omp simd
-              for (int64_t j = 0; j < D; ++j) gxr[j] = dx(j);
-            } else {
-#pragma omp simd
-              for (int64_t j = 0; j < D; ++j) gxr[j] += dx(j);
-            }
+            store_or_add_row(gx + r * D, D, fresh, [&](int64_t j) { return rstd * (gr[j] * (Wr[j] + add_w) - xr[j] * rstd * m); });
           }
           if (pw) {
 #pragma omp simd

@@ -65,15 +65,24 @@ std::vector<PatchAnswer> answers_from(const py::object& answers, const Ids& clea
   return out;
 }
 
-// The clean and corrupted ids and the answers of hl.edge_patching and hl.path_patching.
-PatchingInputs edge_inputs(const TransformerLM& model, const py::object& clean, const py::object& corrupted, const py::object& answers,
-                           const std::string& fn) {
+// The clean and corrupted ids (B, T) of one shape, and their attention_mask (one for both runs:
+// right padding, checked by the analysis), of hl.activation_patching, edge_patching and path_patching.
+PatchingInputs patching_ids(const py::object& clean, const py::object& corrupted, const py::object& attention_mask,
+                            const std::string& fn) {
   PatchingInputs in;
   in.clean = ids_from(clean, "clean");
   in.corrupted = ids_from(corrupted, "corrupted");
   if (in.clean.shape != in.corrupted.shape)
     throw py::value_error(fn + ": the clean ids " + in.clean.shape.str() + " and the corrupted ids " + in.corrupted.shape.str() +
                           " must have one shape");
+  in.key_padding = key_padding_from(attention_mask, in.clean);
+  return in;
+}
+
+// The clean and corrupted ids, their attention_mask and the answers of hl.edge_patching and hl.path_patching.
+PatchingInputs edge_inputs(const TransformerLM& model, const py::object& clean, const py::object& corrupted,
+                           const py::object& attention_mask, const py::object& answers, const std::string& fn) {
+  PatchingInputs in = patching_ids(clean, corrupted, attention_mask, fn);
   if (answers.is_none()) throw py::value_error(fn + ": give answers (rows of (row, pos, clean token, corrupted token))");
   in.answers = answers_from(answers, in.clean, model, fn);
   check_edge_inputs(model.cfg, in);
@@ -83,13 +92,9 @@ PatchingInputs edge_inputs(const TransformerLM& model, const py::object& clean, 
 // hl.activation_patching(model, clean, corrupted, hook=, axes=, answers=, metric=): the generic
 // loop over the axes; an array indexed by them.
 py::array generic_patching(TransformerLM& model, const py::object& clean, const py::object& corrupted, const std::string& hook,
-                           const std::vector<std::string>& axes, const py::object& answers, const py::object& metric) {
-  PatchingInputs in;
-  in.clean = ids_from(clean, "clean");
-  in.corrupted = ids_from(corrupted, "corrupted");
-  if (in.clean.shape != in.corrupted.shape)
-    throw py::value_error("activation_patching: the clean ids " + in.clean.shape.str() + " and the corrupted ids " +
-                          in.corrupted.shape.str() + " must have one shape");
+                           const std::vector<std::string>& axes, const py::object& answers, const py::object& metric,
+                           const py::object& attention_mask) {
+  PatchingInputs in = patching_ids(clean, corrupted, attention_mask, "activation_patching");
   const std::vector<std::string> ax = axes.empty() ? default_patch_axes(model.cfg, hook) : axes;
   PatchGrid g;
   if (metric.is_none()) {
@@ -97,8 +102,10 @@ py::array generic_patching(TransformerLM& model, const py::object& clean, const 
       throw py::value_error("activation_patching: give answers (rows of (row, pos, clean token, corrupted token)) for the "
                             "default metric, or a metric(logits) -> float");
     in.answers = answers_from(answers, in.clean, model, "activation_patching");
+    check_patching_padding(in, "activation_patching");  // right padding, answers at tokens
     g = interruptible([&] { return generic_activation_patch(model, in, hook, ax); });
   } else {
+    check_patching_padding(in, "activation_patching");  // right padding; the metric reads the padded logits as they are
     py::function f = metric.cast<py::function>();
     const PatchMetric pm = [&f](const Tensor& logits, const std::vector<int64_t>&) {
       py::gil_scoped_acquire gil;
@@ -373,7 +380,7 @@ void bind_analyses(py::module_& m) {
     // (model, clean ids, corrupted ids): the generic form with its defaults
     if (!task.is_none() && !py::isinstance<PyTask>(task) && !data_obj.is_none() && !py::isinstance<PyData>(data_obj) &&
         !py::isinstance<py::dict>(data_obj))
-      return py::object(generic_patching(model, task, data_obj, "hook_z", {}, py::none(), py::none()));
+      return py::object(generic_patching(model, task, data_obj, "hook_z", {}, py::none(), py::none(), py::none()));
     const PyTask* t = split_task(task, data_obj, "activation_patching");
     const DataArg data = data_arg(data_obj, model, "activation_patching");
     const Batch& first = data.batches()[0];  // the first batch's rows are patched
@@ -421,12 +428,14 @@ void bind_analyses(py::module_& m) {
      "corrupt='source' changes the answer's earlier occurrence, 'previous' the token before it (which the answer follows)");
   m.def("activation_patching", generic_patching, py::arg("model"), py::arg("clean"), py::arg("corrupted"), py::arg("hook") = "hook_z",
         py::arg("axes") = std::vector<std::string>{}, py::arg("answers") = py::none(), py::arg("metric") = py::none(),
+        py::arg("attention_mask") = py::none(),
      "Generic activation patching: for every index over `axes` (layer, head, pos, src_pos) of `hook`, the corrupted run with "
      "the clean activation written there, scored by the restored fraction of the answers' logit difference (or metric(logits)); "
-     "an array indexed by the axes");
+     "an array indexed by the axes. attention_mask (B, T), 1 = token, 0 = padding: rows of different lengths padded on the "
+     "right, one mask for both runs; each row is measured as if it ran alone (answers must be at tokens)");
   m.def("edge_patching", [](TransformerLM& model, const py::object& clean, const py::object& corrupted, const py::object& answers,
                             const std::string& method, int ig_steps, const std::string& ig_interpolate, double acdc_threshold,
-                            const std::string& acdc_score) {
+                            const std::string& acdc_score, const py::object& attention_mask) {
     EdgeMethodOptions mopt;  // the method's options, checked before the work
     mopt.method = method;
     mopt.ig.steps = ig_steps;
@@ -434,7 +443,7 @@ void bind_analyses(py::module_& m) {
     mopt.acdc.score = parse_acdc_score(acdc_score);
     mopt.acdc.threshold = acdc_threshold;
     check_edge_method_options(mopt);
-    const PatchingInputs in = edge_inputs(model, clean, corrupted, answers, "edge_patching");
+    const PatchingInputs in = edge_inputs(model, clean, corrupted, attention_mask, answers, "edge_patching");
     check_fits_in_memory(edge_patching_memory_bytes(model.cfg, in.clean.shape[0], in.clean.shape[1]),
                          "edge_patching: " + std::to_string(in.clean.shape[0]) + " rows");
     const EdgeResult r = interruptible([&] { return edge_patching(model, in); });
@@ -469,14 +478,16 @@ void bind_analyses(py::module_& m) {
     return typed_result("EdgeResult", d);
   }, py::arg("model"), py::arg("clean"), py::arg("corrupted"), py::kw_only(), py::arg("answers"), py::arg("method") = "attribution",
      py::arg("ig_steps") = 5, py::arg("ig_interpolate") = "inputs", py::arg("acdc_threshold") = 0.1, py::arg("acdc_score") = "metric",
+     py::arg("attention_mask") = py::none(),
      "An EdgeResult: exact edge patching and edge attribution of every edge (as headlab edges), senders and receivers (names, in edge "
      "order), exact, attribution and linearisation_error (attribution - exact) arrays, clean_metric and corrupted_metric "
      "(mean logit difference of the answers (row, pos, clean token, corrupted token)). method='eap-ig' (ig_steps, "
      "ig_interpolate 'inputs' or 'activations') or 'acdc' (acdc_threshold, acdc_score 'metric' or 'kl') adds that method's "
-     "scores under its name (acdc: also 'circuit', the kept edges), as headlab edges --method");
+     "scores under its name (acdc: also 'circuit', the kept edges), as headlab edges --method. attention_mask (B, T), 1 = token, "
+     "0 = padding: rows of different lengths padded on the right, one mask for both runs, each row measured as if alone");
   m.def("path_patching", [](TransformerLM& model, const py::object& clean, const py::object& corrupted, const std::string& sender,
-                            const py::object& receivers, const py::object& answers) {
-    const PatchingInputs in = edge_inputs(model, clean, corrupted, answers, "path_patching");
+                            const py::object& receivers, const py::object& answers, const py::object& attention_mask) {
+    const PatchingInputs in = edge_inputs(model, clean, corrupted, attention_mask, answers, "path_patching");
     const EdgeSender s = parse_sender(model.cfg, sender);
     std::vector<EdgeReceiver> rs;
     if (receivers.is_none()) rs = readers_of(model.cfg, s);
@@ -491,10 +502,10 @@ void bind_analyses(py::module_& m) {
     d["corrupted_metric"] = p.corrupted_metric;
     return typed_result("PathPatchingResult", d);
   }, py::arg("model"), py::arg("clean"), py::arg("corrupted"), py::kw_only(), py::arg("sender"), py::arg("receivers") = py::none(),
-     py::arg("answers"),
+     py::arg("answers"), py::arg("attention_mask") = py::none(),
      "A PathPatchingResult: path patching of sender (embed or L{l}H{h}) to receivers (names; default: every reader): path = metric of the clean run "
      "with every receiver reading its input + the sender's corrupted-minus-clean output, minus the clean metric; activation = "
-     "the same for the sender's whole output patched; clean_metric, corrupted_metric");
+     "the same for the sender's whole output patched; clean_metric, corrupted_metric. attention_mask: as edge_patching's");
   m.def("qk_attribution", [](TransformerLM& model, const py::object& ids_obj, int64_t row, int layer, int head, const py::object& query,
                              const py::object& key, const py::object& answers, const py::object& source_pos, const std::string& key_rule,
                              const std::string& aggregate) {

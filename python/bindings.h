@@ -40,6 +40,10 @@ Tensor tensor_from_array(const py::array& a, const std::string& what);
 // Token ids from a list or an integer array, (T) or (B, T); int32 range checked.
 Ids ids_from(const py::object& obj, const char* what = "ids");
 py::array ids_to_array(const Ids& ids);
+// TransformerLens's attention_mask (B, T) or (T) of integers or bools, 1 = a token, 0 = padding, as
+// the library's key padding (B, T), 1 = padding; the ids' shape, 0/1 and a token in every row
+// checked, `what` leading the messages. Undefined for None.
+Tensor key_padding_from(const py::object& mask, const Ids& ids, const char* what = "attention_mask");
 // Targets of a mean loss: at least one counted (!= -1), else ValueError naming `who` (a mean
 // over no positions is undefined, and 0.0 would look like a perfect model).
 Ids counted_targets_from(const py::object& targets, const char* who);

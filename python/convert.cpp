@@ -58,6 +58,32 @@ Tensor tensor_from_array(const py::array& a, const std::string& what) {
   return t;
 }
 
+Tensor key_padding_from(const py::object& mask, const Ids& ids, const char* what) {
+  if (mask.is_none()) return Tensor();
+  py::array a = py::array::ensure(mask);
+  if (!a || (a.dtype().kind() != 'i' && a.dtype().kind() != 'u' && a.dtype().kind() != 'b'))
+    throw py::type_error(std::string(what) + ": expected an integer or bool array (1 = token, 0 = padding)");
+  if (a.ndim() == 1) a = a.reshape({py::ssize_t(1), a.shape(0)});
+  const int64_t B = ids.shape[0], T = ids.shape[1];
+  if (a.ndim() != 2 || a.shape(0) != B || a.shape(1) != T)
+    throw py::value_error(std::string(what) + ": shape " + shape_text(a) + " must be the ids' (" + std::to_string(B) + ", " +
+                          std::to_string(T) + ")");
+  const auto v = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(a);
+  Tensor pad = Tensor::zeros({B, T});
+  for (int64_t b = 0; b < B; ++b) {
+    bool any = false;
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t m = v.data()[b * T + t];
+      if (m != 0 && m != 1)
+        throw py::value_error(std::string(what) + ": values are 1 (token) or 0 (padding), got " + std::to_string(m));
+      pad.data()[b * T + t] = m == 0 ? 1.f : 0.f;
+      any |= m == 1;
+    }
+    if (!any) throw py::value_error(std::string(what) + ": row " + std::to_string(b) + " has no token (every entry is 0)");
+  }
+  return pad;
+}
+
 Ids ids_from(const py::object& obj, const char* what) {
   // rows of different lengths (a ragged list) make no array: say how to run them
   if (py::isinstance<py::list>(obj) || py::isinstance<py::tuple>(obj)) {
@@ -202,7 +228,7 @@ namespace {
 // Sets one row of the flag table from a Python value; raises naming the keyword.
 void set_setting(TrainFlagValues& v, const std::string& key, const py::handle& value) {
   const TrainSetting* s = find_train_setting(key);
-  if (!s) throw py::type_error("unknown setting '" + key + "' (the names are the CLI's flags with _ for -, e.g. d_model)");
+  if (!s) throw py::type_error("unknown setting '" + key + "' (the names are the CLI's flags with _ for -, e.g. d_model, or ModelConfig's, e.g. n_heads)");
   std::visit(
       [&](auto* field) {
         using T = std::remove_pointer_t<decltype(field)>;
@@ -225,10 +251,15 @@ TrainArgs args_from_kwargs(const py::dict& kwargs, const std::function<bool(cons
   TrainFlagValues v;
   std::set<std::string> given;
   for (auto& [k, val] : kwargs) {
-    const std::string key = k.cast<std::string>();
+    std::string key = k.cast<std::string>();
     if (skip && skip(key)) continue;
-    set_setting(v, key, val);
-    given.insert(find_train_setting(key)->flag);
+    // a model setting under TransformerLens's name (n_heads) is the one under its flag's (heads)
+    if (!find_train_setting(key))
+      for (const ConfigField& f : config_fields())
+        if (key == f.name && *f.flag && find_train_setting(f.flag)) key = f.flag;
+    set_setting(v, key, val);  // unknown names raise here
+    if (!given.insert(find_train_setting(key)->flag).second)
+      throw py::type_error("the setting " + find_train_setting(key)->name() + " is given twice (under its two names)");
   }
   return resolve_train_flags(v, [&](const std::string& f) { return given.count(f) > 0; }, task_training_defaults);
 }

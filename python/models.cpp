@@ -1,5 +1,6 @@
 // Binds models (ModelConfig, TransformerLM, hook_points) and hooks: Python callables as forward
 // and backward hooks, and the activation cache as read-only array views.
+#include <algorithm>
 #include <cctype>
 #include <cstring>
 #include <filesystem>
@@ -131,28 +132,8 @@ struct Padding {
 };
 Padding padding_from(const py::object& mask, const Ids& ids, const char* what = "attention_mask") {
   Padding p;
-  if (mask.is_none()) return p;
-  py::array a = py::array::ensure(mask);
-  if (!a || (a.dtype().kind() != 'i' && a.dtype().kind() != 'u' && a.dtype().kind() != 'b'))
-    throw py::type_error(std::string(what) + ": expected an integer or bool array (1 = token, 0 = padding)");
-  if (a.ndim() == 1) a = a.reshape({py::ssize_t(1), a.shape(0)});
-  const int64_t B = ids.shape[0], T = ids.shape[1];
-  if (a.ndim() != 2 || a.shape(0) != B || a.shape(1) != T)
-    throw py::value_error(std::string(what) + ": shape " + shape_text(a) + " must be the ids' (" + std::to_string(B) + ", " +
-                          std::to_string(T) + ")");
-  const auto v = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(a);
-  p.key_padding = Tensor::zeros({B, T});
-  for (int64_t b = 0; b < B; ++b) {
-    bool any = false;
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t m = v.data()[b * T + t];
-      if (m != 0 && m != 1)
-        throw py::value_error(std::string(what) + ": values are 1 (token) or 0 (padding), got " + std::to_string(m));
-      p.key_padding.data()[b * T + t] = m == 0 ? 1.f : 0.f;
-      any |= m == 1;
-    }
-    if (!any) throw py::value_error(std::string(what) + ": row " + std::to_string(b) + " has no token (every entry is 0)");
-  }
+  p.key_padding = key_padding_from(mask, ids, what);
+  if (!p.key_padding.defined()) return p;
   p.positions = positions_from_padding(p.key_padding);
   return p;
 }
@@ -167,16 +148,53 @@ Tensor forward_with_hooks(const py::object& self, const Ids& x, const HookList& 
   py::gil_scoped_release release;
   return model.forward(x, opt);
 }
-// The forward of model(ids, attention_mask=...) and forward(...).
-Tensor forward_masked(const py::object& self, const py::object& ids, const py::object& mask) {
+// TransformerLens's next-token targets of ids (B, T): position t predicts ids[t + 1]; -1 (not
+// counted) at the last column and wherever t or t + 1 is padding.
+Ids next_token_targets(const Ids& x, const Padding& pad) {
+  const int64_t B = x.shape[0], T = x.shape[1];
+  Ids y(x.shape);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const bool counted = t + 1 < T && (!pad.key_padding.defined() || (pad.key_padding.data()[b * T + t] == 0.f &&
+                                                                         pad.key_padding.data()[b * T + t + 1] == 0.f));
+      y.at(b, t) = counted ? x.at(b, t + 1) : -1;
+    }
+  return y;
+}
+// TransformerLens's return_type: "logits", "loss" (mean next-token cross-entropy, padding not
+// counted), "both" ((logits, loss)) or None.
+std::string return_type_of(const py::object& return_type) {
+  const std::string kind = return_type.is_none() ? "none" : cast_arg<std::string>(return_type, "return_type", "'logits', 'loss', 'both' or None");
+  if (kind != "logits" && kind != "loss" && kind != "both" && kind != "none")
+    throw py::value_error("return_type must be 'logits', 'loss', 'both' or None, got '" + kind + "'");
+  return kind;
+}
+Tensor next_token_loss(const Tensor& logits, const Ids& x, const Padding& pad, const std::string& kind) {
+  const Ids y = next_token_targets(x, pad);
+  if (std::none_of(y.data.begin(), y.data.end(), [](int32_t t) { return t >= 0; }))
+    throw py::value_error("return_type='" + kind + "': no position has a next token to predict (give rows of 2 or more tokens)");
+  return cross_entropy(logits, y);
+}
+py::object forward_output(const Tensor& logits, const Tensor& loss, const std::string& kind) {
+  if (kind == "logits") return py::cast(logits);
+  if (kind == "loss") return py::cast(loss);
+  if (kind == "both") return py::make_tuple(logits, loss);
+  return py::none();
+}
+// The forward of model(ids, attention_mask=..., return_type=...) and forward(...).
+py::object forward_masked(const py::object& self, const py::object& ids, const py::object& mask, const py::object& return_type) {
   const Ids x = ids_from(ids);
-  return forward_with_hooks(self, x, {}, {}, padding_from(mask, x));
+  const std::string kind = return_type_of(return_type);
+  const Padding pad = padding_from(mask, x);
+  const Tensor logits = forward_with_hooks(self, x, {}, {}, pad);
+  return forward_output(logits, kind == "loss" || kind == "both" ? next_token_loss(logits, x, pad, kind) : Tensor(), kind);
 }
 constexpr char kForwardDoc[] =
     "ids (T) or (B, T) -> logits (B, T, d_vocab), with the hooks the model holds (add_hook). "
     "attention_mask (B, T), 1 = token, 0 = padding, runs prompts of different lengths padded on either side "
     "(model.to_tokens(texts, padding_side=...) makes both): padding is never attended to, and a row's positions "
-    "count its tokens from its first (as alone)";
+    "count its tokens from its first (as alone). return_type (TransformerLens's): 'logits', 'loss' (the mean "
+    "next-token cross-entropy, a tensor to call backward() on; padding not counted), 'both' ((logits, loss)) or None";
 
 // TransformerLens's weights, [n_layers, heads, ...], from headlab's per-layer (out, in) Linears:
 // copies (a layer's weights are their own tensor, so no view spans the layers).
@@ -237,7 +255,23 @@ struct PyCache {
   ActivationCache cache;
   py::object model_obj;  // the TransformerLM that made it
   Ids ids;               // (B, T)
-  py::array get(const py::object& key) const { return view_of(cache[act_name_of(key)], false); }
+  // TransformerLens's gradient keys: a name ending in "_grad" ("blocks.0.attn.hook_q_grad", ("q_grad", 0))
+  py::array get(const py::object& key) const {
+    const std::string suffix = "_grad";
+    auto is_grad = [&](const py::handle& k) {
+      if (!py::isinstance<py::str>(k)) return false;
+      const std::string n = k.cast<std::string>();
+      return n.size() > suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    auto strip = [&](const py::handle& k) { const std::string n = k.cast<std::string>(); return py::str(n.substr(0, n.size() - suffix.size())); };
+    if (is_grad(key)) return grad(strip(key));
+    if (py::isinstance<py::tuple>(key) && py::len(key) >= 1 && is_grad(key.cast<py::tuple>()[0])) {
+      py::list k(key);
+      k[0] = strip(k[0]);
+      return grad(py::tuple(k));
+    }
+    return view_of(cache[act_name_of(key)], false);
+  }
   py::array grad(const py::object& key) const { return view_of(cache.grad(act_name_of(key)), false); }
   const TransformerLM& model() const { return model_obj.cast<const TransformerLM&>(); }
   int64_t T() const { return ids.shape[1]; }
@@ -386,7 +420,9 @@ ModelConfig(**cfg.to_dict()) gives cfg back.)");
       "A hook's full name from TransformerLens's short form: get_act_name('pattern', 0) = 'blocks.0.attn.hook_pattern'");
   py::class_<PyCache>(m, "ActivationCache", "Activations by hook name (read-only array views) and their gradients")
       .def("__getitem__", &PyCache::get, py::arg("key"),
-           "cache[name] or cache[name, layer(, layer_type)] (as get_act_name): a read-only view of the activation")
+           "cache[name] or cache[name, layer(, layer_type)] (as get_act_name): a read-only view of the activation; "
+           "a name ending in _grad (cache['blocks.0.attn.hook_q_grad'], cache['q_grad', 0]) gives the gradient there "
+           "(run_with_cache(incl_bwd=True), then backward())")
       .def("grad", &PyCache::grad, py::arg("key"), "The gradient at a hook (run_with_cache(incl_bwd=True), then backward())")
       .def("__contains__", [](const PyCache& c, const py::object& k) { return c.cache.has(act_name_of(k)); })
       .def("has_grad", [](const PyCache& c, const py::object& k) { return c.cache.has_grad(act_name_of(k)); }, py::arg("key"),
@@ -477,9 +513,10 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
       .def("train", [](TransformerLM& model, bool on) { model.train(on); }, py::arg("on") = true,
            "Training mode (dropout on) or, with on=False, evaluation mode")
       .def("eval", [](TransformerLM& model) { model.eval(); }, "Evaluation mode (no dropout)")
-      .def("forward", &forward_masked, py::arg("ids"), py::arg("attention_mask") = py::none(), kForwardDoc)
-      .def("__call__", &forward_masked, py::arg("ids"), py::arg("attention_mask") = py::none(),
-           "The same as forward(ids, attention_mask)")
+      .def("forward", &forward_masked, py::arg("ids"), py::arg("attention_mask") = py::none(), py::arg("return_type") = "logits",
+           kForwardDoc)
+      .def("__call__", &forward_masked, py::arg("ids"), py::arg("attention_mask") = py::none(), py::arg("return_type") = "logits",
+           "The same as forward(ids, attention_mask, return_type)")
       .def("loss", [](const py::object& self, const py::object& ids, const py::object& targets, const py::object& mask) {
              const Ids x = ids_from(ids), y = counted_targets_from(targets, "loss");
              const Padding pad = padding_from(mask, x);
@@ -565,9 +602,10 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
              return grid_array(g);
            }, "Every layer's head gates (n_layers, n_heads)")
       .def("run_with_cache", [](const py::object& self, const py::object& ids, const py::object& names, bool incl_bwd,
-                                const py::object& mask) {
+                                const py::object& mask, const py::object& return_type) {
              TransformerLM& model = self.cast<TransformerLM&>();
              const Ids x = ids_from(ids);
+             const std::string kind = return_type_of(return_type);
              const Padding pad = padding_from(mask, x);
              // a misspelt name is refused here, as run_with_hooks refuses it, not at lookup
              if (py::isinstance<py::str>(names)) check_hook_name(model.cfg, names.cast<std::string>());
@@ -584,13 +622,23 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
                py::gil_scoped_release release;
                logits = model.forward(x, opt);
              }
-             return py::make_tuple(logits, PyCache{cache, self, x});
+             Tensor loss;
+             if (kind == "loss" || kind == "both") {
+               loss = next_token_loss(logits, x, pad, kind);
+               if (incl_bwd) {  // as TransformerLens: the loss's backward fills the cache's gradients
+                 if (!loss.requires_grad()) throw py::value_error("run_with_cache: incl_bwd=True needs a graph: call it outside hl.no_grad()");
+                 py::gil_scoped_release release;
+                 loss.backward();
+               }
+             }
+             return py::make_tuple(forward_output(logits, loss, kind), PyCache{cache, self, x});
            }, py::arg("ids"), py::arg("names_filter") = py::none(), py::arg("incl_bwd") = false,
-           py::arg("attention_mask") = py::none(),
+           py::arg("attention_mask") = py::none(), py::arg("return_type") = "logits",
            "(logits, cache): cache[name] for every hook name passing names_filter (None = all but the split q/k/v "
-           "inputs, a name, a list, or a predicate name -> bool); incl_bwd=True: cache.grad(name) after "
-           "logits' loss.backward(). The cache's decompose_resid, logit_attrs and the rest read hook_result and "
-           "hook_scale, which names_filter=None caches. attention_mask: as model(ids, attention_mask)")
+           "inputs, a name, a list, or a predicate name -> bool); incl_bwd=True: cache[name + '_grad'] (or "
+           "cache.grad(name)) after a backward: return_type='loss' runs the loss's backward here (as TransformerLens), "
+           "with 'logits' call backward() on a loss of them. The cache's decompose_resid, logit_attrs and the rest read "
+           "hook_result and hook_scale, which names_filter=None caches. attention_mask, return_type: as model(...)")
       .def("run_with_hooks", [](const py::object& self, const py::object& ids, const HookList& fwd_hooks, const HookList& bwd_hooks,
                                 const py::object& mask) {
              const Ids x = ids_from(ids);

@@ -6,7 +6,7 @@ import numpy
 class ActivationCache:
     """Activations by hook name (read-only array views) and their gradients"""
     def __getitem__(self, key: object) -> numpy.ndarray:
-        """cache[name] or cache[name, layer(, layer_type)] (as get_act_name): a read-only view of the activation"""
+        """cache[name] or cache[name, layer(, layer_type)] (as get_act_name): a read-only view of the activation; a name ending in _grad (cache['blocks.0.attn.hook_q_grad'], cache['q_grad', 0]) gives the gradient there (run_with_cache(incl_bwd=True), then backward())"""
     def grad(self, key: object) -> numpy.ndarray:
         """The gradient at a hook (run_with_cache(incl_bwd=True), then backward())"""
     def __contains__(self, arg0: object) -> bool:
@@ -362,10 +362,10 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
         """Training mode (dropout on) or, with on=False, evaluation mode"""
     def eval(self) -> None:
         """Evaluation mode (no dropout)"""
-    def forward(self, ids: object, attention_mask: object = ...) -> Tensor:
-        """ids (T) or (B, T) -> logits (B, T, d_vocab), with the hooks the model holds (add_hook). attention_mask (B, T), 1 = token, 0 = padding, runs prompts of different lengths padded on either side (model.to_tokens(texts, padding_side=...) makes both): padding is never attended to, and a row's positions count its tokens from its first (as alone)"""
-    def __call__(self, ids: object, attention_mask: object = ...) -> Tensor:
-        """The same as forward(ids, attention_mask)"""
+    def forward(self, ids: object, attention_mask: object = ..., return_type: object = ...) -> object:
+        """ids (T) or (B, T) -> logits (B, T, d_vocab), with the hooks the model holds (add_hook). attention_mask (B, T), 1 = token, 0 = padding, runs prompts of different lengths padded on either side (model.to_tokens(texts, padding_side=...) makes both): padding is never attended to, and a row's positions count its tokens from its first (as alone). return_type (TransformerLens's): 'logits', 'loss' (the mean next-token cross-entropy, a tensor to call backward() on; padding not counted), 'both' ((logits, loss)) or None"""
+    def __call__(self, ids: object, attention_mask: object = ..., return_type: object = ...) -> object:
+        """The same as forward(ids, attention_mask, return_type)"""
     def loss(self, ids: object, targets: object, attention_mask: object = ...) -> Tensor:
         """Mean cross-entropy over targets != -1 (a tensor; call backward()); no counted target raises ValueError. With attention_mask, padding positions must have target -1"""
     def named_parameters(self) -> dict:
@@ -414,8 +414,8 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
         """Head gates of a layer (H): a view to set"""
     def gate_values(self) -> numpy.ndarray:
         """Every layer's head gates (n_layers, n_heads)"""
-    def run_with_cache(self, ids: object, names_filter: object = ..., incl_bwd: bool = ..., attention_mask: object = ...) -> tuple:
-        """(logits, cache): cache[name] for every hook name passing names_filter (None = all but the split q/k/v inputs, a name, a list, or a predicate name -> bool); incl_bwd=True: cache.grad(name) after logits' loss.backward(). The cache's decompose_resid, logit_attrs and the rest read hook_result and hook_scale, which names_filter=None caches. attention_mask: as model(ids, attention_mask)"""
+    def run_with_cache(self, ids: object, names_filter: object = ..., incl_bwd: bool = ..., attention_mask: object = ..., return_type: object = ...) -> tuple:
+        """(logits, cache): cache[name] for every hook name passing names_filter (None = all but the split q/k/v inputs, a name, a list, or a predicate name -> bool); incl_bwd=True: cache[name + '_grad'] (or cache.grad(name)) after a backward: return_type='loss' runs the loss's backward here (as TransformerLens), with 'logits' call backward() on a loss of them. The cache's decompose_resid, logit_attrs and the rest read hook_result and hook_scale, which names_filter=None caches. attention_mask, return_type: as model(...)"""
     def run_with_hooks(self, ids: object, fwd_hooks: List[Tuple[str, function]] = ..., bwd_hooks: List[Tuple[str, function]] = ..., attention_mask: object = ...) -> Tensor:
         """logits with hooks (after the model's own, add_hook): fn(activation, name) may return a replacement (the activation is read-only: edit a copy; an array is a constant to autograd; a hook wrapped in headlab.tensor_hook gets an hl.Tensor and its returned expression keeps the gradient); backward hooks fn(grad, name) run during backward()"""
     def add_hook(self, name: str, hook: function, dir: str = ...) -> None:
@@ -464,7 +464,7 @@ Padding is the BOS token when the tokenizer has one, else id 0 (never attended t
 def activation_patching(model: TransformerLM, task: object = ..., data: object = ..., seed: int = ..., alphabet: Optional[int] = ...) -> object:
     ...
 @overload
-def activation_patching(model: TransformerLM, clean: object, corrupted: object, hook: str = ..., axes: List[str] = ..., answers: object = ..., metric: object = ...) -> numpy.ndarray:
+def activation_patching(model: TransformerLM, clean: object, corrupted: object, hook: str = ..., axes: List[str] = ..., answers: object = ..., metric: object = ..., attention_mask: object = ...) -> numpy.ndarray:
     ...
 
 def attention_statistics(model: TransformerLM, data: object) -> object:
@@ -488,8 +488,8 @@ def cross_entropy(logits: Tensor, targets: object) -> Tensor:
 def detect_heads(model: TransformerLM, data: object, kind: str = ..., exclude_bos: bool = ..., exclude_current_token: bool = ...) -> numpy.ndarray:
     """TransformerLens-style detector scores (L, H): previous_token, duplicate_token or induction"""
 
-def edge_patching(model: TransformerLM, clean: object, corrupted: object, *, answers: object, method: str = ..., ig_steps: int = ..., ig_interpolate: str = ..., acdc_threshold: float = ..., acdc_score: str = ...) -> object:
-    """An EdgeResult: exact edge patching and edge attribution of every edge (as headlab edges), senders and receivers (names, in edge order), exact, attribution and linearisation_error (attribution - exact) arrays, clean_metric and corrupted_metric (mean logit difference of the answers (row, pos, clean token, corrupted token)). method='eap-ig' (ig_steps, ig_interpolate 'inputs' or 'activations') or 'acdc' (acdc_threshold, acdc_score 'metric' or 'kl') adds that method's scores under its name (acdc: also 'circuit', the kept edges), as headlab edges --method"""
+def edge_patching(model: TransformerLM, clean: object, corrupted: object, *, answers: object, method: str = ..., ig_steps: int = ..., ig_interpolate: str = ..., acdc_threshold: float = ..., acdc_score: str = ..., attention_mask: object = ...) -> object:
+    """An EdgeResult: exact edge patching and edge attribution of every edge (as headlab edges), senders and receivers (names, in edge order), exact, attribution and linearisation_error (attribution - exact) arrays, clean_metric and corrupted_metric (mean logit difference of the answers (row, pos, clean token, corrupted token)). method='eap-ig' (ig_steps, ig_interpolate 'inputs' or 'activations') or 'acdc' (acdc_threshold, acdc_score 'metric' or 'kl') adds that method's scores under its name (acdc: also 'circuit', the kept edges), as headlab edges --method. attention_mask (B, T), 1 = token, 0 = padding: rows of different lengths padded on the right, one mask for both runs, each row measured as if alone"""
 
 def evaluate(model: TransformerLM, task: object = ..., data: object = ..., autoregressive: bool = ...) -> object:
     """An EvalResult: held-out loss, token_acc, exact_match (and ar_exact_match with autoregressive=True) over the data's counted targets"""
@@ -543,8 +543,8 @@ def ov_eigenvalues(model: TransformerLM, layer: int, head: int) -> numpy.ndarray
 def ov_singular_values(model: TransformerLM, layer: int, head: int) -> List[float]:
     """Singular values (descending) of the head's OV circuit W_O W_V (d_model x d_model, rank <= d_head)"""
 
-def path_patching(model: TransformerLM, clean: object, corrupted: object, *, sender: str, receivers: object = ..., answers: object) -> object:
-    """A PathPatchingResult: path patching of sender (embed or L{l}H{h}) to receivers (names; default: every reader): path = metric of the clean run with every receiver reading its input + the sender's corrupted-minus-clean output, minus the clean metric; activation = the same for the sender's whole output patched; clean_metric, corrupted_metric"""
+def path_patching(model: TransformerLM, clean: object, corrupted: object, *, sender: str, receivers: object = ..., answers: object, attention_mask: object = ...) -> object:
+    """A PathPatchingResult: path patching of sender (embed or L{l}H{h}) to receivers (names; default: every reader): path = metric of the clean run with every receiver reading its input + the sender's corrupted-minus-clean output, minus the clean metric; activation = the same for the sender's whole output patched; clean_metric, corrupted_metric. attention_mask: as edge_patching's"""
 
 def per_token_loss(model: TransformerLM, ids: object, targets: object = ...) -> numpy.ndarray:
     """Cross-entropy at each position: targets None = next token, (B, T-1); else (B, T) with 0 where the target is -1"""

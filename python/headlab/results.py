@@ -14,12 +14,21 @@ from collections.abc import Mapping
 import numpy as np
 
 
+def _float_text(x):
+    """A float to 4 significant digits, always read as a float: 1.0 (not 1), 0.1235, 1.235e+04, nan."""
+    s = f"{float(x):.4g}"
+    return s if any(c in s for c in ".en") else s + ".0"  # 'e': exponent; 'n': nan, inf
+
+
 def _short(v):
-    """A field's value in a repr: arrays by shape and dtype, floats to 4 digits, long lists by length."""
+    """A field's value in a repr: arrays by shape and dtype, floats to 4 significant digits (with a
+    decimal point), long lists by length."""
     if isinstance(v, np.ndarray):
         return f"array{v.shape} {v.dtype}"
     if isinstance(v, (float, np.floating)):
-        return f"{float(v):.4g}"
+        return _float_text(v)
+    if isinstance(v, np.integer):
+        return str(int(v))
     if isinstance(v, (list, tuple)) and len(v) > 4:
         return f"[{len(v)} items]"
     if isinstance(v, dict) and not isinstance(v, Result):

@@ -11,6 +11,7 @@ import warnings
 import pytest
 
 import headlab as hl
+from hf_tokenizer_files import byte_symbols  # GPT-2's printable stand-in for each byte
 
 BUSY = "1 of the 2 cores is busy with other processes: running on 1 thread (threads=2 to use them anyway)"
 two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) != 2, reason="the notice's numbers are for a 2-core machine")
@@ -57,19 +58,6 @@ def test_scores_over_training_applies_the_busy_machine_rule_and_says_it_as_train
     assert capfd.readouterr().err == trainer_said == "headlab: " + BUSY + "\n"  # one behaviour for both
     hl.scores_over_training(str(tmp_path / "run"), "detect", examples=4, quiet=True)
     assert capfd.readouterr().err == ""
-
-
-def byte_symbols():
-    """GPT-2's printable stand-in for each byte."""
-    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
 
 
 def test_encode_stops_on_ctrl_c(tmp_path):

@@ -193,3 +193,83 @@ def test_padding_an_analysis_cannot_take_is_refused_naming_attention_mask():
         hl.Batches(ids, attention_mask=mask[:, :4])
     with pytest.raises(ValueError, match="data: attention_mask: training rows are not padded"):
         hl.Trainer(task="tokens", data={"input_ids": ids, "attention_mask": mask}, steps=1, quiet=True)
+
+
+# ---- patching and edges of a padded batch: attention_mask= -----------------------------------
+# Each row's clean ids, corrupted at its first token, and its answer at its last token.
+PATCH_ROWS = [([3, 7, 9, 1, 5], 8), ([4, 2], 6), ([2, 8, 6], 0)]
+
+
+def patch_batch(pad):
+    clean, mask = padded([r for r, _ in PATCH_ROWS], "right", pad=pad)
+    corrupted = clean.copy()
+    answers = []
+    for i, (row, bad) in enumerate(PATCH_ROWS):
+        corrupted[i, 0] = bad
+        answers.append((i, len(row) - 1, row[0], bad))
+    return clean, corrupted, mask, answers
+
+
+def patch_alone(i):
+    row, bad = PATCH_ROWS[i]
+    return [row], [[bad] + row[1:]], [(0, len(row) - 1, row[0], bad)]
+
+
+def test_patching_and_edges_of_a_right_padded_batch_give_each_row_alone():
+    # the batch's metric is the mean over its answers (one per row): its raw scores are the mean of
+    # each row's alone, its normalised ones rebuilt from each row's clean and corrupted metrics
+    m = tiny(seed=3)
+    clean, corrupted, mask, answers = patch_batch(pad=10)
+    rows = range(len(PATCH_ROWS))
+    e = hl.edge_patching(m, clean, corrupted, answers=answers, attention_mask=mask)
+    each = [hl.edge_patching(m, *patch_alone(i)[:2], answers=patch_alone(i)[2]) for i in rows]
+    assert list(e.senders) == list(each[0].senders) and list(e.receivers) == list(each[0].receivers)
+    for field in ("exact", "attribution", "clean_metric", "corrupted_metric"):
+        want = np.mean([np.asarray(getattr(x, field)) for x in each], axis=0)
+        np.testing.assert_allclose(getattr(e, field), want, rtol=1e-4, atol=1e-5, err_msg=field)
+    p = hl.path_patching(m, clean, corrupted, sender="L0H1", answers=answers, attention_mask=mask)
+    each = [hl.path_patching(m, *patch_alone(i)[:2], sender="L0H1", answers=patch_alone(i)[2]) for i in rows]
+    for field in ("path", "activation"):
+        assert getattr(p, field) == pytest.approx(np.mean([getattr(x, field) for x in each]), rel=1e-4, abs=1e-5)
+    # generic activation patching over (layer, pos) of hook_resid_pre: a position past a row's end
+    # is not in the row alone, and patching it leaves that row's corrupted metric
+    T = clean.shape[1]
+    g = hl.activation_patching(m, clean, corrupted, hook="hook_resid_pre", axes=["layer", "pos"], answers=answers,
+                               attention_mask=mask)
+    restored = np.zeros(g.shape)  # the batch's raw patched metric, summed over rows
+    mc = mk = 0.0
+    for i in rows:
+        c, k, a = patch_alone(i)
+        one = hl.activation_patching(m, c, k, hook="hook_resid_pre", axes=["layer", "pos"], answers=a)
+        lo, hi = hl.edge_patching(m, c, k, answers=a).corrupted_metric, hl.edge_patching(m, c, k, answers=a).clean_metric
+        full = np.zeros(g.shape)
+        full[:, :one.shape[1]] = one
+        restored += lo + full * (hi - lo)
+        mc, mk = mc + hi, mk + lo
+    n = len(PATCH_ROWS)
+    np.testing.assert_allclose(g, (restored / n - mk / n) / (mc / n - mk / n), rtol=1e-4, atol=1e-5)
+    # the padding's token ids change nothing
+    clean0, corrupted0, _, _ = patch_batch(pad=0)
+    np.testing.assert_array_equal(
+        hl.edge_patching(m, clean0, corrupted0, answers=answers, attention_mask=mask).exact, e.exact)
+
+
+def test_patching_and_edges_refuse_left_padding_and_answers_at_padding_naming_attention_mask():
+    m = tiny(seed=3)
+    clean, corrupted, mask, answers = patch_batch(pad=10)
+    left = np.ascontiguousarray(mask[:, ::-1])
+    calls = [
+        ("edges", lambda mk, ans: hl.edge_patching(m, clean, corrupted, answers=ans, attention_mask=mk)),
+        ("edges", lambda mk, ans: hl.path_patching(m, clean, corrupted, sender="L0H0", answers=ans, attention_mask=mk)),
+        ("activation_patching", lambda mk, ans: hl.activation_patching(m, clean, corrupted, answers=ans, attention_mask=mk)),
+    ]
+    for fn, call in calls:
+        with pytest.raises(ValueError, match=f"{fn}: attention_mask: row 1 starts with padding: patching and edges "
+                                             "take rows padded on the right"):
+            call(left, answers)
+        with pytest.raises(ValueError, match=f"{fn}: answer \\(1, 3, 4, 6\\) is at padding \\(attention_mask 0 there\\)"):
+            call(mask, answers[:1] + [(1, 3, 4, 6)])
+    with pytest.raises(ValueError, match="activation_patching: attention_mask: row 1 starts with padding"):
+        hl.activation_patching(m, clean, corrupted, metric=lambda logits: float(logits[0, 0, 0]), attention_mask=left)
+    with pytest.raises(ValueError, match="attention_mask: shape \\(3, 4\\) must be the ids' \\(3, 5\\)"):
+        hl.edge_patching(m, clean, corrupted, answers=answers, attention_mask=mask[:, :4])

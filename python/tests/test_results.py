@@ -47,14 +47,27 @@ def test_a_result_reads_as_attributes_and_as_the_old_dict(setup):
     assert repr(r) == ("HeadStats(entropy=array(2, 2) float64, entropy_norm=array(2, 2) float64, "
                        "confidence=array(2, 2) float64, argmax_distance=array(2, 2) float64)")
     e = hl.evaluate(model, task, data)
-    assert repr(e) == (f"EvalResult(loss={e.loss:.4g}, token_acc={e.token_acc:.4g}, exact_match={e.exact_match:.4g}, "
-                       f"tokens={e.tokens}, sequences=16)")
+    fields = dict(f.split("=") for f in repr(e)[len("EvalResult("):-1].split(", "))
+    assert list(fields) == ["loss", "token_acc", "exact_match", "tokens", "sequences"]
+    assert fields["tokens"] == str(e.tokens) and fields["sequences"] == "16"
+    for k in ("loss", "token_acc", "exact_match"):
+        assert "." in fields[k] and float(fields[k]) == pytest.approx(e[k], rel=5e-4, abs=1e-12), k
     with pytest.raises(AttributeError, match="HeadStats has no field 'entropi' \\(fields: entropy, entropy_norm"):
         r.entropi
     with pytest.raises(KeyError, match="no field 'entropi'"):
         r["entropi"]
     with pytest.raises(AttributeError, match="read-only"):
         r.entropy = 0
+
+
+def test_reprs_print_floats_to_four_significant_digits_with_a_decimal_point():
+    r = hl.EvalResult(loss=1.0, token_acc=0.123456, exact_match=12345.678, tiny=1e-7, missing=float("nan"),
+                      f32=np.float32(2.0), f64=np.float64(-0.0), zero=0.0, tokens=np.int64(3), flag=True, big=100.0)
+    assert repr(r) == ("EvalResult(loss=1.0, token_acc=0.1235, exact_match=1.235e+04, tiny=1e-07, missing=nan, f32=2.0, "
+                       "f64=-0.0, zero=0.0, tokens=3, flag=True, big=100.0)")
+    # nested: a result inside a result, a dict of floats
+    t = hl.TrainResult(final_eval=hl.EvalResult(loss=2.0), curve={"loss": 0.5})
+    assert repr(t) == "TrainResult(final_eval=EvalResult(loss=2.0), curve={loss: 0.5})"
 
 
 def test_to_dict_is_plain_all_the_way_down(setup):

@@ -124,6 +124,6 @@ def test_help_shows_argument_names_and_docs():
     text = hl.TransformerLM.__doc__ + "".join(m.__doc__ or "" for m in vars(hl.TransformerLM).values() if callable(m))
     assert "A decoder-only transformer language model" in text
     assert ("run_with_cache(self: object, ids: object, names_filter: object = None, incl_bwd: bool = False, "
-            "attention_mask: object = None)") in text
+            "attention_mask: object = None, return_type: object = 'logits')") in text
     assert hl.edge_patching.__doc__.startswith("edge_patching(model: headlab._core.TransformerLM, ")
     assert "arg0" not in hl.qk_singular_values.__doc__

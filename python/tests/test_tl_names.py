@@ -134,6 +134,59 @@ def test_run_with_cache_incl_bwd_caches_gradients():
     assert g.shape == (2, 7, 16) and np.any(g != 0)
 
 
+def test_return_type_gives_the_next_token_loss_as_transformerlens():
+    m, x = tiny(), ids()
+    loss = m(x, return_type="loss")
+    want = m.loss(x[:, :-1], x[:, 1:]).item()  # position t predicts token t + 1
+    assert loss.item() == pytest.approx(want, rel=1e-6)
+    logits, both = m.forward(x, return_type="both")
+    np.testing.assert_array_equal(np.asarray(logits), np.asarray(m(x)))
+    assert both.item() == loss.item() and m(x, return_type=None) is None
+    # padded rows: padding is neither predicted nor a context; the mean over every row's next tokens
+    rows = [[3, 7, 9, 1, 5], [4, 4], [2, 8, 6]]
+    for side in ("right", "left"):
+        T = max(map(len, rows))
+        pad, mask = np.full((3, T), 10), np.zeros((3, T), dtype=np.int64)
+        for i, r in enumerate(rows):
+            cols = slice(0, len(r)) if side == "right" else slice(T - len(r), T)
+            pad[i, cols], mask[i, cols] = r, 1
+        n = [len(r) - 1 for r in rows]
+        want = np.dot([m(np.array([r]), return_type="loss").item() for r in rows], n) / sum(n)
+        assert m(pad, attention_mask=mask, return_type="loss").item() == pytest.approx(want, rel=1e-5), side
+    with pytest.raises(ValueError, match="return_type must be 'logits', 'loss', 'both' or None, got 'los'"):
+        m(x, return_type="los")
+    with pytest.raises(ValueError, match="return_type='loss': no position has a next token to predict"):
+        m([[3]], return_type="loss")
+
+
+def test_run_with_cache_return_type_loss_runs_the_backward_and_grad_keys_read_it():
+    m, x = tiny(), ids()
+    loss, cache = m.run_with_cache(x, names_filter=["blocks.1.attn.hook_q", "hook_embed"], incl_bwd=True, return_type="loss")
+    assert loss.item() == pytest.approx(m(x, return_type="loss").item(), rel=1e-6)
+    # the same gradients as a backward of our own on the logits' next-token loss
+    logits, mine = m.run_with_cache(x, names_filter=["blocks.1.attn.hook_q", "hook_embed"], incl_bwd=True)
+    targets = np.concatenate([x[:, 1:], np.full((x.shape[0], 1), -1)], axis=1)
+    hl.cross_entropy(logits, targets).backward()
+    for key in (("q_grad", 1), "blocks.1.attn.hook_q_grad", "hook_embed_grad"):
+        plain = key[0][:-len("_grad")] if isinstance(key, tuple) else key[:-len("_grad")]
+        want = mine.grad((plain, key[1]) if isinstance(key, tuple) else plain)
+        np.testing.assert_allclose(cache[key], want, rtol=1e-5, atol=1e-8, err_msg=str(key))
+    np.testing.assert_array_equal(cache["q_grad", 1], cache.grad(("q", 1)))
+    # without incl_bwd nothing ran backward: no gradient to read
+    _, none = m.run_with_cache(x, names_filter="hook_embed", return_type="loss")
+    assert not none.has_grad("hook_embed")
+
+
+def test_training_takes_the_model_settings_under_transformerlens_names():
+    tl = hl.Trainer(task="copy", n_layers=1, n_heads=2, d_mlp=24, steps=1, quiet=True)
+    flags = hl.Trainer(task="copy", layers=1, heads=2, d_ff=24, steps=1, quiet=True)
+    assert tl.model.cfg == flags.model.cfg and (tl.model.cfg.n_layers, tl.model.cfg.n_heads, tl.model.cfg.d_mlp) == (1, 2, 24)
+    with pytest.raises(TypeError, match="the setting heads is given twice \\(under its two names\\)"):
+        hl.Trainer(task="copy", heads=2, n_heads=2, steps=1, quiet=True)
+    with pytest.raises(TypeError, match="unknown setting 'n_head' \\(the names are the CLI's flags"):
+        hl.Trainer(task="copy", n_head=2, steps=1, quiet=True)
+
+
 def test_hooks_block_runs_the_hooks_in_every_forward_then_removes_them():
     m = tiny()
     x = ids()

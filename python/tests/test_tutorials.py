@@ -131,6 +131,7 @@ def test_the_transformerlens_names_tutorial_uses_them(tmp_path):
     assert "n_layers 2, n_heads 4, d_head 8, d_vocab 13" in text
     assert "headlab.ActivationCache(6 activations" in text and "blocks.1.attn.hook_pattern: (2, 4, 12, 12)" in text
     assert "pattern rows sum to 1: True" in text and "gradient at hook_q of layer 1: (2, 12, 4, 8)" in text
+    assert "the loss is the next tokens' cross-entropy: True" in text
     assert "W_Q (2, 4, 32, 8) W_O (2, 4, 8, 32) W_E (13, 32) W_U (32, 13)" in text
     assert "einsum with W_Q gives hook_q: True" in text
     assert number(r"the last position's logits moved by (\d+\.\d+)", text) > 0
