@@ -328,7 +328,7 @@ struct LinearArgs {
   bool one_block;  // weights back to back: one sgemm for all
   bool bf16;       // products with bf16 operands (float32 accumulation) through oneDNN
   const uint16_t* Xh = nullptr;  // when bf16: x (R, in) and the weights side by side (N, in), rounded
-  const uint16_t* Wh = nullptr;
+  const uint16_t* Wh = nullptr;  // (the backward has only Wh, and only when x needs a gradient)
 };
 
 int linear_threads(const LinearArgs& a) { return product_threads(a.R, a.N, a.in); }
@@ -354,11 +354,13 @@ void fill_bias_rows(const LinearArgs& a, float* U, int64_t lo, int64_t hi) {
   }
 }
 
-// ---- bf16 products: the operands are rounded to bf16 once, in the forward, into buffers of the
-// tensor pool (two values to a float32 slot) that the backward keeps: a step's copies come and
-// go like its other buffers, so its steady state allocates nothing. One oneDNN product over all
-// rows (oneDNN threads it), float32 results. The weights are rounded side by side, so stacked
-// weights are always one block.
+// ---- bf16 products: the operands are rounded to bf16 into buffers of the tensor pool (two values
+// to a float32 slot), so a step's copies come and go like its other buffers and its steady state
+// allocates nothing of its own. The weights are rounded once per step, in the forward, and the
+// backward keeps them for dX; x is rounded again in the backward for dW, because keeping its bf16
+// copy would add to the step's peak memory (autograd keeps the float32 x until then anyway).
+// One oneDNN product over all rows (oneDNN threads it), float32 results. The weights are rounded
+// side by side, so stacked weights are always one block.
 Tensor bf16_buffer(int64_t n) { return Tensor::empty({(n + 1) / 2}); }
 uint16_t* bf16_data(const Tensor& t) { return reinterpret_cast<uint16_t*>(t.data()); }
 
@@ -378,19 +380,8 @@ Bf16Operands round_operands(LinearArgs& a) {
   return h;
 }
 
-// What the backward keeps of them: x for dW = dU^T x if a weight needs a gradient, the weights
-// for dX = dU W if x does.
-Bf16Operands saved_operands(const Bf16Operands& h, const Tensor& x, std::span<const Tensor> ws) {
-  bool dw = false;
-  for (const Tensor& w : ws) dw = dw || needs_graph({&w});
-  return {dw ? h.x : Tensor(), needs_graph({&x}) ? h.w : Tensor()};
-}
-
-// The backward's view of the forward's rounded operands.
-void use_operands(LinearArgs& a, const Bf16Operands& h) {
-  a.Xh = h.x.defined() ? bf16_data(h.x) : nullptr;
-  a.Wh = h.w.defined() ? bf16_data(h.w) : nullptr;
-}
+// What the backward keeps of them: the weights, for dX = dU W, if x needs a gradient.
+Tensor saved_weights(const Bf16Operands& h, const Tensor& x) { return needs_graph({&x}) ? h.w : Tensor(); }
 
 template <class Post>
 void linear_forward_bf16(const LinearArgs& a, float* U, Post post) {
@@ -484,8 +475,10 @@ void linear_backward_bf16(const LinearArgs& a, const float* dU, Pre pre, float* 
     });
   if (gx)  // dX (R, in) (+)= dU W
     gemm_bf16(false, false, a.R, a.in, a.N, dUh, a.N, a.Wh, a.in, gx_fresh ? 0.f : 1.f, gx, a.in);
-  if (gw.any()) {  // dW (N, in) (+)= dU^T X
-    const uint16_t* Xh = a.Xh;
+  if (gw.any()) {  // dW (N, in) (+)= dU^T X, X rounded again (above)
+    const Tensor xh = bf16_buffer(a.R * a.in);
+    const uint16_t* Xh = bf16_data(xh);
+    convert_to_bf16(a.X, bf16_data(xh), a.R * a.in);
     if (gw.slab) {
       gemm_bf16(true, false, a.N, a.in, a.R, dUh, a.N, Xh, a.in, gw.slab_beta, gw.slab, a.in);
     } else {
@@ -665,12 +658,12 @@ Tensor linear_stacked(const Tensor& x, std::span<const Tensor> ws, std::span<con
     const int n = static_cast<int>(ws.size());
     attach(y, "linear", {x, w[0], w[1], w[2], b[0], b[1], b[2]},
            [x, w0 = w[0], w1 = w[1], w2 = w[2], b0 = b[0], b1 = b[1], b2 = b[2], n, bf16 = a.bf16,
-            h = saved_operands(h, x, ws)](TensorImpl& self) {
+            wh = saved_weights(h, x)](TensorImpl& self) {
              HL_PROFILE(Matmul);
              const Tensor w[kMaxStacked] = {w0, w1, w2}, b[kMaxStacked] = {b0, b1, b2};
              LinearArgs a = plan_linear(x, std::span<const Tensor>(w, n), std::span<const Tensor>(b, n));
-             a.bf16 = bf16;  // the forward's precision and rounded operands
-             use_operands(a, h);
+             a.bf16 = bf16;  // the forward's precision and rounded weights
+             if (wh.defined()) a.Wh = bf16_data(wh);
              bool fresh;  // a fresh dX buffer is written with beta = 0 (no zero fill)
              float* gx = grad_buffer_for_overwrite(x, fresh);
              linear_backward(a, self.grad->data(), [](int64_t, int64_t) {}, gx, fresh);
@@ -702,12 +695,12 @@ Tensor linear_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation 
     case Activation::Silu: apply([](float v) { return act::silu(v); }); break;
   }
   if (record)
-    attach(y, "linear_act", {x, w, b}, [x, w, b, u, activation, bf16 = a.bf16, h = saved_operands(h, x, ws)](TensorImpl& self) {
+    attach(y, "linear_act", {x, w, b}, [x, w, b, u, activation, bf16 = a.bf16, wh = saved_weights(h, x)](TensorImpl& self) {
       HL_PROFILE(Matmul);
       const Tensor ws[1] = {w}, bs[1] = {b};
       LinearArgs a = plan_linear(x, ws, bs);
-      a.bf16 = bf16;  // the forward's precision and rounded operands
-      use_operands(a, h);
+      a.bf16 = bf16;  // the forward's precision and rounded weights
+      if (wh.defined()) a.Wh = bf16_data(wh);
       const int64_t N = a.N;
       Tensor du = Tensor::empty(u.shape());  // dL/dU
       const float *G = self.grad->data(), *U = u.data();
