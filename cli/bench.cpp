@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -18,6 +19,7 @@
 #include "cli/child_process.h"
 #include "cli/commands.h"
 #include "lib/bf16.h"
+#include "lib/bf16_products.h"
 #include "lib/fileutil.h"
 #include "lib/optim.h"
 #include "lib/profile.h"
@@ -322,6 +324,7 @@ struct BenchOpts {
   bool profile = false, json_out = false;
   std::string one;
   bool peak = false;
+  bool products = false;  // time each linear layer's shape alone (run_products)
   bool sweep = false;  // also time the default head-count sweep (headlab ablate)
   std::vector<std::string> precisions = {"float32"};  // each config in each (lib/bf16.h)
   std::string task;    // empty: random tokens
@@ -359,6 +362,86 @@ SweepTime time_default_sweep(int threads) {
   return r;
 }
 
+// ---- --products: each linear layer's shape in the configs, timed alone. Two questions, in
+// alternated rounds (medians): does bf16 gain on this shape (the linear op's forward and both
+// backward products, rounding included, float32 against bf16), and does oneDNN's float32
+// matmul beat OpenBLAS's sgemm on its forward product.
+struct ProductShape {
+  int64_t rows, out, in;
+  std::string where;  // the configs' layers of this shape
+};
+
+std::vector<ProductShape> product_shapes(const std::vector<std::string>& configs) {
+  std::vector<ProductShape> v;
+  auto add = [&](int64_t rows, int64_t out, int64_t in, const std::string& where) {
+    for (ProductShape& p : v)
+      if (p.rows == rows && p.out == out && p.in == in) {
+        p.where += ", " + where;
+        return;
+      }
+    v.push_back({rows, out, in, where});
+  };
+  for (const std::string& name : configs) {
+    const BenchConfig c = named_config(name);
+    const int64_t R = c.batch * c.T, d = c.d_model;
+    add(R, 3 * d, d, name + " W_QKV");
+    add(R, d, d, name + " W_O");
+    add(R, c.d_ff, d, name + (c.llama ? " gate, up" : " fc1"));
+    add(R, d, c.d_ff, name + " fc2");
+    add(R, c.vocab, d, name + " unembed");
+  }
+  return v;
+}
+
+int run_products(const BenchOpts& o) {
+  set_num_threads(o.threads.at(0));
+  require_bf16_cpu();
+  std::printf("each linear layer's shape, %d thread%s, medians of %d alternated rounds (ms)\n", num_threads(),
+              num_threads() > 1 ? "s" : "", o.steps);
+  std::vector<std::vector<std::string>> rows = {{"rows x in -> out", "layers", "fwd+bwd float32", "bf16", "bf16 gain",
+                                                 "rule (bf16_pays)", "fwd sgemm", "oneDNN f32", "oneDNN / sgemm"}};
+  Rng rng(1);
+  for (const ProductShape& p : product_shapes(o.configs)) {
+    throw_if_stopped();
+    Tensor x = Tensor::randn({p.rows, p.in}, rng).requires_grad_();
+    Tensor w = Tensor::randn({p.out, p.in}, rng, 0.f, 0.05f).requires_grad_();
+    Tensor b = Tensor::randn({p.out}, rng).requires_grad_();
+    const Tensor g = Tensor::randn({p.rows, p.out}, rng);
+    Tensor y = Tensor::empty({p.rows, p.out});
+    // calls per timing: about 50 ms of float32 work at 150 GFLOP/s
+    const double flops = 2.0 * p.rows * p.out * p.in;
+    const int reps = std::max(1, static_cast<int>(50e-3 * 150e9 / (3 * flops)));
+    auto time = [&](auto f) {
+      f();  // warm: primitives made, pool filled
+      const auto t0 = clk::now();
+      for (int i = 0; i < reps; ++i) f();
+      return std::chrono::duration<double, std::milli>(clk::now() - t0).count() / reps;
+    };
+    auto linear_step = [&](std::optional<Precision> bf16) {
+      return [&, bf16] {
+        std::optional<PrecisionScope> scope;
+        std::optional<Bf16EveryProduct> every;
+        if (bf16) scope.emplace(*bf16), every.emplace();
+        x.zero_grad(), w.zero_grad(), b.zero_grad();
+        linear(x, w, b).backward(g);
+      };
+    };
+    std::vector<double> f32, b16, sg, dn;
+    for (int r = 0; r < o.steps; ++r) {
+      f32.push_back(time(linear_step(std::nullopt)));
+      b16.push_back(time(linear_step(Precision::Bf16)));
+      sg.push_back(time([&] { gemm(false, true, p.rows, p.out, p.in, 1.f, x.data(), p.in, w.data(), p.in, 0.f, y.data(), p.out); }));
+      dn.push_back(time([&] { gemm_onednn_f32(false, true, p.rows, p.out, p.in, x.data(), p.in, w.data(), p.in, 0.f, y.data(), p.out); }));
+    }
+    rows.push_back({std::to_string(p.rows) + " x " + std::to_string(p.in) + " -> " + std::to_string(p.out), p.where,
+                    fixed(median(f32), 3), fixed(median(b16), 3), fixed(median(f32) / median(b16), 2) + "x",
+                    bf16_pays(p.rows, p.out, p.in) ? "bf16" : "float32", fixed(median(sg), 3), fixed(median(dn), 3),
+                    fixed(median(dn) / median(sg), 2)});
+  }
+  print_table(rows);
+  return 0;
+}
+
 int run_bench(const BenchOpts& o) {
   // a child runs in the one precision it is given
   const PrecisionScope precision(o.one.empty() && !o.peak ? Precision::Float32 : parse_precision(o.precisions.at(0), "--precision"));
@@ -375,6 +458,7 @@ int run_bench(const BenchOpts& o) {
   }
   if (o.steps < 1 || o.warmup < 0) fail("bench: --steps must be positive and --warmup not negative");
   for (const std::string& c : o.configs) named_config(c);  // validate before any work
+  if (o.products) return run_products(o);
   std::unique_ptr<Task> task;
   if (!o.task.empty()) task = make_task(TaskConfig::preset(o.task));
   if (!o.out_json.empty()) {
@@ -506,6 +590,10 @@ void add_bench_command(CLI::App& app, CommandRunner& runner) {
                   "and float32 accumulation; needs AVX512_BF16), e.g. --precision float32 bf16")
       ->capture_default_str()
       ->check(CLI::IsMember({"float32", "bf16"}));
+  sub->add_flag("--products", o->products,
+                "Instead of steps, time each linear layer's shape of the configs alone (--steps rounds): float32 "
+                "against bf16 (forward and backward), and OpenBLAS's sgemm against oneDNN's float32 matmul; needs "
+                "AVX512_BF16");
   sub->add_flag("--sweep", o->sweep, "Also time the default head-count sweep (headlab ablate, about half a minute)");
   sub->add_option("--task", o->task,
                   "Step on this task's batches as training does (positions after each row's last target are "

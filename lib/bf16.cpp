@@ -1,13 +1,16 @@
 // bf16 products through oneDNN (Debian's libdnnl-dev): OpenBLAS 0.3.21 has no sbgemm, and
 // oneDNN's brgemm kernels run vdpbf16ps (AVX512_BF16) or AMX tiles, whichever the CPU has.
 #include "bf16.h"
+#include "bf16_products.h"
 
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <map>
-#include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
+#include <vector>
 
 #include "core.h"
 #include "parallel.h"
@@ -16,6 +19,7 @@ namespace hl {
 
 namespace {
 thread_local Precision current_precision = Precision::Float32;
+thread_local bool every_product = false;  // Bf16EveryProduct
 }
 
 std::string_view precision_name(Precision p) { return p == Precision::Bf16 ? "bf16" : "float32"; }
@@ -33,6 +37,16 @@ PrecisionScope::PrecisionScope(Precision p) : previous_(current_precision) {
   current_precision = p;
 }
 PrecisionScope::~PrecisionScope() { current_precision = previous_; }
+
+bool bf16_pays(int64_t /*rows*/, int64_t out, int64_t in) { return std::min(out, in) >= kBf16MinWidth; }
+
+bool bf16_product(int64_t rows, int64_t out, int64_t in) {
+  if (current_precision != Precision::Bf16) return false;
+  return every_product || bf16_pays(rows, out, in);
+}
+
+Bf16EveryProduct::Bf16EveryProduct() : previous_(every_product) { every_product = true; }
+Bf16EveryProduct::~Bf16EveryProduct() { every_product = previous_; }
 
 std::string bf16_unsupported_reason() {
   static const std::string reason = [] {
@@ -89,55 +103,94 @@ dnnl::engine& cpu_engine() {
   return engine;
 }
 
-using MatmulKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
+// (trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, operands bf16 (else float32))
+using MatmulKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>;
 
-// The primitive for one shape, strides and beta: created on first use and kept (a training run
-// meets a few dozen shapes).
-const dnnl::matmul& matmul_for(const MatmulKey& key) {
-  static std::mutex mutex;
-  static std::map<MatmulKey, dnnl::matmul> cache;
-  std::lock_guard<std::mutex> lock(mutex);
+// One shape's product, ready to run: the primitive and its memory objects, whose data handles
+// are set per call. The scratchpad is ours (scratchpad_mode::user): in library mode oneDNN
+// makes a scratchpad object on every execute, and a training step runs a few hundred products.
+struct OnednnMatmul {
+  dnnl::matmul prim;
+  dnnl::memory a, b, c, scratch;
+  size_t scratch_bytes = 0;
+};
+
+// Created on first use and kept, per thread (the memory objects hold one call's pointers; a
+// training run meets a few dozen shapes).
+OnednnMatmul& matmul_for(const MatmulKey& key) {
+  thread_local std::map<MatmulKey, OnednnMatmul> cache;
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  const auto [ta, tb, M, N, K, lda, ldb, ldc, accumulate] = key;
+  const auto [ta, tb, M, N, K, lda, ldb, ldc, accumulate, bf16] = key;
   using md = dnnl::memory::desc;
   using dt = dnnl::memory::data_type;
-  const md a({M, K}, dt::bf16, ta ? dnnl::memory::dims{1, lda} : dnnl::memory::dims{lda, 1});
-  const md b({K, N}, dt::bf16, tb ? dnnl::memory::dims{1, ldb} : dnnl::memory::dims{ldb, 1});
+  const dt in = bf16 ? dt::bf16 : dt::f32;
+  const md a({M, K}, in, ta ? dnnl::memory::dims{1, lda} : dnnl::memory::dims{lda, 1});
+  const md b({K, N}, in, tb ? dnnl::memory::dims{1, ldb} : dnnl::memory::dims{ldb, 1});
   const md c({M, N}, dt::f32, dnnl::memory::dims{ldc, 1});
   dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (accumulate) {  // C += A B: oneDNN's sum post-op reads C before writing it
     dnnl::post_ops ops;
     ops.append_sum(1.f);
     attr.set_post_ops(ops);
   }
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
-  return cache.emplace(key, dnnl::matmul(pd)).first->second;
+  dnnl::engine& engine = cpu_engine();
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, engine);
+  OnednnMatmul m;
+  m.prim = dnnl::matmul(pd);
+  m.a = dnnl::memory(a, engine, DNNL_MEMORY_NONE);
+  m.b = dnnl::memory(b, engine, DNNL_MEMORY_NONE);
+  m.c = dnnl::memory(c, engine, DNNL_MEMORY_NONE);
+  m.scratch = dnnl::memory(pd.scratchpad_desc(), engine, DNNL_MEMORY_NONE);
+  m.scratch_bytes = pd.scratchpad_desc().get_size();
+  return cache.emplace(key, std::move(m)).first->second;
 }
+
+// This thread's scratchpad, grown to the largest a product has asked for.
+void* scratchpad(size_t bytes) {
+  thread_local std::vector<std::byte> buf;
+  if (buf.size() < bytes) buf.resize(bytes);
+  return buf.empty() ? nullptr : buf.data();
+}
+
+void check(dnnl_status_t s, const char* what) { HL_CHECK(s == dnnl_success, "oneDNN ", what, " failed: status ", static_cast<int>(s)); }
 }  // namespace
 
-void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
-               const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  HL_CHECK(beta == 0.f || beta == 1.f, "gemm_bf16: beta must be 0 or 1, got ", beta);
+namespace {
+void run_matmul(bool bf16, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda,
+                const void* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  HL_CHECK(beta == 0.f || beta == 1.f, "oneDNN matmul: beta must be 0 or 1, got ", beta);
   if (M == 0 || N == 0) return;
   if (K == 0) {  // an empty sum
     if (beta == 0.f)
       for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.f);
     return;
   }
-  const MatmulKey key{trans_a, trans_b, M, N, K, lda, ldb, ldc, beta == 1.f};
-  const dnnl::matmul& prim = matmul_for(key);
-  using md = dnnl::memory::desc;
-  using dt = dnnl::memory::data_type;
-  dnnl::engine& engine = cpu_engine();
-  const dnnl::memory a(md({M, K}, dt::bf16, trans_a ? dnnl::memory::dims{1, lda} : dnnl::memory::dims{lda, 1}),
-                       engine, const_cast<uint16_t*>(A));
-  const dnnl::memory b(md({K, N}, dt::bf16, trans_b ? dnnl::memory::dims{1, ldb} : dnnl::memory::dims{ldb, 1}),
-                       engine, const_cast<uint16_t*>(B));
-  const dnnl::memory c(md({M, N}, dt::f32, dnnl::memory::dims{ldc, 1}), engine, C);
-  dnnl::stream stream(engine);
-  prim.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
-  stream.wait();
+  OnednnMatmul& m = matmul_for({trans_a, trans_b, M, N, K, lda, ldb, ldc, beta == 1.f, bf16});
+  // The C API with the arguments on the stack: the C++ execute() builds an unordered_map per call.
+  check(dnnl_memory_set_data_handle(m.a.get(), const_cast<void*>(A)), "set_data_handle");
+  check(dnnl_memory_set_data_handle(m.b.get(), const_cast<void*>(B)), "set_data_handle");
+  check(dnnl_memory_set_data_handle(m.c.get(), C), "set_data_handle");
+  check(dnnl_memory_set_data_handle(m.scratch.get(), scratchpad(m.scratch_bytes)), "set_data_handle");
+  const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, m.a.get()},
+                                  {DNNL_ARG_WEIGHTS, m.b.get()},
+                                  {DNNL_ARG_DST, m.c.get()},
+                                  {DNNL_ARG_SCRATCHPAD, m.scratch.get()}};
+  thread_local dnnl::stream stream(cpu_engine());
+  check(dnnl_primitive_execute(m.prim.get(), stream.get(), 4, args), "matmul");
+  check(dnnl_stream_wait(stream.get()), "stream wait");
+}
+}  // namespace
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
+               const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  run_matmul(true, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc);
+}
+
+void gemm_onednn_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                     const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  run_matmul(false, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc);
 }
 
 }  // namespace hl

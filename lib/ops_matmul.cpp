@@ -10,6 +10,7 @@
 
 #include "autograd.h"
 #include "bf16.h"
+#include "bf16_products.h"
 #include "ops.h"
 #include "parallel.h"
 #include "profile.h"
@@ -326,6 +327,8 @@ struct LinearArgs {
   std::span<const Tensor> ws, bs;
   bool one_block;  // weights back to back: one sgemm for all
   bool bf16;       // products with bf16 operands (float32 accumulation) through oneDNN
+  const uint16_t* Xh = nullptr;  // when bf16: x (R, in) and the weights side by side (N, in), rounded
+  const uint16_t* Wh = nullptr;  // (the backward has only Wh, and only when x needs a gradient)
 };
 
 int linear_threads(const LinearArgs& a) { return product_threads(a.R, a.N, a.in); }
@@ -351,29 +354,34 @@ void fill_bias_rows(const LinearArgs& a, float* U, int64_t lo, int64_t hi) {
   }
 }
 
-// ---- bf16 products: operands rounded to bf16 into per-thread buffers (grown once), one oneDNN
-// product over all rows (oneDNN threads it), float32 results. The weights are converted side by
-// side, so stacked weights are always one block.
-enum Bf16Slot { kBf16X, kBf16W, kBf16dU, kBf16Slots };
-uint16_t* bf16_scratch(Bf16Slot slot, int64_t n) {
-  thread_local std::vector<uint16_t> bufs[kBf16Slots];
-  std::vector<uint16_t>& b = bufs[slot];
-  if (static_cast<int64_t>(b.size()) < n) b.resize(static_cast<size_t>(n));
-  return b.data();
-}
+// ---- bf16 products: the operands are rounded to bf16 into buffers of the tensor pool (two values
+// to a float32 slot), so a step's copies come and go like its other buffers and its steady state
+// allocates nothing of its own. The weights are rounded once per step, in the forward, and the
+// backward keeps them for dX; x is rounded again in the backward for dW, because keeping its bf16
+// copy would add to the step's peak memory (autograd keeps the float32 x until then anyway).
+// One oneDNN product over all rows (oneDNN threads it), float32 results. The weights are rounded
+// side by side, so stacked weights are always one block.
+Tensor bf16_buffer(int64_t n) { return Tensor::empty({(n + 1) / 2}); }
+uint16_t* bf16_data(const Tensor& t) { return reinterpret_cast<uint16_t*>(t.data()); }
 
-const uint16_t* weights_bf16(const LinearArgs& a) {  // (N, in)
-  uint16_t* w = bf16_scratch(kBf16W, a.N * a.in);
+struct Bf16Operands {
+  Tensor x, w;  // x (R, in) and the weights (N, in) in bf16
+};
+
+// Rounds a's operands and points a at them.
+Bf16Operands round_operands(LinearArgs& a) {
+  Bf16Operands h{bf16_buffer(a.R * a.in), bf16_buffer(a.N * a.in)};
+  uint16_t* w = bf16_data(h.w);
   for (size_t i = 0, col = 0; i < a.ws.size(); col += a.ws[i].size(0), ++i)
     convert_to_bf16(a.ws[i].data(), w + col * a.in, a.ws[i].size(0) * a.in);
-  return w;
+  convert_to_bf16(a.X, bf16_data(h.x), a.R * a.in);
+  a.Xh = bf16_data(h.x);
+  a.Wh = w;
+  return h;
 }
 
-const uint16_t* input_bf16(const LinearArgs& a) {  // (R, in)
-  uint16_t* x = bf16_scratch(kBf16X, a.R * a.in);
-  convert_to_bf16(a.X, x, a.R * a.in);
-  return x;
-}
+// What the backward keeps of them: the weights, for dX = dU W, if x needs a gradient.
+Tensor saved_weights(const Bf16Operands& h, const Tensor& x) { return needs_graph({&x}) ? h.w : Tensor(); }
 
 template <class Post>
 void linear_forward_bf16(const LinearArgs& a, float* U, Post post) {
@@ -384,7 +392,7 @@ void linear_forward_bf16(const LinearArgs& a, float* U, Post post) {
       const auto [lo, hi] = row_block(a.R, t, n);
       if (hi > lo) fill_bias_rows(a, U, lo, hi);
     });
-  gemm_bf16(false, true, a.R, a.N, a.in, input_bf16(a), a.in, weights_bf16(a), a.in, bias ? 1.f : 0.f, U, a.N);
+  gemm_bf16(false, true, a.R, a.N, a.in, a.Xh, a.in, a.Wh, a.in, bias ? 1.f : 0.f, U, a.N);
   run_on_threads(nt, [&](int t, int n) {
     const auto [lo, hi] = row_block(a.R, t, n);
     if (hi > lo) post(lo, hi);
@@ -444,7 +452,8 @@ void linear_backward_bf16(const LinearArgs& a, const float* dU, Pre pre, float* 
   float* gb[kMaxStacked] = {};
   bool any_gb = false;
   for (size_t i = 0; i < a.bs.size(); ++i) any_gb = (gb[i] = grad_buffer(a.bs[i])) || any_gb;
-  uint16_t* dUh = bf16_scratch(kBf16dU, a.R * a.N);  // (R, N)
+  const Tensor dUbuf = bf16_buffer(a.R * a.N);
+  uint16_t* dUh = bf16_data(dUbuf);  // (R, N)
   run_on_threads(linear_threads(a), [&](int t, int n) {
     const auto [lo, hi] = row_block(a.R, t, n);
     if (hi == lo) return;
@@ -465,9 +474,11 @@ void linear_backward_bf16(const LinearArgs& a, const float* dU, Pre pre, float* 
       }
     });
   if (gx)  // dX (R, in) (+)= dU W
-    gemm_bf16(false, false, a.R, a.in, a.N, dUh, a.N, weights_bf16(a), a.in, gx_fresh ? 0.f : 1.f, gx, a.in);
-  if (gw.any()) {  // dW (N, in) (+)= dU^T X
-    const uint16_t* Xh = input_bf16(a);
+    gemm_bf16(false, false, a.R, a.in, a.N, dUh, a.N, a.Wh, a.in, gx_fresh ? 0.f : 1.f, gx, a.in);
+  if (gw.any()) {  // dW (N, in) (+)= dU^T X, X rounded again (above)
+    const Tensor xh = bf16_buffer(a.R * a.in);
+    const uint16_t* Xh = bf16_data(xh);
+    convert_to_bf16(a.X, bf16_data(xh), a.R * a.in);
     if (gw.slab) {
       gemm_bf16(true, false, a.N, a.in, a.R, dUh, a.N, Xh, a.in, gw.slab_beta, gw.slab, a.in);
     } else {
@@ -612,7 +623,7 @@ LinearArgs plan_linear(const Tensor& x, std::span<const Tensor> ws, std::span<co
   a.ws = ws;
   a.bs = bs;
   a.one_block = back_to_back(ws);
-  a.bf16 = matmul_precision() == Precision::Bf16;
+  a.bf16 = bf16_product(a.R, a.N, a.in);  // the precision and the measured rule (lib/bf16_products.h)
   return a;
 }
 
@@ -636,7 +647,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
 
 Tensor linear_stacked(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> bs) {
   HL_PROFILE(Matmul);
-  const LinearArgs a = plan_linear(x, ws, bs);
+  LinearArgs a = plan_linear(x, ws, bs);
+  const Bf16Operands h = a.bf16 ? round_operands(a) : Bf16Operands{};
   Tensor y = Tensor::empty(with_last(x.shape(), a.N));
   linear_forward(a, y.data(), [](int64_t, int64_t) {});
   if (linear_needs_graph(x, ws, bs)) {
@@ -645,11 +657,13 @@ Tensor linear_stacked(const Tensor& x, std::span<const Tensor> ws, std::span<con
     for (size_t i = 0; i < ws.size(); ++i) w[i] = ws[i], b[i] = bs[i];
     const int n = static_cast<int>(ws.size());
     attach(y, "linear", {x, w[0], w[1], w[2], b[0], b[1], b[2]},
-           [x, w0 = w[0], w1 = w[1], w2 = w[2], b0 = b[0], b1 = b[1], b2 = b[2], n, bf16 = a.bf16](TensorImpl& self) {
+           [x, w0 = w[0], w1 = w[1], w2 = w[2], b0 = b[0], b1 = b[1], b2 = b[2], n, bf16 = a.bf16,
+            wh = saved_weights(h, x)](TensorImpl& self) {
              HL_PROFILE(Matmul);
              const Tensor w[kMaxStacked] = {w0, w1, w2}, b[kMaxStacked] = {b0, b1, b2};
              LinearArgs a = plan_linear(x, std::span<const Tensor>(w, n), std::span<const Tensor>(b, n));
-             a.bf16 = bf16;  // the forward's precision
+             a.bf16 = bf16;  // the forward's precision and rounded weights
+             if (wh.defined()) a.Wh = bf16_data(wh);
              bool fresh;  // a fresh dX buffer is written with beta = 0 (no zero fill)
              float* gx = grad_buffer_for_overwrite(x, fresh);
              linear_backward(a, self.grad->data(), [](int64_t, int64_t) {}, gx, fresh);
@@ -661,7 +675,8 @@ Tensor linear_stacked(const Tensor& x, std::span<const Tensor> ws, std::span<con
 Tensor linear_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation activation) {
   HL_PROFILE(Matmul);
   const Tensor ws[1] = {w}, bs[1] = {b};
-  const LinearArgs a = plan_linear(x, ws, bs);
+  LinearArgs a = plan_linear(x, ws, bs);
+  const Bf16Operands h = a.bf16 ? round_operands(a) : Bf16Operands{};
   const bool record = linear_needs_graph(x, ws, bs);
   Tensor y = Tensor::empty(with_last(x.shape(), a.N));
   Tensor u = record ? Tensor::empty(y.shape()) : y;  // pre-activation x W^T + b, kept for backward
@@ -680,11 +695,12 @@ Tensor linear_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation 
     case Activation::Silu: apply([](float v) { return act::silu(v); }); break;
   }
   if (record)
-    attach(y, "linear_act", {x, w, b}, [x, w, b, u, activation, bf16 = a.bf16](TensorImpl& self) {
+    attach(y, "linear_act", {x, w, b}, [x, w, b, u, activation, bf16 = a.bf16, wh = saved_weights(h, x)](TensorImpl& self) {
       HL_PROFILE(Matmul);
       const Tensor ws[1] = {w}, bs[1] = {b};
       LinearArgs a = plan_linear(x, ws, bs);
-      a.bf16 = bf16;  // the forward's precision
+      a.bf16 = bf16;  // the forward's precision and rounded weights
+      if (wh.defined()) a.Wh = bf16_data(wh);
       const int64_t N = a.N;
       Tensor du = Tensor::empty(u.shape());  // dL/dU
       const float *G = self.grad->data(), *U = u.data();

@@ -36,6 +36,9 @@ if [ "$CORE" = unset ]; then unset OPENBLAS_CORETYPE; export HEADLAB_BLAS_CORE_C
 HL_ENV=(env -u OMP_WAIT_POLICY)
 [ "${HEADLAB_ENV:-best}" = same ] && HL_ENV=(env)
 out=$(mktemp -d)
+if [ "$BF16" = 1 ]; then  # the bf16 product's peak (2048^3, as headlab bench measures sgemm's), for "% of peak"
+  "${HL_ENV[@]}" ./build/headlab bench --peak --precision bf16 --threads "$THREADS" > "$out/bf16_peak.json"
+fi
 for cfg in "${configs[@]}"; do
   steps=30; case $cfg in S|S-llama|V*) steps=50;; gpt2-small) steps=10;; esac
   for r in $(seq "$ROUNDS"); do
@@ -67,14 +70,19 @@ for cfg in dict.fromkeys(r["config"] for r in hl):
 import os
 if os.path.exists(f"{d}/headlab_bf16.jsonl"):
     hb, tb, fb = load("headlab_bf16.jsonl"), load("torch_train_bf16.jsonl"), load("torch_fwd_bf16.jsonl")
-    print("\nbf16: headlab --precision bf16 against headlab float32 and PyTorch under torch.autocast(\"cpu\", dtype=torch.bfloat16)")
+    peak = json.load(open(f"{d}/bf16_peak.json"))["sgemm_gflops"]
+    print("\nbf16: headlab --precision bf16 against headlab float32 and PyTorch under torch.autocast(\"cpu\", dtype=torch.bfloat16);"
+          f" bf16 product peak {peak:.0f} GFLOP/s (2048^3, oneDNN)")
     print(f"{'cfg':10} {'hl f32 train':>12} {'hl bf16 train':>13} {'torch autocast train':>20} {'bf16/f32':>8} {'vs autocast':>11}"
-          f" {'hl f32 fwd':>10} {'hl bf16 fwd':>11} {'torch autocast fwd':>18} {'bf16/f32':>8} {'vs autocast':>11}")
+          f" {'hl f32 fwd':>10} {'hl bf16 fwd':>11} {'torch autocast fwd':>18} {'bf16/f32':>8} {'vs autocast':>11}"
+          f" {'% bf16 peak':>11} {'hl bf16 RSS MiB':>15} {'autocast RSS MiB':>16}")
     for cfg in dict.fromkeys(r["config"] for r in hb):
         pick = lambda rows, key: med([r[key] for r in rows if r["config"] == cfg])
         ht, hf = pick(hl, "train_ms_median"), pick(hl, "fwd_ms_median")
         bt, bf = pick(hb, "train_ms_median"), pick(hb, "fwd_ms_median")
         at, af = pick(tb, "ms_median"), pick(fb, "ms_median")
-        print(f"{cfg:10} {ht:12.2f} {bt:13.2f} {at:20.2f} {ht/bt:7.2f}x {at/bt:10.2f}x {hf:10.2f} {bf:11.2f} {af:18.2f} {hf/bf:7.2f}x {af/bf:10.2f}x")
+        gf, hr, ar = pick(hb, "train_gflops"), pick(hb, "peak_rss_kb") / 1024, pick(tb, "peak_rss_kb") / 1024
+        print(f"{cfg:10} {ht:12.2f} {bt:13.2f} {at:20.2f} {ht/bt:7.2f}x {at/bt:10.2f}x {hf:10.2f} {bf:11.2f} {af:18.2f} {hf/bf:7.2f}x {af/bf:10.2f}x"
+              f" {100 * gf / peak:10.1f}% {hr:15.1f} {ar:16.1f}")
 PY
 rm -rf "$out"

@@ -19,8 +19,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "cli/alloc_counter.h"
 #include "lib/autograd.h"
+#include "lib/optim.h"
 #include "lib/bf16.h"
+#include "lib/bf16_products.h"
 #include "lib/ops.h"
 #include "lib/safetensors.h"
 #include "train/snapshots.h"
@@ -172,6 +175,7 @@ void check_linear(int stacked, bool back_to_back, bool act) {
   Tensor y;
   {
     PrecisionScope bf16(Precision::Bf16);
+    Bf16EveryProduct every;  // these thin weights would stay float32
     y = act ? linear_act(x, ws[0], bs[0], Activation::Relu) : linear_stacked(x, ws, bs);
   }
   y.backward(g);  // outside the scope: the backward keeps the forward's precision
@@ -229,11 +233,13 @@ BOOST_AUTO_TEST_CASE(scope_restores_and_backward_follows_the_forward) {
     Tensor y;
     {
       std::optional<PrecisionScope> s;
-      if (bf16_forward) s.emplace(Precision::Bf16);
+      std::optional<Bf16EveryProduct> every;
+      if (bf16_forward) s.emplace(Precision::Bf16), every.emplace();
       y = linear(x, w, Tensor());
     }
     std::optional<PrecisionScope> s;
-    if (bf16_backward) s.emplace(Precision::Bf16);
+    std::optional<Bf16EveryProduct> every;
+    if (bf16_backward) s.emplace(Precision::Bf16), every.emplace();
     sum(y).backward();
     std::vector<float> out(y.data(), y.data() + y.numel());
     out.insert(out.end(), w.grad().data(), w.grad().data() + w.numel());
@@ -246,6 +252,40 @@ BOOST_AUTO_TEST_CASE(scope_restores_and_backward_follows_the_forward) {
   BOOST_TEST((matmul_precision() == Precision::Float32));
 }
 
+// The rule of which products run in bf16 (bf16_pays) depends on the shape alone, and a product it
+// leaves in float32 is float32's bit for bit, output and gradients, inside a bf16 scope.
+BOOST_AUTO_TEST_CASE(thin_products_stay_float32_bit_for_bit) {
+  BOOST_TEST(!bf16_pays(4096, 3 * 64, 64));         // S's W_QKV
+  BOOST_TEST(!bf16_pays(4096, 64, 256));            // S's fc2
+  BOOST_TEST(bf16_pays(4096, 3 * 256, 256));        // M's W_QKV
+  BOOST_TEST(bf16_pays(1024, 50257, 768));          // GPT-2 small's unembedding
+  BOOST_TEST(bf16_pays(1, 1024, 256) == bf16_pays(100000, 1024, 256));  // rows do not decide
+  enum Mode { Float32, Measured, Every };
+  auto run = [&](int64_t out, int64_t in, Mode mode) {
+    Rng r(5);
+    Tensor x = Tensor::randn({64, in}, r).requires_grad_();
+    Tensor w = Tensor::randn({out, in}, r, 0.f, 0.1f).requires_grad_();
+    Tensor b = Tensor::randn({out}, r).requires_grad_();
+    std::optional<PrecisionScope> s;
+    std::optional<Bf16EveryProduct> every;
+    if (mode != Float32) s.emplace(Precision::Bf16);
+    if (mode == Every) every.emplace();
+    Tensor y = linear_act(x, w, b, Activation::GeluTanh);
+    sum(y).backward();
+    std::vector<float> all = y.to_vector();
+    for (const Tensor& t : {x, w, b}) {
+      const std::vector<float> g = t.grad().to_vector();
+      all.insert(all.end(), g.begin(), g.end());
+    }
+    return all;
+  };
+  const int64_t thin = kBf16MinWidth / 2, wide = kBf16MinWidth;
+  BOOST_TEST(run(wide, thin, Measured) == run(wide, thin, Float32));
+  BOOST_TEST(run(wide, thin, Every) != run(wide, thin, Float32));  // bf16 when forced
+  BOOST_TEST(run(wide, wide, Measured) != run(wide, wide, Float32));
+  BOOST_TEST(run(wide, wide, Measured) == run(wide, wide, Every));
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 // ---- training in bf16 ---------------------------------------------------------------------------
@@ -253,10 +293,10 @@ BOOST_AUTO_TEST_SUITE_END()
 namespace {
 TrainArgs bf16_args(const std::string& out, const std::string& precision = "bf16") {
   TrainArgs a;
-  a.model.d_model = 32;
+  a.model.d_model = kBf16MinWidth;  // wide enough for bf16's products (bf16_pays)
   a.model.n_layers = 2;
   a.model.n_heads = 2;
-  a.model.d_ff = 64;
+  a.model.d_ff = 4 * kBf16MinWidth;
   a.task = TaskConfig::preset("copy");
   a.task.alphabet = 5;
   a.task.min_len = a.task.max_len = 4;
@@ -300,11 +340,12 @@ BOOST_AUTO_TEST_CASE(resume_and_snapshots_of_a_bf16_run_are_bit_exact) {
   Trainer(bf16_args(f32, "float32")).run();
   BOOST_TEST(model_bytes(full + "/model.safetensors") != model_bytes(f32 + "/model.safetensors"));  // bf16 was used
   // From the same weights and batches, bf16 follows float32's held-out loss: measured at most
-  // 0.06% apart over these 40 steps (docs/performance.md); 0.5% allowed.
+  // 0.92% apart over these 40 steps (0.21-0.92% at the four evaluations; docs/performance.md);
+  // 2% allowed.
   const std::vector<double> lb = held_out_losses(full), lf = held_out_losses(f32);
   BOOST_TEST(lb.size() == 4u);
   BOOST_TEST(lf.size() == 4u);
-  for (size_t i = 0; i < std::min(lb.size(), lf.size()); ++i) BOOST_TEST(std::abs(lb[i] - lf[i]) <= 0.005 * lf[i]);
+  for (size_t i = 0; i < std::min(lb.size(), lf.size()); ++i) BOOST_TEST(std::abs(lb[i] - lf[i]) <= 0.02 * lf[i]);
   {  // "crash" at step 25, after the step-20 checkpoint
     Trainer t(bf16_args(cut));
     TrainObserver obs;
@@ -327,6 +368,33 @@ BOOST_AUTO_TEST_CASE(resume_and_snapshots_of_a_bf16_run_are_bit_exact) {
   BOOST_TEST(model_bytes(full + "/model.safetensors") == model_bytes(fork + "/model.safetensors"));
 }
 
+// As the float32 step (test_train's a_training_step_allocates_nothing_in_its_steady_state), a bf16
+// step of sizes seen before allocates nothing of its own: the rounded operands come from the tensor
+// pool, and oneDNN's products run from cached primitives and memory objects with our scratchpad.
+// What is left is inside oneDNN 2.6's dnnl_primitive_execute, which builds its argument map and
+// context on the heap on every call: 6 allocations (7 with the sum post-op of beta 1) per product,
+// none of which its public API lets a caller avoid.
+BOOST_AUTO_TEST_CASE(a_bf16_training_step_allocates_only_in_onednns_execute) {
+  if (!alloc_counter::available()) return;  // sanitizer builds intercept malloc themselves
+  Trainer t(bf16_args(""));
+  std::vector<NamedParam> params;
+  for (auto& [name, p] : t.model().named_parameters()) params.push_back({name, p, true});
+  Adam opt(params, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, true);
+  std::vector<Batch> draws(10);
+  Rng rng(1);
+  for (Batch& b : draws) t.task().sample_into(b, 32, rng);
+  const PrecisionScope bf16(Precision::Bf16);
+  for (int i = 0; i < 20; ++i) train_step(t.model(), opt, draws[i % 10], 1.f);
+  const uint64_t before = alloc_counter::count();
+  for (int i = 0; i < 10; ++i) train_step(t.model(), opt, draws[i], 1.f);
+  const double per_step = (alloc_counter::count() - before) / 10.0;
+  // 2 layers of W_QKV, W_O, fc1, fc2 in bf16 (the unembedding, 128 x 5, stays float32): 8 forward
+  // products, 8 dX and 8 dW
+  const int products = 2 * 4 * 3;
+  BOOST_TEST_MESSAGE("bf16 step: " << per_step << " allocations, " << products << " bf16 products");
+  BOOST_TEST(per_step <= 7.0 * products);
+}
+
 BOOST_AUTO_TEST_CASE(an_unknown_precision_is_refused_naming_the_flag) {
   TrainArgs a = bf16_args("", "fp8");
   BOOST_CHECK_EXCEPTION(a.validate(), Error, [](const Error& e) {
@@ -335,3 +403,4 @@ BOOST_AUTO_TEST_CASE(an_unknown_precision_is_refused_naming_the_flag) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+

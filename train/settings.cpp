@@ -157,7 +157,8 @@ std::vector<TrainSetting> make_table() {
      /*is_switch=*/true},
     {"--momentum", "/momentum", "SGD momentum", FIELD(args.momentum), R::kMustMatch, 0, 0.999999},
     {"--precision", "/precision", "float32, or bf16: the linear layers' products with bf16 operands and float32 "
-     "accumulation (needs AVX512_BF16); weights, gradients, optimizer, norms, softmax, loss stay float32",
+     "accumulation (needs AVX512_BF16; weights under 128 wide stay float32, where bf16 is not faster); weights, "
+     "gradients, optimizer, norms, softmax, loss stay float32",
      FIELD(args.precision), R::kMustMatch, NAN, NAN, {"float32", "bf16"}},
     {"--clip", "/clip", "Clip gradients to this global norm; 0 = off", FIELD(args.clip), R::kMustMatch, 0, 1e12},
     {"--seed", "/seed", "Seed of initialisation, data and dropout", FIELD(args.seed), R::kMustMatch, 0, 1.8e19},

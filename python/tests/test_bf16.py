@@ -6,10 +6,12 @@ import pytest
 
 import headlab as hl
 
+# d_model 128: weights at least 128 wide on both sides run in bf16; thinner ones stay float32
+# (docs/performance.md, the per-shape rule).
 
 @pytest.fixture(scope="module")
 def trained():
-    t = hl.Trainer(task="copy", d_model=32, heads=2, layers=2, d_ff=64, length=4, alphabet=5, batch=32, steps=30,
+    t = hl.Trainer(task="copy", d_model=128, heads=2, layers=2, d_ff=512, length=4, alphabet=5, batch=32, steps=30,
                    eval_size=64, threads=2, quiet=True)
     t.run()
     return t
@@ -35,7 +37,7 @@ def test_unknown_precision_is_refused():
 
 
 def test_trainer_takes_precision():
-    kw = dict(task="copy", d_model=32, heads=2, layers=2, d_ff=64, length=4, alphabet=5, batch=32, steps=10,
+    kw = dict(task="copy", d_model=128, heads=2, layers=2, d_ff=512, length=4, alphabet=5, batch=32, steps=10,
               eval_size=64, threads=2, quiet=True)
     a, b = hl.Trainer(precision="bf16", **kw), hl.Trainer(**kw)
     a.run()
