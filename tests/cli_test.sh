@@ -57,6 +57,12 @@ check "sae writes its metrics" 0 '"explained_variance"' -- cat "$T/sae/metrics.j
 check "sae refuses a missing hook" nonzero "the model has no hook point 'blocks.5.attn.hook_z'" -- "$HL" sae --checkpoint "$T/run/model.safetensors" --hook blocks.5.attn.hook_z $sae_small --out "$T/sae2"
 check "sae estimates its memory first" nonzero "an SAE of 16777216 features \(--expansion 1048576\) on 1024-row batches \(--batch\): needs about" -- "$HL" sae --checkpoint "$T/run/model.safetensors" --hook blocks.0.attn.hook_z --expansion 1048576 --out "$T/sae2"
 [ ! -e "$T/sae2" ] && { pass=$((pass+1)); echo "ok   sae wrote nothing when refused"; } || { fail=$((fail+1)); echo "FAIL sae wrote after a refusal"; }
+# headlab features: that SAE's features on the same checkpoint (the page, the tables, a match with itself)
+check "features studies an SAE's features" 0 "wrote .*/feat/features.csv, features.html, presence.csv, match.csv" -- "$HL" features --sae "$T/sae" --checkpoint "$T/run/model.safetensors" --sequences 8 --batches 1 --top-features 3 --examples 2 --match "$T/sae" --threads 1 --out "$T/feat"
+check "features writes the feature page" 0 '"head_fraction":\[' -- cat "$T/feat/features.html"
+check "features matches an SAE with itself" 0 "^3,3,1" -- cat "$T/feat/match.csv"
+check "features refuses a feature the SAE does not have" nonzero "--features \\(features of the SAE\\): 99 is outside 0..31" -- "$HL" features --sae "$T/sae" --checkpoint "$T/run/model.safetensors" --features 99 --out "$T/feat2"
+[ ! -e "$T/feat2" ] && { pass=$((pass+1)); echo "ok   features wrote nothing when refused"; } || { fail=$((fail+1)); echo "FAIL features wrote after a refusal"; }
 check "resume to more steps" 0 "token accuracy" -- "$HL" train --steps 40 --resume --out "$T/run"
 check "grads from task" 0 "wrote .* gradients" -- "$HL" grads --checkpoint "$T/run/model.safetensors" --batch-size 2 --out "$T/g.st"
 check "attn with tokens" 0 "attn.safetensors" -- "$HL" attn --checkpoint "$T/run/model.safetensors" --tokens "6 1 2 3 4 7 1 2" --out "$T/attn"

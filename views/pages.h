@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "models/transformer.h"
@@ -54,5 +55,10 @@ std::string token_values_page(const std::string& title, const std::vector<std::s
 std::string grid_page(const std::string& title, int rows, int cols, const std::vector<double>& values,
                       const std::vector<std::string>& row_labels, const std::vector<std::string>& col_labels,
                       const std::string& value_name, const ColourScale& scale = {});
+
+// A page template (views/*.html or a page of its own, e.g. views/feature_page.cpp) with the
+// helpers of every page spliced in at /*HEADLAB_PAGE_HELPERS*/ and `data` (NaN as null, safe
+// inside <script>) at /*HEADLAB_DATA*/.
+std::string fill_page(std::string_view page_template, const nlohmann::json& data);
 
 }  // namespace hl::views
