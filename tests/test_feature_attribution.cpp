@@ -39,7 +39,7 @@ Sae random_sae(const std::string& hook, int64_t d_in, int64_t d_sae, SaeArch arc
 // no positions. Token kA's embedding is the only one with a component along w = e0 - e1 (the
 // others have equal coordinates 0 and 1, and w sums to 0, so ln1 keeps that exactly); head 2's
 // W_V reads w into its first value coordinate (its second is 0); head 2's W_O writes that
-// coordinate along e7, which no other head writes; W_U's row of kUp is +5 e7 and of kDown -5 e7.
+// coordinate along e7, which no other head writes; W_U's row of kUp is 5 e7 and of kDown -5 e7.
 // So head 2 writes one known feature, z[head 2, coordinate 0] (hook_z column 4), present where
 // head 2 attends to kA, promoting kUp and suppressing kDown.
 constexpr int32_t kA = 3, kUp = 5, kDown = 6;
@@ -72,6 +72,7 @@ HandBuilt one_head_writes_a_feature() {
   wo[7 * W + 2 * kHead] = 1.f;
   float* wu = model.head.weight.data();  // (V, D)
   for (int64_t v = 0; v < 7; ++v) wu[v * D + 7] = 0.f;
+  for (int64_t d = 0; d < 7; ++d) wu[kUp * D + d] = wu[kDown * D + d] = 0.f;
   wu[kUp * D + 7] = 5.f, wu[kDown * D + 7] = -5.f;
   return m;
 }
