@@ -70,7 +70,9 @@ for (const f of D.features) {
   const cols = el("div", { class: "cols" });
   if (f.head_fraction.length) {
     const t = el("table", { class: "heads" });
-    t.append(el("tr", {}, "")).append(el("td", {}, "decoder norm per head"));
+    const head = el("tr");
+    head.append(el("td", { colspan: 2 }, "decoder norm per head"));
+    t.append(head);
     f.head_fraction.forEach((v, h) => {
       const r = el("tr");
       r.append(el("td", {}, `H${h}`));
@@ -85,7 +87,9 @@ for (const f of D.features) {
   for (const [name, list] of [["promotes", f.promoted], ["suppresses", f.suppressed]]) {
     if (!list.length) continue;
     const t = el("table", { class: name });
-    t.append(el("tr")).append(el("td", {}, `${name} (logit per unit)`));
+    const head = el("tr");
+    head.append(el("td", { colspan: 2 }, `${name} (logit per unit)`));
+    t.append(head);
     for (const p of list) {
       const r = el("tr");
       r.append(el("td", { class: "tok" }, p.token));
@@ -124,6 +128,7 @@ for (const f of D.features) {
   }
   $("cards").append(card);
 }
+document.body.setAttribute("data-ready", "1");  // for tests: the page is built
 fit_frame();
 </script>
 </body>

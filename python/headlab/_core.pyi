@@ -488,6 +488,24 @@ def edge_patching(model: TransformerLM, clean: object, corrupted: object, *, ans
 def evaluate(model: TransformerLM, task: object = ..., data: object = ..., autoregressive: bool = ...) -> object:
     """An EvalResult: held-out loss, token_acc, exact_match (and ar_exact_match with autoregressive=True) over the data's counted targets"""
 
+def feature_ablation(model: TransformerLM, sae: SAE, data: object, features: List[int], keep_error: bool = ...) -> dict:
+    """Each feature's ablation effect on the loss: the SAE spliced in at its hook with the feature set to 0, minus nothing ablated. keep_error adds the SAE's error back (the base is then the model itself)."""
+
+def feature_attribution(model: TransformerLM, sae: SAE, ids: object, feature: int) -> dict:
+    """Direct feature attribution by source position for an SAE on hook_z: the feature's pre-activation at every query decomposed over heads and attended source tokens, contribution (B, T, H, T) [b, query, head, source], plus bias; contribution.sum((2, 3)) + bias == pre_activation."""
+
+def feature_final_scale(model: TransformerLM, data: object) -> float:
+    """The mean of ln_final.hook_scale over every position of data (1 without a final norm)"""
+
+def feature_head_outputs(model: TransformerLM, sae: SAE) -> numpy.ndarray:
+    """For an SAE on blocks.L.attn.hook_z: each feature's decoder block of head h through head h's W_O, (d_sae, n_heads, d_model): what one unit of the feature writes into the residual stream through each head."""
+
+def feature_logit_effects(model: TransformerLM, sae: SAE, features: List[int], scale: float = ..., top_k: int = ...) -> list:
+    """Each feature's direct effect on the logits per unit of activation: its output through W_O, ln_final with the fixed `scale` (feature_final_scale gives the data's mean) and W_U. A list of {feature, logits (vocab), promoted, suppressed}."""
+
+def feature_presence(model: TransformerLM, sae: SAE, data: object) -> dict:
+    """Each feature's mean activation and firing frequency over every token of data (apply it to each snapshot of a run to follow the features over training)"""
+
 def get_act_name(name: str, layer: Optional[int] = ..., layer_type: str = ...) -> str:
     """A hook's full name from TransformerLens's short form: get_act_name('pattern', 0) = 'blocks.0.attn.hook_pattern'"""
 
@@ -517,6 +535,9 @@ def live_tensors() -> int:
 
 def match_heads(model_a: TransformerLM, model_b: TransformerLM, data: object = ..., by: str = ..., across_layers: bool = ..., examples: int = ..., seed: int = ...) -> object:
     """Heads of model_a matched one to one to heads of model_b (Hungarian assignment) by attention pattern on data (default: the varied repeat probe) or by QK/OV circuit weights; a HeadMatch: pairs (layer_a, head_a, layer_b, head_b, similarity), unmatched_a, unmatched_b, similarity (heads of A x heads of B, layer-major) and mean_similarity"""
+
+def match_sae_features(a: SAE, b: SAE) -> dict:
+    """a's features matched one to one with b's by decoder cosine (Hungarian): {partner (b's feature per a's, -1 = none), cosine, mean_cosine}"""
 
 def mean_activation(model: TransformerLM, data: object, hook: str, per_position: bool = ...) -> Tensor:
     """Mean of a hook's activation over the data's rows (and positions unless per_position): its shape with those axes of size 1"""
@@ -570,6 +591,9 @@ def softmax(x: Tensor, axis: int = ...) -> Tensor:
 
 def tensor(array: numpy.ndarray, requires_grad: bool = ...) -> Tensor:
     """A float32 copy of a float array (float64 is rounded to float32); never a view"""
+
+def top_activating_examples(model: TransformerLM, sae: SAE, data: object, features: List[int], k: int = ..., before: int = ..., after: int = ...) -> list:
+    """Per feature, the k rows of data where it is largest, each as the window of tokens around its largest token with the feature's activation at each: [{feature, examples: [{row, position, max_activation, window_start, tokens, activations}]}]"""
 
 def train_sae(model: TransformerLM, hook: str, data: object, architecture: str = ..., expansion: int = ..., k: int = ..., steps: int = ..., batch: int = ..., lr: float = ..., warmup: int = ..., buffer: int = ..., l1_coefficient: float = ..., l0_coefficient: float = ..., bandwidth: float = ..., seed: int = ...) -> SAE:
     """Trains an SAE on model's activations at hook (e.g. "blocks.1.attn.hook_z", heads concatenated) over data,

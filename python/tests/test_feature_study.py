@@ -77,3 +77,34 @@ def test_matching_an_sae_with_itself_and_the_feature_view(model_and_sae, tmp_pat
     assert data["features"][0]["firing_frequency"] == pytest.approx(p["firing_frequency"][1])
     assert len(data["features"][0]["head_fraction"]) == 4
     v.save(tmp_path / "f.html")
+
+
+def test_the_feature_view_renders_in_chromium_without_errors(model_and_sae, tmp_path):
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (Debian's python3-selenium)")
+    import shutil
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
+    if not chromium or not driver_path:
+        pytest.skip("chromium and chromium-driver are not installed")
+    m, sae = model_and_sae
+    path = hl.feature_view(m, sae, IDS, features=[1, 2], examples=2, tokens=lambda i: f"<t{i}>").save(tmp_path / "f.html")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        opts.add_argument(a)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    d = webdriver.Chrome(service=Service(executable_path=driver_path), options=opts)
+    try:
+        d.get("file://" + str(path))
+        WebDriverWait(d, 30).until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "1")
+        assert [e for e in d.get_log("browser") if e["level"] in ("SEVERE", "WARNING")] == []
+        cards = d.find_elements(By.CSS_SELECTOR, ".card")
+        assert [c.get_attribute("id") for c in cards] == ["feature-1", "feature-2"]
+        assert len(d.find_elements(By.CSS_SELECTOR, "table.heads tr")) == 2 * 5  # a title row and 4 heads each
+        toks = d.find_elements(By.CSS_SELECTOR, ".ex .tok")
+        assert toks and all(t.text.startswith("<t") for t in toks)  # token text shown literally
+        assert d.find_elements(By.CSS_SELECTOR, "script:not([id])")[0] is not None
+    finally:
+        d.quit()
