@@ -38,6 +38,7 @@ struct TrainFlags {
   X(study) X(match) X(compare) X(convert) X(export) \
   X(sae) \
   X(qk)
+  X(features)
 using CommandRunner = std::function<int()>;
 #define HEADLAB_DECLARE_COMMAND(name) void add_##name##_command(CLI::App& app, CommandRunner& runner);
 HEADLAB_COMMANDS(HEADLAB_DECLARE_COMMAND)

@@ -171,6 +171,7 @@ void bind_views(py::module_& m);     // views.cpp: the pages of the inline views
 void bind_tokenizer(py::module_& m);  // tokenizer.cpp: GPT-2's BPE tokenizer
 void bind_features(py::module_& m);   // features.cpp: sparse autoencoders
 void bind_precision(py::module_& m);  // precision.cpp: hl.precision("bf16"), a with block
+void bind_feature_study(py::module_& m);  // feature_study.cpp: SAE features attributed, top examples, the feature view
 
 }  // namespace hl::bindings
 

@@ -51,4 +51,5 @@ PYBIND11_MODULE(_core, m) {
   bind_tokenizer(m);
   bind_features(m);
   bind_precision(m);
+  bind_feature_study(m);
 }

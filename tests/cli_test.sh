@@ -70,6 +70,12 @@ check "sae --resume needs a state" nonzero "holds no SAE state" -- "$HL" sae $sa
 check "sae trains a transcoder" 0 "topk transcoder on blocks.0.ln2.hook_normalized -> blocks.0.hook_mlp_out" -- "$HL" sae --checkpoint "$T/run/model.safetensors" --hook blocks.0.ln2.hook_normalized --hook-out blocks.0.hook_mlp_out $sae_small --out "$T/tc"
 check "transcoder's cfg.json" 0 '"hook_name_out": "blocks.0.hook_mlp_out"' -- cat "$T/tc/cfg.json"
 check "sae refuses a missing output hook" nonzero "the model has no hook point 'blocks.0.hook_mlp_outt'" -- "$HL" sae --checkpoint "$T/run/model.safetensors" --hook blocks.0.ln2.hook_normalized --hook-out blocks.0.hook_mlp_outt $sae_small --out "$T/tc2"
+# headlab features: that SAE's features on the same checkpoint (the page, the tables, a match with itself)
+check "features studies an SAE's features" 0 "wrote .*/feat/features.csv, features.html, presence.csv, match.csv" -- "$HL" features --sae "$T/sae" --checkpoint "$T/run/model.safetensors" --sequences 8 --batches 1 --top-features 3 --examples 2 --match "$T/sae" --threads 1 --out "$T/feat"
+check "features writes the feature page" 0 '"head_fraction":\[' -- cat "$T/feat/features.html"
+check "features matches an SAE with itself" 0 "^3,3,1" -- cat "$T/feat/match.csv"
+check "features refuses a feature the SAE does not have" nonzero "--features \\(features of the SAE\\): 99 is outside 0..31" -- "$HL" features --sae "$T/sae" --checkpoint "$T/run/model.safetensors" --features 99 --out "$T/feat2"
+[ ! -e "$T/feat2" ] && { pass=$((pass+1)); echo "ok   features wrote nothing when refused"; } || { fail=$((fail+1)); echo "FAIL features wrote after a refusal"; }
 check "resume to more steps" 0 "token accuracy" -- "$HL" train --steps 40 --resume --out "$T/run"
 check "grads from task" 0 "wrote .* gradients" -- "$HL" grads --checkpoint "$T/run/model.safetensors" --batch-size 2 --out "$T/g.st"
 check "attn with tokens" 0 "attn.safetensors" -- "$HL" attn --checkpoint "$T/run/model.safetensors" --tokens "6 1 2 3 4 7 1 2" --out "$T/attn"

@@ -89,6 +89,8 @@ json finite_or_null(double v) { return std::isfinite(v) ? json(v) : json(nullptr
 
 }  // namespace
 
+std::string fill_page(std::string_view page_template, const json& data) { return fill(page_template, data); }
+
 std::vector<std::string> fit_examples_to_page(std::vector<ViewExample>& examples, int layers, int heads) {
   std::vector<std::string> cuts;
   const double per_pair = 2.0 * layers * heads;  // bytes per (query, key) pair of the causal triangle

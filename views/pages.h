@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "models/transformer.h"
@@ -60,5 +61,9 @@ std::string grid_page(const std::string& title, int rows, int cols, const std::v
 // totals, the score, and how the sites were chosen. Fails naming the file and field when the JSON
 // is not of that form or its head is not in a model of cfg's shape.
 nlohmann::json qk_panel(const nlohmann::json& qk, const std::string& source, const ModelConfig& cfg);
+// A page template (views/*.html or a page of its own, e.g. views/feature_page.cpp) with the
+// helpers of every page spliced in at /*HEADLAB_PAGE_HELPERS*/ and `data` (NaN as null, safe
+// inside <script>) at /*HEADLAB_DATA*/.
+std::string fill_page(std::string_view page_template, const nlohmann::json& data);
 
 }  // namespace hl::views

@@ -22,6 +22,10 @@ from ._core import head_analyses  # noqa: F401
 from ._core import Tokenizer  # noqa: F401
 from ._core import qk_attribution  # noqa: F401
 from ._core import SAE, evaluate_sae, train_sae  # noqa: F401  (sparse autoencoders)
+from ._core import (  # noqa: F401  (what an SAE's features mean)
+    feature_ablation, feature_attribution, feature_final_scale, feature_head_outputs, feature_logit_effects,
+    feature_presence, match_sae_features, top_activating_examples,
+)
 from ._core import precision  # noqa: F401  (with hl.precision("bf16"): ...)
 from . import _core
 from . import lens as _lens  # noqa: F401  (hooks(), to_tokens, to_str_tokens, to_string on TransformerLM)
@@ -34,7 +38,7 @@ from .results import (  # noqa: F401
     ScoresOverTraining, TrainResult,
 )
 from .results import QkAttribution  # noqa: F401
-from .views import View, grid_view, token_view, view  # noqa: F401
+from .views import View, feature_view, grid_view, token_view, view  # noqa: F401
 
 __all__ = [
     "ActivationCache", "Batches", "HeadlabError", "ModelConfig", "NonFiniteError", "Task", "Tensor",
@@ -50,6 +54,8 @@ __all__ = [
     "View", "view", "token_view", "grid_view",
     "FactoredMatrix", "tensor_hook", "head_analyses",
     "SAE", "evaluate_sae", "train_sae",
+    "feature_ablation", "feature_attribution", "feature_final_scale", "feature_head_outputs", "feature_logit_effects",
+    "feature_presence", "match_sae_features", "top_activating_examples", "feature_view",
     "precision",
     "QkAttribution",
     "Result", "AblationResult", "CompositionBaseline", "CompositionScores", "EdgeResult", "EvalResult", "HeadAnalysis",

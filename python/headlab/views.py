@@ -138,3 +138,27 @@ def grid_view(scores, title="", value_name="score", row_labels=None, col_labels=
 
 token_view.__doc__ += _SCALE_DOC
 grid_view.__doc__ += _SCALE_DOC
+
+
+def feature_view(model, sae, data, features=None, task=None, tokens=None, top_features=8, examples=5, before=8, after=2,
+                 ablate=True, title=None, height=720):
+    """The feature view of an SAE's features on ``model`` over ``data`` (as ``headlab features``
+    writes it): per feature its top-activating examples with tokens coloured by its activation,
+    the source-position attribution of each example's largest activation, its decoder's split
+    over the heads, the tokens its direct logit effect promotes and suppresses, and its ablation
+    effect on the loss (``ablate``: one pass over data per feature).
+
+    data: ``Batches`` or token ids (N, T). features: the features to show (default: the
+    ``top_features`` most often firing). tokens: each token's text (a list over the vocabulary
+    or a function of the id); by default the task's names, else the ids.
+    """
+    vocab = model.config.d_vocab
+    if tokens is not None:
+        texts = [str(tokens(i)) for i in range(vocab)] if callable(tokens) else [str(t) for t in tokens]
+    elif task is not None:
+        texts = [task.token_text(i) for i in range(vocab)]
+    else:
+        texts = [str(i) for i in range(vocab)]
+    page = _core._feature_page(model, sae, data, [int(f) for f in (features or [])], int(top_features), int(examples),
+                               int(before), int(after), bool(ablate), texts, title or "headlab features")
+    return View(page, height)
