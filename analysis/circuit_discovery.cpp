@@ -812,7 +812,8 @@ std::string mib_receiver(const EdgeReceiver& r) {
 }
 }  // namespace
 
-std::string mib_graph_json(const ModelConfig& cfg, const std::vector<double>& scores, const std::vector<bool>& kept) {
+std::string mib_graph_json(const ModelConfig& cfg, const std::vector<double>& scores, const std::vector<bool>& kept,
+                           const std::vector<double>& mlp_scores) {
   check_edge_model(cfg);
   const auto edges = model_edges(cfg);
   if (scores.size() != edges.size()) fail("mib export: ", scores.size(), " scores for the model's ", edges.size(), " edges");
@@ -835,11 +836,17 @@ std::string mib_graph_json(const ModelConfig& cfg, const std::vector<double>& sc
     }
   }
   // MIB's MLP senders: m{l} -> every later reader, kept (their outputs always flow here)
+  size_t m = 0;
   if (cfg.has_mlp())
     for (const EdgeReceiver& r : edge_receivers(cfg))
       for (int l = 0; l < cfg.n_layers; ++l)
-        if (r.kind == EdgeReceiver::Logits || l < r.layer)  // an MLP feeds the later layers and the logits
-          out_edges["m" + std::to_string(l) + "->" + mib_receiver(r)] = {{"score", 0.0}, {"in_graph", true}};
+        if (r.kind == EdgeReceiver::Logits || l < r.layer) {  // an MLP feeds the later layers and the logits
+          const double score = m < mlp_scores.size() ? mlp_scores[m] : 0.0;
+          ++m;
+          out_edges["m" + std::to_string(l) + "->" + mib_receiver(r)] = {{"score", score}, {"in_graph", true}};
+        }
+  if (!mlp_scores.empty() && mlp_scores.size() != m)
+    fail("mib export: ", mlp_scores.size(), " MLP-sender scores for the model's ", m, " MLP-sender edges");
   const nlohmann::ordered_json j = {{"cfg", {{"n_layers", cfg.n_layers}, {"n_heads", cfg.n_heads}, {"parallel_attn_mlp", cfg.parallel_block},
                                              {"d_model", cfg.d_model}}},
                                     {"nodes", nodes},

@@ -178,9 +178,11 @@ EdgeComparison compare_edge_methods(TransformerLM& model, const PatchingInputs& 
 // EAP-IG's Graph): {"cfg": {n_layers, n_heads, parallel_attn_mlp, d_model}, "nodes": {name:
 // {in_graph}}, "edges": {name: {score, in_graph}}} with nodes input, a{l}.h{h}, m{l}, logits and
 // edges "a0.h1->a1.h0<k>", "input->m0", "a1.h0->logits". MIB's graph also has the MLPs as senders
-// (m{l} -> ...), which these edges never patch: those edges are written with score 0 and in the
-// graph (the circuit run keeps every MLP output). kept empty: every edge out of the graph.
-std::string mib_graph_json(const ModelConfig& cfg, const std::vector<double>& scores, const std::vector<bool>& kept);
+// (m{l} -> ...), which the circuit run never removes (it keeps every MLP output): those edges are in
+// the graph, with mlp_scores' values (mlp_sender_edges' order) or, without them, score 0.
+// kept empty: every edge out of the graph.
+std::string mib_graph_json(const ModelConfig& cfg, const std::vector<double>& scores, const std::vector<bool>& kept,
+                           const std::vector<double>& mlp_scores = {});
 
 // The default sizes of a faithfulness curve over n edges: 0, 1, 2, 5, 10, 20, 50, ... and n.
 std::vector<size_t> faithfulness_sizes(size_t n);

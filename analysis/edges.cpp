@@ -751,6 +751,41 @@ EdgeResult edge_patching(TransformerLM& model, const PatchingInputs& in, const s
   return res;
 }
 
+std::vector<MlpSenderEdge> mlp_sender_edges(TransformerLM& model, const PatchingInputs& in) {
+  check_edge_inputs(model.cfg, in);
+  const ModelConfig& c = model.cfg;
+  if (!c.has_mlp()) return {};
+  Runs runs = record_runs(model, in);
+  const size_t first = runs.deltas.size();  // the MLPs' deltas go after the heads'
+  {
+    EvalScope mode(model);
+    NoGradGuard ng;
+    auto mlp_out = [](const std::string& n) { return n.ends_with("hook_mlp_out"); };
+    const ActivationCache clean = model.run_with_cache(in.clean, mlp_out).second;
+    const ActivationCache corrupt = model.run_with_cache(in.corrupted, mlp_out).second;
+    for (int l = 0; l < c.n_layers; ++l) runs.deltas.push_back(sub(corrupt[hook_name(l, "hook_mlp_out")], clean[hook_name(l, "hook_mlp_out")]));
+  }
+  throw_if_stopped();
+  const std::vector<Tensor> grads = receiver_gradients(model, in);
+  EvalScope mode(model);
+  NoGradGuard ng;
+  FastEdges fast(model, in, runs);
+  std::vector<MlpSenderEdge> out;
+  const std::vector<EdgeReceiver> receivers = edge_receivers(c);
+  for (size_t ri = 0; ri < receivers.size(); ++ri) {
+    throw_if_stopped();
+    const EdgeReceiver& r = receivers[ri];
+    std::vector<size_t> from;
+    for (int l = 0; l < c.n_layers; ++l)
+      if (r.kind == EdgeReceiver::Logits || l < r.layer) from.push_back(first + static_cast<size_t>(l));
+    if (from.empty()) continue;
+    const std::vector<double> exact = fast.receiver(r, from);
+    for (size_t i = 0; i < from.size(); ++i)
+      out.push_back({static_cast<int>(from[i] - first), r, exact[i], dot(runs.deltas[from[i]], grads[ri])});
+  }
+  return out;
+}
+
 std::vector<double> query_key_output_dots(TransformerLM& model, const PatchingInputs& in, const std::vector<Tensor>& out_grads) {
   check_edge_inputs(model.cfg, in);
   const ModelConfig& c = model.cfg;

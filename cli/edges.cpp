@@ -191,6 +191,10 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
     extra = run_edge_method(*m.model, in, r, mopt);
   }
   const bool with_extra = !extra.scores.empty();
+  // MIB's MLP-sender edges: their exact effects and attributions (the other methods score head and
+  // embedding senders only: their MLP edges are written with score 0)
+  std::vector<double> mlp_exact, mlp_attribution;
+  for (const MlpSenderEdge& e : mlp_sender_edges(*m.model, in)) mlp_exact.push_back(e.exact), mlp_attribution.push_back(e.attribution);
   // once the work is done: a stopped or failed run leaves no directory; the files appear together
   const std::unique_ptr<StagedDir> dir = claim_staged_output_dir(out, "edges");
   const ModelConfig& c = m.model->cfg;
@@ -265,23 +269,25 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
   if (compare) write_comparison(comparison, *dir);
   // MIB's graph JSON: the method's scores, in the graph its circuit (acdc) or its top --top edges
   const size_t k = std::min<size_t>(static_cast<size_t>(f.top), r.edges.size());
-  auto write_mib = [&](const std::string& file, const std::vector<double>& scores, const std::vector<bool>& circuit) {
-    write_file_atomic(dir->file(file), mib_graph_json(c, scores, circuit.empty() ? top_edges(scores, k) : circuit) + "\n");
+  auto write_mib = [&](const std::string& file, const std::vector<double>& scores, const std::vector<bool>& circuit,
+                       const std::vector<double>& mlp_scores) {
+    write_file_atomic(dir->file(file), mib_graph_json(c, scores, circuit.empty() ? top_edges(scores, k) : circuit, mlp_scores) + "\n");
   };
   std::vector<std::string> mib_files;
   if (compare) {
     std::vector<double> ex;
     for (const Edge& e : r.edges) ex.push_back(e.exact);
-    write_mib("mib_exact.json", ex, {});
+    write_mib("mib_exact.json", ex, {}, mlp_exact);
     mib_files.push_back("mib_exact.json");
     for (const MethodComparison& mc : comparison.methods) {
-      write_mib("mib_" + mc.scores.method + ".json", mc.scores.scores, mc.scores.circuit);
+      write_mib("mib_" + mc.scores.method + ".json", mc.scores.scores, mc.scores.circuit,
+                mc.scores.method == "attribution" ? mlp_attribution : std::vector<double>{});
       mib_files.push_back("mib_" + mc.scores.method + ".json");
     }
   } else {
     std::vector<double> att;
     for (const Edge& e : r.edges) att.push_back(e.attribution);
-    write_mib("mib_graph.json", with_extra ? extra.scores : att, extra.circuit);
+    write_mib("mib_graph.json", with_extra ? extra.scores : att, extra.circuit, with_extra ? std::vector<double>{} : mlp_attribution);
     mib_files.push_back("mib_graph.json");
   }
   write_file_atomic(dir->file("edges.json"), j.dump(2) + "\n");

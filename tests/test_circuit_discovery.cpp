@@ -443,6 +443,42 @@ BOOST_AUTO_TEST_CASE(attribution_misses_the_planted_circuit_and_eap_ig_recovers_
   }
 }
 
+BOOST_AUTO_TEST_CASE(mlp_sender_edges_are_exact_patching_of_the_mlps_output) {
+  // each MLP -> receiver edge's exact effect = the hooked reference with delta = hook_mlp_out's
+  // change; MIB's graph carries them in its m{l} -> r edges
+  TransformerLM m(test_model({.layers = 3}), 3);
+  randomise(m, 12);
+  const PatchingInputs in = inputs();
+  const std::vector<MlpSenderEdge> mlp = mlp_sender_edges(m, in);
+  const EdgeResult r = edge_patching(m, in);
+  ActivationCache clean, corrupt;
+  {
+    NoGradGuard ng;
+    auto f = [](const std::string& n) { return n.ends_with("hook_mlp_out"); };
+    clean = m.run_with_cache(in.clean, f).second;
+    corrupt = m.run_with_cache(in.corrupted, f).second;
+  }
+  // receivers after mlp0: layer 1's 7 (2 heads' q/k/v, mlp1); after mlp0 and mlp1: layer 2's 7; all 3: the logits
+  BOOST_TEST(mlp.size() == 7u * 1 + 7u * 2 + 3u);
+  double largest = 0;
+  for (const MlpSenderEdge& e : mlp) {
+    const std::string point = hook_name(e.layer, "hook_mlp_out");
+    const double ref = patched_receiver_metric(m, in, e.receiver, sub(corrupt[point], clean[point])) - r.clean_metric;
+    BOOST_TEST_CONTEXT("mlp" << e.layer << " -> " << e.receiver.name()) { BOOST_TEST(std::abs(e.exact - ref) < 1e-4); }
+    largest = std::max(largest, std::abs(ref));
+  }
+  BOOST_TEST(largest > 0.01);
+  std::vector<double> exact, scores;
+  for (const Edge& e : r.edges) exact.push_back(e.exact);
+  for (const MlpSenderEdge& e : mlp) scores.push_back(e.exact);
+  const nlohmann::json j = nlohmann::json::parse(mib_graph_json(m.cfg, exact, {}, scores));
+  for (const MlpSenderEdge& e : mlp)
+    if (e.receiver.kind == EdgeReceiver::Logits) BOOST_TEST(j["edges"]["m" + std::to_string(e.layer) + "->logits"]["score"] == e.exact);
+  BOOST_TEST(mlp[6].receiver.name() == "mlp1");
+  BOOST_TEST(j["edges"]["m0->m1"]["score"] == mlp[6].exact);
+  BOOST_TEST(error_of([&] { mib_graph_json(m.cfg, exact, {}, {1.0}); }).starts_with("mib export: 1 MLP-sender scores"));
+}
+
 BOOST_AUTO_TEST_CASE(mib_export_has_mibs_edges_and_our_scores) {
   const ModelConfig c = test_model({.layers = 2, .heads = 2});  // with MLPs
   const auto edges = model_edges(c);
