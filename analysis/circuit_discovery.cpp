@@ -774,6 +774,7 @@ EdgeComparison compare_edge_methods(TransformerLM& model, const PatchingInputs& 
   if (top_k < 1 || top_k > n) fail("edges: top-k ", top_k, " is outside 1..", n, " (the model's edges)");
   for (size_t k : sizes)
     if (k > n) fail("circuit: size ", k, " is above the model's ", n, " edges");
+  if (std::find(methods.begin(), methods.end(), "edge-pruning") != methods.end()) check_edge_pruning_options(opt.pruning, n);
   EdgeComparison c;
   c.top_k = top_k;
   const auto t0 = std::chrono::steady_clock::now();
