@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
+#include "lib/rng.h"
 #include "lib/stop.h"
 
 namespace hl {
@@ -91,6 +92,79 @@ std::vector<double> eap_ig_scores(TransformerLM& model, const PatchingInputs& in
   }
   for (double& s : scores) s /= static_cast<double>(opt.steps);
   return scores;
+}
+
+// ---- AtP* ---------------------------------------------------------------------------------------
+
+std::vector<double> atp_star_scores(TransformerLM& model, const PatchingInputs& in, const AtpStarOptions& opt) {
+  check_edge_inputs(model.cfg, in);
+  const ModelConfig& c = model.cfg;
+  if (c.sandwich_norm)
+    fail("atp-star: the model has sandwich norms (sandwich_norm); AtP*'s QK fix takes a head's output as what the residual "
+         "stream adds, which a norm after attention does not allow");
+  const int L = c.n_layers;
+  const auto edges = model_edges(c);
+  const std::vector<EdgeReceiver> receivers = edge_receivers(c);
+  std::vector<size_t> receiver_of(edges.size()), sender_of(edges.size());
+  for (size_t e = 0; e < edges.size(); ++e) {
+    receiver_of[e] = static_cast<size_t>(std::find(receivers.begin(), receivers.end(), edges[e].second) - receivers.begin());
+    sender_of[e] = sender_index(c, edges[e].first);
+  }
+  auto query_or_key = [&](size_t e) {
+    return opt.qk_fix && (edges[e].second.kind == EdgeReceiver::Q || edges[e].second.kind == EdgeReceiver::K);
+  };
+  const std::vector<Tensor> deltas = edge_sender_deltas(model, in);
+  // The scores with the gradient through layer `dropped`'s residual contributions set to 0 (-1: none).
+  // The QK fix needs a head's output gradient only where the drop changes it: heads before `dropped`.
+  auto scores_with = [&](int dropped) {
+    const bool mlp = c.has_mlp();
+    const std::vector<Tensor> grads = receiver_gradients(model, in, [dropped, mlp](Hooks& hooks) {
+      if (dropped < 0) return;
+      // the value unchanged, its gradient 0 (defined, so every receiver still gets one)
+      auto drop = [](const Tensor& x, const std::string&) { return add(x.detach(), mul_scalar(x, 0.f)); };
+      hooks.add_forward(hook_name(dropped, "hook_attn_out"), drop);
+      if (mlp) hooks.add_forward(hook_name(dropped, "hook_mlp_out"), drop);
+    });
+    std::vector<double> out(edges.size(), 0.0);
+    if (opt.qk_fix) {
+      std::vector<Tensor> head_grads(static_cast<size_t>(L) * c.n_heads);  // (B, T, D) each: the sum of its readers'
+      for (int l = 0; l < L; ++l)
+        for (int h = 0; h < c.n_heads; ++h) {
+          if (dropped >= 0 && l >= dropped) continue;
+          Tensor g;
+          for (const EdgeReceiver& r : readers_of(c, {l, h})) {
+            const Tensor& gr = grads[static_cast<size_t>(std::find(receivers.begin(), receivers.end(), r) - receivers.begin())];
+            g = g.defined() ? add(g, gr) : gr;
+          }
+          head_grads[static_cast<size_t>(l) * c.n_heads + h] = g;
+        }
+      out = query_key_output_dots(model, in, head_grads);
+    }
+    for (size_t e = 0; e < edges.size(); ++e)
+      if (!query_or_key(e)) out[e] = dot(deltas[sender_of[e]], grads[receiver_of[e]]);
+    return out;
+  };
+  const std::vector<double> base = scores_with(-1);
+  if (!opt.grad_drop) return base;
+  // per edge, sum over the layers other than the receiver's own of |score with that layer dropped|
+  std::vector<double> sum_abs(edges.size(), 0.0);
+  std::vector<int> layers(edges.size(), 0);
+  for (int l = 0; l < L; ++l) {
+    throw_if_stopped();
+    const std::vector<double> d = scores_with(l);
+    for (size_t e = 0; e < edges.size(); ++e) {
+      const EdgeReceiver& r = edges[e].second;
+      if (r.kind != EdgeReceiver::Logits && r.layer == l) continue;  // its own layer: always 0
+      // a layer before the receiver changes no gradient it takes: the undropped score
+      const bool before = r.kind != EdgeReceiver::Logits && l < r.layer;
+      sum_abs[e] += std::abs(before ? base[e] : d[e]);
+      ++layers[e];
+    }
+  }
+  std::vector<double> out(edges.size());
+  for (size_t e = 0; e < edges.size(); ++e)
+    out[e] = layers[e] ? std::copysign(sum_abs[e] / layers[e], base[e]) : base[e];
+  return out;
 }
 
 // ---- the circuit run --------------------------------------------------------------------------
@@ -300,6 +374,254 @@ AcdcResult acdc(TransformerLM& model, const PatchingInputs& in, const AcdcOption
   return res;
 }
 
+// ---- the masked circuit run and edge pruning ---------------------------------------------------
+
+namespace {
+
+// The masked circuit run as a differentiable forward: the corrupted run's sender outputs and the
+// clean run's answer distributions cached once; each run takes the masks as a tensor.
+class MaskedRunner {
+ public:
+  MaskedRunner(TransformerLM& model, const PatchingInputs& in) : m_(model), c_(model.cfg), in_(in), edges_(model_edges(c_)) {
+    check_edge_inputs(c_, in);
+    if (c_.sandwich_norm)
+      fail("edge pruning: the model has sandwich norms (sandwich_norm); the masked circuit run patches heads' outputs where "
+           "the residual stream reads them, which a norm after attention does not allow");
+    senders_ = edge_senders(c_);
+    const std::vector<EdgeReceiver> receivers = edge_receivers(c_);
+    const size_t E = edges_.size();
+    // per receiver, its senders' edge indices (E: no edge, mask 1, weight 0)
+    for (const EdgeReceiver& r : receivers) index_[r.name()] = std::vector<int32_t>(senders_.size(), static_cast<int32_t>(E));
+    for (size_t e = 0; e < E; ++e)
+      index_[edges_[e].second.name()][sender_index(c_, edges_[e].first)] = static_cast<int32_t>(e);
+    EvalScope mode(model);
+    NoGradGuard ng;
+    auto filter = [](const std::string& n) { return n == "hook_embed" || n == "hook_pos_embed" || n.ends_with("attn.hook_result"); };
+    const auto [logits, clean] = model.run_with_cache(in.clean, filter);
+    const ActivationCache corrupt = model.run_with_cache(in.corrupted, filter).second;
+    auto embed = [](const ActivationCache& a) { return a.has("hook_pos_embed") ? add(a["hook_embed"], a["hook_pos_embed"]) : a["hook_embed"]; };
+    embed_delta_ = sub(embed(corrupt), embed(clean));
+    for (int l = 0; l < c_.n_layers; ++l) corrupt_results_.push_back(corrupt[hook_name(l, "attn.hook_result")]);
+    // the answers' rows of the flattened logits, and the clean run's probabilities there
+    const int64_t T = in.clean.shape[1], V = c_.vocab_size;
+    answer_rows_ = Ids(Shape{static_cast<int64_t>(in.answers.size())});
+    for (size_t a = 0; a < in.answers.size(); ++a) answer_rows_.data[a] = static_cast<int32_t>(in.answers[a].row * T + in.answers[a].pos);
+    const Tensor lp = log_softmax(gather_rows(reshape(logits, {-1, V}), answer_rows_));  // (A, V)
+    clean_probs_ = exp(lp);
+    clean_entropy_term_ = 0;  // sum p log p / A: KL = this - sum p log q / A
+    for (int64_t i = 0; i < lp.numel(); ++i) clean_entropy_term_ += static_cast<double>(clean_probs_.data()[i]) * lp.data()[i];
+    clean_entropy_term_ /= static_cast<double>(in.answers.size());
+  }
+
+  size_t edges() const { return edges_.size(); }
+
+  struct Out {
+    Tensor metric, kl;  // scalars with the graph to the masks
+  };
+  // z: (E) masks (a leaf that may require grad).
+  Out run(const Tensor& z) {
+    const int L = c_.n_layers, H = c_.n_heads;
+    const int64_t E = static_cast<int64_t>(edges_.size());
+    // the masks and a 1 for "no edge": weight 1 - z per (receiver, sender)
+    const Tensor z_full = concat({reshape(z, {E, 1}), Tensor::ones(Shape{1, 1})}, 0);  // (E + 1, 1)
+    struct State {
+      std::vector<Tensor> pre, mid, results;  // this run's, per layer
+      Tensor final_resid;
+    };
+    auto st = std::make_shared<State>();
+    st->pre.resize(L), st->mid.resize(L), st->results.resize(L);
+    const Shape bt_d = embed_delta_.shape();  // (B, T, D)
+    const int64_t btd = embed_delta_.numel();
+    // the corrections of a list of receivers: (R, B T D) = (1 - z) (R, senders) x diffs (senders, B T D),
+    // the senders the first n of edge_senders (what is written before the receivers read)
+    auto corrections = [this, st, z_full, btd, H](const std::vector<std::string>& receivers, size_t n_senders) {
+      std::vector<Tensor> diffs = {reshape(embed_delta_, {1, btd})};
+      for (size_t s = 1; s < n_senders; ++s) {
+        const int l = static_cast<int>((s - 1) / static_cast<size_t>(H)), h = static_cast<int>((s - 1) % static_cast<size_t>(H));
+        diffs.push_back(reshape(sub(head_of(corrupt_results_[l], h), head_of(st->results[l], h)), {1, btd}));
+      }
+      Ids idx(Shape{static_cast<int64_t>(receivers.size() * n_senders)});
+      for (size_t r = 0; r < receivers.size(); ++r)
+        for (size_t s = 0; s < n_senders; ++s) idx.data[r * n_senders + s] = index_.at(receivers[r])[s];
+      const Tensor w = add_scalar(neg(reshape(gather_rows(z_full, idx), {static_cast<int64_t>(receivers.size()), static_cast<int64_t>(n_senders)})), 1.f);
+      return matmul(w, concat(diffs, 0));  // (R, B T D)
+    };
+    auto row = [bt_d](const Tensor& x, int64_t i) { return reshape(slice(x, 0, i, i + 1), bt_d); };
+    Hooks hooks;
+    for (int l = 0; l < L; ++l) {
+      hooks.add_forward(hook_name(l, "hook_resid_pre"), [st, l](const Tensor& t, const std::string&) {
+        st->pre[l] = t;
+        return Tensor();
+      });
+      hooks.add_forward(hook_name(l, "attn.hook_result"), [st, l](const Tensor& t, const std::string&) {
+        st->results[l] = t;
+        return Tensor();
+      });
+      LayerNorm* ln1 = &m_.blocks[l]->ln1;
+      const size_t before = 1 + static_cast<size_t>(l) * H;  // senders written before layer l
+      for (EdgeReceiver::Kind kind : {EdgeReceiver::Q, EdgeReceiver::K, EdgeReceiver::V}) {
+        const char* point = kind == EdgeReceiver::Q ? "attn.hook_q_input" : kind == EdgeReceiver::K ? "attn.hook_k_input" : "attn.hook_v_input";
+        std::vector<std::string> names;
+        for (int h = 0; h < H; ++h) names.push_back(EdgeReceiver{kind, l, h}.name());
+        // every head's copy of ln1's output (B, T, H, D) rebuilt: ln1(input + its correction)
+        hooks.add_forward(hook_name(l, point), [st, l, ln1, names, before, corrections, row, H](const Tensor& copies, const std::string&) {
+          const Tensor corr = corrections(names, before);
+          std::vector<Tensor> heads;
+          const Shape one{copies.size(0), copies.size(1), 1, copies.size(3)};
+          for (int h = 0; h < H; ++h) heads.push_back(reshape(ln1->forward(add(st->pre[l], row(corr, h))), one));
+          return concat(heads, 2);
+        });
+      }
+      if (c_.has_mlp()) {
+        if (!c_.parallel_block)
+          hooks.add_forward(hook_name(l, "hook_resid_mid"), [st, l](const Tensor& t, const std::string&) {
+            st->mid[l] = t;
+            return Tensor();
+          });
+        LayerNorm* ln2 = m_.blocks[l]->ln2.get();
+        const bool parallel = c_.parallel_block;
+        const size_t n = parallel ? before : before + H;
+        const std::vector<std::string> names = {EdgeReceiver{EdgeReceiver::Mlp, l, -1}.name()};
+        hooks.add_forward(hook_name(l, "ln2.hook_normalized"), [st, l, ln2, names, n, parallel, corrections, row](const Tensor&, const std::string&) {
+          return ln2->forward(add(parallel ? st->pre[l] : st->mid[l], row(corrections(names, n), 0)));
+        });
+      }
+    }
+    hooks.add_forward(hook_name(L - 1, "hook_resid_post"), [st](const Tensor& t, const std::string&) {
+      st->final_resid = t;
+      return Tensor();
+    });
+    LayerNorm* lnf = m_.ln_f.get();
+    const size_t all = senders_.size();
+    hooks.add_forward("ln_final.hook_normalized", [st, lnf, all, corrections, row](const Tensor&, const std::string&) {
+      return lnf->forward(add(st->final_resid, row(corrections({"logits"}, all), 0)));
+    });
+    EvalScope mode(m_);
+    ForwardOptions opt;
+    opt.hooks = &hooks;
+    const Tensor logits = m_.forward(in_.clean, opt);
+    Out out;
+    out.metric = logit_difference(logits, in_.answers);
+    const Tensor lq = log_softmax(gather_rows(reshape(logits, {-1, c_.vocab_size}), answer_rows_));  // (A, V)
+    const float a = static_cast<float>(in_.answers.size());
+    out.kl = add_scalar(mul_scalar(sum(mul(clean_probs_, lq)), -1.f / a), static_cast<float>(clean_entropy_term_));
+    return out;
+  }
+
+ private:
+  TransformerLM& m_;
+  const ModelConfig& c_;
+  const PatchingInputs& in_;
+  std::vector<std::pair<EdgeSender, EdgeReceiver>> edges_;
+  std::vector<EdgeSender> senders_;
+  std::map<std::string, std::vector<int32_t>> index_;  // receiver name -> per sender, its edge (E: none)
+  Tensor embed_delta_;
+  std::vector<Tensor> corrupt_results_;
+  Ids answer_rows_;
+  Tensor clean_probs_;
+  double clean_entropy_term_ = 0;
+};
+
+Tensor mask_tensor(const std::vector<double>& mask) {
+  std::vector<float> v(mask.begin(), mask.end());
+  return Tensor::from(Shape{static_cast<int64_t>(v.size())}, v);
+}
+
+}  // namespace
+
+MaskedRun masked_circuit_run(TransformerLM& model, const PatchingInputs& in, const std::vector<double>& mask, bool gradients) {
+  MaskedRunner runner(model, in);
+  if (mask.size() != runner.edges()) fail("circuit: ", mask.size(), " mask values for the model's ", runner.edges(), " edges");
+  MaskedRun out;
+  if (!gradients) {
+    NoGradGuard ng;
+    const MaskedRunner::Out r = runner.run(mask_tensor(mask));
+    out.metric = r.metric.item(), out.kl = r.kl.item();
+    return out;
+  }
+  if (!grad_enabled()) fail("circuit: the masked run's gradients need a backward; run it outside no_grad");
+  for (int which = 0; which < 2; ++which) {  // the metric's gradient, then the KL's
+    Tensor z = mask_tensor(mask);
+    z.requires_grad_();
+    const MaskedRunner::Out r = runner.run(z);
+    out.metric = r.metric.item(), out.kl = r.kl.item();
+    (which == 0 ? r.metric : r.kl).backward();
+    model.zero_grad();
+    std::vector<double>& g = which == 0 ? out.metric_grad : out.kl_grad;
+    const Tensor gz = z.grad();
+    for (int64_t i = 0; i < gz.numel(); ++i) g.push_back(gz.data()[i]);
+  }
+  return out;
+}
+
+void check_edge_pruning_options(const EdgePruningOptions& opt, size_t edges) {
+  if (edges > 0 && (opt.target_edges < 1 || static_cast<size_t>(opt.target_edges) > edges))
+    fail("edge pruning: target edges ", opt.target_edges, " is outside 1..", edges, " (the model's edges)");
+  if (opt.steps < 1 || opt.steps > 100000) fail("edge pruning: steps ", opt.steps, " is outside 1..100000");
+  if (!(opt.lr > 0 && opt.lr <= 10)) fail("edge pruning: lr ", opt.lr, " is outside (0, 10]");
+}
+
+EdgePruningResult edge_pruning(TransformerLM& model, const PatchingInputs& in, const EdgePruningOptions& opt) {
+  MaskedRunner runner(model, in);
+  const size_t E = runner.edges();
+  check_edge_pruning_options(opt, E);
+  if (!grad_enabled()) fail("edge pruning: the masks are learned by backward passes; run it outside no_grad");
+  // hard concrete (Louizos et al. 2018)
+  const double beta = 2.0 / 3.0, gamma = -0.1, zeta = 1.1, l0_shift = beta * std::log(-gamma / zeta);
+  auto sigm = [](double x) { return 1.0 / (1.0 + std::exp(-x)); };
+  std::vector<double> log_alpha(E, 3.0), m1(E, 0.0), m2(E, 0.0);  // starts near the full model
+  double lambda1 = 0, lambda2 = 0;
+  const double target = static_cast<double>(opt.target_edges) / static_cast<double>(E);
+  Rng rng(opt.seed);
+  EdgePruningResult res;
+  for (int step = 1; step <= opt.steps; ++step) {
+    throw_if_stopped();
+    // one sample of every mask, and dz/dlog_alpha
+    std::vector<double> z(E), dz(E);
+    for (size_t e = 0; e < E; ++e) {
+      const double u = std::clamp(static_cast<double>(rng.uniform()), 1e-6, 1 - 1e-6);
+      const double s = sigm((std::log(u) - std::log(1 - u) + log_alpha[e]) / beta);
+      const double stretched = s * (zeta - gamma) + gamma;
+      z[e] = std::clamp(stretched, 0.0, 1.0);
+      dz[e] = stretched > 0 && stretched < 1 ? (zeta - gamma) * s * (1 - s) / beta : 0.0;
+    }
+    Tensor zt = mask_tensor(z);
+    zt.requires_grad_();
+    const MaskedRunner::Out r = runner.run(zt);
+    r.kl.backward();
+    model.zero_grad();
+    res.final_kl = r.kl.item();
+    const Tensor gz = zt.grad();
+    // the expected fraction kept and the Lagrangian's pull towards the target of this step
+    double kept = 0;
+    for (size_t e = 0; e < E; ++e) kept += sigm(log_alpha[e] - l0_shift);
+    kept /= static_cast<double>(E);
+    const double t = 1.0 - (1.0 - target) * std::min(1.0, 2.0 * step / static_cast<double>(opt.steps));
+    const double gap = kept - t, pull = lambda1 + 2 * lambda2 * gap;
+    for (size_t e = 0; e < E; ++e) {
+      const double p = sigm(log_alpha[e] - l0_shift);
+      const double g = static_cast<double>(gz.data()[e]) * dz[e] + pull * p * (1 - p) / static_cast<double>(E);
+      // Adam (0.9, 0.999, 1e-8)
+      m1[e] = 0.9 * m1[e] + 0.1 * g;
+      m2[e] = 0.999 * m2[e] + 0.001 * g * g;
+      const double mh = m1[e] / (1 - std::pow(0.9, step)), vh = m2[e] / (1 - std::pow(0.999, step));
+      log_alpha[e] -= opt.lr * mh / (std::sqrt(vh) + 1e-8);
+    }
+    // the lambdas ascend the Lagrangian
+    lambda1 += opt.lr * gap;
+    lambda2 += opt.lr * gap * gap;
+  }
+  for (size_t e = 0; e < E; ++e) res.keep_probability.push_back(sigm(log_alpha[e] - l0_shift));
+  // the circuit: the target_edges largest log_alpha
+  res.kept.assign(E, false);
+  std::vector<size_t> order(E);
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return log_alpha[a] > log_alpha[b]; });
+  for (int i = 0; i < opt.target_edges; ++i) res.kept[order[static_cast<size_t>(i)]] = true;
+  res.final_run = circuit_run(model, in, res.kept);
+  return res;
+}
+
 // ---- circuits of a size -----------------------------------------------------------------------
 
 std::vector<bool> top_edges(const std::vector<double>& scores, size_t k) {
@@ -329,12 +651,21 @@ std::vector<FaithfulnessPoint> faithfulness_curve(TransformerLM& model, const Pa
 
 // ---- the methods by name, scored against exact patching --------------------------------------------
 
-std::vector<std::string> edge_method_names() { return {"attribution", "eap-ig", "acdc"}; }
+std::vector<std::string> edge_method_names() { return {"attribution", "eap-ig", "atp-star", "acdc", "edge-pruning"}; }
+
+namespace {
+// "a, b or c"
+std::string choices(const std::vector<std::string>& names) {
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i) s += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return s;
+}
+}  // namespace
 
 void check_edge_method(const std::string& method) {
   const auto names = edge_method_names();
   if (std::find(names.begin(), names.end(), method) == names.end())
-    fail("edges: unknown method '", method, "' (expected attribution, eap-ig or acdc)");
+    fail("edges: unknown method '", method, "' (expected ", choices(names), ")");
 }
 
 AcdcOptions::Score parse_acdc_score(const std::string& name) {
@@ -348,6 +679,7 @@ void check_edge_method_options(const EdgeMethodOptions& opt) {
   if (opt.ig.steps < 1 || opt.ig.steps > 1000) fail("eap-ig: steps ", opt.ig.steps, " is outside 1..1000");
   if (!(opt.acdc.threshold >= 0) || !std::isfinite(opt.acdc.threshold))
     fail("acdc: threshold ", opt.acdc.threshold, " must be a number >= 0");
+  check_edge_pruning_options(opt.pruning, 0);
 }
 
 namespace {
@@ -366,6 +698,12 @@ MethodScores run_edge_method(TransformerLM& model, const PatchingInputs& in, con
     for (const Edge& e : exact.edges) out.scores.push_back(e.attribution);
   } else if (opt.method == "eap-ig") {
     out.scores = eap_ig_scores(model, in, opt.ig);
+  } else if (opt.method == "atp-star") {
+    out.scores = atp_star_scores(model, in, opt.atp);
+  } else if (opt.method == "edge-pruning") {
+    EdgePruningResult p = edge_pruning(model, in, opt.pruning);
+    out.scores = std::move(p.keep_probability);
+    out.circuit = std::move(p.kept);
   } else {
     AcdcResult a = acdc(model, in, opt.acdc);
     out.scores = std::move(a.scores);
@@ -436,6 +774,7 @@ EdgeComparison compare_edge_methods(TransformerLM& model, const PatchingInputs& 
   if (top_k < 1 || top_k > n) fail("edges: top-k ", top_k, " is outside 1..", n, " (the model's edges)");
   for (size_t k : sizes)
     if (k > n) fail("circuit: size ", k, " is above the model's ", n, " edges");
+  if (std::find(methods.begin(), methods.end(), "edge-pruning") != methods.end()) check_edge_pruning_options(opt.pruning, n);
   EdgeComparison c;
   c.top_k = top_k;
   const auto t0 = std::chrono::steady_clock::now();
@@ -474,7 +813,8 @@ std::string mib_receiver(const EdgeReceiver& r) {
 }
 }  // namespace
 
-std::string mib_graph_json(const ModelConfig& cfg, const std::vector<double>& scores, const std::vector<bool>& kept) {
+std::string mib_graph_json(const ModelConfig& cfg, const std::vector<double>& scores, const std::vector<bool>& kept,
+                           const std::vector<double>& mlp_scores) {
   check_edge_model(cfg);
   const auto edges = model_edges(cfg);
   if (scores.size() != edges.size()) fail("mib export: ", scores.size(), " scores for the model's ", edges.size(), " edges");
@@ -497,11 +837,17 @@ std::string mib_graph_json(const ModelConfig& cfg, const std::vector<double>& sc
     }
   }
   // MIB's MLP senders: m{l} -> every later reader, kept (their outputs always flow here)
+  size_t m = 0;
   if (cfg.has_mlp())
     for (const EdgeReceiver& r : edge_receivers(cfg))
       for (int l = 0; l < cfg.n_layers; ++l)
-        if (r.kind == EdgeReceiver::Logits || l < r.layer)  // an MLP feeds the later layers and the logits
-          out_edges["m" + std::to_string(l) + "->" + mib_receiver(r)] = {{"score", 0.0}, {"in_graph", true}};
+        if (r.kind == EdgeReceiver::Logits || l < r.layer) {  // an MLP feeds the later layers and the logits
+          const double score = m < mlp_scores.size() ? mlp_scores[m] : 0.0;
+          ++m;
+          out_edges["m" + std::to_string(l) + "->" + mib_receiver(r)] = {{"score", score}, {"in_graph", true}};
+        }
+  if (!mlp_scores.empty() && mlp_scores.size() != m)
+    fail("mib export: ", mlp_scores.size(), " MLP-sender scores for the model's ", m, " MLP-sender edges");
   const nlohmann::ordered_json j = {{"cfg", {{"n_layers", cfg.n_layers}, {"n_heads", cfg.n_heads}, {"parallel_attn_mlp", cfg.parallel_block},
                                              {"d_model", cfg.d_model}}},
                                     {"nodes", nodes},

@@ -40,6 +40,25 @@ EapIgOptions::Interpolate parse_interpolation(const std::string& name);
 // what edge_patching refuses.
 std::vector<double> eap_ig_scores(TransformerLM& model, const PatchingInputs& in, const EapIgOptions& opt);
 
+// AtP* (Kramar et al. 2024), edge by edge:
+//   QK fix: an edge into a head's query or key input is scored by the head's output recomputed
+//   exactly with that input + delta_s (its attention softmax at every query position, through ln1
+//   and the projection), minus its clean output, dotted with the gradient at the head's output
+//   (the sum of its readers' input gradients): only what follows the head is linearised. Other
+//   edges keep the attribution delta_s . dm/d(r's input).
+//   GradDrop: the same score with the gradient through layer l's residual contributions
+//   (hook_attn_out, hook_mlp_out) set to 0, for each layer l; the score is the mean over the
+//   layers other than the receiver's own of |the score with layer l dropped| (the paper's
+//   1/(L - 1) sum over l, in which the receiver's own layer gives 0; the logits: all L layers),
+//   with the sign of the undropped score. Without cancellation between paths it is the score
+//   itself; where two paths cancel, dropping one shows the other.
+struct AtpStarOptions {
+  bool qk_fix = true, grad_drop = true;
+};
+// AtP*'s score of every edge, model_edges order. Refuses sandwich norms (a head's output is not what
+// the residual stream adds) and what edge_patching refuses.
+std::vector<double> atp_star_scores(TransformerLM& model, const PatchingInputs& in, const AtpStarOptions& opt = {});
+
 // The circuit run's metric (and its mean KL(clean || circuit) over the answers' positions) with
 // kept[i] saying whether edge i (model_edges order) is kept.
 struct CircuitRun {
@@ -59,6 +78,41 @@ struct AcdcResult {
 };
 AcdcResult acdc(TransformerLM& model, const PatchingInputs& in, const AcdcOptions& opt);
 
+// The masked circuit run (edge pruning's relaxation of the circuit run): the clean run in which
+// every receiver r reads its input + sum over its edges s -> r of (1 - mask_e) (out_s(corrupted) -
+// out_s(this run)). mask_e 1 keeps edge e, 0 removes it as the circuit run does, values between
+// mix the two; a 0/1 mask is the circuit run of its 1s. With `gradients`, d metric / d mask and
+// d KL / d mask from one backward.
+struct MaskedRun {
+  double metric = 0, kl = 0;
+  std::vector<double> metric_grad, kl_grad;  // model_edges order; empty without gradients
+};
+MaskedRun masked_circuit_run(TransformerLM& model, const PatchingInputs& in, const std::vector<double>& mask, bool gradients);
+
+// Edge pruning (Bhaskar et al. 2024): a hard-concrete mask z_e in [0, 1] on every edge (Louizos et
+// al. 2018: log_alpha_e learned; beta 2/3, stretched to (-0.1, 1.1) and clipped, one sample per
+// step), the masked circuit run's KL(clean || circuit) at the answers minimised with Adam, with the
+// paper's Lagrangian sparsity term lambda1 (s - t) + lambda2 (s - t)^2 on the expected fraction of
+// edges kept s (the lambdas raised by gradient ascent) and a target t going linearly from every
+// edge to target_edges over the first half of the steps. The circuit: the target_edges edges of
+// largest log_alpha; their circuit run is measured.
+struct EdgePruningOptions {
+  int target_edges = 0;  // 1..the model's edges
+  int steps = 200;       // 1..100000
+  double lr = 0.1;       // Adam's step on log_alpha, (0, 10]
+  uint64_t seed = 0;     // the hard-concrete samples
+};
+struct EdgePruningResult {
+  std::vector<double> keep_probability;  // per edge, P(z_e > 0) at the end: its score
+  std::vector<bool> kept;                // model_edges order: the circuit
+  CircuitRun final_run;                  // the circuit run of `kept`
+  double final_kl = 0;                   // the last step's sampled KL
+};
+EdgePruningResult edge_pruning(TransformerLM& model, const PatchingInputs& in, const EdgePruningOptions& opt);
+// One line for an option out of range; the target against `edges` (0: the model not known yet, the
+// target not checked).
+void check_edge_pruning_options(const EdgePruningOptions& opt, size_t edges);
+
 // The top `k` edges by |score| (ties: earlier edge first), as a kept mask; k in 0..edges.
 std::vector<bool> top_edges(const std::vector<double>& scores, size_t k);
 
@@ -72,24 +126,28 @@ std::vector<FaithfulnessPoint> faithfulness_curve(TransformerLM& model, const Pa
 
 // ---- the methods by name, scored against exact patching ------------------------------------------
 
-// The methods of `headlab edges --method` and hl.edge_patching(method=): attribution, eap-ig, acdc.
+// The methods of `headlab edges --method` and hl.edge_patching(method=): attribution, eap-ig,
+// atp-star, acdc, edge-pruning.
 std::vector<std::string> edge_method_names();
 struct EdgeMethodOptions {
   std::string method = "attribution";
   EapIgOptions ig;
+  AtpStarOptions atp;
   AcdcOptions acdc;
+  EdgePruningOptions pruning;
 };
 // Fails naming the choices for an unknown method.
 void check_edge_method(const std::string& method);
 // "metric" / "kl", failing naming the choices.
 AcdcOptions::Score parse_acdc_score(const std::string& name);
-// One line for an unknown method or an option out of range (steps 1..1000, threshold >= 0), before any work.
+// One line for an unknown method or an option out of range (steps 1..1000, threshold >= 0; edge
+// pruning's steps and lr), before any work. Edge pruning's target is checked when the model is known.
 void check_edge_method_options(const EdgeMethodOptions& opt);
 
 struct MethodScores {
   std::string method;
   std::vector<double> scores;  // model_edges order; acdc: the change when its removal was tried
-  std::vector<bool> circuit;   // acdc: the edges it kept; other methods: empty
+  std::vector<bool> circuit;   // acdc, edge-pruning: the edges it kept; other methods: empty
   double seconds = 0;          // wall-clock time of the method alone (the attribution: its own backward)
 };
 // One method's scores. The attribution is taken from `exact` (edge_patching's result).
@@ -120,9 +178,11 @@ EdgeComparison compare_edge_methods(TransformerLM& model, const PatchingInputs& 
 // EAP-IG's Graph): {"cfg": {n_layers, n_heads, parallel_attn_mlp, d_model}, "nodes": {name:
 // {in_graph}}, "edges": {name: {score, in_graph}}} with nodes input, a{l}.h{h}, m{l}, logits and
 // edges "a0.h1->a1.h0<k>", "input->m0", "a1.h0->logits". MIB's graph also has the MLPs as senders
-// (m{l} -> ...), which these edges never patch: those edges are written with score 0 and in the
-// graph (the circuit run keeps every MLP output). kept empty: every edge out of the graph.
-std::string mib_graph_json(const ModelConfig& cfg, const std::vector<double>& scores, const std::vector<bool>& kept);
+// (m{l} -> ...), which the circuit run never removes (it keeps every MLP output): those edges are in
+// the graph, with mlp_scores' values (mlp_sender_edges' order) or, without them, score 0.
+// kept empty: every edge out of the graph.
+std::string mib_graph_json(const ModelConfig& cfg, const std::vector<double>& scores, const std::vector<bool>& kept,
+                           const std::vector<double>& mlp_scores = {});
 
 // The default sizes of a faithfulness curve over n edges: 0, 1, 2, 5, 10, 20, 50, ... and n.
 std::vector<size_t> faithfulness_sizes(size_t n);

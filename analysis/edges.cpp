@@ -525,6 +525,36 @@ class FastEdges {
     max_stack_ = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, pk_.n));
   }
 
+  // AtP*'s QK fix (query_key_output_dots): for each sender s of r (a head's .q or .k), head h's
+  // result with r reading its input + delta_s, minus its clean result, dotted with `grad` (the
+  // gradient at the head's output, packed (n, D)).
+  std::vector<double> head_change_dots(const EdgeReceiver& r, const std::vector<size_t>& senders, const Tensor& grad) {
+    const int l = r.layer, which = r.kind == EdgeReceiver::Q ? 0 : 1;
+    const CleanHead& ch = clean_head(l, r.head);
+    const int64_t block = pk_.n * c_.d_model;
+    std::vector<double> out;
+    for (size_t at = 0; at < senders.size(); at += static_cast<size_t>(max_stack_)) {
+      const size_t end = std::min(senders.size(), at + static_cast<size_t>(max_stack_));
+      const int64_t S = static_cast<int64_t>(end - at);
+      throw_if_stopped();
+      std::vector<Tensor> ds;
+      for (size_t i = at; i < end; ++i) ds.push_back(deltas_[senders[i]]);
+      const Tensor delta = S == 1 ? ds[0] : concat(ds, 0);  // (S n, D)
+      Tensor qkv[3];
+      for (int w = 0; w < 3; ++w)
+        qkv[w] = w == which ? project(l, r.head, w, m_.blocks[l]->ln1.forward(add_stacked(pre_[l], delta))) : tile(ch.qkv[w], S);
+      const Tensor change = add_stacked(neg(ch.result), head_result(l, r.head, qkv[0], qkv[1], qkv[2], S));  // (S n, D)
+      for (int64_t j = 0; j < S; ++j) {
+        double s = 0;
+        const float *x = change.data() + j * block, *g = grad.data();
+        for (int64_t i = 0; i < block; ++i) s += static_cast<double>(x[i]) * g[i];
+        out.push_back(s);
+      }
+    }
+    return out;
+  }
+  Tensor pack(const Tensor& x) const { return pk_.pack(x); }
+
   // exact(s -> r) for the given senders of r
   std::vector<double> receiver(const EdgeReceiver& r, const std::vector<size_t>& senders) {
     std::vector<double> out;
@@ -720,6 +750,69 @@ EdgeResult edge_patching(TransformerLM& model, const PatchingInputs& in, const s
     if (progress) progress(ri + 1, receivers.size());
   }
   return res;
+}
+
+std::vector<MlpSenderEdge> mlp_sender_edges(TransformerLM& model, const PatchingInputs& in) {
+  check_edge_inputs(model.cfg, in);
+  const ModelConfig& c = model.cfg;
+  if (!c.has_mlp()) return {};
+  Runs runs = record_runs(model, in);
+  const size_t first = runs.deltas.size();  // the MLPs' deltas go after the heads'
+  {
+    EvalScope mode(model);
+    NoGradGuard ng;
+    auto mlp_out = [](const std::string& n) { return n.ends_with("hook_mlp_out"); };
+    const ActivationCache clean = model.run_with_cache(in.clean, mlp_out).second;
+    const ActivationCache corrupt = model.run_with_cache(in.corrupted, mlp_out).second;
+    for (int l = 0; l < c.n_layers; ++l) runs.deltas.push_back(sub(corrupt[hook_name(l, "hook_mlp_out")], clean[hook_name(l, "hook_mlp_out")]));
+  }
+  throw_if_stopped();
+  const std::vector<Tensor> grads = receiver_gradients(model, in);
+  EvalScope mode(model);
+  NoGradGuard ng;
+  FastEdges fast(model, in, runs);
+  std::vector<MlpSenderEdge> out;
+  const std::vector<EdgeReceiver> receivers = edge_receivers(c);
+  for (size_t ri = 0; ri < receivers.size(); ++ri) {
+    throw_if_stopped();
+    const EdgeReceiver& r = receivers[ri];
+    std::vector<size_t> from;
+    for (int l = 0; l < c.n_layers; ++l)
+      if (r.kind == EdgeReceiver::Logits || l < r.layer) from.push_back(first + static_cast<size_t>(l));
+    if (from.empty()) continue;
+    const std::vector<double> exact = fast.receiver(r, from);
+    for (size_t i = 0; i < from.size(); ++i)
+      out.push_back({static_cast<int>(from[i] - first), r, exact[i], dot(runs.deltas[from[i]], grads[ri])});
+  }
+  return out;
+}
+
+std::vector<double> query_key_output_dots(TransformerLM& model, const PatchingInputs& in, const std::vector<Tensor>& out_grads) {
+  check_edge_inputs(model.cfg, in);
+  const ModelConfig& c = model.cfg;
+  if (out_grads.size() != static_cast<size_t>(c.n_layers) * c.n_heads)
+    fail("edges: ", out_grads.size(), " head output gradients for the model's ", c.n_layers * c.n_heads, " heads");
+  const Runs runs = record_runs(model, in);
+  EvalScope mode(model);
+  NoGradGuard ng;
+  FastEdges fast(model, in, runs);
+  const auto edges = model_edges(c);
+  const std::vector<EdgeSender> senders = edge_senders(c);
+  std::vector<double> out(edges.size(), 0.0);
+  size_t e = 0;
+  for (const EdgeReceiver& r : edge_receivers(c)) {
+    std::vector<size_t> from;
+    for (size_t si = 0; si < senders.size(); ++si)
+      if (is_edge(c, senders[si], r)) from.push_back(si);
+    const Tensor& g = r.kind == EdgeReceiver::Q || r.kind == EdgeReceiver::K ? out_grads[static_cast<size_t>(r.layer) * c.n_heads + r.head]
+                                                                             : Tensor();
+    if (g.defined()) {
+      const std::vector<double> d = fast.head_change_dots(r, from, fast.pack(g));
+      std::copy(d.begin(), d.end(), out.begin() + static_cast<std::ptrdiff_t>(e));
+    }
+    e += from.size();
+  }
+  return out;
 }
 
 PathPatchingResult path_patching(TransformerLM& model, const PatchingInputs& in, const EdgeSender& sender,

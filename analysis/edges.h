@@ -99,6 +99,25 @@ std::vector<Tensor> receiver_gradients(TransformerLM& model, const PatchingInput
 // delta_s = out_s(corrupted) - out_s(clean) of every sender, (B, T, d_model), edge_senders order.
 std::vector<Tensor> edge_sender_deltas(TransformerLM& model, const PatchingInputs& in);
 
+// The MLPs as senders (MIB's `m{l} -> r` edges; not among model_edges, whose circuit runs keep every
+// MLP output): for every MLP l and every receiver r reading after it (a later layer's q/k/v or MLP,
+// the logits), exact and attribution as edge_patching computes them, with delta =
+// hook_mlp_out(corrupted) - hook_mlp_out(clean). Receivers in edge_receivers order, for each the
+// MLPs in layer order; empty for an attention-only model.
+struct MlpSenderEdge {
+  int layer = 0;  // the sending MLP
+  EdgeReceiver receiver;
+  double exact = 0, attribution = 0;
+};
+std::vector<MlpSenderEdge> mlp_sender_edges(TransformerLM& model, const PatchingInputs& in);
+
+// AtP*'s QK fix (circuit_discovery.h): for every edge s -> r into a head's query or key input
+// (r = L{l}H{h}.q or .k), head h's output (its hook_result, (B, T, D)) recomputed exactly with r
+// reading its input + delta_s (its attention softmax at every query position), minus its clean
+// output, dotted with out_grads[l * n_heads + h] (B, T, D; the gradient at that head's output).
+// model_edges order; 0 for other edges and for heads whose gradient is undefined (not computed).
+std::vector<double> query_key_output_dots(TransformerLM& model, const PatchingInputs& in, const std::vector<Tensor>& out_grads);
+
 // For tests: the metric of the clean run in which `receiver` reads its input + delta (B, T,
 // d_model), computed through the hooks of a full forward from the receiver's block (the reference
 // the fast path of edge_patching is checked against) ...

@@ -36,6 +36,10 @@ struct EdgeFlags {
   std::string method = "attribution", ig_interpolate = "inputs", acdc_score = "metric";
   int ig_steps = 5;
   double acdc_threshold = 0.1;
+  int target_edges = 0;  // edge-pruning's circuit size; not given: --top
+  bool target_given = false;
+  int prune_steps = 200;
+  double prune_lr = 0.1;
 };
 
 EdgeMethodOptions method_options(const EdgeFlags& f) {
@@ -45,6 +49,9 @@ EdgeMethodOptions method_options(const EdgeFlags& f) {
   o.ig.interpolate = parse_interpolation(f.ig_interpolate);
   o.acdc.threshold = f.acdc_threshold;
   o.acdc.score = parse_acdc_score(f.acdc_score);
+  o.pruning.target_edges = f.target_edges;
+  o.pruning.steps = f.prune_steps;
+  o.pruning.lr = f.prune_lr;
   return o;
 }
 
@@ -150,6 +157,12 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
   const std::string out = o.out.empty() ? default_out_dir("edges") : o.out;
   RoleModel m = load_role_model(o);
   check_edge_model(m.model->cfg);  // before the data is made
+  const size_t n_edges = model_edges(m.model->cfg).size();
+  EdgeFlags fl = f;
+  if (f.method == "edge-pruning" || f.method == "all") {
+    if (!f.target_given) fl.target_edges = static_cast<int>(std::min<size_t>(static_cast<size_t>(f.top), n_edges));
+    check_edge_pruning_options(method_options(fl).pruning, n_edges);
+  }
   if (!f.path_from.empty()) (void)parse_sender(m.model->cfg, f.path_from);
   if (!f.to.empty())
     for (const std::string& r : split_commas(f.to)) (void)parse_receiver(m.model->cfg, r);
@@ -166,7 +179,7 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
   }
   // a method other than the attribution (which edge_patching gives): its scores beside
   const bool compare = f.method == "all";
-  const EdgeMethodOptions mopt = method_options(f);
+  const EdgeMethodOptions mopt = method_options(fl);
   EdgeComparison comparison;
   MethodScores extra;
   if (compare) {
@@ -178,6 +191,10 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
     extra = run_edge_method(*m.model, in, r, mopt);
   }
   const bool with_extra = !extra.scores.empty();
+  // MIB's MLP-sender edges: their exact effects and attributions (the other methods score head and
+  // embedding senders only: their MLP edges are written with score 0)
+  std::vector<double> mlp_exact, mlp_attribution;
+  for (const MlpSenderEdge& e : mlp_sender_edges(*m.model, in)) mlp_exact.push_back(e.exact), mlp_attribution.push_back(e.attribution);
   // once the work is done: a stopped or failed run leaves no directory; the files appear together
   const std::unique_ptr<StagedDir> dir = claim_staged_output_dir(out, "edges");
   const ModelConfig& c = m.model->cfg;
@@ -252,23 +269,25 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
   if (compare) write_comparison(comparison, *dir);
   // MIB's graph JSON: the method's scores, in the graph its circuit (acdc) or its top --top edges
   const size_t k = std::min<size_t>(static_cast<size_t>(f.top), r.edges.size());
-  auto write_mib = [&](const std::string& file, const std::vector<double>& scores, const std::vector<bool>& circuit) {
-    write_file_atomic(dir->file(file), mib_graph_json(c, scores, circuit.empty() ? top_edges(scores, k) : circuit) + "\n");
+  auto write_mib = [&](const std::string& file, const std::vector<double>& scores, const std::vector<bool>& circuit,
+                       const std::vector<double>& mlp_scores) {
+    write_file_atomic(dir->file(file), mib_graph_json(c, scores, circuit.empty() ? top_edges(scores, k) : circuit, mlp_scores) + "\n");
   };
   std::vector<std::string> mib_files;
   if (compare) {
     std::vector<double> ex;
     for (const Edge& e : r.edges) ex.push_back(e.exact);
-    write_mib("mib_exact.json", ex, {});
+    write_mib("mib_exact.json", ex, {}, mlp_exact);
     mib_files.push_back("mib_exact.json");
     for (const MethodComparison& mc : comparison.methods) {
-      write_mib("mib_" + mc.scores.method + ".json", mc.scores.scores, mc.scores.circuit);
+      write_mib("mib_" + mc.scores.method + ".json", mc.scores.scores, mc.scores.circuit,
+                mc.scores.method == "attribution" ? mlp_attribution : std::vector<double>{});
       mib_files.push_back("mib_" + mc.scores.method + ".json");
     }
   } else {
     std::vector<double> att;
     for (const Edge& e : r.edges) att.push_back(e.attribution);
-    write_mib("mib_graph.json", with_extra ? extra.scores : att, extra.circuit);
+    write_mib("mib_graph.json", with_extra ? extra.scores : att, extra.circuit, with_extra ? std::vector<double>{} : mlp_attribution);
     mib_files.push_back("mib_graph.json");
   }
   write_file_atomic(dir->file("edges.json"), j.dump(2) + "\n");
@@ -305,24 +324,27 @@ void add_edges_command(CLI::App& app, CommandRunner& runner) {
                   "--path-from: receivers, comma-separated (L{layer}H{head}.q/.k/.v, mlp{layer}, logits; default: every reader "
                   "of the sender)");
   sub->add_option("--method", flags->method,
-                  "Circuit-discovery method scored beside the exact effects: attribution, eap-ig, acdc, or all (every method "
-                  "compared: rank correlation, top-k overlap with k = --top, faithfulness curves, time)")
+                  "Circuit-discovery method scored beside the exact effects: attribution, eap-ig, atp-star, acdc, edge-pruning, "
+                  "or all (every method compared: rank correlation, top-k overlap with k = --top, faithfulness curves, time)")
       ->capture_default_str();
-  sub->add_option("--ig-steps", flags->ig_steps, "eap-ig: interpolation steps from the corrupted to the clean run")
-      ->capture_default_str()
-      ->check(in_range(1, 1000));
+  // the options' ranges and choices are checked by the library (check_edge_method_options), in its words
+  sub->add_option("--ig-steps", flags->ig_steps, "eap-ig: interpolation steps from the corrupted to the clean run (1..1000)")
+      ->capture_default_str();
   sub->add_option("--ig-interpolate", flags->ig_interpolate, "eap-ig: what is interpolated: inputs (the token embedding) or "
                   "activations (each layer's outputs in turn)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"inputs", "activations"}));
-  sub->add_option("--acdc-threshold", flags->acdc_threshold, "acdc: an edge is removed when the circuit's score changes by less")
-      ->capture_default_str()
-      ->check(in_range(0, 1e9));
+      ->capture_default_str();
+  sub->add_option("--acdc-threshold", flags->acdc_threshold, "acdc: an edge is removed when the circuit's score changes by less (>= 0)")
+      ->capture_default_str();
   sub->add_option("--acdc-score", flags->acdc_score, "acdc: metric (|change of the logit difference|) or kl (increase of "
                   "KL(clean || circuit) at the answers)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"metric", "kl"}));
-  sub->callback([&runner, o = o, flags] {
+      ->capture_default_str();
+  CLI::Option* target = sub->add_option("--target-edges", flags->target_edges,
+                                        "edge-pruning: the circuit's edge count the masks are pushed towards and the circuit kept "
+                                        "(default: --top)");
+  sub->add_option("--prune-steps", flags->prune_steps, "edge-pruning: Adam steps on the masks (1..100000)")->capture_default_str();
+  sub->add_option("--prune-lr", flags->prune_lr, "edge-pruning: Adam's learning rate on the masks' log alpha (0, 10]")->capture_default_str();
+  sub->callback([&runner, o = o, flags, target] {
+    flags->target_given = target->count() > 0;
     runner = [o, flags] {
       const PrecisionScope precision(precision_from_flag(o->precision));  // add_role_command's --precision
       return run_edges(*o, *flags);

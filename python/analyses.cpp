@@ -435,14 +435,22 @@ void bind_analyses(py::module_& m) {
      "right, one mask for both runs; each row is measured as if it ran alone (answers must be at tokens)");
   m.def("edge_patching", [](TransformerLM& model, const py::object& clean, const py::object& corrupted, const py::object& answers,
                             const std::string& method, int ig_steps, const std::string& ig_interpolate, double acdc_threshold,
-                            const std::string& acdc_score, const py::object& attention_mask) {
+                            const std::string& acdc_score, const py::object& target_edges, int prune_steps, double prune_lr,
+                            const py::object& attention_mask) {
     EdgeMethodOptions mopt;  // the method's options, checked before the work
     mopt.method = method;
     mopt.ig.steps = ig_steps;
     mopt.ig.interpolate = parse_interpolation(ig_interpolate);
     mopt.acdc.score = parse_acdc_score(acdc_score);
     mopt.acdc.threshold = acdc_threshold;
+    mopt.pruning.steps = prune_steps;
+    mopt.pruning.lr = prune_lr;
     check_edge_method_options(mopt);
+    if (method == "edge-pruning") {  // the target against the model's edges (default: 20 or every edge)
+      const size_t n = model_edges(model.cfg).size();
+      mopt.pruning.target_edges = target_edges.is_none() ? static_cast<int>(std::min<size_t>(20, n)) : cast_arg<int>(target_edges, "target_edges", "an int");
+      check_edge_pruning_options(mopt.pruning, n);
+    }
     const PatchingInputs in = edge_inputs(model, clean, corrupted, attention_mask, answers, "edge_patching");
     check_fits_in_memory(edge_patching_memory_bytes(model.cfg, in.clean.shape[0], in.clean.shape[1]),
                          "edge_patching: " + std::to_string(in.clean.shape[0]) + " rows");
@@ -478,12 +486,13 @@ void bind_analyses(py::module_& m) {
     return typed_result("EdgeResult", d);
   }, py::arg("model"), py::arg("clean"), py::arg("corrupted"), py::kw_only(), py::arg("answers"), py::arg("method") = "attribution",
      py::arg("ig_steps") = 5, py::arg("ig_interpolate") = "inputs", py::arg("acdc_threshold") = 0.1, py::arg("acdc_score") = "metric",
-     py::arg("attention_mask") = py::none(),
+     py::arg("target_edges") = py::none(), py::arg("prune_steps") = 200, py::arg("prune_lr") = 0.1, py::arg("attention_mask") = py::none(),
      "An EdgeResult: exact edge patching and edge attribution of every edge (as headlab edges), senders and receivers (names, in edge "
      "order), exact, attribution and linearisation_error (attribution - exact) arrays, clean_metric and corrupted_metric "
      "(mean logit difference of the answers (row, pos, clean token, corrupted token)). method='eap-ig' (ig_steps, "
-     "ig_interpolate 'inputs' or 'activations') or 'acdc' (acdc_threshold, acdc_score 'metric' or 'kl') adds that method's "
-     "scores under its name (acdc: also 'circuit', the kept edges), as headlab edges --method. attention_mask (B, T), 1 = token, "
+     "ig_interpolate 'inputs' or 'activations'), 'atp-star' (AtP*: the QK fix and GradDrop), 'acdc' (acdc_threshold, acdc_score "
+     "'metric' or 'kl') or 'edge-pruning' (target_edges, default 20 or every edge; prune_steps, prune_lr) adds that method's "
+     "scores under its name (acdc, edge-pruning: also 'circuit', the kept edges), as headlab edges --method. attention_mask (B, T), 1 = token, "
      "0 = padding: rows of different lengths padded on the right, one mask for both runs, each row measured as if alone");
   m.def("path_patching", [](TransformerLM& model, const py::object& clean, const py::object& corrupted, const std::string& sender,
                             const py::object& receivers, const py::object& answers, const py::object& attention_mask) {

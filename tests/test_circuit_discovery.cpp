@@ -5,6 +5,8 @@
 #define BOOST_TEST_MODULE circuit_discovery
 #include <boost/test/unit_test.hpp>
 #include <cmath>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "analysis/circuit_discovery.h"
@@ -140,9 +142,17 @@ BOOST_AUTO_TEST_CASE(bad_options_get_one_line) {
   PatchingInputs none = in;
   none.answers.clear();
   BOOST_TEST(error_of([&] { eap_ig_scores(m, none, {}); }).starts_with("edges: no answers"));
+  BOOST_TEST(error_of([&] { atp_star_scores(m, none); }).starts_with("edges: no answers"));
+  BOOST_TEST(error_of([&] { edge_pruning(m, none, {.target_edges = 1}); }).starts_with("edges: no answers"));
+  BOOST_TEST(error_of([&] { edge_pruning(m, in, {.target_edges = static_cast<int>(n) + 1}); }) ==
+             "edge pruning: target edges " + std::to_string(n + 1) + " is outside 1.." + std::to_string(n) + " (the model's edges)");
+  BOOST_TEST(error_of([&] { edge_pruning(m, in, {.target_edges = 0}); }) ==
+             "edge pruning: target edges 0 is outside 1.." + std::to_string(n) + " (the model's edges)");
+  BOOST_TEST(error_of([&] { edge_pruning(m, in, {.target_edges = 3, .steps = 0}); }) == "edge pruning: steps 0 is outside 1..100000");
+  BOOST_TEST(error_of([&] { edge_pruning(m, in, {.target_edges = 3, .lr = 0}); }) == "edge pruning: lr 0 is outside (0, 10]");
+  BOOST_TEST(error_of([&] { check_edge_method("prune"); }) ==
+             "edges: unknown method 'prune' (expected attribution, eap-ig, atp-star, acdc or edge-pruning)");
 }
-
-// ---- planted circuits ---------------------------------------------------------------------------
 
 namespace {
 std::string edge_names(const ModelConfig& c, const std::vector<bool>& kept) {
@@ -153,6 +163,203 @@ std::string edge_names(const ModelConfig& c, const std::vector<bool>& kept) {
   return s;
 }
 }  // namespace
+
+// ---- AtP* -------------------------------------------------------------------------------------
+
+namespace {
+// Norms made linear: RMSNorm x / sqrt(mean(x^2) + 1e8) * 1e4 is x to float round-off
+// (planted_circuits.h), so a model's only nonlinearities are its attention softmaxes.
+void linear_norms(TransformerLM& m) {
+  for (auto& [name, p] : m.named_parameters())
+    if (name.ends_with("ln1.weight") || name.ends_with("ln2.weight") || name == "ln_f.weight") p.fill_(1e4f);
+}
+ModelConfig linear_norm_model(const hl::test::TestModel& t) {
+  ModelConfig c = test_model(t);
+  c.normalization = NormKind::RMSNorm;
+  c.layer_norm_eps = 1e8f;
+  return c;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(atp_star_without_its_fixes_is_edge_attribution) {
+  TransformerLM m(test_model({.layers = 3}), 3);
+  randomise(m, 5);
+  const PatchingInputs in = inputs();
+  std::vector<double> attribution;
+  for (const Edge& e : edge_patching(m, in).edges) attribution.push_back(e.attribution);
+  BOOST_TEST(atp_star_scores(m, in, {.qk_fix = false, .grad_drop = false}) == attribution);
+}
+
+BOOST_AUTO_TEST_CASE(atp_star_qk_fix_is_exact_where_the_softmax_is_the_only_nonlinearity) {
+  // Attention-only, norms linear: from a last-layer head's output to the metric everything is
+  // linear, so recomputing that head's softmax exactly makes its q and k edges exact (and its v
+  // and the logits' edges are exact already). The attribution of the same q/k edges is not.
+  TransformerLM m(linear_norm_model({.layers = 2, .heads = 2, .d_ff = 0}), 3);
+  randomise(m, 11, 1.0f);
+  linear_norms(m);
+  const PatchingInputs in = inputs();
+  const EdgeResult r = edge_patching(m, in);
+  const std::vector<double> fixed = atp_star_scores(m, in, {.qk_fix = true, .grad_drop = false});
+  double worst_fixed = 0, worst_attribution = 0;
+  size_t checked = 0;
+  for (size_t e = 0; e < r.edges.size(); ++e) {
+    const EdgeReceiver& rc = r.edges[e].receiver;
+    if (rc.kind == EdgeReceiver::Logits || rc.layer != 1) continue;
+    BOOST_TEST_CONTEXT(r.edges[e].sender.name() << ">" << rc.name()) {
+      // float32 round-off on effects of up to ~70 logits
+      BOOST_TEST(std::abs(fixed[e] - r.edges[e].exact) < 1e-3 * std::max(1.0, std::abs(r.edges[e].exact)));
+    }
+    if (rc.kind == EdgeReceiver::Q || rc.kind == EdgeReceiver::K) {
+      worst_fixed = std::max(worst_fixed, std::abs(fixed[e] - r.edges[e].exact));
+      worst_attribution = std::max(worst_attribution, std::abs(r.edges[e].attribution - r.edges[e].exact));
+      ++checked;
+    }
+  }
+  BOOST_TEST(checked == 2u * 2u * 3u);  // 2 heads' q and k, 3 senders each
+  BOOST_TEST_MESSAGE("q/k edges into layer 1: worst |atp* - exact| " << worst_fixed << ", |attribution - exact| " << worst_attribution);
+  BOOST_TEST(worst_attribution > 1.0);  // the softmax is curved here: linearising it is off
+  // the planted induction head: attribution misses its saturated key edge, the QK fix does not
+  PlantedCircuit pc = planted_induction();
+  const EdgeResult pr = edge_patching(*pc.model, pc.task);
+  const std::vector<double> pf = atp_star_scores(*pc.model, pc.task, {.qk_fix = true, .grad_drop = false});
+  for (size_t e = 0; e < pr.edges.size(); ++e)
+    if (pr.edges[e].sender.name() == "L0H0" && pr.edges[e].receiver.name() == "L1H0.k") {
+      BOOST_TEST(std::abs(pf[e] - pr.edges[e].exact) < 1e-3);
+      BOOST_TEST(std::abs(pr.edges[e].attribution) < 1e-3);  // e^-25: nothing
+      BOOST_TEST(std::abs(pr.edges[e].exact + 8) < 1e-3);
+    }
+}
+
+BOOST_AUTO_TEST_CASE(atp_star_graddrop_finds_an_edge_whose_two_paths_cancel) {
+  // Layer 0's head averages the tokens into block A; the logits read A; layer 1's head (attending
+  // to itself) reads A and writes -A back. embed -> L0H0.v reaches the logits by two paths that
+  // cancel: its exact effect and its attribution are 0, while dropping layer 1's gradient leaves
+  // the direct path, whose effect is that edge's exact effect in the model without layer 1's write.
+  const int64_t V = 4, T = 4;
+  auto tok = [](int64_t v) { return v; };
+  auto pos = [&](int64_t p) { return V + p; };
+  auto blockA = [&](int64_t v) { return V + T + v; };
+  ModelConfig c = linear_norm_model({.vocab = V, .d_model = 2 * V + T, .layers = 2, .heads = 1, .d_ff = 0, .max_seq_len = T});
+  c.d_head = 4;
+  // layer 1's head writes layer1_out * A
+  auto build = [&](float layer1_out) {
+    auto m = std::make_unique<TransformerLM>(c, 1);
+    for (auto& [name, p] : m->named_parameters()) p.fill_(0.f);
+    linear_norms(*m);
+    auto set = [&](const std::string& name, int64_t row, int64_t col, float v) {
+      for (auto& [n, p] : m->named_parameters())
+        if (n == name) p.data()[row * p.size(1) + col] = v;
+    };
+    for (int64_t v = 0; v < V; ++v) {
+      set("tok_emb.weight", v, tok(v), 1.f);
+      set("blocks.0.attn.W_V.weight", v, tok(v), 1.f);  // q = k = 0: uniform over the prefix
+      set("blocks.0.attn.W_O.weight", blockA(v), v, 1.f);
+      set("blocks.1.attn.W_V.weight", v, blockA(v), 1.f);
+      set("blocks.1.attn.W_O.weight", blockA(v), v, layer1_out);
+      set("head.weight", v, blockA(v), 1.f);
+    }
+    for (int64_t p = 0; p < T; ++p) {
+      set("pos_emb.weight", p, pos(p), 1.f);
+      set("blocks.1.attn.W_Q.weight", p, pos(p), 10.f);  // 25 on itself: e^-25 elsewhere
+      set("blocks.1.attn.W_K.weight", p, pos(p), 10.f);
+    }
+    return m;
+  };
+  const auto model = build(-1.f);
+  TransformerLM& m = *model;
+  // the first token replaced by 3, absent from both rows
+  PatchingInputs in;
+  in.clean = Ids(Shape{2, T}, {0, 1, 1, 2, 1, 2, 2, 0});
+  in.corrupted = in.clean;
+  in.corrupted.at(0, 0) = 3, in.corrupted.at(1, 0) = 3;
+  in.answers = {{0, 3, 0, 3}, {1, 3, 1, 3}};
+  const auto edges = model_edges(c);
+  size_t target = edges.size();
+  for (size_t e = 0; e < edges.size(); ++e)
+    if (edges[e].first.name() == "embed" && edges[e].second.name() == "L0H0.v") target = e;
+  BOOST_REQUIRE(target < edges.size());
+  const EdgeResult r = edge_patching(m, in);
+  const double graddrop = atp_star_scores(m, in)[target];
+  // the direct path alone: the model with layer 1 writing nothing
+  const auto direct = build(0.f);
+  const double direct_exact = edge_patching(*direct, in).edges[target].exact;
+  BOOST_TEST_MESSAGE("cancelling paths: exact " << r.edges[target].exact << ", attribution " << r.edges[target].attribution
+                                                << ", atp* " << graddrop << ", the direct path " << direct_exact);
+  BOOST_TEST(std::abs(r.edges[target].exact) < 1e-4);
+  BOOST_TEST(std::abs(r.edges[target].attribution) < 1e-4);
+  BOOST_TEST(std::abs(direct_exact) > 0.4);  // each row: -(1/4 + 1/4)
+  BOOST_TEST(std::abs(std::abs(graddrop) - std::abs(direct_exact)) < 1e-4);
+}
+
+// ---- edge pruning ----------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(the_masked_run_is_the_circuit_run_at_zero_one_masks) {
+  TransformerLM m(test_model({.layers = 3}), 3);  // with MLPs
+  randomise(m, 7);
+  const PatchingInputs in = inputs();
+  const size_t n = model_edges(m.cfg).size();
+  const EdgeResult r = edge_patching(m, in);
+  // every mask 1: the clean run
+  const MaskedRun all = masked_circuit_run(m, in, std::vector<double>(n, 1.0), false);
+  BOOST_TEST(std::abs(all.metric - r.clean_metric) < 1e-5);
+  BOOST_TEST(std::abs(all.kl) < 1e-6);
+  // a 0/1 mask: the circuit run of its 1s
+  Rng rng(3);
+  for (int trial = 0; trial < 3; ++trial) {
+    std::vector<double> mask(n);
+    std::vector<bool> kept(n);
+    for (size_t e = 0; e < n; ++e) kept[e] = rng.uniform() < 0.6f, mask[e] = kept[e] ? 1.0 : 0.0;
+    const MaskedRun mr = masked_circuit_run(m, in, mask, false);
+    const CircuitRun cr = circuit_run(m, in, kept);
+    BOOST_TEST(std::abs(mr.metric - cr.metric) < 1e-5);
+    BOOST_TEST(std::abs(mr.kl - cr.kl) < 1e-5);
+  }
+  // attention-only, every mask 0: the corrupted run
+  TransformerLM a(test_model({.d_ff = 0}), 3);
+  randomise(a, 8);
+  const size_t na = model_edges(a.cfg).size();
+  BOOST_TEST(std::abs(masked_circuit_run(a, in, std::vector<double>(na, 0.0), false).metric - edge_patching(a, in).corrupted_metric) < 1e-5);
+}
+
+BOOST_AUTO_TEST_CASE(the_masked_runs_gradients_match_finite_differences) {
+  TransformerLM m(test_model(), 3);
+  randomise(m, 9, 1.0f);
+  const PatchingInputs in = inputs();
+  const size_t n = model_edges(m.cfg).size();
+  Rng rng(4);
+  std::vector<double> mask(n);
+  for (double& v : mask) v = 0.2 + 0.6 * rng.uniform();
+  const MaskedRun g = masked_circuit_run(m, in, mask, true);
+  BOOST_REQUIRE(g.kl_grad.size() == n);
+  const double h = 1e-2;
+  double largest = 0;
+  for (size_t e = 0; e < n; e += 3) {
+    std::vector<double> up = mask, down = mask;
+    up[e] += h, down[e] -= h;
+    const MaskedRun a = masked_circuit_run(m, in, up, false), b = masked_circuit_run(m, in, down, false);
+    const double fd_metric = (a.metric - b.metric) / (2 * h), fd_kl = (a.kl - b.kl) / (2 * h);
+    largest = std::max(largest, std::abs(fd_metric));
+    BOOST_TEST_CONTEXT("edge " << e) {
+      BOOST_TEST(std::abs(g.metric_grad[e] - fd_metric) < 5e-4 + 1e-2 * std::abs(fd_metric));
+      BOOST_TEST(std::abs(g.kl_grad[e] - fd_kl) < 5e-4 + 1e-2 * std::abs(fd_kl));
+    }
+  }
+  BOOST_TEST(largest > 0.05);  // the masks move the metric: the comparison is not of zeros
+}
+
+BOOST_AUTO_TEST_CASE(edge_pruning_returns_the_planted_circuit) {
+  PlantedCircuit pc = planted_induction();
+  TransformerLM& m = *pc.model;
+  const EdgePruningResult p = edge_pruning(m, pc.task, {.target_edges = 3, .steps = 200, .lr = 0.1, .seed = 0});
+  const CircuitRecovery rec = circuit_recovery(m.cfg, p.kept, pc.true_edges);
+  BOOST_TEST_MESSAGE("edge pruning: " << edge_names(m.cfg, p.kept) << ", final sampled KL " << p.final_kl);
+  BOOST_TEST(rec.precision() == 1.0);
+  BOOST_TEST(rec.recall() == 1.0);
+  BOOST_TEST(std::abs(p.final_run.metric - 10) < 1e-3);
+}
+
+// ---- planted circuits ---------------------------------------------------------------------------
+
 
 BOOST_AUTO_TEST_CASE(exact_patching_finds_the_planted_induction_circuit) {
   PlantedCircuit pc = planted_induction();
@@ -217,6 +424,42 @@ BOOST_AUTO_TEST_CASE(attribution_misses_the_planted_circuit_and_eap_ig_recovers_
   }
 }
 
+BOOST_AUTO_TEST_CASE(mlp_sender_edges_are_exact_patching_of_the_mlps_output) {
+  // each MLP -> receiver edge's exact effect = the hooked reference with delta = hook_mlp_out's
+  // change; MIB's graph carries them in its m{l} -> r edges
+  TransformerLM m(test_model({.layers = 3}), 3);
+  randomise(m, 12);
+  const PatchingInputs in = inputs();
+  const std::vector<MlpSenderEdge> mlp = mlp_sender_edges(m, in);
+  const EdgeResult r = edge_patching(m, in);
+  ActivationCache clean, corrupt;
+  {
+    NoGradGuard ng;
+    auto f = [](const std::string& n) { return n.ends_with("hook_mlp_out"); };
+    clean = m.run_with_cache(in.clean, f).second;
+    corrupt = m.run_with_cache(in.corrupted, f).second;
+  }
+  // receivers after mlp0: layer 1's 7 (2 heads' q/k/v, mlp1); after mlp0 and mlp1: layer 2's 7; all 3: the logits
+  BOOST_TEST(mlp.size() == 7u * 1 + 7u * 2 + 3u);
+  double largest = 0;
+  for (const MlpSenderEdge& e : mlp) {
+    const std::string point = hook_name(e.layer, "hook_mlp_out");
+    const double ref = patched_receiver_metric(m, in, e.receiver, sub(corrupt[point], clean[point])) - r.clean_metric;
+    BOOST_TEST_CONTEXT("mlp" << e.layer << " -> " << e.receiver.name()) { BOOST_TEST(std::abs(e.exact - ref) < 1e-4); }
+    largest = std::max(largest, std::abs(ref));
+  }
+  BOOST_TEST(largest > 0.01);
+  std::vector<double> exact, scores;
+  for (const Edge& e : r.edges) exact.push_back(e.exact);
+  for (const MlpSenderEdge& e : mlp) scores.push_back(e.exact);
+  const nlohmann::json j = nlohmann::json::parse(mib_graph_json(m.cfg, exact, {}, scores));
+  for (const MlpSenderEdge& e : mlp)
+    if (e.receiver.kind == EdgeReceiver::Logits) BOOST_TEST(j["edges"]["m" + std::to_string(e.layer) + "->logits"]["score"] == e.exact);
+  BOOST_TEST(mlp[6].receiver.name() == "mlp1");
+  BOOST_TEST(j["edges"]["m0->m1"]["score"] == mlp[6].exact);
+  BOOST_TEST(error_of([&] { mib_graph_json(m.cfg, exact, {}, {1.0}); }).starts_with("mib export: 1 MLP-sender scores"));
+}
+
 BOOST_AUTO_TEST_CASE(mib_export_has_mibs_edges_and_our_scores) {
   const ModelConfig c = test_model({.layers = 2, .heads = 2});  // with MLPs
   const auto edges = model_edges(c);
@@ -245,4 +488,72 @@ BOOST_AUTO_TEST_CASE(mib_export_has_mibs_edges_and_our_scores) {
   size_t ours = 0;
   for (const auto& [name, e] : j["edges"].items()) ours += !name.starts_with("m");
   BOOST_TEST(ours == edges.size());
+}
+
+// Every method's circuit on every planted circuit, scored by precision and recall against its true
+// edges (docs/circuits.md's table): the score methods' top n (n = the true edge count), ACDC's
+// circuit at metric threshold 1 (a tenth of the clean-corrupted gap of 10 or 20), edge pruning's
+// at target n.
+BOOST_AUTO_TEST_CASE(every_method_on_every_planted_circuit) {
+  // method -> planted circuit -> the recall it must reach (precision: the same, as |circuit| = n).
+  // Below 1, by construction: on induction the true edges behind L1H0's saturated softmax have a
+  // ~0 gradient (attribution sees only L1H0 -> logits; AtP*'s QK fix restores L0H0 -> L1H0.k but
+  // not embed -> L0H0.v, whose effect also passes that softmax); on two-hop GradDrop, in a model of
+  // 2 layers, drops the only path of the edges into layer 0 (mlp0's output is read in layer 1 only).
+  const std::map<std::string, std::map<std::string, double>> bar = {
+      {"exact", {{"induction", 1.0}, {"two-hop", 1.0}}},
+      {"attribution", {{"induction", 1.0 / 3}, {"two-hop", 1.0}}},
+      {"eap-ig", {{"induction", 1.0}, {"two-hop", 1.0}}},
+      {"atp-star", {{"induction", 2.0 / 3}, {"two-hop", 1.0 / 3}}},
+      {"atp-star qk fix only", {{"induction", 2.0 / 3}, {"two-hop", 1.0}}},
+      {"acdc", {{"induction", 1.0}, {"two-hop", 1.0}}},
+      {"edge-pruning", {{"induction", 1.0}, {"two-hop", 1.0}}}};
+  for (const std::string& name : planted_circuit_names()) {
+    PlantedCircuit pc = planted_circuit(name);
+    TransformerLM& m = *pc.model;
+    const size_t n = pc.true_edges.size();
+    const EdgeResult r = edge_patching(m, pc.task);
+    for (const auto& [method, bars] : bar) {
+      std::vector<bool> circuit;
+      if (method == "exact") {
+        std::vector<double> exact;
+        for (const Edge& e : r.edges) exact.push_back(e.exact);
+        circuit = top_edges(exact, n);
+      } else if (method == "atp-star qk fix only") {
+        circuit = top_edges(atp_star_scores(m, pc.task, {.qk_fix = true, .grad_drop = false}), n);
+      } else {
+        EdgeMethodOptions o;
+        o.method = method;
+        o.acdc = {AcdcOptions::Metric, 1.0};
+        o.pruning.target_edges = static_cast<int>(n);
+        const MethodScores s = run_edge_method(m, pc.task, r, o);
+        circuit = s.circuit.empty() ? top_edges(s.scores, n) : s.circuit;
+      }
+      const CircuitRecovery rec = circuit_recovery(m.cfg, circuit, pc.true_edges);
+      BOOST_TEST_MESSAGE(name << " | " << method << " | precision " << rec.precision() << " | recall " << rec.recall() << " | "
+                              << edge_names(m.cfg, circuit));
+      BOOST_TEST_CONTEXT(name << ", " << method) {
+        if (name == "induction" && method.starts_with("atp-star"))  // the key edge the attribution misses
+          BOOST_TEST(edge_names(m.cfg, circuit).find("L0H0>L1H0.k") != std::string::npos);
+        BOOST_TEST(rec.recall() >= bars.at(name) - 1e-9);
+        BOOST_TEST(rec.precision() >= bars.at(name) - 1e-9);
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(exact_patching_finds_the_planted_two_hop_circuit) {
+  PlantedCircuit pc = planted_two_hop();
+  TransformerLM& m = *pc.model;
+  const EdgeResult r = edge_patching(m, pc.task);
+  BOOST_TEST(std::abs(r.clean_metric - 10) < 1e-3);      // map(a)'s logit 10, map(a')'s 0
+  BOOST_TEST(std::abs(r.corrupted_metric + 10) < 1e-3);  // and the other way round
+  const std::vector<bool> truth = edge_mask(m.cfg, pc.true_edges);
+  for (size_t e = 0; e < r.edges.size(); ++e)
+    BOOST_TEST_CONTEXT(r.edges[e].sender.name() << ">" << r.edges[e].receiver.name()) {
+      if (truth[e])  // each true edge alone turns the answer into the corrupted one's
+        BOOST_TEST(std::abs(r.edges[e].exact + 20) < 1e-3);
+      else
+        BOOST_TEST(std::abs(r.edges[e].exact) < 1e-4);
+    }
 }

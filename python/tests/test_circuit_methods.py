@@ -53,14 +53,20 @@ def test_bad_method_options_get_one_line(run):
     m = hl.TransformerLM.load(ck)
     inp = read_int32_safetensors(os.path.join(outs["eap-ig"], "inputs.safetensors"))
     args = (m, inp["clean"], inp["corrupted"])
-    for kw, message in ((dict(method="pruning"), "edges: unknown method 'pruning' (expected attribution, eap-ig or acdc)"),
+    for kw, message in ((dict(method="pruning"),
+                         "edges: unknown method 'pruning' (expected attribution, eap-ig, atp-star, acdc or edge-pruning)"),
+                        (dict(method="edge-pruning", target_edges=10 ** 6), f"edge pruning: target edges {10 ** 6} is outside "
+                         f"1..{len(hl.edge_patching(m, *args[1:], answers=inp['answers'])['exact'])} (the model's edges)"),
+                        (dict(method="edge-pruning", prune_steps=0), "edge pruning: steps 0 is outside 1..100000"),
+                        (dict(method="atp-star", answers=np.zeros((0, 4), np.int32)),
+                         "edge_patching: no answers"),
                         (dict(method="eap-ig", ig_steps=0), "eap-ig: steps 0 is outside 1..1000"),
                         (dict(method="eap-ig", ig_interpolate="both"),
                          "eap-ig: unknown interpolation 'both' (expected inputs or activations)"),
                         (dict(method="acdc", acdc_threshold=-1.0), "acdc: threshold -1 must be a number >= 0"),
                         (dict(method="acdc", acdc_score="l2"), "acdc: unknown score 'l2' (expected metric or kl)")):
         with pytest.raises(Exception) as e:
-            hl.edge_patching(*args, answers=inp["answers"], **kw)
+            hl.edge_patching(*args, **{"answers": inp["answers"], **kw})
         assert str(e.value) == message, kw
 
 
@@ -83,3 +89,15 @@ def test_qk_attribution_pairs_sum_to_the_models_scores(run):
                         assert a["pairs"].sum() == pytest.approx(a["score"], abs=1e-4 * max(1.0, abs(a["score"])))
     with pytest.raises(Exception, match="qk attribution: key position 3 is outside 0..2"):
         hl.qk_attribution(m, ids, layer=0, head=0, query=2, key=3)
+
+
+def test_atp_star_and_edge_pruning_from_python(run):
+    ck, outs = run
+    m = hl.TransformerLM.load(ck)
+    inp = read_int32_safetensors(os.path.join(outs["eap-ig"], "inputs.safetensors"))
+    atp = hl.edge_patching(m, inp["clean"], inp["corrupted"], answers=inp["answers"], method="atp-star")
+    assert atp["atp-star"].shape == atp["exact"].shape and np.all(np.isfinite(atp["atp-star"]))
+    pruned = hl.edge_patching(m, inp["clean"], inp["corrupted"], answers=inp["answers"], method="edge-pruning", target_edges=5,
+                              prune_steps=10)
+    assert pruned["circuit"].sum() == 5
+    assert np.all((pruned["edge-pruning"] >= 0) & (pruned["edge-pruning"] <= 1))  # each edge's probability of a non-zero mask
