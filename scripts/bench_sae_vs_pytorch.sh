@@ -18,6 +18,7 @@ CORE=${CORE:-SkylakeX}
 BATCH=${BATCH:-4096}
 K=${K:-32}
 STEPS=${STEPS:-10}
+WARMUP=${WARMUP:-3}
 DEAD_AFTER=${DEAD_AFTER:-$BATCH}
 sizes=("$@"); [ ${#sizes[@]} -gt 0 ] || sizes=(64,8 64,32 256,8 256,32 768,8 768,32)
 
@@ -28,7 +29,10 @@ fi
 # shellcheck disable=SC1091
 source "$SHARED/torch_env.sh"
 if [ "$CORE" = unset ]; then unset OPENBLAS_CORETYPE; export HEADLAB_BLAS_CORE_CHOSEN=keep; else export OPENBLAS_CORETYPE=$CORE; fi
+# HEADLAB_ENV=best (default): headlab with OpenMP's default (spinning) waiting; =same: under
+# torch_env.sh's passive waiting too, the fairer choice when other jobs share the cores.
 HL_ENV=(env -u OMP_WAIT_POLICY)
+[ "${HEADLAB_ENV:-best}" = same ] && HL_ENV=(env)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 for size in "${sizes[@]}"; do
@@ -36,19 +40,19 @@ for size in "${sizes[@]}"; do
   for r in $(seq "$ROUNDS"); do
     echo "round $r/$ROUNDS: d_in $d_in, expansion $expansion ($(uptime | sed 's/.*load/load/'))" >&2
     "${HL_ENV[@]}" ./build/headlab bench --sae "$d_in,$expansion,$K" --sae-batch "$BATCH" --sae-dead-after "$DEAD_AFTER" \
-      --threads "$THREADS" --steps "$STEPS" --warmup 3 >> "$out/headlab.jsonl"
+      --threads "$THREADS" --steps "$STEPS" --warmup "$WARMUP" >> "$out/headlab.jsonl"
     /usr/bin/python3 "$SHARED/sae_torch.py" --d-in "$d_in" --expansion "$expansion" --k "$K" --batch "$BATCH" \
-      --dead-after "$DEAD_AFTER" --threads "$THREADS" --steps "$STEPS" --warmup 3 >> "$out/torch.jsonl"
+      --dead-after "$DEAD_AFTER" --threads "$THREADS" --steps "$STEPS" --warmup "$WARMUP" >> "$out/torch.jsonl"
   done
 done
-/usr/bin/python3 - "$out" "${OPENBLAS_CORETYPE:-unset}" "$THREADS" "$BATCH" "$K" "$(uptime | sed 's/.*load/load/')" <<'PY'
+/usr/bin/python3 - "$out" "${OPENBLAS_CORETYPE:-unset}" "$THREADS" "$BATCH" "$K" "$(uptime | sed 's/.*load/load/')" "${HEADLAB_ENV:-best}" <<'PY'
 import json, statistics, sys
-d, core, threads, batch, k, load = sys.argv[1:7]
+d, core, threads, batch, k, load, env = sys.argv[1:8]
 rows = lambda f: [json.loads(l) for l in open(f"{d}/{f}") if l.strip()]
 hl, tt = rows("headlab.jsonl"), rows("torch.jsonl")
 med = statistics.median
 print(f"TopK SAE training step, batch {batch}, k {k}, {threads} threads, OPENBLAS_CORETYPE={core}; "
-      f"medians over rounds of per-run median steps; {load} at the end")
+      f"headlab environment {env}; medians over rounds of per-run median steps; {load} at the end")
 print(f"{'d_in':>5} {'exp':>4} {'d_sae':>6} {'headlab tok/s':>14} {'torch tok/s':>12} {'speed-up':>9} {'headlab ms':>11} {'torch ms':>9} {'allocs/step':>11}")
 for key in dict.fromkeys((r["d_in"], r["expansion"]) for r in hl):
     h = [r for r in hl if (r["d_in"], r["expansion"]) == key]
