@@ -25,6 +25,7 @@
 #include "lib/profile.h"
 #include "lib/stop.h"
 #include "train/run_dir.h"
+#include "train/sae_trainer.h"
 
 extern "C" char* openblas_get_corename();
 
@@ -317,6 +318,54 @@ json run_child(const std::vector<std::string>& args) {
   }
 }
 
+// --- SAE training step (scripts/bench_sae_vs_pytorch.sh races it against scripts/reference/sae_torch.py)
+// A TopK SAE's training step (train/sae_trainer.h) on random normal activations, no model forward:
+// spec "d_in,expansion,k"; AuxK runs on the steps that have dead features (by dead_after rows).
+json bench_sae(const std::string& spec, int64_t batch, int64_t dead_after, int threads, int steps, int warmup) {
+  std::vector<int64_t> v;
+  std::stringstream ss(spec);
+  std::string tok;
+  while (std::getline(ss, tok, ',')) v.push_back(parse_int(tok, 1, 1 << 20, "--sae '" + spec + "'"));
+  if (v.size() != 3) fail("--sae '", spec, "': ", v.size(), " numbers; give d_in,expansion,k");
+  if (batch < 1) fail("--sae-batch must be positive, got ", batch);
+  if (steps < 1 || warmup < 0) fail("bench: --steps must be positive and --warmup not negative");
+  set_num_threads(threads);
+  SaeConfig cfg;
+  cfg.d_in = v[0], cfg.d_sae = v[0] * v[1], cfg.k = v[2], cfg.arch = SaeArch::TopK;
+  if (cfg.k > cfg.d_sae) fail("--sae '", spec, "': k ", cfg.k, " is more than the ", cfg.d_sae, " features");
+  check_fits_in_memory(sae_training_bytes(cfg, batch, 4 * batch), "--sae '" + spec + "'");
+  SaeTrainArgs args;
+  args.steps = warmup + steps, args.batch = batch, args.dead_after = dead_after;
+  args.b_dec_geometric_median = false;  // initialisation, not timed
+  Rng rng(0);
+  std::vector<Tensor> pool;  // 4 batches drawn before the clock starts, cycled as the reference does
+  for (int i = 0; i < 4; ++i) pool.push_back(Tensor::randn({batch, cfg.d_in}, rng));
+  int64_t served = 0;
+  ActivationSource source = [&](int64_t rows) {
+    if (rows != batch) return Tensor::randn({rows, cfg.d_in}, rng);  // the b_dec sample
+    return pool[static_cast<size_t>(served++ % 4)].clone();
+  };
+  SaeTrainer trainer(cfg, args, source);
+  for (int i = 0; i < warmup; ++i) trainer.step();
+  std::vector<double> ms;
+  ms.reserve(static_cast<size_t>(steps));
+  const uint64_t mallocs0 = alloc_counter::count();
+  for (int i = 0; i < steps; ++i) {
+    throw_if_stopped();
+    const auto t0 = clk::now();
+    trainer.step();
+    ms.push_back(std::chrono::duration<double, std::milli>(clk::now() - t0).count());
+  }
+  const double mallocs = static_cast<double>(alloc_counter::count() - mallocs0) / steps;
+  std::vector<double> sorted = ms;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted[sorted.size() / 2];
+  return {{"d_in", cfg.d_in}, {"expansion", v[1]}, {"d_sae", cfg.d_sae}, {"k", cfg.k}, {"batch", batch},
+          {"threads", threads}, {"steps", steps}, {"step_ms_median", median}, {"tokens_per_s", batch / (median / 1e3)},
+          {"mallocs_per_step", alloc_counter::available() ? json(mallocs) : json(nullptr)}, {"peak_rss_kb", peak_rss_kb()}};
+}
+// --- end SAE training step
+
 struct BenchOpts {
   std::vector<std::string> configs = {"S", "M", "L"};
   std::vector<int> threads = {2};
@@ -329,6 +378,8 @@ struct BenchOpts {
   std::vector<std::string> precisions = {"float32"};  // each config in each (lib/bf16.h)
   std::string task;    // empty: random tokens
   std::string out_json;
+  std::string sae;                 // "d_in,expansion,k": time an SAE training step instead (bench_sae)
+  int64_t sae_batch = 4096, sae_dead_after = 100000;
 };
 
 struct SweepTime {
@@ -445,6 +496,10 @@ int run_products(const BenchOpts& o) {
 int run_bench(const BenchOpts& o) {
   // a child runs in the one precision it is given
   const PrecisionScope precision(o.one.empty() && !o.peak ? Precision::Float32 : parse_precision(o.precisions.at(0), "--precision"));
+  if (!o.sae.empty()) {
+    std::printf("%s\n", bench_sae(o.sae, o.sae_batch, o.sae_dead_after, o.threads.at(0), o.steps, o.warmup).dump().c_str());
+    return 0;
+  }
   if (!o.one.empty()) {  // child mode
     json j = bench_one(named_config(o.one), o.threads.at(0), o.steps, o.warmup, o.profile, o.task);
     j["precision"] = o.precisions.at(0);
@@ -608,6 +663,13 @@ void add_bench_command(CLI::App& app, CommandRunner& runner) {
           },
           "{" + joined(",") + "}"));  // shown in --help as the option's type, as CLI::IsMember would
   sub->add_option("--json", o->out_json, "Also write all results to this JSON file");
+  sub->add_option("--sae", o->sae,
+                  "Time a TopK SAE's training step instead, in this process, on random activations: d_in,expansion,k "
+                  "(prints one JSON line: median step, tokens/s, allocations per step)");
+  sub->add_option("--sae-batch", o->sae_batch, "Rows per SAE step (with --sae)")->capture_default_str();
+  sub->add_option("--sae-dead-after", o->sae_dead_after,
+                  "Rows without firing after which a feature is dead and AuxK trains it (with --sae)")
+      ->capture_default_str();
   sub->add_option("--one", o->one, "(internal) run one config in this process and print JSON")->group("");
   sub->add_flag("--peak", o->peak, "(internal) measure the sgemm peak and print JSON")->group("");
   sub->callback([&runner, o] { runner = [=] { return run_bench(*o); }; });

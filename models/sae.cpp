@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include <nlohmann/json.hpp>
@@ -56,18 +57,25 @@ Tensor topk_rows(const char* op, const Tensor& pre, int64_t k, bool relu, std::v
   float* y = out.data();
   if (kept) kept->resize(static_cast<size_t>(N * k));
   parallel_for(N, N * D, [&](int64_t r) {
-    thread_local std::vector<int32_t> order;
-    order.resize(static_cast<size_t>(D));
-    for (int64_t j = 0; j < D; ++j) order[j] = static_cast<int32_t>(j);
+    // The k-th largest value t by nth_element on a copy of the row's values (plain float
+    // comparisons, no index indirection: the selection was a third of a TopK step), then one
+    // pass keeps every entry above t and the first entries equal to t by index until k are kept:
+    // the same set as ordering by (value descending, index ascending).
+    thread_local std::vector<float> values;
     const float* row = p + r * D;
-    // the k largest first; ties broken by index so the selection is deterministic
-    std::nth_element(order.begin(), order.begin() + (k - 1), order.end(), [row](int32_t a, int32_t b) {
-      return row[a] > row[b] || (row[a] == row[b] && a < b);
-    });
-    for (int64_t j = 0; j < k; ++j) {
-      const int32_t c = order[j];
-      y[r * D + c] = relu && row[c] <= 0.f ? 0.f : row[c];
-      if (kept) (*kept)[r * k + j] = c;
+    values.assign(row, row + D);
+    std::nth_element(values.begin(), values.begin() + (k - 1), values.end(), std::greater<float>());
+    const float t = values[static_cast<size_t>(k - 1)];
+    int64_t above = 0;  // entries strictly above t: all kept, the rest of the k are ties at t
+    for (int64_t j = 0; j < D; ++j) above += row[j] > t;
+    int64_t ties = k - above, n = 0;
+    for (int64_t j = 0; j < D && n < k; ++j) {
+      const float v = row[j];
+      if (v > t || (v == t && ties-- > 0)) {
+        y[r * D + j] = relu && v <= 0.f ? 0.f : v;
+        if (kept) (*kept)[r * k + n] = static_cast<int32_t>(j);
+        ++n;
+      }
     }
   });
   return out;

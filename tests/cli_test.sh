@@ -206,6 +206,10 @@ check "bench --threads 0" nonzero "--threads: value 0 is outside \[1, 4096\]" --
 check "bench --task takes tasks that make their data" nonzero "--task: text reads a data file, which bench does not take; give one of copy, reverse, varcopy, induction" -- "$HL" bench --task text
 check "bench --task unknown" nonzero "--task: unknown task 'foo'; give one of copy, reverse" -- "$HL" bench --task foo
 check "bench --help lists the tasks" 0 "--task TEXT:\{copy,reverse,varcopy,induction\}" -- "$HL" bench --help
+# bench --sae: an SAE training step on random activations
+check "bench --sae of two numbers" nonzero "--sae '64,8': 2 numbers; give d_in,expansion,k" -- "$HL" bench --sae 64,8
+check "bench --sae k above the features" nonzero "--sae '4,2,9': k 9 is more than the 8 features" -- "$HL" bench --sae 4,2,9
+check "bench --sae times a step" 0 '"d_sae":32,.*"tokens_per_s":' -- "$HL" bench --sae 16,2,4 --sae-batch 64 --steps 2 --warmup 1 --threads 1
 
 # Language modelling has no answers: the train table shows loss and token accuracy, no exact match.
 for i in $(seq 60); do printf 'the quick brown fox jumps over the lazy dog. '; done > "$T/lm.txt"

@@ -151,6 +151,33 @@ BOOST_AUTO_TEST_CASE(topk_keeps_the_k_largest_positive_entries) {
   BOOST_TEST(jumprelu(pre, theta, 0.1f).to_vector() == jump, tt::per_element());
 }
 
+// The per-row selection (a threshold from nth_element, then one pass) keeps exactly the entries
+// a full sort by (value descending, index ascending) puts first: rows full of ties, k from 1 to D.
+BOOST_AUTO_TEST_CASE(topk_selects_the_same_set_as_a_full_sort_with_ties_broken_by_index) {
+  const int64_t N = 64, D = 37;
+  Rng rng(7);
+  std::vector<float> v(static_cast<size_t>(N * D));
+  for (float& x : v) x = static_cast<float>(rng.below(6)) - 2.5f;  // six levels, none zero: many ties
+  const Tensor pre = Tensor::from({N, D}, v);
+  for (const int64_t k : {int64_t{1}, int64_t{5}, int64_t{18}, D - 1, D}) {
+    std::vector<float> want(v.size(), 0.f), want_relu(v.size(), 0.f);
+    for (int64_t r = 0; r < N; ++r) {
+      std::vector<int64_t> order(static_cast<size_t>(D));
+      for (int64_t j = 0; j < D; ++j) order[j] = j;
+      const float* row = v.data() + r * D;
+      std::stable_sort(order.begin(), order.end(), [row](int64_t a, int64_t b) { return row[a] > row[b]; });
+      for (int64_t i = 0; i < k; ++i) {
+        const int64_t j = r * D + order[i];
+        want[j] = v[j], want_relu[j] = std::max(v[j], 0.f);
+      }
+    }
+    BOOST_TEST_CONTEXT("k " << k) {
+      BOOST_TEST(topk(pre, k).to_vector() == want, tt::per_element());
+      BOOST_TEST(topk_relu(pre, k).to_vector() == want_relu, tt::per_element());
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(forward_is_the_saelens_formula) {
   SaeConfig cfg;
   cfg.d_in = 3, cfg.d_sae = 4, cfg.arch = SaeArch::Standard;

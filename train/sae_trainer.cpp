@@ -193,12 +193,12 @@ SaeStepStats SaeTrainer::step() {
   const float* fd = f.data();
   int64_t active = 0;
   float min_kept = INFINITY;
-  for (int64_t j = 0; j < F; ++j) {
-    bool fired = false;
-    for (int64_t r = 0; r < N; ++r)
-      if (fd[r * F + j] != 0.f) fired = true, ++active, min_kept = std::min(min_kept, fd[r * F + j]);
-    rows_since_fired_[j] = fired ? 0 : rows_since_fired_[j] + N;
-  }
+  thread_local std::vector<char> fired;  // reused: no allocation in the steady state
+  fired.assign(static_cast<size_t>(F), 0);  // row by row: f is (N, F) row-major
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t j = 0; j < F; ++j)
+      if (fd[r * F + j] != 0.f) fired[j] = 1, ++active, min_kept = std::min(min_kept, fd[r * F + j]);
+  for (int64_t j = 0; j < F; ++j) rows_since_fired_[j] = fired[j] ? 0 : rows_since_fired_[j] + N;
   // BatchTopK at inference: a threshold at the running mean of the smallest kept activation
   if (cfg_.arch == SaeArch::BatchTopK && std::isfinite(min_kept)) {
     const float t = step_ == 0 ? min_kept : 0.99f * sae_.batch_threshold.data()[0] + 0.01f * min_kept;
@@ -206,14 +206,15 @@ SaeStepStats SaeTrainer::step() {
   }
   s.l0 = float(active) / float(N);
   double var = 0, e2 = 0;
-  for (int64_t c = 0; c < D; ++c) {
-    double m = 0;
-    for (int64_t r = 0; r < N; ++r) m += target.data()[r * D + c] / double(N);
-    for (int64_t r = 0; r < N; ++r) {
-      const double v = target.data()[r * D + c] - m, e = err.data()[r * D + c];
+  thread_local std::vector<double> m;
+  m.assign(static_cast<size_t>(D), 0.0);  // column means, read row by row
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t c = 0; c < D; ++c) m[c] += target.data()[r * D + c] / double(N);
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t c = 0; c < D; ++c) {
+      const double v = target.data()[r * D + c] - m[c], e = err.data()[r * D + c];
       var += v * v, e2 += e * e;
     }
-  }
   s.explained_variance = var > 0 ? float(1.0 - e2 / var) : 0.f;
   s.dead_fraction = float(n_dead) / float(F);
   ++step_;
