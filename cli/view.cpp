@@ -20,6 +20,7 @@
 #include "train/checkpoint_task.h"
 #include "train/over_training.h"
 #include "train/run_dir.h"
+#include "train/snapshots.h"
 #include "train/trainer.h"
 #include "views/pages.h"
 
@@ -169,7 +170,16 @@ int run_view(const ViewOpts& o) {
     if (!fs::is_directory(o.run)) fail(o.run, ": not a directory (give a run directory of headlab train or prune)");
     for (const std::string& d : {o.run, o.run + "/base"})
       if (ckpt.empty() && file_exists(d + "/model.safetensors")) ckpt = d + "/model.safetensors", model_dir = d;
-    if (ckpt.empty()) fail(o.run, ": no model.safetensors (nor base/model.safetensors): not a run directory of headlab train or prune");
+    // a model's revisions as downloaded (step0, step1000, ...): the page shows the last, and its
+    // over-training panel what `detect --run DIR` (and the others) wrote into DIR
+    if (ckpt.empty() && !file_exists(o.run + "/config.json"))
+      if (const std::vector<int64_t> steps = revision_steps(o.run); !steps.empty()) {
+        ckpt = model_dir = revision_path(o.run, steps.back());
+        std::fprintf(stderr, "headlab view: %s holds revisions; showing the last, %s\n", o.run.c_str(), ckpt.c_str());
+      }
+    if (ckpt.empty())
+      fail(o.run, ": no model.safetensors (nor base/model.safetensors) and no revision subdirectories (step0, step1000, ...): "
+                  "not a run directory of headlab train or prune");
   } else if (fs::is_directory(ckpt)) {  // a Hugging Face GPT-2 directory
     model_dir = ckpt;
   } else {
