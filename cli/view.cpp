@@ -35,6 +35,7 @@ struct ViewOpts {
   std::string run, checkpoint, tokens, text, tokenizer, out, edges, compare;
   int edges_top = 20;
   std::string task = "copy";
+  bool task_given = false;  // --task on the command line
   int examples = 4;
   uint64_t seed = 1234;
   int threads = 2;
@@ -239,6 +240,8 @@ int run_view(const ViewOpts& o) {
                              "tokens with a repeated block (give --tokens for sequences of your own)\n",
                      model_dir.c_str(), fs::path(held_out_rows_path(".")).filename().c_str());
       }
+    } else if (!f.metadata.count("task") && !o.task_given) {
+      // a model that names no task (a Hugging Face model, a revision) and none given: the probe below
     } else {
       task = task_for_model(cfg, tc, ckpt);
     }
@@ -280,7 +283,7 @@ int run_view(const ViewOpts& o) {
   const json ex_json = views::head_view_examples(*model, examples);
   json data = {{"title", "headlab view: " + (o.run.empty() ? ckpt : o.run)},
                {"subtitle", std::to_string(L) + " layers x " + std::to_string(H) + " heads, d_model " +
-                                std::to_string(cfg.d_model) + ", task " + (o.text.empty() ? tc.name : std::string("text")) +
+                                std::to_string(cfg.d_model) + ", task " + (!o.text.empty() ? std::string("text") : task || !o.tokens.empty() ? tc.name : std::string("probe")) +
                                 "; " + std::to_string(examples.size()) + " example(s)"},
                {"layers", L},
                {"heads", H},
@@ -348,7 +351,8 @@ void add_view_command(CLI::App& app, CommandRunner& runner) {
   sub->add_option("--edges-top", o->edges_top, "Edges the panel draws first (largest |exact|; the page offers up to 500)")
       ->capture_default_str()->check(in_range(1, 500));
   add_precision_option(sub, o->precision);
-  sub->callback([&runner, o] {
+  sub->callback([&runner, o, sub] {
+    o->task_given = sub->count("--task") > 0;
     runner = [o] {
       const PrecisionScope precision(precision_from_flag(o->precision));
       return run_view(*o);

@@ -320,7 +320,7 @@ def test_a_model_larger_than_memory_is_refused_before_its_weights_are_read(tmp_p
     D, L, Fi, V = 16384, 1024, 1 << 20, 29
     edit_config(d, hidden_size=D, num_hidden_layers=L, intermediate_size=Fi, num_attention_heads=4, num_key_value_heads=2)
     Hkv = 2 * (D // 4)
-    params = V * D + L * (2 * D + D * D + 2 * Hkv * D + D * D + 3 * Fi * D) + D
+    params = 2 * V * D + L * (2 * D + D * D + 2 * Hkv * D + D * D + 3 * Fi * D) + D  # the unembedding is its own matrix
     out = tmp_path / "out.safetensors"
     for r in (run("convert", d, "--out", out), run("detect", "--checkpoint", d, "--out", tmp_path / "det")):
         line = bad_line(r)
