@@ -406,9 +406,14 @@ SafetensorsFile read_hf_directory(const std::string& dir) {
   const Fields f{cj, config_path, type};
   const bool tied = f.flag("tie_word_embeddings", type == "gpt_neo" || family_of(type) == Family::Gemma);
 
-  // refused before any weight is read, with the estimate (docs/models.md, "Memory and time")
-  check_fits_in_memory(hf_load_bytes(cfg), dir + ": loading the model config.json describes (" +
-                                               std::to_string(parameter_count(cfg)) + " parameters)");
+  // refused before any weight is read, with the estimate (docs/models.md, "Memory and time"): the
+  // model's float32 weights twice and the weight files, read whole
+  double file_bytes = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (ends_with(e.path().filename().string(), ".safetensors") && e.is_regular_file(ec)) file_bytes += static_cast<double>(e.file_size(ec));
+  check_fits_in_memory(hf_load_bytes(cfg) + file_bytes, dir + ": loading the model config.json describes (" +
+                                                            std::to_string(parameter_count(cfg)) + " parameters)");
   std::map<std::string, std::string> origin;
   std::map<std::string, StTensor> hf = read_hf_weights(dir, is_buffer, origin);
   const std::vector<HfTensor> map = hf_tensor_map(type, cfg, tied);
