@@ -645,8 +645,8 @@ class FastEdges {
     const Stack st(pk_, S);
     Tensor q = q_in, k = k_in;
     if (ac.qk_norm) {
-      q = head_rms_norm(q, 1, dh, a.q_norm->weight, ac.norm_eps);
-      k = head_rms_norm(k, 1, dh, a.k_norm->weight, ac.norm_eps);
+      q = head_rms_norm(q, 1, dh, a.q_norm->weight, ac.norm_eps, ac.qk_norm_one_plus);
+      k = head_rms_norm(k, 1, dh, a.k_norm->weight, ac.norm_eps, ac.qk_norm_one_plus);
     }
     if (ac.rotary) {
       q = rotary(q, 1, st.positions, a.rotary_cos_sin, ac.rope);

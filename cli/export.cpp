@@ -34,16 +34,19 @@ int run_export(const ExportOpts& o) {
          "; the export writes a directory of its own: give a new or empty directory");
   const std::unique_ptr<TransformerLM> model = load_model(o.checkpoint);
   const std::string layout = o.format == "hf" ? hf_layout_for(*model) : o.format.substr(3);  // refused before anything is written
+  // the tokenizer files beside the source (a model directory's own, or beside a checkpoint file) go with it
+  const std::string parent = fs::path(o.checkpoint).parent_path().string();
+  const std::string tokenizer_dir = src_is_dir ? o.checkpoint : parent.empty() ? "." : parent;
   if (layout != "gpt2") {
-    const bool tied = write_hf_model(*model, layout, o.out);
+    const bool tied = write_hf_model(*model, layout, o.out, tokenizer_dir);
     std::printf("wrote %s and model.safetensors (%s layout, %s)\n", (fs::path(o.out) / "config.json").lexically_normal().string().c_str(),
                 layout.c_str(), tied ? "tied unembedding" : "untied unembedding");
+    for (const std::string& name : hf_tokenizer_files())
+      if (file_exists(o.out + "/" + name)) std::printf("copied the tokenizer file %s\n", name.c_str());
     return 0;
   }
   check_hf_gpt2_exportable(*model);
-  const std::string tokenizer_dir =
-      src_is_dir ? o.checkpoint : fs::path(o.checkpoint).parent_path().string();
-  const bool tied = write_hf_gpt2(*model, o.out, tokenizer_dir.empty() ? "." : tokenizer_dir);
+  const bool tied = write_hf_gpt2(*model, o.out, tokenizer_dir);
   std::printf("wrote %s and model.safetensors (GPT-2 layout, %s)\n", (fs::path(o.out) / "config.json").lexically_normal().string().c_str(),
               tied ? "tied unembedding" : "untied unembedding: tie_word_embeddings false, lm_head.weight written");
   for (const std::string& name : gpt2_tokenizer_files())
@@ -54,7 +57,7 @@ int run_export(const ExportOpts& o) {
 }  // namespace
 
 void add_export_command(CLI::App& app, CommandRunner& runner) {
-  CLI::App* sub = app.add_subcommand("export", "Write a headlab checkpoint in another tool's layout (Hugging Face: gpt2, gpt_neox, llama, qwen2, qwen3, mistral, gemma2, gpt_neo)");
+  CLI::App* sub = app.add_subcommand("export", "Write a headlab checkpoint in another tool's layout (Hugging Face: gpt2, gpt_neox, llama, qwen2, qwen3, mistral, gemma2, gemma3_text, gpt_neo)");
   auto o = std::make_shared<ExportOpts>();
   sub->add_option("checkpoint", o->checkpoint, "Model checkpoint (safetensors, a run directory, or a Hugging Face model directory)")->required();
   std::vector<std::string> formats = {"hf", "hf-gpt2"};

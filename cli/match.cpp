@@ -14,6 +14,7 @@
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
 #include "train/run_dir.h"
+#include "train/snapshots.h"
 
 namespace hl {
 
@@ -30,11 +31,15 @@ struct MatchOpts {
   double threshold = 0.4;
 };
 
-// A checkpoint file, or a run directory of headlab train holding checkpoint.safetensors.
+// A checkpoint file, a model directory, a run directory of headlab train (its
+// checkpoint.safetensors), or a directory of a model's revisions (step0, step1000, ... as
+// downloaded: its last; DIR/stepN names another).
 std::string checkpoint_file(const std::string& path) {
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec) && file_exists(path + "/checkpoint.safetensors"))
-    return path + "/checkpoint.safetensors";
+  if (!std::filesystem::is_directory(path, ec)) return path;
+  if (file_exists(path + "/checkpoint.safetensors")) return path + "/checkpoint.safetensors";
+  if (!file_exists(path + "/config.json"))
+    if (const std::vector<int64_t> steps = revision_steps(path); !steps.empty()) return revision_path(path, steps.back());
   return path;
 }
 
@@ -136,7 +141,8 @@ void add_match_command(CLI::App& app, CommandRunner& runner) {
   CLI::App* sub = app.add_subcommand("match", "Match the heads of two models one to one (by attention pattern or circuit weights), "
                                               "with each head's detector role");
   auto o = std::make_shared<MatchOpts>();
-  sub->add_option("--checkpoint", o->checkpoints, "Model A, then model B (give it twice): checkpoint files or run directories")
+  sub->add_option("--checkpoint", o->checkpoints, "Model A, then model B (give it twice): checkpoint files, model or run directories, "
+                                               "or a directory of revisions (its last; DIR/stepN for another)")
       ->required()->expected(1)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   sub->add_option("--by", o->by, "pattern: attention patterns on a shared probe (any two models); weights: QK and OV circuits "
                                  "(models sharing a residual basis, e.g. forks of one run)")

@@ -20,6 +20,7 @@
 #include "train/checkpoint_task.h"
 #include "train/over_training.h"
 #include "train/run_dir.h"
+#include "train/snapshots.h"
 #include "train/trainer.h"
 #include "views/pages.h"
 
@@ -35,6 +36,7 @@ struct ViewOpts {
   std::string qk;  // --qk: headlab qk's qk.json (or its directory) for the QK attribution panel
   int edges_top = 20;
   std::string task = "copy";
+  bool task_given = false;  // --task on the command line
   int examples = 4;
   uint64_t seed = 1234;
   int threads = 2;
@@ -170,7 +172,16 @@ int run_view(const ViewOpts& o) {
     if (!fs::is_directory(o.run)) fail(o.run, ": not a directory (give a run directory of headlab train or prune)");
     for (const std::string& d : {o.run, o.run + "/base"})
       if (ckpt.empty() && file_exists(d + "/model.safetensors")) ckpt = d + "/model.safetensors", model_dir = d;
-    if (ckpt.empty()) fail(o.run, ": no model.safetensors (nor base/model.safetensors): not a run directory of headlab train or prune");
+    // a model's revisions as downloaded (step0, step1000, ...): the page shows the last, and its
+    // over-training panel what `detect --run DIR` (and the others) wrote into DIR
+    if (ckpt.empty() && !file_exists(o.run + "/config.json"))
+      if (const std::vector<int64_t> steps = revision_steps(o.run); !steps.empty()) {
+        ckpt = model_dir = revision_path(o.run, steps.back());
+        std::fprintf(stderr, "headlab view: %s holds revisions; showing the last, %s\n", o.run.c_str(), ckpt.c_str());
+      }
+    if (ckpt.empty())
+      fail(o.run, ": no model.safetensors (nor base/model.safetensors) and no revision subdirectories (step0, step1000, ...): "
+                  "not a run directory of headlab train or prune");
   } else if (fs::is_directory(ckpt)) {  // a Hugging Face GPT-2 directory
     model_dir = ckpt;
   } else {
@@ -242,6 +253,8 @@ int run_view(const ViewOpts& o) {
                              "tokens with a repeated block (give --tokens for sequences of your own)\n",
                      model_dir.c_str(), fs::path(held_out_rows_path(".")).filename().c_str());
       }
+    } else if (!f.metadata.count("task") && !o.task_given) {
+      // a model that names no task (a Hugging Face model, a revision) and none given: the probe below
     } else {
       task = task_for_model(cfg, tc, ckpt);
     }
@@ -283,7 +296,7 @@ int run_view(const ViewOpts& o) {
   const json ex_json = views::head_view_examples(*model, examples);
   json data = {{"title", "headlab view: " + (o.run.empty() ? ckpt : o.run)},
                {"subtitle", std::to_string(L) + " layers x " + std::to_string(H) + " heads, d_model " +
-                                std::to_string(cfg.d_model) + ", task " + (o.text.empty() ? tc.name : std::string("text")) +
+                                std::to_string(cfg.d_model) + ", task " + (!o.text.empty() ? std::string("text") : task || !o.tokens.empty() ? tc.name : std::string("probe")) +
                                 "; " + std::to_string(examples.size()) + " example(s)"},
                {"layers", L},
                {"heads", H},
@@ -355,7 +368,8 @@ void add_view_command(CLI::App& app, CommandRunner& runner) {
   sub->add_option("--edges-top", o->edges_top, "Edges the panel draws first (largest |exact|; the page offers up to 500)")
       ->capture_default_str()->check(in_range(1, 500));
   add_precision_option(sub, o->precision);
-  sub->callback([&runner, o] {
+  sub->callback([&runner, o, sub] {
+    o->task_given = sub->count("--task") > 0;
     runner = [o] {
       const PrecisionScope precision(precision_from_flag(o->precision));
       return run_view(*o);

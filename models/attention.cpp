@@ -170,7 +170,11 @@ void AttentionConfig::validate() const {
   if (qk_norm && (!(norm_eps > 0.f) || !std::isfinite(norm_eps))) fail("attention: the QK-norm's eps must be positive, got ", norm_eps);
 }
 
-MultiHeadAttention::HeadNorm::HeadNorm(int64_t d_head) : weight(Tensor::ones({d_head})) { register_parameter("weight", &weight); }
+// the identity gain to start: w = 1, or 1 + w with w = 0
+MultiHeadAttention::HeadNorm::HeadNorm(int64_t d_head, bool one_plus)
+    : weight(one_plus ? Tensor::zeros({d_head}) : Tensor::ones({d_head})) {
+  register_parameter("weight", &weight);
+}
 
 MultiHeadAttention::MultiHeadAttention(const AttentionConfig& c, Rng& rng, Rng* dropout_rng)
     : cfg((c.validate(), c)),
@@ -184,9 +188,9 @@ MultiHeadAttention::MultiHeadAttention(const AttentionConfig& c, Rng& rng, Rng* 
   register_module("W_K", &W_K);
   register_module("W_V", &W_V);
   register_module("W_O", &W_O);
-  if (c.qk_norm) {  // ones: no draws, the initialisation of everything else is unchanged
-    q_norm = std::make_unique<HeadNorm>(c.head_dim());
-    k_norm = std::make_unique<HeadNorm>(c.head_dim());
+  if (c.qk_norm) {  // the identity gain: no draws, the initialisation of everything else is unchanged
+    q_norm = std::make_unique<HeadNorm>(c.head_dim(), c.qk_norm_one_plus);
+    k_norm = std::make_unique<HeadNorm>(c.head_dim(), c.qk_norm_one_plus);
     register_module("q_norm", q_norm.get());
     register_module("k_norm", k_norm.get());
   }
@@ -328,7 +332,8 @@ Tensor position_and_norm_packed(const MultiHeadAttention& m, Tensor qkv, const M
   std::vector<int32_t> buf;
   if (c.qk_norm) {
     std::vector<Tensor> p = split(qkv, {H * dh, Hkv * dh, Hkv * dh}, qkv.ndim() - 1);
-    qkv = concat({head_rms_norm(p[0], H, dh, m.q_norm->weight, c.norm_eps), head_rms_norm(p[1], Hkv, dh, m.k_norm->weight, c.norm_eps), p[2]},
+    qkv = concat({head_rms_norm(p[0], H, dh, m.q_norm->weight, c.norm_eps, c.qk_norm_one_plus),
+                  head_rms_norm(p[1], Hkv, dh, m.k_norm->weight, c.norm_eps, c.qk_norm_one_plus), p[2]},
                  qkv.ndim() - 1);
   }
   // q's and k's heads are the first H + Hkv of each row: one pass over the fresh buffer, in place
@@ -467,8 +472,8 @@ void norm_and_turn(const MultiHeadAttention& m, Projected& x, const MultiHeadAtt
   }
   x.split_packed();
   if (c.qk_norm) {
-    x.q = hp.heads(kHookQNormed, head_rms_norm(x.q, x.H, x.dh, m.q_norm->weight, c.norm_eps), x.H);
-    x.k = hp.heads(kHookKNormed, head_rms_norm(x.k, x.Hkv, x.dh, m.k_norm->weight, c.norm_eps), x.Hkv);
+    x.q = hp.heads(kHookQNormed, head_rms_norm(x.q, x.H, x.dh, m.q_norm->weight, c.norm_eps, c.qk_norm_one_plus), x.H);
+    x.k = hp.heads(kHookKNormed, head_rms_norm(x.k, x.Hkv, x.dh, m.k_norm->weight, c.norm_eps, c.qk_norm_one_plus), x.Hkv);
   }
   if (c.rotary) {
     x.q = hp.heads(kHookRotQ, rotary(x.q, x.H, pos, m.rotary_cos_sin, c.rope), x.H);
@@ -615,10 +620,10 @@ Tensor output_projection(const MultiHeadAttention& m, const Tensor& z, const Hoo
 
 }  // namespace
 
-Tensor head_rms_norm(const Tensor& t, int heads, int64_t dh, const Tensor& w, float eps) {
+Tensor head_rms_norm(const Tensor& t, int heads, int64_t dh, const Tensor& w, float eps, bool one_plus) {
   const Tensor x = reshape(t, {t.numel() / (heads * dh), heads, dh});
   const Tensor inv = pow(add_scalar(mean(mul(x, x), {-1}, true), eps), -0.5f);  // (rows, heads, 1)
-  return reshape(mul(mul(x, inv), w), t.shape());
+  return reshape(mul(mul(x, inv), one_plus ? add_scalar(w, 1.f) : w), t.shape());
 }
 
 Tensor attention_varlen_capped(const Tensor& qkv, std::span<const int32_t> len, const AttentionArgs& a_in, float softcap) {

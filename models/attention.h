@@ -66,8 +66,8 @@ Tensor attention_varlen(const Tensor& qkv, std::span<const int32_t> len, const A
 Tensor attention_varlen_capped(const Tensor& qkv, std::span<const int32_t> len, const AttentionArgs& a, float softcap);
 
 // RMSNorm over d_head of each of the `heads` heads of t (..., heads*dh) with the (dh) weight w
-// shared by the heads (the QK-norm): x / sqrt(mean(x^2) + eps) * w.
-Tensor head_rms_norm(const Tensor& t, int heads, int64_t dh, const Tensor& w, float eps);
+// shared by the heads (the QK-norm): x / sqrt(mean(x^2) + eps) * w, or * (1 + w) with one_plus (Gemma 3).
+Tensor head_rms_norm(const Tensor& t, int heads, int64_t dh, const Tensor& w, float eps, bool one_plus = false);
 
 // Rotary position embeddings (RoPE, Su et al.): the pair (a, b) of a head's columns at position
 // p turns by the angle p * theta^(-2i/dim): a' = a cos - b sin, b' = b cos + a sin.
@@ -118,6 +118,7 @@ struct AttentionConfig {
   RotaryArgs rope;                        // its dims, theta and pairing (d_head filled in)
   int64_t max_positions = 0;              // positions the rotary table covers (the LM's max_seq_len)
   bool qk_norm = false;   // RMSNorm over d_head on q and k, learned (d_head) weights q_norm, k_norm
+  bool qk_norm_one_plus = false;  // the QK-norm's gain is 1 + w (Gemma 3; w starts at 0)
   float norm_eps = 1e-5f;  // of the QK-norm
   float scale = 0.f;       // of the scores; 0 = 1/sqrt(d_head)
   float softcap = 0.f;     // > 0: scores -> softcap * tanh(scores / softcap), after scaling
@@ -168,7 +169,7 @@ class MultiHeadAttention : public Module {
   // QK-norm's learned (d_head) weights, shared by the heads (parameters q_norm.weight,
   // k_norm.weight); undefined without qk_norm.
   struct HeadNorm : Module {
-    explicit HeadNorm(int64_t d_head);
+    HeadNorm(int64_t d_head, bool one_plus);
     Tensor weight;
   };
   std::unique_ptr<HeadNorm> q_norm, k_norm;

@@ -110,6 +110,22 @@ const std::vector<std::string>& gpt2_tokenizer_files() {
   return names;
 }
 
+std::vector<std::pair<std::string, std::string>> own_tokenizer_files(const std::string& dir, const std::vector<std::string>& names) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<std::pair<std::string, std::string>> files;
+  if (dir.empty()) return files;
+  for (const std::string& name : names) {
+    const std::string from = dir + "/" + name;
+    if (!fs::exists(fs::symlink_status(from, ec))) continue;
+    if (!is_own_file_of(dir, from))
+      fail(from, ": is a symbolic link to ", fs::weakly_canonical(from, ec).string(), ", outside ", dir,
+           "; the export copies only the model directory's own files: copy the file there or remove the link");
+    files.emplace_back(name, read_file(from));
+  }
+  return files;
+}
+
 json parse_config_object(const std::string& text, const std::string& source) {
   json c;
   try {
@@ -321,19 +337,7 @@ bool write_hf_gpt2(const TransformerLM& model, const std::string& dir, const std
     for (const auto& entry : fs::directory_iterator(dir, ec))
       fail(dir, ": already holds ", entry.path().filename().string(),
            "; the export writes a directory of its own: give a new or empty directory");
-  // the tokenizer files to copy: only the source's own (a link out of its directory could
-  // carry any file of the user's into the export; a hub-cache snapshot's links to its blobs are its own)
-  std::vector<std::pair<std::string, std::string>> tokenizer;  // name, bytes
-  if (!tokenizer_dir.empty()) {
-    for (const std::string& name : gpt2_tokenizer_files()) {
-      const std::string from = tokenizer_dir + "/" + name;
-      if (!fs::exists(fs::symlink_status(from, ec))) continue;
-      if (!is_own_file_of(tokenizer_dir, from))
-        fail(from, ": is a symbolic link to ", fs::weakly_canonical(from, ec).string(), ", outside ", tokenizer_dir,
-             "; the export copies only the model directory's own files: copy the file there or remove the link");
-      tokenizer.emplace_back(name, read_file(from));
-    }
-  }
+  const auto tokenizer = own_tokenizer_files(tokenizer_dir, gpt2_tokenizer_files());  // name, bytes
   const ModelConfig& c = model.cfg;
   const int64_t d = c.d_model, F = c.d_ff;
   std::map<std::string, Tensor> p;

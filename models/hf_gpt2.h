@@ -42,5 +42,9 @@ std::map<std::string, StTensor> read_hf_weights(const std::string& dir, const Sk
                                                 std::map<std::string, std::string>& origin);
 // The tokenizer file names copied beside a GPT-2 model.
 const std::vector<std::string>& gpt2_tokenizer_files();
+// The files among `names` that `dir` holds, as (name, bytes), to copy beside an exported model.
+// Only the directory's own files: a symbolic link to a file outside `dir` is refused (it could
+// carry any file of the user's into the export; a hub-cache snapshot's links to its blobs are its own).
+std::vector<std::pair<std::string, std::string>> own_tokenizer_files(const std::string& dir, const std::vector<std::string>& names);
 
 }  // namespace hl

@@ -33,7 +33,7 @@ enum class Family { NeoX, Llama, Neo, Gemma };
 Family family_of(const std::string& type) {
   if (type == "gpt_neox") return Family::NeoX;
   if (type == "gpt_neo") return Family::Neo;
-  if (type == "gemma2") return Family::Gemma;
+  if (type == "gemma2" || type == "gemma3_text") return Family::Gemma;
   return Family::Llama;  // llama, mistral, qwen2, qwen3
 }
 
@@ -118,7 +118,7 @@ bool read_layer_types(const Fields& f, int n_layers, std::vector<bool>& local) {
 }  // namespace
 
 const std::vector<std::string>& hf_model_types() {
-  static const std::vector<std::string> types = {"gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gpt_neo", "gemma2"};
+  static const std::vector<std::string> types = {"gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gpt_neo", "gemma2", "gemma3_text"};
   return types;
 }
 
@@ -208,7 +208,7 @@ ModelConfig hf_model_config(const std::string& config_text, const std::string& s
       if (cfg.n_heads % cfg.n_kv_heads) f.bad("num_key_value_heads", "must divide num_attention_heads");
       const int64_t dflt_head = fam == Family::Gemma ? 256 : cfg.d_model / cfg.n_heads;
       cfg.d_head = f.integer_or("head_dim", 1, 4096, dflt_head);
-      cfg.rope_theta = static_cast<float>(f.positive_or("rope_theta", 10000));
+      cfg.rope_theta = static_cast<float>(f.positive_or("rope_theta", type == "gemma3_text" ? 1e6 : 10000));
       cfg.normalization = fam == Family::Gemma ? NormKind::RMSNorm1p : NormKind::RMSNorm;
       cfg.layer_norm_eps = static_cast<float>(f.positive_or("rms_norm_eps", 1e-6));
       cfg.mlp = fam == Family::Gemma ? Mlp::GeGLU : Mlp::SwiGLU;
@@ -225,7 +225,7 @@ ModelConfig hf_model_config(const std::string& config_text, const std::string& s
       if (type == "qwen2") cfg.qkv_bias = true;
       else if (type == "llama" || type == "qwen3") cfg.qkv_bias = cfg.o_bias = f.flag("attention_bias", false);
       else if (f.flag("attention_bias", false)) f.bad("attention_bias", "true is not read for " + type);
-      cfg.qk_norm = type == "qwen3";
+      cfg.qk_norm = type == "qwen3" || type == "gemma3_text";  // Gemma 3's is (1 + w), as its other norms
       if (type == "qwen2" || type == "qwen3") {
         if (f.flag("use_sliding_window", false))
           f.bad("use_sliding_window", "true (sliding windows on the layers above max_window_layers) is not supported");
@@ -239,13 +239,27 @@ ModelConfig hf_model_config(const std::string& config_text, const std::string& s
         cfg.attn_softcap = static_cast<float>(f.positive_or("attn_logit_softcapping", 0));
         cfg.final_softcap = static_cast<float>(f.positive_or("final_logit_softcapping", 0));
         std::vector<bool> local;
-        if (!read_layer_types(f, cfg.n_layers, local))
-          for (int l = 0; l < cfg.n_layers; ++l) local.push_back(l % 2 == 0);  // Gemma 2: even layers slide
+        if (!read_layer_types(f, cfg.n_layers, local)) {
+          if (type == "gemma2") {
+            for (int l = 0; l < cfg.n_layers; ++l) local.push_back(l % 2 == 0);  // Gemma 2: even layers slide
+          } else {  // Gemma 3: every sliding_window_pattern-th layer is global (5 local, 1 global)
+            const char* key = f.has("sliding_window_pattern") ? "sliding_window_pattern" : "_sliding_window_pattern";
+            const int64_t every = f.integer_or(key, 1, 1024, 6);
+            for (int l = 0; l < cfg.n_layers; ++l) local.push_back((l + 1) % every != 0);
+          }
+        }
         bool any_local = false;
         for (bool l : local) any_local = any_local || l;
         if (any_local && f.has("sliding_window")) {
           cfg.sliding_window = f.integer("sliding_window", 1, int64_t{1} << 30);
           cfg.window_layers = window_pattern(local);
+        }
+        if (type == "gemma3_text") {
+          if (f.flag("use_bidirectional_attention", false))
+            f.bad("use_bidirectional_attention", "true (an encoder: every token sees every other) is not supported");
+          // local layers turn by their own base; rope_scaling (checked above) is the global layers'
+          const float local_base = static_cast<float>(f.positive_or("rope_local_base_freq", 10000));
+          if (cfg.sliding_window > 0 && local_base != cfg.rope_theta) cfg.rope_theta_local = local_base;
         }
       }
     }
@@ -359,6 +373,15 @@ std::vector<StTensor> split_neox_qkv(const StTensor& t, int64_t H, int64_t dh) {
 
 }  // namespace
 
+double hf_load_bytes(const ModelConfig& cfg) {
+  const double params = static_cast<double>(parameter_count(cfg));
+  // each layer's rotary table: (max_seq_len, rotary dims) cosines and sines
+  const double rotary = cfg.positions == Positions::Rotary
+                            ? 4.0 * cfg.n_layers * static_cast<double>(cfg.max_seq_len) * static_cast<double>(cfg.rotary_dims())
+                            : 0.0;
+  return 8.0 * params + rotary;  // float32 weights twice: the file's, widened, and the model's
+}
+
 SafetensorsFile read_hf_directory(const std::string& dir) {
   const std::string config_path = dir + "/config.json";
   if (!file_exists(config_path))
@@ -370,8 +393,16 @@ SafetensorsFile read_hf_directory(const std::string& dir) {
   const ModelConfig cfg = hf_model_config(config_text, config_path);
   const std::string type = cj["model_type"].get<std::string>();
   const Fields f{cj, config_path, type};
-  const bool tied = f.flag("tie_word_embeddings", type == "gpt_neo" || type == "gemma2");
+  const bool tied = f.flag("tie_word_embeddings", type == "gpt_neo" || family_of(type) == Family::Gemma);
 
+  // refused before any weight is read, with the estimate (docs/models.md, "Memory and time"): the
+  // model's float32 weights twice and the weight files, read whole
+  double file_bytes = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (ends_with(e.path().filename().string(), ".safetensors") && e.is_regular_file(ec)) file_bytes += static_cast<double>(e.file_size(ec));
+  check_fits_in_memory(hf_load_bytes(cfg) + file_bytes, dir + ": loading the model config.json describes (" +
+                                                            std::to_string(parameter_count(cfg)) + " parameters)");
   std::map<std::string, std::string> origin;
   std::map<std::string, StTensor> hf = read_hf_weights(dir, is_buffer, origin);
   const std::vector<HfTensor> map = hf_tensor_map(type, cfg, tied);
@@ -444,7 +475,14 @@ std::vector<std::pair<std::string, std::string>> computation(const ModelConfig& 
   put("layer_norm_eps", c.layer_norm_eps);
   put("positions", to_string(c.positions));
   if (c.positions == Positions::Rotary) {
-    put("rope_theta", c.rope_theta);
+    std::string thetas;  // each layer's base: rope_theta, or rope_theta_local on local layers
+    for (int l = 0; l < c.n_layers; ++l) {
+      std::ostringstream o;
+      o.precision(9);
+      o << c.attention(l).rope.theta;
+      thetas += o.str() + (l + 1 < c.n_layers ? "," : "");
+    }
+    put("rope_theta", thetas);
     put("rotary_dim", c.rotary_dims());
     put("rotary_style", c.rotary_style);
   }
@@ -519,7 +557,8 @@ json hf_config_json(const ModelConfig& c, const std::string& type, bool tied) {
   j["rms_norm_eps"] = c.layer_norm_eps;
   j["rope_scaling"] = nullptr;
   if (fam == Family::Gemma) {
-    j["architectures"] = {"Gemma2ForCausalLM"};
+    j["architectures"] = {type == "gemma2" ? "Gemma2ForCausalLM" : "Gemma3ForCausalLM"};
+    if (type == "gemma3_text") j["rope_local_base_freq"] = c.rope_theta_local > 0.f ? c.rope_theta_local : c.rope_theta;
     j["hidden_activation"] = hf_activation(c.gate_activation());
     const double s = c.attn_scale > 0.f ? c.attn_scale : 1.0 / std::sqrt(dh);
     j["query_pre_attn_scalar"] = 1.0 / (s * s);
@@ -582,12 +621,12 @@ std::string hf_layout_for(const TransformerLM& model) {
     return "gpt2";
   } catch (const Error&) {
   }
-  const std::vector<std::string> order = {"gpt_neox", "llama", "qwen2", "qwen3", "mistral", "gemma2", "gpt_neo"};
+  const std::vector<std::string> order = {"gpt_neox", "llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "gpt_neo"};
   for (const std::string& t : order)
     if (layout_gap(model, t).empty()) return t;
   // the nearest: the layout of the model's MLP and norm kind
   const ModelConfig& c = model.cfg;
-  const std::string nearest = c.normalization == NormKind::RMSNorm1p ? "gemma2"
+  const std::string nearest = c.normalization == NormKind::RMSNorm1p ? (c.qk_norm ? "gemma3_text" : "gemma2")
                               : c.normalization == NormKind::RMSNorm ? (c.qk_norm ? "qwen3" : "llama")
                               : c.positions == Positions::Rotary     ? "gpt_neox"
                                                                      : "gpt_neo";
@@ -600,7 +639,13 @@ void check_hf_model_exportable(const TransformerLM& model, const std::string& ty
   if (!gap.empty()) fail("export --format hf-", type, ": the ", type, " layout cannot express the model's ", gap);
 }
 
-bool write_hf_model(const TransformerLM& model, const std::string& type, const std::string& dir) {
+const std::vector<std::string>& hf_tokenizer_files() {
+  static const std::vector<std::string> names = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                                 "tokenizer.model", "vocab.json", "merges.txt"};
+  return names;
+}
+
+bool write_hf_model(const TransformerLM& model, const std::string& type, const std::string& dir, const std::string& tokenizer_dir) {
   check_hf_model_exportable(model, type);
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -610,6 +655,7 @@ bool write_hf_model(const TransformerLM& model, const std::string& type, const s
     for (const auto& entry : fs::directory_iterator(dir, ec))
       fail(dir, ": already holds ", entry.path().filename().string(),
            "; the export writes a directory of its own: give a new or empty directory");
+  const auto tokenizer = own_tokenizer_files(tokenizer_dir, hf_tokenizer_files());  // name, bytes
   const ModelConfig& c = model.cfg;
   std::map<std::string, Tensor> p;
   for (auto& [name, t] : model.named_parameters()) p[name] = t;
@@ -638,6 +684,7 @@ bool write_hf_model(const TransformerLM& model, const std::string& type, const s
   StagedDir out(dir);  // all files, or none on a full disk or a signal
   write_file_atomic(out.file("model.safetensors"), weights);
   write_file_atomic(out.file("config.json"), hf_config_json(c, type, tied).dump(2) + "\n");
+  for (const auto& [name, bytes] : tokenizer) write_file_atomic(out.file(name), bytes);
   out.publish();
   return tied;
 }

@@ -1,5 +1,5 @@
 // Hugging Face model directories of today's decoder-only architectures (docs/models.md):
-// gpt_neox (Pythia), llama, mistral, qwen2, qwen3, gpt_neo and gemma2, beside GPT-2's own reader
+// gpt_neox (Pythia), llama, mistral, qwen2, qwen3, gpt_neo, gemma2 and gemma3_text, beside GPT-2's own reader
 // (models/hf_gpt2.h). A directory holds config.json and model.safetensors, or shards listed in
 // model.safetensors.index.json; BF16 and F16 tensors are widened to float32 exactly.
 //
@@ -43,20 +43,30 @@ std::vector<HfTensor> hf_tensor_map(const std::string& model_type, const ModelCo
 // checked against config.json (name and shape) before any model is built; an unknown model_type,
 // a missing or extra tensor, and a shape config.json does not describe are refused naming them.
 SafetensorsFile read_hf_directory(const std::string& dir);
+// About how many bytes loading an HF model of this config takes at its peak beyond its weight
+// files (read whole): its float32 parameters twice (the file's tensors widened, then the model's
+// own) and each layer's rotary table. read_hf_directory refuses, before reading any weight, a
+// model whose files and this need more than the memory available (the estimate in the message).
+double hf_load_bytes(const ModelConfig& cfg);
 
 // The layouts `headlab export --format hf` can write: "gpt2" (models/hf_gpt2.h) and
 // hf_model_types().
 // The layout a model's options call for: the first of gpt2, gpt_neox, llama, qwen2, qwen3,
-// mistral, gemma2, gpt_neo that expresses it exactly; refuses, naming the nearest layout's first
+// mistral, gemma2, gemma3_text, gpt_neo that expresses it exactly; refuses, naming the nearest layout's first
 // setting it cannot express, a model none expresses.
 std::string hf_layout_for(const TransformerLM& model);
 // Refuses, naming the setting, a model the `model_type` layout cannot express (the config written
 // must read back as the model's own: every setting that changes its computation compared).
 void check_hf_model_exportable(const TransformerLM& model, const std::string& model_type);
+// The tokenizer files of today's models (tokenizer.json, tokenizer_config.json,
+// special_tokens_map.json, and the vocab.json / merges.txt / tokenizer.model some also ship).
+const std::vector<std::string>& hf_tokenizer_files();
 // Writes `model` as a `model_type` directory: config.json and model.safetensors (F32) under
 // that architecture's names, through hf_tensor_map (NeoX's query_key_value fused per head). The
-// unembedding is tied when head.weight equals tok_emb.weight bit for bit. `dir` is written all or
-// nothing: it must be new or empty. Returns whether the unembedding was tied.
-bool write_hf_model(const TransformerLM& model, const std::string& model_type, const std::string& dir);
+// unembedding is tied when head.weight equals tok_emb.weight bit for bit. With `tokenizer_dir`,
+// the hf_tokenizer_files() found there are copied byte for byte (own_tokenizer_files). `dir` is
+// written all or nothing: it must be new or empty. Returns whether the unembedding was tied.
+bool write_hf_model(const TransformerLM& model, const std::string& model_type, const std::string& dir,
+                    const std::string& tokenizer_dir = "");
 
 }  // namespace hl

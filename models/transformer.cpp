@@ -79,10 +79,11 @@ AttentionConfig ModelConfig::attention(int layer) const {
   a.o_bias = o_bias;
   a.rotary = positions == Positions::Rotary;
   a.rope.dim = rotary_dims();
-  a.rope.theta = rope_theta;
+  a.rope.theta = rope_theta_local > 0.f && window_of_layer(layer) > 0 ? rope_theta_local : rope_theta;
   a.rope.interleaved = rotary_style == "interleaved";
   a.max_positions = max_seq_len;
   a.qk_norm = qk_norm;
+  a.qk_norm_one_plus = normalization == NormKind::RMSNorm1p;  // the QK-norm is of the model's norm kind
   a.norm_eps = layer_norm_eps;
   a.scale = attn_scale;
   a.softcap = attn_softcap;
@@ -157,6 +158,8 @@ void ModelConfig::validate() const {
     fail("model config: rotary_pct ", rotary_pct, " of d_head ", head_dim(), " is ", rotary_dims(),
          " dims; rotary needs an even number, at least 2 (or give rotary_dim)");
   if (!(rope_theta > 0.f) || !std::isfinite(rope_theta)) fail("model config: rope_theta must be positive, got ", rope_theta);
+  if (!(rope_theta_local >= 0.f) || !std::isfinite(rope_theta_local))
+    fail("model config: rope_theta_local must be positive (0 = rope_theta), got ", rope_theta_local);
   if (!(attn_scale >= 0.f) || !std::isfinite(attn_scale))
     fail("model config: attn_scale must be positive (0 = 1/sqrt(d_head)), got ", attn_scale);
   if (!(attn_softcap >= 0.f) || !std::isfinite(attn_softcap))
@@ -187,6 +190,7 @@ std::string ModelConfig::to_json() const {
             {"layer_norm_eps", layer_norm_eps}};
   // attention options (absent in older files: the defaults, today's attention)
   j["rope_theta"] = rope_theta;
+  j["rope_theta_local"] = rope_theta_local;
   j["rotary_dim"] = rotary_dim;
   j["rotary_pct"] = rotary_pct;
   j["rotary_style"] = rotary_style;
@@ -253,6 +257,7 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
   get("layer_norm_eps", c.layer_norm_eps, false);
   // attention options (absent: the defaults)
   get("rope_theta", c.rope_theta, false);
+  get("rope_theta_local", c.rope_theta_local, false);
   get("rotary_dim", c.rotary_dim, false);
   get("rotary_pct", c.rotary_pct, false);
   get("rotary_style", c.rotary_style, false);

@@ -37,10 +37,11 @@ struct ModelConfig {
   // attention options (docs/architectures.md, "attention options"); the defaults are today's
   // attention, and a config without these keys reads as the defaults
   float rope_theta = 10000.f;          // rotary positions: angle base
+  float rope_theta_local = 0.f;        // > 0: the angle base of the local (sliding-window) layers (Gemma 3); 0 = rope_theta
   int64_t rotary_dim = 0;              // rotary positions: dims of each head that turn; 0 = rotary_pct's
   float rotary_pct = 1.f;              // rotary positions with rotary_dim 0: this fraction of d_head (Pythia 0.25)
   std::string rotary_style = "half";   // half (rotate-half, Llama/NeoX) or interleaved (GPT-J)
-  bool qk_norm = false;                // RMSNorm over d_head on q and k (Qwen3, OLMo2)
+  bool qk_norm = false;                // RMSNorm over d_head on q and k (Qwen3, OLMo2); (1 + w) with rmsnorm_1p (Gemma 3)
   float attn_scale = 0.f;              // score scale; 0 = 1/sqrt(d_head); 1 = unscaled (GPT-Neo)
   float attn_softcap = 0.f;            // > 0: scores -> cap * tanh(scores / cap) (Gemma 2)
   int64_t sliding_window = 0;          // > 0: local layers see the last this many keys

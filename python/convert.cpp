@@ -313,6 +313,7 @@ const std::vector<ConfigField>& config_fields() {
       {"final_softcap", "", "Logit soft-cap; 0 = none", [](const ModelConfig& c) -> py::object { return short_float(c.final_softcap); }},
       // attention options (docs/architectures.md)
       {"rope_theta", "", "Rotary positions: the angles' base", [](const ModelConfig& c) -> py::object { return short_float(c.rope_theta); }},
+      {"rope_theta_local", "", "Rotary positions: the local layers' angles' base; 0 = rope_theta", [](const ModelConfig& c) -> py::object { return short_float(c.rope_theta_local); }},
       {"rotary_dim", "", "Rotary positions: dims of each head that turn; 0 = rotary_pct's", [](const ModelConfig& c) -> py::object { return py::int_(c.rotary_dim); }},
       {"rotary_pct", "", "Rotary positions, rotary_dim 0: the fraction of each head that turns", [](const ModelConfig& c) -> py::object { return short_float(c.rotary_pct); }},
       {"rotary_style", "", "half (rotate-half) or interleaved (GPT-J)", [](const ModelConfig& c) -> py::object { return py::str(c.rotary_style); }},

@@ -376,7 +376,7 @@ void bind_models(py::module_& m) {
 ModelConfig(**settings): n_layers, n_heads, d_model, d_head, d_mlp, d_vocab, n_ctx,
 n_key_value_heads, norm, activation, positions, attn_bias, mlp_bias, head_bias, eps, dropout,
 attn_dropout, the block options normalization, sandwich_norm, mlp, parallel_block, embed_scale,
-final_softcap, the attention options rope_theta, rotary_dim, rotary_pct, rotary_style, qk_norm,
+final_softcap, the attention options rope_theta, rope_theta_local, rotary_dim, rotary_pct, rotary_style, qk_norm,
 attn_scale, attn_softcap, sliding_window, window_layers, qkv_bias, o_bias, and arch (a preset's
 name: its settings, unless given); each also by its CLI flag's name (layers=, heads=, kv_heads=, d_ff=, vocab_size=,
 max_seq_len=, layer_norm_eps=). What is not given takes the CLI's default.

@@ -99,6 +99,8 @@ std::vector<TrainSetting> make_table() {
     {"--attn-bias", "/model/attn_bias", "Biases on W_Q, W_K, W_V, W_O", FIELD(args.model.attn_bias)},
     // attention options (docs/architectures.md)
     {"--rope-theta", "/model/rope_theta", "Rotary positions: the base of the angles", FIELD(args.model.rope_theta), R::kMustMatch, 1e-3, 1e12},
+    {"--rope-theta-local", "/model/rope_theta_local", "Rotary positions: the base of the local (sliding-window) layers' angles (Gemma 3); 0 = --rope-theta",
+     FIELD(args.model.rope_theta_local), R::kMustMatch, 0, 1e12},
     {"--rotary-dim", "/model/rotary_dim", "Rotary positions: the dims of each head that turn (even, <= d_head; 0 = --rotary-pct's)",
      FIELD(args.model.rotary_dim), R::kMustMatch, 0, 1 << 20},
     {"--rotary-pct", "/model/rotary_pct", "Rotary positions, --rotary-dim 0: this fraction of each head turns (Pythia 0.25)",

@@ -39,6 +39,9 @@ CASES = {
                                                       window_layers="alternate", o_bias=True),
     "sinusoidal, scale, 1:1 windows": dict(positions="sinusoidal", attn_scale=0.7, sliding_window=2, window_layers="1:1"),
     "llama + qk-norm + windows": dict(arch="llama", n_key_value_heads=2, qk_norm=True, sliding_window=4),
+    # Gemma 3's: the QK-norm of the model's rmsnorm_1p is (1 + w); local layers turn by their own base
+    "gemma3-like: (1 + w) qk-norm, local rope base": dict(arch="gemma2", qk_norm=True, rope_theta=1000.0, rope_theta_local=10.0,
+                                                          sliding_window=3, window_layers="LG"),
 }
 
 

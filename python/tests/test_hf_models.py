@@ -1,10 +1,11 @@
 """Hugging Face directories of today's architectures (gpt_neox, llama, mistral, qwen2, qwen3, gpt_neo,
-gemma2) read by headlab: tiny random models written by scripts/reference/hf_modern.py (from each
+gemma2, gemma3_text) read by headlab: tiny random models written by scripts/reference/hf_modern.py (from each
 architecture's published modeling code) load through `hl.TransformerLM.load` and `headlab convert`
 with logits equal to the reference's float64 forward within 1e-4 relative, also from BF16, F16 and
 sharded files; what headlab cannot represent is refused in one line naming the field or tensor."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -57,6 +58,7 @@ def test_logits_match_the_reference(tmp_path, name):
 
 @pytest.mark.parametrize("name,dtype,shards", [("pythia", torch.bfloat16, 1), ("smollm2", torch.bfloat16, 3),
                                                ("gemma2", torch.bfloat16, 2), ("qwen3", torch.float16, 1),
+                                               ("gemma3", torch.bfloat16, 1),
                                                ("tinystories", torch.float32, 2)])
 def test_bf16_f16_and_sharded_files_load(tmp_path, name, dtype, shards):
     d, config, state = make(tmp_path, name, dtype, shards)
@@ -108,6 +110,9 @@ def edit_config(d, **changes):
     ("pythia", {"hidden_act": "gelu_fast"}, "'hidden_act' \"gelu_fast\" is not an activation headlab has"),
     ("tinystories", {"attention_types": [[["global", "local"], 2]]}, "'attention_types' describes 4 layers but num_layers is 2"),
     ("gemma2", {"num_hidden_layers": 4}, "missing tensor 'model.layers.3.input_layernorm.weight'"),
+    ("gemma3", {"rope_scaling": {"rope_type": "linear", "factor": 8.0}}, "'rope_scaling' of type \"linear\" is not supported"),
+    ("gemma3", {"use_bidirectional_attention": True}, "'use_bidirectional_attention' true (an encoder"),
+    ("gemma3", {"sliding_window_pattern": 0}, "'sliding_window_pattern' must be an integer in 1..1024, got 0"),
 ])
 def test_refusals_name_the_field(tmp_path, name, changes, expect):
     d, _, _ = make(tmp_path, name)
@@ -151,12 +156,17 @@ def read_csv(path):
     return list(csv.DictReader(open(path)))
 
 
-def test_revision_directories_are_a_run(tmp_path):
-    # three revisions of a Pythia-shaped model, as downloaded: DIR/step0, DIR/step512, DIR/step1000
-    run_dir = tmp_path / "pythia-revisions"
+def three_revisions(run_dir):
+    """DIR/step0, DIR/step512, DIR/step1000: three revisions of a Pythia-shaped model, as downloaded."""
     for seed, step in enumerate([1000, 0, 512]):
         config = ref.CONFIGS["pythia"]
         ref.write_hf(str(run_dir / f"step{step}"), config, ref.random_state(config, seed=seed), torch.bfloat16)
+    return run_dir
+
+
+def test_revision_directories_are_a_run(tmp_path):
+    # three revisions of a Pythia-shaped model, as downloaded: DIR/step0, DIR/step512, DIR/step1000
+    run_dir = three_revisions(tmp_path / "pythia-revisions")
     over = tmp_path / "over"
     r = run("detect", "--run", run_dir, "--examples", 8, "--out", over)
     assert r.returncode == 0, r.stderr
@@ -174,10 +184,49 @@ def test_revision_directories_are_a_run(tmp_path):
                 assert "%.6f" % float(x[name]) == o[name], (step, name, o)
 
 
+def test_match_takes_revisions(tmp_path):
+    # DIR/stepN is one revision; DIR alone is its last, as a run directory is its final checkpoint
+    run_dir = three_revisions(tmp_path / "pythia-revisions")
+    a = run("match", "--checkpoint", run_dir / "step0", "--checkpoint", run_dir, "--examples", 8, "--out", tmp_path / "a")
+    assert a.returncode == 0, a.stderr
+    assert f"heads of A ({run_dir / 'step0'}) matched to heads of B ({run_dir / 'step1000'})" in a.stdout, a.stdout
+    b = run("match", "--checkpoint", run_dir / "step0", "--checkpoint", run_dir / "step1000", "--examples", 8,
+            "--out", tmp_path / "b")
+    assert b.returncode == 0, b.stderr
+    assert (tmp_path / "a" / "match.csv").read_bytes() == (tmp_path / "b" / "match.csv").read_bytes()
+    # revisions of one run share the residual basis: weights matching applies; a model matched with itself is the identity
+    w = run("match", "--checkpoint", run_dir / "step512", "--checkpoint", run_dir / "step512", "--by", "weights",
+            "--out", tmp_path / "w")
+    assert w.returncode == 0, w.stderr
+    for row in read_csv(tmp_path / "w" / "match.csv"):
+        assert (row["layer_a"], row["head_a"]) == (row["layer_b"], row["head_b"]) and abs(float(row["similarity"]) - 1) < 1e-5, row
+
+
+def test_view_of_revisions_shows_the_heads_over_training(tmp_path):
+    run_dir = three_revisions(tmp_path / "pythia-revisions")
+    r = run("detect", "--run", run_dir, "--examples", 8)  # into DIR/over_training/detect, where the page looks
+    assert r.returncode == 0, r.stderr
+    page = tmp_path / "page.html"
+    r = run("view", run_dir, "--examples", 2, "--out", page)
+    assert r.returncode == 0, r.stderr
+    assert f"showing the last, {run_dir / 'step1000'}" in r.stderr
+    # the panel's data in the page: the CSV detect wrote, 3 steps x 2 layers x 2 heads
+    html = page.read_text()
+    at = html.index('"over_training":') + len('"over_training":')
+    over, _ = json.JSONDecoder().raw_decode(html[at:])
+    assert [o["analysis"] for o in over] == ["detect"]
+    columns, got = over[0]["table"]["columns"], over[0]["table"]["rows"]
+    want = read_csv(run_dir / "over_training" / "detect" / "detect_over_training.csv")
+    assert sorted({row[columns.index("step")] for row in got}) == [0, 512, 1000] and len(got) == len(want) == 12
+    for row, x in zip(got, want):
+        assert [row[columns.index(c)] for c in columns] == [float(x[c]) for c in columns], (row, x)
+
+
 # ---------- out: headlab export --format hf ----------
 
 LAYOUT = {"pythia": "gpt_neox", "neox_sequential": "gpt_neox", "smollm2": "llama", "llama_untied": "llama",
-          "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "tinystories": "gpt_neo", "gemma2": "gemma2"}
+          "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "tinystories": "gpt_neo", "gemma2": "gemma2",
+          "gemma3": "gemma3_text", "gemma3_types": "gemma3_text"}
 
 
 @pytest.mark.parametrize("name", sorted(ref.CONFIGS))
@@ -212,6 +261,9 @@ def test_export_writes_the_layout_back_bit_for_bit(tmp_path, name):
     ("smollm2", "hf-gpt_neox", "the gpt_neox layout cannot express the model's mlp swiglu"),
     ("qwen3", "hf-qwen2", "the qwen2 layout cannot express the model's qk_norm 1"),
     ("mistral", "hf-llama", "the llama layout cannot express the model's sliding_window 4,4"),
+    ("gemma2", "hf-gemma3_text", "the gemma3_text layout cannot express the model's qk_norm 0 (the layout gives 1)"),
+    # the local layers' own rotary base: Gemma 2's layout has one base for every layer
+    ("gemma3", "hf-gemma2", "the gemma2 layout cannot express the model's rope_theta 10,10,1000000,10,10,1000000,10"),
 ])
 def test_export_refuses_what_the_layout_cannot_express(tmp_path, name, fmt, expect):
     d, _, _ = make(tmp_path, name)
@@ -226,3 +278,54 @@ def test_export_refuses_an_attention_only_model(tmp_path):
     hl.TransformerLM(hl.ModelConfig(d_ff=0, positions="rotary", normalization="rmsnorm"), seed=1).save(str(ck))
     line = bad_line(run("export", ck, "--format", "hf", "--out", tmp_path / "x"))
     assert "no Hugging Face layout expresses the model" in line and "d_ff 0" in line, line
+
+
+def test_export_copies_the_tokenizer_files(tmp_path):
+    # a model directory with its tokenizer: the export carries tokenizer.json, tokenizer_config.json and
+    # special_tokens_map.json byte for byte, so the exported directory tokenizes as the source does
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import hf_tokenizer_files as files
+    files.write("neox", str(tmp_path / "tok"))
+    vocab = hl.Tokenizer.load(str(tmp_path / "tok")).vocab_size
+    d, _, _ = make(tmp_path, "pythia", config={"vocab_size": vocab})
+    (d / "tokenizer.json").write_bytes((tmp_path / "tok" / "tokenizer.json").read_bytes())
+    (d / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<|endoftext|>", "tokenizer_class": "GPTNeoXTokenizer"}))
+    (d / "special_tokens_map.json").write_text(json.dumps({"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}))
+    out = tmp_path / "exported"
+    r = run("export", d, "--out", out)
+    assert r.returncode == 0, r.stderr
+    names = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+    for name in names:
+        assert (out / name).read_bytes() == (d / name).read_bytes(), name
+        assert f"copied the tokenizer file {name}" in r.stdout
+    text = "Heads over training: the quick fox, 1234!"
+    src, again = hl.TransformerLM.load(str(d)), hl.TransformerLM.load(str(out))
+    assert again.to_tokens(text).tolist() == src.to_tokens(text).tolist()
+    assert again.to_tokens(text)[0, 0] == 0  # tokenizer_config.json's bos_token came along
+    # a link to a file outside the source directory is never copied out of its place
+    d2 = tmp_path / "linked"
+    d2.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (d2 / name).write_bytes((d / name).read_bytes())
+    (d2 / "tokenizer.json").symlink_to(tmp_path / "tok" / "tokenizer.json")
+    line = bad_line(run("export", d2, "--out", tmp_path / "x"))
+    assert "tokenizer.json: is a symbolic link to" in line and "outside" in line, line
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_model_larger_than_memory_is_refused_before_its_weights_are_read(tmp_path):
+    # config.json describes a model of 5e13 parameters: refused from the config alone, with the
+    # estimate (8 bytes a parameter: float32 twice while loading), before the (tiny) weights are read
+    d, _, _ = make(tmp_path, "smollm2")
+    D, L, Fi, V = 16384, 1024, 1 << 20, 29
+    edit_config(d, hidden_size=D, num_hidden_layers=L, intermediate_size=Fi, num_attention_heads=4, num_key_value_heads=2)
+    Hkv = 2 * (D // 4)
+    params = 2 * V * D + L * (2 * D + D * D + 2 * Hkv * D + D * D + 3 * Fi * D) + D  # the unembedding is its own matrix
+    out = tmp_path / "out.safetensors"
+    for r in (run("convert", d, "--out", out), run("detect", "--checkpoint", d, "--out", tmp_path / "det")):
+        line = bad_line(r)
+        m = re.search(r": loading the model config.json describes \((\d+) parameters\): needs about ([\d.]+) TiB of memory, "
+                      r"more than the .* available$", line)
+        assert m and int(m.group(1)) == params, line
+        assert abs(float(m.group(2)) - 8 * params / 2 ** 40) < 0.1, line
+    assert not out.exists() and not (tmp_path / "det").exists()

@@ -27,7 +27,7 @@ def test_cfg_has_transformerlens_names_and_round_trips_through_to_dict():
     assert list(d) == ["d_vocab", "d_model", "n_layers", "n_heads", "n_key_value_heads", "d_head", "d_mlp", "n_ctx",
                        "norm", "activation", "positions", "attn_bias", "mlp_bias", "head_bias", "eps", "dropout",
                        "attn_dropout", "normalization", "sandwich_norm", "mlp", "parallel_block", "embed_scale",
-                       "final_softcap", "rope_theta", "rotary_dim", "rotary_pct", "rotary_style", "qk_norm",
+                       "final_softcap", "rope_theta", "rope_theta_local", "rotary_dim", "rotary_pct", "rotary_style", "qk_norm",
                        "attn_scale", "attn_softcap", "sliding_window", "window_layers", "qkv_bias", "o_bias", "arch"]
     again = hl.ModelConfig(**d)
     assert again == c and again.to_dict() == d and d["head_bias"] is True and d["eps"] == 1e-6
@@ -55,7 +55,7 @@ def test_reprs_say_what_they_hold():
                                   "d_head=4, d_mlp=32, n_ctx=16, norm='pre', ")
     assert repr(m.cfg).endswith("eps=1e-05, dropout=0.0, attn_dropout=0.0, normalization='layernorm', "
                                 "sandwich_norm=False, mlp='plain', parallel_block=False, embed_scale=False, "
-                                "final_softcap=0.0, rope_theta=10000.0, rotary_dim=0, rotary_pct=1.0, "
+                                "final_softcap=0.0, rope_theta=10000.0, rope_theta_local=0.0, rotary_dim=0, rotary_pct=1.0, "
                                 "rotary_style='half', qk_norm=False, attn_scale=0.0, attn_softcap=0.0, "
                                 "sliding_window=0, window_layers='all', qkv_bias=False, o_bias=False, arch='')")
     assert repr(m) == f"headlab.TransformerLM({m.cfg!r}, {m.num_parameters} parameters)"

@@ -1,6 +1,7 @@
 """Today's decoder-only architectures as Hugging Face stores them, written from each model's
 published definition (transformers' modeling_gpt_neox.py, modeling_llama.py, modeling_mistral.py,
-modeling_qwen2.py, modeling_qwen3.py, modeling_gpt_neo.py, modeling_gemma2.py; transformers is not
+modeling_qwen2.py, modeling_qwen3.py, modeling_gpt_neo.py, modeling_gemma2.py, modeling_gemma3.py and
+configuration_gemma3.py's Gemma3TextConfig; transformers is not
 needed): tiny random models in the HF layout (config.json + model.safetensors, sharded, BF16 or
 F16) and a float64 forward that is the reference headlab's logits are checked against
 (python/tests/test_hf_models.py). Read from the HF names alone: nothing here knows headlab's layout.
@@ -27,6 +28,10 @@ What each forward computes (ids (B, T); x the residual stream; linear layers y =
             query_pre_attn_scalar^-0.5, then attn_logit_softcapping c: c tanh(s / c); even layers
             slide (sliding_window); mlp = down(gelu_tanh(gate x) * up x); logits capped by
             final_logit_softcapping; tied.
+  gemma3_text as gemma2, and: q and k each through a (1 + w) RMSNorm over head_dim (q_norm, k_norm)
+            before the rotation; layer i slides unless (i + 1) % sliding_window_pattern == 0 (5 local,
+            1 global; or layer_types); local layers turn with base rope_local_base_freq, global ones
+            with rope_theta; attn_logit_softcapping and final_logit_softcapping null by default.
 """
 import json
 import math
@@ -86,7 +91,29 @@ CONFIGS = {
                "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 12,
                "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0, "sliding_window": 4,
                "tie_word_embeddings": True},
+    # 7 layers: with sliding_window_pattern 3, layers 2 and 5 are global, the rest local
+    "gemma3": {"model_type": "gemma3_text", "vocab_size": 29, "hidden_size": 24, "num_hidden_layers": 7,
+               "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "intermediate_size": 40,
+               "max_position_embeddings": 32, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+               "rope_local_base_freq": 10.0, "hidden_activation": "gelu_pytorch_tanh",
+               "query_pre_attn_scalar": 12, "attn_logit_softcapping": None, "final_logit_softcapping": None,
+               "sliding_window": 4, "sliding_window_pattern": 3, "rope_scaling": None, "tie_word_embeddings": True},
+    # Gemma 3 as its newer config.json say it (layer_types) and with a final soft-cap
+    "gemma3_types": {"model_type": "gemma3_text", "vocab_size": 29, "hidden_size": 24, "num_hidden_layers": 3,
+                     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 40,
+                     "max_position_embeddings": 32, "rms_norm_eps": 1e-6, "rope_theta": 1000.0,
+                     "rope_local_base_freq": 100.0, "hidden_activation": "gelu_pytorch_tanh",
+                     "query_pre_attn_scalar": 8, "final_logit_softcapping": 4.0, "sliding_window": 3,
+                     "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+                     "tie_word_embeddings": False},
 }
+
+
+def gemma3_local(c, i):
+    """Whether layer i of a gemma3_text config slides (Gemma3TextConfig's layer_types)."""
+    if c.get("layer_types"):
+        return c["layer_types"][i] == "sliding_attention"
+    return (i + 1) % c.get("sliding_window_pattern", 6) != 0
 
 
 def _gqa(c):
@@ -101,7 +128,7 @@ def random_state(config, seed=0, std=0.3):
     gain = lambda n: (1.0 + std * torch.randn(n, generator=g)).numpy()  # noqa: E731
     t, c, sd = config["model_type"], config, {}
     d, V = c["hidden_size"], c["vocab_size"]
-    tied = c.get("tie_word_embeddings", t in ("gpt_neo", "gemma2"))
+    tied = c.get("tie_word_embeddings", t in ("gpt_neo", "gemma2", "gemma3_text"))
     if t == "gpt_neox":
         H = c["num_attention_heads"]
         Fi = c["intermediate_size"]
@@ -136,7 +163,7 @@ def random_state(config, seed=0, std=0.3):
         return sd
     H, Hkv, dh = _gqa(c)
     Fi = c["intermediate_size"]
-    gemma = t == "gemma2"
+    gemma = t in ("gemma2", "gemma3_text")
     norm = (lambda n: r(n)) if gemma else gain  # Gemma stores w of (1 + w)
     qkv_bias = t == "qwen2" or c.get("attention_bias", False)
     o_bias = t != "qwen2" and c.get("attention_bias", False)
@@ -152,8 +179,8 @@ def random_state(config, seed=0, std=0.3):
         sd[p + "self_attn.o_proj.weight"] = r(d, H * dh)
         if o_bias:
             sd[p + "self_attn.o_proj.bias"] = r(d)
-        if t == "qwen3":
-            sd[p + "self_attn.q_norm.weight"], sd[p + "self_attn.k_norm.weight"] = gain(dh), gain(dh)
+        if t in ("qwen3", "gemma3_text"):
+            sd[p + "self_attn.q_norm.weight"], sd[p + "self_attn.k_norm.weight"] = norm(dh), norm(dh)
         sd[p + "post_attention_layernorm.weight"] = norm(d)
         if gemma:
             sd[p + "pre_feedforward_layernorm.weight"], sd[p + "post_feedforward_layernorm.weight"] = norm(d), norm(d)
@@ -202,7 +229,7 @@ def forward(config, state, ids):
     pos = torch.arange(T)
     lin = lambda x, p: x @ sd[p + ".weight"].T + (sd[p + ".bias"] if p + ".bias" in sd else 0)  # noqa: E731
     heads = lambda x, n: x.reshape(B, T, n, -1).transpose(1, 2)  # noqa: E731
-    tied = c.get("tie_word_embeddings", t in ("gpt_neo", "gemma2"))
+    tied = c.get("tie_word_embeddings", t in ("gpt_neo", "gemma2", "gemma3_text"))
     if t == "gpt_neox":
         H = c["num_attention_heads"]
         dh = d // H
@@ -243,7 +270,7 @@ def forward(config, state, ids):
         h = ln(x, "transformer.ln_f")
         return h @ (sd["transformer.wte.weight"] if tied else sd["lm_head.weight"]).T
     H, Hkv, dh = _gqa(c)
-    gemma = t == "gemma2"
+    gemma = t in ("gemma2", "gemma3_text")
     eps = c.get("rms_norm_eps", 1e-6)
 
     def rms(x, w):
@@ -251,7 +278,7 @@ def forward(config, state, ids):
         return n * (1.0 + w) if gemma else n * w
 
     act = ACT[c.get("hidden_activation", "gelu_pytorch_tanh")] if gemma else ACT[c.get("hidden_act", "silu")]
-    base = c.get("rope_theta", 10000.0)
+    base = c.get("rope_theta", 1000000.0 if t == "gemma3_text" else 10000.0)
     scale = c.get("query_pre_attn_scalar", 0) ** -0.5 if gemma else 1 / math.sqrt(dh)
     x = sd["model.embed_tokens.weight"][ids]
     if gemma:
@@ -260,14 +287,16 @@ def forward(config, state, ids):
         p = f"model.layers.{i}."
         h = rms(x, sd[p + "input_layernorm.weight"])
         q, k, v = heads(lin(h, p + "self_attn.q_proj"), H), heads(lin(h, p + "self_attn.k_proj"), Hkv), heads(lin(h, p + "self_attn.v_proj"), Hkv)
-        if t == "qwen3":
+        if t in ("qwen3", "gemma3_text"):
             q, k = rms(q, sd[p + "self_attn.q_norm.weight"]), rms(k, sd[p + "self_attn.k_norm.weight"])
-        q, k = rotate(q, dh, base, pos), rotate(k, dh, base, pos)
-        window = 0
+        window, layer_base = 0, base
         if t == "mistral":
             window = c.get("sliding_window") or 0
-        elif gemma and (c["layer_types"][i] == "sliding_attention" if c.get("layer_types") else i % 2 == 0):
+        elif t == "gemma2" and (c["layer_types"][i] == "sliding_attention" if c.get("layer_types") else i % 2 == 0):
             window = c.get("sliding_window") or 0
+        elif t == "gemma3_text" and gemma3_local(c, i):
+            window, layer_base = c.get("sliding_window") or 0, c.get("rope_local_base_freq", 10000.0)
+        q, k = rotate(q, dh, layer_base, pos), rotate(k, dh, layer_base, pos)
         softcap = (c.get("attn_logit_softcapping") or 0.0) if gemma else 0.0
         a = lin(attend(q, k, v, scale, window, softcap), p + "self_attn.o_proj")
         if gemma:

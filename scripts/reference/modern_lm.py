@@ -20,8 +20,10 @@ Attention options (of the attention side; read when the config has them, default
                  rotates the first rotary_dim features of each head, as GPT-NeoX), rotary_style half (rotate-half pairs (i, i + r/2), Llama,
                  NeoX) | interleaved (pairs (2i, 2i + 1), GPT-J); angle of pair i at position p:
                  p * theta^(-2i / r)
+  rope_theta_local > 0: the base of the local (sliding-window) layers instead (Gemma 3)
   qk_norm        RMSNorm over d_head of q and of k (weights attn.q_norm.weight, attn.k_norm.weight,
-                 (d_head), shared by the heads; eps the model's), before rotary (Qwen3, OLMo 2)
+                 (d_head), shared by the heads; eps the model's), before rotary (Qwen3, OLMo 2);
+                 with normalization rmsnorm_1p its gain is (1 + w) (Gemma 3)
   attn_scale     scores * attn_scale (0 = 1/sqrt(d_head))
   attn_softcap   scores -> cap * tanh(scores / cap) after scaling, before the mask (Gemma 2)
   sliding_window key j seen by query i when i - j < window, on the local layers of window_layers:
@@ -92,6 +94,8 @@ def is_local(cfg, layer):
         return True
     if pattern == "alternate":
         return layer % 2 == 0
+    if set(pattern) <= {"L", "G"}:  # one letter per layer
+        return pattern[layer] == "L"
     local, glob = (int(v) for v in pattern.split(":"))
     return layer % (local + glob) < local
 
@@ -103,12 +107,16 @@ def attention(x, p, prefix, cfg, layer):
     k = linear(x, p, prefix + "W_K").view(B, T, Hkv, dh).transpose(1, 2)
     v = linear(x, p, prefix + "W_V").view(B, T, Hkv, dh).transpose(1, 2)
     if cfg.get("qk_norm"):
-        q = norm(q, p, prefix + "q_norm", "rmsnorm", cfg["layer_norm_eps"])
-        k = norm(k, p, prefix + "k_norm", "rmsnorm", cfg["layer_norm_eps"])
+        kind = "rmsnorm_1p" if cfg.get("normalization") == "rmsnorm_1p" else "rmsnorm"
+        q = norm(q, p, prefix + "q_norm", kind, cfg["layer_norm_eps"])
+        k = norm(k, p, prefix + "k_norm", kind, cfg["layer_norm_eps"])
     if cfg.get("positions") == "rotary":
         dim = cfg.get("rotary_dim") or int(dh * cfg.get("rotary_pct", 1.0))  # GPT-NeoX's rotary_ndims
-        q = rotary(q, cfg.get("rope_theta", 10000.0), dim, cfg.get("rotary_style", "half"))
-        k = rotary(k, cfg.get("rope_theta", 10000.0), dim, cfg.get("rotary_style", "half"))
+        theta = cfg.get("rope_theta", 10000.0)
+        if cfg.get("rope_theta_local", 0) and is_local(cfg, layer):
+            theta = cfg["rope_theta_local"]
+        q = rotary(q, theta, dim, cfg.get("rotary_style", "half"))
+        k = rotary(k, theta, dim, cfg.get("rotary_style", "half"))
     k = k.repeat_interleave(H // Hkv, dim=1)
     v = v.repeat_interleave(H // Hkv, dim=1)
     scale = cfg.get("attn_scale") or 1.0 / math.sqrt(dh)
