@@ -37,7 +37,7 @@ struct TrainFlags {
   X(train) X(grads) X(attn) X(bench) X(ablate) X(prune) X(hooks) X(view) X(detect) X(patch) X(knockout) X(compose) X(dla) X(edges) \
   X(study) X(match) X(compare) X(convert) X(export) \
   X(sae) \
-  X(qk)
+  X(qk) \
   X(features)
 using CommandRunner = std::function<int()>;
 #define HEADLAB_DECLARE_COMMAND(name) void add_##name##_command(CLI::App& app, CommandRunner& runner);

@@ -6,7 +6,7 @@ import numpy
 class ActivationCache:
     """Activations by hook name (read-only array views) and their gradients"""
     def __getitem__(self, key: object) -> numpy.ndarray:
-        """cache[name] or cache[name, layer(, layer_type)] (as get_act_name): a read-only view of the activation"""
+        """cache[name] or cache[name, layer(, layer_type)] (as get_act_name): a read-only view of the activation; a name ending in _grad (cache['blocks.0.attn.hook_q_grad'], cache['q_grad', 0]) gives the gradient there (run_with_cache(incl_bwd=True), then backward())"""
     def grad(self, key: object) -> numpy.ndarray:
         """The gradient at a hook (run_with_cache(incl_bwd=True), then backward())"""
     def __contains__(self, arg0: object) -> bool:
@@ -202,6 +202,12 @@ b_dec, and for JumpReLU its thresholds. encode(x) = act((x - b_dec) W_enc + b_en
     def hook_name(self) -> str:
         """The hook point it reads"""
     @property
+    def hook_name_out(self) -> str:
+        """A transcoder: the hook point it reconstructs (its splice replaces it); empty for an SAE"""
+    @property
+    def d_out(self) -> int:
+        """Output width (d_in for an SAE)"""
+    @property
     def W_enc(self) -> numpy.ndarray:
         """(d_in, d_sae), read-only view"""
     @property
@@ -359,10 +365,10 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
         """Training mode (dropout on) or, with on=False, evaluation mode"""
     def eval(self) -> None:
         """Evaluation mode (no dropout)"""
-    def forward(self, ids: object, attention_mask: object = ...) -> Tensor:
-        """ids (T) or (B, T) -> logits (B, T, d_vocab), with the hooks the model holds (add_hook). attention_mask (B, T), 1 = token, 0 = padding, runs prompts of different lengths padded on either side (model.to_tokens(texts, padding_side=...) makes both): padding is never attended to, and a row's positions count its tokens from its first (as alone)"""
-    def __call__(self, ids: object, attention_mask: object = ...) -> Tensor:
-        """The same as forward(ids, attention_mask)"""
+    def forward(self, ids: object, attention_mask: object = ..., return_type: object = ...) -> object:
+        """ids (T) or (B, T) -> logits (B, T, d_vocab), with the hooks the model holds (add_hook). attention_mask (B, T), 1 = token, 0 = padding, runs prompts of different lengths padded on either side (model.to_tokens(texts, padding_side=...) makes both): padding is never attended to, and a row's positions count its tokens from its first (as alone). return_type (TransformerLens's): 'logits', 'loss' (the mean next-token cross-entropy, a tensor to call backward() on; padding not counted), 'both' ((logits, loss)) or None"""
+    def __call__(self, ids: object, attention_mask: object = ..., return_type: object = ...) -> object:
+        """The same as forward(ids, attention_mask, return_type)"""
     def loss(self, ids: object, targets: object, attention_mask: object = ...) -> Tensor:
         """Mean cross-entropy over targets != -1 (a tensor; call backward()); no counted target raises ValueError. With attention_mask, padding positions must have target -1"""
     def named_parameters(self) -> dict:
@@ -411,8 +417,8 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
         """Head gates of a layer (H): a view to set"""
     def gate_values(self) -> numpy.ndarray:
         """Every layer's head gates (n_layers, n_heads)"""
-    def run_with_cache(self, ids: object, names_filter: object = ..., incl_bwd: bool = ..., attention_mask: object = ...) -> tuple:
-        """(logits, cache): cache[name] for every hook name passing names_filter (None = all but the split q/k/v inputs, a name, a list, or a predicate name -> bool); incl_bwd=True: cache.grad(name) after logits' loss.backward(). The cache's decompose_resid, logit_attrs and the rest read hook_result and hook_scale, which names_filter=None caches. attention_mask: as model(ids, attention_mask)"""
+    def run_with_cache(self, ids: object, names_filter: object = ..., incl_bwd: bool = ..., attention_mask: object = ..., return_type: object = ...) -> tuple:
+        """(logits, cache): cache[name] for every hook name passing names_filter (None = all but the split q/k/v inputs, a name, a list, or a predicate name -> bool); incl_bwd=True: cache[name + '_grad'] (or cache.grad(name)) after a backward: return_type='loss' runs the loss's backward here (as TransformerLens), with 'logits' call backward() on a loss of them. The cache's decompose_resid, logit_attrs and the rest read hook_result and hook_scale, which names_filter=None caches. attention_mask, return_type: as model(...)"""
     def run_with_hooks(self, ids: object, fwd_hooks: List[Tuple[str, function]] = ..., bwd_hooks: List[Tuple[str, function]] = ..., attention_mask: object = ...) -> Tensor:
         """logits with hooks (after the model's own, add_hook): fn(activation, name) may return a replacement (the activation is read-only: edit a copy; an array is a constant to autograd; a hook wrapped in headlab.tensor_hook gets an hl.Tensor and its returned expression keeps the gradient); backward hooks fn(grad, name) run during backward()"""
     def add_hook(self, name: str, hook: function, dir: str = ...) -> None:
@@ -461,7 +467,7 @@ Padding is the BOS token when the tokenizer has one, else id 0 (never attended t
 def activation_patching(model: TransformerLM, task: object = ..., data: object = ..., seed: int = ..., alphabet: Optional[int] = ...) -> object:
     ...
 @overload
-def activation_patching(model: TransformerLM, clean: object, corrupted: object, hook: str = ..., axes: List[str] = ..., answers: object = ..., metric: object = ...) -> numpy.ndarray:
+def activation_patching(model: TransformerLM, clean: object, corrupted: object, hook: str = ..., axes: List[str] = ..., answers: object = ..., metric: object = ..., attention_mask: object = ...) -> numpy.ndarray:
     ...
 
 def attention_statistics(model: TransformerLM, data: object) -> object:
@@ -470,8 +476,8 @@ def attention_statistics(model: TransformerLM, data: object) -> object:
 def composition_baseline(config: ModelConfig, models: int = ..., seed: int = ...) -> object:
     """A CompositionBaseline: what composition scores random weights of config's shapes get: per kind (q, k, v) the mean and the 2.5th and 97.5th percentiles (lo, hi) over the head pairs of `models` random 2-layer models"""
 
-def composition_scores(model: TransformerLM, layer_a: int, layer_b: int) -> object:
-    """A CompositionScores: Q/K/V composition, q, k, v [head of layer_a][head of layer_b]"""
+def composition_scores(model: TransformerLM, layer_a: int, layer_b: int, offset: Optional[int] = ...) -> object:
+    """A CompositionScores: Q/K/V composition, q, k, v [head of layer_a][head of layer_b]. On a rotary model Q- and K-composition use W_QK(offset) = (R(offset) W_Q)^T W_K at the key offset (query position - key position); offset None: their mean over offsets 0..n_ctx-1, as headlab compose. V-composition is never rotated; other models score the same at every offset"""
 
 def copying_score(model: TransformerLM, layer: int, head: int) -> float:
     """Re(sum of the OV circuit's eigenvalues) / sum of their |.|: 1 copies, -1 suppresses (Elhage et al. 2021)"""
@@ -485,11 +491,18 @@ def cross_entropy(logits: Tensor, targets: object) -> Tensor:
 def detect_heads(model: TransformerLM, data: object, kind: str = ..., exclude_bos: bool = ..., exclude_current_token: bool = ...) -> numpy.ndarray:
     """TransformerLens-style detector scores (L, H): previous_token, duplicate_token or induction"""
 
-def edge_patching(model: TransformerLM, clean: object, corrupted: object, *, answers: object, method: str = ..., ig_steps: int = ..., ig_interpolate: str = ..., acdc_threshold: float = ..., acdc_score: str = ..., target_edges: object = ..., prune_steps: int = ..., prune_lr: float = ...) -> object:
-    """An EdgeResult: exact edge patching and edge attribution of every edge (as headlab edges), senders and receivers (names, in edge order), exact, attribution and linearisation_error (attribution - exact) arrays, clean_metric and corrupted_metric (mean logit difference of the answers (row, pos, clean token, corrupted token)). method='eap-ig' (ig_steps, ig_interpolate 'inputs' or 'activations'), 'atp-star' (AtP*: the QK fix and GradDrop), 'acdc' (acdc_threshold, acdc_score 'metric' or 'kl') or 'edge-pruning' (target_edges, default 20 or every edge; prune_steps, prune_lr) adds that method's scores under its name (acdc, edge-pruning: also 'circuit', the kept edges), as headlab edges --method"""
+def edge_patching(model: TransformerLM, clean: object, corrupted: object, *, answers: object, method: str = ..., ig_steps: int = ..., ig_interpolate: str = ..., acdc_threshold: float = ..., acdc_score: str = ..., target_edges: object = ..., prune_steps: int = ..., prune_lr: float = ..., attention_mask: object = ...) -> object:
+    """An EdgeResult: exact edge patching and edge attribution of every edge (as headlab edges), senders and receivers (names, in edge order), exact, attribution and linearisation_error (attribution - exact) arrays, clean_metric and corrupted_metric (mean logit difference of the answers (row, pos, clean token, corrupted token)). method='eap-ig' (ig_steps, ig_interpolate 'inputs' or 'activations'), 'atp-star' (AtP*: the QK fix and GradDrop), 'acdc' (acdc_threshold, acdc_score 'metric' or 'kl') or 'edge-pruning' (target_edges, default 20 or every edge; prune_steps, prune_lr) adds that method's scores under its name (acdc, edge-pruning: also 'circuit', the kept edges), as headlab edges --method. attention_mask (B, T), 1 = token, 0 = padding: rows of different lengths padded on the right, one mask for both runs, each row measured as if alone"""
 
 def evaluate(model: TransformerLM, task: object = ..., data: object = ..., autoregressive: bool = ...) -> object:
     """An EvalResult: held-out loss, token_acc, exact_match (and ar_exact_match with autoregressive=True) over the data's counted targets"""
+
+def evaluate_sae(model: TransformerLM, sae: SAE, data: object) -> object:
+    """The SAE measured on model over data (what hl.Batches takes: token ids (N, T), next-token targets): a dict of
+l0, explained_variance, mse, dead_fraction, dense_fraction, density (per feature) and density_histogram (log10
+buckets) on the activations at the SAE's hook, and the loss recovered when its reconstruction is spliced in:
+loss_clean, loss_spliced, loss_zero_ablated, loss_recovered = (zero_ablated - spliced) / (zero_ablated - clean).
+The same numbers as `headlab sae`'s metrics.json."""
 
 def feature_ablation(model: TransformerLM, sae: SAE, data: object, features: List[int], keep_error: bool = ...) -> dict:
     """Each feature's ablation effect on the loss: the SAE spliced in at its hook with the feature set to 0, minus nothing ablated. keep_error adds the SAE's error back (the base is then the model itself)."""
@@ -554,8 +567,8 @@ def ov_eigenvalues(model: TransformerLM, layer: int, head: int) -> numpy.ndarray
 def ov_singular_values(model: TransformerLM, layer: int, head: int) -> List[float]:
     """Singular values (descending) of the head's OV circuit W_O W_V (d_model x d_model, rank <= d_head)"""
 
-def path_patching(model: TransformerLM, clean: object, corrupted: object, *, sender: str, receivers: object = ..., answers: object) -> object:
-    """A PathPatchingResult: path patching of sender (embed or L{l}H{h}) to receivers (names; default: every reader): path = metric of the clean run with every receiver reading its input + the sender's corrupted-minus-clean output, minus the clean metric; activation = the same for the sender's whole output patched; clean_metric, corrupted_metric"""
+def path_patching(model: TransformerLM, clean: object, corrupted: object, *, sender: str, receivers: object = ..., answers: object, attention_mask: object = ...) -> object:
+    """A PathPatchingResult: path patching of sender (embed or L{l}H{h}) to receivers (names; default: every reader): path = metric of the clean run with every receiver reading its input + the sender's corrupted-minus-clean output, minus the clean metric; activation = the same for the sender's whole output patched; clean_metric, corrupted_metric. attention_mask: as edge_patching's"""
 
 def per_token_loss(model: TransformerLM, ids: object, targets: object = ...) -> numpy.ndarray:
     """Cross-entropy at each position: targets None = next token, (B, T-1); else (B, T) with 0 where the target is -1"""
@@ -574,11 +587,11 @@ class precision:
 def prune_curve(model: TransformerLM, task: object = ..., data: object = ..., order: str = ..., step_fraction: float = ..., min_per_layer: int = ..., recompute: bool = ..., seed: int = ...) -> object:
     """A PruneCurve: accuracy as heads are removed in an order (on a copy; the model is unchanged)"""
 
-def qk_attribution(model: TransformerLM, ids: object, *, row: int = ..., layer: int, head: int, query: int, key: int) -> dict:
-    """QK attribution: head (layer, head)'s scaled attention score at (query, key) of ids' row split into pairs of upstream components (tok, pos, earlier heads L{l}H{h}, L{l}.b_O, mlp{l}, bias) through ln1 with its scale frozen: components (names), pairs (C, C) [query side, key side], which sum to score (the model's)"""
+def qk_attribution(model: TransformerLM, ids: object, *, row: int = ..., layer: int, head: int, query: object = ..., key: object = ..., answers: object = ..., source_pos: object = ..., key_rule: str = ..., aggregate: str = ...) -> object:
+    """A QkAttribution: head (layer, head)'s scaled attention score split into pairs of upstream components (tok, pos, earlier heads L{l}H{h}, L{l}.b_O, mlp{l}, bias) through ln1 with its scale frozen (QK-norm's too; rotary parts turned by their position). One site: query and key of ids' row. A task's sites (as headlab qk): answers (rows of (row, pos, ...): query = pos) with key_rule 'source' (source_pos, the answer's earlier occurrence, as hl.corrupt_one_symbol gives), 'previous' or 'max', the pairs' aggregate ('mean' or 'sum') over the sites. Fields: components (names), pairs (C, C) [query side, key side], score (the model's, aggregated the same way: the pairs sum to it), query_totals and key_totals (C), sites (S, 3) of (row, query, key), aggregate, layer, head"""
 
-def qk_singular_values(model: TransformerLM, layer: int, head: int) -> List[float]:
-    """Singular values (descending) of the head's QK circuit W_Q^T W_K (d_model x d_model, rank <= d_head)"""
+def qk_singular_values(model: TransformerLM, layer: int, head: int, offset: Optional[int] = ...) -> List[float]:
+    """Singular values (descending) of the head's QK circuit W_Q^T W_K (d_model x d_model, rank <= d_head). On a rotary model those of W_QK(offset) = (R(offset) W_Q)^T W_K; offset None: the mean of each over offsets 0..n_ctx-1, as the gradient atlas's circuits.csv"""
 
 def repeated_random_tokens(n: int, k: int, vocab: int, seed: int = ...) -> Batches:
     """The fixed probe: n sequences [r_1..r_k, r_1..r_k] of uniform random tokens (every repeat k back)"""
@@ -598,9 +611,12 @@ def tensor(array: numpy.ndarray, requires_grad: bool = ...) -> Tensor:
 def top_activating_examples(model: TransformerLM, sae: SAE, data: object, features: List[int], k: int = ..., before: int = ..., after: int = ...) -> list:
     """Per feature, the k rows of data where it is largest, each as the window of tokens around its largest token with the feature's activation at each: [{feature, examples: [{row, position, max_activation, window_start, tokens, activations}]}]"""
 
-def train_sae(model: TransformerLM, hook: str, data: object, architecture: str = ..., expansion: int = ..., k: int = ..., steps: int = ..., batch: int = ..., lr: float = ..., warmup: int = ..., buffer: int = ..., l1_coefficient: float = ..., l0_coefficient: float = ..., bandwidth: float = ..., seed: int = ...) -> SAE:
+def train_sae(model: TransformerLM, hook: str, data: object, architecture: str = ..., expansion: int = ..., k: int = ..., steps: int = ..., batch: int = ..., lr: float = ..., warmup: int = ..., buffer: int = ..., l1_coefficient: float = ..., l0_coefficient: float = ..., bandwidth: float = ..., seed: int = ..., hook_out: object = ..., sparsity_warmup: int = ...) -> SAE:
     """Trains an SAE on model's activations at hook (e.g. "blocks.1.attn.hook_z", heads concatenated) over data,
-token ids (B, T) run through the model and mixed in a shuffle buffer of `buffer` rows. Returns an SAE."""
+token ids (B, T) run through the model and mixed in a shuffle buffer of `buffer` rows. Returns an SAE.
+With hook_out, a transcoder from hook's activation to hook_out's (e.g. hook="blocks.0.ln2.hook_normalized",
+hook_out="blocks.0.hook_mlp_out": the MLP's input to its output). sparsity_warmup: steps over which the L1 (standard)
+or L0 (jumprelu) weight rises from 0."""
 
 def train_settings() -> list:
     """(keyword, flag, help) of every training setting"""
