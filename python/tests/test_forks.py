@@ -36,5 +36,5 @@ def test_frozen_head_and_refusals(original, tmp_path):
     assert not np.array_equal(after[:8], np.asarray(snap.named_parameters()["blocks.1.attn.W_V.weight"])[:8])
     with pytest.raises(hl.HeadlabError, match="has no snapshot at step 15; it has 10"):
         hl.Trainer(fork=run, at=15, out=str(tmp_path / "x"))
-    with pytest.raises(ValueError, match="give the step of its snapshot to start from \(--at STEP\)"):
+    with pytest.raises(ValueError, match=r"give the step of its snapshot to start from \(--at STEP\)"):
         hl.Trainer(fork=run, out=str(tmp_path / "y"))
