@@ -171,26 +171,42 @@ std::vector<double> atp_star_scores(TransformerLM& model, const PatchingInputs& 
 
 namespace {
 
+// What the circuit run and the masked run both start from: the inputs checked, the clean and the
+// corrupted run's sender outputs (hook_result of every head, the embeddings) and the embedding
+// sender's corrupted-minus-clean delta. `what` leads the refusal of sandwich norms: both runs add
+// a removed sender's delta where the residual stream reads it, which a norm after attention
+// does not allow.
+struct SenderRuns {
+  Tensor clean_logits;  // (B, T, V)
+  ActivationCache clean, corrupt;
+  Tensor embed_delta;  // (B, T, d_model); rotary and NoPE models: the token embedding's alone
+};
+
+SenderRuns sender_runs(TransformerLM& model, const PatchingInputs& in, const std::string& what) {
+  check_edge_inputs(model.cfg, in);
+  if (model.cfg.sandwich_norm)
+    fail(what, ": the model has sandwich norms (sandwich_norm); it patches heads' outputs where the residual stream reads "
+               "them, which a norm after attention does not allow");
+  EvalScope mode(model);
+  NoGradGuard ng;
+  auto filter = [](const std::string& n) { return n == "hook_embed" || n == "hook_pos_embed" || n.ends_with("attn.hook_result"); };
+  SenderRuns r;
+  std::tie(r.clean_logits, r.clean) = model.run_with_cache(in.clean, filter);
+  r.corrupt = model.run_with_cache(in.corrupted, filter).second;
+  auto embed = [](const ActivationCache& a) { return a.has("hook_pos_embed") ? add(a["hook_embed"], a["hook_pos_embed"]) : a["hook_embed"]; };
+  r.embed_delta = sub(embed(r.corrupt), embed(r.clean));
+  return r;
+}
+
 // Runs circuits of one model and task: the corrupted run's sender outputs and the clean run's
 // logits are cached once.
 class CircuitRunner {
  public:
   CircuitRunner(TransformerLM& model, const PatchingInputs& in) : m_(model), c_(model.cfg), in_(in), edges_(model_edges(c_)) {
-    check_edge_inputs(c_, in);
-    // the circuit run adds each removed sender's hook_result delta to what its receiver reads;
-    // with sandwich norms a head's write to the residual is ln1_post of the whole attention output
-    if (c_.sandwich_norm)
-      fail("circuit: the model has sandwich norms (sandwich_norm); the circuit run (ACDC, faithfulness) patches "
-           "heads' outputs where the residual stream reads them, which a norm after attention does not allow");
-    EvalScope mode(model);
-    NoGradGuard ng;
-    auto filter = [](const std::string& n) { return n == "hook_embed" || n == "hook_pos_embed" || n.ends_with("attn.hook_result"); };
-    const auto [logits, clean] = model.run_with_cache(in.clean, filter);
-    corrupt_ = model.run_with_cache(in.corrupted, filter).second;
-    // rotary and NoPE models have no hook_pos_embed: the embedding sender is the token embedding
-    auto embed = [](const ActivationCache& a) { return a.has("hook_pos_embed") ? add(a["hook_embed"], a["hook_pos_embed"]) : a["hook_embed"]; };
-    embed_delta_ = sub(embed(corrupt_), embed(clean));
-    clean_log_probs_ = answer_log_probs(logits);
+    SenderRuns runs = sender_runs(model, in, "circuit (ACDC, faithfulness)");
+    corrupt_ = std::move(runs.corrupt);
+    embed_delta_ = runs.embed_delta;
+    clean_log_probs_ = answer_log_probs(runs.clean_logits);
   }
 
   CircuitRun run(const std::vector<bool>& kept) {
@@ -383,10 +399,7 @@ namespace {
 class MaskedRunner {
  public:
   MaskedRunner(TransformerLM& model, const PatchingInputs& in) : m_(model), c_(model.cfg), in_(in), edges_(model_edges(c_)) {
-    check_edge_inputs(c_, in);
-    if (c_.sandwich_norm)
-      fail("edge pruning: the model has sandwich norms (sandwich_norm); the masked circuit run patches heads' outputs where "
-           "the residual stream reads them, which a norm after attention does not allow");
+    const SenderRuns runs = sender_runs(model, in, "edge pruning");
     senders_ = edge_senders(c_);
     const std::vector<EdgeReceiver> receivers = edge_receivers(c_);
     const size_t E = edges_.size();
@@ -394,19 +407,13 @@ class MaskedRunner {
     for (const EdgeReceiver& r : receivers) index_[r.name()] = std::vector<int32_t>(senders_.size(), static_cast<int32_t>(E));
     for (size_t e = 0; e < E; ++e)
       index_[edges_[e].second.name()][sender_index(c_, edges_[e].first)] = static_cast<int32_t>(e);
-    EvalScope mode(model);
-    NoGradGuard ng;
-    auto filter = [](const std::string& n) { return n == "hook_embed" || n == "hook_pos_embed" || n.ends_with("attn.hook_result"); };
-    const auto [logits, clean] = model.run_with_cache(in.clean, filter);
-    const ActivationCache corrupt = model.run_with_cache(in.corrupted, filter).second;
-    auto embed = [](const ActivationCache& a) { return a.has("hook_pos_embed") ? add(a["hook_embed"], a["hook_pos_embed"]) : a["hook_embed"]; };
-    embed_delta_ = sub(embed(corrupt), embed(clean));
-    for (int l = 0; l < c_.n_layers; ++l) corrupt_results_.push_back(corrupt[hook_name(l, "attn.hook_result")]);
+    embed_delta_ = runs.embed_delta;
+    for (int l = 0; l < c_.n_layers; ++l) corrupt_results_.push_back(runs.corrupt[hook_name(l, "attn.hook_result")]);
     // the answers' rows of the flattened logits, and the clean run's probabilities there
     const int64_t T = in.clean.shape[1], V = c_.vocab_size;
     answer_rows_ = Ids(Shape{static_cast<int64_t>(in.answers.size())});
     for (size_t a = 0; a < in.answers.size(); ++a) answer_rows_.data[a] = static_cast<int32_t>(in.answers[a].row * T + in.answers[a].pos);
-    const Tensor lp = log_softmax(gather_rows(reshape(logits, {-1, V}), answer_rows_));  // (A, V)
+    const Tensor lp = log_softmax(gather_rows(reshape(runs.clean_logits, {-1, V}), answer_rows_));  // (A, V)
     clean_probs_ = exp(lp);
     clean_entropy_term_ = 0;  // sum p log p / A: KL = this - sum p log q / A
     for (int64_t i = 0; i < lp.numel(); ++i) clean_entropy_term_ += static_cast<double>(clean_probs_.data()[i]) * lp.data()[i];
