@@ -61,8 +61,10 @@ function el(tag, attrs, text) {
   return e;
 }
 function post_height() {
-  if (window.parent !== window)
-    window.parent.postMessage({ headlab_height: Math.ceil(document.body.getBoundingClientRect().bottom) + 16 }, "*");
+  // a frame the browser has not laid out yet (Chromium skips offscreen cross-origin frames) measures
+  // 0: keep the frame's first height until the page is laid out (the observer posts again then)
+  const bottom = Math.ceil(document.body.getBoundingClientRect().bottom);
+  if (window.parent !== window && bottom > 0) window.parent.postMessage({ headlab_height: bottom + 16 }, "*");
 }
 function fit_frame() {
   post_height();

@@ -250,6 +250,9 @@ def test_inline_views_are_sized_to_their_content(browser, tmp_path):
         return inside(frame, "return Math.ceil(document.body.getBoundingClientRect().bottom)")
 
     for frame, start in zip(frames, (200, 720)):
+        # as a reader scrolls to it: Chromium lays out an offscreen frame of another origin only
+        # once it is on screen (before, the page measured 0 and once shrank its frame to nothing)
+        browser.execute_script("arguments[0].scrollIntoView()", frame)
         # the page may post its height more than once as it lays out (its ResizeObserver): wait for
         # the frame to fit the content, not for the first change
         WebDriverWait(browser, 30).until(lambda d: content(frame) <= frame.size["height"] <= content(frame) + 40)
