@@ -17,7 +17,8 @@ cmake --build build -j"$jobs"
 # OpenBLAS picks its kernels by CPU (and this workplace may set OPENBLAS_CORETYPE), so float32
 # sums round differently on Intel and AMD machines. Run the suite under several kernel sets so
 # a tolerance that holds only for one of them fails here, not on the next machine.
-# Tests labelled `once` (the tutorial notebooks) run under the first kernel set only.
+# Tests labelled `once` (the tutorial notebooks, the command-line suites: processes, files and
+# signals, not float32 sums) run under the first kernel set only.
 only_once=()
 for core in Haswell SkylakeX default; do
   echo "== Release tests, OpenBLAS kernels: $core"
