@@ -4,10 +4,7 @@
 // another SAE -> CSV tables and the feature page in --out.
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
-
-#include <nlohmann/json.hpp>
 
 #include "analysis/feature_study.h"
 #include "analysis/features_over_training.h"
@@ -17,7 +14,7 @@
 #include "models/checkpoint.h"
 #include "train/checkpoint_task.h"
 #include "train/run_dir.h"
-#include "train/snapshots.h"
+#include "train/over_training.h"
 #include "views/feature_page.h"
 
 namespace hl {
@@ -35,22 +32,6 @@ std::string g9(double v) {
   char b[32];
   std::snprintf(b, sizeof b, "%.9g", v);
   return b;
-}
-
-// The run's snapshots and its final checkpoint (unless a snapshot holds its step), as steps and files.
-void run_checkpoints(const std::string& run, std::vector<int64_t>& steps, std::vector<std::string>& files) {
-  if (!std::filesystem::is_directory(run)) fail("--run ", run, ": no such run directory");
-  for (int64_t s : snapshot_steps(run)) steps.push_back(s), files.push_back(snapshot_path(run, s));
-  if (steps.empty()) fail("--run ", run, " has no snapshots (", how_to_make_snapshots(), ")");
-  const std::string last = run + "/checkpoint.safetensors";
-  if (!file_exists(last)) return;
-  int64_t step = -1;
-  try {
-    step = nlohmann::json::parse(read_checkpoint(last).meta("train_state")).at("step").get<int64_t>();
-  } catch (const nlohmann::json::exception& e) {
-    fail(last, ": its train_state metadata is unreadable (", e.what(), ")");
-  }
-  if (step > steps.back()) steps.push_back(step), files.push_back(last);
 }
 
 int run_features(const FeaturesOpts& o) {
@@ -106,11 +87,9 @@ int run_features(const FeaturesOpts& o) {
   }
   write_file_atomic(staged->file("presence.csv"), presence);
   if (!o.run.empty()) {
-    std::vector<int64_t> steps;
-    std::vector<std::string> files;
-    run_checkpoints(o.run, steps, files);
+    const RunCheckpoints run = run_checkpoints(o.run);
     const FeaturesOverTraining ot = features_over_training(
-        steps, [&](size_t i) { return load_model(files[i]); }, sae, ids,
+        run.steps, [&](size_t i) { return load_model(read_run_checkpoint(run, i)); }, sae, ids,
         [](size_t done, size_t total, int64_t step) {
           std::printf("  step %lld (%zu of %zu)\n", static_cast<long long>(step), done, total);
           std::fflush(stdout);
@@ -153,7 +132,7 @@ void add_features_command(CLI::App& app, CommandRunner& runner) {
   sub->add_option("--after", o->after, "Tokens shown after it")->capture_default_str()->check(in_range(0, 1 << 20));
   sub->add_option("--logit-tokens", o->logit_tokens, "Tokens listed as promoted / suppressed")->capture_default_str()->check(in_range(0, 1000));
   sub->add_flag("--no-ablate", o->no_ablate, "Skip the ablation effects (one pass over the data per feature)");
-  sub->add_option("--run", o->run, "A run directory: the SAE applied to each of its snapshots (over_training.csv)");
+  sub->add_option("--run", o->run, "A run directory (or a directory of a model's revisions): the SAE applied at each of its snapshots (over_training.csv)");
   sub->add_option("--compare", o->compare, "Another checkpoint (a fork, another seed): the features' presence on it too (presence.csv)");
   sub->add_option("--match", o->match, "Another SAE directory: its features matched one to one by decoder cosine (match.csv)");
   sub->add_option("--task", o->task, "Task to draw sequences from when the checkpoint does not name one")

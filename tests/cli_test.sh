@@ -76,6 +76,14 @@ check "features writes the feature page" 0 '"head_fraction":\[' -- cat "$T/feat/
 check "features matches an SAE with itself" 0 "^3,3,1" -- cat "$T/feat/match.csv"
 check "features refuses a feature the SAE does not have" nonzero "--features \\(features of the SAE\\): 99 is outside 0..31" -- "$HL" features --sae "$T/sae" --checkpoint "$T/run/model.safetensors" --features 99 --out "$T/feat2"
 [ ! -e "$T/feat2" ] && { pass=$((pass+1)); echo "ok   features wrote nothing when refused"; } || { fail=$((fail+1)); echo "FAIL features wrote after a refusal"; }
+# features --run: the SAE at every snapshot and the final checkpoint; a snapshot of another run is refused
+check "a run with snapshots" 0 "token accuracy" -- "$HL" train $small --steps 30 --eval-every 30 --snapshot-at 0,10 --out "$T/snaprun"
+check "features over a run's snapshots" 0 "wrote .*/featrun/features.csv, features.html, presence.csv, over_training.csv" -- "$HL" features --sae "$T/sae" --checkpoint "$T/snaprun/checkpoint.safetensors" --run "$T/snaprun" --sequences 8 --batches 1 --top-features 2 --examples 2 --threads 1 --out "$T/featrun"
+check "features over training: steps 0, 10 and the final 30" 0 "^0 10 30 $" -- bash -c "tail -n +2 '$T/featrun/over_training.csv' | cut -d, -f1 | uniq | tr '\\n' ' '"
+check "another seed's run" 0 "token accuracy" -- "$HL" train $small --steps 10 --eval-every 10 --snapshot-at 10 --seed 7 --out "$T/seed7"
+cp -r "$T/snaprun" "$T/mixrun" && cp "$T/seed7/snapshots/step_00000010.safetensors" "$T/mixrun/snapshots/"
+check "features --run refuses a snapshot of another run" nonzero "step_00000010.safetensors: a snapshot of another run \\(.*seed" -- "$HL" features --sae "$T/sae" --checkpoint "$T/snaprun/checkpoint.safetensors" --run "$T/mixrun" --sequences 8 --batches 1 --threads 1 --out "$T/featmix"
+[ ! -e "$T/featmix" ] && { pass=$((pass+1)); echo "ok   features wrote nothing when refused"; } || { fail=$((fail+1)); echo "FAIL features --run wrote after a refusal"; }
 check "resume to more steps" 0 "token accuracy" -- "$HL" train --steps 40 --resume --out "$T/run"
 check "grads from task" 0 "wrote .* gradients" -- "$HL" grads --checkpoint "$T/run/model.safetensors" --batch-size 2 --out "$T/g.st"
 check "attn with tokens" 0 "attn.safetensors" -- "$HL" attn --checkpoint "$T/run/model.safetensors" --tokens "6 1 2 3 4 7 1 2" --out "$T/attn"

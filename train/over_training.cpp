@@ -43,42 +43,56 @@ void check_same_run(const SafetensorsFile& f, const std::string& path, const std
 }
 }  // namespace
 
+RunCheckpoints run_checkpoints(const std::string& run) {
+  RunCheckpoints r;
+  r.run = run;
+  if (!std::filesystem::is_directory(run)) fail("--run ", run, ": no such run directory");
+  for (int64_t step : snapshot_steps(run)) {
+    r.steps.push_back(step);
+    r.files.push_back(snapshot_path(run, step));
+  }
+  // a model's downloaded revisions (stepN subdirectories): their steps are their names'
+  r.revisions = r.steps.empty() && !(r.steps = revision_steps(run)).empty();
+  if (r.revisions)
+    for (int64_t step : r.steps) r.files.push_back(revision_path(run, step));
+  if (r.steps.empty())
+    fail(run, " has no snapshots (", how_to_make_snapshots(), ") and no revision subdirectories (step0, step1000, ... each with a config.json)");
+  const std::string final_path = run + "/checkpoint.safetensors";
+  if (!r.revisions && file_exists(final_path)) {
+    const int64_t last = checkpoint_step(final_path);
+    if (std::find(r.steps.begin(), r.steps.end(), last) == r.steps.end()) {
+      // a run stopped early may hold snapshots written after its checkpoint: keep the steps in order
+      const auto at = std::upper_bound(r.steps.begin(), r.steps.end(), last) - r.steps.begin();
+      r.steps.insert(r.steps.begin() + at, last);
+      r.files.insert(r.files.begin() + at, final_path);
+    }
+  }
+  if (!r.revisions) r.run_args = stored_run_args(run);
+  return r;
+}
+
+SafetensorsFile read_run_checkpoint(const RunCheckpoints& r, size_t i) {
+  SafetensorsFile f = read_checkpoint(r.files[i]);
+  if (!r.revisions) {  // a revision holds no train state: its step is its name
+    if (const int64_t stored = checkpoint_step(f, r.files[i]); stored != r.steps[i])
+      fail(r.files[i], ": holds the weights of step ", stored, ", not of step ", r.steps[i], " (a renamed or copied file)");
+    check_same_run(f, r.files[i], r.run_args, r.run);
+  }
+  return f;
+}
+
 ScoresOverTraining scores_over_training(const std::string& run, const std::string& analysis, const HeadScoreOptions& o,
                                         const std::function<void(size_t, size_t, int64_t)>& progress) {
   ScoresOverTraining s;
   s.run = run;
   s.analysis = analysis;
   s.score_names = head_analysis(analysis).scores;  // a bad name fails before anything is read
-  if (!std::filesystem::is_directory(run)) fail("--run ", run, ": no such run directory");
-  for (int64_t step : snapshot_steps(run)) {
-    s.steps.push_back(step);
-    s.checkpoints.push_back(snapshot_path(run, step));
-  }
-  // a model's downloaded revisions (stepN subdirectories): their steps are their names'
-  const bool revisions = s.steps.empty() && !(s.steps = revision_steps(run)).empty();
-  if (revisions)
-    for (int64_t step : s.steps) s.checkpoints.push_back(revision_path(run, step));
-  if (s.steps.empty())
-    fail(run, " has no snapshots (", how_to_make_snapshots(), ") and no revision subdirectories (step0, step1000, ... each with a config.json)");
-  const std::string final_path = run + "/checkpoint.safetensors";
-  if (!revisions && file_exists(final_path)) {
-    const int64_t last = checkpoint_step(final_path);
-    if (std::find(s.steps.begin(), s.steps.end(), last) == s.steps.end()) {
-      // a run stopped early may hold snapshots written after its checkpoint: keep the steps in order
-      const auto at = std::upper_bound(s.steps.begin(), s.steps.end(), last) - s.steps.begin();
-      s.steps.insert(s.steps.begin() + at, last);
-      s.checkpoints.insert(s.checkpoints.begin() + at, final_path);
-    }
-  }
+  const RunCheckpoints r = run_checkpoints(run);
+  s.steps = r.steps;
+  s.checkpoints = r.files;
   s.values.assign(s.score_names.size(), {});
-  const std::string run_args = stored_run_args(run);
   for (size_t i = 0; i < s.steps.size(); ++i) {
-    const SafetensorsFile f = read_checkpoint(s.checkpoints[i]);
-    if (!revisions) {  // a revision holds no train state: its step is its name
-      if (const int64_t stored = checkpoint_step(f, s.checkpoints[i]); stored != s.steps[i])
-        fail(s.checkpoints[i], ": holds the weights of step ", stored, ", not of step ", s.steps[i], " (a renamed or copied file)");
-      check_same_run(f, s.checkpoints[i], run_args, run);
-    }
+    const SafetensorsFile f = read_run_checkpoint(r, i);
     const HeadScores h = head_scores(analysis, f, s.checkpoints[i], o);
     const int L = static_cast<int>(h.grids[0].size()), H = L ? static_cast<int>(h.grids[0][0].size()) : 0;
     if (i == 0) s.layers = L, s.heads = H;

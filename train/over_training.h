@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "lib/safetensors.h"
 #include "train/head_analyses.h"
 
 namespace hl {
@@ -24,6 +25,21 @@ struct ScoresOverTraining {
                          static_cast<size_t>(head)];
   }
 };
+// The checkpoints of a run directory in step order: its snapshots and its final checkpoint (unless
+// a snapshot holds its step), or a model's downloaded revisions (stepN subdirectories, each a
+// Hugging Face directory). Fails for a directory with neither, saying how to keep snapshots.
+struct RunCheckpoints {
+  std::string run;
+  std::vector<int64_t> steps;       // ascending
+  std::vector<std::string> files;   // the checkpoint (or revision directory) of each step
+  bool revisions = false;           // stepN subdirectories: no train state to check
+  std::string run_args;             // the run's stored arguments, what each snapshot must match
+};
+RunCheckpoints run_checkpoints(const std::string& run);
+// The checkpoint of step r.steps[i], read and checked to hold that step of this run (a snapshot
+// copied in from another run or renamed is refused).
+SafetensorsFile read_run_checkpoint(const RunCheckpoints& r, size_t i);
+
 // The scores at every snapshot of `run` and at its final checkpoint (checkpoint.safetensors,
 // unless a snapshot holds its step). Fails for a run without snapshots, saying how to keep them.
 // progress(done, total, step) after each checkpoint.
