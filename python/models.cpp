@@ -379,13 +379,22 @@ attn_dropout, the block options normalization, sandwich_norm, mlp, parallel_bloc
 final_softcap, the attention options rope_theta, rope_theta_local, rotary_dim, rotary_pct, rotary_style, qk_norm,
 attn_scale, attn_softcap, sliding_window, window_layers, qkv_bias, o_bias, and arch (a preset's
 name: its settings, unless given); each also by its CLI flag's name (layers=, heads=, kv_heads=, d_ff=, vocab_size=,
-max_seq_len=, layer_norm_eps=). What is not given takes the CLI's default.
+max_seq_len=, layer_norm_eps=). TransformerLens's act_fn ('gelu', 'gelu_new', 'silu', ...), normalization_type
+('LN', 'RMS'), positional_embedding_type ('standard', 'rotary', ...) and original_architecture ('LlamaForCausalLM', ...)
+are read as attributes and taken as keywords for activation, normalization, positions and arch. What is not given takes the CLI's default.
 ModelConfig(**cfg.to_dict()) gives cfg back.)");
   config.def(py::init([](py::kwargs kw) { return model_config_from_kwargs(kw); }),
              "ModelConfig(**settings): the names are listed in the class's help; unknown ones raise TypeError");
   for (const ConfigField& f : config_fields()) {
     const auto get = f.get;
     config.def_property_readonly(f.name, [get](const ModelConfig& c) { return get(c); }, f.doc);
+  }
+  for (const TlSpelling& s : tl_spellings()) {
+    const auto field = std::find_if(config_fields().begin(), config_fields().end(),
+                                    [&](const ConfigField& f) { return std::string(f.name) == s.native; });
+    config.def_property_readonly(s.tl, [&s, get = field->get](const ModelConfig& c) {
+      return tl_value(s, get(c).cast<std::string>());
+    }, s.doc);
   }
   config
       .def("to_dict", &config_dict, "{name: value} of every setting, by the names ModelConfig(...) takes")

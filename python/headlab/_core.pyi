@@ -43,7 +43,7 @@ class ActivationCache:
 class Batches:
     """Batches of held-out rows: a task's (Task.held_out), a probe's, or your arrays"""
     def __init__(self, input_ids: object, targets: object = ..., loss_mask: object = ..., batch_size: object = ..., prompt_len: object = ..., attention_mask: object = ...) -> None:
-        """Batches(input_ids (N, T), targets=None, loss_mask=None, batch_size=128, prompt_len=None, attention_mask=None), or Batches({'input_ids': ..., 'targets': ..., 'loss_mask': ...}): rows by the tokens task's rule (targets -1 = not counted; without targets position t predicts input t+1; loss_mask 0 = not counted). attention_mask (1 = token, 0 = padding): rows of different lengths padded on the right, each analysed as the row alone (padding neither attended to nor counted)"""
+        """Batches(input_ids (N, T), targets=None, loss_mask=None, batch_size=128, prompt_len=None, attention_mask=None), or Batches({'input_ids': ..., 'targets': ..., 'loss_mask': ...}): rows by the tokens task's rule (targets -1 = not counted; without targets position t predicts input t+1; loss_mask 0 = not counted). attention_mask (1 = token, 0 = padding): rows of different lengths padded on either side, each analysed as the row alone (padding neither attended to nor counted); a left-padded row's tokens are moved to its first columns (prompt_len counts the padded columns, as the ids)"""
     @property
     def rows(self) -> int:
         """Rows over all batches"""
@@ -64,7 +64,9 @@ attn_dropout, the block options normalization, sandwich_norm, mlp, parallel_bloc
 final_softcap, the attention options rope_theta, rope_theta_local, rotary_dim, rotary_pct, rotary_style, qk_norm,
 attn_scale, attn_softcap, sliding_window, window_layers, qkv_bias, o_bias, and arch (a preset's
 name: its settings, unless given); each also by its CLI flag's name (layers=, heads=, kv_heads=, d_ff=, vocab_size=,
-max_seq_len=, layer_norm_eps=). What is not given takes the CLI's default.
+max_seq_len=, layer_norm_eps=). TransformerLens's act_fn ('gelu', 'gelu_new', 'silu', ...), normalization_type
+('LN', 'RMS'), positional_embedding_type ('standard', 'rotary', ...) and original_architecture ('LlamaForCausalLM', ...)
+are read as attributes and taken as keywords for activation, normalization, positions and arch. What is not given takes the CLI's default.
 ModelConfig(**cfg.to_dict()) gives cfg back."""
     def __init__(self, **kwargs: Any) -> None:
         """ModelConfig(**settings): the names are listed in the class's help; unknown ones raise TypeError"""
@@ -176,6 +178,18 @@ ModelConfig(**cfg.to_dict()) gives cfg back."""
     @property
     def arch(self) -> object:
         """The --arch preset it was made with ('' = none)"""
+    @property
+    def act_fn(self) -> object:
+        """TransformerLens's activation name (TL: gelu = erf, gelu_new = tanh)"""
+    @property
+    def normalization_type(self) -> object:
+        """TransformerLens's norm name: LN or RMS (Gemma's 1 + w reads as RMS)"""
+    @property
+    def positional_embedding_type(self) -> object:
+        """TransformerLens's positions: standard (learned), sinusoidal or rotary"""
+    @property
+    def original_architecture(self) -> object:
+        """The Hugging Face class of the --arch preset (None: none)"""
     def to_dict(self) -> dict:
         """{name: value} of every setting, by the names ModelConfig(...) takes"""
     def __eq__(self, arg0: ModelConfig) -> bool:
@@ -492,7 +506,7 @@ def detect_heads(model: TransformerLM, data: object, kind: str = ..., exclude_bo
     """TransformerLens-style detector scores (L, H): previous_token, duplicate_token or induction"""
 
 def edge_patching(model: TransformerLM, clean: object, corrupted: object, *, answers: object, method: str = ..., ig_steps: int = ..., ig_interpolate: str = ..., acdc_threshold: float = ..., acdc_score: str = ..., target_edges: object = ..., prune_steps: int = ..., prune_lr: float = ..., attention_mask: object = ...) -> object:
-    """An EdgeResult: exact edge patching and edge attribution of every edge (as headlab edges), senders and receivers (names, in edge order), exact, attribution and linearisation_error (attribution - exact) arrays, clean_metric and corrupted_metric (mean logit difference of the answers (row, pos, clean token, corrupted token)). method='eap-ig' (ig_steps, ig_interpolate 'inputs' or 'activations'), 'atp-star' (AtP*: the QK fix and GradDrop), 'acdc' (acdc_threshold, acdc_score 'metric' or 'kl') or 'edge-pruning' (target_edges, default 20 or every edge; prune_steps, prune_lr) adds that method's scores under its name (acdc, edge-pruning: also 'circuit', the kept edges), as headlab edges --method. attention_mask (B, T), 1 = token, 0 = padding: rows of different lengths padded on the right, one mask for both runs, each row measured as if alone"""
+    """An EdgeResult: exact edge patching and edge attribution of every edge (as headlab edges), senders and receivers (names, in edge order), exact, attribution and linearisation_error (attribution - exact) arrays, clean_metric and corrupted_metric (mean logit difference of the answers (row, pos, clean token, corrupted token)). method='eap-ig' (ig_steps, ig_interpolate 'inputs' or 'activations'), 'atp-star' (AtP*: the QK fix and GradDrop), 'acdc' (acdc_threshold, acdc_score 'metric' or 'kl') or 'edge-pruning' (target_edges, default 20 or every edge; prune_steps, prune_lr) adds that method's scores under its name (acdc, edge-pruning: also 'circuit', the kept edges), as headlab edges --method. attention_mask (B, T), 1 = token, 0 = padding: rows of different lengths padded on either side, one mask for both runs, each row measured as if alone (answers' pos in the padded columns given)"""
 
 def evaluate(model: TransformerLM, task: object = ..., data: object = ..., autoregressive: bool = ...) -> object:
     """An EvalResult: held-out loss, token_acc, exact_match (and ar_exact_match with autoregressive=True) over the data's counted targets"""

@@ -279,3 +279,69 @@ def test_a_swiglu_gate_refuses_an_activation_it_would_ignore():
     # a SwiGLU config says silu, so it makes itself again
     cfg = hl.ModelConfig(arch="llama", d_model=16, n_heads=2)
     assert cfg.activation == "silu" and hl.ModelConfig(**cfg.to_dict()) == cfg
+
+
+# ---- TransformerLens's spellings of headlab's settings ------------------------------------------
+
+@pytest.mark.parametrize("arch, tl", [
+    ("gpt2", dict(act_fn="gelu", normalization_type="LN",  # the preset keeps headlab's default gelu (erf) positional_embedding_type="standard",
+                  original_architecture="GPT2LMHeadModel")),
+    ("llama", dict(act_fn="silu", normalization_type="RMS", positional_embedding_type="rotary",
+                   original_architecture="LlamaForCausalLM")),
+    ("neox", dict(act_fn="gelu", normalization_type="LN", positional_embedding_type="rotary",
+                  original_architecture="GPTNeoXForCausalLM")),
+])
+def test_cfg_reads_and_takes_transformerlens_spellings(arch, tl):
+    c = hl.ModelConfig(arch=arch, d_model=16, n_layers=1, n_heads=2)
+    assert {k: getattr(c, k) for k in tl} == tl  # cfg -> TransformerLens's names
+    # TransformerLens's names -> the same settings, each given alone over a blank config
+    native = dict(act_fn="activation", normalization_type="normalization", positional_embedding_type="positions",
+                  original_architecture="arch")
+    for k, v in tl.items():
+        if k != "original_architecture":
+            assert getattr(hl.ModelConfig(**{k: v}), native[k]) == getattr(c, native[k]), k
+    # the preset by its Hugging Face class is the preset; to_dict keeps one name per field
+    again = hl.ModelConfig(original_architecture=tl["original_architecture"], d_model=16, n_layers=1, n_heads=2)
+    assert again == c and hl.ModelConfig(**again.to_dict()) == c
+    assert not set(tl) & set(c.to_dict())
+
+
+def test_transformerlens_spellings_are_checked_as_the_settings():
+    assert hl.ModelConfig(act_fn="gelu").to_dict()["activation"] == "gelu_erf"  # TL's gelu is erf, not headlab's gelu_tanh
+    assert hl.ModelConfig(act_fn="gelu_pytorch_tanh").act_fn == "gelu_new"
+    assert hl.ModelConfig(activation="relu2").act_fn == "relu2"  # headlab's own: no TransformerLens name
+    assert hl.ModelConfig(normalization="rmsnorm_1p").normalization_type == "RMS"
+    assert hl.ModelConfig(positions="none").positional_embedding_type == "none"
+    assert hl.ModelConfig().original_architecture is None
+    with pytest.raises(ValueError, match="^ModelConfig: act_fn must be one of 'gelu', 'gelu_new', 'gelu_fast', "
+                                         "'gelu_pytorch_tanh', 'relu', 'silu', 'relu2', got 'solu_ln'$"):
+        hl.ModelConfig(act_fn="solu_ln")
+    with pytest.raises(ValueError, match="^ModelConfig: normalization_type: 'LNPre' \\(a norm whose weights are folded"):
+        hl.ModelConfig(normalization_type="LNPre")
+    with pytest.raises(ValueError, match="^ModelConfig: normalization_type: None \\(no norm\\) is not in headlab"):
+        hl.ModelConfig(normalization_type=None)
+    with pytest.raises(TypeError, match="^ModelConfig: activation is given twice \\(as activation and act_fn\\)$"):
+        hl.ModelConfig(act_fn="relu", activation="relu")
+    with pytest.raises(TypeError, match="^ModelConfig: positional_embedding_type: expected a string, got int$"):
+        hl.ModelConfig(positional_embedding_type=1)
+
+
+def test_trainer_takes_transformerlens_spellings_n_ctx_and_d_vocab():
+    small = dict(task="copy", d_model=16, n_layers=1, n_heads=2, d_mlp=24, steps=1, quiet=True)
+    tl = hl.Trainer(act_fn="gelu", normalization_type="RMS", positional_embedding_type="rotary", **small)
+    assert (tl.model.cfg.act_fn, tl.model.cfg.normalization_type, tl.model.cfg.positional_embedding_type) == \
+        ("gelu", "RMS", "rotary")
+    assert tl.args["model"]["activation"] == "gelu_erf"
+    task = hl.Task("copy")
+    t = hl.Trainer(n_ctx=task.seq_len + 7, d_vocab=task.vocab_size, **small)
+    assert (t.model.cfg.n_ctx, t.model.cfg.d_vocab) == (task.seq_len + 7, task.vocab_size)
+    with pytest.raises(ValueError, match=f"^Trainer: n_ctx 3 is shorter than the task's rows \\({task.seq_len} tokens\\)$"):
+        hl.Trainer(n_ctx=3, **small)
+    with pytest.raises(ValueError, match=f"^Trainer: d_vocab 7 is not the task's vocabulary \\({task.vocab_size}\\)"):
+        hl.Trainer(d_vocab=7, **small)
+    with pytest.raises(ValueError, match="^Trainer: n_ctx: must be >= 1, got 0$"):
+        hl.Trainer(n_ctx=0, **small)
+    with pytest.raises(TypeError, match="^Trainer: d_vocab: expected an integer, got str$"):
+        hl.Trainer(d_vocab="x", **small)
+    with pytest.raises(ValueError, match="act_fn must be one of 'gelu'"):
+        hl.Trainer(act_fn="tanh", **small)
