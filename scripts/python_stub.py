@@ -82,6 +82,7 @@ def python_function(name, fn, indent):
 
 
 def function(name, obj, indent, method):
+    obj = getattr(obj, "__wrapped__", obj)  # the binding behind headlab._arguments' wrapper
     if inspect.isfunction(obj):
         return python_function(name, obj, indent)
     out = []

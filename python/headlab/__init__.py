@@ -9,7 +9,12 @@ one-line message as the command line.
 See docs/python.md for a worked example.
 """
 
-from ._core import (  # noqa: F401
+from . import _core
+from ._arguments import install as _install_short_argument_errors
+
+_install_short_argument_errors(_core)  # one line for arguments that do not convert, before the names are taken
+
+from ._core import (  # noqa: F401,E402
     ActivationCache, Batches, HeadlabError, ModelConfig, NonFiniteError, Task, Tensor, TransformerLM,
     activation_patching, attention_statistics, composition_baseline, composition_scores, copying_score, corrupt_one_symbol,
     cross_entropy, detect_heads, edge_patching, evaluate, hungarian, match_heads, mean_activation, path_patching,
@@ -212,7 +217,8 @@ def ablate(model, data, hook, head=None, kind="zero", positions=None, mean_data=
     ``kind``: ``"zero"``, ``"mean"`` (the mean over ``mean_data``, default ``data``; per position with
     ``per_position=True``, else over every position) or ``"resample"`` (example i takes example
     ``permutation[i]``'s activation; by default a random cycle from ``seed``). ``head``: one head of a
-    hook with a head axis (None: all); ``positions``: a list (None: all). Returns a :class:`KnockoutResult`: ``clean_loss``,
+    hook with a head axis (None: all); ``positions``: a list (None: all; with a padded ``Batches``, a
+    position counts each row's tokens from its first, as every analysis left-aligns its rows). Returns a :class:`KnockoutResult`: ``clean_loss``,
     ``ablated_loss``, ``clean_token_acc``, ``ablated_token_acc`` (floats, over every counted target),
     ``clean_losses``, ``ablated_losses``, ``clean_accs``, ``ablated_accs``, ``counted`` (arrays (N,), per
     example), ``ci95`` (95% bootstrap intervals (lo, hi), including the differences ``d_loss`` and

@@ -27,6 +27,7 @@ def stub_args(fn):
 
 def module_args(name, obj):
     """The argument names of each of pybind11's signatures of obj (or a Python function's)."""
+    obj = getattr(obj, "__wrapped__", obj)  # the binding behind headlab._arguments' wrapper
     if inspect.isfunction(obj):
         return [list(inspect.signature(obj).parameters)]
     sigs = []
