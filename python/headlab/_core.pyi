@@ -39,6 +39,10 @@ class ActivationCache:
     @property
     def ids(self) -> numpy.ndarray:
         """The forward's input ids (B, T)"""
+    def items(self) -> Any:
+        """(name, activation) of every cached hook, as a dict's items (TransformerLens's cache.items())."""
+    def values(self) -> Any:
+        """Every cached activation, in the order of keys()."""
 
 class Batches:
     """Batches of held-out rows: a task's (Task.held_out), a probe's, or your arrays"""
@@ -423,6 +427,21 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
     def W_U(self) -> numpy.ndarray:
         """[d_model, d_vocab]: a view (transposed) of the unembedding head.weight (writes change the model)"""
     @property
+    def W_in(self) -> numpy.ndarray:
+        """[n_layers, d_model, d_mlp]: a copy of each MLP's input weight (fc1; a gated MLP's linear half)"""
+    @property
+    def W_gate(self) -> numpy.ndarray:
+        """[n_layers, d_model, d_mlp]: a copy of each gated MLP's gate weight (what the activation reads)"""
+    @property
+    def W_out(self) -> numpy.ndarray:
+        """[n_layers, d_mlp, d_model]: a copy of each MLP's output weight (fc2)"""
+    @property
+    def b_in(self) -> numpy.ndarray:
+        """[n_layers, d_mlp]: a copy (zeros without mlp_bias)"""
+    @property
+    def b_out(self) -> numpy.ndarray:
+        """[n_layers, d_model]: a copy (zeros without mlp_bias)"""
+    @property
     def b_U(self) -> object:
         """[d_vocab]: a view of the unembedding's bias (zeros, a copy, without head_bias)"""
     def head_weights(self, layer: int, head: int, grads: bool = ...) -> dict:
@@ -433,8 +452,8 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
         """Every layer's head gates (n_layers, n_heads)"""
     def run_with_cache(self, ids: object, names_filter: object = ..., incl_bwd: bool = ..., attention_mask: object = ..., return_type: object = ...) -> tuple:
         """(logits, cache): cache[name] for every hook name passing names_filter (None = all but the split q/k/v inputs, a name, a list, or a predicate name -> bool); incl_bwd=True: cache[name + '_grad'] (or cache.grad(name)) after a backward: return_type='loss' runs the loss's backward here (as TransformerLens), with 'logits' call backward() on a loss of them. The cache's decompose_resid, logit_attrs and the rest read hook_result and hook_scale, which names_filter=None caches. attention_mask, return_type: as model(...)"""
-    def run_with_hooks(self, ids: object, fwd_hooks: List[Tuple[str, function]] = ..., bwd_hooks: List[Tuple[str, function]] = ..., attention_mask: object = ...) -> Tensor:
-        """logits with hooks (after the model's own, add_hook): fn(activation, name) may return a replacement (the activation is read-only: edit a copy; an array is a constant to autograd; a hook wrapped in headlab.tensor_hook gets an hl.Tensor and its returned expression keeps the gradient); backward hooks fn(grad, name) run during backward()"""
+    def run_with_hooks(self, ids: object, fwd_hooks: List[Tuple[str, function]] = ..., bwd_hooks: List[Tuple[str, function]] = ..., attention_mask: object = ..., return_type: object = ...) -> object:
+        """logits with hooks (after the model's own, add_hook): fn(activation, name) may return a replacement (the activation is read-only: edit a copy; an array is a constant to autograd; a hook wrapped in headlab.tensor_hook gets an hl.Tensor and its returned expression keeps the gradient); backward hooks fn(grad, name) run during backward(). attention_mask, return_type: as model(...)"""
     def add_hook(self, name: str, hook: function, dir: str = ...) -> None:
         """Keeps hook fn(activation, name) at `name` for every forward of the model until reset_hooks()"""
     def reset_hooks(self) -> None:
@@ -467,6 +486,8 @@ Padding is the BOS token when the tokenizer has one, else id 0 (never attended t
         """The text of token ids: a str for (T) ids, a list of str for (B, T)."""
     def to_str_tokens(self, input: Any, prepend_bos: Any = ...) -> Any:
         """Each token's text: of a string (tokenized as ``to_tokens`` does) or of (T) / (1, T) ids."""
+    def to_single_token(self, string: Any) -> Any:
+        """The id of a string that is one token (TransformerLens's ``to_single_token``)."""
     @property
     def tokenizer(self) -> Any:
         """The model's tokenizer (hl.Tokenizer) or None: set by TransformerLM.load from a GPT-2 directory, or assigned"""

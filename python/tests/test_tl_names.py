@@ -345,3 +345,48 @@ def test_trainer_takes_transformerlens_spellings_n_ctx_and_d_vocab():
         hl.Trainer(d_vocab="x", **small)
     with pytest.raises(ValueError, match="act_fn must be one of 'gelu'"):
         hl.Trainer(act_fn="tanh", **small)
+
+
+# ---- what a TransformerLens user reached for next: MLP weights, text in, cache.items ------------
+
+def test_mlp_weights_in_transformerlens_shapes_and_their_einsum_gives_hook_pre():
+    m = tiny(seed=5)
+    L, D, F = 2, 16, 32
+    p = {k: np.asarray(v) for k, v in m.named_parameters().items()}
+    assert m.W_in.shape == (L, D, F) and m.W_out.shape == (L, F, D) and m.b_in.shape == (L, F) and m.b_out.shape == (L, D)
+    for l in range(L):
+        assert np.array_equal(m.W_in[l], p[f"blocks.{l}.ffn.fc1.weight"].T)
+        assert np.array_equal(m.W_out[l], p[f"blocks.{l}.ffn.fc2.weight"].T)
+        assert np.array_equal(m.b_in[l], p[f"blocks.{l}.ffn.fc1.bias"])
+    x = ids(seed=2)
+    _, cache = m.run_with_cache(x)
+    pre = np.einsum("btd,dm->btm", cache["normalized", 1, "ln2"], m.W_in[1]) + m.b_in[1]
+    np.testing.assert_allclose(pre, cache["pre", 1], atol=1e-5)
+    post = np.einsum("btm,md->btd", cache["post", 1], m.W_out[1]) + m.b_out[1]
+    np.testing.assert_allclose(post, cache["mlp_out", 1], atol=1e-5)
+    gated = tiny(mlp="swiglu", mlp_bias=False)
+    assert gated.W_gate.shape == (L, D, F) and not np.any(gated.b_in)
+    with pytest.raises(AttributeError, match="^W_gate: the MLP is not gated \\(mlp='plain'\\): it has no gate$"):
+        m.W_gate
+    with pytest.raises(AttributeError, match="^W_in: the model is attention-only \\(d_mlp 0\\)"):
+        tiny(d_mlp=0).W_in
+
+
+def test_text_goes_in_where_ids_do_and_run_with_hooks_takes_return_type():
+    m = tiny(d_vocab=256, seed=6)
+    x = m.to_tokens("hello")
+    np.testing.assert_array_equal(np.asarray(m("hello")), np.asarray(m(x)))
+    assert m.run_with_cache("hello")[1].ids.tolist() == x.tolist()
+    # texts of different lengths: padded on the right with their attention_mask, each row as alone
+    both = np.asarray(m(["hello", "hi"]))
+    np.testing.assert_allclose(both[1, :2], np.asarray(m("hi"))[0], atol=2e-5)
+    out = m.generate("hel", max_new_tokens=3)
+    assert isinstance(out, str) and out == m.to_string(m.generate(m.to_tokens("hel"), max_new_tokens=3)[0])
+    assert m.to_single_token("h") == 104
+    with pytest.raises(ValueError, match="^to_single_token: 'hi' is 2 tokens, not one$"):
+        m.to_single_token("hi")
+    loss = m.run_with_hooks(x, return_type="loss", fwd_hooks=[("blocks.0.hook_resid_pre", lambda a, name: None)])
+    assert loss.item() == pytest.approx(m(x, return_type="loss").item(), rel=1e-6)
+    _, cache = m.run_with_cache(x, names_filter=["blocks.0.attn.hook_pattern", "hook_embed"])
+    assert [k for k, _ in cache.items()] == cache.keys() and len(cache.values()) == 2
+    np.testing.assert_array_equal(dict(cache.items())["hook_embed"], cache["hook_embed"])
