@@ -81,6 +81,11 @@ class no_grad:
         return False
 
 
+def _trainer_field(name, doc):
+    """A read-only attribute of Trainer that is its C++ trainer's."""
+    return property(lambda self: getattr(self._t, name), doc=doc)
+
+
 class Trainer:
     """Training with the command line's settings, by keyword (``d_model=32``, ``task="varcopy"``).
 
@@ -158,25 +163,11 @@ class Trainer:
         """Writes the model as a checkpoint the CLI reads (with the task's description)."""
         self._t.save(path)
 
-    @property
-    def model(self):
-        return self._t.model
-
-    @property
-    def task(self):
-        return self._t.task
-
-    @property
-    def held_out(self):
-        return self._t.held_out
-
-    @property
-    def args(self):
-        return self._t.args
-
-    @property
-    def steps_done(self):
-        return self._t.steps_done
+    model = _trainer_field("model", "The model being trained (a TransformerLM)")
+    task = _trainer_field("task", "The task it trains on (a Task)")
+    held_out = _trainer_field("held_out", "The held-out Batches its evaluations read")
+    args = _trainer_field("args", "The run's settings as the run directory records them (a dict)")
+    steps_done = _trainer_field("steps_done", "Optimisation steps taken so far")
 
 
 def train(callback=None, progress=True, **settings):
