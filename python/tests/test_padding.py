@@ -199,6 +199,14 @@ def test_a_left_padded_batch_gives_the_analyses_the_right_padded_rows_prompt_len
     for key in a:
         np.testing.assert_array_equal(np.asarray(b[key]), np.asarray(a[key]), err_msg=key)
     np.testing.assert_array_equal(hl.detect_heads(m, left, "induction"), hl.detect_heads(m, right, "induction"))
+    # targets and loss_mask given in the padded columns move with their row
+    lead = (mask_l == 0).sum(1)
+    targets_r = np.where(mask_r == 1, (ids_r + 1) % 11, -1)
+    loss_mask_r = np.tile([1, 0, 1, 1, 0], (3, 1)) * mask_r
+    turn = lambda x: np.stack([np.roll(r, k) for r, k in zip(x, lead)])
+    a = hl.evaluate(m, hl.Batches(ids_r, targets=targets_r, loss_mask=loss_mask_r, attention_mask=mask_r)).to_dict()
+    b = hl.evaluate(m, hl.Batches(ids_l, targets=turn(targets_r), loss_mask=turn(loss_mask_r), attention_mask=mask_l)).to_dict()
+    assert a == b and a["tokens"] == loss_mask_r.sum()
     with pytest.raises(ValueError, match="prompt_len 2 at row 1 is outside 4..5 \\(the row's tokens, counted in the padded "
                                          "columns; 0: no answer\\)"):
         hl.Batches(ids_l, attention_mask=mask_l, prompt_len=[4, 2, 4])
