@@ -343,13 +343,13 @@ std::unique_ptr<Task> make_tokens_task(const TaskConfig& cfg, const TokenArrays&
 std::vector<Batch> token_batches(const TokenArrays& given, int batch_size, const std::string& source,
                                  const std::vector<int>& given_prompt_len) {
   if (batch_size < 1) fail(source, ": batch_size must be positive, got ", batch_size);
-  // a padded row counts only its tokens: position t counts where it is a token and, without
-  // targets, where the token it predicts (t + 1) is one too
   TokenArrays aligned;
   std::vector<int> aligned_prompt_len;
   const bool moved = left_align(given, given_prompt_len, source, aligned, aligned_prompt_len);
   const TokenArrays& a = moved ? aligned : given;
   const std::vector<int>& prompt_len = moved ? aligned_prompt_len : given_prompt_len;
+  // a padded row counts only its tokens: position t counts where it is a token and, without
+  // targets, where the token it predicts (t + 1) is one too
   const std::vector<float>& pad = a.attention_mask;
   std::vector<float> counted = a.loss_mask;
   if (!pad.empty()) {

@@ -92,14 +92,13 @@ py::array generic_patching(TransformerLM& model, const py::object& clean, const 
     const std::vector<int64_t> lead = left_align_rows(in, "activation_patching");
     py::function f = metric.cast<py::function>();
     const PatchMetric pm = [&f, &lead](const Tensor& logits, const std::vector<int64_t>&) {
-      if (!any_shift(lead)) {
-        py::gil_scoped_acquire gil;
-        return f(view_of(logits, false)).cast<double>();
+      Tensor shown = logits;  // (B, T, V), back in the columns the caller gave
+      if (any_shift(lead)) {
+        shown = logits.clone();
+        rotate_rows_right(shown.data(), shown.size(1), shown.size(2), lead);
       }
-      Tensor padded = logits.clone();  // (B, T, V) back in the columns the caller gave
-      rotate_rows_right(padded.data(), padded.size(1), padded.size(2), lead);
       py::gil_scoped_acquire gil;
-      return f(view_of(padded, false)).cast<double>();
+      return f(view_of(shown, false)).cast<double>();
     };
     g = interruptible([&] { return generic_activation_patch(model, in.clean, in.corrupted, hook, ax, pm); });
   }
