@@ -175,7 +175,16 @@ for _f in (hooks, to_tokens, to_string, to_str_tokens, to_single_token):
     setattr(TransformerLM, _f.__name__, _f)
 for _name in ("__call__", "forward", "run_with_cache", "run_with_hooks"):
     setattr(TransformerLM, _name, _takes_text(getattr(TransformerLM, _name), "right"))
-TransformerLM.generate = _takes_text(TransformerLM.generate, "left", decode=True)
+def _takes_tl_generate_keywords(method):
+    """generate also taking TransformerLens's ``verbose`` and ``use_past_kv_cache``, which change
+    nothing here: headlab's generate shows no bar and always decodes with its KV cache."""
+    @functools.wraps(method)
+    def call(self, *args, verbose=None, use_past_kv_cache=None, **kwargs):
+        return method(self, *args, **kwargs)
+    return call
+
+
+TransformerLM.generate = _takes_text(_takes_tl_generate_keywords(TransformerLM.generate), "left", decode=True)
 
 
 def items(self):

@@ -382,6 +382,7 @@ def test_text_goes_in_where_ids_do_and_run_with_hooks_takes_return_type():
     np.testing.assert_allclose(both[1, :2], np.asarray(m("hi"))[0], atol=2e-5)
     out = m.generate("hel", max_new_tokens=3)
     assert isinstance(out, str) and out == m.to_string(m.generate(m.to_tokens("hel"), max_new_tokens=3)[0])
+    assert m.generate("hel", max_new_tokens=3, verbose=False, use_past_kv_cache=True) == out  # TL's keywords, no effect
     assert m.to_single_token("h") == 104
     with pytest.raises(ValueError, match="^to_single_token: 'hi' is 2 tokens, not one$"):
         m.to_single_token("hi")
