@@ -5,6 +5,7 @@
 #include "analysis/intervals.h"
 
 #include "lib/stop.h"
+#include "models/padding.h"
 
 #include <algorithm>
 #include <cmath>
@@ -99,27 +100,44 @@ PatchingInputs corrupt_one_symbol(const Batch& b, int alphabet, uint64_t seed, C
   return in;
 }
 
-void check_patching_padding(const PatchingInputs& in, const std::string& fn) {
-  if (!in.key_padding.defined()) return;
+// The mask's shape, then each row's padding before its tokens (models/padding.h's checks).
+std::vector<int64_t> patching_leading_padding(const PatchingInputs& in, const std::string& fn) {
   const int64_t B = in.clean.shape[0], T = in.clean.shape[1];
   if (in.key_padding.shape().ndim != 2 || in.key_padding.shape()[0] != B || in.key_padding.shape()[1] != T)
     fail(fn, ": attention_mask has shape ", in.key_padding.shape().str(), " but the ids are ", in.clean.shape.str());
-  const float* pad = in.key_padding.data();
-  for (int64_t r = 0; r < B; ++r)
-    for (int64_t t = 0; t < T; ++t) {
-      const float p = pad[r * T + t];
-      if (p != 0.f && p != 1.f) fail(fn, ": attention_mask: values are 1 (token) or 0 (padding)");
-      // left padding would move a row's positions: the patched runs number them from column 0
-      if (t == 0 && p != 0.f)
-        fail(fn, ": attention_mask: row ", r, " starts with padding: patching and edges take rows padded on the right "
-             "(each row's tokens first; to_tokens(texts, padding_side='right'))");
-      if (t > 0 && p == 0.f && pad[r * T + t - 1] != 0.f)
-        fail(fn, ": attention_mask: row ", r, " has a token at position ", t, " after padding: patching and edges take rows "
-             "padded on the right (each row's tokens first)");
-    }
+  return leading_padding({in.key_padding.data(), static_cast<size_t>(B * T)}, B, T, fn + ": attention_mask");
+}
+
+void check_answers_at_tokens(const PatchingInputs& in, const std::string& fn) {
+  const int64_t B = in.clean.shape[0], T = in.clean.shape[1];
   for (const PatchAnswer& a : in.answers)
-    if (a.row >= 0 && a.row < B && a.pos >= 0 && a.pos < T && pad[a.row * T + a.pos] != 0.f)
+    if (a.row >= 0 && a.row < B && a.pos >= 0 && a.pos < T && in.key_padding.data()[a.row * T + a.pos] != 0.f)
       fail(fn, ": answer (", a.row, ", ", a.pos, ", ", a.clean, ", ", a.corrupted, ") is at padding (attention_mask 0 there)");
+}
+
+std::vector<int64_t> left_align_rows(PatchingInputs& in, const std::string& fn) {
+  if (!in.key_padding.defined()) return {};
+  const std::vector<int64_t> lead = patching_leading_padding(in, fn);
+  check_answers_at_tokens(in, fn);  // in the padded frame the caller gave
+  if (!any_shift(lead)) return lead;
+  const int64_t T = in.clean.shape[1];
+  rotate_rows_left(in.clean.data.data(), T, 1, lead);
+  rotate_rows_left(in.corrupted.data.data(), T, 1, lead);
+  rotate_rows_left(in.key_padding.data(), T, 1, lead);
+  for (PatchAnswer& a : in.answers)
+    if (a.row >= 0 && a.row < in.clean.shape[0]) a.pos -= lead[static_cast<size_t>(a.row)];
+  for (size_t r = 0; r < in.source_pos.size(); ++r) in.source_pos[r] -= lead[r];
+  return lead;
+}
+
+void check_patching_padding(const PatchingInputs& in, const std::string& fn) {
+  if (!in.key_padding.defined()) return;
+  const std::vector<int64_t> lead = patching_leading_padding(in, fn);
+  // the patched runs number positions from column 0: a row's tokens must come first
+  for (size_t r = 0; r < lead.size(); ++r)
+    if (lead[r] != 0)
+      fail(fn, ": attention_mask: row ", r, " starts with padding: left-align the rows first (left_align_rows)");
+  check_answers_at_tokens(in, fn);
 }
 
 double patching_memory_bytes(const ModelConfig& cfg, int64_t rows, int64_t T) {

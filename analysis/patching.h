@@ -21,14 +21,18 @@ struct PatchingInputs {
   Ids clean, corrupted;  // (B, T), equal but where the corruption is
   std::vector<PatchAnswer> answers;
   std::vector<int64_t> source_pos;  // per row, the position changed
-  // (B, T) 1 where a row is padding after its tokens (right padding; both runs share it), or
-  // undefined: no padding. A causal model's tokens never read the padding after them, so the
-  // runs take the padded rows as they are and each row's answers are measured as if it ran alone.
+  // (B, T) 1 where a row is padding after its tokens (both runs share it), or undefined: no
+  // padding. A causal model's tokens never read the padding after them, so the runs take the
+  // padded rows as they are and each row's answers are measured as if it ran alone.
   Tensor key_padding;
 };
-// Fails naming attention_mask when in.key_padding is not right padding of the ids' shape (a row
-// starting with padding, a token after padding, no token, a value other than 0/1) or an answer's
-// position is padding. `fn` leads the message. Nothing to check when key_padding is undefined.
+// A batch padded on either side made right-padded (models/padding.h): each row's clean and
+// corrupted ids, padding, answers' positions and source_pos moved left by its leading padding,
+// which it returns (per row; empty without key_padding). Fails naming attention_mask on a mask of
+// another shape, values other than 0/1, a row without token or with padding between tokens, or an
+// answer at padding (in the padded frame given). `fn` leads the messages.
+std::vector<int64_t> left_align_rows(PatchingInputs& in, const std::string& fn);
+// The same checks on rows already left-aligned (a row starting with padding is refused).
 void check_patching_padding(const PatchingInputs& in, const std::string& fn);
 
 // Which token of a row corrupt_one_symbol replaces. Source: the answer's earlier occurrence (what

@@ -102,15 +102,16 @@ std::unique_ptr<Task> make_task(const TaskConfig& cfg);
 struct TokenArrays {
   Ids input_ids, targets;
   std::vector<float> loss_mask;
-  // (N, T) 1 = token, 0 = padding after the row's tokens (TransformerLens's attention_mask), or
+  // (N, T) 1 = token, 0 = padding on either side of the row's tokens (TransformerLens's attention_mask), or
   // empty: none. Held-out batches only (token_batches): padding is never attended to or counted.
   std::vector<float> attention_mask;
 };
 std::unique_ptr<Task> make_tokens_task(const TaskConfig& cfg, const TokenArrays& train, const TokenArrays* eval);
 // The same sequences as held-out data for an analysis, by the same rule (targets given, or
 // position t predicting input t+1; loss_mask 0 = not counted): batches of batch_size rows in
-// order, no padding unless attention_mask pads rows on the right (a row's tokens first; left
-// padding is refused: the analyses' forwards number positions from each row's column 0).
+// order, no padding unless attention_mask pads rows; a left-padded row's tokens are moved to its
+// first columns (models/padding.h: the analyses' forwards number positions from column 0), its
+// prompt_len, given in the padded columns, with them; padding between tokens is refused.
 // prompt_len: per row, the prompt of a greedy answer (empty: 0 = no answer).
 // Fails naming `source` when no position counts.
 std::vector<Batch> token_batches(const TokenArrays& a, int batch_size, const std::string& source,

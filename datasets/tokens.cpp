@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "datasets/task.h"
+#include "models/padding.h"
 #include "lib/fileutil.h"
 #include "lib/safetensors.h"
 
@@ -295,6 +296,40 @@ void validate_tokens(const TaskConfig& c) {
     {"tokens", "your sequences: --data FILE (.safetensors or .npy) with input_ids (N, T)", 40, tokens_preset(),
      validate_tokens, [](const TaskConfig& c) -> std::unique_ptr<Task> { return std::make_unique<TokensTask>(c); }});
 
+// A left-padded batch's rows with their tokens moved to their first columns (the one rule of
+// every analysis, models/padding.h): ids, targets, loss_mask and attention_mask turned together,
+// prompt_len (given in the padded frame, as the ids) moved with its row. False, and nothing
+// written, without a mask or when no row starts with padding.
+bool left_align(const TokenArrays& a, const std::vector<int>& prompt_len, const std::string& source, TokenArrays& out,
+                std::vector<int>& out_prompt_len) {
+  if (a.attention_mask.empty()) return false;
+  const int64_t N = a.input_ids.shape[0], T = a.input_ids.shape[1];
+  if (static_cast<int64_t>(a.attention_mask.size()) != N * T)
+    fail(source, ": attention_mask has ", a.attention_mask.size(), " values but input_ids is ", a.input_ids.shape.str());
+  for (float m : a.attention_mask)
+    if (m != 0.f && m != 1.f) fail(source, ": attention_mask: values are 1 (token) or 0 (padding), got ", m);
+  std::vector<float> key_padding(a.attention_mask.size());
+  std::transform(a.attention_mask.begin(), a.attention_mask.end(), key_padding.begin(), [](float m) { return 1.f - m; });
+  const std::vector<int64_t> lead = leading_padding(key_padding, N, T, source + ": attention_mask");
+  if (!any_shift(lead)) return false;
+  out = a;
+  rotate_rows_left(out.input_ids.data.data(), T, 1, lead);
+  rotate_rows_left(out.attention_mask.data(), T, 1, lead);
+  if (out.targets.numel() == N * T) rotate_rows_left(out.targets.data.data(), T, 1, lead);
+  if (static_cast<int64_t>(out.loss_mask.size()) == N * T) rotate_rows_left(out.loss_mask.data(), T, 1, lead);
+  out_prompt_len = prompt_len;
+  if (static_cast<int64_t>(prompt_len.size()) == N)
+    for (int64_t i = 0; i < N; ++i) {
+      int& p = out_prompt_len[static_cast<size_t>(i)];
+      if (p == 0) continue;
+      if (p <= lead[static_cast<size_t>(i)] || p > T)
+        fail(source, ": prompt_len ", p, " at row ", i, " is outside ", lead[static_cast<size_t>(i)] + 1, "..", T,
+             " (the row's tokens, counted in the padded columns; 0: no answer)");
+      p -= static_cast<int>(lead[static_cast<size_t>(i)]);
+    }
+  return true;
+}
+
 }  // namespace
 
 std::unique_ptr<Task> make_tokens_task(const TaskConfig& cfg, const TokenArrays& train, const TokenArrays* eval) {
@@ -305,28 +340,25 @@ std::unique_ptr<Task> make_tokens_task(const TaskConfig& cfg, const TokenArrays&
   return std::make_unique<TokensTask>(cfg, std::move(rows), std::move(held));
 }
 
-std::vector<Batch> token_batches(const TokenArrays& a, int batch_size, const std::string& source,
-                                 const std::vector<int>& prompt_len) {
+std::vector<Batch> token_batches(const TokenArrays& given, int batch_size, const std::string& source,
+                                 const std::vector<int>& given_prompt_len) {
   if (batch_size < 1) fail(source, ": batch_size must be positive, got ", batch_size);
+  TokenArrays aligned;
+  std::vector<int> aligned_prompt_len;
+  const bool moved = left_align(given, given_prompt_len, source, aligned, aligned_prompt_len);
+  const TokenArrays& a = moved ? aligned : given;
+  const std::vector<int>& prompt_len = moved ? aligned_prompt_len : given_prompt_len;
   // a padded row counts only its tokens: position t counts where it is a token and, without
   // targets, where the token it predicts (t + 1) is one too
   const std::vector<float>& pad = a.attention_mask;
   std::vector<float> counted = a.loss_mask;
   if (!pad.empty()) {
     const int64_t N = a.input_ids.shape[0], T = a.input_ids.shape[1];
-    if (static_cast<int64_t>(pad.size()) != N * T)
-      fail(source, ": attention_mask has ", pad.size(), " values but input_ids is ", a.input_ids.shape.str());
     if (counted.empty()) counted.assign(pad.size(), 1.f);
     const bool next_token = a.targets.numel() == 0;
     for (int64_t i = 0; i < N; ++i) {
       const float* m = pad.data() + i * T;
-      if (m[0] == 0.f) fail(source, ": attention_mask: row ", i, " starts with padding: the analyses take rows padded on the right "
-                            "(each row's tokens first; to_tokens(texts, padding_side='right'))");
       for (int64_t t = 0; t < T; ++t) {
-        if (m[t] != 0.f && m[t] != 1.f) fail(source, ": attention_mask: values are 1 (token) or 0 (padding), got ", m[t]);
-        if (t > 0 && m[t] == 1.f && m[t - 1] == 0.f)
-          fail(source, ": attention_mask: row ", i, " has a token at position ", t, " after padding: the analyses take rows padded "
-               "on the right (each row's tokens first)");
         const bool real = m[t] == 1.f && (!next_token || (t + 1 < T && m[t + 1] == 1.f));
         if (!real) counted[i * T + t] = 0.f;
       }

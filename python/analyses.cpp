@@ -15,28 +15,10 @@
 #include "train/over_training.h"
 #include "train/run_dir.h"
 #include "lib/fileutil.h"
+#include "models/padding.h"
 
 namespace hl::bindings {
 namespace {
-
-// The data an analysis reads: a Batches, or what hl.Batches takes (an input_ids array or a dict
-// of arrays), converted by that one constructor; checked against the model's vocabulary.
-struct DataArg {
-  std::optional<PyData> owned;  // converted from arrays
-  const PyData* given = nullptr;
-  const std::vector<Batch>& batches() const { return owned ? owned->batches : given->batches; }
-};
-DataArg data_arg(const py::object& obj, const TransformerLM& model, const std::string& fn) {
-  DataArg d;
-  if (obj.is_none()) throw py::type_error(fn + ": give the data (Batches, an input_ids array (N, T) or a dict of arrays)");
-  if (py::isinstance<PyData>(obj))
-    d.given = &obj.cast<const PyData&>();
-  else
-    d.owned = batches_from(obj);
-  if (d.batches().empty()) throw py::value_error(fn + ": no data");
-  check_data_fits_model(d.batches(), model.cfg, fn);
-  return d;
-}
 
 // An analysis called (model, task, data) or (model, data): the task, or null when the second
 // argument is the data (its rows' targets are the answers; a task adds nothing more).
@@ -65,8 +47,9 @@ std::vector<PatchAnswer> answers_from(const py::object& answers, const Ids& clea
   return out;
 }
 
-// The clean and corrupted ids (B, T) of one shape, and their attention_mask (one for both runs:
-// right padding, checked by the analysis), of hl.activation_patching, edge_patching and path_patching.
+// The clean and corrupted ids (B, T) of one shape, and their attention_mask (one for both runs,
+// padding on either side: left_align_rows moves each row's tokens first once the answers are read),
+// of hl.activation_patching, edge_patching and path_patching.
 PatchingInputs patching_ids(const py::object& clean, const py::object& corrupted, const py::object& attention_mask,
                             const std::string& fn) {
   PatchingInputs in;
@@ -85,6 +68,7 @@ PatchingInputs edge_inputs(const TransformerLM& model, const py::object& clean, 
   PatchingInputs in = patching_ids(clean, corrupted, attention_mask, fn);
   if (answers.is_none()) throw py::value_error(fn + ": give answers (rows of (row, pos, clean token, corrupted token))");
   in.answers = answers_from(answers, in.clean, model, fn);
+  left_align_rows(in, fn);
   check_edge_inputs(model.cfg, in);
   return in;
 }
@@ -102,14 +86,19 @@ py::array generic_patching(TransformerLM& model, const py::object& clean, const 
       throw py::value_error("activation_patching: give answers (rows of (row, pos, clean token, corrupted token)) for the "
                             "default metric, or a metric(logits) -> float");
     in.answers = answers_from(answers, in.clean, model, "activation_patching");
-    check_patching_padding(in, "activation_patching");  // right padding, answers at tokens
+    left_align_rows(in, "activation_patching");
     g = interruptible([&] { return generic_activation_patch(model, in, hook, ax); });
   } else {
-    check_patching_padding(in, "activation_patching");  // right padding; the metric reads the padded logits as they are
+    const std::vector<int64_t> lead = left_align_rows(in, "activation_patching");
     py::function f = metric.cast<py::function>();
-    const PatchMetric pm = [&f](const Tensor& logits, const std::vector<int64_t>&) {
+    const PatchMetric pm = [&f, &lead](const Tensor& logits, const std::vector<int64_t>&) {
+      Tensor shown = logits;  // (B, T, V), back in the columns the caller gave
+      if (any_shift(lead)) {
+        shown = logits.clone();
+        rotate_rows_right(shown.data(), shown.size(1), shown.size(2), lead);
+      }
       py::gil_scoped_acquire gil;
-      return f(view_of(logits, false)).cast<double>();
+      return f(view_of(shown, false)).cast<double>();
     };
     g = interruptible([&] { return generic_activation_patch(model, in.clean, in.corrupted, hook, ax, pm); });
   }
@@ -431,8 +420,9 @@ void bind_analyses(py::module_& m) {
         py::arg("attention_mask") = py::none(),
      "Generic activation patching: for every index over `axes` (layer, head, pos, src_pos) of `hook`, the corrupted run with "
      "the clean activation written there, scored by the restored fraction of the answers' logit difference (or metric(logits)); "
-     "an array indexed by the axes. attention_mask (B, T), 1 = token, 0 = padding: rows of different lengths padded on the "
-     "right, one mask for both runs; each row is measured as if it ran alone (answers must be at tokens)");
+     "an array indexed by the axes. attention_mask (B, T), 1 = token, 0 = padding: rows of different lengths padded on "
+     "either side, one mask for both runs; each row is measured as if it ran alone. Answers' pos and the metric's logits are in "
+     "the padded columns given; the pos axis (and src_pos) counts each row's tokens from its first (rows left-aligned)");
   m.def("edge_patching", [](TransformerLM& model, const py::object& clean, const py::object& corrupted, const py::object& answers,
                             const std::string& method, int ig_steps, const std::string& ig_interpolate, double acdc_threshold,
                             const std::string& acdc_score, const py::object& target_edges, int prune_steps, double prune_lr,
@@ -493,7 +483,8 @@ void bind_analyses(py::module_& m) {
      "ig_interpolate 'inputs' or 'activations'), 'atp-star' (AtP*: the QK fix and GradDrop), 'acdc' (acdc_threshold, acdc_score "
      "'metric' or 'kl') or 'edge-pruning' (target_edges, default 20 or every edge; prune_steps, prune_lr) adds that method's "
      "scores under its name (acdc, edge-pruning: also 'circuit', the kept edges), as headlab edges --method. attention_mask (B, T), 1 = token, "
-     "0 = padding: rows of different lengths padded on the right, one mask for both runs, each row measured as if alone");
+     "0 = padding: rows of different lengths padded on either side, one mask for both runs, each row measured as if alone "
+     "(answers' pos in the padded columns given)");
   m.def("path_patching", [](TransformerLM& model, const py::object& clean, const py::object& corrupted, const std::string& sender,
                             const py::object& receivers, const py::object& answers, const py::object& attention_mask) {
     const PatchingInputs in = edge_inputs(model, clean, corrupted, attention_mask, answers, "path_patching");

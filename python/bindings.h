@@ -101,8 +101,25 @@ struct ConfigField {
   py::object (*get)(const ModelConfig&);
 };
 const std::vector<ConfigField>& config_fields();
+// TransformerLens's names of settings headlab spells otherwise (act_fn: activation, with TL's
+// values), read as cfg.act_fn and taken by ModelConfig(...) and hl.Trainer(...) as the setting
+// they name; not in to_dict (one name per field there).
+struct TlSpelling {
+  const char* tl;
+  const char* native;
+  const char* doc;
+  std::vector<std::pair<std::string, std::string>> values;  // (TransformerLens's, headlab's)
+};
+const std::vector<TlSpelling>& tl_spellings();
+py::object tl_value(const TlSpelling& s, const std::string& native);  // cfg.act_fn from the activation
+// (headlab's name, value) of a keyword given by its TransformerLens name; nullopt for other names.
+// Raises naming the keyword (`who` leads the message) on a value neither spells.
+std::optional<std::pair<std::string, py::object>> native_setting(const std::string& key, const py::handle& value,
+                                                                  const std::string& who);
 py::dict config_dict(const ModelConfig& c);  // {name: value} in the table's order
 ModelConfig model_config_from_kwargs(const py::dict& kwargs);
+// A setting that is a positive integer (d_vocab, n_ctx); raises naming `what`.
+int64_t positive_setting(const std::string& what, const py::handle& v);
 // The busy-machine rule (lib/threads.h) for work that would run on `most` threads when the caller
 // chose no count: the count to use, the notice said unless quiet as hl.Trainer says it
 // (headlab.progress.notice: stderr, or the cell's output in a notebook), in the CLI's words.
@@ -159,6 +176,14 @@ struct PyData {  // held-out batches
 PyData batches_from(const py::object& input_ids, const py::object& targets = py::none(),
                     const py::object& loss_mask = py::none(), const py::object& batch_size = py::none(),
                     const py::object& prompt_len = py::none(), const py::object& attention_mask = py::none());
+// The data an analysis reads: a Batches, or what hl.Batches takes (an input_ids array or a dict
+// of arrays), converted by that one constructor; checked against the model's vocabulary.
+struct DataArg {
+  std::optional<PyData> owned;  // converted from arrays
+  const PyData* given = nullptr;
+  const std::vector<Batch>& batches() const { return owned ? owned->batches : given->batches; }
+};
+DataArg data_arg(const py::object& obj, const TransformerLM& model, const std::string& fn);
 
 // ---- the areas, bound in this order by module.cpp ------------------------------------------------
 

@@ -223,6 +223,54 @@ template int64_t setting_value<int64_t>(const py::handle&, const std::string&, d
 template std::vector<int64_t> setting_value<std::vector<int64_t>>(const py::handle&, const std::string&, double, double);
 template std::vector<std::string> setting_value<std::vector<std::string>>(const py::handle&, const std::string&, double, double);
 
+const std::vector<TlSpelling>& tl_spellings() {
+  // (TransformerLens's value, headlab's): the first pair of a headlab value is how it reads
+  static const std::vector<TlSpelling> spellings = {
+      {"act_fn", "activation", "TransformerLens's activation name (TL: gelu = erf, gelu_new = tanh)",
+       {{"gelu", "gelu_erf"}, {"gelu_new", "gelu_tanh"}, {"gelu_fast", "gelu_tanh"}, {"gelu_pytorch_tanh", "gelu_tanh"},
+        {"relu", "relu"}, {"silu", "silu"}, {"relu2", "relu2"}}},
+      {"normalization_type", "normalization", "TransformerLens's norm name: LN or RMS (Gemma's 1 + w reads as RMS)",
+       {{"LN", "layernorm"}, {"RMS", "rmsnorm"}, {"RMS", "rmsnorm_1p"}}},
+      {"positional_embedding_type", "positions", "TransformerLens's positions: standard (learned), sinusoidal or rotary",
+       {{"standard", "learned"}, {"sinusoidal", "sinusoidal"}, {"rotary", "rotary"}, {"none", "none"}}},
+      {"original_architecture", "arch", "The Hugging Face class of the --arch preset (None: none)",
+       {{"GPT2LMHeadModel", "gpt2"}, {"LlamaForCausalLM", "llama"}, {"GPTNeoXForCausalLM", "neox"},
+        {"Gemma2ForCausalLM", "gemma2"}}},
+  };
+  return spellings;
+}
+
+py::object tl_value(const TlSpelling& s, const std::string& native) {
+  for (const auto& [tl, h] : s.values)
+    if (h == native) return py::str(tl);
+  if (native.empty()) return py::none();  // arch '' : no preset
+  return py::str(native);                 // headlab's own (relu2, none): TransformerLens has no name for it
+}
+
+std::optional<std::pair<std::string, py::object>> native_setting(const std::string& key, const py::handle& value,
+                                                                  const std::string& who) {
+  for (const TlSpelling& s : tl_spellings()) {
+    if (key != s.tl) continue;
+    const std::string native = s.native;
+    if (value.is_none() && native == "arch") return std::make_pair(native, py::object(py::str("")));
+    if (value.is_none() && native == "normalization")
+      throw py::value_error(who + key + ": None (no norm) is not in headlab: give 'LN' or 'RMS'");
+    if (!py::isinstance<py::str>(value))
+      throw py::type_error(who + key + ": expected a string, got " + std::string(py::str(value.get_type().attr("__name__"))));
+    const std::string v = value.cast<std::string>();
+    if (v == "LNPre" || v == "RMSPre")
+      throw py::value_error(who + key + ": '" + v + "' (a norm whose weights are folded into the next layer) is not in "
+                            "headlab: give 'LN' or 'RMS'");
+    std::string names;
+    for (const auto& [tl, h] : s.values) {
+      if (v == tl) return std::make_pair(native, py::object(py::str(h)));
+      if (names.find("'" + tl + "'") == std::string::npos) names += std::string(names.empty() ? "" : ", ") + "'" + tl + "'";
+    }
+    throw py::value_error(who + key + " must be one of " + names + ", got '" + v + "'");
+  }
+  return std::nullopt;
+}
+
 namespace {
 
 // Sets one row of the flag table from a Python value; raises naming the keyword.
@@ -257,7 +305,9 @@ TrainArgs args_from_kwargs(const py::dict& kwargs, const std::function<bool(cons
     if (!find_train_setting(key))
       for (const ConfigField& f : config_fields())
         if (key == f.name && *f.flag && find_train_setting(f.flag)) key = f.flag;
-    set_setting(v, key, val);  // unknown names raise here
+    py::object value = py::reinterpret_borrow<py::object>(val);
+    if (auto native = native_setting(key, val, "")) std::tie(key, value) = *native;  // act_fn='gelu': activation='gelu_erf'
+    set_setting(v, key, value);  // unknown names raise here
     if (!given.insert(find_train_setting(key)->flag).second)
       throw py::type_error("the setting " + find_train_setting(key)->name() + " is given twice (under its two names)");
   }
@@ -335,7 +385,27 @@ py::dict config_dict(const ModelConfig& c) {
   return d;
 }
 
-ModelConfig model_config_from_kwargs(const py::dict& kwargs) {
+int64_t positive_setting(const std::string& what, const py::handle& v) {
+  if (!PyIndex_Check(v.ptr()) || py::isinstance<py::bool_>(v))
+    throw py::type_error(what + ": expected an integer, got " + std::string(py::str(v.get_type().attr("__name__"))));
+  const int64_t n = v.cast<int64_t>();
+  if (n < 1) throw py::value_error(what + ": must be >= 1, got " + std::to_string(n));
+  return n;
+}
+
+ModelConfig model_config_from_kwargs(const py::dict& given_kwargs) {
+  // TransformerLens's spellings (act_fn='gelu') as headlab's settings (activation='gelu_erf')
+  py::dict kwargs;
+  for (auto& [k, val] : given_kwargs) {
+    const std::string key = k.cast<std::string>();
+    if (auto n = native_setting(key, val, "ModelConfig: ")) {
+      if (given_kwargs.contains(n->first))
+        throw py::type_error("ModelConfig: " + n->first + " is given twice (as " + n->first + " and " + key + ")");
+      kwargs[py::str(n->first)] = n->second;
+    } else {
+      kwargs[k] = val;
+    }
+  }
   std::string names;
   for (const ConfigField& f : config_fields()) names += std::string(names.empty() ? "" : ", ") + f.name;
   // each keyword as its field's Python name; the CLI's name of a field is taken for it
@@ -357,13 +427,7 @@ ModelConfig model_config_from_kwargs(const py::dict& kwargs) {
   bool head_bias = ModelConfig().head_bias;
   float eps = ModelConfig().layer_norm_eps;
   std::map<std::string, std::string> said;  // flag -> the name the caller used, for messages
-  auto positive_int = [](const std::string& key, const py::handle& v) {
-    if (!PyIndex_Check(v.ptr()) || py::isinstance<py::bool_>(v))
-      throw py::type_error("ModelConfig: " + key + ": expected an integer, got " + std::string(py::str(v.get_type().attr("__name__"))));
-    const int64_t n = v.cast<int64_t>();
-    if (n < 1) throw py::value_error("ModelConfig: " + key + ": must be >= 1, got " + std::to_string(n));
-    return n;
-  };
+  auto positive_int = [](const std::string& key, const py::handle& v) { return positive_setting("ModelConfig: " + key, v); };
   for (auto& [k, val] : kwargs) {
     const std::string key = k.cast<std::string>();
     const ConfigField* f = nullptr;

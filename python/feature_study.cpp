@@ -10,16 +10,9 @@ namespace hl::bindings {
 
 namespace {
 
-// Batches, or what hl.Batches takes (token ids (N, T) or a dict of arrays); checked against the model.
-PyData feature_data(const py::object& obj, const TransformerLM& model, const std::string& fn) {
-  PyData d = py::isinstance<PyData>(obj) ? obj.cast<PyData>() : batches_from(obj);
-  if (d.batches.empty()) throw py::value_error(fn + ": no data");
-  check_data_fits_model(d.batches, model.cfg, fn);
-  return d;
-}
-std::vector<Ids> inputs_of(const PyData& d) {
+std::vector<Ids> inputs_of(const DataArg& d) {
   std::vector<Ids> out;
-  for (const Batch& b : d.batches) out.push_back(b.inputs);
+  for (const Batch& b : d.batches()) out.push_back(b.inputs);
   return out;
 }
 py::array doubles(const std::vector<double>& v, std::vector<py::ssize_t> shape) {
@@ -51,7 +44,7 @@ void bind_feature_study(py::module_& m) {
   m.def(
       "feature_final_scale",
       [](TransformerLM& model, const py::object& data) {
-        const PyData d = feature_data(data, model, "feature_final_scale");
+        const DataArg d = data_arg(data, model, "feature_final_scale");
         return interruptible([&] { return final_norm_scale(model, inputs_of(d)); });
       },
       py::arg("model"), py::arg("data"), "The mean of ln_final.hook_scale over every position of data (1 without a final norm)");
@@ -72,7 +65,7 @@ void bind_feature_study(py::module_& m) {
   m.def(
       "top_activating_examples",
       [](TransformerLM& model, const Sae& sae, const py::object& data, const std::vector<int>& features, int k, int before, int after) {
-        const PyData d = feature_data(data, model, "top_activating_examples");
+        const DataArg d = data_arg(data, model, "top_activating_examples");
         const auto top = interruptible([&] { return top_activating_examples(model, sae, inputs_of(d), features, k, before, after); });
         py::list out;
         for (const FeatureExamples& f : top) {
@@ -92,7 +85,7 @@ void bind_feature_study(py::module_& m) {
   m.def(
       "feature_presence",
       [](TransformerLM& model, const Sae& sae, const py::object& data) {
-        const PyData d = feature_data(data, model, "feature_presence");
+        const DataArg d = data_arg(data, model, "feature_presence");
         const FeaturePresence p = interruptible([&] { return feature_presence(model, sae, inputs_of(d)); });
         const py::ssize_t F = static_cast<py::ssize_t>(p.mean_activation.size());
         return py::dict(py::arg("mean_activation") = doubles(p.mean_activation, {F}),
@@ -104,8 +97,8 @@ void bind_feature_study(py::module_& m) {
   m.def(
       "feature_ablation",
       [](TransformerLM& model, const Sae& sae, const py::object& data, const std::vector<int>& features, bool keep_error) {
-        const PyData d = feature_data(data, model, "feature_ablation");
-        const FeatureAblation a = interruptible([&] { return feature_ablation_effects(model, sae, d.batches, features, keep_error); });
+        const DataArg d = data_arg(data, model, "feature_ablation");
+        const FeatureAblation a = interruptible([&] { return feature_ablation_effects(model, sae, d.batches(), features, keep_error); });
         return py::dict(py::arg("base_loss") = a.base_loss, py::arg("features") = a.features,
                         py::arg("loss_change") = a.loss_change);
       },
@@ -125,11 +118,11 @@ void bind_feature_study(py::module_& m) {
       "_feature_page",
       [](TransformerLM& model, const Sae& sae, const py::object& data, const std::vector<int>& features, int top_features, int examples,
          int before, int after, bool ablate, const std::vector<std::string>& token_texts, const std::string& title) {
-        const PyData d = feature_data(data, model, "feature_view");
+        const DataArg d = data_arg(data, model, "feature_view");
         FeatureStudyOptions o;
         o.features = features, o.top_features = top_features, o.examples = examples, o.before = before, o.after = after;
         o.ablate = ablate;
-        const FeatureStudy s = interruptible([&] { return feature_study(model, sae, d.batches, o); });
+        const FeatureStudy s = interruptible([&] { return feature_study(model, sae, d.batches(), o); });
         return views::feature_page(s, title, [&](int32_t t) {
           return t >= 0 && static_cast<size_t>(t) < token_texts.size() ? token_texts[static_cast<size_t>(t)] : std::to_string(t);
         }, true);

@@ -229,6 +229,23 @@ py::array stacked_bias(const TransformerLM& model, Linear MultiHeadAttention::*l
   }
   return a;
 }
+// TransformerLens's MLP weights, copies stacked over the layers: W_in and W_gate [n_layers,
+// d_model, d_mlp] and W_out [n_layers, d_mlp, d_model] (headlab's (out, in) Linears transposed),
+// or their biases b_in [n_layers, d_mlp] and b_out [n_layers, d_model] (zeros without mlp_bias).
+py::array stacked_mlp(const TransformerLM& model, const char* name, const Linear* (*of)(const FeedForward&), bool bias) {
+  const py::module_ np = py::module_::import("numpy");
+  py::list layers;
+  for (const auto& block : model.blocks) {
+    if (!block->ffn) throw py::attribute_error(std::string(name) + ": the model is attention-only (d_mlp 0): it has no MLP");
+    const Linear* lin = of(*block->ffn);
+    if (!lin) throw py::attribute_error(std::string(name) + ": the MLP is not gated (mlp='plain'): it has no gate");
+    if (!bias) layers.append(view_of(lin->weight, false).attr("T"));  // (out, in) read as (in, out)
+    else if (lin->bias.defined()) layers.append(view_of(lin->bias, false));
+    else layers.append(np.attr("zeros")(lin->weight.size(0), py::arg("dtype") = "float32"));
+  }
+  return np.attr("stack")(layers);
+}
+
 // With grouped-query attention each query head's key/value head (h / (heads / kv heads)),
 // repeated as TransformerLens's W_K does; _W_K keeps the kv heads.
 py::array repeat_kv(const TransformerLM& model, py::array kv) {
@@ -379,13 +396,22 @@ attn_dropout, the block options normalization, sandwich_norm, mlp, parallel_bloc
 final_softcap, the attention options rope_theta, rope_theta_local, rotary_dim, rotary_pct, rotary_style, qk_norm,
 attn_scale, attn_softcap, sliding_window, window_layers, qkv_bias, o_bias, and arch (a preset's
 name: its settings, unless given); each also by its CLI flag's name (layers=, heads=, kv_heads=, d_ff=, vocab_size=,
-max_seq_len=, layer_norm_eps=). What is not given takes the CLI's default.
+max_seq_len=, layer_norm_eps=). TransformerLens's act_fn ('gelu', 'gelu_new', 'silu', ...), normalization_type
+('LN', 'RMS'), positional_embedding_type ('standard', 'rotary', ...) and original_architecture ('LlamaForCausalLM', ...)
+are read as attributes and taken as keywords for activation, normalization, positions and arch. What is not given takes the CLI's default.
 ModelConfig(**cfg.to_dict()) gives cfg back.)");
   config.def(py::init([](py::kwargs kw) { return model_config_from_kwargs(kw); }),
              "ModelConfig(**settings): the names are listed in the class's help; unknown ones raise TypeError");
   for (const ConfigField& f : config_fields()) {
     const auto get = f.get;
     config.def_property_readonly(f.name, [get](const ModelConfig& c) { return get(c); }, f.doc);
+  }
+  for (const TlSpelling& s : tl_spellings()) {
+    const auto field = std::find_if(config_fields().begin(), config_fields().end(),
+                                    [&](const ConfigField& f) { return std::string(f.name) == s.native; });
+    config.def_property_readonly(s.tl, [&s, get = field->get](const ModelConfig& c) {
+      return tl_value(s, get(c).cast<std::string>());
+    }, s.doc);
   }
   config
       .def("to_dict", &config_dict, "{name: value} of every setting, by the names ModelConfig(...) takes")
@@ -569,6 +595,21 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
                               w.data(), owner);
            },
                              "[d_model, d_vocab]: a view (transposed) of the unembedding head.weight (writes change the model)")
+      .def_property_readonly("W_in", [](const TransformerLM& model) {
+             return stacked_mlp(model, "W_in", [](const FeedForward& f) { return &f.fc1; }, false);
+           }, "[n_layers, d_model, d_mlp]: a copy of each MLP's input weight (fc1; a gated MLP's linear half)")
+      .def_property_readonly("W_gate", [](const TransformerLM& model) {
+             return stacked_mlp(model, "W_gate", [](const FeedForward& f) { return static_cast<const Linear*>(f.gate.get()); }, false);
+           }, "[n_layers, d_model, d_mlp]: a copy of each gated MLP's gate weight (what the activation reads)")
+      .def_property_readonly("W_out", [](const TransformerLM& model) {
+             return stacked_mlp(model, "W_out", [](const FeedForward& f) { return &f.fc2; }, false);
+           }, "[n_layers, d_mlp, d_model]: a copy of each MLP's output weight (fc2)")
+      .def_property_readonly("b_in", [](const TransformerLM& model) {
+             return stacked_mlp(model, "b_in", [](const FeedForward& f) { return &f.fc1; }, true);
+           }, "[n_layers, d_mlp]: a copy (zeros without mlp_bias)")
+      .def_property_readonly("b_out", [](const TransformerLM& model) {
+             return stacked_mlp(model, "b_out", [](const FeedForward& f) { return &f.fc2; }, true);
+           }, "[n_layers, d_model]: a copy (zeros without mlp_bias)")
       .def_property_readonly("b_U", [](const TransformerLM& model) -> py::object {
              if (model.head.bias.defined()) return view_of(model.head.bias);
              return py::module_::import("numpy").attr("zeros")(model.cfg.vocab_size, py::arg("dtype") = "float32");
@@ -640,15 +681,18 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
            "with 'logits' call backward() on a loss of them. The cache's decompose_resid, logit_attrs and the rest read "
            "hook_result and hook_scale, which names_filter=None caches. attention_mask, return_type: as model(...)")
       .def("run_with_hooks", [](const py::object& self, const py::object& ids, const HookList& fwd_hooks, const HookList& bwd_hooks,
-                                const py::object& mask) {
+                                const py::object& mask, const py::object& return_type) {
              const Ids x = ids_from(ids);
-             return forward_with_hooks(self, x, fwd_hooks, bwd_hooks, padding_from(mask, x));
+             const std::string kind = return_type_of(return_type);
+             const Padding pad = padding_from(mask, x);
+             const Tensor logits = forward_with_hooks(self, x, fwd_hooks, bwd_hooks, pad);
+             return forward_output(logits, kind == "loss" || kind == "both" ? next_token_loss(logits, x, pad, kind) : Tensor(), kind);
            }, py::arg("ids"), py::arg("fwd_hooks") = HookList{}, py::arg("bwd_hooks") = HookList{},
-           py::arg("attention_mask") = py::none(),
+           py::arg("attention_mask") = py::none(), py::arg("return_type") = "logits",
            "logits with hooks (after the model's own, add_hook): fn(activation, name) may return a replacement "
            "(the activation is read-only: edit a copy; an array is a constant to autograd; a hook wrapped in "
            "headlab.tensor_hook gets an hl.Tensor and its returned expression keeps the gradient); backward hooks "
-           "fn(grad, name) run during backward()")
+           "fn(grad, name) run during backward(). attention_mask, return_type: as model(...)")
       .def("add_hook", [](const py::object& self, const std::string& name, const py::function& fn, const std::string& dir) {
              check_hook_name(self.cast<const TransformerLM&>().cfg, name);
              if (dir != "fwd" && dir != "bwd") throw py::value_error("add_hook: dir must be 'fwd' or 'bwd', got '" + dir + "'");

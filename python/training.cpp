@@ -250,6 +250,18 @@ PyData batches_from(const py::object& input_ids, const py::object& targets, cons
   return PyData{token_batches(u.tokens, bs, what, prompt)};
 }
 
+DataArg data_arg(const py::object& obj, const TransformerLM& model, const std::string& fn) {
+  DataArg d;
+  if (obj.is_none()) throw py::type_error(fn + ": give the data (Batches, an input_ids array (N, T) or a dict of arrays)");
+  if (py::isinstance<PyData>(obj))
+    d.given = &obj.cast<const PyData&>();
+  else
+    d.owned = batches_from(obj);
+  if (d.batches().empty()) throw py::value_error(fn + ": no data");
+  check_data_fits_model(d.batches(), model.cfg, fn);
+  return d;
+}
+
 void bind_tasks(py::module_& m) {
   // ---- tasks --------------------------------------------------------------------------------
   py::class_<PyData>(m, "Batches", "Batches of held-out rows: a task's (Task.held_out), a probe's, or your arrays")
@@ -262,8 +274,9 @@ void bind_tasks(py::module_& m) {
            "Batches(input_ids (N, T), targets=None, loss_mask=None, batch_size=128, prompt_len=None, attention_mask=None), or "
            "Batches({'input_ids': ..., 'targets': ..., 'loss_mask': ...}): rows by the tokens task's rule "
            "(targets -1 = not counted; without targets position t predicts input t+1; loss_mask 0 = not counted). "
-           "attention_mask (1 = token, 0 = padding): rows of different lengths padded on the right, each analysed as "
-           "the row alone (padding neither attended to nor counted)")
+           "attention_mask (1 = token, 0 = padding): rows of different lengths padded on either side, each analysed as "
+           "the row alone (padding neither attended to nor counted); a left-padded row's tokens are moved to its first "
+           "columns (prompt_len counts the padded columns, as the ids)")
       .def_property_readonly("rows", [](const PyData& d) {
         int64_t n = 0;
         for (const Batch& b : d.batches) n += b.size();
@@ -323,10 +336,15 @@ void bind_training(py::module_& m) {
         RunRequest r;
         std::set<std::string> given;
         py::dict settings;
+        // the task sets the model's vocabulary and its rows' length: n_ctx and d_vocab (ModelConfig's
+        // names) are checked as ModelConfig checks them, then against what the task makes
+        std::optional<int64_t> n_ctx, d_vocab;
         for (auto& [k, v] : kw) {
           const std::string key = k.cast<std::string>();
           if (key == "data" || key == "eval_data") continue;
-          if (const RunSetting* s = find_run_setting(key)) {
+          if (key == "n_ctx" || key == "max_seq_len") n_ctx = positive_setting("Trainer: " + key, v);
+          else if (key == "d_vocab" || key == "vocab_size") d_vocab = positive_setting("Trainer: " + key, v);
+          else if (const RunSetting* s = find_run_setting(key)) {
             if (v.is_none()) continue;
             set_run_setting(r, *s, v);
             given.insert(s->flag);
@@ -336,6 +354,7 @@ void bind_training(py::module_& m) {
           }
         }
         TrainArgs a = args_from_kwargs(settings, {}, true);
+        if (n_ctx) a.model.max_seq_len = *n_ctx;
         std::unique_ptr<Task> task = task_from(a, kw.contains("data") ? py::object(kw["data"]) : py::object(py::none()),
                                                kw.contains("eval_data") ? py::object(kw["eval_data"]) : py::object(py::none()));
         r.own_task = task != nullptr;
@@ -346,6 +365,13 @@ void bind_training(py::module_& m) {
         if (!plan.threads_notice.empty())
           t.notices.push_back(plan.threads_notice + " (threads=" + std::to_string(plan.threads_wanted) + " to use them anyway)");
         t.trainer = std::make_unique<Trainer>(plan.args, std::move(task));
+        const ModelConfig& made = t.trainer->model().cfg;
+        if (n_ctx && made.max_seq_len != *n_ctx)
+          throw py::value_error("Trainer: n_ctx " + std::to_string(*n_ctx) + " is shorter than the task's rows (" +
+                                std::to_string(t.trainer->task().seq_len()) + " tokens)");
+        if (d_vocab && made.vocab_size != *d_vocab)
+          throw py::value_error("Trainer: d_vocab " + std::to_string(*d_vocab) + " is not the task's vocabulary (" +
+                                std::to_string(made.vocab_size) + "): the task sets it (task='tokens': alphabet=)");
         if (const std::string s = snapshot_notice(*t.trainer); !s.empty()) t.notices.push_back(s);
         return t;
       }))

@@ -82,6 +82,7 @@ def python_function(name, fn, indent):
 
 
 def function(name, obj, indent, method):
+    obj = inspect.unwrap(obj)  # the binding behind headlab's wrappers (_arguments, lens's text input)
     if inspect.isfunction(obj):
         return python_function(name, obj, indent)
     out = []

@@ -9,7 +9,12 @@ one-line message as the command line.
 See docs/python.md for a worked example.
 """
 
-from ._core import (  # noqa: F401
+from . import _core
+from ._arguments import install as _install_short_argument_errors
+
+_install_short_argument_errors(_core)  # one line for arguments that do not convert, before the names are taken
+
+from ._core import (  # noqa: F401,E402
     ActivationCache, Batches, HeadlabError, ModelConfig, NonFiniteError, Task, Tensor, TransformerLM,
     activation_patching, attention_statistics, composition_baseline, composition_scores, copying_score, corrupt_one_symbol,
     cross_entropy, detect_heads, edge_patching, evaluate, hungarian, match_heads, mean_activation, path_patching,
@@ -74,6 +79,11 @@ class no_grad:
     def __exit__(self, *exc):
         del self._guard
         return False
+
+
+def _trainer_field(name, doc):
+    """A read-only attribute of Trainer that is its C++ trainer's."""
+    return property(lambda self: getattr(self._t, name), doc=doc)
 
 
 class Trainer:
@@ -153,25 +163,11 @@ class Trainer:
         """Writes the model as a checkpoint the CLI reads (with the task's description)."""
         self._t.save(path)
 
-    @property
-    def model(self):
-        return self._t.model
-
-    @property
-    def task(self):
-        return self._t.task
-
-    @property
-    def held_out(self):
-        return self._t.held_out
-
-    @property
-    def args(self):
-        return self._t.args
-
-    @property
-    def steps_done(self):
-        return self._t.steps_done
+    model = _trainer_field("model", "The model being trained (a TransformerLM)")
+    task = _trainer_field("task", "The task it trains on (a Task)")
+    held_out = _trainer_field("held_out", "The held-out Batches its evaluations read")
+    args = _trainer_field("args", "The run's settings as the run directory records them (a dict)")
+    steps_done = _trainer_field("steps_done", "Optimisation steps taken so far")
 
 
 def train(callback=None, progress=True, **settings):
@@ -212,7 +208,8 @@ def ablate(model, data, hook, head=None, kind="zero", positions=None, mean_data=
     ``kind``: ``"zero"``, ``"mean"`` (the mean over ``mean_data``, default ``data``; per position with
     ``per_position=True``, else over every position) or ``"resample"`` (example i takes example
     ``permutation[i]``'s activation; by default a random cycle from ``seed``). ``head``: one head of a
-    hook with a head axis (None: all); ``positions``: a list (None: all). Returns a :class:`KnockoutResult`: ``clean_loss``,
+    hook with a head axis (None: all); ``positions``: a list (None: all; with a padded ``Batches``, a
+    position counts each row's tokens from its first, as every analysis left-aligns its rows). Returns a :class:`KnockoutResult`: ``clean_loss``,
     ``ablated_loss``, ``clean_token_acc``, ``ablated_token_acc`` (floats, over every counted target),
     ``clean_losses``, ``ablated_losses``, ``clean_accs``, ``ablated_accs``, ``counted`` (arrays (N,), per
     example), ``ci95`` (95% bootstrap intervals (lo, hi), including the differences ``d_loss`` and

@@ -1,6 +1,7 @@
 """TransformerLens's conveniences on :class:`TransformerLM` that are plain Python over the
 library's calls: ``model.hooks(...)`` as a ``with`` block, and text through the model's
-tokenizer (``to_tokens``, ``to_str_tokens``, ``to_string``).
+tokenizer (``to_tokens``, ``to_str_tokens``, ``to_string``, ``to_single_token``; ``model(text)``,
+``run_with_cache``, ``run_with_hooks`` and ``generate`` take a string or a list of strings).
 
 The model's tokenizer: ``model.tokenizer``, set by ``TransformerLM.load`` from a GPT-2
 directory's tokenizer files (or assigned: ``model.tokenizer = hl.Tokenizer.load(dir)``). A model
@@ -11,7 +12,7 @@ import functools
 
 import numpy as np
 
-from ._core import TransformerLM
+from ._core import ActivationCache, TransformerLM
 from .factored import _ov, _qk
 
 _BOS = "<|endoftext|>"
@@ -138,8 +139,66 @@ def to_str_tokens(self, input, prepend_bos=None):
     return [bytes([int(i)]).decode("utf-8", errors="replace") for i in ids]
 
 
-for _f in (hooks, to_tokens, to_string, to_str_tokens):
+def to_single_token(self, string):
+    """The id of a string that is one token (TransformerLens's ``to_single_token``)."""
+    ids = to_tokens(self, string, prepend_bos=False)[0]
+    if len(ids) != 1:
+        raise ValueError(f"to_single_token: {string!r} is {len(ids)} tokens, not one")
+    return int(ids[0])
+
+
+def _is_text(x):
+    return isinstance(x, str) or (isinstance(x, (list, tuple)) and len(x) > 0 and all(isinstance(t, str) for t in x))
+
+
+def _takes_text(method, side, decode=False):
+    """``method`` also taking text as its first argument, as TransformerLens's forward does: a string
+    or a list of strings tokenized by ``to_tokens``, padded on ``side`` with the attention_mask
+    passed when their lengths differ. ``decode``: the output ids back to text (generate)."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        if not args or not _is_text(args[0]):
+            return method(self, *args, **kwargs)
+        texts = [args[0]] if isinstance(args[0], str) else list(args[0])
+        ids, mask = to_tokens(self, texts, padding_side=side)
+        if (mask == 0).any() and kwargs.get("attention_mask") is None:
+            kwargs["attention_mask"] = mask
+        out = method(self, ids, *args[1:], **kwargs)
+        if not decode:
+            return out
+        text = to_string(self, out)  # padding included, as the ids
+        return text[0] if isinstance(args[0], str) else text
+    return call
+
+
+for _f in (hooks, to_tokens, to_string, to_str_tokens, to_single_token):
     setattr(TransformerLM, _f.__name__, _f)
+for _name in ("__call__", "forward", "run_with_cache", "run_with_hooks"):
+    setattr(TransformerLM, _name, _takes_text(getattr(TransformerLM, _name), "right"))
+def _takes_tl_generate_keywords(method):
+    """generate also taking TransformerLens's ``verbose`` and ``use_past_kv_cache``, which change
+    nothing here: headlab's generate shows no bar and always decodes with its KV cache."""
+    @functools.wraps(method)
+    def call(self, *args, verbose=None, use_past_kv_cache=None, **kwargs):
+        return method(self, *args, **kwargs)
+    return call
+
+
+TransformerLM.generate = _takes_text(_takes_tl_generate_keywords(TransformerLM.generate), "left", decode=True)
+
+
+def items(self):
+    """(name, activation) of every cached hook, as a dict's items (TransformerLens's cache.items())."""
+    return [(name, self[name]) for name in self.keys()]
+
+
+def values(self):
+    """Every cached activation, in the order of keys()."""
+    return [self[name] for name in self.keys()]
+
+
+ActivationCache.items = items
+ActivationCache.values = values
 TransformerLM.tokenizer = property(
     lambda self: self.__dict__.get("_tokenizer"),
     lambda self, tok: self.__dict__.__setitem__("_tokenizer", tok),

@@ -267,3 +267,30 @@ def test_out_of_range_gates_and_wrong_typed_settings():
     assert "5" in str(e.value), str(e.value)
     with pytest.raises(TypeError, match="lr"):
         hl.Trainer(lr="x")
+
+
+def test_arguments_that_do_not_convert_get_one_line_naming_the_argument_and_its_type():
+    # pybind11's own message lists every signature and the repr of every argument (pages for an array)
+    m = hl.TransformerLM(hl.ModelConfig(d_model=16, n_layers=1, n_heads=2, d_mlp=32, d_vocab=11, n_ctx=8), seed=0)
+    big = np.zeros((300, 400), dtype=np.int64)
+    cases = [
+        (lambda: hl.detect_heads(m, big, kind=3), "hl.detect_heads: argument 'kind' is int, expected str"),
+        (lambda: hl.detect_heads("model", big), "hl.detect_heads: argument 'model' is str, expected TransformerLM"),
+        (lambda: hl.detect_heads(m, big, "induction", True, False, 7), "hl.detect_heads: takes 5 positional arguments, got 6"),
+        (lambda: hl.detect_heads(m, big, knd="induction"),
+         "hl.detect_heads: has no argument 'knd' (its arguments: model, data, kind, exclude_bos, exclude_current_token)"),
+        (lambda: hl.edge_patching(m, big, big, answers=[(0, 1, 2, 3)], ig_steps="5"),
+         "hl.edge_patching: argument 'ig_steps' is str, expected int"),
+        (lambda: m.run_with_cache(big, incl_bwd="yes"), "TransformerLM.run_with_cache: argument 'incl_bwd' is str, expected bool"),
+        (lambda: hl.TransformerLM(big), "hl.TransformerLM: argument 'config' is ndarray, expected ModelConfig"),
+    ]
+    for call, message in cases:
+        with pytest.raises(TypeError) as e:
+            call()
+        assert str(e.value) == message
+    # the wrapper keeps what help() and the stub read
+    assert hl.detect_heads.__doc__.startswith("detect_heads(model: headlab._core.TransformerLM, data: object")
+    assert hl.TransformerLM.run_with_cache.__wrapped__.__doc__.startswith("run_with_cache(self: object, ids: object")
+    # a TypeError of the function itself is not touched
+    with pytest.raises(TypeError, match="^attention_mask: expected an integer or bool array"):
+        m(big[:2, :4], attention_mask=np.ones((2, 4), dtype=np.float32))

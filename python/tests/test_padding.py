@@ -152,9 +152,10 @@ def alone(row):
     return hl.Batches(np.array([row]))
 
 
-def test_analyses_of_a_right_padded_batch_give_each_row_alone():
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_analyses_of_a_padded_batch_give_each_row_alone(side):
     m = tiny(seed=2)
-    ids, mask = padded(ROWS, "right", pad=10)
+    ids, mask = padded(ROWS, side, pad=10)
     data = hl.Batches(ids, attention_mask=mask)
     n = np.array([len(r) - 1 for r in ROWS], dtype=float)  # each row's next-token targets
     q = np.array([len(r) for r in ROWS], dtype=float)  # each row's queries
@@ -175,19 +176,48 @@ def test_analyses_of_a_right_padded_batch_give_each_row_alone():
     a = hl.single_head_ablation(m, data)
     each = [hl.single_head_ablation(m, alone(r)) for r in ROWS]
     np.testing.assert_allclose(a.d_loss, np.tensordot(n, [x.d_loss for x in each], 1) / n.sum(), rtol=1e-4, atol=1e-6)
+    # a hook's ablation, per example: each row's losses as alone
+    k = hl.ablate(m, data, "blocks.0.attn.hook_z", head=1)
+    for i, r in enumerate(ROWS):
+        one = hl.ablate(m, alone(r), "blocks.0.attn.hook_z", head=1)
+        np.testing.assert_allclose([k.clean_losses[i], k.ablated_losses[i]], [one.clean_losses[0], one.ablated_losses[0]],
+                                   rtol=1e-5, err_msg=f"{side} row {i}")
     # the dict form is the same batches
     np.testing.assert_array_equal(hl.detect_heads(m, {"input_ids": ids, "attention_mask": mask}),
                                   hl.detect_heads(m, data))
 
 
+def test_a_left_padded_batch_gives_the_analyses_the_right_padded_rows_prompt_len_in_its_columns():
+    m = tiny(seed=4)
+    (ids_r, mask_r), (ids_l, mask_l) = padded(ROWS, "right", pad=10), padded(ROWS, "left", pad=10)
+    prompt = np.array([2, 1, 2])  # each row's prompt: its first tokens
+    lead = (mask_l == 0).sum(1)
+    right = hl.Batches(ids_r, attention_mask=mask_r, prompt_len=prompt)
+    left = hl.Batches(ids_l, attention_mask=mask_l, prompt_len=prompt + lead)  # counted in the padded columns
+    a, b = hl.evaluate(m, right, autoregressive=True).to_dict(), hl.evaluate(m, left, autoregressive=True).to_dict()
+    assert a.keys() == b.keys()
+    for key in a:
+        np.testing.assert_array_equal(np.asarray(b[key]), np.asarray(a[key]), err_msg=key)
+    np.testing.assert_array_equal(hl.detect_heads(m, left, "induction"), hl.detect_heads(m, right, "induction"))
+    # targets and loss_mask given in the padded columns move with their row
+    lead = (mask_l == 0).sum(1)
+    targets_r = np.where(mask_r == 1, (ids_r + 1) % 11, -1)
+    loss_mask_r = np.tile([1, 0, 1, 1, 0], (3, 1)) * mask_r
+    turn = lambda x: np.stack([np.roll(r, k) for r, k in zip(x, lead)])
+    a = hl.evaluate(m, hl.Batches(ids_r, targets=targets_r, loss_mask=loss_mask_r, attention_mask=mask_r)).to_dict()
+    b = hl.evaluate(m, hl.Batches(ids_l, targets=turn(targets_r), loss_mask=turn(loss_mask_r), attention_mask=mask_l)).to_dict()
+    assert a == b and a["tokens"] == loss_mask_r.sum()
+    with pytest.raises(ValueError, match="prompt_len 2 at row 1 is outside 4..5 \\(the row's tokens, counted in the padded "
+                                         "columns; 0: no answer\\)"):
+        hl.Batches(ids_l, attention_mask=mask_l, prompt_len=[4, 2, 4])
+
+
 def test_padding_an_analysis_cannot_take_is_refused_naming_attention_mask():
-    ids, mask = padded(ROWS, "left")
-    with pytest.raises(ValueError, match="attention_mask: row 1 starts with padding: the analyses take rows padded on the right"):
-        hl.Batches(ids, attention_mask=mask)
     ids, mask = padded(ROWS, "right")
     gap = mask.copy()
     gap[0, 1] = 0
-    with pytest.raises(ValueError, match="attention_mask: row 0 has a token at position 2 after padding"):
+    with pytest.raises(ValueError, match="attention_mask: row 0 has padding at column 1 between its tokens: pad each row "
+                                         "on one side"):
         hl.Batches(ids, attention_mask=gap)
     with pytest.raises(ValueError, match="attention_mask has shape \\(3, 4\\) but input_ids is \\(3, 5\\)"):
         hl.Batches(ids, attention_mask=mask[:, :4])
@@ -254,22 +284,52 @@ def test_patching_and_edges_of_a_right_padded_batch_give_each_row_alone():
         hl.edge_patching(m, clean0, corrupted0, answers=answers, attention_mask=mask).exact, e.exact)
 
 
-def test_patching_and_edges_refuse_left_padding_and_answers_at_padding_naming_attention_mask():
+def left_padded(clean, corrupted, mask, answers):
+    """The right-padded batch padded on the left instead: the same rows, answers moved with them."""
+    lead = (mask == 0).sum(1)
+    turn = lambda x: np.stack([np.roll(r, k) for r, k in zip(x, lead)])
+    return turn(clean), turn(corrupted), turn(mask), [(r, p + lead[r], c, k) for r, p, c, k in answers]
+
+
+def test_patching_and_edges_of_a_left_padded_batch_give_the_right_padded_scores():
     m = tiny(seed=3)
-    clean, corrupted, mask, answers = patch_batch(pad=10)
-    left = np.ascontiguousarray(mask[:, ::-1])
+    right = patch_batch(pad=10)
+    clean, corrupted, mask, answers = left_padded(*right)
+    assert mask[1].tolist() == [0, 0, 0, 1, 1] and answers[1] == (1, 4, 4, 6)
+    e_r = hl.edge_patching(m, right[0], right[1], answers=right[3], attention_mask=right[2])
+    e_l = hl.edge_patching(m, clean, corrupted, answers=answers, attention_mask=mask)
+    for field in ("exact", "attribution", "clean_metric", "corrupted_metric"):
+        np.testing.assert_array_equal(getattr(e_l, field), getattr(e_r, field), err_msg=field)
+    p_r = hl.path_patching(m, right[0], right[1], sender="L0H1", answers=right[3], attention_mask=right[2])
+    p_l = hl.path_patching(m, clean, corrupted, sender="L0H1", answers=answers, attention_mask=mask)
+    assert (p_l.path, p_l.activation) == (p_r.path, p_r.activation)
+    # the pos axis counts each row's tokens from its first: the right-padded grid
+    kw = dict(hook="hook_resid_pre", axes=["layer", "pos"])
+    np.testing.assert_array_equal(hl.activation_patching(m, clean, corrupted, answers=answers, attention_mask=mask, **kw),
+                                  hl.activation_patching(m, right[0], right[1], answers=right[3], attention_mask=right[2], **kw))
+    # a metric reads the logits in the columns it was given: each row's last column is its last token
+    last = lambda logits: float(sum(logits[i, -1, 0] for i in range(len(PATCH_ROWS))))
+    at_end = lambda logits: float(sum(logits[i, len(r) - 1, 0] for i, (r, _) in enumerate(PATCH_ROWS)))
+    np.testing.assert_array_equal(hl.activation_patching(m, clean, corrupted, metric=last, attention_mask=mask, **kw),
+                                  hl.activation_patching(m, right[0], right[1], metric=at_end, attention_mask=right[2], **kw))
+
+
+def test_patching_and_edges_refuse_gaps_and_answers_at_padding_naming_attention_mask():
+    m = tiny(seed=3)
+    clean, corrupted, mask, answers = left_padded(*patch_batch(pad=10))
+    gap = mask.copy()
+    gap[0, 2] = 0
     calls = [
-        ("edges", lambda mk, ans: hl.edge_patching(m, clean, corrupted, answers=ans, attention_mask=mk)),
-        ("edges", lambda mk, ans: hl.path_patching(m, clean, corrupted, sender="L0H0", answers=ans, attention_mask=mk)),
+        ("edge_patching", lambda mk, ans: hl.edge_patching(m, clean, corrupted, answers=ans, attention_mask=mk)),
+        ("path_patching", lambda mk, ans: hl.path_patching(m, clean, corrupted, sender="L0H0", answers=ans, attention_mask=mk)),
         ("activation_patching", lambda mk, ans: hl.activation_patching(m, clean, corrupted, answers=ans, attention_mask=mk)),
     ]
     for fn, call in calls:
-        with pytest.raises(ValueError, match=f"{fn}: attention_mask: row 1 starts with padding: patching and edges "
-                                             "take rows padded on the right"):
-            call(left, answers)
-        with pytest.raises(ValueError, match=f"{fn}: answer \\(1, 3, 4, 6\\) is at padding \\(attention_mask 0 there\\)"):
-            call(mask, answers[:1] + [(1, 3, 4, 6)])
-    with pytest.raises(ValueError, match="activation_patching: attention_mask: row 1 starts with padding"):
-        hl.activation_patching(m, clean, corrupted, metric=lambda logits: float(logits[0, 0, 0]), attention_mask=left)
+        with pytest.raises(ValueError, match=f"{fn}: attention_mask: row 0 has padding at column 2 between its tokens"):
+            call(gap, answers)
+        with pytest.raises(ValueError, match=f"{fn}: answer \\(1, 1, 4, 6\\) is at padding \\(attention_mask 0 there\\)"):
+            call(mask, answers[:1] + [(1, 1, 4, 6)])
+    with pytest.raises(ValueError, match="activation_patching: attention_mask: row 0 has padding at column 2"):
+        hl.activation_patching(m, clean, corrupted, metric=lambda logits: float(logits[0, 0, 0]), attention_mask=gap)
     with pytest.raises(ValueError, match="attention_mask: shape \\(3, 4\\) must be the ids' \\(3, 5\\)"):
         hl.edge_patching(m, clean, corrupted, answers=answers, attention_mask=mask[:, :4])

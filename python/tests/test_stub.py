@@ -27,6 +27,7 @@ def stub_args(fn):
 
 def module_args(name, obj):
     """The argument names of each of pybind11's signatures of obj (or a Python function's)."""
+    obj = inspect.unwrap(obj)  # the binding behind headlab's wrappers (_arguments, lens's text input)
     if inspect.isfunction(obj):
         return [list(inspect.signature(obj).parameters)]
     sigs = []

@@ -279,3 +279,115 @@ def test_a_swiglu_gate_refuses_an_activation_it_would_ignore():
     # a SwiGLU config says silu, so it makes itself again
     cfg = hl.ModelConfig(arch="llama", d_model=16, n_heads=2)
     assert cfg.activation == "silu" and hl.ModelConfig(**cfg.to_dict()) == cfg
+
+
+# ---- TransformerLens's spellings of headlab's settings ------------------------------------------
+
+@pytest.mark.parametrize("arch, tl", [
+    ("gpt2", dict(act_fn="gelu", normalization_type="LN",  # the preset keeps headlab's default gelu (erf) positional_embedding_type="standard",
+                  original_architecture="GPT2LMHeadModel")),
+    ("llama", dict(act_fn="silu", normalization_type="RMS", positional_embedding_type="rotary",
+                   original_architecture="LlamaForCausalLM")),
+    ("neox", dict(act_fn="gelu", normalization_type="LN", positional_embedding_type="rotary",
+                  original_architecture="GPTNeoXForCausalLM")),
+])
+def test_cfg_reads_and_takes_transformerlens_spellings(arch, tl):
+    c = hl.ModelConfig(arch=arch, d_model=16, n_layers=1, n_heads=2)
+    assert {k: getattr(c, k) for k in tl} == tl  # cfg -> TransformerLens's names
+    # TransformerLens's names -> the same settings, each given alone over a blank config
+    native = dict(act_fn="activation", normalization_type="normalization", positional_embedding_type="positions",
+                  original_architecture="arch")
+    for k, v in tl.items():
+        if k != "original_architecture":
+            assert getattr(hl.ModelConfig(**{k: v}), native[k]) == getattr(c, native[k]), k
+    # the preset by its Hugging Face class is the preset; to_dict keeps one name per field
+    again = hl.ModelConfig(original_architecture=tl["original_architecture"], d_model=16, n_layers=1, n_heads=2)
+    assert again == c and hl.ModelConfig(**again.to_dict()) == c
+    assert not set(tl) & set(c.to_dict())
+
+
+def test_transformerlens_spellings_are_checked_as_the_settings():
+    assert hl.ModelConfig(act_fn="gelu").to_dict()["activation"] == "gelu_erf"  # TL's gelu is erf, not headlab's gelu_tanh
+    assert hl.ModelConfig(act_fn="gelu_pytorch_tanh").act_fn == "gelu_new"
+    assert hl.ModelConfig(activation="relu2").act_fn == "relu2"  # headlab's own: no TransformerLens name
+    assert hl.ModelConfig(normalization="rmsnorm_1p").normalization_type == "RMS"
+    assert hl.ModelConfig(positions="none").positional_embedding_type == "none"
+    assert hl.ModelConfig().original_architecture is None
+    with pytest.raises(ValueError, match="^ModelConfig: act_fn must be one of 'gelu', 'gelu_new', 'gelu_fast', "
+                                         "'gelu_pytorch_tanh', 'relu', 'silu', 'relu2', got 'solu_ln'$"):
+        hl.ModelConfig(act_fn="solu_ln")
+    with pytest.raises(ValueError, match="^ModelConfig: normalization_type: 'LNPre' \\(a norm whose weights are folded"):
+        hl.ModelConfig(normalization_type="LNPre")
+    with pytest.raises(ValueError, match="^ModelConfig: normalization_type: None \\(no norm\\) is not in headlab"):
+        hl.ModelConfig(normalization_type=None)
+    with pytest.raises(TypeError, match="^ModelConfig: activation is given twice \\(as activation and act_fn\\)$"):
+        hl.ModelConfig(act_fn="relu", activation="relu")
+    with pytest.raises(TypeError, match="^ModelConfig: positional_embedding_type: expected a string, got int$"):
+        hl.ModelConfig(positional_embedding_type=1)
+
+
+def test_trainer_takes_transformerlens_spellings_n_ctx_and_d_vocab():
+    small = dict(task="copy", d_model=16, n_layers=1, n_heads=2, d_mlp=24, steps=1, quiet=True)
+    tl = hl.Trainer(act_fn="gelu", normalization_type="RMS", positional_embedding_type="rotary", **small)
+    assert (tl.model.cfg.act_fn, tl.model.cfg.normalization_type, tl.model.cfg.positional_embedding_type) == \
+        ("gelu", "RMS", "rotary")
+    assert tl.args["model"]["activation"] == "gelu_erf"
+    task = hl.Task("copy")
+    t = hl.Trainer(n_ctx=task.seq_len + 7, d_vocab=task.vocab_size, **small)
+    assert (t.model.cfg.n_ctx, t.model.cfg.d_vocab) == (task.seq_len + 7, task.vocab_size)
+    with pytest.raises(ValueError, match=f"^Trainer: n_ctx 3 is shorter than the task's rows \\({task.seq_len} tokens\\)$"):
+        hl.Trainer(n_ctx=3, **small)
+    with pytest.raises(ValueError, match=f"^Trainer: d_vocab 7 is not the task's vocabulary \\({task.vocab_size}\\)"):
+        hl.Trainer(d_vocab=7, **small)
+    with pytest.raises(ValueError, match="^Trainer: n_ctx: must be >= 1, got 0$"):
+        hl.Trainer(n_ctx=0, **small)
+    with pytest.raises(TypeError, match="^Trainer: d_vocab: expected an integer, got str$"):
+        hl.Trainer(d_vocab="x", **small)
+    with pytest.raises(ValueError, match="act_fn must be one of 'gelu'"):
+        hl.Trainer(act_fn="tanh", **small)
+
+
+# ---- what a TransformerLens user reached for next: MLP weights, text in, cache.items ------------
+
+def test_mlp_weights_in_transformerlens_shapes_and_their_einsum_gives_hook_pre():
+    m = tiny(seed=5)
+    L, D, F = 2, 16, 32
+    p = {k: np.asarray(v) for k, v in m.named_parameters().items()}
+    assert m.W_in.shape == (L, D, F) and m.W_out.shape == (L, F, D) and m.b_in.shape == (L, F) and m.b_out.shape == (L, D)
+    for l in range(L):
+        assert np.array_equal(m.W_in[l], p[f"blocks.{l}.ffn.fc1.weight"].T)
+        assert np.array_equal(m.W_out[l], p[f"blocks.{l}.ffn.fc2.weight"].T)
+        assert np.array_equal(m.b_in[l], p[f"blocks.{l}.ffn.fc1.bias"])
+    x = ids(seed=2)
+    _, cache = m.run_with_cache(x)
+    pre = np.einsum("btd,dm->btm", cache["normalized", 1, "ln2"], m.W_in[1]) + m.b_in[1]
+    np.testing.assert_allclose(pre, cache["pre", 1], atol=1e-5)
+    post = np.einsum("btm,md->btd", cache["post", 1], m.W_out[1]) + m.b_out[1]
+    np.testing.assert_allclose(post, cache["mlp_out", 1], atol=1e-5)
+    gated = tiny(mlp="swiglu", mlp_bias=False)
+    assert gated.W_gate.shape == (L, D, F) and not np.any(gated.b_in)
+    with pytest.raises(AttributeError, match="^W_gate: the MLP is not gated \\(mlp='plain'\\): it has no gate$"):
+        m.W_gate
+    with pytest.raises(AttributeError, match="^W_in: the model is attention-only \\(d_mlp 0\\)"):
+        tiny(d_mlp=0).W_in
+
+
+def test_text_goes_in_where_ids_do_and_run_with_hooks_takes_return_type():
+    m = tiny(d_vocab=256, seed=6)
+    x = m.to_tokens("hello")
+    np.testing.assert_array_equal(np.asarray(m("hello")), np.asarray(m(x)))
+    assert m.run_with_cache("hello")[1].ids.tolist() == x.tolist()
+    # texts of different lengths: padded on the right with their attention_mask, each row as alone
+    both = np.asarray(m(["hello", "hi"]))
+    np.testing.assert_allclose(both[1, :2], np.asarray(m("hi"))[0], atol=2e-5)
+    out = m.generate("hel", max_new_tokens=3)
+    assert isinstance(out, str) and out == m.to_string(m.generate(m.to_tokens("hel"), max_new_tokens=3)[0])
+    assert m.generate("hel", max_new_tokens=3, verbose=False, use_past_kv_cache=True) == out  # TL's keywords, no effect
+    assert m.to_single_token("h") == 104
+    with pytest.raises(ValueError, match="^to_single_token: 'hi' is 2 tokens, not one$"):
+        m.to_single_token("hi")
+    loss = m.run_with_hooks(x, return_type="loss", fwd_hooks=[("blocks.0.hook_resid_pre", lambda a, name: None)])
+    assert loss.item() == pytest.approx(m(x, return_type="loss").item(), rel=1e-6)
+    _, cache = m.run_with_cache(x, names_filter=["blocks.0.attn.hook_pattern", "hook_embed"])
+    assert [k for k, _ in cache.items()] == cache.keys() and len(cache.values()) == 2
+    np.testing.assert_array_equal(dict(cache.items())["hook_embed"], cache["hook_embed"])

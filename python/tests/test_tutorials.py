@@ -134,10 +134,12 @@ def test_the_transformerlens_names_tutorial_uses_them(tmp_path):
     assert "the loss is the next tokens' cross-entropy: True" in text
     assert "W_Q (2, 4, 32, 8) W_O (2, 4, 8, 32) W_E (13, 32) W_U (32, 13)" in text
     assert "einsum with W_Q gives hook_q: True" in text
+    assert "W_in (2, 32, 64) W_out (2, 64, 32) ; einsum with W_in gives hook_pre: True" in text
     assert number(r"the last position's logits moved by (\d+\.\d+)", text) > 0
     assert "earlier positions unchanged: True" in text and "hooks removed after the block: True" in text
     assert re.search(r"greedy: \[(\d+, ){10}\d+\]", text) and "sampled twice alike: True" in text
     assert "padded rows as alone (left, right): True True" in text and "generated as alone: True" in text
+    assert "detector scores of the padded batch are the mean of each row's alone: True" in text
     assert "OV of L1H0: shape (32, 32), rank 8; norm and singular values as the dense product: True True" in text
     assert "gradient through 2 * x is twice the one at the replacement: True" in text
     assert "a constant replacement passes no gradient: True" in text
