@@ -33,8 +33,11 @@ Tensor columns(const Tensor& rows, int64_t from, int64_t n) {
 }
 
 Sae initial_sae(const SaeConfig& cfg, const SaeTrainArgs& args, const ActivationSource& source) {
-  HL_CHECK(args.steps >= 0 && args.batch >= 1 && args.lr > 0.f && args.warmup >= 0 && args.dead_after >= 1 && args.init_rows >= 1,
-           "SAE training: steps >= 0, batch >= 1, lr > 0, warmup >= 0, dead_after >= 1 and init_rows >= 1 are required");
+  HL_CHECK(args.steps >= 0 && args.batch >= 1 && args.lr > 0.f && args.warmup >= 0 && args.lr_decay_steps >= 0 && args.dead_after >= 1 && args.init_rows >= 1,
+           "SAE training: steps >= 0, batch >= 1, lr > 0, warmup >= 0, lr_decay_steps >= 0, dead_after >= 1 and init_rows >= 1 are required");
+  HL_CHECK(args.jumprelu_sparsity == "step" || args.jumprelu_sparsity == "tanh", "SAE training: the JumpReLU sparsity term '",
+           args.jumprelu_sparsity, "' is not one of step, tanh");
+  HL_CHECK(args.tanh_scale > 0.f && args.pre_act_coefficient >= 0.f, "SAE training: tanh_scale > 0 and pre_act_coefficient >= 0 are required");
   Rng rng(args.seed);
   Sae sae = Sae::init(cfg, rng);
   // b_dec at the centre of what the SAE reconstructs: the input, or a transcoder's target
@@ -54,6 +57,14 @@ Sae initial_sae(const SaeConfig& cfg, const SaeTrainArgs& args, const Activation
 }
 
 }  // namespace
+
+float sae_learning_rate(const SaeTrainArgs& args, int64_t step) {
+  float lr = args.lr;
+  if (args.warmup > 0 && step < args.warmup) lr *= float(step + 1) / float(args.warmup);
+  const int64_t decay_from = args.steps - args.lr_decay_steps;
+  if (args.lr_decay_steps > 0 && step >= decay_from) lr *= float(args.steps - step) / float(args.lr_decay_steps);
+  return lr;
+}
 
 ActivationSource model_activations(TransformerLM& model, const std::vector<std::string>& hooks, std::vector<Ids> batches,
                                    int64_t buffer_rows, uint64_t seed) {
@@ -155,6 +166,9 @@ SaeStepStats SaeTrainer::step() {
   if (cfg_.arch == SaeArch::Standard) {
     const Tensor norms = sqrt(sum(mul(sae_.W_dec, sae_.W_dec), {1}));  // (F)
     sparsity = mul_scalar(mean(sum(mul(f, norms), {1})), args_.l1_coefficient * ramp);
+  } else if (cfg_.arch == SaeArch::JumpReLU && args_.jumprelu_sparsity == "tanh") {
+    const Tensor norms = sqrt(sum(mul(sae_.W_dec, sae_.W_dec), {1}));  // (F)
+    sparsity = mul_scalar(mean(sum(tanh(mul_scalar(mul(f, norms), args_.tanh_scale)), {1})), args_.l0_coefficient * ramp);
   } else if (cfg_.arch == SaeArch::JumpReLU) {
     sparsity = mul_scalar(mean(sum(jumprelu_step(pre, sae_.threshold(), cfg_.bandwidth), {1})), args_.l0_coefficient * ramp);
   }
@@ -174,14 +188,24 @@ SaeStepStats SaeTrainer::step() {
     const float scale = std::min(1.f, float(n_dead) / float(k_aux));
     aux = mul_scalar(mean(sum(mul(aux_err, aux_err), {1})), args_.aux_coefficient * scale);
   }
+  // JumpReLU's pre-activation loss: a dead feature's pre-activations pulled up to its threshold
+  Tensor pre_act;
+  if (cfg_.arch == SaeArch::JumpReLU && args_.pre_act_coefficient > 0.f && n_dead > 0) {
+    Tensor dead_mask = Tensor::zeros({1, F});  // 1 on dead features
+    for (int64_t j = 0; j < F; ++j) dead_mask.data()[j] = dead[j] ? 1.f : 0.f;
+    const Tensor norms = sqrt(sum(mul(sae_.W_dec, sae_.W_dec), {1}));  // (F)
+    const Tensor below = relu(add(neg(pre), sae_.threshold()));        // (N, F): relu(threshold - pre)
+    pre_act = mul_scalar(mean(sum(mul(mul(below, dead_mask), norms), {1})), args_.pre_act_coefficient);
+  }
   Tensor loss = mse;
   if (sparsity.defined()) loss = add(loss, sparsity);
+  if (pre_act.defined()) loss = add(loss, pre_act);
   if (aux.defined()) loss = add(loss, aux);
 
   opt_.zero_grad();
   loss.backward();
   if (unit_decoder) sae_.remove_decoder_parallel_grad();
-  opt_.lr = args_.warmup > 0 && step_ < args_.warmup ? args_.lr * float(step_ + 1) / float(args_.warmup) : args_.lr;
+  opt_.lr = sae_learning_rate(args_, step_);
   opt_.step();
   if (unit_decoder) sae_.normalize_decoder_rows();
 
@@ -189,7 +213,7 @@ SaeStepStats SaeTrainer::step() {
   s.step = step_;
   s.loss = loss.item(), s.mse = mse.item();
   s.sparsity = sparsity.defined() ? sparsity.item() : 0.f;
-  s.aux = aux.defined() ? aux.item() : 0.f;
+  s.aux = (aux.defined() ? aux.item() : 0.f) + (pre_act.defined() ? pre_act.item() : 0.f);
   const float* fd = f.data();
   int64_t active = 0;
   float min_kept = INFINITY;
@@ -226,8 +250,10 @@ nlohmann::json SaeTrainer::settings() const {
           {"bandwidth", cfg_.bandwidth}, {"initial_threshold", cfg_.initial_threshold},
           {"apply_b_dec_to_input", cfg_.apply_b_dec_to_input}, {"hook_name", cfg_.hook_name},
           {"hook_name_out", cfg_.hook_name_out}, {"d_out", cfg_.d_out}, {"steps", args_.steps}, {"batch", args_.batch},
-          {"lr", args_.lr}, {"warmup", args_.warmup}, {"l1_coefficient", args_.l1_coefficient},
+          {"lr", args_.lr}, {"warmup", args_.warmup}, {"lr_decay_steps", args_.lr_decay_steps}, {"l1_coefficient", args_.l1_coefficient},
           {"l0_coefficient", args_.l0_coefficient}, {"sparsity_warmup", args_.sparsity_warmup},
+          {"jumprelu_sparsity", args_.jumprelu_sparsity}, {"tanh_scale", args_.tanh_scale},
+          {"pre_act_coefficient", args_.pre_act_coefficient},
           {"aux_coefficient", args_.aux_coefficient}, {"dead_after", args_.dead_after},
           {"b_dec_geometric_median", args_.b_dec_geometric_median}, {"init_rows", args_.init_rows}, {"seed", args_.seed}};
 }

@@ -20,8 +20,18 @@ struct SaeTrainArgs {
   int64_t batch = 1024;        // rows (tokens) per step
   float lr = 4e-4f;
   int64_t warmup = 0;          // steps of linear learning-rate warmup
+  int64_t lr_decay_steps = 0;  // final steps over which the learning rate falls linearly to 0 (SAELens's lr_decay_steps)
   float l1_coefficient = 5.f;  // Standard: weight of sum_j f_j |W_dec[j]|
-  float l0_coefficient = 1.f;  // JumpReLU: weight of the step-function L0
+  float l0_coefficient = 1.f;  // JumpReLU: weight of the L0 (its sparsity term)
+  // JumpReLU's sparsity term: "step", the count of active features through the threshold's
+  // straight-through step (Rajamanoharan et al. 2024); "tanh", sum_j tanh(c f_j |W_dec[j]|)
+  // (Anthropic's January 2025 recipe, SAELens's jumprelu_sparsity_loss_mode), which also pulls
+  // weak activations down through the encoder, as L1 does, and so shapes the features' directions.
+  std::string jumprelu_sparsity = "step";
+  float tanh_scale = 4.f;       // c above (SAELens's jumprelu_tanh_scale)
+  // JumpReLU: weight of sum_j relu(threshold_j - pre_j) |W_dec[j]| over dead features (Anthropic's
+  // pre-activation loss as SAELens applies it), which raises a dead feature towards firing. 0: off.
+  float pre_act_coefficient = 0.f;
   // Standard, JumpReLU: steps over which the L1 / L0 weight rises linearly from 0 to its value
   // (SAELens's l1_warm_up_steps, l0_warm_up_steps), so features form before sparsity bites
   int64_t sparsity_warmup = 0;
@@ -31,6 +41,10 @@ struct SaeTrainArgs {
   int64_t init_rows = 4096;     // rows of the b_dec initialisation sample
   uint64_t seed = 0;
 };
+
+// The learning rate of step `step` (from 0): the warmup's linear rise, then lr, then the linear
+// decay to 0 over the last lr_decay_steps.
+float sae_learning_rate(const SaeTrainArgs& args, int64_t step);
 
 // The next `rows` activations (rows, d_in), or for a transcoder (rows, d_in + d_out): its input
 // and its target side by side; must not repeat the same tensor storage.
