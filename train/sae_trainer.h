@@ -9,7 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "analysis/features.h"
 #include "lib/optim.h"
+#include "lib/safetensors.h"
 #include "models/sae.h"
 #include "models/transformer.h"
 
@@ -50,6 +52,15 @@ float sae_learning_rate(const SaeTrainArgs& args, int64_t step);
 // and its target side by side; must not repeat the same tensor storage.
 using ActivationSource = std::function<Tensor(int64_t rows)>;
 
+// A source whose position can be saved with the trainer's state and restored, so that a resume
+// continues the stream where it stopped instead of replaying it from the start. `save` and `load`
+// may be empty (a source that only gives rows): load_state then replays the stream.
+struct ActivationStream {
+  ActivationSource next;
+  std::function<void(SafetensorsWriter&)> save;    // adds "stream.*" tensors and metadata
+  std::function<void(const SafetensorsFile&)> load;
+};
+
 // Activations of `model` at `hook` over `batches` of token ids (cycled), as SAE rows (sae_rows:
 // hook_z concatenated over heads), mixed in a shuffle buffer of `buffer_rows` rows: the buffer
 // is topped up with whole batches from the model and each request takes rows from it at random
@@ -57,14 +68,23 @@ using ActivationSource = std::function<Tensor(int64_t rows)>;
 // error naming it; the model runs without gradients.
 // With several hooks each row holds every hook's values of one token side by side (a
 // transcoder's [input | output]).
-ActivationSource model_activations(TransformerLM& model, const std::vector<std::string>& hooks, std::vector<Ids> batches,
-                                   int64_t buffer_rows, uint64_t seed);
+// The stream's state is the buffer's rows, the next batch's index and the picking generator.
+ActivationStream model_activation_stream(TransformerLM& model, const std::vector<std::string>& hooks, std::vector<Ids> batches,
+                                         int64_t buffer_rows, uint64_t seed);
+inline ActivationSource model_activations(TransformerLM& model, const std::vector<std::string>& hooks, std::vector<Ids> batches,
+                                          int64_t buffer_rows, uint64_t seed) {
+  return model_activation_stream(model, hooks, std::move(batches), buffer_rows, seed).next;
+}
 inline ActivationSource model_activations(TransformerLM& model, const std::string& hook, std::vector<Ids> batches,
                                           int64_t buffer_rows, uint64_t seed) {
   return model_activations(model, std::vector<std::string>{hook}, std::move(batches), buffer_rows, seed);
 }
 // The hooks a source for `cfg` reads: hook_name, and a transcoder's hook_name_out after it.
 std::vector<std::string> sae_source_hooks(const SaeConfig& cfg);
+// The configuration of an SAE (or, with hook_out not empty, a transcoder) of `expansion` times
+// the hook's width on `model`, widths read from one forward of `ids` (B, T).
+SaeConfig sae_config_for_model(TransformerLM& model, const Ids& ids, const std::string& hook, const std::string& hook_out,
+                               const std::string& architecture, int64_t expansion);
 
 // The bytes training `cfg` needs: the parameters, their gradients and Adam's two moments; a
 // step's (batch, d_sae) activations (pre, f and their gradients, AuxK's); a shuffle buffer of
@@ -82,17 +102,20 @@ struct SaeStepStats {
 class SaeTrainer {
  public:
   // Draws init_rows from `source` for b_dec (when the architecture subtracts it).
-  SaeTrainer(const SaeConfig& cfg, const SaeTrainArgs& args, ActivationSource source);
+  SaeTrainer(const SaeConfig& cfg, const SaeTrainArgs& args, ActivationSource source)
+      : SaeTrainer(cfg, args, ActivationStream{std::move(source), {}, {}}) {}
+  SaeTrainer(const SaeConfig& cfg, const SaeTrainArgs& args, ActivationStream stream);
   SaeStepStats step();
   // Runs the remaining steps; `on_step` (may be empty) sees each step's statistics.
   void train(const std::function<void(const SaeStepStats&)>& on_step = {});
 
   // The training state in one safetensors file (written atomically): the parameters, Adam's
-  // moments, the BatchTopK threshold, each feature's rows since it last fired, the step, and the
-  // settings. load_state refuses a file made with other settings (naming the first that
-  // differs; steps may grow), then replays the activation stream up to the saved step (a source
-  // gives the same rows for the same seed: the model's forwards run again, no SAE step), so
-  // training goes on bit for bit as if never stopped.
+  // moments, the BatchTopK threshold, each feature's rows since it last fired, the step, the
+  // settings and the stream's position (when the stream can save it). load_state refuses a file
+  // made with other settings (naming the first that differs; steps may grow), then restores the
+  // stream's position, or for a stream without one replays it up to the saved step (the same rows
+  // for the same seed; the model's forwards run again, no SAE step), so training goes on bit for
+  // bit as if never stopped.
   void save_state(const std::string& path) const;
   void load_state(const std::string& path);
   // The settings as saved with the state (JSON): the SAE's config and the training arguments.
@@ -106,11 +129,34 @@ class SaeTrainer {
  private:
   SaeConfig cfg_;
   SaeTrainArgs args_;
-  ActivationSource source_;
+  ActivationStream stream_;
   Sae sae_;
   Adam opt_;
   int64_t step_ = 0;
   std::vector<int64_t> rows_since_fired_;
 };
+
+// Training in a run directory, what `headlab sae` and hl.train_sae(out=...) both do: `out` holds
+// sae_state.safetensors (resumable), snapshots/stepN/ every snapshot_every steps (SAELens's
+// layout, with the state saved beside them), and at the end cfg.json, sae_weights.safetensors
+// and metrics.json (evaluate_sae on `held_out`). A directory holding a run is refused unless
+// resume, and resume without a state is refused, both before anything is written. Ctrl-C saves
+// the state and rethrows Stopped, its message ending "at step N".
+struct SaeRunOptions {
+  std::string out;
+  bool resume = false;
+  int64_t snapshot_every = 0;
+  std::string out_flag = "--out", resume_flag = "--resume";  // the door's names, for messages
+  std::function<void(int64_t step)> on_resumed;            // may be empty
+  std::function<void(const SaeStepStats&)> on_step;        // may be empty
+};
+struct SaeRun {
+  Sae sae;
+  SaeEvaluation evaluation;
+};
+// What train_sae_in_dir refuses about opt.out, refused now (nothing is written).
+void check_sae_run_dir(const SaeRunOptions& opt);
+SaeRun train_sae_in_dir(TransformerLM& model, const SaeConfig& cfg, const SaeTrainArgs& args, ActivationStream stream,
+                        const std::vector<Batch>& held_out, const SaeRunOptions& opt);
 
 }  // namespace hl
