@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <unistd.h>
 
 #include <omp.h>
@@ -785,6 +786,36 @@ BOOST_AUTO_TEST_CASE(transcoder_learns_a_planted_sparse_linear_map) {
 
 // ---- resume ------------------------------------------------------------------------------------
 
+namespace {
+// A run of a.steps straight, and one stopped after `split` steps, its state saved in `state`,
+// loaded by a new trainer (`before_load` runs between that trainer's construction and its
+// load_state) and trained to the end; the resumed trainer has trained `a.steps` too.
+struct ResumePair {
+  std::unique_ptr<SaeTrainer> straight, resumed;
+};
+ResumePair straight_and_resumed(const SaeConfig& cfg, const SaeTrainArgs& a, int64_t split,
+                                const std::function<ActivationStream()>& stream, const std::string& state,
+                                const std::function<void()>& before_load = {}) {
+  ResumePair p;
+  p.straight = std::make_unique<SaeTrainer>(cfg, a, stream());
+  p.straight->train();
+  SaeTrainArgs half = a;
+  half.steps = split;
+  SaeTrainer first(cfg, half, stream());
+  first.train();
+  first.save_state(state);
+  p.resumed = std::make_unique<SaeTrainer>(cfg, a, stream());
+  if (before_load) before_load();
+  p.resumed->load_state(state);
+  BOOST_TEST(p.resumed->steps_done() == split);
+  p.resumed->train();
+  const std::vector<NamedParam> want = p.straight->sae().params(), got = p.resumed->sae().params();
+  BOOST_REQUIRE(want.size() == got.size());
+  for (size_t i = 0; i < want.size(); ++i) BOOST_TEST_CONTEXT(want[i].name) { check_bits(want[i].param, got[i].param); }
+  return p;
+}
+}  // namespace
+
 BOOST_AUTO_TEST_CASE(resume_from_a_saved_state_is_bit_exact) {
   // 40 steps straight = 20 steps, the state saved, a new trainer loading it, 20 more: the same
   // SAE bit for bit, for every architecture (Adam's moments, the dead-feature counters and
@@ -801,23 +832,11 @@ BOOST_AUTO_TEST_CASE(resume_from_a_saved_state_is_bit_exact) {
       cfg.d_in = 16, cfg.d_sae = 48, cfg.arch = arch, cfg.k = 3, cfg.bandwidth = 0.1f, cfg.initial_threshold = 0.2f;
       SaeTrainArgs a;
       a.steps = 40, a.batch = 32, a.lr = 1e-2f, a.warmup = 5, a.sparsity_warmup = 30, a.dead_after = 64, a.init_rows = 64;
-      SaeTrainer straight(cfg, a, source());
-      straight.train();
-      SaeTrainArgs half = a;
-      half.steps = 20;
-      SaeTrainer first(cfg, half, source());
-      first.train();
       const std::string dir = scratch_dir("resume");
-      first.save_state(dir + "/state.safetensors");
-      SaeTrainer resumed(cfg, a, source());
-      resumed.load_state(dir + "/state.safetensors");
-      BOOST_TEST(resumed.steps_done() == 20);
-      resumed.train();
-      const std::vector<NamedParam> want = straight.sae().params(), got = resumed.sae().params();
-      BOOST_REQUIRE(want.size() == got.size());
-      for (size_t i = 0; i < want.size(); ++i) BOOST_TEST_CONTEXT(want[i].name) { check_bits(want[i].param, got[i].param); }
-      if (arch == SaeArch::BatchTopK) check_bits(straight.sae().batch_threshold, resumed.sae().batch_threshold);
-      BOOST_TEST((straight.dead_features() == resumed.dead_features()));
+      const ResumePair p = straight_and_resumed(cfg, a, 20, [&] { return ActivationStream{source(), {}, {}}; },
+                                                dir + "/state.safetensors");
+      if (arch == SaeArch::BatchTopK) check_bits(p.straight->sae().batch_threshold, p.resumed->sae().batch_threshold);
+      BOOST_TEST((p.straight->dead_features() == p.resumed->dead_features()));
       // other settings are refused, naming the first that differs
       SaeTrainArgs other = a;
       other.lr = 2e-2f;
@@ -849,20 +868,10 @@ BOOST_AUTO_TEST_CASE(a_model_stream_resumes_where_it_stopped_without_replaying) 
     s.next = [&requests, next = s.next](int64_t rows) { return ++requests, next(rows); };
     return s;
   };
-  SaeTrainer straight(cfg, a, stream());
-  straight.train();
-  SaeTrainArgs half = a;
-  half.steps = 13;
-  SaeTrainer first(cfg, half, stream());
-  first.train();
   const std::string dir = scratch_dir("stream");
-  first.save_state(dir + "/state.safetensors");
-  SaeTrainer resumed(cfg, a, stream());
-  BOOST_TEST(requests == 1);  // b_dec's sample
-  resumed.load_state(dir + "/state.safetensors");
-  BOOST_TEST(requests == 1);  // nothing replayed
-  resumed.train();
-  const std::vector<NamedParam> want = straight.sae().params(), got = resumed.sae().params();
-  for (size_t i = 0; i < want.size(); ++i) BOOST_TEST_CONTEXT(want[i].name) { check_bits(want[i].param, got[i].param); }
+  int64_t requests_at_load = -1;
+  straight_and_resumed(cfg, a, 13, stream, dir + "/state.safetensors", [&] { requests_at_load = requests; });
+  BOOST_TEST(requests_at_load == 1);  // b_dec's sample
+  BOOST_TEST(requests == 1 + 30 - 13);  // and then only the steps after the saved one: nothing replayed
   std::filesystem::remove_all(dir);
 }
