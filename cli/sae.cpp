@@ -26,8 +26,10 @@ struct SaeOpts {
   std::string checkpoint, hook, hook_out, out, arch = "topk", task = "copy";
   int expansion = 8, k = 8, sequences = 64, batches = 16, log_every = 100, threads = 2;
   int64_t steps = 2000, batch = 1024, buffer = 16384, warmup = 100, dead_after = 100000, sparsity_warmup = 0, snapshot_every = 0;
+  int64_t lr_decay_steps = 0;
   bool resume = false;
-  float lr = 4e-4f, l1 = 5.f, l0 = 1.f, bandwidth = 0.001f;
+  float lr = 4e-4f, l1 = 5.f, l0 = 1.f, bandwidth = 0.001f, tanh_scale = 4.f, pre_act = 0.f;
+  std::string jumprelu_sparsity = "step";
   uint64_t seed = 0;
 };
 
@@ -43,64 +45,38 @@ int run_sae(const SaeOpts& o) {
   std::vector<Batch> held_out;
   Rng held_rng(o.seed + 3);
   for (int i = 0; i < std::max(1, o.batches / 4); ++i) held_out.push_back(task->sample(o.sequences, held_rng));
-  // the hook's width from one forward of one sequence
-  const Ids one(Shape{1, data[0].shape[1]}, std::vector<int32_t>(data[0].data.begin(), data[0].data.begin() + data[0].shape[1]));
-  SaeConfig cfg;
-  cfg.d_in = model_activations(*model, o.hook, {one}, 1, 0)(1).size(1);
-  if (!o.hook_out.empty()) {  // a transcoder
-    cfg.hook_name_out = o.hook_out, cfg.apply_b_dec_to_input = false;
-    cfg.d_out = model_activations(*model, o.hook_out, {one}, 1, 0)(1).size(1);
-  }
-  cfg.d_sae = cfg.d_in * o.expansion;
-  cfg.arch = parse_sae_arch(o.arch);
-  cfg.k = o.k, cfg.bandwidth = o.bandwidth, cfg.hook_name = o.hook;
-  cfg.initial_threshold = o.bandwidth;
+  SaeConfig cfg = sae_config_for_model(*model, data[0], o.hook, o.hook_out, o.arch, o.expansion);
+  cfg.k = o.k, cfg.bandwidth = o.bandwidth, cfg.initial_threshold = o.bandwidth;
   const double need = sae_training_bytes(cfg, o.batch, std::max(o.buffer, o.batch) + o.sequences * data[0].shape[1]);
   check_fits_in_memory(need, "an SAE of " + std::to_string(cfg.d_sae) + " features (--expansion " + std::to_string(o.expansion) +
                                  ") on " + std::to_string(o.batch) + "-row batches (--batch)");
   SaeTrainArgs a;
   a.steps = o.steps, a.batch = o.batch, a.lr = o.lr, a.warmup = o.warmup, a.dead_after = o.dead_after;
   a.l1_coefficient = o.l1, a.l0_coefficient = o.l0, a.sparsity_warmup = o.sparsity_warmup, a.seed = o.seed;
+  a.lr_decay_steps = o.lr_decay_steps, a.jumprelu_sparsity = o.jumprelu_sparsity, a.tanh_scale = o.tanh_scale;
+  a.pre_act_coefficient = o.pre_act;
   a.init_rows = std::min<int64_t>(4096, o.buffer);
-  // --out is a run directory: the state to resume (sae_state.safetensors), snapshots/stepN/ in
-  // SAELens's layout, and at the end the SAE and its metrics
-  const std::string state = o.out + "/sae_state.safetensors";
-  if (o.resume) {
-    HL_CHECK(file_exists(state), "--resume: ", o.out, " holds no SAE state (sae_state.safetensors) to continue");
-  } else {
-    HL_CHECK(!file_exists(state), "--out ", o.out, " holds an SAE run already: continue it with --resume, or choose another --out");
-  }
-  claim_output_dir(o.out, "sae");
+  SaeRunOptions run_opt;
+  run_opt.out = o.out, run_opt.resume = o.resume, run_opt.snapshot_every = o.snapshot_every;
+  check_sae_run_dir(run_opt);
   std::printf("training a %s %s on %s%s: d_in %lld, %lld features, %lld steps of %lld rows\n", o.arch.c_str(),
               cfg.transcoder() ? "transcoder" : "SAE", o.hook.c_str(), cfg.transcoder() ? (" -> " + o.hook_out).c_str() : "",
               static_cast<long long>(cfg.d_in), static_cast<long long>(cfg.d_sae), static_cast<long long>(a.steps),
               static_cast<long long>(a.batch));
-  SaeTrainer trainer(cfg, a, model_activations(*model, sae_source_hooks(cfg), data, o.buffer, o.seed + 1));
-  if (o.resume) {
-    trainer.load_state(state);
-    std::printf("resumed at step %lld\n", static_cast<long long>(trainer.steps_done()));
-  }
+  run_opt.on_resumed = [](int64_t step) { std::printf("resumed at step %lld\n", static_cast<long long>(step)); };
+  run_opt.on_step = [&](const SaeStepStats& s) {
+    const int64_t done = s.step + 1;
+    if (done % o.log_every == 0 || done == a.steps)
+      std::printf("step %6lld  loss %.5f  mse %.5f  L0 %.2f  explained variance %.4f  dead %.3f\n", static_cast<long long>(done),
+                  s.loss, s.mse, s.l0, s.explained_variance, s.dead_fraction);
+    std::fflush(stdout);
+  };
   try {
-    trainer.train([&](const SaeStepStats& s) {
-      const int64_t done = s.step + 1;
-      if (done % o.log_every == 0 || done == a.steps)
-        std::printf("step %6lld  loss %.5f  mse %.5f  L0 %.2f  explained variance %.4f  dead %.3f\n",
-                    static_cast<long long>(done), s.loss, s.mse, s.l0, s.explained_variance, s.dead_fraction);
-      if (o.snapshot_every > 0 && done % o.snapshot_every == 0 && done < a.steps) {
-        const std::string snap = o.out + "/snapshots/step" + std::to_string(done);
-        make_dirs(snap);
-        save_saelens(trainer.sae(), snap);
-        trainer.save_state(state);
-      }
-      std::fflush(stdout);
-    });
-    trainer.save_state(state);
-    // metrics and the loss recovered on held-out sequences
-    const SaeEvaluation ev = evaluate_sae(*model, trainer.sae(), held_out);
+    const SaeRun run = train_sae_in_dir(*model, cfg, a, model_activation_stream(*model, sae_source_hooks(cfg), data, o.buffer, o.seed + 1),
+                                        held_out, run_opt);
+    const SaeEvaluation& ev = run.evaluation;
     const SaeMetrics& m = ev.metrics;
     const LossRecovered& lr = ev.loss;
-    save_saelens(trainer.sae(), o.out);
-    write_file_atomic(o.out + "/metrics.json", sae_evaluation_json(ev).dump(1) + "\n");
     Table t(4);
     auto row = [&](const std::string& what, double v) { t.row().text("metric", what).number("value", v); };
     row("L0", m.l0), row("explained variance", m.explained_variance), row("mse", m.mse);
@@ -113,10 +89,9 @@ int run_sae(const SaeOpts& o) {
                                         std::to_string(int(b.hi))).integer("features", b.features);
     h.print();
     std::printf("wrote %s/cfg.json, sae_weights.safetensors, metrics.json\n", o.out.c_str());
-  } catch (const Stopped& e) {  // Ctrl-C between steps (or while measuring): the state to go on from
-    trainer.save_state(state);
-    std::fprintf(stderr, "headlab sae: interrupted: %s at step %lld; the state is in %s; continue with the same command and --resume\n",
-                 e.what(), static_cast<long long>(trainer.steps_done()), state.c_str());
+  } catch (const Stopped& e) {  // the state is saved: say how to go on
+    std::fprintf(stderr, "headlab sae: interrupted: %s; the state is in %s/sae_state.safetensors; continue with the same command and --resume\n",
+                 e.what(), o.out.c_str());
     return stop_exit_code();
   }
   return 0;
@@ -146,6 +121,14 @@ void add_sae_command(CLI::App& app, CommandRunner& runner) {
   sub->add_option("--l1", o->l1, "standard: weight of the decoder-norm-weighted L1")->capture_default_str()->check(in_range(0, 1e6));
   sub->add_option("--l0", o->l0, "jumprelu: weight of the L0")->capture_default_str()->check(in_range(0, 1e6));
   sub->add_option("--sparsity-warmup", o->sparsity_warmup, "standard, jumprelu: steps over which the L1 / L0 weight rises from 0")
+      ->capture_default_str()->check(in_range(0, 1e12));
+  sub->add_option("--jumprelu-sparsity", o->jumprelu_sparsity, "jumprelu: the L0 term, step (the count through a straight-through "
+                                                                 "step) or tanh (sum of tanh(c f |W_dec|), which also shapes the encoder)")
+      ->capture_default_str()->check(CLI::IsMember({"step", "tanh"}));
+  sub->add_option("--tanh-scale", o->tanh_scale, "jumprelu with --jumprelu-sparsity tanh: c above")->capture_default_str()->check(in_range(1e-9, 1e6));
+  sub->add_option("--pre-act", o->pre_act, "jumprelu: weight of the dead features' pre-activation loss, relu(threshold - pre) |W_dec| (0: off)")
+      ->capture_default_str()->check(in_range(0, 1e6));
+  sub->add_option("--lr-decay-steps", o->lr_decay_steps, "Final steps over which the learning rate falls linearly to 0")
       ->capture_default_str()->check(in_range(0, 1e12));
   sub->add_option("--snapshot-every", o->snapshot_every, "Every N steps: the SAE in --out/snapshots/stepN and the resumable state "
                                                          "(0: only at the end and on Ctrl-C)")->capture_default_str()->check(in_range(0, 1e12));

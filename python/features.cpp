@@ -70,40 +70,54 @@ The same numbers as `headlab sae`'s metrics.json.)");
       [](TransformerLM& model, const std::string& hook, const py::object& data, const std::string& architecture,
          int64_t expansion, int64_t k, int64_t steps, int64_t batch, float lr, int64_t warmup, int64_t buffer,
          float l1_coefficient, float l0_coefficient, float bandwidth, uint64_t seed, const py::object& hook_out,
-         int64_t sparsity_warmup) {
+         int64_t sparsity_warmup, int64_t lr_decay_steps, const std::string& jumprelu_sparsity, float tanh_scale,
+         float pre_act_coefficient, const py::object& out, bool resume, int64_t snapshot_every) {
         const Ids ids = ids_from(data, "data");
         HL_CHECK(ids.shape.ndim == 2, "train_sae: data must be token ids (B, T), got ", ids.shape.str());
-        HL_CHECK(expansion >= 1, "train_sae: expansion must be at least 1, got ", expansion);
+        HL_CHECK(!resume || !out.is_none(), "train_sae: resume=True continues the run in out=, which is not given");
+        // Python's objects read here, with the GIL: the metrics over data itself, its next tokens the targets
+        const std::string out_dir = out.is_none() ? std::string() : py::str(out).cast<std::string>();
+        const std::string transcoder_out = hook_out.is_none() ? std::string() : hook_out.cast<std::string>();
+        const std::vector<Batch> held_out = out.is_none() ? std::vector<Batch>() : batches_from(data).batches;
         return interruptible([&] {
-          SaeConfig cfg;
-          cfg.d_in = model_activations(model, hook, {ids}, 1, 0)(1).size(1);
-          if (!hook_out.is_none()) {  // a transcoder
-            cfg.hook_name_out = hook_out.cast<std::string>(), cfg.apply_b_dec_to_input = false;
-            cfg.d_out = model_activations(model, cfg.hook_name_out, {ids}, 1, 0)(1).size(1);
-          }
-          cfg.d_sae = cfg.d_in * expansion;
-          cfg.arch = parse_sae_arch(architecture);
-          cfg.k = k, cfg.bandwidth = bandwidth, cfg.initial_threshold = bandwidth, cfg.hook_name = hook;
+          SaeConfig cfg = sae_config_for_model(model, ids, hook, transcoder_out, architecture, expansion);
+          cfg.k = k, cfg.bandwidth = bandwidth, cfg.initial_threshold = bandwidth;
           check_fits_in_memory(sae_training_bytes(cfg, batch, buffer + ids.numel()),
                                "train_sae: an SAE of " + std::to_string(cfg.d_sae) + " features on " + std::to_string(batch) + "-row batches");
           SaeTrainArgs a;
           a.steps = steps, a.batch = batch, a.lr = lr, a.warmup = warmup, a.seed = seed;
           a.l1_coefficient = l1_coefficient, a.l0_coefficient = l0_coefficient, a.sparsity_warmup = sparsity_warmup;
+          a.lr_decay_steps = lr_decay_steps, a.jumprelu_sparsity = jumprelu_sparsity, a.tanh_scale = tanh_scale;
+          a.pre_act_coefficient = pre_act_coefficient;
           a.init_rows = std::min<int64_t>(4096, buffer);
-          SaeTrainer trainer(cfg, a, model_activations(model, sae_source_hooks(cfg), {ids}, buffer, seed + 1));
-          trainer.train();
-          return trainer.sae();
+          ActivationStream stream = model_activation_stream(model, sae_source_hooks(cfg), {ids}, buffer, seed + 1);
+          if (out_dir.empty()) {
+            SaeTrainer trainer(cfg, a, std::move(stream));
+            trainer.train();
+            return trainer.sae();
+          }
+          SaeRunOptions opt;
+          opt.out = out_dir, opt.resume = resume, opt.snapshot_every = snapshot_every;
+          opt.out_flag = "out", opt.resume_flag = "resume=True";
+          return train_sae_in_dir(model, cfg, a, std::move(stream), held_out, opt).sae;
         });
       },
       py::arg("model"), py::arg("hook"), py::arg("data"), py::arg("architecture") = "topk", py::arg("expansion") = 8,
       py::arg("k") = 8, py::arg("steps") = 1000, py::arg("batch") = 1024, py::arg("lr") = 4e-4f, py::arg("warmup") = 100,
       py::arg("buffer") = 16384, py::arg("l1_coefficient") = 5.f, py::arg("l0_coefficient") = 1.f, py::arg("bandwidth") = 0.001f,
-      py::arg("seed") = 0, py::arg("hook_out") = py::none(), py::arg("sparsity_warmup") = 0,
+      py::arg("seed") = 0, py::arg("hook_out") = py::none(), py::arg("sparsity_warmup") = 0, py::arg("lr_decay_steps") = 0,
+      py::arg("jumprelu_sparsity") = "step", py::arg("tanh_scale") = 4.f, py::arg("pre_act_coefficient") = 0.f,
+      py::arg("out") = py::none(), py::arg("resume") = false, py::arg("snapshot_every") = 0,
       R"(Trains an SAE on model's activations at hook (e.g. "blocks.1.attn.hook_z", heads concatenated) over data,
 token ids (B, T) run through the model and mixed in a shuffle buffer of `buffer` rows. Returns an SAE.
 With hook_out, a transcoder from hook's activation to hook_out's (e.g. hook="blocks.0.ln2.hook_normalized",
 hook_out="blocks.0.hook_mlp_out": the MLP's input to its output). sparsity_warmup: steps over which the L1 (standard)
-or L0 (jumprelu) weight rises from 0.)");
+or L0 (jumprelu) weight rises from 0; lr_decay_steps: final steps over which the learning rate falls to 0.
+jumprelu_sparsity: "step" (the L0 through a straight-through step) or "tanh" (sum of tanh(tanh_scale f |W_dec|));
+pre_act_coefficient: weight of the dead features' relu(threshold - pre) |W_dec| (0: off).
+With out, a run directory as `headlab sae --out` writes: sae_state.safetensors (Ctrl-C saves it too), snapshots/stepN
+every snapshot_every steps, and at the end cfg.json, sae_weights.safetensors and metrics.json (on data);
+resume=True continues it bit for bit (same settings, steps may grow).)");
 }
 
 }  // namespace hl::bindings

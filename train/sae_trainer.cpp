@@ -1,8 +1,10 @@
 #include "sae_trainer.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
+#include "lib/fileutil.h"
 #include "lib/safetensors.h"
 #include "lib/stop.h"
 #include "train/run_dir.h"
@@ -33,8 +35,11 @@ Tensor columns(const Tensor& rows, int64_t from, int64_t n) {
 }
 
 Sae initial_sae(const SaeConfig& cfg, const SaeTrainArgs& args, const ActivationSource& source) {
-  HL_CHECK(args.steps >= 0 && args.batch >= 1 && args.lr > 0.f && args.warmup >= 0 && args.dead_after >= 1 && args.init_rows >= 1,
-           "SAE training: steps >= 0, batch >= 1, lr > 0, warmup >= 0, dead_after >= 1 and init_rows >= 1 are required");
+  HL_CHECK(args.steps >= 0 && args.batch >= 1 && args.lr > 0.f && args.warmup >= 0 && args.lr_decay_steps >= 0 && args.dead_after >= 1 && args.init_rows >= 1,
+           "SAE training: steps >= 0, batch >= 1, lr > 0, warmup >= 0, lr_decay_steps >= 0, dead_after >= 1 and init_rows >= 1 are required");
+  HL_CHECK(args.jumprelu_sparsity == "step" || args.jumprelu_sparsity == "tanh", "SAE training: the JumpReLU sparsity term '",
+           args.jumprelu_sparsity, "' is not one of step, tanh");
+  HL_CHECK(args.tanh_scale > 0.f && args.pre_act_coefficient >= 0.f, "SAE training: tanh_scale > 0 and pre_act_coefficient >= 0 are required");
   Rng rng(args.seed);
   Sae sae = Sae::init(cfg, rng);
   // b_dec at the centre of what the SAE reconstructs: the input, or a transcoder's target
@@ -55,8 +60,16 @@ Sae initial_sae(const SaeConfig& cfg, const SaeTrainArgs& args, const Activation
 
 }  // namespace
 
-ActivationSource model_activations(TransformerLM& model, const std::vector<std::string>& hooks, std::vector<Ids> batches,
-                                   int64_t buffer_rows, uint64_t seed) {
+float sae_learning_rate(const SaeTrainArgs& args, int64_t step) {
+  float lr = args.lr;
+  if (args.warmup > 0 && step < args.warmup) lr *= float(step + 1) / float(args.warmup);
+  const int64_t decay_from = args.steps - args.lr_decay_steps;
+  if (args.lr_decay_steps > 0 && step >= decay_from) lr *= float(args.steps - step) / float(args.lr_decay_steps);
+  return lr;
+}
+
+ActivationStream model_activation_stream(TransformerLM& model, const std::vector<std::string>& hooks, std::vector<Ids> batches,
+                                         int64_t buffer_rows, uint64_t seed) {
   HL_CHECK(!hooks.empty(), "SAE: no hook point to read");
   int stop_at = 0;  // the forward stops after the last hook's block (-1: the whole model)
   for (const std::string& hook : hooks) {
@@ -75,7 +88,31 @@ ActivationSource model_activations(TransformerLM& model, const std::vector<std::
   auto buf = std::make_shared<Buffer>();
   buf->rng.seed_with(seed);
   TransformerLM* m = &model;
-  return [m, hooks, stop_at, batches = std::move(batches), buffer_rows, buf](int64_t rows) {
+  ActivationStream stream;
+  stream.save = [buf](SafetensorsWriter& w) {
+    if (!buf->d) return;  // nothing read yet: a fresh stream is the state
+    w.add("stream.buffer", Tensor::from({static_cast<int64_t>(buf->rows.size()) / buf->d, buf->d}, buf->rows));
+    w.set_meta("stream.next_batch", std::to_string(buf->next_batch));
+    const std::array<uint64_t, 4> st = buf->rng.state();
+    w.set_meta("stream.rng", nlohmann::json(std::vector<uint64_t>(st.begin(), st.end())).dump());
+  };
+  stream.load = [buf](const SafetensorsFile& f) {
+    if (!f.has("stream.buffer")) return;
+    const Tensor rows = f.f32("stream.buffer");
+    HL_CHECK(rows.ndim() == 2, f.source, ": 'stream.buffer' must be (rows, width), got ", rows.shape().str());
+    std::vector<uint64_t> st;
+    try {
+      buf->next_batch = std::stoll(f.meta("stream.next_batch"));
+      st = nlohmann::json::parse(f.meta("stream.rng")).get<std::vector<uint64_t>>();
+    } catch (const std::exception&) {
+      fail(f.source, ": metadata 'stream.next_batch' / 'stream.rng' is not the stream's position");
+    }
+    HL_CHECK(st.size() == 4, f.source, ": metadata 'stream.rng' must hold 4 numbers, got ", st.size());
+    buf->d = rows.size(1);
+    buf->rows.assign(rows.data(), rows.data() + rows.numel());
+    buf->rng.set_state({st[0], st[1], st[2], st[3]});
+  };
+  stream.next = [m, hooks, stop_at, batches = std::move(batches), buffer_rows, buf](int64_t rows) {
     NoGradGuard no_grad;
     auto size = [&] { return buf->d ? static_cast<int64_t>(buf->rows.size()) / buf->d : 0; };
     while (size() < std::max(buffer_rows, rows)) {
@@ -115,6 +152,26 @@ ActivationSource model_activations(TransformerLM& model, const std::vector<std::
     }
     return out;
   };
+  return stream;
+}
+
+SaeConfig sae_config_for_model(TransformerLM& model, const Ids& ids, const std::string& hook, const std::string& hook_out,
+                               const std::string& architecture, int64_t expansion) {
+  HL_CHECK(ids.shape.ndim == 2 && ids.shape[0] >= 1, "SAE: token ids must be (B, T), got ", ids.shape.str());
+  HL_CHECK(expansion >= 1, "SAE: the expansion must be at least 1, got ", expansion);
+  // one sequence's forward gives the hook's width
+  const int64_t T = ids.shape[1];
+  const Ids one(Shape{1, T}, std::vector<int32_t>(ids.data.begin(), ids.data.begin() + T));
+  SaeConfig cfg;
+  cfg.arch = parse_sae_arch(architecture);
+  cfg.hook_name = hook;
+  cfg.d_in = model_activations(model, hook, {one}, 1, 0)(1).size(1);
+  if (!hook_out.empty()) {  // a transcoder: b_dec is its output's bias
+    cfg.hook_name_out = hook_out, cfg.apply_b_dec_to_input = false;
+    cfg.d_out = model_activations(model, hook_out, {one}, 1, 0)(1).size(1);
+  }
+  cfg.d_sae = cfg.d_in * expansion;
+  return cfg;
 }
 
 double sae_training_bytes(const SaeConfig& cfg, int64_t batch, int64_t buffer_rows) {
@@ -127,8 +184,8 @@ std::vector<std::string> sae_source_hooks(const SaeConfig& cfg) {
   return {cfg.hook_name};
 }
 
-SaeTrainer::SaeTrainer(const SaeConfig& cfg, const SaeTrainArgs& args, ActivationSource source)
-    : cfg_(cfg), args_(args), source_(std::move(source)), sae_(initial_sae(cfg, args, source_)),
+SaeTrainer::SaeTrainer(const SaeConfig& cfg, const SaeTrainArgs& args, ActivationStream stream)
+    : cfg_(cfg), args_(args), stream_(std::move(stream)), sae_(initial_sae(cfg, args, stream_.next)),
       opt_(sae_.params(), args.lr), rows_since_fired_(static_cast<size_t>(cfg.d_sae), 0) {}
 
 std::vector<bool> SaeTrainer::dead_features() const {
@@ -139,7 +196,7 @@ std::vector<bool> SaeTrainer::dead_features() const {
 
 SaeStepStats SaeTrainer::step() {
   const int64_t N = args_.batch, F = cfg_.d_sae, D = cfg_.out_width();
-  const Tensor rows = checked_batch(source_, N, source_width(cfg_));
+  const Tensor rows = checked_batch(stream_.next, N, source_width(cfg_));
   // x (N, d_in) and what x_hat should be, target (N, D): x itself, or a transcoder's output
   const Tensor x = cfg_.transcoder() ? columns(rows, 0, cfg_.d_in) : rows;
   const Tensor target = cfg_.transcoder() ? columns(rows, cfg_.d_in, cfg_.d_out) : rows;
@@ -155,6 +212,9 @@ SaeStepStats SaeTrainer::step() {
   if (cfg_.arch == SaeArch::Standard) {
     const Tensor norms = sqrt(sum(mul(sae_.W_dec, sae_.W_dec), {1}));  // (F)
     sparsity = mul_scalar(mean(sum(mul(f, norms), {1})), args_.l1_coefficient * ramp);
+  } else if (cfg_.arch == SaeArch::JumpReLU && args_.jumprelu_sparsity == "tanh") {
+    const Tensor norms = sqrt(sum(mul(sae_.W_dec, sae_.W_dec), {1}));  // (F)
+    sparsity = mul_scalar(mean(sum(tanh(mul_scalar(mul(f, norms), args_.tanh_scale)), {1})), args_.l0_coefficient * ramp);
   } else if (cfg_.arch == SaeArch::JumpReLU) {
     sparsity = mul_scalar(mean(sum(jumprelu_step(pre, sae_.threshold(), cfg_.bandwidth), {1})), args_.l0_coefficient * ramp);
   }
@@ -174,14 +234,24 @@ SaeStepStats SaeTrainer::step() {
     const float scale = std::min(1.f, float(n_dead) / float(k_aux));
     aux = mul_scalar(mean(sum(mul(aux_err, aux_err), {1})), args_.aux_coefficient * scale);
   }
+  // JumpReLU's pre-activation loss: a dead feature's pre-activations pulled up to its threshold
+  Tensor pre_act;
+  if (cfg_.arch == SaeArch::JumpReLU && args_.pre_act_coefficient > 0.f && n_dead > 0) {
+    Tensor dead_mask = Tensor::zeros({1, F});  // 1 on dead features
+    for (int64_t j = 0; j < F; ++j) dead_mask.data()[j] = dead[j] ? 1.f : 0.f;
+    const Tensor norms = sqrt(sum(mul(sae_.W_dec, sae_.W_dec), {1}));  // (F)
+    const Tensor below = relu(add(neg(pre), sae_.threshold()));        // (N, F): relu(threshold - pre)
+    pre_act = mul_scalar(mean(sum(mul(mul(below, dead_mask), norms), {1})), args_.pre_act_coefficient);
+  }
   Tensor loss = mse;
   if (sparsity.defined()) loss = add(loss, sparsity);
+  if (pre_act.defined()) loss = add(loss, pre_act);
   if (aux.defined()) loss = add(loss, aux);
 
   opt_.zero_grad();
   loss.backward();
   if (unit_decoder) sae_.remove_decoder_parallel_grad();
-  opt_.lr = args_.warmup > 0 && step_ < args_.warmup ? args_.lr * float(step_ + 1) / float(args_.warmup) : args_.lr;
+  opt_.lr = sae_learning_rate(args_, step_);
   opt_.step();
   if (unit_decoder) sae_.normalize_decoder_rows();
 
@@ -189,7 +259,7 @@ SaeStepStats SaeTrainer::step() {
   s.step = step_;
   s.loss = loss.item(), s.mse = mse.item();
   s.sparsity = sparsity.defined() ? sparsity.item() : 0.f;
-  s.aux = aux.defined() ? aux.item() : 0.f;
+  s.aux = (aux.defined() ? aux.item() : 0.f) + (pre_act.defined() ? pre_act.item() : 0.f);
   const float* fd = f.data();
   int64_t active = 0;
   float min_kept = INFINITY;
@@ -226,8 +296,10 @@ nlohmann::json SaeTrainer::settings() const {
           {"bandwidth", cfg_.bandwidth}, {"initial_threshold", cfg_.initial_threshold},
           {"apply_b_dec_to_input", cfg_.apply_b_dec_to_input}, {"hook_name", cfg_.hook_name},
           {"hook_name_out", cfg_.hook_name_out}, {"d_out", cfg_.d_out}, {"steps", args_.steps}, {"batch", args_.batch},
-          {"lr", args_.lr}, {"warmup", args_.warmup}, {"l1_coefficient", args_.l1_coefficient},
+          {"lr", args_.lr}, {"warmup", args_.warmup}, {"lr_decay_steps", args_.lr_decay_steps}, {"l1_coefficient", args_.l1_coefficient},
           {"l0_coefficient", args_.l0_coefficient}, {"sparsity_warmup", args_.sparsity_warmup},
+          {"jumprelu_sparsity", args_.jumprelu_sparsity}, {"tanh_scale", args_.tanh_scale},
+          {"pre_act_coefficient", args_.pre_act_coefficient},
           {"aux_coefficient", args_.aux_coefficient}, {"dead_after", args_.dead_after},
           {"b_dec_geometric_median", args_.b_dec_geometric_median}, {"init_rows", args_.init_rows}, {"seed", args_.seed}};
 }
@@ -240,6 +312,7 @@ void SaeTrainer::save_state(const std::string& path) const {
   w.set_meta("rows_since_fired", nlohmann::json(rows_since_fired_).dump());  // int64, past int32's range in long runs
   w.set_meta("step", std::to_string(step_));
   w.set_meta("settings", settings().dump());
+  if (stream_.save) stream_.save(w);
   w.write(path);
 }
 
@@ -275,10 +348,13 @@ void SaeTrainer::load_state(const std::string& path) {
   }
   HL_CHECK(fired.size() == rows_since_fired_.size(), path, ": 'rows_since_fired' has ", fired.size(), " values, expected ", cfg_.d_sae);
   rows_since_fired_ = fired;
-  // the stream as it was at `step`: the same requests, their rows dropped
-  for (int64_t s = 0; s < step; ++s) {
-    throw_if_stopped();
-    source_(args_.batch);
+  if (stream_.load && f.has("stream.buffer")) {
+    stream_.load(f);
+  } else {  // the stream as it was at `step`: the same requests, their rows dropped
+    for (int64_t s = 0; s < step; ++s) {
+      throw_if_stopped();
+      stream_.next(args_.batch);
+    }
   }
   step_ = step;
 }
@@ -288,6 +364,49 @@ void SaeTrainer::train(const std::function<void(const SaeStepStats&)>& on_step) 
     throw_if_stopped();
     const SaeStepStats s = step();
     if (on_step) on_step(s);
+  }
+}
+
+void check_sae_run_dir(const SaeRunOptions& opt) {
+  const std::string state = opt.out + "/sae_state.safetensors";
+  if (opt.resume) {
+    HL_CHECK(file_exists(state), opt.resume_flag, ": ", opt.out, " holds no SAE state (sae_state.safetensors) to continue");
+  } else {
+    HL_CHECK(!file_exists(state), opt.out_flag, " ", opt.out, " holds an SAE run already: continue it with ", opt.resume_flag,
+             ", or choose another ", opt.out_flag);
+  }
+  check_output_dir(opt.out, "sae", opt.out_flag);
+}
+
+SaeRun train_sae_in_dir(TransformerLM& model, const SaeConfig& cfg, const SaeTrainArgs& args, ActivationStream stream,
+                        const std::vector<Batch>& held_out, const SaeRunOptions& opt) {
+  check_sae_run_dir(opt);
+  const std::string state = opt.out + "/sae_state.safetensors";
+  SaeTrainer trainer(cfg, args, std::move(stream));
+  if (opt.resume) {
+    trainer.load_state(state);
+    if (opt.on_resumed) opt.on_resumed(trainer.steps_done());
+  }
+  claim_output_dir(opt.out, "sae", opt.out_flag);
+  try {
+    trainer.train([&](const SaeStepStats& s) {
+      if (opt.on_step) opt.on_step(s);
+      const int64_t done = s.step + 1;
+      if (opt.snapshot_every > 0 && done % opt.snapshot_every == 0 && done < args.steps) {
+        const std::string snap = opt.out + "/snapshots/step" + std::to_string(done);
+        make_dirs(snap);
+        save_saelens(trainer.sae(), snap);
+        trainer.save_state(state);
+      }
+    });
+    trainer.save_state(state);
+    SaeRun run{trainer.sae(), evaluate_sae(model, trainer.sae(), held_out)};
+    save_saelens(run.sae, opt.out);
+    write_file_atomic(opt.out + "/metrics.json", sae_evaluation_json(run.evaluation).dump(1) + "\n");
+    return run;
+  } catch (const Stopped& e) {  // Ctrl-C between steps (or while measuring): the state to go on from
+    trainer.save_state(state);
+    throw Stopped(std::string(e.what()) + " at step " + std::to_string(trainer.steps_done()), e.signal);
   }
 }
 

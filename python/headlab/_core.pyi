@@ -646,12 +646,17 @@ def tensor(array: numpy.ndarray, requires_grad: bool = ...) -> Tensor:
 def top_activating_examples(model: TransformerLM, sae: SAE, data: object, features: List[int], k: int = ..., before: int = ..., after: int = ...) -> list:
     """Per feature, the k rows of data where it is largest, each as the window of tokens around its largest token with the feature's activation at each: [{feature, examples: [{row, position, max_activation, window_start, tokens, activations}]}]"""
 
-def train_sae(model: TransformerLM, hook: str, data: object, architecture: str = ..., expansion: int = ..., k: int = ..., steps: int = ..., batch: int = ..., lr: float = ..., warmup: int = ..., buffer: int = ..., l1_coefficient: float = ..., l0_coefficient: float = ..., bandwidth: float = ..., seed: int = ..., hook_out: object = ..., sparsity_warmup: int = ...) -> SAE:
+def train_sae(model: TransformerLM, hook: str, data: object, architecture: str = ..., expansion: int = ..., k: int = ..., steps: int = ..., batch: int = ..., lr: float = ..., warmup: int = ..., buffer: int = ..., l1_coefficient: float = ..., l0_coefficient: float = ..., bandwidth: float = ..., seed: int = ..., hook_out: object = ..., sparsity_warmup: int = ..., lr_decay_steps: int = ..., jumprelu_sparsity: str = ..., tanh_scale: float = ..., pre_act_coefficient: float = ..., out: object = ..., resume: bool = ..., snapshot_every: int = ...) -> SAE:
     """Trains an SAE on model's activations at hook (e.g. "blocks.1.attn.hook_z", heads concatenated) over data,
 token ids (B, T) run through the model and mixed in a shuffle buffer of `buffer` rows. Returns an SAE.
 With hook_out, a transcoder from hook's activation to hook_out's (e.g. hook="blocks.0.ln2.hook_normalized",
 hook_out="blocks.0.hook_mlp_out": the MLP's input to its output). sparsity_warmup: steps over which the L1 (standard)
-or L0 (jumprelu) weight rises from 0."""
+or L0 (jumprelu) weight rises from 0; lr_decay_steps: final steps over which the learning rate falls to 0.
+jumprelu_sparsity: "step" (the L0 through a straight-through step) or "tanh" (sum of tanh(tanh_scale f |W_dec|));
+pre_act_coefficient: weight of the dead features' relu(threshold - pre) |W_dec| (0: off).
+With out, a run directory as `headlab sae --out` writes: sae_state.safetensors (Ctrl-C saves it too), snapshots/stepN
+every snapshot_every steps, and at the end cfg.json, sae_weights.safetensors and metrics.json (on data);
+resume=True continues it bit for bit (same settings, steps may grow)."""
 
 def train_settings() -> list:
     """(keyword, flag, help) of every training setting"""

@@ -80,3 +80,23 @@ def test_train_sae_makes_a_transcoder_from_the_mlp_input_to_its_output(tmp_path)
     tc.save(tmp_path / "tc")
     back = hl.SAE.load(tmp_path / "tc")
     assert (back.hook_name_out, back.d_out) == ("blocks.0.hook_mlp_out", 16)
+
+
+def test_train_sae_in_a_run_directory_resumes_bit_for_bit(tmp_path):
+    # the files `headlab sae --out` writes; 12 steps + a resume to 24 = 24 straight, byte for byte
+    kw = dict(architecture="jumprelu", jumprelu_sparsity="tanh", expansion=2, batch=16, lr=1e-2, warmup=3, buffer=48,
+              bandwidth=0.05, snapshot_every=6)
+    m = tiny()
+    straight = hl.train_sae(m, "blocks.1.attn.hook_z", IDS, steps=24, out=tmp_path / "straight", **kw)
+    names = {".headlab-kind", "cfg.json", "sae_weights.safetensors", "metrics.json", "sae_state.safetensors", "snapshots"}
+    assert set(p.name for p in (tmp_path / "straight").iterdir()) == names
+    assert sorted(p.name for p in (tmp_path / "straight" / "snapshots").iterdir()) == ["step12", "step18", "step6"]
+    hl.train_sae(m, "blocks.1.attn.hook_z", IDS, steps=12, out=tmp_path / "half", **kw)
+    resumed = hl.train_sae(m, "blocks.1.attn.hook_z", IDS, steps=24, out=tmp_path / "half", resume=True, **kw)
+    for f in ("sae_weights.safetensors", "cfg.json"):
+        assert (tmp_path / "half" / f).read_bytes() == (tmp_path / "straight" / f).read_bytes()
+    assert np.array_equal(resumed.W_enc, straight.W_enc)
+    with pytest.raises(ValueError, match="holds an SAE run already: continue it with resume=True"):
+        hl.train_sae(m, "blocks.1.attn.hook_z", IDS, steps=24, out=tmp_path / "half", **kw)
+    with pytest.raises(ValueError, match="cannot resume: lr is"):
+        hl.train_sae(m, "blocks.1.attn.hook_z", IDS, steps=30, out=tmp_path / "half", resume=True, **{**kw, "lr": 2e-2})
