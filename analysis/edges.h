@@ -93,11 +93,27 @@ std::vector<EdgeReceiver> readers_of(const ModelConfig& cfg, const EdgeSender& s
 
 // dm/d(each receiver's input), (B, T, D) in edge_receivers order, from one forward and backward
 // of the clean run with `intervene`'s forward hooks added (e.g. an interpolated embedding for
-// EAP-IG; none: the clean run's gradients, which edge attribution uses).
+// EAP-IG; none: the clean run's gradients, which edge attribution uses) ...
 std::vector<Tensor> receiver_gradients(TransformerLM& model, const PatchingInputs& in,
                                        const std::function<void(Hooks&)>& intervene = {});
-// delta_s = out_s(corrupted) - out_s(clean) of every sender, (B, T, d_model), edge_senders order.
+// ... the same gradients stacked, (receivers, B, T, D), as edge_products reads them.
+Tensor receiver_gradient_stack(TransformerLM& model, const PatchingInputs& in, const std::function<void(Hooks&)>& intervene = {});
+// The attribution product of every edge, model_edges order: sum over (B, T, D) of senders[s] *
+// grads[r] for each edge s -> r, with senders (edge_senders' count, B, T, D) and grads
+// (edge_receivers' count, B, T, D). One sgemm per receiver layer (its receivers against the senders
+// before them) over chunks of the sum, the chunks added in double.
+std::vector<double> edge_products(const ModelConfig& cfg, const Tensor& senders, const Tensor& grads);
+// The senders' deltas stacked, (senders, B, T, D) in edge_senders order, from a clean and a
+// corrupted cache holding hook_embed (hook_pos_embed where the model has one) and every layer's
+// attn.hook_result (is_sender_point's names).
+Tensor edge_sender_delta_stack(const ModelConfig& cfg, const ActivationCache& clean, const ActivationCache& corrupt);
+bool is_sender_point(const std::string& name);
+// delta_s = out_s(corrupted) - out_s(clean) of every sender, (B, T, d_model), edge_senders order,
+// from one clean and one corrupted run: views of edge_sender_delta_stack's rows.
 std::vector<Tensor> edge_sender_deltas(TransformerLM& model, const PatchingInputs& in);
+Tensor edge_sender_delta_stack(TransformerLM& model, const PatchingInputs& in);
+// (n, B, T, D) -> n views (B, T, D) of its rows, sharing its storage.
+std::vector<Tensor> unstack(const Tensor& stack);
 
 // The MLPs as senders (MIB's `m{l} -> r` edges; not among model_edges, whose circuit runs keep every
 // MLP output): for every MLP l and every receiver r reading after it (a later layer's q/k/v or MLP,
