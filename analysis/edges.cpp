@@ -363,16 +363,20 @@ double hooked_patched_metric(TransformerLM& model, const PatchingInputs& in, con
   return edge_metric(model.forward_from(start, start < c.n_layers ? runs.resid_pre[start] : runs.resid_final, opt), in.answers);
 }
 
+constexpr int64_t kMaxNormWidth = 1024;  // norm_input_grads' rows up to this wide keep x_hat on the stack
+
 // dL/dx of the norm y = (x - mean) / s * w + b for `count` gradients g = dL/dy at the norm's
 // output that share its input x (N, D): per row, (g w - mean(g w) - x_hat mean(g w x_hat)) / s
-// with x_hat = (x - mean) / s, in double; the RMS forms the same without the centring (mean 0,
-// s = sqrt(mean(x^2) + eps), w their gain). In place: gradient i is g[i * N * D ...], (N, D).
-// The norm's own backward, written out because the gradient arrives at a hook after it.
+// with x_hat = (x - mean) / s (the row's statistics in double, once for all the gradients); the
+// RMS forms the same without the centring (mean 0, s = sqrt(mean(x^2) + eps), w their gain). In
+// place: gradient i is g[i * N * D ...], (N, D). The norm's own backward, written out because the
+// gradient arrives at a hook after it.
 void norm_input_grads(const Tensor& x, const LayerNorm& ln, float* g, int64_t count) {
   const int64_t D = x.shape().back(), N = x.numel() / D;
   const bool centred = ln.centred();
-  std::vector<double> gain(static_cast<size_t>(D));
-  for (int64_t j = 0; j < D; ++j) gain[j] = ln.gain(j);
+  std::vector<float> gain(static_cast<size_t>(D));
+  for (int64_t j = 0; j < D; ++j) gain[j] = static_cast<float>(ln.gain(j));
+  const float inv_d = 1.f / static_cast<float>(D);
   parallel_for(N, N * D * count, [&](int64_t r) {
     const float* xr = x.data() + r * D;
     double mu = 0, var = 0;
@@ -382,17 +386,22 @@ void norm_input_grads(const Tensor& x, const LayerNorm& ln, float* g, int64_t co
     }
     for (int64_t j = 0; j < D; ++j) var += (xr[j] - mu) * (xr[j] - mu);
     const double s = std::sqrt(var / static_cast<double>(D) + ln.eps);
+    float xhat[kMaxNormWidth];
+    std::vector<float> wide;  // rows wider than the stack buffer
+    float* xh = D <= kMaxNormWidth ? xhat : (wide.resize(static_cast<size_t>(D)), wide.data());
+    for (int64_t j = 0; j < D; ++j) xh[j] = static_cast<float>((xr[j] - mu) / s);
+    const float inv_s = static_cast<float>(1.0 / s), *w = gain.data();
     for (int64_t i = 0; i < count; ++i) {
       float* gr = g + (i * N + r) * D;
-      double mg = 0, mgx = 0;
+      float mg = 0, mgx = 0;
       for (int64_t j = 0; j < D; ++j) {
-        const double gw = static_cast<double>(gr[j]) * gain[j];
+        const float gw = gr[j] * w[j];
         mg += gw;
-        mgx += gw * (xr[j] - mu) / s;
+        mgx += gw * xh[j];
       }
-      mg = centred ? mg / static_cast<double>(D) : 0.0;
-      mgx /= static_cast<double>(D);
-      for (int64_t j = 0; j < D; ++j) gr[j] = static_cast<float>((static_cast<double>(gr[j]) * gain[j] - mg - (xr[j] - mu) / s * mgx) / s);
+      mg = centred ? mg * inv_d : 0.f;
+      mgx *= inv_d;
+      for (int64_t j = 0; j < D; ++j) gr[j] = (gr[j] * w[j] - mg - xh[j] * mgx) * inv_s;
     }
   });
 }
@@ -436,7 +445,7 @@ Tensor receiver_gradient_stack(TransformerLM& model, const PatchingInputs& in, c
   const std::vector<EdgeReceiver> receivers = edge_receivers(c);
   const int64_t R = static_cast<int64_t>(receivers.size());
   auto row_of = [&](const EdgeReceiver& r) { return static_cast<int64_t>(std::find(receivers.begin(), receivers.end(), r) - receivers.begin()); };
-  Tensor out = Tensor::zeros({R, B, T, D});
+  Tensor out = Tensor::empty({R, B, T, D});  // every row written (or the run fails below)
   std::vector<bool> reached(static_cast<size_t>(R), false);
   Hooks hooks;
   if (intervene) intervene(hooks);
