@@ -35,7 +35,7 @@ size_t sender_index(const ModelConfig& c, const EdgeSender& s) {
 
 // ---- EAP-IG -----------------------------------------------------------------------------------
 
-std::vector<double> eap_ig_scores(TransformerLM& model, const PatchingInputs& in, const EapIgOptions& opt) {
+std::vector<double> eap_ig_scores(TransformerLM& model, const PatchingInputs& in, const EapIgOptions& opt, std::vector<double>* mlp_scores) {
   if (opt.steps < 1 || opt.steps > 1000) fail("eap-ig: steps ", opt.steps, " is outside 1..1000");
   check_edge_inputs(model.cfg, in);
   const ModelConfig& c = model.cfg;
@@ -44,12 +44,16 @@ std::vector<double> eap_ig_scores(TransformerLM& model, const PatchingInputs& in
   std::vector<std::string> points = {"hook_embed"};
   if (opt.interpolate == EapIgOptions::Activations)
     for (int l = 0; l < c.n_layers; ++l) points.push_back(hook_name(l, "attn.hook_result"));
+  // the MLPs as senders: with the input interpolated, their edges take the same gradients
+  const bool with_mlps = mlp_scores && c.has_mlp() && opt.interpolate == EapIgOptions::Inputs;
+  if (mlp_scores) mlp_scores->clear();
   ActivationCache clean, corrupt;  // both hold the senders' outputs, which include every point
   {
     EvalScope mode(model);
     NoGradGuard ng;
-    clean = model.run_with_cache(in.clean, is_sender_point).second;
-    corrupt = model.run_with_cache(in.corrupted, is_sender_point).second;
+    auto wanted = [&](const std::string& n) { return is_sender_point(n) || (with_mlps && n.ends_with("hook_mlp_out")); };
+    clean = model.run_with_cache(in.clean, wanted).second;
+    corrupt = model.run_with_cache(in.corrupted, wanted).second;
   }
   const Tensor deltas = edge_sender_delta_stack(c, clean, corrupt);  // (senders, B, T, D)
   std::vector<double> scores(edges.size(), 0.0);
@@ -82,6 +86,9 @@ std::vector<double> eap_ig_scores(TransformerLM& model, const PatchingInputs& in
       });
     }
     const std::vector<double> products = edge_products(c, deltas, grad_sum);
+    if (with_mlps)
+      for (double p : mlp_edge_products(c, mlp_sender_delta_stack(c, clean, corrupt), grad_sum))
+        mlp_scores->push_back(p / static_cast<double>(opt.steps));
     // which edges take their gradients from this point's runs: all (inputs), or its senders'
     for (size_t e = 0; e < edges.size(); ++e)
       if (opt.interpolate == EapIgOptions::Inputs || (g == 0 ? edges[e].first.layer < 0 : edges[e].first.layer == static_cast<int>(g) - 1))
@@ -696,7 +703,7 @@ MethodScores run_edge_method(TransformerLM& model, const PatchingInputs& in, con
     (void)receiver_gradients(model, in);  // timed as the method would run alone: one backward
     for (const Edge& e : exact.edges) out.scores.push_back(e.attribution);
   } else if (opt.method == "eap-ig") {
-    out.scores = eap_ig_scores(model, in, opt.ig);
+    out.scores = eap_ig_scores(model, in, opt.ig, &out.mlp_scores);
   } else if (opt.method == "atp-star") {
     out.scores = atp_star_scores(model, in, opt.atp);
   } else if (opt.method == "edge-pruning") {

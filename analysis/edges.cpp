@@ -517,6 +517,24 @@ std::vector<Tensor> receiver_gradients(TransformerLM& model, const PatchingInput
   return unstack(receiver_gradient_stack(model, in, intervene));
 }
 
+namespace {
+
+// out[i * ldo + j] += sum over k of a[i * K + k] b[j * K + k] for i < m, j < n: float products over
+// chunks of the sum, the chunks added in double (the sgemm's float sums stay short).
+void row_products(const float* a, int64_t m, const float* b, int64_t n, int64_t K, double* out, int64_t ldo) {
+  constexpr int64_t kChunk = 1 << 14;
+  if (m == 0 || n == 0) return;
+  std::vector<float> part(static_cast<size_t>(m * n));
+  for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
+    const int64_t k = std::min(kChunk, K - k0);
+    gemm(false, true, m, n, k, 1.f, a + k0, K, b + k0, K, 0.f, part.data(), n);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) out[i * ldo + j] += part[i * n + j];
+  }
+}
+
+}  // namespace
+
 std::vector<double> edge_products(const ModelConfig& cfg, const Tensor& senders, const Tensor& grads) {
   const std::vector<EdgeSender> ss = edge_senders(cfg);
   const std::vector<EdgeReceiver> rs = edge_receivers(cfg);
@@ -525,10 +543,7 @@ std::vector<double> edge_products(const ModelConfig& cfg, const Tensor& senders,
     fail("edges: products of ", senders.shape().str(), " senders and ", grads.shape().str(), " gradients for the model's ", S,
          " senders and ", R, " receivers");
   const int64_t K = senders.numel() / S;
-  // float products over chunks of this many terms, summed in double (the sgemm's float sums stay short)
-  constexpr int64_t kChunk = 1 << 14;
   std::vector<double> full(static_cast<size_t>(S * R), 0.0);  // (S, R)
-  std::vector<float> part;
   // per receiver layer (its receivers contiguous), the senders up to the last one that reaches it
   for (int64_t r0 = 0; r0 < R;) {
     int64_t r1 = r0;
@@ -537,20 +552,35 @@ std::vector<double> edge_products(const ModelConfig& cfg, const Tensor& senders,
     for (int64_t s = 0; s < S; ++s)
       for (int64_t r = r0; r < r1; ++r)
         if (is_edge(cfg, ss[s], rs[r])) n_s = s + 1;
-    const int64_t n_r = r1 - r0;
-    part.assign(static_cast<size_t>(n_s * n_r), 0.f);
-    for (int64_t k0 = 0; k0 < K && n_s > 0; k0 += kChunk) {
-      const int64_t k = std::min(kChunk, K - k0);
-      gemm(false, true, n_s, n_r, k, 1.f, senders.data() + k0, K, grads.data() + r0 * K + k0, K, 0.f, part.data(), n_r);
-      for (int64_t s = 0; s < n_s; ++s)
-        for (int64_t r = 0; r < n_r; ++r) full[s * R + r0 + r] += part[s * n_r + r];
-    }
+    row_products(senders.data(), n_s, grads.data() + r0 * K, r1 - r0, K, full.data() + r0, R);
     r0 = r1;
   }
   std::vector<double> out;
   for (const auto& [s, r] : model_edges(cfg))
     out.push_back(full[static_cast<int64_t>(std::find(ss.begin(), ss.end(), s) - ss.begin()) * R +
                        (std::find(rs.begin(), rs.end(), r) - rs.begin())]);
+  return out;
+}
+
+std::vector<std::pair<int, EdgeReceiver>> mlp_sender_edge_list(const ModelConfig& cfg) {
+  std::vector<std::pair<int, EdgeReceiver>> out;
+  if (!cfg.has_mlp()) return out;
+  for (const EdgeReceiver& r : edge_receivers(cfg))
+    for (int l = 0; l < cfg.n_layers; ++l)
+      if (r.kind == EdgeReceiver::Logits || l < r.layer) out.push_back({l, r});
+  return out;
+}
+
+std::vector<double> mlp_edge_products(const ModelConfig& cfg, const Tensor& mlp_deltas, const Tensor& grads) {
+  const std::vector<EdgeReceiver> rs = edge_receivers(cfg);
+  const int64_t L = cfg.n_layers, R = static_cast<int64_t>(rs.size());
+  if (mlp_deltas.size(0) != L || grads.size(0) != R || mlp_deltas.numel() / L != grads.numel() / R)
+    fail("edges: products of ", mlp_deltas.shape().str(), " MLP outputs and ", grads.shape().str(), " gradients for the model's ", L,
+         " MLPs and ", R, " receivers");
+  std::vector<double> full(static_cast<size_t>(L * R), 0.0);  // (L, R)
+  row_products(mlp_deltas.data(), L, grads.data(), R, grads.numel() / R, full.data(), R);
+  std::vector<double> out;
+  for (const auto& [l, r] : mlp_sender_edge_list(cfg)) out.push_back(full[l * R + (std::find(rs.begin(), rs.end(), r) - rs.begin())]);
   return out;
 }
 
@@ -877,16 +907,16 @@ std::vector<MlpSenderEdge> mlp_sender_edges(TransformerLM& model, const Patching
   if (!c.has_mlp()) return {};
   Runs runs = record_runs(model, in);
   const size_t first = runs.deltas.size();  // the MLPs' deltas go after the heads'
+  Tensor mlp_deltas;                         // (layers, B, T, D)
   {
     EvalScope mode(model);
     NoGradGuard ng;
     auto mlp_out = [](const std::string& n) { return n.ends_with("hook_mlp_out"); };
-    const ActivationCache clean = model.run_with_cache(in.clean, mlp_out).second;
-    const ActivationCache corrupt = model.run_with_cache(in.corrupted, mlp_out).second;
-    for (int l = 0; l < c.n_layers; ++l) runs.deltas.push_back(sub(corrupt[hook_name(l, "hook_mlp_out")], clean[hook_name(l, "hook_mlp_out")]));
+    mlp_deltas = mlp_sender_delta_stack(c, model.run_with_cache(in.clean, mlp_out).second, model.run_with_cache(in.corrupted, mlp_out).second);
+    for (const Tensor& d : unstack(mlp_deltas)) runs.deltas.push_back(d);
   }
   throw_if_stopped();
-  const std::vector<Tensor> grads = receiver_gradients(model, in);
+  const std::vector<double> attribution = mlp_edge_products(c, mlp_deltas, receiver_gradient_stack(model, in));
   EvalScope mode(model);
   NoGradGuard ng;
   FastEdges fast(model, in, runs);
@@ -900,10 +930,19 @@ std::vector<MlpSenderEdge> mlp_sender_edges(TransformerLM& model, const Patching
       if (r.kind == EdgeReceiver::Logits || l < r.layer) from.push_back(first + static_cast<size_t>(l));
     if (from.empty()) continue;
     const std::vector<double> exact = fast.receiver(r, from);
-    for (size_t i = 0; i < from.size(); ++i)
-      out.push_back({static_cast<int>(from[i] - first), r, exact[i], dot(runs.deltas[from[i]], grads[ri])});
+    for (size_t i = 0; i < from.size(); ++i) out.push_back({static_cast<int>(from[i] - first), r, exact[i], attribution[out.size()]});
   }
   return out;
+}
+
+Tensor mlp_sender_delta_stack(const ModelConfig& c, const ActivationCache& clean, const ActivationCache& corrupt) {
+  std::vector<Tensor> d;
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string n = hook_name(l, "hook_mlp_out");
+    const Tensor x = sub(corrupt[n], clean[n]);  // (B, T, D)
+    d.push_back(reshape(x, {1, x.size(0), x.size(1), x.size(2)}));
+  }
+  return concat(d, 0);
 }
 
 std::vector<double> query_key_output_dots(TransformerLM& model, const PatchingInputs& in, const std::vector<Tensor>& out_grads) {

@@ -103,6 +103,9 @@ Tensor receiver_gradient_stack(TransformerLM& model, const PatchingInputs& in, c
 // (edge_receivers' count, B, T, D). One sgemm per receiver layer (its receivers against the senders
 // before them) over chunks of the sum, the chunks added in double.
 std::vector<double> edge_products(const ModelConfig& cfg, const Tensor& senders, const Tensor& grads);
+// The same product for the MLP-sender edges (mlp_sender_edges' order, mlp_sender_edge_list) from
+// the MLPs' deltas (layers, B, T, D) of hook_mlp_out.
+std::vector<double> mlp_edge_products(const ModelConfig& cfg, const Tensor& mlp_deltas, const Tensor& grads);
 // The senders' deltas stacked, (senders, B, T, D) in edge_senders order, from a clean and a
 // corrupted cache holding hook_embed (hook_pos_embed where the model has one) and every layer's
 // attn.hook_result (is_sender_point's names).
@@ -126,6 +129,11 @@ struct MlpSenderEdge {
   double exact = 0, attribution = 0;
 };
 std::vector<MlpSenderEdge> mlp_sender_edges(TransformerLM& model, const PatchingInputs& in);
+// The MLPs' deltas stacked, (layers, B, T, D): hook_mlp_out(corrupted) - hook_mlp_out(clean), from
+// caches holding every layer's hook_mlp_out.
+Tensor mlp_sender_delta_stack(const ModelConfig& cfg, const ActivationCache& clean, const ActivationCache& corrupt);
+// Those edges (the sending MLP's layer, the receiver) in that order, without scores.
+std::vector<std::pair<int, EdgeReceiver>> mlp_sender_edge_list(const ModelConfig& cfg);
 
 // AtP*'s QK fix (circuit_discovery.h): for every edge s -> r into a head's query or key input
 // (r = L{l}H{h}.q or .k), head h's output (its hook_result, (B, T, D)) recomputed exactly with r
