@@ -470,14 +470,17 @@ Tensor receiver_gradient_stack(TransformerLM& model, const PatchingInputs& in, c
       });
   }
   float* o = out.data();
-  // grad (B, T, H, dh) at hook_q/k/v of layer l -> per head h, grad_h W[h] (N, D) into its row
+  // grad (B, T, H, dh) at hook_q/k/v of layer l -> per head h, grad_h W[h] (N, D) into its row; one
+  // parallel region over the rows for all heads (each thread's products single-threaded)
   auto per_head = [&, o](int l, EdgeReceiver::Kind kind, const Tensor& W) {
     return [&, o, l, kind, W](const Tensor& g, const std::string&) {
-      for (int h = 0; h < H; ++h) {
-        const int64_t row = row_of({kind, l, h});
-        gemm(false, false, N, D, dh, 1.f, g.data() + h * dh, H * dh, W.data() + h * dh * D, D, 0.f, o + row * N * D, D);
-        reached[row] = true;
-      }
+      std::vector<int64_t> rows(static_cast<size_t>(H));
+      for (int h = 0; h < H; ++h) rows[h] = row_of({kind, l, h}), reached[rows[h]] = true;
+      const float *gd = g.data(), *w = W.data();
+      parallel_ranges(N, N * D * H, [&](int64_t lo, int64_t hi) {
+        for (int h = 0; h < H; ++h)
+          gemm(false, false, hi - lo, D, dh, 1.f, gd + lo * H * dh + h * dh, H * dh, w + h * dh * D, D, 0.f, o + rows[h] * N * D + lo * D, D);
+      });
     };
   };
   auto whole = [&, o](int64_t row) {
