@@ -47,15 +47,17 @@ std::vector<double> eap_ig_scores(TransformerLM& model, const PatchingInputs& in
   // the MLPs as senders: with the input interpolated, their edges take the same gradients
   const bool with_mlps = mlp_scores && c.has_mlp() && opt.interpolate == EapIgOptions::Inputs;
   if (mlp_scores) mlp_scores->clear();
-  ActivationCache clean, corrupt;  // both hold the senders' outputs, which include every point
+  ActivationCache clean, corrupt;  // the senders' outputs and the interpolated points
   {
     EvalScope mode(model);
     NoGradGuard ng;
-    auto wanted = [&](const std::string& n) { return is_sender_point(n) || (with_mlps && n.ends_with("hook_mlp_out")); };
+    auto wanted = [&](const std::string& n) {
+      return is_sender_point(n) || std::find(points.begin(), points.end(), n) != points.end() || (with_mlps && n.ends_with("hook_mlp_out"));
+    };
     clean = model.run_with_cache(in.clean, wanted).second;
     corrupt = model.run_with_cache(in.corrupted, wanted).second;
   }
-  const Tensor deltas = edge_sender_delta_stack(c, clean, corrupt);  // (senders, B, T, D)
+  const Tensor deltas = edge_sender_delta_stack(model, clean, corrupt);  // (senders, B, T, D)
   std::vector<double> scores(edges.size(), 0.0);
   for (size_t g = 0; g < points.size(); ++g) {
     const std::string& point = points[g];
@@ -145,7 +147,12 @@ std::vector<double> atp_star_scores(TransformerLM& model, const PatchingInputs& 
   };
   const std::vector<double> base = scores_with(-1);
   if (!opt.grad_drop) return base;
-  // per edge, sum over the layers other than the receiver's own of |score with that layer dropped|
+  // GradDrop (Kramar et al. 2024, arXiv 2403.00745, the cancellation fix of its methods section):
+  // L attribution estimates, estimate l with the backward's gradient through layer l's additions
+  // to the residual stream (its attention and MLP outputs) set to 0, averaged in absolute value
+  // with weight 1 / (L - 1): the node's own layer gives 0 there, so it is the mean over the other
+  // L - 1. For an edge the receiver takes the node's place (the logits, after every layer: all L).
+  // Per edge, the sum over those layers of |score with that layer dropped|:
   std::vector<double> sum_abs(edges.size(), 0.0);
   std::vector<int> layers(edges.size(), 0);
   for (int l = 0; l < L; ++l) {

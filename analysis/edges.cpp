@@ -190,11 +190,12 @@ double edge_patching_memory_bytes(const ModelConfig& cfg, int64_t rows, int64_t 
   return estimate_step_bytes(cfg, rows, T, true) + 4.0 * (caches + deltas + grads + batch);
 }
 
-bool is_sender_point(const std::string& n) { return n == "hook_embed" || n == "hook_pos_embed" || n.ends_with("attn.hook_result"); }
+bool is_sender_point(const std::string& n) { return n == "hook_embed" || n == "hook_pos_embed" || n.ends_with("attn.hook_z"); }
 
-Tensor edge_sender_delta_stack(const ModelConfig& c, const ActivationCache& clean, const ActivationCache& corrupt) {
+Tensor edge_sender_delta_stack(const TransformerLM& model, const ActivationCache& clean, const ActivationCache& corrupt) {
+  const ModelConfig& c = model.cfg;
   const Tensor& e = clean["hook_embed"];  // (B, T, D)
-  const int64_t n = e.numel(), D = e.size(2), H = c.n_heads;
+  const int64_t n = e.numel(), D = e.size(2), N = n / D, H = c.n_heads, dh = c.head_dim();
   Tensor out = Tensor::empty({1 + static_cast<int64_t>(c.n_layers) * H, e.size(0), e.size(1), D});
   float* o = out.data();
   // embed = token (+ position) embeddings, as the model adds them (rotary and NoPE models add none;
@@ -202,14 +203,17 @@ Tensor edge_sender_delta_stack(const ModelConfig& c, const ActivationCache& clea
   auto embed = [](const ActivationCache& a) { return a.has("hook_pos_embed") ? add(a["hook_embed"], a["hook_pos_embed"]) : a["hook_embed"]; };
   const Tensor d = sub(embed(corrupt), embed(clean));
   std::copy(d.data(), d.data() + n, o);
-  // head h of hook_result (B, T, H, D)
+  // head h's result (hook_result, W_O's bias excluded) is z_h W_O[:, h]^T: its delta from the
+  // heads' outputs z (B, T, H, dh), which the runs give without computing every head's result
   for (int l = 0; l < c.n_layers; ++l) {
-    const float *k = corrupt[hook_name(l, "attn.hook_result")].data(), *a = clean[hook_name(l, "attn.hook_result")].data();
-    for (int h = 0; h < H; ++h) {
-      float* d = o + (1 + static_cast<int64_t>(l) * H + h) * n;
-      for (int64_t r = 0; r < n / D; ++r)
-        for (int64_t j = 0; j < D; ++j) d[r * D + j] = k[(r * H + h) * D + j] - a[(r * H + h) * D + j];
-    }
+    const std::string z = hook_name(l, "attn.hook_z");
+    const Tensor dz = sub(corrupt[z], clean[z]);
+    const float *dzp = dz.data(), *w = model.blocks[l]->attn.W_O.weight.data();  // (D, H dh)
+    float* ol = o + (1 + l * H) * n;
+    parallel_ranges(N, N * D * H, [&](int64_t lo, int64_t hi) {
+      for (int64_t h = 0; h < H; ++h)
+        gemm(false, true, hi - lo, D, dh, 1.f, dzp + lo * H * dh + h * dh, H * dh, w + h * dh, H * dh, 0.f, ol + h * n + lo * D, D);
+    });
   }
   return out;
 }
@@ -249,7 +253,8 @@ Runs record_runs(TransformerLM& model, const PatchingInputs& in) {
   throw_if_stopped();  // between passes over every row
   r.corrupted_metric = edge_metric(model.forward(in.corrupted), in.answers);
   throw_if_stopped();
-  const auto senders_filter = is_sender_point;
+  // sandwich norms: the heads' results, for what ln1_post reads
+  auto senders_filter = [&](const std::string& n) { return is_sender_point(n) || (c.sandwich_norm && n.ends_with("attn.hook_result")); };
   const std::string last = hook_name(c.n_layers - 1, "hook_resid_post");
   // a parallel block has no hook_resid_mid: resid_pre + hook_attn_out, as the block adds them
   const std::string mid_name = !c.has_mlp() ? "hook_resid_post" : c.parallel_block ? "hook_attn_out" : "hook_resid_mid";
@@ -272,7 +277,7 @@ Runs record_runs(TransformerLM& model, const PatchingInputs& in) {
     }
   }
   r.resid_final = clean[last];
-  r.delta_stack = edge_sender_delta_stack(c, clean, corrupt);
+  r.delta_stack = edge_sender_delta_stack(model, clean, corrupt);
   r.deltas = unstack(r.delta_stack);
   return r;
 }
@@ -593,7 +598,7 @@ Tensor edge_sender_delta_stack(TransformerLM& model, const PatchingInputs& in) {
   NoGradGuard ng;
   const ActivationCache clean = model.run_with_cache(in.clean, is_sender_point).second;
   const ActivationCache corrupt = model.run_with_cache(in.corrupted, is_sender_point).second;
-  return edge_sender_delta_stack(model.cfg, clean, corrupt);
+  return edge_sender_delta_stack(model, clean, corrupt);
 }
 
 std::vector<Tensor> edge_sender_deltas(TransformerLM& model, const PatchingInputs& in) { return unstack(edge_sender_delta_stack(model, in)); }
