@@ -110,6 +110,7 @@ std::vector<double> mlp_edge_products(const ModelConfig& cfg, const Tensor& mlp_
 // corrupted cache holding hook_embed (hook_pos_embed where the model has one) and every layer's
 // attn.hook_z (is_sender_point's names): a head's delta is its hook_result's, through W_O.
 Tensor edge_sender_delta_stack(const TransformerLM& model, const ActivationCache& clean, const ActivationCache& corrupt);
+// Whether `name` is a hook point those caches need (a run_with_cache filter).
 bool is_sender_point(const std::string& name);
 // delta_s = out_s(corrupted) - out_s(clean) of every sender, (B, T, d_model), edge_senders order,
 // from one clean and one corrupted run: views of edge_sender_delta_stack's rows.
