@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
+#include "lib/parallel.h"
 #include "lib/rng.h"
 #include "lib/stop.h"
 
@@ -26,13 +27,6 @@ namespace {
 // head h of a per-head activation (B, T, H, D) -> (B, T, D)
 Tensor head_of(const Tensor& x, int h) { return reshape(slice(x, 2, h, h + 1), {x.size(0), x.size(1), x.size(3)}); }
 
-double dot(const Tensor& a, const Tensor& b) {
-  double s = 0;
-  const float *x = a.data(), *y = b.data();
-  for (int64_t i = 0; i < a.numel(); ++i) s += static_cast<double>(x[i]) * y[i];
-  return s;
-}
-
 size_t sender_index(const ModelConfig& c, const EdgeSender& s) {
   return s.layer < 0 ? 0 : 1 + static_cast<size_t>(s.layer) * c.n_heads + s.head;
 }
@@ -41,56 +35,67 @@ size_t sender_index(const ModelConfig& c, const EdgeSender& s) {
 
 // ---- EAP-IG -----------------------------------------------------------------------------------
 
-std::vector<double> eap_ig_scores(TransformerLM& model, const PatchingInputs& in, const EapIgOptions& opt) {
+std::vector<double> eap_ig_scores(TransformerLM& model, const PatchingInputs& in, const EapIgOptions& opt, std::vector<double>* mlp_scores) {
   if (opt.steps < 1 || opt.steps > 1000) fail("eap-ig: steps ", opt.steps, " is outside 1..1000");
   check_edge_inputs(model.cfg, in);
   const ModelConfig& c = model.cfg;
-  const std::vector<Tensor> deltas = edge_sender_deltas(model, in);
   const auto edges = model_edges(c);
-  const std::vector<EdgeReceiver> receivers = edge_receivers(c);
-  std::vector<size_t> receiver_of(edges.size()), sender_of(edges.size());
-  for (size_t e = 0; e < edges.size(); ++e) {
-    receiver_of[e] = static_cast<size_t>(std::find(receivers.begin(), receivers.end(), edges[e].second) - receivers.begin());
-    sender_of[e] = sender_index(c, edges[e].first);
-  }
   // the interpolated points: the token embedding, and (activations) each attention layer's results
   std::vector<std::string> points = {"hook_embed"};
   if (opt.interpolate == EapIgOptions::Activations)
     for (int l = 0; l < c.n_layers; ++l) points.push_back(hook_name(l, "attn.hook_result"));
-  ActivationCache clean, corrupt;
+  // the MLPs as senders: with the input interpolated, their edges take the same gradients
+  const bool with_mlps = mlp_scores && c.has_mlp() && opt.interpolate == EapIgOptions::Inputs;
+  if (mlp_scores) mlp_scores->clear();
+  ActivationCache clean, corrupt;  // the senders' outputs and the interpolated points
   {
     EvalScope mode(model);
     NoGradGuard ng;
-    auto wanted = [&](const std::string& n) { return std::find(points.begin(), points.end(), n) != points.end(); };
+    auto wanted = [&](const std::string& n) {
+      return is_sender_point(n) || std::find(points.begin(), points.end(), n) != points.end() || (with_mlps && n.ends_with("hook_mlp_out"));
+    };
     clean = model.run_with_cache(in.clean, wanted).second;
     corrupt = model.run_with_cache(in.corrupted, wanted).second;
   }
+  const Tensor deltas = edge_sender_delta_stack(model, clean, corrupt);  // (senders, B, T, D)
   std::vector<double> scores(edges.size(), 0.0);
   for (size_t g = 0; g < points.size(); ++g) {
     const std::string& point = points[g];
     const Tensor from_clean = sub(corrupt[point], clean[point]);  // corrupted - clean at this point
-    // which edges take their gradients from this point's runs: all (inputs), or its senders'
-    auto in_group = [&](size_t e) {
-      if (opt.interpolate == EapIgOptions::Inputs) return true;
-      return g == 0 ? edges[e].first.layer < 0 : edges[e].first.layer == static_cast<int>(g) - 1;
-    };
+    // the receivers' gradients summed over the steps: delta_s . (sum of gradients) is the sum of
+    // the steps' attributions, one product for all of them
+    Tensor grad_sum;  // (receivers, B, T, D)
     for (int k = 1; k <= opt.steps; ++k) {
       throw_if_stopped();  // each step is a forward and backward over every row
       const float back = 1.f - static_cast<float>(k) / static_cast<float>(opt.steps);  // 1 - alpha; 0 at the clean run
       const Tensor target = add(clean[point], mul_scalar(from_clean, back));
       const bool is_embed = g == 0;
-      const std::vector<Tensor> grads = receiver_gradients(model, in, [&](Hooks& hooks) {
+      const Tensor grads = receiver_gradient_stack(model, in, [&](Hooks& hooks) {
         hooks.add_forward(point, [target, is_embed](const Tensor& x, const std::string&) {
-          // the embedding is a leaf: replaced outright. A layer's results keep their graph (the
+          // the embedding is the leaf: replaced outright. A layer's results keep their graph (the
           // value is target's, the gradient flows to x) so the receivers before them still get one.
           return is_embed ? target : add(x, sub(target, x.detach()));
         });
       });
-      for (size_t e = 0; e < edges.size(); ++e)
-        if (in_group(e)) scores[e] += dot(deltas[sender_of[e]], grads[receiver_of[e]]);
+      if (!grad_sum.defined()) {
+        grad_sum = grads;
+        continue;
+      }
+      float* acc = grad_sum.data();
+      const float* x = grads.data();
+      parallel_ranges(grads.numel(), grads.numel(), [acc, x](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) acc[i] += x[i];
+      });
     }
+    const std::vector<double> products = edge_products(c, deltas, grad_sum);
+    if (with_mlps)
+      for (double p : mlp_edge_products(c, mlp_sender_delta_stack(c, clean, corrupt), grad_sum))
+        mlp_scores->push_back(p / static_cast<double>(opt.steps));
+    // which edges take their gradients from this point's runs: all (inputs), or its senders'
+    for (size_t e = 0; e < edges.size(); ++e)
+      if (opt.interpolate == EapIgOptions::Inputs || (g == 0 ? edges[e].first.layer < 0 : edges[e].first.layer == static_cast<int>(g) - 1))
+        scores[e] = products[e] / static_cast<double>(opt.steps);
   }
-  for (double& s : scores) s /= static_cast<double>(opt.steps);
   return scores;
 }
 
@@ -105,27 +110,23 @@ std::vector<double> atp_star_scores(TransformerLM& model, const PatchingInputs& 
   const int L = c.n_layers;
   const auto edges = model_edges(c);
   const std::vector<EdgeReceiver> receivers = edge_receivers(c);
-  std::vector<size_t> receiver_of(edges.size()), sender_of(edges.size());
-  for (size_t e = 0; e < edges.size(); ++e) {
-    receiver_of[e] = static_cast<size_t>(std::find(receivers.begin(), receivers.end(), edges[e].second) - receivers.begin());
-    sender_of[e] = sender_index(c, edges[e].first);
-  }
   auto query_or_key = [&](size_t e) {
     return opt.qk_fix && (edges[e].second.kind == EdgeReceiver::Q || edges[e].second.kind == EdgeReceiver::K);
   };
-  const std::vector<Tensor> deltas = edge_sender_deltas(model, in);
+  const Tensor deltas = edge_sender_delta_stack(model, in);  // (senders, B, T, D)
   // The scores with the gradient through layer `dropped`'s residual contributions set to 0 (-1: none).
   // The QK fix needs a head's output gradient only where the drop changes it: heads before `dropped`.
   auto scores_with = [&](int dropped) {
     const bool mlp = c.has_mlp();
-    const std::vector<Tensor> grads = receiver_gradients(model, in, [dropped, mlp](Hooks& hooks) {
+    const Tensor grad_stack = receiver_gradient_stack(model, in, [dropped, mlp](Hooks& hooks) {
       if (dropped < 0) return;
       // the value unchanged, its gradient 0 (defined, so every receiver still gets one)
       auto drop = [](const Tensor& x, const std::string&) { return add(x.detach(), mul_scalar(x, 0.f)); };
       hooks.add_forward(hook_name(dropped, "hook_attn_out"), drop);
       if (mlp) hooks.add_forward(hook_name(dropped, "hook_mlp_out"), drop);
     });
-    std::vector<double> out(edges.size(), 0.0);
+    const std::vector<Tensor> grads = unstack(grad_stack);
+    std::vector<double> out = edge_products(c, deltas, grad_stack);
     if (opt.qk_fix) {
       std::vector<Tensor> head_grads(static_cast<size_t>(L) * c.n_heads);  // (B, T, D) each: the sum of its readers'
       for (int l = 0; l < L; ++l)
@@ -138,15 +139,20 @@ std::vector<double> atp_star_scores(TransformerLM& model, const PatchingInputs& 
           }
           head_grads[static_cast<size_t>(l) * c.n_heads + h] = g;
         }
-      out = query_key_output_dots(model, in, head_grads);
+      const std::vector<double> fixed = query_key_output_dots(model, in, head_grads);
+      for (size_t e = 0; e < edges.size(); ++e)
+        if (query_or_key(e)) out[e] = fixed[e];
     }
-    for (size_t e = 0; e < edges.size(); ++e)
-      if (!query_or_key(e)) out[e] = dot(deltas[sender_of[e]], grads[receiver_of[e]]);
     return out;
   };
   const std::vector<double> base = scores_with(-1);
   if (!opt.grad_drop) return base;
-  // per edge, sum over the layers other than the receiver's own of |score with that layer dropped|
+  // GradDrop (Kramar et al. 2024, arXiv 2403.00745, the cancellation fix of its methods section):
+  // L attribution estimates, estimate l with the backward's gradient through layer l's additions
+  // to the residual stream (its attention and MLP outputs) set to 0, averaged in absolute value
+  // with weight 1 / (L - 1): the node's own layer gives 0 there, so it is the mean over the other
+  // L - 1. For an edge the receiver takes the node's place (the logits, after every layer: all L).
+  // Per edge, the sum over those layers of |score with that layer dropped|:
   std::vector<double> sum_abs(edges.size(), 0.0);
   std::vector<int> layers(edges.size(), 0);
   for (int l = 0; l < L; ++l) {
@@ -704,7 +710,7 @@ MethodScores run_edge_method(TransformerLM& model, const PatchingInputs& in, con
     (void)receiver_gradients(model, in);  // timed as the method would run alone: one backward
     for (const Edge& e : exact.edges) out.scores.push_back(e.attribution);
   } else if (opt.method == "eap-ig") {
-    out.scores = eap_ig_scores(model, in, opt.ig);
+    out.scores = eap_ig_scores(model, in, opt.ig, &out.mlp_scores);
   } else if (opt.method == "atp-star") {
     out.scores = atp_star_scores(model, in, opt.atp);
   } else if (opt.method == "edge-pruning") {

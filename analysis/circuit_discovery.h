@@ -36,9 +36,11 @@ struct EapIgOptions {
 const char* interpolation_name(EapIgOptions::Interpolate i);
 EapIgOptions::Interpolate parse_interpolation(const std::string& name);
 
-// EAP-IG's score of every edge, model_edges order. Fails on a steps value out of range and on
-// what edge_patching refuses.
-std::vector<double> eap_ig_scores(TransformerLM& model, const PatchingInputs& in, const EapIgOptions& opt);
+// EAP-IG's score of every edge, model_edges order, and with `mlp_scores` (inputs interpolated, a
+// model with MLPs) those of the MLP-sender edges (mlp_sender_edges' order; empty otherwise). Fails
+// on a steps value out of range and on what edge_patching refuses.
+std::vector<double> eap_ig_scores(TransformerLM& model, const PatchingInputs& in, const EapIgOptions& opt,
+                                  std::vector<double>* mlp_scores = nullptr);
 
 // AtP* (Kramar et al. 2024), edge by edge:
 //   QK fix: an edge into a head's query or key input is scored by the head's output recomputed
@@ -148,6 +150,7 @@ struct MethodScores {
   std::string method;
   std::vector<double> scores;  // model_edges order; acdc: the change when its removal was tried
   std::vector<bool> circuit;   // acdc, edge-pruning: the edges it kept; other methods: empty
+  std::vector<double> mlp_scores;  // eap-ig (inputs): the MLP-sender edges' (mlp_sender_edges order); others: empty
   double seconds = 0;          // wall-clock time of the method alone (the attribution: its own backward)
 };
 // One method's scores. The attribution is taken from `exact` (edge_patching's result).

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 
+#include "lib/parallel.h"
 #include "lib/stop.h"
 
 namespace hl {
@@ -189,9 +190,42 @@ double edge_patching_memory_bytes(const ModelConfig& cfg, int64_t rows, int64_t 
   return estimate_step_bytes(cfg, rows, T, true) + 4.0 * (caches + deltas + grads + batch);
 }
 
+bool is_sender_point(const std::string& n) { return n == "hook_embed" || n == "hook_pos_embed" || n.ends_with("attn.hook_z"); }
+
+Tensor edge_sender_delta_stack(const TransformerLM& model, const ActivationCache& clean, const ActivationCache& corrupt) {
+  const ModelConfig& c = model.cfg;
+  const Tensor& e = clean["hook_embed"];  // (B, T, D)
+  const int64_t n = e.numel(), D = e.size(2), N = n / D, H = c.n_heads, dh = c.head_dim();
+  Tensor out = Tensor::empty({1 + static_cast<int64_t>(c.n_layers) * H, e.size(0), e.size(1), D});
+  float* o = out.data();
+  // embed = token (+ position) embeddings, as the model adds them (rotary and NoPE models add none;
+  // the positions' (1, T, D) broadcast)
+  auto embed = [](const ActivationCache& a) { return a.has("hook_pos_embed") ? add(a["hook_embed"], a["hook_pos_embed"]) : a["hook_embed"]; };
+  const Tensor d = sub(embed(corrupt), embed(clean));
+  std::copy(d.data(), d.data() + n, o);
+  // head h's result (hook_result, W_O's bias excluded) is z_h W_O[:, h]^T: its delta from the
+  // heads' outputs z (B, T, H, dh), which the runs give without computing every head's result
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string z = hook_name(l, "attn.hook_z");
+    const Tensor dz = sub(corrupt[z], clean[z]);
+    const float *dzp = dz.data(), *w = model.blocks[l]->attn.W_O.weight.data();  // (D, H dh)
+    float* ol = o + (1 + l * H) * n;
+    parallel_ranges(N, N * D * H, [&](int64_t lo, int64_t hi) {
+      for (int64_t h = 0; h < H; ++h)
+        gemm(false, true, hi - lo, D, dh, 1.f, dzp + lo * H * dh + h * dh, H * dh, w + h * dh, H * dh, 0.f, ol + h * n + lo * D, D);
+    });
+  }
+  return out;
+}
+
+std::vector<Tensor> unstack(const Tensor& stack) {
+  std::vector<Tensor> out;
+  const int64_t n = stack.numel() / stack.size(0);
+  for (int64_t i = 0; i < stack.size(0); ++i) out.push_back(storage_view(stack, i * n, {stack.size(1), stack.size(2), stack.size(3)}));
+  return out;
+}
+
 namespace {
-
-
 // head h of a per-head activation (B, T, H, D) -> (B, T, D)
 Tensor head_slice(const Tensor& x, int h) {
   return reshape(slice(x, 2, h, h + 1), {x.size(0), x.size(1), x.size(3)});
@@ -205,7 +239,8 @@ struct Runs {
   std::vector<Tensor> resid_pre, resid_mid, mlp_in;
   std::vector<Tensor> attn_raw;              // sandwich norms only: attention's output before ln1_post (B, T, D)
   Tensor resid_final;                        // (B, T, D): ln_final's input
-  std::vector<Tensor> deltas;                // per sender (edge_senders order), (B, T, D)
+  Tensor delta_stack;                        // (senders, B, T, D): edge_sender_delta_stack
+  std::vector<Tensor> deltas;                // per sender (edge_senders order), (B, T, D): views of delta_stack
   double clean_metric = 0, corrupted_metric = 0;
 };
 
@@ -218,9 +253,8 @@ Runs record_runs(TransformerLM& model, const PatchingInputs& in) {
   throw_if_stopped();  // between passes over every row
   r.corrupted_metric = edge_metric(model.forward(in.corrupted), in.answers);
   throw_if_stopped();
-  auto senders_filter = [](const std::string& n) {
-    return n == "hook_embed" || n == "hook_pos_embed" || n.ends_with("attn.hook_result");
-  };
+  // sandwich norms: the heads' results, for what ln1_post reads
+  auto senders_filter = [&](const std::string& n) { return is_sender_point(n) || (c.sandwich_norm && n.ends_with("attn.hook_result")); };
   const std::string last = hook_name(c.n_layers - 1, "hook_resid_post");
   // a parallel block has no hook_resid_mid: resid_pre + hook_attn_out, as the block adds them
   const std::string mid_name = !c.has_mlp() ? "hook_resid_post" : c.parallel_block ? "hook_attn_out" : "hook_resid_mid";
@@ -243,13 +277,8 @@ Runs record_runs(TransformerLM& model, const PatchingInputs& in) {
     }
   }
   r.resid_final = clean[last];
-  // embed = token (+ position) embeddings, as the model adds them (rotary and NoPE models add none)
-  auto embed = [](const ActivationCache& a) { return a.has("hook_pos_embed") ? add(a["hook_embed"], a["hook_pos_embed"]) : a["hook_embed"]; };
-  r.deltas.push_back(sub(embed(corrupt), embed(clean)));
-  for (int l = 0; l < c.n_layers; ++l) {
-    const std::string n = hook_name(l, "attn.hook_result");
-    for (int h = 0; h < c.n_heads; ++h) r.deltas.push_back(sub(head_slice(corrupt[n], h), head_slice(clean[n], h)));
-  }
+  r.delta_stack = edge_sender_delta_stack(model, clean, corrupt);
+  r.deltas = unstack(r.delta_stack);
   return r;
 }
 
@@ -339,17 +368,22 @@ double hooked_patched_metric(TransformerLM& model, const PatchingInputs& in, con
   return edge_metric(model.forward_from(start, start < c.n_layers ? runs.resid_pre[start] : runs.resid_final, opt), in.answers);
 }
 
-// dL/dx of the norm y = (x - mean) / s * w + b, s = sqrt(var + eps), from g = dL/dy, per row of
-// x (..., D): (g w - mean(g w) - x_hat mean(g w x_hat)) / s with x_hat = (x - mean) / s, in double.
-// The RMS forms the same without the centring (mean 0, s = sqrt(mean(x^2) + eps), w their gain).
-// The norm's own backward, written out because the gradient arrives at a hook after it.
-Tensor layer_norm_input_grad(const Tensor& x, const LayerNorm& ln, const Tensor& gy) {
+constexpr int64_t kMaxNormWidth = 1024;  // norm_input_grads' rows up to this wide keep x_hat on the stack
+
+// dL/dx of the norm y = (x - mean) / s * w + b for `count` gradients g = dL/dy at the norm's
+// output that share its input x (N, D): per row, (g w - mean(g w) - x_hat mean(g w x_hat)) / s
+// with x_hat = (x - mean) / s (the row's statistics in double, once for all the gradients); the
+// RMS forms the same without the centring (mean 0, s = sqrt(mean(x^2) + eps), w their gain). In
+// place: gradient i is g[i * N * D ...], (N, D). The norm's own backward, written out because the
+// gradient arrives at a hook after it.
+void norm_input_grads(const Tensor& x, const LayerNorm& ln, float* g, int64_t count) {
   const int64_t D = x.shape().back(), N = x.numel() / D;
-  Tensor gx = Tensor::empty(x.shape());
   const bool centred = ln.centred();
-  for (int64_t r = 0; r < N; ++r) {
+  std::vector<float> gain(static_cast<size_t>(D));
+  for (int64_t j = 0; j < D; ++j) gain[j] = static_cast<float>(ln.gain(j));
+  const float inv_d = 1.f / static_cast<float>(D);
+  parallel_for(N, N * D * count, [&](int64_t r) {
     const float* xr = x.data() + r * D;
-    const float* g = gy.data() + r * D;
     double mu = 0, var = 0;
     if (centred) {
       for (int64_t j = 0; j < D; ++j) mu += xr[j];
@@ -357,94 +391,217 @@ Tensor layer_norm_input_grad(const Tensor& x, const LayerNorm& ln, const Tensor&
     }
     for (int64_t j = 0; j < D; ++j) var += (xr[j] - mu) * (xr[j] - mu);
     const double s = std::sqrt(var / static_cast<double>(D) + ln.eps);
-    double mg = 0, mgx = 0;
-    for (int64_t j = 0; j < D; ++j) {
-      const double gw = static_cast<double>(g[j]) * ln.gain(j);
-      mg += gw;
-      mgx += gw * (xr[j] - mu) / s;
+    float xhat[kMaxNormWidth];
+    std::vector<float> wide;  // rows wider than the stack buffer
+    float* xh = D <= kMaxNormWidth ? xhat : (wide.resize(static_cast<size_t>(D)), wide.data());
+    for (int64_t j = 0; j < D; ++j) xh[j] = static_cast<float>((xr[j] - mu) / s);
+    const float inv_s = static_cast<float>(1.0 / s), *w = gain.data();
+    for (int64_t i = 0; i < count; ++i) {
+      float* gr = g + (i * N + r) * D;
+      float mg = 0, mgx = 0;
+      for (int64_t j = 0; j < D; ++j) {
+        const float gw = gr[j] * w[j];
+        mg += gw;
+        mgx += gw * xh[j];
+      }
+      mg = centred ? mg * inv_d : 0.f;
+      mgx *= inv_d;
+      for (int64_t j = 0; j < D; ++j) gr[j] = (gr[j] * w[j] - mg - xh[j] * mgx) * inv_s;
     }
-    mg = centred ? mg / static_cast<double>(D) : 0.0;
-    mgx /= static_cast<double>(D);
-    for (int64_t j = 0; j < D; ++j)
-      gx.data()[r * D + j] = static_cast<float>((static_cast<double>(g[j]) * ln.gain(j) - mg - (xr[j] - mu) / s * mgx) / s);
-  }
-  return gx;
+  });
 }
+
+// While one lives, no parameter of the module asks for a gradient: the analyses' backward wants
+// the activations' gradients only, and the weights' would double its products.
+class FrozenParameters {
+ public:
+  explicit FrozenParameters(const Module& m) {
+    for (Tensor p : m.parameters())
+      if (p.requires_grad()) {
+        p.requires_grad_(false);
+        frozen_.push_back(p);
+      }
+  }
+  ~FrozenParameters() {
+    for (Tensor& p : frozen_) p.requires_grad_(true);
+  }
+  FrozenParameters(const FrozenParameters&) = delete;
+  FrozenParameters& operator=(const FrozenParameters&) = delete;
+
+ private:
+  std::vector<Tensor> frozen_;
+};
 
 }  // namespace
 
-// dm/d(each receiver's input), (B, T, D), in edge_receivers order. q/k/v: the gradient at the
-// head's copy of ln1's output (the split input hooks) taken back through ln1; mlp: at ln2's output
-// taken back through ln2 (to what it reads: resid_mid, or resid_pre in a parallel block); logits:
-// at ln_final's input. The norms' inputs are read from the same run, so an intervened run's
-// gradients are its own.
-std::vector<Tensor> receiver_gradients(TransformerLM& model, const PatchingInputs& in,
-                                       const std::function<void(Hooks&)>& intervene) {
+// dm/d(each receiver's input), stacked (R, B, T, D) in edge_receivers order, from one forward and
+// backward of the clean run in which only the activations ask for gradients (the token embedding
+// is the leaf). q/k/v of head h: the gradient at hook_q/k/v (B, T, H, dh) times that head's rows
+// of W_Q/W_K/W_V (what the head's own copy of ln1's output would get: one (N, dh) x (dh, D)
+// product per head, no copies of the input), taken back through ln1; mlp: at ln2's output taken
+// back through ln2 (to what it reads: resid_mid, or resid_pre in a parallel block); logits: at
+// ln_final's input. The norms' inputs are read from the same run, so an intervened run's gradients
+// are its own.
+Tensor receiver_gradient_stack(TransformerLM& model, const PatchingInputs& in, const std::function<void(Hooks&)>& intervene) {
   if (!grad_enabled()) fail("edges: edge attribution needs one backward; run it outside no_grad");
   const ModelConfig& c = model.cfg;
-  const int L = c.n_layers;
-  std::vector<Tensor> gq(L), gk(L), gv(L), gmlp(L);
+  const int L = c.n_layers, H = c.n_heads;
+  const int64_t B = in.clean.shape[0], T = in.clean.shape[1], D = c.d_model, N = B * T, dh = c.head_dim();
+  const std::vector<EdgeReceiver> receivers = edge_receivers(c);
+  const int64_t R = static_cast<int64_t>(receivers.size());
+  auto row_of = [&](const EdgeReceiver& r) { return static_cast<int64_t>(std::find(receivers.begin(), receivers.end(), r) - receivers.begin()); };
+  Tensor out = Tensor::empty({R, B, T, D});  // every row written (or the run fails below)
+  std::vector<bool> reached(static_cast<size_t>(R), false);
   Hooks hooks;
   if (intervene) intervene(hooks);
-  Runs runs;  // this run's norm inputs: ln1's (resid_pre) and ln2's (mlp_in)
-  runs.resid_pre.resize(L);
-  runs.mlp_in.resize(L);
+  // after the intervention's hooks: the embedding (replaced or not) is the leaf gradients start from
+  hooks.add_forward("hook_embed", [](const Tensor& x, const std::string&) {
+    if (x.requires_grad()) return Tensor();
+    Tensor leaf = x.detach();
+    leaf.requires_grad_();
+    return leaf;
+  });
+  std::vector<Tensor> resid_pre(L), mlp_in(L);  // this run's norm inputs: ln1's, ln2's
   for (int l = 0; l < L; ++l) {
-    hooks.add_forward(hook_name(l, "hook_resid_pre"), [&runs, l](const Tensor& t, const std::string&) {
-      runs.resid_pre[l] = t.detach();
+    hooks.add_forward(hook_name(l, "hook_resid_pre"), [&resid_pre, l](const Tensor& t, const std::string&) {
+      resid_pre[l] = t.detach();
       return Tensor();
     });
     // ln2 reads hook_resid_mid in a sequential block, the block's input in a parallel one
     if (c.has_mlp() && !c.parallel_block)
-      hooks.add_forward(hook_name(l, "hook_resid_mid"), [&runs, l](const Tensor& t, const std::string&) {
-        runs.mlp_in[l] = t.detach();
+      hooks.add_forward(hook_name(l, "hook_resid_mid"), [&mlp_in, l](const Tensor& t, const std::string&) {
+        mlp_in[l] = t.detach();
         return Tensor();
       });
   }
+  float* o = out.data();
+  // grad (B, T, H, dh) at hook_q/k/v of layer l -> per head h, grad_h W[h] (N, D) into its row; one
+  // parallel region over the rows for all heads (each thread's products single-threaded)
+  auto per_head = [&, o](int l, EdgeReceiver::Kind kind, const Tensor& W) {
+    return [&, o, l, kind, W](const Tensor& g, const std::string&) {
+      std::vector<int64_t> rows(static_cast<size_t>(H));
+      for (int h = 0; h < H; ++h) rows[h] = row_of({kind, l, h}), reached[rows[h]] = true;
+      const float *gd = g.data(), *w = W.data();
+      parallel_ranges(N, N * D * H, [&](int64_t lo, int64_t hi) {
+        for (int h = 0; h < H; ++h)
+          gemm(false, false, hi - lo, D, dh, 1.f, gd + lo * H * dh + h * dh, H * dh, w + h * dh * D, D, 0.f, o + rows[h] * N * D + lo * D, D);
+      });
+    };
+  };
+  auto whole = [&, o](int64_t row) {
+    return [&, o, row](const Tensor& g, const std::string&) {
+      std::copy(g.data(), g.data() + N * D, o + row * N * D);
+      reached[row] = true;
+    };
+  };
   for (int l = 0; l < L; ++l) {
-    hooks.add_backward(hook_name(l, "attn.hook_q_input"), [&gq, l](const Tensor& g, const std::string&) { gq[l] = g.clone(); });
-    hooks.add_backward(hook_name(l, "attn.hook_k_input"), [&gk, l](const Tensor& g, const std::string&) { gk[l] = g.clone(); });
-    hooks.add_backward(hook_name(l, "attn.hook_v_input"), [&gv, l](const Tensor& g, const std::string&) { gv[l] = g.clone(); });
-    if (c.has_mlp())
-      hooks.add_backward(hook_name(l, "ln2.hook_normalized"), [&gmlp, l](const Tensor& g, const std::string&) { gmlp[l] = g.clone(); });
+    const MultiHeadAttention& attn = model.blocks[l]->attn;
+    hooks.add_backward(hook_name(l, "attn.hook_q"), per_head(l, EdgeReceiver::Q, attn.W_Q.weight));
+    hooks.add_backward(hook_name(l, "attn.hook_k"), per_head(l, EdgeReceiver::K, attn.W_K.weight));
+    hooks.add_backward(hook_name(l, "attn.hook_v"), per_head(l, EdgeReceiver::V, attn.W_V.weight));
+    if (c.has_mlp()) hooks.add_backward(hook_name(l, "ln2.hook_normalized"), whole(row_of({EdgeReceiver::Mlp, l, -1})));
   }
-  Tensor gfinal;
-  hooks.add_backward(hook_name(L - 1, "hook_resid_post"), [&gfinal](const Tensor& g, const std::string&) { gfinal = g.clone(); });
+  hooks.add_backward(hook_name(L - 1, "hook_resid_post"), whole(R - 1));
   {
     EvalScope mode(model);
+    FrozenParameters frozen(model);
     ForwardOptions opt;
     opt.hooks = &hooks;
     logit_difference(model.forward(in.clean, opt), in.answers).backward();
-    model.zero_grad();  // the parameters' gradients are a by-product
   }
-  if (c.parallel_block) runs.mlp_in = runs.resid_pre;
-  std::vector<Tensor> out;
-  for (const EdgeReceiver& r : edge_receivers(c)) {
-    const int l = r.layer;
-    switch (r.kind) {
-      case EdgeReceiver::Q: case EdgeReceiver::K: case EdgeReceiver::V: {
-        const Tensor& g = r.kind == EdgeReceiver::Q ? gq[l] : r.kind == EdgeReceiver::K ? gk[l] : gv[l];
-        if (!g.defined()) fail("edges: no gradient reached ", r.name());
-        out.push_back(layer_norm_input_grad(runs.resid_pre[l], model.blocks[l]->ln1, head_slice(g, r.head)));
-        break;
-      }
-      case EdgeReceiver::Mlp:
-        if (!gmlp[l].defined()) fail("edges: no gradient reached ", r.name());
-        out.push_back(layer_norm_input_grad(runs.mlp_in[l], *model.blocks[l]->ln2, gmlp[l]));
-        break;
-      case EdgeReceiver::Logits:
-        if (!gfinal.defined()) fail("edges: no gradient reached the logits' input");
-        out.push_back(gfinal);
-        break;
-    }
+  for (int64_t r = 0; r < R; ++r)
+    if (!reached[r]) fail("edges: no gradient reached ", r == R - 1 ? std::string("the logits' input") : receivers[r].name());
+  if (c.parallel_block) mlp_in = resid_pre;
+  // a layer's q/k/v rows are one block (3 H receivers) after its first head's q
+  for (int l = 0; l < L; ++l) {
+    norm_input_grads(resid_pre[l], model.blocks[l]->ln1, o + row_of({EdgeReceiver::Q, l, 0}) * N * D, 3 * H);
+    if (c.has_mlp()) norm_input_grads(mlp_in[l], *model.blocks[l]->ln2, o + row_of({EdgeReceiver::Mlp, l, -1}) * N * D, 1);
   }
   return out;
 }
 
-std::vector<Tensor> edge_sender_deltas(TransformerLM& model, const PatchingInputs& in) {
-  check_edge_inputs(model.cfg, in);
-  return record_runs(model, in).deltas;
+std::vector<Tensor> receiver_gradients(TransformerLM& model, const PatchingInputs& in,
+                                       const std::function<void(Hooks&)>& intervene) {
+  return unstack(receiver_gradient_stack(model, in, intervene));
 }
+
+namespace {
+
+// out[i * ldo + j] += sum over k of a[i * K + k] b[j * K + k] for i < m, j < n: float products over
+// chunks of the sum, the chunks added in double (the sgemm's float sums stay short).
+void row_products(const float* a, int64_t m, const float* b, int64_t n, int64_t K, double* out, int64_t ldo) {
+  constexpr int64_t kChunk = 1 << 14;
+  if (m == 0 || n == 0) return;
+  std::vector<float> part(static_cast<size_t>(m * n));
+  for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
+    const int64_t k = std::min(kChunk, K - k0);
+    gemm(false, true, m, n, k, 1.f, a + k0, K, b + k0, K, 0.f, part.data(), n);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) out[i * ldo + j] += part[i * n + j];
+  }
+}
+
+}  // namespace
+
+std::vector<double> edge_products(const ModelConfig& cfg, const Tensor& senders, const Tensor& grads) {
+  const std::vector<EdgeSender> ss = edge_senders(cfg);
+  const std::vector<EdgeReceiver> rs = edge_receivers(cfg);
+  const int64_t S = static_cast<int64_t>(ss.size()), R = static_cast<int64_t>(rs.size());
+  if (senders.size(0) != S || grads.size(0) != R || senders.numel() / S != grads.numel() / R)
+    fail("edges: products of ", senders.shape().str(), " senders and ", grads.shape().str(), " gradients for the model's ", S,
+         " senders and ", R, " receivers");
+  const int64_t K = senders.numel() / S;
+  std::vector<double> full(static_cast<size_t>(S * R), 0.0);  // (S, R)
+  // per receiver layer (its receivers contiguous), the senders up to the last one that reaches it
+  for (int64_t r0 = 0; r0 < R;) {
+    int64_t r1 = r0;
+    while (r1 < R && rs[r1].layer == rs[r0].layer && (rs[r1].kind == EdgeReceiver::Logits) == (rs[r0].kind == EdgeReceiver::Logits)) ++r1;
+    int64_t n_s = 0;
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t r = r0; r < r1; ++r)
+        if (is_edge(cfg, ss[s], rs[r])) n_s = s + 1;
+    row_products(senders.data(), n_s, grads.data() + r0 * K, r1 - r0, K, full.data() + r0, R);
+    r0 = r1;
+  }
+  std::vector<double> out;
+  for (const auto& [s, r] : model_edges(cfg))
+    out.push_back(full[static_cast<int64_t>(std::find(ss.begin(), ss.end(), s) - ss.begin()) * R +
+                       (std::find(rs.begin(), rs.end(), r) - rs.begin())]);
+  return out;
+}
+
+std::vector<std::pair<int, EdgeReceiver>> mlp_sender_edge_list(const ModelConfig& cfg) {
+  std::vector<std::pair<int, EdgeReceiver>> out;
+  if (!cfg.has_mlp()) return out;
+  for (const EdgeReceiver& r : edge_receivers(cfg))
+    for (int l = 0; l < cfg.n_layers; ++l)
+      if (r.kind == EdgeReceiver::Logits || l < r.layer) out.push_back({l, r});
+  return out;
+}
+
+std::vector<double> mlp_edge_products(const ModelConfig& cfg, const Tensor& mlp_deltas, const Tensor& grads) {
+  const std::vector<EdgeReceiver> rs = edge_receivers(cfg);
+  const int64_t L = cfg.n_layers, R = static_cast<int64_t>(rs.size());
+  if (mlp_deltas.size(0) != L || grads.size(0) != R || mlp_deltas.numel() / L != grads.numel() / R)
+    fail("edges: products of ", mlp_deltas.shape().str(), " MLP outputs and ", grads.shape().str(), " gradients for the model's ", L,
+         " MLPs and ", R, " receivers");
+  std::vector<double> full(static_cast<size_t>(L * R), 0.0);  // (L, R)
+  row_products(mlp_deltas.data(), L, grads.data(), R, grads.numel() / R, full.data(), R);
+  std::vector<double> out;
+  for (const auto& [l, r] : mlp_sender_edge_list(cfg)) out.push_back(full[l * R + (std::find(rs.begin(), rs.end(), r) - rs.begin())]);
+  return out;
+}
+
+Tensor edge_sender_delta_stack(TransformerLM& model, const PatchingInputs& in) {
+  check_edge_inputs(model.cfg, in);
+  EvalScope mode(model);
+  NoGradGuard ng;
+  const ActivationCache clean = model.run_with_cache(in.clean, is_sender_point).second;
+  const ActivationCache corrupt = model.run_with_cache(in.corrupted, is_sender_point).second;
+  return edge_sender_delta_stack(model, clean, corrupt);
+}
+
+std::vector<Tensor> edge_sender_deltas(TransformerLM& model, const PatchingInputs& in) { return unstack(edge_sender_delta_stack(model, in)); }
 
 namespace {
 
@@ -728,7 +885,7 @@ EdgeResult edge_patching(TransformerLM& model, const PatchingInputs& in, const s
   const ModelConfig& c = model.cfg;
   const Runs runs = record_runs(model, in);
   throw_if_stopped();
-  const std::vector<Tensor> grads = receiver_gradients(model, in);
+  const std::vector<double> attribution = edge_products(c, runs.delta_stack, receiver_gradient_stack(model, in));
   throw_if_stopped();
   EvalScope mode(model);
   NoGradGuard ng;
@@ -746,7 +903,7 @@ EdgeResult edge_patching(TransformerLM& model, const PatchingInputs& in, const s
       if (is_edge(c, senders[si], r)) from.push_back(si);
     const std::vector<double> exact = fast.receiver(r, from);
     for (size_t i = 0; i < from.size(); ++i)
-      res.edges.push_back({senders[from[i]], r, exact[i], dot(runs.deltas[from[i]], grads[ri])});
+      res.edges.push_back({senders[from[i]], r, exact[i], attribution[res.edges.size()]});
     if (progress) progress(ri + 1, receivers.size());
   }
   return res;
@@ -758,16 +915,16 @@ std::vector<MlpSenderEdge> mlp_sender_edges(TransformerLM& model, const Patching
   if (!c.has_mlp()) return {};
   Runs runs = record_runs(model, in);
   const size_t first = runs.deltas.size();  // the MLPs' deltas go after the heads'
+  Tensor mlp_deltas;                         // (layers, B, T, D)
   {
     EvalScope mode(model);
     NoGradGuard ng;
     auto mlp_out = [](const std::string& n) { return n.ends_with("hook_mlp_out"); };
-    const ActivationCache clean = model.run_with_cache(in.clean, mlp_out).second;
-    const ActivationCache corrupt = model.run_with_cache(in.corrupted, mlp_out).second;
-    for (int l = 0; l < c.n_layers; ++l) runs.deltas.push_back(sub(corrupt[hook_name(l, "hook_mlp_out")], clean[hook_name(l, "hook_mlp_out")]));
+    mlp_deltas = mlp_sender_delta_stack(c, model.run_with_cache(in.clean, mlp_out).second, model.run_with_cache(in.corrupted, mlp_out).second);
+    for (const Tensor& d : unstack(mlp_deltas)) runs.deltas.push_back(d);
   }
   throw_if_stopped();
-  const std::vector<Tensor> grads = receiver_gradients(model, in);
+  const std::vector<double> attribution = mlp_edge_products(c, mlp_deltas, receiver_gradient_stack(model, in));
   EvalScope mode(model);
   NoGradGuard ng;
   FastEdges fast(model, in, runs);
@@ -781,10 +938,19 @@ std::vector<MlpSenderEdge> mlp_sender_edges(TransformerLM& model, const Patching
       if (r.kind == EdgeReceiver::Logits || l < r.layer) from.push_back(first + static_cast<size_t>(l));
     if (from.empty()) continue;
     const std::vector<double> exact = fast.receiver(r, from);
-    for (size_t i = 0; i < from.size(); ++i)
-      out.push_back({static_cast<int>(from[i] - first), r, exact[i], dot(runs.deltas[from[i]], grads[ri])});
+    for (size_t i = 0; i < from.size(); ++i) out.push_back({static_cast<int>(from[i] - first), r, exact[i], attribution[out.size()]});
   }
   return out;
+}
+
+Tensor mlp_sender_delta_stack(const ModelConfig& c, const ActivationCache& clean, const ActivationCache& corrupt) {
+  std::vector<Tensor> d;
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string n = hook_name(l, "hook_mlp_out");
+    const Tensor x = sub(corrupt[n], clean[n]);  // (B, T, D)
+    d.push_back(reshape(x, {1, x.size(0), x.size(1), x.size(2)}));
+  }
+  return concat(d, 0);
 }
 
 std::vector<double> query_key_output_dots(TransformerLM& model, const PatchingInputs& in, const std::vector<Tensor>& out_grads) {

@@ -93,11 +93,31 @@ std::vector<EdgeReceiver> readers_of(const ModelConfig& cfg, const EdgeSender& s
 
 // dm/d(each receiver's input), (B, T, D) in edge_receivers order, from one forward and backward
 // of the clean run with `intervene`'s forward hooks added (e.g. an interpolated embedding for
-// EAP-IG; none: the clean run's gradients, which edge attribution uses).
+// EAP-IG; none: the clean run's gradients, which edge attribution uses) ...
 std::vector<Tensor> receiver_gradients(TransformerLM& model, const PatchingInputs& in,
                                        const std::function<void(Hooks&)>& intervene = {});
-// delta_s = out_s(corrupted) - out_s(clean) of every sender, (B, T, d_model), edge_senders order.
+// ... the same gradients stacked, (receivers, B, T, D), as edge_products reads them.
+Tensor receiver_gradient_stack(TransformerLM& model, const PatchingInputs& in, const std::function<void(Hooks&)>& intervene = {});
+// The attribution product of every edge, model_edges order: sum over (B, T, D) of senders[s] *
+// grads[r] for each edge s -> r, with senders (edge_senders' count, B, T, D) and grads
+// (edge_receivers' count, B, T, D). One sgemm per receiver layer (its receivers against the senders
+// before them) over chunks of the sum, the chunks added in double.
+std::vector<double> edge_products(const ModelConfig& cfg, const Tensor& senders, const Tensor& grads);
+// The same product for the MLP-sender edges (mlp_sender_edges' order, mlp_sender_edge_list) from
+// the MLPs' deltas (layers, B, T, D) of hook_mlp_out.
+std::vector<double> mlp_edge_products(const ModelConfig& cfg, const Tensor& mlp_deltas, const Tensor& grads);
+// The senders' deltas stacked, (senders, B, T, D) in edge_senders order, from a clean and a
+// corrupted cache holding hook_embed (hook_pos_embed where the model has one) and every layer's
+// attn.hook_z (is_sender_point's names): a head's delta is its hook_result's, through W_O.
+Tensor edge_sender_delta_stack(const TransformerLM& model, const ActivationCache& clean, const ActivationCache& corrupt);
+// Whether `name` is a hook point those caches need (a run_with_cache filter).
+bool is_sender_point(const std::string& name);
+// delta_s = out_s(corrupted) - out_s(clean) of every sender, (B, T, d_model), edge_senders order,
+// from one clean and one corrupted run: views of edge_sender_delta_stack's rows.
 std::vector<Tensor> edge_sender_deltas(TransformerLM& model, const PatchingInputs& in);
+Tensor edge_sender_delta_stack(TransformerLM& model, const PatchingInputs& in);
+// (n, B, T, D) -> n views (B, T, D) of its rows, sharing its storage.
+std::vector<Tensor> unstack(const Tensor& stack);
 
 // The MLPs as senders (MIB's `m{l} -> r` edges; not among model_edges, whose circuit runs keep every
 // MLP output): for every MLP l and every receiver r reading after it (a later layer's q/k/v or MLP,
@@ -110,6 +130,11 @@ struct MlpSenderEdge {
   double exact = 0, attribution = 0;
 };
 std::vector<MlpSenderEdge> mlp_sender_edges(TransformerLM& model, const PatchingInputs& in);
+// The MLPs' deltas stacked, (layers, B, T, D): hook_mlp_out(corrupted) - hook_mlp_out(clean), from
+// caches holding every layer's hook_mlp_out.
+Tensor mlp_sender_delta_stack(const ModelConfig& cfg, const ActivationCache& clean, const ActivationCache& corrupt);
+// Those edges (the sending MLP's layer, the receiver) in that order, without scores.
+std::vector<std::pair<int, EdgeReceiver>> mlp_sender_edge_list(const ModelConfig& cfg);
 
 // AtP*'s QK fix (circuit_discovery.h): for every edge s -> r into a head's query or key input
 // (r = L{l}H{h}.q or .k), head h's output (its hook_result, (B, T, D)) recomputed exactly with r

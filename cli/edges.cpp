@@ -191,8 +191,9 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
     extra = run_edge_method(*m.model, in, r, mopt);
   }
   const bool with_extra = !extra.scores.empty();
-  // MIB's MLP-sender edges: their exact effects and attributions (the other methods score head and
-  // embedding senders only: their MLP edges are written with score 0)
+  // MIB's MLP-sender edges: their exact effects and attributions (EAP-IG with the input interpolated
+  // scores them too; the other methods score head and embedding senders only: their MLP edges are
+  // written with score 0)
   std::vector<double> mlp_exact, mlp_attribution;
   for (const MlpSenderEdge& e : mlp_sender_edges(*m.model, in)) mlp_exact.push_back(e.exact), mlp_attribution.push_back(e.attribution);
   // once the work is done: a stopped or failed run leaves no directory; the files appear together
@@ -281,13 +282,13 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
     mib_files.push_back("mib_exact.json");
     for (const MethodComparison& mc : comparison.methods) {
       write_mib("mib_" + mc.scores.method + ".json", mc.scores.scores, mc.scores.circuit,
-                mc.scores.method == "attribution" ? mlp_attribution : std::vector<double>{});
+                mc.scores.method == "attribution" ? mlp_attribution : mc.scores.mlp_scores);
       mib_files.push_back("mib_" + mc.scores.method + ".json");
     }
   } else {
     std::vector<double> att;
     for (const Edge& e : r.edges) att.push_back(e.attribution);
-    write_mib("mib_graph.json", with_extra ? extra.scores : att, extra.circuit, with_extra ? std::vector<double>{} : mlp_attribution);
+    write_mib("mib_graph.json", with_extra ? extra.scores : att, extra.circuit, with_extra ? extra.mlp_scores : mlp_attribution);
     mib_files.push_back("mib_graph.json");
   }
   write_file_atomic(dir->file("edges.json"), j.dump(2) + "\n");

@@ -76,4 +76,6 @@ print(f"{cpu}; {cores} cores, load {load0} before / {load1} after; {threads} thr
 print(f"{'headlab eap-ig s':>17} {'(whole command s)':>18} {'PyTorch (EAP-IG-style) s':>25} {'speed-up':>9} "
       f"{'max |d score| / max |score|':>28}")
 print(f"{h:17.3f} {c:18.3f} {p:25.3f} {p / h:8.1f}x {worst:28.2e}")
+# each round's own ratio: on a shared machine the two sides of one round see the same load
+print("speed-up per round: " + " ".join(f"{b / a:.1f}x" for a, b in zip(hl_s, pt_s)))
 PY

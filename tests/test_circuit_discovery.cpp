@@ -37,10 +37,16 @@ BOOST_AUTO_TEST_CASE(eap_ig_with_one_step_is_edge_attribution) {
   const EdgeResult exact = edge_patching(m, in);
   std::vector<double> attribution;
   for (const Edge& e : exact.edges) attribution.push_back(e.attribution);
-  // inputs: alpha 1 is the clean run itself, bit for bit
-  const std::vector<double> ig = eap_ig_scores(m, in, {EapIgOptions::Inputs, 1});
+  // inputs: alpha 1 is the clean run itself, bit for bit, on the MLP-sender edges too
+  std::vector<double> ig_mlp;
+  const std::vector<double> ig = eap_ig_scores(m, in, {EapIgOptions::Inputs, 1}, &ig_mlp);
   BOOST_TEST(ig.size() == exact.edges.size());
   BOOST_TEST(ig == attribution);
+  std::vector<double> mlp_attribution;
+  for (const MlpSenderEdge& e : mlp_sender_edges(m, in)) mlp_attribution.push_back(e.attribution);
+  // layer 2's 3 H + 1 receivers read 2 MLPs, layer 1's 1, the logits all 3
+  BOOST_TEST(mlp_attribution.size() == (3u * 2 + 1) * 2 + (3u * 2 + 1) * 1 + 3);
+  BOOST_TEST(ig_mlp == mlp_attribution);
   // activations: the results are replaced by x + (clean - x), the clean values to round-off
   const std::vector<double> act = eap_ig_scores(m, in, {EapIgOptions::Activations, 1});
   BOOST_TEST(max_abs_diff(act, attribution) < 1e-5);
