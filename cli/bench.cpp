@@ -19,7 +19,6 @@
 #include "cli/child_process.h"
 #include "cli/commands.h"
 #include "lib/bf16.h"
-#include "lib/bf16_products.h"
 #include "lib/fileutil.h"
 #include "lib/optim.h"
 #include "lib/profile.h"
