@@ -19,7 +19,6 @@
 #include "cli/child_process.h"
 #include "cli/commands.h"
 #include "lib/bf16.h"
-#include "lib/bf16_products.h"
 #include "lib/fileutil.h"
 #include "lib/optim.h"
 #include "lib/profile.h"
@@ -376,6 +375,7 @@ struct BenchOpts {
   bool products = false;  // time each linear layer's shape alone (run_products)
   bool sweep = false;  // also time the default head-count sweep (headlab ablate)
   std::vector<std::string> precisions = {"float32"};  // each config in each (lib/bf16.h)
+  bool bf16_every_product = false;  // bf16 runs put every linear product in bf16, whatever the rule
   std::string task;    // empty: random tokens
   std::string out_json;
   std::string sae;                 // "d_in,expansion,k": time an SAE training step instead (bench_sae)
@@ -501,6 +501,8 @@ int run_bench(const BenchOpts& o) {
     return 0;
   }
   if (!o.one.empty()) {  // child mode
+    std::optional<Bf16EveryProduct> every;
+    if (o.bf16_every_product) every.emplace();
     json j = bench_one(named_config(o.one), o.threads.at(0), o.steps, o.warmup, o.profile, o.task);
     j["precision"] = o.precisions.at(0);
     std::printf("%s\n", j.dump().c_str());
@@ -542,6 +544,7 @@ int run_bench(const BenchOpts& o) {
       std::vector<std::string> args = {"--one", c, "--threads", std::to_string(t), "--steps", std::to_string(o.steps),
                                        "--warmup", std::to_string(o.warmup), "--precision", prec};
       if (o.profile) args.push_back("--profile");
+      if (o.bf16_every_product) args.push_back("--bf16-every-product");
       if (!o.task.empty()) args.insert(args.end(), {"--task", o.task});
       json j = run_child(args);
       const double peak = peaks[{prec, t}];
@@ -549,7 +552,8 @@ int run_bench(const BenchOpts& o) {
       results.push_back(j);
       // a task sets the length: say so where it differs from the config's own
       const std::string label = j["T"] == named_config(c).T ? c : c + " (T " + std::to_string(j["T"].get<int64_t>()) + ")";
-      rows.push_back({label, prec, std::to_string(j["threads"].get<int>()), fixed(j["train_ms_median"], 2),
+      const std::string shown = prec == "bf16" && o.bf16_every_product ? "bf16 every" : prec;
+      rows.push_back({label, shown, std::to_string(j["threads"].get<int>()), fixed(j["train_ms_median"], 2),
                       fixed(j["train_ms_min"], 2) + "-" + fixed(j["train_ms_max"], 2), fixed(j["fwd_ms_median"], 2),
                       fixed(j["fwd_ms_min"], 2) + "-" + fixed(j["fwd_ms_max"], 2), fixed(j["tokens_per_s"], 0),
                       fixed(j["train_gflops"], 1), fixed(100.0 * j["train_gflops"].get<double>() / peak, 1),
@@ -645,6 +649,9 @@ void add_bench_command(CLI::App& app, CommandRunner& runner) {
                   "and float32 accumulation; needs AVX512_BF16), e.g. --precision float32 bf16")
       ->capture_default_str()
       ->check(CLI::IsMember({"float32", "bf16"}));
+  sub->add_flag("--bf16-every-product", o->bf16_every_product,
+                "With --precision bf16: every linear product in bf16, also those under 128 wide that the "
+                "per-shape rule leaves in float32 (to measure the rule on whole steps)");
   sub->add_flag("--products", o->products,
                 "Instead of steps, time each linear layer's shape of the configs alone (--steps rounds): float32 "
                 "against bf16 (forward and backward), and OpenBLAS's sgemm against oneDNN's float32 matmul; needs "

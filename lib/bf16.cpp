@@ -1,7 +1,6 @@
 // bf16 products through oneDNN (Debian's libdnnl-dev): OpenBLAS 0.3.21 has no sbgemm, and
 // oneDNN's brgemm kernels run vdpbf16ps (AVX512_BF16) or AMX tiles, whichever the CPU has.
 #include "bf16.h"
-#include "bf16_products.h"
 
 #include <immintrin.h>
 
@@ -103,15 +102,15 @@ dnnl::engine& cpu_engine() {
   return engine;
 }
 
-// (trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, operands bf16 (else float32))
-using MatmulKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>;
+// (trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, operands bf16 (else float32), bias)
+using MatmulKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, bool>;
 
 // One shape's product, ready to run: the primitive and its memory objects, whose data handles
 // are set per call. The scratchpad is ours (scratchpad_mode::user): in library mode oneDNN
 // makes a scratchpad object on every execute, and a training step runs a few hundred products.
 struct OnednnMatmul {
   dnnl::matmul prim;
-  dnnl::memory a, b, c, scratch;
+  dnnl::memory a, b, c, bias, scratch;
   size_t scratch_bytes = 0;
 };
 
@@ -121,13 +120,14 @@ OnednnMatmul& matmul_for(const MatmulKey& key) {
   thread_local std::map<MatmulKey, OnednnMatmul> cache;
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  const auto [ta, tb, M, N, K, lda, ldb, ldc, accumulate, bf16] = key;
+  const auto [ta, tb, M, N, K, lda, ldb, ldc, accumulate, bf16, has_bias] = key;
   using md = dnnl::memory::desc;
   using dt = dnnl::memory::data_type;
   const dt in = bf16 ? dt::bf16 : dt::f32;
   const md a({M, K}, in, ta ? dnnl::memory::dims{1, lda} : dnnl::memory::dims{lda, 1});
   const md b({K, N}, in, tb ? dnnl::memory::dims{1, ldb} : dnnl::memory::dims{ldb, 1});
   const md c({M, N}, dt::f32, dnnl::memory::dims{ldc, 1});
+  const md bias = has_bias ? md({1, N}, dt::f32, dnnl::memory::dims{N, 1}) : md();
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (accumulate) {  // C += A B: oneDNN's sum post-op reads C before writing it
@@ -136,12 +136,14 @@ OnednnMatmul& matmul_for(const MatmulKey& key) {
     attr.set_post_ops(ops);
   }
   dnnl::engine& engine = cpu_engine();
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, engine);
+  const dnnl::matmul::primitive_desc pd(has_bias ? dnnl::matmul::desc(a, b, bias, c) : dnnl::matmul::desc(a, b, c),
+                                        attr, engine);
   OnednnMatmul m;
   m.prim = dnnl::matmul(pd);
   m.a = dnnl::memory(a, engine, DNNL_MEMORY_NONE);
   m.b = dnnl::memory(b, engine, DNNL_MEMORY_NONE);
   m.c = dnnl::memory(c, engine, DNNL_MEMORY_NONE);
+  if (has_bias) m.bias = dnnl::memory(bias, engine, DNNL_MEMORY_NONE);
   m.scratch = dnnl::memory(pd.scratchpad_desc(), engine, DNNL_MEMORY_NONE);
   m.scratch_bytes = pd.scratchpad_desc().get_size();
   return cache.emplace(key, std::move(m)).first->second;
@@ -159,38 +161,40 @@ void check(dnnl_status_t s, const char* what) { HL_CHECK(s == dnnl_success, "one
 
 namespace {
 void run_matmul(bool bf16, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda,
-                const void* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+                const void* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias) {
   HL_CHECK(beta == 0.f || beta == 1.f, "oneDNN matmul: beta must be 0 or 1, got ", beta);
   if (M == 0 || N == 0) return;
   if (K == 0) {  // an empty sum
-    if (beta == 0.f)
-      for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.f);
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = (beta == 0.f ? 0.f : C[i * ldc + j]) + (bias ? bias[j] : 0.f);
     return;
   }
-  OnednnMatmul& m = matmul_for({trans_a, trans_b, M, N, K, lda, ldb, ldc, beta == 1.f, bf16});
+  OnednnMatmul& m = matmul_for({trans_a, trans_b, M, N, K, lda, ldb, ldc, beta == 1.f, bf16, bias != nullptr});
   // The C API with the arguments on the stack: the C++ execute() builds an unordered_map per call.
   check(dnnl_memory_set_data_handle(m.a.get(), const_cast<void*>(A)), "set_data_handle");
   check(dnnl_memory_set_data_handle(m.b.get(), const_cast<void*>(B)), "set_data_handle");
   check(dnnl_memory_set_data_handle(m.c.get(), C), "set_data_handle");
   check(dnnl_memory_set_data_handle(m.scratch.get(), scratchpad(m.scratch_bytes)), "set_data_handle");
+  if (bias) check(dnnl_memory_set_data_handle(m.bias.get(), const_cast<float*>(bias)), "set_data_handle");
   const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, m.a.get()},
                                   {DNNL_ARG_WEIGHTS, m.b.get()},
                                   {DNNL_ARG_DST, m.c.get()},
-                                  {DNNL_ARG_SCRATCHPAD, m.scratch.get()}};
+                                  {DNNL_ARG_SCRATCHPAD, m.scratch.get()},
+                                  {DNNL_ARG_BIAS, bias ? m.bias.get() : nullptr}};
   thread_local dnnl::stream stream(cpu_engine());
-  check(dnnl_primitive_execute(m.prim.get(), stream.get(), 4, args), "matmul");
+  check(dnnl_primitive_execute(m.prim.get(), stream.get(), bias ? 5 : 4, args), "matmul");
   check(dnnl_stream_wait(stream.get()), "stream wait");
 }
 }  // namespace
 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
-               const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  run_matmul(true, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc);
+               const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias) {
+  run_matmul(true, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc, bias);
 }
 
 void gemm_onednn_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
                      const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  run_matmul(false, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc);
+  run_matmul(false, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc, nullptr);
 }
 
 }  // namespace hl

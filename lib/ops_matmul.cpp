@@ -10,7 +10,6 @@
 
 #include "autograd.h"
 #include "bf16.h"
-#include "bf16_products.h"
 #include "ops.h"
 #include "parallel.h"
 #include "profile.h"
@@ -383,17 +382,21 @@ Bf16Operands round_operands(LinearArgs& a) {
 // What the backward keeps of them: the weights, for dX = dU W, if x needs a gradient.
 Tensor saved_weights(const Bf16Operands& h, const Tensor& x) { return needs_graph({&x}) ? h.w : Tensor(); }
 
+// The biases go to oneDNN as its bias argument, added as it writes U: no pass filling U with them
+// and no read of U before writing it. Stacked biases are copied side by side (N floats).
 template <class Post>
 void linear_forward_bf16(const LinearArgs& a, float* U, Post post) {
-  const bool bias = any_bias(a);
-  const int nt = linear_threads(a);
-  if (bias)
-    run_on_threads(nt, [&](int t, int n) {
-      const auto [lo, hi] = row_block(a.R, t, n);
-      if (hi > lo) fill_bias_rows(a, U, lo, hi);
-    });
-  gemm_bf16(false, true, a.R, a.N, a.in, a.Xh, a.in, a.Wh, a.in, bias ? 1.f : 0.f, U, a.N);
-  run_on_threads(nt, [&](int t, int n) {
+  Tensor side_by_side;
+  const float* bias = nullptr;  // (N)
+  if (a.bs.size() == 1 && a.bs[0].defined()) {
+    bias = a.bs[0].data();
+  } else if (any_bias(a)) {
+    side_by_side = Tensor::empty({a.N});
+    fill_bias_rows(a, side_by_side.data(), 0, 1);
+    bias = side_by_side.data();
+  }
+  gemm_bf16(false, true, a.R, a.N, a.in, a.Xh, a.in, a.Wh, a.in, 0.f, U, a.N, bias);
+  run_on_threads(linear_threads(a), [&](int t, int n) {
     const auto [lo, hi] = row_block(a.R, t, n);
     if (hi > lo) post(lo, hi);
   });
@@ -623,7 +626,7 @@ LinearArgs plan_linear(const Tensor& x, std::span<const Tensor> ws, std::span<co
   a.ws = ws;
   a.bs = bs;
   a.one_block = back_to_back(ws);
-  a.bf16 = bf16_product(a.R, a.N, a.in);  // the precision and the measured rule (lib/bf16_products.h)
+  a.bf16 = bf16_product(a.R, a.N, a.in);  // the precision and the measured rule (lib/bf16.h)
   return a;
 }
 

@@ -1,5 +1,5 @@
 """Forward-only studies in float32 and in bf16 on an induction model of d_model 256 (every block
-product in bf16, lib/bf16_products.h): the largest difference of each study's scores, absolute and
+product in bf16, lib/bf16.h): the largest difference of each study's scores, absolute and
 relative to its largest score (docs/performance.md). Run from a build directory:
 PYTHONPATH=$PWD/python OMP_NUM_THREADS=2 /usr/bin/python3 ../scripts/bf16_studies_difference.py"""
 import time, warnings, numpy as np, headlab as hl

@@ -256,6 +256,11 @@ check "detect in bf16 says results are approximate" 0 "^precision bf16: results 
 check "resume refuses another precision" nonzero "error: --precision .bf16. does not match the run being resumed" -- "$HL" train --precision bf16 --steps 40 --resume --out "$T/run"
 check "bf16 refused without AVX512_BF16" nonzero "error: precision bf16 needs the CPU's AVX512_BF16 instructions \(vdpbf16ps" -- env DNNL_MAX_CPU_ISA=AVX512_CORE "$HL" train $small --precision bf16 --steps 2 --out "$T/bf16x"
 check "studies refuse bf16 without AVX512_BF16" nonzero "error: precision bf16 needs the CPU's AVX512_BF16" -- env DNNL_MAX_CPU_ISA=AVX512_CORE "$HL" detect --checkpoint "$M" --examples 8 --precision bf16 --out "$T/det16x"
+# bench's whole-step check of the per-shape rule: a bf16 step of a 16-wide model is float32's (no
+# oneDNN call, so no allocation) unless --bf16-every-product (oneDNN allocates in each execute;
+# null: a sanitizer build counts no allocations)
+check "bench in bf16 leaves thin products in float32" 0 '"mallocs_per_step":(0|0\.0|null)[,}]' -- "$HL" bench --one 16,1,2,32,4,8 --precision bf16 --steps 2 --warmup 1 --threads 1
+check "bench --bf16-every-product puts them in bf16" 0 '"mallocs_per_step":([1-9]|null)' -- "$HL" bench --one 16,1,2,32,4,8 --precision bf16 --bf16-every-product --steps 2 --warmup 1 --threads 1
 check "detect CSV" 0 "^layer,head,previous_token,previous_token_ci95_lo,previous_token_ci95_hi,duplicate_token,duplicate_token_ci95_lo,duplicate_token_ci95_hi,induction,induction_ci95_lo,induction_ci95_hi$" -- cat "$T/det/detect.csv"
 # The named study: one seed, shortened; the circuit forms, each seed gets its roles and a page; a rerun reads it back
 check "study induction forms the circuit" 0 "formed in 1 of 1 seeds" -- "$HL" study induction --seeds 1 --steps 1000 --threads 2 --quiet --out "$T/study"
