@@ -374,12 +374,19 @@ std::vector<StTensor> split_neox_qkv(const StTensor& t, int64_t H, int64_t dh) {
 }  // namespace
 
 double hf_load_bytes(const ModelConfig& cfg) {
-  const double params = static_cast<double>(parameter_count(cfg));
+  double params = 0, largest = 0;
+  for (const auto& [name, shape] : parameter_shapes(cfg)) {
+    params += static_cast<double>(shape.numel());
+    largest = std::max(largest, static_cast<double>(shape.numel()));
+  }
   // each layer's rotary table: (max_seq_len, rotary dims) cosines and sines
   const double rotary = cfg.positions == Positions::Rotary
                             ? 4.0 * cfg.n_layers * static_cast<double>(cfg.max_seq_len) * static_cast<double>(cfg.rotary_dims())
                             : 0.0;
-  return 8.0 * params + rotary;  // float32 weights twice: the file's, widened, and the model's
+  // the float32 weights once (the file's tensors, read one at a time and widened, then released
+  // into the model as it fills: load_model_releasing), the largest tensor twice more in flight
+  // (its narrow bytes or its copy), and the 64 MiB freed between two returns to the system
+  return 4.0 * params + 8.0 * largest + 64.0 * (1 << 20) + rotary;
 }
 
 SafetensorsFile read_hf_directory(const std::string& dir) {
@@ -395,14 +402,9 @@ SafetensorsFile read_hf_directory(const std::string& dir) {
   const Fields f{cj, config_path, type};
   const bool tied = f.flag("tie_word_embeddings", type == "gpt_neo" || family_of(type) == Family::Gemma);
 
-  // refused before any weight is read, with the estimate (docs/models.md, "Memory and time"): the
-  // model's float32 weights twice and the weight files, read whole
-  double file_bytes = 0;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
-    if (ends_with(e.path().filename().string(), ".safetensors") && e.is_regular_file(ec)) file_bytes += static_cast<double>(e.file_size(ec));
-  check_fits_in_memory(hf_load_bytes(cfg) + file_bytes, dir + ": loading the model config.json describes (" +
-                                                            std::to_string(parameter_count(cfg)) + " parameters)");
+  // refused before any weight is read, with the estimate (docs/models.md, "Memory and time")
+  check_fits_in_memory(hf_load_bytes(cfg), dir + ": loading the model config.json describes (" +
+                                               std::to_string(parameter_count(cfg)) + " parameters)");
   std::map<std::string, std::string> origin;
   std::map<std::string, StTensor> hf = read_hf_weights(dir, is_buffer, origin);
   const std::vector<HfTensor> map = hf_tensor_map(type, cfg, tied);

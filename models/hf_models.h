@@ -43,10 +43,11 @@ std::vector<HfTensor> hf_tensor_map(const std::string& model_type, const ModelCo
 // checked against config.json (name and shape) before any model is built; an unknown model_type,
 // a missing or extra tensor, and a shape config.json does not describe are refused naming them.
 SafetensorsFile read_hf_directory(const std::string& dir);
-// About how many bytes loading an HF model of this config takes at its peak beyond its weight
-// files (read whole): its float32 parameters twice (the file's tensors widened, then the model's
-// own) and each layer's rotary table. read_hf_directory refuses, before reading any weight, a
-// model whose files and this need more than the memory available (the estimate in the message).
+// About how many bytes loading an HF model of this config takes at its peak: its float32
+// parameters once (the files are read a tensor at a time and widened; load_model_releasing moves
+// them into the model as it fills), the largest tensor twice more in flight, and each layer's
+// rotary table. read_hf_directory refuses, before reading any weight, a model that needs more
+// than the memory available (the estimate in the message).
 double hf_load_bytes(const ModelConfig& cfg);
 
 // The layouts `headlab export --format hf` can write: "gpt2" (models/hf_gpt2.h) and
