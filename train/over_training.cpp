@@ -43,25 +43,21 @@ void check_same_run(const SafetensorsFile& f, const std::string& path, const std
 }
 }  // namespace
 
-ScoresOverTraining scores_over_training(const std::string& run, const std::string& analysis, const HeadScoreOptions& o,
-                                        const std::function<void(size_t, size_t, int64_t)>& progress) {
-  ScoresOverTraining s;
-  s.run = run;
-  s.analysis = analysis;
-  s.score_names = head_analysis(analysis).scores;  // a bad name fails before anything is read
+RunSteps run_steps(const std::string& run) {
+  RunSteps s;
   if (!std::filesystem::is_directory(run)) fail("--run ", run, ": no such run directory");
   for (int64_t step : snapshot_steps(run)) {
     s.steps.push_back(step);
     s.checkpoints.push_back(snapshot_path(run, step));
   }
   // a model's downloaded revisions (stepN subdirectories): their steps are their names'
-  const bool revisions = s.steps.empty() && !(s.steps = revision_steps(run)).empty();
-  if (revisions)
+  s.revisions = s.steps.empty() && !(s.steps = revision_steps(run)).empty();
+  if (s.revisions)
     for (int64_t step : s.steps) s.checkpoints.push_back(revision_path(run, step));
   if (s.steps.empty())
     fail(run, " has no snapshots (", how_to_make_snapshots(), ") and no revision subdirectories (step0, step1000, ... each with a config.json)");
   const std::string final_path = run + "/checkpoint.safetensors";
-  if (!revisions && file_exists(final_path)) {
+  if (!s.revisions && file_exists(final_path)) {
     const int64_t last = checkpoint_step(final_path);
     if (std::find(s.steps.begin(), s.steps.end(), last) == s.steps.end()) {
       // a run stopped early may hold snapshots written after its checkpoint: keep the steps in order
@@ -70,6 +66,19 @@ ScoresOverTraining scores_over_training(const std::string& run, const std::strin
       s.checkpoints.insert(s.checkpoints.begin() + at, final_path);
     }
   }
+  return s;
+}
+
+ScoresOverTraining scores_over_training(const std::string& run, const std::string& analysis, const HeadScoreOptions& o,
+                                        const std::function<void(size_t, size_t, int64_t)>& progress) {
+  ScoresOverTraining s;
+  s.run = run;
+  s.analysis = analysis;
+  s.score_names = head_analysis(analysis).scores;  // a bad name fails before anything is read
+  RunSteps rs = run_steps(run);
+  const bool revisions = rs.revisions;
+  s.steps = std::move(rs.steps);
+  s.checkpoints = std::move(rs.checkpoints);
   s.values.assign(s.score_names.size(), {});
   const std::string run_args = stored_run_args(run);
   for (size_t i = 0; i < s.steps.size(); ++i) {

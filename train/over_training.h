@@ -24,6 +24,17 @@ struct ScoresOverTraining {
                          static_cast<size_t>(head)];
   }
 };
+// The models of a run over training: a headlab run's snapshots and its final checkpoint
+// (checkpoint.safetensors, unless a snapshot holds its step), or a directory of a model's revisions
+// (stepN subdirectories, the steps their names'). Fails for a directory with neither, saying how
+// to keep snapshots.
+struct RunSteps {
+  std::vector<int64_t> steps;            // ascending
+  std::vector<std::string> checkpoints;  // the file or directory of each step
+  bool revisions = false;                // a revisions directory (no train state: a step is its name)
+};
+RunSteps run_steps(const std::string& run);
+
 // The scores at every snapshot of `run` and at its final checkpoint (checkpoint.safetensors,
 // unless a snapshot holds its step). Fails for a run without snapshots, saying how to keep them.
 // progress(done, total, step) after each checkpoint.
