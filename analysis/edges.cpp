@@ -8,6 +8,7 @@
 
 #include "lib/fileutil.h"
 #include "lib/stop.h"
+#include "models/hf_models.h"
 
 namespace hl {
 

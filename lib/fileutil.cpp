@@ -1,4 +1,5 @@
 #include "fileutil.h"
+#include "file_ranges.h"
 
 #include <fcntl.h>
 #include <signal.h>

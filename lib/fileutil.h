@@ -3,7 +3,6 @@
 // the directory. A crash (even kill -9) leaves either the old file or the new one, never a
 // half-written one.
 #pragma once
-#include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -19,11 +18,6 @@ std::string read_file(const std::string& path);
 // The same file's bytes handed to `block` in pieces of at most 1 MiB, in order: memory stays
 // small whatever the file's size.
 void read_file_blocks(const std::string& path, const std::function<void(const char*, size_t)>& block);
-// The same file opened as read_file opens it, handed to `use` with its size and a reader of any
-// byte range of it (read(offset, length, to); fails naming the path when the range is not there,
-// e.g. the file shrank): a reader of a large file takes the pieces it needs, one at a time.
-using ReadRange = std::function<void(uint64_t offset, uint64_t length, char* to)>;
-void read_file_ranges(const std::string& path, const std::function<void(uint64_t size, const ReadRange& read)>& use);
 // Refuses (as check_can_write does) a path that exists and is not a regular file: a device, a
 // FIFO, a socket, a directory or a symbolic link is never replaced (a rename would replace the
 // node itself, e.g. /dev/null, or the user's link).

@@ -6,6 +6,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "file_ranges.h"
 #include "fileutil.h"
 
 namespace hl {

@@ -1,6 +1,5 @@
 #include "models/transformer.h"
 
-#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -833,35 +832,6 @@ Tensor head_cols(const Tensor& w, int head, int64_t d_head) {
     fail("head_cols: head ", head, " of d_head ", d_head, " outside ", w.shape().str());
   NoGradGuard ng;
   return slice(w, 1, head * d_head, (head + 1) * d_head);
-}
-
-std::unique_ptr<TransformerLM> ungroup_grouped_query_attention(const TransformerLM& model) {
-  ModelConfig cfg = model.cfg;
-  cfg.n_kv_heads = 0;
-  std::unique_ptr<TransformerLM> out;
-  {
-    SkipInitGuard copied_next;  // every parameter is written below
-    out = std::make_unique<TransformerLM>(cfg, 0);
-  }
-  const int64_t H = cfg.n_heads, group = H / model.cfg.kv_heads(), dh = cfg.head_dim();
-  const auto from = model.named_parameters();
-  const auto to = out->named_parameters();
-  NoGradGuard ng;
-  for (size_t i = 0; i < to.size(); ++i) {
-    HL_CHECK(from[i].first == to[i].first, "ungroup: parameter ", to[i].first, " where the model has ", from[i].first);
-    const Tensor& src = from[i].second;
-    Tensor dst = to[i].second;  // a handle on the parameter
-    if (src.shape() == dst.shape()) {
-      dst.copy_from(src);
-      continue;
-    }
-    // W_K / W_V (Hkv * dh, d_model) or their biases (Hkv * dh): kv head h / group's rows for query head h
-    const int64_t block = dh * (src.ndim() == 2 ? src.size(1) : 1);
-    for (int64_t h = 0; h < H; ++h) std::copy_n(src.data() + (h / group) * block, block, dst.data() + h * block);
-  }
-  for (int l = 0; l < cfg.n_layers; ++l) out->blocks[l]->attn.gates.copy_from(model.blocks[l]->attn.gates);
-  out->train(model.training());
-  return out;
 }
 
 }  // namespace hl

@@ -228,12 +228,4 @@ double estimate_step_bytes(const ModelConfig& cfg, int64_t B, int64_t T, bool tr
 Tensor head_rows(const Tensor& w, int head, int64_t d_head);
 Tensor head_cols(const Tensor& w, int head, int64_t d_head);
 
-// The ungrouped equivalent of a grouped-query model (TransformerLens's ungroup_grouped_query_attention):
-// n_kv_heads = n_heads, each query head's W_K / W_V rows (and biases) a copy of its group's key and
-// value head (query head h reads kv head h / (n_heads / n_kv_heads)); everything else (QK-norm
-// weights, which are shared by the heads, and the head gates) copied. Its forward computes the
-// same logits; a head's key and value inputs are then its own, so the edge analyses can patch one
-// query head's copy. A model that already has a key and value head per query head is copied as it is.
-std::unique_ptr<TransformerLM> ungroup_grouped_query_attention(const TransformerLM& model);
-
 }  // namespace hl

@@ -3,6 +3,7 @@
 // activation patching, and the messages of bad input.
 #define BOOST_TEST_MODULE edges
 #include <boost/test/unit_test.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
