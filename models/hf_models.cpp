@@ -413,9 +413,10 @@ double hf_load_bytes(const ModelConfig& cfg) {
                             ? 4.0 * cfg.n_layers * static_cast<double>(cfg.max_seq_len) * static_cast<double>(cfg.rotary_dims())
                             : 0.0;
   // the float32 weights once (the file's tensors, read one at a time and widened, then released
-  // into the model as it fills: load_model_releasing), the largest tensor twice more in flight
-  // (its narrow bytes or its copy), and the 64 MiB freed between two returns to the system
-  return 4.0 * params + 8.0 * largest + 64.0 * (1 << 20) + rotary;
+  // into the model as it fills: load_model_releasing), the largest tensor once more in flight (its
+  // copy on the way into the model; its narrow bytes beside its widened ones while read are less),
+  // and the 64 MiB freed between two returns to the system
+  return 4.0 * params + 4.0 * largest + 64.0 * (1 << 20) + rotary;
 }
 
 SafetensorsFile read_hf_directory(const std::string& dir) {

@@ -53,7 +53,7 @@ std::vector<HfTensor> hf_tensor_map(const std::string& model_type, const ModelCo
 SafetensorsFile read_hf_directory(const std::string& dir);
 // About how many bytes loading an HF model of this config takes at its peak: its float32
 // parameters once (the files are read a tensor at a time and widened; load_model_releasing moves
-// them into the model as it fills), the largest tensor twice more in flight, and each layer's
+// them into the model as it fills), the largest tensor once more in flight, and each layer's
 // rotary table. read_hf_directory refuses, before reading any weight, a model that needs more
 // than the memory available (the estimate in the message).
 double hf_load_bytes(const ModelConfig& cfg);
