@@ -494,7 +494,8 @@ void bind_analyses(py::module_& m) {
      "ig_interpolate 'inputs' or 'activations'), 'atp-star' (AtP*: the QK fix and GradDrop), 'acdc' (acdc_threshold, acdc_score "
      "'metric' or 'kl') or 'edge-pruning' (target_edges, default 20 or every edge; prune_steps, prune_lr) adds that method's "
      "scores under its name (acdc, edge-pruning: also 'circuit', the kept edges), as headlab edges --method. attention_mask (B, T), 1 = token, "
-     "0 = padding: rows of different lengths padded on the right, one mask for both runs, each row measured as if alone");
+     "0 = padding: rows of different lengths padded on the right, one mask for both runs, each row measured as if alone. A grouped-query "
+     "model (n_kv_heads < n_heads) runs ungrouped: L{l}H{h}.k/.v is query head h's own copy of its group's key/value input");
   m.def("path_patching", [](TransformerLM& model, const py::object& clean, const py::object& corrupted, const std::string& sender,
                             const py::object& receivers, const py::object& answers, const py::object& attention_mask) {
     const EdgeModel em = edge_model(model);  // grouped-query models run ungrouped
