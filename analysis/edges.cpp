@@ -6,8 +6,10 @@
 #include <map>
 #include <memory>
 
+#include "lib/fileutil.h"
 #include "lib/parallel.h"
 #include "lib/stop.h"
+#include "models/hf_models.h"
 
 namespace hl {
 
@@ -152,15 +154,29 @@ double edge_metric(const Tensor& logits, const std::vector<PatchAnswer>& answers
 
 void check_edge_model(const ModelConfig& cfg) {
   if (cfg.norm != Norm::Pre)
-    fail("edges: the model is post-norm (norm = post); edges are defined for pre-norm models, whose receivers read the "
+    fail("edges: the model is post-norm (norm = post): its residual stream is normalised after every block, so it is not the "
+         "sum of the senders' outputs an edge patches; edges are defined for pre-norm models, whose receivers read the "
          "residual stream through their own layer norm");
-  if (cfg.kv_heads() != cfg.n_heads)
-    fail("edges: the model shares keys and values between heads (n_kv_heads ", cfg.kv_heads(), " of n_heads ", cfg.n_heads,
-         "); a head's .k and .v receivers need its own key and value head");
+}
+
+EdgeModel edge_model(TransformerLM& model) {
+  check_edge_model(model.cfg);
+  EdgeModel m;
+  if (model.cfg.kv_heads() != model.cfg.n_heads) {
+    ModelConfig ungrouped = model.cfg;
+    ungrouped.n_kv_heads = 0;
+    check_fits_in_memory(4.0 * static_cast<double>(parameter_count(ungrouped)), "edges: the model's ungrouped copy");
+    m.ungrouped = ungroup_grouped_query_attention(model);
+  }
+  m.model = m.ungrouped ? m.ungrouped.get() : &model;
+  return m;
 }
 
 void check_edge_inputs(const ModelConfig& cfg, const PatchingInputs& in) {
   check_edge_model(cfg);
+  if (cfg.kv_heads() != cfg.n_heads)
+    fail("edges: the model shares keys and values between heads (n_kv_heads ", cfg.kv_heads(), " of n_heads ", cfg.n_heads,
+         "); the edge analyses run on its ungrouped equivalent (edge_model), where a head's .k and .v receivers are its own");
   if (in.clean.shape.ndim != 2 || in.clean.shape != in.corrupted.shape)
     fail("edges: the clean ids ", in.clean.shape.str(), " and the corrupted ids ", in.corrupted.shape.str(),
          " must be (B, T) of one shape");
@@ -180,14 +196,18 @@ void check_edge_inputs(const ModelConfig& cfg, const PatchingInputs& in) {
   check_patching_padding(in, "edges");
 }
 
-double edge_patching_memory_bytes(const ModelConfig& cfg, int64_t rows, int64_t T) {
+double edge_patching_memory_bytes(const ModelConfig& model_cfg, int64_t rows, int64_t T) {
+  // a grouped-query model is held beside its ungrouped copy (edge_model), which the analyses run
+  ModelConfig cfg = model_cfg;
+  cfg.n_kv_heads = 0;
+  const double model = model_cfg.kv_heads() != model_cfg.n_heads ? 4.0 * static_cast<double>(parameter_count(model_cfg)) : 0.0;
   const double D = static_cast<double>(cfg.d_model), tokens = static_cast<double>(rows) * static_cast<double>(T),
                L = cfg.n_layers, H = cfg.n_heads;
   // two cached runs and a backward of every row in one batch, the heads' results of both runs, one
   // delta per sender, the receivers' gradients, and a batch of patched runs (<= 2^16 rows)
   const double caches = 2 * L * H * tokens * D, deltas = (1 + L * H) * tokens * D, grads = (3 * H + 2) * L * tokens * D;
   const double batch = std::max(tokens, 65536.0) * (12 * D + 3 * static_cast<double>(cfg.d_ff));
-  return estimate_step_bytes(cfg, rows, T, true) + 4.0 * (caches + deltas + grads + batch);
+  return model + estimate_step_bytes(cfg, rows, T, true) + 4.0 * (caches + deltas + grads + batch);
 }
 
 bool is_sender_point(const std::string& n) { return n == "hook_embed" || n == "hook_pos_embed" || n.ends_with("attn.hook_z"); }

@@ -9,6 +9,7 @@
 // The metric is the mean over the answers of logits[row, pos, clean] - logits[row, pos, corrupted]
 // (raw logit-difference units, not normalised).
 #pragma once
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -56,16 +57,32 @@ struct EdgeResult {
 // The metric (mean over the answers of the clean minus the corrupted answer's logit), summed in
 // double, from logits (B, T, V).
 double edge_metric(const Tensor& logits, const std::vector<PatchAnswer>& answers);
-// Fails naming the setting for a model these analyses cannot take: post-norm, or grouped-query
-// attention (a head's .k and .v need their own key and value heads). Every block and attention
-// option of docs/architectures.md is taken (parallel blocks, sandwich norms, soft-caps, rotary
-// positions, QK-norm, score scales, sliding windows, biases).
+// Fails naming the setting for a model these analyses cannot take: post-norm (its residual stream
+// is not a sum of the senders' outputs). Every block and attention option of docs/architectures.md
+// is taken (parallel blocks, sandwich norms, soft-caps, rotary positions, QK-norm, score scales,
+// sliding windows, biases); grouped-query attention through edge_model.
 void check_edge_model(const ModelConfig& cfg);
-// Fails with one message for what these analyses cannot take: check_edge_model's, clean and corrupted ids of different shapes, no answers, an answer outside the ids
+// The model the edge analyses run on, for both doors: `model` itself, or, when it shares keys and
+// values between heads (grouped-query attention), its ungrouped equivalent
+// (ungroup_grouped_query_attention; TransformerLens's ungroup_grouped_query_attention, as MIB's
+// circuit track runs Llama, Qwen and Gemma). Then every head has its own key and value input, and a
+// receiver L{l}H{h}.k / .v patches query head h's copy of its group's input alone: a finer
+// intervention than the shared head, whose key and value every head of the group reads. Refuses
+// what check_edge_model refuses.
+struct EdgeModel {
+  std::unique_ptr<TransformerLM> ungrouped;  // grouped-query models only
+  TransformerLM* model = nullptr;            // what the analyses run on
+  TransformerLM& operator*() const { return *model; }
+  TransformerLM* operator->() const { return model; }
+};
+EdgeModel edge_model(TransformerLM& model);
+// Fails with one message for what these analyses cannot take: check_edge_model's, a grouped-query
+// model not passed through edge_model, clean and corrupted ids of different shapes, no answers, an answer outside the ids
 // or the vocabulary, padding other than on the right or an answer at padding (check_patching_padding).
 void check_edge_inputs(const ModelConfig& cfg, const PatchingInputs& in);
-// Bytes edge_patching needs for `rows` sequences of T tokens (an upper estimate): the clean and
-// corrupted runs' caches, one delta per sender, the gradients, and one batch of patched runs.
+// Bytes edge_patching needs for `rows` sequences of T tokens (an upper estimate): the model, its
+// ungrouped copy if it has grouped-query attention (edge_model), the clean and corrupted runs' caches,
+// one delta per sender, the gradients, and one batch of patched runs.
 double edge_patching_memory_bytes(const ModelConfig& cfg, int64_t rows, int64_t T);
 
 // Every edge's exact effect, exact(s -> r) = m(clean run with r alone reading its input +

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <set>
 
@@ -168,9 +169,17 @@ LogitDifferenceSum::LogitDifferenceSum(const std::vector<PatchAnswer>& answers)
     : answers_(&answers), w_(1.f / static_cast<float>(answers.size())) {}
 
 void LogitDifferenceSum::add(const Tensor& logits, int64_t row0) {
-  const Tensor terms = weighted_logit_difference(logits, *answers_, row0, w_);
-  // sum()'s own order: one float, element after element
-  for (const float* t = terms.data(), *end = t + terms.numel(); t != end; ++t) sum_ += *t;
+  // the sum of weighted_logit_difference's terms in sum()'s order (one float, element after
+  // element), reading only its nonzero ones: the selector's weights accumulated as it does, in
+  // answer order, then added in index order (the zero terms add nothing to a finite sum)
+  const int64_t R = logits.size(0), T = logits.size(1), V = logits.size(2);
+  std::map<int64_t, float> select;  // flat index -> weight
+  for (const PatchAnswer& a : *answers_) {
+    if (a.row < row0 || a.row >= row0 + R) continue;
+    select[((a.row - row0) * T + a.pos) * V + a.clean] += w_;
+    select[((a.row - row0) * T + a.pos) * V + a.corrupted] -= w_;
+  }
+  for (const auto& [i, w] : select) sum_ += logits.data()[i] * w;
 }
 
 namespace {
@@ -287,13 +296,28 @@ namespace {
 
 // A patched pass's logits (rows, T, V) of the batch's rows row0.., at index `flat` (`idx` per axis).
 using OnPass = std::function<void(int64_t flat, const std::vector<int64_t>& idx, const Tensor& logits, int64_t row0)>;
+// Whether every element of `from` that `fixed` selects ((activation axis, index) pairs) equals x's.
+bool same_where(const Tensor& from, const Tensor& x, const std::vector<std::pair<int, int64_t>>& fixed,
+                const std::vector<int64_t>& stride) {
+  const Shape& s = from.shape();
+  for (int64_t i = 0; i < from.numel(); ++i) {
+    bool here = true;
+    for (const auto& [d, k] : fixed) here = here && (i / stride[d]) % s[d] == k;
+    if (here && from.data()[i] != x.data()[i]) return false;
+  }
+  return true;
+}
 
 // The passes of a sweep: for every chunk of `per` rows (in row order) the clean run is recorded once
 // and the corrupted run's residual stream into each block, then for every index the corrupted run
-// with the clean activation written at that index goes to on_pass. Returns the grid's axes, shape
-// and hooks, its values zero.
+// with the clean activation written at that index goes to on_pass. A patch of hook_resid_pre that
+// writes what the corrupted run already has there (a position before the corruption in every row)
+// is not run: the corrupted run's logits go to on_pass (forward_from gives them bit for bit).
+// `passed`, if given, is called after each index of each chunk. Returns the grid's axes, shape and
+// hooks, its values zero.
 PatchGrid sweep(TransformerLM& model, const Ids& clean, const Ids& corrupted, const std::string& hook,
-                const std::vector<std::string>& axes, int64_t per, const OnPass& on_pass) {
+                const std::vector<std::string>& axes, int64_t per, const OnPass& on_pass,
+                const std::function<void()>& passed = {}) {
   if (clean.shape.ndim != 2 || clean.shape != corrupted.shape)
     fail("patching: the clean ids ", clean.shape.str(), " and the corrupted ids ", corrupted.shape.str(), " must be (B, T) of one shape");
   if (axes.empty()) fail("patching: no axes to patch over (e.g. layer,head)");
@@ -321,6 +345,7 @@ PatchGrid sweep(TransformerLM& model, const Ids& clean, const Ids& corrupted, co
     // which a patched run of a block's hook starts (forward_from: the blocks before it would
     // compute the same again; GPT-2 small, patching layer l skips l of its 12 blocks)
     ActivationCache cache, corrupted_resid;
+    Tensor corrupted_logits;  // the unpatched corrupted run's (rows, T, V), made when a patch changes nothing
     cache = model.run_with_cache(chunk_clean, names_in(g.hooks)).second;
     {
       ForwardOptions stop;
@@ -358,6 +383,12 @@ PatchGrid sweep(TransformerLM& model, const Ids& clean, const Ids& corrupted, co
       }
       const std::string& name = g.hooks[by_layer ? layer : 0];
       const Tensor& from = cache[name];
+      if (corrupted_resid.has(name) && same_where(from, corrupted_resid[name], fixed, stride)) {
+        if (!corrupted_logits.defined()) corrupted_logits = model.forward(chunk_corrupted);  // once per chunk
+        on_pass(flat, idx, corrupted_logits, begin);
+        if (passed) passed();
+        continue;
+      }
       Hooks hooks;
       hooks.add_forward(name, [&](const Tensor& x, const std::string&) {  // the setter
         if (x.shape() != from.shape()) fail("patching: ", name, " is ", x.shape().str(), " in the corrupted run, ", from.shape().str(), " in the clean run");
@@ -376,6 +407,7 @@ PatchGrid sweep(TransformerLM& model, const Ids& clean, const Ids& corrupted, co
       const Tensor logits = in_block ? model.forward_from(block, corrupted_resid[hook_name(block, "hook_resid_pre")], opt)
                                      : model.forward(chunk_corrupted, opt);  // (rows, T, V)
       on_pass(flat, idx, logits, begin);
+      if (passed) passed();
     }
   }
   return g;
@@ -432,7 +464,7 @@ PatchGrid generic_activation_patch(TransformerLM& model, const PatchingInputs& i
   return g;
 }
 
-PatchingResult activation_patching(TransformerLM& model, const PatchingInputs& in) {
+PatchingResult activation_patching(TransformerLM& model, const PatchingInputs& in, const std::function<void(size_t, size_t)>& progress) {
   const int L = model.cfg.n_layers, H = model.cfg.n_heads;
   const int64_t B = in.clean.shape[0], T = in.clean.shape[1], dh = model.cfg.head_dim(), D = model.cfg.d_model;
   // every pass runs over chunks of rows (the corrupted run's backward sets their size); what is
@@ -477,18 +509,23 @@ PatchingResult activation_patching(TransformerLM& model, const PatchingInputs& i
     }
   }
   // exact patching: the generic sweeps over (layer, head) of hook_z and (layer, pos) of hook_resid_pre
+  const size_t runs = row_chunks(B, per).size() * static_cast<size_t>(L * H + L * T);
+  size_t done = 0;
+  auto passed = [&] {
+    if (progress) progress(++done, runs);
+  };
   std::vector<LogitDifferenceSum> z_sums(static_cast<size_t>(L * H), LogitDifferenceSum(in.answers));
   std::vector<std::vector<double>> z_each(static_cast<size_t>(L * H), std::vector<double>(in.answers.size()));
   (void)sweep(model, in.clean, in.corrupted, "attn.hook_z", {"layer", "head"}, per,
               [&](int64_t flat, const std::vector<int64_t>&, const Tensor& logits, int64_t row0) {
                 z_sums[static_cast<size_t>(flat)].add(logits, row0);
                 each_answer(logits, in.answers, row0, z_each[static_cast<size_t>(flat)]);
-              });
+              }, passed);
   std::vector<LogitDifferenceSum> resid_sums(static_cast<size_t>(L * T), LogitDifferenceSum(in.answers));
   (void)sweep(model, in.clean, in.corrupted, "hook_resid_pre", {"layer", "pos"}, per,
               [&](int64_t flat, const std::vector<int64_t>&, const Tensor& logits, int64_t row0) {
                 resid_sums[static_cast<size_t>(flat)].add(logits, row0);
-              });
+              }, passed);
   r.z_exact = r.z_attribution = r.z_exact_ci95_lo = r.z_exact_ci95_hi = HeadGrid(L, std::vector<double>(H));
   r.resid_exact = r.resid_attribution = HeadGrid(L, std::vector<double>(T));
   for (int l = 0; l < L; ++l) {

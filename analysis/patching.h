@@ -83,8 +83,11 @@ struct PatchingResult {
 // Bytes activation_patching needs for `rows` sequences of T tokens: one chunk's clean run's cache,
 // corrupted run's with its gradients and forward pass (analysis/chunks.h), and what it keeps per row.
 // Every pass runs over chunks of rows, checking for a stop between them.
+// `progress`, if given, is called with (patched runs done, patched runs) after each one (a patch
+// that changes nothing counts without running).
 double patching_memory_bytes(const ModelConfig& cfg, int64_t rows, int64_t T);
-PatchingResult activation_patching(TransformerLM& model, const PatchingInputs& in);
+PatchingResult activation_patching(TransformerLM& model, const PatchingInputs& in,
+                                   const std::function<void(size_t, size_t)>& progress = {});
 
 // Normalised metric with the whole activation `name` of the corrupted run replaced by the clean
 // run's: (exact, attribution). Equal when the metric is linear in that activation (e.g.

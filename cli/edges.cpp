@@ -170,6 +170,8 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
   // then fails the same way, having made nothing)
   if (f.path_from.empty()) check_output_dir(out, "edges");
   const PatchingInputs in = role_patching_inputs(m, o, edge_patching_memory_bytes, "edges");
+  // a grouped-query model runs as its ungrouped equivalent: each head's .k/.v is its own copy
+  if (EdgeModel em = edge_model(*m.model); em.ungrouped) m.model = std::move(em.ungrouped);
   if (!f.path_from.empty()) return run_path(o, f, m, in);
   EdgeResult r;
   {
@@ -312,7 +314,8 @@ void add_edges_command(CLI::App& app, CommandRunner& runner) {
   // the role commands' flags (as headlab patch), and a run that also reads the flags below
   auto [sub, o] = add_role_command(app, runner, "edges",
                                    "Exact edge patching and edge attribution of every edge (heads' q/k/v, MLPs, logits); with "
-                                   "--path-from, path patching of one sender",
+                                   "--path-from, path patching of one sender. A grouped-query model (n_kv_heads < n_heads) runs "
+                                   "ungrouped: L{l}H{h}.k/.v is query head h's own copy of its group's key/value input",
                                    nullptr, defaults);
   sub->add_option("--rows", o->examples, "Held-out rows, one token corrupted in each (--corrupt; the same as --examples)")
       ->check(in_range(1, 1e6));

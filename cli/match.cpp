@@ -13,6 +13,7 @@
 #include "cli/plot.h"
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
+#include "train/over_training.h"
 #include "train/run_dir.h"
 #include "train/snapshots.h"
 
@@ -24,6 +25,7 @@ using json = nlohmann::json;
 
 struct MatchOpts {
   std::vector<std::string> checkpoints;
+  std::string run;  // --run: every step against the last
   std::string out, by = "pattern";
   bool across_layers = false;
   int examples = 200, threads = 2;
@@ -56,19 +58,107 @@ json roles_json(const HeadRoleScores& r, int layers, int heads, double threshold
   return out;
 }
 
-int run_match(const MatchOpts& o) {
-  if (o.checkpoints.size() != 2) fail("--checkpoint: give exactly two (A and B), got ", o.checkpoints.size());
-  set_num_threads(command_threads(o.threads));
-  const MatchBy by = parse_match_by(o.by);
-  const std::string path_a = checkpoint_file(o.checkpoints[0]), path_b = checkpoint_file(o.checkpoints[1]);
-  std::unique_ptr<TransformerLM> a = load_model(path_a), b = load_model(path_b);
-  const MatchCost cost = match_cost(*a, *b, o.examples, by == MatchBy::Pattern);
+// A matched against B: the matching and A's roles; the pairs' roles once the caller has B's role
+// scores (--run matches every step against one last model, whose scores it computes once).
+struct MatchReport {
+  HeadMatch m;
+  HeadRoleScores ra;
+  PairRoles pr;
+};
+MatchReport match_models(TransformerLM& a, TransformerLM& b, const MatchOpts& o, MatchBy by) {
+  const MatchCost cost = match_cost(a, b, o.examples, by == MatchBy::Pattern);
   announce_memory("match", cost.memory_bytes, std::to_string(o.examples) + " probe rows in about " +
                   std::to_string(cost.forward_passes) + " forward passes of up to 64 rows", "--examples");
-  const std::vector<Batch> probe = by == MatchBy::Pattern ? match_probe(*a, *b, o.examples, o.seed) : std::vector<Batch>{};
-  const HeadMatch m = match_heads(*a, *b, probe, {by, o.across_layers});
-  const HeadRoleScores ra = detector_role_scores(*a, o.examples, o.seed), rb = detector_role_scores(*b, o.examples, o.seed);
-  const PairRoles pr = pair_roles(m, ra, rb, o.threshold);
+  const std::vector<Batch> probe = by == MatchBy::Pattern ? match_probe(a, b, o.examples, o.seed) : std::vector<Batch>{};
+  MatchReport r;
+  r.m = match_heads(a, b, probe, {by, o.across_layers});
+  r.ra = detector_role_scores(a, o.examples, o.seed);
+  return r;
+}
+
+// match.csv's rows (layer_a,head_a,role_a,layer_b,head_b,role_b,similarity: the pairs, then A's and
+// B's unmatched heads), each after `prefix`, and the same as a table.
+std::string match_rows(const MatchReport& r, const HeadRoleScores& rb, double threshold, const std::string& prefix,
+                       std::vector<std::vector<std::string>>* table = nullptr) {
+  const HeadMatch& m = r.m;
+  std::string csv;
+  for (size_t i = 0; i < m.pairs.size(); ++i) {
+    const HeadPair& p = m.pairs[i];
+    if (table) table->push_back({head_name(p.layer_a, p.head_a), r.pr.role_a[i], head_name(p.layer_b, p.head_b), r.pr.role_b[i], fixed(p.similarity, 4)});
+    csv += prefix + std::to_string(p.layer_a) + "," + std::to_string(p.head_a) + "," + r.pr.role_a[i] + "," + std::to_string(p.layer_b) +
+           "," + std::to_string(p.head_b) + "," + r.pr.role_b[i] + "," + fixed(p.similarity, 6) + "\n";
+  }
+  for (auto [l, h] : m.unmatched_a) {
+    if (table) table->push_back({head_name(l, h), head_role(r.ra, l, h, threshold), "-", "", ""});
+    csv += prefix + std::to_string(l) + "," + std::to_string(h) + "," + head_role(r.ra, l, h, threshold) + ",,,,\n";
+  }
+  for (auto [l, h] : m.unmatched_b) {
+    if (table) table->push_back({"-", "", head_name(l, h), head_role(rb, l, h, threshold), ""});
+    csv += prefix + ",,," + std::to_string(l) + "," + std::to_string(h) + "," + head_role(rb, l, h, threshold) + ",\n";
+  }
+  return csv;
+}
+
+constexpr const char* kMatchColumns = "layer_a,head_a,role_a,layer_b,head_b,role_b,similarity";
+
+// --run DIR: every step's model matched against the last step's (which heads of the end were
+// there, and in which role, at each step), one line per step; match_over_training.csv holds
+// match.csv's rows of each step after a step column.
+int run_match_over_training(const MatchOpts& o, MatchBy by) {
+  const RunCheckpoints rs = run_checkpoints(o.run);
+  if (rs.steps.size() < 2) fail("--run ", o.run, ": has one step (", rs.steps[0], "); matching over training needs two or more");
+  const std::string last = rs.files.back();
+  std::unique_ptr<TransformerLM> b = load_model(read_run_checkpoint(rs, rs.steps.size() - 1));
+  HeadRoleScores rb;
+  std::vector<std::vector<std::string>> table = {{"step", "mean similarity", "pairs sharing a role"}};
+  std::string csv = std::string("step,") + kMatchColumns + "\n";
+  json steps = json::array();
+  for (size_t i = 0; i + 1 < rs.steps.size(); ++i) {
+    std::unique_ptr<TransformerLM> a = load_model(read_run_checkpoint(rs, i));
+    MatchReport r = match_models(*a, *b, o, by);
+    if (i == 0) rb = detector_role_scores(*b, o.examples, o.seed);
+    r.pr = pair_roles(r.m, r.ra, rb, o.threshold);
+    csv += match_rows(r, rb, o.threshold, std::to_string(rs.steps[i]) + ",");
+    table.push_back({std::to_string(rs.steps[i]), fixed(r.m.mean_similarity, 4),
+                     std::to_string(r.pr.same_role) + " of " + std::to_string(r.m.pairs.size())});
+    steps.push_back({{"step", rs.steps[i]}, {"checkpoint", rs.files[i]}, {"mean_similarity", r.m.mean_similarity},
+                     {"same_role_pairs", r.pr.same_role}, {"pairs", r.m.pairs.size()}});
+  }
+  const std::string out = o.out.empty() ? default_out_dir("match") : o.out;
+  const std::unique_ptr<StagedDir> staged = claim_staged_output_dir(out, "match");
+  std::printf("the heads of every step of %s matched to the heads of its last step %lld (%s) by %s%s; role = detector scoring "
+              ">= %.2f on the probe\n\n",
+              o.run.c_str(), static_cast<long long>(rs.steps.back()), last.c_str(), to_string(by).c_str(),
+              o.across_layers ? ", across layers" : ", within layers", o.threshold);
+  print_table(table);
+  write_file_atomic(staged->file("match_over_training.csv"), csv);
+  write_file_atomic(staged->file("match_over_training.json"),
+                    json({{"run", o.run}, {"against_step", rs.steps.back()}, {"against", last}, {"by", to_string(by)},
+                          {"across_layers", o.across_layers}, {"role_threshold", o.threshold}, {"probe_examples", o.examples},
+                          {"seed", o.seed}, {"steps", steps}})
+                            .dump(2) + "\n");
+  staged->publish();
+  std::printf("\nwrote %s/{match_over_training.csv,match_over_training.json}\n", out.c_str());
+  return 0;
+}
+
+int run_match(const MatchOpts& o) {
+  set_num_threads(command_threads(o.threads));
+  const MatchBy by = parse_match_by(o.by);
+  if (!o.run.empty()) {
+    if (!o.checkpoints.empty()) fail("--run matches every step of a run against its last: give it without --checkpoint");
+    return run_match_over_training(o, by);
+  }
+  if (o.checkpoints.size() != 2)
+    fail("--checkpoint: give exactly two (A and B), got ", o.checkpoints.size(), " (or --run DIR: every step against the last)");
+  const std::string path_a = checkpoint_file(o.checkpoints[0]), path_b = checkpoint_file(o.checkpoints[1]);
+  std::unique_ptr<TransformerLM> a = load_model(path_a), b = load_model(path_b);
+  MatchReport r = match_models(*a, *b, o, by);
+  const HeadRoleScores rb = detector_role_scores(*b, o.examples, o.seed);
+  r.pr = pair_roles(r.m, r.ra, rb, o.threshold);
+  const HeadMatch& m = r.m;
+  const HeadRoleScores& ra = r.ra;
+  const PairRoles& pr = r.pr;
 
   const std::string out = o.out.empty() ? default_out_dir("match") : o.out;
   // the files appear together, or none (a full disk, a signal)
@@ -79,23 +169,12 @@ int run_match(const MatchOpts& o) {
                                      : "QK and OV circuit weights (mean of the two cosines)",
               o.across_layers ? ", across layers" : ", within layers", o.threshold);
   std::vector<std::vector<std::string>> table = {{"A head", "A role", "B head", "B role", "similarity"}};
-  std::string csv = "layer_a,head_a,role_a,layer_b,head_b,role_b,similarity\n";
+  std::string csv = std::string(kMatchColumns) + "\n" + match_rows(r, rb, o.threshold, "", &table);
   json pairs = json::array();
   for (size_t i = 0; i < m.pairs.size(); ++i) {
     const HeadPair& p = m.pairs[i];
-    table.push_back({head_name(p.layer_a, p.head_a), pr.role_a[i], head_name(p.layer_b, p.head_b), pr.role_b[i], fixed(p.similarity, 4)});
-    csv += std::to_string(p.layer_a) + "," + std::to_string(p.head_a) + "," + pr.role_a[i] + "," + std::to_string(p.layer_b) + "," +
-           std::to_string(p.head_b) + "," + pr.role_b[i] + "," + fixed(p.similarity, 6) + "\n";
     pairs.push_back({{"a", {p.layer_a, p.head_a}}, {"b", {p.layer_b, p.head_b}}, {"role_a", pr.role_a[i]}, {"role_b", pr.role_b[i]},
                      {"similarity", p.similarity}});
-  }
-  for (auto [l, h] : m.unmatched_a) {
-    table.push_back({head_name(l, h), head_role(ra, l, h, o.threshold), "-", "", ""});
-    csv += std::to_string(l) + "," + std::to_string(h) + "," + head_role(ra, l, h, o.threshold) + ",,,,\n";
-  }
-  for (auto [l, h] : m.unmatched_b) {
-    table.push_back({"-", "", head_name(l, h), head_role(rb, l, h, o.threshold), ""});
-    csv += ",,," + std::to_string(l) + "," + std::to_string(h) + "," + head_role(rb, l, h, o.threshold) + ",\n";
   }
   print_table(table);
   // which roles each model has, and how many of them the matching pairs with the same role
@@ -143,7 +222,10 @@ void add_match_command(CLI::App& app, CommandRunner& runner) {
   auto o = std::make_shared<MatchOpts>();
   sub->add_option("--checkpoint", o->checkpoints, "Model A, then model B (give it twice): checkpoint files, model or run directories, "
                                                "or a directory of revisions (its last; DIR/stepN for another)")
-      ->required()->expected(1)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+      ->expected(1)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  sub->add_option("--run", o->run, "Instead: every step of a run (its snapshots and final checkpoint, or a directory of revisions "
+                                   "step0, step1000, ...) matched against its last step; one line per step, "
+                                   "match_over_training.csv");
   sub->add_option("--by", o->by, "pattern: attention patterns on a shared probe (any two models); weights: QK and OV circuits "
                                  "(models sharing a residual basis, e.g. forks of one run)")
       ->capture_default_str()->check(CLI::IsMember({"pattern", "weights"}));

@@ -58,7 +58,7 @@ void add_model_input_command(CLI::App& app, CommandRunner& runner, const std::st
 // Loads the model and the batch a command works on.
 std::pair<std::unique_ptr<TransformerLM>, Batch> load_inputs(const Source& s) {
   SafetensorsFile f = read_checkpoint(s.checkpoint);
-  auto model = load_model(f);
+  auto model = load_model_releasing(f);
   set_num_threads(command_threads(s.threads));
   if (!s.batch_file.empty()) return {std::move(model), load_batch_file(s.batch_file, model->cfg)};
   // Given tokens need only the model's vocabulary: the task matters only when a batch is drawn

@@ -9,6 +9,7 @@
 
 #include "analysis/detectors.h"
 #include "analysis/patching.h"
+#include "cli/progress.h"
 #include "cli/roles.h"
 #include "lib/fileutil.h"
 #include "train/run_dir.h"
@@ -88,7 +89,15 @@ int run_patch(const RoleOpts& o) {
   // every example is in one batch, cached twice, with gradients once; --data probe: any model
   const PatchingInputs in = role_patching_inputs(m, o, patching_memory_bytes, "patch", o.data == "probe");
   if (!o.patch.hook.empty()) return run_generic_patch(o, out, m, in);
-  const PatchingResult r = activation_patching(*m.model, in);
+  PatchingResult r;
+  {  // the ETA after the first runs is the time up front (runs from a later layer are cheaper)
+    std::unique_ptr<ProgressBar> bar;
+    r = activation_patching(*m.model, in, [&](size_t done, size_t runs) {
+      if (!bar) bar = std::make_unique<ProgressBar>("patch", static_cast<int64_t>(runs), stderr_is_terminal());
+      bar->update(static_cast<int64_t>(done), "patched runs");
+    });
+    if (bar) bar->finish();
+  }
   // the files appear together, or none (a full disk, a signal)
   const std::unique_ptr<StagedDir> staged = claim_staged_output_dir(out, "patch");
   std::printf("activation patching, %zu rows of %s (one %s token corrupted per row); logit difference clean %.4f, "

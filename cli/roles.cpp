@@ -130,8 +130,9 @@ std::vector<int64_t> parse_positions_flag(const std::string& text, const std::st
 
 RoleModel load_role_model(const RoleOpts& o) {
   set_num_threads(o.threads);
-  const SafetensorsFile f = read_checkpoint(o.checkpoint);
-  RoleModel r{load_model(f), nullptr, checkpoint_task(f, TaskConfig::preset(o.task))};
+  SafetensorsFile f = read_checkpoint(o.checkpoint);
+  // the task is read from the metadata, which the load keeps
+  RoleModel r{load_model_releasing(f), nullptr, checkpoint_task(f, TaskConfig::preset(o.task))};
   return r;
 }
 

@@ -1,4 +1,5 @@
 #include "fileutil.h"
+#include "file_ranges.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -105,6 +106,20 @@ std::string read_file(const std::string& path) {
   std::string bytes(static_cast<size_t>(st.st_size), '\0');
   bytes.resize(read_fully(closer.fd, path, bytes.data(), bytes.size()));
   return bytes;
+}
+
+void read_file_ranges(const std::string& path, const std::function<void(uint64_t size, const ReadRange& read)>& use) {
+  struct stat st;
+  const Closer closer{open_regular_file(path, st)};
+  use(static_cast<uint64_t>(st.st_size), [&](uint64_t offset, uint64_t length, char* to) {
+    for (uint64_t got = 0; got < length;) {
+      const ssize_t k = ::pread(closer.fd, to + got, length - got, static_cast<off_t>(offset + got));
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0) fail(path, ": read error: ", std::strerror(errno));
+      if (k == 0) fail(path, ": ends before byte ", offset + length, " (it changed while read)");
+      got += static_cast<uint64_t>(k);
+    }
+  });
 }
 
 void read_file_blocks(const std::string& path, const std::function<void(const char*, size_t)>& block) {

@@ -6,6 +6,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "file_ranges.h"
 #include "fileutil.h"
 
 namespace hl {
@@ -60,22 +61,28 @@ float f16_to_f32(uint16_t h) {
 }
 }  // namespace
 
-SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& source, const SkipTensor& skip) {
+namespace {
+// A file of `size` bytes read through `read`: the header first, then each tensor's bytes into its
+// own buffer, so a file read from disk is never held whole beside its tensors.
+SafetensorsFile parse_from(uint64_t size, const ReadRange& read, const std::string& source, const SkipTensor& skip) {
   auto bad = [&](auto&&... why) { fail(source, ": not a valid safetensors file: ", why...); };
-  if (bytes.size() < 8) bad("truncated (", bytes.size(), " bytes, the 8-byte header length is missing)");
+  if (size < 8) bad("truncated (", size, " bytes, the 8-byte header length is missing)");
+  unsigned char length[8];
+  read(0, 8, reinterpret_cast<char*>(length));
   uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
-  if (n > bytes.size() - 8)
-    bad("header length ", n, " runs past the end of the file (", bytes.size(), " bytes)");
+  for (int i = 7; i >= 0; --i) n = (n << 8) | length[i];
+  if (n > size - 8)
+    bad("header length ", n, " runs past the end of the file (", size, " bytes)");
+  std::string text(n, '\0');
+  read(8, n, text.data());
   json header;
   try {
-    header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(n));
+    header = json::parse(text);
   } catch (const json::exception& e) {
     bad("header is not valid JSON (", e.what(), ")");
   }
   if (!header.is_object()) bad("header is not a JSON object");
-  const uint64_t data_size = bytes.size() - 8 - n;
-  const char* data = bytes.data() + 8 + n;
+  const uint64_t data_size = size - 8 - n, data = 8 + n;
 
   SafetensorsFile f;
   f.source = source;
@@ -125,7 +132,8 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& s
     if (end - begin != count * dtype_size(t.dtype))
       bad("tensor '", name, "': shape ", t.shape.str(), " of ", d, " needs ",
           count * dtype_size(t.dtype), " bytes but data_offsets span ", end - begin);
-    t.bytes.assign(data + begin, end - begin);
+    t.bytes.resize(end - begin);
+    read(data + begin, end - begin, t.bytes.data());
     ranges.push_back({begin, end});
     f.tensors[name] = std::move(t);
   }
@@ -136,8 +144,21 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& s
   return f;
 }
 
+}  // namespace
+
+SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& source, const SkipTensor& skip) {
+  return parse_from(bytes.size(), [&](uint64_t offset, uint64_t length, char* to) { std::memcpy(to, bytes.data() + offset, length); },
+                    source, skip);
+}
+
 SafetensorsFile read_safetensors(const std::string& path, const SkipTensor& skip) {
-  return parse_safetensors(read_file(path), path, skip);
+  SafetensorsFile f;
+  read_file_ranges(path, [&](uint64_t size, const ReadRange& read) {
+    const double bytes = static_cast<double>(size);  // its tensors, one at a time
+    check_fits_in_memory(bytes, path + " (" + format_bytes(bytes) + ")");
+    f = parse_from(size, read, path, skip);
+  });
+  return f;
 }
 
 const StTensor& SafetensorsFile::get(const std::string& name) const {

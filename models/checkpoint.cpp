@@ -1,5 +1,8 @@
 #include "models/checkpoint.h"
 
+#include <malloc.h>
+
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -68,7 +71,7 @@ void check_finite(const Tensor& t, const std::string& name, const std::string& s
            "); refusing to use a model with NaN or Inf weights");
 }
 
-void check_checkpoint_tensors(const ModelConfig& cfg, const SafetensorsFile& f) {
+void check_checkpoint_tensors(const ModelConfig& cfg, const SafetensorsFile& f, bool releasing) {
   const auto expected = parameter_shapes(cfg);
   for (auto& [name, shape] : expected) {
     auto it = f.tensors.find(name);
@@ -84,21 +87,36 @@ void check_checkpoint_tensors(const ModelConfig& cfg, const SafetensorsFile& f) 
     for (auto& [pn, shape] : expected) known = known || pn == name;
     if (!known) fail(f.source, ": unexpected tensor '", name, "' (not a parameter of the model its config describes)");
   }
-  // what the tensors cannot vouch for (a sinusoid table of max_seq_len rows) must still fit
-  const double need = estimate_step_bytes(cfg, 1, 1, false), have = available_memory_bytes();
+  // what the tensors cannot vouch for (a sinusoid table of max_seq_len rows) must still fit; a
+  // load that releases the file's tensors into the model needs only one tensor's room for them
+  double need = estimate_step_bytes(cfg, 1, 1, false), largest = 0;
+  for (auto& [name, shape] : expected) largest = std::max(largest, static_cast<double>(shape.numel()));
+  if (releasing) need -= 4.0 * (static_cast<double>(parameter_count(cfg)) - largest);
+  const double have = available_memory_bytes();
   if (need > have)
     fail(f.source, ": the model its config describes needs about ", format_bytes(need), " of memory, more than the ",
          format_bytes(have), " available");
 }
 
-void load_parameters(TransformerLM& model, const SafetensorsFile& f) {
+namespace {
+// load_parameters; with `release` (f itself), each tensor's bytes are freed once copied and the
+// freed memory handed back to the system every 64 MiB (glibc keeps freed blocks below its mmap
+// threshold otherwise), so the model's pages replace the file's rather than add to them.
+void copy_parameters(TransformerLM& model, const SafetensorsFile& f, SafetensorsFile* release) {
   auto params = model.named_parameters();
+  size_t freed = 0;
   for (auto& [name, t] : params) {
     Shape s = t.shape();
     Tensor src = f.f32(name, &s);
     check_finite(src, name, f.source);
     t.copy_from(src);
+    if (!release) continue;
+    std::string& bytes = release->tensors.at(name).bytes;
+    freed += bytes.size();
+    std::string().swap(bytes);
+    if (freed >= (size_t{64} << 20)) malloc_trim(0), freed = 0;
   }
+  if (release) malloc_trim(0);
   for (auto& [name, st] : f.tensors) {
     if (name.rfind("optim.", 0) == 0 || name.rfind("state.", 0) == 0) continue;
     bool known = false;
@@ -123,21 +141,30 @@ void load_parameters(TransformerLM& model, const SafetensorsFile& f) {
     }
   }
 }
+}  // namespace
 
-std::unique_ptr<TransformerLM> load_model(const SafetensorsFile& f) {
+void load_parameters(TransformerLM& model, const SafetensorsFile& f) { copy_parameters(model, f, nullptr); }
+
+namespace {
+std::unique_ptr<TransformerLM> build_model(const SafetensorsFile& f, SafetensorsFile* release) {
   const ModelConfig cfg = checkpoint_config(f);
-  check_checkpoint_tensors(cfg, f);
+  check_checkpoint_tensors(cfg, f, release != nullptr);
   std::unique_ptr<TransformerLM> model;
   {
-    SkipInitGuard loaded_next;  // load_parameters writes every parameter
+    SkipInitGuard loaded_next;  // copy_parameters writes every parameter (pages untouched until then)
     model = std::make_unique<TransformerLM>(cfg, 0);
   }
-  load_parameters(*model, f);
+  copy_parameters(*model, f, release);
   return model;
 }
+}  // namespace
+
+std::unique_ptr<TransformerLM> load_model(const SafetensorsFile& f) { return build_model(f, nullptr); }
+std::unique_ptr<TransformerLM> load_model_releasing(SafetensorsFile& f) { return build_model(f, &f); }
 
 std::unique_ptr<TransformerLM> load_model(const std::string& path) {
-  return load_model(read_checkpoint(path));
+  SafetensorsFile f = read_checkpoint(path);
+  return load_model_releasing(f);
 }
 
 }  // namespace hl

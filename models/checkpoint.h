@@ -30,10 +30,15 @@ ModelConfig checkpoint_config(const SafetensorsFile& f);
 // describes (names and shapes; extra tensors only under "optim." or "state.") and that the
 // model fits in memory: a config that claims more than its tensors is refused in
 // milliseconds, not after allocating gigabytes.
-void check_checkpoint_tensors(const ModelConfig& cfg, const SafetensorsFile& f);
+// `releasing`: the load moves the file's tensors into the model (load_model_releasing), so the
+// parameters need no room beyond the file's.
+void check_checkpoint_tensors(const ModelConfig& cfg, const SafetensorsFile& f, bool releasing = false);
 // Builds the model a checkpoint describes and loads its parameters and head gates.
 std::unique_ptr<TransformerLM> load_model(const SafetensorsFile& f);
-std::unique_ptr<TransformerLM> load_model(const std::string& path);
+// The same, emptying f's tensors as they are copied (f keeps its metadata and tensor names), so
+// the load peaks at about one model rather than the file's tensors and the model side by side.
+std::unique_ptr<TransformerLM> load_model_releasing(SafetensorsFile& f);
+std::unique_ptr<TransformerLM> load_model(const std::string& path);  // releasing: the file is not kept
 // Copies parameters into an existing model: every parameter must be present with its shape
 // and hold only finite values, and no tensor outside the model may appear except under
 // "optim." or "state.".

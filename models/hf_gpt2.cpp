@@ -1,5 +1,7 @@
 #include "models/hf_gpt2.h"
 
+#include <malloc.h>
+
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -78,6 +80,7 @@ std::map<std::string, StTensor> read_hf_weights(const std::string& dir, const Sk
     fail(dir, ": has a config.json but neither model.safetensors nor model.safetensors.index.json");
   }
   std::map<std::string, StTensor> hf;
+  size_t released = 0;  // narrow bytes freed since the last malloc_trim
   for (const std::string& name : files) {
     const std::string path = dir + "/" + name;
     if (!file_exists(path)) fail(dir, ": shard '", name, "' named in model.safetensors.index.json is missing");
@@ -90,9 +93,13 @@ std::map<std::string, StTensor> read_hf_weights(const std::string& dir, const Sk
       }
       if (hf.count(key)) fail(path, ": tensor '", key, "' appears twice (in two shards)");
       origin[key] = path;
-      // BF16/F16 widened here, one tensor at a time (the narrow bytes are released at once)
-      hf[key] = t.dtype == DType::BF16 || t.dtype == DType::F16 ? as_f32(t, key, path) : std::move(t);
-      t.bytes = std::string();
+      // BF16/F16 widened here, one tensor at a time (the narrow bytes are released at once, and
+      // handed back to the system every 64 MiB: the shard's narrow tensors do not add to the peak)
+      const bool narrow = t.dtype == DType::BF16 || t.dtype == DType::F16;
+      const size_t freed = narrow ? t.bytes.size() : 0;
+      hf[key] = narrow ? as_f32(t, key, path) : std::move(t);
+      std::string().swap(t.bytes);
+      if ((released += freed) >= (size_t{64} << 20)) malloc_trim(0), released = 0;
     }
   }
   for (auto& [key, shard] : weight_map) {

@@ -373,13 +373,50 @@ std::vector<StTensor> split_neox_qkv(const StTensor& t, int64_t H, int64_t dh) {
 
 }  // namespace
 
+std::unique_ptr<TransformerLM> ungroup_grouped_query_attention(const TransformerLM& model) {
+  ModelConfig cfg = model.cfg;
+  cfg.n_kv_heads = 0;
+  std::unique_ptr<TransformerLM> out;
+  {
+    SkipInitGuard copied_next;  // every parameter is written below
+    out = std::make_unique<TransformerLM>(cfg, 0);
+  }
+  const int64_t H = cfg.n_heads, group = H / model.cfg.kv_heads(), dh = cfg.head_dim();
+  const auto from = model.named_parameters();
+  const auto to = out->named_parameters();
+  NoGradGuard ng;
+  for (size_t i = 0; i < to.size(); ++i) {
+    HL_CHECK(from[i].first == to[i].first, "ungroup: parameter ", to[i].first, " where the model has ", from[i].first);
+    const Tensor& src = from[i].second;
+    Tensor dst = to[i].second;  // a handle on the parameter
+    if (src.shape() == dst.shape()) {
+      dst.copy_from(src);
+      continue;
+    }
+    // W_K / W_V (Hkv * dh, d_model) or their biases (Hkv * dh): kv head h / group's rows for query head h
+    const int64_t block = dh * (src.ndim() == 2 ? src.size(1) : 1);
+    for (int64_t h = 0; h < H; ++h) std::copy_n(src.data() + (h / group) * block, block, dst.data() + h * block);
+  }
+  for (int l = 0; l < cfg.n_layers; ++l) out->blocks[l]->attn.gates.copy_from(model.blocks[l]->attn.gates);
+  out->train(model.training());
+  return out;
+}
+
 double hf_load_bytes(const ModelConfig& cfg) {
-  const double params = static_cast<double>(parameter_count(cfg));
+  double params = 0, largest = 0;
+  for (const auto& [name, shape] : parameter_shapes(cfg)) {
+    params += static_cast<double>(shape.numel());
+    largest = std::max(largest, static_cast<double>(shape.numel()));
+  }
   // each layer's rotary table: (max_seq_len, rotary dims) cosines and sines
   const double rotary = cfg.positions == Positions::Rotary
                             ? 4.0 * cfg.n_layers * static_cast<double>(cfg.max_seq_len) * static_cast<double>(cfg.rotary_dims())
                             : 0.0;
-  return 8.0 * params + rotary;  // float32 weights twice: the file's, widened, and the model's
+  // the float32 weights once (the file's tensors, read one at a time and widened, then released
+  // into the model as it fills: load_model_releasing), the largest tensor once more in flight (its
+  // copy on the way into the model; its narrow bytes beside its widened ones while read are less),
+  // and the 64 MiB freed between two returns to the system
+  return 4.0 * params + 4.0 * largest + 64.0 * (1 << 20) + rotary;
 }
 
 SafetensorsFile read_hf_directory(const std::string& dir) {
@@ -395,14 +432,9 @@ SafetensorsFile read_hf_directory(const std::string& dir) {
   const Fields f{cj, config_path, type};
   const bool tied = f.flag("tie_word_embeddings", type == "gpt_neo" || family_of(type) == Family::Gemma);
 
-  // refused before any weight is read, with the estimate (docs/models.md, "Memory and time"): the
-  // model's float32 weights twice and the weight files, read whole
-  double file_bytes = 0;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
-    if (ends_with(e.path().filename().string(), ".safetensors") && e.is_regular_file(ec)) file_bytes += static_cast<double>(e.file_size(ec));
-  check_fits_in_memory(hf_load_bytes(cfg) + file_bytes, dir + ": loading the model config.json describes (" +
-                                                            std::to_string(parameter_count(cfg)) + " parameters)");
+  // refused before any weight is read, with the estimate (docs/models.md, "Memory and time")
+  check_fits_in_memory(hf_load_bytes(cfg), dir + ": loading the model config.json describes (" +
+                                               std::to_string(parameter_count(cfg)) + " parameters)");
   std::map<std::string, std::string> origin;
   std::map<std::string, StTensor> hf = read_hf_weights(dir, is_buffer, origin);
   const std::vector<HfTensor> map = hf_tensor_map(type, cfg, tied);

@@ -15,6 +15,14 @@
 
 namespace hl {
 
+// The ungrouped equivalent of a grouped-query model (TransformerLens's ungroup_grouped_query_attention):
+// n_kv_heads = n_heads, each query head's W_K / W_V rows (and biases) a copy of its group's key and
+// value head (query head h reads kv head h / (n_heads / n_kv_heads)); everything else (QK-norm
+// weights, which are shared by the heads, and the head gates) copied. Its forward computes the
+// same logits; a head's key and value inputs are then its own, so the edge analyses can patch one
+// query head's copy. A model that already has a key and value head per query head is copied as it is.
+std::unique_ptr<TransformerLM> ungroup_grouped_query_attention(const TransformerLM& model);
+
 // The model_type values read here (gpt2 is read by models/hf_gpt2.h).
 const std::vector<std::string>& hf_model_types();
 
@@ -43,10 +51,11 @@ std::vector<HfTensor> hf_tensor_map(const std::string& model_type, const ModelCo
 // checked against config.json (name and shape) before any model is built; an unknown model_type,
 // a missing or extra tensor, and a shape config.json does not describe are refused naming them.
 SafetensorsFile read_hf_directory(const std::string& dir);
-// About how many bytes loading an HF model of this config takes at its peak beyond its weight
-// files (read whole): its float32 parameters twice (the file's tensors widened, then the model's
-// own) and each layer's rotary table. read_hf_directory refuses, before reading any weight, a
-// model whose files and this need more than the memory available (the estimate in the message).
+// About how many bytes loading an HF model of this config takes at its peak: its float32
+// parameters once (the files are read a tensor at a time and widened; load_model_releasing moves
+// them into the model as it fills), the largest tensor once more in flight, and each layer's
+// rotary table. read_hf_directory refuses, before reading any weight, a model that needs more
+// than the memory available (the estimate in the message).
 double hf_load_bytes(const ModelConfig& cfg);
 
 // The layouts `headlab export --format hf` can write: "gpt2" (models/hf_gpt2.h) and

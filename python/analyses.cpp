@@ -441,11 +441,12 @@ void bind_analyses(py::module_& m) {
       mopt.pruning.target_edges = target_edges.is_none() ? static_cast<int>(std::min<size_t>(20, n)) : cast_arg<int>(target_edges, "target_edges", "an int");
       check_edge_pruning_options(mopt.pruning, n);
     }
-    const PatchingInputs in = edge_inputs(model, clean, corrupted, attention_mask, answers, "edge_patching");
+    const EdgeModel em = edge_model(model);  // grouped-query models run ungrouped
+    const PatchingInputs in = edge_inputs(*em, clean, corrupted, attention_mask, answers, "edge_patching");
     check_fits_in_memory(edge_patching_memory_bytes(model.cfg, in.clean.shape[0], in.clean.shape[1]),
                          "edge_patching: " + std::to_string(in.clean.shape[0]) + " rows");
-    const EdgeResult r = interruptible([&] { return edge_patching(model, in); });
-    const MethodScores ms = method == "attribution" ? MethodScores{} : interruptible([&] { return run_edge_method(model, in, r, mopt); });
+    const EdgeResult r = interruptible([&] { return edge_patching(*em, in); });
+    const MethodScores ms = method == "attribution" ? MethodScores{} : interruptible([&] { return run_edge_method(*em, in, r, mopt); });
     std::vector<std::string> senders, receivers;
     py::array_t<double> exact(static_cast<py::ssize_t>(r.edges.size())), attribution(static_cast<py::ssize_t>(r.edges.size())),
         error(static_cast<py::ssize_t>(r.edges.size()));
@@ -484,17 +485,19 @@ void bind_analyses(py::module_& m) {
      "'metric' or 'kl') or 'edge-pruning' (target_edges, default 20 or every edge; prune_steps, prune_lr) adds that method's "
      "scores under its name (acdc, edge-pruning: also 'circuit', the kept edges), as headlab edges --method. attention_mask (B, T), 1 = token, "
      "0 = padding: rows of different lengths padded on either side, one mask for both runs, each row measured as if alone "
-     "(answers' pos in the padded columns given)");
+     "(answers' pos in the padded columns given). A grouped-query model (n_kv_heads < n_heads) runs ungrouped: L{l}H{h}.k/.v is "
+     "query head h's own copy of its group's key/value input");
   m.def("path_patching", [](TransformerLM& model, const py::object& clean, const py::object& corrupted, const std::string& sender,
                             const py::object& receivers, const py::object& answers, const py::object& attention_mask) {
-    const PatchingInputs in = edge_inputs(model, clean, corrupted, attention_mask, answers, "path_patching");
+    const EdgeModel em = edge_model(model);  // grouped-query models run ungrouped
+    const PatchingInputs in = edge_inputs(*em, clean, corrupted, attention_mask, answers, "path_patching");
     const EdgeSender s = parse_sender(model.cfg, sender);
     std::vector<EdgeReceiver> rs;
     if (receivers.is_none()) rs = readers_of(model.cfg, s);
     else
       for (const std::string& r : cast_arg<std::vector<std::string>>(receivers, "receivers", "a list of str such as ['L1H0.q', 'logits']"))
         rs.push_back(parse_receiver(model.cfg, r));
-    const PathPatchingResult p = interruptible([&] { return path_patching(model, in, s, rs); });
+    const PathPatchingResult p = interruptible([&] { return path_patching(*em, in, s, rs); });
     py::dict d;
     d["path"] = p.path;
     d["activation"] = p.activation;

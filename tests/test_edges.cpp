@@ -336,6 +336,104 @@ BOOST_AUTO_TEST_CASE(path_patching_to_every_reader_is_activation_patching_of_the
   }
 }
 
+namespace {
+// A multi-head model whose heads come in pairs sharing W_K / W_V rows and biases (head 2g + 1's a
+// copy of head 2g's), and the grouped-query model (2 key/value heads) that keeps each pair's once:
+// Llama-like blocks with rotary positions, QK-norm and q/k/v biases.
+std::pair<std::unique_ptr<TransformerLM>, std::unique_ptr<TransformerLM>> paired_and_grouped() {
+  ModelConfig u = test_model({.d_model = 16, .layers = 2, .heads = 4});
+  u.positions = Positions::Rotary, u.qk_norm = true, u.qkv_bias = true, u.attn_bias = false;
+  u.normalization = NormKind::RMSNorm, u.mlp = Mlp::SwiGLU;
+  auto paired = std::make_unique<TransformerLM>(u, 5);
+  randomise(*paired, 6);
+  ModelConfig g = u;
+  g.n_kv_heads = 2;
+  auto grouped = std::make_unique<TransformerLM>(g, 5);
+  const int64_t dh = u.head_dim();
+  for (auto& [name, p] : paired->named_parameters()) {
+    Tensor q = grouped->parameter(name);
+    if (q.shape() == p.shape()) {
+      q.copy_from(p);
+      continue;
+    }
+    const int64_t block = dh * (p.ndim() == 2 ? p.size(1) : 1);  // one head's rows
+    for (int64_t kv = 0; kv < 2; ++kv) {
+      std::copy_n(p.data() + 2 * kv * block, block, p.data() + (2 * kv + 1) * block);  // the pair shares its rows
+      std::copy_n(p.data() + 2 * kv * block, block, q.data() + kv * block);
+    }
+  }
+  return {std::move(paired), std::move(grouped)};
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_grouped_query_model_runs_the_edge_analyses_ungrouped) {
+  auto [paired, grouped] = paired_and_grouped();
+  const PatchingInputs in = inputs();
+  {  // the same function: the grouped forward gives the paired model's logits (other kernels: round-off)
+    EvalScope a(*paired), b(*grouped);
+    NoGradGuard ng;
+    const Tensor x = paired->forward(in.clean), y = grouped->forward(in.clean);
+    for (int64_t i = 0; i < x.numel(); ++i) BOOST_TEST(std::fabs(x.data()[i] - y.data()[i]) <= 1e-5f * (1 + std::fabs(x.data()[i])));
+  }
+  // ungrouping gives the paired model's parameters bit for bit, and so its logits and edges
+  const EdgeModel em = edge_model(*grouped);
+  BOOST_TEST_REQUIRE(em.ungrouped != nullptr);
+  BOOST_TEST(em->cfg.kv_heads() == 4);
+  const auto want = paired->named_parameters(), got = em->named_parameters();
+  BOOST_TEST_REQUIRE(want.size() == got.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    BOOST_TEST(std::memcmp(want[i].second.data(), got[i].second.data(), 4 * want[i].second.numel()) == 0, want[i].first);
+  const EdgeResult r = edge_patching(*em, in), ref = edge_patching(*paired, in);
+  BOOST_TEST_REQUIRE(r.edges.size() == ref.edges.size());
+  for (size_t i = 0; i < r.edges.size(); ++i) {
+    BOOST_TEST(r.edges[i].exact == ref.edges[i].exact);
+    BOOST_TEST(r.edges[i].attribution == ref.edges[i].attribution);
+  }
+  // a .k / .v receiver is one query head's copy: every one equals the hooked reference on the paired model
+  const std::vector<Tensor> deltas = sender_deltas(*paired, in);
+  const double m0 = clean_metric(*paired, in);
+  for (const Edge& e : r.edges)
+    if (e.receiver.kind == EdgeReceiver::K || e.receiver.kind == EdgeReceiver::V) {
+      const double hooked = patched_receiver_metric(*paired, in, e.receiver, deltas[e.sender.layer < 0 ? 0 : 1 + e.sender.layer * 4 + e.sender.head]) - m0;
+      BOOST_TEST_CONTEXT(e.sender.name() << " -> " << e.receiver.name()) { BOOST_TEST(std::fabs(e.exact - hooked) <= kTol); }
+    }
+  // the shared key head of the grouped model (what both heads of the group read) patched through
+  // its hook is path patching to both copies, and differs from patching one copy alone
+  const EdgeSender s = s_of(em->cfg, "L0H1");
+  const Tensor delta = deltas[2];
+  Tensor resid;
+  {
+    EvalScope mode(*grouped);
+    NoGradGuard ng;
+    resid = grouped->run_with_cache(in.clean, name_is("blocks.1.hook_resid_pre")).second["blocks.1.hook_resid_pre"];
+  }
+  const Tensor moved = grouped->blocks[1]->ln1.forward(add(resid, delta));  // (B, T, D): what the key input reads
+  Hooks hooks;
+  hooks.add_forward("blocks.1.attn.hook_k_input", [&](const Tensor& x, const std::string&) {  // (B, T, 2, D)
+    Tensor y = x.clone();
+    const int64_t rows = x.size(0) * x.size(1), D = x.size(3);
+    for (int64_t t = 0; t < rows; ++t) std::copy_n(moved.data() + t * D, D, y.data() + (t * 2 + 1) * D);  // kv head 1
+    return y;
+  });
+  double shared;
+  {
+    EvalScope mode(*grouped);
+    NoGradGuard ng;
+    ForwardOptions opt;
+    opt.hooks = &hooks;
+    shared = edge_metric(grouped->forward(in.clean, opt), in.answers) - m0;
+  }
+  const double both = path_patching(*em, in, s, {parse_receiver(em->cfg, "L1H2.k"), parse_receiver(em->cfg, "L1H3.k")}).path;
+  BOOST_TEST(std::fabs(shared - both) <= kTol);
+  double one = 0;
+  for (const Edge& e : r.edges)
+    if (e.sender == s && e.receiver.name() == "L1H2.k") one = e.exact;
+  BOOST_TEST(std::fabs(shared - one) > 100 * kTol);  // the finer intervention
+  // post-norm models stay refused, saying why
+  TransformerLM post(test_model({.norm = Norm::Post}), 1);
+  BOOST_TEST(error_of([&] { (void)edge_model(post); }).find("not the sum of the senders' outputs") != std::string::npos);
+}
+
 BOOST_AUTO_TEST_CASE(bad_input_is_refused_with_one_message) {
   TransformerLM m(test_model(), 1);
   const ModelConfig& c = m.cfg;

@@ -348,6 +348,53 @@ BOOST_AUTO_TEST_CASE(patching_the_clean_activation_gives_one_and_the_corrupted_g
     }
 }
 
+BOOST_AUTO_TEST_CASE(activation_patching_is_full_forwards_with_a_hook_bit_for_bit) {
+  // every head and residual position against a full forward of the corrupted ids with the clean
+  // activation written by a hook and the dense logit difference: the sweeps start at the patched
+  // block, sum only the answers' logits and skip a patch that writes what is there (positions 2, 4
+  // and 5 of layer 0, corrupted in no row), and none of it moves a bit
+  TransformerLM m(test_model(), 3);
+  randomise(m, 4);
+  const PatchingInputs in = three_rows_one_token_changed();
+  const int L = m.cfg.n_layers, H = m.cfg.n_heads;
+  const int64_t T = in.clean.shape[1], D = m.cfg.d_model, dh = m.cfg.head_dim();
+  size_t done = 0, runs = 0;
+  const PatchingResult r = activation_patching(m, in, [&](size_t d, size_t n) {
+    BOOST_TEST(d == done + 1);
+    done = d, runs = n;
+  });
+  BOOST_TEST(runs == static_cast<size_t>(L * H + L * T));
+  BOOST_TEST(done == runs);
+  EvalScope mode(m);
+  NoGradGuard ng;
+  auto metric = [&](const Ids& ids, const Hooks* hooks) {
+    ForwardOptions o;
+    o.hooks = hooks;
+    return static_cast<double>(logit_difference(m.forward(ids, o), in.answers).item());
+  };
+  const double mc = metric(in.clean, nullptr), mk = metric(in.corrupted, nullptr);
+  BOOST_TEST(r.clean_metric == mc);
+  BOOST_TEST(r.corrupted_metric == mk);
+  const ActivationCache clean = m.run_with_cache(in.clean, all_names()).second;
+  // the corrupted run with the clean activation at the elements `here` selects
+  auto patched = [&](const std::string& name, const std::function<bool(int64_t)>& here) {
+    Hooks hooks;
+    hooks.add_forward(name, [&](const Tensor& x, const std::string&) {
+      Tensor y = x.clone();
+      for (int64_t i = 0; i < y.numel(); ++i)
+        if (here(i)) y.data()[i] = clean[name].data()[i];
+      return y;
+    });
+    return (metric(in.corrupted, &hooks) - mk) / (mc - mk);
+  };
+  for (int l = 0; l < L; ++l) {
+    const std::string z = "blocks." + std::to_string(l) + ".attn.hook_z", res = "blocks." + std::to_string(l) + ".hook_resid_pre";
+    for (int h = 0; h < H; ++h) BOOST_TEST(r.z_exact[l][h] == patched(z, [&](int64_t i) { return (i / dh) % H == h; }));
+    for (int64_t t = 0; t < T; ++t) BOOST_TEST(r.resid_exact[l][t] == patched(res, [&](int64_t i) { return (i / D) % T == t; }));
+  }
+  BOOST_TEST(r.resid_exact[0][2] == 0.0);  // a skipped patch: the corrupted run itself
+}
+
 BOOST_AUTO_TEST_CASE(rows_without_a_prompt_corrupt_a_symbol_seen_once_before_it_is_predicted) {
   // a language-modelling row (tokens, text): 5 1 2 3 9 1 2 3, loss on the repeat's 2 and 3
   Batch b;

@@ -90,3 +90,25 @@ def test_bad_input_raises_with_the_cli_wording(run):
         hl.path_patching(m, inp["clean"], inp["corrupted"], sender="L1H0", receivers=["L1H1.q"], answers=inp["answers"])
     with pytest.raises(ValueError, match="layer 5 is outside 0..1"):
         hl.path_patching(m, inp["clean"], inp["corrupted"], sender="L0H0", receivers=["mlp5"], answers=inp["answers"])
+
+
+def test_a_grouped_query_model_runs_ungrouped_through_both_doors(tmp_path):
+    # 4 query heads sharing 2 key/value heads: both doors run the ungrouped equivalent, name a .k/.v
+    # receiver per query head, and agree bit for bit
+    ck = str(tmp_path / "gqa")
+    subprocess.run([HEADLAB, "train", "--task", "copy", "--d-model", "32", "--layers", "2", "--heads", "4", "--kv-heads", "2",
+                    "--steps", "20", "--threads", "2", "--quiet", "--out", ck], check=True, capture_output=True)
+    out = str(tmp_path / "edges")
+    r = subprocess.run([HEADLAB, "edges", "--checkpoint", ck + "/model.safetensors", "--rows", "4", "--threads", "2",
+                        "--out", out], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    j = json.load(open(os.path.join(out, "edges.json")))
+    inp = read_int32_safetensors(os.path.join(out, "inputs.safetensors"))
+    m = hl.TransformerLM.load(ck + "/model.safetensors")
+    py = hl.edge_patching(m, inp["clean"], inp["corrupted"], answers=inp["answers"])
+    assert py["receivers"] == [e["receiver"] for e in j["edges"]]
+    assert {"L1H0.k", "L1H1.k", "L1H2.v", "L1H3.v"} <= set(py["receivers"])
+    assert np.array_equal(py["exact"], np.array([e["exact"] for e in j["edges"]]))
+    # the two query heads of a group read one key input in the model, but their copies are patched apart
+    k = {(s, rc): x for s, rc, x in zip(py["senders"], py["receivers"], py["exact"])}
+    assert any(k[(s, "L1H0.k")] != k[(s, "L1H1.k")] for s in ("embed", "L0H0", "L0H1", "L0H2", "L0H3"))
