@@ -11,6 +11,7 @@
 
 #include "lib/optim.h"
 #include "models/sae.h"
+#include "models/sae_sparse.h"
 #include "models/transformer.h"
 
 namespace hl {
@@ -30,6 +31,9 @@ struct SaeTrainArgs {
   bool b_dec_geometric_median = true;  // else the mean
   int64_t init_rows = 4096;     // rows of the b_dec initialisation sample
   uint64_t seed = 0;
+  // TopK and BatchTopK: the sparse loss (models/sae_sparse.h) instead of the dense autograd
+  // graph; the same step within float32 rounding, so not a setting a resume compares
+  bool sparse_kernels = true;
 };
 
 // The next `rows` activations (rows, d_in), or for a transcoder (rows, d_in + d_out): its input
@@ -97,6 +101,8 @@ class SaeTrainer {
   Adam opt_;
   int64_t step_ = 0;
   std::vector<int64_t> rows_since_fired_;
+  std::vector<bool> dead_;                      // this step's dead features, reused
+  std::shared_ptr<SaeSparseWork> sparse_work_;  // the sparse loss's buffers, reused
 };
 
 }  // namespace hl
