@@ -11,43 +11,52 @@
 
 namespace hl {
 
-void select_row_topk(const float* row, int64_t D, int64_t k, int32_t* out, std::vector<std::pair<float, int32_t>>& heap,
+void select_row_topk(const float* row, int64_t D, int64_t k, int32_t* out, std::vector<std::pair<float, int32_t>>& kept,
                      const int32_t* at) {
-  // A heap of the k best so far with the worst on top (worst: the smaller value, or the larger
-  // index at equal values). Positions are scanned by ascending index, so a later entry equal to
-  // the worst is worse (larger index): only a strictly larger value enters.
+  // Candidates above the worst of the best k found so far go into `kept`; when it holds 2k
+  // they are cut back to the best k (nth_element) and the bar rises to the worst of those.
+  // Ordering: the larger value, or the smaller index at equal values. Positions are scanned by
+  // ascending index, so a later entry equal to the bar is worse: only a strictly larger one enters.
   auto better = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };
-  auto value = [&](int64_t p) { return at ? row[at[p]] : row[p]; };
-  auto index = [&](int64_t p) { return at ? at[p] : static_cast<int32_t>(p); };
-  heap.resize(static_cast<size_t>(k));
-  for (int64_t p = 0; p < k; ++p) heap[p] = {value(p), index(p)};
-  std::make_heap(heap.begin(), heap.end(), better);
-  float worst = heap.front().first;
-  auto offer = [&](int64_t p) {
-    std::pop_heap(heap.begin(), heap.end(), better);
-    heap.back() = {value(p), index(p)};
-    std::push_heap(heap.begin(), heap.end(), better);
-    worst = heap.front().first;
+  kept.clear();
+  kept.reserve(static_cast<size_t>(2 * k + 16));
+  // bar: the worst of the best k kept after the first cut (before it, every entry enters)
+  float bar = -std::numeric_limits<float>::infinity();
+  bool full = false;
+  auto cut = [&kept, k, &better]() {
+    std::nth_element(kept.begin(), kept.begin() + (k - 1), kept.end(), better);
+    kept.resize(static_cast<size_t>(k));
+    float worst = kept[0].first;
+    for (int64_t i = 1; i < k; ++i) worst = std::min(worst, kept[i].first);
+    return worst;
   };
-  if (at) {
-    for (int64_t p = k; p < D; ++p)
-      if (row[at[p]] > worst) offer(p);
-  } else {
-    // most chunks of 16 hold nothing above the k-th value so far: one vectorised test skips them
-    int64_t p = k;
+  const int64_t cap = 2 * k;
+  int64_t p = 0;
+  if (!at) {
+    // most chunks of 16 hold nothing above the bar: one vectorised count skips them (plain
+    // locals: GCC vectorises no loop that reads through a lambda's by-reference captures)
     for (; p + 16 <= D; p += 16) {
-      bool any = false;
-      for (int t = 0; t < 16; ++t) any |= row[p + t] > worst;
-      if (any)
-        for (int t = 0; t < 16; ++t)
-          if (row[p + t] > worst) offer(p + t);
+      const float* c = row + p;
+      int above = 0;
+      for (int t = 0; t < 16; ++t) above += c[t] > bar;
+      if (!above && full) continue;
+      for (int t = 0; t < 16; ++t)
+        if (!full || c[t] > bar) {
+          kept.push_back({c[t], static_cast<int32_t>(p + t)});
+          if (int64_t(kept.size()) >= cap) bar = cut(), full = true;
+        }
     }
-    for (; p < D; ++p)
-      if (row[p] > worst) offer(p);
   }
-  for (int64_t i = 0; i < k; ++i) out[i] = heap[i].second;
+  for (; p < D; ++p) {
+    const float v = at ? row[at[p]] : row[p];
+    if (full && !(v > bar)) continue;
+    kept.push_back({v, at ? at[p] : static_cast<int32_t>(p)});
+    if (int64_t(kept.size()) >= cap) bar = cut(), full = true;
+  }
+  if (int64_t(kept.size()) > k) cut();
+  for (int64_t i = 0; i < k; ++i) out[i] = kept[i].second;
   std::sort(out, out + k);
 }
 
@@ -171,6 +180,15 @@ struct SaeSparseWork {
   std::vector<float> feature_grad_sum;  // (d_sae): sum over rows of dL/dpre
   std::vector<uint32_t> hist;   // BatchTopK's radix select: a histogram per thread
   std::vector<int64_t> ties_kept;  // BatchTopK: per row, the entries at the threshold kept
+  // AuxK dense over the dead features (aux_dense): dead_pos (d_sae) a dead feature's column;
+  // aux_act (N, n_dead) the selected pre-activations; aux_dec (n_dead, D) their W_dec rows; the
+  // backward's dA (N, n_dead), dW_dec rows (n_dead, D) and dW_enc columns (d_in, n_dead)
+  bool aux_dense = false;
+  std::vector<int32_t> dead_pos;
+  std::vector<char> aux_selected;
+  // (vectors, not pooled tensors: n_dead changes from step to step, a vector keeps its capacity)
+  int64_t n_dead = 0;
+  std::vector<float> aux_act, aux_dec, aux_grad, aux_dec_grad, aux_enc_grad;
 };
 
 std::shared_ptr<SaeSparseWork> make_sae_sparse_work() { return std::make_shared<SaeSparseWork>(); }
@@ -188,6 +206,38 @@ inline void axpy(float a, const float* x, float* y, int64_t n) {
 }
 constexpr int64_t kRowChunk = 256;  // column sums over fixed chunks of rows: the same sum for any thread count
 constexpr int64_t kFeatureBlock = 16;  // W_enc's gradient written 16 features (a cache line) at a time
+constexpr int64_t kAuxDenseRatio = 8;  // AuxK runs dense over the dead features when n_dead <= 8 k_aux
+
+// AuxK's gradients when its products run dense over the dead features (aux_dense), added to
+// the gradients the per-feature pass wrote: dA = c_aux aux_err aux_dec^T at the selected
+// entries, dW_dec[dead] += c_aux aux_act^T aux_err, dW_enc[:, dead] += in^T dA, and dA's
+// column sums into b_enc's gradient and feature_grad_sum.
+void add_dense_aux_grads(SaeSparseWork& w, float c_aux, int64_t N, int64_t d, int64_t F, int64_t D, float* gW_enc,
+                         float* gW_dec, float* gb_enc) {
+  const int64_t n_dead = w.n_dead;
+  const float* A = w.aux_act.data();
+  w.aux_grad.resize(static_cast<size_t>(N * n_dead));
+  float* dA = w.aux_grad.data();
+  gemm(false, true, N, n_dead, D, c_aux, w.aux_err.data(), D, w.aux_dec.data(), D, 0.f, dA, n_dead);
+  w.aux_selected.assign(static_cast<size_t>(N * n_dead), 0);  // a selected entry passes its gradient whatever its value
+  for (int64_t e = 0; e < w.aux.size(); ++e) w.aux_selected[w.aux.row[e] * n_dead + w.dead_pos[w.aux.index[e]]] = 1;
+  for (int64_t i = 0; i < N * n_dead; ++i) dA[i] = w.aux_selected[i] ? dA[i] : 0.f;
+  w.aux_dec_grad.resize(static_cast<size_t>(n_dead * D));
+  gemm(true, false, n_dead, D, N, c_aux, A, n_dead, w.aux_err.data(), D, 0.f, w.aux_dec_grad.data(), D);
+  w.aux_enc_grad.resize(static_cast<size_t>(d * n_dead));
+  gemm(true, false, d, n_dead, N, 1.f, w.in.data(), d, dA, n_dead, 0.f, w.aux_enc_grad.data(), n_dead);
+  const float *gdec = w.aux_dec_grad.data(), *genc = w.aux_enc_grad.data();
+  parallel_for(n_dead, n_dead * (N + d + D), [&](int64_t c) {
+    const int64_t j = w.dead_list[c];
+    float s = 0.f;
+    for (int64_t r = 0; r < N; ++r) s += dA[r * n_dead + c];
+    if (gb_enc) gb_enc[j] += s;
+    w.feature_grad_sum[j] += s;
+    for (int64_t k = 0; k < D; ++k) gW_dec[j * D + k] += gdec[c * D + k];
+    for (int64_t i = 0; i < d; ++i) gW_enc[i * F + j] += genc[i * n_dead + c];
+  });
+}
+
 }  // namespace
 
 SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& target, const SaeAuxK& auxk,
@@ -220,27 +270,29 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
   float* pre = pre_t.data();
   gemm(false, false, N, F, d, 1.f, w.in.data(), d, sae.W_enc.data(), F, 0.f, pre, F);
   const float* b_enc = sae.b_enc.data();
-  parallel_for(N, N * F, [&](int64_t r) {
-    float* p = pre + r * F;
+  auto add_bias = [b_enc, F](float* p) {
     for (int64_t j = 0; j < F; ++j) p[j] = p[j] + b_enc[j];
-  });
+  };
 
   // the selection: TopK k per row (relu'd: an entry kept at <= 0 holds 0), BatchTopK k N in all
   if (cfg.arch == SaeArch::TopK) {
     const int64_t k = cfg.k;
     w.act.fixed_rows(N, k);
     parallel_for(N, N * F, [&](int64_t r) {
+      add_bias(pre + r * F);  // the row is then selected from while in cache
       thread_local std::vector<std::pair<float, int32_t>> heap;
       int32_t* idx = w.act.index.data() + r * k;
       select_row_topk(pre + r * F, F, k, idx, heap);
       for (int64_t s = 0; s < k; ++s) w.act.value[r * k + s] = std::max(pre[r * F + idx[s]], 0.f);
     });
   } else {
+    parallel_for(N, N * F, [&](int64_t r) { add_bias(pre + r * F); });
     select_batch_topk(pre, N, F, std::min(cfg.k * N, N * F), w.act, w.hist, w.ties_kept);
   }
 
   // AuxK's selection over the dead features (negative pre-activations too)
   w.dead_list.clear();
+  w.dead_list.reserve(static_cast<size_t>(F));  // grown once: the dead count changes from step to step
   if (auxk.dead && auxk.weight > 0.f) {
     HL_CHECK(int64_t(auxk.dead->size()) == F, "sae_sparse_loss: the dead mask has ", auxk.dead->size(), " features, the SAE ", F);
     for (int64_t j = 0; j < F; ++j)
@@ -249,15 +301,26 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
   const int64_t n_dead = static_cast<int64_t>(w.dead_list.size());
   const int64_t k_aux = std::min(auxk.k_aux, n_dead);
   const bool with_aux = k_aux > 0;
+  // With few dead features each is selected in many rows (all of them when n_dead <= k_aux):
+  // AuxK's products are then sgemms over the dead features' columns, (N, n_dead) dense, rather
+  // than row gathers bound by memory. The switch: a dead feature selected in at least 1 row of 8.
+  const bool aux_dense = with_aux && k_aux * kAuxDenseRatio >= n_dead;
+  w.aux_dense = aux_dense;
   w.aux.fixed_rows(with_aux ? N : 0, k_aux);
 
-  // the decoder over the active rows of W_dec, the errors, AuxK's reconstruction
+  // the decoder over the active rows of W_dec, the errors, AuxK's selection (and reconstruction)
   w.err = Tensor::empty({N, D});
   if (with_aux) w.aux_err = Tensor::empty({N, D});
   w.row_mse.resize(static_cast<size_t>(N));
   w.row_aux.assign(static_cast<size_t>(N), 0.0);
   const float* W_dec = sae.W_dec.data();
   const float* tg = target.data();
+  auto aux_row_loss = [&](int64_t r) {
+    double sa = 0;
+    const float* a = w.aux_err.data() + r * D;
+    for (int64_t c = 0; c < D; ++c) sa += double(a[c]) * a[c];
+    w.row_aux[r] = sa;
+  };
   parallel_for(N, N * (w.act.start[N] / std::max<int64_t>(N, 1) + k_aux) * D, [&](int64_t r) {
     float* e = w.err.data() + r * D;
     std::copy_n(b_dec, D, e);
@@ -267,20 +330,34 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
     for (int64_t c = 0; c < D; ++c) e[c] -= tg[r * D + c], sq += double(e[c]) * e[c];
     w.row_mse[r] = sq;
     if (!with_aux) return;
-    thread_local std::vector<std::pair<float, int32_t>> heap;
     int32_t* idx = w.aux.index.data() + r * k_aux;
-    select_row_topk(pre + r * F, n_dead, k_aux, idx, heap, w.dead_list.data());
+    if (k_aux == n_dead) {
+      std::copy_n(w.dead_list.data(), n_dead, idx);
+    } else {
+      thread_local std::vector<std::pair<float, int32_t>> heap;
+      select_row_topk(pre + r * F, n_dead, k_aux, idx, heap, w.dead_list.data());
+    }
+    for (int64_t s = 0; s < k_aux; ++s) w.aux.value[r * k_aux + s] = pre[r * F + idx[s]];
+    if (aux_dense) return;
     float* a = w.aux_err.data() + r * D;
     std::copy_n(e, D, a);  // the residual target - x_hat is -e (detached)
-    for (int64_t s = 0; s < k_aux; ++s) {
-      const float v = pre[r * F + idx[s]];
-      w.aux.value[r * k_aux + s] = v;
-      axpy(v, W_dec + int64_t(idx[s]) * D, a, D);
-    }
-    double sa = 0;
-    for (int64_t c = 0; c < D; ++c) sa += double(a[c]) * a[c];
-    w.row_aux[r] = sa;
+    for (int64_t s = 0; s < k_aux; ++s) axpy(w.aux.value[r * k_aux + s], W_dec + int64_t(idx[s]) * D, a, D);
+    aux_row_loss(r);
   });
+  if (aux_dense) {
+    // aux_act (N, n_dead): the selected pre-activations, 0 elsewhere; aux_dec (n_dead, D) the dead rows of W_dec
+    w.dead_pos.resize(static_cast<size_t>(F));
+    for (int64_t c = 0; c < n_dead; ++c) w.dead_pos[w.dead_list[c]] = static_cast<int32_t>(c);
+    w.n_dead = n_dead;
+    w.aux_act.assign(static_cast<size_t>(N * n_dead), 0.f);
+    w.aux_dec.resize(static_cast<size_t>(n_dead * D));
+    float* A = w.aux_act.data();
+    for (int64_t e = 0; e < w.aux.size(); ++e) A[w.aux.row[e] * n_dead + w.dead_pos[w.aux.index[e]]] = w.aux.value[e];
+    for (int64_t c = 0; c < n_dead; ++c) std::copy_n(W_dec + int64_t(w.dead_list[c]) * D, D, w.aux_dec.data() + c * D);
+    std::copy_n(w.err.data(), N * D, w.aux_err.data());  // the residual target - x_hat is -e (detached)
+    gemm(false, false, N, D, n_dead, 1.f, A, n_dead, w.aux_dec.data(), D, 1.f, w.aux_err.data(), D);
+    parallel_for(N, N * D, aux_row_loss);
+  }
   double mse = 0, aux = 0;
   for (int64_t r = 0; r < N; ++r) mse += w.row_mse[r], aux += w.row_aux[r];
   mse /= double(N), aux /= double(N);
@@ -307,17 +384,17 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
     const float* W_dec = W_dec_t.data();
     const float* err = w.err.data();
     const float* aux_err = w.aux_err.defined() ? w.aux_err.data() : nullptr;
-    const bool with_aux = w.aux.size() > 0;
+    const bool with_aux = w.aux.size() > 0, aux_sparse = with_aux && !w.aux_dense;
     // dL/dpre at the selected entries: a kept entry at 0 (relu) passes nothing
     parallel_for(N, N * (w.act.start[N] + w.aux.size()) / std::max<int64_t>(N, 1) * D, [&](int64_t r) {
       for (int64_t s = w.act.start[r]; s < w.act.start[r + 1]; ++s)
         w.act.grad[s] = w.act.value[s] > 0.f ? c_mse * dot(err + r * D, W_dec + int64_t(w.act.index[s]) * D, D) : 0.f;
-      if (with_aux)
+      if (aux_sparse)
         for (int64_t s = w.aux.start[r]; s < w.aux.start[r + 1]; ++s)
           w.aux.grad[s] = c_aux * dot(aux_err + r * D, W_dec + int64_t(w.aux.index[s]) * D, D);
     });
     w.act.sort_by_feature(F);
-    if (with_aux) w.aux.sort_by_feature(F);
+    if (aux_sparse) w.aux.sort_by_feature(F);
     // per feature: its W_dec gradient row, its W_enc gradient column, its b_enc gradient
     bool fresh_enc = false, fresh_dec = false;
     float* gW_enc = grad_buffer_for_overwrite(W_enc_t, fresh_enc);
@@ -326,7 +403,7 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
     w.feature_grad_sum.resize(static_cast<size_t>(F));
     const float* in = w.in.data();
     const int64_t blocks = (F + kFeatureBlock - 1) / kFeatureBlock;
-    parallel_for(blocks, (w.act.size() + w.aux.size()) * (d + D) + F * (d + D), [&](int64_t blk) {
+    parallel_for(blocks, (w.act.size() + (aux_sparse ? w.aux.size() : 0)) * (d + D) + F * (d + D), [&](int64_t blk) {
       thread_local std::vector<float> tile;  // (kFeatureBlock, d): the block's W_enc gradient columns
       thread_local std::vector<float> row;   // (D): one feature's W_dec gradient row
       tile.assign(static_cast<size_t>(kFeatureBlock * d), 0.f);
@@ -346,7 +423,7 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
           }
         };
         add(w.act, err, c_mse);
-        if (with_aux) add(w.aux, aux_err, c_aux);
+        if (aux_sparse) add(w.aux, aux_err, c_aux);
         float* g = gW_dec + j * D;
         if (fresh_dec) std::copy(row.begin(), row.end(), g);
         else
@@ -359,6 +436,7 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
         for (int64_t j = j0; j < j1; ++j) g[j] = (fresh_enc ? 0.f : g[j]) + tile[(j - j0) * d + i];
       }
     });
+    if (with_aux && !aux_sparse) add_dense_aux_grads(w, c_aux, N, d, F, D, gW_enc, gW_dec, gb_enc);
     // b_dec: the decoder's bias sum_r dL/dx_hat_r, and through the input in = x - b_dec
     if (float* gb = grad_buffer(b_dec_t)) {
       const int64_t chunks = (N + kRowChunk - 1) / kRowChunk;

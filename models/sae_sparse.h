@@ -27,8 +27,8 @@ namespace hl {
 // The k largest of row[0..D) by (value descending, index ascending), their indices ascending
 // into out (k of them). `at`, if given, maps the scanned positions to the indices written (a
 // row read at some columns only, AuxK's dead features); the ordering then uses those indices.
-// heap is scratch (reused, so no allocation once grown).
-void select_row_topk(const float* row, int64_t D, int64_t k, int32_t* out, std::vector<std::pair<float, int32_t>>& heap,
+// kept is scratch (reused, so no allocation once grown).
+void select_row_topk(const float* row, int64_t D, int64_t k, int32_t* out, std::vector<std::pair<float, int32_t>>& kept,
                      const int32_t* at = nullptr);
 
 // Buffers of the sparse loss, kept across steps (the steady state allocates nothing) and read

@@ -815,7 +815,9 @@ std::vector<SparseCase> sparse_cases() {
   SaeConfig transcoder = topk;  // another output width, b_dec not subtracted from the input
   transcoder.hook_name = "blocks.0.ln2.hook_normalized", transcoder.hook_name_out = "blocks.0.hook_mlp_out";
   transcoder.d_out = 12, transcoder.apply_b_dec_to_input = false;
-  return {{"topk", topk}, {"batchtopk", batch}, {"topk transcoder", transcoder}};
+  SaeConfig many_dead = topk;  // most features dead: AuxK over row gathers, not sgemms over the dead features
+  many_dead.d_sae = 512;
+  return {{"topk", topk}, {"batchtopk", batch}, {"topk transcoder", transcoder}, {"topk, most features dead", many_dead}};
 }
 
 ActivationSource seeded_source(int64_t width) {
