@@ -3,6 +3,8 @@
 // TopK, BatchTopK and JumpReLU, b_dec initialised from the geometric median (or mean) of a
 // first sample, dead features tracked by the tokens since each last fired, and an auxiliary
 // loss (AuxK, Gao et al. 2024) that makes the dead features reconstruct the residual error.
+// TopK and BatchTopK steps run the sparse loss of models/sae_sparse.h (the same step as the
+// dense autograd graph within float32 rounding, several times faster); the others the graph.
 #pragma once
 #include <functional>
 #include <vector>
