@@ -35,16 +35,39 @@ void select_row_topk(const float* row, int64_t D, int64_t k, int32_t* out, std::
   const int64_t cap = 2 * k;
   int64_t p = 0;
   if (!at) {
+    // A first bar from the row's chunk maxima: the k-th largest of them has at least k entries
+    // at or above it, so every one of the best k is >= it (and entries equal to it may be in).
+    // Chunks of c entries with about 4k chunks; only entries >= the bar are looked at after.
+    thread_local std::vector<float> maxima;
+    const int64_t c = std::max<int64_t>(1, D / (4 * k));
+    const int64_t chunks = D / c;
+    if (chunks >= k && c > 1) {
+      maxima.resize(static_cast<size_t>(chunks));
+      for (int64_t q = 0; q < chunks; ++q) {
+        const float* v = row + q * c;
+        float m = v[0];
+        for (int64_t t = 1; t < c; ++t) m = v[t] > m ? v[t] : m;
+        maxima[q] = m;
+      }
+      std::nth_element(maxima.begin(), maxima.begin() + (k - 1), maxima.end(), std::greater<float>());
+      const float floor = maxima[k - 1];
+      for (int64_t q = 0; q < D; ++q)
+        if (row[q] >= floor) {
+          kept.push_back({row[q], static_cast<int32_t>(q)});
+          if (int64_t(kept.size()) >= cap) bar = cut(), full = true;
+        }
+      p = D;
+    }
     // most chunks of 16 hold nothing above the bar: one vectorised count skips them (plain
     // locals: GCC vectorises no loop that reads through a lambda's by-reference captures)
     for (; p + 16 <= D; p += 16) {
-      const float* c = row + p;
+      const float* c16 = row + p;
       int above = 0;
-      for (int t = 0; t < 16; ++t) above += c[t] > bar;
+      for (int t = 0; t < 16; ++t) above += c16[t] > bar;
       if (!above && full) continue;
       for (int t = 0; t < 16; ++t)
-        if (!full || c[t] > bar) {
-          kept.push_back({c[t], static_cast<int32_t>(p + t)});
+        if (!full || c16[t] > bar) {
+          kept.push_back({c16[t], static_cast<int32_t>(p + t)});
           if (int64_t(kept.size()) >= cap) bar = cut(), full = true;
         }
     }

@@ -155,7 +155,9 @@ BOOST_AUTO_TEST_CASE(topk_keeps_the_k_largest_positive_entries) {
 // The per-row selection (a threshold from nth_element, then one pass) keeps exactly the entries
 // a full sort by (value descending, index ascending) puts first: rows full of ties, k from 1 to D.
 BOOST_AUTO_TEST_CASE(topk_selects_the_same_set_as_a_full_sort_with_ties_broken_by_index) {
-  const int64_t N = 64, D = 37;
+  // D 300: rows wide enough for the first bar from chunk maxima (select_row_topk)
+  for (const int64_t D : {int64_t{37}, int64_t{300}}) BOOST_TEST_CONTEXT("D " << D) {
+  const int64_t N = 64;
   Rng rng(7);
   std::vector<float> v(static_cast<size_t>(N * D));
   for (float& x : v) x = static_cast<float>(rng.below(6)) - 2.5f;  // six levels, none zero: many ties
@@ -176,6 +178,7 @@ BOOST_AUTO_TEST_CASE(topk_selects_the_same_set_as_a_full_sort_with_ties_broken_b
       BOOST_TEST(topk(pre, k).to_vector() == want, tt::per_element());
       BOOST_TEST(topk_relu(pre, k).to_vector() == want_relu, tt::per_element());
     }
+  }
   }
 }
 
