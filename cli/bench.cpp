@@ -348,6 +348,7 @@ json bench_sae(const std::string& spec, int64_t batch, int64_t dead_after, int t
   for (int i = 0; i < warmup; ++i) trainer.step();
   std::vector<double> ms;
   ms.reserve(static_cast<size_t>(steps));
+  throw_if_stopped();  // its thread-local registration (one allocation) before the count
   const uint64_t mallocs0 = alloc_counter::count();
   for (int i = 0; i < steps; ++i) {
     throw_if_stopped();

@@ -13,6 +13,7 @@
 #include "lib/fileutil.h"
 #include "lib/parallel.h"
 #include "lib/safetensors.h"
+#include "models/sae_sparse.h"
 
 namespace hl {
 
@@ -57,25 +58,14 @@ Tensor topk_rows(const char* op, const Tensor& pre, int64_t k, bool relu, std::v
   float* y = out.data();
   if (kept) kept->resize(static_cast<size_t>(N * k));
   parallel_for(N, N * D, [&](int64_t r) {
-    // The k-th largest value t by nth_element on a copy of the row's values (plain float
-    // comparisons, no index indirection: the selection was a third of a TopK step), then one
-    // pass keeps every entry above t and the first entries equal to t by index until k are kept:
-    // the same set as ordering by (value descending, index ascending).
-    thread_local std::vector<float> values;
-    const float* row = p + r * D;
-    values.assign(row, row + D);
-    std::nth_element(values.begin(), values.begin() + (k - 1), values.end(), std::greater<float>());
-    const float t = values[static_cast<size_t>(k - 1)];
-    int64_t above = 0;  // entries strictly above t: all kept, the rest of the k are ties at t
-    for (int64_t j = 0; j < D; ++j) above += row[j] > t;
-    int64_t ties = k - above, n = 0;
-    for (int64_t j = 0; j < D && n < k; ++j) {
-      const float v = row[j];
-      if (v > t || (v == t && ties-- > 0)) {
-        y[r * D + j] = relu && v <= 0.f ? 0.f : v;
-        if (kept) (*kept)[r * k + n] = static_cast<int32_t>(j);
-        ++n;
-      }
+    thread_local std::vector<std::pair<float, int32_t>> heap;
+    thread_local std::vector<int32_t> idx;  // the kept columns, ascending
+    idx.resize(static_cast<size_t>(k));
+    select_row_topk(p + r * D, D, k, idx.data(), heap);
+    for (int64_t n = 0; n < k; ++n) {
+      const float v = p[r * D + idx[n]];
+      y[r * D + idx[n]] = relu && v <= 0.f ? 0.f : v;
+      if (kept) (*kept)[r * k + n] = idx[n];
     }
   });
   return out;

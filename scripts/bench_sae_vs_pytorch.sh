@@ -7,6 +7,8 @@
 # second step on whenever a feature missed the last batch). PyTorch runs under
 # scripts/reference/torch_env.sh; headlab under the same minus the passive OpenMP waiting, as in
 # scripts/bench_vs_pytorch.sh (whose OPENBLAS_CORETYPE note applies: CORE, default SkylakeX).
+# Each round's headlab / PyTorch ratio is printed beside the medians (the rounds are paired in
+# time, so the ratio is steadier than either side's speed when other jobs share the cores).
 # Usage: scripts/bench_sae_vs_pytorch.sh [D_IN,EXPANSION ...]
 #        (default: 64,8 64,32 256,8 256,32 768,8 768,32)
 set -euo pipefail
@@ -53,12 +55,13 @@ hl, tt = rows("headlab.jsonl"), rows("torch.jsonl")
 med = statistics.median
 print(f"TopK SAE training step, batch {batch}, k {k}, {threads} threads, OPENBLAS_CORETYPE={core}; "
       f"headlab environment {env}; medians over rounds of per-run median steps; {load} at the end")
-print(f"{'d_in':>5} {'exp':>4} {'d_sae':>6} {'headlab tok/s':>14} {'torch tok/s':>12} {'speed-up':>9} {'headlab ms':>11} {'torch ms':>9} {'allocs/step':>11}")
+print(f"{'d_in':>5} {'exp':>4} {'d_sae':>6} {'headlab tok/s':>14} {'torch tok/s':>12} {'speed-up':>9} {'headlab ms':>11} {'torch ms':>9} {'allocs/step':>11}  per-round speed-ups")
 for key in dict.fromkeys((r["d_in"], r["expansion"]) for r in hl):
     h = [r for r in hl if (r["d_in"], r["expansion"]) == key]
     t = [r for r in tt if (r["d_in"], r["expansion"]) == key]
     hm, tm = med([r["step_ms_median"] for r in h]), med([r["step_ms_median"] for r in t])
-    allocs = h[0]["mallocs_per_step"]
+    allocs = max(r["mallocs_per_step"] for r in h) if h[0]["mallocs_per_step"] is not None else None
     print(f"{key[0]:5} {key[1]:4} {h[0]['d_sae']:6} {int(batch)/hm*1e3:14.0f} {int(batch)/tm*1e3:12.0f} {tm/hm:8.2f}x "
-          f"{hm:11.1f} {tm:9.1f} {'-' if allocs is None else f'{allocs:.0f}':>11}")
+          f"{hm:11.1f} {tm:9.1f} {'-' if allocs is None else f'{allocs:.2f}':>11}  "
+          + " ".join(f"{b['step_ms_median'] / a['step_ms_median']:.2f}" for a, b in zip(h, t)))
 PY

@@ -16,6 +16,7 @@
 
 #include "analysis/evaluate.h"
 #include "analysis/features.h"
+#include "cli/alloc_counter.h"
 #include "datasets/planted_features.h"
 #include "lib/fileutil.h"
 #include "lib/gradcheck.h"
@@ -157,7 +158,9 @@ BOOST_AUTO_TEST_CASE(topk_keeps_the_k_largest_positive_entries) {
 // The per-row selection (a threshold from nth_element, then one pass) keeps exactly the entries
 // a full sort by (value descending, index ascending) puts first: rows full of ties, k from 1 to D.
 BOOST_AUTO_TEST_CASE(topk_selects_the_same_set_as_a_full_sort_with_ties_broken_by_index) {
-  const int64_t N = 64, D = 37;
+  // D 300: rows wide enough for the first bar from chunk maxima (select_row_topk)
+  for (const int64_t D : {int64_t{37}, int64_t{300}}) BOOST_TEST_CONTEXT("D " << D) {
+  const int64_t N = 64;
   Rng rng(7);
   std::vector<float> v(static_cast<size_t>(N * D));
   for (float& x : v) x = static_cast<float>(rng.below(6)) - 2.5f;  // six levels, none zero: many ties
@@ -178,6 +181,7 @@ BOOST_AUTO_TEST_CASE(topk_selects_the_same_set_as_a_full_sort_with_ties_broken_b
       BOOST_TEST(topk(pre, k).to_vector() == want, tt::per_element());
       BOOST_TEST(topk_relu(pre, k).to_vector() == want_relu, tt::per_element());
     }
+  }
   }
 }
 
@@ -874,4 +878,144 @@ BOOST_AUTO_TEST_CASE(a_model_stream_resumes_where_it_stopped_without_replaying) 
   BOOST_TEST(requests_at_load == 1);  // b_dec's sample
   BOOST_TEST(requests == 1 + 30 - 13);  // and then only the steps after the saved one: nothing replayed
   std::filesystem::remove_all(dir);
+}
+
+// ---- the sparse TopK / BatchTopK step (models/sae_sparse.h) --------------------------------------
+
+namespace {
+
+// The largest |a - b| over the largest |b|: 0 for equal tensors, float32 rounding ~1e-7 to 1e-6.
+double relative_gap(const Tensor& a, const Tensor& b) {
+  BOOST_REQUIRE(a.shape() == b.shape());
+  double gap = 0, scale = 0;
+  for (int64_t i = 0; i < a.numel(); ++i)
+    gap = std::max(gap, double(std::abs(a.data()[i] - b.data()[i]))), scale = std::max(scale, double(std::abs(b.data()[i])));
+  return scale > 0 ? gap / scale : gap;
+}
+
+struct SparseCase {
+  std::string what;
+  SaeConfig cfg;
+};
+
+std::vector<SparseCase> sparse_cases() {
+  SaeConfig topk;
+  topk.d_in = 16, topk.d_sae = 96, topk.arch = SaeArch::TopK, topk.k = 4;
+  SaeConfig batch = topk;
+  batch.arch = SaeArch::BatchTopK;
+  SaeConfig transcoder = topk;  // another output width, b_dec not subtracted from the input
+  transcoder.hook_name = "blocks.0.ln2.hook_normalized", transcoder.hook_name_out = "blocks.0.hook_mlp_out";
+  transcoder.d_out = 12, transcoder.apply_b_dec_to_input = false;
+  SaeConfig many_dead = topk;  // most features dead: AuxK over row gathers, not sgemms over the dead features
+  many_dead.d_sae = 512;
+  return {{"topk", topk}, {"batchtopk", batch}, {"topk transcoder", transcoder}, {"topk, most features dead", many_dead}};
+}
+
+ActivationSource seeded_source(int64_t width) {
+  auto r = std::make_shared<Rng>(9);
+  return [r, width](int64_t rows) { return Tensor::randn({rows, width}, *r, 0.3f, 1.f); };
+}
+
+SaeTrainArgs sparse_case_args() {
+  SaeTrainArgs a;
+  a.steps = 6, a.batch = 64, a.lr = 1e-2f, a.init_rows = 64;
+  a.dead_after = 64, a.aux_coefficient = 1.f;  // a feature missing one batch is dead: AuxK on from step 2
+  return a;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(sparse_step_equals_the_dense_step) {
+  // Both trainers start from one saved state (5 dense steps: Adam's moments, dead features),
+  // then take one step each: the same loss, gradients and updated weights within float32
+  // rounding, the same features fired. (The selections are the same sets: pre is the same sgemm.)
+  for (const SparseCase& c : sparse_cases()) {
+    BOOST_TEST_CONTEXT(c.what) {
+      const int64_t width = c.cfg.d_in + (c.cfg.transcoder() ? c.cfg.d_out : 0);
+      SaeTrainArgs a = sparse_case_args();
+      SaeTrainArgs first = a;
+      first.steps = 5, first.sparse_kernels = false;
+      SaeTrainer warm(c.cfg, first, seeded_source(width));
+      warm.train();
+      const std::string dir = scratch_dir("sparse");
+      warm.save_state(dir + "/state.safetensors");
+      SaeTrainArgs dense_args = a;
+      dense_args.sparse_kernels = false;
+      SaeTrainer dense(c.cfg, dense_args, seeded_source(width)), sparse(c.cfg, a, seeded_source(width));
+      dense.load_state(dir + "/state.safetensors");
+      sparse.load_state(dir + "/state.safetensors");
+      std::filesystem::remove_all(dir);
+      const std::vector<bool> dead_before = dense.dead_features();
+      const int64_t dead = std::count(dead_before.begin(), dead_before.end(), true);
+      BOOST_TEST_MESSAGE(c.what << ": " << dead << " dead features before the compared step");
+      BOOST_REQUIRE(dead > 0);  // AuxK runs
+      const SaeStepStats ds = dense.step(), ss = sparse.step();
+      BOOST_TEST(ss.aux > 0.f);
+      BOOST_TEST(ss.loss == ds.loss, tt::tolerance(1e-5f));
+      BOOST_TEST(ss.mse == ds.mse, tt::tolerance(1e-5f));
+      BOOST_TEST(ss.aux == ds.aux, tt::tolerance(1e-5f));
+      BOOST_TEST(ss.l0 == ds.l0);
+      BOOST_TEST(ss.explained_variance == ds.explained_variance, tt::tolerance(1e-4f));
+      BOOST_TEST((sparse.dead_features() == dense.dead_features()));
+      const std::vector<NamedParam> want = dense.sae().params(), got = sparse.sae().params();
+      for (size_t i = 0; i < want.size(); ++i)
+        BOOST_TEST_CONTEXT(want[i].name) {
+          BOOST_TEST(relative_gap(got[i].param.grad(), want[i].param.grad()) < 2e-6);
+          BOOST_TEST(relative_gap(got[i].param, want[i].param) < 2e-6);
+        }
+      if (c.cfg.arch == SaeArch::BatchTopK)
+        BOOST_TEST(relative_gap(sparse.sae().batch_threshold, dense.sae().batch_threshold) < 2e-6);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(sparse_step_is_the_same_for_one_and_two_threads) {
+  // per-row and per-feature sums in row order, column sums over fixed chunks of rows: bit for bit
+  for (const SparseCase& c : sparse_cases()) {
+    BOOST_TEST_CONTEXT(c.what) {
+      const int64_t width = c.cfg.d_in + (c.cfg.transcoder() ? c.cfg.d_out : 0);
+      SaeConfig cfg = c.cfg;
+      cfg.d_sae = 4096;  // past the size where the loops fork
+      SaeTrainArgs a = sparse_case_args();
+      a.batch = 256, a.dead_after = 256;
+      std::vector<Sae> saes;
+      for (int threads : {1, 2}) {
+        set_num_threads(threads);
+        SaeTrainer t(cfg, a, seeded_source(width));
+        t.train();
+        saes.push_back(t.sae());
+      }
+      set_num_threads(2);
+      const std::vector<NamedParam> one = saes[0].params(), two = saes[1].params();
+      for (size_t i = 0; i < one.size(); ++i) BOOST_TEST_CONTEXT(one[i].name) { check_bits(one[i].param, two[i].param); }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(sparse_step_allocates_nothing_in_its_steady_state) {
+  if (!alloc_counter::available()) return;  // sanitizer builds intercept malloc themselves
+  for (const SparseCase& c : sparse_cases()) {
+    BOOST_TEST_CONTEXT(c.what) {
+      const int64_t width = c.cfg.d_in + (c.cfg.transcoder() ? c.cfg.d_out : 0);
+      SaeConfig cfg = c.cfg;
+      cfg.d_sae = 4096;
+      SaeTrainArgs a = sparse_case_args();
+      a.steps = 30, a.batch = 256, a.dead_after = 256;
+      // batches drawn beforehand and cycled, as `headlab bench --sae` does (the source's own
+      // allocations are not the step's)
+      Rng rng(2);
+      std::vector<Tensor> pool;
+      for (int i = 0; i < 4; ++i) pool.push_back(Tensor::randn({a.batch, width}, rng));
+      int64_t served = 0;
+      SaeTrainer t(cfg, a, [&](int64_t rows) {
+        return rows == a.batch ? pool[served++ % 4].clone() : Tensor::randn({rows, width}, rng);
+      });
+      for (int i = 0; i < 10; ++i) t.step();
+      const uint64_t before = alloc_counter::count();
+      for (int i = 0; i < 10; ++i) t.step();
+      BOOST_TEST(alloc_counter::count() - before == 0u);
+      const std::vector<bool> dead = t.dead_features();
+      BOOST_TEST(std::count(dead.begin(), dead.end(), true) > 0);  // AuxK ran
+    }
+  }
 }

@@ -202,51 +202,59 @@ SaeStepStats SaeTrainer::step() {
   const Tensor target = cfg_.transcoder() ? columns(rows, cfg_.d_in, cfg_.d_out) : rows;
   const bool unit_decoder = cfg_.arch != SaeArch::Standard;  // Standard: the L1 carries the norms
 
-  const Tensor pre = sae_.pre_acts(x);   // (N, F)
-  const Tensor f = sae_.activate(pre, true);
-  const Tensor x_hat = sae_.decode(f);   // (N, D)
-  const Tensor err = sub(x_hat, target);
-  const Tensor mse = mean(sum(mul(err, err), {1}));
-  Tensor sparsity;
-  const float ramp = args_.sparsity_warmup > 0 ? std::min(1.f, float(step_ + 1) / float(args_.sparsity_warmup)) : 1.f;
-  if (cfg_.arch == SaeArch::Standard) {
-    const Tensor norms = sqrt(sum(mul(sae_.W_dec, sae_.W_dec), {1}));  // (F)
-    sparsity = mul_scalar(mean(sum(mul(f, norms), {1})), args_.l1_coefficient * ramp);
-  } else if (cfg_.arch == SaeArch::JumpReLU && args_.jumprelu_sparsity == "tanh") {
-    const Tensor norms = sqrt(sum(mul(sae_.W_dec, sae_.W_dec), {1}));  // (F)
-    sparsity = mul_scalar(mean(sum(tanh(mul_scalar(mul(f, norms), args_.tanh_scale)), {1})), args_.l0_coefficient * ramp);
-  } else if (cfg_.arch == SaeArch::JumpReLU) {
-    sparsity = mul_scalar(mean(sum(jumprelu_step(pre, sae_.threshold(), cfg_.bandwidth), {1})), args_.l0_coefficient * ramp);
-  }
-
   // AuxK: the dead features' k_aux largest pre-activations reconstruct what the live ones miss.
-  const std::vector<bool> dead = dead_features();
-  const int64_t n_dead = std::count(dead.begin(), dead.end(), true);
-  Tensor aux;
-  if (args_.aux_coefficient > 0.f && n_dead > 0) {
-    const int64_t k_aux = std::max<int64_t>(1, D / 2);
-    Tensor alive = Tensor::zeros({1, F});
-    for (int64_t j = 0; j < F; ++j) alive.data()[j] = dead[j] ? 0.f : 1.f;
-    const Tensor dead_pre = masked_fill(pre, alive, -1e30f);
-    const Tensor aux_f = topk(dead_pre, std::min(k_aux, n_dead));  // negative ones too: they need the gradient most
-    const Tensor residual = sub(target, x_hat).detach();
-    const Tensor aux_err = sub(matmul(aux_f, sae_.W_dec), residual);
-    const float scale = std::min(1.f, float(n_dead) / float(k_aux));
-    aux = mul_scalar(mean(sum(mul(aux_err, aux_err), {1})), args_.aux_coefficient * scale);
+  dead_.resize(static_cast<size_t>(F));
+  for (int64_t j = 0; j < F; ++j) dead_[j] = rows_since_fired_[j] >= args_.dead_after;
+  const int64_t n_dead = std::count(dead_.begin(), dead_.end(), true);
+  const int64_t k_aux = std::max<int64_t>(1, D / 2);
+  const float aux_weight = args_.aux_coefficient * std::min(1.f, float(n_dead) / float(k_aux));
+  const bool with_aux = args_.aux_coefficient > 0.f && n_dead > 0;
+  const bool sparse = args_.sparse_kernels && (cfg_.arch == SaeArch::TopK || cfg_.arch == SaeArch::BatchTopK);
+
+  Tensor loss, mse, sparsity, aux, pre_act, err, f;
+  SaeSparseLoss sparse_loss;
+  if (sparse) {
+    if (!sparse_work_) sparse_work_ = make_sae_sparse_work();
+    sparse_loss = sae_sparse_loss(sae_, x, target, {with_aux ? &dead_ : nullptr, k_aux, aux_weight}, sparse_work_);
+    loss = sparse_loss.loss, err = sparse_loss.err;
+  } else {
+    const Tensor pre = sae_.pre_acts(x);  // (N, F)
+    f = sae_.activate(pre, true);
+    const Tensor x_hat = sae_.decode(f);  // (N, D)
+    err = sub(x_hat, target);
+    mse = mean(sum(mul(err, err), {1}));
+    const float ramp = args_.sparsity_warmup > 0 ? std::min(1.f, float(step_ + 1) / float(args_.sparsity_warmup)) : 1.f;
+    if (cfg_.arch == SaeArch::Standard) {
+      const Tensor norms = sqrt(sum(mul(sae_.W_dec, sae_.W_dec), {1}));  // (F)
+      sparsity = mul_scalar(mean(sum(mul(f, norms), {1})), args_.l1_coefficient * ramp);
+    } else if (cfg_.arch == SaeArch::JumpReLU && args_.jumprelu_sparsity == "tanh") {
+      const Tensor norms = sqrt(sum(mul(sae_.W_dec, sae_.W_dec), {1}));  // (F)
+      sparsity = mul_scalar(mean(sum(tanh(mul_scalar(mul(f, norms), args_.tanh_scale)), {1})), args_.l0_coefficient * ramp);
+    } else if (cfg_.arch == SaeArch::JumpReLU) {
+      sparsity = mul_scalar(mean(sum(jumprelu_step(pre, sae_.threshold(), cfg_.bandwidth), {1})), args_.l0_coefficient * ramp);
+    }
+    if (with_aux) {
+      Tensor alive = Tensor::zeros({1, F});
+      for (int64_t j = 0; j < F; ++j) alive.data()[j] = dead_[j] ? 0.f : 1.f;
+      const Tensor dead_pre = masked_fill(pre, alive, -1e30f);
+      const Tensor aux_f = topk(dead_pre, std::min(k_aux, n_dead));  // negative ones too: they need the gradient most
+      const Tensor residual = sub(target, x_hat).detach();
+      const Tensor aux_err = sub(matmul(aux_f, sae_.W_dec), residual);
+      aux = mul_scalar(mean(sum(mul(aux_err, aux_err), {1})), aux_weight);
+    }
+    // JumpReLU's pre-activation loss: a dead feature's pre-activations pulled up to its threshold
+    if (cfg_.arch == SaeArch::JumpReLU && args_.pre_act_coefficient > 0.f && n_dead > 0) {
+      Tensor dead_mask = Tensor::zeros({1, F});  // 1 on dead features
+      for (int64_t j = 0; j < F; ++j) dead_mask.data()[j] = dead_[j] ? 1.f : 0.f;
+      const Tensor norms = sqrt(sum(mul(sae_.W_dec, sae_.W_dec), {1}));  // (F)
+      const Tensor below = relu(add(neg(pre), sae_.threshold()));        // (N, F): relu(threshold - pre)
+      pre_act = mul_scalar(mean(sum(mul(mul(below, dead_mask), norms), {1})), args_.pre_act_coefficient);
+    }
+    loss = mse;
+    if (sparsity.defined()) loss = add(loss, sparsity);
+    if (pre_act.defined()) loss = add(loss, pre_act);
+    if (aux.defined()) loss = add(loss, aux);
   }
-  // JumpReLU's pre-activation loss: a dead feature's pre-activations pulled up to its threshold
-  Tensor pre_act;
-  if (cfg_.arch == SaeArch::JumpReLU && args_.pre_act_coefficient > 0.f && n_dead > 0) {
-    Tensor dead_mask = Tensor::zeros({1, F});  // 1 on dead features
-    for (int64_t j = 0; j < F; ++j) dead_mask.data()[j] = dead[j] ? 1.f : 0.f;
-    const Tensor norms = sqrt(sum(mul(sae_.W_dec, sae_.W_dec), {1}));  // (F)
-    const Tensor below = relu(add(neg(pre), sae_.threshold()));        // (N, F): relu(threshold - pre)
-    pre_act = mul_scalar(mean(sum(mul(mul(below, dead_mask), norms), {1})), args_.pre_act_coefficient);
-  }
-  Tensor loss = mse;
-  if (sparsity.defined()) loss = add(loss, sparsity);
-  if (pre_act.defined()) loss = add(loss, pre_act);
-  if (aux.defined()) loss = add(loss, aux);
 
   opt_.zero_grad();
   loss.backward();
@@ -257,17 +265,25 @@ SaeStepStats SaeTrainer::step() {
 
   SaeStepStats s;
   s.step = step_;
-  s.loss = loss.item(), s.mse = mse.item();
+  s.loss = loss.item();
+  s.mse = sparse ? sparse_loss.mse : mse.item();
   s.sparsity = sparsity.defined() ? sparsity.item() : 0.f;
-  s.aux = (aux.defined() ? aux.item() : 0.f) + (pre_act.defined() ? pre_act.item() : 0.f);
-  const float* fd = f.data();
+  s.aux = sparse ? (with_aux ? aux_weight * sparse_loss.aux : 0.f)
+               : (aux.defined() ? aux.item() : 0.f) + (pre_act.defined() ? pre_act.item() : 0.f);
   int64_t active = 0;
   float min_kept = INFINITY;
   thread_local std::vector<char> fired;  // reused: no allocation in the steady state
-  fired.assign(static_cast<size_t>(F), 0);  // row by row: f is (N, F) row-major
-  for (int64_t r = 0; r < N; ++r)
-    for (int64_t j = 0; j < F; ++j)
-      if (fd[r * F + j] != 0.f) fired[j] = 1, ++active, min_kept = std::min(min_kept, fd[r * F + j]);
+  fired.assign(static_cast<size_t>(F), 0);
+  auto count = [&](int64_t j, float v) {
+    if (v != 0.f) fired[j] = 1, ++active, min_kept = std::min(min_kept, v);
+  };
+  if (sparse) {
+    for (size_t e = 0; e < sparse_loss.index.size(); ++e) count(sparse_loss.index[e], sparse_loss.value[e]);
+  } else {
+    const float* fd = f.data();  // row by row: f is (N, F) row-major
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t j = 0; j < F; ++j) count(j, fd[r * F + j]);
+  }
   for (int64_t j = 0; j < F; ++j) rows_since_fired_[j] = fired[j] ? 0 : rows_since_fired_[j] + N;
   // BatchTopK at inference: a threshold at the running mean of the smallest kept activation
   if (cfg_.arch == SaeArch::BatchTopK && std::isfinite(min_kept)) {

@@ -3,6 +3,8 @@
 // TopK, BatchTopK and JumpReLU, b_dec initialised from the geometric median (or mean) of a
 // first sample, dead features tracked by the tokens since each last fired, and an auxiliary
 // loss (AuxK, Gao et al. 2024) that makes the dead features reconstruct the residual error.
+// TopK and BatchTopK steps run the sparse loss of models/sae_sparse.h (the same step as the
+// dense autograd graph within float32 rounding, several times faster); the others the graph.
 #pragma once
 #include <functional>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "lib/optim.h"
 #include "lib/safetensors.h"
 #include "models/sae.h"
+#include "models/sae_sparse.h"
 #include "models/transformer.h"
 
 namespace hl {
@@ -42,6 +45,9 @@ struct SaeTrainArgs {
   bool b_dec_geometric_median = true;  // else the mean
   int64_t init_rows = 4096;     // rows of the b_dec initialisation sample
   uint64_t seed = 0;
+  // TopK and BatchTopK: the sparse loss (models/sae_sparse.h) instead of the dense autograd
+  // graph; the same step within float32 rounding, so not a setting a resume compares
+  bool sparse_kernels = true;
 };
 
 // The learning rate of step `step` (from 0): the warmup's linear rise, then lr, then the linear
@@ -134,6 +140,8 @@ class SaeTrainer {
   Adam opt_;
   int64_t step_ = 0;
   std::vector<int64_t> rows_since_fired_;
+  std::vector<bool> dead_;                      // this step's dead features, reused
+  std::shared_ptr<SaeSparseWork> sparse_work_;  // the sparse loss's buffers, reused
 };
 
 // Training in a run directory, what `headlab sae` and hl.train_sae(out=...) both do: `out` holds

@@ -1,0 +1,487 @@
+// The sparse training loss of TopK and BatchTopK SAEs: the selection, the forward over the
+// active entries, then the backward beside it (models/sae_sparse.h has the formulas).
+#include "sae_sparse.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "lib/autograd.h"
+#include "lib/parallel.h"
+
+namespace hl {
+
+void select_row_topk(const float* row, int64_t D, int64_t k, int32_t* out, std::vector<std::pair<float, int32_t>>& kept,
+                     const int32_t* at) {
+  // Candidates above the worst of the best k found so far go into `kept`; when it holds 2k
+  // they are cut back to the best k (nth_element) and the bar rises to the worst of those.
+  // Ordering: the larger value, or the smaller index at equal values. Positions are scanned by
+  // ascending index, so a later entry equal to the bar is worse: only a strictly larger one enters.
+  auto better = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  kept.clear();
+  kept.reserve(static_cast<size_t>(2 * k + 16));
+  // bar: the worst of the best k kept after the first cut (before it, every entry enters)
+  float bar = -std::numeric_limits<float>::infinity();
+  bool full = false;
+  auto cut = [&kept, k, &better]() {
+    std::nth_element(kept.begin(), kept.begin() + (k - 1), kept.end(), better);
+    kept.resize(static_cast<size_t>(k));
+    float worst = kept[0].first;
+    for (int64_t i = 1; i < k; ++i) worst = std::min(worst, kept[i].first);
+    return worst;
+  };
+  const int64_t cap = 2 * k;
+  int64_t p = 0;
+  if (!at) {
+    // A first bar from the row's chunk maxima: the k-th largest of them has at least k entries
+    // at or above it, so every one of the best k is >= it (and entries equal to it may be in).
+    // Chunks of c entries with about 4k chunks; only entries >= the bar are looked at after.
+    thread_local std::vector<float> maxima;
+    const int64_t c = std::max<int64_t>(1, D / (4 * k));
+    const int64_t chunks = D / c;
+    if (chunks >= k && c > 1) {
+      maxima.resize(static_cast<size_t>(chunks));
+      for (int64_t q = 0; q < chunks; ++q) {
+        const float* v = row + q * c;
+        float m = v[0];
+        for (int64_t t = 1; t < c; ++t) m = v[t] > m ? v[t] : m;
+        maxima[q] = m;
+      }
+      std::nth_element(maxima.begin(), maxima.begin() + (k - 1), maxima.end(), std::greater<float>());
+      const float floor = maxima[k - 1];
+      for (int64_t q = 0; q < D; ++q)
+        if (row[q] >= floor) {
+          kept.push_back({row[q], static_cast<int32_t>(q)});
+          if (int64_t(kept.size()) >= cap) bar = cut(), full = true;
+        }
+      p = D;
+    }
+    // most chunks of 16 hold nothing above the bar: one vectorised count skips them (plain
+    // locals: GCC vectorises no loop that reads through a lambda's by-reference captures)
+    for (; p + 16 <= D; p += 16) {
+      const float* c16 = row + p;
+      int above = 0;
+      for (int t = 0; t < 16; ++t) above += c16[t] > bar;
+      if (!above && full) continue;
+      for (int t = 0; t < 16; ++t)
+        if (!full || c16[t] > bar) {
+          kept.push_back({c16[t], static_cast<int32_t>(p + t)});
+          if (int64_t(kept.size()) >= cap) bar = cut(), full = true;
+        }
+    }
+  }
+  for (; p < D; ++p) {
+    const float v = at ? row[at[p]] : row[p];
+    if (full && !(v > bar)) continue;
+    kept.push_back({v, at ? at[p] : static_cast<int32_t>(p)});
+    if (int64_t(kept.size()) >= cap) bar = cut(), full = true;
+  }
+  if (int64_t(kept.size()) > k) cut();
+  for (int64_t i = 0; i < k; ++i) out[i] = kept[i].second;
+  std::sort(out, out + k);
+}
+
+namespace {
+
+// Entries of (N, d_sae) row by row (CSR), and the same entries by feature for the backward.
+struct SparseEntries {
+  std::vector<int64_t> start;         // (N + 1)
+  std::vector<int32_t> index, row;    // per entry: its feature and its row
+  std::vector<float> value, grad;     // per entry: the activation, dL/dpre
+  std::vector<int64_t> feature_start; // (d_sae + 1)
+  std::vector<int32_t> by_feature;    // entries of feature j at [feature_start[j], feature_start[j + 1]), rows ascending
+
+  void resize(int64_t n) {
+    index.resize(static_cast<size_t>(n)), row.resize(static_cast<size_t>(n));
+    value.resize(static_cast<size_t>(n)), grad.resize(static_cast<size_t>(n));
+  }
+  int64_t size() const { return static_cast<int64_t>(index.size()); }
+  // every row k entries: row_start r k
+  void fixed_rows(int64_t N, int64_t k) {
+    start.resize(static_cast<size_t>(N + 1));
+    for (int64_t r = 0; r <= N; ++r) start[r] = r * k;
+    resize(N * k);
+    for (int64_t r = 0; r < N; ++r) std::fill_n(row.begin() + r * k, k, static_cast<int32_t>(r));
+  }
+  // a counting sort of the entries by feature; within a feature by row (the entries are row by row)
+  void sort_by_feature(int64_t F) {
+    feature_start.assign(static_cast<size_t>(F + 1), 0);
+    for (int32_t j : index) ++feature_start[j + 1];
+    for (int64_t j = 0; j < F; ++j) feature_start[j + 1] += feature_start[j];
+    by_feature.resize(index.size());
+    for (int64_t e = 0; e < size(); ++e) by_feature[feature_start[index[e]]++] = static_cast<int32_t>(e);
+    for (int64_t j = F; j > 0; --j) feature_start[j] = feature_start[j - 1];  // the cursors moved each start to the next's
+    feature_start[0] = 0;
+  }
+};
+
+// BatchTopK's selection: relu(pre) with only the k_total largest entries of the whole batch
+// kept (ties by flat index), as batch_topk_relu; the positive kept entries into `act`. The
+// k_total-th largest value by a radix select on the bit patterns of the positive values (they
+// order as unsigned integers): two histogram passes over pre instead of a sort of N d_sae indices.
+void select_batch_topk(const float* pre, int64_t N, int64_t F, int64_t k_total, SparseEntries& act,
+                       std::vector<uint32_t>& hist, std::vector<int64_t>& ties_kept) {
+  constexpr int64_t B = 1 << 16;
+  const int n_threads = threads_for(N * F);
+  hist.assign(static_cast<size_t>(n_threads * B), 0);
+  auto histogram = [&](int64_t high, int shift) {  // high < 0: every positive value by its top 16 bits
+    std::fill(hist.begin(), hist.end(), 0u);
+    run_on_threads(n_threads, [&](int t, int n) {
+      uint32_t* h = hist.data() + t * B;
+      const auto [lo, hi] = row_block(N, t, n);
+      for (int64_t i = lo * F; i < hi * F; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, pre + i, 4);
+        if (!(pre[i] > 0.f)) continue;
+        if (high < 0 || (bits >> 16) == uint32_t(high)) ++h[(bits >> shift) & (B - 1)];
+      }
+    });
+    for (int t = 1; t < n_threads; ++t)
+      for (int64_t b = 0; b < B; ++b) hist[b] += hist[t * B + b];
+  };
+  // the bin holding the need-th largest counted value, walking down; need becomes its rank there
+  auto walk = [&](int64_t& need) {
+    for (int64_t b = B - 1; b >= 0; --b) {
+      if (need <= int64_t(hist[b])) return b;
+      need -= hist[b];
+    }
+    return int64_t(-1);
+  };
+  histogram(-1, 16);
+  int64_t positives = 0;
+  for (int64_t b = 0; b < B; ++b) positives += hist[b];
+  float t = 0.f;  // keep pre > t, and ties at t in flat order while the count is short
+  int64_t ties_left = 0;
+  if (positives > k_total) {  // else every positive entry is kept
+    int64_t need = k_total;
+    const int64_t high = walk(need);
+    histogram(high, 0);
+    const int64_t low = walk(need);
+    const uint32_t bits = uint32_t(high) << 16 | uint32_t(low);
+    std::memcpy(&t, &bits, 4);
+    ties_left = need;  // entries equal to t that are kept: the rank within the value's own count
+  }
+  // per row: entries above t and ties at t, then the ties shared out in flat order
+  act.start.assign(static_cast<size_t>(N + 1), 0);
+  ties_kept.resize(static_cast<size_t>(N));
+  parallel_for(N, N * F, [&](int64_t r) {
+    int64_t above = 0, ties = 0;
+    const float* p = pre + r * F;
+    for (int64_t j = 0; j < F; ++j) above += p[j] > t, ties += p[j] == t && t > 0.f;
+    act.start[r + 1] = above;
+    ties_kept[r] = ties;
+  });
+  for (int64_t r = 0; r < N; ++r) {
+    ties_kept[r] = std::min(ties_kept[r], ties_left);
+    ties_left -= ties_kept[r];
+    act.start[r + 1] += act.start[r] + ties_kept[r];
+  }
+  HL_CHECK(act.start[N] < std::numeric_limits<int32_t>::max(), "BatchTopK: ", act.start[N], " active entries in one batch");
+  act.resize(act.start[N]);
+  parallel_for(N, N * F, [&](int64_t r) {
+    const float* p = pre + r * F;
+    int64_t e = act.start[r], ties = ties_kept[r];
+    for (int64_t j = 0; j < F; ++j)
+      if (p[j] > t || (p[j] == t && t > 0.f && ties-- > 0)) {
+        act.index[e] = static_cast<int32_t>(j), act.value[e] = p[j], act.row[e] = static_cast<int32_t>(r);
+        ++e;
+      }
+  });
+}
+
+}  // namespace
+
+struct SaeSparseWork {
+  uint64_t generation = 0;  // the loss whose backward may run next
+  Tensor in;                // (N, d_in): the encoder's input, x - b_dec or x
+  Tensor err, aux_err;      // (N, D): x_hat - target; AuxK's reconstruction - residual
+  SparseEntries act, aux;   // the selected features; AuxK's dead-feature selection
+  std::vector<int32_t> dead_list;
+  std::vector<double> row_mse, row_aux, column_sums;
+  std::vector<float> feature_grad_sum;  // (d_sae): sum over rows of dL/dpre
+  std::vector<uint32_t> hist;   // BatchTopK's radix select: a histogram per thread
+  std::vector<int64_t> ties_kept;  // BatchTopK: per row, the entries at the threshold kept
+  // AuxK dense over the dead features (aux_dense): dead_pos (d_sae) a dead feature's column;
+  // aux_act (N, n_dead) the selected pre-activations; aux_dec (n_dead, D) their W_dec rows; the
+  // backward's dA (N, n_dead), dW_dec rows (n_dead, D) and dW_enc columns (d_in, n_dead)
+  bool aux_dense = false;
+  std::vector<int32_t> dead_pos;
+  std::vector<char> aux_selected;
+  // (vectors, not pooled tensors: n_dead changes from step to step, a vector keeps its capacity)
+  int64_t n_dead = 0;
+  std::vector<float> aux_act, aux_dec, aux_grad, aux_dec_grad, aux_enc_grad;
+};
+
+std::shared_ptr<SaeSparseWork> make_sae_sparse_work() { return std::make_shared<SaeSparseWork>(); }
+
+namespace {
+inline float dot(const float* a, const float* b, int64_t n) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+inline void axpy(float a, const float* x, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+constexpr int64_t kRowChunk = 256;  // column sums over fixed chunks of rows: the same sum for any thread count
+constexpr int64_t kFeatureBlock = 16;  // W_enc's gradient written 16 features (a cache line) at a time
+constexpr int64_t kAuxDenseRatio = 8;  // AuxK runs dense over the dead features when n_dead <= 8 k_aux
+
+// AuxK's gradients when its products run dense over the dead features (aux_dense), added to
+// the gradients the per-feature pass wrote: dA = c_aux aux_err aux_dec^T at the selected
+// entries, dW_dec[dead] += c_aux aux_act^T aux_err, dW_enc[:, dead] += in^T dA, and dA's
+// column sums into b_enc's gradient and feature_grad_sum.
+void add_dense_aux_grads(SaeSparseWork& w, float c_aux, int64_t N, int64_t d, int64_t F, int64_t D, float* gW_enc,
+                         float* gW_dec, float* gb_enc) {
+  const int64_t n_dead = w.n_dead;
+  const float* A = w.aux_act.data();
+  w.aux_grad.resize(static_cast<size_t>(N * n_dead));
+  float* dA = w.aux_grad.data();
+  gemm(false, true, N, n_dead, D, c_aux, w.aux_err.data(), D, w.aux_dec.data(), D, 0.f, dA, n_dead);
+  w.aux_selected.assign(static_cast<size_t>(N * n_dead), 0);  // a selected entry passes its gradient whatever its value
+  for (int64_t e = 0; e < w.aux.size(); ++e) w.aux_selected[w.aux.row[e] * n_dead + w.dead_pos[w.aux.index[e]]] = 1;
+  for (int64_t i = 0; i < N * n_dead; ++i) dA[i] = w.aux_selected[i] ? dA[i] : 0.f;
+  w.aux_dec_grad.resize(static_cast<size_t>(n_dead * D));
+  gemm(true, false, n_dead, D, N, c_aux, A, n_dead, w.aux_err.data(), D, 0.f, w.aux_dec_grad.data(), D);
+  w.aux_enc_grad.resize(static_cast<size_t>(d * n_dead));
+  gemm(true, false, d, n_dead, N, 1.f, w.in.data(), d, dA, n_dead, 0.f, w.aux_enc_grad.data(), n_dead);
+  const float *gdec = w.aux_dec_grad.data(), *genc = w.aux_enc_grad.data();
+  parallel_for(n_dead, n_dead * (N + d + D), [&](int64_t c) {
+    const int64_t j = w.dead_list[c];
+    float s = 0.f;
+    for (int64_t r = 0; r < N; ++r) s += dA[r * n_dead + c];
+    if (gb_enc) gb_enc[j] += s;
+    w.feature_grad_sum[j] += s;
+    for (int64_t k = 0; k < D; ++k) gW_dec[j * D + k] += gdec[c * D + k];
+    for (int64_t i = 0; i < d; ++i) gW_enc[i * F + j] += genc[i * n_dead + c];
+  });
+}
+
+}  // namespace
+
+SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& target, const SaeAuxK& auxk,
+                              const std::shared_ptr<SaeSparseWork>& work) {
+  const SaeConfig& cfg = sae.cfg;
+  HL_CHECK(cfg.arch == SaeArch::TopK || cfg.arch == SaeArch::BatchTopK, "sae_sparse_loss: a ", sae_arch_name(cfg.arch),
+           " SAE has no sparse step (TopK and BatchTopK have)");
+  const int64_t d = cfg.d_in, F = cfg.d_sae, D = cfg.out_width();
+  HL_CHECK(x.ndim() == 2 && x.size(1) == d, "sae_sparse_loss: x must be (N, ", d, "), got ", x.shape().str());
+  const int64_t N = x.size(0);
+  HL_CHECK(target.ndim() == 2 && target.size(0) == N && target.size(1) == D, "sae_sparse_loss: target must be (", N, ", ", D,
+           "), got ", target.shape().str());
+  HL_CHECK(work != nullptr, "sae_sparse_loss: no workspace");
+  SaeSparseWork& w = *work;
+  const uint64_t generation = ++w.generation;
+
+  // pre (N, F) as Sae::pre_acts computes it (the same sgemm), so the selections are the dense step's
+  const float* b_dec = sae.b_dec.data();
+  if (cfg.apply_b_dec_to_input) {
+    w.in = Tensor::empty({N, d});
+    const float* xp = x.data();
+    float* ip = w.in.data();
+    parallel_for(N, N * d, [&](int64_t r) {
+      for (int64_t c = 0; c < d; ++c) ip[r * d + c] = xp[r * d + c] - b_dec[c];
+    });
+  } else {
+    w.in = x;
+  }
+  Tensor pre_t = Tensor::empty({N, F});
+  float* pre = pre_t.data();
+  gemm(false, false, N, F, d, 1.f, w.in.data(), d, sae.W_enc.data(), F, 0.f, pre, F);
+  const float* b_enc = sae.b_enc.data();
+  auto add_bias = [b_enc, F](float* p) {
+    for (int64_t j = 0; j < F; ++j) p[j] = p[j] + b_enc[j];
+  };
+
+  // the selection: TopK k per row (relu'd: an entry kept at <= 0 holds 0), BatchTopK k N in all
+  if (cfg.arch == SaeArch::TopK) {
+    const int64_t k = cfg.k;
+    w.act.fixed_rows(N, k);
+    parallel_for(N, N * F, [&](int64_t r) {
+      add_bias(pre + r * F);  // the row is then selected from while in cache
+      thread_local std::vector<std::pair<float, int32_t>> heap;
+      int32_t* idx = w.act.index.data() + r * k;
+      select_row_topk(pre + r * F, F, k, idx, heap);
+      for (int64_t s = 0; s < k; ++s) w.act.value[r * k + s] = std::max(pre[r * F + idx[s]], 0.f);
+    });
+  } else {
+    parallel_for(N, N * F, [&](int64_t r) { add_bias(pre + r * F); });
+    select_batch_topk(pre, N, F, std::min(cfg.k * N, N * F), w.act, w.hist, w.ties_kept);
+  }
+
+  // AuxK's selection over the dead features (negative pre-activations too)
+  w.dead_list.clear();
+  w.dead_list.reserve(static_cast<size_t>(F));  // grown once: the dead count changes from step to step
+  if (auxk.dead && auxk.weight > 0.f) {
+    HL_CHECK(int64_t(auxk.dead->size()) == F, "sae_sparse_loss: the dead mask has ", auxk.dead->size(), " features, the SAE ", F);
+    for (int64_t j = 0; j < F; ++j)
+      if ((*auxk.dead)[j]) w.dead_list.push_back(static_cast<int32_t>(j));
+  }
+  const int64_t n_dead = static_cast<int64_t>(w.dead_list.size());
+  const int64_t k_aux = std::min(auxk.k_aux, n_dead);
+  const bool with_aux = k_aux > 0;
+  // With few dead features each is selected in many rows (all of them when n_dead <= k_aux):
+  // AuxK's products are then sgemms over the dead features' columns, (N, n_dead) dense, rather
+  // than row gathers bound by memory. The switch: a dead feature selected in at least 1 row of 8.
+  const bool aux_dense = with_aux && k_aux * kAuxDenseRatio >= n_dead;
+  w.aux_dense = aux_dense;
+  w.aux.fixed_rows(with_aux ? N : 0, k_aux);
+
+  // the decoder over the active rows of W_dec, the errors, AuxK's selection (and reconstruction)
+  w.err = Tensor::empty({N, D});
+  if (with_aux) w.aux_err = Tensor::empty({N, D});
+  w.row_mse.resize(static_cast<size_t>(N));
+  w.row_aux.assign(static_cast<size_t>(N), 0.0);
+  const float* W_dec = sae.W_dec.data();
+  const float* tg = target.data();
+  auto aux_row_loss = [&](int64_t r) {
+    double sa = 0;
+    const float* a = w.aux_err.data() + r * D;
+    for (int64_t c = 0; c < D; ++c) sa += double(a[c]) * a[c];
+    w.row_aux[r] = sa;
+  };
+  parallel_for(N, N * (w.act.start[N] / std::max<int64_t>(N, 1) + k_aux) * D, [&](int64_t r) {
+    float* e = w.err.data() + r * D;
+    std::copy_n(b_dec, D, e);
+    for (int64_t s = w.act.start[r]; s < w.act.start[r + 1]; ++s)
+      if (w.act.value[s] != 0.f) axpy(w.act.value[s], W_dec + int64_t(w.act.index[s]) * D, e, D);
+    double sq = 0;
+    for (int64_t c = 0; c < D; ++c) e[c] -= tg[r * D + c], sq += double(e[c]) * e[c];
+    w.row_mse[r] = sq;
+    if (!with_aux) return;
+    int32_t* idx = w.aux.index.data() + r * k_aux;
+    if (k_aux == n_dead) {
+      std::copy_n(w.dead_list.data(), n_dead, idx);
+    } else {
+      thread_local std::vector<std::pair<float, int32_t>> heap;
+      select_row_topk(pre + r * F, n_dead, k_aux, idx, heap, w.dead_list.data());
+    }
+    for (int64_t s = 0; s < k_aux; ++s) w.aux.value[r * k_aux + s] = pre[r * F + idx[s]];
+    if (aux_dense) return;
+    float* a = w.aux_err.data() + r * D;
+    std::copy_n(e, D, a);  // the residual target - x_hat is -e (detached)
+    for (int64_t s = 0; s < k_aux; ++s) axpy(w.aux.value[r * k_aux + s], W_dec + int64_t(idx[s]) * D, a, D);
+    aux_row_loss(r);
+  });
+  if (aux_dense) {
+    // aux_act (N, n_dead): the selected pre-activations, 0 elsewhere; aux_dec (n_dead, D) the dead rows of W_dec
+    w.dead_pos.resize(static_cast<size_t>(F));
+    for (int64_t c = 0; c < n_dead; ++c) w.dead_pos[w.dead_list[c]] = static_cast<int32_t>(c);
+    w.n_dead = n_dead;
+    w.aux_act.assign(static_cast<size_t>(N * n_dead), 0.f);
+    w.aux_dec.resize(static_cast<size_t>(n_dead * D));
+    float* A = w.aux_act.data();
+    for (int64_t e = 0; e < w.aux.size(); ++e) A[w.aux.row[e] * n_dead + w.dead_pos[w.aux.index[e]]] = w.aux.value[e];
+    for (int64_t c = 0; c < n_dead; ++c) std::copy_n(W_dec + int64_t(w.dead_list[c]) * D, D, w.aux_dec.data() + c * D);
+    std::copy_n(w.err.data(), N * D, w.aux_err.data());  // the residual target - x_hat is -e (detached)
+    gemm(false, false, N, D, n_dead, 1.f, A, n_dead, w.aux_dec.data(), D, 1.f, w.aux_err.data(), D);
+    parallel_for(N, N * D, aux_row_loss);
+  }
+  double mse = 0, aux = 0;
+  for (int64_t r = 0; r < N; ++r) mse += w.row_mse[r], aux += w.row_aux[r];
+  mse /= double(N), aux /= double(N);
+
+  SaeSparseLoss out;
+  out.mse = static_cast<float>(mse);
+  out.aux = static_cast<float>(aux);
+  out.err = w.err;
+  out.row_start = w.act.start;
+  out.index = w.act.index;
+  out.value = w.act.value;
+  out.loss = Tensor::scalar(static_cast<float>(mse + (with_aux ? double(auxk.weight) * aux : 0.0)));
+  const Tensor W_enc_t = sae.W_enc, b_enc_t = sae.b_enc, W_dec_t = sae.W_dec, b_dec_t = sae.b_dec;
+  if (!needs_graph({&W_enc_t, &b_enc_t, &W_dec_t, &b_dec_t})) return out;
+  const float aux_weight = with_aux ? auxk.weight : 0.f;
+  const bool apply_b_dec = cfg.apply_b_dec_to_input;
+  attach(out.loss, "sae_sparse_loss", {W_enc_t, b_enc_t, W_dec_t, b_dec_t},
+         [work, generation, W_enc_t, b_enc_t, W_dec_t, b_dec_t, aux_weight, apply_b_dec, N, d, F, D](TensorImpl& self) {
+    SaeSparseWork& w = *work;
+    HL_CHECK(w.generation == generation, "sae_sparse_loss: its workspace served another loss before this one's backward");
+    const float g0 = self.grad->data()[0];
+    // dL/dx_hat_r = c_mse e_r; AuxK's dL/d(aux reconstruction)_r = c_aux a_r
+    const float c_mse = 2.f * g0 / float(N), c_aux = 2.f * g0 * aux_weight / float(N);
+    const float* W_dec = W_dec_t.data();
+    const float* err = w.err.data();
+    const float* aux_err = w.aux_err.defined() ? w.aux_err.data() : nullptr;
+    const bool with_aux = w.aux.size() > 0, aux_sparse = with_aux && !w.aux_dense;
+    // dL/dpre at the selected entries: a kept entry at 0 (relu) passes nothing
+    parallel_for(N, N * (w.act.start[N] + w.aux.size()) / std::max<int64_t>(N, 1) * D, [&](int64_t r) {
+      for (int64_t s = w.act.start[r]; s < w.act.start[r + 1]; ++s)
+        w.act.grad[s] = w.act.value[s] > 0.f ? c_mse * dot(err + r * D, W_dec + int64_t(w.act.index[s]) * D, D) : 0.f;
+      if (aux_sparse)
+        for (int64_t s = w.aux.start[r]; s < w.aux.start[r + 1]; ++s)
+          w.aux.grad[s] = c_aux * dot(aux_err + r * D, W_dec + int64_t(w.aux.index[s]) * D, D);
+    });
+    w.act.sort_by_feature(F);
+    if (aux_sparse) w.aux.sort_by_feature(F);
+    // per feature: its W_dec gradient row, its W_enc gradient column, its b_enc gradient
+    bool fresh_enc = false, fresh_dec = false;
+    float* gW_enc = grad_buffer_for_overwrite(W_enc_t, fresh_enc);
+    float* gW_dec = grad_buffer_for_overwrite(W_dec_t, fresh_dec);
+    float* gb_enc = grad_buffer(b_enc_t);
+    w.feature_grad_sum.resize(static_cast<size_t>(F));
+    const float* in = w.in.data();
+    const int64_t blocks = (F + kFeatureBlock - 1) / kFeatureBlock;
+    parallel_for(blocks, (w.act.size() + (aux_sparse ? w.aux.size() : 0)) * (d + D) + F * (d + D), [&](int64_t blk) {
+      thread_local std::vector<float> tile;  // (kFeatureBlock, d): the block's W_enc gradient columns
+      thread_local std::vector<float> row;   // (D): one feature's W_dec gradient row
+      tile.assign(static_cast<size_t>(kFeatureBlock * d), 0.f);
+      row.resize(static_cast<size_t>(D));
+      const int64_t j0 = blk * kFeatureBlock, j1 = std::min(F, j0 + kFeatureBlock);
+      for (int64_t j = j0; j < j1; ++j) {
+        float* col = tile.data() + (j - j0) * d;
+        std::fill(row.begin(), row.end(), 0.f);
+        float s = 0.f;
+        auto add = [&](const SparseEntries& en, const float* errs, float c) {
+          for (int64_t q = en.feature_start[j]; q < en.feature_start[j + 1]; ++q) {
+            const int32_t e = en.by_feature[q];
+            const int64_t r = en.row[e];
+            if (en.value[e] != 0.f) axpy(c * en.value[e], errs + r * D, row.data(), D);
+            if (en.grad[e] != 0.f) axpy(en.grad[e], in + r * d, col, d);
+            s += en.grad[e];
+          }
+        };
+        add(w.act, err, c_mse);
+        if (aux_sparse) add(w.aux, aux_err, c_aux);
+        float* g = gW_dec + j * D;
+        if (fresh_dec) std::copy(row.begin(), row.end(), g);
+        else
+          for (int64_t c = 0; c < D; ++c) g[c] += row[c];
+        if (gb_enc) gb_enc[j] += s;
+        w.feature_grad_sum[j] = s;
+      }
+      for (int64_t i = 0; i < d; ++i) {
+        float* g = gW_enc + i * F;
+        for (int64_t j = j0; j < j1; ++j) g[j] = (fresh_enc ? 0.f : g[j]) + tile[(j - j0) * d + i];
+      }
+    });
+    if (with_aux && !aux_sparse) add_dense_aux_grads(w, c_aux, N, d, F, D, gW_enc, gW_dec, gb_enc);
+    // b_dec: the decoder's bias sum_r dL/dx_hat_r, and through the input in = x - b_dec
+    if (float* gb = grad_buffer(b_dec_t)) {
+      const int64_t chunks = (N + kRowChunk - 1) / kRowChunk;
+      w.column_sums.assign(static_cast<size_t>(chunks * D), 0.0);
+      parallel_for(chunks, N * D, [&](int64_t c0) {
+        double* sums = w.column_sums.data() + c0 * D;
+        for (int64_t r = c0 * kRowChunk; r < std::min(N, (c0 + 1) * kRowChunk); ++r)
+          for (int64_t c = 0; c < D; ++c) sums[c] += err[r * D + c];
+      });
+      for (int64_t c = 0; c < D; ++c) {
+        double s = 0;
+        for (int64_t c0 = 0; c0 < chunks; ++c0) s += w.column_sums[c0 * D + c];
+        gb[c] += c_mse * static_cast<float>(s);
+      }
+      if (apply_b_dec) {
+        const float* W_enc = W_enc_t.data();
+        const float* fs = w.feature_grad_sum.data();
+        parallel_for(d, d * F, [&](int64_t i) { gb[i] -= dot(W_enc + i * F, fs, F); });
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace hl
