@@ -39,11 +39,15 @@ class ActivationCache:
     @property
     def ids(self) -> numpy.ndarray:
         """The forward's input ids (B, T)"""
+    def items(self) -> Any:
+        """(name, activation) of every cached hook, as a dict's items (TransformerLens's cache.items())."""
+    def values(self) -> Any:
+        """Every cached activation, in the order of keys()."""
 
 class Batches:
     """Batches of held-out rows: a task's (Task.held_out), a probe's, or your arrays"""
     def __init__(self, input_ids: object, targets: object = ..., loss_mask: object = ..., batch_size: object = ..., prompt_len: object = ..., attention_mask: object = ...) -> None:
-        """Batches(input_ids (N, T), targets=None, loss_mask=None, batch_size=128, prompt_len=None, attention_mask=None), or Batches({'input_ids': ..., 'targets': ..., 'loss_mask': ...}): rows by the tokens task's rule (targets -1 = not counted; without targets position t predicts input t+1; loss_mask 0 = not counted). attention_mask (1 = token, 0 = padding): rows of different lengths padded on the right, each analysed as the row alone (padding neither attended to nor counted)"""
+        """Batches(input_ids (N, T), targets=None, loss_mask=None, batch_size=128, prompt_len=None, attention_mask=None), or Batches({'input_ids': ..., 'targets': ..., 'loss_mask': ...}): rows by the tokens task's rule (targets -1 = not counted; without targets position t predicts input t+1; loss_mask 0 = not counted). attention_mask (1 = token, 0 = padding): rows of different lengths padded on either side, each analysed as the row alone (padding neither attended to nor counted); a left-padded row's tokens are moved to its first columns (prompt_len counts the padded columns, as the ids)"""
     @property
     def rows(self) -> int:
         """Rows over all batches"""
@@ -64,7 +68,9 @@ attn_dropout, the block options normalization, sandwich_norm, mlp, parallel_bloc
 final_softcap, the attention options rope_theta, rope_theta_local, rotary_dim, rotary_pct, rotary_style, qk_norm,
 attn_scale, attn_softcap, sliding_window, window_layers, qkv_bias, o_bias, and arch (a preset's
 name: its settings, unless given); each also by its CLI flag's name (layers=, heads=, kv_heads=, d_ff=, vocab_size=,
-max_seq_len=, layer_norm_eps=). What is not given takes the CLI's default.
+max_seq_len=, layer_norm_eps=). TransformerLens's act_fn ('gelu', 'gelu_new', 'silu', ...), normalization_type
+('LN', 'RMS'), positional_embedding_type ('standard', 'rotary', ...) and original_architecture ('LlamaForCausalLM', ...)
+are read as attributes and taken as keywords for activation, normalization, positions and arch. What is not given takes the CLI's default.
 ModelConfig(**cfg.to_dict()) gives cfg back."""
     def __init__(self, **kwargs: Any) -> None:
         """ModelConfig(**settings): the names are listed in the class's help; unknown ones raise TypeError"""
@@ -176,6 +182,18 @@ ModelConfig(**cfg.to_dict()) gives cfg back."""
     @property
     def arch(self) -> object:
         """The --arch preset it was made with ('' = none)"""
+    @property
+    def act_fn(self) -> object:
+        """TransformerLens's activation name (TL: gelu = erf, gelu_new = tanh)"""
+    @property
+    def normalization_type(self) -> object:
+        """TransformerLens's norm name: LN or RMS (Gemma's 1 + w reads as RMS)"""
+    @property
+    def positional_embedding_type(self) -> object:
+        """TransformerLens's positions: standard (learned), sinusoidal or rotary"""
+    @property
+    def original_architecture(self) -> object:
+        """The Hugging Face class of the --arch preset (None: none)"""
     def to_dict(self) -> dict:
         """{name: value} of every setting, by the names ModelConfig(...) takes"""
     def __eq__(self, arg0: ModelConfig) -> bool:
@@ -409,6 +427,21 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
     def W_U(self) -> numpy.ndarray:
         """[d_model, d_vocab]: a view (transposed) of the unembedding head.weight (writes change the model)"""
     @property
+    def W_in(self) -> numpy.ndarray:
+        """[n_layers, d_model, d_mlp]: a copy of each MLP's input weight (fc1; a gated MLP's linear half)"""
+    @property
+    def W_gate(self) -> numpy.ndarray:
+        """[n_layers, d_model, d_mlp]: a copy of each gated MLP's gate weight (what the activation reads)"""
+    @property
+    def W_out(self) -> numpy.ndarray:
+        """[n_layers, d_mlp, d_model]: a copy of each MLP's output weight (fc2)"""
+    @property
+    def b_in(self) -> numpy.ndarray:
+        """[n_layers, d_mlp]: a copy (zeros without mlp_bias)"""
+    @property
+    def b_out(self) -> numpy.ndarray:
+        """[n_layers, d_model]: a copy (zeros without mlp_bias)"""
+    @property
     def b_U(self) -> object:
         """[d_vocab]: a view of the unembedding's bias (zeros, a copy, without head_bias)"""
     def head_weights(self, layer: int, head: int, grads: bool = ...) -> dict:
@@ -419,8 +452,8 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
         """Every layer's head gates (n_layers, n_heads)"""
     def run_with_cache(self, ids: object, names_filter: object = ..., incl_bwd: bool = ..., attention_mask: object = ..., return_type: object = ...) -> tuple:
         """(logits, cache): cache[name] for every hook name passing names_filter (None = all but the split q/k/v inputs, a name, a list, or a predicate name -> bool); incl_bwd=True: cache[name + '_grad'] (or cache.grad(name)) after a backward: return_type='loss' runs the loss's backward here (as TransformerLens), with 'logits' call backward() on a loss of them. The cache's decompose_resid, logit_attrs and the rest read hook_result and hook_scale, which names_filter=None caches. attention_mask, return_type: as model(...)"""
-    def run_with_hooks(self, ids: object, fwd_hooks: List[Tuple[str, function]] = ..., bwd_hooks: List[Tuple[str, function]] = ..., attention_mask: object = ...) -> Tensor:
-        """logits with hooks (after the model's own, add_hook): fn(activation, name) may return a replacement (the activation is read-only: edit a copy; an array is a constant to autograd; a hook wrapped in headlab.tensor_hook gets an hl.Tensor and its returned expression keeps the gradient); backward hooks fn(grad, name) run during backward()"""
+    def run_with_hooks(self, ids: object, fwd_hooks: List[Tuple[str, function]] = ..., bwd_hooks: List[Tuple[str, function]] = ..., attention_mask: object = ..., return_type: object = ...) -> object:
+        """logits with hooks (after the model's own, add_hook): fn(activation, name) may return a replacement (the activation is read-only: edit a copy; an array is a constant to autograd; a hook wrapped in headlab.tensor_hook gets an hl.Tensor and its returned expression keeps the gradient); backward hooks fn(grad, name) run during backward(). attention_mask, return_type: as model(...)"""
     def add_hook(self, name: str, hook: function, dir: str = ...) -> None:
         """Keeps hook fn(activation, name) at `name` for every forward of the model until reset_hooks()"""
     def reset_hooks(self) -> None:
@@ -453,6 +486,8 @@ Padding is the BOS token when the tokenizer has one, else id 0 (never attended t
         """The text of token ids: a str for (T) ids, a list of str for (B, T)."""
     def to_str_tokens(self, input: Any, prepend_bos: Any = ...) -> Any:
         """Each token's text: of a string (tokenized as ``to_tokens`` does) or of (T) / (1, T) ids."""
+    def to_single_token(self, string: Any) -> Any:
+        """The id of a string that is one token (TransformerLens's ``to_single_token``)."""
     @property
     def tokenizer(self) -> Any:
         """The model's tokenizer (hl.Tokenizer) or None: set by TransformerLM.load from a GPT-2 directory, or assigned"""
@@ -492,7 +527,7 @@ def detect_heads(model: TransformerLM, data: object, kind: str = ..., exclude_bo
     """TransformerLens-style detector scores (L, H): previous_token, duplicate_token or induction"""
 
 def edge_patching(model: TransformerLM, clean: object, corrupted: object, *, answers: object, method: str = ..., ig_steps: int = ..., ig_interpolate: str = ..., acdc_threshold: float = ..., acdc_score: str = ..., target_edges: object = ..., prune_steps: int = ..., prune_lr: float = ..., attention_mask: object = ...) -> object:
-    """An EdgeResult: exact edge patching and edge attribution of every edge (as headlab edges), senders and receivers (names, in edge order), exact, attribution and linearisation_error (attribution - exact) arrays, clean_metric and corrupted_metric (mean logit difference of the answers (row, pos, clean token, corrupted token)). method='eap-ig' (ig_steps, ig_interpolate 'inputs' or 'activations'), 'atp-star' (AtP*: the QK fix and GradDrop), 'acdc' (acdc_threshold, acdc_score 'metric' or 'kl') or 'edge-pruning' (target_edges, default 20 or every edge; prune_steps, prune_lr) adds that method's scores under its name (acdc, edge-pruning: also 'circuit', the kept edges), as headlab edges --method. attention_mask (B, T), 1 = token, 0 = padding: rows of different lengths padded on the right, one mask for both runs, each row measured as if alone. A grouped-query model (n_kv_heads < n_heads) runs ungrouped: L{l}H{h}.k/.v is query head h's own copy of its group's key/value input"""
+    """An EdgeResult: exact edge patching and edge attribution of every edge (as headlab edges), senders and receivers (names, in edge order), exact, attribution and linearisation_error (attribution - exact) arrays, clean_metric and corrupted_metric (mean logit difference of the answers (row, pos, clean token, corrupted token)). method='eap-ig' (ig_steps, ig_interpolate 'inputs' or 'activations'), 'atp-star' (AtP*: the QK fix and GradDrop), 'acdc' (acdc_threshold, acdc_score 'metric' or 'kl') or 'edge-pruning' (target_edges, default 20 or every edge; prune_steps, prune_lr) adds that method's scores under its name (acdc, edge-pruning: also 'circuit', the kept edges), as headlab edges --method. attention_mask (B, T), 1 = token, 0 = padding: rows of different lengths padded on either side, one mask for both runs, each row measured as if alone (answers' pos in the padded columns given). A grouped-query model (n_kv_heads < n_heads) runs ungrouped: L{l}H{h}.k/.v is query head h's own copy of its group's key/value input"""
 
 def evaluate(model: TransformerLM, task: object = ..., data: object = ..., autoregressive: bool = ...) -> object:
     """An EvalResult: held-out loss, token_acc, exact_match (and ar_exact_match with autoregressive=True) over the data's counted targets"""
@@ -611,12 +646,17 @@ def tensor(array: numpy.ndarray, requires_grad: bool = ...) -> Tensor:
 def top_activating_examples(model: TransformerLM, sae: SAE, data: object, features: List[int], k: int = ..., before: int = ..., after: int = ...) -> list:
     """Per feature, the k rows of data where it is largest, each as the window of tokens around its largest token with the feature's activation at each: [{feature, examples: [{row, position, max_activation, window_start, tokens, activations}]}]"""
 
-def train_sae(model: TransformerLM, hook: str, data: object, architecture: str = ..., expansion: int = ..., k: int = ..., steps: int = ..., batch: int = ..., lr: float = ..., warmup: int = ..., buffer: int = ..., l1_coefficient: float = ..., l0_coefficient: float = ..., bandwidth: float = ..., seed: int = ..., hook_out: object = ..., sparsity_warmup: int = ...) -> SAE:
+def train_sae(model: TransformerLM, hook: str, data: object, architecture: str = ..., expansion: int = ..., k: int = ..., steps: int = ..., batch: int = ..., lr: float = ..., warmup: int = ..., buffer: int = ..., l1_coefficient: float = ..., l0_coefficient: float = ..., bandwidth: float = ..., seed: int = ..., hook_out: object = ..., sparsity_warmup: int = ..., lr_decay_steps: int = ..., jumprelu_sparsity: str = ..., tanh_scale: float = ..., pre_act_coefficient: float = ..., out: object = ..., resume: bool = ..., snapshot_every: int = ...) -> SAE:
     """Trains an SAE on model's activations at hook (e.g. "blocks.1.attn.hook_z", heads concatenated) over data,
 token ids (B, T) run through the model and mixed in a shuffle buffer of `buffer` rows. Returns an SAE.
 With hook_out, a transcoder from hook's activation to hook_out's (e.g. hook="blocks.0.ln2.hook_normalized",
 hook_out="blocks.0.hook_mlp_out": the MLP's input to its output). sparsity_warmup: steps over which the L1 (standard)
-or L0 (jumprelu) weight rises from 0."""
+or L0 (jumprelu) weight rises from 0; lr_decay_steps: final steps over which the learning rate falls to 0.
+jumprelu_sparsity: "step" (the L0 through a straight-through step) or "tanh" (sum of tanh(tanh_scale f |W_dec|));
+pre_act_coefficient: weight of the dead features' relu(threshold - pre) |W_dec| (0: off).
+With out, a run directory as `headlab sae --out` writes: sae_state.safetensors (Ctrl-C saves it too), snapshots/stepN
+every snapshot_every steps, and at the end cfg.json, sae_weights.safetensors and metrics.json (on data);
+resume=True continues it bit for bit (same settings, steps may grow)."""
 
 def train_settings() -> list:
     """(keyword, flag, help) of every training setting"""
