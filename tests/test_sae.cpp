@@ -970,7 +970,9 @@ BOOST_AUTO_TEST_CASE(sparse_step_equals_the_dense_step) {
 }
 
 BOOST_AUTO_TEST_CASE(sparse_step_is_the_same_for_one_and_two_threads) {
-  // per-row and per-feature sums in row order, column sums over fixed chunks of rows: bit for bit
+  // The step's own loops sum per row and per feature in row order and over fixed chunks of rows,
+  // whatever the thread count; the encoder's sgemm is OpenBLAS's, whose blocking under some kernel
+  // sets (Haswell's) depends on the thread count: after the training steps, within float32 rounding
   for (const SparseCase& c : sparse_cases()) {
     BOOST_TEST_CONTEXT(c.what) {
       const int64_t width = c.cfg.d_in + (c.cfg.transcoder() ? c.cfg.d_out : 0);
@@ -987,7 +989,12 @@ BOOST_AUTO_TEST_CASE(sparse_step_is_the_same_for_one_and_two_threads) {
       }
       set_num_threads(2);
       const std::vector<NamedParam> one = saes[0].params(), two = saes[1].params();
-      for (size_t i = 0; i < one.size(); ++i) BOOST_TEST_CONTEXT(one[i].name) { check_bits(one[i].param, two[i].param); }
+      for (size_t i = 0; i < one.size(); ++i)
+        BOOST_TEST_CONTEXT(one[i].name) {
+          const double gap = relative_gap(two[i].param, one[i].param);
+          BOOST_TEST_MESSAGE(c.what << " " << one[i].name << ": 1 vs 2 threads " << gap);
+          BOOST_TEST(gap < 1e-5);
+        }
     }
   }
 }
