@@ -224,11 +224,14 @@ SaeStepStats SaeTrainer::step() {
     err = sub(x_hat, target);
     mse = mean(sum(mul(err, err), {1}));
     const float ramp = args_.sparsity_warmup > 0 ? std::min(1.f, float(step_ + 1) / float(args_.sparsity_warmup)) : 1.f;
+    // the decoder rows' norms (F), once for the terms that weigh activations by them
+    const bool pre_act_on = cfg_.arch == SaeArch::JumpReLU && args_.pre_act_coefficient > 0.f && n_dead > 0;
+    const bool tanh_l0 = cfg_.arch == SaeArch::JumpReLU && args_.jumprelu_sparsity == "tanh";
+    const Tensor norms =
+        cfg_.arch == SaeArch::Standard || tanh_l0 || pre_act_on ? sqrt(sum(mul(sae_.W_dec, sae_.W_dec), {1})) : Tensor();
     if (cfg_.arch == SaeArch::Standard) {
-      const Tensor norms = sqrt(sum(mul(sae_.W_dec, sae_.W_dec), {1}));  // (F)
       sparsity = mul_scalar(mean(sum(mul(f, norms), {1})), args_.l1_coefficient * ramp);
-    } else if (cfg_.arch == SaeArch::JumpReLU && args_.jumprelu_sparsity == "tanh") {
-      const Tensor norms = sqrt(sum(mul(sae_.W_dec, sae_.W_dec), {1}));  // (F)
+    } else if (tanh_l0) {
       sparsity = mul_scalar(mean(sum(tanh(mul_scalar(mul(f, norms), args_.tanh_scale)), {1})), args_.l0_coefficient * ramp);
     } else if (cfg_.arch == SaeArch::JumpReLU) {
       sparsity = mul_scalar(mean(sum(jumprelu_step(pre, sae_.threshold(), cfg_.bandwidth), {1})), args_.l0_coefficient * ramp);
@@ -243,10 +246,9 @@ SaeStepStats SaeTrainer::step() {
       aux = mul_scalar(mean(sum(mul(aux_err, aux_err), {1})), aux_weight);
     }
     // JumpReLU's pre-activation loss: a dead feature's pre-activations pulled up to its threshold
-    if (cfg_.arch == SaeArch::JumpReLU && args_.pre_act_coefficient > 0.f && n_dead > 0) {
+    if (pre_act_on) {
       Tensor dead_mask = Tensor::zeros({1, F});  // 1 on dead features
       for (int64_t j = 0; j < F; ++j) dead_mask.data()[j] = dead_[j] ? 1.f : 0.f;
-      const Tensor norms = sqrt(sum(mul(sae_.W_dec, sae_.W_dec), {1}));  // (F)
       const Tensor below = relu(add(neg(pre), sae_.threshold()));        // (N, F): relu(threshold - pre)
       pre_act = mul_scalar(mean(sum(mul(mul(below, dead_mask), norms), {1})), args_.pre_act_coefficient);
     }
