@@ -360,7 +360,14 @@ void fill_bias_rows(const LinearArgs& a, float* U, int64_t lo, int64_t hi) {
 // copy would add to the step's peak memory (autograd keeps the float32 x until then anyway).
 // One oneDNN product over all rows (oneDNN threads it), float32 results. The weights are rounded
 // side by side, so stacked weights are always one block.
+// Activations saved for the backward in bf16: the pre-activation U = x W^T + b of a bf16
+// linear_act (GELU, ReLU, SiLU: GPT-2's fc1, llama's gate), whose backward reads it only for the
+// activation's derivative, and dU = act'(U) dY is rounded to bf16 for dX and dW anyway; its bf16
+// copy is written in the activation's pass and the float32 U is not kept. The products' inputs x
+// stay float32: the graph holds them (as the parent of this op), so a kept bf16 copy would add to
+// the peak rather than replace them.
 Tensor bf16_buffer(int64_t n) { return Tensor::empty({(n + 1) / 2}); }
+constexpr int64_t kRowsInCache = 8;  // rows of U an activation pass rounds at a time (3072 wide: 96 KiB)
 uint16_t* bf16_data(const Tensor& t) { return reinterpret_cast<uint16_t*>(t.data()); }
 
 struct Bf16Operands {
@@ -682,12 +689,24 @@ Tensor linear_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation 
   const Bf16Operands h = a.bf16 ? round_operands(a) : Bf16Operands{};
   const bool record = linear_needs_graph(x, ws, bs);
   Tensor y = Tensor::empty(with_last(x.shape(), a.N));
-  Tensor u = record ? Tensor::empty(y.shape()) : y;  // pre-activation x W^T + b, kept for backward
+  // The pre-activation U = x W^T + b, kept for the backward: float32, or under bf16 only its bf16
+  // copy uh, written in the activation's pass (below); U itself is then a temporary.
+  const bool u_in_bf16 = record && a.bf16;
+  Tensor u = record ? Tensor::empty(y.shape()) : y;
+  const Tensor uh = u_in_bf16 ? bf16_buffer(y.numel()) : Tensor();
   float *U = u.data(), *Y = y.data();
   const int64_t N = a.N;
   auto apply = [&](auto f) {
     linear_forward(a, U, [&](int64_t lo, int64_t hi) {
-      for (int64_t e = lo * N; e < hi * N; ++e) Y[e] = f(U[e]);
+      if (!u_in_bf16) {
+        for (int64_t e = lo * N; e < hi * N; ++e) Y[e] = f(U[e]);
+        return;
+      }
+      for (int64_t r = lo; r < hi; r += kRowsInCache) {  // U's rows rounded while in cache
+        const int64_t e0 = r * N, e1 = std::min(hi, r + kRowsInCache) * N;
+        for (int64_t e = e0; e < e1; ++e) Y[e] = f(U[e]);
+        convert_to_bf16(U + e0, bf16_data(uh) + e0, e1 - e0);
+      }
     });
   };
   switch (activation) {
@@ -697,22 +716,28 @@ Tensor linear_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation 
     case Activation::Relu2: apply([](float v) { return act::relu2(v); }); break;
     case Activation::Silu: apply([](float v) { return act::silu(v); }); break;
   }
+  if (u_in_bf16) u = Tensor();  // the backward keeps uh alone
   if (record)
-    attach(y, "linear_act", {x, w, b}, [x, w, b, u, activation, bf16 = a.bf16, wh = saved_weights(h, x)](TensorImpl& self) {
+    attach(y, "linear_act", {x, w, b}, [x, w, b, u, uh, activation, bf16 = a.bf16, wh = saved_weights(h, x)](TensorImpl& self) {
       HL_PROFILE(Matmul);
       const Tensor ws[1] = {w}, bs[1] = {b};
       LinearArgs a = plan_linear(x, ws, bs);
       a.bf16 = bf16;  // the forward's precision and rounded weights
       if (wh.defined()) a.Wh = bf16_data(wh);
       const int64_t N = a.N;
-      Tensor du = Tensor::empty(u.shape());  // dL/dU
-      const float *G = self.grad->data(), *U = u.data();
+      Tensor du = Tensor::empty(self.shape);  // dL/dU
+      const float* G = self.grad->data();
+      const float* U = u.defined() ? u.data() : nullptr;
+      const uint16_t* Uh = uh.defined() ? bf16_data(uh) : nullptr;
       float* dU = du.data();
       bool fresh;
       float* gx = grad_buffer_for_overwrite(x, fresh);
       auto run = [&](auto backward) {
         linear_backward(a, dU, [&](int64_t lo, int64_t hi) {
-          for (int64_t e = lo * N; e < hi * N; ++e) dU[e] = backward(U[e], G[e]);
+          if (U)
+            for (int64_t e = lo * N; e < hi * N; ++e) dU[e] = backward(U[e], G[e]);
+          else  // the derivative at the bf16 pre-activation (above: which activations are bf16)
+            for (int64_t e = lo * N; e < hi * N; ++e) dU[e] = backward(from_bf16(Uh[e]), G[e]);
         }, gx, fresh);
       };
       switch (activation) {

@@ -180,17 +180,27 @@ Tensor cross_entropy(const Tensor& logits, const Ids& targets, int ignore_index)
              const float g = self.grad->data()[0] / static_cast<float>(count);
              const float *X = logits.data(), *L = lse.data();
              const int32_t* T = saved_ids(ids);
-             float* gx = grad_buffer(logits);
+             // A fresh buffer (the usual case: the logits feed only the loss) is written, not
+             // zeroed and added to: at GPT-2's 50,257 classes that saves a pass over N x C floats.
+             // 0 + e keeps the bits of the zeroed-buffer sum (a -0 product becomes +0 there too).
+             bool fresh;
+             float* gx = grad_buffer_for_overwrite(logits, fresh);
              parallel_for(N, N * C, [&](int64_t r) {  // dx = g (softmax(x) - onehot(target))
-               if (T[r] == ignore_index) return;
-               const float* x = X + r * C;
                float* d = gx + r * C;
+               if (T[r] == ignore_index) {
+                 if (fresh) std::fill(d, d + C, 0.f);
+                 return;
+               }
+               const float* x = X + r * C;
                const float l = L[r];
                for (int64_t c0 = 0; c0 < C; c0 += 16) {  // 16-wide chunks, as in forward
                  alignas(64) float e[16];
                  const int64_t n = std::min<int64_t>(16, C - c0);
                  for (int k = 0; k < 16; ++k) e[k] = g * exp_fast(k < n ? x[c0 + k] - l : kNegInf);
-                 for (int64_t k = 0; k < n; ++k) d[c0 + k] += e[k];
+                 if (fresh)
+                   for (int64_t k = 0; k < n; ++k) d[c0 + k] = 0.f + e[k];
+                 else
+                   for (int64_t k = 0; k < n; ++k) d[c0 + k] += e[k];
                }
                d[T[r]] -= g;
              });

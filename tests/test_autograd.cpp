@@ -1,5 +1,7 @@
 #define BOOST_TEST_MODULE autograd
 #include <boost/test/unit_test.hpp>
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <string>
 
@@ -273,4 +275,31 @@ BOOST_AUTO_TEST_CASE(add_hands_its_gradient_buffer_to_the_first_input_safely) {
   BOOST_TEST(h.grad().to_vector() == (std::vector<float>{3, -6, 12}));
   BOOST_TEST(x.grad().to_vector() == (std::vector<float>{9, -18, 36}));
   BOOST_TEST(up.to_vector() == (std::vector<float>{0.5f, -1, 2}));  // grad_output untouched
+}
+
+// cross_entropy's backward writes a fresh logits gradient instead of zeroing and adding: rows
+// with the ignored target must still come out exactly 0 from a recycled (dirty) buffer, and an
+// existing gradient must still be added to.
+BOOST_AUTO_TEST_CASE(cross_entropy_writes_a_fresh_gradient_and_adds_to_an_existing_one) {
+  const std::vector<float> values{0.5f, -1.f, 2.f, 0.f, 1.5f, 3.f, -2.f, 0.25f, 1.f, -0.5f, 0.f, 1.f, 2.f, 3.f, 4.f};
+  const Ids targets(Shape{3}, {1, -100, 4});
+  for (int i = 0; i < 4; ++i) {  // recycle buffers of this size full of NaN
+    Tensor junk = Tensor::empty({3, 5});
+    std::fill(junk.data(), junk.data() + junk.numel(), std::nanf(""));
+  }
+  Tensor logits = Tensor::from({3, 5}, values).requires_grad_();
+  cross_entropy(logits, targets, -100).backward();
+  const std::vector<float> g = logits.grad().to_vector();
+  for (int r : {0, 2}) {  // (softmax - onehot) / 2 counted rows, in double
+    double z = 0;
+    for (int c = 0; c < 5; ++c) z += std::exp(static_cast<double>(values[r * 5 + c]));
+    for (int c = 0; c < 5; ++c) {
+      const double want = (std::exp(static_cast<double>(values[r * 5 + c])) / z - (c == targets.data[r])) / 2;
+      BOOST_TEST(std::fabs(g[r * 5 + c] - want) <= 1e-6);
+    }
+  }
+  for (int c = 0; c < 5; ++c) BOOST_TEST(g[5 + c] == 0.f);
+  cross_entropy(logits, targets, -100).backward();  // accumulates: exactly twice the first
+  const std::vector<float> g2 = logits.grad().to_vector();
+  for (size_t i = 0; i < g.size(); ++i) BOOST_TEST(g2[i] == 2 * g[i]);
 }

@@ -227,6 +227,87 @@ BOOST_AUTO_TEST_CASE(linear_stacked_apart) { check_linear(3, false, false); }
 BOOST_AUTO_TEST_CASE(linear_stacked_one_without_bias) { check_linear(3, false, false, 1); }
 BOOST_AUTO_TEST_CASE(linear_act_relu) { check_linear(1, false, true); }
 
+// A smooth activation under bf16 keeps its pre-activation U for the backward in bf16 only, so
+// dU = act'(bf16(U)) dY: the derivative moves by at most max|act''| |bf16(U) - U_exact|, where
+// U carries the forward's bound e_U plus the rounding kU |U|. That error rides through dX, dW (as
+// part of dU, rounded again to bf16) and db (float32 sum). `eval` is the activation's own float32
+// evaluation error (fast tanh/exp), far smaller.
+void check_linear_act_smooth(Activation act, double (*f)(double), double (*df)(double), double max_d1, double max_d2) {
+  const int64_t R = 40, in = 96, N = 48;
+  const double eval = 1e-6;
+  Tensor x = Tensor::randn({R, in}, rng()).requires_grad_();
+  Tensor w = Tensor::randn({N, in}, rng(), 0.f, 0.2f).requires_grad_();
+  Tensor b = Tensor::randn({N}, rng()).requires_grad_();
+  const Tensor g = Tensor::randn({R, N}, rng());
+  Tensor y;
+  {
+    PrecisionScope bf16(Precision::Bf16);
+    Bf16EveryProduct every;
+    y = linear_act(x, w, b, act);
+  }
+  y.backward(g);
+  auto W = [&](int64_t o, int64_t k) { return static_cast<double>(w.data()[o * in + k]); };
+  auto X = [&](int64_t r, int64_t k) { return static_cast<double>(x.data()[r * in + k]); };
+  std::vector<double> dU(R * N), dU_err(R * N);
+  Bound fwd, dx, dw, db;
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t o = 0; o < N; ++o) {
+      double u = b.data()[o], a = std::abs(u);
+      for (int64_t k = 0; k < in; ++k) u += X(r, k) * W(o, k), a += std::abs(X(r, k) * W(o, k));
+      const double e_u = bf16_bound(in + 1, a), G = g.data()[r * N + o];
+      fwd.check(y.data()[r * N + o], f(u), max_d1 * e_u + eval * (1 + std::abs(u)));
+      dU[r * N + o] = df(u) * G;
+      dU_err[r * N + o] = std::abs(G) * (max_d2 * (e_u + kU * (std::abs(u) + e_u)) + eval * (1 + std::abs(u)));
+    }
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t k = 0; k < in; ++k) {
+      double s = 0, a = 0, moved = 0;
+      for (int64_t o = 0; o < N; ++o) {
+        s += dU[r * N + o] * W(o, k);
+        a += std::abs(dU[r * N + o] * W(o, k));
+        moved += dU_err[r * N + o] * std::abs(W(o, k));
+      }
+      dx.check(x.grad().data()[r * in + k], s, bf16_bound(N, a + moved) + moved);
+    }
+  for (int64_t o = 0; o < N; ++o) {
+    for (int64_t k = 0; k < in; ++k) {
+      double s = 0, a = 0, moved = 0;
+      for (int64_t r = 0; r < R; ++r) {
+        s += dU[r * N + o] * X(r, k);
+        a += std::abs(dU[r * N + o] * X(r, k));
+        moved += dU_err[r * N + o] * std::abs(X(r, k));
+      }
+      dw.check(w.grad().data()[o * in + k], s, bf16_bound(R, a + moved) + moved);
+    }
+    double s = 0, a = 0, moved = 0;
+    for (int64_t r = 0; r < R; ++r) s += dU[r * N + o], a += std::abs(dU[r * N + o]), moved += dU_err[r * N + o];
+    db.check(b.grad().data()[o], s, accumulation_bound(R, a + moved) + moved);
+  }
+  BOOST_TEST_MESSAGE("linear_act error / bound: y " << fwd.worst << ", dx " << dx.worst << ", dW " << dw.worst << ", db " << db.worst);
+  BOOST_TEST(fwd.worst <= 1.0);
+  BOOST_TEST(dx.worst <= 1.0);
+  BOOST_TEST(dw.worst <= 1.0);
+  BOOST_TEST(db.worst <= 1.0);
+}
+
+double gelu_tanh64(double v) { return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))); }
+double gelu_tanh64_d(double v) {
+  const double c = std::sqrt(2 / M_PI), t = std::tanh(c * (v + 0.044715 * v * v * v));
+  return 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * c * (1 + 3 * 0.044715 * v * v);
+}
+double silu64(double v) { return v / (1 + std::exp(-v)); }
+double silu64_d(double v) {
+  const double s = 1 / (1 + std::exp(-v));
+  return s * (1 + v * (1 - s));
+}
+// max |act'| and max |act''| over the reals (float64 autograd on a fine grid)
+BOOST_AUTO_TEST_CASE(linear_act_gelu_keeps_a_bf16_pre_activation) {
+  check_linear_act_smooth(Activation::GeluTanh, gelu_tanh64, gelu_tanh64_d, 1.1290, 0.7979);
+}
+BOOST_AUTO_TEST_CASE(linear_act_silu_keeps_a_bf16_pre_activation) {
+  check_linear_act_smooth(Activation::Silu, silu64, silu64_d, 1.0999, 0.5);
+}
+
 // The precision is the forward's: a float32 forward differentiated inside a bf16 scope is
 // float32's bit for bit, and after the scope float32 is back.
 BOOST_AUTO_TEST_CASE(scope_restores_and_backward_follows_the_forward) {
