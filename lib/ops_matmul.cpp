@@ -367,7 +367,8 @@ void fill_bias_rows(const LinearArgs& a, float* U, int64_t lo, int64_t hi) {
 // stay float32: the graph holds them (as the parent of this op), so a kept bf16 copy would add to
 // the peak rather than replace them.
 Tensor bf16_buffer(int64_t n) { return Tensor::empty({(n + 1) / 2}); }
-constexpr int64_t kRowsInCache = 8;  // rows of U an activation pass rounds at a time (3072 wide: 96 KiB)
+// Rows of U or dU an activation pass makes and rounds at a time: about 128 KiB, in L2.
+int64_t rows_in_cache(int64_t width) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(width, 1)); }
 uint16_t* bf16_data(const Tensor& t) { return reinterpret_cast<uint16_t*>(t.data()); }
 
 struct Bf16Operands {
@@ -454,7 +455,7 @@ WeightGrads weight_grads(std::span<const Tensor> ws, bool one_block) {
   return g;
 }
 
-// The bf16 backward: dU rounded to bf16 as each thread makes its rows, then dX = dU W and
+// The bf16 backward: dU rounded to bf16 as each thread makes its rows (a few at a time), then dX = dU W and
 // dW = dU^T X as two oneDNN products; db sums dU (float32) in row order, columns over threads.
 template <class Pre>
 void linear_backward_bf16(const LinearArgs& a, const float* dU, Pre pre, float* gx, bool gx_fresh) {
@@ -467,8 +468,11 @@ void linear_backward_bf16(const LinearArgs& a, const float* dU, Pre pre, float* 
   run_on_threads(linear_threads(a), [&](int t, int n) {
     const auto [lo, hi] = row_block(a.R, t, n);
     if (hi == lo) return;
-    pre(lo, hi);
-    convert_to_bf16(dU + lo * a.N, dUh + lo * a.N, (hi - lo) * a.N);
+    for (int64_t r = lo, step = rows_in_cache(a.N); r < hi; r += step) {  // rows rounded while in cache
+      const int64_t r1 = std::min(hi, r + step);
+      pre(r, r1);
+      convert_to_bf16(dU + r * a.N, dUh + r * a.N, (r1 - r) * a.N);
+    }
   });
   if (any_gb)
     run_on_threads(linear_threads(a), [&](int t, int n) {
@@ -702,8 +706,8 @@ Tensor linear_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation 
         for (int64_t e = lo * N; e < hi * N; ++e) Y[e] = f(U[e]);
         return;
       }
-      for (int64_t r = lo; r < hi; r += kRowsInCache) {  // U's rows rounded while in cache
-        const int64_t e0 = r * N, e1 = std::min(hi, r + kRowsInCache) * N;
+      for (int64_t r = lo, step = rows_in_cache(N); r < hi; r += step) {  // U's rows rounded while in cache
+        const int64_t e0 = r * N, e1 = std::min(hi, r + step) * N;
         for (int64_t e = e0; e < e1; ++e) Y[e] = f(U[e]);
         convert_to_bf16(U + e0, bf16_data(uh) + e0, e1 - e0);
       }
