@@ -455,8 +455,9 @@ WeightGrads weight_grads(std::span<const Tensor> ws, bool one_block) {
   return g;
 }
 
-// The bf16 backward: dU rounded to bf16 as each thread makes its rows (a few at a time), then dX = dU W and
-// dW = dU^T X as two oneDNN products; db sums dU (float32) in row order, columns over threads.
+// The bf16 backward: dU rounded to bf16 as each thread makes its rows (a few at a time, in
+// cache), which it also sums into its partial db; then dX = dU W and dW = dU^T X as two oneDNN
+// products. db (float32) adds the partials in thread order: a fixed order for a thread count.
 template <class Pre>
 void linear_backward_bf16(const LinearArgs& a, const float* dU, Pre pre, float* gx, bool gx_fresh) {
   const WeightGrads gw = weight_grads(a.ws, a.one_block);
@@ -465,28 +466,26 @@ void linear_backward_bf16(const LinearArgs& a, const float* dU, Pre pre, float* 
   for (size_t i = 0; i < a.bs.size(); ++i) any_gb = (gb[i] = grad_buffer(a.bs[i])) || any_gb;
   const Tensor dUbuf = bf16_buffer(a.R * a.N);
   uint16_t* dUh = bf16_data(dUbuf);  // (R, N)
-  run_on_threads(linear_threads(a), [&](int t, int n) {
+  const int nt = linear_threads(a);
+  const Tensor sums = any_gb ? Tensor::zeros({nt, a.N}) : Tensor();  // (threads, N): column sums of each one's rows
+  run_on_threads(nt, [&](int t, int n) {
     const auto [lo, hi] = row_block(a.R, t, n);
-    if (hi == lo) return;
-    for (int64_t r = lo, step = rows_in_cache(a.N); r < hi; r += step) {  // rows rounded while in cache
+    float* part = any_gb ? sums.data() + t * a.N : nullptr;
+    for (int64_t r = lo, step = rows_in_cache(a.N); r < hi; r += step) {
       const int64_t r1 = std::min(hi, r + step);
       pre(r, r1);
       convert_to_bf16(dU + r * a.N, dUh + r * a.N, (r1 - r) * a.N);
+      for (int64_t q = r; part && q < r1; ++q) {
+        const float* row = dU + q * a.N;
+#pragma omp simd
+        for (int64_t o = 0; o < a.N; ++o) part[o] += row[o];
+      }
     }
   });
-  if (any_gb)
-    run_on_threads(linear_threads(a), [&](int t, int n) {
-      for (size_t i = 0, col = 0; i < a.bs.size(); col += a.ws[i].size(0), ++i) {
-        if (!gb[i]) continue;
-        const auto [lo, hi] = row_block(a.ws[i].size(0), t, n);
-        float* g = gb[i];
-        for (int64_t r = 0; r < a.R; ++r) {
-          const float* row = dU + r * a.N + col;
-#pragma omp simd
-          for (int64_t o = lo; o < hi; ++o) g[o] += row[o];
-        }
-      }
-    });
+  for (int t = 0; any_gb && t < nt; ++t)
+    for (size_t i = 0, col = 0; i < a.bs.size(); col += a.ws[i].size(0), ++i)
+      if (gb[i])
+        for (int64_t o = 0; o < a.ws[i].size(0); ++o) gb[i][o] += sums.data()[t * a.N + col + o];
   if (gx)  // dX (R, in) (+)= dU W
     gemm_bf16(false, false, a.R, a.in, a.N, dUh, a.N, a.Wh, a.in, gx_fresh ? 0.f : 1.f, gx, a.in);
   if (gw.any()) {  // dW (N, in) (+)= dU^T X, X rounded again (above)

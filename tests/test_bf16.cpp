@@ -259,26 +259,21 @@ void check_linear_act_smooth(Activation act, double (*f)(double), double (*df)(d
       dU[r * N + o] = df(u) * G;
       dU_err[r * N + o] = std::abs(G) * (max_d2 * (e_u + kU * (std::abs(u) + e_u)) + eval * (1 + std::abs(u)));
     }
+  // got = sum_i dU(e_i) c_i, a bf16 product of dU (which carries dU_err) and c; at(i) = {e_i, c_i}
+  auto check_product = [&](Bound& bound, float got, int64_t n, auto at) {
+    double s = 0, a = 0, moved = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const auto [e, c] = at(i);
+      s += dU[e] * c, a += std::abs(dU[e] * c), moved += dU_err[e] * std::abs(c);
+    }
+    bound.check(got, s, bf16_bound(n, a + moved) + moved);
+  };
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t k = 0; k < in; ++k) {
-      double s = 0, a = 0, moved = 0;
-      for (int64_t o = 0; o < N; ++o) {
-        s += dU[r * N + o] * W(o, k);
-        a += std::abs(dU[r * N + o] * W(o, k));
-        moved += dU_err[r * N + o] * std::abs(W(o, k));
-      }
-      dx.check(x.grad().data()[r * in + k], s, bf16_bound(N, a + moved) + moved);
-    }
+    for (int64_t k = 0; k < in; ++k)
+      check_product(dx, x.grad().data()[r * in + k], N, [&](int64_t o) { return std::pair(r * N + o, W(o, k)); });
   for (int64_t o = 0; o < N; ++o) {
-    for (int64_t k = 0; k < in; ++k) {
-      double s = 0, a = 0, moved = 0;
-      for (int64_t r = 0; r < R; ++r) {
-        s += dU[r * N + o] * X(r, k);
-        a += std::abs(dU[r * N + o] * X(r, k));
-        moved += dU_err[r * N + o] * std::abs(X(r, k));
-      }
-      dw.check(w.grad().data()[o * in + k], s, bf16_bound(R, a + moved) + moved);
-    }
+    for (int64_t k = 0; k < in; ++k)
+      check_product(dw, w.grad().data()[o * in + k], R, [&](int64_t r) { return std::pair(r * N + o, X(r, k)); });
     double s = 0, a = 0, moved = 0;
     for (int64_t r = 0; r < R; ++r) s += dU[r * N + o], a += std::abs(dU[r * N + o]), moved += dU_err[r * N + o];
     db.check(b.grad().data()[o], s, accumulation_bound(R, a + moved) + moved);
