@@ -421,12 +421,16 @@ BOOST_AUTO_TEST_CASE(resume_and_snapshots_of_a_bf16_run_are_bit_exact) {
   Trainer(bf16_args(f32, "float32")).run();
   BOOST_TEST(model_bytes(full + "/model.safetensors") != model_bytes(f32 + "/model.safetensors"));  // bf16 was used
   // From the same weights and batches, bf16 follows float32's held-out loss: measured at most
-  // 0.92% apart over these 40 steps (0.21-0.92% at the four evaluations; docs/performance.md);
+  // 0.99% apart over these 40 steps (0.27-0.99% at the four evaluations; docs/performance.md);
   // 2% allowed.
   const std::vector<double> lb = held_out_losses(full), lf = held_out_losses(f32);
   BOOST_TEST(lb.size() == 4u);
   BOOST_TEST(lf.size() == 4u);
-  for (size_t i = 0; i < std::min(lb.size(), lf.size()); ++i) BOOST_TEST(std::abs(lb[i] - lf[i]) <= 0.02 * lf[i]);
+  for (size_t i = 0; i < std::min(lb.size(), lf.size()); ++i) {
+    BOOST_TEST_MESSAGE("held-out loss at evaluation " << i << ": bf16 " << lb[i] << ", float32 " << lf[i] << " ("
+                                                      << 100 * std::abs(lb[i] - lf[i]) / lf[i] << "% apart)");
+    BOOST_TEST(std::abs(lb[i] - lf[i]) <= 0.02 * lf[i]);
+  }
   {  // "crash" at step 25, after the step-20 checkpoint
     Trainer t(bf16_args(cut));
     TrainObserver obs;
