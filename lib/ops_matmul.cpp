@@ -363,9 +363,8 @@ void fill_bias_rows(const LinearArgs& a, float* U, int64_t lo, int64_t hi) {
 // Activations saved for the backward in bf16: the pre-activation U = x W^T + b of a bf16
 // linear_act (GELU, ReLU, SiLU: GPT-2's fc1, llama's gate), whose backward reads it only for the
 // activation's derivative, and dU = act'(U) dY is rounded to bf16 for dX and dW anyway; its bf16
-// copy is written in the activation's pass and the float32 U is not kept. The products' inputs x
-// stay float32: the graph holds them (as the parent of this op), so a kept bf16 copy would add to
-// the peak rather than replace them.
+// copy is written in the activation's pass and the float32 U is not kept. (Not the products'
+// inputs x: above.)
 Tensor bf16_buffer(int64_t n) { return Tensor::empty({(n + 1) / 2}); }
 // Rows of U or dU an activation pass makes and rounds at a time: about 128 KiB, in L2.
 int64_t rows_in_cache(int64_t width) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(width, 1)); }
