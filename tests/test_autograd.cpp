@@ -4,6 +4,7 @@
 #include <cmath>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "lib/autograd.h"
 #include "tests/roundoff.h"
@@ -283,9 +284,12 @@ BOOST_AUTO_TEST_CASE(add_hands_its_gradient_buffer_to_the_first_input_safely) {
 BOOST_AUTO_TEST_CASE(cross_entropy_writes_a_fresh_gradient_and_adds_to_an_existing_one) {
   const std::vector<float> values{0.5f, -1.f, 2.f, 0.f, 1.5f, 3.f, -2.f, 0.25f, 1.f, -0.5f, 0.f, 1.f, 2.f, 3.f, 4.f};
   const Ids targets(Shape{3}, {1, -100, 4});
-  for (int i = 0; i < 4; ++i) {  // recycle buffers of this size full of NaN
-    Tensor junk = Tensor::empty({3, 5});
-    std::fill(junk.data(), junk.data() + junk.numel(), std::nanf(""));
+  {  // the pool recycles buffers of this size full of NaN, the gradient's among them
+    std::vector<Tensor> junk;
+    for (int i = 0; i < 8; ++i) {
+      junk.push_back(Tensor::empty({3, 5}));
+      std::fill(junk.back().data(), junk.back().data() + 15, std::nanf(""));
+    }
   }
   Tensor logits = Tensor::from({3, 5}, values).requires_grad_();
   cross_entropy(logits, targets, -100).backward();
