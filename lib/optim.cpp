@@ -134,23 +134,37 @@ namespace {
 const Tensor& param_of(const Tensor& t) { return t; }
 const Tensor& param_of(const NamedParam& p) { return p.param; }
 
+// Sum of squares of one gradient in 8 double lanes (lane l takes elements l mod 8): a fixed order
+// that vectorises; one running double sum is a 4-cycle dependency chain per element.
+void squares_in_lanes(const float* G, int64_t n, double* lanes) {
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8)
+    for (int l = 0; l < 8; ++l) lanes[l] += static_cast<double>(G[k + l]) * G[k + l];
+  for (int l = 0; k + l < n; ++l) lanes[l] += static_cast<double>(G[k + l]) * G[k + l];
+}
+
+// Each gradient's lanes on one thread, the gradients shared out by size (GPT-2's embedding alone
+// is a third of its 124M), then every lane added in parameter and lane order: one thread's bits.
 template <class P>
 float grad_norm_of(const std::vector<P>& params) {
+  // (parameters, 8), kept so a training step allocates nothing here; named by a reference, since
+  // inside the region a thread_local's name is each thread's own
+  thread_local std::vector<double> kept;
+  std::vector<double>& lanes = kept;
+  lanes.assign(params.size() * 8, 0.0);
+  int64_t total = 0;
+  for (const P& p : params) total += param_of(p).grad().defined() ? param_of(p).numel() : 0;
+  run_on_threads(threads_for(total), [&](int t, int n) {
+    int64_t start = 0;  // elements before parameter i; it goes to the thread its start falls in
+    for (size_t i = 0; i < params.size(); ++i) {
+      Tensor g = param_of(params[i]).grad();
+      if (!g.defined()) continue;
+      if (start * n / std::max<int64_t>(total, 1) == t) squares_in_lanes(g.data(), g.numel(), &lanes[i * 8]);
+      start += g.numel();
+    }
+  });
   double s = 0;
-  for (const P& p : params) {
-    Tensor g = param_of(p).grad();
-    if (!g.defined()) continue;
-    // 8 double lanes (lane l takes elements l mod 8), added in lane order: a fixed order that
-    // vectorises; one running double sum is a 4-cycle dependency chain per element
-    const float* G = g.data();
-    const int64_t n = g.numel();
-    double lanes[8] = {};
-    int64_t k = 0;
-    for (; k + 8 <= n; k += 8)
-      for (int l = 0; l < 8; ++l) lanes[l] += static_cast<double>(G[k + l]) * G[k + l];
-    for (int l = 0; k + l < n; ++l) lanes[l] += static_cast<double>(G[k + l]) * G[k + l];
-    for (double lane : lanes) s += lane;
-  }
+  for (double lane : lanes) s += lane;
   return static_cast<float>(std::sqrt(s));
 }
 
@@ -163,8 +177,11 @@ float clip_grad_norm_of(const std::vector<P>& params, float max_norm) {
     for (const P& p : params) {
       Tensor g = param_of(p).grad();
       if (!g.defined()) continue;
-      float* G = g.data();
-      for (int64_t k = 0, n = g.numel(); k < n; ++k) G[k] *= scale;
+      parallel_ranges(g.numel(), g.numel(), [G = g.data(), scale](int64_t lo, int64_t hi) {
+        float* x = G;
+        const float c = scale;
+        for (int64_t k = lo; k < hi; ++k) x[k] *= c;
+      });
     }
   }
   return norm;

@@ -1,6 +1,8 @@
 #define BOOST_TEST_MODULE optim
 #include <boost/test/unit_test.hpp>
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "lib/nn.h"
 #include "lib/optim.h"
@@ -57,6 +59,34 @@ BOOST_AUTO_TEST_CASE(clip_by_global_norm) {
   BOOST_TEST(a.grad().at({0}) == 0.6f, tt::tolerance(1e-5f));
   BOOST_TEST(b.grad().at({0}) == 0.8f, tt::tolerance(1e-5f));
   BOOST_TEST(grad_norm({a, b}) == 1.f, tt::tolerance(1e-5f));
+}
+
+// The global norm is computed on every thread (gradients shared out by size) yet must be the
+// one-thread sum's bits: 8 double lanes per gradient (lane l: elements l mod 8), all lanes added
+// in parameter then lane order. Gradients large enough for the threads, one without a gradient.
+BOOST_AUTO_TEST_CASE(global_norm_on_two_threads_is_the_one_thread_sum) {
+  set_num_threads(2);
+  Rng rng(3);
+  std::vector<Tensor> ps;
+  for (int64_t n : {40001, 17, 0, 70000, 5}) {
+    ps.push_back(Tensor::zeros({std::max<int64_t>(n, 1)}).requires_grad_());
+    if (n) ps.back().impl()->grad = Tensor::randn({n}, rng).ref();
+  }
+  double s = 0;
+  std::vector<std::vector<float>> before;
+  for (const Tensor& p : ps) {
+    before.push_back(p.grad().defined() ? p.grad().to_vector() : std::vector<float>());
+    double lanes[8] = {};
+    const std::vector<float>& g = before.back();
+    for (size_t k = 0; k < g.size(); ++k) lanes[k % 8] += static_cast<double>(g[k]) * g[k];
+    for (double lane : lanes) s += lane;
+  }
+  const float want = static_cast<float>(std::sqrt(s));
+  BOOST_TEST(grad_norm(ps) == want);
+  BOOST_TEST(clip_grad_norm(ps, 10.f) == want);
+  const float scale = 10.f / (want + 1e-6f);
+  for (size_t i = 0; i < ps.size(); ++i)
+    for (size_t k = 0; k < before[i].size(); ++k) BOOST_TEST(ps[i].grad().data()[k] == before[i][k] * scale);
 }
 
 BOOST_AUTO_TEST_CASE(schedules_at_chosen_steps) {
