@@ -159,6 +159,20 @@ FeatureSourceAttribution feature_source_attribution(TransformerLM& model, const 
   r.bias = sae.b_enc.data()[feature];
   if (sae.cfg.apply_b_dec_to_input)
     for (int64_t c = 0; c < W; ++c) r.bias -= double(sae.b_dec.data()[c]) * we[c * F + feature];
+  // With layer_norm each query's row is centred and divided by its std (+ eps), constants of the
+  // query: the encoder column centred over its W entries takes the mean away (so a sum over the
+  // sources stays a sum), and the query's contributions are divided by its std + eps.
+  std::vector<double> w_col(static_cast<size_t>(W));
+  for (int64_t c = 0; c < W; ++c) w_col[c] = we[c * F + feature];
+  std::vector<double> inv_scale(static_cast<size_t>(B * T), 1.0);  // per query
+  const Tensor rows = sae_rows(cache[z_name], W, z_name);
+  if (sae.layer_norm()) {
+    const double m = std::accumulate(w_col.begin(), w_col.end(), 0.0) / double(W);
+    for (double& w : w_col) w -= m;
+    Tensor sd;
+    sae.normalize_input(rows, &sd);
+    for (int64_t i = 0; i < B * T; ++i) inv_scale[i] = 1.0 / (double(sd.data()[i]) + 1e-5);
+  }
   // vw[b, s, h]: g_h v[b, s, head h's kv head] . W_enc[block h, feature]
   std::vector<double> vw(static_cast<size_t>(B * T * H));
   for (int64_t b = 0; b < B; ++b)
@@ -166,7 +180,7 @@ FeatureSourceAttribution feature_source_attribution(TransformerLM& model, const 
       for (int h = 0; h < H; ++h) {
         const float* vh = v + ((b * T + s) * Hkv + h / (H / Hkv)) * dh;
         double acc = 0;
-        for (int64_t d = 0; d < dh; ++d) acc += double(vh[d]) * we[(h * dh + d) * F + feature];
+        for (int64_t d = 0; d < dh; ++d) acc += double(vh[d]) * w_col[h * dh + d];
         vw[static_cast<size_t>((b * T + s) * H + h)] = double(g[h]) * acc;
       }
   r.contribution.assign(static_cast<size_t>(B * T * H * T), 0.0);
@@ -175,8 +189,7 @@ FeatureSourceAttribution feature_source_attribution(TransformerLM& model, const 
       for (int h = 0; h < H; ++h)
         for (int64_t s = 0; s < T; ++s)
           r.contribution[static_cast<size_t>(((b * T + q) * H + h) * T + s)] =
-              double(P[((b * H + h) * T + q) * T + s]) * vw[static_cast<size_t>((b * T + s) * H + h)];
-  const Tensor rows = sae_rows(cache[z_name], W, z_name);
+              double(P[((b * H + h) * T + q) * T + s]) * vw[static_cast<size_t>((b * T + s) * H + h)] * inv_scale[b * T + q];
   const Tensor pre = sae.pre_acts(rows), f = sae.encode(rows);  // (B*T, F)
   for (int64_t i = 0; i < B * T; ++i) {
     r.pre_activation.push_back(pre.data()[i * F + feature]);
@@ -254,8 +267,16 @@ ForwardHook sae_splice_edited(const Sae& sae, const std::vector<int>& features, 
     const Tensor rows = sae_rows(x, sae.cfg.d_in, name);  // (N, d_in)
     const Tensor f = sae.encode(rows);                     // (N, d_sae)
     const Tensor edited = add(mul(f, keep), set);
-    // with the error kept: x + x_hat(edited) - x_hat(f) = x + (edited - f) W_dec
-    const Tensor out = keep_error ? add(rows, matmul(sub(edited, f), sae.W_dec)) : sae.decode(edited);
+    if (!keep_error) return reshape(sae.reconstruct(rows, edited), x.shape());
+    // with the error kept: x + x_hat(edited) - x_hat(f) = x + (edited - f) W_dec (times the
+    // row's std with layer_norm)
+    Tensor delta = matmul(sub(edited, f), sae.W_dec);
+    if (sae.layer_norm()) {
+      Tensor scale;
+      sae.normalize_input(rows, &scale);
+      delta = mul(delta, scale);
+    }
+    const Tensor out = add(rows, delta);
     return reshape(out, x.shape());
   };
 }

@@ -9,7 +9,8 @@
 //    g_h sum_s pattern[h, q, s] v[h, s] (g the head gates, v with its bias), so the feature's
 //    pre-activation is exactly
 //      sum_h sum_s g_h pattern[h, q, s] (v[h, s] . W_enc[block h, j]) + b_enc[j] - b_dec . W_enc[:, j]
-//    (the b_dec term only with apply_b_dec_to_input): feature_source_attribution;
+//    (the b_dec term only with apply_b_dec_to_input; with layer_norm each query's terms use the
+//    encoder column centred and are divided by the query's std + eps): feature_source_attribution;
 //  - top-activating examples with per-token activations over data (top_activating_examples);
 //  - features as nodes: the SAE spliced in with chosen features edited (sae_splice_edited),
 //    and each feature's ablation effect on the task's loss (feature_ablation_effects).

@@ -13,7 +13,7 @@ SaeMetrics sae_metrics(const Sae& sae, const Tensor& x, const Tensor& target, do
   NoGradGuard no_grad;
   const Tensor y = target.defined() ? target : x;
   const Tensor f = sae.encode(x);
-  const Tensor x_hat = sae.decode(f);
+  const Tensor x_hat = sae.reconstruct(x, f);
   HL_CHECK(x_hat.shape() == y.shape(), "SAE metrics: reconstruction ", x_hat.shape().str(), " vs target ", y.shape().str());
   const int64_t N = f.size(0), F = f.size(1), D = y.size(1);
   SaeMetrics m;

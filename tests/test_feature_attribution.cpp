@@ -140,10 +140,12 @@ BOOST_AUTO_TEST_CASE(source_attribution_sums_to_the_pre_activation_with_gqa_bias
   c.positions = Positions::Rotary;
   TransformerLM model(c, 7);
   model.gates(1).data()[1] = 0.5f, model.gates(1).data()[3] = 0.f;
-  const Sae sae = random_sae("blocks.1.attn.hook_z", 8, 5, SaeArch::TopK, 3);
+  Sae sae = random_sae("blocks.1.attn.hook_z", 8, 5, SaeArch::TopK, 3);
   const Ids ids = some_tokens(3, 6, c.vocab_size, 8);
-  for (int j = 0; j < 5; ++j) {
-    const FeatureSourceAttribution a = feature_source_attribution(model, sae, ids, j);
+  // with layer_norm too: each query's row centred and scaled, constants of the query
+  for (int j = 0; j < 10; ++j) {
+    sae.cfg.normalize_activations = j < 5 ? "none" : "layer_norm";
+    const FeatureSourceAttribution a = feature_source_attribution(model, sae, ids, j % 5);
     for (int64_t i = 0; i < 18; ++i) {
       double sum = a.bias;
       for (int h = 0; h < 4; ++h)

@@ -45,7 +45,7 @@ Sae initial_sae(const SaeConfig& cfg, const SaeTrainArgs& args, const Activation
   // b_dec at the centre of what the SAE reconstructs: the input, or a transcoder's target
   if (cfg.apply_b_dec_to_input || cfg.transcoder()) {
     const Tensor rows = checked_batch(source, args.init_rows, source_width(cfg));
-    const Tensor sample = cfg.transcoder() ? columns(rows, cfg.d_in, cfg.d_out) : rows;
+    const Tensor sample = cfg.transcoder() ? columns(rows, cfg.d_in, cfg.d_out) : sae.normalize_input(rows);
     const int64_t D = cfg.out_width();
     Tensor centre = args.b_dec_geometric_median ? geometric_median(sample) : Tensor();
     if (!centre.defined()) {
@@ -171,6 +171,8 @@ SaeConfig sae_config_for_model(TransformerLM& model, const Ids& ids, const std::
     cfg.d_out = model_activations(model, hook_out, {one}, 1, 0)(1).size(1);
   }
   cfg.d_sae = cfg.d_in * expansion;
+  // BatchTopK's paper trains on rows normalised one by one (models/sae.h: normalize_activations)
+  if (cfg.arch == SaeArch::BatchTopK) cfg.normalize_activations = "layer_norm";
   return cfg;
 }
 
@@ -197,9 +199,11 @@ std::vector<bool> SaeTrainer::dead_features() const {
 SaeStepStats SaeTrainer::step() {
   const int64_t N = args_.batch, F = cfg_.d_sae, D = cfg_.out_width();
   const Tensor rows = checked_batch(stream_.next, N, source_width(cfg_));
-  // x (N, d_in) and what x_hat should be, target (N, D): x itself, or a transcoder's output
-  const Tensor x = cfg_.transcoder() ? columns(rows, 0, cfg_.d_in) : rows;
-  const Tensor target = cfg_.transcoder() ? columns(rows, cfg_.d_in, cfg_.d_out) : rows;
+  // x (N, d_in) as the encoder sees it (normalised with layer_norm: the loss is in those units,
+  // as the BatchTopK paper's) and what x_hat should be, target (N, D): x itself, or a
+  // transcoder's output
+  const Tensor x = sae_.normalize_input(cfg_.transcoder() ? columns(rows, 0, cfg_.d_in) : rows);
+  const Tensor target = cfg_.transcoder() ? columns(rows, cfg_.d_in, cfg_.d_out) : x;
   const bool unit_decoder = cfg_.arch != SaeArch::Standard;  // Standard: the L1 carries the norms
 
   // AuxK: the dead features' k_aux largest pre-activations reconstruct what the live ones miss.
@@ -218,7 +222,7 @@ SaeStepStats SaeTrainer::step() {
     sparse_loss = sae_sparse_loss(sae_, x, target, {with_aux ? &dead_ : nullptr, k_aux, aux_weight}, sparse_work_);
     loss = sparse_loss.loss, err = sparse_loss.err;
   } else {
-    const Tensor pre = sae_.pre_acts(x);  // (N, F)
+    const Tensor pre = sae_.encoder_pre(x);  // (N, F)
     f = sae_.activate(pre, true);
     const Tensor x_hat = sae_.decode(f);  // (N, D)
     err = sub(x_hat, target);
@@ -312,7 +316,8 @@ SaeStepStats SaeTrainer::step() {
 nlohmann::json SaeTrainer::settings() const {
   return {{"architecture", sae_arch_name(cfg_.arch)}, {"d_in", cfg_.d_in}, {"d_sae", cfg_.d_sae}, {"k", cfg_.k},
           {"bandwidth", cfg_.bandwidth}, {"initial_threshold", cfg_.initial_threshold},
-          {"apply_b_dec_to_input", cfg_.apply_b_dec_to_input}, {"hook_name", cfg_.hook_name},
+          {"apply_b_dec_to_input", cfg_.apply_b_dec_to_input}, {"normalize_activations", cfg_.normalize_activations},
+          {"hook_name", cfg_.hook_name},
           {"hook_name_out", cfg_.hook_name_out}, {"d_out", cfg_.d_out}, {"steps", args_.steps}, {"batch", args_.batch},
           {"lr", args_.lr}, {"warmup", args_.warmup}, {"lr_decay_steps", args_.lr_decay_steps}, {"l1_coefficient", args_.l1_coefficient},
           {"l0_coefficient", args_.l0_coefficient}, {"sparsity_warmup", args_.sparsity_warmup},

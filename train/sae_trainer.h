@@ -88,7 +88,8 @@ inline ActivationSource model_activations(TransformerLM& model, const std::strin
 // The hooks a source for `cfg` reads: hook_name, and a transcoder's hook_name_out after it.
 std::vector<std::string> sae_source_hooks(const SaeConfig& cfg);
 // The configuration of an SAE (or, with hook_out not empty, a transcoder) of `expansion` times
-// the hook's width on `model`, widths read from one forward of `ids` (B, T).
+// the hook's width on `model`, widths read from one forward of `ids` (B, T); normalize_activations
+// layer_norm for a BatchTopK SAE (its paper's recipe), else none.
 SaeConfig sae_config_for_model(TransformerLM& model, const Ids& ids, const std::string& hook, const std::string& hook_out,
                                const std::string& architecture, int64_t expansion);
 

@@ -237,6 +237,9 @@ b_dec, and for JumpReLU its thresholds. encode(x) = act((x - b_dec) W_enc + b_en
     @property
     def b_dec(self) -> numpy.ndarray:
         """(d_in), read-only view"""
+    @property
+    def normalize_activations(self) -> str:
+        """none, or layer_norm: encode normalises each row, decode's output is in those units"""
     def encode(self, x: numpy.ndarray) -> numpy.ndarray:
         """Feature activations (N, d_sae) of activations x (N, d_in)"""
     def decode(self, f: numpy.ndarray) -> numpy.ndarray:
@@ -646,7 +649,7 @@ def tensor(array: numpy.ndarray, requires_grad: bool = ...) -> Tensor:
 def top_activating_examples(model: TransformerLM, sae: SAE, data: object, features: List[int], k: int = ..., before: int = ..., after: int = ...) -> list:
     """Per feature, the k rows of data where it is largest, each as the window of tokens around its largest token with the feature's activation at each: [{feature, examples: [{row, position, max_activation, window_start, tokens, activations}]}]"""
 
-def train_sae(model: TransformerLM, hook: str, data: object, architecture: str = ..., expansion: int = ..., k: int = ..., steps: int = ..., batch: int = ..., lr: float = ..., warmup: int = ..., buffer: int = ..., l1_coefficient: float = ..., l0_coefficient: float = ..., bandwidth: float = ..., seed: int = ..., hook_out: object = ..., sparsity_warmup: int = ..., lr_decay_steps: int = ..., jumprelu_sparsity: str = ..., tanh_scale: float = ..., pre_act_coefficient: float = ..., out: object = ..., resume: bool = ..., snapshot_every: int = ...) -> SAE:
+def train_sae(model: TransformerLM, hook: str, data: object, architecture: str = ..., expansion: int = ..., k: int = ..., steps: int = ..., batch: int = ..., lr: float = ..., warmup: int = ..., buffer: int = ..., l1_coefficient: float = ..., l0_coefficient: float = ..., bandwidth: float = ..., seed: int = ..., hook_out: object = ..., sparsity_warmup: int = ..., lr_decay_steps: int = ..., jumprelu_sparsity: str = ..., tanh_scale: float = ..., pre_act_coefficient: float = ..., out: object = ..., resume: bool = ..., snapshot_every: int = ..., normalize_activations: object = ...) -> SAE:
     """Trains an SAE on model's activations at hook (e.g. "blocks.1.attn.hook_z", heads concatenated) over data,
 token ids (B, T) run through the model and mixed in a shuffle buffer of `buffer` rows. Returns an SAE.
 With hook_out, a transcoder from hook's activation to hook_out's (e.g. hook="blocks.0.ln2.hook_normalized",
@@ -654,6 +657,8 @@ hook_out="blocks.0.hook_mlp_out": the MLP's input to its output). sparsity_warmu
 or L0 (jumprelu) weight rises from 0; lr_decay_steps: final steps over which the learning rate falls to 0.
 jumprelu_sparsity: "step" (the L0 through a straight-through step) or "tanh" (sum of tanh(tanh_scale f |W_dec|));
 pre_act_coefficient: weight of the dead features' relu(threshold - pre) |W_dec| (0: off).
+normalize_activations: "none" or "layer_norm" (each row centred and scaled to unit std before the encoder, scaled
+back after the decoder, SAELens's name); None: layer_norm for batchtopk, none for the others.
 With out, a run directory as `headlab sae --out` writes: sae_state.safetensors (Ctrl-C saves it too), snapshots/stepN
 every snapshot_every steps, and at the end cfg.json, sae_weights.safetensors and metrics.json (on data);
 resume=True continues it bit for bit (same settings, steps may grow)."""
