@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "analysis/evaluate.h"
+#include "analysis/features.h"
 #include "lib/stop.h"
 
 namespace hl {
@@ -22,23 +23,25 @@ void check_sae_hook(const TransformerLM& model, const Sae& sae) {
   HL_CHECK(known, "SAE: its hook_name '", sae.cfg.hook_name, "' is not a hook point of the model (`headlab hooks` lists them)");
 }
 
-// Calls fn(ids, f) with f (B*T, d_sae) the SAE's inference activations on each batch of data.
+// Calls fn(batch, f) with f (B*T, d_sae) the SAE's inference activations on each batch of data,
+// run with its padding (the rows' tokens: row_tokens; f at padding is not to be read).
 template <class Fn>
-void for_each_encoded_batch(TransformerLM& model, const Sae& sae, const std::vector<Ids>& data, Fn fn) {
+void for_each_encoded_batch(TransformerLM& model, const Sae& sae, const std::vector<Batch>& data, Fn fn) {
   check_sae_hook(model, sae);
   EvalScope mode(model);
   NoGradGuard no_grad;
   const std::string& hook = sae.cfg.hook_name;
-  for (const Ids& ids : data) {
+  for (const Batch& b : data) {
     throw_if_stopped();
     ActivationCache cache;
     Hooks hooks;
     hooks.cache(cache, name_is(hook));
     ForwardOptions opt;
     opt.hooks = &hooks;
+    opt.key_padding = b.key_padding;
     opt.stop_at_layer = hook_layer(hook) >= 0 ? hook_layer(hook) + 1 : -1;  // nothing after the hook's block
-    (void)model.forward(ids, opt);
-    fn(ids, sae.encode(sae_rows(cache[hook], sae.cfg.d_in, hook)));
+    (void)model.forward(b.inputs, opt);
+    fn(b, sae.encode(sae_rows(cache[hook], sae.cfg.d_in, hook)));
   }
 }
 
@@ -74,19 +77,20 @@ Tensor feature_head_outputs(const TransformerLM& model, const Sae& sae) {
   return out;
 }
 
-double final_norm_scale(TransformerLM& model, const std::vector<Ids>& data) {
+double final_norm_scale(TransformerLM& model, const std::vector<Batch>& data) {
   if (!model.ln_f) return 1.0;
   EvalScope mode(model);
   NoGradGuard no_grad;
   const std::string name = get_act_name("scale");  // ln_final.hook_scale
   double sum = 0;
   int64_t n = 0;
-  for (const Ids& ids : data) {
+  for (const Batch& b : data) {
     throw_if_stopped();
-    auto [logits, cache] = model.run_with_cache(ids, name_is(name));
-    const Tensor& s = cache[name];
-    for (int64_t i = 0; i < s.numel(); ++i) sum += s.data()[i];
-    n += s.numel();
+    auto [logits, cache] = model.run_with_cache(b.inputs, name_is(name), false, b.key_padding);
+    const Tensor& s = cache[name];  // (B, T, 1)
+    const int64_t B = s.size(0), T = s.size(1);
+    for (int64_t r = 0; r < B; ++r)
+      for (int64_t t = 0; t < row_tokens(b, r); ++t) sum += s.data()[r * T + t], ++n;
   }
   HL_CHECK(n > 0, "final_norm_scale: no tokens in the data");
   return sum / double(n);
@@ -198,7 +202,7 @@ FeatureSourceAttribution feature_source_attribution(TransformerLM& model, const 
   return r;
 }
 
-std::vector<FeatureExamples> top_activating_examples(TransformerLM& model, const Sae& sae, const std::vector<Ids>& data,
+std::vector<FeatureExamples> top_activating_examples(TransformerLM& model, const Sae& sae, const std::vector<Batch>& data,
                                                      const std::vector<int>& features, int k, int before, int after) {
   HL_CHECK(k >= 1 && before >= 0 && after >= 0, "top examples: k must be at least 1 and the window's sides at least 0, got k ", k,
            ", before ", before, ", after ", after);
@@ -207,14 +211,16 @@ std::vector<FeatureExamples> top_activating_examples(TransformerLM& model, const
   for (size_t i = 0; i < features.size(); ++i) out[i].feature = features[i];
   const int64_t F = sae.cfg.d_sae;
   int64_t row0 = 0;
-  for_each_encoded_batch(model, sae, data, [&](const Ids& ids, const Tensor& f) {
+  for_each_encoded_batch(model, sae, data, [&](const Batch& batch, const Tensor& f) {
+    const Ids& ids = batch.inputs;
     const int64_t B = ids.shape[0], T = ids.shape[1];
     for (size_t i = 0; i < features.size(); ++i) {
       const int j = features[i];
       std::vector<FeatureExample>& ex = out[i].examples;
       for (int64_t b = 0; b < B; ++b) {
+        const int64_t n = row_tokens(batch, b);  // the row's tokens; the padding after them is no example
         int64_t best = 0;
-        for (int64_t t = 1; t < T; ++t)
+        for (int64_t t = 1; t < n; ++t)
           if (f.data()[(b * T + t) * F + j] > f.data()[(b * T + best) * F + j]) best = t;
         const double top = f.data()[(b * T + best) * F + j];
         if (!(top > 0)) continue;  // the feature does not fire in this row
@@ -222,7 +228,7 @@ std::vector<FeatureExamples> top_activating_examples(TransformerLM& model, const
         FeatureExample e;
         e.row = row0 + b, e.position = best, e.max_activation = top;
         e.window_start = std::max<int64_t>(0, best - before);
-        for (int64_t t = e.window_start; t <= std::min<int64_t>(T - 1, best + after); ++t) {
+        for (int64_t t = e.window_start; t <= std::min<int64_t>(n - 1, best + after); ++t) {
           e.tokens.push_back(ids.data[static_cast<size_t>(b * T + t)]);
           e.activations.push_back(f.data()[(b * T + t) * F + j]);
         }
@@ -238,20 +244,23 @@ std::vector<FeatureExamples> top_activating_examples(TransformerLM& model, const
   return out;
 }
 
-FeaturePresence feature_presence(TransformerLM& model, const Sae& sae, const std::vector<Ids>& data) {
+FeaturePresence feature_presence(TransformerLM& model, const Sae& sae, const std::vector<Batch>& data) {
   const int64_t F = sae.cfg.d_sae;
   FeaturePresence p;
   p.mean_activation.assign(static_cast<size_t>(F), 0.0);
   p.firing_frequency.assign(static_cast<size_t>(F), 0.0);
-  for_each_encoded_batch(model, sae, data, [&](const Ids&, const Tensor& f) {
-    const int64_t N = f.size(0);
-    for (int64_t r = 0; r < N; ++r)
-      for (int64_t j = 0; j < F; ++j) {
-        const float a = f.data()[r * F + j];
-        p.mean_activation[j] += a;
-        p.firing_frequency[j] += a != 0.f;
-      }
-    p.tokens += N;
+  for_each_encoded_batch(model, sae, data, [&](const Batch& b, const Tensor& f) {
+    const int64_t T = b.inputs.shape[1];
+    for (int64_t row = 0; row < b.inputs.shape[0]; ++row) {
+      const int64_t n = row_tokens(b, row);
+      for (int64_t r = row * T; r < row * T + n; ++r)
+        for (int64_t j = 0; j < F; ++j) {
+          const float a = f.data()[r * F + j];
+          p.mean_activation[j] += a;
+          p.firing_frequency[j] += a != 0.f;
+        }
+      p.tokens += n;
+    }
   });
   HL_CHECK(p.tokens > 0, "feature presence: no tokens in the data");
   for (int64_t j = 0; j < F; ++j) p.mean_activation[j] /= double(p.tokens), p.firing_frequency[j] /= double(p.tokens);

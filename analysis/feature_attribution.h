@@ -46,8 +46,8 @@ struct FeatureLogitEffect {
 };
 std::vector<FeatureLogitEffect> feature_logit_effects(const TransformerLM& model, const Sae& sae,
                                                       const std::vector<int>& features, double final_scale, int top_k = 10);
-// The mean of ln_final.hook_scale over every position of data (1 without a final norm).
-double final_norm_scale(TransformerLM& model, const std::vector<Ids>& data);
+// The mean of ln_final.hook_scale over every token of data, padding left out (1 without a final norm).
+double final_norm_scale(TransformerLM& model, const std::vector<Batch>& data);
 
 // Feature `feature`'s pre-activation at every query of ids (B, T) decomposed over the heads and
 // attended source positions. contribution[((b * T + q) * H + h) * T + s]; sources after q are 0
@@ -81,17 +81,18 @@ struct FeatureExamples {
 };
 // The SAE's activations at its hook over every row of data; per feature, the k rows of largest
 // activation (one example per row, at its largest token; ties: the earlier row), each with
-// `before` tokens before that token and `after` after it (within the row).
-std::vector<FeatureExamples> top_activating_examples(TransformerLM& model, const Sae& sae, const std::vector<Ids>& data,
+// `before` tokens before that token and `after` after it (within the row's tokens: padding is
+// never an example nor in a window).
+std::vector<FeatureExamples> top_activating_examples(TransformerLM& model, const Sae& sae, const std::vector<Batch>& data,
                                                      const std::vector<int>& features, int k = 10, int before = 8, int after = 2);
 
 // How present each feature is over data: mean activation and firing frequency (active tokens /
-// tokens), per feature, over every position of every row.
+// tokens), per feature, over every token of every row (padding not counted).
 struct FeaturePresence {
   std::vector<double> mean_activation, firing_frequency;  // (d_sae)
   int64_t tokens = 0;
 };
-FeaturePresence feature_presence(TransformerLM& model, const Sae& sae, const std::vector<Ids>& data);
+FeaturePresence feature_presence(TransformerLM& model, const Sae& sae, const std::vector<Batch>& data);
 
 // The splice (models/sae.h) with `features` edited: their activations set to `value` (0 =
 // ablated) before decoding. keep_error: the SAE's error x - x_hat is added back, so the spliced
