@@ -879,6 +879,7 @@ BOOST_AUTO_TEST_CASE(resume_from_a_saved_state_is_bit_exact) {
     BOOST_TEST_CONTEXT(sae_arch_name(arch)) {
       SaeConfig cfg;
       cfg.d_in = 16, cfg.d_sae = 48, cfg.arch = arch, cfg.k = 3, cfg.bandwidth = 0.1f, cfg.initial_threshold = 0.2f;
+      if (arch == SaeArch::BatchTopK) cfg.normalize_activations = "layer_norm";
       SaeTrainArgs a;
       a.steps = 40, a.batch = 32, a.lr = 1e-2f, a.warmup = 5, a.sparsity_warmup = 30, a.dead_after = 64, a.init_rows = 64;
       const std::string dir = scratch_dir("resume");
@@ -893,6 +894,14 @@ BOOST_AUTO_TEST_CASE(resume_from_a_saved_state_is_bit_exact) {
       BOOST_CHECK_EXCEPTION(wrong.load_state(dir + "/state.safetensors"), Error, [](const Error& e) {
         return std::string(e.what()).find("cannot resume: lr is") != std::string::npos;
       });
+      if (arch == SaeArch::BatchTopK) {  // so is another normalisation
+        SaeConfig plain = cfg;
+        plain.normalize_activations = "none";
+        SaeTrainer unnormalised(plain, a, source());
+        BOOST_CHECK_EXCEPTION(unnormalised.load_state(dir + "/state.safetensors"), Error, [](const Error& e) {
+          return std::string(e.what()).find("cannot resume: normalize_activations is") != std::string::npos;
+        });
+      }
       std::filesystem::remove_all(dir);
     }
   }

@@ -348,6 +348,8 @@ void SaeTrainer::load_state(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     fail(path, ": the stored settings are not valid JSON (", e.what(), ")");
   }
+  // a state saved before normalize_activations existed trained without it
+  if (stored.is_object() && !stored.contains("normalize_activations")) stored["normalize_activations"] = "none";
   const std::string diff = first_json_difference(stored, settings(), {"/steps"}, "in the saved state", "now");
   HL_CHECK(diff.empty(), path, ": cannot resume: ", diff);
   int64_t step = 0;
