@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "analysis/evaluate.h"
 #include "analysis/features.h"
 #include "lib/stop.h"
+#include "models/padding.h"
 
 namespace hl {
 
@@ -138,7 +140,8 @@ std::vector<FeatureLogitEffect> feature_logit_effects(const TransformerLM& model
   return out;
 }
 
-FeatureSourceAttribution feature_source_attribution(TransformerLM& model, const Sae& sae, const Ids& ids, int feature) {
+FeatureSourceAttribution feature_source_attribution(TransformerLM& model, const Sae& sae, const Ids& ids, int feature,
+                                                    const Tensor& key_padding) {
   const int layer = hook_z_layer(model, sae);
   check_feature(sae, feature);
   HL_CHECK(ids.shape.ndim == 2, "feature source attribution: ids must be (B, T), got ", ids.shape.str());
@@ -150,8 +153,15 @@ FeatureSourceAttribution feature_source_attribution(TransformerLM& model, const 
   ActivationCache cache;
   Hooks hooks;
   hooks.cache(cache, names_in({z_name, v_name, p_name}));
+  Ids positions;  // a left-padded row's positions start at its first token
+  if (key_padding.defined()) {
+    (void)leading_padding({key_padding.data(), static_cast<size_t>(key_padding.numel())}, B, T, "feature attribution: attention_mask");
+    positions = positions_from_padding(key_padding);
+  }
   ForwardOptions opt;
   opt.hooks = &hooks;
+  opt.key_padding = key_padding;
+  if (key_padding.defined()) opt.position_ids = &positions;
   opt.stop_at_layer = layer + 1;
   (void)model.forward(ids, opt);
   const float* v = cache[v_name].data();        // (B, T, Hkv, dh), with W_V's bias
@@ -199,6 +209,12 @@ FeatureSourceAttribution feature_source_attribution(TransformerLM& model, const 
     r.pre_activation.push_back(pre.data()[i * F + feature]);
     r.activation.push_back(f.data()[i * F + feature]);
   }
+  if (key_padding.defined())  // a padding query is no token: nothing to attribute
+    for (int64_t i = 0; i < B * T; ++i)
+      if (key_padding.data()[i] != 0.f) {
+        r.pre_activation[i] = r.activation[i] = std::numeric_limits<double>::quiet_NaN();
+        std::fill_n(r.contribution.begin() + i * H * T, H * T, 0.0);
+      }
   return r;
 }
 

@@ -53,7 +53,10 @@ double final_norm_scale(TransformerLM& model, const std::vector<Batch>& data);
 // attended source positions. contribution[((b * T + q) * H + h) * T + s]; sources after q are 0
 // (causal). sum over (h, s) of contribution + bias == pre_activation[b * T + q] up to float
 // rounding; where the feature is active its activation equals the pre-activation for standard,
-// topk and jumprelu SAEs (batchtopk: where it passes the threshold).
+// topk and jumprelu SAEs (batchtopk: where it passes the threshold). With key_padding (B, T),
+// 1 = padding, on either side of each row's tokens (models/padding.h), the forward runs with it:
+// each row's tokens give what the row alone gives, in their columns; a padding query has no
+// contribution and a NaN pre-activation and activation.
 struct FeatureSourceAttribution {
   int feature = 0, heads = 0;
   int64_t batch = 0, tokens = 0;
@@ -65,7 +68,8 @@ struct FeatureSourceAttribution {
     return contribution[static_cast<size_t>(((b * tokens + q) * heads + h) * tokens + s)];
   }
 };
-FeatureSourceAttribution feature_source_attribution(TransformerLM& model, const Sae& sae, const Ids& ids, int feature);
+FeatureSourceAttribution feature_source_attribution(TransformerLM& model, const Sae& sae, const Ids& ids, int feature,
+                                                    const Tensor& key_padding = Tensor());
 
 // One top-activating example: the window of a row around the token where the feature is largest.
 struct FeatureExample {

@@ -45,18 +45,20 @@ void bind_feature_study(py::module_& m) {
       py::arg("model"), py::arg("data"), "The mean of ln_final.hook_scale over every position of data (1 without a final norm)");
   m.def(
       "feature_attribution",
-      [](TransformerLM& model, const Sae& sae, const py::object& ids, int feature) {
+      [](TransformerLM& model, const Sae& sae, const py::object& ids, int feature, const py::object& attention_mask) {
         const Ids x = ids_from(ids, "ids");
-        const FeatureSourceAttribution a = interruptible([&] { return feature_source_attribution(model, sae, x, feature); });
+        const Tensor pad = key_padding_from(attention_mask, x, "feature_attribution: attention_mask");
+        const FeatureSourceAttribution a = interruptible([&] { return feature_source_attribution(model, sae, x, feature, pad); });
         const py::ssize_t B = a.batch, T = a.tokens, H = a.heads;
         return py::dict(py::arg("contribution") = doubles(a.contribution, {B, T, H, T}), py::arg("bias") = a.bias,
                         py::arg("pre_activation") = doubles(a.pre_activation, {B, T}),
                         py::arg("activation") = doubles(a.activation, {B, T}));
       },
-      py::arg("model"), py::arg("sae"), py::arg("ids"), py::arg("feature"),
+      py::arg("model"), py::arg("sae"), py::arg("ids"), py::arg("feature"), py::arg("attention_mask") = py::none(),
       "Direct feature attribution by source position for an SAE on hook_z: the feature's pre-activation at every query "
       "decomposed over heads and attended source tokens, contribution (B, T, H, T) [b, query, head, source], plus bias; "
-      "contribution.sum((2, 3)) + bias == pre_activation.");
+      "contribution.sum((2, 3)) + bias == pre_activation. attention_mask (B, T), 1 = token, 0 = padding on either side "
+      "of a row's tokens: each row as alone, in its columns; a padding query has no contribution and NaN activations.");
   m.def(
       "top_activating_examples",
       [](TransformerLM& model, const Sae& sae, const py::object& data, const std::vector<int>& features, int k, int before, int after) {

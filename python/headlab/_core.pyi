@@ -545,8 +545,8 @@ The same numbers as `headlab sae`'s metrics.json."""
 def feature_ablation(model: TransformerLM, sae: SAE, data: object, features: List[int], keep_error: bool = ...) -> dict:
     """Each feature's ablation effect on the loss: the SAE spliced in at its hook with the feature set to 0, minus nothing ablated. keep_error adds the SAE's error back (the base is then the model itself)."""
 
-def feature_attribution(model: TransformerLM, sae: SAE, ids: object, feature: int) -> dict:
-    """Direct feature attribution by source position for an SAE on hook_z: the feature's pre-activation at every query decomposed over heads and attended source tokens, contribution (B, T, H, T) [b, query, head, source], plus bias; contribution.sum((2, 3)) + bias == pre_activation."""
+def feature_attribution(model: TransformerLM, sae: SAE, ids: object, feature: int, attention_mask: object = ...) -> dict:
+    """Direct feature attribution by source position for an SAE on hook_z: the feature's pre-activation at every query decomposed over heads and attended source tokens, contribution (B, T, H, T) [b, query, head, source], plus bias; contribution.sum((2, 3)) + bias == pre_activation. attention_mask (B, T), 1 = token, 0 = padding on either side of a row's tokens: each row as alone, in its columns; a padding query has no contribution and NaN activations."""
 
 def feature_final_scale(model: TransformerLM, data: object) -> float:
     """The mean of ln_final.hook_scale over every position of data (1 without a final norm)"""

@@ -378,3 +378,25 @@ def test_sae_feature_analyses_of_a_padded_batch_give_each_row_alone(side):
             assert (x["position"], x["window_start"], x["tokens"]) == (a["position"], a["window_start"], a["tokens"])
             np.testing.assert_allclose(x["activations"], a["activations"], rtol=1e-5, atol=1e-6)
             assert 10 not in x["tokens"]  # the padding's id is never shown
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_feature_source_attribution_of_a_padded_batch_gives_each_row_alone(side):
+    m = tiny(seed=6)
+    hook = "blocks.1.attn.hook_z"
+    train = np.random.default_rng(2).integers(0, 10, size=(8, 6))
+    sae = hl.train_sae(m, hook, train, architecture="standard", expansion=2, steps=10, batch=16, buffer=48)
+    ids, mask = padded(ROWS, side, pad=10)
+    for j in (0, 5):
+        a = hl.feature_attribution(m, sae, ids, j, attention_mask=mask)
+        for i, r in enumerate(ROWS):
+            c = real_cols(mask, i)
+            one = hl.feature_attribution(m, sae, [r], j)
+            np.testing.assert_allclose(a["contribution"][i][c][:, :, c], one["contribution"][0], rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(a["pre_activation"][i, c], one["pre_activation"][0], rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(a["activation"][i, c], one["activation"][0], rtol=1e-4, atol=1e-6)
+            pad = np.flatnonzero(mask[i] == 0)
+            assert np.all(np.isnan(a["activation"][i, pad])) and np.all(a["contribution"][i][:, :, pad] == 0)
+            assert np.all(a["contribution"][i][pad] == 0)
+    with pytest.raises(ValueError, match="feature attribution: attention_mask: row 0 has padding at column 1 between its tokens"):
+        hl.feature_attribution(m, sae, [[1, 2, 3]], 0, attention_mask=[[1, 0, 1]])
