@@ -39,17 +39,17 @@ int run_sae(const SaeOpts& o) {
   std::unique_ptr<TransformerLM> model = load_model(f);
   set_num_threads(command_threads(o.threads));
   const std::unique_ptr<Task> task = task_for_model(model->cfg, checkpoint_task(f, TaskConfig::preset(o.task)), o.checkpoint);
-  std::vector<Ids> data;
+  std::vector<Batch> data;
   Rng rng(o.seed);
-  for (int i = 0; i < o.batches; ++i) data.push_back(task->sample(o.sequences, rng).inputs);
+  for (int i = 0; i < o.batches; ++i) data.push_back(task->sample(o.sequences, rng));
   // held-out sequences for the metrics and the loss recovered
   std::vector<Batch> held_out;
   Rng held_rng(o.seed + 3);
   for (int i = 0; i < std::max(1, o.batches / 4); ++i) held_out.push_back(task->sample(o.sequences, held_rng));
-  SaeConfig cfg = sae_config_for_model(*model, data[0], o.hook, o.hook_out, o.arch, o.expansion);
+  SaeConfig cfg = sae_config_for_model(*model, data[0].inputs, o.hook, o.hook_out, o.arch, o.expansion);
   cfg.k = o.k, cfg.bandwidth = o.bandwidth, cfg.initial_threshold = o.bandwidth;
   if (!o.normalize_activations.empty()) cfg.normalize_activations = o.normalize_activations;
-  const double need = sae_training_bytes(cfg, o.batch, std::max(o.buffer, o.batch) + o.sequences * data[0].shape[1]);
+  const double need = sae_training_bytes(cfg, o.batch, std::max(o.buffer, o.batch) + o.sequences * data[0].inputs.shape[1]);
   check_fits_in_memory(need, "an SAE of " + std::to_string(cfg.d_sae) + " features (--expansion " + std::to_string(o.expansion) +
                                  ") on " + std::to_string(o.batch) + "-row batches (--batch)");
   SaeTrainArgs a;

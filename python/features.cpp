@@ -75,19 +75,22 @@ The same numbers as `headlab sae`'s metrics.json.)");
          int64_t sparsity_warmup, int64_t lr_decay_steps, const std::string& jumprelu_sparsity, float tanh_scale,
          float pre_act_coefficient, const py::object& out, bool resume, int64_t snapshot_every,
          const py::object& normalize_activations) {
-        const Ids ids = ids_from(data, "data");
-        HL_CHECK(ids.shape.ndim == 2, "train_sae: data must be token ids (B, T), got ", ids.shape.str());
+        // token ids (B, T), hl.Batches or a dict of arrays; padding (attention_mask) is no activation
+        const DataArg d = data_arg(data, model, "train_sae");
+        const std::vector<Batch> batches = d.batches();
+        int64_t batch_tokens = 0;  // the largest batch's tokens: what one top-up of the buffer adds
+        for (const Batch& b : batches) batch_tokens = std::max<int64_t>(batch_tokens, b.inputs.numel());
         HL_CHECK(!resume || !out.is_none(), "train_sae: resume=True continues the run in out=, which is not given");
         // Python's objects read here, with the GIL: the metrics over data itself, its next tokens the targets
         const std::string out_dir = out.is_none() ? std::string() : py::str(out).cast<std::string>();
         const std::string transcoder_out = hook_out.is_none() ? std::string() : hook_out.cast<std::string>();
         const std::string normalize = normalize_activations.is_none() ? std::string() : normalize_activations.cast<std::string>();
-        const std::vector<Batch> held_out = out.is_none() ? std::vector<Batch>() : batches_from(data).batches;
+        const std::vector<Batch> held_out = out.is_none() ? std::vector<Batch>() : batches;
         return interruptible([&] {
-          SaeConfig cfg = sae_config_for_model(model, ids, hook, transcoder_out, architecture, expansion);
+          SaeConfig cfg = sae_config_for_model(model, batches[0].inputs, hook, transcoder_out, architecture, expansion);
           cfg.k = k, cfg.bandwidth = bandwidth, cfg.initial_threshold = bandwidth;
           if (!normalize.empty()) cfg.normalize_activations = normalize;
-          check_fits_in_memory(sae_training_bytes(cfg, batch, buffer + ids.numel()),
+          check_fits_in_memory(sae_training_bytes(cfg, batch, buffer + batch_tokens),
                                "train_sae: an SAE of " + std::to_string(cfg.d_sae) + " features on " + std::to_string(batch) + "-row batches");
           SaeTrainArgs a;
           a.steps = steps, a.batch = batch, a.lr = lr, a.warmup = warmup, a.seed = seed;
@@ -95,7 +98,7 @@ The same numbers as `headlab sae`'s metrics.json.)");
           a.lr_decay_steps = lr_decay_steps, a.jumprelu_sparsity = jumprelu_sparsity, a.tanh_scale = tanh_scale;
           a.pre_act_coefficient = pre_act_coefficient;
           a.init_rows = std::min<int64_t>(4096, buffer);
-          ActivationStream stream = model_activation_stream(model, sae_source_hooks(cfg), {ids}, buffer, seed + 1);
+          ActivationStream stream = model_activation_stream(model, sae_source_hooks(cfg), batches, buffer, seed + 1);
           if (out_dir.empty()) {
             SaeTrainer trainer(cfg, a, std::move(stream));
             trainer.train();
@@ -115,7 +118,8 @@ The same numbers as `headlab sae`'s metrics.json.)");
       py::arg("out") = py::none(), py::arg("resume") = false, py::arg("snapshot_every") = 0,
       py::arg("normalize_activations") = py::none(),
       R"(Trains an SAE on model's activations at hook (e.g. "blocks.1.attn.hook_z", heads concatenated) over data,
-token ids (B, T) run through the model and mixed in a shuffle buffer of `buffer` rows. Returns an SAE.
+token ids (B, T), hl.Batches (a task's held_out, or arrays with an attention_mask: padding is never an activation) or
+a dict of arrays, run through the model and mixed in a shuffle buffer of `buffer` rows. Returns an SAE.
 With hook_out, a transcoder from hook's activation to hook_out's (e.g. hook="blocks.0.ln2.hook_normalized",
 hook_out="blocks.0.hook_mlp_out": the MLP's input to its output). sparsity_warmup: steps over which the L1 (standard)
 or L0 (jumprelu) weight rises from 0; lr_decay_steps: final steps over which the learning rate falls to 0.

@@ -922,7 +922,7 @@ BOOST_AUTO_TEST_CASE(a_model_stream_resumes_where_it_stopped_without_replaying) 
   int64_t requests = 0;  // of the current stream
   auto stream = [&] {
     requests = 0;
-    ActivationStream s = model_activation_stream(model, sae_source_hooks(cfg), batches, 40, 9);
+    ActivationStream s = model_activation_stream(model, sae_source_hooks(cfg), unpadded_batches(batches), 40, 9);
     s.next = [&requests, next = s.next](int64_t rows) { return ++requests, next(rows); };
     return s;
   };

@@ -68,7 +68,13 @@ float sae_learning_rate(const SaeTrainArgs& args, int64_t step) {
   return lr;
 }
 
-ActivationStream model_activation_stream(TransformerLM& model, const std::vector<std::string>& hooks, std::vector<Ids> batches,
+std::vector<Batch> unpadded_batches(const std::vector<Ids>& ids) {
+  std::vector<Batch> out;
+  for (const Ids& i : ids) out.push_back(Batch{i, Ids(i.shape), Tensor()});
+  return out;
+}
+
+ActivationStream model_activation_stream(TransformerLM& model, const std::vector<std::string>& hooks, std::vector<Batch> batches,
                                          int64_t buffer_rows, uint64_t seed) {
   HL_CHECK(!hooks.empty(), "SAE: no hook point to read");
   int stop_at = 0;  // the forward stops after the last hook's block (-1: the whole model)
@@ -117,14 +123,15 @@ ActivationStream model_activation_stream(TransformerLM& model, const std::vector
     auto size = [&] { return buf->d ? static_cast<int64_t>(buf->rows.size()) / buf->d : 0; };
     while (size() < std::max(buffer_rows, rows)) {
       throw_if_stopped();
-      const Ids& ids = batches[static_cast<size_t>(buf->next_batch++ % static_cast<int64_t>(batches.size()))];
+      const Batch& batch = batches[static_cast<size_t>(buf->next_batch++ % static_cast<int64_t>(batches.size()))];
       ForwardOptions opt;
+      opt.key_padding = batch.key_padding;
       opt.stop_at_layer = stop_at;  // nothing after the last hook's block
       Hooks hk;
       ActivationCache cache;
       for (const std::string& hook : hooks) hk.cache(cache, name_is(hook));
       opt.hooks = &hk;
-      m->forward(ids, opt);
+      m->forward(batch.inputs, opt);
       std::vector<Tensor> parts;
       int64_t d = 0;
       for (const std::string& hook : hooks) {
@@ -134,12 +141,14 @@ ActivationStream model_activation_stream(TransformerLM& model, const std::vector
         d += parts.back().size(1);
       }
       if (!buf->d) buf->d = d;
-      const int64_t tokens = parts[0].size(0), at = size();
-      buf->rows.resize(static_cast<size_t>((at + tokens) * d));
-      for (int64_t t = 0; t < tokens; ++t) {
-        float* dst = buf->rows.data() + (at + t) * d;
-        for (const Tensor& p : parts) dst = std::copy_n(p.data() + t * p.size(1), p.size(1), dst);
-      }
+      const int64_t T = batch.inputs.shape[1];
+      for (int64_t r = 0; r < batch.inputs.shape[0]; ++r)
+        for (int64_t t = r * T; t < r * T + row_tokens(batch, r); ++t) {  // the row's tokens, not its padding
+          const int64_t at = size();
+          buf->rows.resize(static_cast<size_t>((at + 1) * d));
+          float* dst = buf->rows.data() + at * d;
+          for (const Tensor& p : parts) dst = std::copy_n(p.data() + t * p.size(1), p.size(1), dst);
+        }
     }
     const int64_t d = buf->d;
     Tensor out = Tensor::empty({rows, d});

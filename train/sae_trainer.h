@@ -67,19 +67,22 @@ struct ActivationStream {
   std::function<void(const SafetensorsFile&)> load;
 };
 
-// Activations of `model` at `hook` over `batches` of token ids (cycled), as SAE rows (sae_rows:
-// hook_z concatenated over heads), mixed in a shuffle buffer of `buffer_rows` rows: the buffer
+// Activations of `model` at `hook` over `batches` (cycled), as SAE rows (sae_rows: hook_z
+// concatenated over heads), each row's tokens only (a batch's padding, key_padding, is run with
+// the forward and left out: row_tokens), mixed in a shuffle buffer of `buffer_rows` rows: the buffer
 // is topped up with whole batches from the model and each request takes rows from it at random
 // (SAELens's mixing buffer, without an activation file). A hook the model does not have is an
 // error naming it; the model runs without gradients.
 // With several hooks each row holds every hook's values of one token side by side (a
 // transcoder's [input | output]).
 // The stream's state is the buffer's rows, the next batch's index and the picking generator.
-ActivationStream model_activation_stream(TransformerLM& model, const std::vector<std::string>& hooks, std::vector<Ids> batches,
+ActivationStream model_activation_stream(TransformerLM& model, const std::vector<std::string>& hooks, std::vector<Batch> batches,
                                          int64_t buffer_rows, uint64_t seed);
+// Token ids as batches without padding or targets.
+std::vector<Batch> unpadded_batches(const std::vector<Ids>& ids);
 inline ActivationSource model_activations(TransformerLM& model, const std::vector<std::string>& hooks, std::vector<Ids> batches,
                                           int64_t buffer_rows, uint64_t seed) {
-  return model_activation_stream(model, hooks, std::move(batches), buffer_rows, seed).next;
+  return model_activation_stream(model, hooks, unpadded_batches(batches), buffer_rows, seed).next;
 }
 inline ActivationSource model_activations(TransformerLM& model, const std::string& hook, std::vector<Ids> batches,
                                           int64_t buffer_rows, uint64_t seed) {

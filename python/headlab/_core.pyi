@@ -651,7 +651,8 @@ def top_activating_examples(model: TransformerLM, sae: SAE, data: object, featur
 
 def train_sae(model: TransformerLM, hook: str, data: object, architecture: str = ..., expansion: int = ..., k: int = ..., steps: int = ..., batch: int = ..., lr: float = ..., warmup: int = ..., buffer: int = ..., l1_coefficient: float = ..., l0_coefficient: float = ..., bandwidth: float = ..., seed: int = ..., hook_out: object = ..., sparsity_warmup: int = ..., lr_decay_steps: int = ..., jumprelu_sparsity: str = ..., tanh_scale: float = ..., pre_act_coefficient: float = ..., out: object = ..., resume: bool = ..., snapshot_every: int = ..., normalize_activations: object = ...) -> SAE:
     """Trains an SAE on model's activations at hook (e.g. "blocks.1.attn.hook_z", heads concatenated) over data,
-token ids (B, T) run through the model and mixed in a shuffle buffer of `buffer` rows. Returns an SAE.
+token ids (B, T), hl.Batches (a task's held_out, or arrays with an attention_mask: padding is never an activation) or
+a dict of arrays, run through the model and mixed in a shuffle buffer of `buffer` rows. Returns an SAE.
 With hook_out, a transcoder from hook's activation to hook_out's (e.g. hook="blocks.0.ln2.hook_normalized",
 hook_out="blocks.0.hook_mlp_out": the MLP's input to its output). sparsity_warmup: steps over which the L1 (standard)
 or L0 (jumprelu) weight rises from 0; lr_decay_steps: final steps over which the learning rate falls to 0.

@@ -400,3 +400,16 @@ def test_feature_source_attribution_of_a_padded_batch_gives_each_row_alone(side)
             assert np.all(a["contribution"][i][pad] == 0)
     with pytest.raises(ValueError, match="feature attribution: attention_mask: row 0 has padding at column 1 between its tokens"):
         hl.feature_attribution(m, sae, [[1, 2, 3]], 0, attention_mask=[[1, 0, 1]])
+
+
+def test_train_sae_on_a_padded_batch_never_reads_the_padding():
+    # the padding's ids and side change nothing: its activations never enter the shuffle buffer
+    m = tiny(seed=7)
+    kw = dict(architecture="topk", expansion=2, k=2, steps=6, batch=4, buffer=10, lr=1e-2, warmup=1)
+    saes = []
+    for side, pad in (("right", 10), ("right", 3), ("left", 10)):
+        ids, mask = padded(ROWS, side, pad=pad)
+        saes.append(hl.train_sae(m, "blocks.1.attn.hook_z", hl.Batches(ids, attention_mask=mask), **kw))
+    for other in saes[1:]:
+        for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
+            assert np.array_equal(getattr(other, name), getattr(saes[0], name)), name
