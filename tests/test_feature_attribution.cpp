@@ -10,6 +10,7 @@
 #include "analysis/feature_attribution.h"
 #include "analysis/features_over_training.h"
 #include "tests/fixtures.h"
+#include "train/sae_trainer.h"
 
 using namespace hl;
 
@@ -20,13 +21,6 @@ Ids some_tokens(int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
   Ids ids({B, T});
   for (auto& v : ids.data) v = static_cast<int32_t>(r.next_u64() % static_cast<uint64_t>(vocab));
   return ids;
-}
-
-// Unpadded batches of the ids, no targets: what the feature analyses read.
-std::vector<Batch> batches_of(const std::vector<Ids>& ids) {
-  std::vector<Batch> out;
-  for (const Ids& i : ids) out.push_back(Batch{i, Ids(i.shape), Tensor()});
-  return out;
 }
 
 // A random SAE on blocks.L.attn.hook_z of width d_in: random encoder, decoder and biases.
@@ -219,7 +213,7 @@ BOOST_AUTO_TEST_CASE(top_examples_hold_the_largest_activations_and_their_windows
   const std::string hook = "blocks.1.attn.hook_z";
   const Sae sae = random_sae(hook, 8, 6, SaeArch::Standard, 4);
   const std::vector<Ids> data = {some_tokens(5, 6, c.vocab_size, 1), some_tokens(4, 6, c.vocab_size, 2)};
-  const std::vector<FeatureExamples> top = top_activating_examples(model, sae, batches_of(data), {0, 3}, 3, 2, 1);
+  const std::vector<FeatureExamples> top = top_activating_examples(model, sae, unpadded_batches(data), {0, 3}, 3, 2, 1);
   // every row's activations, from the hook directly
   NoGradGuard no_grad;
   std::vector<std::vector<float>> acts;  // [row][t * 6 + feature]
@@ -260,13 +254,13 @@ BOOST_AUTO_TEST_CASE(one_sae_over_identical_snapshots_gives_identical_rows) {
   const std::vector<Ids> data = {some_tokens(4, 6, c.vocab_size, 1)};
   // steps 0 and 10 hold the same weights (seed 3), step 20 others (seed 4)
   const FeaturesOverTraining o = features_over_training(
-      {0, 10, 20}, [&](size_t i) { return std::make_unique<TransformerLM>(c, i < 2 ? 3 : 4); }, sae, batches_of(data));
+      {0, 10, 20}, [&](size_t i) { return std::make_unique<TransformerLM>(c, i < 2 ? 3 : 4); }, sae, unpadded_batches(data));
   BOOST_TEST(o.tokens == 24);
   BOOST_TEST(o.mean_activation[0] == o.mean_activation[1]);
   BOOST_TEST(o.firing_frequency[0] == o.firing_frequency[1]);
   BOOST_TEST(o.mean_activation[0] != o.mean_activation[2]);
   TransformerLM m(c, 3);
-  const FeaturePresence p = feature_presence(m, sae, batches_of(data));
+  const FeaturePresence p = feature_presence(m, sae, unpadded_batches(data));
   BOOST_TEST(p.mean_activation == o.mean_activation[0]);
   BOOST_TEST(features_over_training_csv(o).rfind("step,feature,mean_activation,firing_frequency\n0,0,", 0) == 0);
 }
