@@ -180,8 +180,9 @@ SaeConfig sae_config_for_model(TransformerLM& model, const Ids& ids, const std::
     cfg.d_out = model_activations(model, hook_out, {one}, 1, 0)(1).size(1);
   }
   cfg.d_sae = cfg.d_in * expansion;
-  // BatchTopK's paper trains on rows normalised one by one (models/sae.h: normalize_activations)
-  if (cfg.arch == SaeArch::BatchTopK) cfg.normalize_activations = "layer_norm";
+  // BatchTopK's paper trains on rows normalised one by one (models/sae.h: normalize_activations);
+  // a transcoder's target is another activation, so it keeps its rows as they are
+  if (cfg.arch == SaeArch::BatchTopK && !cfg.transcoder()) cfg.normalize_activations = "layer_norm";
   return cfg;
 }
 

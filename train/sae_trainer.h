@@ -92,7 +92,7 @@ inline ActivationSource model_activations(TransformerLM& model, const std::strin
 std::vector<std::string> sae_source_hooks(const SaeConfig& cfg);
 // The configuration of an SAE (or, with hook_out not empty, a transcoder) of `expansion` times
 // the hook's width on `model`, widths read from one forward of `ids` (B, T); normalize_activations
-// layer_norm for a BatchTopK SAE (its paper's recipe), else none.
+// layer_norm for a BatchTopK SAE (its paper's recipe; not a transcoder), else none.
 SaeConfig sae_config_for_model(TransformerLM& model, const Ids& ids, const std::string& hook, const std::string& hook_out,
                                const std::string& architecture, int64_t expansion);
 

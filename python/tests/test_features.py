@@ -102,6 +102,10 @@ def test_train_sae_makes_a_transcoder_from_the_mlp_input_to_its_output(tmp_path)
     tc.save(tmp_path / "tc")
     back = hl.SAE.load(tmp_path / "tc")
     assert (back.hook_name_out, back.d_out) == ("blocks.0.hook_mlp_out", 16)
+    # a BatchTopK transcoder keeps its rows as they are (layer_norm is an autoencoder's)
+    btc = hl.train_sae(m, "blocks.0.ln2.hook_normalized", IDS, hook_out="blocks.0.hook_mlp_out", architecture="batchtopk",
+                       expansion=2, k=4, steps=2, batch=16, buffer=32)
+    assert btc.normalize_activations == "none"
 
 
 def test_train_sae_in_a_run_directory_resumes_bit_for_bit(tmp_path):
