@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "analysis/evaluate.h"
+#include "analysis/features.h"
 #include "lib/stop.h"
+#include "models/padding.h"
 
 namespace hl {
 
@@ -22,23 +25,25 @@ void check_sae_hook(const TransformerLM& model, const Sae& sae) {
   HL_CHECK(known, "SAE: its hook_name '", sae.cfg.hook_name, "' is not a hook point of the model (`headlab hooks` lists them)");
 }
 
-// Calls fn(ids, f) with f (B*T, d_sae) the SAE's inference activations on each batch of data.
+// Calls fn(batch, f) with f (B*T, d_sae) the SAE's inference activations on each batch of data,
+// run with its padding (the rows' tokens: row_tokens; f at padding is not to be read).
 template <class Fn>
-void for_each_encoded_batch(TransformerLM& model, const Sae& sae, const std::vector<Ids>& data, Fn fn) {
+void for_each_encoded_batch(TransformerLM& model, const Sae& sae, const std::vector<Batch>& data, Fn fn) {
   check_sae_hook(model, sae);
   EvalScope mode(model);
   NoGradGuard no_grad;
   const std::string& hook = sae.cfg.hook_name;
-  for (const Ids& ids : data) {
+  for (const Batch& b : data) {
     throw_if_stopped();
     ActivationCache cache;
     Hooks hooks;
     hooks.cache(cache, name_is(hook));
     ForwardOptions opt;
     opt.hooks = &hooks;
+    opt.key_padding = b.key_padding;
     opt.stop_at_layer = hook_layer(hook) >= 0 ? hook_layer(hook) + 1 : -1;  // nothing after the hook's block
-    (void)model.forward(ids, opt);
-    fn(ids, sae.encode(sae_rows(cache[hook], sae.cfg.d_in, hook)));
+    (void)model.forward(b.inputs, opt);
+    fn(b, sae.encode(sae_rows(cache[hook], sae.cfg.d_in, hook)));
   }
 }
 
@@ -74,19 +79,20 @@ Tensor feature_head_outputs(const TransformerLM& model, const Sae& sae) {
   return out;
 }
 
-double final_norm_scale(TransformerLM& model, const std::vector<Ids>& data) {
+double final_norm_scale(TransformerLM& model, const std::vector<Batch>& data) {
   if (!model.ln_f) return 1.0;
   EvalScope mode(model);
   NoGradGuard no_grad;
   const std::string name = get_act_name("scale");  // ln_final.hook_scale
   double sum = 0;
   int64_t n = 0;
-  for (const Ids& ids : data) {
+  for (const Batch& b : data) {
     throw_if_stopped();
-    auto [logits, cache] = model.run_with_cache(ids, name_is(name));
-    const Tensor& s = cache[name];
-    for (int64_t i = 0; i < s.numel(); ++i) sum += s.data()[i];
-    n += s.numel();
+    auto [logits, cache] = model.run_with_cache(b.inputs, name_is(name), false, b.key_padding);
+    const Tensor& s = cache[name];  // (B, T, 1)
+    const int64_t B = s.size(0), T = s.size(1);
+    for (int64_t r = 0; r < B; ++r)
+      for (int64_t t = 0; t < row_tokens(b, r); ++t) sum += s.data()[r * T + t], ++n;
   }
   HL_CHECK(n > 0, "final_norm_scale: no tokens in the data");
   return sum / double(n);
@@ -134,7 +140,8 @@ std::vector<FeatureLogitEffect> feature_logit_effects(const TransformerLM& model
   return out;
 }
 
-FeatureSourceAttribution feature_source_attribution(TransformerLM& model, const Sae& sae, const Ids& ids, int feature) {
+FeatureSourceAttribution feature_source_attribution(TransformerLM& model, const Sae& sae, const Ids& ids, int feature,
+                                                    const Tensor& key_padding) {
   const int layer = hook_z_layer(model, sae);
   check_feature(sae, feature);
   HL_CHECK(ids.shape.ndim == 2, "feature source attribution: ids must be (B, T), got ", ids.shape.str());
@@ -146,8 +153,15 @@ FeatureSourceAttribution feature_source_attribution(TransformerLM& model, const 
   ActivationCache cache;
   Hooks hooks;
   hooks.cache(cache, names_in({z_name, v_name, p_name}));
+  Ids positions;  // a left-padded row's positions start at its first token
+  if (key_padding.defined()) {
+    (void)leading_padding({key_padding.data(), static_cast<size_t>(key_padding.numel())}, B, T, "feature attribution: attention_mask");
+    positions = positions_from_padding(key_padding);
+  }
   ForwardOptions opt;
   opt.hooks = &hooks;
+  opt.key_padding = key_padding;
+  if (key_padding.defined()) opt.position_ids = &positions;
   opt.stop_at_layer = layer + 1;
   (void)model.forward(ids, opt);
   const float* v = cache[v_name].data();        // (B, T, Hkv, dh), with W_V's bias
@@ -159,6 +173,20 @@ FeatureSourceAttribution feature_source_attribution(TransformerLM& model, const 
   r.bias = sae.b_enc.data()[feature];
   if (sae.cfg.apply_b_dec_to_input)
     for (int64_t c = 0; c < W; ++c) r.bias -= double(sae.b_dec.data()[c]) * we[c * F + feature];
+  // With layer_norm each query's row is centred and divided by its std (+ eps), constants of the
+  // query: the encoder column centred over its W entries takes the mean away (so a sum over the
+  // sources stays a sum), and the query's contributions are divided by its std + eps.
+  std::vector<double> w_col(static_cast<size_t>(W));
+  for (int64_t c = 0; c < W; ++c) w_col[c] = we[c * F + feature];
+  std::vector<double> inv_scale(static_cast<size_t>(B * T), 1.0);  // per query
+  const Tensor rows = sae_rows(cache[z_name], W, z_name);
+  if (sae.layer_norm()) {
+    const double m = std::accumulate(w_col.begin(), w_col.end(), 0.0) / double(W);
+    for (double& w : w_col) w -= m;
+    Tensor sd;
+    sae.normalize_input(rows, &sd);
+    for (int64_t i = 0; i < B * T; ++i) inv_scale[i] = 1.0 / (double(sd.data()[i]) + 1e-5);
+  }
   // vw[b, s, h]: g_h v[b, s, head h's kv head] . W_enc[block h, feature]
   std::vector<double> vw(static_cast<size_t>(B * T * H));
   for (int64_t b = 0; b < B; ++b)
@@ -166,7 +194,7 @@ FeatureSourceAttribution feature_source_attribution(TransformerLM& model, const 
       for (int h = 0; h < H; ++h) {
         const float* vh = v + ((b * T + s) * Hkv + h / (H / Hkv)) * dh;
         double acc = 0;
-        for (int64_t d = 0; d < dh; ++d) acc += double(vh[d]) * we[(h * dh + d) * F + feature];
+        for (int64_t d = 0; d < dh; ++d) acc += double(vh[d]) * w_col[h * dh + d];
         vw[static_cast<size_t>((b * T + s) * H + h)] = double(g[h]) * acc;
       }
   r.contribution.assign(static_cast<size_t>(B * T * H * T), 0.0);
@@ -175,17 +203,22 @@ FeatureSourceAttribution feature_source_attribution(TransformerLM& model, const 
       for (int h = 0; h < H; ++h)
         for (int64_t s = 0; s < T; ++s)
           r.contribution[static_cast<size_t>(((b * T + q) * H + h) * T + s)] =
-              double(P[((b * H + h) * T + q) * T + s]) * vw[static_cast<size_t>((b * T + s) * H + h)];
-  const Tensor rows = sae_rows(cache[z_name], W, z_name);
+              double(P[((b * H + h) * T + q) * T + s]) * vw[static_cast<size_t>((b * T + s) * H + h)] * inv_scale[b * T + q];
   const Tensor pre = sae.pre_acts(rows), f = sae.encode(rows);  // (B*T, F)
   for (int64_t i = 0; i < B * T; ++i) {
     r.pre_activation.push_back(pre.data()[i * F + feature]);
     r.activation.push_back(f.data()[i * F + feature]);
   }
+  if (key_padding.defined())  // a padding query is no token: nothing to attribute
+    for (int64_t i = 0; i < B * T; ++i)
+      if (key_padding.data()[i] != 0.f) {
+        r.pre_activation[i] = r.activation[i] = std::numeric_limits<double>::quiet_NaN();
+        std::fill_n(r.contribution.begin() + i * H * T, H * T, 0.0);
+      }
   return r;
 }
 
-std::vector<FeatureExamples> top_activating_examples(TransformerLM& model, const Sae& sae, const std::vector<Ids>& data,
+std::vector<FeatureExamples> top_activating_examples(TransformerLM& model, const Sae& sae, const std::vector<Batch>& data,
                                                      const std::vector<int>& features, int k, int before, int after) {
   HL_CHECK(k >= 1 && before >= 0 && after >= 0, "top examples: k must be at least 1 and the window's sides at least 0, got k ", k,
            ", before ", before, ", after ", after);
@@ -194,14 +227,16 @@ std::vector<FeatureExamples> top_activating_examples(TransformerLM& model, const
   for (size_t i = 0; i < features.size(); ++i) out[i].feature = features[i];
   const int64_t F = sae.cfg.d_sae;
   int64_t row0 = 0;
-  for_each_encoded_batch(model, sae, data, [&](const Ids& ids, const Tensor& f) {
+  for_each_encoded_batch(model, sae, data, [&](const Batch& batch, const Tensor& f) {
+    const Ids& ids = batch.inputs;
     const int64_t B = ids.shape[0], T = ids.shape[1];
     for (size_t i = 0; i < features.size(); ++i) {
       const int j = features[i];
       std::vector<FeatureExample>& ex = out[i].examples;
       for (int64_t b = 0; b < B; ++b) {
+        const int64_t n = row_tokens(batch, b);  // the row's tokens; the padding after them is no example
         int64_t best = 0;
-        for (int64_t t = 1; t < T; ++t)
+        for (int64_t t = 1; t < n; ++t)
           if (f.data()[(b * T + t) * F + j] > f.data()[(b * T + best) * F + j]) best = t;
         const double top = f.data()[(b * T + best) * F + j];
         if (!(top > 0)) continue;  // the feature does not fire in this row
@@ -209,7 +244,7 @@ std::vector<FeatureExamples> top_activating_examples(TransformerLM& model, const
         FeatureExample e;
         e.row = row0 + b, e.position = best, e.max_activation = top;
         e.window_start = std::max<int64_t>(0, best - before);
-        for (int64_t t = e.window_start; t <= std::min<int64_t>(T - 1, best + after); ++t) {
+        for (int64_t t = e.window_start; t <= std::min<int64_t>(n - 1, best + after); ++t) {
           e.tokens.push_back(ids.data[static_cast<size_t>(b * T + t)]);
           e.activations.push_back(f.data()[(b * T + t) * F + j]);
         }
@@ -225,20 +260,23 @@ std::vector<FeatureExamples> top_activating_examples(TransformerLM& model, const
   return out;
 }
 
-FeaturePresence feature_presence(TransformerLM& model, const Sae& sae, const std::vector<Ids>& data) {
+FeaturePresence feature_presence(TransformerLM& model, const Sae& sae, const std::vector<Batch>& data) {
   const int64_t F = sae.cfg.d_sae;
   FeaturePresence p;
   p.mean_activation.assign(static_cast<size_t>(F), 0.0);
   p.firing_frequency.assign(static_cast<size_t>(F), 0.0);
-  for_each_encoded_batch(model, sae, data, [&](const Ids&, const Tensor& f) {
-    const int64_t N = f.size(0);
-    for (int64_t r = 0; r < N; ++r)
-      for (int64_t j = 0; j < F; ++j) {
-        const float a = f.data()[r * F + j];
-        p.mean_activation[j] += a;
-        p.firing_frequency[j] += a != 0.f;
-      }
-    p.tokens += N;
+  for_each_encoded_batch(model, sae, data, [&](const Batch& b, const Tensor& f) {
+    const int64_t T = b.inputs.shape[1];
+    for (int64_t row = 0; row < b.inputs.shape[0]; ++row) {
+      const int64_t n = row_tokens(b, row);
+      for (int64_t r = row * T; r < row * T + n; ++r)
+        for (int64_t j = 0; j < F; ++j) {
+          const float a = f.data()[r * F + j];
+          p.mean_activation[j] += a;
+          p.firing_frequency[j] += a != 0.f;
+        }
+      p.tokens += n;
+    }
   });
   HL_CHECK(p.tokens > 0, "feature presence: no tokens in the data");
   for (int64_t j = 0; j < F; ++j) p.mean_activation[j] /= double(p.tokens), p.firing_frequency[j] /= double(p.tokens);
@@ -254,8 +292,16 @@ ForwardHook sae_splice_edited(const Sae& sae, const std::vector<int>& features, 
     const Tensor rows = sae_rows(x, sae.cfg.d_in, name);  // (N, d_in)
     const Tensor f = sae.encode(rows);                     // (N, d_sae)
     const Tensor edited = add(mul(f, keep), set);
-    // with the error kept: x + x_hat(edited) - x_hat(f) = x + (edited - f) W_dec
-    const Tensor out = keep_error ? add(rows, matmul(sub(edited, f), sae.W_dec)) : sae.decode(edited);
+    if (!keep_error) return reshape(sae.reconstruct(rows, edited), x.shape());
+    // with the error kept: x + x_hat(edited) - x_hat(f) = x + (edited - f) W_dec (times the
+    // row's std with layer_norm)
+    Tensor delta = matmul(sub(edited, f), sae.W_dec);
+    if (sae.layer_norm()) {
+      Tensor scale;
+      sae.normalize_input(rows, &scale);
+      delta = mul(delta, scale);
+    }
+    const Tensor out = add(rows, delta);
     return reshape(out, x.shape());
   };
 }

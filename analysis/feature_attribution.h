@@ -9,7 +9,8 @@
 //    g_h sum_s pattern[h, q, s] v[h, s] (g the head gates, v with its bias), so the feature's
 //    pre-activation is exactly
 //      sum_h sum_s g_h pattern[h, q, s] (v[h, s] . W_enc[block h, j]) + b_enc[j] - b_dec . W_enc[:, j]
-//    (the b_dec term only with apply_b_dec_to_input): feature_source_attribution;
+//    (the b_dec term only with apply_b_dec_to_input; with layer_norm each query's terms use the
+//    encoder column centred and are divided by the query's std + eps): feature_source_attribution;
 //  - top-activating examples with per-token activations over data (top_activating_examples);
 //  - features as nodes: the SAE spliced in with chosen features edited (sae_splice_edited),
 //    and each feature's ablation effect on the task's loss (feature_ablation_effects).
@@ -45,14 +46,17 @@ struct FeatureLogitEffect {
 };
 std::vector<FeatureLogitEffect> feature_logit_effects(const TransformerLM& model, const Sae& sae,
                                                       const std::vector<int>& features, double final_scale, int top_k = 10);
-// The mean of ln_final.hook_scale over every position of data (1 without a final norm).
-double final_norm_scale(TransformerLM& model, const std::vector<Ids>& data);
+// The mean of ln_final.hook_scale over every token of data, padding left out (1 without a final norm).
+double final_norm_scale(TransformerLM& model, const std::vector<Batch>& data);
 
 // Feature `feature`'s pre-activation at every query of ids (B, T) decomposed over the heads and
 // attended source positions. contribution[((b * T + q) * H + h) * T + s]; sources after q are 0
 // (causal). sum over (h, s) of contribution + bias == pre_activation[b * T + q] up to float
 // rounding; where the feature is active its activation equals the pre-activation for standard,
-// topk and jumprelu SAEs (batchtopk: where it passes the threshold).
+// topk and jumprelu SAEs (batchtopk: where it passes the threshold). With key_padding (B, T),
+// 1 = padding, on either side of each row's tokens (models/padding.h), the forward runs with it:
+// each row's tokens give what the row alone gives, in their columns; a padding query has no
+// contribution and a NaN pre-activation and activation.
 struct FeatureSourceAttribution {
   int feature = 0, heads = 0;
   int64_t batch = 0, tokens = 0;
@@ -64,7 +68,8 @@ struct FeatureSourceAttribution {
     return contribution[static_cast<size_t>(((b * tokens + q) * heads + h) * tokens + s)];
   }
 };
-FeatureSourceAttribution feature_source_attribution(TransformerLM& model, const Sae& sae, const Ids& ids, int feature);
+FeatureSourceAttribution feature_source_attribution(TransformerLM& model, const Sae& sae, const Ids& ids, int feature,
+                                                    const Tensor& key_padding = Tensor());
 
 // One top-activating example: the window of a row around the token where the feature is largest.
 struct FeatureExample {
@@ -80,17 +85,18 @@ struct FeatureExamples {
 };
 // The SAE's activations at its hook over every row of data; per feature, the k rows of largest
 // activation (one example per row, at its largest token; ties: the earlier row), each with
-// `before` tokens before that token and `after` after it (within the row).
-std::vector<FeatureExamples> top_activating_examples(TransformerLM& model, const Sae& sae, const std::vector<Ids>& data,
+// `before` tokens before that token and `after` after it (within the row's tokens: padding is
+// never an example nor in a window).
+std::vector<FeatureExamples> top_activating_examples(TransformerLM& model, const Sae& sae, const std::vector<Batch>& data,
                                                      const std::vector<int>& features, int k = 10, int before = 8, int after = 2);
 
 // How present each feature is over data: mean activation and firing frequency (active tokens /
-// tokens), per feature, over every position of every row.
+// tokens), per feature, over every token of every row (padding not counted).
 struct FeaturePresence {
   std::vector<double> mean_activation, firing_frequency;  // (d_sae)
   int64_t tokens = 0;
 };
-FeaturePresence feature_presence(TransformerLM& model, const Sae& sae, const std::vector<Ids>& data);
+FeaturePresence feature_presence(TransformerLM& model, const Sae& sae, const std::vector<Batch>& data);
 
 // The splice (models/sae.h) with `features` edited: their activations set to `value` (0 =
 // ablated) before decoding. keep_error: the SAE's error x - x_hat is added back, so the spliced

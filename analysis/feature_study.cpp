@@ -11,12 +11,12 @@ namespace hl {
 
 namespace {
 
-// Row `row` of data (rows counted across batches) as (1, T) ids.
+// Row `row` of data (rows counted across batches) as (1, n) ids: its tokens, without padding.
 Ids data_row(const std::vector<Batch>& data, int64_t row) {
   for (const Batch& b : data) {
     if (row < b.size()) {
-      const int64_t T = b.inputs.shape[1];
-      return Ids(Shape{1, T}, std::vector<int32_t>(b.inputs.data.begin() + row * T, b.inputs.data.begin() + (row + 1) * T));
+      const int64_t T = b.inputs.shape[1], n = row_tokens(b, row);
+      return Ids(Shape{1, n}, std::vector<int32_t>(b.inputs.data.begin() + row * T, b.inputs.data.begin() + row * T + n));
     }
     row -= b.size();
   }
@@ -29,12 +29,10 @@ FeatureStudy feature_study(TransformerLM& model, const Sae& sae, const std::vect
   HL_CHECK(!data.empty(), "feature study: no data");
   HL_CHECK(o.top_features >= 1 && o.examples >= 1 && o.before >= 0 && o.after >= 0 && o.logit_tokens >= 0,
            "feature study: top_features and examples must be at least 1, the window and logit_tokens at least 0");
-  std::vector<Ids> ids;
-  for (const Batch& b : data) ids.push_back(b.inputs);
   FeatureStudy s;
   s.hook = sae.cfg.hook_name;
   s.d_sae = sae.cfg.d_sae;
-  s.presence = feature_presence(model, sae, ids);
+  s.presence = feature_presence(model, sae, data);
   s.tokens = s.presence.tokens;
   std::vector<int> features = o.features;
   if (features.empty()) {  // the most often firing, then the earlier feature
@@ -47,8 +45,8 @@ FeatureStudy feature_study(TransformerLM& model, const Sae& sae, const std::vect
   const bool on_z = hook_layer(s.hook) >= 0 && s.hook == attn_hook(hook_layer(s.hook), "z");
   if (on_z) s.heads = model.cfg.n_heads, (void)hook_z_layer(model, sae);  // refuses another width
   const bool logits = on_z && model.cfg.norm == Norm::Pre && !model.cfg.sandwich_norm;
-  if (logits) s.final_scale = final_norm_scale(model, ids);
-  const std::vector<FeatureExamples> top = top_activating_examples(model, sae, ids, features, o.examples, o.before, o.after);
+  if (logits) s.final_scale = final_norm_scale(model, data);
+  const std::vector<FeatureExamples> top = top_activating_examples(model, sae, data, features, o.examples, o.before, o.after);
   const Tensor fractions = on_z ? decoder_head_fractions(sae, s.heads) : Tensor();
   const std::vector<FeatureLogitEffect> effects =
       logits ? feature_logit_effects(model, sae, features, s.final_scale, o.logit_tokens) : std::vector<FeatureLogitEffect>();

@@ -13,7 +13,7 @@ SaeMetrics sae_metrics(const Sae& sae, const Tensor& x, const Tensor& target, do
   NoGradGuard no_grad;
   const Tensor y = target.defined() ? target : x;
   const Tensor f = sae.encode(x);
-  const Tensor x_hat = sae.decode(f);
+  const Tensor x_hat = sae.reconstruct(x, f);
   HL_CHECK(x_hat.shape() == y.shape(), "SAE metrics: reconstruction ", x_hat.shape().str(), " vs target ", y.shape().str());
   const int64_t N = f.size(0), F = f.size(1), D = y.size(1);
   SaeMetrics m;
@@ -92,20 +92,29 @@ std::vector<DensityBucket> density_histogram(const std::vector<double>& density,
   return h;
 }
 
+int64_t row_tokens(const Batch& b, int64_t r) {
+  int64_t n = b.inputs.shape[1];
+  if (b.key_padding.defined())
+    while (n > 0 && b.key_padding.at({r, n - 1}) != 0.f) --n;
+  return n;
+}
+
 namespace {
-// (tokens of every batch, width) at `hook`: the rows an SAE there reads, batch after batch
+// (tokens of every batch, width) at `hook`: the rows an SAE there reads, batch after batch,
+// each sequence's padding left out
 Tensor rows_at(TransformerLM& model, const std::string& hook, const std::vector<Batch>& data) {
   std::vector<float> rows;
   int64_t width = 0;
   for (const Batch& b : data) {
     throw_if_stopped();
-    auto [logits, cache] = model.run_with_cache(b.inputs, name_is(hook));
+    auto [logits, cache] = model.run_with_cache(b.inputs, name_is(hook), false, b.key_padding);
     HL_CHECK(cache.has(hook), "SAE: the model has no hook point '", hook, "' (`headlab hooks` lists them)");
     const Tensor act = cache[hook];
-    const int64_t tokens = act.size(0) * act.size(1);
+    const int64_t B = act.size(0), T = act.size(1), tokens = B * T;
     width = tokens ? act.numel() / tokens : 0;
     const Tensor r = sae_rows(act, width, hook);
-    rows.insert(rows.end(), r.data(), r.data() + r.numel());
+    for (int64_t row = 0; row < B; ++row)
+      rows.insert(rows.end(), r.data() + row * T * width, r.data() + (row * T + row_tokens(b, row)) * width);
   }
   Tensor out = Tensor::empty({width ? static_cast<int64_t>(rows.size()) / width : 0, width});
   std::copy(rows.begin(), rows.end(), out.data());

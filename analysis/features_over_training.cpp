@@ -22,7 +22,7 @@ std::string full(double v) {
 
 FeaturesOverTraining features_over_training(const std::vector<int64_t>& steps,
                                             const std::function<std::unique_ptr<TransformerLM>(size_t)>& load,
-                                            const Sae& sae, const std::vector<Ids>& data,
+                                            const Sae& sae, const std::vector<Batch>& data,
                                             const std::function<void(size_t, size_t, int64_t)>& progress) {
   HL_CHECK(!steps.empty(), "features over training: no steps to read");
   FeaturesOverTraining r;

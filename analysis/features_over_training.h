@@ -24,7 +24,7 @@ struct FeaturesOverTraining {
 // SAE's width. progress(done, total, step) after each step.
 FeaturesOverTraining features_over_training(const std::vector<int64_t>& steps,
                                             const std::function<std::unique_ptr<TransformerLM>(size_t)>& load,
-                                            const Sae& sae, const std::vector<Ids>& data,
+                                            const Sae& sae, const std::vector<Batch>& data,
                                             const std::function<void(size_t, size_t, int64_t)>& progress = {});
 // step,feature,mean_activation,firing_frequency (full float precision)
 std::string features_over_training_csv(const FeaturesOverTraining& f);

@@ -56,8 +56,6 @@ int run_features(const FeaturesOpts& o) {
   std::vector<Batch> data;
   Rng rng(o.seed);
   for (int i = 0; i < o.batches; ++i) data.push_back(task->sample(o.sequences, rng));
-  std::vector<Ids> ids;
-  for (const Batch& b : data) ids.push_back(b.inputs);
   // one batch's hook rows, their codes (several copies while encoding) and logits
   const double T = static_cast<double>(data[0].inputs.shape[1]);
   announce_memory("features", 4.0 * o.sequences * T * (4.0 * double(sae.cfg.d_sae) + double(sae.cfg.d_in) + double(model->cfg.vocab_size)),
@@ -76,7 +74,7 @@ int run_features(const FeaturesOpts& o) {
   FeaturePresence other;
   if (!o.compare.empty()) {
     std::unique_ptr<TransformerLM> fork = load_model(o.compare);
-    other = feature_presence(*fork, sae, ids);
+    other = feature_presence(*fork, sae, data);
     presence += ",compare_firing_frequency,compare_mean_activation";
   }
   presence += "\n";
@@ -89,7 +87,7 @@ int run_features(const FeaturesOpts& o) {
   if (!o.run.empty()) {
     const RunCheckpoints run = run_checkpoints(o.run);
     const FeaturesOverTraining ot = features_over_training(
-        run.steps, [&](size_t i) { return load_model(read_run_checkpoint(run, i)); }, sae, ids,
+        run.steps, [&](size_t i) { return load_model(read_run_checkpoint(run, i)); }, sae, data,
         [](size_t done, size_t total, int64_t step) {
           std::printf("  step %lld (%zu of %zu)\n", static_cast<long long>(step), done, total);
           std::fflush(stdout);

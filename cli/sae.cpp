@@ -30,6 +30,7 @@ struct SaeOpts {
   bool resume = false;
   float lr = 4e-4f, l1 = 5.f, l0 = 1.f, bandwidth = 0.001f, tanh_scale = 4.f, pre_act = 0.f;
   std::string jumprelu_sparsity = "step";
+  std::string normalize_activations;  // empty: the architecture's (sae_config_for_model)
   uint64_t seed = 0;
 };
 
@@ -38,16 +39,17 @@ int run_sae(const SaeOpts& o) {
   std::unique_ptr<TransformerLM> model = load_model(f);
   set_num_threads(command_threads(o.threads));
   const std::unique_ptr<Task> task = task_for_model(model->cfg, checkpoint_task(f, TaskConfig::preset(o.task)), o.checkpoint);
-  std::vector<Ids> data;
+  std::vector<Batch> data;
   Rng rng(o.seed);
-  for (int i = 0; i < o.batches; ++i) data.push_back(task->sample(o.sequences, rng).inputs);
+  for (int i = 0; i < o.batches; ++i) data.push_back(task->sample(o.sequences, rng));
   // held-out sequences for the metrics and the loss recovered
   std::vector<Batch> held_out;
   Rng held_rng(o.seed + 3);
   for (int i = 0; i < std::max(1, o.batches / 4); ++i) held_out.push_back(task->sample(o.sequences, held_rng));
-  SaeConfig cfg = sae_config_for_model(*model, data[0], o.hook, o.hook_out, o.arch, o.expansion);
+  SaeConfig cfg = sae_config_for_model(*model, data[0].inputs, o.hook, o.hook_out, o.arch, o.expansion);
   cfg.k = o.k, cfg.bandwidth = o.bandwidth, cfg.initial_threshold = o.bandwidth;
-  const double need = sae_training_bytes(cfg, o.batch, std::max(o.buffer, o.batch) + o.sequences * data[0].shape[1]);
+  if (!o.normalize_activations.empty()) cfg.normalize_activations = o.normalize_activations;
+  const double need = sae_training_bytes(cfg, o.batch, std::max(o.buffer, o.batch) + o.sequences * data[0].inputs.shape[1]);
   check_fits_in_memory(need, "an SAE of " + std::to_string(cfg.d_sae) + " features (--expansion " + std::to_string(o.expansion) +
                                  ") on " + std::to_string(o.batch) + "-row batches (--batch)");
   SaeTrainArgs a;
@@ -111,6 +113,10 @@ void add_sae_command(CLI::App& app, CommandRunner& runner) {
                                    "sae_weights.safetensors (SAELens's layout) and metrics.json")->required();
   sub->add_option("--arch", o->arch, "standard, topk, batchtopk or jumprelu")->capture_default_str()
       ->check(CLI::IsMember({"standard", "topk", "batchtopk", "jumprelu"}));
+  sub->add_option("--normalize-activations", o->normalize_activations,
+                  "none, or layer_norm (each row centred and scaled to unit std before the encoder, scaled back after "
+                  "the decoder); default layer_norm for batchtopk, none for the others")
+      ->check(CLI::IsMember({"none", "layer_norm"}));
   sub->add_option("--expansion", o->expansion, "Features per input dimension (d_sae = expansion * d_in)")->capture_default_str()->check(in_range(1, 1 << 24));
   sub->add_option("--k", o->k, "topk, batchtopk: active features per row")->capture_default_str()->check(in_range(1, 1 << 20));
   sub->add_option("--steps", o->steps, "Training steps")->capture_default_str()->check(in_range(0, 1e12));

@@ -182,6 +182,9 @@ Sae Sae::init(const SaeConfig& cfg, Rng& rng) {
   HL_CHECK(cfg.d_in >= 1 && cfg.d_sae >= 1, "SAE: d_in and d_sae must be positive, got ", cfg.d_in, " and ", cfg.d_sae);
   if (cfg.arch == SaeArch::TopK || cfg.arch == SaeArch::BatchTopK)
     HL_CHECK(cfg.k >= 1 && cfg.k <= cfg.d_sae, "SAE: k must be in [1, d_sae = ", cfg.d_sae, "], got ", cfg.k);
+  HL_CHECK(cfg.normalize_activations == "none" || cfg.normalize_activations == "layer_norm",
+           "SAE: normalize_activations '", cfg.normalize_activations, "' is not one of none, layer_norm");
+  HL_CHECK(!cfg.transcoder() || cfg.normalize_activations == "none", "transcoder: normalize_activations must be none (its output is another activation)");
   if (cfg.transcoder()) {
     HL_CHECK(cfg.d_out >= 1, "transcoder: d_out must be positive, got ", cfg.d_out);
     HL_CHECK(!cfg.apply_b_dec_to_input, "transcoder: b_dec is an output bias (d_out wide), apply_b_dec_to_input must be false");
@@ -218,10 +221,30 @@ Sae Sae::init(const SaeConfig& cfg, Rng& rng) {
 
 Tensor Sae::threshold() const { return log_threshold.defined() ? exp(log_threshold) : file_threshold; }
 
-Tensor Sae::pre_acts(const Tensor& x) const {
+Tensor Sae::normalize_input(const Tensor& x, Tensor* scale, Tensor* shift) const {
+  HL_CHECK(x.ndim() == 2 && x.size(1) == cfg.d_in, "SAE: activations must be (N, ", cfg.d_in, "), got ", x.shape().str());
+  if (!layer_norm()) return x;
+  // SAELens's layer_norm: torch's std (n - 1), eps added to it, not under the root
+  const Tensor mu = mean(x, {1}, true);                                                         // (N, 1)
+  const Tensor centred = sub(x, mu);                                                            // (N, d_in)
+  const float per = 1.f / float(std::max<int64_t>(cfg.d_in - 1, 1));
+  const Tensor sd = sqrt(mul_scalar(sum(mul(centred, centred), {1}, true), per));               // (N, 1)
+  if (scale) *scale = sd;
+  if (shift) *shift = mu;
+  return div(centred, add_scalar(sd, 1e-5f));
+}
+
+Tensor Sae::encoder_pre(const Tensor& x) const {
   HL_CHECK(x.ndim() == 2 && x.size(1) == cfg.d_in, "SAE: activations must be (N, ", cfg.d_in, "), got ", x.shape().str());
   const Tensor in = cfg.apply_b_dec_to_input ? sub(x, b_dec) : x;
   return add(matmul(in, W_enc), b_enc);
+}
+
+Tensor Sae::reconstruct(const Tensor& x, const Tensor& f) const {
+  if (!layer_norm()) return decode(f);
+  Tensor scale, shift;
+  normalize_input(x, &scale, &shift);
+  return add(mul(decode(f), scale), shift);  // SAELens scales back by std alone (no eps)
 }
 
 Tensor Sae::activate(const Tensor& pre, bool training) const {
@@ -338,7 +361,7 @@ void save_saelens(const Sae& sae, const std::string& dir) {
                         {"dtype", "float32"},
                         {"device", "cpu"},
                         {"apply_b_dec_to_input", sae.cfg.apply_b_dec_to_input},
-                        {"normalize_activations", "none"},
+                        {"normalize_activations", sae.cfg.normalize_activations},
                         {"hook_name", sae.cfg.hook_name}};
   if (sae.cfg.arch == SaeArch::TopK) cfg["k"] = sae.cfg.k;
   if (sae.cfg.transcoder()) cfg["d_out"] = sae.cfg.d_out, cfg["hook_name_out"] = sae.cfg.hook_name_out;
@@ -396,8 +419,10 @@ Sae load_saelens(const std::string& dir) {
     cfg.apply_b_dec_to_input = j["apply_b_dec_to_input"].get<bool>();
   }
   const nlohmann::json norm = j.value("normalize_activations", nlohmann::json("none"));
-  HL_CHECK(norm.is_null() || norm == "none", cfg_path, ": field 'normalize_activations' is ", norm.dump(),
-           "; only 'none' is read (the SAE would need the activations' scaling factor)");
+  HL_CHECK(norm.is_null() || norm == "none" || (norm == "layer_norm" && !transcoder), cfg_path,
+           ": field 'normalize_activations' is ", norm.dump(),
+           "; only 'none' and an SAE's 'layer_norm' are read (the others need the activations' scaling factor)");
+  if (norm == "layer_norm") cfg.normalize_activations = "layer_norm";
   if (j.contains("hook_name") && j["hook_name"].is_string()) cfg.hook_name = j["hook_name"].get<std::string>();
   const std::string weights_path = dir + "/sae_weights.safetensors";
   const SafetensorsFile f = read_safetensors(weights_path);

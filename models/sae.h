@@ -51,6 +51,12 @@ struct SaeConfig {
   float bandwidth = 0.001f;  // JumpReLU: width of the rectangle kernel of the threshold gradient
   float initial_threshold = 0.001f;  // JumpReLU
   bool apply_b_dec_to_input = true;
+  // "none", or "layer_norm": each row centred and divided by its standard deviation before the
+  // encoder, the reconstruction scaled back (SAELens's normalize_activations "layer_norm", the
+  // BatchTopK paper's input_unit_norm). BatchTopK needs it where rows' norms vary: the
+  // interference of a row's inactive features grows with its norm, and without it the batch's
+  // cut goes to the rows of large norm (tests/test_sae.cpp's planted BatchTopK case).
+  std::string normalize_activations = "none";
   std::string hook_name;     // where the activations come from
   // A transcoder (Dunefsky et al. 2024) reads hook_name (an MLP's input) and reconstructs
   // hook_name_out (its output, d_out wide): W_dec (d_sae, d_out), b_dec (d_out), and b_dec is
@@ -74,13 +80,24 @@ struct Sae {
   static Sae init(const SaeConfig& cfg, Rng& rng);
 
   Tensor threshold() const;                 // exp(log_threshold) on the graph, or file_threshold
-  Tensor pre_acts(const Tensor& x) const;   // (N, d_in) -> (N, d_sae)
+  bool layer_norm() const { return cfg.normalize_activations == "layer_norm"; }
+  // x (N, d_in) as the encoder sees it: itself, or with layer_norm each row (x - mean) / std
+  // (std over the row, n - 1 in the denominator, + 1e-5), its std (N, 1) in *scale and its
+  // mean (N, 1) in *shift when given (undefined without layer_norm).
+  Tensor normalize_input(const Tensor& x, Tensor* scale = nullptr, Tensor* shift = nullptr) const;
+  Tensor pre_acts(const Tensor& x) const { return encoder_pre(normalize_input(x)); }  // (N, d_in) -> (N, d_sae)
+  // The pre-activations of rows already through normalize_input (what the trainer steps on).
+  Tensor encoder_pre(const Tensor& x_normalized) const;
   // f for a training batch (BatchTopK selects over the batch) or, with training false, for
   // inference (BatchTopK applies its threshold, so a row's features do not depend on the others).
   Tensor activate(const Tensor& pre, bool training) const;
   Tensor encode(const Tensor& x) const { return activate(pre_acts(x), false); }
-  Tensor decode(const Tensor& f) const;     // (N, d_sae) -> (N, d_in)
-  Tensor forward(const Tensor& x) const { return decode(encode(x)); }
+  // (N, d_sae) -> (N, d_in): f W_dec + b_dec, in the normalised units with layer_norm.
+  Tensor decode(const Tensor& f) const;
+  // The reconstruction of rows x from their features f: decode(f), with layer_norm scaled back
+  // by x's std and mean.
+  Tensor reconstruct(const Tensor& x, const Tensor& f) const;
+  Tensor forward(const Tensor& x) const { return reconstruct(x, encode(x)); }
 
   std::vector<NamedParam> params() const;
   // Unit-norm decoder rows: the gradient component along each row removed before the step,
@@ -104,13 +121,13 @@ void add_sae_splice(Hooks& hooks, const Sae& sae);
 const std::string& sae_output_hook(const Sae& sae);
 
 // SAELens's files: DIR/cfg.json (architecture, d_in, d_sae, apply_b_dec_to_input,
-// normalize_activations, hook_name, k; a transcoder's d_out and hook_name_out, its architecture
+// normalize_activations ("none" or "layer_norm"), hook_name, k; a transcoder's d_out and hook_name_out, its architecture
 // transcoder or jumprelu_transcoder as SAELens names them, topk_transcoder for TopK, which
 // SAELens's layout has no name for) and DIR/sae_weights.safetensors (W_enc, b_enc, W_dec,
 // b_dec, and threshold for JumpReLU; float32). A BatchTopK SAE is written as the JumpReLU
 // SAE it is at inference, as SAELens does. Files go through write_file_atomic; the caller
-// makes DIR. The reader refuses what it cannot reproduce (another architecture, normalised
-// activations, shapes that disagree with cfg.json) with one line naming the file and field.
+// makes DIR. The reader refuses what it cannot reproduce (another architecture, another
+// normalize_activations, shapes that disagree with cfg.json) with one line naming the file and field.
 void save_saelens(const Sae& sae, const std::string& dir);
 Sae load_saelens(const std::string& dir);
 

@@ -10,11 +10,6 @@ namespace hl::bindings {
 
 namespace {
 
-std::vector<Ids> inputs_of(const DataArg& d) {
-  std::vector<Ids> out;
-  for (const Batch& b : d.batches()) out.push_back(b.inputs);
-  return out;
-}
 py::array doubles(const std::vector<double>& v, std::vector<py::ssize_t> shape) {
   py::array_t<double> a(shape);
   std::copy(v.begin(), v.end(), a.mutable_data());
@@ -45,28 +40,30 @@ void bind_feature_study(py::module_& m) {
       "feature_final_scale",
       [](TransformerLM& model, const py::object& data) {
         const DataArg d = data_arg(data, model, "feature_final_scale");
-        return interruptible([&] { return final_norm_scale(model, inputs_of(d)); });
+        return interruptible([&] { return final_norm_scale(model, d.batches()); });
       },
       py::arg("model"), py::arg("data"), "The mean of ln_final.hook_scale over every position of data (1 without a final norm)");
   m.def(
       "feature_attribution",
-      [](TransformerLM& model, const Sae& sae, const py::object& ids, int feature) {
+      [](TransformerLM& model, const Sae& sae, const py::object& ids, int feature, const py::object& attention_mask) {
         const Ids x = ids_from(ids, "ids");
-        const FeatureSourceAttribution a = interruptible([&] { return feature_source_attribution(model, sae, x, feature); });
+        const Tensor pad = key_padding_from(attention_mask, x, "feature_attribution: attention_mask");
+        const FeatureSourceAttribution a = interruptible([&] { return feature_source_attribution(model, sae, x, feature, pad); });
         const py::ssize_t B = a.batch, T = a.tokens, H = a.heads;
         return py::dict(py::arg("contribution") = doubles(a.contribution, {B, T, H, T}), py::arg("bias") = a.bias,
                         py::arg("pre_activation") = doubles(a.pre_activation, {B, T}),
                         py::arg("activation") = doubles(a.activation, {B, T}));
       },
-      py::arg("model"), py::arg("sae"), py::arg("ids"), py::arg("feature"),
+      py::arg("model"), py::arg("sae"), py::arg("ids"), py::arg("feature"), py::arg("attention_mask") = py::none(),
       "Direct feature attribution by source position for an SAE on hook_z: the feature's pre-activation at every query "
       "decomposed over heads and attended source tokens, contribution (B, T, H, T) [b, query, head, source], plus bias; "
-      "contribution.sum((2, 3)) + bias == pre_activation.");
+      "contribution.sum((2, 3)) + bias == pre_activation. attention_mask (B, T), 1 = token, 0 = padding on either side "
+      "of a row's tokens: each row as alone, in its columns; a padding query has no contribution and NaN activations.");
   m.def(
       "top_activating_examples",
       [](TransformerLM& model, const Sae& sae, const py::object& data, const std::vector<int>& features, int k, int before, int after) {
         const DataArg d = data_arg(data, model, "top_activating_examples");
-        const auto top = interruptible([&] { return top_activating_examples(model, sae, inputs_of(d), features, k, before, after); });
+        const auto top = interruptible([&] { return top_activating_examples(model, sae, d.batches(), features, k, before, after); });
         py::list out;
         for (const FeatureExamples& f : top) {
           py::list ex;
@@ -86,7 +83,7 @@ void bind_feature_study(py::module_& m) {
       "feature_presence",
       [](TransformerLM& model, const Sae& sae, const py::object& data) {
         const DataArg d = data_arg(data, model, "feature_presence");
-        const FeaturePresence p = interruptible([&] { return feature_presence(model, sae, inputs_of(d)); });
+        const FeaturePresence p = interruptible([&] { return feature_presence(model, sae, d.batches()); });
         const py::ssize_t F = static_cast<py::ssize_t>(p.mean_activation.size());
         return py::dict(py::arg("mean_activation") = doubles(p.mean_activation, {F}),
                         py::arg("firing_frequency") = doubles(p.firing_frequency, {F}), py::arg("tokens") = p.tokens);

@@ -25,6 +25,8 @@ b_dec, and for JumpReLU its thresholds. encode(x) = act((x - b_dec) W_enc + b_en
                              "(d_sae, d_in), read-only view: the rows are the features' directions")
       .def_property_readonly("b_enc", [](const Sae& s) { return view_of(s.b_enc, false); }, "(d_sae), read-only view")
       .def_property_readonly("b_dec", [](const Sae& s) { return view_of(s.b_dec, false); }, "(d_in), read-only view")
+      .def_property_readonly("normalize_activations", [](const Sae& s) { return s.cfg.normalize_activations; },
+                             "none, or layer_norm: encode normalises each row, decode's output is in those units")
       .def(
           "encode",
           [](const Sae& s, const py::array& x) {
@@ -71,18 +73,24 @@ The same numbers as `headlab sae`'s metrics.json.)");
          int64_t expansion, int64_t k, int64_t steps, int64_t batch, float lr, int64_t warmup, int64_t buffer,
          float l1_coefficient, float l0_coefficient, float bandwidth, uint64_t seed, const py::object& hook_out,
          int64_t sparsity_warmup, int64_t lr_decay_steps, const std::string& jumprelu_sparsity, float tanh_scale,
-         float pre_act_coefficient, const py::object& out, bool resume, int64_t snapshot_every) {
-        const Ids ids = ids_from(data, "data");
-        HL_CHECK(ids.shape.ndim == 2, "train_sae: data must be token ids (B, T), got ", ids.shape.str());
+         float pre_act_coefficient, const py::object& out, bool resume, int64_t snapshot_every,
+         const py::object& normalize_activations) {
+        // token ids (B, T), hl.Batches or a dict of arrays; padding (attention_mask) is no activation
+        const DataArg d = data_arg(data, model, "train_sae");
+        const std::vector<Batch> batches = d.batches();
+        int64_t batch_tokens = 0;  // the largest batch's tokens: what one top-up of the buffer adds
+        for (const Batch& b : batches) batch_tokens = std::max<int64_t>(batch_tokens, b.inputs.numel());
         HL_CHECK(!resume || !out.is_none(), "train_sae: resume=True continues the run in out=, which is not given");
         // Python's objects read here, with the GIL: the metrics over data itself, its next tokens the targets
         const std::string out_dir = out.is_none() ? std::string() : py::str(out).cast<std::string>();
         const std::string transcoder_out = hook_out.is_none() ? std::string() : hook_out.cast<std::string>();
-        const std::vector<Batch> held_out = out.is_none() ? std::vector<Batch>() : batches_from(data).batches;
+        const std::string normalize = normalize_activations.is_none() ? std::string() : normalize_activations.cast<std::string>();
+        const std::vector<Batch> held_out = out.is_none() ? std::vector<Batch>() : batches;
         return interruptible([&] {
-          SaeConfig cfg = sae_config_for_model(model, ids, hook, transcoder_out, architecture, expansion);
+          SaeConfig cfg = sae_config_for_model(model, batches[0].inputs, hook, transcoder_out, architecture, expansion);
           cfg.k = k, cfg.bandwidth = bandwidth, cfg.initial_threshold = bandwidth;
-          check_fits_in_memory(sae_training_bytes(cfg, batch, buffer + ids.numel()),
+          if (!normalize.empty()) cfg.normalize_activations = normalize;
+          check_fits_in_memory(sae_training_bytes(cfg, batch, buffer + batch_tokens),
                                "train_sae: an SAE of " + std::to_string(cfg.d_sae) + " features on " + std::to_string(batch) + "-row batches");
           SaeTrainArgs a;
           a.steps = steps, a.batch = batch, a.lr = lr, a.warmup = warmup, a.seed = seed;
@@ -90,7 +98,7 @@ The same numbers as `headlab sae`'s metrics.json.)");
           a.lr_decay_steps = lr_decay_steps, a.jumprelu_sparsity = jumprelu_sparsity, a.tanh_scale = tanh_scale;
           a.pre_act_coefficient = pre_act_coefficient;
           a.init_rows = std::min<int64_t>(4096, buffer);
-          ActivationStream stream = model_activation_stream(model, sae_source_hooks(cfg), {ids}, buffer, seed + 1);
+          ActivationStream stream = model_activation_stream(model, sae_source_hooks(cfg), batches, buffer, seed + 1);
           if (out_dir.empty()) {
             SaeTrainer trainer(cfg, a, std::move(stream));
             trainer.train();
@@ -108,13 +116,17 @@ The same numbers as `headlab sae`'s metrics.json.)");
       py::arg("seed") = 0, py::arg("hook_out") = py::none(), py::arg("sparsity_warmup") = 0, py::arg("lr_decay_steps") = 0,
       py::arg("jumprelu_sparsity") = "step", py::arg("tanh_scale") = 4.f, py::arg("pre_act_coefficient") = 0.f,
       py::arg("out") = py::none(), py::arg("resume") = false, py::arg("snapshot_every") = 0,
+      py::arg("normalize_activations") = py::none(),
       R"(Trains an SAE on model's activations at hook (e.g. "blocks.1.attn.hook_z", heads concatenated) over data,
-token ids (B, T) run through the model and mixed in a shuffle buffer of `buffer` rows. Returns an SAE.
+token ids (B, T), hl.Batches (a task's held_out, or arrays with an attention_mask: padding is never an activation) or
+a dict of arrays, run through the model and mixed in a shuffle buffer of `buffer` rows. Returns an SAE.
 With hook_out, a transcoder from hook's activation to hook_out's (e.g. hook="blocks.0.ln2.hook_normalized",
 hook_out="blocks.0.hook_mlp_out": the MLP's input to its output). sparsity_warmup: steps over which the L1 (standard)
 or L0 (jumprelu) weight rises from 0; lr_decay_steps: final steps over which the learning rate falls to 0.
 jumprelu_sparsity: "step" (the L0 through a straight-through step) or "tanh" (sum of tanh(tanh_scale f |W_dec|));
 pre_act_coefficient: weight of the dead features' relu(threshold - pre) |W_dec| (0: off).
+normalize_activations: "none" or "layer_norm" (each row centred and scaled to unit std before the encoder, scaled
+back after the decoder, SAELens's name); None: layer_norm for batchtopk, none for the others.
 With out, a run directory as `headlab sae --out` writes: sae_state.safetensors (Ctrl-C saves it too), snapshots/stepN
 every snapshot_every steps, and at the end cfg.json, sae_weights.safetensors and metrics.json (on data);
 resume=True continues it bit for bit (same settings, steps may grow).)");

@@ -10,6 +10,7 @@
 #include "analysis/feature_attribution.h"
 #include "analysis/features_over_training.h"
 #include "tests/fixtures.h"
+#include "train/sae_trainer.h"
 
 using namespace hl;
 
@@ -140,10 +141,12 @@ BOOST_AUTO_TEST_CASE(source_attribution_sums_to_the_pre_activation_with_gqa_bias
   c.positions = Positions::Rotary;
   TransformerLM model(c, 7);
   model.gates(1).data()[1] = 0.5f, model.gates(1).data()[3] = 0.f;
-  const Sae sae = random_sae("blocks.1.attn.hook_z", 8, 5, SaeArch::TopK, 3);
+  Sae sae = random_sae("blocks.1.attn.hook_z", 8, 5, SaeArch::TopK, 3);
   const Ids ids = some_tokens(3, 6, c.vocab_size, 8);
-  for (int j = 0; j < 5; ++j) {
-    const FeatureSourceAttribution a = feature_source_attribution(model, sae, ids, j);
+  // with layer_norm too: each query's row centred and scaled, constants of the query
+  for (int j = 0; j < 10; ++j) {
+    sae.cfg.normalize_activations = j < 5 ? "none" : "layer_norm";
+    const FeatureSourceAttribution a = feature_source_attribution(model, sae, ids, j % 5);
     for (int64_t i = 0; i < 18; ++i) {
       double sum = a.bias;
       for (int h = 0; h < 4; ++h)
@@ -210,7 +213,7 @@ BOOST_AUTO_TEST_CASE(top_examples_hold_the_largest_activations_and_their_windows
   const std::string hook = "blocks.1.attn.hook_z";
   const Sae sae = random_sae(hook, 8, 6, SaeArch::Standard, 4);
   const std::vector<Ids> data = {some_tokens(5, 6, c.vocab_size, 1), some_tokens(4, 6, c.vocab_size, 2)};
-  const std::vector<FeatureExamples> top = top_activating_examples(model, sae, data, {0, 3}, 3, 2, 1);
+  const std::vector<FeatureExamples> top = top_activating_examples(model, sae, unpadded_batches(data), {0, 3}, 3, 2, 1);
   // every row's activations, from the hook directly
   NoGradGuard no_grad;
   std::vector<std::vector<float>> acts;  // [row][t * 6 + feature]
@@ -251,13 +254,13 @@ BOOST_AUTO_TEST_CASE(one_sae_over_identical_snapshots_gives_identical_rows) {
   const std::vector<Ids> data = {some_tokens(4, 6, c.vocab_size, 1)};
   // steps 0 and 10 hold the same weights (seed 3), step 20 others (seed 4)
   const FeaturesOverTraining o = features_over_training(
-      {0, 10, 20}, [&](size_t i) { return std::make_unique<TransformerLM>(c, i < 2 ? 3 : 4); }, sae, data);
+      {0, 10, 20}, [&](size_t i) { return std::make_unique<TransformerLM>(c, i < 2 ? 3 : 4); }, sae, unpadded_batches(data));
   BOOST_TEST(o.tokens == 24);
   BOOST_TEST(o.mean_activation[0] == o.mean_activation[1]);
   BOOST_TEST(o.firing_frequency[0] == o.firing_frequency[1]);
   BOOST_TEST(o.mean_activation[0] != o.mean_activation[2]);
   TransformerLM m(c, 3);
-  const FeaturePresence p = feature_presence(m, sae, data);
+  const FeaturePresence p = feature_presence(m, sae, unpadded_batches(data));
   BOOST_TEST(p.mean_activation == o.mean_activation[0]);
   BOOST_TEST(features_over_training_csv(o).rfind("step,feature,mean_activation,firing_frequency\n0,0,", 0) == 0);
 }

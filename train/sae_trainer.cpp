@@ -45,7 +45,7 @@ Sae initial_sae(const SaeConfig& cfg, const SaeTrainArgs& args, const Activation
   // b_dec at the centre of what the SAE reconstructs: the input, or a transcoder's target
   if (cfg.apply_b_dec_to_input || cfg.transcoder()) {
     const Tensor rows = checked_batch(source, args.init_rows, source_width(cfg));
-    const Tensor sample = cfg.transcoder() ? columns(rows, cfg.d_in, cfg.d_out) : rows;
+    const Tensor sample = cfg.transcoder() ? columns(rows, cfg.d_in, cfg.d_out) : sae.normalize_input(rows);
     const int64_t D = cfg.out_width();
     Tensor centre = args.b_dec_geometric_median ? geometric_median(sample) : Tensor();
     if (!centre.defined()) {
@@ -68,7 +68,13 @@ float sae_learning_rate(const SaeTrainArgs& args, int64_t step) {
   return lr;
 }
 
-ActivationStream model_activation_stream(TransformerLM& model, const std::vector<std::string>& hooks, std::vector<Ids> batches,
+std::vector<Batch> unpadded_batches(const std::vector<Ids>& ids) {
+  std::vector<Batch> out;
+  for (const Ids& i : ids) out.push_back(Batch{i, Ids(i.shape), Tensor()});
+  return out;
+}
+
+ActivationStream model_activation_stream(TransformerLM& model, const std::vector<std::string>& hooks, std::vector<Batch> batches,
                                          int64_t buffer_rows, uint64_t seed) {
   HL_CHECK(!hooks.empty(), "SAE: no hook point to read");
   int stop_at = 0;  // the forward stops after the last hook's block (-1: the whole model)
@@ -117,14 +123,15 @@ ActivationStream model_activation_stream(TransformerLM& model, const std::vector
     auto size = [&] { return buf->d ? static_cast<int64_t>(buf->rows.size()) / buf->d : 0; };
     while (size() < std::max(buffer_rows, rows)) {
       throw_if_stopped();
-      const Ids& ids = batches[static_cast<size_t>(buf->next_batch++ % static_cast<int64_t>(batches.size()))];
+      const Batch& batch = batches[static_cast<size_t>(buf->next_batch++ % static_cast<int64_t>(batches.size()))];
       ForwardOptions opt;
+      opt.key_padding = batch.key_padding;
       opt.stop_at_layer = stop_at;  // nothing after the last hook's block
       Hooks hk;
       ActivationCache cache;
       for (const std::string& hook : hooks) hk.cache(cache, name_is(hook));
       opt.hooks = &hk;
-      m->forward(ids, opt);
+      m->forward(batch.inputs, opt);
       std::vector<Tensor> parts;
       int64_t d = 0;
       for (const std::string& hook : hooks) {
@@ -134,12 +141,14 @@ ActivationStream model_activation_stream(TransformerLM& model, const std::vector
         d += parts.back().size(1);
       }
       if (!buf->d) buf->d = d;
-      const int64_t tokens = parts[0].size(0), at = size();
-      buf->rows.resize(static_cast<size_t>((at + tokens) * d));
-      for (int64_t t = 0; t < tokens; ++t) {
-        float* dst = buf->rows.data() + (at + t) * d;
-        for (const Tensor& p : parts) dst = std::copy_n(p.data() + t * p.size(1), p.size(1), dst);
-      }
+      const int64_t T = batch.inputs.shape[1];
+      for (int64_t r = 0; r < batch.inputs.shape[0]; ++r)
+        for (int64_t t = r * T; t < r * T + row_tokens(batch, r); ++t) {  // the row's tokens, not its padding
+          const int64_t at = size();
+          buf->rows.resize(static_cast<size_t>((at + 1) * d));
+          float* dst = buf->rows.data() + at * d;
+          for (const Tensor& p : parts) dst = std::copy_n(p.data() + t * p.size(1), p.size(1), dst);
+        }
     }
     const int64_t d = buf->d;
     Tensor out = Tensor::empty({rows, d});
@@ -171,6 +180,9 @@ SaeConfig sae_config_for_model(TransformerLM& model, const Ids& ids, const std::
     cfg.d_out = model_activations(model, hook_out, {one}, 1, 0)(1).size(1);
   }
   cfg.d_sae = cfg.d_in * expansion;
+  // BatchTopK's paper trains on rows normalised one by one (models/sae.h: normalize_activations);
+  // a transcoder's target is another activation, so it keeps its rows as they are
+  if (cfg.arch == SaeArch::BatchTopK && !cfg.transcoder()) cfg.normalize_activations = "layer_norm";
   return cfg;
 }
 
@@ -197,9 +209,11 @@ std::vector<bool> SaeTrainer::dead_features() const {
 SaeStepStats SaeTrainer::step() {
   const int64_t N = args_.batch, F = cfg_.d_sae, D = cfg_.out_width();
   const Tensor rows = checked_batch(stream_.next, N, source_width(cfg_));
-  // x (N, d_in) and what x_hat should be, target (N, D): x itself, or a transcoder's output
-  const Tensor x = cfg_.transcoder() ? columns(rows, 0, cfg_.d_in) : rows;
-  const Tensor target = cfg_.transcoder() ? columns(rows, cfg_.d_in, cfg_.d_out) : rows;
+  // x (N, d_in) as the encoder sees it (normalised with layer_norm: the loss is in those units,
+  // as the BatchTopK paper's) and what x_hat should be, target (N, D): x itself, or a
+  // transcoder's output
+  const Tensor x = sae_.normalize_input(cfg_.transcoder() ? columns(rows, 0, cfg_.d_in) : rows);
+  const Tensor target = cfg_.transcoder() ? columns(rows, cfg_.d_in, cfg_.d_out) : x;
   const bool unit_decoder = cfg_.arch != SaeArch::Standard;  // Standard: the L1 carries the norms
 
   // AuxK: the dead features' k_aux largest pre-activations reconstruct what the live ones miss.
@@ -218,7 +232,7 @@ SaeStepStats SaeTrainer::step() {
     sparse_loss = sae_sparse_loss(sae_, x, target, {with_aux ? &dead_ : nullptr, k_aux, aux_weight}, sparse_work_);
     loss = sparse_loss.loss, err = sparse_loss.err;
   } else {
-    const Tensor pre = sae_.pre_acts(x);  // (N, F)
+    const Tensor pre = sae_.encoder_pre(x);  // (N, F)
     f = sae_.activate(pre, true);
     const Tensor x_hat = sae_.decode(f);  // (N, D)
     err = sub(x_hat, target);
@@ -312,7 +326,8 @@ SaeStepStats SaeTrainer::step() {
 nlohmann::json SaeTrainer::settings() const {
   return {{"architecture", sae_arch_name(cfg_.arch)}, {"d_in", cfg_.d_in}, {"d_sae", cfg_.d_sae}, {"k", cfg_.k},
           {"bandwidth", cfg_.bandwidth}, {"initial_threshold", cfg_.initial_threshold},
-          {"apply_b_dec_to_input", cfg_.apply_b_dec_to_input}, {"hook_name", cfg_.hook_name},
+          {"apply_b_dec_to_input", cfg_.apply_b_dec_to_input}, {"normalize_activations", cfg_.normalize_activations},
+          {"hook_name", cfg_.hook_name},
           {"hook_name_out", cfg_.hook_name_out}, {"d_out", cfg_.d_out}, {"steps", args_.steps}, {"batch", args_.batch},
           {"lr", args_.lr}, {"warmup", args_.warmup}, {"lr_decay_steps", args_.lr_decay_steps}, {"l1_coefficient", args_.l1_coefficient},
           {"l0_coefficient", args_.l0_coefficient}, {"sparsity_warmup", args_.sparsity_warmup},
@@ -343,6 +358,8 @@ void SaeTrainer::load_state(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     fail(path, ": the stored settings are not valid JSON (", e.what(), ")");
   }
+  // a state saved before normalize_activations existed trained without it
+  if (stored.is_object() && !stored.contains("normalize_activations")) stored["normalize_activations"] = "none";
   const std::string diff = first_json_difference(stored, settings(), {"/steps"}, "in the saved state", "now");
   HL_CHECK(diff.empty(), path, ": cannot resume: ", diff);
   int64_t step = 0;

@@ -67,19 +67,22 @@ struct ActivationStream {
   std::function<void(const SafetensorsFile&)> load;
 };
 
-// Activations of `model` at `hook` over `batches` of token ids (cycled), as SAE rows (sae_rows:
-// hook_z concatenated over heads), mixed in a shuffle buffer of `buffer_rows` rows: the buffer
+// Activations of `model` at `hook` over `batches` (cycled), as SAE rows (sae_rows: hook_z
+// concatenated over heads), each row's tokens only (a batch's padding, key_padding, is run with
+// the forward and left out: row_tokens), mixed in a shuffle buffer of `buffer_rows` rows: the buffer
 // is topped up with whole batches from the model and each request takes rows from it at random
 // (SAELens's mixing buffer, without an activation file). A hook the model does not have is an
 // error naming it; the model runs without gradients.
 // With several hooks each row holds every hook's values of one token side by side (a
 // transcoder's [input | output]).
 // The stream's state is the buffer's rows, the next batch's index and the picking generator.
-ActivationStream model_activation_stream(TransformerLM& model, const std::vector<std::string>& hooks, std::vector<Ids> batches,
+ActivationStream model_activation_stream(TransformerLM& model, const std::vector<std::string>& hooks, std::vector<Batch> batches,
                                          int64_t buffer_rows, uint64_t seed);
+// Token ids as batches without padding or targets.
+std::vector<Batch> unpadded_batches(const std::vector<Ids>& ids);
 inline ActivationSource model_activations(TransformerLM& model, const std::vector<std::string>& hooks, std::vector<Ids> batches,
                                           int64_t buffer_rows, uint64_t seed) {
-  return model_activation_stream(model, hooks, std::move(batches), buffer_rows, seed).next;
+  return model_activation_stream(model, hooks, unpadded_batches(batches), buffer_rows, seed).next;
 }
 inline ActivationSource model_activations(TransformerLM& model, const std::string& hook, std::vector<Ids> batches,
                                           int64_t buffer_rows, uint64_t seed) {
@@ -88,7 +91,8 @@ inline ActivationSource model_activations(TransformerLM& model, const std::strin
 // The hooks a source for `cfg` reads: hook_name, and a transcoder's hook_name_out after it.
 std::vector<std::string> sae_source_hooks(const SaeConfig& cfg);
 // The configuration of an SAE (or, with hook_out not empty, a transcoder) of `expansion` times
-// the hook's width on `model`, widths read from one forward of `ids` (B, T).
+// the hook's width on `model`, widths read from one forward of `ids` (B, T); normalize_activations
+// layer_norm for a BatchTopK SAE (its paper's recipe; not a transcoder), else none.
 SaeConfig sae_config_for_model(TransformerLM& model, const Ids& ids, const std::string& hook, const std::string& hook_out,
                                const std::string& architecture, int64_t expansion);
 

@@ -237,6 +237,9 @@ b_dec, and for JumpReLU its thresholds. encode(x) = act((x - b_dec) W_enc + b_en
     @property
     def b_dec(self) -> numpy.ndarray:
         """(d_in), read-only view"""
+    @property
+    def normalize_activations(self) -> str:
+        """none, or layer_norm: encode normalises each row, decode's output is in those units"""
     def encode(self, x: numpy.ndarray) -> numpy.ndarray:
         """Feature activations (N, d_sae) of activations x (N, d_in)"""
     def decode(self, f: numpy.ndarray) -> numpy.ndarray:
@@ -542,8 +545,8 @@ The same numbers as `headlab sae`'s metrics.json."""
 def feature_ablation(model: TransformerLM, sae: SAE, data: object, features: List[int], keep_error: bool = ...) -> dict:
     """Each feature's ablation effect on the loss: the SAE spliced in at its hook with the feature set to 0, minus nothing ablated. keep_error adds the SAE's error back (the base is then the model itself)."""
 
-def feature_attribution(model: TransformerLM, sae: SAE, ids: object, feature: int) -> dict:
-    """Direct feature attribution by source position for an SAE on hook_z: the feature's pre-activation at every query decomposed over heads and attended source tokens, contribution (B, T, H, T) [b, query, head, source], plus bias; contribution.sum((2, 3)) + bias == pre_activation."""
+def feature_attribution(model: TransformerLM, sae: SAE, ids: object, feature: int, attention_mask: object = ...) -> dict:
+    """Direct feature attribution by source position for an SAE on hook_z: the feature's pre-activation at every query decomposed over heads and attended source tokens, contribution (B, T, H, T) [b, query, head, source], plus bias; contribution.sum((2, 3)) + bias == pre_activation. attention_mask (B, T), 1 = token, 0 = padding on either side of a row's tokens: each row as alone, in its columns; a padding query has no contribution and NaN activations."""
 
 def feature_final_scale(model: TransformerLM, data: object) -> float:
     """The mean of ln_final.hook_scale over every position of data (1 without a final norm)"""
@@ -646,14 +649,17 @@ def tensor(array: numpy.ndarray, requires_grad: bool = ...) -> Tensor:
 def top_activating_examples(model: TransformerLM, sae: SAE, data: object, features: List[int], k: int = ..., before: int = ..., after: int = ...) -> list:
     """Per feature, the k rows of data where it is largest, each as the window of tokens around its largest token with the feature's activation at each: [{feature, examples: [{row, position, max_activation, window_start, tokens, activations}]}]"""
 
-def train_sae(model: TransformerLM, hook: str, data: object, architecture: str = ..., expansion: int = ..., k: int = ..., steps: int = ..., batch: int = ..., lr: float = ..., warmup: int = ..., buffer: int = ..., l1_coefficient: float = ..., l0_coefficient: float = ..., bandwidth: float = ..., seed: int = ..., hook_out: object = ..., sparsity_warmup: int = ..., lr_decay_steps: int = ..., jumprelu_sparsity: str = ..., tanh_scale: float = ..., pre_act_coefficient: float = ..., out: object = ..., resume: bool = ..., snapshot_every: int = ...) -> SAE:
+def train_sae(model: TransformerLM, hook: str, data: object, architecture: str = ..., expansion: int = ..., k: int = ..., steps: int = ..., batch: int = ..., lr: float = ..., warmup: int = ..., buffer: int = ..., l1_coefficient: float = ..., l0_coefficient: float = ..., bandwidth: float = ..., seed: int = ..., hook_out: object = ..., sparsity_warmup: int = ..., lr_decay_steps: int = ..., jumprelu_sparsity: str = ..., tanh_scale: float = ..., pre_act_coefficient: float = ..., out: object = ..., resume: bool = ..., snapshot_every: int = ..., normalize_activations: object = ...) -> SAE:
     """Trains an SAE on model's activations at hook (e.g. "blocks.1.attn.hook_z", heads concatenated) over data,
-token ids (B, T) run through the model and mixed in a shuffle buffer of `buffer` rows. Returns an SAE.
+token ids (B, T), hl.Batches (a task's held_out, or arrays with an attention_mask: padding is never an activation) or
+a dict of arrays, run through the model and mixed in a shuffle buffer of `buffer` rows. Returns an SAE.
 With hook_out, a transcoder from hook's activation to hook_out's (e.g. hook="blocks.0.ln2.hook_normalized",
 hook_out="blocks.0.hook_mlp_out": the MLP's input to its output). sparsity_warmup: steps over which the L1 (standard)
 or L0 (jumprelu) weight rises from 0; lr_decay_steps: final steps over which the learning rate falls to 0.
 jumprelu_sparsity: "step" (the L0 through a straight-through step) or "tanh" (sum of tanh(tanh_scale f |W_dec|));
 pre_act_coefficient: weight of the dead features' relu(threshold - pre) |W_dec| (0: off).
+normalize_activations: "none" or "layer_norm" (each row centred and scaled to unit std before the encoder, scaled
+back after the decoder, SAELens's name); None: layer_norm for batchtopk, none for the others.
 With out, a run directory as `headlab sae --out` writes: sae_state.safetensors (Ctrl-C saves it too), snapshots/stepN
 every snapshot_every steps, and at the end cfg.json, sae_weights.safetensors and metrics.json (on data);
 resume=True continues it bit for bit (same settings, steps may grow)."""

@@ -37,6 +37,28 @@ def test_train_sae_on_hook_z_encodes_and_decodes_as_saelens(tmp_path):
     assert np.array_equal(np.asarray(back.encode(x)), f)
 
 
+def test_batchtopk_trains_on_layer_normed_rows_by_default_and_keeps_it_in_its_files(tmp_path):
+    m = tiny()
+    sae = hl.train_sae(m, "blocks.1.attn.hook_z", IDS, architecture="batchtopk", expansion=2, k=3, steps=20, batch=32,
+                       lr=1e-2, buffer=96)
+    assert sae.normalize_activations == "layer_norm"
+    _, cache = m.run_with_cache(IDS)
+    x = np.asarray(cache["blocks.1.attn.hook_z"]).reshape(-1, 16).astype(np.float64)
+    mu = x.mean(1, keepdims=True)
+    xn = (x - mu) / (x.std(1, ddof=1, keepdims=True) + 1e-5)
+    pre = (xn - sae.b_dec) @ sae.W_enc + sae.b_enc
+    f = np.asarray(sae.encode(x))
+    assert (f != 0).any()
+    np.testing.assert_allclose(f[f != 0], pre[f != 0], atol=1e-4)  # the kept entries pass unchanged
+    sae.save(tmp_path / "sae")
+    back = hl.SAE.load(tmp_path / "sae")
+    assert back.normalize_activations == "layer_norm" and np.array_equal(np.asarray(back.encode(x)), f)
+    assert hl.train_sae(m, "blocks.1.attn.hook_z", IDS, architecture="batchtopk", expansion=2, k=3, steps=2, batch=16,
+                        buffer=32, normalize_activations="none").normalize_activations == "none"
+    assert hl.train_sae(m, "blocks.1.attn.hook_z", IDS, expansion=2, k=3, steps=2, batch=16,
+                        buffer=32).normalize_activations == "none"
+
+
 def test_train_sae_refuses_a_missing_hook():
     with pytest.raises(ValueError, match=r"the model has no hook point 'blocks.9.attn.hook_z'"):
         hl.train_sae(tiny(), "blocks.9.attn.hook_z", IDS, steps=1)
@@ -80,6 +102,10 @@ def test_train_sae_makes_a_transcoder_from_the_mlp_input_to_its_output(tmp_path)
     tc.save(tmp_path / "tc")
     back = hl.SAE.load(tmp_path / "tc")
     assert (back.hook_name_out, back.d_out) == ("blocks.0.hook_mlp_out", 16)
+    # a BatchTopK transcoder keeps its rows as they are (layer_norm is an autoencoder's)
+    btc = hl.train_sae(m, "blocks.0.ln2.hook_normalized", IDS, hook_out="blocks.0.hook_mlp_out", architecture="batchtopk",
+                       expansion=2, k=4, steps=2, batch=16, buffer=32)
+    assert btc.normalize_activations == "none"
 
 
 def test_train_sae_in_a_run_directory_resumes_bit_for_bit(tmp_path):

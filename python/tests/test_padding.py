@@ -333,3 +333,83 @@ def test_patching_and_edges_refuse_gaps_and_answers_at_padding_naming_attention_
         hl.activation_patching(m, clean, corrupted, metric=lambda logits: float(logits[0, 0, 0]), attention_mask=gap)
     with pytest.raises(ValueError, match="attention_mask: shape \\(3, 4\\) must be the ids' \\(3, 5\\)"):
         hl.edge_patching(m, clean, corrupted, answers=answers, attention_mask=mask[:, :4])
+
+
+# ---- an SAE's feature analyses on a padded batch -------------------------------------------------
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_sae_feature_analyses_of_a_padded_batch_give_each_row_alone(side):
+    m = tiny(seed=5)
+    hook = "blocks.1.attn.hook_z"
+    train = np.random.default_rng(1).integers(0, 10, size=(8, 6))
+    sae = hl.train_sae(m, hook, train, architecture="standard", expansion=2, steps=20, batch=16, buffer=48, lr=1e-2,
+                       l1_coefficient=0.01)
+    ids, mask = padded(ROWS, side, pad=10)
+    data = hl.Batches(ids, attention_mask=mask)
+    n = np.array([len(r) for r in ROWS], dtype=float)  # each row's tokens
+    # presence: token-weighted means of each row alone; padding is no token
+    p = hl.feature_presence(m, sae, data)
+    each = [hl.feature_presence(m, sae, alone(r)) for r in ROWS]
+    assert p["tokens"] == n.sum()
+    for key in ("mean_activation", "firing_frequency"):
+        np.testing.assert_allclose(p[key], np.tensordot(n, [e[key] for e in each], 1) / n.sum(), rtol=1e-5, atol=1e-7, err_msg=key)
+    assert p["firing_frequency"].max() > 0
+    # densities and L0 of the evaluation the same way (the loss over each row's counted targets)
+    e = hl.evaluate_sae(m, sae, data)
+    each = [hl.evaluate_sae(m, sae, alone(r)) for r in ROWS]
+    np.testing.assert_allclose(e["density"], np.tensordot(n, [x["density"] for x in each], 1) / n.sum(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(e["l0"], np.dot(n, [x["l0"] for x in each]) / n.sum(), rtol=1e-5)
+    # ln_final's mean scale, the logit effects' divisor
+    np.testing.assert_allclose(hl.feature_final_scale(m, data),
+                               np.dot(n, [hl.feature_final_scale(m, alone(r)) for r in ROWS]) / n.sum(), rtol=1e-5)
+    # top examples: each row's own best example, its window within the row's tokens
+    features = list(np.argsort(-p["firing_frequency"])[:3])
+    top = hl.top_activating_examples(m, sae, data, features, k=3, before=2, after=4)
+    for f in top:
+        alone_best = {}
+        for i, r in enumerate(ROWS):
+            ex = hl.top_activating_examples(m, sae, alone(r), [f["feature"]], k=1, before=2, after=4)[0]["examples"]
+            if ex:
+                alone_best[i] = ex[0]
+        want = sorted(alone_best, key=lambda i: -alone_best[i]["max_activation"])[:3]
+        assert [x["row"] for x in f["examples"]] == want
+        for x in f["examples"]:
+            a = alone_best[x["row"]]
+            assert (x["position"], x["window_start"], x["tokens"]) == (a["position"], a["window_start"], a["tokens"])
+            np.testing.assert_allclose(x["activations"], a["activations"], rtol=1e-5, atol=1e-6)
+            assert 10 not in x["tokens"]  # the padding's id is never shown
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_feature_source_attribution_of_a_padded_batch_gives_each_row_alone(side):
+    m = tiny(seed=6)
+    hook = "blocks.1.attn.hook_z"
+    train = np.random.default_rng(2).integers(0, 10, size=(8, 6))
+    sae = hl.train_sae(m, hook, train, architecture="standard", expansion=2, steps=10, batch=16, buffer=48)
+    ids, mask = padded(ROWS, side, pad=10)
+    for j in (0, 5):
+        a = hl.feature_attribution(m, sae, ids, j, attention_mask=mask)
+        for i, r in enumerate(ROWS):
+            c = real_cols(mask, i)
+            one = hl.feature_attribution(m, sae, [r], j)
+            np.testing.assert_allclose(a["contribution"][i][c][:, :, c], one["contribution"][0], rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(a["pre_activation"][i, c], one["pre_activation"][0], rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(a["activation"][i, c], one["activation"][0], rtol=1e-4, atol=1e-6)
+            pad = np.flatnonzero(mask[i] == 0)
+            assert np.all(np.isnan(a["activation"][i, pad])) and np.all(a["contribution"][i][:, :, pad] == 0)
+            assert np.all(a["contribution"][i][pad] == 0)
+    with pytest.raises(ValueError, match="feature attribution: attention_mask: row 0 has padding at column 1 between its tokens"):
+        hl.feature_attribution(m, sae, [[1, 2, 3]], 0, attention_mask=[[1, 0, 1]])
+
+
+def test_train_sae_on_a_padded_batch_never_reads_the_padding():
+    # the padding's ids and side change nothing: its activations never enter the shuffle buffer
+    m = tiny(seed=7)
+    kw = dict(architecture="topk", expansion=2, k=2, steps=6, batch=4, buffer=10, lr=1e-2, warmup=1)
+    saes = []
+    for side, pad in (("right", 10), ("right", 3), ("left", 10)):
+        ids, mask = padded(ROWS, side, pad=pad)
+        saes.append(hl.train_sae(m, "blocks.1.attn.hook_z", hl.Batches(ids, attention_mask=mask), **kw))
+    for other in saes[1:]:
+        for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
+            assert np.array_equal(getattr(other, name), getattr(saes[0], name)), name
