@@ -70,21 +70,12 @@ std::vector<double> eap_ig_scores(TransformerLM& model, const PatchingInputs& in
       const float back = 1.f - static_cast<float>(k) / static_cast<float>(opt.steps);  // 1 - alpha; 0 at the clean run
       const Tensor target = add(clean[point], mul_scalar(from_clean, back));
       const bool is_embed = g == 0;
-      const Tensor grads = receiver_gradient_stack(model, in, [&](Hooks& hooks) {
+      add_receiver_gradients(model, in, grad_sum, [&](Hooks& hooks) {
         hooks.add_forward(point, [target, is_embed](const Tensor& x, const std::string&) {
           // the embedding is the leaf: replaced outright. A layer's results keep their graph (the
           // value is target's, the gradient flows to x) so the receivers before them still get one.
           return is_embed ? target : add(x, sub(target, x.detach()));
         });
-      });
-      if (!grad_sum.defined()) {
-        grad_sum = grads;
-        continue;
-      }
-      float* acc = grad_sum.data();
-      const float* x = grads.data();
-      parallel_ranges(grads.numel(), grads.numel(), [acc, x](int64_t lo, int64_t hi) {
-        for (int64_t i = lo; i < hi; ++i) acc[i] += x[i];
       });
     }
     const std::vector<double> products = edge_products(c, deltas, grad_sum);

@@ -388,47 +388,64 @@ double hooked_patched_metric(TransformerLM& model, const PatchingInputs& in, con
   return edge_metric(model.forward_from(start, start < c.n_layers ? runs.resid_pre[start] : runs.resid_final, opt), in.answers);
 }
 
-constexpr int64_t kMaxNormWidth = 1024;  // norm_input_grads' rows up to this wide keep x_hat on the stack
+// A norm's input (N, D) as its backward reads it: y = (x - mean) / s * w + b, or the RMS form
+// without the centring (mean 0, s = sqrt(mean(x^2) + eps)); w its gain. x_hat and 1 / s once per
+// run, for every gradient that goes back through it (the statistics in double).
+struct NormRows {
+  std::vector<float> x_hat;  // (N, D): (x - mean) / s
+  std::vector<float> inv_s;  // (N)
+  std::vector<float> gain;   // (D)
+  int64_t D = 0;
+  bool centred = true;
+};
 
-// dL/dx of the norm y = (x - mean) / s * w + b for `count` gradients g = dL/dy at the norm's
-// output that share its input x (N, D): per row, (g w - mean(g w) - x_hat mean(g w x_hat)) / s
-// with x_hat = (x - mean) / s (the row's statistics in double, once for all the gradients); the
-// RMS forms the same without the centring (mean 0, s = sqrt(mean(x^2) + eps), w their gain). In
-// place: gradient i is g[i * N * D ...], (N, D). The norm's own backward, written out because the
-// gradient arrives at a hook after it.
-void norm_input_grads(const Tensor& x, const LayerNorm& ln, float* g, int64_t count) {
+NormRows norm_rows(const Tensor& x, const LayerNorm& ln) {
   const int64_t D = x.shape().back(), N = x.numel() / D;
-  const bool centred = ln.centred();
-  std::vector<float> gain(static_cast<size_t>(D));
-  for (int64_t j = 0; j < D; ++j) gain[j] = static_cast<float>(ln.gain(j));
-  const float inv_d = 1.f / static_cast<float>(D);
-  parallel_for(N, N * D * count, [&](int64_t r) {
-    const float* xr = x.data() + r * D;
+  NormRows nr{std::vector<float>(static_cast<size_t>(N * D)), std::vector<float>(static_cast<size_t>(N)),
+              std::vector<float>(static_cast<size_t>(D)), D, ln.centred()};
+  for (int64_t j = 0; j < D; ++j) nr.gain[j] = static_cast<float>(ln.gain(j));
+  const float* xd = x.data();
+  parallel_for(N, N * D, [&](int64_t r) {
+    const float* xr = xd + r * D;
     double mu = 0, var = 0;
-    if (centred) {
+    if (nr.centred) {
       for (int64_t j = 0; j < D; ++j) mu += xr[j];
       mu /= static_cast<double>(D);
     }
     for (int64_t j = 0; j < D; ++j) var += (xr[j] - mu) * (xr[j] - mu);
     const double s = std::sqrt(var / static_cast<double>(D) + ln.eps);
-    float xhat[kMaxNormWidth];
-    std::vector<float> wide;  // rows wider than the stack buffer
-    float* xh = D <= kMaxNormWidth ? xhat : (wide.resize(static_cast<size_t>(D)), wide.data());
+    float* xh = nr.x_hat.data() + r * D;
     for (int64_t j = 0; j < D; ++j) xh[j] = static_cast<float>((xr[j] - mu) / s);
-    const float inv_s = static_cast<float>(1.0 / s), *w = gain.data();
-    for (int64_t i = 0; i < count; ++i) {
-      float* gr = g + (i * N + r) * D;
-      float mg = 0, mgx = 0;
-      for (int64_t j = 0; j < D; ++j) {
-        const float gw = gr[j] * w[j];
-        mg += gw;
-        mgx += gw * xh[j];
-      }
-      mg = centred ? mg * inv_d : 0.f;
-      mgx *= inv_d;
-      for (int64_t j = 0; j < D; ++j) gr[j] = (gr[j] * w[j] - mg - xh[j] * mgx) * inv_s;
-    }
+    nr.inv_s[r] = static_cast<float>(1.0 / s);
   });
+  return nr;
+}
+
+// dL/dx for rows [r0, r0 + n) of the norm's input from g = dL/dy at its output (src, (n, D)):
+// per row (g w - mean(g w) - x_hat mean(g w x_hat)) / s, written to (or, with `add`, added to)
+// dst's rows (dst points at row 0 of an (N, D) array). The norm's own backward, written out
+// because the gradient arrives at a hook after it.
+void norm_back_rows(const NormRows& nr, int64_t r0, int64_t n, const float* src, float* dst, bool add) {
+  const int64_t D = nr.D;
+  const float inv_d = 1.f / static_cast<float>(D), *w = nr.gain.data();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = r0 + i;
+    const float *xh = nr.x_hat.data() + r * D, *gr = src + i * D, inv_s = nr.inv_s[r];
+    float mg = 0, mgx = 0;
+#pragma omp simd reduction(+ : mg, mgx)
+    for (int64_t j = 0; j < D; ++j) {
+      const float gw = gr[j] * w[j];
+      mg += gw;
+      mgx += gw * xh[j];
+    }
+    mg = nr.centred ? mg * inv_d : 0.f;
+    mgx *= inv_d;
+    float* out = dst + r * D;
+    if (add)
+      for (int64_t j = 0; j < D; ++j) out[j] += (gr[j] * w[j] - mg - xh[j] * mgx) * inv_s;
+    else
+      for (int64_t j = 0; j < D; ++j) out[j] = (gr[j] * w[j] - mg - xh[j] * mgx) * inv_s;
+  }
 }
 
 // While one lives, no parameter of the module asks for a gradient: the analyses' backward wants
@@ -454,15 +471,16 @@ class FrozenParameters {
 
 }  // namespace
 
-// dm/d(each receiver's input), stacked (R, B, T, D) in edge_receivers order, from one forward and
-// backward of the clean run in which only the activations ask for gradients (the token embedding
-// is the leaf). q/k/v of head h: the gradient at hook_q/k/v (B, T, H, dh) times that head's rows
-// of W_Q/W_K/W_V (what the head's own copy of ln1's output would get: one (N, dh) x (dh, D)
+// dm/d(each receiver's input), (R, B, T, D) in edge_receivers order, from one forward and backward
+// of the clean run in which only the activations ask for gradients (the token embedding is the
+// leaf). q/k/v of head h: the gradient at hook_q/k/v (B, T, H, dh) times that head's rows of
+// W_Q/W_K/W_V (what the head's own copy of ln1's output would get: one (rows, dh) x (dh, D)
 // product per head, no copies of the input), taken back through ln1; mlp: at ln2's output taken
 // back through ln2 (to what it reads: resid_mid, or resid_pre in a parallel block); logits: at
 // ln_final's input. The norms' inputs are read from the same run, so an intervened run's gradients
-// are its own.
-Tensor receiver_gradient_stack(TransformerLM& model, const PatchingInputs& in, const std::function<void(Hooks&)>& intervene) {
+// are its own. Each hook's gradients go through the norm's backward in blocks of rows that stay in
+// cache and are written (or added) once: the stack is the largest array of the run.
+void add_receiver_gradients(TransformerLM& model, const PatchingInputs& in, Tensor& sum, const std::function<void(Hooks&)>& intervene) {
   if (!grad_enabled()) fail("edges: edge attribution needs one backward; run it outside no_grad");
   const ModelConfig& c = model.cfg;
   const int L = c.n_layers, H = c.n_heads;
@@ -470,7 +488,10 @@ Tensor receiver_gradient_stack(TransformerLM& model, const PatchingInputs& in, c
   const std::vector<EdgeReceiver> receivers = edge_receivers(c);
   const int64_t R = static_cast<int64_t>(receivers.size());
   auto row_of = [&](const EdgeReceiver& r) { return static_cast<int64_t>(std::find(receivers.begin(), receivers.end(), r) - receivers.begin()); };
-  Tensor out = Tensor::empty({R, B, T, D});  // every row written (or the run fails below)
+  const bool add = sum.defined();
+  if (!add) sum = Tensor::empty({R, B, T, D});  // every row written (or the run fails below)
+  else if (sum.shape() != Shape{R, B, T, D})
+    fail("edges: receiver gradients (", R, ", ", B, ", ", T, ", ", D, ") added to a sum of ", sum.shape().str());
   std::vector<bool> reached(static_cast<size_t>(R), false);
   Hooks hooks;
   if (intervene) intervene(hooks);
@@ -481,37 +502,40 @@ Tensor receiver_gradient_stack(TransformerLM& model, const PatchingInputs& in, c
     leaf.requires_grad_();
     return leaf;
   });
-  std::vector<Tensor> resid_pre(L), mlp_in(L);  // this run's norm inputs: ln1's, ln2's
+  std::vector<NormRows> ln1_in(L), ln2_in(L);  // this run's norm inputs and their statistics
   for (int l = 0; l < L; ++l) {
-    hooks.add_forward(hook_name(l, "hook_resid_pre"), [&resid_pre, l](const Tensor& t, const std::string&) {
-      resid_pre[l] = t.detach();
+    const TransformerBlock* block = model.blocks[l].get();
+    // ln2 reads hook_resid_mid in a sequential block, the block's input in a parallel one
+    hooks.add_forward(hook_name(l, "hook_resid_pre"), [&, l, block](const Tensor& t, const std::string&) {
+      ln1_in[l] = norm_rows(t.detach(), block->ln1);
+      if (c.has_mlp() && c.parallel_block) ln2_in[l] = norm_rows(t.detach(), *block->ln2);
       return Tensor();
     });
-    // ln2 reads hook_resid_mid in a sequential block, the block's input in a parallel one
     if (c.has_mlp() && !c.parallel_block)
-      hooks.add_forward(hook_name(l, "hook_resid_mid"), [&mlp_in, l](const Tensor& t, const std::string&) {
-        mlp_in[l] = t.detach();
+      hooks.add_forward(hook_name(l, "hook_resid_mid"), [&, l, block](const Tensor& t, const std::string&) {
+        ln2_in[l] = norm_rows(t.detach(), *block->ln2);
         return Tensor();
       });
   }
-  float* o = out.data();
-  // grad (B, T, H, dh) at hook_q/k/v of layer l -> per head h, grad_h W[h] (N, D) into its row; one
-  // parallel region over the rows for all heads (each thread's products single-threaded)
+  float* o = sum.data();
+  constexpr int64_t kRows = 64;  // a block: (kRows, D) floats per head, in cache between its product and the norm
+  // grad (B, T, H, dh) at hook_q/k/v of layer l -> per head h, grad_h W[h] (rows, D), through ln1, into its row
   auto per_head = [&, o](int l, EdgeReceiver::Kind kind, const Tensor& W) {
     return [&, o, l, kind, W](const Tensor& g, const std::string&) {
       std::vector<int64_t> rows(static_cast<size_t>(H));
       for (int h = 0; h < H; ++h) rows[h] = row_of({kind, l, h}), reached[rows[h]] = true;
       const float *gd = g.data(), *w = W.data();
+      const NormRows& nr = ln1_in[l];
       parallel_ranges(N, N * D * H, [&](int64_t lo, int64_t hi) {
-        for (int h = 0; h < H; ++h)
-          gemm(false, false, hi - lo, D, dh, 1.f, gd + lo * H * dh + h * dh, H * dh, w + h * dh * D, D, 0.f, o + rows[h] * N * D + lo * D, D);
+        std::vector<float> block(static_cast<size_t>(kRows * D));
+        for (int64_t r0 = lo; r0 < hi; r0 += kRows) {
+          const int64_t n = std::min(kRows, hi - r0);
+          for (int h = 0; h < H; ++h) {
+            gemm(false, false, n, D, dh, 1.f, gd + r0 * H * dh + h * dh, H * dh, w + h * dh * D, D, 0.f, block.data(), D);
+            norm_back_rows(nr, r0, n, block.data(), o + rows[h] * N * D, add);
+          }
+        }
       });
-    };
-  };
-  auto whole = [&, o](int64_t row) {
-    return [&, o, row](const Tensor& g, const std::string&) {
-      std::copy(g.data(), g.data() + N * D, o + row * N * D);
-      reached[row] = true;
     };
   };
   for (int l = 0; l < L; ++l) {
@@ -519,9 +543,23 @@ Tensor receiver_gradient_stack(TransformerLM& model, const PatchingInputs& in, c
     hooks.add_backward(hook_name(l, "attn.hook_q"), per_head(l, EdgeReceiver::Q, attn.W_Q.weight));
     hooks.add_backward(hook_name(l, "attn.hook_k"), per_head(l, EdgeReceiver::K, attn.W_K.weight));
     hooks.add_backward(hook_name(l, "attn.hook_v"), per_head(l, EdgeReceiver::V, attn.W_V.weight));
-    if (c.has_mlp()) hooks.add_backward(hook_name(l, "ln2.hook_normalized"), whole(row_of({EdgeReceiver::Mlp, l, -1})));
+    if (c.has_mlp()) {
+      const int64_t row = row_of({EdgeReceiver::Mlp, l, -1});
+      hooks.add_backward(hook_name(l, "ln2.hook_normalized"), [&, o, l, row](const Tensor& g, const std::string&) {
+        const float* gd = g.data();
+        parallel_ranges(N, N * D, [&](int64_t lo, int64_t hi) { norm_back_rows(ln2_in[l], lo, hi - lo, gd + lo * D, o + row * N * D, add); });
+        reached[row] = true;
+      });
+    }
   }
-  hooks.add_backward(hook_name(L - 1, "hook_resid_post"), whole(R - 1));
+  hooks.add_backward(hook_name(L - 1, "hook_resid_post"), [&, o](const Tensor& g, const std::string&) {
+    const float* gd = g.data();
+    float* out = o + (R - 1) * N * D;
+    parallel_ranges(N * D, N * D, [gd, out, add](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) out[i] = add ? out[i] + gd[i] : gd[i];
+    });
+    reached[R - 1] = true;
+  });
   {
     EvalScope mode(model);
     FrozenParameters frozen(model);
@@ -531,12 +569,11 @@ Tensor receiver_gradient_stack(TransformerLM& model, const PatchingInputs& in, c
   }
   for (int64_t r = 0; r < R; ++r)
     if (!reached[r]) fail("edges: no gradient reached ", r == R - 1 ? std::string("the logits' input") : receivers[r].name());
-  if (c.parallel_block) mlp_in = resid_pre;
-  // a layer's q/k/v rows are one block (3 H receivers) after its first head's q
-  for (int l = 0; l < L; ++l) {
-    norm_input_grads(resid_pre[l], model.blocks[l]->ln1, o + row_of({EdgeReceiver::Q, l, 0}) * N * D, 3 * H);
-    if (c.has_mlp()) norm_input_grads(mlp_in[l], *model.blocks[l]->ln2, o + row_of({EdgeReceiver::Mlp, l, -1}) * N * D, 1);
-  }
+}
+
+Tensor receiver_gradient_stack(TransformerLM& model, const PatchingInputs& in, const std::function<void(Hooks&)>& intervene) {
+  Tensor out;
+  add_receiver_gradients(model, in, out, intervene);
   return out;
 }
 

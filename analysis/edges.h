@@ -115,6 +115,10 @@ std::vector<Tensor> receiver_gradients(TransformerLM& model, const PatchingInput
                                        const std::function<void(Hooks&)>& intervene = {});
 // ... the same gradients stacked, (receivers, B, T, D), as edge_products reads them.
 Tensor receiver_gradient_stack(TransformerLM& model, const PatchingInputs& in, const std::function<void(Hooks&)>& intervene = {});
+// ... the same gradients added into `sum` (receivers, B, T, D) (undefined: allocated and written):
+// EAP-IG's sum over its steps without a stack per step.
+void add_receiver_gradients(TransformerLM& model, const PatchingInputs& in, Tensor& sum,
+                            const std::function<void(Hooks&)>& intervene = {});
 // The attribution product of every edge, model_edges order: sum over (B, T, D) of senders[s] *
 // grads[r] for each edge s -> r, with senders (edge_senders' count, B, T, D) and grads
 // (edge_receivers' count, B, T, D). One sgemm per receiver layer (its receivers against the senders
