@@ -47,14 +47,17 @@ std::vector<double> eap_ig_scores(TransformerLM& model, const PatchingInputs& in
   // the MLPs as senders: with the input interpolated, their edges take the same gradients
   const bool with_mlps = mlp_scores && c.has_mlp() && opt.interpolate == EapIgOptions::Inputs;
   if (mlp_scores) mlp_scores->clear();
-  ActivationCache clean, corrupt;  // the senders' outputs and the interpolated points
+  auto wanted = [&](const std::string& n) {
+    return is_sender_point(n) || std::find(points.begin(), points.end(), n) != points.end() || (with_mlps && n.ends_with("hook_mlp_out"));
+  };
+  // The clean run (alpha 1) is every point's last step: one forward and backward gives its
+  // gradients, added to each point's sum, and the clean cache (the senders' outputs and the points).
+  ActivationCache clean, corrupt;
+  Tensor clean_grads;  // (receivers, B, T, D)
+  add_receiver_gradients(model, in, clean_grads, [&](Hooks& hooks) { hooks.cache(clean, wanted); });
   {
     EvalScope mode(model);
     NoGradGuard ng;
-    auto wanted = [&](const std::string& n) {
-      return is_sender_point(n) || std::find(points.begin(), points.end(), n) != points.end() || (with_mlps && n.ends_with("hook_mlp_out"));
-    };
-    clean = model.run_with_cache(in.clean, wanted).second;
     corrupt = model.run_with_cache(in.corrupted, wanted).second;
   }
   const Tensor deltas = edge_sender_delta_stack(model, clean, corrupt);  // (senders, B, T, D)
@@ -64,10 +67,10 @@ std::vector<double> eap_ig_scores(TransformerLM& model, const PatchingInputs& in
     const Tensor from_clean = sub(corrupt[point], clean[point]);  // corrupted - clean at this point
     // the receivers' gradients summed over the steps: delta_s . (sum of gradients) is the sum of
     // the steps' attributions, one product for all of them
-    Tensor grad_sum;  // (receivers, B, T, D)
-    for (int k = 1; k <= opt.steps; ++k) {
+    Tensor grad_sum = g + 1 == points.size() ? clean_grads : clean_grads.clone();  // the clean step's
+    for (int k = 1; k < opt.steps; ++k) {
       throw_if_stopped();  // each step is a forward and backward over every row
-      const float back = 1.f - static_cast<float>(k) / static_cast<float>(opt.steps);  // 1 - alpha; 0 at the clean run
+      const float back = 1.f - static_cast<float>(k) / static_cast<float>(opt.steps);  // 1 - alpha
       const Tensor target = add(clean[point], mul_scalar(from_clean, back));
       const bool is_embed = g == 0;
       add_receiver_gradients(model, in, grad_sum, [&](Hooks& hooks) {

@@ -585,17 +585,20 @@ std::vector<Tensor> receiver_gradients(TransformerLM& model, const PatchingInput
 namespace {
 
 // out[i * ldo + j] += sum over k of a[i * K + k] b[j * K + k] for i < m, j < n: float products over
-// chunks of the sum, the chunks added in double (the sgemm's float sums stay short).
+// chunks of the sum (the threads share the chunks), the chunks added in double in their order
+// (the sgemm's float sums stay short; the result does not depend on the thread count).
 void row_products(const float* a, int64_t m, const float* b, int64_t n, int64_t K, double* out, int64_t ldo) {
   constexpr int64_t kChunk = 1 << 14;
   if (m == 0 || n == 0) return;
-  std::vector<float> part(static_cast<size_t>(m * n));
-  for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
-    const int64_t k = std::min(kChunk, K - k0);
-    gemm(false, true, m, n, k, 1.f, a + k0, K, b + k0, K, 0.f, part.data(), n);
+  const int64_t chunks = (K + kChunk - 1) / kChunk;
+  std::vector<float> part(static_cast<size_t>(chunks * m * n));  // (chunks, m, n)
+  parallel_for(chunks, m * n * K, [&](int64_t c) {
+    const int64_t k0 = c * kChunk, k = std::min(kChunk, K - k0);
+    gemm(false, true, m, n, k, 1.f, a + k0, K, b + k0, K, 0.f, part.data() + c * m * n, n);
+  });
+  for (int64_t c = 0; c < chunks; ++c)
     for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) out[i * ldo + j] += part[i * n + j];
-  }
+      for (int64_t j = 0; j < n; ++j) out[i * ldo + j] += part[(c * m + i) * n + j];
 }
 
 }  // namespace
