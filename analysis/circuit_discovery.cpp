@@ -108,9 +108,10 @@ std::vector<double> atp_star_scores(TransformerLM& model, const PatchingInputs& 
     return opt.qk_fix && (edges[e].second.kind == EdgeReceiver::Q || edges[e].second.kind == EdgeReceiver::K);
   };
   const Tensor deltas = edge_sender_delta_stack(model, in);  // (senders, B, T, D)
-  // The scores with the gradient through layer `dropped`'s residual contributions set to 0 (-1: none).
-  // The QK fix needs a head's output gradient only where the drop changes it: heads before `dropped`.
-  auto scores_with = [&](int dropped) {
+  // The scores with the gradient through layer `dropped`'s residual contributions set to 0 (-1:
+  // none), summed over the batch or (by_row) per row: (B, edges). The QK fix needs a head's output
+  // gradient only where the drop changes it: heads before `dropped`.
+  auto scores_with = [&](int dropped, bool by_row) {
     const bool mlp = c.has_mlp();
     const Tensor grad_stack = receiver_gradient_stack(model, in, [dropped, mlp](Hooks& hooks) {
       if (dropped < 0) return;
@@ -120,7 +121,7 @@ std::vector<double> atp_star_scores(TransformerLM& model, const PatchingInputs& 
       if (mlp) hooks.add_forward(hook_name(dropped, "hook_mlp_out"), drop);
     });
     const std::vector<Tensor> grads = unstack(grad_stack);
-    std::vector<double> out = edge_products(c, deltas, grad_stack);
+    std::vector<double> out = by_row ? edge_products_by_row(c, deltas, grad_stack) : edge_products(c, deltas, grad_stack);
     if (opt.qk_fix) {
       std::vector<Tensor> head_grads(static_cast<size_t>(L) * c.n_heads);  // (B, T, D) each: the sum of its readers'
       for (int l = 0; l < L; ++l)
@@ -133,37 +134,43 @@ std::vector<double> atp_star_scores(TransformerLM& model, const PatchingInputs& 
           }
           head_grads[static_cast<size_t>(l) * c.n_heads + h] = g;
         }
-      const std::vector<double> fixed = query_key_output_dots(model, in, head_grads);
-      for (size_t e = 0; e < edges.size(); ++e)
-        if (query_or_key(e)) out[e] = fixed[e];
+      const std::vector<double> fixed = query_key_output_dots(model, in, head_grads, by_row);
+      for (size_t i = 0; i < out.size(); ++i)
+        if (query_or_key(i % edges.size())) out[i] = fixed[i];
     }
     return out;
   };
-  const std::vector<double> base = scores_with(-1);
-  if (!opt.grad_drop) return base;
-  // GradDrop (Kramar et al. 2024, arXiv 2403.00745, the cancellation fix of its methods section):
-  // L attribution estimates, estimate l with the backward's gradient through layer l's additions
-  // to the residual stream (its attention and MLP outputs) set to 0, averaged in absolute value
-  // with weight 1 / (L - 1): the node's own layer gives 0 there, so it is the mean over the other
-  // L - 1. For an edge the receiver takes the node's place (the logits, after every layer: all L).
-  // Per edge, the sum over those layers of |score with that layer dropped|:
-  std::vector<double> sum_abs(edges.size(), 0.0);
-  std::vector<int> layers(edges.size(), 0);
+  if (!opt.grad_drop) return scores_with(-1, false);
+  // GradDrop (Kramar et al. 2024, arXiv 2403.00745, section 3.1.2, its equation 11): L estimates
+  // per prompt pair, estimate l with the backward's gradient through layer l's additions to the
+  // residual stream (its attention and MLP outputs) set to 0; the score is the mean over the prompt
+  // pairs of (1 / (L - 1)) sum over l of |estimate l|: the absolute value is taken per prompt,
+  // before the mean over prompts (a node's own layer gives 0, so 1 / (L - 1) makes it the mean over
+  // the other layers). Here a prompt is a row of the batch, its estimate its part of the edge's
+  // score (rows weighted by their share of the answers); for an edge the receiver takes the node's
+  // place (the logits, after every layer: all L).
+  const size_t E = edges.size();
+  const int64_t B = in.clean.shape[0];
+  const std::vector<double> base = scores_with(-1, true);  // (B, E)
+  std::vector<double> sum_abs(E, 0.0), total(E, 0.0);
+  std::vector<int> layers(E, 0);
+  for (int64_t b = 0; b < B; ++b)
+    for (size_t e = 0; e < E; ++e) total[e] += base[b * E + e];
   for (int l = 0; l < L; ++l) {
     throw_if_stopped();
-    const std::vector<double> d = scores_with(l);
-    for (size_t e = 0; e < edges.size(); ++e) {
+    const std::vector<double> d = scores_with(l, true);
+    for (size_t e = 0; e < E; ++e) {
       const EdgeReceiver& r = edges[e].second;
       if (r.kind != EdgeReceiver::Logits && r.layer == l) continue;  // its own layer: always 0
-      // a layer before the receiver changes no gradient it takes: the undropped score
-      const bool before = r.kind != EdgeReceiver::Logits && l < r.layer;
-      sum_abs[e] += std::abs(before ? base[e] : d[e]);
+      // a layer before the receiver changes no gradient it takes: the undropped estimate
+      const std::vector<double>& from = r.kind != EdgeReceiver::Logits && l < r.layer ? base : d;
+      for (int64_t b = 0; b < B; ++b) sum_abs[e] += std::abs(from[b * E + e]);
       ++layers[e];
     }
   }
-  std::vector<double> out(edges.size());
-  for (size_t e = 0; e < edges.size(); ++e)
-    out[e] = layers[e] ? std::copysign(sum_abs[e] / layers[e], base[e]) : base[e];
+  // the sign of the undropped score, for reading beside the other methods
+  std::vector<double> out(E);
+  for (size_t e = 0; e < E; ++e) out[e] = layers[e] ? std::copysign(sum_abs[e] / layers[e], total[e]) : total[e];
   return out;
 }
 
@@ -193,8 +200,7 @@ SenderRuns sender_runs(TransformerLM& model, const PatchingInputs& in, const std
   SenderRuns r;
   std::tie(r.clean_logits, r.clean) = model.run_with_cache(in.clean, filter);
   r.corrupt = model.run_with_cache(in.corrupted, filter).second;
-  auto embed = [](const ActivationCache& a) { return a.has("hook_pos_embed") ? add(a["hook_embed"], a["hook_pos_embed"]) : a["hook_embed"]; };
-  r.embed_delta = sub(embed(r.corrupt), embed(r.clean));
+  r.embed_delta = sub(embed_output(r.corrupt), embed_output(r.clean));
   return r;
 }
 

@@ -49,11 +49,12 @@ std::vector<double> eap_ig_scores(TransformerLM& model, const PatchingInputs& in
 //   (the sum of its readers' input gradients): only what follows the head is linearised. Other
 //   edges keep the attribution delta_s . dm/d(r's input).
 //   GradDrop: the same score with the gradient through layer l's residual contributions
-//   (hook_attn_out, hook_mlp_out) set to 0, for each layer l; the score is the mean over the
-//   layers other than the receiver's own of |the score with layer l dropped| (the paper's
-//   1/(L - 1) sum over l, in which the receiver's own layer gives 0; the logits: all L layers),
-//   with the sign of the undropped score. Without cancellation between paths it is the score
-//   itself; where two paths cancel, dropping one shows the other.
+//   (hook_attn_out, hook_mlp_out) set to 0, for each layer l, taken per prompt (row of the batch);
+//   the score is the sum over the rows of the mean over the layers other than the receiver's own
+//   of |the row's score with layer l dropped| (the paper's expectation over prompt pairs of
+//   1/(L - 1) sum over l of |estimate l|, the receiver's own layer giving 0; the logits: all L
+//   layers), with the sign of the undropped score. Without cancellation between paths or prompts
+//   it is the score itself; where two paths cancel, dropping one shows the other.
 struct AtpStarOptions {
   bool qk_fix = true, grad_drop = true;
 };

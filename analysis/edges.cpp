@@ -210,6 +210,11 @@ double edge_patching_memory_bytes(const ModelConfig& model_cfg, int64_t rows, in
   return model + estimate_step_bytes(cfg, rows, T, true) + 4.0 * (caches + deltas + grads + batch);
 }
 
+Tensor embed_output(const ActivationCache& cache) {
+  // rotary and NoPE models add no position embedding; the positions' (1, T, D) broadcast
+  return cache.has("hook_pos_embed") ? add(cache["hook_embed"], cache["hook_pos_embed"]) : cache["hook_embed"];
+}
+
 bool is_sender_point(const std::string& n) { return n == "hook_embed" || n == "hook_pos_embed" || n.ends_with("attn.hook_z"); }
 
 Tensor edge_sender_delta_stack(const TransformerLM& model, const ActivationCache& clean, const ActivationCache& corrupt) {
@@ -218,10 +223,7 @@ Tensor edge_sender_delta_stack(const TransformerLM& model, const ActivationCache
   const int64_t n = e.numel(), D = e.size(2), N = n / D, H = c.n_heads, dh = c.head_dim();
   Tensor out = Tensor::empty({1 + static_cast<int64_t>(c.n_layers) * H, e.size(0), e.size(1), D});
   float* o = out.data();
-  // embed = token (+ position) embeddings, as the model adds them (rotary and NoPE models add none;
-  // the positions' (1, T, D) broadcast)
-  auto embed = [](const ActivationCache& a) { return a.has("hook_pos_embed") ? add(a["hook_embed"], a["hook_pos_embed"]) : a["hook_embed"]; };
-  const Tensor d = sub(embed(corrupt), embed(clean));
+  const Tensor d = sub(embed_output(corrupt), embed_output(clean));
   std::copy(d.data(), d.data() + n, o);
   // head h's result (hook_result, W_O's bias excluded) is z_h W_O[:, h]^T: its delta from the
   // heads' outputs z (B, T, H, dh), which the runs give without computing every head's result
@@ -584,34 +586,34 @@ std::vector<Tensor> receiver_gradients(TransformerLM& model, const PatchingInput
 
 namespace {
 
-// out[i * ldo + j] += sum over k of a[i * K + k] b[j * K + k] for i < m, j < n: float products over
-// chunks of the sum (the threads share the chunks), the chunks added in double in their order
-// (the sgemm's float sums stay short; the result does not depend on the thread count).
-void row_products(const float* a, int64_t m, const float* b, int64_t n, int64_t K, double* out, int64_t ldo) {
+// out[i * ldo + j] += sum over k < K of a[i * lda + k] b[j * ldb + k] for i < m, j < n: float
+// products over chunks of the sum (the threads share the chunks), the chunks added in double in
+// their order (the sgemm's float sums stay short; the result does not depend on the thread count).
+void row_products(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb, int64_t n, int64_t K, double* out, int64_t ldo) {
   constexpr int64_t kChunk = 1 << 14;
   if (m == 0 || n == 0) return;
   const int64_t chunks = (K + kChunk - 1) / kChunk;
   std::vector<float> part(static_cast<size_t>(chunks * m * n));  // (chunks, m, n)
   parallel_for(chunks, m * n * K, [&](int64_t c) {
     const int64_t k0 = c * kChunk, k = std::min(kChunk, K - k0);
-    gemm(false, true, m, n, k, 1.f, a + k0, K, b + k0, K, 0.f, part.data() + c * m * n, n);
+    gemm(false, true, m, n, k, 1.f, a + k0, lda, b + k0, ldb, 0.f, part.data() + c * m * n, n);
   });
   for (int64_t c = 0; c < chunks; ++c)
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) out[i * ldo + j] += part[(c * m + i) * n + j];
 }
 
-}  // namespace
-
-std::vector<double> edge_products(const ModelConfig& cfg, const Tensor& senders, const Tensor& grads) {
+// edge_products over `parts` equal consecutive parts of each sender's and receiver's (B, T, D)
+// (parts = B: the rows): out[p * edges + e], model_edges order.
+std::vector<double> edge_products_in_parts(const ModelConfig& cfg, const Tensor& senders, const Tensor& grads, int64_t parts) {
   const std::vector<EdgeSender> ss = edge_senders(cfg);
   const std::vector<EdgeReceiver> rs = edge_receivers(cfg);
   const int64_t S = static_cast<int64_t>(ss.size()), R = static_cast<int64_t>(rs.size());
   if (senders.size(0) != S || grads.size(0) != R || senders.numel() / S != grads.numel() / R)
     fail("edges: products of ", senders.shape().str(), " senders and ", grads.shape().str(), " gradients for the model's ", S,
          " senders and ", R, " receivers");
-  const int64_t K = senders.numel() / S;
-  std::vector<double> full(static_cast<size_t>(S * R), 0.0);  // (S, R)
+  const int64_t K = senders.numel() / S, part = K / parts;
+  std::vector<double> full(static_cast<size_t>(parts * S * R), 0.0);  // (parts, S, R)
   // per receiver layer (its receivers contiguous), the senders up to the last one that reaches it
   for (int64_t r0 = 0; r0 < R;) {
     int64_t r1 = r0;
@@ -620,14 +622,28 @@ std::vector<double> edge_products(const ModelConfig& cfg, const Tensor& senders,
     for (int64_t s = 0; s < S; ++s)
       for (int64_t r = r0; r < r1; ++r)
         if (is_edge(cfg, ss[s], rs[r])) n_s = s + 1;
-    row_products(senders.data(), n_s, grads.data() + r0 * K, r1 - r0, K, full.data() + r0, R);
+    for (int64_t p = 0; p < parts; ++p)
+      row_products(senders.data() + p * part, K, n_s, grads.data() + r0 * K + p * part, K, r1 - r0, part, full.data() + p * S * R + r0, R);
     r0 = r1;
   }
+  const auto edges = model_edges(cfg);
   std::vector<double> out;
-  for (const auto& [s, r] : model_edges(cfg))
-    out.push_back(full[static_cast<int64_t>(std::find(ss.begin(), ss.end(), s) - ss.begin()) * R +
-                       (std::find(rs.begin(), rs.end(), r) - rs.begin())]);
+  out.reserve(static_cast<size_t>(parts) * edges.size());
+  for (int64_t p = 0; p < parts; ++p)
+    for (const auto& [s, r] : edges)
+      out.push_back(full[p * S * R + static_cast<int64_t>(std::find(ss.begin(), ss.end(), s) - ss.begin()) * R +
+                         (std::find(rs.begin(), rs.end(), r) - rs.begin())]);
   return out;
+}
+
+}  // namespace
+
+std::vector<double> edge_products(const ModelConfig& cfg, const Tensor& senders, const Tensor& grads) {
+  return edge_products_in_parts(cfg, senders, grads, 1);
+}
+
+std::vector<double> edge_products_by_row(const ModelConfig& cfg, const Tensor& senders, const Tensor& grads) {
+  return edge_products_in_parts(cfg, senders, grads, senders.size(1));
 }
 
 std::vector<std::pair<int, EdgeReceiver>> mlp_sender_edge_list(const ModelConfig& cfg) {
@@ -646,7 +662,8 @@ std::vector<double> mlp_edge_products(const ModelConfig& cfg, const Tensor& mlp_
     fail("edges: products of ", mlp_deltas.shape().str(), " MLP outputs and ", grads.shape().str(), " gradients for the model's ", L,
          " MLPs and ", R, " receivers");
   std::vector<double> full(static_cast<size_t>(L * R), 0.0);  // (L, R)
-  row_products(mlp_deltas.data(), L, grads.data(), R, grads.numel() / R, full.data(), R);
+  const int64_t K = grads.numel() / R;
+  row_products(mlp_deltas.data(), K, L, grads.data(), K, R, K, full.data(), R);
   std::vector<double> out;
   for (const auto& [l, r] : mlp_sender_edge_list(cfg)) out.push_back(full[l * R + (std::find(rs.begin(), rs.end(), r) - rs.begin())]);
   return out;
@@ -744,8 +761,9 @@ class FastEdges {
 
   // AtP*'s QK fix (query_key_output_dots): for each sender s of r (a head's .q or .k), head h's
   // result with r reading its input + delta_s, minus its clean result, dotted with `grad` (the
-  // gradient at the head's output, packed (n, D)).
-  std::vector<double> head_change_dots(const EdgeReceiver& r, const std::vector<size_t>& senders, const Tensor& grad) {
+  // gradient at the head's output, packed (n, D)). With by_row, each sender's dot per row of the
+  // batch (B values each, the rows' sums).
+  std::vector<double> head_change_dots(const EdgeReceiver& r, const std::vector<size_t>& senders, const Tensor& grad, bool by_row = false) {
     const int l = r.layer, which = r.kind == EdgeReceiver::Q ? 0 : 1;
     const CleanHead& ch = clean_head(l, r.head);
     const int64_t block = pk_.n * c_.d_model;
@@ -761,11 +779,15 @@ class FastEdges {
       for (int w = 0; w < 3; ++w)
         qkv[w] = w == which ? project(l, r.head, w, m_.blocks[l]->ln1.forward(add_stacked(pre_[l], delta))) : tile(ch.qkv[w], S);
       const Tensor change = add_stacked(neg(ch.result), head_result(l, r.head, qkv[0], qkv[1], qkv[2], S));  // (S n, D)
+      const int64_t B = static_cast<int64_t>(pk_.live_len.size()), D = c_.d_model;
       for (int64_t j = 0; j < S; ++j) {
-        double s = 0;
+        std::vector<double> rows(by_row ? static_cast<size_t>(B) : 1, 0.0);
         const float *x = change.data() + j * block, *g = grad.data();
-        for (int64_t i = 0; i < block; ++i) s += static_cast<double>(x[i]) * g[i];
-        out.push_back(s);
+        for (int64_t p = 0; p < pk_.n; ++p) {  // packed row p is row b * T + t of the batch
+          double& s = rows[by_row ? pk_.rows.data[p] / pk_.T : 0];
+          for (int64_t i = p * D; i < (p + 1) * D; ++i) s += static_cast<double>(x[i]) * g[i];
+        }
+        out.insert(out.end(), rows.begin(), rows.end());
       }
     }
     return out;
@@ -1013,7 +1035,8 @@ Tensor mlp_sender_delta_stack(const ModelConfig& c, const ActivationCache& clean
   return concat(d, 0);
 }
 
-std::vector<double> query_key_output_dots(TransformerLM& model, const PatchingInputs& in, const std::vector<Tensor>& out_grads) {
+std::vector<double> query_key_output_dots(TransformerLM& model, const PatchingInputs& in, const std::vector<Tensor>& out_grads,
+                                          bool by_row) {
   check_edge_inputs(model.cfg, in);
   const ModelConfig& c = model.cfg;
   if (out_grads.size() != static_cast<size_t>(c.n_layers) * c.n_heads)
@@ -1024,7 +1047,8 @@ std::vector<double> query_key_output_dots(TransformerLM& model, const PatchingIn
   FastEdges fast(model, in, runs);
   const auto edges = model_edges(c);
   const std::vector<EdgeSender> senders = edge_senders(c);
-  std::vector<double> out(edges.size(), 0.0);
+  const size_t B = by_row ? static_cast<size_t>(in.clean.shape[0]) : 1;
+  std::vector<double> out(B * edges.size(), 0.0);  // (B, edges)
   size_t e = 0;
   for (const EdgeReceiver& r : edge_receivers(c)) {
     std::vector<size_t> from;
@@ -1033,8 +1057,9 @@ std::vector<double> query_key_output_dots(TransformerLM& model, const PatchingIn
     const Tensor& g = r.kind == EdgeReceiver::Q || r.kind == EdgeReceiver::K ? out_grads[static_cast<size_t>(r.layer) * c.n_heads + r.head]
                                                                              : Tensor();
     if (g.defined()) {
-      const std::vector<double> d = fast.head_change_dots(r, from, fast.pack(g));
-      std::copy(d.begin(), d.end(), out.begin() + static_cast<std::ptrdiff_t>(e));
+      const std::vector<double> d = fast.head_change_dots(r, from, fast.pack(g), by_row);  // (senders, B)
+      for (size_t i = 0; i < from.size(); ++i)
+        for (size_t b = 0; b < B; ++b) out[b * edges.size() + e + i] = d[i * B + b];
     }
     e += from.size();
   }

@@ -124,6 +124,8 @@ void add_receiver_gradients(TransformerLM& model, const PatchingInputs& in, Tens
 // (edge_receivers' count, B, T, D). One sgemm per receiver layer (its receivers against the senders
 // before them) over chunks of the sum, the chunks added in double.
 std::vector<double> edge_products(const ModelConfig& cfg, const Tensor& senders, const Tensor& grads);
+// ... and per row of the batch: (B, edges), row b's products over its (T, D).
+std::vector<double> edge_products_by_row(const ModelConfig& cfg, const Tensor& senders, const Tensor& grads);
 // The same product for the MLP-sender edges (mlp_sender_edges' order, mlp_sender_edge_list) from
 // the MLPs' deltas (layers, B, T, D) of hook_mlp_out.
 std::vector<double> mlp_edge_products(const ModelConfig& cfg, const Tensor& mlp_deltas, const Tensor& grads);
@@ -131,6 +133,9 @@ std::vector<double> mlp_edge_products(const ModelConfig& cfg, const Tensor& mlp_
 // corrupted cache holding hook_embed (hook_pos_embed where the model has one) and every layer's
 // attn.hook_z (is_sender_point's names): a head's delta is its hook_result's, through W_O.
 Tensor edge_sender_delta_stack(const TransformerLM& model, const ActivationCache& clean, const ActivationCache& corrupt);
+// The embedding sender's output, (B, T, D), from a cache holding hook_embed (and hook_pos_embed
+// where the model adds position embeddings): token + position embeddings, as the model adds them.
+Tensor embed_output(const ActivationCache& cache);
 // Whether `name` is a hook point those caches need (a run_with_cache filter).
 bool is_sender_point(const std::string& name);
 // delta_s = out_s(corrupted) - out_s(clean) of every sender, (B, T, d_model), edge_senders order,
@@ -162,7 +167,9 @@ std::vector<std::pair<int, EdgeReceiver>> mlp_sender_edge_list(const ModelConfig
 // reading its input + delta_s (its attention softmax at every query position), minus its clean
 // output, dotted with out_grads[l * n_heads + h] (B, T, D; the gradient at that head's output).
 // model_edges order; 0 for other edges and for heads whose gradient is undefined (not computed).
-std::vector<double> query_key_output_dots(TransformerLM& model, const PatchingInputs& in, const std::vector<Tensor>& out_grads);
+// With by_row, per row of the batch: (B, edges), row b's dots over its (T, D).
+std::vector<double> query_key_output_dots(TransformerLM& model, const PatchingInputs& in, const std::vector<Tensor>& out_grads,
+                                          bool by_row = false);
 
 // For tests: the metric of the clean run in which `receiver` reads its input + delta (B, T,
 // d_model), computed through the hooks of a full forward from the receiver's block (the reference

@@ -297,6 +297,44 @@ BOOST_AUTO_TEST_CASE(atp_star_graddrop_finds_an_edge_whose_two_paths_cancel) {
   BOOST_TEST(std::abs(std::abs(graddrop) - std::abs(direct_exact)) < 1e-4);
 }
 
+BOOST_AUTO_TEST_CASE(atp_star_graddrop_takes_the_absolute_value_per_prompt) {
+  // The paper's GradDrop is a mean over prompt pairs of |estimate|: with prompts whose estimates
+  // differ in sign, that is not |the mean estimate|. Each row alone is a prompt pair: the batch's
+  // score is the rows' scores weighted by their share of the answers (row 2 has two of the four).
+  TransformerLM m(test_model({.layers = 2}), 3);
+  randomise(m, 5);
+  const PatchingInputs in = inputs();
+  const std::vector<double> batch = atp_star_scores(m, in);
+  const auto edges = model_edges(m.cfg);
+  std::vector<double> weighted(edges.size(), 0.0);
+  for (int64_t b = 0; b < 3; ++b) {
+    PatchingInputs row;
+    row.clean = Ids(Shape{1, 6}, std::vector<int32_t>(in.clean.data.begin() + b * 6, in.clean.data.begin() + (b + 1) * 6));
+    row.corrupted = Ids(Shape{1, 6}, std::vector<int32_t>(in.corrupted.data.begin() + b * 6, in.corrupted.data.begin() + (b + 1) * 6));
+    for (PatchAnswer a : in.answers)
+      if (a.row == b) a.row = 0, row.answers.push_back(a);
+    const double share = static_cast<double>(row.answers.size()) / static_cast<double>(in.answers.size());
+    const std::vector<double> alone = atp_star_scores(m, row);
+    for (size_t e = 0; e < edges.size(); ++e) weighted[e] += share * std::abs(alone[e]);
+  }
+  double worst = 0, scale = 0;
+  for (size_t e = 0; e < edges.size(); ++e) {
+    worst = std::max(worst, std::abs(std::abs(batch[e]) - weighted[e]));
+    scale = std::max(scale, weighted[e]);
+  }
+  BOOST_TEST(worst < 1e-6 * scale);
+  // The case differs from |the mean| (what GradDrop gave when the absolute value followed the mean
+  // over the batch): an edge into layer 1's v (its own layer skipped, layer 0 changes nothing it
+  // reads) whose rows' attributions differ in sign, so |mean| is its plain attribution's size.
+  const EdgeResult exact = edge_patching(m, in);
+  double gap = 0;
+  for (size_t e = 0; e < edges.size(); ++e)
+    if (edges[e].second.kind == EdgeReceiver::V && edges[e].second.layer == 1)
+      gap = std::max(gap, std::abs(batch[e]) - std::abs(exact.edges[e].attribution));
+  BOOST_TEST_MESSAGE("graddrop per prompt: the largest excess over |attribution| of a layer-1 v edge " << gap << " (scale " << scale << ")");
+  BOOST_TEST(gap > 0.05 * scale);
+}
+
 // ---- edge pruning ----------------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(the_masked_run_is_the_circuit_run_at_zero_one_masks) {
