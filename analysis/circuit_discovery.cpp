@@ -40,13 +40,20 @@ std::vector<double> eap_ig_scores(TransformerLM& model, const PatchingInputs& in
   check_edge_inputs(model.cfg, in);
   const ModelConfig& c = model.cfg;
   const auto edges = model_edges(c);
+  // the MLPs as senders (mlp_sender_edge_list): with the input interpolated their edges take the
+  // same gradients; with activations, each MLP's output is a point of its own
+  const bool with_mlps = mlp_scores && c.has_mlp();
+  const auto mlp_edges = with_mlps ? mlp_sender_edge_list(c) : std::vector<std::pair<int, EdgeReceiver>>{};
+  if (mlp_scores) mlp_scores->assign(mlp_edges.size(), 0.0);
   // the interpolated points: the token embedding, and (activations) each attention layer's results
+  // and each MLP's output; per point, the layer of the heads (or MLP) whose edges it scores
   std::vector<std::string> points = {"hook_embed"};
-  if (opt.interpolate == EapIgOptions::Activations)
-    for (int l = 0; l < c.n_layers; ++l) points.push_back(hook_name(l, "attn.hook_result"));
-  // the MLPs as senders: with the input interpolated, their edges take the same gradients
-  const bool with_mlps = mlp_scores && c.has_mlp() && opt.interpolate == EapIgOptions::Inputs;
-  if (mlp_scores) mlp_scores->clear();
+  std::vector<int> head_layer = {-1}, mlp_layer = {-1};
+  if (opt.interpolate == EapIgOptions::Activations) {
+    for (int l = 0; l < c.n_layers; ++l) points.push_back(hook_name(l, "attn.hook_result")), head_layer.push_back(l), mlp_layer.push_back(-1);
+    if (with_mlps)
+      for (int l = 0; l < c.n_layers; ++l) points.push_back(hook_name(l, "hook_mlp_out")), head_layer.push_back(-2), mlp_layer.push_back(l);
+  }
   auto wanted = [&](const std::string& n) {
     return is_sender_point(n) || std::find(points.begin(), points.end(), n) != points.end() || (with_mlps && n.ends_with("hook_mlp_out"));
   };
@@ -81,36 +88,54 @@ std::vector<double> eap_ig_scores(TransformerLM& model, const PatchingInputs& in
         });
       });
     }
-    const std::vector<double> products = edge_products(c, deltas, grad_sum);
-    if (with_mlps)
-      for (double p : mlp_edge_products(c, mlp_sender_delta_stack(c, clean, corrupt), grad_sum))
-        mlp_scores->push_back(p / static_cast<double>(opt.steps));
     // which edges take their gradients from this point's runs: all (inputs), or its senders'
-    for (size_t e = 0; e < edges.size(); ++e)
-      if (opt.interpolate == EapIgOptions::Inputs || (g == 0 ? edges[e].first.layer < 0 : edges[e].first.layer == static_cast<int>(g) - 1))
-        scores[e] = products[e] / static_cast<double>(opt.steps);
+    const bool all = opt.interpolate == EapIgOptions::Inputs;
+    if (all || head_layer[g] > -2) {
+      const std::vector<double> products = edge_products(c, deltas, grad_sum);
+      for (size_t e = 0; e < edges.size(); ++e)
+        if (all || edges[e].first.layer == head_layer[g]) scores[e] = products[e] / static_cast<double>(opt.steps);
+    }
+    if (with_mlps && (all || mlp_layer[g] >= 0)) {
+      const std::vector<double> products = mlp_edge_products(c, mlp_sender_delta_stack(c, clean, corrupt), grad_sum);
+      for (size_t e = 0; e < mlp_edges.size(); ++e)
+        if (all || mlp_edges[e].first == mlp_layer[g]) (*mlp_scores)[e] = products[e] / static_cast<double>(opt.steps);
+    }
   }
   return scores;
 }
 
 // ---- AtP* ---------------------------------------------------------------------------------------
 
-std::vector<double> atp_star_scores(TransformerLM& model, const PatchingInputs& in, const AtpStarOptions& opt) {
+std::vector<double> atp_star_scores(TransformerLM& model, const PatchingInputs& in, const AtpStarOptions& opt, std::vector<double>* mlp_scores) {
   check_edge_inputs(model.cfg, in);
   const ModelConfig& c = model.cfg;
   if (c.sandwich_norm)
     fail("atp-star: the model has sandwich norms (sandwich_norm); AtP*'s QK fix takes a head's output as what the residual "
          "stream adds, which a norm after attention does not allow");
   const int L = c.n_layers;
-  const auto edges = model_edges(c);
   const std::vector<EdgeReceiver> receivers = edge_receivers(c);
-  auto query_or_key = [&](size_t e) {
-    return opt.qk_fix && (edges[e].second.kind == EdgeReceiver::Q || edges[e].second.kind == EdgeReceiver::K);
-  };
-  const Tensor deltas = edge_sender_delta_stack(model, in);  // (senders, B, T, D)
-  // The scores with the gradient through layer `dropped`'s residual contributions set to 0 (-1:
-  // none), summed over the batch or (by_row) per row: (B, edges). The QK fix needs a head's output
-  // gradient only where the drop changes it: heads before `dropped`.
+  // every edge's receiver: model_edges, then (with mlp_scores) the MLP-sender edges
+  const bool with_mlps = mlp_scores && c.has_mlp();
+  std::vector<EdgeReceiver> reads;
+  for (const auto& [s, r] : model_edges(c)) reads.push_back(r);
+  const size_t E = reads.size();
+  if (with_mlps)
+    for (const auto& [l, r] : mlp_sender_edge_list(c)) reads.push_back(r);
+  const size_t W = reads.size();
+  auto query_or_key = [&](size_t e) { return opt.qk_fix && (reads[e].kind == EdgeReceiver::Q || reads[e].kind == EdgeReceiver::K); };
+  Tensor deltas, mlp_deltas;  // (senders, B, T, D), (layers, B, T, D)
+  {
+    EvalScope mode(model);
+    NoGradGuard ng;
+    auto wanted = [&](const std::string& n) { return is_sender_point(n) || (with_mlps && n.ends_with("hook_mlp_out")); };
+    const ActivationCache clean = model.run_with_cache(in.clean, wanted).second, corrupt = model.run_with_cache(in.corrupted, wanted).second;
+    deltas = edge_sender_delta_stack(model, clean, corrupt);
+    if (with_mlps) mlp_deltas = mlp_sender_delta_stack(c, clean, corrupt);
+  }
+  // The scores (model_edges' then the MLP-sender edges') with the gradient through layer
+  // `dropped`'s residual contributions set to 0 (-1: none), summed over the batch or (by_row) per
+  // row: (B, W). The QK fix needs a head's output gradient only where the drop changes it: heads
+  // before `dropped`.
   auto scores_with = [&](int dropped, bool by_row) {
     const bool mlp = c.has_mlp();
     const Tensor grad_stack = receiver_gradient_stack(model, in, [dropped, mlp](Hooks& hooks) {
@@ -121,7 +146,16 @@ std::vector<double> atp_star_scores(TransformerLM& model, const PatchingInputs& 
       if (mlp) hooks.add_forward(hook_name(dropped, "hook_mlp_out"), drop);
     });
     const std::vector<Tensor> grads = unstack(grad_stack);
-    std::vector<double> out = by_row ? edge_products_by_row(c, deltas, grad_stack) : edge_products(c, deltas, grad_stack);
+    const std::vector<double> heads = by_row ? edge_products_by_row(c, deltas, grad_stack) : edge_products(c, deltas, grad_stack);
+    std::vector<double> mlps;
+    if (with_mlps) mlps = by_row ? mlp_edge_products_by_row(c, mlp_deltas, grad_stack) : mlp_edge_products(c, mlp_deltas, grad_stack);
+    std::vector<double> out;  // (B, W)
+    const size_t rows = heads.size() / E;
+    for (size_t b = 0; b < rows; ++b) {
+      out.insert(out.end(), heads.begin() + static_cast<std::ptrdiff_t>(b * E), heads.begin() + static_cast<std::ptrdiff_t>((b + 1) * E));
+      if (with_mlps)
+        out.insert(out.end(), mlps.begin() + static_cast<std::ptrdiff_t>(b * (W - E)), mlps.begin() + static_cast<std::ptrdiff_t>((b + 1) * (W - E)));
+    }
     if (opt.qk_fix) {
       std::vector<Tensor> head_grads(static_cast<size_t>(L) * c.n_heads);  // (B, T, D) each: the sum of its readers'
       for (int l = 0; l < L; ++l)
@@ -134,13 +168,18 @@ std::vector<double> atp_star_scores(TransformerLM& model, const PatchingInputs& 
           }
           head_grads[static_cast<size_t>(l) * c.n_heads + h] = g;
         }
-      const std::vector<double> fixed = query_key_output_dots(model, in, head_grads, by_row);
+      const std::vector<double> fixed = query_key_output_dots(model, in, head_grads, by_row, with_mlps);
       for (size_t i = 0; i < out.size(); ++i)
-        if (query_or_key(i % edges.size())) out[i] = fixed[i];
+        if (query_or_key(i % W)) out[i] = fixed[i];
     }
     return out;
   };
-  if (!opt.grad_drop) return scores_with(-1, false);
+  auto split = [&](std::vector<double> all) {  // (W) -> the edges', the MLP-sender edges' into mlp_scores
+    if (mlp_scores) mlp_scores->assign(all.begin() + static_cast<std::ptrdiff_t>(E), all.end());
+    all.resize(E);
+    return all;
+  };
+  if (!opt.grad_drop) return split(scores_with(-1, false));
   // GradDrop (Kramar et al. 2024, arXiv 2403.00745, section 3.1.2, its equation 11): L estimates
   // per prompt pair, estimate l with the backward's gradient through layer l's additions to the
   // residual stream (its attention and MLP outputs) set to 0; the score is the mean over the prompt
@@ -149,29 +188,28 @@ std::vector<double> atp_star_scores(TransformerLM& model, const PatchingInputs& 
   // the other layers). Here a prompt is a row of the batch, its estimate its part of the edge's
   // score (rows weighted by their share of the answers); for an edge the receiver takes the node's
   // place (the logits, after every layer: all L).
-  const size_t E = edges.size();
   const int64_t B = in.clean.shape[0];
-  const std::vector<double> base = scores_with(-1, true);  // (B, E)
-  std::vector<double> sum_abs(E, 0.0), total(E, 0.0);
-  std::vector<int> layers(E, 0);
+  const std::vector<double> base = scores_with(-1, true);  // (B, W)
+  std::vector<double> sum_abs(W, 0.0), total(W, 0.0);
+  std::vector<int> layers(W, 0);
   for (int64_t b = 0; b < B; ++b)
-    for (size_t e = 0; e < E; ++e) total[e] += base[b * E + e];
+    for (size_t e = 0; e < W; ++e) total[e] += base[b * W + e];
   for (int l = 0; l < L; ++l) {
     throw_if_stopped();
     const std::vector<double> d = scores_with(l, true);
-    for (size_t e = 0; e < E; ++e) {
-      const EdgeReceiver& r = edges[e].second;
+    for (size_t e = 0; e < W; ++e) {
+      const EdgeReceiver& r = reads[e];
       if (r.kind != EdgeReceiver::Logits && r.layer == l) continue;  // its own layer: always 0
       // a layer before the receiver changes no gradient it takes: the undropped estimate
       const std::vector<double>& from = r.kind != EdgeReceiver::Logits && l < r.layer ? base : d;
-      for (int64_t b = 0; b < B; ++b) sum_abs[e] += std::abs(from[b * E + e]);
+      for (int64_t b = 0; b < B; ++b) sum_abs[e] += std::abs(from[b * W + e]);
       ++layers[e];
     }
   }
   // the sign of the undropped score, for reading beside the other methods
-  std::vector<double> out(E);
-  for (size_t e = 0; e < E; ++e) out[e] = layers[e] ? std::copysign(sum_abs[e] / layers[e], total[e]) : total[e];
-  return out;
+  std::vector<double> out(W);
+  for (size_t e = 0; e < W; ++e) out[e] = layers[e] ? std::copysign(sum_abs[e] / layers[e], total[e]) : total[e];
+  return split(out);
 }
 
 // ---- the circuit run --------------------------------------------------------------------------
@@ -712,7 +750,7 @@ MethodScores run_edge_method(TransformerLM& model, const PatchingInputs& in, con
   } else if (opt.method == "eap-ig") {
     out.scores = eap_ig_scores(model, in, opt.ig, &out.mlp_scores);
   } else if (opt.method == "atp-star") {
-    out.scores = atp_star_scores(model, in, opt.atp);
+    out.scores = atp_star_scores(model, in, opt.atp, &out.mlp_scores);
   } else if (opt.method == "edge-pruning") {
     EdgePruningResult p = edge_pruning(model, in, opt.pruning);
     out.scores = std::move(p.keep_probability);

@@ -655,18 +655,32 @@ std::vector<std::pair<int, EdgeReceiver>> mlp_sender_edge_list(const ModelConfig
   return out;
 }
 
-std::vector<double> mlp_edge_products(const ModelConfig& cfg, const Tensor& mlp_deltas, const Tensor& grads) {
+namespace {
+// mlp_edge_products over `parts` equal consecutive parts of each (B, T, D): out[p * edges + e]
+std::vector<double> mlp_edge_products_in_parts(const ModelConfig& cfg, const Tensor& mlp_deltas, const Tensor& grads, int64_t parts) {
   const std::vector<EdgeReceiver> rs = edge_receivers(cfg);
   const int64_t L = cfg.n_layers, R = static_cast<int64_t>(rs.size());
   if (mlp_deltas.size(0) != L || grads.size(0) != R || mlp_deltas.numel() / L != grads.numel() / R)
     fail("edges: products of ", mlp_deltas.shape().str(), " MLP outputs and ", grads.shape().str(), " gradients for the model's ", L,
          " MLPs and ", R, " receivers");
-  std::vector<double> full(static_cast<size_t>(L * R), 0.0);  // (L, R)
-  const int64_t K = grads.numel() / R;
-  row_products(mlp_deltas.data(), K, L, grads.data(), K, R, K, full.data(), R);
+  const int64_t K = grads.numel() / R, part = K / parts;
+  std::vector<double> full(static_cast<size_t>(parts * L * R), 0.0);  // (parts, L, R)
+  for (int64_t p = 0; p < parts; ++p)
+    row_products(mlp_deltas.data() + p * part, K, L, grads.data() + p * part, K, R, part, full.data() + p * L * R, R);
+  const auto edges = mlp_sender_edge_list(cfg);
   std::vector<double> out;
-  for (const auto& [l, r] : mlp_sender_edge_list(cfg)) out.push_back(full[l * R + (std::find(rs.begin(), rs.end(), r) - rs.begin())]);
+  for (int64_t p = 0; p < parts; ++p)
+    for (const auto& [l, r] : edges) out.push_back(full[p * L * R + l * R + (std::find(rs.begin(), rs.end(), r) - rs.begin())]);
   return out;
+}
+}  // namespace
+
+std::vector<double> mlp_edge_products(const ModelConfig& cfg, const Tensor& mlp_deltas, const Tensor& grads) {
+  return mlp_edge_products_in_parts(cfg, mlp_deltas, grads, 1);
+}
+
+std::vector<double> mlp_edge_products_by_row(const ModelConfig& cfg, const Tensor& mlp_deltas, const Tensor& grads) {
+  return mlp_edge_products_in_parts(cfg, mlp_deltas, grads, mlp_deltas.size(1));
 }
 
 Tensor edge_sender_delta_stack(TransformerLM& model, const PatchingInputs& in) {
@@ -991,20 +1005,27 @@ EdgeResult edge_patching(TransformerLM& model, const PatchingInputs& in, const s
   return res;
 }
 
+namespace {
+// The MLPs' deltas (layers, B, T, D), appended to runs.deltas after the senders' (index
+// edge_senders' count + l): FastEdges then patches them as senders.
+Tensor append_mlp_deltas(TransformerLM& model, const PatchingInputs& in, Runs& runs) {
+  EvalScope mode(model);
+  NoGradGuard ng;
+  auto mlp_out = [](const std::string& n) { return n.ends_with("hook_mlp_out"); };
+  const Tensor mlp_deltas =
+      mlp_sender_delta_stack(model.cfg, model.run_with_cache(in.clean, mlp_out).second, model.run_with_cache(in.corrupted, mlp_out).second);
+  for (const Tensor& d : unstack(mlp_deltas)) runs.deltas.push_back(d);
+  return mlp_deltas;
+}
+}  // namespace
+
 std::vector<MlpSenderEdge> mlp_sender_edges(TransformerLM& model, const PatchingInputs& in) {
   check_edge_inputs(model.cfg, in);
   const ModelConfig& c = model.cfg;
   if (!c.has_mlp()) return {};
   Runs runs = record_runs(model, in);
   const size_t first = runs.deltas.size();  // the MLPs' deltas go after the heads'
-  Tensor mlp_deltas;                         // (layers, B, T, D)
-  {
-    EvalScope mode(model);
-    NoGradGuard ng;
-    auto mlp_out = [](const std::string& n) { return n.ends_with("hook_mlp_out"); };
-    mlp_deltas = mlp_sender_delta_stack(c, model.run_with_cache(in.clean, mlp_out).second, model.run_with_cache(in.corrupted, mlp_out).second);
-    for (const Tensor& d : unstack(mlp_deltas)) runs.deltas.push_back(d);
-  }
+  const Tensor mlp_deltas = append_mlp_deltas(model, in, runs);  // (layers, B, T, D)
   throw_if_stopped();
   const std::vector<double> attribution = mlp_edge_products(c, mlp_deltas, receiver_gradient_stack(model, in));
   EvalScope mode(model);
@@ -1036,32 +1057,41 @@ Tensor mlp_sender_delta_stack(const ModelConfig& c, const ActivationCache& clean
 }
 
 std::vector<double> query_key_output_dots(TransformerLM& model, const PatchingInputs& in, const std::vector<Tensor>& out_grads,
-                                          bool by_row) {
+                                          bool by_row, bool with_mlps) {
   check_edge_inputs(model.cfg, in);
   const ModelConfig& c = model.cfg;
   if (out_grads.size() != static_cast<size_t>(c.n_layers) * c.n_heads)
     fail("edges: ", out_grads.size(), " head output gradients for the model's ", c.n_layers * c.n_heads, " heads");
-  const Runs runs = record_runs(model, in);
+  Runs runs = record_runs(model, in);
+  const std::vector<EdgeSender> senders = edge_senders(c);
+  const bool mlps = with_mlps && c.has_mlp();
+  if (mlps) (void)append_mlp_deltas(model, in, runs);  // sender index senders.size() + l
   EvalScope mode(model);
   NoGradGuard ng;
   FastEdges fast(model, in, runs);
-  const auto edges = model_edges(c);
-  const std::vector<EdgeSender> senders = edge_senders(c);
+  const size_t E = model_edges(c).size(), M = mlps ? mlp_sender_edge_list(c).size() : 0, W = E + M;
   const size_t B = by_row ? static_cast<size_t>(in.clean.shape[0]) : 1;
-  std::vector<double> out(B * edges.size(), 0.0);  // (B, edges)
-  size_t e = 0;
+  std::vector<double> out(B * W, 0.0);  // (B, E + M): per row the edges, then the MLP-sender edges
+  size_t e = 0, m = E;
   for (const EdgeReceiver& r : edge_receivers(c)) {
-    std::vector<size_t> from;
+    std::vector<size_t> from, from_mlps;
     for (size_t si = 0; si < senders.size(); ++si)
       if (is_edge(c, senders[si], r)) from.push_back(si);
+    if (mlps)
+      for (int l = 0; l < c.n_layers; ++l)
+        if (r.kind == EdgeReceiver::Logits || l < r.layer) from_mlps.push_back(senders.size() + static_cast<size_t>(l));
     const Tensor& g = r.kind == EdgeReceiver::Q || r.kind == EdgeReceiver::K ? out_grads[static_cast<size_t>(r.layer) * c.n_heads + r.head]
                                                                              : Tensor();
     if (g.defined()) {
-      const std::vector<double> d = fast.head_change_dots(r, from, fast.pack(g), by_row);  // (senders, B)
-      for (size_t i = 0; i < from.size(); ++i)
-        for (size_t b = 0; b < B; ++b) out[b * edges.size() + e + i] = d[i * B + b];
+      const Tensor packed = fast.pack(g);
+      for (const auto& [list, at] : {std::pair{&from, e}, std::pair{&from_mlps, m}}) {
+        const std::vector<double> d = fast.head_change_dots(r, *list, packed, by_row);  // (senders, B)
+        for (size_t i = 0; i < list->size(); ++i)
+          for (size_t b = 0; b < B; ++b) out[b * W + at + i] = d[i * B + b];
+      }
     }
     e += from.size();
+    m += from_mlps.size();
   }
   return out;
 }

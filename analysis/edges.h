@@ -129,6 +129,8 @@ std::vector<double> edge_products_by_row(const ModelConfig& cfg, const Tensor& s
 // The same product for the MLP-sender edges (mlp_sender_edges' order, mlp_sender_edge_list) from
 // the MLPs' deltas (layers, B, T, D) of hook_mlp_out.
 std::vector<double> mlp_edge_products(const ModelConfig& cfg, const Tensor& mlp_deltas, const Tensor& grads);
+// ... and per row of the batch: (B, MLP-sender edges).
+std::vector<double> mlp_edge_products_by_row(const ModelConfig& cfg, const Tensor& mlp_deltas, const Tensor& grads);
 // The senders' deltas stacked, (senders, B, T, D) in edge_senders order, from a clean and a
 // corrupted cache holding hook_embed (hook_pos_embed where the model has one) and every layer's
 // attn.hook_z (is_sender_point's names): a head's delta is its hook_result's, through W_O.
@@ -167,9 +169,11 @@ std::vector<std::pair<int, EdgeReceiver>> mlp_sender_edge_list(const ModelConfig
 // reading its input + delta_s (its attention softmax at every query position), minus its clean
 // output, dotted with out_grads[l * n_heads + h] (B, T, D; the gradient at that head's output).
 // model_edges order; 0 for other edges and for heads whose gradient is undefined (not computed).
-// With by_row, per row of the batch: (B, edges), row b's dots over its (T, D).
+// With by_row, per row of the batch: (B, edges), row b's dots over its (T, D). With with_mlps (a
+// model with MLPs), each row's edges are followed by the MLP-sender edges' (mlp_sender_edge_list
+// order, the MLP's delta hook_mlp_out(corrupted) - hook_mlp_out(clean) in place of delta_s).
 std::vector<double> query_key_output_dots(TransformerLM& model, const PatchingInputs& in, const std::vector<Tensor>& out_grads,
-                                          bool by_row = false);
+                                          bool by_row = false, bool with_mlps = false);
 
 // For tests: the metric of the clean run in which `receiver` reads its input + delta (B, T,
 // d_model), computed through the hooks of a full forward from the receiver's block (the reference
