@@ -411,14 +411,16 @@ NormRows norm_rows(const Tensor& x, const LayerNorm& ln) {
     const float* xr = xd + r * D;
     double mu = 0, var = 0;
     if (nr.centred) {
+#pragma omp simd reduction(+ : mu)
       for (int64_t j = 0; j < D; ++j) mu += xr[j];
       mu /= static_cast<double>(D);
     }
+#pragma omp simd reduction(+ : var)
     for (int64_t j = 0; j < D; ++j) var += (xr[j] - mu) * (xr[j] - mu);
-    const double s = std::sqrt(var / static_cast<double>(D) + ln.eps);
+    const double inv_s = 1.0 / std::sqrt(var / static_cast<double>(D) + ln.eps);
     float* xh = nr.x_hat.data() + r * D;
-    for (int64_t j = 0; j < D; ++j) xh[j] = static_cast<float>((xr[j] - mu) / s);
-    nr.inv_s[r] = static_cast<float>(1.0 / s);
+    for (int64_t j = 0; j < D; ++j) xh[j] = static_cast<float>((xr[j] - mu) * inv_s);
+    nr.inv_s[r] = static_cast<float>(inv_s);
   });
   return nr;
 }
