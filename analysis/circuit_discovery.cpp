@@ -35,9 +35,10 @@ size_t sender_index(const ModelConfig& c, const EdgeSender& s) {
 
 // ---- EAP-IG -----------------------------------------------------------------------------------
 
-std::vector<double> eap_ig_scores(TransformerLM& model, const PatchingInputs& in, const EapIgOptions& opt, std::vector<double>* mlp_scores) {
-  if (opt.steps < 1 || opt.steps > 1000) fail("eap-ig: steps ", opt.steps, " is outside 1..1000");
-  check_edge_inputs(model.cfg, in);
+namespace {
+
+// EAP-IG on one batch of rows, every row computed at all of in's positions.
+std::vector<double> eap_ig_batch(TransformerLM& model, const PatchingInputs& in, const EapIgOptions& opt, std::vector<double>* mlp_scores) {
   const ModelConfig& c = model.cfg;
   const auto edges = model_edges(c);
   // the MLPs as senders (mlp_sender_edge_list): with the input interpolated their edges take the
@@ -99,6 +100,68 @@ std::vector<double> eap_ig_scores(TransformerLM& model, const PatchingInputs& in
       const std::vector<double> products = mlp_edge_products(c, mlp_sender_delta_stack(c, clean, corrupt), grad_sum);
       for (size_t e = 0; e < mlp_edges.size(); ++e)
         if (all || mlp_edges[e].first == mlp_layer[g]) (*mlp_scores)[e] = products[e] / static_cast<double>(opt.steps);
+    }
+  }
+  return scores;
+}
+
+// The rows of `in` in `groups` groups of consecutive live lengths (a row's positions up to its last
+// answer), each truncated to its longest row: a causal model's positions before the cut are
+// computed as in the whole batch, and those after a row's last answer do not reach the metric.
+// Per group its inputs and its share of the answers (its metric's weight in the batch's).
+std::vector<std::pair<PatchingInputs, double>> rows_by_live_length(const PatchingInputs& in, int64_t groups) {
+  const int64_t B = in.clean.shape[0];
+  std::vector<int64_t> live(static_cast<size_t>(B), 0), order(static_cast<size_t>(B));
+  for (const PatchAnswer& a : in.answers) live[a.row] = std::max(live[a.row], a.pos + 1);
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return live[a] < live[b]; });
+  std::vector<std::pair<PatchingInputs, double>> out;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t lo = g * B / groups, hi = (g + 1) * B / groups;
+    if (hi == lo) continue;
+    int64_t Tg = 1;
+    for (int64_t i = lo; i < hi; ++i) Tg = std::max(Tg, live[order[i]]);
+    PatchingInputs p;
+    p.clean = Ids(Shape{hi - lo, Tg});
+    p.corrupted = Ids(Shape{hi - lo, Tg});
+    std::vector<int64_t> row_of(static_cast<size_t>(B), -1);
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t r = order[i];
+      row_of[r] = i - lo;
+      for (int64_t t = 0; t < Tg; ++t) p.clean.at(i - lo, t) = in.clean.at(r, t), p.corrupted.at(i - lo, t) = in.corrupted.at(r, t);
+      if (!in.source_pos.empty()) p.source_pos.push_back(in.source_pos[r]);
+    }
+    for (PatchAnswer a : in.answers)
+      if (row_of[a.row] >= 0) a.row = row_of[a.row], p.answers.push_back(a);
+    if (p.answers.empty()) continue;  // rows without answers add nothing to the metric
+    const double share = static_cast<double>(p.answers.size()) / static_cast<double>(in.answers.size());
+    out.push_back({std::move(p), share});
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<double> eap_ig_scores(TransformerLM& model, const PatchingInputs& in, const EapIgOptions& opt, std::vector<double>* mlp_scores) {
+  if (opt.steps < 1 || opt.steps > 1000) fail("eap-ig: steps ", opt.steps, " is outside 1..1000");
+  if (opt.row_groups < 0 || opt.row_groups > 64) fail("eap-ig: row groups ", opt.row_groups, " is outside 0..64");
+  check_edge_inputs(model.cfg, in);
+  // Rows whose answers end early need not run to the end: in groups of like live lengths, fewer
+  // positions per step. The metric is the answers' mean, so the scores are the groups' weighted by
+  // their share of the answers. Padded batches run whole (their padding is the caller's).
+  const int64_t B = in.clean.shape[0];
+  const int64_t groups = in.key_padding.defined() ? 1 : opt.row_groups > 0 ? opt.row_groups : B >= 32 ? 4 : 1;
+  if (groups <= 1 || B < 2) return eap_ig_batch(model, in, opt, mlp_scores);
+  std::vector<double> scores;
+  if (mlp_scores) mlp_scores->clear();
+  for (const auto& [part, share] : rows_by_live_length(in, std::min(groups, B))) {
+    std::vector<double> part_mlp;
+    const std::vector<double> s = eap_ig_batch(model, part, opt, mlp_scores ? &part_mlp : nullptr);
+    if (scores.empty()) scores.assign(s.size(), 0.0);
+    for (size_t e = 0; e < s.size(); ++e) scores[e] += share * s[e];
+    if (mlp_scores) {
+      if (mlp_scores->empty()) mlp_scores->assign(part_mlp.size(), 0.0);
+      for (size_t e = 0; e < part_mlp.size(); ++e) (*mlp_scores)[e] += share * part_mlp[e];
     }
   }
   return scores;

@@ -33,6 +33,9 @@ namespace hl {
 struct EapIgOptions {
   enum Interpolate { Inputs, Activations } interpolate = Inputs;
   int steps = 5;  // 1..1000
+  // The rows run in this many groups of like length, each cut after its rows' last answer (the
+  // scores the same to rounding, fewer positions per step); 0: 4 from 32 rows, else 1. 0..64.
+  int row_groups = 0;
 };
 // "inputs" / "activations"
 const char* interpolation_name(EapIgOptions::Interpolate i);

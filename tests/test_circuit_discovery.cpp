@@ -59,6 +59,28 @@ BOOST_AUTO_TEST_CASE(eap_ig_with_one_step_is_edge_attribution) {
   BOOST_TEST(max_abs_diff(act2_mlp, mlp_attribution) > 1e-4);
 }
 
+BOOST_AUTO_TEST_CASE(eap_ig_in_row_groups_cut_after_their_answers_is_the_whole_batchs) {
+  // Rows grouped by where their answers end, each group cut there and weighted by its share of the
+  // answers: the same scores as the whole batch to float32 rounding, MLP-sender edges too, for
+  // both variants. The fixture's answers end at positions 4, 5 and 5 (row 2 has two of the four).
+  TransformerLM m(test_model({.layers = 2}), 3);
+  randomise(m, 9);
+  PatchingInputs in = inputs();
+  in.answers = {{0, 2, 3, 0}, {1, 5, 2, 5}, {2, 3, 6, 1}, {2, 4, 4, 2}};  // live lengths 3, 6, 5
+  for (EapIgOptions::Interpolate how : {EapIgOptions::Inputs, EapIgOptions::Activations}) {
+    std::vector<double> whole_mlp, grouped_mlp;
+    const std::vector<double> whole = eap_ig_scores(m, in, {how, 3, 1}, &whole_mlp);
+    const std::vector<double> grouped = eap_ig_scores(m, in, {how, 3, 3}, &grouped_mlp);
+    double scale = 0;
+    for (double v : whole) scale = std::max(scale, std::abs(v));
+    BOOST_TEST(scale > 1e-3);
+    BOOST_TEST(max_abs_diff(whole, grouped) < 1e-6 * scale);
+    BOOST_REQUIRE(whole_mlp.size() == grouped_mlp.size());
+    BOOST_TEST(max_abs_diff(whole_mlp, grouped_mlp) < 1e-6 * scale);
+  }
+  BOOST_TEST(error_of([&] { eap_ig_scores(m, in, {EapIgOptions::Inputs, 3, 65}); }) == "eap-ig: row groups 65 is outside 0..64");
+}
+
 BOOST_AUTO_TEST_CASE(eap_ig_along_a_straight_path_converges_to_exact_patching) {
   // Heads whose W_O is 0 write nothing: the input path moves the logits' input exactly along
   // delta_embed, so the integral of the gradient along it is exact(embed -> logits) (and every other
