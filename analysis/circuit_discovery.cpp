@@ -49,11 +49,12 @@ std::vector<double> eap_ig_batch(TransformerLM& model, const PatchingInputs& in,
   // the interpolated points: the token embedding, and (activations) each attention layer's results
   // and each MLP's output; per point, the layer of the heads (or MLP) whose edges it scores
   std::vector<std::string> points = {"hook_embed"};
-  std::vector<int> head_layer = {-1}, mlp_layer = {-1};
+  constexpr int kNone = -2;  // a point that scores no edges of that kind (the embedding's layer is -1)
+  std::vector<int> head_layer = {-1}, mlp_layer = {kNone};
   if (opt.interpolate == EapIgOptions::Activations) {
-    for (int l = 0; l < c.n_layers; ++l) points.push_back(hook_name(l, "attn.hook_result")), head_layer.push_back(l), mlp_layer.push_back(-1);
+    for (int l = 0; l < c.n_layers; ++l) points.push_back(hook_name(l, "attn.hook_result")), head_layer.push_back(l), mlp_layer.push_back(kNone);
     if (with_mlps)
-      for (int l = 0; l < c.n_layers; ++l) points.push_back(hook_name(l, "hook_mlp_out")), head_layer.push_back(-2), mlp_layer.push_back(l);
+      for (int l = 0; l < c.n_layers; ++l) points.push_back(hook_name(l, "hook_mlp_out")), head_layer.push_back(kNone), mlp_layer.push_back(l);
   }
   auto wanted = [&](const std::string& n) {
     return is_sender_point(n) || std::find(points.begin(), points.end(), n) != points.end() || (with_mlps && n.ends_with("hook_mlp_out"));
@@ -68,7 +69,8 @@ std::vector<double> eap_ig_batch(TransformerLM& model, const PatchingInputs& in,
     NoGradGuard ng;
     corrupt = model.run_with_cache(in.corrupted, wanted).second;
   }
-  const Tensor deltas = edge_sender_delta_stack(model, clean, corrupt);  // (senders, B, T, D)
+  const Tensor deltas = edge_sender_delta_stack(model, clean, corrupt);                          // (senders, B, T, D)
+  const Tensor mlp_deltas = with_mlps ? mlp_sender_delta_stack(c, clean, corrupt) : Tensor();  // (layers, B, T, D)
   std::vector<double> scores(edges.size(), 0.0);
   for (size_t g = 0; g < points.size(); ++g) {
     const std::string& point = points[g];
@@ -91,13 +93,13 @@ std::vector<double> eap_ig_batch(TransformerLM& model, const PatchingInputs& in,
     }
     // which edges take their gradients from this point's runs: all (inputs), or its senders'
     const bool all = opt.interpolate == EapIgOptions::Inputs;
-    if (all || head_layer[g] > -2) {
+    if (all || head_layer[g] != kNone) {
       const std::vector<double> products = edge_products(c, deltas, grad_sum);
       for (size_t e = 0; e < edges.size(); ++e)
         if (all || edges[e].first.layer == head_layer[g]) scores[e] = products[e] / static_cast<double>(opt.steps);
     }
-    if (with_mlps && (all || mlp_layer[g] >= 0)) {
-      const std::vector<double> products = mlp_edge_products(c, mlp_sender_delta_stack(c, clean, corrupt), grad_sum);
+    if (with_mlps && (all || mlp_layer[g] != kNone)) {
+      const std::vector<double> products = mlp_edge_products(c, mlp_deltas, grad_sum);
       for (size_t e = 0; e < mlp_edges.size(); ++e)
         if (all || mlp_edges[e].first == mlp_layer[g]) (*mlp_scores)[e] = products[e] / static_cast<double>(opt.steps);
     }
