@@ -35,88 +35,173 @@ size_t sender_index(const ModelConfig& c, const EdgeSender& s) {
 
 // ---- EAP-IG -----------------------------------------------------------------------------------
 
-std::vector<double> eap_ig_scores(TransformerLM& model, const PatchingInputs& in, const EapIgOptions& opt, std::vector<double>* mlp_scores) {
-  if (opt.steps < 1 || opt.steps > 1000) fail("eap-ig: steps ", opt.steps, " is outside 1..1000");
-  check_edge_inputs(model.cfg, in);
+namespace {
+
+// EAP-IG on one batch of rows, every row computed at all of in's positions.
+std::vector<double> eap_ig_batch(TransformerLM& model, const PatchingInputs& in, const EapIgOptions& opt, std::vector<double>* mlp_scores) {
   const ModelConfig& c = model.cfg;
   const auto edges = model_edges(c);
+  // the MLPs as senders (mlp_sender_edge_list): with the input interpolated their edges take the
+  // same gradients; with activations, each MLP's output is a point of its own
+  const bool with_mlps = mlp_scores && c.has_mlp();
+  const auto mlp_edges = with_mlps ? mlp_sender_edge_list(c) : std::vector<std::pair<int, EdgeReceiver>>{};
+  if (mlp_scores) mlp_scores->assign(mlp_edges.size(), 0.0);
   // the interpolated points: the token embedding, and (activations) each attention layer's results
+  // and each MLP's output; per point, the layer of the heads (or MLP) whose edges it scores
   std::vector<std::string> points = {"hook_embed"};
-  if (opt.interpolate == EapIgOptions::Activations)
-    for (int l = 0; l < c.n_layers; ++l) points.push_back(hook_name(l, "attn.hook_result"));
-  // the MLPs as senders: with the input interpolated, their edges take the same gradients
-  const bool with_mlps = mlp_scores && c.has_mlp() && opt.interpolate == EapIgOptions::Inputs;
-  if (mlp_scores) mlp_scores->clear();
-  ActivationCache clean, corrupt;  // the senders' outputs and the interpolated points
+  constexpr int kNone = -2;  // a point that scores no edges of that kind (the embedding's layer is -1)
+  std::vector<int> head_layer = {-1}, mlp_layer = {kNone};
+  if (opt.interpolate == EapIgOptions::Activations) {
+    for (int l = 0; l < c.n_layers; ++l) points.push_back(hook_name(l, "attn.hook_result")), head_layer.push_back(l), mlp_layer.push_back(kNone);
+    if (with_mlps)
+      for (int l = 0; l < c.n_layers; ++l) points.push_back(hook_name(l, "hook_mlp_out")), head_layer.push_back(kNone), mlp_layer.push_back(l);
+  }
+  auto wanted = [&](const std::string& n) {
+    return is_sender_point(n) || std::find(points.begin(), points.end(), n) != points.end() || (with_mlps && n.ends_with("hook_mlp_out"));
+  };
+  // The clean run (alpha 1) is every point's last step: one forward and backward gives its
+  // gradients, added to each point's sum, and the clean cache (the senders' outputs and the points).
+  ActivationCache clean, corrupt;
+  Tensor clean_grads;  // (receivers, B, T, D)
+  add_receiver_gradients(model, in, clean_grads, [&](Hooks& hooks) { hooks.cache(clean, wanted); });
   {
     EvalScope mode(model);
     NoGradGuard ng;
-    auto wanted = [&](const std::string& n) {
-      return is_sender_point(n) || std::find(points.begin(), points.end(), n) != points.end() || (with_mlps && n.ends_with("hook_mlp_out"));
-    };
-    clean = model.run_with_cache(in.clean, wanted).second;
     corrupt = model.run_with_cache(in.corrupted, wanted).second;
   }
-  const Tensor deltas = edge_sender_delta_stack(model, clean, corrupt);  // (senders, B, T, D)
+  const Tensor deltas = edge_sender_delta_stack(model, clean, corrupt);                          // (senders, B, T, D)
+  const Tensor mlp_deltas = with_mlps ? mlp_sender_delta_stack(c, clean, corrupt) : Tensor();  // (layers, B, T, D)
   std::vector<double> scores(edges.size(), 0.0);
   for (size_t g = 0; g < points.size(); ++g) {
     const std::string& point = points[g];
     const Tensor from_clean = sub(corrupt[point], clean[point]);  // corrupted - clean at this point
     // the receivers' gradients summed over the steps: delta_s . (sum of gradients) is the sum of
     // the steps' attributions, one product for all of them
-    Tensor grad_sum;  // (receivers, B, T, D)
-    for (int k = 1; k <= opt.steps; ++k) {
+    Tensor grad_sum = g + 1 == points.size() ? clean_grads : clean_grads.clone();  // the clean step's
+    for (int k = 1; k < opt.steps; ++k) {
       throw_if_stopped();  // each step is a forward and backward over every row
-      const float back = 1.f - static_cast<float>(k) / static_cast<float>(opt.steps);  // 1 - alpha; 0 at the clean run
+      const float back = 1.f - static_cast<float>(k) / static_cast<float>(opt.steps);  // 1 - alpha
       const Tensor target = add(clean[point], mul_scalar(from_clean, back));
       const bool is_embed = g == 0;
-      const Tensor grads = receiver_gradient_stack(model, in, [&](Hooks& hooks) {
+      add_receiver_gradients(model, in, grad_sum, [&](Hooks& hooks) {
         hooks.add_forward(point, [target, is_embed](const Tensor& x, const std::string&) {
           // the embedding is the leaf: replaced outright. A layer's results keep their graph (the
           // value is target's, the gradient flows to x) so the receivers before them still get one.
           return is_embed ? target : add(x, sub(target, x.detach()));
         });
       });
-      if (!grad_sum.defined()) {
-        grad_sum = grads;
-        continue;
-      }
-      float* acc = grad_sum.data();
-      const float* x = grads.data();
-      parallel_ranges(grads.numel(), grads.numel(), [acc, x](int64_t lo, int64_t hi) {
-        for (int64_t i = lo; i < hi; ++i) acc[i] += x[i];
-      });
     }
-    const std::vector<double> products = edge_products(c, deltas, grad_sum);
-    if (with_mlps)
-      for (double p : mlp_edge_products(c, mlp_sender_delta_stack(c, clean, corrupt), grad_sum))
-        mlp_scores->push_back(p / static_cast<double>(opt.steps));
     // which edges take their gradients from this point's runs: all (inputs), or its senders'
-    for (size_t e = 0; e < edges.size(); ++e)
-      if (opt.interpolate == EapIgOptions::Inputs || (g == 0 ? edges[e].first.layer < 0 : edges[e].first.layer == static_cast<int>(g) - 1))
-        scores[e] = products[e] / static_cast<double>(opt.steps);
+    const bool all = opt.interpolate == EapIgOptions::Inputs;
+    if (all || head_layer[g] != kNone) {
+      const std::vector<double> products = edge_products(c, deltas, grad_sum);
+      for (size_t e = 0; e < edges.size(); ++e)
+        if (all || edges[e].first.layer == head_layer[g]) scores[e] = products[e] / static_cast<double>(opt.steps);
+    }
+    if (with_mlps && (all || mlp_layer[g] != kNone)) {
+      const std::vector<double> products = mlp_edge_products(c, mlp_deltas, grad_sum);
+      for (size_t e = 0; e < mlp_edges.size(); ++e)
+        if (all || mlp_edges[e].first == mlp_layer[g]) (*mlp_scores)[e] = products[e] / static_cast<double>(opt.steps);
+    }
+  }
+  return scores;
+}
+
+// The rows of `in` in `groups` groups of consecutive live lengths (a row's positions up to its last
+// answer), each truncated to its longest row: a causal model's positions before the cut are
+// computed as in the whole batch, and those after a row's last answer do not reach the metric.
+// Per group its inputs and its share of the answers (its metric's weight in the batch's).
+std::vector<std::pair<PatchingInputs, double>> rows_by_live_length(const PatchingInputs& in, int64_t groups) {
+  const int64_t B = in.clean.shape[0];
+  std::vector<int64_t> live(static_cast<size_t>(B), 0), order(static_cast<size_t>(B));
+  for (const PatchAnswer& a : in.answers) live[a.row] = std::max(live[a.row], a.pos + 1);
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return live[a] < live[b]; });
+  std::vector<std::pair<PatchingInputs, double>> out;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t lo = g * B / groups, hi = (g + 1) * B / groups;
+    if (hi == lo) continue;
+    int64_t Tg = 1;
+    for (int64_t i = lo; i < hi; ++i) Tg = std::max(Tg, live[order[i]]);
+    PatchingInputs p;
+    p.clean = Ids(Shape{hi - lo, Tg});
+    p.corrupted = Ids(Shape{hi - lo, Tg});
+    std::vector<int64_t> row_of(static_cast<size_t>(B), -1);
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t r = order[i];
+      row_of[r] = i - lo;
+      for (int64_t t = 0; t < Tg; ++t) p.clean.at(i - lo, t) = in.clean.at(r, t), p.corrupted.at(i - lo, t) = in.corrupted.at(r, t);
+      if (!in.source_pos.empty()) p.source_pos.push_back(in.source_pos[r]);
+    }
+    for (PatchAnswer a : in.answers)
+      if (row_of[a.row] >= 0) a.row = row_of[a.row], p.answers.push_back(a);
+    if (p.answers.empty()) continue;  // rows without answers add nothing to the metric
+    const double share = static_cast<double>(p.answers.size()) / static_cast<double>(in.answers.size());
+    out.push_back({std::move(p), share});
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<double> eap_ig_scores(TransformerLM& model, const PatchingInputs& in, const EapIgOptions& opt, std::vector<double>* mlp_scores) {
+  if (opt.steps < 1 || opt.steps > 1000) fail("eap-ig: steps ", opt.steps, " is outside 1..1000");
+  if (opt.row_groups < 0 || opt.row_groups > 64) fail("eap-ig: row groups ", opt.row_groups, " is outside 0..64");
+  check_edge_inputs(model.cfg, in);
+  // Rows whose answers end early need not run to the end: in groups of like live lengths, fewer
+  // positions per step. The metric is the answers' mean, so the scores are the groups' weighted by
+  // their share of the answers. Padded batches run whole (their padding is the caller's).
+  const int64_t B = in.clean.shape[0];
+  const int64_t groups = in.key_padding.defined() ? 1 : opt.row_groups > 0 ? opt.row_groups : B >= 32 ? 4 : 1;
+  if (groups <= 1 || B < 2) return eap_ig_batch(model, in, opt, mlp_scores);
+  std::vector<double> scores;
+  if (mlp_scores) mlp_scores->clear();
+  for (const auto& [part, share] : rows_by_live_length(in, std::min(groups, B))) {
+    std::vector<double> part_mlp;
+    const std::vector<double> s = eap_ig_batch(model, part, opt, mlp_scores ? &part_mlp : nullptr);
+    if (scores.empty()) scores.assign(s.size(), 0.0);
+    for (size_t e = 0; e < s.size(); ++e) scores[e] += share * s[e];
+    if (mlp_scores) {
+      if (mlp_scores->empty()) mlp_scores->assign(part_mlp.size(), 0.0);
+      for (size_t e = 0; e < part_mlp.size(); ++e) (*mlp_scores)[e] += share * part_mlp[e];
+    }
   }
   return scores;
 }
 
 // ---- AtP* ---------------------------------------------------------------------------------------
 
-std::vector<double> atp_star_scores(TransformerLM& model, const PatchingInputs& in, const AtpStarOptions& opt) {
+std::vector<double> atp_star_scores(TransformerLM& model, const PatchingInputs& in, const AtpStarOptions& opt, std::vector<double>* mlp_scores) {
   check_edge_inputs(model.cfg, in);
   const ModelConfig& c = model.cfg;
   if (c.sandwich_norm)
     fail("atp-star: the model has sandwich norms (sandwich_norm); AtP*'s QK fix takes a head's output as what the residual "
          "stream adds, which a norm after attention does not allow");
   const int L = c.n_layers;
-  const auto edges = model_edges(c);
   const std::vector<EdgeReceiver> receivers = edge_receivers(c);
-  auto query_or_key = [&](size_t e) {
-    return opt.qk_fix && (edges[e].second.kind == EdgeReceiver::Q || edges[e].second.kind == EdgeReceiver::K);
-  };
-  const Tensor deltas = edge_sender_delta_stack(model, in);  // (senders, B, T, D)
-  // The scores with the gradient through layer `dropped`'s residual contributions set to 0 (-1: none).
-  // The QK fix needs a head's output gradient only where the drop changes it: heads before `dropped`.
-  auto scores_with = [&](int dropped) {
+  // every edge's receiver: model_edges, then (with mlp_scores) the MLP-sender edges
+  const bool with_mlps = mlp_scores && c.has_mlp();
+  std::vector<EdgeReceiver> reads;
+  for (const auto& [s, r] : model_edges(c)) reads.push_back(r);
+  const size_t E = reads.size();
+  if (with_mlps)
+    for (const auto& [l, r] : mlp_sender_edge_list(c)) reads.push_back(r);
+  const size_t W = reads.size();
+  auto query_or_key = [&](size_t e) { return opt.qk_fix && (reads[e].kind == EdgeReceiver::Q || reads[e].kind == EdgeReceiver::K); };
+  Tensor deltas, mlp_deltas;  // (senders, B, T, D), (layers, B, T, D)
+  {
+    EvalScope mode(model);
+    NoGradGuard ng;
+    auto wanted = [&](const std::string& n) { return is_sender_point(n) || (with_mlps && n.ends_with("hook_mlp_out")); };
+    const ActivationCache clean = model.run_with_cache(in.clean, wanted).second, corrupt = model.run_with_cache(in.corrupted, wanted).second;
+    deltas = edge_sender_delta_stack(model, clean, corrupt);
+    if (with_mlps) mlp_deltas = mlp_sender_delta_stack(c, clean, corrupt);
+  }
+  // The scores (model_edges' then the MLP-sender edges') with the gradient through layer
+  // `dropped`'s residual contributions set to 0 (-1: none), summed over the batch or (by_row) per
+  // row: (B, W). The QK fix needs a head's output gradient only where the drop changes it: heads
+  // before `dropped`.
+  auto scores_with = [&](int dropped, bool by_row) {
     const bool mlp = c.has_mlp();
     const Tensor grad_stack = receiver_gradient_stack(model, in, [dropped, mlp](Hooks& hooks) {
       if (dropped < 0) return;
@@ -126,7 +211,16 @@ std::vector<double> atp_star_scores(TransformerLM& model, const PatchingInputs& 
       if (mlp) hooks.add_forward(hook_name(dropped, "hook_mlp_out"), drop);
     });
     const std::vector<Tensor> grads = unstack(grad_stack);
-    std::vector<double> out = edge_products(c, deltas, grad_stack);
+    const std::vector<double> heads = by_row ? edge_products_by_row(c, deltas, grad_stack) : edge_products(c, deltas, grad_stack);
+    std::vector<double> mlps;
+    if (with_mlps) mlps = by_row ? mlp_edge_products_by_row(c, mlp_deltas, grad_stack) : mlp_edge_products(c, mlp_deltas, grad_stack);
+    std::vector<double> out;  // (B, W)
+    const size_t rows = heads.size() / E;
+    for (size_t b = 0; b < rows; ++b) {
+      out.insert(out.end(), heads.begin() + static_cast<std::ptrdiff_t>(b * E), heads.begin() + static_cast<std::ptrdiff_t>((b + 1) * E));
+      if (with_mlps)
+        out.insert(out.end(), mlps.begin() + static_cast<std::ptrdiff_t>(b * (W - E)), mlps.begin() + static_cast<std::ptrdiff_t>((b + 1) * (W - E)));
+    }
     if (opt.qk_fix) {
       std::vector<Tensor> head_grads(static_cast<size_t>(L) * c.n_heads);  // (B, T, D) each: the sum of its readers'
       for (int l = 0; l < L; ++l)
@@ -139,38 +233,48 @@ std::vector<double> atp_star_scores(TransformerLM& model, const PatchingInputs& 
           }
           head_grads[static_cast<size_t>(l) * c.n_heads + h] = g;
         }
-      const std::vector<double> fixed = query_key_output_dots(model, in, head_grads);
-      for (size_t e = 0; e < edges.size(); ++e)
-        if (query_or_key(e)) out[e] = fixed[e];
+      const std::vector<double> fixed = query_key_output_dots(model, in, head_grads, by_row, with_mlps);
+      for (size_t i = 0; i < out.size(); ++i)
+        if (query_or_key(i % W)) out[i] = fixed[i];
     }
     return out;
   };
-  const std::vector<double> base = scores_with(-1);
-  if (!opt.grad_drop) return base;
-  // GradDrop (Kramar et al. 2024, arXiv 2403.00745, the cancellation fix of its methods section):
-  // L attribution estimates, estimate l with the backward's gradient through layer l's additions
-  // to the residual stream (its attention and MLP outputs) set to 0, averaged in absolute value
-  // with weight 1 / (L - 1): the node's own layer gives 0 there, so it is the mean over the other
-  // L - 1. For an edge the receiver takes the node's place (the logits, after every layer: all L).
-  // Per edge, the sum over those layers of |score with that layer dropped|:
-  std::vector<double> sum_abs(edges.size(), 0.0);
-  std::vector<int> layers(edges.size(), 0);
+  auto split = [&](std::vector<double> all) {  // (W) -> the edges', the MLP-sender edges' into mlp_scores
+    if (mlp_scores) mlp_scores->assign(all.begin() + static_cast<std::ptrdiff_t>(E), all.end());
+    all.resize(E);
+    return all;
+  };
+  if (!opt.grad_drop) return split(scores_with(-1, false));
+  // GradDrop (Kramar et al. 2024, arXiv 2403.00745, section 3.1.2, its equation 11): L estimates
+  // per prompt pair, estimate l with the backward's gradient through layer l's additions to the
+  // residual stream (its attention and MLP outputs) set to 0; the score is the mean over the prompt
+  // pairs of (1 / (L - 1)) sum over l of |estimate l|: the absolute value is taken per prompt,
+  // before the mean over prompts (a node's own layer gives 0, so 1 / (L - 1) makes it the mean over
+  // the other layers). Here a prompt is a row of the batch, its estimate its part of the edge's
+  // score (rows weighted by their share of the answers); for an edge the receiver takes the node's
+  // place (the logits, after every layer: all L).
+  const int64_t B = in.clean.shape[0];
+  const std::vector<double> base = scores_with(-1, true);  // (B, W)
+  std::vector<double> sum_abs(W, 0.0), total(W, 0.0);
+  std::vector<int> layers(W, 0);
+  for (int64_t b = 0; b < B; ++b)
+    for (size_t e = 0; e < W; ++e) total[e] += base[b * W + e];
   for (int l = 0; l < L; ++l) {
     throw_if_stopped();
-    const std::vector<double> d = scores_with(l);
-    for (size_t e = 0; e < edges.size(); ++e) {
-      const EdgeReceiver& r = edges[e].second;
+    const std::vector<double> d = scores_with(l, true);
+    for (size_t e = 0; e < W; ++e) {
+      const EdgeReceiver& r = reads[e];
       if (r.kind != EdgeReceiver::Logits && r.layer == l) continue;  // its own layer: always 0
-      // a layer before the receiver changes no gradient it takes: the undropped score
-      const bool before = r.kind != EdgeReceiver::Logits && l < r.layer;
-      sum_abs[e] += std::abs(before ? base[e] : d[e]);
+      // a layer before the receiver changes no gradient it takes: the undropped estimate
+      const std::vector<double>& from = r.kind != EdgeReceiver::Logits && l < r.layer ? base : d;
+      for (int64_t b = 0; b < B; ++b) sum_abs[e] += std::abs(from[b * W + e]);
       ++layers[e];
     }
   }
-  std::vector<double> out(edges.size());
-  for (size_t e = 0; e < edges.size(); ++e)
-    out[e] = layers[e] ? std::copysign(sum_abs[e] / layers[e], base[e]) : base[e];
-  return out;
+  // the sign of the undropped score, for reading beside the other methods
+  std::vector<double> out(W);
+  for (size_t e = 0; e < W; ++e) out[e] = layers[e] ? std::copysign(sum_abs[e] / layers[e], total[e]) : total[e];
+  return split(out);
 }
 
 // ---- the circuit run --------------------------------------------------------------------------
@@ -199,8 +303,7 @@ SenderRuns sender_runs(TransformerLM& model, const PatchingInputs& in, const std
   SenderRuns r;
   std::tie(r.clean_logits, r.clean) = model.run_with_cache(in.clean, filter);
   r.corrupt = model.run_with_cache(in.corrupted, filter).second;
-  auto embed = [](const ActivationCache& a) { return a.has("hook_pos_embed") ? add(a["hook_embed"], a["hook_pos_embed"]) : a["hook_embed"]; };
-  r.embed_delta = sub(embed(r.corrupt), embed(r.clean));
+  r.embed_delta = sub(embed_output(r.corrupt), embed_output(r.clean));
   return r;
 }
 
@@ -712,7 +815,7 @@ MethodScores run_edge_method(TransformerLM& model, const PatchingInputs& in, con
   } else if (opt.method == "eap-ig") {
     out.scores = eap_ig_scores(model, in, opt.ig, &out.mlp_scores);
   } else if (opt.method == "atp-star") {
-    out.scores = atp_star_scores(model, in, opt.atp);
+    out.scores = atp_star_scores(model, in, opt.atp, &out.mlp_scores);
   } else if (opt.method == "edge-pruning") {
     EdgePruningResult p = edge_pruning(model, in, opt.pruning);
     out.scores = std::move(p.keep_probability);

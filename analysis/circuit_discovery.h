@@ -10,7 +10,9 @@
 //                everything downstream follows.
 //   activations: per sender layer (the embedding, or attention layer l), that layer's outputs
 //                interpolated the same way, the rest of the run recomputed; an edge from a sender of
-//                that layer takes its gradients from that layer's runs ((L + 1) steps runs in all).
+//                that layer takes its gradients from that layer's runs; with the MLP-sender edges,
+//                each MLP's output (hook_mlp_out) is interpolated the same way for its edges.
+//   The clean run (alpha 1) is every point's last step, run once: 1 + points x (steps - 1) runs.
 //
 // The circuit run: the clean run in which each receiver r reads its input in that run plus, for
 // every edge s -> r not kept, out_s(corrupted) - out_s(this run) (ACDC's and MIB's edge
@@ -31,13 +33,16 @@ namespace hl {
 struct EapIgOptions {
   enum Interpolate { Inputs, Activations } interpolate = Inputs;
   int steps = 5;  // 1..1000
+  // The rows run in this many groups of like length, each cut after its rows' last answer (the
+  // scores the same to rounding, fewer positions per step); 0: 4 from 32 rows, else 1. 0..64.
+  int row_groups = 0;
 };
 // "inputs" / "activations"
 const char* interpolation_name(EapIgOptions::Interpolate i);
 EapIgOptions::Interpolate parse_interpolation(const std::string& name);
 
-// EAP-IG's score of every edge, model_edges order, and with `mlp_scores` (inputs interpolated, a
-// model with MLPs) those of the MLP-sender edges (mlp_sender_edges' order; empty otherwise). Fails
+// EAP-IG's score of every edge, model_edges order, and with `mlp_scores` (a model with MLPs) those
+// of the MLP-sender edges (mlp_sender_edges' order; empty for an attention-only model). Fails
 // on a steps value out of range and on what edge_patching refuses.
 std::vector<double> eap_ig_scores(TransformerLM& model, const PatchingInputs& in, const EapIgOptions& opt,
                                   std::vector<double>* mlp_scores = nullptr);
@@ -49,17 +54,21 @@ std::vector<double> eap_ig_scores(TransformerLM& model, const PatchingInputs& in
 //   (the sum of its readers' input gradients): only what follows the head is linearised. Other
 //   edges keep the attribution delta_s . dm/d(r's input).
 //   GradDrop: the same score with the gradient through layer l's residual contributions
-//   (hook_attn_out, hook_mlp_out) set to 0, for each layer l; the score is the mean over the
-//   layers other than the receiver's own of |the score with layer l dropped| (the paper's
-//   1/(L - 1) sum over l, in which the receiver's own layer gives 0; the logits: all L layers),
-//   with the sign of the undropped score. Without cancellation between paths it is the score
-//   itself; where two paths cancel, dropping one shows the other.
+//   (hook_attn_out, hook_mlp_out) set to 0, for each layer l, taken per prompt (row of the batch);
+//   the score is the sum over the rows of the mean over the layers other than the receiver's own
+//   of |the row's score with layer l dropped| (the paper's expectation over prompt pairs of
+//   1/(L - 1) sum over l of |estimate l|, the receiver's own layer giving 0; the logits: all L
+//   layers), with the sign of the undropped score. Without cancellation between paths or prompts
+//   it is the score itself; where two paths cancel, dropping one shows the other.
 struct AtpStarOptions {
   bool qk_fix = true, grad_drop = true;
 };
-// AtP*'s score of every edge, model_edges order. Refuses sandwich norms (a head's output is not what
-// the residual stream adds) and what edge_patching refuses.
-std::vector<double> atp_star_scores(TransformerLM& model, const PatchingInputs& in, const AtpStarOptions& opt = {});
+// AtP*'s score of every edge, model_edges order, and with `mlp_scores` (a model with MLPs) those of
+// the MLP-sender edges (mlp_sender_edges' order, the MLP's delta in place of delta_s; empty for an
+// attention-only model). Refuses sandwich norms (a head's output is not what the residual stream
+// adds) and what edge_patching refuses.
+std::vector<double> atp_star_scores(TransformerLM& model, const PatchingInputs& in, const AtpStarOptions& opt = {},
+                                    std::vector<double>* mlp_scores = nullptr);
 
 // The circuit run's metric (and its mean KL(clean || circuit) over the answers' positions) with
 // kept[i] saying whether edge i (model_edges order) is kept.
@@ -150,7 +159,7 @@ struct MethodScores {
   std::string method;
   std::vector<double> scores;  // model_edges order; acdc: the change when its removal was tried
   std::vector<bool> circuit;   // acdc, edge-pruning: the edges it kept; other methods: empty
-  std::vector<double> mlp_scores;  // eap-ig (inputs): the MLP-sender edges' (mlp_sender_edges order); others: empty
+  std::vector<double> mlp_scores;  // eap-ig, atp-star: the MLP-sender edges' (mlp_sender_edges order); others: empty
   double seconds = 0;          // wall-clock time of the method alone (the attribution: its own backward)
 };
 // One method's scores. The attribution is taken from `exact` (edge_patching's result).

@@ -210,6 +210,11 @@ double edge_patching_memory_bytes(const ModelConfig& model_cfg, int64_t rows, in
   return model + estimate_step_bytes(cfg, rows, T, true) + 4.0 * (caches + deltas + grads + batch);
 }
 
+Tensor embed_output(const ActivationCache& cache) {
+  // rotary and NoPE models add no position embedding; the positions' (1, T, D) broadcast
+  return cache.has("hook_pos_embed") ? add(cache["hook_embed"], cache["hook_pos_embed"]) : cache["hook_embed"];
+}
+
 bool is_sender_point(const std::string& n) { return n == "hook_embed" || n == "hook_pos_embed" || n.ends_with("attn.hook_z"); }
 
 Tensor edge_sender_delta_stack(const TransformerLM& model, const ActivationCache& clean, const ActivationCache& corrupt) {
@@ -218,10 +223,7 @@ Tensor edge_sender_delta_stack(const TransformerLM& model, const ActivationCache
   const int64_t n = e.numel(), D = e.size(2), N = n / D, H = c.n_heads, dh = c.head_dim();
   Tensor out = Tensor::empty({1 + static_cast<int64_t>(c.n_layers) * H, e.size(0), e.size(1), D});
   float* o = out.data();
-  // embed = token (+ position) embeddings, as the model adds them (rotary and NoPE models add none;
-  // the positions' (1, T, D) broadcast)
-  auto embed = [](const ActivationCache& a) { return a.has("hook_pos_embed") ? add(a["hook_embed"], a["hook_pos_embed"]) : a["hook_embed"]; };
-  const Tensor d = sub(embed(corrupt), embed(clean));
+  const Tensor d = sub(embed_output(corrupt), embed_output(clean));
   std::copy(d.data(), d.data() + n, o);
   // head h's result (hook_result, W_O's bias excluded) is z_h W_O[:, h]^T: its delta from the
   // heads' outputs z (B, T, H, dh), which the runs give without computing every head's result
@@ -388,47 +390,66 @@ double hooked_patched_metric(TransformerLM& model, const PatchingInputs& in, con
   return edge_metric(model.forward_from(start, start < c.n_layers ? runs.resid_pre[start] : runs.resid_final, opt), in.answers);
 }
 
-constexpr int64_t kMaxNormWidth = 1024;  // norm_input_grads' rows up to this wide keep x_hat on the stack
+// A norm's input (N, D) as its backward reads it: y = (x - mean) / s * w + b, or the RMS form
+// without the centring (mean 0, s = sqrt(mean(x^2) + eps)); w its gain. x_hat and 1 / s once per
+// run, for every gradient that goes back through it (the statistics in double).
+struct NormRows {
+  std::vector<float> x_hat;  // (N, D): (x - mean) / s
+  std::vector<float> inv_s;  // (N)
+  std::vector<float> gain;   // (D)
+  int64_t D = 0;
+  bool centred = true;
+};
 
-// dL/dx of the norm y = (x - mean) / s * w + b for `count` gradients g = dL/dy at the norm's
-// output that share its input x (N, D): per row, (g w - mean(g w) - x_hat mean(g w x_hat)) / s
-// with x_hat = (x - mean) / s (the row's statistics in double, once for all the gradients); the
-// RMS forms the same without the centring (mean 0, s = sqrt(mean(x^2) + eps), w their gain). In
-// place: gradient i is g[i * N * D ...], (N, D). The norm's own backward, written out because the
-// gradient arrives at a hook after it.
-void norm_input_grads(const Tensor& x, const LayerNorm& ln, float* g, int64_t count) {
+NormRows norm_rows(const Tensor& x, const LayerNorm& ln) {
   const int64_t D = x.shape().back(), N = x.numel() / D;
-  const bool centred = ln.centred();
-  std::vector<float> gain(static_cast<size_t>(D));
-  for (int64_t j = 0; j < D; ++j) gain[j] = static_cast<float>(ln.gain(j));
-  const float inv_d = 1.f / static_cast<float>(D);
-  parallel_for(N, N * D * count, [&](int64_t r) {
-    const float* xr = x.data() + r * D;
+  NormRows nr{std::vector<float>(static_cast<size_t>(N * D)), std::vector<float>(static_cast<size_t>(N)),
+              std::vector<float>(static_cast<size_t>(D)), D, ln.centred()};
+  for (int64_t j = 0; j < D; ++j) nr.gain[j] = static_cast<float>(ln.gain(j));
+  const float* xd = x.data();
+  parallel_for(N, N * D, [&](int64_t r) {
+    const float* xr = xd + r * D;
     double mu = 0, var = 0;
-    if (centred) {
+    if (nr.centred) {
+#pragma omp simd reduction(+ : mu)
       for (int64_t j = 0; j < D; ++j) mu += xr[j];
       mu /= static_cast<double>(D);
     }
+#pragma omp simd reduction(+ : var)
     for (int64_t j = 0; j < D; ++j) var += (xr[j] - mu) * (xr[j] - mu);
-    const double s = std::sqrt(var / static_cast<double>(D) + ln.eps);
-    float xhat[kMaxNormWidth];
-    std::vector<float> wide;  // rows wider than the stack buffer
-    float* xh = D <= kMaxNormWidth ? xhat : (wide.resize(static_cast<size_t>(D)), wide.data());
-    for (int64_t j = 0; j < D; ++j) xh[j] = static_cast<float>((xr[j] - mu) / s);
-    const float inv_s = static_cast<float>(1.0 / s), *w = gain.data();
-    for (int64_t i = 0; i < count; ++i) {
-      float* gr = g + (i * N + r) * D;
-      float mg = 0, mgx = 0;
-      for (int64_t j = 0; j < D; ++j) {
-        const float gw = gr[j] * w[j];
-        mg += gw;
-        mgx += gw * xh[j];
-      }
-      mg = centred ? mg * inv_d : 0.f;
-      mgx *= inv_d;
-      for (int64_t j = 0; j < D; ++j) gr[j] = (gr[j] * w[j] - mg - xh[j] * mgx) * inv_s;
-    }
+    const double inv_s = 1.0 / std::sqrt(var / static_cast<double>(D) + ln.eps);
+    float* xh = nr.x_hat.data() + r * D;
+    for (int64_t j = 0; j < D; ++j) xh[j] = static_cast<float>((xr[j] - mu) * inv_s);
+    nr.inv_s[r] = static_cast<float>(inv_s);
   });
+  return nr;
+}
+
+// dL/dx for rows [r0, r0 + n) of the norm's input from g = dL/dy at its output (src, (n, D)):
+// per row (g w - mean(g w) - x_hat mean(g w x_hat)) / s, written to (or, with `add`, added to)
+// dst's rows (dst points at row 0 of an (N, D) array). The norm's own backward, written out
+// because the gradient arrives at a hook after it.
+void norm_back_rows(const NormRows& nr, int64_t r0, int64_t n, const float* src, float* dst, bool add) {
+  const int64_t D = nr.D;
+  const float inv_d = 1.f / static_cast<float>(D), *w = nr.gain.data();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = r0 + i;
+    const float *xh = nr.x_hat.data() + r * D, *gr = src + i * D, inv_s = nr.inv_s[r];
+    float mg = 0, mgx = 0;
+#pragma omp simd reduction(+ : mg, mgx)
+    for (int64_t j = 0; j < D; ++j) {
+      const float gw = gr[j] * w[j];
+      mg += gw;
+      mgx += gw * xh[j];
+    }
+    mg = nr.centred ? mg * inv_d : 0.f;
+    mgx *= inv_d;
+    float* out = dst + r * D;
+    if (add)
+      for (int64_t j = 0; j < D; ++j) out[j] += (gr[j] * w[j] - mg - xh[j] * mgx) * inv_s;
+    else
+      for (int64_t j = 0; j < D; ++j) out[j] = (gr[j] * w[j] - mg - xh[j] * mgx) * inv_s;
+  }
 }
 
 // While one lives, no parameter of the module asks for a gradient: the analyses' backward wants
@@ -454,15 +475,16 @@ class FrozenParameters {
 
 }  // namespace
 
-// dm/d(each receiver's input), stacked (R, B, T, D) in edge_receivers order, from one forward and
-// backward of the clean run in which only the activations ask for gradients (the token embedding
-// is the leaf). q/k/v of head h: the gradient at hook_q/k/v (B, T, H, dh) times that head's rows
-// of W_Q/W_K/W_V (what the head's own copy of ln1's output would get: one (N, dh) x (dh, D)
+// dm/d(each receiver's input), (R, B, T, D) in edge_receivers order, from one forward and backward
+// of the clean run in which only the activations ask for gradients (the token embedding is the
+// leaf). q/k/v of head h: the gradient at hook_q/k/v (B, T, H, dh) times that head's rows of
+// W_Q/W_K/W_V (what the head's own copy of ln1's output would get: one (rows, dh) x (dh, D)
 // product per head, no copies of the input), taken back through ln1; mlp: at ln2's output taken
 // back through ln2 (to what it reads: resid_mid, or resid_pre in a parallel block); logits: at
 // ln_final's input. The norms' inputs are read from the same run, so an intervened run's gradients
-// are its own.
-Tensor receiver_gradient_stack(TransformerLM& model, const PatchingInputs& in, const std::function<void(Hooks&)>& intervene) {
+// are its own. Each hook's gradients go through the norm's backward in blocks of rows that stay in
+// cache and are written (or added) once: the stack is the largest array of the run.
+void add_receiver_gradients(TransformerLM& model, const PatchingInputs& in, Tensor& sum, const std::function<void(Hooks&)>& intervene) {
   if (!grad_enabled()) fail("edges: edge attribution needs one backward; run it outside no_grad");
   const ModelConfig& c = model.cfg;
   const int L = c.n_layers, H = c.n_heads;
@@ -470,7 +492,10 @@ Tensor receiver_gradient_stack(TransformerLM& model, const PatchingInputs& in, c
   const std::vector<EdgeReceiver> receivers = edge_receivers(c);
   const int64_t R = static_cast<int64_t>(receivers.size());
   auto row_of = [&](const EdgeReceiver& r) { return static_cast<int64_t>(std::find(receivers.begin(), receivers.end(), r) - receivers.begin()); };
-  Tensor out = Tensor::empty({R, B, T, D});  // every row written (or the run fails below)
+  const bool add = sum.defined();
+  if (!add) sum = Tensor::empty({R, B, T, D});  // every row written (or the run fails below)
+  else if (sum.shape() != Shape{R, B, T, D})
+    fail("edges: receiver gradients (", R, ", ", B, ", ", T, ", ", D, ") added to a sum of ", sum.shape().str());
   std::vector<bool> reached(static_cast<size_t>(R), false);
   Hooks hooks;
   if (intervene) intervene(hooks);
@@ -481,37 +506,40 @@ Tensor receiver_gradient_stack(TransformerLM& model, const PatchingInputs& in, c
     leaf.requires_grad_();
     return leaf;
   });
-  std::vector<Tensor> resid_pre(L), mlp_in(L);  // this run's norm inputs: ln1's, ln2's
+  std::vector<NormRows> ln1_in(L), ln2_in(L);  // this run's norm inputs and their statistics
   for (int l = 0; l < L; ++l) {
-    hooks.add_forward(hook_name(l, "hook_resid_pre"), [&resid_pre, l](const Tensor& t, const std::string&) {
-      resid_pre[l] = t.detach();
+    const TransformerBlock* block = model.blocks[l].get();
+    // ln2 reads hook_resid_mid in a sequential block, the block's input in a parallel one
+    hooks.add_forward(hook_name(l, "hook_resid_pre"), [&, l, block](const Tensor& t, const std::string&) {
+      ln1_in[l] = norm_rows(t.detach(), block->ln1);
+      if (c.has_mlp() && c.parallel_block) ln2_in[l] = norm_rows(t.detach(), *block->ln2);
       return Tensor();
     });
-    // ln2 reads hook_resid_mid in a sequential block, the block's input in a parallel one
     if (c.has_mlp() && !c.parallel_block)
-      hooks.add_forward(hook_name(l, "hook_resid_mid"), [&mlp_in, l](const Tensor& t, const std::string&) {
-        mlp_in[l] = t.detach();
+      hooks.add_forward(hook_name(l, "hook_resid_mid"), [&, l, block](const Tensor& t, const std::string&) {
+        ln2_in[l] = norm_rows(t.detach(), *block->ln2);
         return Tensor();
       });
   }
-  float* o = out.data();
-  // grad (B, T, H, dh) at hook_q/k/v of layer l -> per head h, grad_h W[h] (N, D) into its row; one
-  // parallel region over the rows for all heads (each thread's products single-threaded)
+  float* o = sum.data();
+  constexpr int64_t kRows = 64;  // a block: (kRows, D) floats per head, in cache between its product and the norm
+  // grad (B, T, H, dh) at hook_q/k/v of layer l -> per head h, grad_h W[h] (rows, D), through ln1, into its row
   auto per_head = [&, o](int l, EdgeReceiver::Kind kind, const Tensor& W) {
     return [&, o, l, kind, W](const Tensor& g, const std::string&) {
       std::vector<int64_t> rows(static_cast<size_t>(H));
       for (int h = 0; h < H; ++h) rows[h] = row_of({kind, l, h}), reached[rows[h]] = true;
       const float *gd = g.data(), *w = W.data();
+      const NormRows& nr = ln1_in[l];
       parallel_ranges(N, N * D * H, [&](int64_t lo, int64_t hi) {
-        for (int h = 0; h < H; ++h)
-          gemm(false, false, hi - lo, D, dh, 1.f, gd + lo * H * dh + h * dh, H * dh, w + h * dh * D, D, 0.f, o + rows[h] * N * D + lo * D, D);
+        std::vector<float> block(static_cast<size_t>(kRows * D));
+        for (int64_t r0 = lo; r0 < hi; r0 += kRows) {
+          const int64_t n = std::min(kRows, hi - r0);
+          for (int h = 0; h < H; ++h) {
+            gemm(false, false, n, D, dh, 1.f, gd + r0 * H * dh + h * dh, H * dh, w + h * dh * D, D, 0.f, block.data(), D);
+            norm_back_rows(nr, r0, n, block.data(), o + rows[h] * N * D, add);
+          }
+        }
       });
-    };
-  };
-  auto whole = [&, o](int64_t row) {
-    return [&, o, row](const Tensor& g, const std::string&) {
-      std::copy(g.data(), g.data() + N * D, o + row * N * D);
-      reached[row] = true;
     };
   };
   for (int l = 0; l < L; ++l) {
@@ -519,9 +547,23 @@ Tensor receiver_gradient_stack(TransformerLM& model, const PatchingInputs& in, c
     hooks.add_backward(hook_name(l, "attn.hook_q"), per_head(l, EdgeReceiver::Q, attn.W_Q.weight));
     hooks.add_backward(hook_name(l, "attn.hook_k"), per_head(l, EdgeReceiver::K, attn.W_K.weight));
     hooks.add_backward(hook_name(l, "attn.hook_v"), per_head(l, EdgeReceiver::V, attn.W_V.weight));
-    if (c.has_mlp()) hooks.add_backward(hook_name(l, "ln2.hook_normalized"), whole(row_of({EdgeReceiver::Mlp, l, -1})));
+    if (c.has_mlp()) {
+      const int64_t row = row_of({EdgeReceiver::Mlp, l, -1});
+      hooks.add_backward(hook_name(l, "ln2.hook_normalized"), [&, o, l, row](const Tensor& g, const std::string&) {
+        const float* gd = g.data();
+        parallel_ranges(N, N * D, [&](int64_t lo, int64_t hi) { norm_back_rows(ln2_in[l], lo, hi - lo, gd + lo * D, o + row * N * D, add); });
+        reached[row] = true;
+      });
+    }
   }
-  hooks.add_backward(hook_name(L - 1, "hook_resid_post"), whole(R - 1));
+  hooks.add_backward(hook_name(L - 1, "hook_resid_post"), [&, o](const Tensor& g, const std::string&) {
+    const float* gd = g.data();
+    float* out = o + (R - 1) * N * D;
+    parallel_ranges(N * D, N * D, [gd, out, add](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) out[i] = add ? out[i] + gd[i] : gd[i];
+    });
+    reached[R - 1] = true;
+  });
   {
     EvalScope mode(model);
     FrozenParameters frozen(model);
@@ -531,12 +573,11 @@ Tensor receiver_gradient_stack(TransformerLM& model, const PatchingInputs& in, c
   }
   for (int64_t r = 0; r < R; ++r)
     if (!reached[r]) fail("edges: no gradient reached ", r == R - 1 ? std::string("the logits' input") : receivers[r].name());
-  if (c.parallel_block) mlp_in = resid_pre;
-  // a layer's q/k/v rows are one block (3 H receivers) after its first head's q
-  for (int l = 0; l < L; ++l) {
-    norm_input_grads(resid_pre[l], model.blocks[l]->ln1, o + row_of({EdgeReceiver::Q, l, 0}) * N * D, 3 * H);
-    if (c.has_mlp()) norm_input_grads(mlp_in[l], *model.blocks[l]->ln2, o + row_of({EdgeReceiver::Mlp, l, -1}) * N * D, 1);
-  }
+}
+
+Tensor receiver_gradient_stack(TransformerLM& model, const PatchingInputs& in, const std::function<void(Hooks&)>& intervene) {
+  Tensor out;
+  add_receiver_gradients(model, in, out, intervene);
   return out;
 }
 
@@ -547,31 +588,34 @@ std::vector<Tensor> receiver_gradients(TransformerLM& model, const PatchingInput
 
 namespace {
 
-// out[i * ldo + j] += sum over k of a[i * K + k] b[j * K + k] for i < m, j < n: float products over
-// chunks of the sum, the chunks added in double (the sgemm's float sums stay short).
-void row_products(const float* a, int64_t m, const float* b, int64_t n, int64_t K, double* out, int64_t ldo) {
+// out[i * ldo + j] += sum over k < K of a[i * lda + k] b[j * ldb + k] for i < m, j < n: float
+// products over chunks of the sum (the threads share the chunks), the chunks added in double in
+// their order (the sgemm's float sums stay short; the result does not depend on the thread count).
+void row_products(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb, int64_t n, int64_t K, double* out, int64_t ldo) {
   constexpr int64_t kChunk = 1 << 14;
   if (m == 0 || n == 0) return;
-  std::vector<float> part(static_cast<size_t>(m * n));
-  for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
-    const int64_t k = std::min(kChunk, K - k0);
-    gemm(false, true, m, n, k, 1.f, a + k0, K, b + k0, K, 0.f, part.data(), n);
+  const int64_t chunks = (K + kChunk - 1) / kChunk;
+  std::vector<float> part(static_cast<size_t>(chunks * m * n));  // (chunks, m, n)
+  parallel_for(chunks, m * n * K, [&](int64_t c) {
+    const int64_t k0 = c * kChunk, k = std::min(kChunk, K - k0);
+    gemm(false, true, m, n, k, 1.f, a + k0, lda, b + k0, ldb, 0.f, part.data() + c * m * n, n);
+  });
+  for (int64_t c = 0; c < chunks; ++c)
     for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) out[i * ldo + j] += part[i * n + j];
-  }
+      for (int64_t j = 0; j < n; ++j) out[i * ldo + j] += part[(c * m + i) * n + j];
 }
 
-}  // namespace
-
-std::vector<double> edge_products(const ModelConfig& cfg, const Tensor& senders, const Tensor& grads) {
+// edge_products over `parts` equal consecutive parts of each sender's and receiver's (B, T, D)
+// (parts = B: the rows): out[p * edges + e], model_edges order.
+std::vector<double> edge_products_in_parts(const ModelConfig& cfg, const Tensor& senders, const Tensor& grads, int64_t parts) {
   const std::vector<EdgeSender> ss = edge_senders(cfg);
   const std::vector<EdgeReceiver> rs = edge_receivers(cfg);
   const int64_t S = static_cast<int64_t>(ss.size()), R = static_cast<int64_t>(rs.size());
   if (senders.size(0) != S || grads.size(0) != R || senders.numel() / S != grads.numel() / R)
     fail("edges: products of ", senders.shape().str(), " senders and ", grads.shape().str(), " gradients for the model's ", S,
          " senders and ", R, " receivers");
-  const int64_t K = senders.numel() / S;
-  std::vector<double> full(static_cast<size_t>(S * R), 0.0);  // (S, R)
+  const int64_t K = senders.numel() / S, part = K / parts;
+  std::vector<double> full(static_cast<size_t>(parts * S * R), 0.0);  // (parts, S, R)
   // per receiver layer (its receivers contiguous), the senders up to the last one that reaches it
   for (int64_t r0 = 0; r0 < R;) {
     int64_t r1 = r0;
@@ -580,14 +624,28 @@ std::vector<double> edge_products(const ModelConfig& cfg, const Tensor& senders,
     for (int64_t s = 0; s < S; ++s)
       for (int64_t r = r0; r < r1; ++r)
         if (is_edge(cfg, ss[s], rs[r])) n_s = s + 1;
-    row_products(senders.data(), n_s, grads.data() + r0 * K, r1 - r0, K, full.data() + r0, R);
+    for (int64_t p = 0; p < parts; ++p)
+      row_products(senders.data() + p * part, K, n_s, grads.data() + r0 * K + p * part, K, r1 - r0, part, full.data() + p * S * R + r0, R);
     r0 = r1;
   }
+  const auto edges = model_edges(cfg);
   std::vector<double> out;
-  for (const auto& [s, r] : model_edges(cfg))
-    out.push_back(full[static_cast<int64_t>(std::find(ss.begin(), ss.end(), s) - ss.begin()) * R +
-                       (std::find(rs.begin(), rs.end(), r) - rs.begin())]);
+  out.reserve(static_cast<size_t>(parts) * edges.size());
+  for (int64_t p = 0; p < parts; ++p)
+    for (const auto& [s, r] : edges)
+      out.push_back(full[p * S * R + static_cast<int64_t>(std::find(ss.begin(), ss.end(), s) - ss.begin()) * R +
+                         (std::find(rs.begin(), rs.end(), r) - rs.begin())]);
   return out;
+}
+
+}  // namespace
+
+std::vector<double> edge_products(const ModelConfig& cfg, const Tensor& senders, const Tensor& grads) {
+  return edge_products_in_parts(cfg, senders, grads, 1);
+}
+
+std::vector<double> edge_products_by_row(const ModelConfig& cfg, const Tensor& senders, const Tensor& grads) {
+  return edge_products_in_parts(cfg, senders, grads, senders.size(1));
 }
 
 std::vector<std::pair<int, EdgeReceiver>> mlp_sender_edge_list(const ModelConfig& cfg) {
@@ -599,17 +657,32 @@ std::vector<std::pair<int, EdgeReceiver>> mlp_sender_edge_list(const ModelConfig
   return out;
 }
 
-std::vector<double> mlp_edge_products(const ModelConfig& cfg, const Tensor& mlp_deltas, const Tensor& grads) {
+namespace {
+// mlp_edge_products over `parts` equal consecutive parts of each (B, T, D): out[p * edges + e]
+std::vector<double> mlp_edge_products_in_parts(const ModelConfig& cfg, const Tensor& mlp_deltas, const Tensor& grads, int64_t parts) {
   const std::vector<EdgeReceiver> rs = edge_receivers(cfg);
   const int64_t L = cfg.n_layers, R = static_cast<int64_t>(rs.size());
   if (mlp_deltas.size(0) != L || grads.size(0) != R || mlp_deltas.numel() / L != grads.numel() / R)
     fail("edges: products of ", mlp_deltas.shape().str(), " MLP outputs and ", grads.shape().str(), " gradients for the model's ", L,
          " MLPs and ", R, " receivers");
-  std::vector<double> full(static_cast<size_t>(L * R), 0.0);  // (L, R)
-  row_products(mlp_deltas.data(), L, grads.data(), R, grads.numel() / R, full.data(), R);
+  const int64_t K = grads.numel() / R, part = K / parts;
+  std::vector<double> full(static_cast<size_t>(parts * L * R), 0.0);  // (parts, L, R)
+  for (int64_t p = 0; p < parts; ++p)
+    row_products(mlp_deltas.data() + p * part, K, L, grads.data() + p * part, K, R, part, full.data() + p * L * R, R);
+  const auto edges = mlp_sender_edge_list(cfg);
   std::vector<double> out;
-  for (const auto& [l, r] : mlp_sender_edge_list(cfg)) out.push_back(full[l * R + (std::find(rs.begin(), rs.end(), r) - rs.begin())]);
+  for (int64_t p = 0; p < parts; ++p)
+    for (const auto& [l, r] : edges) out.push_back(full[p * L * R + l * R + (std::find(rs.begin(), rs.end(), r) - rs.begin())]);
   return out;
+}
+}  // namespace
+
+std::vector<double> mlp_edge_products(const ModelConfig& cfg, const Tensor& mlp_deltas, const Tensor& grads) {
+  return mlp_edge_products_in_parts(cfg, mlp_deltas, grads, 1);
+}
+
+std::vector<double> mlp_edge_products_by_row(const ModelConfig& cfg, const Tensor& mlp_deltas, const Tensor& grads) {
+  return mlp_edge_products_in_parts(cfg, mlp_deltas, grads, mlp_deltas.size(1));
 }
 
 Tensor edge_sender_delta_stack(TransformerLM& model, const PatchingInputs& in) {
@@ -704,8 +777,9 @@ class FastEdges {
 
   // AtP*'s QK fix (query_key_output_dots): for each sender s of r (a head's .q or .k), head h's
   // result with r reading its input + delta_s, minus its clean result, dotted with `grad` (the
-  // gradient at the head's output, packed (n, D)).
-  std::vector<double> head_change_dots(const EdgeReceiver& r, const std::vector<size_t>& senders, const Tensor& grad) {
+  // gradient at the head's output, packed (n, D)). With by_row, each sender's dot per row of the
+  // batch (B values each, the rows' sums).
+  std::vector<double> head_change_dots(const EdgeReceiver& r, const std::vector<size_t>& senders, const Tensor& grad, bool by_row = false) {
     const int l = r.layer, which = r.kind == EdgeReceiver::Q ? 0 : 1;
     const CleanHead& ch = clean_head(l, r.head);
     const int64_t block = pk_.n * c_.d_model;
@@ -721,11 +795,15 @@ class FastEdges {
       for (int w = 0; w < 3; ++w)
         qkv[w] = w == which ? project(l, r.head, w, m_.blocks[l]->ln1.forward(add_stacked(pre_[l], delta))) : tile(ch.qkv[w], S);
       const Tensor change = add_stacked(neg(ch.result), head_result(l, r.head, qkv[0], qkv[1], qkv[2], S));  // (S n, D)
+      const int64_t B = static_cast<int64_t>(pk_.live_len.size()), D = c_.d_model;
       for (int64_t j = 0; j < S; ++j) {
-        double s = 0;
+        std::vector<double> rows(by_row ? static_cast<size_t>(B) : 1, 0.0);
         const float *x = change.data() + j * block, *g = grad.data();
-        for (int64_t i = 0; i < block; ++i) s += static_cast<double>(x[i]) * g[i];
-        out.push_back(s);
+        for (int64_t p = 0; p < pk_.n; ++p) {  // packed row p is row b * T + t of the batch
+          double& s = rows[by_row ? pk_.rows.data[p] / pk_.T : 0];
+          for (int64_t i = p * D; i < (p + 1) * D; ++i) s += static_cast<double>(x[i]) * g[i];
+        }
+        out.insert(out.end(), rows.begin(), rows.end());
       }
     }
     return out;
@@ -929,20 +1007,27 @@ EdgeResult edge_patching(TransformerLM& model, const PatchingInputs& in, const s
   return res;
 }
 
+namespace {
+// The MLPs' deltas (layers, B, T, D), appended to runs.deltas after the senders' (index
+// edge_senders' count + l): FastEdges then patches them as senders.
+Tensor append_mlp_deltas(TransformerLM& model, const PatchingInputs& in, Runs& runs) {
+  EvalScope mode(model);
+  NoGradGuard ng;
+  auto mlp_out = [](const std::string& n) { return n.ends_with("hook_mlp_out"); };
+  const Tensor mlp_deltas =
+      mlp_sender_delta_stack(model.cfg, model.run_with_cache(in.clean, mlp_out).second, model.run_with_cache(in.corrupted, mlp_out).second);
+  for (const Tensor& d : unstack(mlp_deltas)) runs.deltas.push_back(d);
+  return mlp_deltas;
+}
+}  // namespace
+
 std::vector<MlpSenderEdge> mlp_sender_edges(TransformerLM& model, const PatchingInputs& in) {
   check_edge_inputs(model.cfg, in);
   const ModelConfig& c = model.cfg;
   if (!c.has_mlp()) return {};
   Runs runs = record_runs(model, in);
   const size_t first = runs.deltas.size();  // the MLPs' deltas go after the heads'
-  Tensor mlp_deltas;                         // (layers, B, T, D)
-  {
-    EvalScope mode(model);
-    NoGradGuard ng;
-    auto mlp_out = [](const std::string& n) { return n.ends_with("hook_mlp_out"); };
-    mlp_deltas = mlp_sender_delta_stack(c, model.run_with_cache(in.clean, mlp_out).second, model.run_with_cache(in.corrupted, mlp_out).second);
-    for (const Tensor& d : unstack(mlp_deltas)) runs.deltas.push_back(d);
-  }
+  const Tensor mlp_deltas = append_mlp_deltas(model, in, runs);  // (layers, B, T, D)
   throw_if_stopped();
   const std::vector<double> attribution = mlp_edge_products(c, mlp_deltas, receiver_gradient_stack(model, in));
   EvalScope mode(model);
@@ -973,30 +1058,42 @@ Tensor mlp_sender_delta_stack(const ModelConfig& c, const ActivationCache& clean
   return concat(d, 0);
 }
 
-std::vector<double> query_key_output_dots(TransformerLM& model, const PatchingInputs& in, const std::vector<Tensor>& out_grads) {
+std::vector<double> query_key_output_dots(TransformerLM& model, const PatchingInputs& in, const std::vector<Tensor>& out_grads,
+                                          bool by_row, bool with_mlps) {
   check_edge_inputs(model.cfg, in);
   const ModelConfig& c = model.cfg;
   if (out_grads.size() != static_cast<size_t>(c.n_layers) * c.n_heads)
     fail("edges: ", out_grads.size(), " head output gradients for the model's ", c.n_layers * c.n_heads, " heads");
-  const Runs runs = record_runs(model, in);
+  Runs runs = record_runs(model, in);
+  const std::vector<EdgeSender> senders = edge_senders(c);
+  const bool mlps = with_mlps && c.has_mlp();
+  if (mlps) (void)append_mlp_deltas(model, in, runs);  // sender index senders.size() + l
   EvalScope mode(model);
   NoGradGuard ng;
   FastEdges fast(model, in, runs);
-  const auto edges = model_edges(c);
-  const std::vector<EdgeSender> senders = edge_senders(c);
-  std::vector<double> out(edges.size(), 0.0);
-  size_t e = 0;
+  const size_t E = model_edges(c).size(), M = mlps ? mlp_sender_edge_list(c).size() : 0, W = E + M;
+  const size_t B = by_row ? static_cast<size_t>(in.clean.shape[0]) : 1;
+  std::vector<double> out(B * W, 0.0);  // (B, E + M): per row the edges, then the MLP-sender edges
+  size_t e = 0, m = E;
   for (const EdgeReceiver& r : edge_receivers(c)) {
-    std::vector<size_t> from;
+    std::vector<size_t> from, from_mlps;
     for (size_t si = 0; si < senders.size(); ++si)
       if (is_edge(c, senders[si], r)) from.push_back(si);
+    if (mlps)
+      for (int l = 0; l < c.n_layers; ++l)
+        if (r.kind == EdgeReceiver::Logits || l < r.layer) from_mlps.push_back(senders.size() + static_cast<size_t>(l));
     const Tensor& g = r.kind == EdgeReceiver::Q || r.kind == EdgeReceiver::K ? out_grads[static_cast<size_t>(r.layer) * c.n_heads + r.head]
                                                                              : Tensor();
     if (g.defined()) {
-      const std::vector<double> d = fast.head_change_dots(r, from, fast.pack(g));
-      std::copy(d.begin(), d.end(), out.begin() + static_cast<std::ptrdiff_t>(e));
+      const Tensor packed = fast.pack(g);
+      for (const auto& [list, at] : {std::pair{&from, e}, std::pair{&from_mlps, m}}) {
+        const std::vector<double> d = fast.head_change_dots(r, *list, packed, by_row);  // (senders, B)
+        for (size_t i = 0; i < list->size(); ++i)
+          for (size_t b = 0; b < B; ++b) out[b * W + at + i] = d[i * B + b];
+      }
     }
     e += from.size();
+    m += from_mlps.size();
   }
   return out;
 }

@@ -115,18 +115,29 @@ std::vector<Tensor> receiver_gradients(TransformerLM& model, const PatchingInput
                                        const std::function<void(Hooks&)>& intervene = {});
 // ... the same gradients stacked, (receivers, B, T, D), as edge_products reads them.
 Tensor receiver_gradient_stack(TransformerLM& model, const PatchingInputs& in, const std::function<void(Hooks&)>& intervene = {});
+// ... the same gradients added into `sum` (receivers, B, T, D) (undefined: allocated and written):
+// EAP-IG's sum over its steps without a stack per step.
+void add_receiver_gradients(TransformerLM& model, const PatchingInputs& in, Tensor& sum,
+                            const std::function<void(Hooks&)>& intervene = {});
 // The attribution product of every edge, model_edges order: sum over (B, T, D) of senders[s] *
 // grads[r] for each edge s -> r, with senders (edge_senders' count, B, T, D) and grads
 // (edge_receivers' count, B, T, D). One sgemm per receiver layer (its receivers against the senders
 // before them) over chunks of the sum, the chunks added in double.
 std::vector<double> edge_products(const ModelConfig& cfg, const Tensor& senders, const Tensor& grads);
+// ... and per row of the batch: (B, edges), row b's products over its (T, D).
+std::vector<double> edge_products_by_row(const ModelConfig& cfg, const Tensor& senders, const Tensor& grads);
 // The same product for the MLP-sender edges (mlp_sender_edges' order, mlp_sender_edge_list) from
 // the MLPs' deltas (layers, B, T, D) of hook_mlp_out.
 std::vector<double> mlp_edge_products(const ModelConfig& cfg, const Tensor& mlp_deltas, const Tensor& grads);
+// ... and per row of the batch: (B, MLP-sender edges).
+std::vector<double> mlp_edge_products_by_row(const ModelConfig& cfg, const Tensor& mlp_deltas, const Tensor& grads);
 // The senders' deltas stacked, (senders, B, T, D) in edge_senders order, from a clean and a
 // corrupted cache holding hook_embed (hook_pos_embed where the model has one) and every layer's
 // attn.hook_z (is_sender_point's names): a head's delta is its hook_result's, through W_O.
 Tensor edge_sender_delta_stack(const TransformerLM& model, const ActivationCache& clean, const ActivationCache& corrupt);
+// The embedding sender's output, (B, T, D), from a cache holding hook_embed (and hook_pos_embed
+// where the model adds position embeddings): token + position embeddings, as the model adds them.
+Tensor embed_output(const ActivationCache& cache);
 // Whether `name` is a hook point those caches need (a run_with_cache filter).
 bool is_sender_point(const std::string& name);
 // delta_s = out_s(corrupted) - out_s(clean) of every sender, (B, T, d_model), edge_senders order,
@@ -158,7 +169,11 @@ std::vector<std::pair<int, EdgeReceiver>> mlp_sender_edge_list(const ModelConfig
 // reading its input + delta_s (its attention softmax at every query position), minus its clean
 // output, dotted with out_grads[l * n_heads + h] (B, T, D; the gradient at that head's output).
 // model_edges order; 0 for other edges and for heads whose gradient is undefined (not computed).
-std::vector<double> query_key_output_dots(TransformerLM& model, const PatchingInputs& in, const std::vector<Tensor>& out_grads);
+// With by_row, per row of the batch: (B, edges), row b's dots over its (T, D). With with_mlps (a
+// model with MLPs), each row's edges are followed by the MLP-sender edges' (mlp_sender_edge_list
+// order, the MLP's delta hook_mlp_out(corrupted) - hook_mlp_out(clean) in place of delta_s).
+std::vector<double> query_key_output_dots(TransformerLM& model, const PatchingInputs& in, const std::vector<Tensor>& out_grads,
+                                          bool by_row = false, bool with_mlps = false);
 
 // For tests: the metric of the clean run in which `receiver` reads its input + delta (B, T,
 // d_model), computed through the hooks of a full forward from the receiver's block (the reference

@@ -47,9 +47,38 @@ BOOST_AUTO_TEST_CASE(eap_ig_with_one_step_is_edge_attribution) {
   // layer 2's 3 H + 1 receivers read 2 MLPs, layer 1's 1, the logits all 3
   BOOST_TEST(mlp_attribution.size() == (3u * 2 + 1) * 2 + (3u * 2 + 1) * 1 + 3);
   BOOST_TEST(ig_mlp == mlp_attribution);
-  // activations: the results are replaced by x + (clean - x), the clean values to round-off
-  const std::vector<double> act = eap_ig_scores(m, in, {EapIgOptions::Activations, 1});
-  BOOST_TEST(max_abs_diff(act, attribution) < 1e-5);
+  // activations: one step is the clean run itself, the MLP-sender edges too
+  std::vector<double> act_mlp;
+  const std::vector<double> act = eap_ig_scores(m, in, {EapIgOptions::Activations, 1}, &act_mlp);
+  BOOST_TEST(act == attribution);
+  BOOST_TEST(act_mlp == mlp_attribution);
+  // two steps: the half-way run of each point, the MLPs' outputs among them, changes the scores
+  std::vector<double> act2_mlp;
+  (void)eap_ig_scores(m, in, {EapIgOptions::Activations, 2}, &act2_mlp);
+  BOOST_TEST(act2_mlp.size() == mlp_attribution.size());
+  BOOST_TEST(max_abs_diff(act2_mlp, mlp_attribution) > 1e-4);
+}
+
+BOOST_AUTO_TEST_CASE(eap_ig_in_row_groups_cut_after_their_answers_is_the_whole_batchs) {
+  // Rows grouped by where their answers end, each group cut there and weighted by its share of the
+  // answers: the same scores as the whole batch to float32 rounding, MLP-sender edges too, for
+  // both variants. The fixture's answers end at positions 4, 5 and 5 (row 2 has two of the four).
+  TransformerLM m(test_model({.layers = 2}), 3);
+  randomise(m, 9);
+  PatchingInputs in = inputs();
+  in.answers = {{0, 2, 3, 0}, {1, 5, 2, 5}, {2, 3, 6, 1}, {2, 4, 4, 2}};  // live lengths 3, 6, 5
+  for (EapIgOptions::Interpolate how : {EapIgOptions::Inputs, EapIgOptions::Activations}) {
+    std::vector<double> whole_mlp, grouped_mlp;
+    const std::vector<double> whole = eap_ig_scores(m, in, {how, 3, 1}, &whole_mlp);
+    const std::vector<double> grouped = eap_ig_scores(m, in, {how, 3, 3}, &grouped_mlp);
+    double scale = 0;
+    for (double v : whole) scale = std::max(scale, std::abs(v));
+    BOOST_TEST(scale > 1e-3);
+    BOOST_TEST(max_abs_diff(whole, grouped) < 1e-6 * scale);
+    BOOST_REQUIRE(whole_mlp.size() == grouped_mlp.size());
+    BOOST_TEST(max_abs_diff(whole_mlp, grouped_mlp) < 1e-6 * scale);
+  }
+  BOOST_TEST(error_of([&] { eap_ig_scores(m, in, {EapIgOptions::Inputs, 3, 65}); }) == "eap-ig: row groups 65 is outside 0..64");
 }
 
 BOOST_AUTO_TEST_CASE(eap_ig_along_a_straight_path_converges_to_exact_patching) {
@@ -85,6 +114,21 @@ BOOST_AUTO_TEST_CASE(eap_ig_along_a_straight_path_converges_to_exact_patching) {
     BOOST_TEST_MESSAGE("activations L1H0>logits: exact " << exact.edges[e].exact << " 1 step " << one[e] << " 300 steps " << many[e]);
     BOOST_TEST(std::abs(one[e] - exact.edges[e].exact) > 1e-3);
     BOOST_TEST(std::abs(many[e] - exact.edges[e].exact) < std::abs(one[e] - exact.edges[e].exact) / 100);
+  }
+  // The same for the last MLP's output: only the logits read it, so for its edge into them the
+  // integral along the interpolated output is that MLP-sender edge's exact effect.
+  {
+    TransformerLM m(test_model({.layers = 2, .heads = 1}), 3);
+    randomise(m, 7);
+    const PatchingInputs in = inputs();
+    const MlpSenderEdge exact = mlp_sender_edges(m, in).back();
+    BOOST_TEST((exact.layer == 1 && exact.receiver.kind == EdgeReceiver::Logits));
+    std::vector<double> one, many;
+    (void)eap_ig_scores(m, in, {EapIgOptions::Activations, 1}, &one);
+    (void)eap_ig_scores(m, in, {EapIgOptions::Activations, 300}, &many);
+    BOOST_TEST_MESSAGE("activations mlp1>logits: exact " << exact.exact << " 1 step " << one.back() << " 300 steps " << many.back());
+    BOOST_TEST(std::abs(one.back() - exact.exact) > 1e-3);
+    BOOST_TEST(std::abs(many.back() - exact.exact) < std::abs(one.back() - exact.exact) / 100);
   }
 }
 
@@ -193,7 +237,24 @@ BOOST_AUTO_TEST_CASE(atp_star_without_its_fixes_is_edge_attribution) {
   const PatchingInputs in = inputs();
   std::vector<double> attribution;
   for (const Edge& e : edge_patching(m, in).edges) attribution.push_back(e.attribution);
-  BOOST_TEST(atp_star_scores(m, in, {.qk_fix = false, .grad_drop = false}) == attribution);
+  std::vector<double> mlp;
+  BOOST_TEST(atp_star_scores(m, in, {.qk_fix = false, .grad_drop = false}, &mlp) == attribution);
+  // the MLP-sender edges likewise; with the QK fix, those it does not recompute (into a value, an
+  // MLP or the logits) keep the attribution bit for bit, and those into a query or key change
+  const std::vector<MlpSenderEdge> mlp_edges = mlp_sender_edges(m, in);
+  std::vector<double> mlp_attribution;
+  for (const MlpSenderEdge& e : mlp_edges) mlp_attribution.push_back(e.attribution);
+  BOOST_TEST(mlp == mlp_attribution);
+  std::vector<double> fixed;
+  (void)atp_star_scores(m, in, {.qk_fix = true, .grad_drop = false}, &fixed);
+  BOOST_REQUIRE(fixed.size() == mlp_edges.size());
+  double qk_change = 0;
+  for (size_t e = 0; e < mlp_edges.size(); ++e) {
+    const EdgeReceiver::Kind k = mlp_edges[e].receiver.kind;
+    if (k == EdgeReceiver::Q || k == EdgeReceiver::K) qk_change = std::max(qk_change, std::abs(fixed[e] - mlp_attribution[e]));
+    else BOOST_TEST(fixed[e] == mlp_attribution[e]);
+  }
+  BOOST_TEST(qk_change > 1e-6);
 }
 
 BOOST_AUTO_TEST_CASE(atp_star_qk_fix_is_exact_where_the_softmax_is_the_only_nonlinearity) {
@@ -295,6 +356,52 @@ BOOST_AUTO_TEST_CASE(atp_star_graddrop_finds_an_edge_whose_two_paths_cancel) {
   BOOST_TEST(std::abs(r.edges[target].attribution) < 1e-4);
   BOOST_TEST(std::abs(direct_exact) > 0.4);  // each row: -(1/4 + 1/4)
   BOOST_TEST(std::abs(std::abs(graddrop) - std::abs(direct_exact)) < 1e-4);
+}
+
+BOOST_AUTO_TEST_CASE(atp_star_graddrop_takes_the_absolute_value_per_prompt) {
+  // The paper's GradDrop is a mean over prompt pairs of |estimate|: with prompts whose estimates
+  // differ in sign, that is not |the mean estimate|. Each row alone is a prompt pair: the batch's
+  // score is the rows' scores weighted by their share of the answers (row 2 has two of the four).
+  TransformerLM m(test_model({.layers = 2}), 3);
+  randomise(m, 5);
+  const PatchingInputs in = inputs();
+  std::vector<double> batch_mlp, weighted_mlp;
+  const std::vector<double> batch = atp_star_scores(m, in, {}, &batch_mlp);
+  const auto edges = model_edges(m.cfg);
+  std::vector<double> weighted(edges.size(), 0.0);
+  for (int64_t b = 0; b < 3; ++b) {
+    PatchingInputs row;
+    row.clean = Ids(Shape{1, 6}, std::vector<int32_t>(in.clean.data.begin() + b * 6, in.clean.data.begin() + (b + 1) * 6));
+    row.corrupted = Ids(Shape{1, 6}, std::vector<int32_t>(in.corrupted.data.begin() + b * 6, in.corrupted.data.begin() + (b + 1) * 6));
+    for (PatchAnswer a : in.answers)
+      if (a.row == b) a.row = 0, row.answers.push_back(a);
+    const double share = static_cast<double>(row.answers.size()) / static_cast<double>(in.answers.size());
+    std::vector<double> alone_mlp;
+    const std::vector<double> alone = atp_star_scores(m, row, {}, &alone_mlp);
+    for (size_t e = 0; e < edges.size(); ++e) weighted[e] += share * std::abs(alone[e]);
+    weighted_mlp.resize(alone_mlp.size());
+    for (size_t e = 0; e < alone_mlp.size(); ++e) weighted_mlp[e] += share * std::abs(alone_mlp[e]);
+  }
+  double worst = 0, scale = 0;
+  for (size_t e = 0; e < edges.size(); ++e) {
+    worst = std::max(worst, std::abs(std::abs(batch[e]) - weighted[e]));
+    scale = std::max(scale, weighted[e]);
+  }
+  BOOST_TEST(worst < 1e-6 * scale);
+  // the MLP-sender edges by the same rule
+  BOOST_REQUIRE(batch_mlp.size() == weighted_mlp.size());
+  BOOST_REQUIRE(!batch_mlp.empty());
+  for (size_t e = 0; e < batch_mlp.size(); ++e) BOOST_TEST(std::abs(std::abs(batch_mlp[e]) - weighted_mlp[e]) < 1e-6 * scale);
+  // The case differs from |the mean| (what GradDrop gave when the absolute value followed the mean
+  // over the batch): an edge into layer 1's v (its own layer skipped, layer 0 changes nothing it
+  // reads) whose rows' attributions differ in sign, so |mean| is its plain attribution's size.
+  const EdgeResult exact = edge_patching(m, in);
+  double gap = 0;
+  for (size_t e = 0; e < edges.size(); ++e)
+    if (edges[e].second.kind == EdgeReceiver::V && edges[e].second.layer == 1)
+      gap = std::max(gap, std::abs(batch[e]) - std::abs(exact.edges[e].attribution));
+  BOOST_TEST_MESSAGE("graddrop per prompt: the largest excess over |attribution| of a layer-1 v edge " << gap << " (scale " << scale << ")");
+  BOOST_TEST(gap > 0.05 * scale);
 }
 
 // ---- edge pruning ----------------------------------------------------------------------------
