@@ -3,7 +3,11 @@
 #include "sae_sparse.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <functional>
+
+#include <immintrin.h>
 #include <limits>
 
 #include "lib/autograd.h"
@@ -11,76 +15,87 @@
 
 namespace hl {
 
-void select_row_topk(const float* row, int64_t D, int64_t k, int32_t* out, std::vector<std::pair<float, int32_t>>& kept,
-                     const int32_t* at) {
-  // Candidates above the worst of the best k found so far go into `kept`; when it holds 2k
-  // they are cut back to the best k (nth_element) and the bar rises to the worst of those.
-  // Ordering: the larger value, or the smaller index at equal values. Positions are scanned by
-  // ascending index, so a later entry equal to the bar is worse: only a strictly larger one enters.
-  auto better = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  };
-  kept.clear();
-  kept.reserve(static_cast<size_t>(2 * k + 16));
-  // bar: the worst of the best k kept after the first cut (before it, every entry enters)
-  float bar = -std::numeric_limits<float>::infinity();
-  bool full = false;
-  auto cut = [&kept, k, &better]() {
-    std::nth_element(kept.begin(), kept.begin() + (k - 1), kept.end(), better);
-    kept.resize(static_cast<size_t>(k));
-    float worst = kept[0].first;
-    for (int64_t i = 1; i < k; ++i) worst = std::min(worst, kept[i].first);
-    return worst;
-  };
-  const int64_t cap = 2 * k;
-  int64_t p = 0;
-  if (!at) {
-    // A first bar from the row's chunk maxima: the k-th largest of them has at least k entries
-    // at or above it, so every one of the best k is >= it (and entries equal to it may be in).
-    // Chunks of c entries with about 4k chunks; only entries >= the bar are looked at after.
-    thread_local std::vector<float> maxima;
-    const int64_t c = std::max<int64_t>(1, D / (4 * k));
-    const int64_t chunks = D / c;
-    if (chunks >= k && c > 1) {
-      maxima.resize(static_cast<size_t>(chunks));
-      for (int64_t q = 0; q < chunks; ++q) {
-        const float* v = row + q * c;
-        float m = v[0];
-        for (int64_t t = 1; t < c; ++t) m = v[t] > m ? v[t] : m;
-        maxima[q] = m;
+void select_row_topk(const float* row, int64_t D, int64_t k, int32_t* out, const int32_t* at) {
+  // Three passes over the row, no sort of it: (1) a floor, a value with at least k entries at or
+  // above it, from the maxima of 4k groups; (2) the entries at or above the floor (about 1.3k of
+  // them for any D: the floor sits near the k-th largest group maximum) collected in position
+  // order; (3) the k-th best of those by nth_element on their values, then the candidates above
+  // it and, of those equal to it, the first in position order (ties by the smaller index).
+  // Passes (1) and (2) are branch-free loops the compiler vectorises.
+  thread_local std::vector<float> gathered, maxima, values, cand_v;
+  thread_local std::vector<int32_t> cand_p;
+  const float* v = row;
+  if (at) {  // AuxK's dead columns, gathered so the passes below read them contiguously
+    gathered.resize(static_cast<size_t>(D));
+    for (int64_t p = 0; p < D; ++p) gathered[p] = row[at[p]];
+    v = gathered.data();
+  }
+  // (1) groups of positions {q, q + G, q + 2G, ...}: any partition bounds the k-th largest from
+  // below, and strided groups make the maxima an elementwise max of contiguous slices
+  const int64_t G = 4 * k;
+  float floor = -std::numeric_limits<float>::infinity();
+  if (D >= 2 * G) {
+    maxima.assign(v, v + G);
+    float* m = maxima.data();
+    for (int64_t p = G; p < D; p += G) {
+      const float* s = v + p;
+      const int64_t n = std::min(G, D - p);
+      for (int64_t q = 0; q < n; ++q) m[q] = s[q] > m[q] ? s[q] : m[q];
+    }
+    float lo = m[0], hi = m[0];
+    for (int64_t q = 1; q < G; ++q) lo = std::min(lo, m[q]), hi = std::max(hi, m[q]);
+    // bisection on the value: at least k maxima (so k entries) stay at or above lo
+    for (int it = 0; it < 20 && std::isfinite(lo) && std::isfinite(hi) && lo < hi; ++it) {
+      const float mid = lo + 0.5f * (hi - lo);
+      int64_t above = 0;
+      for (int64_t q = 0; q < G; ++q) above += m[q] >= mid;
+      if (above < k) {
+        hi = mid;
+      } else {
+        if (mid == lo) break;  // no float between them
+        lo = mid;
+        if (above <= k + k / 4) break;  // close enough: few candidates past k
       }
-      std::nth_element(maxima.begin(), maxima.begin() + (k - 1), maxima.end(), std::greater<float>());
-      const float floor = maxima[k - 1];
-      for (int64_t q = 0; q < D; ++q)
-        if (row[q] >= floor) {
-          kept.push_back({row[q], static_cast<int32_t>(q)});
-          if (int64_t(kept.size()) >= cap) bar = cut(), full = true;
-        }
-      p = D;
     }
-    // most chunks of 16 hold nothing above the bar: one vectorised count skips them (plain
-    // locals: GCC vectorises no loop that reads through a lambda's by-reference captures)
-    for (; p + 16 <= D; p += 16) {
-      const float* c16 = row + p;
-      int above = 0;
-      for (int t = 0; t < 16; ++t) above += c16[t] > bar;
-      if (!above && full) continue;
-      for (int t = 0; t < 16; ++t)
-        if (!full || c16[t] > bar) {
-          kept.push_back({c16[t], static_cast<int32_t>(p + t)});
-          if (int64_t(kept.size()) >= cap) bar = cut(), full = true;
-        }
-    }
+    floor = lo;
   }
-  for (; p < D; ++p) {
-    const float v = at ? row[at[p]] : row[p];
-    if (full && !(v > bar)) continue;
-    kept.push_back({v, at ? at[p] : static_cast<int32_t>(p)});
-    if (int64_t(kept.size()) >= cap) bar = cut(), full = true;
+  // (2) candidates: positions with v >= floor (NaN never is), values and positions apart
+  cand_v.resize(static_cast<size_t>(D + 16)), cand_p.resize(static_cast<size_t>(D + 16));  // + a vector's spill
+  float* cv = cand_v.data();
+  int32_t* cp = cand_p.data();
+  int64_t n = 0, p = 0;
+#ifdef __AVX512F__
+  // compressed in registers, then stored whole (Zen 4's compress-to-memory is microcoded)
+  const __m512 vf = _mm512_set1_ps(floor);
+  const __m512i step = _mm512_set1_epi32(16);
+  __m512i pos = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (; p + 16 <= D; p += 16, pos = _mm512_add_epi32(pos, step)) {
+    const __m512 x = _mm512_loadu_ps(v + p);
+    const __mmask16 m = _mm512_cmp_ps_mask(x, vf, _CMP_GE_OQ);
+    if (!m) continue;
+    _mm512_storeu_ps(cv + n, _mm512_maskz_compress_ps(m, x));
+    _mm512_storeu_si512(cp + n, _mm512_maskz_compress_epi32(m, pos));
+    n += __builtin_popcount(m);
   }
-  if (int64_t(kept.size()) > k) cut();
-  for (int64_t i = 0; i < k; ++i) out[i] = kept[i].second;
-  std::sort(out, out + k);
+#endif
+  for (; p < D; ++p) {  // branch-free
+    cv[n] = v[p], cp[n] = static_cast<int32_t>(p);
+    n += v[p] >= floor;
+  }
+  if (n < k) {  // NaN entries: all positions, NaN ordered below -inf
+    for (p = 0; p < D; ++p) cv[p] = std::isnan(v[p]) ? -std::numeric_limits<float>::infinity() : v[p], cp[p] = static_cast<int32_t>(p);
+    n = D;
+  }
+  // (3) the k-th largest candidate value t: keep those above t, then ties at t in position order
+  values.resize(static_cast<size_t>(D));  // not n: a capacity that does not grow with each new largest n
+  std::copy_n(cv, n, values.data());
+  std::nth_element(values.data(), values.data() + (k - 1), values.data() + n, std::greater<float>());
+  const float t = values[k - 1];
+  int64_t ties = k;
+  for (int64_t i = 0; i < n; ++i) ties -= cv[i] > t;
+  int64_t w = 0;
+  for (int64_t i = 0; i < n && w < k; ++i)
+    if (cv[i] > t || (cv[i] == t && ties-- > 0)) out[w++] = at ? at[cp[i]] : cp[i];
 }
 
 namespace {
@@ -303,9 +318,8 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
     w.act.fixed_rows(N, k);
     parallel_for(N, N * F, [&](int64_t r) {
       add_bias(pre + r * F);  // the row is then selected from while in cache
-      thread_local std::vector<std::pair<float, int32_t>> heap;
       int32_t* idx = w.act.index.data() + r * k;
-      select_row_topk(pre + r * F, F, k, idx, heap);
+      select_row_topk(pre + r * F, F, k, idx);
       for (int64_t s = 0; s < k; ++s) w.act.value[r * k + s] = std::max(pre[r * F + idx[s]], 0.f);
     });
   } else {
@@ -357,8 +371,7 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
     if (k_aux == n_dead) {
       std::copy_n(w.dead_list.data(), n_dead, idx);
     } else {
-      thread_local std::vector<std::pair<float, int32_t>> heap;
-      select_row_topk(pre + r * F, n_dead, k_aux, idx, heap, w.dead_list.data());
+      select_row_topk(pre + r * F, n_dead, k_aux, idx, w.dead_list.data());
     }
     for (int64_t s = 0; s < k_aux; ++s) w.aux.value[r * k_aux + s] = pre[r * F + idx[s]];
     if (aux_dense) return;

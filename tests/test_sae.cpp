@@ -22,6 +22,7 @@
 #include "lib/gradcheck.h"
 #include "lib/safetensors.h"
 #include "models/sae.h"
+#include "models/sae_sparse.h"
 #include "tests/fixtures.h"
 #include "train/sae_trainer.h"
 
@@ -158,8 +159,8 @@ BOOST_AUTO_TEST_CASE(topk_keeps_the_k_largest_positive_entries) {
 // The per-row selection (a threshold from nth_element, then one pass) keeps exactly the entries
 // a full sort by (value descending, index ascending) puts first: rows full of ties, k from 1 to D.
 BOOST_AUTO_TEST_CASE(topk_selects_the_same_set_as_a_full_sort_with_ties_broken_by_index) {
-  // D 300: rows wide enough for the first bar from chunk maxima (select_row_topk)
-  for (const int64_t D : {int64_t{37}, int64_t{300}}) BOOST_TEST_CONTEXT("D " << D) {
+  // D 300, 2048: rows wide enough for a floor from group maxima (select_row_topk)
+  for (const int64_t D : {int64_t{37}, int64_t{300}, int64_t{2048}}) BOOST_TEST_CONTEXT("D " << D) {
   const int64_t N = 64;
   Rng rng(7);
   std::vector<float> v(static_cast<size_t>(N * D));
@@ -182,6 +183,28 @@ BOOST_AUTO_TEST_CASE(topk_selects_the_same_set_as_a_full_sort_with_ties_broken_b
       BOOST_TEST(topk_relu(pre, k).to_vector() == want_relu, tt::per_element());
     }
   }
+  }
+}
+
+// The selection over some columns only (AuxK's dead features, `at`), on continuous values with
+// a few NaN: the k best of those columns by a full sort, NaN last; k from 1 to all of them.
+BOOST_AUTO_TEST_CASE(row_topk_over_chosen_columns_matches_a_full_sort) {
+  const int64_t D = 3000;
+  Rng rng(11);
+  std::vector<float> row(static_cast<size_t>(D));
+  for (float& x : row) x = rng.normal();
+  for (int64_t j = 0; j < D; j += 97) row[j] = NAN;
+  std::vector<int32_t> at;  // every third column, ascending
+  for (int32_t j = 0; j < D; j += 3) at.push_back(j);
+  const int64_t n = static_cast<int64_t>(at.size());
+  std::vector<int32_t> order = at;
+  auto rank = [&row](int32_t j) { return std::isnan(row[j]) ? -INFINITY : row[j]; };
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return rank(a) > rank(b); });
+  for (const int64_t k : {int64_t{1}, int64_t{32}, int64_t{250}, n - 1, n}) BOOST_TEST_CONTEXT("k " << k) {
+    std::vector<int32_t> want(order.begin(), order.begin() + k), got(static_cast<size_t>(k));
+    std::sort(want.begin(), want.end());
+    select_row_topk(row.data(), n, k, got.data(), at.data());
+    BOOST_TEST(got == want, tt::per_element());
   }
 }
 
