@@ -216,6 +216,7 @@ struct SaeSparseWork {
   std::vector<int32_t> dead_list;
   std::vector<double> row_mse, row_aux, column_sums;
   std::vector<float> feature_grad_sum;  // (d_sae): sum over rows of dL/dpre
+  std::vector<float> dec_sums, enc_sums;  // the backward by rows: (d_sae, D) W_dec's, (d_sae, d_in) W_enc's gradient
   std::vector<uint32_t> hist;   // BatchTopK's radix select: a histogram per thread
   std::vector<int64_t> ties_kept;  // BatchTopK: per row, the entries at the threshold kept
   // AuxK dense over the dead features (aux_dense): dead_pos (d_sae) a dead feature's column;
@@ -429,49 +430,84 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
         for (int64_t s = w.aux.start[r]; s < w.aux.start[r + 1]; ++s)
           w.aux.grad[s] = c_aux * dot(aux_err + r * D, W_dec + int64_t(w.aux.index[s]) * D, D);
     });
-    w.act.sort_by_feature(F);
-    if (aux_sparse) w.aux.sort_by_feature(F);
-    // per feature: its W_dec gradient row, its W_enc gradient column, its b_enc gradient
+    // per feature: its W_dec gradient row, its W_enc gradient column, its b_enc gradient, summed
+    // over its entries in row order (act's, then AuxK's), in one of two orders that add the same
+    // terms in the same sequence (so the same bits): by feature (the entries sorted by feature,
+    // their rows of err and in gathered), or, when the features are fewer than half the rows,
+    // by row (err and in read in order, each thread adding into the features it owns: their
+    // (F, D + d) sums are smaller than the rows and stay in cache, and there is no sort).
     bool fresh_enc = false, fresh_dec = false;
     float* gW_enc = grad_buffer_for_overwrite(W_enc_t, fresh_enc);
     float* gW_dec = grad_buffer_for_overwrite(W_dec_t, fresh_dec);
     float* gb_enc = grad_buffer(b_enc_t);
     w.feature_grad_sum.resize(static_cast<size_t>(F));
     const float* in = w.in.data();
-    const int64_t blocks = (F + kFeatureBlock - 1) / kFeatureBlock;
-    parallel_for(blocks, (w.act.size() + (aux_sparse ? w.aux.size() : 0)) * (d + D) + F * (d + D), [&](int64_t blk) {
-      thread_local std::vector<float> tile;  // (kFeatureBlock, d): the block's W_enc gradient columns
-      thread_local std::vector<float> row;   // (D): one feature's W_dec gradient row
-      tile.assign(static_cast<size_t>(kFeatureBlock * d), 0.f);
-      row.resize(static_cast<size_t>(D));
-      const int64_t j0 = blk * kFeatureBlock, j1 = std::min(F, j0 + kFeatureBlock);
+    // features [j0, j1)'s sums into the gradients: dec (j1 - j0, D), enc (j1 - j0, d), sums (j1 - j0);
+    // W_enc's columns written 16 features (a cache line of each of its rows) at a time
+    auto write_back = [&](int64_t j0, int64_t j1, const float* dec, const float* enc, const float* sums) {
       for (int64_t j = j0; j < j1; ++j) {
-        float* col = tile.data() + (j - j0) * d;
-        std::fill(row.begin(), row.end(), 0.f);
-        float s = 0.f;
+        float* g = gW_dec + j * D;
+        const float* row = dec + (j - j0) * D;
+        if (fresh_dec) std::copy_n(row, D, g);
+        else
+          for (int64_t c = 0; c < D; ++c) g[c] += row[c];
+        if (gb_enc) gb_enc[j] += sums[j - j0];
+        w.feature_grad_sum[j] = sums[j - j0];
+      }
+      for (int64_t b0 = j0; b0 < j1; b0 += kFeatureBlock)
+        for (int64_t i = 0; i < d; ++i) {
+          float* g = gW_enc + i * F;
+          for (int64_t j = b0; j < std::min(j1, b0 + kFeatureBlock); ++j) g[j] = (fresh_enc ? 0.f : g[j]) + enc[(j - j0) * d + i];
+        }
+    };
+    const int64_t entries = w.act.size() + (aux_sparse ? w.aux.size() : 0);
+    if (2 * F <= N) {
+      w.dec_sums.assign(static_cast<size_t>(F * D), 0.f);
+      w.enc_sums.assign(static_cast<size_t>(F * d), 0.f);
+      std::fill(w.feature_grad_sum.begin(), w.feature_grad_sum.end(), 0.f);
+      float *dec = w.dec_sums.data(), *enc = w.enc_sums.data(), *sums = w.feature_grad_sum.data();
+      run_on_threads(threads_for(entries * (d + D)), [&](int t, int n) {
+        const auto [j0, j1] = row_block(F, t, n);  // this thread's features
         auto add = [&](const SparseEntries& en, const float* errs, float c) {
-          for (int64_t q = en.feature_start[j]; q < en.feature_start[j + 1]; ++q) {
-            const int32_t e = en.by_feature[q];
-            const int64_t r = en.row[e];
-            if (en.value[e] != 0.f) axpy(c * en.value[e], errs + r * D, row.data(), D);
-            if (en.grad[e] != 0.f) axpy(en.grad[e], in + r * d, col, d);
-            s += en.grad[e];
+          for (int64_t e = 0; e < en.size(); ++e) {
+            const int64_t j = en.index[e], r = en.row[e];
+            if (j < j0 || j >= j1) continue;
+            if (en.value[e] != 0.f) axpy(c * en.value[e], errs + r * D, dec + j * D, D);
+            if (en.grad[e] != 0.f) axpy(en.grad[e], in + r * d, enc + j * d, d);
+            sums[j] += en.grad[e];
           }
         };
         add(w.act, err, c_mse);
         if (aux_sparse) add(w.aux, aux_err, c_aux);
-        float* g = gW_dec + j * D;
-        if (fresh_dec) std::copy(row.begin(), row.end(), g);
-        else
-          for (int64_t c = 0; c < D; ++c) g[c] += row[c];
-        if (gb_enc) gb_enc[j] += s;
-        w.feature_grad_sum[j] = s;
-      }
-      for (int64_t i = 0; i < d; ++i) {
-        float* g = gW_enc + i * F;
-        for (int64_t j = j0; j < j1; ++j) g[j] = (fresh_enc ? 0.f : g[j]) + tile[(j - j0) * d + i];
-      }
-    });
+        write_back(j0, j1, dec + j0 * D, enc + j0 * d, sums + j0);
+      });
+    } else {
+      w.act.sort_by_feature(F);
+      if (aux_sparse) w.aux.sort_by_feature(F);
+      const int64_t blocks = (F + kFeatureBlock - 1) / kFeatureBlock;
+      parallel_for(blocks, entries * (d + D) + F * (d + D), [&](int64_t blk) {
+        thread_local std::vector<float> dec, enc;  // (kFeatureBlock, D), (kFeatureBlock, d): the block's sums
+        float sums[kFeatureBlock] = {};
+        dec.assign(static_cast<size_t>(kFeatureBlock * D), 0.f);
+        enc.assign(static_cast<size_t>(kFeatureBlock * d), 0.f);
+        const int64_t j0 = blk * kFeatureBlock, j1 = std::min(F, j0 + kFeatureBlock);
+        for (int64_t j = j0; j < j1; ++j) {
+          float *row = dec.data() + (j - j0) * D, *col = enc.data() + (j - j0) * d;
+          auto add = [&](const SparseEntries& en, const float* errs, float c) {
+            for (int64_t q = en.feature_start[j]; q < en.feature_start[j + 1]; ++q) {
+              const int32_t e = en.by_feature[q];
+              const int64_t r = en.row[e];
+              if (en.value[e] != 0.f) axpy(c * en.value[e], errs + r * D, row, D);
+              if (en.grad[e] != 0.f) axpy(en.grad[e], in + r * d, col, d);
+              sums[j - j0] += en.grad[e];
+            }
+          };
+          add(w.act, err, c_mse);
+          if (aux_sparse) add(w.aux, aux_err, c_aux);
+        }
+        write_back(j0, j1, dec.data(), enc.data(), sums);
+      });
+    }
     if (with_aux && !aux_sparse) add_dense_aux_grads(w, c_aux, N, d, F, D, gW_enc, gW_dec, gb_enc);
     // b_dec: the decoder's bias sum_r dL/dx_hat_r, and through the input in = x - b_dec
     if (float* gb = grad_buffer(b_dec_t)) {

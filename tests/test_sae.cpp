@@ -919,6 +919,7 @@ double relative_gap(const Tensor& a, const Tensor& b) {
 struct SparseCase {
   std::string what;
   SaeConfig cfg;
+  int64_t batch = 64;  // 2 d_sae <= batch: the backward sums by row (models/sae_sparse.cpp), else by feature
 };
 
 std::vector<SparseCase> sparse_cases() {
@@ -931,7 +932,15 @@ std::vector<SparseCase> sparse_cases() {
   transcoder.d_out = 12, transcoder.apply_b_dec_to_input = false;
   SaeConfig many_dead = topk;  // most features dead: AuxK over row gathers, not sgemms over the dead features
   many_dead.d_sae = 512;
-  return {{"topk", topk}, {"batchtopk", batch}, {"topk transcoder", transcoder}, {"topk, most features dead", many_dead}};
+  SaeConfig by_rows = topk, by_rows_transcoder = transcoder;  // k 1: some features stay dead over 256 rows
+  by_rows.k = by_rows_transcoder.k = 1;
+  by_rows_transcoder.arch = SaeArch::BatchTopK;
+  return {{"topk", topk},
+          {"batchtopk", batch},
+          {"topk transcoder", transcoder},
+          {"topk, most features dead", many_dead},
+          {"topk, the backward by rows", by_rows, 256},
+          {"batchtopk transcoder, the backward by rows", by_rows_transcoder, 256}};
 }
 
 ActivationSource seeded_source(int64_t width) {
@@ -939,9 +948,9 @@ ActivationSource seeded_source(int64_t width) {
   return [r, width](int64_t rows) { return Tensor::randn({rows, width}, *r, 0.3f, 1.f); };
 }
 
-SaeTrainArgs sparse_case_args() {
+SaeTrainArgs sparse_case_args(const SparseCase& c) {
   SaeTrainArgs a;
-  a.steps = 6, a.batch = 64, a.lr = 1e-2f, a.init_rows = 64;
+  a.steps = 6, a.batch = c.batch, a.lr = 1e-2f, a.init_rows = 64;
   a.dead_after = 64, a.aux_coefficient = 1.f;  // a feature missing one batch is dead: AuxK on from step 2
   return a;
 }
@@ -955,7 +964,7 @@ BOOST_AUTO_TEST_CASE(sparse_step_equals_the_dense_step) {
   for (const SparseCase& c : sparse_cases()) {
     BOOST_TEST_CONTEXT(c.what) {
       const int64_t width = c.cfg.d_in + (c.cfg.transcoder() ? c.cfg.d_out : 0);
-      SaeTrainArgs a = sparse_case_args();
+      SaeTrainArgs a = sparse_case_args(c);
       SaeTrainArgs first = a;
       first.steps = 5, first.sparse_kernels = false;
       SaeTrainer warm(c.cfg, first, seeded_source(width));
@@ -1001,7 +1010,7 @@ BOOST_AUTO_TEST_CASE(sparse_step_is_the_same_for_one_and_two_threads) {
       const int64_t width = c.cfg.d_in + (c.cfg.transcoder() ? c.cfg.d_out : 0);
       SaeConfig cfg = c.cfg;
       cfg.d_sae = 4096;  // past the size where the loops fork
-      SaeTrainArgs a = sparse_case_args();
+      SaeTrainArgs a = sparse_case_args(c);
       a.batch = 256, a.dead_after = 256;
       std::vector<Sae> saes;
       for (int threads : {1, 2}) {
@@ -1029,7 +1038,7 @@ BOOST_AUTO_TEST_CASE(sparse_step_allocates_nothing_in_its_steady_state) {
       const int64_t width = c.cfg.d_in + (c.cfg.transcoder() ? c.cfg.d_out : 0);
       SaeConfig cfg = c.cfg;
       cfg.d_sae = 4096;
-      SaeTrainArgs a = sparse_case_args();
+      SaeTrainArgs a = sparse_case_args(c);
       a.steps = 30, a.batch = 256, a.dead_after = 256;
       // batches drawn beforehand and cycled, as `headlab bench --sae` does (the source's own
       // allocations are not the step's)
