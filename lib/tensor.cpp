@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cblas.h>
 #include <cctype>
 #include <cmath>
@@ -453,6 +454,24 @@ void set_num_threads(int n) {
   openblas_set_num_threads(n);
 }
 int num_threads() { return omp_get_max_threads(); }
+
+namespace {
+std::atomic<double> g_parallel_min_step_work{kParallelMinStepWork};
+}
+double parallel_min_step_work() { return g_parallel_min_step_work.load(); }
+void set_parallel_min_step_work(double work) { g_parallel_min_step_work.store(work); }
+
+SmallStepOnOneThread::SmallStepOnOneThread(double work) {
+  if (work >= parallel_min_step_work() || omp_in_parallel() || omp_get_max_threads() == 1) return;
+  restore_ = omp_get_max_threads();
+  omp_set_num_threads(1);
+  openblas_set_num_threads(1);
+}
+SmallStepOnOneThread::~SmallStepOnOneThread() {
+  if (restore_ == 0) return;
+  omp_set_num_threads(restore_);
+  openblas_set_num_threads(restore_);
+}
 
 }  // namespace hl
 

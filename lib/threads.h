@@ -16,4 +16,30 @@ struct ThreadChoice {
 // Costs a 60 ms look at /proc/stat (idle_cores()).
 ThreadChoice choose_threads(int most);
 
+// The same rule inside one process, for small steps. A training step enters a dozen or more
+// parallel regions; on a machine with more runnable threads than cores, each region's barrier
+// can wait a scheduler slice (milliseconds) for a thread the OS has not run, so a step of tens of
+// milliseconds gains at most 2x from two threads on a quiet machine and loses several times on
+// a loaded one (the SAE step: docs/performance.md, "SAE training against PyTorch"). Steps whose
+// largest product has fewer multiply-adds than this run on one thread.
+constexpr double kParallelMinStepWork = 3e8;
+
+// The bound in effect: kParallelMinStepWork unless changed (tests set 0 to run small steps'
+// parallel paths).
+double parallel_min_step_work();
+void set_parallel_min_step_work(double work);
+
+// While alive: OpenMP and OpenBLAS on one thread when `work` (the step's largest product's
+// multiply-adds) is below parallel_min_step_work(); else nothing changes. The count restored after.
+class SmallStepOnOneThread {
+ public:
+  explicit SmallStepOnOneThread(double work);
+  ~SmallStepOnOneThread();
+  SmallStepOnOneThread(const SmallStepOnOneThread&) = delete;
+  SmallStepOnOneThread& operator=(const SmallStepOnOneThread&) = delete;
+
+ private:
+  int restore_ = 0;  // the thread count to restore; 0: unchanged
+};
+
 }  // namespace hl

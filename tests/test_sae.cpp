@@ -21,6 +21,7 @@
 #include "lib/fileutil.h"
 #include "lib/gradcheck.h"
 #include "lib/safetensors.h"
+#include "lib/threads.h"
 #include "models/sae.h"
 #include "models/sae_sparse.h"
 #include "tests/fixtures.h"
@@ -1004,14 +1005,23 @@ BOOST_AUTO_TEST_CASE(sparse_step_equals_the_dense_step) {
 BOOST_AUTO_TEST_CASE(sparse_step_is_the_same_for_one_and_two_threads) {
   // The step's own loops sum per row and per feature in row order and over fixed chunks of rows,
   // whatever the thread count; the encoder's sgemm is OpenBLAS's, whose blocking under some kernel
-  // sets (Haswell's) depends on the thread count: after the training steps, within float32 rounding
+  // sets (Haswell's) depends on the thread count: after the training steps, within float32 rounding.
+  // Steps this small run on one thread (lib/threads.h): the bound lowered so they fork.
+  struct ForkEveryStep {
+    ForkEveryStep() { set_parallel_min_step_work(0); }
+    ~ForkEveryStep() { set_parallel_min_step_work(kParallelMinStepWork); }
+  } fork_every_step;
   for (const SparseCase& c : sparse_cases()) {
     BOOST_TEST_CONTEXT(c.what) {
       const int64_t width = c.cfg.d_in + (c.cfg.transcoder() ? c.cfg.d_out : 0);
       SaeConfig cfg = c.cfg;
-      cfg.d_sae = 4096;  // past the size where the loops fork
       SaeTrainArgs a = sparse_case_args(c);
-      a.batch = 256, a.dead_after = 256;
+      if (c.batch > 64) {  // the backward by rows: enough rows for its loop to fork
+        a.batch = 4096, a.dead_after = 4096;
+      } else {
+        cfg.d_sae = 4096;  // past the size where the loops fork
+        a.batch = 256, a.dead_after = 256;
+      }
       std::vector<Sae> saes;
       for (int threads : {1, 2}) {
         set_num_threads(threads);
@@ -1029,6 +1039,37 @@ BOOST_AUTO_TEST_CASE(sparse_step_is_the_same_for_one_and_two_threads) {
         }
     }
   }
+}
+
+// A step below kParallelMinStepWork runs on one thread whatever the count asked for (OpenMP's
+// and OpenBLAS's), so its result is the one-thread result bit for bit; the count comes back after.
+BOOST_AUTO_TEST_CASE(small_steps_run_on_one_thread) {
+  if (usable_cores() < 2) return;
+  set_num_threads(2);
+  {
+    const SmallStepOnOneThread small(kParallelMinStepWork / 2);
+    BOOST_TEST(omp_get_max_threads() == 1);
+  }
+  BOOST_TEST(omp_get_max_threads() == 2);
+  {
+    const SmallStepOnOneThread large(kParallelMinStepWork);
+    BOOST_TEST(omp_get_max_threads() == 2);
+  }
+  const SparseCase c = sparse_cases()[0];
+  SaeConfig cfg = c.cfg;
+  cfg.d_sae = 4096;  // a size whose loops fork when the step does (as in the test above)
+  SaeTrainArgs a = sparse_case_args(c);
+  a.batch = 256, a.dead_after = 256;
+  std::vector<Sae> saes;
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    SaeTrainer t(cfg, a, seeded_source(cfg.d_in));
+    t.train();
+    saes.push_back(t.sae());
+  }
+  const std::vector<NamedParam> one = saes[0].params(), two = saes[1].params();
+  for (size_t i = 0; i < one.size(); ++i)
+    BOOST_TEST_CONTEXT(one[i].name) BOOST_TEST(two[i].param.to_vector() == one[i].param.to_vector(), tt::per_element());
 }
 
 BOOST_AUTO_TEST_CASE(sparse_step_allocates_nothing_in_its_steady_state) {

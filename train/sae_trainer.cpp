@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "lib/fileutil.h"
+#include "lib/threads.h"
 #include "lib/safetensors.h"
 #include "lib/stop.h"
 #include "train/run_dir.h"
@@ -201,6 +202,7 @@ SaeStepStats SaeTrainer::step() {
   const Tensor x = cfg_.transcoder() ? columns(rows, 0, cfg_.d_in) : rows;
   const Tensor target = cfg_.transcoder() ? columns(rows, cfg_.d_in, cfg_.d_out) : rows;
   const bool unit_decoder = cfg_.arch != SaeArch::Standard;  // Standard: the L1 carries the norms
+  const SmallStepOnOneThread small_step(double(N) * double(F) * double(cfg_.d_in));  // the encoder's product
 
   // AuxK: the dead features' k_aux largest pre-activations reconstruct what the live ones miss.
   dead_.resize(static_cast<size_t>(F));
