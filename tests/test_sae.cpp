@@ -188,13 +188,14 @@ BOOST_AUTO_TEST_CASE(topk_selects_the_same_set_as_a_full_sort_with_ties_broken_b
 }
 
 // The selection over some columns only (AuxK's dead features, `at`), on continuous values with
-// a few NaN: the k best of those columns by a full sort, NaN last; k from 1 to all of them.
+// a few NaN and signed zeros: the k best of those columns by a full sort, NaN last; k from 1 to all of them.
 BOOST_AUTO_TEST_CASE(row_topk_over_chosen_columns_matches_a_full_sort) {
   const int64_t D = 3000;
   Rng rng(11);
   std::vector<float> row(static_cast<size_t>(D));
   for (float& x : row) x = rng.normal();
   for (int64_t j = 0; j < D; j += 97) row[j] = NAN;
+  for (int64_t j = 1; j < D; j += 89) row[j] = j % 2 ? 0.f : -0.f;  // -0 and +0 tie (by index)
   std::vector<int32_t> at;  // every third column, ascending
   for (int32_t j = 0; j < D; j += 3) at.push_back(j);
   const int64_t n = static_cast<int64_t>(at.size());
