@@ -15,6 +15,10 @@
 
 namespace hl {
 
+namespace {
+constexpr int64_t kRankSelectMax = 96;  // candidates ranked pairwise up to this many, else nth_element
+}  // namespace
+
 void select_row_topk(const float* row, int64_t D, int64_t k, int32_t* out, const int32_t* at) {
   // Three passes over the row, no sort of it: (1) a floor, a value with at least k entries at or
   // above it, from the maxima of 4k groups; (2) the entries at or above the floor (about 1.3k of
@@ -86,7 +90,34 @@ void select_row_topk(const float* row, int64_t D, int64_t k, int32_t* out, const
     for (p = 0; p < D; ++p) cv[p] = std::isnan(v[p]) ? -std::numeric_limits<float>::infinity() : v[p], cp[p] = static_cast<int32_t>(p);
     n = D;
   }
-  // (3) the k-th largest candidate value t: keep those above t, then ties at t in position order
+  // (3) the k best candidates. Few of them (the usual case): each one's rank, the candidates
+  // above it plus those equal to it earlier in position order (ties by the smaller index), kept
+  // when below k; n^2 branch-free compares the compiler vectorises, no data-dependent branch.
+  if (n <= kRankSelectMax) {
+    int64_t w = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = cv[i];
+      int64_t rank = 0;
+#ifdef __AVX512F__
+      const __m512 xv = _mm512_set1_ps(x);
+      for (int64_t j0 = 0; j0 < n; j0 += 16) {
+        const __mmask16 valid = n - j0 >= 16 ? 0xFFFF : __mmask16((1u << (n - j0)) - 1);
+        const __mmask16 before = i - j0 >= 16 ? 0xFFFF : i <= j0 ? 0 : __mmask16((1u << (i - j0)) - 1);
+        const __m512 y = _mm512_maskz_loadu_ps(valid, cv + j0);
+        rank += __builtin_popcount(_mm512_mask_cmp_ps_mask(valid, y, xv, _CMP_GT_OQ) |
+                                   _mm512_mask_cmp_ps_mask(before, y, xv, _CMP_GE_OQ));
+      }
+#else
+      for (int64_t j = 0; j < i; ++j) rank += cv[j] >= x;
+      for (int64_t j = i + 1; j < n; ++j) rank += cv[j] > x;
+#endif
+      cp[w] = cp[i];  // compacted in place (w <= i): out holds only k
+      w += rank < k;
+    }
+    for (int64_t i = 0; i < k; ++i) out[i] = at ? at[cp[i]] : cp[i];
+    return;
+  }
+  // Else the k-th largest candidate value t: keep those above t, then ties at t in position order
   values.resize(static_cast<size_t>(D));  // not n: a capacity that does not grow with each new largest n
   std::copy_n(cv, n, values.data());
   std::nth_element(values.data(), values.data() + (k - 1), values.data() + n, std::greater<float>());
