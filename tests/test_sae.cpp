@@ -934,6 +934,8 @@ std::vector<SparseCase> sparse_cases() {
   transcoder.d_out = 12, transcoder.apply_b_dec_to_input = false;
   SaeConfig many_dead = topk;  // most features dead: AuxK over row gathers, not sgemms over the dead features
   many_dead.d_sae = 512;
+  SaeConfig wide = topk;  // rows wider than the by-feature backward's column tile (32): a full tile and a part
+  wide.d_in = 40;
   SaeConfig by_rows = topk, by_rows_transcoder = transcoder;  // k 1: some features stay dead over 256 rows
   by_rows.k = by_rows_transcoder.k = 1;
   by_rows_transcoder.arch = SaeArch::BatchTopK;
@@ -941,6 +943,7 @@ std::vector<SparseCase> sparse_cases() {
           {"batchtopk", batch},
           {"topk transcoder", transcoder},
           {"topk, most features dead", many_dead},
+          {"topk, 40 wide", wide},
           {"topk, the backward by rows", by_rows, 256},
           {"batchtopk transcoder, the backward by rows", by_rows_transcoder, 256}};
 }
