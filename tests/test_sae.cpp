@@ -596,6 +596,30 @@ BOOST_AUTO_TEST_CASE(activations_stream_from_hook_z_through_the_shuffle_buffer) 
   BOOST_TEST(ev.back() > ev.front() + 0.2f);
 }
 
+// A step's explained variance is 1 - (summed squared error) / (summed squared deviation from the
+// batch's column means), the error's sum being the step's mse times the rows (both sparse and dense).
+BOOST_AUTO_TEST_CASE(step_explained_variance_is_one_minus_error_over_variance) {
+  for (const bool sparse : {true, false}) BOOST_TEST_CONTEXT("sparse " << sparse) {
+    SaeConfig cfg;
+    cfg.d_in = 40, cfg.d_sae = 64, cfg.arch = SaeArch::TopK, cfg.k = 3;
+    SaeTrainArgs a;
+    a.batch = 50, a.init_rows = 50, a.sparse_kernels = sparse;
+    Rng r(3);
+    const Tensor batch = Tensor::randn({a.batch, cfg.d_in}, r, 0.5f, 2.f);  // column means 0.5
+    SaeTrainer trainer(cfg, a, [batch](int64_t) { return batch; });
+    const SaeStepStats s = trainer.step();
+    double var = 0;
+    for (int64_t c = 0; c < cfg.d_in; ++c) {
+      double m = 0;
+      for (int64_t i = 0; i < a.batch; ++i) m += batch.at({i, c});
+      m /= double(a.batch);
+      for (int64_t i = 0; i < a.batch; ++i) var += (batch.at({i, c}) - m) * (batch.at({i, c}) - m);
+    }
+    BOOST_TEST(s.explained_variance == 1.0 - double(s.mse) * double(a.batch) / var, tt::tolerance(1e-5));
+    BOOST_TEST(s.explained_variance < 0.99);  // not trivially 1: the reconstruction misses
+  }
+}
+
 BOOST_AUTO_TEST_CASE(nan_activations_are_refused_with_the_row) {
   SaeConfig cfg;
   cfg.d_in = 4, cfg.d_sae = 8, cfg.arch = SaeArch::TopK, cfg.k = 2;
