@@ -1074,15 +1074,24 @@ BOOST_AUTO_TEST_CASE(sparse_step_is_the_same_for_one_and_two_threads) {
 BOOST_AUTO_TEST_CASE(small_steps_run_on_one_thread) {
   if (usable_cores() < 2) return;
   set_num_threads(2);
-  {
-    const SmallStepOnOneThread small(kParallelMinStepWork / 2);
-    BOOST_TEST(omp_get_max_threads() == 1);
-  }
-  BOOST_TEST(omp_get_max_threads() == 2);
-  {
-    const SmallStepOnOneThread large(kParallelMinStepWork);
+  // the environment's wait policy, restored after: the guard acts only while threads spin
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  const std::string saved = policy ? policy : "";
+  for (const char* p : {"active", "PASSIVE"}) BOOST_TEST_CONTEXT("OMP_WAIT_POLICY " << p) {
+    setenv("OMP_WAIT_POLICY", p, 1);
+    const bool passive = std::string(p) == "PASSIVE";
+    BOOST_TEST(threads_wait_passively() == passive);
+    {
+      const SmallStepOnOneThread small(kParallelMinStepWork / 2);
+      BOOST_TEST(omp_get_max_threads() == (passive ? 2 : 1));
+    }
     BOOST_TEST(omp_get_max_threads() == 2);
+    {
+      const SmallStepOnOneThread large(kParallelMinStepWork);
+      BOOST_TEST(omp_get_max_threads() == 2);
+    }
   }
+  setenv("OMP_WAIT_POLICY", "active", 1);  // the step below under the guard
   const SparseCase c = sparse_cases()[0];
   SaeConfig cfg = c.cfg;
   cfg.d_sae = 4096;  // a size whose loops fork when the step does (as in the test above)
@@ -1095,6 +1104,8 @@ BOOST_AUTO_TEST_CASE(small_steps_run_on_one_thread) {
     t.train();
     saes.push_back(t.sae());
   }
+  if (policy) setenv("OMP_WAIT_POLICY", saved.c_str(), 1);
+  else unsetenv("OMP_WAIT_POLICY");
   const std::vector<NamedParam> one = saes[0].params(), two = saes[1].params();
   for (size_t i = 0; i < one.size(); ++i)
     BOOST_TEST_CONTEXT(one[i].name) BOOST_TEST(two[i].param.to_vector() == one[i].param.to_vector(), tt::per_element());
