@@ -247,7 +247,6 @@ struct SaeSparseWork {
   std::vector<int32_t> dead_list;
   std::vector<double> row_mse, row_aux, column_sums;
   std::vector<float> feature_grad_sum;  // (d_sae): sum over rows of dL/dpre
-  std::vector<float> dec_sums, enc_sums;  // the backward by rows: (d_sae, D) W_dec's, (d_sae, d_in) W_enc's gradient
   std::vector<int64_t> packed_start;  // the backward by feature: (d_sae + 1) each feature's packed entries
   std::vector<int32_t> packed_row;    // per entry in feature order: its row (N + r: AuxK's row r)
   std::vector<float> packed_coef, packed_grad;  // its coefficient of the row of err (or aux_err), its dL/dpre
@@ -315,7 +314,6 @@ inline void tile_sum(int64_t q0, int64_t q1, const int32_t* rows, const float* c
   std::fill_n(acc, width, 0.f);
   for (int64_t q = q0; q < q1; ++q) axpy(coef[q], row_of(rows[q]) + c0, acc, width);
 }
-constexpr int64_t kFeatureBlock = 16;  // W_enc's gradient written 16 features (a cache line) at a time
 constexpr int64_t kAuxDenseRatio = 8;  // AuxK runs dense over the dead features when n_dead <= 8 k_aux
 
 // AuxK's gradients when its products run dense over the dead features (aux_dense), added to
@@ -501,63 +499,21 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
         for (int64_t s = w.aux.start[r]; s < w.aux.start[r + 1]; ++s)
           w.aux.grad[s] = c_aux * dot(aux_err + r * D, W_dec + int64_t(w.aux.index[s]) * D, D);
     });
-    // per feature: its W_dec gradient row, its W_enc gradient column, its b_enc gradient, summed
-    // over its entries in row order (act's, then AuxK's), in one of two orders that add the same
-    // terms in the same sequence (so the same bits): by feature (the entries sorted by feature,
-    // their rows of err and in gathered), or, when the features are fewer than half the rows,
-    // by row (err and in read in order, each thread adding into the features it owns: their
-    // (F, D + d) sums are smaller than the rows and stay in cache, and there is no sort).
     bool fresh_enc = false, fresh_dec = false;
     float* gW_enc = grad_buffer_for_overwrite(W_enc_t, fresh_enc);
     float* gW_dec = grad_buffer_for_overwrite(W_dec_t, fresh_dec);
     float* gb_enc = grad_buffer(b_enc_t);
     w.feature_grad_sum.resize(static_cast<size_t>(F));
     const float* in = w.in.data();
-    // features [j0, j1)'s sums into the gradients: dec (j1 - j0, D), enc (j1 - j0, d), sums (j1 - j0);
-    // W_enc's columns written 16 features (a cache line of each of its rows) at a time
-    auto write_back = [&](int64_t j0, int64_t j1, const float* dec, const float* enc, const float* sums) {
-      for (int64_t j = j0; j < j1; ++j) {
-        float* g = gW_dec + j * D;
-        const float* row = dec + (j - j0) * D;
-        if (fresh_dec) std::copy_n(row, D, g);
-        else
-          for (int64_t c = 0; c < D; ++c) g[c] += row[c];
-        if (gb_enc) gb_enc[j] += sums[j - j0];
-        w.feature_grad_sum[j] = sums[j - j0];
-      }
-      for (int64_t b0 = j0; b0 < j1; b0 += kFeatureBlock)
-        for (int64_t i = 0; i < d; ++i) {
-          float* g = gW_enc + i * F;
-          for (int64_t j = b0; j < std::min(j1, b0 + kFeatureBlock); ++j) g[j] = (fresh_enc ? 0.f : g[j]) + enc[(j - j0) * d + i];
-        }
-    };
     const int64_t entries = w.act.size() + (aux_sparse ? w.aux.size() : 0);
-    if (2 * F <= N) {
-      w.dec_sums.assign(static_cast<size_t>(F * D), 0.f);
-      w.enc_sums.assign(static_cast<size_t>(F * d), 0.f);
-      std::fill(w.feature_grad_sum.begin(), w.feature_grad_sum.end(), 0.f);
-      float *dec = w.dec_sums.data(), *enc = w.enc_sums.data(), *sums = w.feature_grad_sum.data();
-      run_on_threads(threads_for(entries * (d + D)), [&](int t, int n) {
-        const auto [j0, j1] = row_block(F, t, n);  // this thread's features
-        auto add = [&](const SparseEntries& en, const float* errs, float c) {
-          for (int64_t e = 0; e < en.size(); ++e) {
-            const int64_t j = en.index[e], r = en.row[e];
-            if (j < j0 || j >= j1) continue;
-            if (en.value[e] != 0.f) axpy(c * en.value[e], errs + r * D, dec + j * D, D);
-            if (en.grad[e] != 0.f) axpy(en.grad[e], in + r * d, enc + j * d, d);
-            sums[j] += en.grad[e];
-          }
-        };
-        add(w.act, err, c_mse);
-        if (aux_sparse) add(w.aux, aux_err, c_aux);
-        write_back(j0, j1, dec + j0 * D, enc + j0 * d, sums + j0);
-      });
-    } else {
-      // By feature: the entries packed in feature order (row, dL/dx_hat's coefficient, dL/dpre),
+    {
+      // Per feature: its W_dec gradient row, its W_enc gradient column, its b_enc gradient, summed
+      // over its entries in row order (act's, then AuxK's), each thread over the features it owns.
+      // The entries packed in feature order (row, dL/dx_hat's coefficient, dL/dpre),
       // then each feature's sums a tile of kColumnTile columns at a time. A tile of err's (or
       // in's) rows, N x kColumnTile floats, stays in cache while every feature's entries gather
-      // from it; whole rows (3 KB each at width 768, two per entry) did not: about 800 MB of row
-      // reads a step at 768 x 8. Each column adds the same terms in the same order either way.
+      // from it; whole rows (3 KB each at width 768, two per entry) did not (about 800 MB of row
+      // reads a step at 768 x 8). A pass by rows into (d_sae, D + d) sums was slower at every size.
       // An entry's row: r in err, or N + r for AuxK's (aux_err's row r); `in` row r for both.
       w.act.sort_by_feature(F);
       if (aux_sparse) w.aux.sort_by_feature(F);

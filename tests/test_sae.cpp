@@ -958,18 +958,18 @@ std::vector<SparseCase> sparse_cases() {
   transcoder.d_out = 12, transcoder.apply_b_dec_to_input = false;
   SaeConfig many_dead = topk;  // most features dead: AuxK over row gathers, not sgemms over the dead features
   many_dead.d_sae = 512;
-  SaeConfig wide = topk;  // rows wider than the by-feature backward's column tile (32): a full tile and a part
+  SaeConfig wide = topk;  // rows wider than the backward's column tile (32): a full tile and a part
   wide.d_in = 40;
-  SaeConfig by_rows = topk, by_rows_transcoder = transcoder;  // k 1: some features stay dead over 256 rows
-  by_rows.k = by_rows_transcoder.k = 1;
-  by_rows_transcoder.arch = SaeArch::BatchTopK;
+  SaeConfig many_rows = topk, many_rows_transcoder = transcoder;  // k 1: some features stay dead over 256 rows
+  many_rows.k = many_rows_transcoder.k = 1;
+  many_rows_transcoder.arch = SaeArch::BatchTopK;
   return {{"topk", topk},
           {"batchtopk", batch},
           {"topk transcoder", transcoder},
           {"topk, most features dead", many_dead},
           {"topk, 40 wide", wide},
-          {"topk, the backward by rows", by_rows, 256},
-          {"batchtopk transcoder, the backward by rows", by_rows_transcoder, 256}};
+          {"topk, more rows than features", many_rows, 256},
+          {"batchtopk transcoder, more rows than features", many_rows_transcoder, 256}};
 }
 
 ActivationSource seeded_source(int64_t width) {
@@ -1044,7 +1044,7 @@ BOOST_AUTO_TEST_CASE(sparse_step_is_the_same_for_one_and_two_threads) {
       const int64_t width = c.cfg.d_in + (c.cfg.transcoder() ? c.cfg.d_out : 0);
       SaeConfig cfg = c.cfg;
       SaeTrainArgs a = sparse_case_args(c);
-      if (c.batch > 64) {  // the backward by rows: enough rows for its loop to fork
+      if (c.batch > 64) {  // more rows than features: enough rows for the row loops to fork
         a.batch = 4096, a.dead_after = 4096;
       } else {
         cfg.d_sae = 4096;  // past the size where the loops fork
