@@ -293,7 +293,7 @@ inline void axpy(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 constexpr int64_t kRowChunk = 256;  // column sums over fixed chunks of rows: the same sum for any thread count
-constexpr int64_t kColumnTile = 32;  // the by-feature backward's columns per pass: N x 32 floats (512 KB at N 4096) in L2
+constexpr int64_t kColumnTile = 32;  // the backward's columns per pass: N x 32 floats (512 KB at N 4096) in L2
 // acc[0, width) = sum over q in [q0, q1) of coef[q] * row_of(rows[q])[c0, c0 + width), in q order
 template <class RowOf>
 inline void tile_sum(int64_t q0, int64_t q1, const int32_t* rows, const float* coef, int64_t c0, int64_t width,
