@@ -23,6 +23,7 @@
 #include "lib/optim.h"
 #include "lib/profile.h"
 #include "lib/stop.h"
+#include "lib/threads.h"
 #include "train/run_dir.h"
 #include "train/sae_trainer.h"
 
@@ -320,7 +321,9 @@ json run_child(const std::vector<std::string>& args) {
 // --- SAE training step (scripts/bench_sae_vs_pytorch.sh races it against scripts/reference/sae_torch.py)
 // A TopK SAE's training step (train/sae_trainer.h) on random normal activations, no model forward:
 // spec "d_in,expansion,k"; AuxK runs on the steps that have dead features (by dead_after rows).
-json bench_sae(const std::string& spec, int64_t batch, int64_t dead_after, int threads, int steps, int warmup) {
+// one_thread_below >= 0 replaces the library's bound for small steps (lib/threads.h) to measure it.
+json bench_sae(const std::string& spec, int64_t batch, int64_t dead_after, int threads, int steps, int warmup,
+               double one_thread_below) {
   std::vector<int64_t> v;
   std::stringstream ss(spec);
   std::string tok;
@@ -329,6 +332,7 @@ json bench_sae(const std::string& spec, int64_t batch, int64_t dead_after, int t
   if (batch < 1) fail("--sae-batch must be positive, got ", batch);
   if (steps < 1 || warmup < 0) fail("bench: --steps must be positive and --warmup not negative");
   set_num_threads(threads);
+  if (one_thread_below >= 0) set_parallel_min_step_work(one_thread_below);
   SaeConfig cfg;
   cfg.d_in = v[0], cfg.d_sae = v[0] * v[1], cfg.k = v[2], cfg.arch = SaeArch::TopK;
   if (cfg.k > cfg.d_sae) fail("--sae '", spec, "': k ", cfg.k, " is more than the ", cfg.d_sae, " features");
@@ -361,7 +365,7 @@ json bench_sae(const std::string& spec, int64_t batch, int64_t dead_after, int t
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[sorted.size() / 2];
   return {{"d_in", cfg.d_in}, {"expansion", v[1]}, {"d_sae", cfg.d_sae}, {"k", cfg.k}, {"batch", batch},
-          {"threads", threads}, {"steps", steps}, {"step_ms_median", median}, {"tokens_per_s", batch / (median / 1e3)},
+          {"threads", threads}, {"one_thread_below", parallel_min_step_work()}, {"steps", steps}, {"step_ms_median", median}, {"tokens_per_s", batch / (median / 1e3)},
           {"mallocs_per_step", alloc_counter::available() ? json(mallocs) : json(nullptr)}, {"peak_rss_kb", peak_rss_kb()}};
 }
 // --- end SAE training step
@@ -381,6 +385,7 @@ struct BenchOpts {
   std::string out_json;
   std::string sae;                 // "d_in,expansion,k": time an SAE training step instead (bench_sae)
   int64_t sae_batch = 4096, sae_dead_after = 100000;
+  double sae_one_thread_below = -1;  // < 0: the library's bound
 };
 
 struct SweepTime {
@@ -498,7 +503,7 @@ int run_bench(const BenchOpts& o) {
   // a child runs in the one precision it is given
   const PrecisionScope precision(o.one.empty() && !o.peak ? Precision::Float32 : parse_precision(o.precisions.at(0), "--precision"));
   if (!o.sae.empty()) {
-    std::printf("%s\n", bench_sae(o.sae, o.sae_batch, o.sae_dead_after, o.threads.at(0), o.steps, o.warmup).dump().c_str());
+    std::printf("%s\n", bench_sae(o.sae, o.sae_batch, o.sae_dead_after, o.threads.at(0), o.steps, o.warmup, o.sae_one_thread_below).dump().c_str());
     return 0;
   }
   if (!o.one.empty()) {  // child mode
@@ -678,6 +683,10 @@ void add_bench_command(CLI::App& app, CommandRunner& runner) {
   sub->add_option("--sae-dead-after", o->sae_dead_after,
                   "Rows without firing after which a feature is dead and AuxK trains it (with --sae)")
       ->capture_default_str();
+  sub->add_option("--sae-one-thread-below", o->sae_one_thread_below,
+                  "Run SAE steps whose encoder product has fewer multiply-adds than this on one thread (with --sae; "
+                  "default: the library's bound, 3e8; 0: every step on --threads)")
+      ->check(in_range(0, 1e15));
   sub->add_option("--one", o->one, "(internal) run one config in this process and print JSON")->group("");
   sub->add_flag("--peak", o->peak, "(internal) measure the sgemm peak and print JSON")->group("");
   sub->callback([&runner, o] { runner = [=] { return run_bench(*o); }; });

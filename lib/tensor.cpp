@@ -2,9 +2,11 @@
 
 #include <omp.h>
 #include <sched.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cblas.h>
 #include <cctype>
 #include <cmath>
@@ -453,6 +455,29 @@ void set_num_threads(int n) {
   openblas_set_num_threads(n);
 }
 int num_threads() { return omp_get_max_threads(); }
+
+namespace {
+std::atomic<double> g_parallel_min_step_work{kParallelMinStepWork};
+}
+double parallel_min_step_work() { return g_parallel_min_step_work.load(); }
+void set_parallel_min_step_work(double work) { g_parallel_min_step_work.store(work); }
+
+bool threads_wait_passively() {
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  return policy && strcasecmp(policy, "passive") == 0;
+}
+
+SmallStepOnOneThread::SmallStepOnOneThread(double work) {
+  if (work >= parallel_min_step_work() || omp_in_parallel() || omp_get_max_threads() == 1 || threads_wait_passively()) return;
+  restore_ = omp_get_max_threads();
+  omp_set_num_threads(1);
+  openblas_set_num_threads(1);
+}
+SmallStepOnOneThread::~SmallStepOnOneThread() {
+  if (restore_ == 0) return;
+  omp_set_num_threads(restore_);
+  openblas_set_num_threads(restore_);
+}
 
 }  // namespace hl
 

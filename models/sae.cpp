@@ -58,10 +58,9 @@ Tensor topk_rows(const char* op, const Tensor& pre, int64_t k, bool relu, std::v
   float* y = out.data();
   if (kept) kept->resize(static_cast<size_t>(N * k));
   parallel_for(N, N * D, [&](int64_t r) {
-    thread_local std::vector<std::pair<float, int32_t>> heap;
     thread_local std::vector<int32_t> idx;  // the kept columns, ascending
     idx.resize(static_cast<size_t>(k));
-    select_row_topk(p + r * D, D, k, idx.data(), heap);
+    select_row_topk(p + r * D, D, k, idx.data());
     for (int64_t n = 0; n < k; ++n) {
       const float v = p[r * D + idx[n]];
       y[r * D + idx[n]] = relu && v <= 0.f ? 0.f : v;

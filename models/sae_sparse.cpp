@@ -3,7 +3,11 @@
 #include "sae_sparse.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <functional>
+
+#include <immintrin.h>
 #include <limits>
 
 #include "lib/autograd.h"
@@ -11,76 +15,118 @@
 
 namespace hl {
 
-void select_row_topk(const float* row, int64_t D, int64_t k, int32_t* out, std::vector<std::pair<float, int32_t>>& kept,
-                     const int32_t* at) {
-  // Candidates above the worst of the best k found so far go into `kept`; when it holds 2k
-  // they are cut back to the best k (nth_element) and the bar rises to the worst of those.
-  // Ordering: the larger value, or the smaller index at equal values. Positions are scanned by
-  // ascending index, so a later entry equal to the bar is worse: only a strictly larger one enters.
-  auto better = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  };
-  kept.clear();
-  kept.reserve(static_cast<size_t>(2 * k + 16));
-  // bar: the worst of the best k kept after the first cut (before it, every entry enters)
-  float bar = -std::numeric_limits<float>::infinity();
-  bool full = false;
-  auto cut = [&kept, k, &better]() {
-    std::nth_element(kept.begin(), kept.begin() + (k - 1), kept.end(), better);
-    kept.resize(static_cast<size_t>(k));
-    float worst = kept[0].first;
-    for (int64_t i = 1; i < k; ++i) worst = std::min(worst, kept[i].first);
-    return worst;
-  };
-  const int64_t cap = 2 * k;
-  int64_t p = 0;
-  if (!at) {
-    // A first bar from the row's chunk maxima: the k-th largest of them has at least k entries
-    // at or above it, so every one of the best k is >= it (and entries equal to it may be in).
-    // Chunks of c entries with about 4k chunks; only entries >= the bar are looked at after.
-    thread_local std::vector<float> maxima;
-    const int64_t c = std::max<int64_t>(1, D / (4 * k));
-    const int64_t chunks = D / c;
-    if (chunks >= k && c > 1) {
-      maxima.resize(static_cast<size_t>(chunks));
-      for (int64_t q = 0; q < chunks; ++q) {
-        const float* v = row + q * c;
-        float m = v[0];
-        for (int64_t t = 1; t < c; ++t) m = v[t] > m ? v[t] : m;
-        maxima[q] = m;
+namespace {
+constexpr int64_t kRankSelectMax = 96;  // candidates ranked pairwise up to this many, else nth_element
+}  // namespace
+
+void select_row_topk(const float* row, int64_t D, int64_t k, int32_t* out, const int32_t* at) {
+  // Three passes over the row, no sort of it: (1) a floor, a value with at least k entries at or
+  // above it, from the maxima of 4k groups; (2) the entries at or above the floor (about 1.3k of
+  // them for any D: the floor sits near the k-th largest group maximum) collected in position
+  // order; (3) the k-th best of those by nth_element on their values, then the candidates above
+  // it and, of those equal to it, the first in position order (ties by the smaller index).
+  // Passes (1) and (2) are branch-free loops the compiler vectorises.
+  thread_local std::vector<float> gathered, maxima, values, cand_v;
+  thread_local std::vector<int32_t> cand_p;
+  const float* v = row;
+  if (at) {  // AuxK's dead columns, gathered so the passes below read them contiguously
+    gathered.resize(static_cast<size_t>(D));
+    for (int64_t p = 0; p < D; ++p) gathered[p] = row[at[p]];
+    v = gathered.data();
+  }
+  // (1) groups of positions {q, q + G, q + 2G, ...}: any partition bounds the k-th largest from
+  // below, and strided groups make the maxima an elementwise max of contiguous slices
+  const int64_t G = 4 * k;
+  float floor = -std::numeric_limits<float>::infinity();
+  if (D >= 2 * G) {
+    maxima.assign(v, v + G);
+    float* m = maxima.data();
+    for (int64_t p = G; p < D; p += G) {
+      const float* s = v + p;
+      const int64_t n = std::min(G, D - p);
+      for (int64_t q = 0; q < n; ++q) m[q] = s[q] > m[q] ? s[q] : m[q];
+    }
+    float lo = m[0], hi = m[0];
+    for (int64_t q = 1; q < G; ++q) lo = std::min(lo, m[q]), hi = std::max(hi, m[q]);
+    // bisection on the value: at least k maxima (so k entries) stay at or above lo
+    for (int it = 0; it < 20 && std::isfinite(lo) && std::isfinite(hi) && lo < hi; ++it) {
+      const float mid = lo + 0.5f * (hi - lo);
+      int64_t above = 0;
+      for (int64_t q = 0; q < G; ++q) above += m[q] >= mid;
+      if (above < k) {
+        hi = mid;
+      } else {
+        if (mid == lo) break;  // no float between them
+        lo = mid;
+        if (above <= k + k / 4) break;  // close enough: few candidates past k
       }
-      std::nth_element(maxima.begin(), maxima.begin() + (k - 1), maxima.end(), std::greater<float>());
-      const float floor = maxima[k - 1];
-      for (int64_t q = 0; q < D; ++q)
-        if (row[q] >= floor) {
-          kept.push_back({row[q], static_cast<int32_t>(q)});
-          if (int64_t(kept.size()) >= cap) bar = cut(), full = true;
-        }
-      p = D;
     }
-    // most chunks of 16 hold nothing above the bar: one vectorised count skips them (plain
-    // locals: GCC vectorises no loop that reads through a lambda's by-reference captures)
-    for (; p + 16 <= D; p += 16) {
-      const float* c16 = row + p;
-      int above = 0;
-      for (int t = 0; t < 16; ++t) above += c16[t] > bar;
-      if (!above && full) continue;
-      for (int t = 0; t < 16; ++t)
-        if (!full || c16[t] > bar) {
-          kept.push_back({c16[t], static_cast<int32_t>(p + t)});
-          if (int64_t(kept.size()) >= cap) bar = cut(), full = true;
-        }
+    floor = lo;
+  }
+  // (2) candidates: positions with v >= floor (NaN never is), values and positions apart
+  cand_v.resize(static_cast<size_t>(D + 16)), cand_p.resize(static_cast<size_t>(D + 16));  // + a vector's spill
+  float* cv = cand_v.data();
+  int32_t* cp = cand_p.data();
+  int64_t n = 0, p = 0;
+#ifdef __AVX512F__
+  // compressed in registers, then stored whole (Zen 4's compress-to-memory is microcoded)
+  const __m512 vf = _mm512_set1_ps(floor);
+  const __m512i step = _mm512_set1_epi32(16);
+  __m512i pos = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (; p + 16 <= D; p += 16, pos = _mm512_add_epi32(pos, step)) {
+    const __m512 x = _mm512_loadu_ps(v + p);
+    const __mmask16 m = _mm512_cmp_ps_mask(x, vf, _CMP_GE_OQ);
+    if (!m) continue;
+    _mm512_storeu_ps(cv + n, _mm512_maskz_compress_ps(m, x));
+    _mm512_storeu_si512(cp + n, _mm512_maskz_compress_epi32(m, pos));
+    n += __builtin_popcount(m);
+  }
+#endif
+  for (; p < D; ++p) {  // branch-free
+    cv[n] = v[p], cp[n] = static_cast<int32_t>(p);
+    n += v[p] >= floor;
+  }
+  if (n < k) {  // NaN entries: all positions, NaN ordered below -inf
+    for (p = 0; p < D; ++p) cv[p] = std::isnan(v[p]) ? -std::numeric_limits<float>::infinity() : v[p], cp[p] = static_cast<int32_t>(p);
+    n = D;
+  }
+  // (3) the k best candidates. Few of them (the usual case): each one's rank, the candidates
+  // above it plus those equal to it earlier in position order (ties by the smaller index), kept
+  // when below k; n^2 branch-free compares the compiler vectorises, no data-dependent branch.
+  if (n <= kRankSelectMax) {
+    int64_t w = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = cv[i];
+      int64_t rank = 0;
+#ifdef __AVX512F__
+      const __m512 xv = _mm512_set1_ps(x);
+      for (int64_t j0 = 0; j0 < n; j0 += 16) {
+        const __mmask16 valid = n - j0 >= 16 ? 0xFFFF : __mmask16((1u << (n - j0)) - 1);
+        const __mmask16 before = i - j0 >= 16 ? 0xFFFF : i <= j0 ? 0 : __mmask16((1u << (i - j0)) - 1);
+        const __m512 y = _mm512_maskz_loadu_ps(valid, cv + j0);
+        rank += __builtin_popcount(_mm512_mask_cmp_ps_mask(valid, y, xv, _CMP_GT_OQ) |
+                                   _mm512_mask_cmp_ps_mask(before, y, xv, _CMP_GE_OQ));
+      }
+#else
+      for (int64_t j = 0; j < i; ++j) rank += cv[j] >= x;
+      for (int64_t j = i + 1; j < n; ++j) rank += cv[j] > x;
+#endif
+      cp[w] = cp[i];  // compacted in place (w <= i): out holds only k
+      w += rank < k;
     }
+    for (int64_t i = 0; i < k; ++i) out[i] = at ? at[cp[i]] : cp[i];
+    return;
   }
-  for (; p < D; ++p) {
-    const float v = at ? row[at[p]] : row[p];
-    if (full && !(v > bar)) continue;
-    kept.push_back({v, at ? at[p] : static_cast<int32_t>(p)});
-    if (int64_t(kept.size()) >= cap) bar = cut(), full = true;
-  }
-  if (int64_t(kept.size()) > k) cut();
-  for (int64_t i = 0; i < k; ++i) out[i] = kept[i].second;
-  std::sort(out, out + k);
+  // Else the k-th largest candidate value t: keep those above t, then ties at t in position order
+  values.resize(static_cast<size_t>(D));  // not n: a capacity that does not grow with each new largest n
+  std::copy_n(cv, n, values.data());
+  std::nth_element(values.data(), values.data() + (k - 1), values.data() + n, std::greater<float>());
+  const float t = values[k - 1];
+  int64_t ties = k;
+  for (int64_t i = 0; i < n; ++i) ties -= cv[i] > t;
+  int64_t w = 0;
+  for (int64_t i = 0; i < n && w < k; ++i)
+    if (cv[i] > t || (cv[i] == t && ties-- > 0)) out[w++] = at ? at[cp[i]] : cp[i];
 }
 
 namespace {
@@ -201,6 +247,9 @@ struct SaeSparseWork {
   std::vector<int32_t> dead_list;
   std::vector<double> row_mse, row_aux, column_sums;
   std::vector<float> feature_grad_sum;  // (d_sae): sum over rows of dL/dpre
+  std::vector<int64_t> packed_start;  // the backward by feature: (d_sae + 1) each feature's packed entries
+  std::vector<int32_t> packed_row;    // per entry in feature order: its row (N + r: AuxK's row r)
+  std::vector<float> packed_coef, packed_grad;  // its coefficient of the row of err (or aux_err), its dL/dpre
   std::vector<uint32_t> hist;   // BatchTopK's radix select: a histogram per thread
   std::vector<int64_t> ties_kept;  // BatchTopK: per row, the entries at the threshold kept
   // AuxK dense over the dead features (aux_dense): dead_pos (d_sae) a dead feature's column;
@@ -218,17 +267,53 @@ std::shared_ptr<SaeSparseWork> make_sae_sparse_work() { return std::make_shared<
 
 namespace {
 inline float dot(const float* a, const float* b, int64_t n) {
+#ifdef __AVX512F__
+  // two registers of partial sums, the tail masked, then a tree sum (the compiler's reduction
+  // added the 16 lanes one after another: a sixth of the backward at width 64)
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+  }
+  for (; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? 0xFFFF : __mmask16((1u << (n - i)) - 1);
+    s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+#else
   float s = 0.f;
 #pragma omp simd reduction(+ : s)
   for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
   return s;
+#endif
 }
 inline void axpy(float a, const float* x, float* y, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 constexpr int64_t kRowChunk = 256;  // column sums over fixed chunks of rows: the same sum for any thread count
-constexpr int64_t kFeatureBlock = 16;  // W_enc's gradient written 16 features (a cache line) at a time
+constexpr int64_t kColumnTile = 32;  // the backward's columns per pass: N x 32 floats (512 KB at N 4096) in L2
+// acc[0, width) = sum over q in [q0, q1) of coef[q] * row_of(rows[q])[c0, c0 + width), in q order
+template <class RowOf>
+inline void tile_sum(int64_t q0, int64_t q1, const int32_t* rows, const float* coef, int64_t c0, int64_t width,
+                     float* acc, const RowOf& row_of) {
+#ifdef __AVX512F__
+  if (width == kColumnTile) {  // two registers of sums
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    for (int64_t q = q0; q < q1; ++q) {
+      const float* x = row_of(rows[q]) + c0;
+      const __m512 c = _mm512_set1_ps(coef[q]);
+      a0 = _mm512_fmadd_ps(c, _mm512_loadu_ps(x), a0);
+      a1 = _mm512_fmadd_ps(c, _mm512_loadu_ps(x + 16), a1);
+    }
+    _mm512_storeu_ps(acc, a0), _mm512_storeu_ps(acc + 16, a1);
+    return;
+  }
+#endif
+  std::fill_n(acc, width, 0.f);
+  for (int64_t q = q0; q < q1; ++q) axpy(coef[q], row_of(rows[q]) + c0, acc, width);
+}
 constexpr int64_t kAuxDenseRatio = 8;  // AuxK runs dense over the dead features when n_dead <= 8 k_aux
 
 // AuxK's gradients when its products run dense over the dead features (aux_dense), added to
@@ -303,9 +388,8 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
     w.act.fixed_rows(N, k);
     parallel_for(N, N * F, [&](int64_t r) {
       add_bias(pre + r * F);  // the row is then selected from while in cache
-      thread_local std::vector<std::pair<float, int32_t>> heap;
       int32_t* idx = w.act.index.data() + r * k;
-      select_row_topk(pre + r * F, F, k, idx, heap);
+      select_row_topk(pre + r * F, F, k, idx);
       for (int64_t s = 0; s < k; ++s) w.act.value[r * k + s] = std::max(pre[r * F + idx[s]], 0.f);
     });
   } else {
@@ -357,8 +441,7 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
     if (k_aux == n_dead) {
       std::copy_n(w.dead_list.data(), n_dead, idx);
     } else {
-      thread_local std::vector<std::pair<float, int32_t>> heap;
-      select_row_topk(pre + r * F, n_dead, k_aux, idx, heap, w.dead_list.data());
+      select_row_topk(pre + r * F, n_dead, k_aux, idx, w.dead_list.data());
     }
     for (int64_t s = 0; s < k_aux; ++s) w.aux.value[r * k_aux + s] = pre[r * F + idx[s]];
     if (aux_dense) return;
@@ -416,49 +499,79 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
         for (int64_t s = w.aux.start[r]; s < w.aux.start[r + 1]; ++s)
           w.aux.grad[s] = c_aux * dot(aux_err + r * D, W_dec + int64_t(w.aux.index[s]) * D, D);
     });
-    w.act.sort_by_feature(F);
-    if (aux_sparse) w.aux.sort_by_feature(F);
-    // per feature: its W_dec gradient row, its W_enc gradient column, its b_enc gradient
     bool fresh_enc = false, fresh_dec = false;
     float* gW_enc = grad_buffer_for_overwrite(W_enc_t, fresh_enc);
     float* gW_dec = grad_buffer_for_overwrite(W_dec_t, fresh_dec);
     float* gb_enc = grad_buffer(b_enc_t);
     w.feature_grad_sum.resize(static_cast<size_t>(F));
     const float* in = w.in.data();
-    const int64_t blocks = (F + kFeatureBlock - 1) / kFeatureBlock;
-    parallel_for(blocks, (w.act.size() + (aux_sparse ? w.aux.size() : 0)) * (d + D) + F * (d + D), [&](int64_t blk) {
-      thread_local std::vector<float> tile;  // (kFeatureBlock, d): the block's W_enc gradient columns
-      thread_local std::vector<float> row;   // (D): one feature's W_dec gradient row
-      tile.assign(static_cast<size_t>(kFeatureBlock * d), 0.f);
-      row.resize(static_cast<size_t>(D));
-      const int64_t j0 = blk * kFeatureBlock, j1 = std::min(F, j0 + kFeatureBlock);
-      for (int64_t j = j0; j < j1; ++j) {
-        float* col = tile.data() + (j - j0) * d;
-        std::fill(row.begin(), row.end(), 0.f);
-        float s = 0.f;
-        auto add = [&](const SparseEntries& en, const float* errs, float c) {
-          for (int64_t q = en.feature_start[j]; q < en.feature_start[j + 1]; ++q) {
-            const int32_t e = en.by_feature[q];
-            const int64_t r = en.row[e];
-            if (en.value[e] != 0.f) axpy(c * en.value[e], errs + r * D, row.data(), D);
-            if (en.grad[e] != 0.f) axpy(en.grad[e], in + r * d, col, d);
-            s += en.grad[e];
+    const int64_t entries = w.act.size() + (aux_sparse ? w.aux.size() : 0);
+    {
+      // Per feature: its W_dec gradient row, its W_enc gradient column, its b_enc gradient, summed
+      // over its entries in row order (act's, then AuxK's), each thread over the features it owns.
+      // The entries packed in feature order (row, dL/dx_hat's coefficient, dL/dpre),
+      // then each feature's sums a tile of kColumnTile columns at a time. A tile of err's (or
+      // in's) rows, N x kColumnTile floats, stays in cache while every feature's entries gather
+      // from it; whole rows (3 KB each at width 768, two per entry) did not (about 800 MB of row
+      // reads a step at 768 x 8). A pass by rows into (d_sae, D + d) sums was slower at every size.
+      // An entry's row: r in err, or N + r for AuxK's (aux_err's row r); `in` row r for both.
+      w.act.sort_by_feature(F);
+      if (aux_sparse) w.aux.sort_by_feature(F);
+      w.packed_start.resize(static_cast<size_t>(F + 1));
+      w.packed_start[0] = 0;
+      for (int64_t j = 0; j < F; ++j)
+        w.packed_start[j + 1] = w.packed_start[j] + (w.act.feature_start[j + 1] - w.act.feature_start[j]) +
+                                (aux_sparse ? w.aux.feature_start[j + 1] - w.aux.feature_start[j] : 0);
+      w.packed_row.resize(static_cast<size_t>(entries));
+      w.packed_coef.resize(static_cast<size_t>(entries));
+      w.packed_grad.resize(static_cast<size_t>(entries));
+      const int64_t* start = w.packed_start.data();
+      int32_t* rows = w.packed_row.data();
+      float *coefs = w.packed_coef.data(), *grads = w.packed_grad.data();
+      run_on_threads(threads_for(entries * (d + D) + F * (d + D)), [&](int t, int n) {
+        const auto [j0, j1] = row_block(F, t, n);  // this thread's features
+        for (int64_t j = j0; j < j1; ++j) {
+          int64_t q = start[j];
+          float s = 0.f;
+          auto pack = [&](const SparseEntries& en, int32_t offset, float c) {
+            for (int64_t p = en.feature_start[j]; p < en.feature_start[j + 1]; ++p) {
+              const int32_t e = en.by_feature[p];
+              // a zero coefficient adds 0 (the same sum as skipping the entry, for finite rows)
+              rows[q] = offset + en.row[e], coefs[q] = en.value[e] != 0.f ? c * en.value[e] : 0.f, grads[q] = en.grad[e];
+              s += en.grad[e];
+              ++q;
+            }
+          };
+          pack(w.act, 0, c_mse);
+          if (aux_sparse) pack(w.aux, static_cast<int32_t>(N), c_aux);
+          if (gb_enc) gb_enc[j] += s;
+          w.feature_grad_sum[j] = s;
+        }
+        float acc[kColumnTile];
+        for (int64_t c0 = 0; c0 < D; c0 += kColumnTile) {  // W_dec's gradient rows
+          const int64_t width = std::min(kColumnTile, D - c0);
+          for (int64_t j = j0; j < j1; ++j) {
+            tile_sum(start[j], start[j + 1], rows, coefs, c0, width, acc,
+                     [&](int32_t r) { return r < N ? err + r * D : aux_err + (r - N) * D; });
+            float* g = gW_dec + j * D + c0;
+            if (fresh_dec) std::copy_n(acc, width, g);
+            else
+              for (int64_t c = 0; c < width; ++c) g[c] += acc[c];
           }
-        };
-        add(w.act, err, c_mse);
-        if (aux_sparse) add(w.aux, aux_err, c_aux);
-        float* g = gW_dec + j * D;
-        if (fresh_dec) std::copy(row.begin(), row.end(), g);
-        else
-          for (int64_t c = 0; c < D; ++c) g[c] += row[c];
-        if (gb_enc) gb_enc[j] += s;
-        w.feature_grad_sum[j] = s;
-      }
-      for (int64_t i = 0; i < d; ++i) {
-        float* g = gW_enc + i * F;
-        for (int64_t j = j0; j < j1; ++j) g[j] = (fresh_enc ? 0.f : g[j]) + tile[(j - j0) * d + i];
-      }
-    });
+        }
+        for (int64_t c0 = 0; c0 < d; c0 += kColumnTile) {  // W_enc's gradient columns
+          const int64_t width = std::min(kColumnTile, d - c0);
+          for (int64_t j = j0; j < j1; ++j) {
+            tile_sum(start[j], start[j + 1], rows, grads, c0, width, acc,
+                     [&](int32_t r) { return in + (r < N ? r : r - N) * d; });
+            for (int64_t i = 0; i < width; ++i) {
+              float& g = gW_enc[(c0 + i) * F + j];
+              g = (fresh_enc ? 0.f : g) + acc[i];
+            }
+          }
+        }
+      });
+    }
     if (with_aux && !aux_sparse) add_dense_aux_grads(w, c_aux, N, d, F, D, gW_enc, gW_dec, gb_enc);
     // b_dec: the decoder's bias sum_r dL/dx_hat_r, and through the input in = x - b_dec
     if (float* gb = grad_buffer(b_dec_t)) {

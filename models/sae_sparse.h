@@ -26,10 +26,10 @@ namespace hl {
 
 // The k largest of row[0..D) by (value descending, index ascending), their indices ascending
 // into out (k of them). `at`, if given, maps the scanned positions to the indices written (a
-// row read at some columns only, AuxK's dead features); the ordering then uses those indices.
-// kept is scratch (reused, so no allocation once grown).
-void select_row_topk(const float* row, int64_t D, int64_t k, int32_t* out, std::vector<std::pair<float, int32_t>>& kept,
-                     const int32_t* at = nullptr);
+// row read at some columns only, AuxK's dead features; ascending, so the ordering by position is
+// the ordering by index). Scratch is per thread (reused: no allocation once grown). NaN ranks below
+// -inf. About 3 vectorised passes over the row: no sort (models/sae_sparse.cpp).
+void select_row_topk(const float* row, int64_t D, int64_t k, int32_t* out, const int32_t* at = nullptr);
 
 // Buffers of the sparse loss, kept across steps (the steady state allocates nothing) and read
 // by its backward; one loss per workspace may wait for its backward at a time (checked).

@@ -9,6 +9,8 @@
 # scripts/bench_vs_pytorch.sh (whose OPENBLAS_CORETYPE note applies: CORE, default SkylakeX).
 # Each round's headlab / PyTorch ratio is printed beside the medians (the rounds are paired in
 # time, so the ratio is steadier than either side's speed when other jobs share the cores).
+# ONE_THREAD_BELOW=X: headlab's bound for running a small step on one thread (bench
+# --sae-one-thread-below; default the library's, which applies only while OpenMP's threads spin).
 # Usage: scripts/bench_sae_vs_pytorch.sh [D_IN,EXPANSION ...]
 #        (default: 64,8 64,32 256,8 256,32 768,8 768,32)
 set -euo pipefail
@@ -35,6 +37,8 @@ if [ "$CORE" = unset ]; then unset OPENBLAS_CORETYPE; export HEADLAB_BLAS_CORE_C
 # torch_env.sh's passive waiting too, the fairer choice when other jobs share the cores.
 HL_ENV=(env -u OMP_WAIT_POLICY)
 [ "${HEADLAB_ENV:-best}" = same ] && HL_ENV=(env)
+HL_EXTRA=()
+[ -n "${ONE_THREAD_BELOW:-}" ] && HL_EXTRA=(--sae-one-thread-below "$ONE_THREAD_BELOW")
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 for size in "${sizes[@]}"; do
@@ -42,7 +46,7 @@ for size in "${sizes[@]}"; do
   for r in $(seq "$ROUNDS"); do
     echo "round $r/$ROUNDS: d_in $d_in, expansion $expansion ($(uptime | sed 's/.*load/load/'))" >&2
     "${HL_ENV[@]}" ./build/headlab bench --sae "$d_in,$expansion,$K" --sae-batch "$BATCH" --sae-dead-after "$DEAD_AFTER" \
-      --threads "$THREADS" --steps "$STEPS" --warmup "$WARMUP" >> "$out/headlab.jsonl"
+      --threads "$THREADS" --steps "$STEPS" --warmup "$WARMUP" "${HL_EXTRA[@]}" >> "$out/headlab.jsonl"
     /usr/bin/python3 "$SHARED/sae_torch.py" --d-in "$d_in" --expansion "$expansion" --k "$K" --batch "$BATCH" \
       --dead-after "$DEAD_AFTER" --threads "$THREADS" --steps "$STEPS" --warmup "$WARMUP" >> "$out/torch.jsonl"
   done

@@ -218,6 +218,8 @@ check "bench --help lists the tasks" 0 "--task TEXT:\{copy,reverse,varcopy,induc
 check "bench --sae of two numbers" nonzero "--sae '64,8': 2 numbers; give d_in,expansion,k" -- "$HL" bench --sae 64,8
 check "bench --sae k above the features" nonzero "--sae '4,2,9': k 9 is more than the 8 features" -- "$HL" bench --sae 4,2,9
 check "bench --sae times a step" 0 '"d_sae":32,.*"tokens_per_s":' -- "$HL" bench --sae 16,2,4 --sae-batch 64 --steps 2 --warmup 1 --threads 1
+check "bench --sae-one-thread-below negative" nonzero "--sae-one-thread-below: value -1 is below 0" -- "$HL" bench --sae 16,2,4 --sae-one-thread-below -1
+check "bench --sae-one-thread-below is reported" 0 '"one_thread_below":0.0,' -- "$HL" bench --sae 16,2,4 --sae-batch 64 --steps 1 --warmup 0 --threads 1 --sae-one-thread-below 0
 
 # Language modelling has no answers: the train table shows loss and token accuracy, no exact match.
 for i in $(seq 60); do printf 'the quick brown fox jumps over the lazy dog. '; done > "$T/lm.txt"

@@ -21,7 +21,9 @@
 #include "lib/fileutil.h"
 #include "lib/gradcheck.h"
 #include "lib/safetensors.h"
+#include "lib/threads.h"
 #include "models/sae.h"
+#include "models/sae_sparse.h"
 #include "tests/fixtures.h"
 #include "train/sae_trainer.h"
 
@@ -158,8 +160,8 @@ BOOST_AUTO_TEST_CASE(topk_keeps_the_k_largest_positive_entries) {
 // The per-row selection (a threshold from nth_element, then one pass) keeps exactly the entries
 // a full sort by (value descending, index ascending) puts first: rows full of ties, k from 1 to D.
 BOOST_AUTO_TEST_CASE(topk_selects_the_same_set_as_a_full_sort_with_ties_broken_by_index) {
-  // D 300: rows wide enough for the first bar from chunk maxima (select_row_topk)
-  for (const int64_t D : {int64_t{37}, int64_t{300}}) BOOST_TEST_CONTEXT("D " << D) {
+  // D 300, 2048: rows wide enough for a floor from group maxima (select_row_topk)
+  for (const int64_t D : {int64_t{37}, int64_t{300}, int64_t{2048}}) BOOST_TEST_CONTEXT("D " << D) {
   const int64_t N = 64;
   Rng rng(7);
   std::vector<float> v(static_cast<size_t>(N * D));
@@ -182,6 +184,29 @@ BOOST_AUTO_TEST_CASE(topk_selects_the_same_set_as_a_full_sort_with_ties_broken_b
       BOOST_TEST(topk_relu(pre, k).to_vector() == want_relu, tt::per_element());
     }
   }
+  }
+}
+
+// The selection over some columns only (AuxK's dead features, `at`), on continuous values with
+// a few NaN and signed zeros: the k best of those columns by a full sort, NaN last; k from 1 to all of them.
+BOOST_AUTO_TEST_CASE(row_topk_over_chosen_columns_matches_a_full_sort) {
+  const int64_t D = 3000;
+  Rng rng(11);
+  std::vector<float> row(static_cast<size_t>(D));
+  for (float& x : row) x = rng.normal();
+  for (int64_t j = 0; j < D; j += 97) row[j] = NAN;
+  for (int64_t j = 1; j < D; j += 89) row[j] = j % 2 ? 0.f : -0.f;  // -0 and +0 tie (by index)
+  std::vector<int32_t> at;  // every third column, ascending
+  for (int32_t j = 0; j < D; j += 3) at.push_back(j);
+  const int64_t n = static_cast<int64_t>(at.size());
+  std::vector<int32_t> order = at;
+  auto rank = [&row](int32_t j) { return std::isnan(row[j]) ? -INFINITY : row[j]; };
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return rank(a) > rank(b); });
+  for (const int64_t k : {int64_t{1}, int64_t{32}, int64_t{250}, n - 1, n}) BOOST_TEST_CONTEXT("k " << k) {
+    std::vector<int32_t> want(order.begin(), order.begin() + k), got(static_cast<size_t>(k));
+    std::sort(want.begin(), want.end());
+    select_row_topk(row.data(), n, k, got.data(), at.data());
+    BOOST_TEST(got == want, tt::per_element());
   }
 }
 
@@ -616,6 +641,30 @@ BOOST_AUTO_TEST_CASE(activations_stream_from_hook_z_through_the_shuffle_buffer) 
   BOOST_TEST(ev.back() > ev.front() + 0.2f);
 }
 
+// A step's explained variance is 1 - (summed squared error) / (summed squared deviation from the
+// batch's column means), the error's sum being the step's mse times the rows (both sparse and dense).
+BOOST_AUTO_TEST_CASE(step_explained_variance_is_one_minus_error_over_variance) {
+  for (const bool sparse : {true, false}) BOOST_TEST_CONTEXT("sparse " << sparse) {
+    SaeConfig cfg;
+    cfg.d_in = 40, cfg.d_sae = 64, cfg.arch = SaeArch::TopK, cfg.k = 3;
+    SaeTrainArgs a;
+    a.batch = 50, a.init_rows = 50, a.sparse_kernels = sparse;
+    Rng r(3);
+    const Tensor batch = Tensor::randn({a.batch, cfg.d_in}, r, 0.5f, 2.f);  // column means 0.5
+    SaeTrainer trainer(cfg, a, [batch](int64_t) { return batch; });
+    const SaeStepStats s = trainer.step();
+    double var = 0;
+    for (int64_t c = 0; c < cfg.d_in; ++c) {
+      double m = 0;
+      for (int64_t i = 0; i < a.batch; ++i) m += batch.at({i, c});
+      m /= double(a.batch);
+      for (int64_t i = 0; i < a.batch; ++i) var += (batch.at({i, c}) - m) * (batch.at({i, c}) - m);
+    }
+    BOOST_TEST(s.explained_variance == 1.0 - double(s.mse) * double(a.batch) / var, tt::tolerance(1e-5));
+    BOOST_TEST(s.explained_variance < 0.99);  // not trivially 1: the reconstruction misses
+  }
+}
+
 BOOST_AUTO_TEST_CASE(nan_activations_are_refused_with_the_row) {
   SaeConfig cfg;
   cfg.d_in = 4, cfg.d_sae = 8, cfg.arch = SaeArch::TopK, cfg.k = 2;
@@ -950,6 +999,7 @@ double relative_gap(const Tensor& a, const Tensor& b) {
 struct SparseCase {
   std::string what;
   SaeConfig cfg;
+  int64_t batch = 64;  // 2 d_sae <= batch: the backward sums by row (models/sae_sparse.cpp), else by feature
 };
 
 std::vector<SparseCase> sparse_cases() {
@@ -962,7 +1012,18 @@ std::vector<SparseCase> sparse_cases() {
   transcoder.d_out = 12, transcoder.apply_b_dec_to_input = false;
   SaeConfig many_dead = topk;  // most features dead: AuxK over row gathers, not sgemms over the dead features
   many_dead.d_sae = 512;
-  return {{"topk", topk}, {"batchtopk", batch}, {"topk transcoder", transcoder}, {"topk, most features dead", many_dead}};
+  SaeConfig wide = topk;  // rows wider than the backward's column tile (32): a full tile and a part
+  wide.d_in = 40;
+  SaeConfig many_rows = topk, many_rows_transcoder = transcoder;  // k 1: some features stay dead over 256 rows
+  many_rows.k = many_rows_transcoder.k = 1;
+  many_rows_transcoder.arch = SaeArch::BatchTopK;
+  return {{"topk", topk},
+          {"batchtopk", batch},
+          {"topk transcoder", transcoder},
+          {"topk, most features dead", many_dead},
+          {"topk, 40 wide", wide},
+          {"topk, more rows than features", many_rows, 256},
+          {"batchtopk transcoder, more rows than features", many_rows_transcoder, 256}};
 }
 
 ActivationSource seeded_source(int64_t width) {
@@ -970,9 +1031,9 @@ ActivationSource seeded_source(int64_t width) {
   return [r, width](int64_t rows) { return Tensor::randn({rows, width}, *r, 0.3f, 1.f); };
 }
 
-SaeTrainArgs sparse_case_args() {
+SaeTrainArgs sparse_case_args(const SparseCase& c) {
   SaeTrainArgs a;
-  a.steps = 6, a.batch = 64, a.lr = 1e-2f, a.init_rows = 64;
+  a.steps = 6, a.batch = c.batch, a.lr = 1e-2f, a.init_rows = 64;
   a.dead_after = 64, a.aux_coefficient = 1.f;  // a feature missing one batch is dead: AuxK on from step 2
   return a;
 }
@@ -986,7 +1047,7 @@ BOOST_AUTO_TEST_CASE(sparse_step_equals_the_dense_step) {
   for (const SparseCase& c : sparse_cases()) {
     BOOST_TEST_CONTEXT(c.what) {
       const int64_t width = c.cfg.d_in + (c.cfg.transcoder() ? c.cfg.d_out : 0);
-      SaeTrainArgs a = sparse_case_args();
+      SaeTrainArgs a = sparse_case_args(c);
       SaeTrainArgs first = a;
       first.steps = 5, first.sparse_kernels = false;
       SaeTrainer warm(c.cfg, first, seeded_source(width));
@@ -1026,14 +1087,23 @@ BOOST_AUTO_TEST_CASE(sparse_step_equals_the_dense_step) {
 BOOST_AUTO_TEST_CASE(sparse_step_is_the_same_for_one_and_two_threads) {
   // The step's own loops sum per row and per feature in row order and over fixed chunks of rows,
   // whatever the thread count; the encoder's sgemm is OpenBLAS's, whose blocking under some kernel
-  // sets (Haswell's) depends on the thread count: after the training steps, within float32 rounding
+  // sets (Haswell's) depends on the thread count: after the training steps, within float32 rounding.
+  // Steps this small run on one thread (lib/threads.h): the bound lowered so they fork.
+  struct ForkEveryStep {
+    ForkEveryStep() { set_parallel_min_step_work(0); }
+    ~ForkEveryStep() { set_parallel_min_step_work(kParallelMinStepWork); }
+  } fork_every_step;
   for (const SparseCase& c : sparse_cases()) {
     BOOST_TEST_CONTEXT(c.what) {
       const int64_t width = c.cfg.d_in + (c.cfg.transcoder() ? c.cfg.d_out : 0);
       SaeConfig cfg = c.cfg;
-      cfg.d_sae = 4096;  // past the size where the loops fork
-      SaeTrainArgs a = sparse_case_args();
-      a.batch = 256, a.dead_after = 256;
+      SaeTrainArgs a = sparse_case_args(c);
+      if (c.batch > 64) {  // more rows than features: enough rows for the row loops to fork
+        a.batch = 4096, a.dead_after = 4096;
+      } else {
+        cfg.d_sae = 4096;  // past the size where the loops fork
+        a.batch = 256, a.dead_after = 256;
+      }
       std::vector<Sae> saes;
       for (int threads : {1, 2}) {
         set_num_threads(threads);
@@ -1053,6 +1123,48 @@ BOOST_AUTO_TEST_CASE(sparse_step_is_the_same_for_one_and_two_threads) {
   }
 }
 
+// A step below kParallelMinStepWork runs on one thread whatever the count asked for (OpenMP's
+// and OpenBLAS's), so its result is the one-thread result bit for bit; the count comes back after.
+BOOST_AUTO_TEST_CASE(small_steps_run_on_one_thread) {
+  if (usable_cores() < 2) return;
+  set_num_threads(2);
+  // the environment's wait policy, restored after: the guard acts only while threads spin
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  const std::string saved = policy ? policy : "";
+  for (const char* p : {"active", "PASSIVE"}) BOOST_TEST_CONTEXT("OMP_WAIT_POLICY " << p) {
+    setenv("OMP_WAIT_POLICY", p, 1);
+    const bool passive = std::string(p) == "PASSIVE";
+    BOOST_TEST(threads_wait_passively() == passive);
+    {
+      const SmallStepOnOneThread small(kParallelMinStepWork / 2);
+      BOOST_TEST(omp_get_max_threads() == (passive ? 2 : 1));
+    }
+    BOOST_TEST(omp_get_max_threads() == 2);
+    {
+      const SmallStepOnOneThread large(kParallelMinStepWork);
+      BOOST_TEST(omp_get_max_threads() == 2);
+    }
+  }
+  setenv("OMP_WAIT_POLICY", "active", 1);  // the step below under the guard
+  const SparseCase c = sparse_cases()[0];
+  SaeConfig cfg = c.cfg;
+  cfg.d_sae = 4096;  // a size whose loops fork when the step does (as in the test above)
+  SaeTrainArgs a = sparse_case_args(c);
+  a.batch = 256, a.dead_after = 256;
+  std::vector<Sae> saes;
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    SaeTrainer t(cfg, a, seeded_source(cfg.d_in));
+    t.train();
+    saes.push_back(t.sae());
+  }
+  if (policy) setenv("OMP_WAIT_POLICY", saved.c_str(), 1);
+  else unsetenv("OMP_WAIT_POLICY");
+  const std::vector<NamedParam> one = saes[0].params(), two = saes[1].params();
+  for (size_t i = 0; i < one.size(); ++i)
+    BOOST_TEST_CONTEXT(one[i].name) BOOST_TEST(two[i].param.to_vector() == one[i].param.to_vector(), tt::per_element());
+}
+
 BOOST_AUTO_TEST_CASE(sparse_step_allocates_nothing_in_its_steady_state) {
   if (!alloc_counter::available()) return;  // sanitizer builds intercept malloc themselves
   for (const SparseCase& c : sparse_cases()) {
@@ -1060,7 +1172,7 @@ BOOST_AUTO_TEST_CASE(sparse_step_allocates_nothing_in_its_steady_state) {
       const int64_t width = c.cfg.d_in + (c.cfg.transcoder() ? c.cfg.d_out : 0);
       SaeConfig cfg = c.cfg;
       cfg.d_sae = 4096;
-      SaeTrainArgs a = sparse_case_args();
+      SaeTrainArgs a = sparse_case_args(c);
       a.steps = 30, a.batch = 256, a.dead_after = 256;
       // batches drawn beforehand and cycled, as `headlab bench --sae` does (the source's own
       // allocations are not the step's)

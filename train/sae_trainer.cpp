@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "lib/fileutil.h"
+#include "lib/threads.h"
 #include "lib/safetensors.h"
 #include "lib/stop.h"
 #include "train/run_dir.h"
@@ -215,6 +216,7 @@ SaeStepStats SaeTrainer::step() {
   const Tensor x = sae_.normalize_input(cfg_.transcoder() ? columns(rows, 0, cfg_.d_in) : rows);
   const Tensor target = cfg_.transcoder() ? columns(rows, cfg_.d_in, cfg_.d_out) : x;
   const bool unit_decoder = cfg_.arch != SaeArch::Standard;  // Standard: the L1 carries the norms
+  const SmallStepOnOneThread small_step(double(N) * double(F) * double(cfg_.d_in));  // the encoder's product
 
   // AuxK: the dead features' k_aux largest pre-activations reconstruct what the live ones miss.
   dead_.resize(static_cast<size_t>(F));
@@ -307,16 +309,19 @@ SaeStepStats SaeTrainer::step() {
     sae_.batch_threshold.fill_(t);
   }
   s.l0 = float(active) / float(N);
-  double var = 0, e2 = 0;
-  thread_local std::vector<double> m;
-  m.assign(static_cast<size_t>(D), 0.0);  // column means, read row by row
+  // per-column sums, read row by row (the column loops vectorise; one running sum would not)
+  thread_local std::vector<double> m, col_var, col_e2;
+  m.assign(static_cast<size_t>(D), 0.0), col_var.assign(static_cast<size_t>(D), 0.0), col_e2.assign(static_cast<size_t>(D), 0.0);
   for (int64_t r = 0; r < N; ++r)
-    for (int64_t c = 0; c < D; ++c) m[c] += target.data()[r * D + c] / double(N);
+    for (int64_t c = 0; c < D; ++c) m[c] += target.data()[r * D + c];
+  for (int64_t c = 0; c < D; ++c) m[c] /= double(N);
   for (int64_t r = 0; r < N; ++r)
     for (int64_t c = 0; c < D; ++c) {
       const double v = target.data()[r * D + c] - m[c], e = err.data()[r * D + c];
-      var += v * v, e2 += e * e;
+      col_var[c] += v * v, col_e2[c] += e * e;
     }
+  double var = 0, e2 = 0;
+  for (int64_t c = 0; c < D; ++c) var += col_var[c], e2 += col_e2[c];
   s.explained_variance = var > 0 ? float(1.0 - e2 / var) : 0.f;
   s.dead_fraction = float(n_dead) / float(F);
   ++step_;
