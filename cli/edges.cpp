@@ -161,7 +161,7 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
   EdgeFlags fl = f;
   if (f.method == "edge-pruning" || f.method == "all") {
     if (!f.target_given) fl.target_edges = static_cast<int>(std::min<size_t>(static_cast<size_t>(f.top), n_edges));
-    check_edge_pruning_options(method_options(fl).pruning, n_edges);
+    check_edge_pruning_options(method_options(fl).pruning, circuit_edge_count(m.model->cfg));
   }
   if (!f.path_from.empty()) (void)parse_sender(m.model->cfg, f.path_from);
   if (!f.to.empty())
@@ -273,24 +273,26 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
   // MIB's graph JSON: the method's scores, in the graph its circuit (acdc) or its top --top edges
   const size_t k = std::min<size_t>(static_cast<size_t>(f.top), r.edges.size());
   auto write_mib = [&](const std::string& file, const std::vector<double>& scores, const std::vector<bool>& circuit,
-                       const std::vector<double>& mlp_scores) {
-    write_file_atomic(dir->file(file), mib_graph_json(c, scores, circuit.empty() ? top_edges(scores, k) : circuit, mlp_scores) + "\n");
+                       const std::vector<double>& mlp_scores, const std::vector<bool>& mlp_circuit) {
+    write_file_atomic(dir->file(file),
+                      mib_graph_json(c, scores, circuit.empty() ? top_edges(scores, k) : circuit, mlp_scores, mlp_circuit) + "\n");
   };
   std::vector<std::string> mib_files;
   if (compare) {
     std::vector<double> ex;
     for (const Edge& e : r.edges) ex.push_back(e.exact);
-    write_mib("mib_exact.json", ex, {}, mlp_exact);
+    write_mib("mib_exact.json", ex, {}, mlp_exact, {});
     mib_files.push_back("mib_exact.json");
     for (const MethodComparison& mc : comparison.methods) {
       write_mib("mib_" + mc.scores.method + ".json", mc.scores.scores, mc.scores.circuit,
-                mc.scores.method == "attribution" ? mlp_attribution : mc.scores.mlp_scores);
+                mc.scores.method == "attribution" ? mlp_attribution : mc.scores.mlp_scores, mc.scores.mlp_circuit);
       mib_files.push_back("mib_" + mc.scores.method + ".json");
     }
   } else {
     std::vector<double> att;
     for (const Edge& e : r.edges) att.push_back(e.attribution);
-    write_mib("mib_graph.json", with_extra ? extra.scores : att, extra.circuit, with_extra ? extra.mlp_scores : mlp_attribution);
+    write_mib("mib_graph.json", with_extra ? extra.scores : att, extra.circuit, with_extra ? extra.mlp_scores : mlp_attribution,
+              extra.mlp_circuit);
     mib_files.push_back("mib_graph.json");
   }
   write_file_atomic(dir->file("edges.json"), j.dump(2) + "\n");

@@ -437,7 +437,7 @@ void bind_analyses(py::module_& m) {
     mopt.pruning.lr = prune_lr;
     check_edge_method_options(mopt);
     if (method == "edge-pruning") {  // the target against the model's edges (default: 20 or every edge)
-      const size_t n = model_edges(model.cfg).size();
+      const size_t n = circuit_edge_count(model.cfg);
       mopt.pruning.target_edges = target_edges.is_none() ? static_cast<int>(std::min<size_t>(20, n)) : cast_arg<int>(target_edges, "target_edges", "an int");
       check_edge_pruning_options(mopt.pruning, n);
     }

@@ -53,10 +53,12 @@ def test_bad_method_options_get_one_line(run):
     m = hl.TransformerLM.load(ck)
     inp = read_int32_safetensors(os.path.join(outs["eap-ig"], "inputs.safetensors"))
     args = (m, inp["clean"], inp["corrupted"])
+    n_mlp_edges = 3 * 2 + 1 + 2  # mlp0 -> layer 1's q/k/v (2 heads) and mlp1; mlp0, mlp1 -> logits
     for kw, message in ((dict(method="pruning"),
                          "edges: unknown method 'pruning' (expected attribution, eap-ig, atp-star, acdc or edge-pruning)"),
                         (dict(method="edge-pruning", target_edges=10 ** 6), f"edge pruning: target edges {10 ** 6} is outside "
-                         f"1..{len(hl.edge_patching(m, *args[1:], answers=inp['answers'])['exact'])} (the model's edges)"),
+                         f"1..{len(hl.edge_patching(m, *args[1:], answers=inp['answers'])['exact']) + n_mlp_edges} "
+                         "(the model's edges, MLP senders included)"),
                         (dict(method="edge-pruning", prune_steps=0), "edge pruning: steps 0 is outside 1..100000"),
                         (dict(method="atp-star", answers=np.zeros((0, 4), np.int32)),
                          "edge_patching: no answers"),
