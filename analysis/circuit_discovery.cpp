@@ -748,6 +748,17 @@ MaskedRun masked_circuit_run(TransformerLM& model, const PatchingInputs& in, con
 
 size_t circuit_edge_count(const ModelConfig& cfg) { return model_edges(cfg).size() + mlp_sender_edge_list(cfg).size(); }
 
+std::vector<std::string> circuit_edge_names(const ModelConfig& cfg, const std::vector<bool>& kept, const std::vector<bool>& mlp_kept) {
+  const auto edges = model_edges(cfg);
+  const auto mlp_edges = mlp_sender_edge_list(cfg);
+  std::vector<std::string> out;
+  for (size_t e = 0; e < kept.size() && e < edges.size(); ++e)
+    if (kept[e]) out.push_back(edges[e].first.name() + "->" + edges[e].second.name());
+  for (size_t e = 0; e < mlp_kept.size() && e < mlp_edges.size(); ++e)
+    if (mlp_kept[e]) out.push_back("mlp" + std::to_string(mlp_edges[e].first) + "->" + mlp_edges[e].second.name());
+  return out;
+}
+
 void check_edge_pruning_options(const EdgePruningOptions& opt, size_t edges) {
   if (edges > 0 && (opt.target_edges < 1 || static_cast<size_t>(opt.target_edges) > edges))
     fail("edge pruning: target edges ", opt.target_edges, " is outside 1..", edges, " (the model's edges, MLP senders included)");

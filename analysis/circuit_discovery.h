@@ -133,6 +133,8 @@ struct EdgePruningResult {
 EdgePruningResult edge_pruning(TransformerLM& model, const PatchingInputs& in, const EdgePruningOptions& opt);
 // The edges a circuit is made of: model_edges and the MLP-sender edges (mlp_sender_edge_list).
 size_t circuit_edge_count(const ModelConfig& cfg);
+// The names of a circuit's kept edges, "L0H0->mlp0" then "mlp0->L1H0.v" (both doors print these).
+std::vector<std::string> circuit_edge_names(const ModelConfig& cfg, const std::vector<bool>& kept, const std::vector<bool>& mlp_kept);
 // One line for an option out of range; the target against `edges` (circuit_edge_count; 0: the
 // model not known yet, the target not checked).
 void check_edge_pruning_options(const EdgePruningOptions& opt, size_t edges);

@@ -88,8 +88,9 @@ void write_comparison(const EdgeComparison& c, StagedDir& dir) {
   add_curve("exact", c.exact_curve);
   methods_csv += "exact," + full(c.exact_seconds) + ",1," + std::to_string(c.top_k) + ",1,\n";
   for (const MethodComparison& m : c.methods) {
-    size_t circuit = 0;
+    size_t circuit = 0;  // its model edges and MLP-sender edges
     for (bool k : m.scores.circuit) circuit += k;
+    for (bool k : m.scores.mlp_circuit) circuit += k;
     const std::string circuit_s = m.scores.circuit.empty() ? "" : std::to_string(circuit);
     table.push_back({m.scores.method + (circuit_s.empty() ? "" : " (its circuit: " + circuit_s + " edges)"), fixed(m.scores.seconds, 3),
                      fixed(m.rank_correlation, 3), fixed(m.top_k_overlap, 3), metric_at(m.curve)});
@@ -260,13 +261,9 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
     std::printf("%s: rank correlation of |score| with |exact| %.3f, top-%zu overlap %.3f, %.3f s\n", extra.method.c_str(),
                 rank_correlation(extra.scores, ex), k, top_k_overlap(extra.scores, ex, k), extra.seconds);
     if (!extra.circuit.empty()) {
-      size_t kept = 0;
-      for (bool b : extra.circuit) kept += b;
-      nlohmann::json names = nlohmann::json::array();
-      for (size_t i = 0; i < extra.circuit.size(); ++i)
-        if (extra.circuit[i]) names.push_back(r.edges[i].sender.name() + "->" + r.edges[i].receiver.name());
+      const std::vector<std::string> names = circuit_edge_names(c, extra.circuit, extra.mlp_circuit);
       j["circuit"] = names;
-      std::printf("%s's circuit: %zu edges\n", extra.method.c_str(), kept);
+      std::printf("%s's circuit: %zu edges\n", extra.method.c_str(), names.size());
     }
   }
   if (compare) write_comparison(comparison, *dir);
