@@ -194,9 +194,7 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
     extra = run_edge_method(*m.model, in, r, mopt);
   }
   const bool with_extra = !extra.scores.empty();
-  // MIB's MLP-sender edges: their exact effects and attributions (EAP-IG and AtP* score them too;
-  // ACDC and edge pruning score head and embedding senders only: their MLP edges are written with
-  // score 0)
+  // MIB's MLP-sender edges: their exact effects and attributions (every other method scores them too)
   std::vector<double> mlp_exact, mlp_attribution;
   for (const MlpSenderEdge& e : mlp_sender_edges(*m.model, in)) mlp_exact.push_back(e.exact), mlp_attribution.push_back(e.attribution);
   // once the work is done: a stopped or failed run leaves no directory; the files appear together
