@@ -340,8 +340,8 @@ void add_edges_command(CLI::App& app, CommandRunner& runner) {
                   "KL(clean || circuit) at the answers)")
       ->capture_default_str();
   CLI::Option* target = sub->add_option("--target-edges", flags->target_edges,
-                                        "edge-pruning: the circuit's edge count the masks are pushed towards and the circuit kept "
-                                        "(default: --top)");
+                                        "edge-pruning: the circuit's edge count the masks are pushed towards and the circuit kept, "
+                                        "MLP-sender edges included (default: --top)");
   sub->add_option("--prune-steps", flags->prune_steps, "edge-pruning: Adam steps on the masks (1..100000)")->capture_default_str();
   sub->add_option("--prune-lr", flags->prune_lr, "edge-pruning: Adam's learning rate on the masks' log alpha (0, 10]")->capture_default_str();
   sub->callback([&runner, o = o, flags, target] {
