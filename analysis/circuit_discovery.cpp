@@ -27,10 +27,6 @@ namespace {
 // head h of a per-head activation (B, T, H, D) -> (B, T, D)
 Tensor head_of(const Tensor& x, int h) { return reshape(slice(x, 2, h, h + 1), {x.size(0), x.size(1), x.size(3)}); }
 
-size_t sender_index(const ModelConfig& c, const EdgeSender& s) {
-  return s.layer < 0 ? 0 : 1 + static_cast<size_t>(s.layer) * c.n_heads + s.head;
-}
-
 }  // namespace
 
 // ---- EAP-IG -----------------------------------------------------------------------------------
@@ -299,7 +295,9 @@ SenderRuns sender_runs(TransformerLM& model, const PatchingInputs& in, const std
                "them, which a norm after attention does not allow");
   EvalScope mode(model);
   NoGradGuard ng;
-  auto filter = [](const std::string& n) { return n == "hook_embed" || n == "hook_pos_embed" || n.ends_with("attn.hook_result"); };
+  auto filter = [](const std::string& n) {
+    return n == "hook_embed" || n == "hook_pos_embed" || n.ends_with("attn.hook_result") || n.ends_with("hook_mlp_out");
+  };
   SenderRuns r;
   std::tie(r.clean_logits, r.clean) = model.run_with_cache(in.clean, filter);
   r.corrupt = model.run_with_cache(in.corrupted, filter).second;
@@ -311,34 +309,50 @@ SenderRuns sender_runs(TransformerLM& model, const PatchingInputs& in, const std
 // logits are cached once.
 class CircuitRunner {
  public:
-  CircuitRunner(TransformerLM& model, const PatchingInputs& in) : m_(model), c_(model.cfg), in_(in), edges_(model_edges(c_)) {
+  CircuitRunner(TransformerLM& model, const PatchingInputs& in)
+      : m_(model), c_(model.cfg), in_(in), edges_(model_edges(c_)), mlp_edges_(mlp_sender_edge_list(c_)) {
     SenderRuns runs = sender_runs(model, in, "circuit (ACDC, faithfulness)");
     corrupt_ = std::move(runs.corrupt);
     embed_delta_ = runs.embed_delta;
     clean_log_probs_ = answer_log_probs(runs.clean_logits);
   }
 
-  CircuitRun run(const std::vector<bool>& kept) {
+  // mlp_kept: the MLP-sender edges' flags (mlp_sender_edge_list order); empty: all kept.
+  CircuitRun run(const std::vector<bool>& kept, const std::vector<bool>& mlp_kept = {}) {
     if (kept.size() != edges_.size()) fail("circuit: ", kept.size(), " kept flags for the model's ", edges_.size(), " edges");
+    if (!mlp_kept.empty() && mlp_kept.size() != mlp_edges_.size())
+      fail("circuit: ", mlp_kept.size(), " MLP-sender kept flags for the model's ", mlp_edges_.size(), " MLP-sender edges");
     const int L = c_.n_layers;
-    // the removed senders of each receiver
-    std::map<std::string, std::vector<EdgeSender>> removed;
+    // the removed senders of each receiver: heads and the embedding, and MLPs (their layers)
+    std::map<std::string, Removed> removed;
     std::map<std::string, EdgeReceiver> receiver;
     for (size_t e = 0; e < edges_.size(); ++e)
       if (!kept[e]) {
-        removed[edges_[e].second.name()].push_back(edges_[e].first);
+        removed[edges_[e].second.name()].senders.push_back(edges_[e].first);
         receiver[edges_[e].second.name()] = edges_[e].second;
+      }
+    for (size_t e = 0; e < mlp_kept.size(); ++e)
+      if (!mlp_kept[e]) {
+        removed[mlp_edges_[e].second.name()].mlps.push_back(mlp_edges_[e].first);
+        receiver[mlp_edges_[e].second.name()] = mlp_edges_[e].second;
       }
     EvalScope mode(m_);
     NoGradGuard ng;
     Hooks hooks;
     auto results = std::make_shared<std::vector<Tensor>>(L);  // this run's hook_result per layer (B, T, H, D)
+    auto mlp_outs = std::make_shared<std::vector<Tensor>>(L);  // this run's hook_mlp_out per layer (B, T, D)
     auto resid = std::make_shared<std::map<std::string, Tensor>>();
-    for (int l = 0; l < L; ++l)
+    for (int l = 0; l < L; ++l) {
       hooks.add_forward(hook_name(l, "attn.hook_result"), [results, l](const Tensor& t, const std::string&) {
         (*results)[l] = t;
         return Tensor();
       });
+      if (c_.has_mlp())
+        hooks.add_forward(hook_name(l, "hook_mlp_out"), [mlp_outs, l](const Tensor& t, const std::string&) {
+          (*mlp_outs)[l] = t;
+          return Tensor();
+        });
+    }
     auto observe = [&](const std::string& point) {
       hooks.add_forward(point, [resid, point](const Tensor& t, const std::string&) {
         (*resid)[point] = t;
@@ -348,17 +362,21 @@ class CircuitRunner {
     // sum over the removed senders of (corrupted - this run) at the time of the read
     const Tensor embed_delta = embed_delta_;
     const ActivationCache corrupt = corrupt_;
-    auto correction = [results, embed_delta, corrupt](const std::vector<EdgeSender>& senders) {
+    auto correction = [results, mlp_outs, embed_delta, corrupt](const Removed& rm) {
       Tensor d;
-      for (const EdgeSender& s : senders) {
+      for (const EdgeSender& s : rm.senders) {
         const Tensor ds = s.layer < 0 ? embed_delta
                                       : sub(head_of(corrupt[hook_name(s.layer, "attn.hook_result")], s.head),
                                             head_of((*results)[s.layer], s.head));
         d = d.defined() ? add(d, ds) : ds;
       }
+      for (int l : rm.mlps) {
+        const Tensor ds = sub(corrupt[hook_name(l, "hook_mlp_out")], (*mlp_outs)[l]);
+        d = d.defined() ? add(d, ds) : ds;
+      }
       return d;
     };
-    std::map<int, std::vector<std::pair<EdgeReceiver, std::vector<EdgeSender>>>> by_layer;
+    std::map<int, std::vector<std::pair<EdgeReceiver, Removed>>> by_layer;
     for (const auto& [name, senders] : removed) {
       const EdgeReceiver& r = receiver[name];
       by_layer[r.kind == EdgeReceiver::Logits ? L : r.layer].push_back({r, senders});
@@ -367,7 +385,7 @@ class CircuitRunner {
       if (l == L) {
         const std::string point = hook_name(L - 1, "hook_resid_post");
         observe(point);
-        const std::vector<EdgeSender> senders = rs[0].second;
+        const Removed senders = rs[0].second;
         LayerNorm* ln = m_.ln_f.get();
         hooks.add_forward("ln_final.hook_normalized", [resid, point, senders, ln, correction](const Tensor&, const std::string&) {
           return ln->forward(add(resid->at(point), correction(senders)));
@@ -378,7 +396,7 @@ class CircuitRunner {
       observe(pre);
       TransformerBlock& block = *m_.blocks[l];
       for (EdgeReceiver::Kind kind : {EdgeReceiver::Q, EdgeReceiver::K, EdgeReceiver::V}) {
-        std::vector<std::pair<int, std::vector<EdgeSender>>> heads;
+        std::vector<std::pair<int, Removed>> heads;
         for (const auto& [r, senders] : rs)
           if (r.kind == kind) heads.push_back({r.head, senders});
         if (heads.empty()) continue;
@@ -401,7 +419,7 @@ class CircuitRunner {
           const std::string mid = c_.parallel_block ? pre : hook_name(l, "hook_resid_mid");
           observe(mid);
           LayerNorm* ln = block.ln2.get();
-          const std::vector<EdgeSender> ss = senders;
+          const Removed ss = senders;
           hooks.add_forward(hook_name(l, "ln2.hook_normalized"), [resid, mid, ss, ln, correction](const Tensor&, const std::string&) {
             return ln->forward(add(resid->at(mid), correction(ss)));
           });
@@ -420,8 +438,14 @@ class CircuitRunner {
   }
 
   const std::vector<std::pair<EdgeSender, EdgeReceiver>>& edges() const { return edges_; }
+  const std::vector<std::pair<int, EdgeReceiver>>& mlp_edges() const { return mlp_edges_; }
 
  private:
+  struct Removed {
+    std::vector<EdgeSender> senders;  // the embedding and heads
+    std::vector<int> mlps;            // the MLPs' layers
+  };
+
   // log-softmax of the logits at each answer's position, in double
   std::vector<std::vector<double>> answer_log_probs(const Tensor& logits) const {
     const int64_t T = logits.size(1), V = logits.size(2);
@@ -442,6 +466,7 @@ class CircuitRunner {
   const ModelConfig& c_;
   const PatchingInputs& in_;
   std::vector<std::pair<EdgeSender, EdgeReceiver>> edges_;
+  std::vector<std::pair<int, EdgeReceiver>> mlp_edges_;  // mlp_sender_edge_list
   ActivationCache corrupt_;
   Tensor embed_delta_;
   std::vector<std::vector<double>> clean_log_probs_;
@@ -449,9 +474,9 @@ class CircuitRunner {
 
 }  // namespace
 
-CircuitRun circuit_run(TransformerLM& model, const PatchingInputs& in, const std::vector<bool>& kept) {
+CircuitRun circuit_run(TransformerLM& model, const PatchingInputs& in, const std::vector<bool>& kept, const std::vector<bool>& mlp_kept) {
   CircuitRunner runner(model, in);
-  return runner.run(kept);
+  return runner.run(kept, mlp_kept);
 }
 
 // ---- ACDC -------------------------------------------------------------------------------------
@@ -460,38 +485,66 @@ AcdcResult acdc(TransformerLM& model, const PatchingInputs& in, const AcdcOption
   if (!(opt.threshold >= 0) || !std::isfinite(opt.threshold)) fail("acdc: threshold ", opt.threshold, " must be a number >= 0");
   CircuitRunner runner(model, in);
   const auto& edges = runner.edges();
+  const auto& mlp_edges = runner.mlp_edges();
+  const int H = model.cfg.n_heads;
   AcdcResult res;
   res.kept.assign(edges.size(), true);
   res.scores.assign(edges.size(), 0.0);
-  CircuitRun cur = runner.run(res.kept);
+  res.mlp_kept.assign(mlp_edges.size(), true);
+  res.mlp_scores.assign(mlp_edges.size(), 0.0);
+  CircuitRun cur = runner.run(res.kept, res.mlp_kept);
   res.runs = 1;
-  // edges are grouped by receiver, receivers in forward order: walk them backwards
-  size_t end = edges.size();
+  // Every edge of the circuit, receivers in forward order, each one's senders in forward order
+  // (embed, L0's heads, mlp0, L1's heads, ...): (receiver, sender's place, MLP edge?, index).
+  struct Step {
+    size_t receiver;
+    int place;
+    bool mlp;
+    size_t index;
+  };
+  const std::vector<EdgeReceiver> receivers = edge_receivers(model.cfg);
+  auto receiver_index = [&](const EdgeReceiver& r) { return static_cast<size_t>(std::find(receivers.begin(), receivers.end(), r) - receivers.begin()); };
+  std::vector<Step> order;
+  for (size_t e = 0; e < edges.size(); ++e) {
+    const EdgeSender& s = edges[e].first;
+    order.push_back({receiver_index(edges[e].second), s.layer < 0 ? -1 : s.layer * (H + 1) + s.head, false, e});
+  }
+  for (size_t e = 0; e < mlp_edges.size(); ++e)
+    order.push_back({receiver_index(mlp_edges[e].second), mlp_edges[e].first * (H + 1) + H, true, e});
+  std::stable_sort(order.begin(), order.end(), [](const Step& a, const Step& b) { return std::tie(a.receiver, a.place) < std::tie(b.receiver, b.place); });
+  auto kept = [&](const Step& s) -> std::vector<bool>::reference { return s.mlp ? res.mlp_kept[s.index] : res.kept[s.index]; };
+  // whether a kept edge reads r's head or MLP (its output matters)
+  auto read = [&](const EdgeReceiver& r) {
+    if (r.kind == EdgeReceiver::Logits) return true;
+    if (r.kind == EdgeReceiver::Mlp) {
+      for (size_t e = 0; e < mlp_edges.size(); ++e)
+        if (res.mlp_kept[e] && mlp_edges[e].first == r.layer) return true;
+      return false;
+    }
+    for (size_t e = 0; e < edges.size(); ++e)
+      if (res.kept[e] && edges[e].first == EdgeSender{r.layer, r.head}) return true;
+    return false;
+  };
+  // walk the receivers from the logits back, each one's senders in reverse order
+  size_t end = order.size();
   while (end > 0) {
     size_t begin = end;
-    while (begin > 0 && edges[begin - 1].second == edges[end - 1].second) --begin;
-    const EdgeReceiver& r = edges[end - 1].second;
-    bool read = true;  // whether a kept edge reads r's head (its output matters)
-    if (r.kind == EdgeReceiver::Q || r.kind == EdgeReceiver::K || r.kind == EdgeReceiver::V) {
-      read = false;
-      for (size_t e = 0; e < edges.size(); ++e)
-        if (res.kept[e] && edges[e].first == EdgeSender{r.layer, r.head}) read = true;
-    }
-    for (size_t e = end; e-- > begin;) {
+    while (begin > 0 && order[begin - 1].receiver == order[end - 1].receiver) --begin;
+    // an MLP without MLP-sender edges (an attention-only model has none) is read by the residual stream
+    const EdgeReceiver& r = receivers[order[end - 1].receiver];
+    const bool is_read = (r.kind == EdgeReceiver::Mlp && mlp_edges.empty()) || read(r);
+    for (size_t i = end; i-- > begin;) {
       throw_if_stopped();
-      if (!read) {
-        res.kept[e] = false;
-        continue;
-      }
-      res.kept[e] = false;
-      const CircuitRun next = runner.run(res.kept);
+      kept(order[i]) = false;
+      if (!is_read) continue;
+      const CircuitRun next = runner.run(res.kept, res.mlp_kept);
       ++res.runs;
       const double change = opt.score == AcdcOptions::Metric ? std::abs(next.metric - cur.metric) : next.kl - cur.kl;
-      res.scores[e] = change;
+      (order[i].mlp ? res.mlp_scores : res.scores)[order[i].index] = change;
       if (change < opt.threshold)
         cur = next;
       else
-        res.kept[e] = true;
+        kept(order[i]) = true;
     }
     end = begin;
   }
@@ -507,17 +560,28 @@ namespace {
 // clean run's answer distributions cached once; each run takes the masks as a tensor.
 class MaskedRunner {
  public:
-  MaskedRunner(TransformerLM& model, const PatchingInputs& in) : m_(model), c_(model.cfg), in_(in), edges_(model_edges(c_)) {
+  // The masks: model_edges, then the MLP-sender edges (mlp_sender_edge_list). The senders in
+  // forward order: embed, L0's heads, mlp0 (a model with MLPs), L1's heads, ...: stride_ per layer.
+  MaskedRunner(TransformerLM& model, const PatchingInputs& in)
+      : m_(model), c_(model.cfg), in_(in), edges_(model_edges(c_)), mlp_edges_(mlp_sender_edge_list(c_)) {
     const SenderRuns runs = sender_runs(model, in, "edge pruning");
-    senders_ = edge_senders(c_);
+    stride_ = c_.n_heads + (c_.has_mlp() ? 1 : 0);
+    const size_t S = 1 + static_cast<size_t>(c_.n_layers * stride_);
     const std::vector<EdgeReceiver> receivers = edge_receivers(c_);
-    const size_t E = edges_.size();
+    const size_t E = edges();
     // per receiver, its senders' edge indices (E: no edge, mask 1, weight 0)
-    for (const EdgeReceiver& r : receivers) index_[r.name()] = std::vector<int32_t>(senders_.size(), static_cast<int32_t>(E));
-    for (size_t e = 0; e < E; ++e)
-      index_[edges_[e].second.name()][sender_index(c_, edges_[e].first)] = static_cast<int32_t>(e);
+    for (const EdgeReceiver& r : receivers) index_[r.name()] = std::vector<int32_t>(S, static_cast<int32_t>(E));
+    for (size_t e = 0; e < edges_.size(); ++e) {
+      const EdgeSender& s = edges_[e].first;
+      index_[edges_[e].second.name()][s.layer < 0 ? 0 : 1 + s.layer * stride_ + s.head] = static_cast<int32_t>(e);
+    }
+    for (size_t e = 0; e < mlp_edges_.size(); ++e)
+      index_[mlp_edges_[e].second.name()][1 + mlp_edges_[e].first * stride_ + c_.n_heads] = static_cast<int32_t>(edges_.size() + e);
     embed_delta_ = runs.embed_delta;
-    for (int l = 0; l < c_.n_layers; ++l) corrupt_results_.push_back(runs.corrupt[hook_name(l, "attn.hook_result")]);
+    for (int l = 0; l < c_.n_layers; ++l) {
+      corrupt_results_.push_back(runs.corrupt[hook_name(l, "attn.hook_result")]);
+      if (c_.has_mlp()) corrupt_mlp_outs_.push_back(runs.corrupt[hook_name(l, "hook_mlp_out")]);
+    }
     // the answers' rows of the flattened logits, and the clean run's probabilities there
     const int64_t T = in.clean.shape[1], V = c_.vocab_size;
     answer_rows_ = Ids(Shape{static_cast<int64_t>(in.answers.size())});
@@ -529,32 +593,35 @@ class MaskedRunner {
     clean_entropy_term_ /= static_cast<double>(in.answers.size());
   }
 
-  size_t edges() const { return edges_.size(); }
+  size_t edges() const { return edges_.size() + mlp_edges_.size(); }
+  size_t model_edge_count() const { return edges_.size(); }
 
   struct Out {
     Tensor metric, kl;  // scalars with the graph to the masks
   };
-  // z: (E) masks (a leaf that may require grad).
+  // z: (E) masks, E = edges() (a leaf that may require grad).
   Out run(const Tensor& z) {
-    const int L = c_.n_layers, H = c_.n_heads;
-    const int64_t E = static_cast<int64_t>(edges_.size());
+    const int L = c_.n_layers, H = c_.n_heads, stride = stride_;
+    const int64_t E = static_cast<int64_t>(edges());
     // the masks and a 1 for "no edge": weight 1 - z per (receiver, sender)
     const Tensor z_full = concat({reshape(z, {E, 1}), Tensor::ones(Shape{1, 1})}, 0);  // (E + 1, 1)
     struct State {
-      std::vector<Tensor> pre, mid, results;  // this run's, per layer
+      std::vector<Tensor> pre, mid, results, mlp_outs;  // this run's, per layer
       Tensor final_resid;
     };
     auto st = std::make_shared<State>();
-    st->pre.resize(L), st->mid.resize(L), st->results.resize(L);
+    st->pre.resize(L), st->mid.resize(L), st->results.resize(L), st->mlp_outs.resize(L);
     const Shape bt_d = embed_delta_.shape();  // (B, T, D)
     const int64_t btd = embed_delta_.numel();
     // the corrections of a list of receivers: (R, B T D) = (1 - z) (R, senders) x diffs (senders, B T D),
-    // the senders the first n of edge_senders (what is written before the receivers read)
-    auto corrections = [this, st, z_full, btd, H](const std::vector<std::string>& receivers, size_t n_senders) {
+    // the senders the first n in forward order (what is written before the receivers read)
+    auto corrections = [this, st, z_full, btd, H, stride](const std::vector<std::string>& receivers, size_t n_senders) {
       std::vector<Tensor> diffs = {reshape(embed_delta_, {1, btd})};
       for (size_t s = 1; s < n_senders; ++s) {
-        const int l = static_cast<int>((s - 1) / static_cast<size_t>(H)), h = static_cast<int>((s - 1) % static_cast<size_t>(H));
-        diffs.push_back(reshape(sub(head_of(corrupt_results_[l], h), head_of(st->results[l], h)), {1, btd}));
+        const int l = static_cast<int>((s - 1) / static_cast<size_t>(stride)), h = static_cast<int>((s - 1) % static_cast<size_t>(stride));
+        diffs.push_back(reshape(h == H ? sub(corrupt_mlp_outs_[l], st->mlp_outs[l])
+                                       : sub(head_of(corrupt_results_[l], h), head_of(st->results[l], h)),
+                                {1, btd}));
       }
       Ids idx(Shape{static_cast<int64_t>(receivers.size() * n_senders)});
       for (size_t r = 0; r < receivers.size(); ++r)
@@ -574,7 +641,7 @@ class MaskedRunner {
         return Tensor();
       });
       LayerNorm* ln1 = &m_.blocks[l]->ln1;
-      const size_t before = 1 + static_cast<size_t>(l) * H;  // senders written before layer l
+      const size_t before = 1 + static_cast<size_t>(l * stride);  // senders written before layer l
       for (EdgeReceiver::Kind kind : {EdgeReceiver::Q, EdgeReceiver::K, EdgeReceiver::V}) {
         const char* point = kind == EdgeReceiver::Q ? "attn.hook_q_input" : kind == EdgeReceiver::K ? "attn.hook_k_input" : "attn.hook_v_input";
         std::vector<std::string> names;
@@ -594,6 +661,10 @@ class MaskedRunner {
             st->mid[l] = t;
             return Tensor();
           });
+        hooks.add_forward(hook_name(l, "hook_mlp_out"), [st, l](const Tensor& t, const std::string&) {
+          st->mlp_outs[l] = t;
+          return Tensor();
+        });
         LayerNorm* ln2 = m_.blocks[l]->ln2.get();
         const bool parallel = c_.parallel_block;
         const size_t n = parallel ? before : before + H;
@@ -608,7 +679,7 @@ class MaskedRunner {
       return Tensor();
     });
     LayerNorm* lnf = m_.ln_f.get();
-    const size_t all = senders_.size();
+    const size_t all = 1 + static_cast<size_t>(L * stride);
     hooks.add_forward("ln_final.hook_normalized", [st, lnf, all, corrections, row](const Tensor&, const std::string&) {
       return lnf->forward(add(st->final_resid, row(corrections({"logits"}, all), 0)));
     });
@@ -629,10 +700,11 @@ class MaskedRunner {
   const ModelConfig& c_;
   const PatchingInputs& in_;
   std::vector<std::pair<EdgeSender, EdgeReceiver>> edges_;
-  std::vector<EdgeSender> senders_;
+  std::vector<std::pair<int, EdgeReceiver>> mlp_edges_;
+  int stride_ = 0;                                     // senders per layer: its heads and its MLP
   std::map<std::string, std::vector<int32_t>> index_;  // receiver name -> per sender, its edge (E: none)
   Tensor embed_delta_;
-  std::vector<Tensor> corrupt_results_;
+  std::vector<Tensor> corrupt_results_, corrupt_mlp_outs_;
   Ids answer_rows_;
   Tensor clean_probs_;
   double clean_entropy_term_ = 0;
@@ -647,17 +719,21 @@ Tensor mask_tensor(const std::vector<double>& mask) {
 
 MaskedRun masked_circuit_run(TransformerLM& model, const PatchingInputs& in, const std::vector<double>& mask, bool gradients) {
   MaskedRunner runner(model, in);
-  if (mask.size() != runner.edges()) fail("circuit: ", mask.size(), " mask values for the model's ", runner.edges(), " edges");
+  if (mask.size() != runner.edges() && mask.size() != runner.model_edge_count())
+    fail("circuit: ", mask.size(), " mask values for the model's ", runner.model_edge_count(), " edges (", runner.edges(),
+         " with the MLP-sender edges)");
+  std::vector<double> full = mask;
+  full.resize(runner.edges(), 1.0);  // the MLP-sender edges kept unless given
   MaskedRun out;
   if (!gradients) {
     NoGradGuard ng;
-    const MaskedRunner::Out r = runner.run(mask_tensor(mask));
+    const MaskedRunner::Out r = runner.run(mask_tensor(full));
     out.metric = r.metric.item(), out.kl = r.kl.item();
     return out;
   }
   if (!grad_enabled()) fail("circuit: the masked run's gradients need a backward; run it outside no_grad");
   for (int which = 0; which < 2; ++which) {  // the metric's gradient, then the KL's
-    Tensor z = mask_tensor(mask);
+    Tensor z = mask_tensor(full);
     z.requires_grad_();
     const MaskedRunner::Out r = runner.run(z);
     out.metric = r.metric.item(), out.kl = r.kl.item();
@@ -665,14 +741,27 @@ MaskedRun masked_circuit_run(TransformerLM& model, const PatchingInputs& in, con
     model.zero_grad();
     std::vector<double>& g = which == 0 ? out.metric_grad : out.kl_grad;
     const Tensor gz = z.grad();
-    for (int64_t i = 0; i < gz.numel(); ++i) g.push_back(gz.data()[i]);
+    for (size_t i = 0; i < mask.size(); ++i) g.push_back(gz.data()[i]);
   }
+  return out;
+}
+
+size_t circuit_edge_count(const ModelConfig& cfg) { return model_edges(cfg).size() + mlp_sender_edge_list(cfg).size(); }
+
+std::vector<std::string> circuit_edge_names(const ModelConfig& cfg, const std::vector<bool>& kept, const std::vector<bool>& mlp_kept) {
+  const auto edges = model_edges(cfg);
+  const auto mlp_edges = mlp_sender_edge_list(cfg);
+  std::vector<std::string> out;
+  for (size_t e = 0; e < kept.size() && e < edges.size(); ++e)
+    if (kept[e]) out.push_back(edges[e].first.name() + "->" + edges[e].second.name());
+  for (size_t e = 0; e < mlp_kept.size() && e < mlp_edges.size(); ++e)
+    if (mlp_kept[e]) out.push_back("mlp" + std::to_string(mlp_edges[e].first) + "->" + mlp_edges[e].second.name());
   return out;
 }
 
 void check_edge_pruning_options(const EdgePruningOptions& opt, size_t edges) {
   if (edges > 0 && (opt.target_edges < 1 || static_cast<size_t>(opt.target_edges) > edges))
-    fail("edge pruning: target edges ", opt.target_edges, " is outside 1..", edges, " (the model's edges)");
+    fail("edge pruning: target edges ", opt.target_edges, " is outside 1..", edges, " (the model's edges, MLP senders included)");
   if (opt.steps < 1 || opt.steps > 100000) fail("edge pruning: steps ", opt.steps, " is outside 1..100000");
   if (!(opt.lr > 0 && opt.lr <= 10)) fail("edge pruning: lr ", opt.lr, " is outside (0, 10]");
 }
@@ -727,14 +816,17 @@ EdgePruningResult edge_pruning(TransformerLM& model, const PatchingInputs& in, c
     lambda1 += opt.lr * gap;
     lambda2 += opt.lr * gap * gap;
   }
-  for (size_t e = 0; e < E; ++e) res.keep_probability.push_back(sigm(log_alpha[e] - l0_shift));
-  // the circuit: the target_edges largest log_alpha
-  res.kept.assign(E, false);
+  // the circuit: the target_edges largest log_alpha, model edges first, then the MLP-sender edges
+  const size_t E0 = runner.model_edge_count();
   std::vector<size_t> order(E);
   std::iota(order.begin(), order.end(), size_t{0});
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return log_alpha[a] > log_alpha[b]; });
-  for (int i = 0; i < opt.target_edges; ++i) res.kept[order[static_cast<size_t>(i)]] = true;
-  res.final_run = circuit_run(model, in, res.kept);
+  std::vector<bool> kept(E, false);
+  for (int i = 0; i < opt.target_edges; ++i) kept[order[static_cast<size_t>(i)]] = true;
+  for (size_t e = 0; e < E; ++e) (e < E0 ? res.keep_probability : res.mlp_keep_probability).push_back(sigm(log_alpha[e] - l0_shift));
+  res.kept.assign(kept.begin(), kept.begin() + static_cast<std::ptrdiff_t>(E0));
+  res.mlp_kept.assign(kept.begin() + static_cast<std::ptrdiff_t>(E0), kept.end());
+  res.final_run = circuit_run(model, in, res.kept, res.mlp_kept);
   return res;
 }
 
@@ -820,10 +912,14 @@ MethodScores run_edge_method(TransformerLM& model, const PatchingInputs& in, con
     EdgePruningResult p = edge_pruning(model, in, opt.pruning);
     out.scores = std::move(p.keep_probability);
     out.circuit = std::move(p.kept);
+    out.mlp_scores = std::move(p.mlp_keep_probability);
+    out.mlp_circuit = std::move(p.mlp_kept);
   } else {
     AcdcResult a = acdc(model, in, opt.acdc);
     out.scores = std::move(a.scores);
     out.circuit = std::move(a.kept);
+    out.mlp_scores = std::move(a.mlp_scores);
+    out.mlp_circuit = std::move(a.mlp_kept);
   }
   out.seconds = seconds_since(t0);
   return out;
@@ -890,7 +986,8 @@ EdgeComparison compare_edge_methods(TransformerLM& model, const PatchingInputs& 
   if (top_k < 1 || top_k > n) fail("edges: top-k ", top_k, " is outside 1..", n, " (the model's edges)");
   for (size_t k : sizes)
     if (k > n) fail("circuit: size ", k, " is above the model's ", n, " edges");
-  if (std::find(methods.begin(), methods.end(), "edge-pruning") != methods.end()) check_edge_pruning_options(opt.pruning, n);
+  if (std::find(methods.begin(), methods.end(), "edge-pruning") != methods.end())
+    check_edge_pruning_options(opt.pruning, circuit_edge_count(model.cfg));
   EdgeComparison c;
   c.top_k = top_k;
   const auto t0 = std::chrono::steady_clock::now();
@@ -930,7 +1027,7 @@ std::string mib_receiver(const EdgeReceiver& r) {
 }  // namespace
 
 std::string mib_graph_json(const ModelConfig& cfg, const std::vector<double>& scores, const std::vector<bool>& kept,
-                           const std::vector<double>& mlp_scores) {
+                           const std::vector<double>& mlp_scores, const std::vector<bool>& mlp_kept) {
   check_edge_model(cfg);
   const auto edges = model_edges(cfg);
   if (scores.size() != edges.size()) fail("mib export: ", scores.size(), " scores for the model's ", edges.size(), " edges");
@@ -940,7 +1037,7 @@ std::string mib_graph_json(const ModelConfig& cfg, const std::vector<double>& sc
   node("input", false);
   for (int l = 0; l < cfg.n_layers; ++l) {
     for (int h = 0; h < cfg.n_heads; ++h) node("a" + std::to_string(l) + ".h" + std::to_string(h), false);
-    if (cfg.has_mlp()) node("m" + std::to_string(l), true);  // never patched here
+    if (cfg.has_mlp()) node("m" + std::to_string(l), mlp_kept.empty());  // without flags every MLP output flows
   }
   node("logits", false);
   for (size_t e = 0; e < edges.size(); ++e) {
@@ -952,18 +1049,23 @@ std::string mib_graph_json(const ModelConfig& cfg, const std::vector<double>& sc
       node(to.substr(0, to.find('<')), true);
     }
   }
-  // MIB's MLP senders: m{l} -> every later reader, kept (their outputs always flow here)
-  size_t m = 0;
-  if (cfg.has_mlp())
-    for (const EdgeReceiver& r : edge_receivers(cfg))
-      for (int l = 0; l < cfg.n_layers; ++l)
-        if (r.kind == EdgeReceiver::Logits || l < r.layer) {  // an MLP feeds the later layers and the logits
-          const double score = m < mlp_scores.size() ? mlp_scores[m] : 0.0;
-          ++m;
-          out_edges["m" + std::to_string(l) + "->" + mib_receiver(r)] = {{"score", score}, {"in_graph", true}};
-        }
+  // MIB's MLP senders: m{l} -> every later reader
+  const auto mlp_edges = mlp_sender_edge_list(cfg);
+  const size_t m = mlp_edges.size();
   if (!mlp_scores.empty() && mlp_scores.size() != m)
     fail("mib export: ", mlp_scores.size(), " MLP-sender scores for the model's ", m, " MLP-sender edges");
+  if (!mlp_kept.empty() && mlp_kept.size() != m)
+    fail("mib export: ", mlp_kept.size(), " MLP-sender kept flags for the model's ", m, " MLP-sender edges");
+  for (size_t e = 0; e < m; ++e) {
+    const auto& [l, r] = mlp_edges[e];
+    const bool in = mlp_kept.empty() || mlp_kept[e];
+    const std::string from = "m" + std::to_string(l), to = mib_receiver(r);
+    out_edges[from + "->" + to] = {{"score", mlp_scores.empty() ? 0.0 : mlp_scores[e]}, {"in_graph", in}};
+    if (in && !mlp_kept.empty()) {
+      node(from, true);
+      node(to.substr(0, to.find('<')), true);
+    }
+  }
   const nlohmann::ordered_json j = {{"cfg", {{"n_layers", cfg.n_layers}, {"n_heads", cfg.n_heads}, {"parallel_attn_mlp", cfg.parallel_block},
                                              {"d_model", cfg.d_model}}},
                                     {"nodes", nodes},

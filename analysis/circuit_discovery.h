@@ -16,12 +16,15 @@
 //
 // The circuit run: the clean run in which each receiver r reads its input in that run plus, for
 // every edge s -> r not kept, out_s(corrupted) - out_s(this run) (ACDC's and MIB's edge
-// ablation: a removed edge carries the corrupted run's value of its sender).
+// ablation: a removed edge carries the corrupted run's value of its sender). Its edges: model_edges
+// and the MLP-sender edges (mlp_sender_edge_list, an MLP's out_s its hook_mlp_out), the edges
+// exact patching and the attribution score.
 //
 // ACDC (Conmy et al. 2023): receivers from the logits back, each one's senders in reverse order;
 // an edge is removed when the circuit run without it changes the score by less than `threshold`
-// (metric: |m_new - m_current|; kl: KL_new - KL_current). A receiver whose head no kept edge reads
-// loses its edges without a run (they cannot change anything).
+// (metric: |m_new - m_current|; kl: KL_new - KL_current); a receiver's senders are the embedding,
+// the heads and the MLPs before it. A receiver whose head or MLP no kept edge reads loses its
+// edges without a run (they cannot change anything).
 #pragma once
 #include <string>
 #include <vector>
@@ -71,11 +74,13 @@ std::vector<double> atp_star_scores(TransformerLM& model, const PatchingInputs& 
                                     std::vector<double>* mlp_scores = nullptr);
 
 // The circuit run's metric (and its mean KL(clean || circuit) over the answers' positions) with
-// kept[i] saying whether edge i (model_edges order) is kept.
+// kept[i] saying whether edge i (model_edges order) is kept, and mlp_kept[i] MLP-sender edge i
+// (mlp_sender_edge_list order; empty: every MLP-sender edge kept).
 struct CircuitRun {
   double metric = 0, kl = 0;
 };
-CircuitRun circuit_run(TransformerLM& model, const PatchingInputs& in, const std::vector<bool>& kept);
+CircuitRun circuit_run(TransformerLM& model, const PatchingInputs& in, const std::vector<bool>& kept,
+                       const std::vector<bool>& mlp_kept = {});
 
 struct AcdcOptions {
   enum Score { Metric, Kl } score = Metric;
@@ -84,6 +89,8 @@ struct AcdcOptions {
 struct AcdcResult {
   std::vector<bool> kept;      // model_edges order
   std::vector<double> scores;  // per edge, the change when its removal was tried (0: removed without a run)
+  std::vector<bool> mlp_kept;      // the MLP-sender edges (mlp_sender_edge_list order; empty without MLPs)
+  std::vector<double> mlp_scores;  // theirs, as scores
   CircuitRun final_run;        // the circuit of the kept edges
   int runs = 0;                // circuit runs made
 };
@@ -92,23 +99,25 @@ AcdcResult acdc(TransformerLM& model, const PatchingInputs& in, const AcdcOption
 // The masked circuit run (edge pruning's relaxation of the circuit run): the clean run in which
 // every receiver r reads its input + sum over its edges s -> r of (1 - mask_e) (out_s(corrupted) -
 // out_s(this run)). mask_e 1 keeps edge e, 0 removes it as the circuit run does, values between
-// mix the two; a 0/1 mask is the circuit run of its 1s. With `gradients`, d metric / d mask and
+// mix the two; a 0/1 mask is the circuit run of its 1s. The mask: model_edges, then optionally the
+// MLP-sender edges (mlp_sender_edge_list; not given: 1). With `gradients`, d metric / d mask and
 // d KL / d mask from one backward.
 struct MaskedRun {
   double metric = 0, kl = 0;
-  std::vector<double> metric_grad, kl_grad;  // model_edges order; empty without gradients
+  std::vector<double> metric_grad, kl_grad;  // the mask's order; empty without gradients
 };
 MaskedRun masked_circuit_run(TransformerLM& model, const PatchingInputs& in, const std::vector<double>& mask, bool gradients);
 
-// Edge pruning (Bhaskar et al. 2024): a hard-concrete mask z_e in [0, 1] on every edge (Louizos et
+// Edge pruning (Bhaskar et al. 2024): a hard-concrete mask z_e in [0, 1] on every edge, MLP-sender
+// edges included (Louizos et
 // al. 2018: log_alpha_e learned; beta 2/3, stretched to (-0.1, 1.1) and clipped, one sample per
 // step), the masked circuit run's KL(clean || circuit) at the answers minimised with Adam, with the
 // paper's Lagrangian sparsity term lambda1 (s - t) + lambda2 (s - t)^2 on the expected fraction of
 // edges kept s (the lambdas raised by gradient ascent) and a target t going linearly from every
 // edge to target_edges over the first half of the steps. The circuit: the target_edges edges of
-// largest log_alpha; their circuit run is measured.
+// largest log_alpha among all of them; their circuit run is measured.
 struct EdgePruningOptions {
-  int target_edges = 0;  // 1..the model's edges
+  int target_edges = 0;  // 1..the model's edges with the MLP-sender edges
   int steps = 200;       // 1..100000
   double lr = 0.1;       // Adam's step on log_alpha, (0, 10]
   uint64_t seed = 0;     // the hard-concrete samples
@@ -116,12 +125,18 @@ struct EdgePruningOptions {
 struct EdgePruningResult {
   std::vector<double> keep_probability;  // per edge, P(z_e > 0) at the end: its score
   std::vector<bool> kept;                // model_edges order: the circuit
+  std::vector<double> mlp_keep_probability;  // the MLP-sender edges' (mlp_sender_edge_list order)
+  std::vector<bool> mlp_kept;                // the circuit's MLP-sender edges
   CircuitRun final_run;                  // the circuit run of `kept`
   double final_kl = 0;                   // the last step's sampled KL
 };
 EdgePruningResult edge_pruning(TransformerLM& model, const PatchingInputs& in, const EdgePruningOptions& opt);
-// One line for an option out of range; the target against `edges` (0: the model not known yet, the
-// target not checked).
+// The edges a circuit is made of: model_edges and the MLP-sender edges (mlp_sender_edge_list).
+size_t circuit_edge_count(const ModelConfig& cfg);
+// The names of a circuit's kept edges, "L0H0->mlp0" then "mlp0->L1H0.v" (both doors print these).
+std::vector<std::string> circuit_edge_names(const ModelConfig& cfg, const std::vector<bool>& kept, const std::vector<bool>& mlp_kept);
+// One line for an option out of range; the target against `edges` (circuit_edge_count; 0: the
+// model not known yet, the target not checked).
 void check_edge_pruning_options(const EdgePruningOptions& opt, size_t edges);
 
 // The top `k` edges by |score| (ties: earlier edge first), as a kept mask; k in 0..edges.
@@ -159,7 +174,8 @@ struct MethodScores {
   std::string method;
   std::vector<double> scores;  // model_edges order; acdc: the change when its removal was tried
   std::vector<bool> circuit;   // acdc, edge-pruning: the edges it kept; other methods: empty
-  std::vector<double> mlp_scores;  // eap-ig, atp-star: the MLP-sender edges' (mlp_sender_edges order); others: empty
+  std::vector<double> mlp_scores;  // the MLP-sender edges' (mlp_sender_edges order); attribution: empty
+  std::vector<bool> mlp_circuit;   // acdc, edge-pruning: the MLP-sender edges kept; others: empty (every one kept)
   double seconds = 0;          // wall-clock time of the method alone (the attribution: its own backward)
 };
 // One method's scores. The attribution is taken from `exact` (edge_patching's result).
@@ -190,11 +206,11 @@ EdgeComparison compare_edge_methods(TransformerLM& model, const PatchingInputs& 
 // EAP-IG's Graph): {"cfg": {n_layers, n_heads, parallel_attn_mlp, d_model}, "nodes": {name:
 // {in_graph}}, "edges": {name: {score, in_graph}}} with nodes input, a{l}.h{h}, m{l}, logits and
 // edges "a0.h1->a1.h0<k>", "input->m0", "a1.h0->logits". MIB's graph also has the MLPs as senders
-// (m{l} -> ...), which the circuit run never removes (it keeps every MLP output): those edges are in
-// the graph, with mlp_scores' values (mlp_sender_edges' order) or, without them, score 0.
+// (m{l} -> ...): those edges are in the graph, with mlp_scores' values (mlp_sender_edges' order)
+// or, without them, score 0, in the graph as mlp_kept says (empty: every one in).
 // kept empty: every edge out of the graph.
 std::string mib_graph_json(const ModelConfig& cfg, const std::vector<double>& scores, const std::vector<bool>& kept,
-                           const std::vector<double>& mlp_scores = {});
+                           const std::vector<double>& mlp_scores = {}, const std::vector<bool>& mlp_kept = {});
 
 // The default sizes of a faithfulness curve over n edges: 0, 1, 2, 5, 10, 20, 50, ... and n.
 std::vector<size_t> faithfulness_sizes(size_t n);

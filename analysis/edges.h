@@ -147,8 +147,8 @@ Tensor edge_sender_delta_stack(TransformerLM& model, const PatchingInputs& in);
 // (n, B, T, D) -> n views (B, T, D) of its rows, sharing its storage.
 std::vector<Tensor> unstack(const Tensor& stack);
 
-// The MLPs as senders (MIB's `m{l} -> r` edges; not among model_edges, whose circuit runs keep every
-// MLP output): for every MLP l and every receiver r reading after it (a later layer's q/k/v or MLP,
+// The MLPs as senders (MIB's `m{l} -> r` edges; a list beside model_edges, which a circuit's edges
+// (circuit_discovery.h) also take): for every MLP l and every receiver r reading after it (a later layer's q/k/v or MLP,
 // the logits), exact and attribution as edge_patching computes them, with delta =
 // hook_mlp_out(corrupted) - hook_mlp_out(clean). Receivers in edge_receivers order, for each the
 // MLPs in layer order; empty for an attention-only model.

@@ -209,6 +209,7 @@ PlantedCircuit planted_two_hop() {
   pc.true_edges = {{EdgeSender{}, EdgeReceiver{EdgeReceiver::V, 0, 0}},
                    {EdgeSender{0, 0}, EdgeReceiver{EdgeReceiver::Mlp, 0, -1}},
                    {EdgeSender{1, 0}, EdgeReceiver{}}};
+  pc.true_mlp_edges = {{0, EdgeReceiver{EdgeReceiver::V, 1, 0}}};
   return pc;
 }
 

@@ -21,6 +21,7 @@ struct PlantedCircuit {
   std::unique_ptr<TransformerLM> model;
   PatchingInputs task;
   std::vector<std::pair<EdgeSender, EdgeReceiver>> true_edges;
+  std::vector<std::pair<int, EdgeReceiver>> true_mlp_edges;  // its MLP-sender edges (the MLP's layer, the receiver)
 };
 
 // "induction": a previous-token head L0H0 (attends from p to p - 1 by positions, copies the token
@@ -34,10 +35,9 @@ PlantedCircuit planted_induction();
 // G (token v -> v + 3; ReLU units with hand-set weights); L1H0, at the last position, attends to
 // position 2 and copies G into OUT; distractors L0H1 (TOK -> JUNK, three times larger) and L1H1
 // (JUNK -> JUNK) are active and read by no one. Rows [BOS a x y z], a corrupted: the answer at the
-// last position is a + 3. MLPs are not senders in this edge graph (their outputs are always
-// carried), so the path L0H0 -> mlp0 -> L1H0 shows as its edges into and out of the MLP's reader:
-// true edges embed -> L0H0.v, L0H0 -> mlp0, L1H0 -> logits; L0H0 -> L1H0.v (the direct route,
-// which L1H0 does not read) is not one.
+// last position is a + 3. True edges embed -> L0H0.v, L0H0 -> mlp0, L1H0 -> logits and the
+// MLP-sender edge mlp0 -> L1H0.v; L0H0 -> L1H0.v (the direct route, which L1H0 does not read) is
+// not one.
 PlantedCircuit planted_two_hop();
 std::vector<std::string> planted_circuit_names();
 PlantedCircuit planted_circuit(const std::string& name);  // fails naming the choices

@@ -88,8 +88,9 @@ void write_comparison(const EdgeComparison& c, StagedDir& dir) {
   add_curve("exact", c.exact_curve);
   methods_csv += "exact," + full(c.exact_seconds) + ",1," + std::to_string(c.top_k) + ",1,\n";
   for (const MethodComparison& m : c.methods) {
-    size_t circuit = 0;
+    size_t circuit = 0;  // its model edges and MLP-sender edges
     for (bool k : m.scores.circuit) circuit += k;
+    for (bool k : m.scores.mlp_circuit) circuit += k;
     const std::string circuit_s = m.scores.circuit.empty() ? "" : std::to_string(circuit);
     table.push_back({m.scores.method + (circuit_s.empty() ? "" : " (its circuit: " + circuit_s + " edges)"), fixed(m.scores.seconds, 3),
                      fixed(m.rank_correlation, 3), fixed(m.top_k_overlap, 3), metric_at(m.curve)});
@@ -161,7 +162,7 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
   EdgeFlags fl = f;
   if (f.method == "edge-pruning" || f.method == "all") {
     if (!f.target_given) fl.target_edges = static_cast<int>(std::min<size_t>(static_cast<size_t>(f.top), n_edges));
-    check_edge_pruning_options(method_options(fl).pruning, n_edges);
+    check_edge_pruning_options(method_options(fl).pruning, circuit_edge_count(m.model->cfg));
   }
   if (!f.path_from.empty()) (void)parse_sender(m.model->cfg, f.path_from);
   if (!f.to.empty())
@@ -193,9 +194,7 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
     extra = run_edge_method(*m.model, in, r, mopt);
   }
   const bool with_extra = !extra.scores.empty();
-  // MIB's MLP-sender edges: their exact effects and attributions (EAP-IG and AtP* score them too;
-  // ACDC and edge pruning score head and embedding senders only: their MLP edges are written with
-  // score 0)
+  // MIB's MLP-sender edges: their exact effects and attributions (every other method scores them too)
   std::vector<double> mlp_exact, mlp_attribution;
   for (const MlpSenderEdge& e : mlp_sender_edges(*m.model, in)) mlp_exact.push_back(e.exact), mlp_attribution.push_back(e.attribution);
   // once the work is done: a stopped or failed run leaves no directory; the files appear together
@@ -260,37 +259,35 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
     std::printf("%s: rank correlation of |score| with |exact| %.3f, top-%zu overlap %.3f, %.3f s\n", extra.method.c_str(),
                 rank_correlation(extra.scores, ex), k, top_k_overlap(extra.scores, ex, k), extra.seconds);
     if (!extra.circuit.empty()) {
-      size_t kept = 0;
-      for (bool b : extra.circuit) kept += b;
-      nlohmann::json names = nlohmann::json::array();
-      for (size_t i = 0; i < extra.circuit.size(); ++i)
-        if (extra.circuit[i]) names.push_back(r.edges[i].sender.name() + "->" + r.edges[i].receiver.name());
+      const std::vector<std::string> names = circuit_edge_names(c, extra.circuit, extra.mlp_circuit);
       j["circuit"] = names;
-      std::printf("%s's circuit: %zu edges\n", extra.method.c_str(), kept);
+      std::printf("%s's circuit: %zu edges\n", extra.method.c_str(), names.size());
     }
   }
   if (compare) write_comparison(comparison, *dir);
   // MIB's graph JSON: the method's scores, in the graph its circuit (acdc) or its top --top edges
   const size_t k = std::min<size_t>(static_cast<size_t>(f.top), r.edges.size());
   auto write_mib = [&](const std::string& file, const std::vector<double>& scores, const std::vector<bool>& circuit,
-                       const std::vector<double>& mlp_scores) {
-    write_file_atomic(dir->file(file), mib_graph_json(c, scores, circuit.empty() ? top_edges(scores, k) : circuit, mlp_scores) + "\n");
+                       const std::vector<double>& mlp_scores, const std::vector<bool>& mlp_circuit) {
+    write_file_atomic(dir->file(file),
+                      mib_graph_json(c, scores, circuit.empty() ? top_edges(scores, k) : circuit, mlp_scores, mlp_circuit) + "\n");
   };
   std::vector<std::string> mib_files;
   if (compare) {
     std::vector<double> ex;
     for (const Edge& e : r.edges) ex.push_back(e.exact);
-    write_mib("mib_exact.json", ex, {}, mlp_exact);
+    write_mib("mib_exact.json", ex, {}, mlp_exact, {});
     mib_files.push_back("mib_exact.json");
     for (const MethodComparison& mc : comparison.methods) {
       write_mib("mib_" + mc.scores.method + ".json", mc.scores.scores, mc.scores.circuit,
-                mc.scores.method == "attribution" ? mlp_attribution : mc.scores.mlp_scores);
+                mc.scores.method == "attribution" ? mlp_attribution : mc.scores.mlp_scores, mc.scores.mlp_circuit);
       mib_files.push_back("mib_" + mc.scores.method + ".json");
     }
   } else {
     std::vector<double> att;
     for (const Edge& e : r.edges) att.push_back(e.attribution);
-    write_mib("mib_graph.json", with_extra ? extra.scores : att, extra.circuit, with_extra ? extra.mlp_scores : mlp_attribution);
+    write_mib("mib_graph.json", with_extra ? extra.scores : att, extra.circuit, with_extra ? extra.mlp_scores : mlp_attribution,
+              extra.mlp_circuit);
     mib_files.push_back("mib_graph.json");
   }
   write_file_atomic(dir->file("edges.json"), j.dump(2) + "\n");
@@ -343,8 +340,8 @@ void add_edges_command(CLI::App& app, CommandRunner& runner) {
                   "KL(clean || circuit) at the answers)")
       ->capture_default_str();
   CLI::Option* target = sub->add_option("--target-edges", flags->target_edges,
-                                        "edge-pruning: the circuit's edge count the masks are pushed towards and the circuit kept "
-                                        "(default: --top)");
+                                        "edge-pruning: the circuit's edge count the masks are pushed towards and the circuit kept, "
+                                        "MLP-sender edges included (default: --top)");
   sub->add_option("--prune-steps", flags->prune_steps, "edge-pruning: Adam steps on the masks (1..100000)")->capture_default_str();
   sub->add_option("--prune-lr", flags->prune_lr, "edge-pruning: Adam's learning rate on the masks' log alpha (0, 10]")->capture_default_str();
   sub->callback([&runner, o = o, flags, target] {

@@ -437,7 +437,7 @@ void bind_analyses(py::module_& m) {
     mopt.pruning.lr = prune_lr;
     check_edge_method_options(mopt);
     if (method == "edge-pruning") {  // the target against the model's edges (default: 20 or every edge)
-      const size_t n = model_edges(model.cfg).size();
+      const size_t n = circuit_edge_count(model.cfg);
       mopt.pruning.target_edges = target_edges.is_none() ? static_cast<int>(std::min<size_t>(20, n)) : cast_arg<int>(target_edges, "target_edges", "an int");
       check_edge_pruning_options(mopt.pruning, n);
     }
@@ -472,6 +472,7 @@ void bind_analyses(py::module_& m) {
         py::array_t<bool> kept(static_cast<py::ssize_t>(ms.circuit.size()));
         for (size_t i = 0; i < ms.circuit.size(); ++i) kept.mutable_data()[i] = ms.circuit[i];
         d["circuit"] = kept;
+        d["circuit_edges"] = circuit_edge_names(em->cfg, ms.circuit, ms.mlp_circuit);  // with its MLP-sender edges
       }
     }
     return typed_result("EdgeResult", d);
@@ -483,7 +484,8 @@ void bind_analyses(py::module_& m) {
      "(mean logit difference of the answers (row, pos, clean token, corrupted token)). method='eap-ig' (ig_steps, "
      "ig_interpolate 'inputs' or 'activations'), 'atp-star' (AtP*: the QK fix and GradDrop), 'acdc' (acdc_threshold, acdc_score "
      "'metric' or 'kl') or 'edge-pruning' (target_edges, default 20 or every edge; prune_steps, prune_lr) adds that method's "
-     "scores under its name (acdc, edge-pruning: also 'circuit', the kept edges), as headlab edges --method. attention_mask (B, T), 1 = token, "
+     "scores under its name (acdc, edge-pruning: also 'circuit', the kept edges, and 'circuit_edges', their names with the "
+     "kept MLP-sender edges 'mlp{l}->receiver'), as headlab edges --method. attention_mask (B, T), 1 = token, "
      "0 = padding: rows of different lengths padded on either side, one mask for both runs, each row measured as if alone "
      "(answers' pos in the padded columns given). A grouped-query model (n_kv_heads < n_heads) runs ungrouped: L{l}H{h}.k/.v is "
      "query head h's own copy of its group's key/value input");

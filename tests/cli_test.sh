@@ -322,7 +322,7 @@ check "faithfulness.png is a PNG" 0 "^PNG$" -- bash -c "head -c 4 '$T/edges_all/
 check "edges refuses an unknown method" nonzero "unknown method 'pruning' \(expected attribution, eap-ig, atp-star, acdc or edge-pruning\)" -- "$HL" edges --checkpoint "$M" --method pruning --out "$T/edges_b"
 check "edges refuses --ig-steps 0 in the library's words" nonzero "eap-ig: steps 0 is outside 1\.\.1000" -- "$HL" edges --checkpoint "$M" --method eap-ig --ig-steps 0 --out "$T/edges_b"
 check "edges --method atp-star" 0 "atp-star: rank correlation of \|score\| with \|exact\|" -- "$HL" edges --checkpoint "$M" --rows 16 --method atp-star --out "$T/edges_atp"
-check "edges refuses --target-edges above the edge count" nonzero "edge pruning: target edges 100000 is outside 1\.\.[0-9]+ \(the model's edges\)" -- "$HL" edges --checkpoint "$M" --method edge-pruning --target-edges 100000 --out "$T/edges_b"
+check "edges refuses --target-edges above the edge count" nonzero "edge pruning: target edges 100000 is outside 1\.\.[0-9]+ \(the model's edges, MLP senders included\)" -- "$HL" edges --checkpoint "$M" --method edge-pruning --target-edges 100000 --out "$T/edges_b"
 check "edges refuses --prune-lr 0" nonzero "edge pruning: lr 0 is outside \(0, 10\]" -- "$HL" edges --checkpoint "$M" --method edge-pruning --prune-lr 0 --out "$T/edges_b"
 check "edges refuses --acdc-threshold -1" nonzero "acdc: threshold -1 must be a number >= 0" -- "$HL" edges --checkpoint "$M" --method acdc --acdc-threshold -1 --out "$T/edges_b"
 # qk: QK attribution of one head over the task's answers

@@ -194,10 +194,15 @@ BOOST_AUTO_TEST_CASE(bad_options_get_one_line) {
   BOOST_TEST(error_of([&] { eap_ig_scores(m, none, {}); }).starts_with("edges: no answers"));
   BOOST_TEST(error_of([&] { atp_star_scores(m, none); }).starts_with("edges: no answers"));
   BOOST_TEST(error_of([&] { edge_pruning(m, none, {.target_edges = 1}); }).starts_with("edges: no answers"));
-  BOOST_TEST(error_of([&] { edge_pruning(m, in, {.target_edges = static_cast<int>(n) + 1}); }) ==
-             "edge pruning: target edges " + std::to_string(n + 1) + " is outside 1.." + std::to_string(n) + " (the model's edges)");
+  // edge pruning's masks: every model edge and every MLP-sender edge
+  const size_t nc = n + mlp_sender_edge_list(m.cfg).size();
+  BOOST_TEST(circuit_edge_count(m.cfg) == nc);
+  BOOST_TEST(nc > n);
+  BOOST_TEST(error_of([&] { edge_pruning(m, in, {.target_edges = static_cast<int>(nc) + 1}); }) ==
+             "edge pruning: target edges " + std::to_string(nc + 1) + " is outside 1.." + std::to_string(nc) +
+                 " (the model's edges, MLP senders included)");
   BOOST_TEST(error_of([&] { edge_pruning(m, in, {.target_edges = 0}); }) ==
-             "edge pruning: target edges 0 is outside 1.." + std::to_string(n) + " (the model's edges)");
+             "edge pruning: target edges 0 is outside 1.." + std::to_string(nc) + " (the model's edges, MLP senders included)");
   BOOST_TEST(error_of([&] { edge_pruning(m, in, {.target_edges = 3, .steps = 0}); }) == "edge pruning: steps 0 is outside 1..100000");
   BOOST_TEST(error_of([&] { edge_pruning(m, in, {.target_edges = 3, .lr = 0}); }) == "edge pruning: lr 0 is outside (0, 10]");
   BOOST_TEST(error_of([&] { check_edge_method("prune"); }) ==
@@ -573,6 +578,71 @@ BOOST_AUTO_TEST_CASE(mlp_sender_edges_are_exact_patching_of_the_mlps_output) {
   BOOST_TEST(error_of([&] { mib_graph_json(m.cfg, exact, {}, {1.0}); }).starts_with("mib export: 1 MLP-sender scores"));
 }
 
+// The circuit's MLP-sender edges (mlp_sender_edge_list): removing one alone is its exact patching;
+// removing an MLP's edges into the logits makes its inputs irrelevant; ACDC at threshold 0 keeps
+// every edge and scores each by its own removal from the full model: |exact| of every edge, MLP
+// senders included; the MIB graph takes ACDC's MLP-sender flags.
+BOOST_AUTO_TEST_CASE(the_circuit_removes_mlp_sender_edges_as_exact_patching_does) {
+  TransformerLM m(test_model({.layers = 2}), 3);
+  randomise(m, 8);
+  const PatchingInputs in = inputs();
+  const EdgeResult exact = edge_patching(m, in);
+  const std::vector<MlpSenderEdge> mlp = mlp_sender_edges(m, in);
+  const auto list = mlp_sender_edge_list(m.cfg);
+  BOOST_TEST(list.size() == mlp.size());
+  const size_t n = exact.edges.size(), nm = mlp.size();
+  const std::vector<bool> all(n, true);
+  double largest = 0;
+  size_t into_mlp1 = nm, mlp1_to_logits = nm;
+  for (size_t e = 0; e < nm; ++e) {
+    std::vector<bool> kept(nm, true);
+    kept[e] = false;
+    BOOST_TEST_CONTEXT("mlp" << mlp[e].layer << ">" << mlp[e].receiver.name()) {
+      BOOST_TEST(std::abs(circuit_run(m, in, all, kept).metric - exact.clean_metric - mlp[e].exact) < 2e-5);
+    }
+    largest = std::max(largest, std::abs(mlp[e].exact));
+    if (mlp[e].receiver.name() == "mlp1") into_mlp1 = e;
+    if (mlp[e].layer == 1 && mlp[e].receiver.kind == EdgeReceiver::Logits) mlp1_to_logits = e;
+  }
+  BOOST_TEST(largest > 0.01);
+  BOOST_REQUIRE(into_mlp1 < nm);
+  BOOST_REQUIRE(mlp1_to_logits < nm);
+  // mlp1 read by nothing but the logits: once that edge is removed, what mlp1 reads cannot matter
+  std::vector<bool> one(nm, true), both(nm, true);
+  one[mlp1_to_logits] = both[mlp1_to_logits] = both[into_mlp1] = false;
+  BOOST_TEST(std::abs(circuit_run(m, in, all, both).metric - circuit_run(m, in, all, one).metric) < 1e-5);
+  BOOST_TEST(std::abs(circuit_run(m, in, all, one).metric - exact.clean_metric) > 1e-3);
+  BOOST_TEST(error_of([&] { circuit_run(m, in, all, {true}); }).starts_with("circuit: 1 MLP-sender kept flags"));
+  // edge pruning's masked run over the same edges: a 0/1 mask is the circuit run of its 1s
+  std::vector<double> mask(n + nm, 1.0);
+  mask[n + mlp1_to_logits] = mask[n + into_mlp1] = 0.0;
+  mask[3] = 0.0;
+  std::vector<bool> kept3 = all;
+  kept3[3] = false;
+  const MaskedRun mr = masked_circuit_run(m, in, mask, true);
+  BOOST_TEST(std::abs(mr.metric - circuit_run(m, in, kept3, both).metric) < 2e-5);
+  BOOST_TEST(mr.metric_grad.size() == n + nm);
+  BOOST_TEST(std::abs(mr.metric_grad[n + into_mlp1]) < 1e-6);  // mlp1's input is read by no one
+
+  const AcdcResult a = acdc(m, in, {AcdcOptions::Metric, 0.0});
+  BOOST_TEST(a.runs == static_cast<int>(1 + n + nm));
+  BOOST_TEST(a.mlp_kept == std::vector<bool>(nm, true));
+  for (size_t e = 0; e < n; ++e) BOOST_TEST(std::abs(a.scores[e] - std::abs(exact.edges[e].exact)) < 2e-5);
+  for (size_t e = 0; e < nm; ++e) BOOST_TEST(std::abs(a.mlp_scores[e] - std::abs(mlp[e].exact)) < 2e-5);
+  // a threshold above every single effect removes mlp1 -> logits, the first edge it tries
+  const AcdcResult b = acdc(m, in, {AcdcOptions::Metric, 1e9});
+  BOOST_TEST(b.mlp_kept == std::vector<bool>(nm, false));
+  BOOST_TEST(b.mlp_scores[mlp1_to_logits] == std::abs(mlp[mlp1_to_logits].exact), boost::test_tools::tolerance(1e-4));
+  std::vector<bool> k(n, false);
+  std::vector<bool> mk(nm, true);
+  mk[into_mlp1] = false;
+  const nlohmann::json j = nlohmann::json::parse(mib_graph_json(m.cfg, a.scores, k, a.mlp_scores, mk));
+  BOOST_TEST(j["edges"]["m0->m1"]["in_graph"] == false);
+  BOOST_TEST(j["edges"]["m0->logits"]["in_graph"] == true);
+  BOOST_TEST(j["edges"]["m0->m1"]["score"] == a.mlp_scores[into_mlp1]);
+  BOOST_TEST(j["nodes"]["m1"]["in_graph"] == true);
+}
+
 BOOST_AUTO_TEST_CASE(mib_export_has_mibs_edges_and_our_scores) {
   const ModelConfig c = test_model({.layers = 2, .heads = 2});  // with MLPs
   const auto edges = model_edges(c);
@@ -638,9 +708,19 @@ BOOST_AUTO_TEST_CASE(every_method_on_every_planted_circuit) {
         EdgeMethodOptions o;
         o.method = method;
         o.acdc = {AcdcOptions::Metric, 1.0};
-        o.pruning.target_edges = static_cast<int>(n);
+        o.pruning.target_edges = static_cast<int>(n + pc.true_mlp_edges.size());  // its circuit has MLP-sender edges too
         const MethodScores s = run_edge_method(m, pc.task, r, o);
         circuit = s.circuit.empty() ? top_edges(s.scores, n) : s.circuit;
+        if (!s.mlp_circuit.empty()) {  // acdc and edge pruning keep the true MLP-sender edges
+          const auto list = mlp_sender_edge_list(m.cfg);
+          size_t kept = 0;
+          for (size_t e = 0; e < list.size(); ++e) kept += s.mlp_circuit[e];
+          BOOST_TEST_CONTEXT(name << ", " << method << "'s MLP-sender edges") {
+            BOOST_TEST(kept == pc.true_mlp_edges.size());
+            for (const auto& t : pc.true_mlp_edges)
+              BOOST_TEST(s.mlp_circuit[static_cast<size_t>(std::find(list.begin(), list.end(), t) - list.begin())]);
+          }
+        }
       }
       const CircuitRecovery rec = circuit_recovery(m.cfg, circuit, pc.true_edges);
       BOOST_TEST_MESSAGE(name << " | " << method << " | precision " << rec.precision() << " | recall " << rec.recall() << " | "

@@ -42,7 +42,8 @@ def test_cli_and_python_methods_agree_bit_for_bit(run):
         assert np.array_equal(r[method], np.array([e[method] for e in j["edges"]])), method
         if method == "acdc":
             kept = [f"{s}->{t}" for s, t, k in zip(r["senders"], r["receivers"], r["circuit"]) if k]
-            assert kept == j["circuit"]
+            assert kept == [e for e in j["circuit"] if not e.startswith("mlp")]
+            assert r["circuit_edges"] == j["circuit"]
         # one step of EAP-IG (inputs) is the attribution, bit for bit
         one = hl.edge_patching(m, inp["clean"], inp["corrupted"], answers=inp["answers"], method="eap-ig", ig_steps=1)
         assert np.array_equal(one["eap-ig"], one["attribution"])
@@ -53,10 +54,12 @@ def test_bad_method_options_get_one_line(run):
     m = hl.TransformerLM.load(ck)
     inp = read_int32_safetensors(os.path.join(outs["eap-ig"], "inputs.safetensors"))
     args = (m, inp["clean"], inp["corrupted"])
+    n_mlp_edges = 3 * 2 + 1 + 2  # mlp0 -> layer 1's q/k/v (2 heads) and mlp1; mlp0, mlp1 -> logits
     for kw, message in ((dict(method="pruning"),
                          "edges: unknown method 'pruning' (expected attribution, eap-ig, atp-star, acdc or edge-pruning)"),
                         (dict(method="edge-pruning", target_edges=10 ** 6), f"edge pruning: target edges {10 ** 6} is outside "
-                         f"1..{len(hl.edge_patching(m, *args[1:], answers=inp['answers'])['exact'])} (the model's edges)"),
+                         f"1..{len(hl.edge_patching(m, *args[1:], answers=inp['answers'])['exact']) + n_mlp_edges} "
+                         "(the model's edges, MLP senders included)"),
                         (dict(method="edge-pruning", prune_steps=0), "edge pruning: steps 0 is outside 1..100000"),
                         (dict(method="atp-star", answers=np.zeros((0, 4), np.int32)),
                          "edge_patching: no answers"),
@@ -99,5 +102,5 @@ def test_atp_star_and_edge_pruning_from_python(run):
     assert atp["atp-star"].shape == atp["exact"].shape and np.all(np.isfinite(atp["atp-star"]))
     pruned = hl.edge_patching(m, inp["clean"], inp["corrupted"], answers=inp["answers"], method="edge-pruning", target_edges=5,
                               prune_steps=10)
-    assert pruned["circuit"].sum() == 5
+    assert len(pruned["circuit_edges"]) == 5  # the model's edges and the MLP-sender edges compete for the 5
     assert np.all((pruned["edge-pruning"] >= 0) & (pruned["edge-pruning"] <= 1))  # each edge's probability of a non-zero mask
