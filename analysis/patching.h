@@ -131,12 +131,13 @@ using PatchMetric = std::function<double(const Tensor& logits, const std::vector
 // takes no layer axis. Fails naming what is wrong.
 // For every index over `axes`: the corrupted run with the clean run's activation written at that
 // index (every other axis of the activation taken whole: all rows, all of d_head), scored by
-// `metric`. The clean run is recorded once; each patched run is a full forward (the model has
-// no partial forward from a layer on). clean and corrupted must have one shape.
+// `metric`. The clean run is recorded once; each patched run gives the logits of every position
+// (from the patched block on: forward_from). clean and corrupted must have one shape.
 PatchGrid generic_activation_patch(TransformerLM& model, const Ids& clean, const Ids& corrupted, const std::string& hook,
                                    const std::vector<std::string>& axes, const PatchMetric& metric);
 // The same with the metric of activation_patching: the restored fraction of the mean logit
-// difference over in.answers, (m - m_corrupted) / (m_clean - m_corrupted).
+// difference over in.answers, (m - m_corrupted) / (m_clean - m_corrupted). A patched run then
+// computes only what reaches the answers (as activation_patching's, above).
 PatchGrid generic_activation_patch(TransformerLM& model, const PatchingInputs& in, const std::string& hook,
                                    const std::vector<std::string>& axes);
 // The axes patching over `hook` takes by default: layer (when named without it), then head if the
