@@ -142,8 +142,10 @@ void check_patching_padding(const PatchingInputs& in, const std::string& fn) {
 }
 
 double patching_memory_bytes(const ModelConfig& cfg, int64_t rows, int64_t T) {
-  // one chunk's passes, and per row its ids and its answer's value at every head and in the two runs
-  return chunked_pass_bytes(cfg, rows, T, true, 8.0 * static_cast<double>(cfg.n_layers * cfg.n_heads + 2));
+  // one chunk's passes, and per row its ids, its answer's value at every head and in the two runs,
+  // and the corrupted run's keys and values at every layer, recorded and a working copy
+  const double kv = 4.0 * static_cast<double>(4 * cfg.n_layers * T * cfg.kv_heads() * cfg.head_dim());
+  return chunked_pass_bytes(cfg, rows, T, true, 8.0 * static_cast<double>(cfg.n_layers * cfg.n_heads + 2) + kv);
 }
 
 namespace {
@@ -168,31 +170,54 @@ Tensor logit_difference(const Tensor& logits, const std::vector<PatchAnswer>& an
 LogitDifferenceSum::LogitDifferenceSum(const std::vector<PatchAnswer>& answers)
     : answers_(&answers), w_(1.f / static_cast<float>(answers.size())) {}
 
-void LogitDifferenceSum::add(const Tensor& logits, int64_t row0) {
+namespace {
+PassLogits every_position(const Tensor& logits) {  // (rows, T, V)
+  PassLogits p;
+  p.every = logits, p.T = logits.size(1), p.V = logits.size(2);
+  return p;
+}
+// Whether row r of a pass over rows row0.. holds answer a (a pass over no rows holds none).
+bool holds(const PassLogits& p, const PatchAnswer& a, int64_t row0) {
+  if (a.row < row0) return false;
+  if (p.every.defined()) return a.row < row0 + p.every.size(0);
+  return p.at.count((a.row - row0) * p.T + a.pos) > 0;
+}
+}  // namespace
+
+const float* PassLogits::row(int64_t r, int64_t pos) const {
+  if (every.defined()) return every.data() + (r * T + pos) * V;
+  return at.at(r * T + pos);
+}
+
+void LogitDifferenceSum::add(const Tensor& logits, int64_t row0) { add(every_position(logits), row0); }
+
+void LogitDifferenceSum::add(const PassLogits& logits, int64_t row0) {
   // the sum of weighted_logit_difference's terms in sum()'s order (one float, element after
   // element), reading only its nonzero ones: the selector's weights accumulated as it does, in
   // answer order, then added in index order (the zero terms add nothing to a finite sum)
-  const int64_t R = logits.size(0), T = logits.size(1), V = logits.size(2);
-  std::map<int64_t, float> select;  // flat index -> weight
+  const int64_t T = logits.T, V = logits.V;
+  std::map<int64_t, float> select;  // flat index in (rows, T, V) -> weight
   for (const PatchAnswer& a : *answers_) {
-    if (a.row < row0 || a.row >= row0 + R) continue;
+    if (!holds(logits, a, row0)) continue;
     select[((a.row - row0) * T + a.pos) * V + a.clean] += w_;
     select[((a.row - row0) * T + a.pos) * V + a.corrupted] -= w_;
   }
-  for (const auto& [i, w] : select) sum_ += logits.data()[i] * w;
+  for (const auto& [i, w] : select) sum_ += logits.row(i / (T * V), (i / V) % T)[i % V] * w;
 }
 
 namespace {
 
-// Each answer's logit difference, of the answers in logits (rows, T, V) of rows row0..: each[a].
-void each_answer(const Tensor& logits, const std::vector<PatchAnswer>& answers, int64_t row0, std::vector<double>& each) {
-  const int64_t R = logits.size(0), T = logits.size(1), V = logits.size(2);
+// Each answer's logit difference, of the answers in a pass over rows row0..: each[a].
+void each_answer(const PassLogits& logits, const std::vector<PatchAnswer>& answers, int64_t row0, std::vector<double>& each) {
   for (size_t i = 0; i < answers.size(); ++i) {
     const PatchAnswer& a = answers[i];
-    if (a.row < row0 || a.row >= row0 + R) continue;
-    const float* row = logits.data() + ((a.row - row0) * T + a.pos) * V;
+    if (!holds(logits, a, row0)) continue;
+    const float* row = logits.row(a.row - row0, a.pos);
     each[i] = static_cast<double>(row[a.clean]) - static_cast<double>(row[a.corrupted]);
   }
+}
+void each_answer(const Tensor& logits, const std::vector<PatchAnswer>& answers, int64_t row0, std::vector<double>& each) {
+  each_answer(every_position(logits), answers, row0, each);
 }
 
 // The mean logit difference, and with `each` every answer's own (for intervals).
@@ -294,8 +319,8 @@ std::vector<std::string> default_patch_axes(const ModelConfig& cfg, const std::s
 
 namespace {
 
-// A patched pass's logits (rows, T, V) of the batch's rows row0.., at index `flat` (`idx` per axis).
-using OnPass = std::function<void(int64_t flat, const std::vector<int64_t>& idx, const Tensor& logits, int64_t row0)>;
+// A patched pass's logits of the batch's rows row0.., at index `flat` (`idx` per axis).
+using OnPass = std::function<void(int64_t flat, const std::vector<int64_t>& idx, const PassLogits& logits, int64_t row0)>;
 // Whether every element of `from` that `fixed` selects ((activation axis, index) pairs) equals x's.
 bool same_where(const Tensor& from, const Tensor& x, const std::vector<std::pair<int, int64_t>>& fixed,
                 const std::vector<int64_t>& stride) {
@@ -308,16 +333,94 @@ bool same_where(const Tensor& from, const Tensor& x, const std::vector<std::pair
   return true;
 }
 
+// The answers' window of a sweep: the first position where a clean and a corrupted row differ
+// (causal: every activation before it is the same in both runs) and one past the last answer's.
+// Over every row, so a chunk's patched runs do not depend on the chunking.
+struct AnswerWindow {
+  int64_t first_change = 0, end = 0;
+};
+AnswerWindow answer_window(const Ids& clean, const Ids& corrupted, const std::vector<PatchAnswer>& answers) {
+  const int64_t B = clean.shape[0], T = clean.shape[1];
+  AnswerWindow w{T, 0};
+  for (int64_t r = 0; r < B; ++r)
+    for (int64_t t = 0; t < w.first_change; ++t)
+      if (clean.at(r, t) != corrupted.at(r, t)) w.first_change = t;
+  for (const PatchAnswer& a : answers) w.end = std::max(w.end, a.pos + 1);
+  return w;
+}
+
+// The corrupted run's keys and values at every layer over positions [0, end) (rows, end, Hkv dh),
+// and a working copy a patched run from position p on starts from: the first p positions restored,
+// the rest overwritten by that run.
+struct CorruptedKV {
+  std::vector<KVCacheLayer> recorded, work;
+  void record(TransformerLM& model, const Ids& corrupted, int64_t end) {
+    const int64_t R = corrupted.shape[0];
+    Ids head(Shape{R, end});  // the first `end` positions: the keys and values a window reads
+    for (int64_t r = 0; r < R; ++r)
+      std::copy_n(corrupted.data.data() + r * corrupted.shape[1], end, head.data.data() + r * end);
+    recorded.assign(static_cast<size_t>(model.cfg.n_layers), KVCacheLayer{});
+    for (KVCacheLayer& c : recorded) c.capacity = end;
+    ForwardOptions opt;
+    opt.kv_cache = &recorded;
+    (void)model.forward(head, opt);
+    work = recorded;
+    for (KVCacheLayer& c : work) c.k = c.k.clone(), c.v = c.v.clone();
+  }
+  std::vector<KVCacheLayer>& from(int layer, int64_t p) {
+    for (size_t l = static_cast<size_t>(layer); l < work.size(); ++l) {
+      const KVCacheLayer& r = recorded[l];
+      const int64_t R = r.k.size(0), cap = r.k.size(1), W = r.k.size(2);
+      for (int64_t b = 0; b < R; ++b) {
+        std::copy_n(r.k.data() + b * cap * W, p * W, work[l].k.data() + b * cap * W);
+        std::copy_n(r.v.data() + b * cap * W, p * W, work[l].v.data() + b * cap * W);
+      }
+      work[l].len = p;
+    }
+    return work;
+  }
+};
+
+// Writes `from`'s elements that `fixed` selects into x, a tensor of `from`'s shape but for its
+// axis `pos`, which holds from's positions [p0, p0 + x's) (the whole axis: pos -1 or p0 0).
+Tensor written_where(const Tensor& x, const Tensor& from, const std::vector<std::pair<int, int64_t>>& fixed, int pos, int64_t p0) {
+  const Shape &sx = x.shape(), &sf = from.shape();
+  for (int d = 0; d < sf.ndim; ++d)
+    if (sx.ndim != sf.ndim || (sx[d] != sf[d] && !(d == pos && p0 + sx[d] <= sf[d])))
+      fail("patching: the activation is ", sx.str(), " in the corrupted run, ", sf.str(), " in the clean run");
+  std::vector<int64_t> stride_x(static_cast<size_t>(sx.ndim), 1), stride_f(static_cast<size_t>(sf.ndim), 1);
+  for (int d = sx.ndim - 2; d >= 0; --d) stride_x[d] = stride_x[d + 1] * sx[d + 1], stride_f[d] = stride_f[d + 1] * sf[d + 1];
+  Tensor y = x.clone();
+  for (int64_t i = 0; i < y.numel(); ++i) {
+    bool here = true;
+    int64_t j = 0;  // i's element in `from`
+    for (int d = 0; d < sx.ndim; ++d) {
+      const int64_t k = (i / stride_x[d]) % sx[d] + (d == pos ? p0 : 0);
+      for (const auto& [fd, fk] : fixed) here = here && (fd != d || fk == k);
+      j += k * stride_f[d];
+    }
+    if (here) y.data()[i] = from.data()[j];
+  }
+  return y;
+}
+
 // The passes of a sweep: for every chunk of `per` rows (in row order) the clean run is recorded once
 // and the corrupted run's residual stream into each block, then for every index the corrupted run
-// with the clean activation written at that index goes to on_pass. A patch of hook_resid_pre that
-// writes what the corrupted run already has there (a position before the corruption in every row)
-// is not run: the corrupted run's logits go to on_pass (forward_from gives them bit for bit).
+// with the clean activation written at that index goes to on_pass. A patch that writes what the
+// corrupted run already has there (a position before the corruption in every row) is not run: the
+// corrupted run's logits go to on_pass (forward_from gives them bit for bit).
+// With `answers` (every row's), a patched run of a hook inside a block that has a position axis
+// (and no key axis) computes only what can change their logits (AnswerWindow): block `layer` on,
+// positions [p0, window end) after the corrupted run's keys and values before p0 (p0: the patched
+// position, or the first that differs between the runs), the logits at the answers alone; an
+// answer before p0, or a patch at or after the window's end, reads the corrupted run's. The logits
+// are the full run's to float32 rounding (the products take fewer rows; the keys and values are
+// projected apart from the queries).
 // `passed`, if given, is called after each index of each chunk. Returns the grid's axes, shape and
 // hooks, its values zero.
 PatchGrid sweep(TransformerLM& model, const Ids& clean, const Ids& corrupted, const std::string& hook,
                 const std::vector<std::string>& axes, int64_t per, const OnPass& on_pass,
-                const std::function<void()>& passed = {}) {
+                const std::function<void()>& passed = {}, const std::vector<PatchAnswer>* answers = nullptr) {
   if (clean.shape.ndim != 2 || clean.shape != corrupted.shape)
     fail("patching: the clean ids ", clean.shape.str(), " and the corrupted ids ", corrupted.shape.str(), " must be (B, T) of one shape");
   if (axes.empty()) fail("patching: no axes to patch over (e.g. layer,head)");
@@ -336,6 +439,9 @@ PatchGrid sweep(TransformerLM& model, const Ids& clean, const Ids& corrupted, co
   }
   EvalScope mode(model);
   NoGradGuard ng;
+  const HookAxes ha = hook_axes(model.cfg, g.hooks[0]);
+  const bool windowed = answers && hook_layer(g.hooks[0]) >= 0 && ha.pos >= 0 && ha.src_pos < 0;
+  const AnswerWindow window = windowed ? answer_window(clean, corrupted, *answers) : AnswerWindow{};
   std::vector<int> dim;  // per axis, the activation's axis it indexes (-1: the layer)
   int64_t n = 0;
   for (const auto& [begin, end] : row_chunks(clean.shape[0], per)) {
@@ -346,6 +452,10 @@ PatchGrid sweep(TransformerLM& model, const Ids& clean, const Ids& corrupted, co
     // compute the same again; GPT-2 small, patching layer l skips l of its 12 blocks)
     ActivationCache cache, corrupted_resid;
     Tensor corrupted_logits;  // the unpatched corrupted run's (rows, T, V), made when a patch changes nothing
+    auto unpatched = [&]() -> const Tensor& {
+      if (!corrupted_logits.defined()) corrupted_logits = model.forward(chunk_corrupted);  // once per chunk
+      return corrupted_logits;
+    };
     cache = model.run_with_cache(chunk_clean, names_in(g.hooks)).second;
     {
       ForwardOptions stop;
@@ -355,9 +465,10 @@ PatchGrid sweep(TransformerLM& model, const Ids& clean, const Ids& corrupted, co
       stop.stop_at_layer = model.cfg.n_layers;  // no logits needed
       (void)model.forward(chunk_corrupted, stop);
     }
+    CorruptedKV kv;
+    if (windowed && window.first_change < window.end) kv.record(model, chunk_corrupted, window.end);
     const Shape s = cache[g.hooks[0]].shape();
     if (g.shape.empty()) {  // the axes, once: they do not depend on the rows
-      const HookAxes ha = hook_axes(model.cfg, g.hooks[0]);
       for (const std::string& a : axes) {
         if (std::count(axes.begin(), axes.end(), a) > 1) fail("patching: axis '", a, "' given twice");
         const int d = a == "layer" ? -1 : a == "head" ? ha.head : a == "pos" ? ha.pos : a == "src_pos" ? ha.src_pos : -2;
@@ -376,36 +487,60 @@ PatchGrid sweep(TransformerLM& model, const Ids& clean, const Ids& corrupted, co
       throw_if_stopped();  // each index is a pass over a chunk of rows
       for (int64_t f = flat, a = static_cast<int64_t>(axes.size()) - 1; a >= 0; --a) idx[a] = f % g.shape[a], f /= g.shape[a];
       int layer = 0;
+      int64_t patched_pos = -1;  // the position the patch writes at, or -1: all of them
       std::vector<std::pair<int, int64_t>> fixed;  // (activation axis, index) the patch writes at
       for (size_t a = 0; a < axes.size(); ++a) {
         if (dim[a] < 0) layer = static_cast<int>(idx[a]);
         else fixed.push_back({dim[a], idx[a]});
+        if (dim[a] >= 0 && dim[a] == ha.pos) patched_pos = idx[a];
       }
       const std::string& name = g.hooks[by_layer ? layer : 0];
       const Tensor& from = cache[name];
-      if (corrupted_resid.has(name) && same_where(from, corrupted_resid[name], fixed, stride)) {
-        if (!corrupted_logits.defined()) corrupted_logits = model.forward(chunk_corrupted);  // once per chunk
-        on_pass(flat, idx, corrupted_logits, begin);
+      const int block = hook_layer(name);  // the block whose hook is patched (-1: hook_embed, ln_final, ...)
+      const int64_t p0 = patched_pos >= 0 ? patched_pos : window.first_change;  // windowed: the first position changed
+      const bool unchanged = windowed ? (patched_pos >= 0 && patched_pos < window.first_change) || p0 >= window.end
+                                      : corrupted_resid.has(name) && same_where(from, corrupted_resid[name], fixed, stride);
+      if (unchanged) {
+        on_pass(flat, idx, every_position(unpatched()), begin);
         if (passed) passed();
         continue;
       }
       Hooks hooks;
       hooks.add_forward(name, [&](const Tensor& x, const std::string&) {  // the setter
-        if (x.shape() != from.shape()) fail("patching: ", name, " is ", x.shape().str(), " in the corrupted run, ", from.shape().str(), " in the clean run");
-        Tensor y = x.clone();
-        for (int64_t i = 0; i < y.numel(); ++i) {
-          bool here = true;
-          for (const auto& [d, k] : fixed) here = here && (i / stride[d]) % s[d] == k;
-          if (here) y.data()[i] = from.data()[i];
-        }
-        return y;
+        return written_where(x, from, fixed, windowed ? ha.pos : -1, windowed ? p0 : 0);
       });
       ForwardOptions opt;
       opt.hooks = &hooks;
-      const int block = hook_layer(name);  // the block whose hook is patched (-1: hook_embed, ln_final, ...)
-      const bool in_block = block > 0;
-      const Tensor logits = in_block ? model.forward_from(block, corrupted_resid[hook_name(block, "hook_resid_pre")], opt)
-                                     : model.forward(chunk_corrupted, opt);  // (rows, T, V)
+      if (!windowed) {
+        const Tensor logits = block > 0 ? model.forward_from(block, corrupted_resid[hook_name(block, "hook_resid_pre")], opt)
+                                        : model.forward(chunk_corrupted, opt);  // (rows, T, V)
+        on_pass(flat, idx, every_position(logits), begin);
+        if (passed) passed();
+        continue;
+      }
+      // the window: positions [p0, end) from block `block` on, after the corrupted keys and values
+      const int64_t R = end - begin, T = clean.shape[1], W = window.end - p0;
+      opt.kv_cache = &kv.from(block, p0);
+      opt.stop_at_layer = model.cfg.n_layers;
+      const Tensor resid = model.forward_from(block, slice(corrupted_resid[hook_name(block, "hook_resid_pre")], 1, p0, window.end), opt);
+      PassLogits logits;
+      logits.T = T, logits.V = model.cfg.vocab_size;
+      std::vector<int64_t> rows;  // the answers' rows of resid viewed as (R * W, d_model)
+      std::vector<int64_t> keys;  // their row * T + pos
+      for (const PatchAnswer& a : *answers) {
+        if (a.row < begin || a.row >= end) continue;
+        const int64_t key = (a.row - begin) * T + a.pos;
+        if (a.pos < p0) logits.at[key] = unpatched().data() + key * logits.V;  // before the patch: unchanged
+        else if (!logits.at.count(key)) logits.at[key] = nullptr, rows.push_back((a.row - begin) * W + a.pos - p0), keys.push_back(key);
+      }
+      if (!rows.empty()) {
+        Ids pick(Shape{static_cast<int64_t>(rows.size())});
+        for (size_t i = 0; i < rows.size(); ++i) pick.data[i] = static_cast<int32_t>(rows[i]);
+        const Tensor at_answers = model.unembed(gather_rows(reshape(resid, {R * W, model.cfg.d_model}), pick));  // (answers, V)
+        for (size_t i = 0; i < keys.size(); ++i) logits.at[keys[i]] = at_answers.data() + static_cast<int64_t>(i) * logits.V;
+        logits.keep.push_back(at_answers);
+      }
+      if (corrupted_logits.defined()) logits.keep.push_back(corrupted_logits);
       on_pass(flat, idx, logits, begin);
       if (passed) passed();
     }
@@ -436,9 +571,9 @@ PatchGrid generic_activation_patch(TransformerLM& model, const Ids& clean, const
   // the metric sees each patched run's logits of every row at once: one chunk
   std::vector<double> values;
   PatchGrid g = sweep(model, clean, corrupted, hook, axes, std::max<int64_t>(1, clean.shape[0]),
-                      [&](int64_t flat, const std::vector<int64_t>& idx, const Tensor& logits, int64_t) {
+                      [&](int64_t flat, const std::vector<int64_t>& idx, const PassLogits& logits, int64_t) {
                         values.resize(static_cast<size_t>(flat) + 1);
-                        values[static_cast<size_t>(flat)] = metric(logits, idx);
+                        values[static_cast<size_t>(flat)] = metric(logits.every, idx);
                       });
   g.values = values;
   return g;
@@ -455,10 +590,10 @@ PatchGrid generic_activation_patch(TransformerLM& model, const PatchingInputs& i
   if (!(std::fabs(span) > 0)) fail("patching: the clean and the corrupted runs give the same metric (", mc, "): nothing to restore");
   std::vector<LogitDifferenceSum> sums;  // per index, over the chunks
   PatchGrid g = sweep(model, in.clean, in.corrupted, hook, axes, per,
-                      [&](int64_t flat, const std::vector<int64_t>&, const Tensor& logits, int64_t row0) {
+                      [&](int64_t flat, const std::vector<int64_t>&, const PassLogits& logits, int64_t row0) {
                         if (sums.size() <= static_cast<size_t>(flat)) sums.resize(static_cast<size_t>(flat) + 1, LogitDifferenceSum(in.answers));
                         sums[static_cast<size_t>(flat)].add(logits, row0);
-                      });
+                      }, {}, &in.answers);
   for (size_t i = 0; i < g.values.size(); ++i) g.values[i] = (sums[i].value() - mk) / span;
   g.clean_metric = mc, g.corrupted_metric = mk;
   return g;
@@ -517,15 +652,15 @@ PatchingResult activation_patching(TransformerLM& model, const PatchingInputs& i
   std::vector<LogitDifferenceSum> z_sums(static_cast<size_t>(L * H), LogitDifferenceSum(in.answers));
   std::vector<std::vector<double>> z_each(static_cast<size_t>(L * H), std::vector<double>(in.answers.size()));
   (void)sweep(model, in.clean, in.corrupted, "attn.hook_z", {"layer", "head"}, per,
-              [&](int64_t flat, const std::vector<int64_t>&, const Tensor& logits, int64_t row0) {
+              [&](int64_t flat, const std::vector<int64_t>&, const PassLogits& logits, int64_t row0) {
                 z_sums[static_cast<size_t>(flat)].add(logits, row0);
                 each_answer(logits, in.answers, row0, z_each[static_cast<size_t>(flat)]);
-              }, passed);
+              }, passed, &in.answers);
   std::vector<LogitDifferenceSum> resid_sums(static_cast<size_t>(L * T), LogitDifferenceSum(in.answers));
   (void)sweep(model, in.clean, in.corrupted, "hook_resid_pre", {"layer", "pos"}, per,
-              [&](int64_t flat, const std::vector<int64_t>&, const Tensor& logits, int64_t row0) {
+              [&](int64_t flat, const std::vector<int64_t>&, const PassLogits& logits, int64_t row0) {
                 resid_sums[static_cast<size_t>(flat)].add(logits, row0);
-              }, passed);
+              }, passed, &in.answers);
   r.z_exact = r.z_attribution = r.z_exact_ci95_lo = r.z_exact_ci95_hi = HeadGrid(L, std::vector<double>(H));
   r.resid_exact = r.resid_attribution = HeadGrid(L, std::vector<double>(T));
   for (int l = 0; l < L; ++l) {

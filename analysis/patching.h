@@ -6,6 +6,7 @@
 #pragma once
 #include <cmath>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -58,12 +59,22 @@ PatchingInputs corrupt_one_symbol(const Batch& batch, int alphabet, uint64_t see
 // Mean over answers of logits[row, pos, clean] - logits[row, pos, corrupted]: a one-element tensor,
 // differentiable in the logits.
 Tensor logit_difference(const Tensor& logits, const std::vector<PatchAnswer>& answers);
+// A pass's logits over a chunk of rows where they are read: every position's, (rows, T, V), or
+// some positions' alone (a patched run computes the answers' positions only).
+struct PassLogits {
+  Tensor every;                         // (rows, T, V), or undefined
+  int64_t T = 0, V = 0;                 // positions per row, vocabulary
+  std::map<int64_t, const float*> at;   // without `every`: row * T + pos -> its V logits
+  std::vector<Tensor> keep;             // what `at` points into
+  const float* row(int64_t r, int64_t pos) const;  // the V logits of the chunk's row r at pos
+};
 // logit_difference over a batch given in chunks of rows, in row order: the same float sum, bit for
 // bit, as logit_difference of the whole batch's logits.
 class LogitDifferenceSum {
  public:
   explicit LogitDifferenceSum(const std::vector<PatchAnswer>& answers);  // every answer of the batch (kept by reference)
   void add(const Tensor& logits, int64_t row0);  // logits (rows, T, V) of the batch's rows row0, row0 + 1, ...
+  void add(const PassLogits& logits, int64_t row0);
   double value() const { return sum_; }
  private:
   const std::vector<PatchAnswer>* answers_;
@@ -85,6 +96,9 @@ struct PatchingResult {
 // Every pass runs over chunks of rows, checking for a stop between them.
 // `progress`, if given, is called with (patched runs done, patched runs) after each one (a patch
 // that changes nothing counts without running).
+// A patched run computes only what can reach the answers: from the patched block on, from the
+// first position the patch changes (the positions before it read from the corrupted run's keys
+// and values) to the last answer's, and the logits at the answers' positions alone.
 double patching_memory_bytes(const ModelConfig& cfg, int64_t rows, int64_t T);
 PatchingResult activation_patching(TransformerLM& model, const PatchingInputs& in,
                                    const std::function<void(size_t, size_t)>& progress = {});
@@ -117,12 +131,13 @@ using PatchMetric = std::function<double(const Tensor& logits, const std::vector
 // takes no layer axis. Fails naming what is wrong.
 // For every index over `axes`: the corrupted run with the clean run's activation written at that
 // index (every other axis of the activation taken whole: all rows, all of d_head), scored by
-// `metric`. The clean run is recorded once; each patched run is a full forward (the model has
-// no partial forward from a layer on). clean and corrupted must have one shape.
+// `metric`. The clean run is recorded once; each patched run gives the logits of every position
+// (from the patched block on: forward_from). clean and corrupted must have one shape.
 PatchGrid generic_activation_patch(TransformerLM& model, const Ids& clean, const Ids& corrupted, const std::string& hook,
                                    const std::vector<std::string>& axes, const PatchMetric& metric);
 // The same with the metric of activation_patching: the restored fraction of the mean logit
-// difference over in.answers, (m - m_corrupted) / (m_clean - m_corrupted).
+// difference over in.answers, (m - m_corrupted) / (m_clean - m_corrupted). A patched run then
+// computes only what reaches the answers (as activation_patching's, above).
 PatchGrid generic_activation_patch(TransformerLM& model, const PatchingInputs& in, const std::string& hook,
                                    const std::vector<std::string>& axes);
 // The axes patching over `hook` takes by default: layer (when named without it), then head if the

@@ -1,5 +1,5 @@
 // headlab edges: exact edge patching and edge attribution of every edge of a checkpoint's model
-// on its task's rows with one token corrupted (the inputs of headlab patch): flags ->
+// on its task's rows or the repeat probe, one token corrupted (the inputs of headlab patch): flags ->
 // edge_patching -> a table of the top edges, edges.json, edges.csv and inputs.safetensors in --out.
 // With --path-from (and --to), path patching of one sender: printed, no files. With --method, a
 // circuit-discovery method's scores beside the exact effects (--method all: every method, and
@@ -137,9 +137,9 @@ int run_path(const RoleOpts& o, const EdgeFlags& f, RoleModel& m, const Patching
   const PathPatchingResult p = path_patching(*m.model, in, s, receivers);
   std::string names;
   for (const EdgeReceiver& r : receivers) names += (names.empty() ? "" : ", ") + r.name();
-  std::printf("path patching of %s, %zu answers of task %s (one %s token corrupted per row); logit difference clean %.4f, "
+  std::printf("path patching of %s, %zu answers of %s (one %s token corrupted per row); logit difference clean %.4f, "
               "corrupted %.4f\nreceivers: %s\n\n",
-              s.name().c_str(), in.answers.size(), m.config.name.c_str(), o.corrupt.c_str(), p.clean_metric, p.corrupted_metric,
+              s.name().c_str(), in.answers.size(), patching_data_name(o, m).c_str(), o.corrupt.c_str(), p.clean_metric, p.corrupted_metric,
               f.to.empty() ? ("all " + std::to_string(receivers.size()) + " readers").c_str() : names.c_str());
   warn_if_corruption_changes_little(p.clean_metric, p.corrupted_metric);
   print_table({{"patched", "metric - clean"},
@@ -170,7 +170,7 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
   // a directory of another command's results is refused now, not after the work (claiming it
   // then fails the same way, having made nothing)
   if (f.path_from.empty()) check_output_dir(out, "edges");
-  const PatchingInputs in = role_patching_inputs(m, o, edge_patching_memory_bytes, "edges");
+  const PatchingInputs in = role_patching_inputs(m, o, edge_patching_memory_bytes, "edges", o.data == "probe");
   // a grouped-query model runs as its ungrouped equivalent: each head's .k/.v is its own copy
   if (EdgeModel em = edge_model(*m.model); em.ungrouped) m.model = std::move(em.ungrouped);
   if (!f.path_from.empty()) return run_path(o, f, m, in);
@@ -243,10 +243,10 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
                      fixed(e.linearisation_error(), 4)});
     if (with_extra) table.back().push_back(fixed(extra.scores[order[k]], 4));
   }
-  std::printf("edge patching, %zu edges, %zu answers of task %s (one %s token corrupted per row); logit difference clean %.4f, "
+  std::printf("edge patching, %zu edges, %zu answers of %s (one %s token corrupted per row); logit difference clean %.4f, "
               "corrupted %.4f\nexact = the metric with the receiver alone reading the sender's corrupted output, minus the "
               "clean run's (negative: the edge carries what the clean answer needs); attribution = its first-order estimate\n\n",
-              r.edges.size(), in.answers.size(), m.config.name.c_str(), o.corrupt.c_str(), r.clean_metric, r.corrupted_metric);
+              r.edges.size(), in.answers.size(), patching_data_name(o, m).c_str(), o.corrupt.c_str(), r.clean_metric, r.corrupted_metric);
   print_table(table);
   warn_if_corruption_changes_little(r.clean_metric, r.corrupted_metric);
   std::printf("\ncorrelation of attribution with exact over all edges: %.3f\n", pearson(exact, attribution));
@@ -307,6 +307,7 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
 void add_edges_command(CLI::App& app, CommandRunner& runner) {
   RoleOpts defaults;
   defaults.examples = 100;
+  defaults.data = "task";
   auto flags = std::make_shared<EdgeFlags>();
   // the role commands' flags (as headlab patch), and a run that also reads the flags below
   auto [sub, o] = add_role_command(app, runner, "edges",
@@ -314,8 +315,9 @@ void add_edges_command(CLI::App& app, CommandRunner& runner) {
                                    "--path-from, path patching of one sender. A grouped-query model (n_kv_heads < n_heads) runs "
                                    "ungrouped: L{l}H{h}.k/.v is query head h's own copy of its group's key/value input",
                                    nullptr, defaults);
-  sub->add_option("--rows", o->examples, "Held-out rows, one token corrupted in each (--corrupt; the same as --examples)")
+  sub->add_option("--rows", o->examples, "Rows, one token corrupted in each (--corrupt; the same as --examples)")
       ->check(in_range(1, 1e6));
+  add_patching_data_options(sub, *o);
   add_corrupt_option(sub, *o);
   sub->add_option("--top", flags->top, "Edges in the printed table (largest |exact| first)")->capture_default_str()->check(in_range(1, 1e9));
   sub->add_option("--path-from", flags->path_from,

@@ -59,7 +59,7 @@ int run_generic_patch(const RoleOpts& o, const std::string& out, RoleModel& m, c
   std::printf("activation patching of %s over %s, %zu rows of %s (one %s token corrupted per row); logit difference clean %.4f, "
               "corrupted %.4f; restored fraction: 1 = the clean run's, 0 = the corrupted run's\n\n",
               o.patch.hook.c_str(), o.patch.axes.empty() ? (axes[0] + (axes.size() > 1 ? "," + axes[1] : "")).c_str() : o.patch.axes.c_str(),
-              in.answers.size(), (o.data == "probe" ? "the repeat probe" : "task " + m.config.name).c_str(), o.corrupt.c_str(),
+              in.answers.size(), patching_data_name(o, m).c_str(), o.corrupt.c_str(),
               g.clean_metric, g.corrupted_metric);
   warn_if_corruption_changes_little(g.clean_metric, g.corrupted_metric);
   if (table.size() <= 65) print_table(table);
@@ -102,7 +102,7 @@ int run_patch(const RoleOpts& o) {
   const std::unique_ptr<StagedDir> staged = claim_staged_output_dir(out, "patch");
   std::printf("activation patching, %zu rows of %s (one %s token corrupted per row); logit difference clean %.4f, "
               "corrupted %.4f; 1 = the clean run's, 0 = the corrupted run's\n\nper head (hook_z):\n\n",
-              in.answers.size(), (o.data == "probe" ? "the repeat probe" : "task " + m.config.name).c_str(), o.corrupt.c_str(),
+              in.answers.size(), patching_data_name(o, m).c_str(), o.corrupt.c_str(),
               r.clean_metric, r.corrupted_metric);
   warn_if_corruption_changes_little(r.clean_metric, r.corrupted_metric);
   write_patch_files(staged->staging(), r);
@@ -123,12 +123,7 @@ void add_patch_command(CLI::App& app, CommandRunner& runner) {
                                    "Activation and attribution patching per head (hook_z) and per residual position; with "
                                    "--hook, activation patching of any hook point over its axes",
                                    run_patch, defaults);
-  sub->add_option("--data", o->data,
-                  "task: the task's held-out rows; probe: random tokens with a block of --length/2..--length tokens "
-                  "repeated (any model, e.g. GPT-2's), the answer a token of the second copy, its first copy corrupted")
-      ->capture_default_str()->check(CLI::IsMember({"task", "probe"}));
-  sub->add_option("--length", o->length, "probe: the longest block repeated (sequences of 2 x --length tokens); 0 = min(16, max_seq_len / 2)")
-      ->capture_default_str()->check(in_range(0, 1 << 19));
+  add_patching_data_options(sub, *o);
   add_run_option(sub, *o);
   add_corrupt_option(sub, *o);
   sub->add_option("--hook", o->patch.hook,

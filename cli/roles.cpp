@@ -188,6 +188,19 @@ void warn_if_corruption_changes_little(double clean_metric, double corrupted_met
                  gap, clean_metric, corrupted_metric, kLeastPatchingGap);
 }
 
+void add_patching_data_options(CLI::App* sub, RoleOpts& opts) {
+  sub->add_option("--data", opts.data,
+                  "task: the task's held-out rows; probe: random tokens with a block of --length/2..--length tokens "
+                  "repeated (any model, e.g. GPT-2's), the answer a token of the second copy, its first copy corrupted")
+      ->capture_default_str()->check(CLI::IsMember({"task", "probe"}));
+  sub->add_option("--length", opts.length, "probe: the longest block repeated (sequences of 2 x --length tokens); 0 = min(16, max_seq_len / 2)")
+      ->capture_default_str()->check(in_range(0, 1 << 19));
+}
+
+std::string patching_data_name(const RoleOpts& o, const RoleModel& m) {
+  return o.data == "probe" ? "the repeat probe" : "task " + m.config.name;
+}
+
 void add_corrupt_option(CLI::App* sub, RoleOpts& opts) {
   sub->add_option("--corrupt", opts.corrupt,
                   "Token each row's corrupted copy changes: source (the answer's earlier occurrence: what is copied) or "

@@ -89,6 +89,11 @@ PatchingInputs role_patching_inputs(RoleModel& m, const RoleOpts& o, double (*by
                                     const std::string& command, bool probe = false);
 // --corrupt source|previous (patch and edges): which token of each row the corrupted run changes.
 void add_corrupt_option(CLI::App* sub, RoleOpts& opts);
+// --data task|probe and --length (patch and edges): the task's held-out rows, or the repeat probe
+// (any model, e.g. a Hugging Face checkpoint's); role_patching_inputs(..., o.data == "probe").
+void add_patching_data_options(CLI::App* sub, RoleOpts& opts);
+// What patch and edges ran on, for their printed lines: "the repeat probe" or "task NAME".
+std::string patching_data_name(const RoleOpts& o, const RoleModel& m);
 // patch and edges: a warning on stderr when the corruption moves the logit difference by less than
 // kLeastPatchingGap (a model that has not learnt the task): what divides or compares by it is noise.
 void warn_if_corruption_changes_little(double clean_metric, double corrupted_metric);

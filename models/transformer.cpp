@@ -603,8 +603,13 @@ Tensor TransformerLM::run_blocks(int layer, Tensor x, MultiHeadAttention::Call& 
   }
   if (opt.stop_at_layer >= 0) return x;  // (B, T, d_model): the residual stream entering block stop
   if (live && opt.output_rows && layer == cfg.n_layers) x = gather_rows(x, *opt.output_rows);
-  if (ln_f) x = hk ? hk->apply(kLnFinal, hooked_layer_norm(*ln_f, x, hk, std::string(), kLnFinalScale)) : ln_f->forward(x);
-  return cap_logits(head.forward(x));  // (B, T, vocab), or (live or output rows, vocab)
+  if (!hk) return unembed(x);  // (B, T, vocab), or (live or output rows, vocab)
+  if (ln_f) x = hk->apply(kLnFinal, hooked_layer_norm(*ln_f, x, hk, std::string(), kLnFinalScale));
+  return cap_logits(head.forward(x));
+}
+
+Tensor TransformerLM::unembed(const Tensor& resid) {
+  return cap_logits(head.forward(ln_f ? ln_f->forward(resid) : resid));
 }
 
 Tensor TransformerLM::cap_logits(const Tensor& logits) const {
@@ -615,7 +620,18 @@ Tensor TransformerLM::cap_logits(const Tensor& logits) const {
 Tensor TransformerLM::forward_from(int layer, const Tensor& resid_pre, const ForwardOptions& opt) {
   if (layer < 0 || layer > cfg.n_layers)
     fail("model: forward_from layer ", layer, " is outside 0..", cfg.n_layers, " (the model has ", cfg.n_layers, " layers)");
-  if (opt.kv_cache) fail("model: forward_from takes no KV cache");
+  int64_t cached = 0;  // positions in the KV cache before resid_pre's
+  if (opt.kv_cache) {
+    if (!opt.live_len.empty()) fail("model: forward_from takes live_len or a KV cache, not both");
+    if (static_cast<int>(opt.kv_cache->size()) != cfg.n_layers)
+      fail("model: forward_from's KV cache has ", opt.kv_cache->size(), " layers, the model ", cfg.n_layers);
+    for (int l = layer; l < cfg.n_layers; ++l) {
+      if (l == layer) cached = (*opt.kv_cache)[l].len;
+      if ((*opt.kv_cache)[l].len != cached)
+        fail("model: forward_from's KV cache holds ", (*opt.kv_cache)[l].len, " positions at layer ", l, ", ", cached,
+             " at layer ", layer);
+    }
+  }
   if (opt.stop_at_layer > cfg.n_layers || (opt.stop_at_layer >= 0 && (opt.stop_at_layer < layer || !opt.live_len.empty())))
     fail("model: stop_at_layer ", opt.stop_at_layer, " must be ", layer, "..", cfg.n_layers, " (forward_from layer ", layer,
          ") and without live_len");
@@ -638,9 +654,9 @@ Tensor TransformerLM::forward_from(int layer, const Tensor& resid_pre, const For
   }
   if (resid_pre.ndim() != 3 || resid_pre.size(2) != cfg.d_model)
     fail("model: forward_from takes the residual stream (B, T, ", cfg.d_model, "), got ", resid_pre.shape().str());
-  if (resid_pre.size(1) > cfg.max_seq_len)
-    fail("model: sequence of length ", resid_pre.size(1), " exceeds max_seq_len ", cfg.max_seq_len);
-  MultiHeadAttention::Call call = causal_call(opt, resid_pre.size(0), resid_pre.size(1));
+  if (cached + resid_pre.size(1) > cfg.max_seq_len)
+    fail("model: sequence of length ", cached + resid_pre.size(1), " exceeds max_seq_len ", cfg.max_seq_len);
+  MultiHeadAttention::Call call = causal_call(opt, resid_pre.size(0), cached + resid_pre.size(1));
   if (opt.position_ids) {  // rotary attention turns q and k by them (the embeddings' are in resid_pre)
     if (opt.position_ids->shape != Shape{resid_pre.size(0), resid_pre.size(1)})
       fail("model: position_ids ", opt.position_ids->shape.str(), " must be the residual stream's (B, T)");

@@ -164,8 +164,13 @@ class TransformerLM : public Module {
   // head): resid_pre is block `layer`'s input, (B, T, d_model), or with opt.live_len the live
   // positions packed, (sum of live_len, d_model). Hooks (of block `layer` on) are honoured;
   // forward_from(l, the forward's hook_resid_pre of block l) gives the forward's logits bit for
-  // bit. No KV cache. What patching runs when only block `layer` on can change.
+  // bit. What patching runs when only block `layer` on can change. With opt.kv_cache (one entry
+  // per layer, those from `layer` on holding the same number of positions; not with live_len),
+  // resid_pre is the positions after the cached ones, which it appends to the cache.
   Tensor forward_from(int layer, const Tensor& resid_pre, const ForwardOptions& opt = {});
+  // The final residual stream (..., d_model) -> logits (..., vocab): ln_final, the head and its
+  // soft-cap, as the forward ends (no hooks).
+  Tensor unembed(const Tensor& resid);
   // The forward with every activation whose name passes `filter` recorded (and, with_grads, its
   // gradient filled in by a later backward): returns (logits (B, T, vocab), cache).
   std::pair<Tensor, ActivationCache> run_with_cache(const Ids& ids, NameFilter filter, bool with_grads = false,

@@ -7,10 +7,8 @@ scripts/reference/hf_modern.py), then each command on 128-token inputs, timed, w
   detect  headlab detect --checkpoint DIR --length 64 --examples E   (probe rows of 2 x 64 tokens)
   dla     headlab dla --checkpoint DIR --tokens "<128 ids>"
   patch   headlab patch --checkpoint DIR --data probe --length 64 --examples E
-  edges   hl.edge_patching(model, clean, corrupted, answers=...) in a fresh Python process (`headlab edges`
-          takes a task's rows, and no task's vocabulary is a real model's): E rows of 64 random ids
-          repeated once, one id of the first copy corrupted, the answer its copy; exact patching of
-          every edge beside attribution; grouped-query models run ungrouped
+  edges   headlab edges --checkpoint DIR --data probe --length 64 --rows E   (the same probe rows; exact
+          patching of every edge beside attribution; grouped-query models run ungrouped)
 Each command is stopped after --timeout seconds (reported as such).
 
 Usage (from the source directory, after a build; nice: the machine is shared):
@@ -155,22 +153,14 @@ def main():
             "detect": ["detect", "--checkpoint", d, "--length", "64", "--examples", str(a.examples)],
             "dla": ["dla", "--checkpoint", d, "--tokens", ids],
             "patch": ["patch", "--checkpoint", d, "--data", "probe", "--length", "64", "--examples", str(a.examples)],
+            "edges": ["edges", "--checkpoint", d, "--data", "probe", "--length", "64", "--rows", str(a.examples),
+                      "--method", a.method],
         }
         for cmd, args in commands.items():
             s, rss, rc, out, err = run([a.headlab, *args, *th, "--out", os.path.join(out_dir, cmd)], env, a.timeout)
             note = "" if rc == 0 else f"stopped after {a.timeout:.0f} s" if rc == -9 else \
                 "failed: " + (err.strip().splitlines() or ["?"])[-1][:160]
             print(f"{row} {cmd} | {s:.1f} | {gib(rss)} | {note} |", flush=True)
-        edges = ("import sys, numpy as np, headlab as hl\nm = hl.TransformerLM.load(sys.argv[1])\n"
-                 "rng = np.random.default_rng(1)\nE, V = int(sys.argv[2]), m.cfg.d_vocab\n"
-                 "half = np.stack([rng.choice(V - 1, 64, replace=False) for _ in range(E)]).astype(np.int32)\n"
-                 "clean = np.concatenate([half, half], axis=1)\ncorrupted = clean.copy()\ncorrupted[:, 10] = V - 1\n"
-                 "answers = np.array([[r, 73, clean[r, 74], V - 1] for r in range(E)], dtype=np.int64)\n"
-                 "r = hl.edge_patching(m, clean, corrupted, answers=answers)\nprint(len(r['senders']))")
-        s, rss, rc, out, err = run([sys.executable, "-c", edges, d, str(a.examples)], env, a.timeout)
-        note = f"{out.strip()} edges" if rc == 0 else f"stopped after {a.timeout:.0f} s" if rc == -9 else \
-            "failed: " + (err.strip().splitlines() or ["?"])[-1][:160]
-        print(f"{row} edges | {s:.1f} | {gib(rss)} | {note} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -324,3 +324,117 @@ BOOST_AUTO_TEST_CASE(patching_in_chunks_of_rows_equals_one_batch_bit_for_bit) {
     }
   }
 }
+
+// ---- patched runs over the answers' window alone -----------------------------------------------------
+namespace {
+// Two shapes of today's blocks: GPT-2's (learned positions) and a Llama/Gemma-like one (rotary,
+// grouped-query, RMSNorm, gated MLP, sandwich norms, soft-caps, a sliding window on even layers).
+std::vector<std::pair<std::string, ModelConfig>> window_models() {
+  ModelConfig gpt2 = test_model({.vocab = 11, .d_model = 16, .layers = 3, .heads = 4, .d_ff = 24, .max_seq_len = 12});
+  ModelConfig modern = gpt2;
+  modern.positions = Positions::Rotary;
+  modern.n_kv_heads = 2;
+  modern.normalization = NormKind::RMSNorm;
+  modern.mlp = Mlp::SwiGLU;
+  modern.sandwich_norm = true;
+  modern.attn_softcap = 20.f;
+  modern.final_softcap = 10.f;
+  modern.sliding_window = 4;
+  modern.window_layers = "alternate";
+  modern.attn_bias = false;
+  return {{"gpt2", gpt2}, {"modern", modern}};
+}
+// Three rows of 10 tokens, the corruption at 2, 3 and 4, several answers (two in a row, one
+// before a later row's corruption), the last row padded after its 7 tokens.
+PatchingInputs window_inputs() {
+  PatchingInputs in;
+  in.clean = Ids(Shape{3, 10}, {1, 3, 5, 2, 6, 0, 4, 9, 8, 7,   //
+                                4, 4, 1, 2, 8, 7, 3, 3, 10, 5,  //
+                                2, 7, 9, 1, 6, 5, 3, 0, 0, 0});
+  in.corrupted = in.clean;
+  in.corrupted.at(0, 2) = 10, in.corrupted.at(1, 3) = 0, in.corrupted.at(2, 4) = 8;
+  in.answers = {{0, 5, 5, 10}, {0, 8, 2, 6}, {1, 2, 1, 9}, {1, 7, 2, 0}, {2, 6, 6, 8}};
+  in.source_pos = {2, 3, 4};
+  in.key_padding = Tensor::zeros({3, 10});
+  for (int64_t t = 7; t < 10; ++t) in.key_padding.data()[2 * 10 + t] = 1.f;
+  return in;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(forward_from_after_a_kv_cache_gives_the_forwards_later_positions) {
+  for (const auto& [arch, cfg] : window_models()) {
+    TransformerLM m(cfg, 21);
+    EvalScope mode(m);
+    NoGradGuard ng;
+    const Ids ids = window_inputs().clean;
+    const auto [logits, cache] = m.run_with_cache(ids, names_ending_with("hook_resid_pre"));  // (3, 10, V)
+    for (int l = 0; l < 3; ++l)
+      for (int64_t p : {0, 3, 9}) {
+        BOOST_TEST_CONTEXT(arch << " from layer " << l << " position " << p) {
+          std::vector<KVCacheLayer> kv(3);
+          ForwardOptions opt;
+          opt.kv_cache = &kv;
+          Ids head(Shape{3, p});
+          for (int64_t r = 0; r < 3; ++r)
+            for (int64_t t = 0; t < p; ++t) head.at(r, t) = ids.at(r, t);
+          if (p > 0) (void)m.forward(head, opt);
+          const Tensor tail = m.forward_from(l, slice(cache["blocks." + std::to_string(l) + ".hook_resid_pre"], 1, p, 10), opt);
+          const Tensor want = slice(logits, 1, p, 10);
+          double worst = 0;
+          for (int64_t i = 0; i < want.numel(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(tail.data()[i]) - want.data()[i]));
+          BOOST_TEST(worst <= 1e-5);
+        }
+      }
+    std::vector<KVCacheLayer> uneven(3);
+    uneven[1].len = 2;
+    ForwardOptions opt;
+    opt.kv_cache = &uneven;
+    BOOST_TEST(error_of([&] { m.forward_from(0, Tensor::zeros({3, 1, 16}), opt); }).find("holds 2 positions at layer 1, 0 at layer 0") !=
+               std::string::npos);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(patching_over_the_answers_window_equals_patching_whole_runs) {
+  // the default metric's sweeps run only what reaches the answers; a metric of its own sees whole
+  // runs of every position and block: the restored fractions agree to float32 rounding (the
+  // window's products take fewer rows, which may pick another kernel; bit for bit on this
+  // machine's default OpenBLAS kernels)
+  const PatchingInputs in = window_inputs();
+  for (const auto& [arch, cfg] : window_models()) {
+    TransformerLM m(cfg, 22);
+    const PatchingResult r = activation_patching(m, in);
+    const double mc = r.clean_metric, mk = r.corrupted_metric;
+    auto whole_runs = [&](const std::string& hook, const std::vector<std::string>& axes) {
+      return generic_activation_patch(m, in.clean, in.corrupted, hook, axes, [&](const Tensor& logits, const std::vector<int64_t>&) {
+        LogitDifferenceSum sum(in.answers);  // the default metric's float sum
+        sum.add(logits, 0);
+        return (sum.value() - mk) / (mc - mk);
+      });
+    };
+    auto agree = [&](const std::vector<double>& got, const std::vector<double>& want, const std::string& what) {
+      BOOST_TEST_REQUIRE(got.size() == want.size());
+      double largest = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        BOOST_TEST(std::fabs(got[i] - want[i]) <= 2e-5 * std::max(1.0, std::fabs(want[i])), arch << " " << what << " at " << i);
+        largest = std::max(largest, std::fabs(want[i]));
+      }
+      BOOST_TEST(largest > 5e-4, arch << " " << what);  // the comparison means something
+    };
+    const std::vector<std::pair<std::string, std::vector<std::string>>> sweeps = {
+        {"hook_resid_pre", {"layer", "pos"}}, {"hook_z", {"layer", "head"}},       {"hook_z", {"layer", "head", "pos"}},
+        {"hook_k", {"layer", "head", "pos"}}, {"hook_v", {"layer", "pos"}},        {"hook_q_input", {"layer", "head", "pos"}},
+        {"hook_resid_mid", {"layer", "pos"}}, {"hook_mlp_out", {"layer", "pos"}},  {"attn.hook_pattern", {"layer", "head", "pos"}}};
+    for (const auto& [hook, axes] : sweeps) {
+      const PatchGrid g = generic_activation_patch(m, in, hook, axes);
+      BOOST_TEST(g.clean_metric == mc);
+      agree(g.values, whole_runs(hook, axes).values, hook);
+    }
+    std::vector<double> z, resid;
+    for (int l = 0; l < 3; ++l) {
+      z.insert(z.end(), r.z_exact[l].begin(), r.z_exact[l].end());
+      resid.insert(resid.end(), r.resid_exact[l].begin(), r.resid_exact[l].end());
+    }
+    agree(z, whole_runs("hook_z", {"layer", "head"}).values, "activation_patching hook_z");
+    agree(resid, whole_runs("hook_resid_pre", {"layer", "pos"}).values, "activation_patching hook_resid_pre");
+  }
+}

@@ -351,3 +351,43 @@ def test_a_model_larger_than_memory_is_refused_before_its_weights_are_read(tmp_p
         assert m and int(m.group(1)) == params, line
         assert abs(float(m.group(2)) - (4 * params + 4 * Fi * D) / 2 ** 40) <= 0.05, line  # printed to 0.1 TiB
     assert not out.exists() and not (tmp_path / "det").exists()
+
+
+def test_edges_takes_the_repeat_probe_of_patch_on_an_hf_dir(tmp_path):
+    # a Hugging Face directory has no task: `headlab edges --data probe` takes patch's repeat probe,
+    # the rows it wrote are the probe's (one token of each row corrupted, the answer its copy), and
+    # Python's edge_patching on them gives the command's numbers bit for bit
+    from test_edges import read_int32_safetensors
+    d, _, _ = make(tmp_path, "smollm2")
+    out = tmp_path / "edges"
+    r = run("edges", "--checkpoint", d, "--data", "probe", "--length", 4, "--rows", 3, "--threads", 2, "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert "3 answers of the repeat probe (one source token corrupted per row)" in r.stdout
+    inp = read_int32_safetensors(out / "inputs.safetensors")
+    clean, corrupted, answers = inp["clean"], inp["corrupted"], inp["answers"]
+    assert clean.shape == corrupted.shape == (3, 8) and answers.shape == (3, 4)
+    for row, pos, good, bad in answers:
+        (changed,) = np.nonzero(clean[row] != corrupted[row])
+        assert len(changed) == 1 and changed[0] < pos
+        assert (clean[row, changed[0]], corrupted[row, changed[0]]) == (good, bad)
+    j = json.load(open(out / "edges.json"))
+    py = hl.edge_patching(hl.TransformerLM.load(str(d)), clean, corrupted, answers=answers)
+    assert py["receivers"] == [e["receiver"] for e in j["edges"]]
+    assert np.array_equal(py["exact"], np.array([e["exact"] for e in j["edges"]]))
+    # with a task instead (the default), the model's vocabulary is named against the task's
+    line = bad_line(run("edges", "--checkpoint", d, "--rows", 3, "--threads", 2, "--out", tmp_path / "e2"))
+    assert "the model's vocabulary (29) does not fit task copy" in line, line
+    assert not (tmp_path / "e2").exists()
+
+
+@pytest.mark.parametrize("command", ["patch", "edges"])
+def test_patch_and_edges_refuse_work_larger_than_memory_with_the_estimate(tmp_path, command):
+    # a million rows of 4096 tokens: refused before the rows are made, naming the estimate and
+    # the flags that lower it; nothing written
+    d, _, _ = make(tmp_path, "smollm2", config={"max_position_embeddings": 4096})
+    line = bad_line(run(command, "--checkpoint", d, "--data", "probe", "--length", 2048, "--examples", 1000000, "--threads", 2,
+                        "--out", tmp_path / "out"))
+    m = re.search(rf"^headlab: error: {command}: 1000000 sequences of 4096 tokens needs about ([\d.]+) (TiB|PiB) of memory, "
+                  r"more than the .* available; lower --examples or --length$", line)
+    assert m, line
+    assert not (tmp_path / "out").exists()
