@@ -142,10 +142,12 @@ void check_patching_padding(const PatchingInputs& in, const std::string& fn) {
 }
 
 double patching_memory_bytes(const ModelConfig& cfg, int64_t rows, int64_t T) {
-  // one chunk's passes, and per row its ids, its answer's value at every head and in the two runs,
-  // and the corrupted run's keys and values at every layer, recorded and a working copy
+  // one chunk's passes, and per row its ids and its answer's value at every head and in the two runs;
+  // per row of a chunk (held one chunk at a time), the corrupted run's keys and values at every
+  // layer, recorded and a working copy
   const double kv = 4.0 * static_cast<double>(4 * cfg.n_layers * T * cfg.kv_heads() * cfg.head_dim());
-  return chunked_pass_bytes(cfg, rows, T, true, 8.0 * static_cast<double>(cfg.n_layers * cfg.n_heads + 2) + kv);
+  return chunked_pass_bytes(cfg, rows, T, true, 8.0 * static_cast<double>(cfg.n_layers * cfg.n_heads + 2)) +
+         kv * static_cast<double>(rows_per_pass(cfg, rows, T, true));
 }
 
 namespace {

@@ -232,8 +232,10 @@ BOOST_AUTO_TEST_CASE(patching_hook_z_per_head_equals_patching_each_head_by_hand)
       ForwardOptions opt;
       opt.hooks = &hooks;
       const double want = (logit_difference(m.forward(in.corrupted, opt), in.answers).item() - mk) / (mc - mk);
-      BOOST_TEST(g.at({l, h}) == want);
-      BOOST_TEST(r.z_exact[l][h] == want);
+      // a patched run computes only the positions its patch reaches, with fewer rows in its products
+      // than the whole run, so another kernel may sum them: equal within float32 rounding
+      BOOST_TEST(std::abs(g.at({l, h}) - want) <= 1e-5);
+      BOOST_TEST(std::abs(r.z_exact[l][h] - want) <= 1e-5);
     }
   BOOST_TEST(g.clean_metric == r.clean_metric);
 }

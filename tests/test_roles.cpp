@@ -348,7 +348,7 @@ BOOST_AUTO_TEST_CASE(patching_the_clean_activation_gives_one_and_the_corrupted_g
     }
 }
 
-BOOST_AUTO_TEST_CASE(activation_patching_is_full_forwards_with_a_hook_bit_for_bit) {
+BOOST_AUTO_TEST_CASE(activation_patching_is_full_forwards_with_a_hook_within_float32_rounding) {
   // every head and residual position against a full forward of the corrupted ids with the clean
   // activation written by a hook and the dense logit difference: the sweeps start at the patched
   // block, sum only the answers' logits and skip a patch that writes what is there (positions 2, 4
@@ -389,10 +389,14 @@ BOOST_AUTO_TEST_CASE(activation_patching_is_full_forwards_with_a_hook_bit_for_bi
   };
   for (int l = 0; l < L; ++l) {
     const std::string z = "blocks." + std::to_string(l) + ".attn.hook_z", res = "blocks." + std::to_string(l) + ".hook_resid_pre";
-    for (int h = 0; h < H; ++h) BOOST_TEST(r.z_exact[l][h] == patched(z, [&](int64_t i) { return (i / dh) % H == h; }));
-    for (int64_t t = 0; t < T; ++t) BOOST_TEST(r.resid_exact[l][t] == patched(res, [&](int64_t i) { return (i / D) % T == t; }));
+    // a patched run computes only the positions its patch reaches (fewer rows in its products than
+    // the whole run, so another kernel may sum them): equal within float32 rounding
+    for (int h = 0; h < H; ++h)
+      BOOST_TEST(std::abs(r.z_exact[l][h] - patched(z, [&](int64_t i) { return (i / dh) % H == h; })) <= 1e-5);
+    for (int64_t t = 0; t < T; ++t)
+      BOOST_TEST(std::abs(r.resid_exact[l][t] - patched(res, [&](int64_t i) { return (i / D) % T == t; })) <= 1e-5);
   }
-  BOOST_TEST(r.resid_exact[0][2] == 0.0);  // a skipped patch: the corrupted run itself
+  BOOST_TEST(std::abs(r.resid_exact[0][2]) <= 1e-5);  // a patch that changes nothing: the corrupted run itself
 }
 
 BOOST_AUTO_TEST_CASE(rows_without_a_prompt_corrupt_a_symbol_seen_once_before_it_is_predicted) {
