@@ -382,12 +382,13 @@ def test_edges_takes_the_repeat_probe_of_patch_on_an_hf_dir(tmp_path):
 
 @pytest.mark.parametrize("command", ["patch", "edges"])
 def test_patch_and_edges_refuse_work_larger_than_memory_with_the_estimate(tmp_path, command):
-    # a million rows of 4096 tokens: refused before the rows are made, naming the estimate and
-    # the flags that lower it; nothing written
-    d, _, _ = make(tmp_path, "smollm2", config={"max_position_embeddings": 4096})
-    line = bad_line(run(command, "--checkpoint", d, "--data", "probe", "--length", 2048, "--examples", 1000000, "--threads", 2,
+    # a million rows of 65536 tokens (hundreds of GiB even though patch and edges run
+    # chunks of rows and hold little per row): refused before the rows are made, naming the
+    # estimate and the flags that lower it; nothing written
+    d, _, _ = make(tmp_path, "smollm2", config={"max_position_embeddings": 65536})
+    line = bad_line(run(command, "--checkpoint", d, "--data", "probe", "--length", 32768, "--examples", 1000000, "--threads", 2,
                         "--out", tmp_path / "out"))
-    m = re.search(rf"^headlab: error: {command}: 1000000 sequences of 4096 tokens needs about ([\d.]+) (TiB|PiB) of memory, "
+    m = re.search(rf"^headlab: error: {command}: 1000000 sequences of 65536 tokens needs about ([\d.]+) (GiB|TiB|PiB|EiB) of memory, "
                   r"more than the .* available; lower --examples or --length$", line)
     assert m, line
     assert not (tmp_path / "out").exists()
