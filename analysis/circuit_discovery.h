@@ -37,7 +37,8 @@ struct EapIgOptions {
   enum Interpolate { Inputs, Activations } interpolate = Inputs;
   int steps = 5;  // 1..1000
   // The rows run in this many groups of like length, each cut after its rows' last answer (the
-  // scores the same to rounding, fewer positions per step); 0: 4 from 32 rows, else 1. 0..64.
+  // scores the same to rounding, fewer positions per step); 0: 4 from 32 rows when steps > 1, else
+  // 1 (one step is then the attribution bit for bit). 0..64.
   int row_groups = 0;
 };
 // "inputs" / "activations"

@@ -11,7 +11,9 @@ namespace hl::bindings {
 
 void bind_features(py::module_& m) {
   py::class_<Sae>(m, "SAE", R"(A sparse autoencoder in SAELens's layout: W_enc (d_in, d_sae), b_enc, W_dec (d_sae, d_in),
-b_dec, and for JumpReLU its thresholds. encode(x) = act((x - b_dec) W_enc + b_enc), decode(f) = f W_dec + b_dec.)")
+b_dec, and for JumpReLU its thresholds. encode(x) = act((x - b_dec) W_enc + b_enc), decode(f) = f W_dec + b_dec,
+forward(x) = the reconstruction of x in x's units. With normalize_activations="layer_norm", encode normalises each row
+first and decode's output is in those normalised units: forward(x) (and the splice) scale it back.)")
       .def_property_readonly("d_in", [](const Sae& s) { return s.cfg.d_in; }, "Input width (a hook point's values per token)")
       .def_property_readonly("d_sae", [](const Sae& s) { return s.cfg.d_sae; }, "Number of features")
       .def_property_readonly("architecture", [](const Sae& s) { return sae_arch_name(s.cfg.arch); },
@@ -40,7 +42,23 @@ b_dec, and for JumpReLU its thresholds. encode(x) = act((x - b_dec) W_enc + b_en
             NoGradGuard no_grad;
             return view_of(s.decode(tensor_from_array(f, "f")));
           },
-          py::arg("f"), "Reconstruction (N, d_in) of feature activations f (N, d_sae)")
+          py::arg("f"),
+          "f W_dec + b_dec (N, d_out) of feature activations f (N, d_sae): in the normalised units when "
+          "normalize_activations is layer_norm (forward(x) gives x's units)")
+      .def(
+          "forward",
+          [](const Sae& s, const py::array& x) {
+            NoGradGuard no_grad;
+            return view_of(s.forward(tensor_from_array(x, "x")));
+          },
+          py::arg("x"), "The reconstruction (N, d_out) of activations x (N, d_in), in x's units (what the splice writes)")
+      .def(
+          "__call__",
+          [](const Sae& s, const py::array& x) {
+            NoGradGuard no_grad;
+            return view_of(s.forward(tensor_from_array(x, "x")));
+          },
+          py::arg("x"), "sae(x) = sae.forward(x)")
       .def(
           "save",
           [](const Sae& s, const PathArg& dir) {

@@ -81,6 +81,27 @@ BOOST_AUTO_TEST_CASE(eap_ig_in_row_groups_cut_after_their_answers_is_the_whole_b
   BOOST_TEST(error_of([&] { eap_ig_scores(m, in, {EapIgOptions::Inputs, 3, 65}); }) == "eap-ig: row groups 65 is outside 0..64");
 }
 
+BOOST_AUTO_TEST_CASE(eap_ig_with_one_step_is_the_attribution_bit_for_bit_from_32_rows) {
+  // From 32 rows more steps run in groups of like length (equal to rounding); one step runs whole,
+  // so it stays the attribution bit for bit as at any batch size.
+  TransformerLM m(test_model({.layers = 2}), 3);
+  randomise(m, 9);
+  const PatchingInputs three = inputs();
+  const int64_t B = 33, T = three.clean.shape[1];
+  PatchingInputs in;
+  in.clean = Ids(Shape{B, T});
+  in.corrupted = Ids(Shape{B, T});
+  for (int64_t r = 0; r < B; ++r) {
+    for (int64_t t = 0; t < T; ++t) in.clean.at(r, t) = three.clean.at(r % 3, t), in.corrupted.at(r, t) = three.corrupted.at(r % 3, t);
+    in.source_pos.push_back(three.source_pos[r % 3]);
+  }
+  for (const PatchAnswer& a : three.answers)
+    for (PatchAnswer b = a; b.row < B; b.row += 3) in.answers.push_back(b);
+  std::vector<double> attribution;
+  for (const Edge& e : edge_patching(m, in).edges) attribution.push_back(e.attribution);
+  BOOST_TEST(eap_ig_scores(m, in, {EapIgOptions::Inputs, 1}) == attribution);
+}
+
 BOOST_AUTO_TEST_CASE(eap_ig_along_a_straight_path_converges_to_exact_patching) {
   // Heads whose W_O is 0 write nothing: the input path moves the logits' input exactly along
   // delta_embed, so the integral of the gradient along it is exact(embed -> logits) (and every other

@@ -50,6 +50,11 @@ def test_batchtopk_trains_on_layer_normed_rows_by_default_and_keeps_it_in_its_fi
     f = np.asarray(sae.encode(x))
     assert (f != 0).any()
     np.testing.assert_allclose(f[f != 0], pre[f != 0], atol=1e-4)  # the kept entries pass unchanged
+    # forward(x): decode's normalised output scaled back by each row's std (no eps) and mean, in x's units
+    sd = x.std(1, ddof=1, keepdims=True)
+    want = (f.astype(np.float64) @ sae.W_dec + sae.b_dec) * sd + mu
+    np.testing.assert_allclose(np.asarray(sae.forward(x)), want, rtol=1e-4, atol=1e-4)
+    assert np.array_equal(np.asarray(sae(x)), np.asarray(sae.forward(x)))
     sae.save(tmp_path / "sae")
     back = hl.SAE.load(tmp_path / "sae")
     assert back.normalize_activations == "layer_norm" and np.array_equal(np.asarray(back.encode(x)), f)
