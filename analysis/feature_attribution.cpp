@@ -26,7 +26,7 @@ void check_sae_hook(const TransformerLM& model, const Sae& sae) {
 }
 
 // Calls fn(batch, f) with f (B*T, d_sae) the SAE's inference activations on each batch of data,
-// run with its padding (the rows' tokens: row_tokens; f at padding is not to be read).
+// run with its padding (the rows' tokens: Batch::row_tokens; f at padding is not to be read).
 template <class Fn>
 void for_each_encoded_batch(TransformerLM& model, const Sae& sae, const std::vector<Batch>& data, Fn fn) {
   check_sae_hook(model, sae);
@@ -92,7 +92,7 @@ double final_norm_scale(TransformerLM& model, const std::vector<Batch>& data) {
     const Tensor& s = cache[name];  // (B, T, 1)
     const int64_t B = s.size(0), T = s.size(1);
     for (int64_t r = 0; r < B; ++r)
-      for (int64_t t = 0; t < row_tokens(b, r); ++t) sum += s.data()[r * T + t], ++n;
+      for (int64_t t = 0, end = b.row_tokens(r); t < end; ++t) sum += s.data()[r * T + t], ++n;
   }
   HL_CHECK(n > 0, "final_norm_scale: no tokens in the data");
   return sum / double(n);
@@ -234,7 +234,7 @@ std::vector<FeatureExamples> top_activating_examples(TransformerLM& model, const
       const int j = features[i];
       std::vector<FeatureExample>& ex = out[i].examples;
       for (int64_t b = 0; b < B; ++b) {
-        const int64_t n = row_tokens(batch, b);  // the row's tokens; the padding after them is no example
+        const int64_t n = batch.row_tokens(b);  // the row's tokens; the padding after them is no example
         int64_t best = 0;
         for (int64_t t = 1; t < n; ++t)
           if (f.data()[(b * T + t) * F + j] > f.data()[(b * T + best) * F + j]) best = t;
@@ -268,7 +268,7 @@ FeaturePresence feature_presence(TransformerLM& model, const Sae& sae, const std
   for_each_encoded_batch(model, sae, data, [&](const Batch& b, const Tensor& f) {
     const int64_t T = b.inputs.shape[1];
     for (int64_t row = 0; row < b.inputs.shape[0]; ++row) {
-      const int64_t n = row_tokens(b, row);
+      const int64_t n = b.row_tokens(row);
       for (int64_t r = row * T; r < row * T + n; ++r)
         for (int64_t j = 0; j < F; ++j) {
           const float a = f.data()[r * F + j];

@@ -15,7 +15,7 @@ namespace {
 Ids data_row(const std::vector<Batch>& data, int64_t row) {
   for (const Batch& b : data) {
     if (row < b.size()) {
-      const int64_t T = b.inputs.shape[1], n = row_tokens(b, row);
+      const int64_t T = b.inputs.shape[1], n = b.row_tokens(row);
       return Ids(Shape{1, n}, std::vector<int32_t>(b.inputs.data.begin() + row * T, b.inputs.data.begin() + row * T + n));
     }
     row -= b.size();

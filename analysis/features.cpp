@@ -92,13 +92,6 @@ std::vector<DensityBucket> density_histogram(const std::vector<double>& density,
   return h;
 }
 
-int64_t row_tokens(const Batch& b, int64_t r) {
-  int64_t n = b.inputs.shape[1];
-  if (b.key_padding.defined())
-    while (n > 0 && b.key_padding.at({r, n - 1}) != 0.f) --n;
-  return n;
-}
-
 namespace {
 // (tokens of every batch, width) at `hook`: the rows an SAE there reads, batch after batch,
 // each sequence's padding left out
@@ -114,7 +107,7 @@ Tensor rows_at(TransformerLM& model, const std::string& hook, const std::vector<
     width = tokens ? act.numel() / tokens : 0;
     const Tensor r = sae_rows(act, width, hook);
     for (int64_t row = 0; row < B; ++row)
-      rows.insert(rows.end(), r.data() + row * T * width, r.data() + (row * T + row_tokens(b, row)) * width);
+      rows.insert(rows.end(), r.data() + row * T * width, r.data() + (row * T + b.row_tokens(row)) * width);
   }
   Tensor out = Tensor::empty({width ? static_cast<int64_t>(rows.size()) / width : 0, width});
   std::copy(rows.begin(), rows.end(), out.data());

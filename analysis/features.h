@@ -41,10 +41,6 @@ struct DensityBucket {
 };
 std::vector<DensityBucket> density_histogram(const std::vector<double>& density, int decades = 6);
 
-// Row r's tokens in batch b: its first n columns. Padded rows are left-aligned (the padding after
-// the tokens, models/padding.h; token_batches aligns them), so n is T less the trailing padding.
-int64_t row_tokens(const Batch& b, int64_t r);
-
 // Everything above for an SAE on a model: the activations at its hook over `data` (every
 // token of every batch, padding left out; a transcoder's target at hook_name_out) give the
 // metrics and the histogram, the same batches the loss recovered.

@@ -181,14 +181,19 @@ std::unique_ptr<Task> make_task(const TaskConfig& cfg) {
   return find_task(cfg.name)->make(cfg);
 }
 
+int64_t Batch::row_tokens(int64_t r) const {
+  const int64_t W = inputs.shape[1];
+  int64_t n = W;
+  if (key_padding.defined())
+    while (n > 0 && key_padding.data()[r * W + n - 1] != 0.f) --n;
+  return n;
+}
+
 std::vector<std::vector<int32_t>> unpadded_rows(const std::vector<Batch>& data, int64_t n) {
   std::vector<std::vector<int32_t>> rows;
   for (const Batch& b : data)
     for (int64_t r = 0; r < b.size() && static_cast<int64_t>(rows.size()) < n; ++r) {
-      const int64_t W = b.inputs.shape[1];
-      int64_t T = W;
-      if (b.key_padding.defined())
-        while (T > 1 && b.key_padding.data()[r * W + T - 1] != 0.f) --T;
+      const int64_t W = b.inputs.shape[1], T = std::max<int64_t>(1, b.row_tokens(r));  // an all-padding row keeps its first token
       rows.emplace_back(b.inputs.data.begin() + r * W, b.inputs.data.begin() + r * W + T);
     }
   return rows;

@@ -47,6 +47,9 @@ struct Batch {
   std::vector<int> prompt_len;
   std::vector<std::vector<int32_t>> symbols;  // scratch of the copy tasks (x per row)
   int64_t size() const { return inputs.shape[0]; }
+  // Row r's tokens: its first n columns. Padded rows are left-aligned (the padding after the
+  // tokens, models/padding.h; token_batches aligns them), so n is T less the trailing padding.
+  int64_t row_tokens(int64_t r) const;
   int64_t counted_targets() const;  // targets that count in the loss (not -1)
   // Per row, the positions up to and including its last counted target: all that a loss or an
   // accuracy reads, and all a causal model needs (TransformerLM's ForwardOptions::live_len).

@@ -42,7 +42,7 @@ void bind_feature_study(py::module_& m) {
         const DataArg d = data_arg(data, model, "feature_final_scale");
         return interruptible([&] { return final_norm_scale(model, d.batches()); });
       },
-      py::arg("model"), py::arg("data"), "The mean of ln_final.hook_scale over every position of data (1 without a final norm)");
+      py::arg("model"), py::arg("data"), "The mean of ln_final.hook_scale over the tokens of data, padding left out (1 without a final norm)");
   m.def(
       "feature_attribution",
       [](TransformerLM& model, const Sae& sae, const py::object& ids, int feature, const py::object& attention_mask) {

@@ -732,6 +732,13 @@ BOOST_AUTO_TEST_CASE(every_method_on_every_planted_circuit) {
         o.pruning.target_edges = static_cast<int>(n + pc.true_mlp_edges.size());  // its circuit has MLP-sender edges too
         const MethodScores s = run_edge_method(m, pc.task, r, o);
         circuit = s.circuit.empty() ? top_edges(s.scores, n) : s.circuit;
+        if (!s.mlp_scores.empty() && !pc.true_mlp_edges.empty()) {  // eap-ig, atp-star: the true MLP-sender edges score highest
+          const auto list = mlp_sender_edge_list(m.cfg);
+          const std::vector<bool> top = top_edges(s.mlp_scores, pc.true_mlp_edges.size());
+          BOOST_TEST_CONTEXT(name << ", " << method << "'s MLP-sender scores")
+          for (const auto& t : pc.true_mlp_edges)
+            BOOST_TEST(top[static_cast<size_t>(std::find(list.begin(), list.end(), t) - list.begin())]);
+        }
         if (!s.mlp_circuit.empty()) {  // acdc and edge pruning keep the true MLP-sender edges
           const auto list = mlp_sender_edge_list(m.cfg);
           size_t kept = 0;

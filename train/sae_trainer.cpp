@@ -143,10 +143,11 @@ ActivationStream model_activation_stream(TransformerLM& model, const std::vector
       }
       if (!buf->d) buf->d = d;
       const int64_t T = batch.inputs.shape[1];
-      for (int64_t r = 0; r < batch.inputs.shape[0]; ++r)
-        for (int64_t t = r * T; t < r * T + row_tokens(batch, r); ++t) {  // the row's tokens, not its padding
-          const int64_t at = size();
-          buf->rows.resize(static_cast<size_t>((at + 1) * d));
+      int64_t at = size(), tokens = 0;
+      for (int64_t r = 0; r < batch.size(); ++r) tokens += batch.row_tokens(r);
+      buf->rows.resize(static_cast<size_t>((at + tokens) * d));
+      for (int64_t r = 0; r < batch.size(); ++r)
+        for (int64_t t = r * T, end = r * T + batch.row_tokens(r); t < end; ++t, ++at) {  // the row's tokens, not its padding
           float* dst = buf->rows.data() + at * d;
           for (const Tensor& p : parts) dst = std::copy_n(p.data() + t * p.size(1), p.size(1), dst);
         }

@@ -69,7 +69,7 @@ struct ActivationStream {
 
 // Activations of `model` at `hook` over `batches` (cycled), as SAE rows (sae_rows: hook_z
 // concatenated over heads), each row's tokens only (a batch's padding, key_padding, is run with
-// the forward and left out: row_tokens), mixed in a shuffle buffer of `buffer_rows` rows: the buffer
+// the forward and left out: Batch::row_tokens), mixed in a shuffle buffer of `buffer_rows` rows: the buffer
 // is topped up with whole batches from the model and each request takes rows from it at random
 // (SAELens's mixing buffer, without an activation file). A hook the model does not have is an
 // error naming it; the model runs without gradients.

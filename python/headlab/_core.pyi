@@ -206,7 +206,9 @@ class NonFiniteError(FloatingPointError):
 
 class SAE:
     """A sparse autoencoder in SAELens's layout: W_enc (d_in, d_sae), b_enc, W_dec (d_sae, d_in),
-b_dec, and for JumpReLU its thresholds. encode(x) = act((x - b_dec) W_enc + b_enc), decode(f) = f W_dec + b_dec."""
+b_dec, and for JumpReLU its thresholds. encode(x) = act((x - b_dec) W_enc + b_enc), decode(f) = f W_dec + b_dec,
+forward(x) = the reconstruction of x in x's units. With normalize_activations="layer_norm", encode normalises each row
+first and decode's output is in those normalised units: forward(x) (and the splice) scale it back."""
     @property
     def d_in(self) -> int:
         """Input width (a hook point's values per token)"""
@@ -243,7 +245,11 @@ b_dec, and for JumpReLU its thresholds. encode(x) = act((x - b_dec) W_enc + b_en
     def encode(self, x: numpy.ndarray) -> numpy.ndarray:
         """Feature activations (N, d_sae) of activations x (N, d_in)"""
     def decode(self, f: numpy.ndarray) -> numpy.ndarray:
-        """Reconstruction (N, d_in) of feature activations f (N, d_sae)"""
+        """f W_dec + b_dec (N, d_out) of feature activations f (N, d_sae): in the normalised units when normalize_activations is layer_norm (forward(x) gives x's units)"""
+    def forward(self, x: numpy.ndarray) -> numpy.ndarray:
+        """The reconstruction (N, d_out) of activations x (N, d_in), in x's units (what the splice writes)"""
+    def __call__(self, x: numpy.ndarray) -> numpy.ndarray:
+        """sae(x) = sae.forward(x)"""
     def save(self, dir: str | os.PathLike) -> None:
         """Writes dir/cfg.json and dir/sae_weights.safetensors in SAELens's layout"""
     @staticmethod
@@ -549,7 +555,7 @@ def feature_attribution(model: TransformerLM, sae: SAE, ids: object, feature: in
     """Direct feature attribution by source position for an SAE on hook_z: the feature's pre-activation at every query decomposed over heads and attended source tokens, contribution (B, T, H, T) [b, query, head, source], plus bias; contribution.sum((2, 3)) + bias == pre_activation. attention_mask (B, T), 1 = token, 0 = padding on either side of a row's tokens: each row as alone, in its columns; a padding query has no contribution and NaN activations."""
 
 def feature_final_scale(model: TransformerLM, data: object) -> float:
-    """The mean of ln_final.hook_scale over every position of data (1 without a final norm)"""
+    """The mean of ln_final.hook_scale over the tokens of data, padding left out (1 without a final norm)"""
 
 def feature_head_outputs(model: TransformerLM, sae: SAE) -> numpy.ndarray:
     """For an SAE on blocks.L.attn.hook_z: each feature's decoder block of head h through head h's W_O, (d_sae, n_heads, d_model): what one unit of the feature writes into the residual stream through each head."""
