@@ -846,6 +846,15 @@ std::vector<bool> top_edges(const std::vector<double>& scores, size_t k) {
   return kept;
 }
 
+std::pair<std::vector<bool>, std::vector<bool>> top_edges(const std::vector<double>& scores, const std::vector<double>& mlp_scores,
+                                                          size_t k) {
+  std::vector<double> both = scores;
+  both.insert(both.end(), mlp_scores.begin(), mlp_scores.end());
+  const std::vector<bool> kept = top_edges(both, k);
+  const auto split = kept.begin() + static_cast<std::ptrdiff_t>(scores.size());
+  return {std::vector<bool>(kept.begin(), split), std::vector<bool>(split, kept.end())};
+}
+
 std::vector<FaithfulnessPoint> faithfulness_curve(TransformerLM& model, const PatchingInputs& in,
                                                   const std::vector<double>& scores, const std::vector<size_t>& sizes) {
   const size_t n = model_edges(model.cfg).size();

@@ -142,6 +142,10 @@ void check_edge_pruning_options(const EdgePruningOptions& opt, size_t edges);
 
 // The top `k` edges by |score| (ties: earlier edge first), as a kept mask; k in 0..edges.
 std::vector<bool> top_edges(const std::vector<double>& scores, size_t k);
+// The top `k` of the model edges and the MLP-sender edges ranked together by |score| (ties: model
+// edges first, then in order): (model edges kept, MLP-sender edges kept). k in 0..both.
+std::pair<std::vector<bool>, std::vector<bool>> top_edges(const std::vector<double>& scores, const std::vector<double>& mlp_scores,
+                                                          size_t k);
 
 // Faithfulness of the top-k circuits of `scores` for each k in sizes: the circuit run's metric.
 struct FaithfulnessPoint {

@@ -265,12 +265,16 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
     }
   }
   if (compare) write_comparison(comparison, *dir);
-  // MIB's graph JSON: the method's scores, in the graph its circuit (acdc) or its top --top edges
-  const size_t k = std::min<size_t>(static_cast<size_t>(f.top), r.edges.size());
+  // MIB's graph JSON: the method's scores, in the graph its circuit (acdc, edge pruning) or its top
+  // --top edges, the MLP-sender edges ranked with the others when the method scores them
   auto write_mib = [&](const std::string& file, const std::vector<double>& scores, const std::vector<bool>& circuit,
                        const std::vector<double>& mlp_scores, const std::vector<bool>& mlp_circuit) {
-    write_file_atomic(dir->file(file),
-                      mib_graph_json(c, scores, circuit.empty() ? top_edges(scores, k) : circuit, mlp_scores, mlp_circuit) + "\n");
+    std::pair<std::vector<bool>, std::vector<bool>> kept{circuit, mlp_circuit};
+    if (circuit.empty()) {
+      const size_t k = std::min<size_t>(static_cast<size_t>(f.top), scores.size() + mlp_scores.size());
+      kept = mlp_scores.empty() ? std::make_pair(top_edges(scores, k), std::vector<bool>{}) : top_edges(scores, mlp_scores, k);
+    }
+    write_file_atomic(dir->file(file), mib_graph_json(c, scores, kept.first, mlp_scores, kept.second) + "\n");
   };
   std::vector<std::string> mib_files;
   if (compare) {

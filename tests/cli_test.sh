@@ -317,6 +317,7 @@ check "edges.csv has the method's column" 0 "^sender,receiver,exact,attribution,
 check "edges --method all compares the methods" 0 "edge-pruning \(its circuit: 5 edges\)" -- "$HL" edges --checkpoint "$M" --rows 16 --method all --ig-steps 2 --prune-steps 20 --top 5 --out "$T/edges_all"
 check "methods.csv: exact and five methods" 0 "^7$" -- bash -c "wc -l < '$T/edges_all/methods.csv'"
 check "edges writes MIB's graph JSON" 0 '"a0.h1->logits":\{"score":[-0-9.e]+,"in_graph":(true|false)\}' -- cat "$T/edges_ig/mib_graph.json"
+check "a method's MIB graph holds its top --top edges, MLP senders ranked with the rest" 0 "^5$" -- /usr/bin/python3 -c "import json; print(sum(e['in_graph'] for e in json.load(open('$T/edges_all/mib_eap-ig.json'))['edges'].values()))"
 check "edges --method all writes one MIB graph per method" 0 "^mib_acdc.json mib_atp-star.json mib_attribution.json mib_eap-ig.json mib_edge-pruning.json mib_exact.json$" -- bash -c "cd '$T/edges_all' && echo mib_*.json"
 check "faithfulness.png is a PNG" 0 "^PNG$" -- bash -c "head -c 4 '$T/edges_all/faithfulness.png' | tail -c 3"
 check "edges refuses an unknown method" nonzero "unknown method 'pruning' \(expected attribution, eap-ig, atp-star, acdc or edge-pruning\)" -- "$HL" edges --checkpoint "$M" --method pruning --out "$T/edges_b"

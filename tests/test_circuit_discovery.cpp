@@ -694,6 +694,13 @@ BOOST_AUTO_TEST_CASE(mib_export_has_mibs_edges_and_our_scores) {
   BOOST_TEST(ours == edges.size());
 }
 
+BOOST_AUTO_TEST_CASE(top_edges_rank_mlp_senders_with_the_model_edges) {
+  const auto [kept, mlp_kept] = top_edges({0.5, -3.0, 1.0}, {2.0, -1.0}, 3);
+  BOOST_TEST(kept == (std::vector<bool>{false, true, true}), boost::test_tools::per_element());  // ties: model edges first
+  BOOST_TEST(mlp_kept == (std::vector<bool>{true, false}), boost::test_tools::per_element());
+  BOOST_TEST(error_of([] { top_edges({1.0}, {2.0}, 3); }) == "circuit: size 3 is above the model's 2 edges");
+}
+
 // Every method's circuit on every planted circuit, scored by precision and recall against its true
 // edges (docs/circuits.md's table): the score methods' top n (n = the true edge count), ACDC's
 // circuit at metric threshold 1 (a tenth of the clean-corrupted gap of 10 or 20), edge pruning's
