@@ -201,6 +201,8 @@ std::vector<double> atp_star_scores(TransformerLM& model, const PatchingInputs& 
   // `dropped`'s residual contributions set to 0 (-1: none), summed over the batch or (by_row) per
   // row: (B, W). The QK fix needs a head's output gradient only where the drop changes it: heads
   // before `dropped`.
+  // the QK fix's runs and clean head results, recorded once for every drop
+  const std::unique_ptr<QueryKeyOutputDots> qk_dots = opt.qk_fix ? std::make_unique<QueryKeyOutputDots>(model, in, with_mlps) : nullptr;
   auto scores_with = [&](int dropped, bool by_row) {
     const bool mlp = c.has_mlp();
     const Tensor grad_stack = receiver_gradient_stack(model, in, [dropped, mlp](Hooks& hooks) {
@@ -233,7 +235,7 @@ std::vector<double> atp_star_scores(TransformerLM& model, const PatchingInputs& 
           }
           head_grads[static_cast<size_t>(l) * c.n_heads + h] = g;
         }
-      const std::vector<double> fixed = query_key_output_dots(model, in, head_grads, by_row, with_mlps);
+      const std::vector<double> fixed = (*qk_dots)(head_grads, by_row);
       for (size_t i = 0; i < out.size(); ++i)
         if (query_or_key(i % W)) out[i] = fixed[i];
     }

@@ -1058,19 +1058,41 @@ Tensor mlp_sender_delta_stack(const ModelConfig& c, const ActivationCache& clean
   return concat(d, 0);
 }
 
+struct QueryKeyOutputDots::State {
+  TransformerLM& model;
+  const PatchingInputs& in;
+  bool mlps;
+  Runs runs;
+  std::unique_ptr<FastEdges> fast;  // reads runs
+};
+
+QueryKeyOutputDots::QueryKeyOutputDots(TransformerLM& model, const PatchingInputs& in, bool with_mlps) {
+  check_edge_inputs(model.cfg, in);
+  s_.reset(new State{model, in, with_mlps && model.cfg.has_mlp(), record_runs(model, in), nullptr});
+  if (s_->mlps) (void)append_mlp_deltas(model, in, s_->runs);  // sender index edge_senders' count + l
+  EvalScope mode(model);
+  NoGradGuard ng;
+  s_->fast = std::make_unique<FastEdges>(model, in, s_->runs);
+}
+
+QueryKeyOutputDots::~QueryKeyOutputDots() = default;
+
 std::vector<double> query_key_output_dots(TransformerLM& model, const PatchingInputs& in, const std::vector<Tensor>& out_grads,
                                           bool by_row, bool with_mlps) {
-  check_edge_inputs(model.cfg, in);
+  return QueryKeyOutputDots(model, in, with_mlps)(out_grads, by_row);
+}
+
+std::vector<double> QueryKeyOutputDots::operator()(const std::vector<Tensor>& out_grads, bool by_row) const {
+  TransformerLM& model = s_->model;
+  const PatchingInputs& in = s_->in;
   const ModelConfig& c = model.cfg;
   if (out_grads.size() != static_cast<size_t>(c.n_layers) * c.n_heads)
     fail("edges: ", out_grads.size(), " head output gradients for the model's ", c.n_layers * c.n_heads, " heads");
-  Runs runs = record_runs(model, in);
   const std::vector<EdgeSender> senders = edge_senders(c);
-  const bool mlps = with_mlps && c.has_mlp();
-  if (mlps) (void)append_mlp_deltas(model, in, runs);  // sender index senders.size() + l
+  const bool mlps = s_->mlps;
   EvalScope mode(model);
   NoGradGuard ng;
-  FastEdges fast(model, in, runs);
+  FastEdges& fast = *s_->fast;
   const size_t E = model_edges(c).size(), M = mlps ? mlp_sender_edge_list(c).size() : 0, W = E + M;
   const size_t B = by_row ? static_cast<size_t>(in.clean.shape[0]) : 1;
   std::vector<double> out(B * W, 0.0);  // (B, E + M): per row the edges, then the MLP-sender edges

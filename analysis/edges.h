@@ -174,6 +174,17 @@ std::vector<std::pair<int, EdgeReceiver>> mlp_sender_edge_list(const ModelConfig
 // order, the MLP's delta hook_mlp_out(corrupted) - hook_mlp_out(clean) in place of delta_s).
 std::vector<double> query_key_output_dots(TransformerLM& model, const PatchingInputs& in, const std::vector<Tensor>& out_grads,
                                           bool by_row = false, bool with_mlps = false);
+// The same for several sets of out_grads (GradDrop's L + 1): the runs, the senders' deltas and the
+// heads' clean results recorded once. model and in must outlive it.
+class QueryKeyOutputDots {
+ public:
+  QueryKeyOutputDots(TransformerLM& model, const PatchingInputs& in, bool with_mlps);
+  ~QueryKeyOutputDots();
+  std::vector<double> operator()(const std::vector<Tensor>& out_grads, bool by_row) const;
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
 
 // For tests: the metric of the clean run in which `receiver` reads its input + delta (B, T,
 // d_model), computed through the hooks of a full forward from the receiver's block (the reference
