@@ -10,6 +10,10 @@
 namespace hl::bindings {
 
 void bind_features(py::module_& m) {
+  auto sae_forward = [](const Sae& s, const py::array& x) {
+    NoGradGuard no_grad;
+    return view_of(s.forward(tensor_from_array(x, "x")));
+  };
   py::class_<Sae>(m, "SAE", R"(A sparse autoencoder in SAELens's layout: W_enc (d_in, d_sae), b_enc, W_dec (d_sae, d_in),
 b_dec, and for JumpReLU its thresholds. encode(x) = act((x - b_dec) W_enc + b_enc), decode(f) = f W_dec + b_dec,
 forward(x) = the reconstruction of x in x's units. With normalize_activations="layer_norm", encode normalises each row
@@ -45,20 +49,9 @@ first and decode's output is in those normalised units: forward(x) (and the spli
           py::arg("f"),
           "f W_dec + b_dec (N, d_out) of feature activations f (N, d_sae): in the normalised units when "
           "normalize_activations is layer_norm (forward(x) gives x's units)")
-      .def(
-          "forward",
-          [](const Sae& s, const py::array& x) {
-            NoGradGuard no_grad;
-            return view_of(s.forward(tensor_from_array(x, "x")));
-          },
-          py::arg("x"), "The reconstruction (N, d_out) of activations x (N, d_in), in x's units (what the splice writes)")
-      .def(
-          "__call__",
-          [](const Sae& s, const py::array& x) {
-            NoGradGuard no_grad;
-            return view_of(s.forward(tensor_from_array(x, "x")));
-          },
-          py::arg("x"), "sae(x) = sae.forward(x)")
+      .def("forward", sae_forward, py::arg("x"),
+           "The reconstruction (N, d_out) of activations x (N, d_in), in x's units (what the splice writes)")
+      .def("__call__", sae_forward, py::arg("x"), "sae(x) = sae.forward(x)")
       .def(
           "save",
           [](const Sae& s, const PathArg& dir) {
