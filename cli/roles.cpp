@@ -141,41 +141,19 @@ const Task& role_task(RoleModel& m, const std::string& checkpoint) {
   return *m.task;
 }
 
-namespace {
-// The probe's batches (up to 64 rows each) as one batch: patching runs every row at once.
-Batch concat_rows(const std::vector<Batch>& parts) {
-  Batch all = parts.at(0);
-  for (size_t i = 1; i < parts.size(); ++i) {
-    const Batch& b = parts[i];
-    all.inputs.data.insert(all.inputs.data.end(), b.inputs.data.begin(), b.inputs.data.end());
-    all.targets.data.insert(all.targets.data.end(), b.targets.data.begin(), b.targets.data.end());
-    all.prompt_len.insert(all.prompt_len.end(), b.prompt_len.begin(), b.prompt_len.end());
-  }
-  const int64_t n = static_cast<int64_t>(all.prompt_len.size()), T = all.inputs.shape[1];
-  all.inputs.shape = all.targets.shape = Shape{n, T};
-  return all;
-}
-}  // namespace
-
 PatchingInputs role_patching_inputs(RoleModel& m, const RoleOpts& o, double (*bytes)(const ModelConfig&, int64_t, int64_t),
                                     const std::string& command, bool probe) {
   const ModelConfig& cfg = m.model->cfg;
-  // the rows: the task's held-out rows, or (probe, any model, e.g. GPT-2's) random tokens with a
-  // block repeated, whose second copy is the answer
-  const int k = o.length > 0 ? o.length : static_cast<int>(std::min<int64_t>(16, cfg.max_seq_len / 2));
-  if (probe && 2 * k > cfg.max_seq_len)
-    fail("--length ", k, ": the probe's ", 2 * k, " tokens exceed the model's max_seq_len ", cfg.max_seq_len);
-  const int64_t T = probe ? 2 * k : role_task(m, o.checkpoint).seq_len();
+  HeadScoreOptions ho = head_score_options(o);
+  ho.data = probe ? "probe" : "task";
+  ho.bos = -1;
+  auto task = [&]() -> const Task& { return role_task(m, o.checkpoint); };
+  const int64_t T = patching_sequence_length(cfg, ho, task);
   // `bytes` says whether the examples are one batch or chunks of rows
   announce_memory(command, bytes(cfg, o.examples, T) - 4.0 * static_cast<double>(parameter_count(cfg)),
                   std::to_string(o.examples) + " sequences of " + std::to_string(T) + " tokens",
                   probe ? "--examples or --length" : "--examples");
-  if (probe)
-    return corrupt_one_symbol(concat_rows(varied_repeat_probe(o.examples, k, static_cast<int>(cfg.vocab_size), o.seed)),
-                              static_cast<int>(cfg.vocab_size), o.seed, parse_corruption(o.corrupt));
-  const Task& task = role_task(m, o.checkpoint);
-  const std::vector<Batch> held = task.held_out(o.examples, o.seed, o.examples);
-  return corrupt_one_symbol(held[0], task.symbols(), o.seed, parse_corruption(o.corrupt));
+  return patching_inputs(cfg, ho, task);
 }
 
 void warn_if_corruption_changes_little(double clean_metric, double corrupted_metric) {

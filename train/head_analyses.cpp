@@ -27,12 +27,11 @@ std::vector<HeadGrid> detect_scores(const HeadAnalysisInput& in) {
 }
 
 std::vector<HeadGrid> patch_scores(const HeadAnalysisInput& in) {
-  const Task& task = in.task();
   const HeadScoreOptions& o = in.o;
-  check_fits_in_memory(patching_memory_bytes(in.model.cfg, o.examples, task.seq_len()),
-                       "--examples " + std::to_string(o.examples) + " of " + std::to_string(task.seq_len()) + " tokens");
-  const std::vector<Batch> held = task.held_out(o.examples, o.seed, o.examples);
-  const PatchingResult p = activation_patching(in.model, corrupt_one_symbol(held[0], task.symbols(), o.seed, o.corruption));
+  const int64_t T = patching_sequence_length(in.model.cfg, o, in.task);
+  check_fits_in_memory(patching_memory_bytes(in.model.cfg, o.examples, T),
+                       "--examples " + std::to_string(o.examples) + " of " + std::to_string(T) + " tokens");
+  const PatchingResult p = activation_patching(in.model, patching_inputs(in.model.cfg, o, in.task));
   std::vector<HeadGrid> grids = {p.z_exact, p.z_attribution};
   // The restored fraction divides by the corruption's effect; before the model has learnt the
   // task that effect is ~0 (step 0: 0.0255 vs 0.0250) and the fraction is noise: left empty.
@@ -120,7 +119,9 @@ const HeadAnalysis& head_analysis(const std::string& name) {
   fail("analysis '", name, "' is not one of ", list);
 }
 
-std::vector<Batch> detector_data(const ModelConfig& cfg, const HeadScoreOptions& o, const std::function<const Task&()>& task) {
+std::vector<Batch> detector_data(const ModelConfig& cfg, const HeadScoreOptions& given, const std::function<const Task&()>& task) {
+  HeadScoreOptions o = given;
+  if (o.data.empty()) o.data = "probe";
   if (o.data != "probe" && o.data != "fixed-probe" && o.data != "task")
     fail("--data must be probe, fixed-probe or task, got '", o.data, "'");
   if (o.bos >= 0 && o.data != "probe") fail("--bos applies to --data probe (the default), not --data ", o.data);
@@ -132,6 +133,46 @@ std::vector<Batch> detector_data(const ModelConfig& cfg, const HeadScoreOptions&
   if (o.bos >= cfg.vocab_size) fail("--bos ", o.bos, " is outside the model's vocabulary of ", cfg.vocab_size);
   if (o.data == "probe") return varied_repeat_probe(o.examples, k, static_cast<int>(cfg.vocab_size), o.seed, o.bos);
   return repeated_random_tokens(o.examples, k, static_cast<int>(cfg.vocab_size), o.seed);
+}
+
+namespace {
+bool patches_the_probe(const HeadScoreOptions& o) {
+  if (o.data != "probe" && o.data != "task" && !o.data.empty()) fail("--data must be probe or task for patching, got '", o.data, "'");
+  if (o.bos >= 0) fail("--bos applies to detect's probe, not to patching's");
+  return o.data == "probe";
+}
+int probe_block(const ModelConfig& cfg, const HeadScoreOptions& o) {
+  const int k = o.length > 0 ? o.length : static_cast<int>(std::min<int64_t>(16, cfg.max_seq_len / 2));
+  if (2 * k > cfg.max_seq_len) fail("--length ", k, ": the probe's ", 2 * k, " tokens exceed the model's max_seq_len ", cfg.max_seq_len);
+  return k;
+}
+// The probe's batches (up to 64 rows each) as one batch: patching runs every row at once.
+Batch concat_rows(const std::vector<Batch>& parts) {
+  Batch all = parts.at(0);
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const Batch& b = parts[i];
+    all.inputs.data.insert(all.inputs.data.end(), b.inputs.data.begin(), b.inputs.data.end());
+    all.targets.data.insert(all.targets.data.end(), b.targets.data.begin(), b.targets.data.end());
+    all.prompt_len.insert(all.prompt_len.end(), b.prompt_len.begin(), b.prompt_len.end());
+  }
+  const int64_t n = static_cast<int64_t>(all.prompt_len.size()), T = all.inputs.shape[1];
+  all.inputs.shape = all.targets.shape = Shape{n, T};
+  return all;
+}
+}  // namespace
+
+int64_t patching_sequence_length(const ModelConfig& cfg, const HeadScoreOptions& o, const std::function<const Task&()>& task) {
+  return patches_the_probe(o) ? 2 * probe_block(cfg, o) : task().seq_len();
+}
+
+PatchingInputs patching_inputs(const ModelConfig& cfg, const HeadScoreOptions& o, const std::function<const Task&()>& task) {
+  if (patches_the_probe(o)) {
+    const int vocab = static_cast<int>(cfg.vocab_size);
+    return corrupt_one_symbol(concat_rows(varied_repeat_probe(o.examples, probe_block(cfg, o), vocab, o.seed)), vocab, o.seed,
+                              o.corruption);
+  }
+  const Task& t = task();
+  return corrupt_one_symbol(t.held_out(o.examples, o.seed, o.examples)[0], t.symbols(), o.seed, o.corruption);
 }
 
 HeadScores head_scores(const std::string& analysis, const SafetensorsFile& file, const std::string& source,

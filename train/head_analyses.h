@@ -21,7 +21,9 @@ namespace hl {
 struct HeadScoreOptions {
   int examples = 200;  // sequences (patch: rows of its one batch; importance: held-out rows)
   uint64_t seed = 1234;
-  std::string data = "probe";  // detect: probe, fixed-probe or task
+  // detect: probe, fixed-probe or task; patch: probe or task; empty: the command's default (detect's
+  // probe, patch's task)
+  std::string data = "probe";
   int length = 0;              // detect: the probe's longest block; 0 = min(16, max_seq_len / 2)
   int bos = -1;                // detect --data probe: a first token of every row; -1 = none
   bool exclude_bos = false, exclude_current = false;  // detect
@@ -57,6 +59,13 @@ std::vector<std::string> head_analysis_names();
 // detect's sequences for a model (the probe, the fixed probe or the task's held-out rows): the
 // same for every checkpoint of one architecture; fails naming the flag for a bad --length / --bos.
 std::vector<Batch> detector_data(const ModelConfig& cfg, const HeadScoreOptions& o, const std::function<const Task&()>& task);
+
+// The rows patch, edges and qk run on: o.examples rows of the repeat probe (any model: blocks of up to
+// o.length tokens repeated, the answer the second copy; o.data "probe") or of the task's held-out
+// rows ("task"), one token of each corrupted (o.corruption). patching_sequence_length: their
+// length, known before they are made (for a memory estimate). Fails naming --length / --data.
+int64_t patching_sequence_length(const ModelConfig& cfg, const HeadScoreOptions& o, const std::function<const Task&()>& task);
+PatchingInputs patching_inputs(const ModelConfig& cfg, const HeadScoreOptions& o, const std::function<const Task&()>& task);
 
 // patch over training: below this difference between the clean and the corrupted run's logit
 // difference the restored fraction is not computed (NaN, an empty CSV cell).

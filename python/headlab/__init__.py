@@ -176,7 +176,7 @@ def train(callback=None, progress=True, **settings):
     return t, t.run(callback=callback, progress=progress)
 
 
-def scores_over_training(run, analysis="detect", examples=None, seed=1234, data="probe", length=0, bos=None,
+def scores_over_training(run, analysis="detect", examples=None, seed=1234, data=None, length=0, bos=None,
                          exclude_bos=False, exclude_current_token=False, normalize=False, task="copy", threads=None,
                          corrupt="source", out=None, quiet=False):
     """Each head's scores of ``analysis`` at every snapshot of ``run`` and at its final checkpoint, on the same
@@ -187,7 +187,8 @@ def scores_over_training(run, analysis="detect", examples=None, seed=1234, data=
     score into the head from the layer before; NaN in layer 0). ``examples`` defaults to the command's (detect,
     dla 200, patch 64, importance prune's --eval-size); ``seed``, ``data``, ``length``, ``bos``, ``exclude_bos``,
     ``exclude_current_token`` as detect's flags; ``normalize`` as prune's; ``corrupt`` as patch's
-    (``"source"`` or ``"previous"``). Returns a :class:`ScoresOverTraining`: ``steps`` (S,),
+    (``"source"`` or ``"previous"``). ``data`` defaults to the command's: detect's ``"probe"``, patch's
+    ``"task"``; ``"probe"`` patches the repeat probe, which any model reads (a Hugging Face model's revisions). Returns a :class:`ScoresOverTraining`: ``steps`` (S,),
     ``checkpoints`` (the file read at each step) and ``scores``: {name: array (S, layers, heads)}.
     ``out``: a directory to write ``ANALYSIS_over_training.csv`` and ``.json`` into, as the command does, or
     ``True`` for ``RUN/over_training/ANALYSIS``, where ``headlab view RUN``'s over-training panel reads them
@@ -196,7 +197,7 @@ def scores_over_training(run, analysis="detect", examples=None, seed=1234, data=
     when other processes keep cores busy, said as :class:`Trainer` says it (a line on stderr, in a notebook the
     cell's output) unless ``quiet``.
     """
-    return _core._scores_over_training(str(run), analysis, examples, seed, data, length, -1 if bos is None else bos,
+    return _core._scores_over_training(str(run), analysis, examples, seed, data or "", length, -1 if bos is None else bos,
                                        exclude_bos, exclude_current_token, normalize, task, threads, corrupt, out,
                                        bool(quiet))
 

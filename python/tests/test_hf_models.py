@@ -184,6 +184,25 @@ def test_revision_directories_are_a_run(tmp_path):
                 assert "%.6f" % float(x[name]) == o[name], (step, name, o)
 
 
+def test_revisions_are_patched_on_the_probe(tmp_path):
+    # a downloaded model names no task: patch --run --data probe (and Python's data="probe") patch the repeat
+    # probe at every revision, equal to patch --data probe on each
+    run_dir = three_revisions(tmp_path / "pythia-revisions")
+    over = tmp_path / "over"
+    r = run("patch", "--run", run_dir, "--data", "probe", "--length", 4, "--examples", 4, "--out", over)
+    assert r.returncode == 0, r.stderr
+    rows = read_csv(over / "patch_over_training.csv")
+    py = hl.scores_over_training(str(run_dir), analysis="patch", data="probe", length=4, examples=4, quiet=True)
+    assert list(py["steps"]) == [0, 512, 1000]
+    one = tmp_path / "one-512"
+    r = run("patch", "--checkpoint", run_dir / "step512", "--data", "probe", "--length", 4, "--examples", 4, "--out", one)
+    assert r.returncode == 0, r.stderr
+    for o in read_csv(one / "patch_heads.csv"):
+        x = next(x for x in rows if (int(x["step"]), x["layer"], x["head"]) == (512, o["layer"], o["head"]))
+        assert float(x["exact"]) == pytest.approx(float(o["exact"]), abs=1e-6), o
+        assert py["scores"]["exact"][1, int(o["layer"]), int(o["head"])] == pytest.approx(float(o["exact"]), abs=1e-6)
+
+
 def test_match_takes_revisions(tmp_path):
     # DIR/stepN is one revision; DIR alone is its last, as a run directory is its final checkpoint
     run_dir = three_revisions(tmp_path / "pythia-revisions")
