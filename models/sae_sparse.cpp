@@ -47,12 +47,30 @@ void select_row_topk(const float* row, int64_t D, int64_t k, int32_t* out, const
       for (int64_t q = 0; q < n; ++q) m[q] = s[q] > m[q] ? s[q] : m[q];
     }
     float lo = m[0], hi = m[0];
-    for (int64_t q = 1; q < G; ++q) lo = std::min(lo, m[q]), hi = std::max(hi, m[q]);
+    int64_t q0 = 1;
+#ifdef __AVX512F__
+    // lane-wise min and max (a scalar min/max chain was a tenth of the selection at width 512);
+    // a NaN maximum is skipped as std::min/max skip it, and lo only needs to be a floor: any
+    // lane's NaN start still leaves a valid (or NaN: no bisection) bound
+    if (G >= 16) {
+      __m512 vlo = _mm512_loadu_ps(m), vhi = vlo;
+      for (q0 = 16; q0 + 16 <= G; q0 += 16) {
+        const __m512 x = _mm512_loadu_ps(m + q0);
+        vlo = _mm512_min_ps(x, vlo), vhi = _mm512_max_ps(x, vhi);
+      }
+      lo = _mm512_reduce_min_ps(vlo), hi = _mm512_reduce_max_ps(vhi);
+    }
+#endif
+    for (int64_t q = q0; q < G; ++q) lo = std::min(lo, m[q]), hi = std::max(hi, m[q]);
     // bisection on the value: at least k maxima (so k entries) stay at or above lo
     for (int it = 0; it < 20 && std::isfinite(lo) && std::isfinite(hi) && lo < hi; ++it) {
       const float mid = lo + 0.5f * (hi - lo);
-      int64_t above = 0;
-      for (int64_t q = 0; q < G; ++q) above += m[q] >= mid;
+      int64_t above = 0, q = 0;
+#ifdef __AVX512F__
+      const __m512 vmid = _mm512_set1_ps(mid);
+      for (; q + 16 <= G; q += 16) above += __builtin_popcount(_mm512_cmp_ps_mask(_mm512_loadu_ps(m + q), vmid, _CMP_GE_OQ));
+#endif
+      for (; q < G; ++q) above += m[q] >= mid;
       if (above < k) {
         hi = mid;
       } else {
@@ -75,8 +93,7 @@ void select_row_topk(const float* row, int64_t D, int64_t k, int32_t* out, const
   __m512i pos = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   for (; p + 16 <= D; p += 16, pos = _mm512_add_epi32(pos, step)) {
     const __m512 x = _mm512_loadu_ps(v + p);
-    const __mmask16 m = _mm512_cmp_ps_mask(x, vf, _CMP_GE_OQ);
-    if (!m) continue;
+    const __mmask16 m = _mm512_cmp_ps_mask(x, vf, _CMP_GE_OQ);  // stored even when empty: no branch to mispredict
     _mm512_storeu_ps(cv + n, _mm512_maskz_compress_ps(m, x));
     _mm512_storeu_si512(cp + n, _mm512_maskz_compress_epi32(m, pos));
     n += __builtin_popcount(m);
@@ -422,6 +439,11 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
   w.row_aux.assign(static_cast<size_t>(N), 0.0);
   const float* W_dec = sae.W_dec.data();
   const float* tg = target.data();
+  // The backward's dL/dpre at an active entry is c * (err_r . W_dec[j]): the dot taken here, while
+  // the row's k rows of W_dec are in cache (the backward read them all again: 400 MB at 768 x 8),
+  // and scaled by c there (the same product, so the same float).
+  const Tensor W_enc_t = sae.W_enc, b_enc_t = sae.b_enc, W_dec_t = sae.W_dec, b_dec_t = sae.b_dec;
+  const bool backward_follows = needs_graph({&W_enc_t, &b_enc_t, &W_dec_t, &b_dec_t});
   auto aux_row_loss = [&](int64_t r) {
     double sa = 0;
     const float* a = w.aux_err.data() + r * D;
@@ -436,6 +458,9 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
     double sq = 0;
     for (int64_t c = 0; c < D; ++c) e[c] -= tg[r * D + c], sq += double(e[c]) * e[c];
     w.row_mse[r] = sq;
+    if (backward_follows)
+      for (int64_t s = w.act.start[r]; s < w.act.start[r + 1]; ++s)
+        w.act.grad[s] = w.act.value[s] > 0.f ? dot(e, W_dec + int64_t(w.act.index[s]) * D, D) : 0.f;
     if (!with_aux) return;
     int32_t* idx = w.aux.index.data() + r * k_aux;
     if (k_aux == n_dead) {
@@ -449,6 +474,8 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
     std::copy_n(e, D, a);  // the residual target - x_hat is -e (detached)
     for (int64_t s = 0; s < k_aux; ++s) axpy(w.aux.value[r * k_aux + s], W_dec + int64_t(idx[s]) * D, a, D);
     aux_row_loss(r);
+    if (backward_follows)
+      for (int64_t s = 0; s < k_aux; ++s) w.aux.grad[r * k_aux + s] = dot(a, W_dec + int64_t(idx[s]) * D, D);
   });
   if (aux_dense) {
     // aux_act (N, n_dead): the selected pre-activations, 0 elsewhere; aux_dec (n_dead, D) the dead rows of W_dec
@@ -476,8 +503,7 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
   out.index = w.act.index;
   out.value = w.act.value;
   out.loss = Tensor::scalar(static_cast<float>(mse + (with_aux ? double(auxk.weight) * aux : 0.0)));
-  const Tensor W_enc_t = sae.W_enc, b_enc_t = sae.b_enc, W_dec_t = sae.W_dec, b_dec_t = sae.b_dec;
-  if (!needs_graph({&W_enc_t, &b_enc_t, &W_dec_t, &b_dec_t})) return out;
+  if (!backward_follows) return out;
   const float aux_weight = with_aux ? auxk.weight : 0.f;
   const bool apply_b_dec = cfg.apply_b_dec_to_input;
   attach(out.loss, "sae_sparse_loss", {W_enc_t, b_enc_t, W_dec_t, b_dec_t},
@@ -487,18 +513,13 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
     const float g0 = self.grad->data()[0];
     // dL/dx_hat_r = c_mse e_r; AuxK's dL/d(aux reconstruction)_r = c_aux a_r
     const float c_mse = 2.f * g0 / float(N), c_aux = 2.f * g0 * aux_weight / float(N);
-    const float* W_dec = W_dec_t.data();
     const float* err = w.err.data();
     const float* aux_err = w.aux_err.defined() ? w.aux_err.data() : nullptr;
     const bool with_aux = w.aux.size() > 0, aux_sparse = with_aux && !w.aux_dense;
-    // dL/dpre at the selected entries: a kept entry at 0 (relu) passes nothing
-    parallel_for(N, N * (w.act.start[N] + w.aux.size()) / std::max<int64_t>(N, 1) * D, [&](int64_t r) {
-      for (int64_t s = w.act.start[r]; s < w.act.start[r + 1]; ++s)
-        w.act.grad[s] = w.act.value[s] > 0.f ? c_mse * dot(err + r * D, W_dec + int64_t(w.act.index[s]) * D, D) : 0.f;
-      if (aux_sparse)
-        for (int64_t s = w.aux.start[r]; s < w.aux.start[r + 1]; ++s)
-          w.aux.grad[s] = c_aux * dot(aux_err + r * D, W_dec + int64_t(w.aux.index[s]) * D, D);
-    });
+    // dL/dpre at the selected entries, from the forward's dots: a kept entry at 0 (relu) passes nothing
+    for (float& g : w.act.grad) g *= c_mse;
+    if (aux_sparse)
+      for (float& g : w.aux.grad) g *= c_aux;
     bool fresh_enc = false, fresh_dec = false;
     float* gW_enc = grad_buffer_for_overwrite(W_enc_t, fresh_enc);
     float* gW_dec = grad_buffer_for_overwrite(W_dec_t, fresh_dec);
