@@ -152,7 +152,7 @@ namespace {
 struct SparseEntries {
   std::vector<int64_t> start;         // (N + 1)
   std::vector<int32_t> index, row;    // per entry: its feature and its row
-  std::vector<float> value, grad;     // per entry: the activation, dL/dpre
+  std::vector<float> value, grad;     // per entry: the activation; dL/dpre / c (the forward pass's dot)
   std::vector<int64_t> feature_start; // (d_sae + 1)
   std::vector<int32_t> by_feature;    // entries of feature j at [feature_start[j], feature_start[j + 1]), rows ascending
 
@@ -516,10 +516,6 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
     const float* err = w.err.data();
     const float* aux_err = w.aux_err.defined() ? w.aux_err.data() : nullptr;
     const bool with_aux = w.aux.size() > 0, aux_sparse = with_aux && !w.aux_dense;
-    // dL/dpre at the selected entries, from the forward's dots: a kept entry at 0 (relu) passes nothing
-    for (float& g : w.act.grad) g *= c_mse;
-    if (aux_sparse)
-      for (float& g : w.aux.grad) g *= c_aux;
     bool fresh_enc = false, fresh_dec = false;
     float* gW_enc = grad_buffer_for_overwrite(W_enc_t, fresh_enc);
     float* gW_dec = grad_buffer_for_overwrite(W_dec_t, fresh_dec);
@@ -557,9 +553,10 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
           auto pack = [&](const SparseEntries& en, int32_t offset, float c) {
             for (int64_t p = en.feature_start[j]; p < en.feature_start[j + 1]; ++p) {
               const int32_t e = en.by_feature[p];
-              // a zero coefficient adds 0 (the same sum as skipping the entry, for finite rows)
-              rows[q] = offset + en.row[e], coefs[q] = en.value[e] != 0.f ? c * en.value[e] : 0.f, grads[q] = en.grad[e];
-              s += en.grad[e];
+              // a zero coefficient adds 0 (the same sum as skipping the entry, for finite rows);
+              // dL/dpre is c times the forward's dot (0 at an entry kept at 0: relu passes nothing)
+              rows[q] = offset + en.row[e], coefs[q] = en.value[e] != 0.f ? c * en.value[e] : 0.f, grads[q] = c * en.grad[e];
+              s += grads[q];
               ++q;
             }
           };
