@@ -278,6 +278,7 @@ struct SaeSparseWork {
   // (vectors, not pooled tensors: n_dead changes from step to step, a vector keeps its capacity)
   int64_t n_dead = 0;
   std::vector<float> aux_act, aux_dec, aux_grad, aux_dec_grad, aux_enc_grad;
+  std::vector<float> pre_blocks;  // the encoder in row blocks: a (block rows, d_sae) block per thread
 };
 
 std::shared_ptr<SaeSparseWork> make_sae_sparse_work() { return std::make_shared<SaeSparseWork>(); }
@@ -333,6 +334,17 @@ inline void tile_sum(int64_t q0, int64_t q1, const int32_t* rows, const float* c
 }
 constexpr int64_t kAuxDenseRatio = 8;  // AuxK runs dense over the dead features when n_dead <= 8 k_aux
 
+// The encoder's product in blocks of this many rows (0: one product over all rows). TopK only
+// (BatchTopK selects over the whole batch), and only while W_enc is small (at most 64K floats,
+// 64 x 8 say): each block's sgemm packs W_enc again, cheap at that size, and the (rows, F)
+// block, 512 KB, stays in L2 for the selection; at 64 x 8 the (N, F) pre-activations written
+// out, zeroed first by OpenBLAS and read back cost more than the product's arithmetic.
+constexpr int64_t kEncoderBlockMaxWeights = 1 << 16, kEncoderBlockFloats = 1 << 17;
+int64_t encoder_block_rows(SaeArch arch, int64_t d, int64_t F) {
+  if (arch != SaeArch::TopK || d * F > kEncoderBlockMaxWeights) return 0;
+  return std::max<int64_t>(16, kEncoderBlockFloats / F);
+}
+
 // AuxK's gradients when its products run dense over the dead features (aux_dense), added to
 // the gradients the per-feature pass wrote: dA = c_aux aux_err aux_dec^T at the selected
 // entries, dW_dec[dead] += c_aux aux_act^T aux_err, dW_enc[:, dead] += in^T dA, and dA's
@@ -379,7 +391,7 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
   SaeSparseWork& w = *work;
   const uint64_t generation = ++w.generation;
 
-  // pre (N, F) as Sae::pre_acts computes it (the same sgemm), so the selections are the dense step's
+  // the encoder's input: x - b_dec (apply_b_dec_to_input) or x
   const float* b_dec = sae.b_dec.data();
   if (cfg.apply_b_dec_to_input) {
     w.in = Tensor::empty({N, d});
@@ -391,30 +403,7 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
   } else {
     w.in = x;
   }
-  Tensor pre_t = Tensor::empty({N, F});
-  float* pre = pre_t.data();
-  gemm(false, false, N, F, d, 1.f, w.in.data(), d, sae.W_enc.data(), F, 0.f, pre, F);
-  const float* b_enc = sae.b_enc.data();
-  auto add_bias = [b_enc, F](float* p) {
-    for (int64_t j = 0; j < F; ++j) p[j] = p[j] + b_enc[j];
-  };
-
-  // the selection: TopK k per row (relu'd: an entry kept at <= 0 holds 0), BatchTopK k N in all
-  if (cfg.arch == SaeArch::TopK) {
-    const int64_t k = cfg.k;
-    w.act.fixed_rows(N, k);
-    parallel_for(N, N * F, [&](int64_t r) {
-      add_bias(pre + r * F);  // the row is then selected from while in cache
-      int32_t* idx = w.act.index.data() + r * k;
-      select_row_topk(pre + r * F, F, k, idx);
-      for (int64_t s = 0; s < k; ++s) w.act.value[r * k + s] = std::max(pre[r * F + idx[s]], 0.f);
-    });
-  } else {
-    parallel_for(N, N * F, [&](int64_t r) { add_bias(pre + r * F); });
-    select_batch_topk(pre, N, F, std::min(cfg.k * N, N * F), w.act, w.hist, w.ties_kept);
-  }
-
-  // AuxK's selection over the dead features (negative pre-activations too)
+  // AuxK's dead features (selected from below, negative pre-activations too)
   w.dead_list.clear();
   w.dead_list.reserve(static_cast<size_t>(F));  // grown once: the dead count changes from step to step
   if (auxk.dead && auxk.weight > 0.f) {
@@ -431,6 +420,57 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
   const bool aux_dense = with_aux && k_aux * kAuxDenseRatio >= n_dead;
   w.aux_dense = aux_dense;
   w.aux.fixed_rows(with_aux ? N : 0, k_aux);
+
+  const float* b_enc = sae.b_enc.data();
+  const int64_t k = cfg.k;
+  // Row r's pre-activations p (F): the bias added, then TopK's selection (relu'd: an entry kept
+  // at <= 0 holds 0; BatchTopK selects over the batch instead) and AuxK's over the dead features
+  auto select_row = [&](int64_t r, float* p) {
+    if (cfg.arch == SaeArch::TopK) {
+      for (int64_t j = 0; j < F; ++j) p[j] = p[j] + b_enc[j];
+      int32_t* idx = w.act.index.data() + r * k;
+      select_row_topk(p, F, k, idx);
+      for (int64_t s = 0; s < k; ++s) w.act.value[r * k + s] = std::max(p[idx[s]], 0.f);
+    }
+    if (!with_aux) return;
+    int32_t* idx = w.aux.index.data() + r * k_aux;
+    if (k_aux == n_dead) std::copy_n(w.dead_list.data(), n_dead, idx);
+    else select_row_topk(p, n_dead, k_aux, idx, w.dead_list.data());
+    for (int64_t s = 0; s < k_aux; ++s) w.aux.value[r * k_aux + s] = p[idx[s]];
+  };
+  const int64_t block_rows = encoder_block_rows(cfg.arch, d, F);
+  if (block_rows > 0) {
+    // pre in blocks of rows that stay in cache, each selected from as soon as it is computed:
+    // (N, F) is never written out and read back. The blocks are the same for any thread count.
+    w.act.fixed_rows(N, k);
+    const int64_t blocks = (N + block_rows - 1) / block_rows;
+    const int n_threads = std::min<int>(threads_for(N * F * d), static_cast<int>(blocks));
+    w.pre_blocks.resize(static_cast<size_t>(n_threads * block_rows * F));
+    run_on_threads(n_threads, [&](int t, int n) {
+      float* p = w.pre_blocks.data() + t * block_rows * F;
+      const auto [b0, b1] = row_block(blocks, t, n);
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t r0 = b * block_rows, rows = std::min(block_rows, N - r0);
+        gemm(false, false, rows, F, d, 1.f, w.in.data() + r0 * d, d, sae.W_enc.data(), F, 0.f, p, F);  // one thread here
+        for (int64_t i = 0; i < rows; ++i) select_row(r0 + i, p + i * F);
+      }
+    });
+  } else {
+    // pre (N, F) as Sae::pre_acts computes it (the same sgemm), so the selections are the dense step's
+    Tensor pre_t = Tensor::empty({N, F});
+    float* pre = pre_t.data();
+    gemm(false, false, N, F, d, 1.f, w.in.data(), d, sae.W_enc.data(), F, 0.f, pre, F);
+    if (cfg.arch == SaeArch::TopK) {
+      w.act.fixed_rows(N, k);
+      parallel_for(N, N * F, [&](int64_t r) { select_row(r, pre + r * F); });  // each row selected from while in cache
+    } else {
+      parallel_for(N, N * F, [&](int64_t r) {
+        for (int64_t j = 0; j < F; ++j) pre[r * F + j] = pre[r * F + j] + b_enc[j];
+      });
+      select_batch_topk(pre, N, F, std::min(k * N, N * F), w.act, w.hist, w.ties_kept);
+      if (with_aux) parallel_for(N, N * F, [&](int64_t r) { select_row(r, pre + r * F); });
+    }
+  }
 
   // the decoder over the active rows of W_dec, the errors, AuxK's selection (and reconstruction)
   w.err = Tensor::empty({N, D});
@@ -461,15 +501,8 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
     if (backward_follows)
       for (int64_t s = w.act.start[r]; s < w.act.start[r + 1]; ++s)
         w.act.grad[s] = w.act.value[s] > 0.f ? dot(e, W_dec + int64_t(w.act.index[s]) * D, D) : 0.f;
-    if (!with_aux) return;
-    int32_t* idx = w.aux.index.data() + r * k_aux;
-    if (k_aux == n_dead) {
-      std::copy_n(w.dead_list.data(), n_dead, idx);
-    } else {
-      select_row_topk(pre + r * F, n_dead, k_aux, idx, w.dead_list.data());
-    }
-    for (int64_t s = 0; s < k_aux; ++s) w.aux.value[r * k_aux + s] = pre[r * F + idx[s]];
-    if (aux_dense) return;
+    if (!with_aux || aux_dense) return;
+    const int32_t* idx = w.aux.index.data() + r * k_aux;
     float* a = w.aux_err.data() + r * D;
     std::copy_n(e, D, a);  // the residual target - x_hat is -e (detached)
     for (int64_t s = 0; s < k_aux; ++s) axpy(w.aux.value[r * k_aux + s], W_dec + int64_t(idx[s]) * D, a, D);
