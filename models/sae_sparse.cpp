@@ -472,7 +472,7 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
     }
   }
 
-  // the decoder over the active rows of W_dec, the errors, AuxK's selection (and reconstruction)
+  // the decoder over the active rows of W_dec, the errors, AuxK's reconstruction (row gathers when sparse)
   w.err = Tensor::empty({N, D});
   if (with_aux) w.aux_err = Tensor::empty({N, D});
   w.row_mse.resize(static_cast<size_t>(N));
