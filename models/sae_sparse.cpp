@@ -279,6 +279,7 @@ struct SaeSparseWork {
   int64_t n_dead = 0;
   std::vector<float> aux_act, aux_dec, aux_grad, aux_dec_grad, aux_enc_grad;
   std::vector<float> pre_blocks;  // the encoder in row blocks: a (block rows, d_sae) block per thread
+  std::vector<float> tiles;       // the backward's column tiles: a (rows, kColumnTile) copy per thread
 };
 
 std::shared_ptr<SaeSparseWork> make_sae_sparse_work() { return std::make_shared<SaeSparseWork>(); }
@@ -606,8 +607,20 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
       const int64_t* start = w.packed_start.data();
       int32_t* rows = w.packed_row.data();
       float *coefs = w.packed_coef.data(), *grads = w.packed_grad.data();
-      run_on_threads(threads_for(entries * (d + D) + F * (d + D)), [&](int t, int n) {
+      // each thread's copy of the tile being summed, rows contiguous: (N, or 2 N with AuxK's rows,
+      // kColumnTile). In place, a tile's rows sit one row stride apart (3 KB at width 768), which
+      // maps them onto a sixteenth of L2's sets: the tile did not stay in L2 and each entry's
+      // gather went to L3.
+      const int tile_threads = threads_for(entries * (d + D) + F * (d + D));
+      const int64_t tile_rows = aux_sparse ? 2 * N : N;
+      w.tiles.resize(static_cast<size_t>(tile_threads * tile_rows * kColumnTile));
+      run_on_threads(tile_threads, [&](int t, int n) {
         const auto [j0, j1] = row_block(F, t, n);  // this thread's features
+        float* tile = w.tiles.data() + t * tile_rows * kColumnTile;
+        // rows [0, n_rows) of src (stride ld), columns [c0, c0 + width), into the tile
+        auto copy_tile = [&](const float* src, int64_t ld, int64_t n_rows, int64_t c0, int64_t width, float* to) {
+          for (int64_t r = 0; r < n_rows; ++r) std::copy_n(src + r * ld + c0, width, to + r * kColumnTile);
+        };
         for (int64_t j = j0; j < j1; ++j) {
           int64_t q = start[j];
           float s = 0.f;
@@ -629,9 +642,10 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
         float acc[kColumnTile];
         for (int64_t c0 = 0; c0 < D; c0 += kColumnTile) {  // W_dec's gradient rows
           const int64_t width = std::min(kColumnTile, D - c0);
+          copy_tile(err, D, N, c0, width, tile);  // err's rows, then AuxK's aux_err rows (N + r)
+          if (aux_sparse) copy_tile(aux_err, D, N, c0, width, tile + N * kColumnTile);
           for (int64_t j = j0; j < j1; ++j) {
-            tile_sum(start[j], start[j + 1], rows, coefs, c0, width, acc,
-                     [&](int32_t r) { return r < N ? err + r * D : aux_err + (r - N) * D; });
+            tile_sum(start[j], start[j + 1], rows, coefs, 0, width, acc, [&](int32_t r) { return tile + r * kColumnTile; });
             float* g = gW_dec + j * D + c0;
             if (fresh_dec) std::copy_n(acc, width, g);
             else
@@ -640,9 +654,10 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
         }
         for (int64_t c0 = 0; c0 < d; c0 += kColumnTile) {  // W_enc's gradient columns
           const int64_t width = std::min(kColumnTile, d - c0);
+          copy_tile(in, d, N, c0, width, tile);  // AuxK's entries (N + r) read in's row r
           for (int64_t j = j0; j < j1; ++j) {
-            tile_sum(start[j], start[j + 1], rows, grads, c0, width, acc,
-                     [&](int32_t r) { return in + (r < N ? r : r - N) * d; });
+            tile_sum(start[j], start[j + 1], rows, grads, 0, width, acc,
+                     [&](int32_t r) { return tile + (r < N ? r : r - N) * kColumnTile; });
             for (int64_t i = 0; i < width; ++i) {
               float& g = gW_enc[(c0 + i) * F + j];
               g = (fresh_enc ? 0.f : g) + acc[i];
