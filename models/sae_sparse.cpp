@@ -47,12 +47,30 @@ void select_row_topk(const float* row, int64_t D, int64_t k, int32_t* out, const
       for (int64_t q = 0; q < n; ++q) m[q] = s[q] > m[q] ? s[q] : m[q];
     }
     float lo = m[0], hi = m[0];
-    for (int64_t q = 1; q < G; ++q) lo = std::min(lo, m[q]), hi = std::max(hi, m[q]);
+    int64_t q0 = 1;
+#ifdef __AVX512F__
+    // lane-wise min and max (a scalar min/max chain was a tenth of the selection at width 512);
+    // a NaN maximum is skipped as std::min/max skip it, and lo only needs to be a floor: any
+    // lane's NaN start still leaves a valid (or NaN: no bisection) bound
+    if (G >= 16) {
+      __m512 vlo = _mm512_loadu_ps(m), vhi = vlo;
+      for (q0 = 16; q0 + 16 <= G; q0 += 16) {
+        const __m512 x = _mm512_loadu_ps(m + q0);
+        vlo = _mm512_min_ps(x, vlo), vhi = _mm512_max_ps(x, vhi);
+      }
+      lo = _mm512_reduce_min_ps(vlo), hi = _mm512_reduce_max_ps(vhi);
+    }
+#endif
+    for (int64_t q = q0; q < G; ++q) lo = std::min(lo, m[q]), hi = std::max(hi, m[q]);
     // bisection on the value: at least k maxima (so k entries) stay at or above lo
     for (int it = 0; it < 20 && std::isfinite(lo) && std::isfinite(hi) && lo < hi; ++it) {
       const float mid = lo + 0.5f * (hi - lo);
-      int64_t above = 0;
-      for (int64_t q = 0; q < G; ++q) above += m[q] >= mid;
+      int64_t above = 0, q = 0;
+#ifdef __AVX512F__
+      const __m512 vmid = _mm512_set1_ps(mid);
+      for (; q + 16 <= G; q += 16) above += __builtin_popcount(_mm512_cmp_ps_mask(_mm512_loadu_ps(m + q), vmid, _CMP_GE_OQ));
+#endif
+      for (; q < G; ++q) above += m[q] >= mid;
       if (above < k) {
         hi = mid;
       } else {
@@ -75,8 +93,7 @@ void select_row_topk(const float* row, int64_t D, int64_t k, int32_t* out, const
   __m512i pos = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   for (; p + 16 <= D; p += 16, pos = _mm512_add_epi32(pos, step)) {
     const __m512 x = _mm512_loadu_ps(v + p);
-    const __mmask16 m = _mm512_cmp_ps_mask(x, vf, _CMP_GE_OQ);
-    if (!m) continue;
+    const __mmask16 m = _mm512_cmp_ps_mask(x, vf, _CMP_GE_OQ);  // stored even when empty: no branch to mispredict
     _mm512_storeu_ps(cv + n, _mm512_maskz_compress_ps(m, x));
     _mm512_storeu_si512(cp + n, _mm512_maskz_compress_epi32(m, pos));
     n += __builtin_popcount(m);
@@ -135,7 +152,7 @@ namespace {
 struct SparseEntries {
   std::vector<int64_t> start;         // (N + 1)
   std::vector<int32_t> index, row;    // per entry: its feature and its row
-  std::vector<float> value, grad;     // per entry: the activation, dL/dpre
+  std::vector<float> value, grad;     // per entry: the activation; dL/dpre / c (the forward pass's dot)
   std::vector<int64_t> feature_start; // (d_sae + 1)
   std::vector<int32_t> by_feature;    // entries of feature j at [feature_start[j], feature_start[j + 1]), rows ascending
 
@@ -261,6 +278,8 @@ struct SaeSparseWork {
   // (vectors, not pooled tensors: n_dead changes from step to step, a vector keeps its capacity)
   int64_t n_dead = 0;
   std::vector<float> aux_act, aux_dec, aux_grad, aux_dec_grad, aux_enc_grad;
+  std::vector<float> pre_blocks;  // the encoder in row blocks: a (block rows, d_sae) block per thread
+  std::vector<float> tiles;       // the backward's column tiles: a (rows, kColumnTile) copy per thread
 };
 
 std::shared_ptr<SaeSparseWork> make_sae_sparse_work() { return std::make_shared<SaeSparseWork>(); }
@@ -292,6 +311,34 @@ inline void axpy(float a, const float* x, float* y, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
+// y (D) += sum over s < n of a[s] W[idx[s]] (rows of W, D wide), in s order; with skip_zero the
+// entries with a[s] == 0 are left out. Per element the same FMAs in the same order as an axpy
+// per entry, but the sums stay in registers across the entries, 64 columns at a time: an axpy
+// per entry loaded and stored y each time, and at width 64 each entry waited on the last one's
+// store (two fifths of the decoder pass at 64 x 8).
+inline void add_rows(const float* W, int64_t D, const int32_t* idx, const float* a, int64_t n, bool skip_zero, float* y) {
+#ifdef __AVX512F__
+  for (int64_t c0 = 0; c0 < D; c0 += 64) {
+    __m512 acc[4];
+    __mmask16 m[4];
+    for (int v = 0; v < 4; ++v) {
+      const int64_t left = D - c0 - 16 * v;
+      m[v] = left >= 16 ? 0xFFFF : left <= 0 ? 0 : __mmask16((1u << left) - 1);
+      acc[v] = _mm512_maskz_loadu_ps(m[v], y + c0 + 16 * v);
+    }
+    for (int64_t s = 0; s < n; ++s) {
+      if (skip_zero && a[s] == 0.f) continue;
+      const float* x = W + int64_t(idx[s]) * D + c0;
+      const __m512 c = _mm512_set1_ps(a[s]);
+      for (int v = 0; v < 4; ++v) acc[v] = _mm512_fmadd_ps(c, _mm512_maskz_loadu_ps(m[v], x + 16 * v), acc[v]);
+    }
+    for (int v = 0; v < 4; ++v) _mm512_mask_storeu_ps(y + c0 + 16 * v, m[v], acc[v]);
+  }
+#else
+  for (int64_t s = 0; s < n; ++s)
+    if (!skip_zero || a[s] != 0.f) axpy(a[s], W + int64_t(idx[s]) * D, y, D);
+#endif
+}
 constexpr int64_t kRowChunk = 256;  // column sums over fixed chunks of rows: the same sum for any thread count
 constexpr int64_t kColumnTile = 32;  // the backward's columns per pass: N x 32 floats (512 KB at N 4096) in L2
 // acc[0, width) = sum over q in [q0, q1) of coef[q] * row_of(rows[q])[c0, c0 + width), in q order
@@ -315,6 +362,17 @@ inline void tile_sum(int64_t q0, int64_t q1, const int32_t* rows, const float* c
   for (int64_t q = q0; q < q1; ++q) axpy(coef[q], row_of(rows[q]) + c0, acc, width);
 }
 constexpr int64_t kAuxDenseRatio = 8;  // AuxK runs dense over the dead features when n_dead <= 8 k_aux
+
+// The encoder's product in blocks of this many rows (0: one product over all rows). TopK only
+// (BatchTopK selects over the whole batch), and only while W_enc is small (at most 64K floats,
+// 64 x 8 say): each block's sgemm packs W_enc again, cheap at that size, and the (rows, F)
+// block, 512 KB, stays in L2 for the selection; at 64 x 8 the (N, F) pre-activations written
+// out, zeroed first by OpenBLAS and read back cost more than the product's arithmetic.
+constexpr int64_t kEncoderBlockMaxWeights = 1 << 16, kEncoderBlockFloats = 1 << 17;
+int64_t encoder_block_rows(SaeArch arch, int64_t d, int64_t F) {
+  if (arch != SaeArch::TopK || d * F > kEncoderBlockMaxWeights) return 0;
+  return std::max<int64_t>(16, kEncoderBlockFloats / F);
+}
 
 // AuxK's gradients when its products run dense over the dead features (aux_dense), added to
 // the gradients the per-feature pass wrote: dA = c_aux aux_err aux_dec^T at the selected
@@ -362,7 +420,7 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
   SaeSparseWork& w = *work;
   const uint64_t generation = ++w.generation;
 
-  // pre (N, F) as Sae::pre_acts computes it (the same sgemm), so the selections are the dense step's
+  // the encoder's input: x - b_dec (apply_b_dec_to_input) or x
   const float* b_dec = sae.b_dec.data();
   if (cfg.apply_b_dec_to_input) {
     w.in = Tensor::empty({N, d});
@@ -374,30 +432,7 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
   } else {
     w.in = x;
   }
-  Tensor pre_t = Tensor::empty({N, F});
-  float* pre = pre_t.data();
-  gemm(false, false, N, F, d, 1.f, w.in.data(), d, sae.W_enc.data(), F, 0.f, pre, F);
-  const float* b_enc = sae.b_enc.data();
-  auto add_bias = [b_enc, F](float* p) {
-    for (int64_t j = 0; j < F; ++j) p[j] = p[j] + b_enc[j];
-  };
-
-  // the selection: TopK k per row (relu'd: an entry kept at <= 0 holds 0), BatchTopK k N in all
-  if (cfg.arch == SaeArch::TopK) {
-    const int64_t k = cfg.k;
-    w.act.fixed_rows(N, k);
-    parallel_for(N, N * F, [&](int64_t r) {
-      add_bias(pre + r * F);  // the row is then selected from while in cache
-      int32_t* idx = w.act.index.data() + r * k;
-      select_row_topk(pre + r * F, F, k, idx);
-      for (int64_t s = 0; s < k; ++s) w.act.value[r * k + s] = std::max(pre[r * F + idx[s]], 0.f);
-    });
-  } else {
-    parallel_for(N, N * F, [&](int64_t r) { add_bias(pre + r * F); });
-    select_batch_topk(pre, N, F, std::min(cfg.k * N, N * F), w.act, w.hist, w.ties_kept);
-  }
-
-  // AuxK's selection over the dead features (negative pre-activations too)
+  // AuxK's dead features (selected from below, negative pre-activations too)
   w.dead_list.clear();
   w.dead_list.reserve(static_cast<size_t>(F));  // grown once: the dead count changes from step to step
   if (auxk.dead && auxk.weight > 0.f) {
@@ -415,13 +450,69 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
   w.aux_dense = aux_dense;
   w.aux.fixed_rows(with_aux ? N : 0, k_aux);
 
-  // the decoder over the active rows of W_dec, the errors, AuxK's selection (and reconstruction)
+  const float* b_enc = sae.b_enc.data();
+  const int64_t k = cfg.k;
+  // Row r's pre-activations p (F): the bias added, then TopK's selection (relu'd: an entry kept
+  // at <= 0 holds 0; BatchTopK selects over the batch instead) and AuxK's over the dead features
+  auto select_row = [&](int64_t r, float* p) {
+    if (cfg.arch == SaeArch::TopK) {
+      for (int64_t j = 0; j < F; ++j) p[j] = p[j] + b_enc[j];
+      int32_t* idx = w.act.index.data() + r * k;
+      select_row_topk(p, F, k, idx);
+      for (int64_t s = 0; s < k; ++s) w.act.value[r * k + s] = std::max(p[idx[s]], 0.f);
+    }
+    if (!with_aux) return;
+    int32_t* idx = w.aux.index.data() + r * k_aux;
+    if (k_aux == n_dead) std::copy_n(w.dead_list.data(), n_dead, idx);
+    else select_row_topk(p, n_dead, k_aux, idx, w.dead_list.data());
+    for (int64_t s = 0; s < k_aux; ++s) w.aux.value[r * k_aux + s] = p[idx[s]];
+  };
+  const int64_t block_rows = encoder_block_rows(cfg.arch, d, F);
+  if (block_rows > 0) {
+    // pre in blocks of rows that stay in cache, each selected from as soon as it is computed:
+    // (N, F) is never written out and read back. The blocks are the same for any thread count.
+    w.act.fixed_rows(N, k);
+    const int64_t blocks = (N + block_rows - 1) / block_rows;
+    const int n_threads = std::min<int>(threads_for(N * F * d), static_cast<int>(blocks));
+    w.pre_blocks.resize(static_cast<size_t>(n_threads * block_rows * F));
+    run_on_threads(n_threads, [&](int t, int n) {
+      float* p = w.pre_blocks.data() + t * block_rows * F;
+      const auto [b0, b1] = row_block(blocks, t, n);
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t r0 = b * block_rows, rows = std::min(block_rows, N - r0);
+        gemm(false, false, rows, F, d, 1.f, w.in.data() + r0 * d, d, sae.W_enc.data(), F, 0.f, p, F);  // one thread here
+        for (int64_t i = 0; i < rows; ++i) select_row(r0 + i, p + i * F);
+      }
+    });
+  } else {
+    // pre (N, F) as Sae::pre_acts computes it (the same sgemm), so the selections are the dense step's
+    Tensor pre_t = Tensor::empty({N, F});
+    float* pre = pre_t.data();
+    gemm(false, false, N, F, d, 1.f, w.in.data(), d, sae.W_enc.data(), F, 0.f, pre, F);
+    if (cfg.arch == SaeArch::TopK) {
+      w.act.fixed_rows(N, k);
+      parallel_for(N, N * F, [&](int64_t r) { select_row(r, pre + r * F); });  // each row selected from while in cache
+    } else {
+      parallel_for(N, N * F, [&](int64_t r) {
+        for (int64_t j = 0; j < F; ++j) pre[r * F + j] = pre[r * F + j] + b_enc[j];
+      });
+      select_batch_topk(pre, N, F, std::min(k * N, N * F), w.act, w.hist, w.ties_kept);
+      if (with_aux) parallel_for(N, N * F, [&](int64_t r) { select_row(r, pre + r * F); });
+    }
+  }
+
+  // the decoder over the active rows of W_dec, the errors, AuxK's reconstruction (row gathers when sparse)
   w.err = Tensor::empty({N, D});
   if (with_aux) w.aux_err = Tensor::empty({N, D});
   w.row_mse.resize(static_cast<size_t>(N));
   w.row_aux.assign(static_cast<size_t>(N), 0.0);
   const float* W_dec = sae.W_dec.data();
   const float* tg = target.data();
+  // The backward's dL/dpre at an active entry is c * (err_r . W_dec[j]): the dot taken here, while
+  // the row's k rows of W_dec are in cache (the backward read them all again: 400 MB at 768 x 8),
+  // and scaled by c there (the same product, so the same float).
+  const Tensor W_enc_t = sae.W_enc, b_enc_t = sae.b_enc, W_dec_t = sae.W_dec, b_dec_t = sae.b_dec;
+  const bool backward_follows = needs_graph({&W_enc_t, &b_enc_t, &W_dec_t, &b_dec_t});
   auto aux_row_loss = [&](int64_t r) {
     double sa = 0;
     const float* a = w.aux_err.data() + r * D;
@@ -431,24 +522,22 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
   parallel_for(N, N * (w.act.start[N] / std::max<int64_t>(N, 1) + k_aux) * D, [&](int64_t r) {
     float* e = w.err.data() + r * D;
     std::copy_n(b_dec, D, e);
-    for (int64_t s = w.act.start[r]; s < w.act.start[r + 1]; ++s)
-      if (w.act.value[s] != 0.f) axpy(w.act.value[s], W_dec + int64_t(w.act.index[s]) * D, e, D);
+    add_rows(W_dec, D, w.act.index.data() + w.act.start[r], w.act.value.data() + w.act.start[r],
+             w.act.start[r + 1] - w.act.start[r], true, e);
     double sq = 0;
     for (int64_t c = 0; c < D; ++c) e[c] -= tg[r * D + c], sq += double(e[c]) * e[c];
     w.row_mse[r] = sq;
-    if (!with_aux) return;
-    int32_t* idx = w.aux.index.data() + r * k_aux;
-    if (k_aux == n_dead) {
-      std::copy_n(w.dead_list.data(), n_dead, idx);
-    } else {
-      select_row_topk(pre + r * F, n_dead, k_aux, idx, w.dead_list.data());
-    }
-    for (int64_t s = 0; s < k_aux; ++s) w.aux.value[r * k_aux + s] = pre[r * F + idx[s]];
-    if (aux_dense) return;
+    if (backward_follows)
+      for (int64_t s = w.act.start[r]; s < w.act.start[r + 1]; ++s)
+        w.act.grad[s] = w.act.value[s] > 0.f ? dot(e, W_dec + int64_t(w.act.index[s]) * D, D) : 0.f;
+    if (!with_aux || aux_dense) return;
+    const int32_t* idx = w.aux.index.data() + r * k_aux;
     float* a = w.aux_err.data() + r * D;
     std::copy_n(e, D, a);  // the residual target - x_hat is -e (detached)
-    for (int64_t s = 0; s < k_aux; ++s) axpy(w.aux.value[r * k_aux + s], W_dec + int64_t(idx[s]) * D, a, D);
+    add_rows(W_dec, D, idx, w.aux.value.data() + r * k_aux, k_aux, false, a);
     aux_row_loss(r);
+    if (backward_follows)
+      for (int64_t s = 0; s < k_aux; ++s) w.aux.grad[r * k_aux + s] = dot(a, W_dec + int64_t(idx[s]) * D, D);
   });
   if (aux_dense) {
     // aux_act (N, n_dead): the selected pre-activations, 0 elsewhere; aux_dec (n_dead, D) the dead rows of W_dec
@@ -476,8 +565,7 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
   out.index = w.act.index;
   out.value = w.act.value;
   out.loss = Tensor::scalar(static_cast<float>(mse + (with_aux ? double(auxk.weight) * aux : 0.0)));
-  const Tensor W_enc_t = sae.W_enc, b_enc_t = sae.b_enc, W_dec_t = sae.W_dec, b_dec_t = sae.b_dec;
-  if (!needs_graph({&W_enc_t, &b_enc_t, &W_dec_t, &b_dec_t})) return out;
+  if (!backward_follows) return out;
   const float aux_weight = with_aux ? auxk.weight : 0.f;
   const bool apply_b_dec = cfg.apply_b_dec_to_input;
   attach(out.loss, "sae_sparse_loss", {W_enc_t, b_enc_t, W_dec_t, b_dec_t},
@@ -487,18 +575,9 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
     const float g0 = self.grad->data()[0];
     // dL/dx_hat_r = c_mse e_r; AuxK's dL/d(aux reconstruction)_r = c_aux a_r
     const float c_mse = 2.f * g0 / float(N), c_aux = 2.f * g0 * aux_weight / float(N);
-    const float* W_dec = W_dec_t.data();
     const float* err = w.err.data();
     const float* aux_err = w.aux_err.defined() ? w.aux_err.data() : nullptr;
     const bool with_aux = w.aux.size() > 0, aux_sparse = with_aux && !w.aux_dense;
-    // dL/dpre at the selected entries: a kept entry at 0 (relu) passes nothing
-    parallel_for(N, N * (w.act.start[N] + w.aux.size()) / std::max<int64_t>(N, 1) * D, [&](int64_t r) {
-      for (int64_t s = w.act.start[r]; s < w.act.start[r + 1]; ++s)
-        w.act.grad[s] = w.act.value[s] > 0.f ? c_mse * dot(err + r * D, W_dec + int64_t(w.act.index[s]) * D, D) : 0.f;
-      if (aux_sparse)
-        for (int64_t s = w.aux.start[r]; s < w.aux.start[r + 1]; ++s)
-          w.aux.grad[s] = c_aux * dot(aux_err + r * D, W_dec + int64_t(w.aux.index[s]) * D, D);
-    });
     bool fresh_enc = false, fresh_dec = false;
     float* gW_enc = grad_buffer_for_overwrite(W_enc_t, fresh_enc);
     float* gW_dec = grad_buffer_for_overwrite(W_dec_t, fresh_dec);
@@ -528,17 +607,30 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
       const int64_t* start = w.packed_start.data();
       int32_t* rows = w.packed_row.data();
       float *coefs = w.packed_coef.data(), *grads = w.packed_grad.data();
-      run_on_threads(threads_for(entries * (d + D) + F * (d + D)), [&](int t, int n) {
+      // each thread's copy of the tile being summed, rows contiguous: (N, or 2 N with AuxK's rows,
+      // kColumnTile). In place, a tile's rows sit one row stride apart (3 KB at width 768), which
+      // maps them onto a sixteenth of L2's sets: the tile did not stay in L2 and each entry's
+      // gather went to L3.
+      const int tile_threads = threads_for(entries * (d + D) + F * (d + D));
+      const int64_t tile_rows = aux_sparse ? 2 * N : N;
+      w.tiles.resize(static_cast<size_t>(tile_threads * tile_rows * kColumnTile));
+      run_on_threads(tile_threads, [&](int t, int n) {
         const auto [j0, j1] = row_block(F, t, n);  // this thread's features
+        float* tile = w.tiles.data() + t * tile_rows * kColumnTile;
+        // rows [0, n_rows) of src (stride ld), columns [c0, c0 + width), into the tile
+        auto copy_tile = [&](const float* src, int64_t ld, int64_t n_rows, int64_t c0, int64_t width, float* to) {
+          for (int64_t r = 0; r < n_rows; ++r) std::copy_n(src + r * ld + c0, width, to + r * kColumnTile);
+        };
         for (int64_t j = j0; j < j1; ++j) {
           int64_t q = start[j];
           float s = 0.f;
           auto pack = [&](const SparseEntries& en, int32_t offset, float c) {
             for (int64_t p = en.feature_start[j]; p < en.feature_start[j + 1]; ++p) {
               const int32_t e = en.by_feature[p];
-              // a zero coefficient adds 0 (the same sum as skipping the entry, for finite rows)
-              rows[q] = offset + en.row[e], coefs[q] = en.value[e] != 0.f ? c * en.value[e] : 0.f, grads[q] = en.grad[e];
-              s += en.grad[e];
+              // a zero coefficient adds 0 (the same sum as skipping the entry, for finite rows);
+              // dL/dpre is c times the forward's dot (0 at an entry kept at 0: relu passes nothing)
+              rows[q] = offset + en.row[e], coefs[q] = en.value[e] != 0.f ? c * en.value[e] : 0.f, grads[q] = c * en.grad[e];
+              s += grads[q];
               ++q;
             }
           };
@@ -550,9 +642,10 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
         float acc[kColumnTile];
         for (int64_t c0 = 0; c0 < D; c0 += kColumnTile) {  // W_dec's gradient rows
           const int64_t width = std::min(kColumnTile, D - c0);
+          copy_tile(err, D, N, c0, width, tile);  // err's rows, then AuxK's aux_err rows (N + r)
+          if (aux_sparse) copy_tile(aux_err, D, N, c0, width, tile + N * kColumnTile);
           for (int64_t j = j0; j < j1; ++j) {
-            tile_sum(start[j], start[j + 1], rows, coefs, c0, width, acc,
-                     [&](int32_t r) { return r < N ? err + r * D : aux_err + (r - N) * D; });
+            tile_sum(start[j], start[j + 1], rows, coefs, 0, width, acc, [&](int32_t r) { return tile + r * kColumnTile; });
             float* g = gW_dec + j * D + c0;
             if (fresh_dec) std::copy_n(acc, width, g);
             else
@@ -561,9 +654,10 @@ SaeSparseLoss sae_sparse_loss(const Sae& sae, const Tensor& x, const Tensor& tar
         }
         for (int64_t c0 = 0; c0 < d; c0 += kColumnTile) {  // W_enc's gradient columns
           const int64_t width = std::min(kColumnTile, d - c0);
+          copy_tile(in, d, N, c0, width, tile);  // AuxK's entries (N + r) read in's row r
           for (int64_t j = j0; j < j1; ++j) {
-            tile_sum(start[j], start[j + 1], rows, grads, c0, width, acc,
-                     [&](int32_t r) { return in + (r < N ? r : r - N) * d; });
+            tile_sum(start[j], start[j + 1], rows, grads, 0, width, acc,
+                     [&](int32_t r) { return tile + (r < N ? r : r - N) * kColumnTile; });
             for (int64_t i = 0; i < width; ++i) {
               float& g = gW_enc[(c0 + i) * F + j];
               g = (fresh_enc ? 0.f : g) + acc[i];

@@ -11,6 +11,7 @@
 # time, so the ratio is steadier than either side's speed when other jobs share the cores).
 # ONE_THREAD_BELOW=X: headlab's bound for running a small step on one thread (bench
 # --sae-one-thread-below; default the library's, which applies only while OpenMP's threads spin).
+# HEADLAB=path: the headlab binary to time (default ./build/headlab; another build, to compare).
 # Usage: scripts/bench_sae_vs_pytorch.sh [D_IN,EXPANSION ...]
 #        (default: 64,8 64,32 256,8 256,32 768,8 768,32)
 set -euo pipefail
@@ -29,7 +30,9 @@ sizes=("$@"); [ ${#sizes[@]} -gt 0 ] || sizes=(64,8 64,32 256,8 256,32 768,8 768
 if ! dpkg-query -W -f='${Status}' python3-torch 2>/dev/null | grep -q "install ok installed"; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch
 fi
-[ -x ./build/headlab ] || bash scripts/build.sh >/dev/null
+HEADLAB=${HEADLAB:-./build/headlab}
+[ "$HEADLAB" != ./build/headlab ] || [ -x ./build/headlab ] || bash scripts/build.sh >/dev/null
+[ -x "$HEADLAB" ] || { echo "HEADLAB=$HEADLAB: not an executable" >&2; exit 1; }
 # shellcheck disable=SC1091
 source "$SHARED/torch_env.sh"
 if [ "$CORE" = unset ]; then unset OPENBLAS_CORETYPE; export HEADLAB_BLAS_CORE_CHOSEN=keep; else export OPENBLAS_CORETYPE=$CORE; fi
@@ -45,7 +48,7 @@ for size in "${sizes[@]}"; do
   d_in=${size%,*} expansion=${size#*,}
   for r in $(seq "$ROUNDS"); do
     echo "round $r/$ROUNDS: d_in $d_in, expansion $expansion ($(uptime | sed 's/.*load/load/'))" >&2
-    "${HL_ENV[@]}" ./build/headlab bench --sae "$d_in,$expansion,$K" --sae-batch "$BATCH" --sae-dead-after "$DEAD_AFTER" \
+    "${HL_ENV[@]}" "$HEADLAB" bench --sae "$d_in,$expansion,$K" --sae-batch "$BATCH" --sae-dead-after "$DEAD_AFTER" \
       --threads "$THREADS" --steps "$STEPS" --warmup "$WARMUP" "${HL_EXTRA[@]}" >> "$out/headlab.jsonl"
     /usr/bin/python3 "$SHARED/sae_torch.py" --d-in "$d_in" --expansion "$expansion" --k "$K" --batch "$BATCH" \
       --dead-after "$DEAD_AFTER" --threads "$THREADS" --steps "$STEPS" --warmup "$WARMUP" >> "$out/torch.jsonl"

@@ -1014,6 +1014,8 @@ std::vector<SparseCase> sparse_cases() {
   many_dead.d_sae = 512;
   SaeConfig wide = topk;  // rows wider than the backward's column tile (32): a full tile and a part
   wide.d_in = 40;
+  SaeConfig one_product = topk;  // W_enc past the bound for row blocks (models/sae_sparse.cpp): one sgemm over all rows
+  one_product.d_sae = 8192;
   SaeConfig many_rows = topk, many_rows_transcoder = transcoder;  // k 1: some features stay dead over 256 rows
   many_rows.k = many_rows_transcoder.k = 1;
   many_rows_transcoder.arch = SaeArch::BatchTopK;
@@ -1022,6 +1024,7 @@ std::vector<SparseCase> sparse_cases() {
           {"topk transcoder", transcoder},
           {"topk, most features dead", many_dead},
           {"topk, 40 wide", wide},
+          {"topk, the encoder in one product", one_product},
           {"topk, more rows than features", many_rows, 256},
           {"batchtopk transcoder, more rows than features", many_rows_transcoder, 256}};
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 
 #include "lib/fileutil.h"
 #include "lib/threads.h"
@@ -19,7 +20,15 @@ Tensor checked_batch(const ActivationSource& source, int64_t rows, int64_t d_in)
   HL_CHECK(x.defined() && x.ndim() == 2 && x.size(0) == rows && x.size(1) == d_in, "SAE training: the activations must be (",
            rows, ", ", d_in, "), got ", x.defined() ? x.shape().str() : std::string("nothing"));
   const float* p = x.data();
-  for (int64_t i = 0; i < x.numel(); ++i)
+  // any non-finite value (all exponent bits set) by an OR over the bits, a loop that vectorises;
+  // then found for the message
+  uint32_t bad = 0;
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, p + i, 4);
+    bad |= uint32_t((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  for (int64_t i = 0; bad && i < x.numel(); ++i)
     HL_CHECK(std::isfinite(p[i]), "SAE training: the activations hold a non-finite value (row ", i / d_in, ", column ", i % d_in, ")");
   return x;
 }
@@ -296,8 +305,19 @@ SaeStepStats SaeTrainer::step() {
   auto count = [&](int64_t j, float v) {
     if (v != 0.f) fired[j] = 1, ++active, min_kept = std::min(min_kept, v);
   };
-  if (sparse) {
-    for (size_t e = 0; e < sparse_loss.index.size(); ++e) count(sparse_loss.index[e], sparse_loss.value[e]);
+  if (sparse) {  // in locals: through the lambda's references min_kept went to memory each entry (a store-load chain)
+    char* fired_at = fired.data();
+    const int32_t* index = sparse_loss.index.data();
+    const float* value = sparse_loss.value.data();
+    int64_t n_active = 0;
+    float least = INFINITY;
+    for (size_t e = 0, n = sparse_loss.index.size(); e < n; ++e) {
+      const float v = value[e];
+      fired_at[index[e]] |= v != 0.f;
+      n_active += v != 0.f;
+      least = std::min(least, v != 0.f ? v : INFINITY);
+    }
+    active = n_active, min_kept = least;
   } else {
     const float* fd = f.data();  // row by row: f is (N, F) row-major
     for (int64_t r = 0; r < N; ++r)
