@@ -999,7 +999,7 @@ double relative_gap(const Tensor& a, const Tensor& b) {
 struct SparseCase {
   std::string what;
   SaeConfig cfg;
-  int64_t batch = 64;  // 2 d_sae <= batch: the backward sums by row (models/sae_sparse.cpp), else by feature
+  int64_t batch = 64;  // above 64: a case with more rows than features (the 1- vs 2-thread check forks the row loops)
 };
 
 std::vector<SparseCase> sparse_cases() {
