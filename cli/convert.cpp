@@ -15,6 +15,7 @@
 #include "cli/commands.h"
 #include "lib/fileutil.h"
 #include "lib/stop.h"
+#include "datasets/tokenizer.h"
 #include "models/checkpoint.h"
 #include "train/run_dir.h"
 
@@ -130,6 +131,10 @@ int run_convert(const ConvertOpts& o) {
               o.out.c_str(), c.n_layers, c.n_heads, static_cast<long long>(c.d_model), static_cast<long long>(c.d_ff),
               static_cast<long long>(c.vocab_size), static_cast<long long>(c.max_seq_len),
               static_cast<long long>(parameter_count(c)));
+  std::error_code dir_ec;
+  if (std::filesystem::is_directory(o.src, dir_ec) && has_tokenizer_files(o.src))  // the checkpoint holds weights alone
+    std::printf("the tokenizer stays in %s: give --tokenizer %s with --text, or keep using the directory itself\n", o.src.c_str(),
+                o.src.c_str());
   return 0;
 }
 

@@ -55,8 +55,7 @@ int run_dla(const RoleOpts& o) {
       const std::string dir = !o.dla.tokenizer.empty() ? o.dla.tokenizer : std::filesystem::is_directory(o.checkpoint) ? o.checkpoint : "";
       if (dir.empty()) fail("--text needs --tokenizer DIR (tokenizer.json, vocab.json + merges.txt, or encoder.json + vocab.bpe)");
       const std::shared_ptr<const Tokenizer> tok = load_tokenizer(dir);
-      if (tok->vocab_size() > cfg.vocab_size)
-        fail("--tokenizer ", dir, ": its vocabulary has ", tok->vocab_size(), " tokens, more than the model's ", cfg.vocab_size);
+      check_tokenizer_fits(*tok, cfg.vocab_size, (o.dla.tokenizer.empty() ? "the tokenizer in " : "--tokenizer ") + dir);
       ids = tok->encode(o.dla.text, "--text", true);  // with the BOS/EOS the tokenizer's files add
     }
     if (ids.size() < 2) fail(flag, ": give at least 2 tokens (each position is attributed its next token)");

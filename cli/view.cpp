@@ -222,8 +222,7 @@ int run_view(const ViewOpts& o) {
                                                    : std::string();
   if (!tok_dir.empty()) {
     tok = load_tokenizer(tok_dir);
-    if (tok->vocab_size() > cfg.vocab_size)
-      fail("--tokenizer ", tok_dir, ": its vocabulary has ", tok->vocab_size(), " tokens, more than the model's ", cfg.vocab_size);
+    check_tokenizer_fits(*tok, cfg.vocab_size, (o.tokenizer.empty() ? "the tokenizer in " : "--tokenizer ") + tok_dir);
   }
   if (o.text.empty()) {
     if (!o.tokens.empty()) {

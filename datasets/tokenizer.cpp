@@ -100,6 +100,10 @@ std::shared_ptr<const Tokenizer> load_tokenizer(const std::string& dir) {
   return std::make_shared<BpeTokenizer>(BpeTokenizer::load(dir));  // names what is missing
 }
 
+void check_tokenizer_fits(const Tokenizer& tok, int64_t vocab, const std::string& named) {
+  if (tok.vocab_size() > vocab) fail(named, ": its vocabulary has ", tok.vocab_size(), " tokens, more than the model's ", vocab);
+}
+
 std::shared_ptr<const Tokenizer> tokenizer_for_directory(const std::string& dir) {
   return has_tokenizer_files(dir) ? load_tokenizer(dir) : nullptr;
 }

@@ -57,6 +57,10 @@ std::shared_ptr<const Tokenizer> load_tokenizer(const std::string& dir);
 // The tokenizer beside a model (a Hugging Face model directory's own files), or null when the
 // directory has none: what loading a model directory calls.
 std::shared_ptr<const Tokenizer> tokenizer_for_directory(const std::string& dir);
+// Fails when `tok` has more tokens than a model's vocabulary of `vocab` (its ids would not embed);
+// `named` is what the message calls it ("--tokenizer DIR", "the tokenizer in DIR"). Fewer is
+// fine: Hugging Face models often keep spare rows.
+void check_tokenizer_fits(const Tokenizer& tok, int64_t vocab, const std::string& named);
 
 // BPE's merge table, shared by GPT-2's files and tokenizer.json: (left id, right id) as
 // bpe_pair_key -> (rank, merged id).

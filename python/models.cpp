@@ -520,8 +520,10 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
              const std::string& path = p.path;
              py::object model = py::cast(load_model(path));
              // a model directory's tokenizer files: to_tokens / to_str_tokens / to_string use them
-             if (const std::shared_ptr<const Tokenizer> tok = tokenizer_for_directory(path))
+             if (const std::shared_ptr<const Tokenizer> tok = tokenizer_for_directory(path)) {
+               check_tokenizer_fits(*tok, model.cast<const TransformerLM&>().cfg.vocab_size, "the tokenizer in " + path);
                model.attr("tokenizer") = py::cast(std::const_pointer_cast<Tokenizer>(tok));
+             }
              return model;
            }, py::arg("path"),
            "A model from a headlab checkpoint (safetensors) or a Hugging Face model directory (with its tokenizer files, "

@@ -2,11 +2,24 @@
 // copy), tensor ops, no-grad and thread settings.
 #include "bindings.h"
 #include "lib/ops.h"
+#include "lib/safetensors.h"
 #include "lib/tensor.h"
 
 namespace hl::bindings {
 
 void bind_tensors(py::module_& m) {
+  m.def(
+      "load_safetensors",
+      [](const PathArg& path) {
+        const SafetensorsFile f = read_safetensors(path.path);
+        py::dict out;
+        for (const auto& [name, t] : f.tensors)
+          out[py::str(name)] = t.dtype == DType::I32 || t.dtype == DType::I64 ? ids_to_array(f.ids(name)) : view_of(f.f32(name));
+        return out;
+      },
+      py::arg("path"),
+      "The tensors of a safetensors file as NumPy arrays, {name: array}: float32 (F32, BF16 and F16 read exactly), "
+      "int32 (I32, I64); e.g. the inputs.safetensors patch and edges write");
   // ---- tensors ------------------------------------------------------------------------------
   py::class_<Tensor>(m, "Tensor", py::buffer_protocol(), "float32 tensor; np.asarray(t) is a view of its memory")
       .def_buffer([](Tensor& t) -> py::buffer_info {

@@ -46,6 +46,9 @@ def test_cli_and_python_edges_agree_bit_for_bit(run):
     j = json.load(open(os.path.join(out, "edges.json")))
     inp = read_int32_safetensors(os.path.join(out, "inputs.safetensors"))
     assert inp["answers"].shape[1] == 4 and inp["clean"].shape == inp["corrupted"].shape
+    loaded = hl.load_safetensors(os.path.join(out, "inputs.safetensors"))  # the reader users are pointed to
+    assert sorted(loaded) == sorted(inp) and all(np.array_equal(loaded[k], inp[k]) for k in inp)
+    assert loaded["clean"].dtype == np.int32
     hl.set_num_threads(2)
     m = hl.TransformerLM.load(ck)
     r = hl.edge_patching(m, inp["clean"], inp["corrupted"], answers=inp["answers"])

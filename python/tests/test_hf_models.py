@@ -320,6 +320,24 @@ def test_export_refuses_an_attention_only_model(tmp_path):
     assert "no Hugging Face layout expresses the model" in line and "d_ff 0" in line, line
 
 
+def test_a_tokenizer_larger_than_the_model_is_refused_at_load(tmp_path):
+    # its ids past the model's vocabulary would not embed: said at load, naming the directory, by both doors;
+    # convert says where the tokenizer stays (the checkpoint holds the weights alone)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import hf_tokenizer_files as files
+    files.write("neox", str(tmp_path / "tok"))
+    vocab = hl.Tokenizer.load(str(tmp_path / "tok")).vocab_size
+    d, _, _ = make(tmp_path, "pythia", config={"vocab_size": vocab - 1})
+    (d / "tokenizer.json").write_bytes((tmp_path / "tok" / "tokenizer.json").read_bytes())
+    want = f"the tokenizer in {d}: its vocabulary has {vocab} tokens, more than the model's {vocab - 1}"
+    with pytest.raises(ValueError, match=re.escape(want)):
+        hl.TransformerLM.load(str(d))
+    r = run("dla", "--checkpoint", d, "--text", "the quick fox")
+    assert r.returncode != 0 and want in r.stderr, r.stderr
+    r = run("convert", d, "--out", tmp_path / "c.safetensors")
+    assert r.returncode == 0 and f"the tokenizer stays in {d}: give --tokenizer {d}" in r.stdout, r.stdout + r.stderr
+
+
 def test_export_copies_the_tokenizer_files(tmp_path):
     # a model directory with its tokenizer: the export carries tokenizer.json, tokenizer_config.json and
     # special_tokens_map.json byte for byte, so the exported directory tokenizes as the source does
