@@ -244,3 +244,35 @@ BOOST_AUTO_TEST_CASE(feature_senders_sum_to_the_heads_they_replace_and_their_edg
   Rng rng(1);
   BOOST_CHECK_THROW(check_feature_sender_sae(c, Sae::init(resid, rng)), Error);
 }
+
+BOOST_AUTO_TEST_CASE(gradients_reach_the_features_and_the_error_and_the_model_keeps_its_own) {
+  const ModelConfig c = test::test_model({.heads = 4});
+  TransformerLM model(c, 3);
+  const Ids ids = some_tokens(3, 6, c.vocab_size, 5);
+  const auto sae = random_sae(6, 5, 4);
+  Rng r(2);
+  Tensor w = Tensor::empty({3, 6, c.vocab_size});
+  for (int64_t i = 0; i < w.numel(); ++i) w.data()[i] = static_cast<float>(r.normal());
+  const std::string resid0 = "blocks.0.hook_resid_pre", out = kHook + ".hook_sae_output";
+  auto grads = [&](const std::vector<std::string>& names) {
+    ActivationCache cache;
+    Hooks hooks;
+    hooks.cache(cache, names_in(names), true);
+    sum(mul(run_with(model, ids, hooks), w)).backward();
+    return cache;
+  };
+  const ActivationCache plain = grads({resid0});
+  model.add_sae(sae);
+  const ActivationCache spliced = grads({resid0, kActs, kError, out});
+  const int64_t N = 18, F = 6, D = 8;
+  // dL/df = dL/d(output) W_dec^T; dL/d(error) = dL/d(output)
+  const Tensor g_out = reshape(spliced.grad(out), {N, D});
+  const Tensor want = matmul(g_out, sae->W_dec, false, true);  // (N, F)
+  BOOST_TEST(max_abs_diff(reshape(spliced.grad(kActs), {N, F}), want) <= 1e-5);
+  BOOST_TEST(max_abs_diff(reshape(spliced.grad(kError), {N, D}), g_out) == 0.0);
+  double largest = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) largest = std::max(largest, std::fabs(double(want.data()[i])));
+  BOOST_TEST(largest > 1e-3);
+  // the model's own gradient upstream (the output is x_hat + (x - x_hat): x to float32 rounding)
+  BOOST_TEST(max_abs_diff(spliced.grad(resid0), plain.grad(resid0)) <= 1e-5);
+}
