@@ -50,8 +50,10 @@ int64_t reduced_index(int64_t i, const Shape& s, int drop_a, int drop_b) {
 
 }  // namespace
 
-HookAxes hook_axes(const ModelConfig& cfg, const std::string& name) {
-  for (const HookPointInfo& p : describe_hook_points(cfg)) {
+namespace {
+
+HookAxes hook_axes_in(const std::vector<HookPointInfo>& points, const std::string& name) {
+  for (const HookPointInfo& p : points) {
     if (p.name != name) continue;
     // the shape as its module declares it, e.g. "(B, T, 4, 16)" or "(B, 4, T, T)"
     std::string inner = p.shape.substr(1, p.shape.size() - 2);
@@ -63,10 +65,16 @@ HookAxes hook_axes(const ModelConfig& cfg, const std::string& name) {
       else if (w == "T") (a.pos < 0 ? a.pos : a.src_pos) = a.ndim;
       else if (a.head < 0 && has_head_axis(name) && std::isdigit(static_cast<unsigned char>(w[0]))) a.head = a.ndim, a.heads = std::stoll(w);
     }
+    if (name.ends_with(".hook_sae_acts_pre") || name.ends_with(".hook_sae_acts_post")) a.feature = a.ndim - 1;  // (B, T, d_sae)
     return a;
   }
   fail("unknown hook point '", name, "' (headlab hooks lists them)");
 }
+
+}  // namespace
+
+HookAxes hook_axes(const ModelConfig& cfg, const std::string& name) { return hook_axes_in(describe_hook_points(cfg), name); }
+HookAxes hook_axes(const TransformerLM& model, const std::string& name) { return hook_axes_in(describe_hook_points(model), name); }
 
 AblationKind parse_ablation_kind(const std::string& s) {
   if (s == "zero") return AblationKind::Zero;

@@ -17,12 +17,15 @@ namespace hl {
 
 // Which axes of a hook point's activation hold the batch row, the position and the head (-1:
 // none). The position of hook_pattern and hook_attn_scores is the query's; src_pos the key's.
+// `feature`: the SAE feature axis of an attached SAE's hook_sae_acts_pre / hook_sae_acts_post (d_sae).
 struct HookAxes {
-  int ndim = 0, batch = -1, pos = -1, head = -1, src_pos = -1;
+  int ndim = 0, batch = -1, pos = -1, head = -1, src_pos = -1, feature = -1;
   int64_t heads = 0;  // the head axis's size (kv heads for hook_k, hook_v and their inputs)
 };
 // Fails naming the hook when the model has no such hook point.
 HookAxes hook_axes(const ModelConfig& cfg, const std::string& name);
+// The same for a model's hook points, those of its attached SAEs included (TransformerLM::add_sae).
+HookAxes hook_axes(const TransformerLM& model, const std::string& name);
 
 enum class AblationKind { Zero, Mean, Resample };
 AblationKind parse_ablation_kind(const std::string& s);  // zero, mean or resample

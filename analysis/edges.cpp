@@ -1048,6 +1048,104 @@ std::vector<MlpSenderEdge> mlp_sender_edges(TransformerLM& model, const Patching
   return out;
 }
 
+std::string FeatureSenderEdge::sender_name(int layer) const {
+  return "L" + std::to_string(layer) + "z." + (feature < 0 ? std::string("err") : "f" + std::to_string(feature));
+}
+
+void check_feature_sender_sae(const ModelConfig& c, const Sae& sae) {
+  const std::string& hook = sae.cfg.hook_name;
+  const int L = hook_layer(hook);
+  if (L < 0 || L >= c.n_layers || in_block_name(hook) != "attn.hook_z" || sae.cfg.transcoder())
+    fail("edges: the SAE at '", hook, "' is not on a layer's attn.hook_z: feature senders write through W_O (an SAE on blocks.L.attn.hook_z)");
+  if (sae.cfg.d_in != c.n_heads * c.head_dim())
+    fail("edges: the SAE at ", hook, " takes d_in = ", sae.cfg.d_in, ", the model's hook_z has ", c.n_heads * c.head_dim());
+  if (c.sandwich_norm) fail("edges: feature senders need heads that write into the residual stream directly (the model has sandwich norms)");
+}
+
+Tensor feature_sender_delta_stack(TransformerLM& model, const PatchingInputs& in, const Sae& sae, std::vector<int>& features) {
+  const ModelConfig& c = model.cfg;
+  check_feature_sender_sae(c, sae);
+  const std::string& hook = sae.cfg.hook_name;
+  const int L = hook_layer(hook);
+  EvalScope mode(model);
+  NoGradGuard ng;
+  const int64_t B = in.clean.shape[0], T = in.clean.shape[1], N = B * T, F = sae.cfg.d_sae, W = sae.cfg.d_in, D = c.d_model;
+  // per run: the features (N, F), each row's std with layer_norm (N, 1), the error in hook_z space (N, W)
+  struct Run { Tensor f, scale, err; };
+  auto run = [&](const Ids& ids) {
+    const Tensor x = sae_rows(model.run_with_cache(ids, name_is(hook)).second[hook], W, hook);  // (N, W)
+    Run r;
+    r.f = sae.encode(x);
+    Tensor written = matmul(r.f, sae.W_dec);  // sum_i f_i W_dec[i]
+    if (sae.layer_norm()) sae.normalize_input(x, &r.scale), written = mul(written, r.scale);
+    r.err = sub(x, written);
+    return r;
+  };
+  const Run clean = run(in.clean), corrupt = run(in.corrupted);
+  features.clear();
+  for (int64_t i = 0; i < F; ++i)
+    for (int64_t n = 0; n < N; ++n)
+      if (clean.f.data()[n * F + i] != corrupt.f.data()[n * F + i] ||
+          (sae.layer_norm() && clean.f.data()[n * F + i] != 0.f && clean.scale.data()[n] != corrupt.scale.data()[n])) {
+        features.push_back(static_cast<int>(i));
+        break;
+      }
+  const int64_t S = static_cast<int64_t>(features.size()) + 1;
+  check_fits_in_memory(4.0 * static_cast<double>(S * N * D), "edges: the deltas of " + std::to_string(S - 1) + " features of " + hook);
+  const Tensor& w_o = model.blocks[static_cast<size_t>(L)]->attn.W_O.weight;  // (D, W)
+  const Tensor writes = matmul(sae.W_dec, w_o, false, true);                   // (F, D): feature i's write per unit
+  Tensor stack = Tensor::zeros({S, B, T, D});
+  for (int64_t s = 0; s + 1 < S; ++s) {
+    const int64_t i = features[static_cast<size_t>(s)];
+    float* o = stack.data() + s * N * D;
+    for (int64_t n = 0; n < N; ++n) {
+      // f_i (times the row's std) in the corrupted run minus the clean run's
+      float a = corrupt.f.data()[n * F + i], b = clean.f.data()[n * F + i];
+      if (sae.layer_norm()) a *= corrupt.scale.data()[n], b *= clean.scale.data()[n];
+      const float df = a - b;
+      if (df != 0.f)
+        for (int64_t d = 0; d < D; ++d) o[n * D + d] = df * writes.data()[i * D + d];
+    }
+  }
+  const Tensor err = matmul(sub(corrupt.err, clean.err), w_o, false, true);  // (N, D)
+  std::copy_n(err.data(), N * D, stack.data() + (S - 1) * N * D);
+  return stack;
+}
+
+std::vector<FeatureSenderEdge> feature_sender_edges(TransformerLM& model, const PatchingInputs& in, const Sae& sae) {
+  check_edge_inputs(model.cfg, in);
+  const ModelConfig& c = model.cfg;
+  std::vector<int> features;
+  const Tensor deltas = feature_sender_delta_stack(model, in, sae, features);  // (S, B, T, D)
+  const int L = hook_layer(sae.cfg.hook_name);
+  throw_if_stopped();
+  const Tensor grads = receiver_gradient_stack(model, in);  // (R, B, T, D)
+  Runs runs = record_runs(model, in);
+  const size_t first = runs.deltas.size();  // the features' deltas go after the senders'
+  for (const Tensor& d : unstack(deltas)) runs.deltas.push_back(d);
+  EvalScope mode(model);
+  NoGradGuard ng;
+  FastEdges fast(model, in, runs);
+  const std::vector<EdgeReceiver> receivers = edge_receivers(c);
+  const int64_t S = deltas.size(0), K = deltas.numel() / S;
+  std::vector<FeatureSenderEdge> out;
+  for (size_t ri = 0; ri < receivers.size(); ++ri) {
+    const EdgeReceiver& r = receivers[ri];
+    if (!is_edge(c, EdgeSender{L, 0}, r)) continue;  // reads before layer L's heads write
+    std::vector<size_t> from;
+    for (int64_t s = 0; s < S; ++s) from.push_back(first + static_cast<size_t>(s));
+    const std::vector<double> exact = fast.receiver(r, from);
+    const float* g = grads.data() + static_cast<int64_t>(ri) * K;
+    for (int64_t s = 0; s < S; ++s) {
+      const float* d = deltas.data() + s * K;
+      double a = 0;
+      for (int64_t k = 0; k < K; ++k) a += double(d[k]) * g[k];
+      out.push_back({s + 1 < S ? features[static_cast<size_t>(s)] : -1, r, exact[static_cast<size_t>(s)], a});
+    }
+  }
+  return out;
+}
+
 Tensor mlp_sender_delta_stack(const ModelConfig& c, const ActivationCache& clean, const ActivationCache& corrupt) {
   std::vector<Tensor> d;
   for (int l = 0; l < c.n_layers; ++l) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "analysis/patching.h"
+#include "models/sae.h"
 
 namespace hl {
 
@@ -163,6 +164,29 @@ std::vector<MlpSenderEdge> mlp_sender_edges(TransformerLM& model, const Patching
 Tensor mlp_sender_delta_stack(const ModelConfig& cfg, const ActivationCache& clean, const ActivationCache& corrupt);
 // Those edges (the sending MLP's layer, the receiver) in that order, without scores.
 std::vector<std::pair<int, EdgeReceiver>> mlp_sender_edge_list(const ModelConfig& cfg);
+
+// ---- SAE features as senders (Marks et al.'s sparse feature circuits) ----
+// For an SAE on blocks.L.attn.hook_z (heads concatenated, models/sae.h), feature i writes
+// f_i W_dec[i] (times the row's std with layer_norm) through W_O into the residual stream, and
+// the SAE's error writes the rest of hook_z's output, (x - sum_i f_i W_dec[i] (std)) W_O^T (b_dec
+// and the mean included). Their deltas, out(corrupted) - out(clean) (B, T, D), sum to the layer's
+// heads' deltas (edge_sender_deltas, W_O's bias excluded). For each, and every receiver reading
+// layer L's heads, exact and attribution as edge_patching computes them. Only the features whose
+// activation differs between the runs somewhere are senders (the others' delta is 0); receivers
+// in edge_receivers order, for each the features in order, then the error.
+struct FeatureSenderEdge {
+  int feature = -1;  // -1: the SAE's error
+  EdgeReceiver receiver;
+  double exact = 0, attribution = 0;
+  std::string sender_name(int layer) const;  // "L1z.f17", "L1z.err"
+};
+std::vector<FeatureSenderEdge> feature_sender_edges(TransformerLM& model, const PatchingInputs& in, const Sae& sae);
+// Fails in one line for an SAE whose features cannot be senders here (not on a layer's
+// attn.hook_z, another width, a model with sandwich norms).
+void check_feature_sender_sae(const ModelConfig& cfg, const Sae& sae);
+// Those senders' deltas, (features that differ + 1, B, T, D), the error's last; `features` gets
+// which features they are.
+Tensor feature_sender_delta_stack(TransformerLM& model, const PatchingInputs& in, const Sae& sae, std::vector<int>& features);
 
 // AtP*'s QK fix (circuit_discovery.h): for every edge s -> r into a head's query or key input
 // (r = L{l}H{h}.q or .k), head h's output (its hook_result, (B, T, D)) recomputed exactly with r

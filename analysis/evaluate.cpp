@@ -103,7 +103,7 @@ Tensor forward_batch(TransformerLM& model, const Batch& batch, BatchScratch& scr
   opt.hooks = hooks;
   targets = &batch.targets;
   // packed live positions, except with soft-capped scores (the unfused score path takes no packed rows)
-  if (!hooks && model.cfg.attn_softcap == 0.f && batch.live_positions(scratch.live_len, scratch.output_rows, scratch.targets)) {
+  if (!hooks && !model.saes_replace_activations() && model.cfg.attn_softcap == 0.f && batch.live_positions(scratch.live_len, scratch.output_rows, scratch.targets)) {
     opt.live_len = scratch.live_len;
     opt.output_rows = &scratch.output_rows;
     targets = &scratch.targets;

@@ -290,6 +290,12 @@ bool is_hook(const ModelConfig& cfg, const std::string& name) {
     if (p.name == name) return true;
   return false;
 }
+// An attached SAE's point ("blocks.1.attn.hook_z.hook_sae_acts_post": TransformerLM::add_sae).
+bool is_sae_hook(const TransformerLM& model, const std::string& name) {
+  for (const HookPointInfo& p : describe_hook_points(model))
+    if (p.name == name) return !is_hook(model.cfg, name);
+  return false;
+}
 
 // The hook's name within a block ("attn.hook_z" for "hook_z"), or fails saying why.
 std::string block_relative_name(const ModelConfig& cfg, const std::string& hook) {
@@ -319,6 +325,11 @@ std::vector<std::string> default_patch_axes(const ModelConfig& cfg, const std::s
   return axes;
 }
 
+std::vector<std::string> default_patch_axes(const TransformerLM& model, const std::string& hook) {
+  if (!is_sae_hook(model, hook)) return default_patch_axes(model.cfg, hook);
+  return {hook_axes(model, hook).feature >= 0 ? "feature" : "pos"};
+}
+
 namespace {
 
 // A patched pass's logits of the batch's rows row0.., at index `flat` (`idx` per axis).
@@ -333,6 +344,15 @@ bool same_where(const Tensor& from, const Tensor& x, const std::vector<std::pair
     if (here && from.data()[i] != x.data()[i]) return false;
   }
   return true;
+}
+
+// Per feature (the last axis of (B, T, d_sae) activations): whether the two runs' values differ anywhere.
+std::vector<char> differing_features(const Tensor& a, const Tensor& b) {
+  const int64_t F = a.size(-1), n = a.numel() / F;
+  std::vector<char> differs(static_cast<size_t>(F), 0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < F; ++j) differs[static_cast<size_t>(j)] |= a.data()[i * F + j] != b.data()[i * F + j];
+  return differs;
 }
 
 // The answers' window of a sweep: the first position where a clean and a corrupted row differ
@@ -430,18 +450,18 @@ PatchGrid sweep(TransformerLM& model, const Ids& clean, const Ids& corrupted, co
   PatchGrid g;
   g.axes = axes;
   if (by_layer) {
-    if (is_hook(model.cfg, hook))
+    if (is_hook(model.cfg, hook) || is_sae_hook(model, hook))
       fail("patching: ", hook, " is one hook point; to patch over layers name it without its layer (e.g. ",
            hook_layer(hook) >= 0 ? in_block_name(hook) : std::string("attn.hook_z"), ")");
     const std::string rel = block_relative_name(model.cfg, hook);
     for (int l = 0; l < model.cfg.n_layers; ++l) g.hooks.push_back(hook_name(l, rel));
   } else {
-    if (!is_hook(model.cfg, hook)) fail("patching: '", hook, "' is not a hook point of this model; name it in full (blocks.1.attn.hook_z) or patch over the layer axis too");
+    if (!is_hook(model.cfg, hook) && !is_sae_hook(model, hook)) fail("patching: '", hook, "' is not a hook point of this model; name it in full (blocks.1.attn.hook_z) or patch over the layer axis too");
     g.hooks.push_back(hook);
   }
   EvalScope mode(model);
   NoGradGuard ng;
-  const HookAxes ha = hook_axes(model.cfg, g.hooks[0]);
+  const HookAxes ha = hook_axes(model, g.hooks[0]);
   const bool windowed = answers && hook_layer(g.hooks[0]) >= 0 && ha.pos >= 0 && ha.src_pos < 0;
   const AnswerWindow window = windowed ? answer_window(clean, corrupted, *answers) : AnswerWindow{};
   std::vector<int> dim;  // per axis, the activation's axis it indexes (-1: the layer)
@@ -463,6 +483,7 @@ PatchGrid sweep(TransformerLM& model, const Ids& clean, const Ids& corrupted, co
       ForwardOptions stop;
       Hooks record;
       record.cache(corrupted_resid, names_ending_with("hook_resid_pre"));
+      if (ha.feature >= 0) record.cache(corrupted_resid, names_in(g.hooks));  // which features differ
       stop.hooks = &record;
       stop.stop_at_layer = model.cfg.n_layers;  // no logits needed
       (void)model.forward(chunk_corrupted, stop);
@@ -470,11 +491,14 @@ PatchGrid sweep(TransformerLM& model, const Ids& clean, const Ids& corrupted, co
     CorruptedKV kv;
     if (windowed && window.first_change < window.end) kv.record(model, chunk_corrupted, window.end);
     const Shape s = cache[g.hooks[0]].shape();
+    // an SAE's features: those equal in the two runs (most of them: they are sparse) patch nothing
+    const std::vector<char> feature_differs = ha.feature >= 0 ? differing_features(cache[g.hooks[0]], corrupted_resid[g.hooks[0]]) : std::vector<char>();
     if (g.shape.empty()) {  // the axes, once: they do not depend on the rows
       for (const std::string& a : axes) {
         if (std::count(axes.begin(), axes.end(), a) > 1) fail("patching: axis '", a, "' given twice");
-        const int d = a == "layer" ? -1 : a == "head" ? ha.head : a == "pos" ? ha.pos : a == "src_pos" ? ha.src_pos : -2;
-        if (d == -2) fail("patching: unknown axis '", a, "' (expected layer, head, pos or src_pos)");
+        const int d = a == "layer" ? -1 : a == "head" ? ha.head : a == "pos" ? ha.pos : a == "src_pos" ? ha.src_pos
+                    : a == "feature" ? ha.feature : -2;
+        if (d == -2) fail("patching: unknown axis '", a, "' (expected layer, head, pos, src_pos, or feature for an SAE's features)");
         if (a != "layer" && d < 0) fail("patching: ", g.hooks[0], " ", s.str(), " has no ", a, " axis");
         dim.push_back(d);
         g.shape.push_back(d < 0 ? model.cfg.n_layers : s[d]);
@@ -500,8 +524,12 @@ PatchGrid sweep(TransformerLM& model, const Ids& clean, const Ids& corrupted, co
       const Tensor& from = cache[name];
       const int block = hook_layer(name);  // the block whose hook is patched (-1: hook_embed, ln_final, ...)
       const int64_t p0 = patched_pos >= 0 ? patched_pos : window.first_change;  // windowed: the first position changed
-      const bool unchanged = windowed ? (patched_pos >= 0 && patched_pos < window.first_change) || p0 >= window.end
-                                      : corrupted_resid.has(name) && same_where(from, corrupted_resid[name], fixed, stride);
+      bool unchanged = false;
+      for (const auto& [d, k] : fixed)
+        if (d == ha.feature) unchanged = !feature_differs[static_cast<size_t>(k)];
+      if (!unchanged)
+        unchanged = windowed ? (patched_pos >= 0 && patched_pos < window.first_change) || p0 >= window.end
+                             : corrupted_resid.has(name) && same_where(from, corrupted_resid[name], fixed, stride);
       if (unchanged) {
         on_pass(flat, idx, every_position(unpatched()), begin);
         if (passed) passed();

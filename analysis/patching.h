@@ -143,5 +143,9 @@ PatchGrid generic_activation_patch(TransformerLM& model, const PatchingInputs& i
 // The axes patching over `hook` takes by default: layer (when named without it), then head if the
 // hook has one, else pos.
 std::vector<std::string> default_patch_axes(const ModelConfig& cfg, const std::string& hook);
+// The same for a model's hook points: an attached SAE's hook_sae_acts_pre / acts_post (TransformerLM::add_sae)
+// by "feature" (d_sae: a feature's clean activation written into the corrupted run; a feature
+// equal in both runs, as most of a sparse SAE's are, is not run), its other points by "pos".
+std::vector<std::string> default_patch_axes(const TransformerLM& model, const std::string& hook);
 
 }  // namespace hl

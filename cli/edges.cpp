@@ -158,6 +158,9 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
   const std::string out = o.out.empty() ? default_out_dir("edges") : o.out;
   RoleModel m = load_role_model(o);
   check_edge_model(m.model->cfg);  // before the data is made
+  const std::vector<AttachedSae> saes = m.model->saes;  // --sae: their features become senders
+  for (const AttachedSae& a : saes) check_feature_sender_sae(m.model->cfg, *a.sae);
+  if (!saes.empty() && !f.path_from.empty()) fail("--sae goes with the edge scores, not --path-from");
   const size_t n_edges = model_edges(m.model->cfg).size();
   EdgeFlags fl = f;
   if (f.method == "edge-pruning" || f.method == "all") {
@@ -197,6 +200,21 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
   // MIB's MLP-sender edges: their exact effects and attributions (every other method scores them too)
   std::vector<double> mlp_exact, mlp_attribution;
   for (const MlpSenderEdge& e : mlp_sender_edges(*m.model, in)) mlp_exact.push_back(e.exact), mlp_attribution.push_back(e.attribution);
+  // --sae: each SAE's features that differ between the runs, and its error, as senders (exact and attribution)
+  std::string feature_csv = "sae,sender,receiver,exact,attribution\n";
+  std::vector<std::pair<double, std::string>> feature_rows;  // (|exact|, printed line)
+  for (const AttachedSae& a : saes) {
+    const int layer = hook_layer(a.sae->cfg.hook_name);
+    char line[256];
+    for (const FeatureSenderEdge& e : feature_sender_edges(*m.model, in, *a.sae)) {
+      std::snprintf(line, sizeof line, "%s,%s,%s,%.17g,%.17g\n", a.sae->cfg.hook_name.c_str(), e.sender_name(layer).c_str(),
+                    e.receiver.name().c_str(), e.exact, e.attribution);
+      feature_csv += line;
+      std::snprintf(line, sizeof line, "  %-12s -> %-10s exact %9.4f  attribution %9.4f", e.sender_name(layer).c_str(),
+                    e.receiver.name().c_str(), e.exact, e.attribution);
+      feature_rows.push_back({std::fabs(e.exact), line});
+    }
+  }
   // once the work is done: a stopped or failed run leaves no directory; the files appear together
   const std::unique_ptr<StagedDir> dir = claim_staged_output_dir(out, "edges");
   const ModelConfig& c = m.model->cfg;
@@ -294,11 +312,18 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
               extra.mlp_circuit);
     mib_files.push_back("mib_graph.json");
   }
+  if (!saes.empty()) write_file_atomic(dir->file("feature_edges.csv"), feature_csv);
   write_file_atomic(dir->file("edges.json"), j.dump(2) + "\n");
   write_file_atomic(dir->file("edges.csv"), csv);
   st.write(dir->file("inputs.safetensors"));
   write_edge_graph_png(j, f.top, dir->file("edges.png"));  // the --top edges, drawn by layer
   dir->publish();
+  if (!saes.empty()) {
+    std::stable_sort(feature_rows.begin(), feature_rows.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    std::printf("\nSAE features as senders (largest |exact| first; L{l}z.f{i}: feature i of layer l's hook_z SAE, .err its error):\n");
+    for (size_t i = 0; i < feature_rows.size() && i < static_cast<size_t>(f.top); ++i) std::printf("%s\n", feature_rows[i].second.c_str());
+    mib_files.push_back("feature_edges.csv");
+  }
   std::string mib_list;
   for (const std::string& m : mib_files) mib_list += ", " + m;
   std::printf("wrote %s/edges.json, edges.csv, inputs.safetensors, edges.png%s%s\n", out.c_str(),
@@ -323,6 +348,7 @@ void add_edges_command(CLI::App& app, CommandRunner& runner) {
       ->check(in_range(1, 1e6));
   add_patching_data_options(sub, *o);
   add_corrupt_option(sub, *o);
+  add_sae_option(sub, *o);  // hook_z SAEs: their features and error as senders, feature_edges.csv (exact and attribution)
   sub->add_option("--top", flags->top, "Edges in the printed table (largest |exact| first)")->capture_default_str()->check(in_range(1, 1e9));
   sub->add_option("--path-from", flags->path_from,
                   "Path patching instead: this sender (embed or L{layer}H{head}) to the --to receivers; prints the result beside "

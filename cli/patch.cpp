@@ -33,7 +33,7 @@ std::vector<std::string> split_axes(const std::string& text) {
 // --hook: the generic loop over the hook's axes, one CSV row per index (full precision: the
 // numbers Python's activation_patching gives, bit for bit) and a JSON of the grid.
 int run_generic_patch(const RoleOpts& o, const std::string& out, RoleModel& m, const PatchingInputs& in) {
-  const std::vector<std::string> axes = o.patch.axes.empty() ? default_patch_axes(m.model->cfg, o.patch.hook) : split_axes(o.patch.axes);
+  const std::vector<std::string> axes = o.patch.axes.empty() ? default_patch_axes(*m.model, o.patch.hook) : split_axes(o.patch.axes);
   const PatchGrid g = generic_activation_patch(*m.model, in, o.patch.hook, axes);
   // the files appear together, or none (a full disk, a signal)
   const std::unique_ptr<StagedDir> staged = claim_staged_output_dir(out, "patch");
@@ -78,6 +78,7 @@ int run_generic_patch(const RoleOpts& o, const std::string& out, RoleModel& m, c
 int run_patch(const RoleOpts& o) {
   if (over_training_requested(o)) {
     if (!o.patch.hook.empty()) fail("--hook goes with --checkpoint: --run patches hook_z per head over training");
+    if (!o.saes.empty()) fail("--sae goes with --checkpoint: --run patches hook_z per head over training");
     return write_scores_over_training(o.run, o.out, "patch", head_score_options(o));
   }
   const std::string out = o.out.empty() ? default_out_dir("patch") : o.out;
@@ -85,7 +86,7 @@ int run_patch(const RoleOpts& o) {
   RoleModel m = load_role_model(o);
   // a misspelt hook fails here, before the data is made (given axes are checked against the
   // hook's shape by the patching itself, before its first run)
-  if (!o.patch.hook.empty() && o.patch.axes.empty()) (void)default_patch_axes(m.model->cfg, o.patch.hook);
+  if (!o.patch.hook.empty() && o.patch.axes.empty()) (void)default_patch_axes(*m.model, o.patch.hook);
   // every example is in one batch, cached twice, with gradients once; --data probe: any model
   const PatchingInputs in = role_patching_inputs(m, o, patching_memory_bytes, "patch", o.data == "probe");
   if (!o.patch.hook.empty()) return run_generic_patch(o, out, m, in);
@@ -130,8 +131,10 @@ void add_patch_command(CLI::App& app, CommandRunner& runner) {
                   "Patch this hook point over --axes instead (e.g. hook_z, hook_resid_pre, attn.hook_q_input; a full name "
                   "such as blocks.1.attn.hook_z takes no layer axis)");
   sub->add_option("--axes", o->patch.axes,
-                  "--hook: the axes to patch over, comma-separated: layer, head, pos, src_pos (default: layer,head for "
-                  "hooks with heads, else layer,pos)");
+                  "--hook: the axes to patch over, comma-separated: layer, head, pos, src_pos, feature (default: layer,head for "
+                  "hooks with heads, else layer,pos; feature for an --sae's hook_sae_acts_post; a feature equal in the clean and corrupted runs, as most of a sparse "
+                  "SAE's are, is not run, so the time grows with the features that differ)");
+  add_sae_option(sub, *o);  // --hook HOOK.hook_sae_acts_post --axes feature[,pos]: a feature is a node
 }
 
 }  // namespace hl

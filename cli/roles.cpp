@@ -11,6 +11,7 @@
 #include "cli/threads_option.h"
 #include "lib/fileutil.h"
 #include "models/checkpoint.h"
+#include "models/sae.h"
 #include "train/checkpoint_task.h"
 #include "train/over_training.h"
 #include "train/run_dir.h"
@@ -133,6 +134,7 @@ RoleModel load_role_model(const RoleOpts& o) {
   SafetensorsFile f = read_checkpoint(o.checkpoint);
   // the task is read from the metadata, which the load keeps
   RoleModel r{load_model_releasing(f), nullptr, checkpoint_task(f, TaskConfig::preset(o.task))};
+  for (const std::string& dir : o.saes) r.model->add_sae(std::make_shared<const Sae>(load_saelens(dir)));
   return r;
 }
 
@@ -184,6 +186,14 @@ void add_corrupt_option(CLI::App* sub, RoleOpts& opts) {
                   "Token each row's corrupted copy changes: source (the answer's earlier occurrence: what is copied) or "
                   "previous (the token before it, which the answer follows: what an induction head's key matches)")
       ->capture_default_str()->check(CLI::IsMember({"source", "previous"}));
+}
+
+void add_sae_option(CLI::App* sub, RoleOpts& opts) {
+  sub->add_option("--sae", opts.saes,
+                  "Attach this SAE (a directory from headlab sae, or SAELens's cfg.json + sae_weights.safetensors) at its "
+                  "hook point, with its error term: the model's outputs are unchanged and its features become hook points "
+                  "(HOOK.hook_sae_acts_post, HOOK.hook_sae_error, ...); repeat for several")
+      ->check(CLI::ExistingDirectory);
 }
 
 Heatmap head_heatmap(const std::string& title, const HeadGrid& g, const std::string& row_prefix, const std::string& col_prefix) {

@@ -45,6 +45,7 @@ struct RoleOpts {
   DlaFlags dla;
   KnockoutFlags knockout;
   PatchFlags patch;
+  std::vector<std::string> saes;  // --sae DIR (patch and edges): SAEs attached to the model (TransformerLM::add_sae)
 };
 // "1,4,7" -> {1, 4, 7} (empty text: empty), each checked as a whole number >= 0; `flag` names it.
 std::vector<int64_t> parse_positions_flag(const std::string& text, const std::string& flag);
@@ -92,6 +93,9 @@ void add_corrupt_option(CLI::App* sub, RoleOpts& opts);
 // --data task|probe and --length (patch and edges): the task's held-out rows, or the repeat probe
 // (any model, e.g. a Hugging Face checkpoint's); role_patching_inputs(..., o.data == "probe").
 void add_patching_data_options(CLI::App* sub, RoleOpts& opts);
+// --sae DIR, repeatable (patch and edges): SAELens-layout SAE directories attached to the model
+// with their error terms (load_role_model attaches them), so their features are hook points.
+void add_sae_option(CLI::App* sub, RoleOpts& opts);
 // What patch and edges ran on, for their printed lines: "the repeat probe" or "task NAME".
 std::string patching_data_name(const RoleOpts& o, const RoleModel& m);
 // patch and edges: a warning on stderr when the corruption moves the logit difference by less than

@@ -116,6 +116,8 @@ Hooks& Hooks::cache(const ActivationCache& c, NameFilter filter, bool with_grads
 }
 
 bool Hooks::has_forward(const std::string& name) const {
+  for (auto& sp : s_->splices)
+    if (sp.first == name) return true;
   for (auto& f : s_->fwd)
     if (f.where(name)) return true;
   for (auto& r : s_->rec)
@@ -165,7 +167,16 @@ Tensor Hooks::apply(const std::string& name, const Tensor& x, bool tap_for_backw
   }
   for (auto& r : s_->rec)
     if (r.where(name)) r.cache->acts[name] = cur.detach();
+  for (auto& sp : s_->splices)
+    if (sp.first == name) cur = sp.second(cur, *this);
   return tap_for_backward ? tapped(name, cur) : cur;
+}
+
+Hooks Hooks::spliced(const std::vector<std::pair<std::string, Splice>>& splices) const {
+  Hooks h;
+  *h.s_ = *s_;  // the same hooks; the caches' data is shared
+  h.s_->splices.insert(h.s_->splices.end(), splices.begin(), splices.end());
+  return h;
 }
 
 Tensor replace_head(const Tensor& x, int head, const Tensor& value) {

@@ -110,6 +110,15 @@ class Hooks {
   // Calls the backward hooks (and gradient caches) at `name` with dL/d(activation).
   void backward_at(const std::string& name, const Tensor& grad) const;
 
+  // A splice at a hook point (an SAE attached to the model: TransformerLM::add_sae): after the
+  // forward hooks and caches at `name`, run(x, hooks) gives the activation the forward goes on
+  // with, applying `hooks` at its own points on the way ("<name>.hook_sae_acts_post").
+  using Splice = std::function<Tensor(const Tensor& x, const Hooks& hooks)>;
+  // These hooks (sharing their caches) with splices added: what a forward of a model with
+  // attached SAEs runs with. A spliced point counts as replaced (has_forward).
+  Hooks spliced(const std::vector<std::pair<std::string, Splice>>& splices) const;
+  bool has_splices() const { return !s_->splices.empty(); }
+
  private:
   struct Fwd { NameFilter where; ForwardHook fn; };
   struct Bwd { NameFilter where; BackwardHook fn; };
@@ -118,6 +127,7 @@ class Hooks {
     std::vector<Fwd> fwd;
     std::vector<Bwd> bwd;
     std::vector<Rec> rec;
+    std::vector<std::pair<std::string, Splice>> splices;
   };
   std::shared_ptr<State> s_ = std::make_shared<State>();
 };

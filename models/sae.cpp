@@ -337,6 +337,51 @@ ForwardHook sae_splice(const Sae& sae) {
   };
 }
 
+std::vector<HookPointInfo> sae_hook_points(const Sae& sae, bool use_error_term) {
+  const std::string& at = sae.cfg.hook_name;
+  const std::string in = "(B, T, " + std::to_string(sae.cfg.d_in) + ")", feat = "(B, T, " + std::to_string(sae.cfg.d_sae) + ")";
+  std::vector<HookPointInfo> p = {
+      {at + ".hook_sae_input", in, "the SAE's input: the activation, rows flattened"},
+      {at + ".hook_sae_acts_pre", feat, "the SAE's encoder pre-activations"},
+      {at + ".hook_sae_acts_post", feat, "the SAE's feature activations"},
+      {at + ".hook_sae_recons", in, "the SAE's reconstruction f W_dec + b_dec"}};
+  if (use_error_term) p.push_back({at + ".hook_sae_error", in, "the SAE's error x - x_hat, added back to the reconstruction"});
+  p.push_back({at + ".hook_sae_output", in, "what the model goes on with: reconstruction (+ error)"});
+  return p;
+}
+
+Hooks::Splice attached_sae_splice(std::shared_ptr<const Sae> sae, bool use_error_term) {
+  return [sae, use_error_term](const Tensor& x, const Hooks& hooks) {
+    const std::string& at = sae->cfg.hook_name;
+    const int64_t B = x.size(0), T = x.size(1), N = B * T, F = sae->cfg.d_sae, D = sae->cfg.d_in;
+    const Tensor x_rows = reshape(sae_rows(x, D, at), {B, T, D});
+    const Tensor in = hooks.apply(at + ".hook_sae_input", x_rows);  // (B, T, d_in)
+    const Tensor rows = reshape(in, {N, D});
+    // the pre-activations and the features, each a point a hook may read or replace
+    const Tensor pre = reshape(sae->pre_acts(rows), {B, T, F});
+    const Tensor pre_h = hooks.apply(at + ".hook_sae_acts_pre", pre);
+    const Tensor f = reshape(sae->activate(reshape(pre_h, {N, F}), false), {B, T, F});
+    const Tensor acts = hooks.apply(at + ".hook_sae_acts_post", f);  // (B, T, d_sae)
+    const bool edited = !in.same(x_rows) || !pre_h.same(pre) || !acts.same(f);
+    // x_hat of the activation as the model made it, and of the edited features
+    const Tensor x_flat = reshape(x_rows, {N, D});
+    const Tensor recons_clean =
+        reshape(sae->reconstruct(x_flat, edited ? sae->encode(x_flat) : reshape(f, {N, F})), {B, T, D});
+    const Tensor recons_made = edited ? reshape(sae->reconstruct(rows, reshape(acts, {N, F})), {B, T, D}) : recons_clean;
+    const Tensor recons = hooks.apply(at + ".hook_sae_recons", recons_made);
+    Tensor out;
+    if (!use_error_term) {
+      out = recons;
+    } else {
+      // the error of the unedited SAE on the activation as the model made it (SAELens's)
+      const Tensor err0 = sub(x_rows, recons_clean);
+      const Tensor err = hooks.apply(at + ".hook_sae_error", err0);
+      out = recons.same(recons_clean) && err.same(err0) ? x_rows : add(recons, err);  // nothing edited: x itself
+    }
+    return reshape(hooks.apply(at + ".hook_sae_output", out), x.shape());
+  };
+}
+
 void add_sae_splice(Hooks& hooks, const Sae& sae) {
   HL_CHECK(!sae.cfg.hook_name.empty(), "SAE splice: the SAE names no hook point");
   if (!sae.cfg.transcoder()) {

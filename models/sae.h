@@ -12,6 +12,7 @@
 // 2024). Those four activations are differentiable ops (HEADLAB_SAE_OPS, gradient tests in
 // tests/test_sae.cpp, which fails for an op without them).
 #pragma once
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -119,6 +120,20 @@ ForwardHook sae_splice(const Sae& sae);
 void add_sae_splice(Hooks& hooks, const Sae& sae);
 // Where the splice replaces an activation: hook_name_out for a transcoder, else hook_name.
 const std::string& sae_output_hook(const Sae& sae);
+
+// An SAE attached to a model (TransformerLM::add_sae), SAELens's HookedSAETransformer: at its
+// hook point x, the splice runs the SAE through hook points of its own, named after the hook
+// (hook_z's: "blocks.1.attn.hook_z.hook_sae_input" ...), each (B, T, width):
+//   hook_sae_input (d_in)        x, rows flattened (hook_z: heads concatenated)
+//   hook_sae_acts_pre (d_sae)    the encoder's pre-activations
+//   hook_sae_acts_post (d_sae)   the features f: patching or ablating one makes it a node
+//   hook_sae_recons (d_in)       x_hat = f W_dec + b_dec (scaled back with layer_norm)
+//   hook_sae_error (d_in)        x - x_hat of the unedited features (use_error_term only)
+//   hook_sae_output (d_in)       what the model goes on with: x_hat + error, or x_hat alone
+// With the error term and nothing replaced, the output is x itself (bit for bit); an edit of
+// feature i by delta adds delta W_dec[i] (times the row's std with layer_norm) to it.
+Hooks::Splice attached_sae_splice(std::shared_ptr<const Sae> sae, bool use_error_term);
+std::vector<HookPointInfo> sae_hook_points(const Sae& sae, bool use_error_term = true);
 
 // SAELens's files: DIR/cfg.json (architecture, d_in, d_sae, apply_b_dec_to_input,
 // normalize_activations ("none" or "layer_norm"), hook_name, k; a transcoder's d_out and hook_name_out, its architecture

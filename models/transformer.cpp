@@ -1,6 +1,9 @@
 #include "models/transformer.h"
 
+#include "models/sae.h"
+
 #include <cctype>
+#include <optional>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -532,6 +535,11 @@ TransformerLM::TransformerLM(const ModelConfig& c, uint64_t seed)
 }
 
 Tensor TransformerLM::forward(const Ids& ids, const ForwardOptions& opt) {
+  if (!saes.empty()) {  // attached SAEs: the forward again with their splices (nothing to do without)
+    ForwardOptions spliced_opt;
+    std::optional<Hooks> spliced_hooks;
+    if (splice_saes(opt, spliced_opt, spliced_hooks)) return forward(ids, spliced_opt);
+  }
   if (ids.shape.ndim != 2) fail("model: token ids must be (B, T), got ", ids.shape.str());
   const int64_t B = ids.shape[0], T = ids.shape[1];
   const int64_t offset = opt.kv_cache && !opt.kv_cache->empty() ? (*opt.kv_cache)[0].length() : 0;
@@ -618,6 +626,11 @@ Tensor TransformerLM::cap_logits(const Tensor& logits) const {
 }
 
 Tensor TransformerLM::forward_from(int layer, const Tensor& resid_pre, const ForwardOptions& opt) {
+  if (!saes.empty()) {
+    ForwardOptions spliced_opt;
+    std::optional<Hooks> spliced_hooks;
+    if (splice_saes(opt, spliced_opt, spliced_hooks)) return forward_from(layer, resid_pre, spliced_opt);
+  }
   if (layer < 0 || layer > cfg.n_layers)
     fail("model: forward_from layer ", layer, " is outside 0..", cfg.n_layers, " (the model has ", cfg.n_layers, " layers)");
   int64_t cached = 0;  // positions in the KV cache before resid_pre's
@@ -706,6 +719,44 @@ Tensor TransformerLM::forward_live(const Ids& ids, const ForwardOptions& opt) {
     if (padded) call.key_padding = T_live == T ? opt.key_padding : slice(opt.key_padding, 1, 0, T_live);
   }
   return run_blocks(0, x, call, opt);  // (n or output rows, vocab)
+}
+
+// ---- attached SAEs ----
+void TransformerLM::add_sae(std::shared_ptr<const Sae> sae, bool use_error_term) {
+  HL_CHECK(sae, "add_sae: no SAE");
+  const std::string& hook = sae->cfg.hook_name;
+  HL_CHECK(!sae->cfg.transcoder(), "add_sae: a transcoder (", hook, " -> ", sae->cfg.hook_name_out,
+           ") cannot be attached; splice it through hooks (add_sae_splice)");
+  bool known = false;
+  for (const auto& [name, shape] : hook_points(cfg)) known = known || name == hook;
+  HL_CHECK(known, "add_sae: the SAE's hook '", hook, "' is not a hook point of this model (headlab hooks lists them)");
+  for (const AttachedSae& a : saes)
+    HL_CHECK(a.sae->cfg.hook_name != hook, "add_sae: an SAE is already attached at ", hook, " (reset_saes first)");
+  saes.push_back({std::move(sae), use_error_term});
+}
+
+bool TransformerLM::splice_saes(const ForwardOptions& opt, ForwardOptions& spliced_opt, std::optional<Hooks>& spliced_hooks) const {
+  if (saes.empty() || (opt.hooks && opt.hooks->has_splices())) return false;
+  if (!opt.hooks && !saes_replace_activations()) return false;  // nothing can see or edit a feature: the model itself
+  if (!opt.live_len.empty())
+    fail("model: an SAE attached without its error term (", saes[0].sae->cfg.hook_name,
+         ") changes the activations, which a forward over live_len cannot splice");
+  std::vector<std::pair<std::string, Hooks::Splice>> splices;
+  for (const AttachedSae& a : saes) splices.push_back({a.sae->cfg.hook_name, attached_sae_splice(a.sae, a.use_error_term)});
+  spliced_hooks = (opt.hooks ? *opt.hooks : Hooks()).spliced(splices);
+  spliced_opt = opt;
+  spliced_opt.hooks = &*spliced_hooks;
+  return true;
+}
+
+std::vector<HookPointInfo> describe_hook_points(const TransformerLM& model) {
+  std::vector<HookPointInfo> p;
+  for (HookPointInfo& h : describe_hook_points(model.cfg)) {
+    p.push_back(h);
+    for (const AttachedSae& a : model.saes)
+      if (a.sae->cfg.hook_name == h.name) append_hook_points(p, "", sae_hook_points(*a.sae, a.use_error_term));
+  }
+  return p;
 }
 
 std::pair<Tensor, ActivationCache> TransformerLM::run_with_cache(const Ids& ids, NameFilter filter, bool with_grads,

@@ -2,6 +2,7 @@
 // the exact semantics and parameter names of docs/formats.md.
 #pragma once
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -154,6 +155,14 @@ struct ForwardOptions {
 // none = 0).
 Ids positions_from_padding(const Tensor& key_padding, const std::vector<int32_t>& offset = {});
 
+struct Sae;  // models/sae.h
+
+// An SAE attached to a model (TransformerLM::add_sae), SAELens's HookedSAETransformer.add_sae.
+struct AttachedSae {
+  std::shared_ptr<const Sae> sae;
+  bool use_error_term = true;
+};
+
 class TransformerLM : public Module {
  public:
   TransformerLM(const ModelConfig& cfg, uint64_t seed);
@@ -198,8 +207,29 @@ class TransformerLM : public Module {
   std::unique_ptr<LayerNorm> ln_f;     // pre-norm only
   Linear head;
 
+  // ---- SAEs spliced into every later forward (SAELens's HookedSAETransformer): at its hook
+  // point the SAE's features, reconstruction and error become hook points of their own
+  // ("<hook>.hook_sae_acts_post": sae_hook_points, models/sae.h), so every tool that takes hooks
+  // or hook names patches and ablates features. With the error term (x - x_hat added back) the
+  // forward's output is the model's own, bit for bit, until a hook edits a feature; then a
+  // forward without hooks skips the SAEs, and a model with none attached runs as before.
+  void add_sae(std::shared_ptr<const Sae> sae, bool use_error_term = true);
+  void reset_saes() { saes.clear(); }
+  // Whether an attached SAE runs without its error term: its x_hat replaces the activation in
+  // every forward (which then takes no live_len).
+  bool saes_replace_activations() const {
+    for (const AttachedSae& a : saes)
+      if (!a.use_error_term) return true;
+    return false;
+  }
+  std::vector<AttachedSae> saes;
+
  private:
   Tensor forward_live(const Ids& ids, const ForwardOptions& opt);  // forward with live_len
+  // opt with the attached SAEs spliced into its hooks (spliced_opt, its hooks in spliced_hooks), or
+  // false when the forward runs as it is (none attached, already spliced, or only error-term SAEs
+  // and no hooks)
+  bool splice_saes(const ForwardOptions& opt, ForwardOptions& spliced_opt, std::optional<Hooks>& spliced_hooks) const;
   Tensor token_embeddings(const Ids& ids) const;  // tok_emb, times sqrt(d_model) with embed_scale
   // blocks[layer..] on x, then ln_final and the head: the one tail of forward and forward_from
   Tensor run_blocks(int layer, Tensor x, MultiHeadAttention::Call& call, const ForwardOptions& opt);
@@ -212,6 +242,8 @@ class TransformerLM : public Module {
 // The hook points of a model with this config, in forward order, gathered from the modules that
 // make them: name, shape and meaning, e.g. ("blocks.0.attn.hook_pattern", "(B, 4, T, T)", ...).
 std::vector<HookPointInfo> describe_hook_points(const ModelConfig& cfg);
+// The same for a model: its config's, and each attached SAE's points after the one it splices.
+std::vector<HookPointInfo> describe_hook_points(const TransformerLM& model);
 // The same as (name, shape) pairs.
 std::vector<std::pair<std::string, std::string>> hook_points(const ModelConfig& cfg);
 

@@ -79,7 +79,7 @@ py::array generic_patching(TransformerLM& model, const py::object& clean, const 
                            const std::vector<std::string>& axes, const py::object& answers, const py::object& metric,
                            const py::object& attention_mask) {
   PatchingInputs in = patching_ids(clean, corrupted, attention_mask, "activation_patching");
-  const std::vector<std::string> ax = axes.empty() ? default_patch_axes(model.cfg, hook) : axes;
+  const std::vector<std::string> ax = axes.empty() ? default_patch_axes(model, hook) : axes;
   PatchGrid g;
   if (metric.is_none()) {
     if (answers.is_none())
@@ -466,6 +466,20 @@ void bind_analyses(py::module_& m) {
     d["linearisation_error"] = error;
     d["clean_metric"] = r.clean_metric;
     d["corrupted_metric"] = r.corrupted_metric;
+    if (!model.saes.empty()) {  // model.add_sae: each hook_z SAE's features that differ, and its error, as senders
+      std::vector<std::string> fs, fr;
+      std::vector<double> fe, fa;
+      for (const AttachedSae& a : model.saes)
+        for (const FeatureSenderEdge& e : interruptible([&] { return feature_sender_edges(*em, in, *a.sae); })) {
+          fs.push_back(e.sender_name(hook_layer(a.sae->cfg.hook_name)));
+          fr.push_back(e.receiver.name());
+          fe.push_back(e.exact), fa.push_back(e.attribution);
+        }
+      d["feature_senders"] = fs;
+      d["feature_receivers"] = fr;
+      d["feature_exact"] = py::array_t<double>(static_cast<py::ssize_t>(fe.size()), fe.data());
+      d["feature_attribution"] = py::array_t<double>(static_cast<py::ssize_t>(fa.size()), fa.data());
+    }
     if (!ms.scores.empty()) {  // the method's scores, edge order, under its name; acdc: its circuit
       d[py::str(method)] = py::array_t<double>(static_cast<py::ssize_t>(ms.scores.size()), ms.scores.data());
       if (!ms.circuit.empty()) {
@@ -488,7 +502,9 @@ void bind_analyses(py::module_& m) {
      "kept MLP-sender edges 'mlp{l}->receiver'), as headlab edges --method. attention_mask (B, T), 1 = token, "
      "0 = padding: rows of different lengths padded on either side, one mask for both runs, each row measured as if alone "
      "(answers' pos in the padded columns given). A grouped-query model (n_kv_heads < n_heads) runs ungrouped: L{l}H{h}.k/.v is "
-     "query head h's own copy of its group's key/value input");
+     "query head h's own copy of its group's key/value input. With SAEs on hook_z attached (model.add_sae), their features "
+     "that differ between the runs and each SAE's error are senders too: feature_senders ('L1z.f17', 'L1z.err'), "
+     "feature_receivers, feature_exact and feature_attribution");
   m.def("path_patching", [](TransformerLM& model, const py::object& clean, const py::object& corrupted, const std::string& sender,
                             const py::object& receivers, const py::object& answers, const py::object& attention_mask) {
     const EdgeModel em = edge_model(model);  // grouped-query models run ungrouped

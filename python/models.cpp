@@ -19,16 +19,19 @@
 #include "lib/safetensors.h"
 #include "models/checkpoint.h"
 #include "models/hooks.h"
+#include "models/sae.h"
 
 namespace hl::bindings {
 namespace {
 
 // ---- hooks from Python callables -------------------------------------------------------------
 
-void check_hook_name(const ModelConfig& cfg, const std::string& name) {
-  for (auto& [n, shape] : hook_points(cfg))
-    if (n == name) return;
-  throw py::value_error("unknown hook point '" + name + "': headlab.hook_points(config) lists them");
+// The model's hook points: its config's and its attached SAEs' (model.add_sae).
+void check_hook_name(const TransformerLM& model, const std::string& name) {
+  for (const HookPointInfo& p : describe_hook_points(model))
+    if (p.name == name) return;
+  throw py::value_error("unknown hook point '" + name + "': headlab.hook_points(config) lists them" +
+                        (model.saes.empty() ? "" : ", and model.hook_points() those of the attached SAEs too"));
 }
 
 // A Python callable kept by C++ (in hooks that the autograd graph holds): released with the GIL
@@ -48,11 +51,11 @@ bool wants_tensor(const py::function& f) { return py::hasattr(f, "_headlab_as_te
 
 // fn(activation, name) -> None or a replacement of the same shape: an array (a constant to
 // autograd) or an hl.Tensor (its graph kept: gradients flow through an expression of x).
-Hooks hooks_from(const ModelConfig& cfg, const std::vector<std::pair<std::string, py::function>>& fwd,
+Hooks hooks_from(const TransformerLM& model, const std::vector<std::pair<std::string, py::function>>& fwd,
                  const std::vector<std::pair<std::string, py::function>>& bwd) {
   Hooks hooks;
   for (auto& [name, f] : fwd) {
-    check_hook_name(cfg, name);
+    check_hook_name(model, name);
     hooks.add_forward(name, [fn = keep(f)](const Tensor& x, const std::string& n) -> Tensor {
       py::gil_scoped_acquire gil;
       py::object r;
@@ -93,7 +96,7 @@ Hooks hooks_from(const ModelConfig& cfg, const std::vector<std::pair<std::string
     });
   }
   for (auto& [name, f] : bwd) {
-    check_hook_name(cfg, name);
+    check_hook_name(model, name);
     hooks.add_backward(name, [fn = keep(f)](const Tensor& g, const std::string& n) {
       py::gil_scoped_acquire gil;
       fn->fn(view_of(g.clone(), /*writeable=*/false), n);  // a copy: the gradient buffer is reused
@@ -117,7 +120,7 @@ std::optional<Hooks> model_hooks(const py::object& self, const HookList& fwd = {
   f.insert(f.end(), fwd.begin(), fwd.end());
   b.insert(b.end(), bwd.begin(), bwd.end());
   if (f.empty() && b.empty()) return std::nullopt;
-  return hooks_from(self.cast<const TransformerLM&>().cfg, f, b);
+  return hooks_from(self.cast<const TransformerLM&>(), f, b);
 }
 // TransformerLens's attention_mask (B, T) of a padded batch, 1 = a token, 0 = padding: the
 // forward's key padding and each token's position (a left-padded row's start at its first token).
@@ -644,6 +647,26 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
              for (auto& row : model.gate_values()) g.emplace_back(row.begin(), row.end());
              return grid_array(g);
            }, "Every layer's head gates (n_layers, n_heads)")
+      // SAEs spliced into every later run (SAELens's HookedSAETransformer)
+      .def("add_sae", [](TransformerLM& model, const Sae& sae, bool use_error_term) {
+             model.add_sae(std::make_shared<const Sae>(sae), use_error_term);
+           }, py::arg("sae"), py::arg("use_error_term") = true,
+           "Splice `sae` in at its hook point for every later run (SAELens's HookedSAETransformer.add_sae): its features, "
+           "reconstruction and error become hook points (HOOK.hook_sae_input, .hook_sae_acts_pre, .hook_sae_acts_post, "
+           ".hook_sae_recons, .hook_sae_error, .hook_sae_output) that run_with_cache, hooks, activation_patching "
+           "(axes=['feature']) and edge_patching (its features as senders) take. use_error_term=True adds the error x - x_hat "
+           "back, so the outputs are the model's own until a feature is edited; False runs the model on x_hat")
+      .def("reset_saes", &TransformerLM::reset_saes, "Detach every SAE (model.add_sae)")
+      .def_property_readonly("saes", [](const TransformerLM& model) {
+             py::list out;  // of hl.SAE (bound after the model: a list keeps the signature readable)
+             for (const AttachedSae& a : model.saes) out.append(py::cast(*a.sae));
+             return out;
+           }, "The attached SAEs (hl.SAE, model.add_sae), in the order attached")
+      .def("hook_points", [](const TransformerLM& model) {
+             std::vector<std::pair<std::string, std::string>> out;
+             for (const HookPointInfo& p : describe_hook_points(model)) out.push_back({p.name, p.shape});
+             return out;
+           }, "(name, shape) of every hook point of this model, its attached SAEs' included (hl.hook_points(config): the config's)")
       .def("run_with_cache", [](const py::object& self, const py::object& ids, const py::object& names, bool incl_bwd,
                                 const py::object& mask, const py::object& return_type) {
              TransformerLM& model = self.cast<TransformerLM&>();
@@ -651,9 +674,9 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
              const std::string kind = return_type_of(return_type);
              const Padding pad = padding_from(mask, x);
              // a misspelt name is refused here, as run_with_hooks refuses it, not at lookup
-             if (py::isinstance<py::str>(names)) check_hook_name(model.cfg, names.cast<std::string>());
+             if (py::isinstance<py::str>(names)) check_hook_name(model, names.cast<std::string>());
              else if (!names.is_none() && !py::isinstance<py::function>(names))
-               for (const std::string& n : names.cast<std::vector<std::string>>()) check_hook_name(model.cfg, n);
+               for (const std::string& n : names.cast<std::vector<std::string>>()) check_hook_name(model, n);
              ActivationCache cache;
              Hooks hooks = model_hooks(self).value_or(Hooks());  // the model's hooks run first; the cache records what they leave
              hooks.cache(cache, filter_from(names), incl_bwd);
@@ -696,7 +719,7 @@ b_O [n_layers, d_model], W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_
            "headlab.tensor_hook gets an hl.Tensor and its returned expression keeps the gradient); backward hooks "
            "fn(grad, name) run during backward(). attention_mask, return_type: as model(...)")
       .def("add_hook", [](const py::object& self, const std::string& name, const py::function& fn, const std::string& dir) {
-             check_hook_name(self.cast<const TransformerLM&>().cfg, name);
+             check_hook_name(self.cast<const TransformerLM&>(), name);
              if (dir != "fwd" && dir != "bwd") throw py::value_error("add_hook: dir must be 'fwd' or 'bwd', got '" + dir + "'");
              const char* attr = dir == "fwd" ? "_fwd_hooks" : "_bwd_hooks";
              if (!py::hasattr(self, attr)) self.attr(attr) = py::list();

@@ -320,6 +320,10 @@ check "edges writes MIB's graph JSON" 0 '"a0.h1->logits":\{"score":[-0-9.e]+,"in
 check "a method's MIB graph holds its top --top edges, MLP senders ranked with the rest" 0 "^5$" -- /usr/bin/python3 -c "import json; print(sum(e['in_graph'] for e in json.load(open('$T/edges_all/mib_eap-ig.json'))['edges'].values()))"
 check "edges --method all writes one MIB graph per method" 0 "^mib_acdc.json mib_atp-star.json mib_attribution.json mib_eap-ig.json mib_edge-pruning.json mib_exact.json$" -- bash -c "cd '$T/edges_all' && echo mib_*.json"
 check "faithfulness.png is a PNG" 0 "^PNG$" -- bash -c "head -c 4 '$T/edges_all/faithfulness.png' | tail -c 3"
+# --sae: an SAE's features as nodes of patch and edges (docs/features.md)
+check "patch --sae patches an SAE's features" 0 "activation patching of blocks\.0\.attn\.hook_z\.hook_sae_acts_post over feature" -- "$HL" patch --checkpoint "$M" --examples 16 --sae "$T/sae" --hook blocks.0.attn.hook_z.hook_sae_acts_post --axes feature --out "$T/pa_sae"
+check "edges --sae: the SAE's error is a sender" 0 "^blocks\.0\.attn\.hook_z,L0z\.err,(mlp0|logits)," -- bash -c "'$HL' edges --checkpoint '$M' --rows 16 --sae '$T/sae' --top 1 --out '$T/edges_sae' >/dev/null && cat '$T/edges_sae/feature_edges.csv'"
+check "patch --sae refuses a feature axis elsewhere" nonzero "patching: blocks\.0\.hook_resid_pre .* has no feature axis" -- "$HL" patch --checkpoint "$M" --examples 16 --sae "$T/sae" --hook blocks.0.hook_resid_pre --axes feature --out "$T/pa_sae2"
 check "edges refuses an unknown method" nonzero "unknown method 'pruning' \(expected attribution, eap-ig, atp-star, acdc or edge-pruning\)" -- "$HL" edges --checkpoint "$M" --method pruning --out "$T/edges_b"
 check "edges refuses --ig-steps 0 in the library's words" nonzero "eap-ig: steps 0 is outside 1\.\.1000" -- "$HL" edges --checkpoint "$M" --method eap-ig --ig-steps 0 --out "$T/edges_b"
 check "edges --method atp-star" 0 "atp-star: rank correlation of \|score\| with \|exact\|" -- "$HL" edges --checkpoint "$M" --rows 16 --method atp-star --out "$T/edges_atp"
