@@ -196,18 +196,27 @@ void check_edge_inputs(const ModelConfig& cfg, const PatchingInputs& in) {
   check_patching_padding(in, "edges");
 }
 
+// A batch of patched edge runs (FastEdges): at most this many packed rows, and this many bytes of
+// their answers' logits. Products of a few thousand rows already run at the sgemm peak; more rows
+// only take memory (at 2^16 rows Qwen2.5-0.5B's MLP alone held 1.2 GiB).
+inline constexpr int64_t kEdgeBatchRows = 8192;
+inline constexpr double kEdgeBatchLogitBytes = 256.0 * 1024 * 1024;
+
 double edge_patching_memory_bytes(const ModelConfig& model_cfg, int64_t rows, int64_t T) {
   // a grouped-query model is held beside its ungrouped copy (edge_model), which the analyses run
   ModelConfig cfg = model_cfg;
   cfg.n_kv_heads = 0;
-  const double model = model_cfg.kv_heads() != model_cfg.n_heads ? 4.0 * static_cast<double>(parameter_count(model_cfg)) : 0.0;
+  const double copy = model_cfg.kv_heads() != model_cfg.n_heads ? 4.0 * static_cast<double>(parameter_count(cfg)) : 0.0;
   const double D = static_cast<double>(cfg.d_model), tokens = static_cast<double>(rows) * static_cast<double>(T),
                L = cfg.n_layers, H = cfg.n_heads;
-  // two cached runs and a backward of every row in one batch, the heads' results of both runs, one
-  // delta per sender, the receivers' gradients, and a batch of patched runs (<= 2^16 rows)
+  // beyond the loaded model: the backward's activations and their gradients (the parameters ask for
+  // none: FrozenParameters), the heads' results of both cached runs, one delta per sender, the
+  // receivers' gradients, and a batch of patched runs (kEdgeBatchRows rows, each with the block's
+  // activations, and its answers' logits)
+  const double backward = estimate_step_bytes(cfg, rows, T, true) - estimate_step_bytes(cfg, 0, T, true);
   const double caches = 2 * L * H * tokens * D, deltas = (1 + L * H) * tokens * D, grads = (3 * H + 2) * L * tokens * D;
-  const double batch = std::max(tokens, 65536.0) * (12 * D + 3 * static_cast<double>(cfg.d_ff));
-  return model + estimate_step_bytes(cfg, rows, T, true) + 4.0 * (caches + deltas + grads + batch);
+  const double batch = std::max(tokens, static_cast<double>(kEdgeBatchRows)) * (12 * D + 3 * static_cast<double>(cfg.d_ff));
+  return copy + backward + 4.0 * (caches + deltas + grads + batch) + kEdgeBatchLogitBytes;
 }
 
 Tensor embed_output(const ActivationCache& cache) {
@@ -771,8 +780,10 @@ class FastEdges {
     }
     final_ = pk_.pack(runs.resid_final);
     for (const Tensor& d : runs.deltas) deltas_.push_back(pk_.pack(d));
-    // a batch of at most 2^16 rows (or one run)
-    max_stack_ = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, pk_.n));
+    // a batch of at most kEdgeBatchRows rows and kEdgeBatchLogitBytes of logits (or one run)
+    const double logits_per_run = 4.0 * static_cast<double>(pk_.n_out()) * static_cast<double>(c_.vocab_size);
+    max_stack_ = std::max<int64_t>(1, std::min<int64_t>(kEdgeBatchRows / std::max<int64_t>(1, pk_.n),
+                                                        static_cast<int64_t>(kEdgeBatchLogitBytes / std::max(1.0, logits_per_run))));
   }
 
   // AtP*'s QK fix (query_key_output_dots): for each sender s of r (a head's .q or .k), head h's
