@@ -47,7 +47,12 @@ Ids slice_rows(const Ids& ids, int64_t begin, int64_t end) {
 
 double chunked_pass_bytes(const ModelConfig& cfg, int64_t rows, int64_t T, bool with_grads, double per_row_bytes) {
   const int64_t per = rows_per_pass(cfg, rows, T, with_grads);
-  return estimate_step_bytes(cfg, per, T, with_grads) + static_cast<double>(rows) * (per_row_bytes + 8.0 * static_cast<double>(T));
+  // beyond the loaded model: a chunk's activations (with their gradients), and with gradients the
+  // parameters' too (a backward fills them as a by-product); not the weights again, nor the two
+  // Adam moments estimate_step_bytes counts for training
+  const double params = estimate_step_bytes(cfg, 0, T, false);
+  const double acts = estimate_step_bytes(cfg, per, T, with_grads) - estimate_step_bytes(cfg, 0, T, with_grads);
+  return acts + (with_grads ? params : 0.0) + static_cast<double>(rows) * (per_row_bytes + 8.0 * static_cast<double>(T));
 }
 
 }  // namespace hl

@@ -33,8 +33,9 @@ std::vector<std::pair<int64_t, int64_t>> row_chunks(int64_t rows, int64_t per);
 // Rows [begin, end) of (B, ...) ids.
 Ids slice_rows(const Ids& ids, int64_t begin, int64_t end);
 
-// Bytes an analysis holding `rows` rows of T tokens in chunks needs: one chunk's pass, plus the ids
-// and per-row results it keeps for every row (`per_row_bytes` each).
+// Bytes an analysis holding `rows` rows of T tokens in chunks needs beyond the loaded model: one
+// chunk's pass (its activations; with_grads: their gradients and the parameters' gradients), plus
+// the ids and per-row results it keeps for every row (`per_row_bytes` each).
 double chunked_pass_bytes(const ModelConfig& cfg, int64_t rows, int64_t T, bool with_grads, double per_row_bytes);
 
 }  // namespace hl

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <set>
 
 #include "lib/fileutil.h"
 #include "lib/parallel.h"
@@ -196,18 +197,70 @@ void check_edge_inputs(const ModelConfig& cfg, const PatchingInputs& in) {
   check_patching_padding(in, "edges");
 }
 
+// A batch of patched edge runs (FastEdges): at most this many packed rows, and this many bytes of
+// their answers' logits. Products of a few thousand rows already run at the sgemm peak; more rows
+// only take memory (at 2^16 rows Qwen2.5-0.5B's MLP alone held 1.2 GiB).
+inline constexpr int64_t kEdgeBatchRows = 8192;
+inline constexpr double kEdgeBatchLogitBytes = 256.0 * 1024 * 1024;
+
 double edge_patching_memory_bytes(const ModelConfig& model_cfg, int64_t rows, int64_t T) {
   // a grouped-query model is held beside its ungrouped copy (edge_model), which the analyses run
   ModelConfig cfg = model_cfg;
   cfg.n_kv_heads = 0;
-  const double model = model_cfg.kv_heads() != model_cfg.n_heads ? 4.0 * static_cast<double>(parameter_count(model_cfg)) : 0.0;
+  const double copy = model_cfg.kv_heads() != model_cfg.n_heads ? 4.0 * static_cast<double>(parameter_count(cfg)) : 0.0;
   const double D = static_cast<double>(cfg.d_model), tokens = static_cast<double>(rows) * static_cast<double>(T),
                L = cfg.n_layers, H = cfg.n_heads;
-  // two cached runs and a backward of every row in one batch, the heads' results of both runs, one
-  // delta per sender, the receivers' gradients, and a batch of patched runs (<= 2^16 rows)
+  // beyond the loaded model: the backward's activations and their gradients (the parameters ask for
+  // none: FrozenParameters), the heads' results of both cached runs, one delta per sender, the
+  // receivers' gradients, and a batch of patched runs (kEdgeBatchRows rows, each with the block's
+  // activations, and its answers' logits)
+  const double backward = estimate_step_bytes(cfg, rows, T, true) - estimate_step_bytes(cfg, 0, T, true);
   const double caches = 2 * L * H * tokens * D, deltas = (1 + L * H) * tokens * D, grads = (3 * H + 2) * L * tokens * D;
-  const double batch = std::max(tokens, 65536.0) * (12 * D + 3 * static_cast<double>(cfg.d_ff));
-  return model + estimate_step_bytes(cfg, rows, T, true) + 4.0 * (caches + deltas + grads + batch);
+  const double batch = std::max(tokens, static_cast<double>(kEdgeBatchRows)) * (12 * D + 3 * static_cast<double>(cfg.d_ff));
+  return copy + backward + 4.0 * (caches + deltas + grads + batch) + kEdgeBatchLogitBytes;
+}
+
+namespace {
+// Operations of one position through one block: its products (2 per weight) and attention over
+// `keys` keys (q.k and the weighted sum of v, per head).
+double block_flops(const ModelConfig& cfg, double keys) {
+  double weights = 0;
+  for (const auto& [name, shape] : parameter_shapes(cfg))
+    if (name.starts_with("blocks.0.") && shape.ndim == 2) weights += static_cast<double>(shape.numel());
+  return 2.0 * weights + 4.0 * keys * static_cast<double>(cfg.n_heads * cfg.head_dim());
+}
+}  // namespace
+
+double forward_flops(const ModelConfig& cfg, int64_t rows, int64_t T) {
+  const double tokens = static_cast<double>(rows) * static_cast<double>(T);
+  return tokens * (cfg.n_layers * block_flops(cfg, 0.5 * static_cast<double>(T)) + 2.0 * static_cast<double>(cfg.d_model * cfg.vocab_size));
+}
+
+EdgeWork edge_patching_work(const ModelConfig& cfg, const PatchingInputs& in, bool with_mlp_senders) {
+  // the packed positions of a patched run (FastEdges' Packing): each row up to its last answer
+  std::map<int64_t, int64_t> last;  // row -> its last answer's position
+  std::set<std::pair<int64_t, int64_t>> outs;
+  for (const PatchAnswer& a : in.answers) last[a.row] = std::max(last[a.row], a.pos), outs.insert({a.row, a.pos});
+  double n = 0, keys = 0;
+  for (const auto& [row, pos] : last) n += static_cast<double>(pos + 1), keys += 0.5 * static_cast<double>(pos + 1) * static_cast<double>(pos + 2);
+  const double per_block = block_flops(cfg, n > 0 ? keys / n : 0.0);
+  const double unembed = 2.0 * static_cast<double>(outs.size()) * static_cast<double>(cfg.d_model * cfg.vocab_size);
+  EdgeWork w;
+  auto add = [&](const EdgeReceiver& r, double senders) {
+    const double blocks = r.kind == EdgeReceiver::Logits ? 0.0 : static_cast<double>(cfg.n_layers - r.layer);
+    w.edges += senders;
+    w.token_blocks += senders * n * blocks;
+    w.flops += senders * (n * blocks * per_block + unembed);
+  };
+  const std::vector<EdgeSender> senders = edge_senders(cfg);
+  for (const EdgeReceiver& r : edge_receivers(cfg)) {
+    double s = 0;
+    for (const EdgeSender& x : senders) s += is_edge(cfg, x, r);
+    add(r, s);
+    // the MLPs as senders (mlp_sender_edges): those of the layers before r's, every one for the logits
+    if (with_mlp_senders && cfg.has_mlp()) add(r, r.kind == EdgeReceiver::Logits ? cfg.n_layers : r.layer);
+  }
+  return w;
 }
 
 Tensor embed_output(const ActivationCache& cache) {
@@ -771,8 +824,10 @@ class FastEdges {
     }
     final_ = pk_.pack(runs.resid_final);
     for (const Tensor& d : runs.deltas) deltas_.push_back(pk_.pack(d));
-    // a batch of at most 2^16 rows (or one run)
-    max_stack_ = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, pk_.n));
+    // a batch of at most kEdgeBatchRows rows and kEdgeBatchLogitBytes of logits (or one run)
+    const double logits_per_run = 4.0 * static_cast<double>(pk_.n_out()) * static_cast<double>(c_.vocab_size);
+    max_stack_ = std::max<int64_t>(1, std::min<int64_t>(kEdgeBatchRows / std::max<int64_t>(1, pk_.n),
+                                                        static_cast<int64_t>(kEdgeBatchLogitBytes / std::max(1.0, logits_per_run))));
   }
 
   // AtP*'s QK fix (query_key_output_dots): for each sender s of r (a head's .q or .k), head h's

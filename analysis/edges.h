@@ -86,6 +86,20 @@ void check_edge_inputs(const ModelConfig& cfg, const PatchingInputs& in);
 // one delta per sender, the gradients, and one batch of patched runs.
 double edge_patching_memory_bytes(const ModelConfig& cfg, int64_t rows, int64_t T);
 
+// What edge_patching's exact runs compute (and mlp_sender_edges', with_mlp_senders), counted from
+// the shapes alone, to say the time up front: the edges, their patched runs' token-blocks (a
+// packed position through one block: each run from its receiver's block on, over every row up to
+// its last answer) and their floating-point operations (the blocks' products, attention over the
+// keys, the unembedding at the answers). At real sizes this is hours, where one forward is seconds:
+// SmolLM2-135M's shape, two 128-token probe rows, about 1.2e5 edges and 5e14 operations.
+struct EdgeWork {
+  double edges = 0, token_blocks = 0, flops = 0;
+};
+EdgeWork edge_patching_work(const ModelConfig& cfg, const PatchingInputs& in, bool with_mlp_senders);
+// The operations of one forward of rows x T tokens, counted as edge_patching_work counts a block's:
+// what a timed forward measures the machine's rate with.
+double forward_flops(const ModelConfig& cfg, int64_t rows, int64_t T);
+
 // Every edge's exact effect, exact(s -> r) = m(clean run with r alone reading its input +
 // delta_s) - m(clean run), and its attribution, sum of delta_s * dm/d(r's input) from one
 // backward of the clean run. One clean and one corrupted run are cached; each patched run starts

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <set>
@@ -141,13 +142,18 @@ void check_patching_padding(const PatchingInputs& in, const std::string& fn) {
   check_answers_at_tokens(in, fn);
 }
 
+// Stacked patched runs (StackedRuns, below): at most this many tokens of rows in one forward_from,
+// and this many bytes of their keys/values and activations.
+inline constexpr int64_t kStackTokens = 4096;               // rows of the products: well into the sgemm kernels' peak
+inline constexpr double kStackBytes = 256.0 * 1024 * 1024;
+
 double patching_memory_bytes(const ModelConfig& cfg, int64_t rows, int64_t T) {
   // one chunk's passes, and per row its ids and its answer's value at every head and in the two runs;
   // per row of a chunk (held one chunk at a time), the corrupted run's keys and values at every
-  // layer, recorded and a working copy
+  // layer, recorded and a working copy; and a stack of patched runs
   const double kv = 4.0 * static_cast<double>(4 * cfg.n_layers * T * cfg.kv_heads() * cfg.head_dim());
   return chunked_pass_bytes(cfg, rows, T, true, 8.0 * static_cast<double>(cfg.n_layers * cfg.n_heads + 2)) +
-         kv * static_cast<double>(rows_per_pass(cfg, rows, T, true));
+         kv * static_cast<double>(rows_per_pass(cfg, rows, T, true)) + kStackBytes;
 }
 
 namespace {
@@ -372,8 +378,8 @@ AnswerWindow answer_window(const Ids& clean, const Ids& corrupted, const std::ve
 }
 
 // The corrupted run's keys and values at every layer over positions [0, end) (rows, end, Hkv dh),
-// and a working copy a patched run from position p on starts from: the first p positions restored,
-// the rest overwritten by that run.
+// and a working copy a stack of patched runs from position p on starts from: per stacked copy, the
+// first p positions restored, the rest overwritten by that run.
 struct CorruptedKV {
   std::vector<KVCacheLayer> recorded, work;
   void record(TransformerLM& model, const Ids& corrupted, int64_t end) {
@@ -386,39 +392,109 @@ struct CorruptedKV {
     ForwardOptions opt;
     opt.kv_cache = &recorded;
     (void)model.forward(head, opt);
-    work = recorded;
-    for (KVCacheLayer& c : work) c.k = c.k.clone(), c.v = c.v.clone();
+    work.assign(recorded.size(), KVCacheLayer{});
   }
-  std::vector<KVCacheLayer>& from(int layer, int64_t p) {
+  // for `copies` runs stacked as rows (copy j: rows j R .. j R + R - 1)
+  std::vector<KVCacheLayer>& from(int layer, int64_t p, int64_t copies) {
     for (size_t l = static_cast<size_t>(layer); l < work.size(); ++l) {
       const KVCacheLayer& r = recorded[l];
       const int64_t R = r.k.size(0), cap = r.k.size(1), W = r.k.size(2);
-      for (int64_t b = 0; b < R; ++b) {
-        std::copy_n(r.k.data() + b * cap * W, p * W, work[l].k.data() + b * cap * W);
-        std::copy_n(r.v.data() + b * cap * W, p * W, work[l].v.data() + b * cap * W);
-      }
-      work[l].len = p;
+      KVCacheLayer& w = work[l];
+      if (!w.k.defined() || w.k.size(0) != copies * R)
+        w.k = Tensor::empty({copies * R, cap, W}), w.v = Tensor::empty({copies * R, cap, W}), w.capacity = cap;
+      for (int64_t j = 0; j < copies; ++j)
+        for (int64_t b = 0; b < R; ++b) {
+          std::copy_n(r.k.data() + b * cap * W, p * W, w.k.data() + (j * R + b) * cap * W);
+          std::copy_n(r.v.data() + b * cap * W, p * W, w.v.data() + (j * R + b) * cap * W);
+        }
+      w.len = p;
     }
     return work;
   }
 };
 
-// Writes `from`'s elements that `fixed` selects into x, a tensor of `from`'s shape but for its
-// axis `pos`, which holds from's positions [p0, p0 + x's) (the whole axis: pos -1 or p0 0).
-Tensor written_where(const Tensor& x, const Tensor& from, const std::vector<std::pair<int, int64_t>>& fixed, int pos, int64_t p0) {
+// Bytes the working keys and values of one stacked copy of R rows take (every layer, `end` positions).
+double block_kv_bytes(const ModelConfig& cfg, int64_t R, int64_t end) {
+  return 4.0 * 2 * static_cast<double>(cfg.n_layers * R * end * cfg.kv_heads() * cfg.head_dim());
+}
+
+// A patched run over a window has few rows (the examples) and positions, so its products run far
+// below the sgemm peak: windowed runs that start at the same block go as the rows of one
+// forward_from, copy j being run j, all from the earliest p0 among them (the positions of a later
+// run's window before its own p0 compute the corrupted run's values again). Each copy's answers
+// are then its own run's to float32 rounding (the products take other row counts).
+// A stack holds as many copies as kStackTokens tokens and kStackBytes allow (HEADLAB_TEST_PATCH_STACK=N,
+// tests only: at most N), and a run joins only when the shared start wastes little (below).
+int64_t stacked_runs_at_most(const ModelConfig& cfg, int64_t R, const AnswerWindow& w, double kv_bytes_per_copy) {
+  if (const char* forced = std::getenv("HEADLAB_TEST_PATCH_STACK"); forced && *forced) return std::max<int64_t>(1, std::atoll(forced));
+  const int64_t W = std::max<int64_t>(1, w.end - w.first_change);  // the widest window a copy computes
+  // without gradients a block's activations are freed before the next block's: two blocks' worth
+  // of estimate_step_bytes (which counts every block's) are live at once at most
+  const double acts = estimate_step_bytes(cfg, R, W, false, false) - estimate_step_bytes(cfg, 0, W, false, false);
+  const double per_copy = kv_bytes_per_copy + 2.0 * acts / std::max(1, cfg.n_layers);
+  return std::max<int64_t>(1, static_cast<int64_t>(kStackBytes / std::max(1.0, per_copy)));
+}
+struct StackedRuns {
+  struct Run {
+    int64_t flat;
+    std::vector<int64_t> idx;
+    std::vector<std::pair<int, int64_t>> fixed;
+    int64_t p0;
+  };
+  std::vector<Run> runs;
+  int block = 0;
+  int64_t p0 = 0;  // the earliest run's
+  const Tensor* from = nullptr;       // the clean activation patched from
+  const std::string* name = nullptr;  // its hook
+  int64_t most, R, end;
+  StackedRuns(int64_t most, int64_t R, int64_t end) : most(most), R(R), end(end) {}
+  bool empty() const { return runs.empty(); }
+  int64_t tokens(int64_t copies, int64_t start) const { return copies * R * (end - start); }
+  // a run at block b from q joins when the stack starts at b and, with it, no run computes more
+  // than a third beyond its own window (or the whole stack is a few hundred tokens: waste there
+  // costs less than a product of a few rows)
+  bool joins(int b, int64_t q) const {
+    const int64_t start = std::min(p0, q), latest = std::max(latest_p0(), q), k = static_cast<int64_t>(runs.size()) + 1;
+    return b == block && k <= most && tokens(k, start) <= kStackTokens &&
+           (3 * (latest - start) <= end - latest || tokens(k, start) <= 512);
+  }
+  int64_t latest_p0() const {
+    int64_t m = p0;
+    for (const Run& r : runs) m = std::max(m, r.p0);
+    return m;
+  }
+  void add(Run r, int b, const Tensor* f, const std::string* n) {
+    if (runs.empty()) block = b, p0 = r.p0, from = f, name = n;
+    p0 = std::min(p0, r.p0);
+    runs.push_back(std::move(r));
+  }
+  bool full() const {
+    const int64_t k = static_cast<int64_t>(runs.size());
+    return k >= most || tokens(k + 1, p0) > kStackTokens;
+  }
+  void clear() { runs.clear(); }
+};
+
+// Writes `from`'s elements that fixed[j] selects into copy j of x: x is `copies` blocks of rows
+// along axis 0, each of `from`'s shape but for its axis `pos`, which holds from's positions
+// [p0, p0 + x's) (the whole axis: pos -1 or p0 0).
+Tensor written_where(const Tensor& x, const Tensor& from, const std::vector<const std::vector<std::pair<int, int64_t>>*>& fixed, int pos, int64_t p0) {
   const Shape &sx = x.shape(), &sf = from.shape();
+  const int64_t copies = static_cast<int64_t>(fixed.size());
   for (int d = 0; d < sf.ndim; ++d)
-    if (sx.ndim != sf.ndim || (sx[d] != sf[d] && !(d == pos && p0 + sx[d] <= sf[d])))
+    if (sx.ndim != sf.ndim || (d == 0 ? sx[0] != copies * sf[0] : sx[d] != sf[d] && !(d == pos && p0 + sx[d] <= sf[d])))
       fail("patching: the activation is ", sx.str(), " in the corrupted run, ", sf.str(), " in the clean run");
   std::vector<int64_t> stride_x(static_cast<size_t>(sx.ndim), 1), stride_f(static_cast<size_t>(sf.ndim), 1);
   for (int d = sx.ndim - 2; d >= 0; --d) stride_x[d] = stride_x[d + 1] * sx[d + 1], stride_f[d] = stride_f[d + 1] * sf[d + 1];
   Tensor y = x.clone();
+  const int64_t block = sf[0] * stride_x[0];  // one copy's elements
   for (int64_t i = 0; i < y.numel(); ++i) {
+    const std::vector<std::pair<int, int64_t>>& fx = *fixed[static_cast<size_t>(i / block)];
     bool here = true;
     int64_t j = 0;  // i's element in `from`
     for (int d = 0; d < sx.ndim; ++d) {
-      const int64_t k = (i / stride_x[d]) % sx[d] + (d == pos ? p0 : 0);
-      for (const auto& [fd, fk] : fixed) here = here && (fd != d || fk == k);
+      const int64_t k = (i / stride_x[d]) % (d == 0 ? sf[0] : sx[d]) + (d == pos ? p0 : 0);
+      for (const auto& [fd, fk] : fx) here = here && (fd != d || fk == k);
       j += k * stride_f[d];
     }
     if (here) y.data()[i] = from.data()[j];
@@ -507,6 +583,52 @@ PatchGrid sweep(TransformerLM& model, const Ids& clean, const Ids& corrupted, co
       for (int64_t k : g.shape) n *= k;
       g.values.assign(static_cast<size_t>(n), 0.0);
     }
+    // windowed runs waiting to go as the rows of one forward_from (StackedRuns)
+    const int64_t R = end - begin, T = clean.shape[1];
+    StackedRuns stack(windowed ? stacked_runs_at_most(model.cfg, R, window, block_kv_bytes(model.cfg, R, window.end)) : 1, R, window.end);
+    auto run_stack = [&] {
+      if (stack.empty()) return;
+      const int64_t k = static_cast<int64_t>(stack.runs.size()), p0 = stack.p0, W = window.end - p0, V = model.cfg.vocab_size;
+      std::vector<const std::vector<std::pair<int, int64_t>>*> fixed;  // per copy
+      for (const StackedRuns::Run& r : stack.runs) fixed.push_back(&r.fixed);
+      Hooks hooks;
+      hooks.add_forward(*stack.name, [&](const Tensor& x, const std::string&) {  // the setter: copy j writes run j's patch
+        return written_where(x, *stack.from, fixed, ha.pos, p0);
+      });
+      ForwardOptions opt;
+      opt.hooks = &hooks;
+      opt.kv_cache = &kv.from(stack.block, p0, k);
+      opt.stop_at_layer = model.cfg.n_layers;
+      const Tensor start = slice(corrupted_resid[hook_name(stack.block, "hook_resid_pre")], 1, p0, window.end);  // (R, W, D)
+      const Tensor resid = model.forward_from(stack.block, k == 1 ? start : concat(std::vector<Tensor>(static_cast<size_t>(k), start), 0), opt);
+      // every copy's answers at or after its own patch, unembedded together; those before it read the corrupted run
+      std::vector<PassLogits> logits(static_cast<size_t>(k));
+      std::vector<int32_t> rows;              // the answers' rows of resid viewed as (k R W, d_model)
+      std::vector<std::pair<int64_t, int64_t>> keys;  // their (copy, row * T + pos)
+      for (int64_t j = 0; j < k; ++j) {
+        PassLogits& lj = logits[static_cast<size_t>(j)];
+        lj.T = T, lj.V = V;
+        for (const PatchAnswer& a : *answers) {
+          if (a.row < begin || a.row >= end) continue;
+          const int64_t key = (a.row - begin) * T + a.pos;
+          if (a.pos < stack.runs[static_cast<size_t>(j)].p0) lj.at[key] = unpatched().data() + key * V;  // before the patch: unchanged
+          else if (!lj.at.count(key))
+            lj.at[key] = nullptr, rows.push_back(static_cast<int32_t>((j * R + a.row - begin) * W + a.pos - p0)), keys.push_back({j, key});
+        }
+      }
+      Tensor at_answers;  // (answers, V)
+      if (!rows.empty())
+        at_answers = model.unembed(gather_rows(reshape(resid, {k * R * W, model.cfg.d_model}), Ids(Shape{static_cast<int64_t>(rows.size())}, rows)));
+      for (size_t i = 0; i < keys.size(); ++i) logits[static_cast<size_t>(keys[i].first)].at[keys[i].second] = at_answers.data() + static_cast<int64_t>(i) * V;
+      for (int64_t j = 0; j < k; ++j) {
+        PassLogits& lj = logits[static_cast<size_t>(j)];
+        if (at_answers.defined()) lj.keep.push_back(at_answers);
+        if (corrupted_logits.defined()) lj.keep.push_back(corrupted_logits);
+        on_pass(stack.runs[static_cast<size_t>(j)].flat, stack.runs[static_cast<size_t>(j)].idx, lj, begin);
+        if (passed) passed();
+      }
+      stack.clear();
+    };
     std::vector<int64_t> idx(axes.size(), 0), stride(static_cast<size_t>(s.ndim), 1);
     for (int d = s.ndim - 2; d >= 0; --d) stride[d] = stride[d + 1] * s[d + 1];
     for (int64_t flat = 0; flat < n; ++flat) {
@@ -535,45 +657,26 @@ PatchGrid sweep(TransformerLM& model, const Ids& clean, const Ids& corrupted, co
         if (passed) passed();
         continue;
       }
-      Hooks hooks;
-      hooks.add_forward(name, [&](const Tensor& x, const std::string&) {  // the setter
-        return written_where(x, from, fixed, windowed ? ha.pos : -1, windowed ? p0 : 0);
-      });
-      ForwardOptions opt;
-      opt.hooks = &hooks;
       if (!windowed) {
+        Hooks hooks;
+        hooks.add_forward(name, [&](const Tensor& x, const std::string&) {  // the setter
+          return written_where(x, from, {&fixed}, -1, 0);
+        });
+        ForwardOptions opt;
+        opt.hooks = &hooks;
         const Tensor logits = block > 0 ? model.forward_from(block, corrupted_resid[hook_name(block, "hook_resid_pre")], opt)
                                         : model.forward(chunk_corrupted, opt);  // (rows, T, V)
         on_pass(flat, idx, every_position(logits), begin);
         if (passed) passed();
         continue;
       }
-      // the window: positions [p0, end) from block `block` on, after the corrupted keys and values
-      const int64_t R = end - begin, T = clean.shape[1], W = window.end - p0;
-      opt.kv_cache = &kv.from(block, p0);
-      opt.stop_at_layer = model.cfg.n_layers;
-      const Tensor resid = model.forward_from(block, slice(corrupted_resid[hook_name(block, "hook_resid_pre")], 1, p0, window.end), opt);
-      PassLogits logits;
-      logits.T = T, logits.V = model.cfg.vocab_size;
-      std::vector<int64_t> rows;  // the answers' rows of resid viewed as (R * W, d_model)
-      std::vector<int64_t> keys;  // their row * T + pos
-      for (const PatchAnswer& a : *answers) {
-        if (a.row < begin || a.row >= end) continue;
-        const int64_t key = (a.row - begin) * T + a.pos;
-        if (a.pos < p0) logits.at[key] = unpatched().data() + key * logits.V;  // before the patch: unchanged
-        else if (!logits.at.count(key)) logits.at[key] = nullptr, rows.push_back((a.row - begin) * W + a.pos - p0), keys.push_back(key);
-      }
-      if (!rows.empty()) {
-        Ids pick(Shape{static_cast<int64_t>(rows.size())});
-        for (size_t i = 0; i < rows.size(); ++i) pick.data[i] = static_cast<int32_t>(rows[i]);
-        const Tensor at_answers = model.unembed(gather_rows(reshape(resid, {R * W, model.cfg.d_model}), pick));  // (answers, V)
-        for (size_t i = 0; i < keys.size(); ++i) logits.at[keys[i]] = at_answers.data() + static_cast<int64_t>(i) * logits.V;
-        logits.keep.push_back(at_answers);
-      }
-      if (corrupted_logits.defined()) logits.keep.push_back(corrupted_logits);
-      on_pass(flat, idx, logits, begin);
-      if (passed) passed();
+      // the window: positions [p0, end) from block `block` on, after the corrupted keys and values;
+      // stacked with the runs before it when they start at the same block and near p0
+      if (!stack.empty() && !stack.joins(block, p0)) run_stack();
+      stack.add({flat, idx, fixed, p0}, block, &from, &name);
+      if (stack.full()) run_stack();
     }
+    run_stack();
   }
   return g;
 }

@@ -98,7 +98,11 @@ struct PatchingResult {
 // that changes nothing counts without running).
 // A patched run computes only what can reach the answers: from the patched block on, from the
 // first position the patch changes (the positions before it read from the corrupted run's keys
-// and values) to the last answer's, and the logits at the answers' positions alone.
+// and values) to the last answer's, and the logits at the answers' positions alone. Patched runs
+// that start at the same block (a layer's heads, nearby positions of its residual sweep) go
+// stacked as the rows of one forward (up to 4096 tokens and 256 MiB): their products run near the
+// sgemm peak, where a run's few rows alone run far below it. Each run's values are its own to
+// float32 rounding (the products take other row counts).
 double patching_memory_bytes(const ModelConfig& cfg, int64_t rows, int64_t T);
 PatchingResult activation_patching(TransformerLM& model, const PatchingInputs& in,
                                    const std::function<void(size_t, size_t)>& progress = {});

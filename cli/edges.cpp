@@ -5,6 +5,7 @@
 // circuit-discovery method's scores beside the exact effects (--method all: every method, and
 // methods.csv / faithfulness.csv / comparison.json / faithfulness.png comparing them).
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -40,6 +41,7 @@ struct EdgeFlags {
   bool target_given = false;
   int prune_steps = 200;
   double prune_lr = 0.1;
+  double max_minutes = 60;  // the exact runs' time up front above which the command refuses
 };
 
 EdgeMethodOptions method_options(const EdgeFlags& f) {
@@ -148,6 +150,31 @@ int run_path(const RoleOpts& o, const EdgeFlags& f, RoleModel& m, const Patching
   return 0;
 }
 
+// The exact runs' time up front: their operations (edge_patching_work) at the rate of one forward
+// of the rows timed now (this machine under its present load), printed; over max_minutes refused.
+void check_exact_time(TransformerLM& model, const PatchingInputs& in, double max_minutes) {
+  const ModelConfig& c = model.cfg;
+  const EdgeWork w = edge_patching_work(c, in, c.has_mlp());
+  double seconds = 0;
+  {
+    EvalScope mode(model);
+    NoGradGuard ng;
+    const auto t0 = std::chrono::steady_clock::now();
+    (void)model.forward(in.clean);
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  const double rate = forward_flops(c, in.clean.shape[0], in.clean.shape[1]) / std::max(seconds, 1e-6);  // operations a second
+  const double eta = w.flops / rate;
+  char what[256];
+  std::snprintf(what, sizeof what, "exact patching of %.0f edges (%.3g patched token-blocks, %.3g TFLOP) takes about %s at this "
+                "machine's rate now (%.1f GFLOP/s in a forward of the rows)", w.edges, w.token_blocks, w.flops / 1e12,
+                format_duration(eta).c_str(), rate / 1e9);
+  if (eta > 60.0 * max_minutes)
+    fail("edges: ", what, ", more than --max-minutes ", max_minutes, "; lower --rows or --length, or raise --max-minutes "
+         "(headlab patch gives every head's and residual position's exact effect at this size in minutes)");
+  std::fprintf(stderr, "headlab edges: %s\n", what);
+}
+
 int run_edges(const RoleOpts& o, const EdgeFlags& f) {
   if (!f.to.empty() && f.path_from.empty()) fail("--to needs --path-from (the sender whose paths to patch)");
   {
@@ -177,6 +204,7 @@ int run_edges(const RoleOpts& o, const EdgeFlags& f) {
   // a grouped-query model runs as its ungrouped equivalent: each head's .k/.v is its own copy
   if (EdgeModel em = edge_model(*m.model); em.ungrouped) m.model = std::move(em.ungrouped);
   if (!f.path_from.empty()) return run_path(o, f, m, in);
+  check_exact_time(*m.model, in, f.max_minutes);
   EdgeResult r;
   {
     ProgressBar bar("edges", static_cast<int64_t>(edge_receivers(m.model->cfg).size()), stderr_is_terminal());
@@ -350,6 +378,11 @@ void add_edges_command(CLI::App& app, CommandRunner& runner) {
   add_corrupt_option(sub, *o);
   add_sae_option(sub, *o);  // hook_z SAEs: their features and error as senders, feature_edges.csv (exact and attribution)
   sub->add_option("--top", flags->top, "Edges in the printed table (largest |exact| first)")->capture_default_str()->check(in_range(1, 1e9));
+  sub->add_option("--max-minutes", flags->max_minutes,
+                  "Refuse when the exact patching of every edge is estimated to take longer (printed up front: its operations "
+                  "at the rate of one forward of the rows)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   sub->add_option("--path-from", flags->path_from,
                   "Path patching instead: this sender (embed or L{layer}H{head}) to the --to receivers; prints the result beside "
                   "activation patching of the sender, writes nothing");

@@ -440,3 +440,43 @@ BOOST_AUTO_TEST_CASE(patching_over_the_answers_window_equals_patching_whole_runs
     agree(resid, whole_runs("hook_resid_pre", {"layer", "pos"}).values, "activation_patching hook_resid_pre");
   }
 }
+
+BOOST_AUTO_TEST_CASE(stacked_patched_runs_equal_the_runs_one_at_a_time) {
+  // windowed runs of one start block go as the rows of one forward_from (the default here stacks
+  // every run of a layer: the windows are a few tokens); at most 1 (each alone) and 2 (stacks cut
+  // mid-layer, the odd run alone) give every sweep's values to float32 rounding: a copy's rows see
+  // the same keys/values and weights, only the products' row counts (and so, under some OpenBLAS
+  // kernels, their summation order) differ; relative 2e-5, as against whole runs above
+  struct PatchStack {  // HEADLAB_TEST_PATCH_STACK for one scope
+    explicit PatchStack(const char* n) { setenv("HEADLAB_TEST_PATCH_STACK", n, 1); }
+    ~PatchStack() { unsetenv("HEADLAB_TEST_PATCH_STACK"); }
+  };
+  const PatchingInputs in = window_inputs();
+  const std::vector<std::pair<std::string, std::vector<std::string>>> sweeps = {
+      {"hook_resid_pre", {"layer", "pos"}}, {"hook_z", {"layer", "head"}}, {"hook_z", {"layer", "head", "pos"}},
+      {"hook_v", {"layer", "pos"}},         {"hook_mlp_out", {"layer", "pos"}}};
+  for (const auto& [arch, cfg] : window_models()) {
+    TransformerLM m(cfg, 23);
+    auto values = [&] {
+      std::vector<std::vector<double>> v;
+      const PatchingResult r = activation_patching(m, in);
+      for (int l = 0; l < 3; ++l) v.push_back(r.z_exact[l]), v.push_back(r.resid_exact[l]);
+      for (const auto& [hook, axes] : sweeps) v.push_back(generic_activation_patch(m, in, hook, axes).values);
+      return v;
+    };
+    const std::vector<std::vector<double>> stacked = values();
+    for (const char* most : {"1", "2"}) {
+      const PatchStack limit(most);
+      const std::vector<std::vector<double>> alone = values();
+      BOOST_TEST_REQUIRE(alone.size() == stacked.size());
+      double largest = 0;
+      for (size_t s = 0; s < alone.size(); ++s)
+        for (size_t i = 0; i < alone[s].size(); ++i) {
+          BOOST_TEST(std::fabs(stacked[s][i] - alone[s][i]) <= 2e-5 * std::max(1.0, std::fabs(alone[s][i])),
+                     arch << " at most " << most << ": sweep " << s << " value " << i);
+          largest = std::max(largest, std::fabs(alone[s][i]));
+        }
+      BOOST_TEST(largest > 5e-4, arch);  // the comparison means something
+    }
+  }
+}

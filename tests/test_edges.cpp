@@ -468,3 +468,23 @@ BOOST_AUTO_TEST_CASE(bad_input_is_refused_with_one_message) {
   has(error_of([&] { m.forward_from(3, Tensor::zeros({1, 2, 8})); }), "layer 3 is outside 0..2");
   has(error_of([&] { m.forward_from(0, Tensor::zeros({1, 2, 5})); }), "(B, T, 8)");
 }
+
+BOOST_AUTO_TEST_CASE(the_memory_estimate_counts_what_the_edge_analyses_hold_beyond_the_loaded_model) {
+  // Qwen2.5-0.5B's shape (its config.json; nothing allocated): two rows of 128 tokens were refused
+  // at 19.8 GiB with 17.2 available, counting training's weights, gradients and Adam moments and
+  // a batch of 2^16 patched rows. What the analyses hold beyond the loaded model: its ungrouped
+  // copy, the activations of one backward (no parameter gradients), the caches and deltas, and a
+  // batch of at most 8192 patched rows
+  ModelConfig q;
+  q.vocab_size = 151936, q.d_model = 896, q.n_layers = 24, q.n_heads = 14, q.n_kv_heads = 2, q.d_ff = 4864, q.max_seq_len = 32768;
+  q.positions = Positions::Rotary, q.normalization = NormKind::RMSNorm, q.mlp = Mlp::SwiGLU, q.qkv_bias = true;
+  ModelConfig ungrouped = q;
+  ungrouped.n_kv_heads = 0;
+  const double copy = 4.0 * static_cast<double>(parameter_count(ungrouped)), gib = 1024.0 * 1024 * 1024;
+  const double need = edge_patching_memory_bytes(q, 2, 128);
+  BOOST_TEST(need > copy + 0.5 * gib);  // the copy and the work beside it
+  BOOST_TEST(need < copy + 6.0 * gib, need / gib << " GiB");  // 19.8 GiB before
+  // the work grows with the rows and tokens; a model without grouped queries has no copy
+  BOOST_TEST(edge_patching_memory_bytes(q, 4, 128) > need);
+  BOOST_TEST(edge_patching_memory_bytes(ungrouped, 2, 128) < need - copy + 1.0);
+}

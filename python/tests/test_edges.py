@@ -115,3 +115,38 @@ def test_a_grouped_query_model_runs_ungrouped_through_both_doors(tmp_path):
     # the two query heads of a group read one key input in the model, but their copies are patched apart
     k = {(s, rc): x for s, rc, x in zip(py["senders"], py["receivers"], py["exact"])}
     assert any(k[(s, "L1H0.k")] != k[(s, "L1H1.k")] for s in ("embed", "L0H0", "L0H1", "L0H2", "L0H3"))
+
+
+def test_the_exact_runs_time_is_said_up_front_and_refused_over_max_minutes(run, tmp_path):
+    # the exact runs' count (every model edge and MLP-sender edge) and their token-blocks (a packed
+    # position through one block: each run from its receiver's block on, every row up to its last
+    # answer) from the inputs the run wrote; over --max-minutes the command refuses before the work
+    ck, out = run
+    j = json.load(open(os.path.join(out, "edges.json")))
+    answers = read_int32_safetensors(os.path.join(out, "inputs.safetensors"))["answers"]
+    last = {}
+    for row, pos, _, _ in answers:
+        last[row] = max(last.get(row, -1), pos)
+    n = sum(p + 1 for p in last.values())
+    L = j["n_layers"]
+
+    def layer(receiver):  # "L1H0.q" -> 1, "mlp1" -> 1, logits -> L
+        return L if receiver == "logits" else int(receiver[1:].split("H")[0]) if receiver[0] == "L" else int(receiver[3:])
+
+    receivers = sorted({e["receiver"] for e in j["edges"]}, key=layer)
+    model_edges = [e["receiver"] for e in j["edges"]]
+    mlp_senders = {r: (L if r == "logits" else layer(r)) for r in receivers}  # MLPs of the layers before r
+    edges = len(model_edges) + sum(mlp_senders.values())
+    blocks = sum(L - layer(r) for r in model_edges) + sum(k * (L - layer(r)) for r, k in mlp_senders.items())
+    refused = subprocess.run([HEADLAB, "edges", "--checkpoint", ck, "--rows", "8", "--seed", "5", "--threads", "2",
+                              "--max-minutes", "1e-9", "--out", str(tmp_path / "e")], capture_output=True, text=True)
+    assert refused.returncode != 0
+    line = refused.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"headlab: error: edges: exact patching of {edges} edges ({n * blocks:.3g} patched token-blocks, "), line
+    assert "at this machine's rate now (" in line and line.endswith(
+        "more than --max-minutes 1e-09; lower --rows or --length, or raise --max-minutes (headlab patch gives every head's and "
+        "residual position's exact effect at this size in minutes)"), line
+    assert not (tmp_path / "e").exists()
+    said = subprocess.run([HEADLAB, "edges", "--checkpoint", ck, "--rows", "8", "--seed", "5", "--threads", "2", "--top", "1",
+                           "--out", str(tmp_path / "f")], capture_output=True, text=True, check=True)
+    assert f"headlab edges: exact patching of {edges} edges ({n * blocks:.3g} patched token-blocks" in said.stderr
