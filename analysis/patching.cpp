@@ -649,9 +649,10 @@ PatchGrid sweep(TransformerLM& model, const Ids& clean, const Ids& corrupted, co
       bool unchanged = false;
       for (const auto& [d, k] : fixed)
         if (d == ha.feature) unchanged = !feature_differs[static_cast<size_t>(k)];
+      // a patch before the window or past the answers, or writing what is there, is the corrupted run
       if (!unchanged)
-        unchanged = windowed ? (patched_pos >= 0 && patched_pos < window.first_change) || p0 >= window.end
-                             : corrupted_resid.has(name) && same_where(from, corrupted_resid[name], fixed, stride);
+        unchanged = (windowed && ((patched_pos >= 0 && patched_pos < window.first_change) || p0 >= window.end)) ||
+                    (corrupted_resid.has(name) && same_where(from, corrupted_resid[name], fixed, stride));
       if (unchanged) {
         on_pass(flat, idx, every_position(unpatched()), begin);
         if (passed) passed();
