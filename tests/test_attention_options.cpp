@@ -446,3 +446,29 @@ BOOST_AUTO_TEST_CASE(edges_take_every_attention_option) {
   c.n_kv_heads = 1;  // grouped keys and values: taken, the analyses run on the ungrouped model (edge_model)
   BOOST_CHECK_NO_THROW(check_edge_model(c));
 }
+
+BOOST_AUTO_TEST_CASE(layers_that_turn_alike_share_one_rotary_table) {
+  // four layers, local ones turning with their own base (Gemma 3): layers 0 and 2 read one table,
+  // 1 and 3 another, each equal bit for bit to the table built alone; a model's tables are its
+  // own (a second model builds its own, so nothing outlives the model that holds it)
+  ModelConfig c = test_model({.d_model = 16, .layers = 4, .heads = 2, .max_seq_len = 8});
+  c.positions = Positions::Rotary;
+  c.rope_theta = 500.f;
+  c.rope_theta_local = 50.f;
+  c.sliding_window = 2;
+  c.window_layers = "LGLG";
+  TransformerLM model(c, 1), other(c, 1);
+  auto table = [](const TransformerLM& m, int l) { return m.blocks[l]->attn.rotary_cos_sin; };
+  BOOST_TEST(table(model, 0).data() == table(model, 2).data());
+  BOOST_TEST(table(model, 1).data() == table(model, 3).data());
+  BOOST_TEST(table(model, 0).data() != table(model, 1).data());
+  BOOST_TEST(table(model, 0).data() != table(other, 0).data());
+  for (int l = 0; l < 4; ++l) {
+    const AttentionConfig a = c.attention(l);
+    RotaryArgs ra = a.rope;
+    ra.d_head = c.head_dim();
+    BOOST_TEST(ra.theta == (l % 2 ? 500.f : 50.f));
+    const Tensor alone = rotary_table(c.max_seq_len, ra);
+    BOOST_TEST(max_diff(table(model, l), alone) == 0.f);
+  }
+}
