@@ -136,8 +136,8 @@ RoleModel load_role_model(const RoleOpts& o) {
   return r;
 }
 
-const Task& role_task(RoleModel& m, const std::string& checkpoint) {
-  if (!m.task) m.task = task_for_model(m.model->cfg, m.config, checkpoint);
+const Task& role_task(RoleModel& m, const std::string& checkpoint, const std::string& instead) {
+  if (!m.task) m.task = task_for_model(m.model->cfg, m.config, checkpoint, instead);
   return *m.task;
 }
 
@@ -165,7 +165,7 @@ PatchingInputs role_patching_inputs(RoleModel& m, const RoleOpts& o, double (*by
   const int k = o.length > 0 ? o.length : static_cast<int>(std::min<int64_t>(16, cfg.max_seq_len / 2));
   if (probe && 2 * k > cfg.max_seq_len)
     fail("--length ", k, ": the probe's ", 2 * k, " tokens exceed the model's max_seq_len ", cfg.max_seq_len);
-  const int64_t T = probe ? 2 * k : role_task(m, o.checkpoint).seq_len();
+  const int64_t T = probe ? 2 * k : role_task(m, o.checkpoint, "--data probe").seq_len();
   // `bytes` says whether the examples are one batch or chunks of rows
   announce_memory(command, bytes(cfg, o.examples, T) - 4.0 * static_cast<double>(parameter_count(cfg)),
                   std::to_string(o.examples) + " sequences of " + std::to_string(T) + " tokens",
