@@ -75,7 +75,8 @@ std::pair<std::unique_ptr<TransformerLM>, Batch> load_inputs(const Source& s) {
     return {std::move(model), b};
   }
   const std::unique_ptr<Task> task =
-      task_for_model(model->cfg, checkpoint_task(f, TaskConfig::preset(s.task.name)), s.checkpoint, s.takes_tokens ? "--tokens" : "--batch FILE");
+      task_for_model(model->cfg, checkpoint_task(f, TaskConfig::preset(s.task.name)), s.checkpoint,
+                     s.takes_tokens ? "--tokens" : "--batch FILE");
   const double need = estimate_step_bytes(model->cfg, s.batch_size, task->seq_len(), true), have = available_memory_bytes();
   if (need > have)
     fail("--batch-size ", s.batch_size, ": a forward and backward of that batch needs about ", format_bytes(need),
