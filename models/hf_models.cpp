@@ -419,12 +419,9 @@ double hf_load_bytes(const ModelConfig& cfg) {
   // the float32 parameters once: the file's tensors are held as stored (BF16/F16 bytes are half
   // their float32) and each is widened straight into its parameter, then released
   // (load_model_releasing), so the model's pages replace the file's; the largest tensor once more
-  // (an F32 file's bytes beside its parameter while it is copied); each layer's query/key/value
-  // slab, which the model's constructor writes (its W_Q, W_K, W_V copied in) before the file's
-  // tensors are released; and the 64 MiB freed between two returns to the system
-  const double slabs = 4.0 * cfg.n_layers * static_cast<double>((cfg.n_heads + 2 * cfg.kv_heads()) * cfg.head_dim()) *
-                       static_cast<double>(cfg.d_model);
-  return 4.0 * params + 4.0 * largest + slabs + 64.0 * (1 << 20) + rotary;
+  // (an F32 file's bytes beside its parameter while it is copied); and the 64 MiB freed between
+  // two returns to the system
+  return 4.0 * params + 4.0 * largest + 64.0 * (1 << 20) + rotary;
 }
 
 SafetensorsFile read_hf_directory(const std::string& dir) {

@@ -54,8 +54,7 @@ SafetensorsFile read_hf_directory(const std::string& dir);
 // About how many bytes loading an HF model of this config takes at its peak: its float32
 // parameters once (the files' tensors are held as stored and each is widened straight into its
 // parameter as load_model_releasing fills the model, releasing them), the largest tensor once
-// more in flight, the query/key/value slabs the model's constructor writes, and one rotary table
-// per angle base. read_hf_directory refuses, before reading
+// more in flight, and one rotary table per angle base. read_hf_directory refuses, before reading
 // any weight, a model that needs more than the memory available (the estimate in the message).
 double hf_load_bytes(const ModelConfig& cfg);
 
