@@ -23,7 +23,8 @@ int run_detect(const RoleOpts& o) {
   RoleModel m = load_role_model(o);
   // the sequences --run uses at every snapshot (train/over_training.h)
   const std::vector<Batch> data =
-      detector_data(m.model->cfg, head_score_options(o), [&]() -> const Task& { return role_task(m, o.checkpoint); });
+      detector_data(m.model->cfg, head_score_options(o),
+                    [&]() -> const Task& { return role_task(m, o.checkpoint, "--data probe"); });
   // one forward per batch of up to 64 sequences without a graph or logits: one block's
   // activations at a time, and every layer's (rows, H, T, T) patterns cached
   const ModelConfig& cfg = m.model->cfg;

@@ -69,7 +69,7 @@ int run_dla(const RoleOpts& o) {
     data.push_back(std::move(b));
     source = flag;
   } else {
-    data = role_task(m, o.checkpoint).held_out(o.examples, o.seed, 64);
+    data = role_task(m, o.checkpoint, "--tokens or --text (one sequence)").held_out(o.examples, o.seed, 64);
     source = "task " + m.config.name;
     std::fprintf(stderr, "dla: %d sequences of %s...\n", o.examples, source.c_str());
   }

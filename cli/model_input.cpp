@@ -40,6 +40,7 @@ void add_model_input_command(CLI::App& app, CommandRunner& runner, const std::st
   auto out = std::make_shared<std::string>();
   Source& s = *source;
   if (tokens) s.batch_size = 1;
+  s.takes_tokens = tokens;
   sub->add_option("--checkpoint", s.checkpoint, "Model checkpoint (safetensors, a run directory, or a Hugging Face model directory)")->required();
   if (tokens)
     sub->add_option("--tokens", s.tokens, "Token ids of one sequence, e.g. \"11 3 4 12 3 4\" (else drawn from the task)");
@@ -74,7 +75,8 @@ std::pair<std::unique_ptr<TransformerLM>, Batch> load_inputs(const Source& s) {
     return {std::move(model), b};
   }
   const std::unique_ptr<Task> task =
-      task_for_model(model->cfg, checkpoint_task(f, TaskConfig::preset(s.task.name)), s.checkpoint);
+      task_for_model(model->cfg, checkpoint_task(f, TaskConfig::preset(s.task.name)), s.checkpoint,
+                     s.takes_tokens ? "--tokens" : "--batch FILE");
   const double need = estimate_step_bytes(model->cfg, s.batch_size, task->seq_len(), true), have = available_memory_bytes();
   if (need > have)
     fail("--batch-size ", s.batch_size, ": a forward and backward of that batch needs about ", format_bytes(need),

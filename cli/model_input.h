@@ -17,6 +17,7 @@ struct Source {
   uint64_t seed = 0;
   int batch_size = 8;
   int threads = 2;
+  bool takes_tokens = false;  // the command has --tokens (else --batch)
 };
 
 // Registers a command that runs a checkpoint on some sequences: --checkpoint, --batch (or with

@@ -138,8 +138,8 @@ RoleModel load_role_model(const RoleOpts& o) {
   return r;
 }
 
-const Task& role_task(RoleModel& m, const std::string& checkpoint) {
-  if (!m.task) m.task = task_for_model(m.model->cfg, m.config, checkpoint);
+const Task& role_task(RoleModel& m, const std::string& checkpoint, const std::string& instead) {
+  if (!m.task) m.task = task_for_model(m.model->cfg, m.config, checkpoint, instead);
   return *m.task;
 }
 
@@ -149,7 +149,7 @@ PatchingInputs role_patching_inputs(RoleModel& m, const RoleOpts& o, double (*by
   HeadScoreOptions ho = head_score_options(o);
   ho.data = probe ? "probe" : "task";
   ho.bos = -1;
-  auto task = [&]() -> const Task& { return role_task(m, o.checkpoint); };
+  auto task = [&]() -> const Task& { return role_task(m, o.checkpoint, "--data probe"); };
   const int64_t T = patching_sequence_length(cfg, ho, task);
   // `bytes` says whether the examples are one batch or chunks of rows
   announce_memory(command, bytes(cfg, o.examples, T) - 4.0 * static_cast<double>(parameter_count(cfg)),

@@ -79,9 +79,10 @@ int write_scores_over_training(const std::string& run, const std::string& out_fl
                                const HeadScoreOptions& ho);
 
 // The checkpoint's model, and its task's settings (the task itself is made by role_task, when a
-// command needs its data, and checked against the model's vocabulary).
+// command needs its data, and checked against the model's vocabulary; `instead`: what the command
+// takes without a task, named when the model is a Hugging Face one: task_for_model).
 RoleModel load_role_model(const RoleOpts& o);
-const Task& role_task(RoleModel& m, const std::string& checkpoint);
+const Task& role_task(RoleModel& m, const std::string& checkpoint, const std::string& instead = "");
 // The inputs of patch and edges: o.examples held-out rows of the task (seed o.seed), or with
 // `probe` random tokens with a block of up to o.length repeated (any model, e.g. GPT-2's), with
 // one token corrupted in each (corrupt_one_symbol; o.corrupt: source or previous), after

@@ -255,7 +255,7 @@ int run_view(const ViewOpts& o) {
     } else if (!f.metadata.count("task") && !o.task_given) {
       // a model that names no task (a Hugging Face model, a revision) and none given: the probe below
     } else {
-      task = task_for_model(cfg, tc, ckpt);
+      task = task_for_model(cfg, tc, ckpt, "--tokens or --text");
     }
   }
   std::vector<ViewExample> examples;

@@ -49,6 +49,7 @@ thread_local bool skip_init = false;
 }
 SkipInitGuard::SkipInitGuard() : was_(skip_init) { skip_init = true; }
 SkipInitGuard::~SkipInitGuard() { skip_init = was_; }
+bool SkipInitGuard::active() { return skip_init; }
 
 void init_normal(Tensor& t, Rng& rng, float std) {
   if (skip_init) return;

@@ -65,6 +65,8 @@ class SkipInitGuard {
   ~SkipInitGuard();
   SkipInitGuard(const SkipInitGuard&) = delete;
   SkipInitGuard& operator=(const SkipInitGuard&) = delete;
+  // Whether one lives on this thread (a constructor need not copy what the load overwrites).
+  static bool active();
 
  private:
   bool was_;

@@ -167,35 +167,52 @@ const StTensor& SafetensorsFile::get(const std::string& name) const {
   return it->second;
 }
 
+namespace {
+// t's values as float32 into out (t.shape.numel() floats): F32 copied, BF16/F16 widened exactly;
+// an integer tensor is refused naming `name` and `source`.
+void widen_into(const StTensor& t, const std::string& name, const std::string& source, float* out) {
+  const int64_t n = t.shape.numel();
+  if (t.dtype != DType::F32 && t.dtype != DType::BF16 && t.dtype != DType::F16)
+    fail(source, ": tensor '", name, "' is ", dtype_name(t.dtype), ", expected F32, BF16 or F16");
+  const size_t width = dtype_size(t.dtype);
+  if (t.bytes.size() != width * static_cast<size_t>(n))  // parse_safetensors checks this; a hand-made StTensor may not
+    fail(source, ": tensor '", name, "' of ", dtype_name(t.dtype), " shape ", t.shape.str(), " needs ", width * n,
+         " bytes but holds ", t.bytes.size());
+  if (t.dtype == DType::F32) {
+    std::memcpy(out, t.bytes.data(), t.bytes.size());
+    return;
+  }
+  const bool bf16 = t.dtype == DType::BF16;
+  const char* in = t.bytes.data();
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, in + 2 * i, 2);
+    out[i] = bf16 ? bf16_to_f32(h) : f16_to_f32(h);
+  }
+}
+}  // namespace
+
 StTensor as_f32(const StTensor& t, const std::string& name, const std::string& source) {
   if (t.dtype == DType::F32) return t;
-  if (t.dtype != DType::BF16 && t.dtype != DType::F16)
-    fail(source, ": tensor '", name, "' is ", dtype_name(t.dtype), ", expected F32, BF16 or F16");
-  const int64_t n = t.shape.numel();
-  if (t.bytes.size() != static_cast<size_t>(2 * n))  // parse_safetensors checks this; a hand-made StTensor may not
-    fail(source, ": tensor '", name, "' of ", dtype_name(t.dtype), " shape ", t.shape.str(), " needs ", 2 * n,
-         " bytes but holds ", t.bytes.size());
   StTensor out;
   out.dtype = DType::F32;
   out.shape = t.shape;
-  out.bytes.resize(static_cast<size_t>(4 * n));
-  const bool bf16 = t.dtype == DType::BF16;
-  for (int64_t i = 0; i < n; ++i) {
-    uint16_t h;
-    std::memcpy(&h, t.bytes.data() + 2 * i, 2);
-    const float f = bf16 ? bf16_to_f32(h) : f16_to_f32(h);
-    std::memcpy(out.bytes.data() + 4 * i, &f, 4);
-  }
+  out.bytes.resize(static_cast<size_t>(4 * t.shape.numel()));
+  widen_into(t, name, source, reinterpret_cast<float*>(out.bytes.data()));
   return out;
+}
+
+void SafetensorsFile::f32_into(const std::string& name, const Shape& expect, float* out) const {
+  const StTensor& stored = get(name);
+  if (expect != stored.shape)
+    fail(source, ": tensor '", name, "' has shape ", stored.shape.str(), ", expected ", expect.str());
+  widen_into(stored, name, source, out);
 }
 
 Tensor SafetensorsFile::f32(const std::string& name, const Shape* expect) const {
   const StTensor& stored = get(name);
-  if (expect && *expect != stored.shape)
-    fail(source, ": tensor '", name, "' has shape ", stored.shape.str(), ", expected ", expect->str());
-  const StTensor t = as_f32(stored, name, source);
-  Tensor out = Tensor::empty(t.shape);
-  std::memcpy(out.data(), t.bytes.data(), t.bytes.size());
+  Tensor out = Tensor::empty(stored.shape);
+  f32_into(name, expect ? *expect : stored.shape, out.data());
   return out;
 }
 

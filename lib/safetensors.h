@@ -35,6 +35,10 @@ class SafetensorsFile {
   // F32 tensor (a BF16 or F16 one converted exactly); with `expect` given, a different shape is
   // an error naming both shapes.
   Tensor f32(const std::string& name, const Shape* expect = nullptr) const;
+  // The same values written straight into `out` (numel of `expect` floats, e.g. a model's
+  // parameter): no tensor in between, a BF16/F16 tensor widened on the way; a different shape is
+  // the same error as f32's.
+  void f32_into(const std::string& name, const Shape& expect, float* out) const;
   Ids ids(const std::string& name) const;  // I64 or I32, values must fit in int32
   std::string meta(const std::string& key) const;  // throws if missing
 };

@@ -81,6 +81,26 @@ struct RotaryArgs {
 // cos and sin of every angle for positions 0..positions-1: (positions, dim) as dim/2 cosines then
 // dim/2 sines per row (computed in double, rounded once). What rotary() reads.
 Tensor rotary_table(int64_t positions, const RotaryArgs& a);
+// While one is alive on this thread, rotary_table hands out one table per (positions, turned
+// columns, theta): the layers of one model (TransformerLM's constructor) share it rather than each
+// holding a copy (Qwen2.5-0.5B: 24 of 32768 x 64 floats, 200 MB). Tables are read-only once built.
+class RotaryTableSharing {
+ public:
+  RotaryTableSharing();
+  ~RotaryTableSharing();
+  RotaryTableSharing(const RotaryTableSharing&) = delete;
+  RotaryTableSharing& operator=(const RotaryTableSharing&) = delete;
+
+ private:
+  friend Tensor rotary_table(int64_t positions, const RotaryArgs& a);
+  struct Entry {
+    int64_t positions, dim;
+    float theta;
+    Tensor table;
+  };
+  RotaryTableSharing* outer_;
+  std::vector<Entry> tables_;
+};
 // x (..., W) with rows of W columns: the first `heads` heads of d_head columns of each row turn
 // by that row's position, the other columns pass through (so a packed qkv turns q and k, not v:
 // heads = H + Hkv). Row r is at position pos[r % pos.size()] (pos: (T) for (B, T, W), or one per

@@ -10,7 +10,17 @@
 
 namespace hl {
 
+namespace {
+thread_local RotaryTableSharing* sharing = nullptr;  // the innermost alive on this thread
+}  // namespace
+
+RotaryTableSharing::RotaryTableSharing() : outer_(sharing) { sharing = this; }
+RotaryTableSharing::~RotaryTableSharing() { sharing = outer_; }
+
 Tensor rotary_table(int64_t positions, const RotaryArgs& a) {
+  if (sharing)
+    for (const RotaryTableSharing::Entry& e : sharing->tables_)
+      if (e.positions == positions && e.dim == a.rot_dim() && e.theta == a.theta) return e.table;
   const int64_t half = a.rot_dim() / 2;
   Tensor t = Tensor::empty({positions, 2 * half});
   for (int64_t p = 0; p < positions; ++p)
@@ -19,6 +29,7 @@ Tensor rotary_table(int64_t positions, const RotaryArgs& a) {
       t.data()[p * 2 * half + i] = static_cast<float>(std::cos(angle));
       t.data()[p * 2 * half + half + i] = static_cast<float>(std::sin(angle));
     }
+  if (sharing) sharing->tables_.push_back({positions, a.rot_dim(), a.theta, t});
   return t;
 }
 

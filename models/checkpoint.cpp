@@ -106,10 +106,8 @@ void copy_parameters(TransformerLM& model, const SafetensorsFile& f, Safetensors
   auto params = model.named_parameters();
   size_t freed = 0;
   for (auto& [name, t] : params) {
-    Shape s = t.shape();
-    Tensor src = f.f32(name, &s);
-    check_finite(src, name, f.source);
-    t.copy_from(src);
+    f.f32_into(name, t.shape(), t.data());  // straight from the file's bytes: no float32 copy in between
+    check_finite(t, name, f.source);
     if (!release) continue;
     std::string& bytes = release->tensors.at(name).bytes;
     freed += bytes.size();

@@ -1,7 +1,5 @@
 #include "models/hf_gpt2.h"
 
-#include <malloc.h>
-
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -80,7 +78,6 @@ std::map<std::string, StTensor> read_hf_weights(const std::string& dir, const Sk
     fail(dir, ": has a config.json but neither model.safetensors nor model.safetensors.index.json");
   }
   std::map<std::string, StTensor> hf;
-  size_t released = 0;  // narrow bytes freed since the last malloc_trim
   for (const std::string& name : files) {
     const std::string path = dir + "/" + name;
     if (!file_exists(path)) fail(dir, ": shard '", name, "' named in model.safetensors.index.json is missing");
@@ -92,23 +89,16 @@ std::map<std::string, StTensor> read_hf_weights(const std::string& dir, const Sk
           fail(path, ": tensor '", key, "' is not listed for this shard in model.safetensors.index.json");
       }
       if (hf.count(key)) fail(path, ": tensor '", key, "' appears twice (in two shards)");
+      if (t.dtype != DType::F32 && t.dtype != DType::BF16 && t.dtype != DType::F16)
+        fail(path, ": tensor '", key, "' is ", dtype_name(t.dtype), "; model weights are read from F32, BF16 or F16");
       origin[key] = path;
-      // BF16/F16 widened here, one tensor at a time (the narrow bytes are released at once, and
-      // handed back to the system every 64 MiB: the shard's narrow tensors do not add to the peak)
-      const bool narrow = t.dtype == DType::BF16 || t.dtype == DType::F16;
-      const size_t freed = narrow ? t.bytes.size() : 0;
-      hf[key] = narrow ? as_f32(t, key, path) : std::move(t);
-      std::string().swap(t.bytes);
-      if ((released += freed) >= (size_t{64} << 20)) malloc_trim(0), released = 0;
+      hf[key] = std::move(t);  // as stored: widened only on the way into the model (SafetensorsFile::f32_into)
     }
   }
   for (auto& [key, shard] : weight_map) {
     if (skip && skip(key)) continue;
     if (!hf.count(key)) fail(dir + "/" + shard, ": tensor '", key, "' listed in model.safetensors.index.json is not in the shard");
   }
-  for (auto& [key, t] : hf)
-    if (t.dtype != DType::F32)
-      fail(origin[key], ": tensor '", key, "' is ", dtype_name(t.dtype), "; model weights are read from F32, BF16 or F16");
   return hf;
 }
 
@@ -221,7 +211,10 @@ SafetensorsFile read_hf_gpt2(const std::string& dir) {
     std::string k = key.rfind("transformer.", 0) == 0 ? key.substr(12) : key;
     if (hf.count(k)) fail(file_of[key], ": tensor '", key, "' appears twice (with and without the transformer. prefix)");
     origin[k] = file_of[key];
-    hf[k] = std::move(t);
+    // float32 here (the Conv1D transposes and the c_attn split below work on 4-byte values); a
+    // BF16/F16 tensor's narrow bytes are released as soon as it is widened
+    hf[k] = t.dtype == DType::F32 ? std::move(t) : as_f32(t, key, file_of[key]);
+    std::string().swap(t.bytes);
   }
 
   // Every GPT-2 tensor the config needs, with its shape: (in, out) for Conv1D weights.

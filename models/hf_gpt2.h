@@ -36,7 +36,8 @@ bool write_hf_gpt2(const TransformerLM& model, const std::string& dir, const std
 void check_hf_gpt2_exportable(const TransformerLM& model);
 // The tensors of a Hugging Face directory's weight files: model.safetensors, or the shards
 // model.safetensors.index.json lists (each tensor checked against the index), under their HF
-// names, BF16/F16 widened to F32 exactly; tensors whose names pass `skip` are left out unread.
+// names, in their stored dtype (F32, BF16 or F16; SafetensorsFile::f32_into widens them exactly);
+// tensors whose names pass `skip` are left out unread.
 // `origin` gets each tensor's file, for messages. Shared by every HF reader.
 std::map<std::string, StTensor> read_hf_weights(const std::string& dir, const SkipTensor& skip,
                                                 std::map<std::string, std::string>& origin);

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "lib/fileutil.h"
@@ -354,16 +355,17 @@ std::vector<HfTensor> hf_tensor_map(const std::string& type, const ModelConfig& 
 
 namespace {
 
-// GPT-NeoX's fused rows [H][3][d_head][cols] -> the three (H * d_head, cols) blocks q, k, v.
+// GPT-NeoX's fused rows [H][3][d_head][cols] -> the three (H * d_head, cols) blocks q, k, v, in
+// the stored dtype (rows of bytes moved, nothing widened).
 std::vector<StTensor> split_neox_qkv(const StTensor& t, int64_t H, int64_t dh) {
   const int64_t cols = t.shape.ndim == 2 ? t.shape[1] : 1;
+  const size_t row = t.bytes.size() / static_cast<size_t>(3 * H * dh);  // bytes of one row
   std::vector<StTensor> out(3);
   for (int j = 0; j < 3; ++j) {
-    out[j].dtype = DType::F32;
+    out[j].dtype = t.dtype;
     out[j].shape = t.shape.ndim == 2 ? Shape{H * dh, cols} : Shape{H * dh};
-    out[j].bytes.resize(static_cast<size_t>(4 * H * dh * cols));
+    out[j].bytes.resize(static_cast<size_t>(H * dh) * row);
   }
-  const size_t row = static_cast<size_t>(4 * cols);
   for (int64_t h = 0; h < H; ++h)
     for (int j = 0; j < 3; ++j)
       for (int64_t i = 0; i < dh; ++i)
@@ -408,14 +410,17 @@ double hf_load_bytes(const ModelConfig& cfg) {
     params += static_cast<double>(shape.numel());
     largest = std::max(largest, static_cast<double>(shape.numel()));
   }
-  // each layer's rotary table: (max_seq_len, rotary dims) cosines and sines
-  const double rotary = cfg.positions == Positions::Rotary
-                            ? 4.0 * cfg.n_layers * static_cast<double>(cfg.max_seq_len) * static_cast<double>(cfg.rotary_dims())
-                            : 0.0;
-  // the float32 weights once (the file's tensors, read one at a time and widened, then released
-  // into the model as it fills: load_model_releasing), the largest tensor once more in flight (its
-  // copy on the way into the model; its narrow bytes beside its widened ones while read are less),
-  // and the 64 MiB freed between two returns to the system
+  // the rotary tables: one (max_seq_len, rotary dims) of cosines and sines per angle base, shared
+  // by the layers that turn alike (RotaryTableSharing)
+  std::set<float> thetas;
+  for (int l = 0; cfg.positions == Positions::Rotary && l < cfg.n_layers; ++l) thetas.insert(cfg.attention(l).rope.theta);
+  const double rotary = 4.0 * static_cast<double>(thetas.size()) * static_cast<double>(cfg.max_seq_len) *
+                        static_cast<double>(cfg.rotary_dims());
+  // the float32 parameters once: the file's tensors are held as stored (BF16/F16 bytes are half
+  // their float32) and each is widened straight into its parameter, then released
+  // (load_model_releasing), so the model's pages replace the file's; the largest tensor once more
+  // (an F32 file's bytes beside its parameter while it is copied); and the 64 MiB freed between
+  // two returns to the system
   return 4.0 * params + 4.0 * largest + 64.0 * (1 << 20) + rotary;
 }
 

@@ -52,10 +52,10 @@ std::vector<HfTensor> hf_tensor_map(const std::string& model_type, const ModelCo
 // a missing or extra tensor, and a shape config.json does not describe are refused naming them.
 SafetensorsFile read_hf_directory(const std::string& dir);
 // About how many bytes loading an HF model of this config takes at its peak: its float32
-// parameters once (the files are read a tensor at a time and widened; load_model_releasing moves
-// them into the model as it fills), the largest tensor once more in flight, and each layer's
-// rotary table. read_hf_directory refuses, before reading any weight, a model that needs more
-// than the memory available (the estimate in the message).
+// parameters once (the files' tensors are held as stored and each is widened straight into its
+// parameter as load_model_releasing fills the model, releasing them), the largest tensor once
+// more in flight, and one rotary table per angle base. read_hf_directory refuses, before reading
+// any weight, a model that needs more than the memory available (the estimate in the message).
 double hf_load_bytes(const ModelConfig& cfg);
 
 // The layouts `headlab export --format hf` can write: "gpt2" (models/hf_gpt2.h) and

@@ -523,6 +523,7 @@ TransformerLM::TransformerLM(const ModelConfig& c, uint64_t seed)
         if (i + 1 < c.d_model) sinusoid.at({p, i + 1}) = static_cast<float>(std::cos(angle));
       }
   }
+  RotaryTableSharing one_table_per_rotation;  // layers that turn alike read one table
   for (int l = 0; l < c.n_layers; ++l) {
     blocks.push_back(std::make_unique<TransformerBlock>(c, init_rng, &dropout_rng, l));
     register_module("blocks." + std::to_string(l), blocks.back().get());

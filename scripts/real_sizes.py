@@ -13,12 +13,14 @@ Each command is stopped after --timeout seconds (reported as such).
 
 Usage (from the source directory, after a build; nice: the machine is shared):
   nice -n 19 /usr/bin/python3 scripts/real_sizes.py build/headlab /tmp/real-sizes [NAME ...] [--examples E] [--method M]
+      [--commands detect,dla,patch,edges]
 prints one Markdown row per model and command. A model whose load headlab refuses (more memory than
 is available) is reported with the refusal's estimate, and its commands are skipped. Models already
 written in WORKDIR are reused."""
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -76,17 +78,21 @@ def write_model(name, directory):
     config, dtype = REAL[name]
     if os.path.exists(os.path.join(directory, "config.json")):
         return
-    os.makedirs(directory, exist_ok=True)
-    # about 4 bytes a parameter to write here and to load (float32 once: models/hf_models.h
-    # hf_load_bytes), with room to spare: a model that cannot fit in this machine's memory gets its
-    # config alone, which headlab refuses before reading weights
-    if 5.5 * parameters(config) > 0.9 * available_bytes():
+    # a model whose float32 parameters (what headlab's load holds: models/hf_models.h hf_load_bytes)
+    # cannot fit in this machine's memory gets its config alone, which headlab refuses before
+    # reading weights
+    if 4 * parameters(config) > available_bytes():
+        os.makedirs(directory, exist_ok=True)
         with open(os.path.join(directory, "config.json"), "w") as f:
             json.dump(dict(config, torch_dtype=str(dtype).split(".")[-1]), f, indent=2)
         return
-    torch.manual_seed(0)
-    state = ref.random_state(config, std=0.02)  # small weights: the activations stay in range at depth
-    ref.write_hf(directory, config, state, dtype, shards=1 if parameters(config) < 6e8 else 4)
+    # drawn and written a tensor at a time (the memory held here is one tensor's), into a directory
+    # renamed into place when whole; small weights: the activations stay in range at depth
+    partial = directory + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    state = ref.random_state(config, std=0.02, lazy=True)
+    ref.write_hf_lazy(partial, config, state, dtype, shards=1 if parameters(config) < 6e8 else 4)
+    os.rename(partial, directory)
 
 
 def available_bytes():
@@ -96,22 +102,36 @@ def available_bytes():
     return float("inf")
 
 
+# Runs argv[1:] from a fresh interpreter and writes its peak RSS (wait4) to stderr's last line: Linux
+# carries the exec-ing process's own peak into the command's, and this script's (PyTorch, the
+# tensors it drew) would hide every smaller figure. The command dies with it (PR_SET_PDEATHSIG).
+FRESH_PEAK_RSS = """import ctypes, os, signal, sys
+pid = os.fork()
+if pid == 0:
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+    os.execv(sys.argv[1], sys.argv[1:])
+_, status, usage = os.wait4(pid, 0)
+print("peak-rss", usage.ru_maxrss * 1024, file=sys.stderr)
+sys.exit(os.waitstatus_to_exitcode(status) % 256)"""
+
+
 def run(cmd, env=None, timeout=None):
-    """Runs cmd; returns (wall seconds, peak RSS bytes, returncode, stdout, stderr), the RSS from
-    wait4; stopped (SIGKILL, returncode -9) after `timeout` seconds."""
+    """Runs cmd; returns (wall seconds, peak RSS bytes, returncode, stdout, stderr); stopped
+    (SIGKILL, returncode -9) after `timeout` seconds."""
     start = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    p = subprocess.Popen([sys.executable, "-c", FRESH_PEAK_RSS, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=env)
     timer = threading.Timer(timeout, p.kill) if timeout else None
     if timer:
         timer.start()
-    out = p.stdout.read()
-    err = p.stderr.read()
-    _, status, usage = os.wait4(p.pid, 0)
+    out, err = p.communicate()
     if timer:
         timer.cancel()
     seconds = time.perf_counter() - start
-    p.returncode = os.waitstatus_to_exitcode(status)
-    return seconds, usage.ru_maxrss * 1024, p.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+    err = err.decode(errors="replace")
+    lines = err.strip().splitlines()
+    rss = int(lines.pop().split()[1]) if lines and lines[-1].startswith("peak-rss ") else 0
+    return seconds, rss, p.returncode, out.decode(errors="replace"), "\n".join(lines)
 
 
 def gib(b):
@@ -127,6 +147,7 @@ def main():
     ap.add_argument("--method", default="attribution", help="edges --method")
     ap.add_argument("--timeout", type=float, default=600, help="seconds before a command is stopped")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--commands", default="detect,dla,patch,edges", help="the commands run after the load, comma-separated")
     a = ap.parse_args()
     build = os.path.dirname(os.path.abspath(a.headlab))
     env = dict(os.environ, PYTHONPATH=os.path.join(build, "python"), OMP_NUM_THREADS=str(a.threads))
@@ -157,6 +178,8 @@ def main():
                       "--method", a.method],
         }
         for cmd, args in commands.items():
+            if cmd not in a.commands.split(","):
+                continue
             s, rss, rc, out, err = run([a.headlab, *args, *th, "--out", os.path.join(out_dir, cmd)], env, a.timeout)
             note = "" if rc == 0 else f"stopped after {a.timeout:.0f} s" if rc == -9 else \
                 "failed: " + (err.strip().splitlines() or ["?"])[-1][:160]

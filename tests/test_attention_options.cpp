@@ -8,6 +8,9 @@
 #include <cmath>
 #include <filesystem>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "analysis/edges.h"
 #include "lib/gradcheck.h"
 #include "models/checkpoint.h"
@@ -445,4 +448,64 @@ BOOST_AUTO_TEST_CASE(edges_take_every_attention_option) {
   BOOST_CHECK_NO_THROW(check_edge_model(c));
   c.n_kv_heads = 1;  // grouped keys and values: taken, the analyses run on the ungrouped model (edge_model)
   BOOST_CHECK_NO_THROW(check_edge_model(c));
+}
+
+BOOST_AUTO_TEST_CASE(layers_that_turn_alike_share_one_rotary_table) {
+  // four layers, local ones turning with their own base (Gemma 3): layers 0 and 2 read one table,
+  // 1 and 3 another, each equal bit for bit to the table built alone; a model's tables are its
+  // own (a second model builds its own, so nothing outlives the model that holds it)
+  ModelConfig c = test_model({.d_model = 16, .layers = 4, .heads = 2, .max_seq_len = 8});
+  c.positions = Positions::Rotary;
+  c.rope_theta = 500.f;
+  c.rope_theta_local = 50.f;
+  c.sliding_window = 2;
+  c.window_layers = "LGLG";
+  TransformerLM model(c, 1), other(c, 1);
+  auto table = [](const TransformerLM& m, int l) { return m.blocks[l]->attn.rotary_cos_sin; };
+  BOOST_TEST(table(model, 0).data() == table(model, 2).data());
+  BOOST_TEST(table(model, 1).data() == table(model, 3).data());
+  BOOST_TEST(table(model, 0).data() != table(model, 1).data());
+  BOOST_TEST(table(model, 0).data() != table(other, 0).data());
+  for (int l = 0; l < 4; ++l) {
+    const AttentionConfig a = c.attention(l);
+    RotaryArgs ra = a.rope;
+    ra.d_head = c.head_dim();
+    BOOST_TEST(ra.theta == (l % 2 ? 500.f : 50.f));
+    const Tensor alone = rotary_table(c.max_seq_len, ra);
+    BOOST_TEST(max_diff(table(model, l), alone) == 0.f);
+  }
+}
+
+namespace {
+// Pages of t's storage the process has touched (mincore), the first and last left out (they may
+// hold the allocator's own bookkeeping).
+size_t touched_pages(const Tensor& t) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(t.data()) / page + 1) * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(t.data() + t.numel()) / page - 1) * page;
+  if (end <= begin) return 0;
+  std::vector<unsigned char> in((end - begin) / page);
+  BOOST_TEST_REQUIRE(mincore(reinterpret_cast<void*>(begin), end - begin, in.data()) == 0);
+  size_t n = 0;
+  for (unsigned char c : in) n += c & 1;
+  return n;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_model_built_to_be_loaded_leaves_its_qkv_slab_untouched) {
+  // the loader builds the model under SkipInitGuard and writes every parameter next: the
+  // query/key/value slab (48 MiB here: its own mapping, above glibc's largest mmap threshold, so
+  // fresh pages) is not written by the constructor, so its
+  // pages do not sit beside the file's tensors (0.9 GiB at Gemma-2-2B's shape); built to be used,
+  // it holds the initialised W_Q, W_K, W_V
+  ModelConfig c = test_model({.d_model = 2048, .layers = 1, .heads = 8, .max_seq_len = 8});
+  std::unique_ptr<TransformerLM> loaded;
+  {
+    SkipInitGuard loaded_next;
+    loaded = std::make_unique<TransformerLM>(c, 0);
+  }
+  const TransformerLM used(c, 0);
+  const Tensor& skipped = loaded->blocks[0]->attn.W_Q.weight;
+  BOOST_TEST(touched_pages(skipped) == 0u);
+  BOOST_TEST(touched_pages(used.blocks[0]->attn.W_Q.weight) > 4000u);  // W_Q's 16 MiB of 4 KiB pages, all written
 }

@@ -183,7 +183,7 @@ HeadScores head_scores(const std::string& analysis, const SafetensorsFile& file,
   const TaskConfig tc = checkpoint_task(file, o.fallback_task);
   std::unique_ptr<Task> task_store;
   const std::function<const Task&()> task = [&]() -> const Task& {  // made when an analysis needs the task's rows
-    if (!task_store) task_store = task_for_model(model->cfg, tc, source);
+    if (!task_store) task_store = task_for_model(model->cfg, tc, source, analysis == "detect" || analysis == "patch" ? "--data probe" : "");
     return *task_store;
   };
   HeadScores r{a.scores, a.run({*model, task, source, o})};

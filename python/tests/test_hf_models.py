@@ -411,10 +411,30 @@ def test_edges_takes_the_repeat_probe_of_patch_on_an_hf_dir(tmp_path):
     py = hl.edge_patching(hl.TransformerLM.load(str(d)), clean, corrupted, answers=answers)
     assert py["receivers"] == [e["receiver"] for e in j["edges"]]
     assert np.array_equal(py["exact"], np.array([e["exact"] for e in j["edges"]]))
-    # with a task instead (the default), the model's vocabulary is named against the task's
+    # with a task instead (the default): a Hugging Face model has none, and the refusal names the probe
     line = bad_line(run("edges", "--checkpoint", d, "--rows", 3, "--threads", 2, "--out", tmp_path / "e2"))
-    assert "the model's vocabulary (29) does not fit task copy" in line, line
+    assert line.endswith(f"{d}: a Hugging Face model has no task to draw rows from (its vocabulary of 29 tokens does "
+                         "not fit task copy); give --data probe"), line
     assert not (tmp_path / "e2").exists()
+
+
+@pytest.mark.parametrize("command,instead", [
+    (["patch"], "--data probe"), (["detect", "--data", "task"], "--data probe"), (["dla"], "--tokens or --text (one sequence)"),
+    (["attn"], "--tokens"), (["grads"], "--batch FILE"),
+    (["sae", "--hook", "blocks.0.hook_resid_post"], None)])
+def test_a_command_that_needs_a_task_names_what_it_takes_on_an_hf_dir(tmp_path, command, instead):
+    # a pretrained model has no task: each command names the input it takes instead, in one line;
+    # nothing written. A headlab checkpoint of another task keeps the message about --task.
+    d, _, _ = make(tmp_path, "smollm2")
+    line = bad_line(run(*command, "--checkpoint", d, "--threads", 1, "--out", tmp_path / "out"))
+    tail = f"give {instead}" if instead else "this command draws its rows from a task: give a model trained on one of headlab's tasks"
+    assert line == (f"headlab: error: {d}: a Hugging Face model has no task to draw rows from (its vocabulary of 29 "
+                    f"tokens does not fit task copy); {tail}"), line
+    assert not (tmp_path / "out").exists()
+    ck = tmp_path / "model.safetensors"
+    assert run("convert", d, "--out", ck).returncode == 0
+    line = bad_line(run(*command, "--checkpoint", ck, "--threads", 1, "--out", tmp_path / "out"))
+    assert "does not fit task copy with alphabet 10 (13); give --task with the task the model was trained on" in line, line
 
 
 @pytest.mark.parametrize("command", ["patch", "edges"])
@@ -429,3 +449,45 @@ def test_patch_and_edges_refuse_work_larger_than_memory_with_the_estimate(tmp_pa
                   r"more than the .* available; lower --examples or --length$", line)
     assert m, line
     assert not (tmp_path / "out").exists()
+
+
+# Forks and execs argv[1:] from a fresh interpreter and prints its exit code and peak RSS (wait4):
+# Linux carries the exec-ing process's own peak into the command's, so this test's process (with
+# PyTorch loaded) cannot start the command itself.
+FRESH_PEAK_RSS = """import os, sys
+pid = os.fork()
+if pid == 0:
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1), os.dup2(null, 2)
+    os.execv(sys.argv[1], sys.argv[1:])
+_, status, usage = os.wait4(pid, 0)
+print(os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024)"""
+
+
+def peak_rss(*args):
+    """(returncode, peak RSS in bytes) of one headlab command."""
+    r = subprocess.run([sys.executable, "-c", FRESH_PEAK_RSS, HEADLAB, *map(str, args)], capture_output=True, text=True)
+    rc, peak = map(int, r.stdout.split())
+    return rc, peak
+
+
+def test_a_bf16_load_peaks_near_the_float32_parameters_alone(tmp_path):
+    # a BF16 model of a large vocabulary, 8 layers and 32768 positions: the load holds the file's
+    # tensors as stored and widens each straight into its parameter, and the layers share one rotary
+    # table, so the command's peak, over that of the same command on a tiny model, stays within the
+    # float32 parameters + the largest tensor's BF16 bytes + one rotary table + 32 MiB of allocator
+    # and page-table slack. (Widening every tensor first, a float32 copy on the way into each
+    # parameter and a table per layer came to about 1.5 times the parameters.)
+    V, D, L, Fi, P, dh = 65536, 256, 8, 256, 32768, 64
+    d, _, _ = make(tmp_path, "smollm2", dtype=torch.bfloat16,
+                   config={"vocab_size": V, "hidden_size": D, "num_hidden_layers": L, "intermediate_size": Fi,
+                           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": P})
+    tiny, _, _ = make(tmp_path, "smollm2")
+    Hkv = 2 * dh
+    params = 2 * V * D + L * (2 * D + D * D + 2 * Hkv * D + D * D + 3 * Fi * D) + D  # the unembedding is its own matrix
+    rc, base = peak_rss("dla", "--checkpoint", tiny, "--tokens", "1 2", "--threads", 1, "--out", tmp_path / "tiny")
+    assert rc == 0
+    rc, peak = peak_rss("dla", "--checkpoint", d, "--tokens", "1 2", "--threads", 1, "--out", tmp_path / "big")
+    assert rc == 0
+    bound = 4 * params + 2 * V * D + 4 * P * dh + (32 << 20)
+    assert peak - base <= bound, ((peak - base) / 2 ** 20, bound / 2 ** 20)

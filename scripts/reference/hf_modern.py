@@ -121,11 +121,16 @@ def _gqa(c):
     return H, c.get("num_key_value_heads", H), c.get("head_dim", c["hidden_size"] // H)
 
 
-def random_state(config, seed=0, std=0.3):
-    """A random state dict (HF names, float32 numpy) for `config`."""
+def random_state(config, seed=0, std=0.3, lazy=False):
+    """A random state dict (HF names, float32 numpy) for `config`. With `lazy`, each value is a
+    Drawn(shape, make) instead, made when written (write_hf_lazy: a model larger than memory)."""
     g = torch.Generator().manual_seed(seed)
-    r = lambda *s: (std * torch.randn(*s, generator=g)).numpy()  # noqa: E731
-    gain = lambda n: (1.0 + std * torch.randn(n, generator=g)).numpy()  # noqa: E731
+    if lazy:
+        r = lambda *s: Drawn(s, lambda: std * torch.randn(*s, generator=g))  # noqa: E731
+        gain = lambda n: Drawn((n,), lambda: 1.0 + std * torch.randn(n, generator=g))  # noqa: E731
+    else:
+        r = lambda *s: (std * torch.randn(*s, generator=g)).numpy()  # noqa: E731
+        gain = lambda n: (1.0 + std * torch.randn(n, generator=g)).numpy()  # noqa: E731
     t, c, sd = config["model_type"], config, {}
     d, V = c["hidden_size"], c["vocab_size"]
     tied = c.get("tie_word_embeddings", t in ("gpt_neo", "gemma2", "gemma3_text"))
@@ -340,6 +345,44 @@ def _safetensors_bytes(tensors):
     h = json.dumps(header).encode()
     h += b" " * ((8 - len(h) % 8) % 8)
     return len(h).to_bytes(8, "little") + h + b"".join(blobs)
+
+
+class Drawn:
+    """A tensor of `shape` that make() draws (float32 torch), for random_state(lazy=True)."""
+
+    def __init__(self, shape, make):
+        self.shape, self.make = tuple(shape), make
+
+
+def write_hf_lazy(directory, config, state, dtype, shards):
+    """write_hf for random_state(lazy=True): each tensor drawn, converted and written in turn, so
+    the memory held is one tensor's (Gemma-2-2B's 10.5 GB in float32 on a machine of 24 GB)."""
+    os.makedirs(directory, exist_ok=True)
+    size = torch.tensor([], dtype=dtype).element_size()
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(dict(config, torch_dtype=str(dtype).split(".")[-1]), f, indent=2)
+    names, weight_map = list(state), {}
+    for s in range(shards):
+        fname = "model.safetensors" if shards == 1 else f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        part = names[s::shards]
+        header, off = {}, 0
+        for n in part:
+            nbytes = size * int(np.prod(state[n].shape))
+            header[n] = {"dtype": ST_DTYPE[dtype], "shape": list(state[n].shape), "data_offsets": [off, off + nbytes]}
+            off += nbytes
+            weight_map[n] = fname
+        header["__metadata__"] = {"format": "pt"}
+        h = json.dumps(header).encode()
+        h += b" " * ((8 - len(h) % 8) % 8)
+        with open(os.path.join(directory, fname), "wb") as f:
+            f.write(len(h).to_bytes(8, "little") + h)
+            for n in part:
+                t = state[n].make().to(dtype).contiguous()
+                f.write((t.view(torch.int16) if dtype != torch.float32 else t).numpy().data)
+                del t
+    if shards > 1:
+        with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": 0}, "weight_map": weight_map}, f, indent=2)
 
 
 def write_hf(directory, config, state, dtype=torch.float32, shards=1):
