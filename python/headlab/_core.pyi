@@ -602,6 +602,9 @@ def hungarian(cost: List[List[float]]) -> List[int]:
 def live_tensors() -> int:
     """Tensors alive now (for leak checks)"""
 
+def load_safetensors(path: str | os.PathLike) -> dict:
+    """The tensors of a safetensors file as NumPy arrays, {name: array}: float32 (F32, BF16 and F16 read exactly), int32 (I32, I64); e.g. the inputs.safetensors patch and edges write"""
+
 def match_heads(model_a: TransformerLM, model_b: TransformerLM, data: object = ..., by: str = ..., across_layers: bool = ..., examples: int = ..., seed: int = ...) -> object:
     """Heads of model_a matched one to one to heads of model_b (Hungarian assignment) by attention pattern on data (default: the varied repeat probe) or by QK/OV circuit weights; a HeadMatch: pairs (layer_a, head_a, layer_b, head_b, similarity), unmatched_a, unmatched_b, similarity (heads of A x heads of B, layer-major) and mean_similarity"""
 
