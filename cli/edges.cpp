@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "analysis/circuit_discovery.h"
+#include "analysis/chunks.h"
 #include "analysis/edges.h"
 #include "cli/plot.h"
 #include "cli/edge_graph.h"
@@ -19,6 +20,7 @@
 #include "cli/roles.h"
 #include "lib/fileutil.h"
 #include "lib/safetensors.h"
+#include "lib/stop.h"
 #include "train/run_dir.h"
 
 namespace hl {
@@ -151,19 +153,24 @@ int run_path(const RoleOpts& o, const EdgeFlags& f, RoleModel& m, const Patching
 }
 
 // The exact runs' time up front: their operations (edge_patching_work) at the rate of one forward
-// of the rows timed now (this machine under its present load), printed; over max_minutes refused.
+// of (at most 64 of) the rows timed now (this machine under its present load), printed; over
+// max_minutes refused. 64 rows: a forward of every row would hold their memory at once and answer
+// no signal while it runs.
 void check_exact_time(TransformerLM& model, const PatchingInputs& in, double max_minutes) {
   const ModelConfig& c = model.cfg;
   const EdgeWork w = edge_patching_work(c, in, c.has_mlp());
+  const int64_t rows = std::min<int64_t>(in.clean.shape[0], 64);
   double seconds = 0;
   {
     EvalScope mode(model);
     NoGradGuard ng;
+    const Ids timed = slice_rows(in.clean, 0, rows);
     const auto t0 = std::chrono::steady_clock::now();
-    (void)model.forward(in.clean);
+    (void)model.forward(timed);
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  const double rate = forward_flops(c, in.clean.shape[0], in.clean.shape[1]) / std::max(seconds, 1e-6);  // operations a second
+  throw_if_stopped();
+  const double rate = forward_flops(c, rows, in.clean.shape[1]) / std::max(seconds, 1e-6);  // operations a second
   const double eta = w.flops / rate;
   char what[256];
   std::snprintf(what, sizeof what, "exact patching of %.0f edges (%.3g patched token-blocks, %.3g TFLOP) takes about %s at this "
