@@ -18,6 +18,21 @@
 
 namespace hl {
 
+// sum_c a[c] b[c] in 8 double lanes (lane l takes c = l mod 8), added into lanes[0..8): a fixed
+// order that vectorises, where one running double sum is a chain of dependent adds (4 cycles each).
+inline void dot_into_double_lanes(const float* a, const float* b, int64_t n, double* lanes) {
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8)
+    for (int l = 0; l < 8; ++l) lanes[l] += static_cast<double>(a[c + l]) * b[c + l];
+  for (int l = 0; c + l < n; ++l) lanes[l] += static_cast<double>(a[c + l]) * b[c + l];
+}
+// The dot of a and b by those lanes, added in a fixed tree.
+inline double dot_in_double_lanes(const float* a, const float* b, int64_t n) {
+  double lanes[8] = {};
+  dot_into_double_lanes(a, b, n, lanes);
+  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+}
+
 inline float exp_fast(float x) {
   constexpr float kHi = 88.72283f, kLo = -86.5f;
   float xc = x > kHi ? kHi : x;

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core.h"
+#include "fastmath.h"
 #include "parallel.h"
 #include "profile.h"
 
@@ -134,14 +135,6 @@ namespace {
 const Tensor& param_of(const Tensor& t) { return t; }
 const Tensor& param_of(const NamedParam& p) { return p.param; }
 
-// Sum of squares of one gradient in 8 double lanes (lane l takes elements l mod 8): a fixed order
-// that vectorises; one running double sum is a 4-cycle dependency chain per element.
-void squares_in_lanes(const float* G, int64_t n, double* lanes) {
-  int64_t k = 0;
-  for (; k + 8 <= n; k += 8)
-    for (int l = 0; l < 8; ++l) lanes[l] += static_cast<double>(G[k + l]) * G[k + l];
-  for (int l = 0; k + l < n; ++l) lanes[l] += static_cast<double>(G[k + l]) * G[k + l];
-}
 
 // Each gradient's lanes on one thread, the gradients shared out by size (GPT-2's embedding alone
 // is a third of its 124M), then every lane added in parameter and lane order: one thread's bits.
@@ -159,7 +152,7 @@ float grad_norm_of(const std::vector<P>& params) {
     for (size_t i = 0; i < params.size(); ++i) {
       Tensor g = param_of(params[i]).grad();
       if (!g.defined()) continue;
-      if (start * n / std::max<int64_t>(total, 1) == t) squares_in_lanes(g.data(), g.numel(), &lanes[i * 8]);
+      if (start * n / std::max<int64_t>(total, 1) == t) dot_into_double_lanes(g.data(), g.data(), g.numel(), &lanes[i * 8]);  // its sum of squares
       start += g.numel();
     }
   });

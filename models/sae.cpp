@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "lib/fastmath.h"
 #include "lib/autograd.h"
 #include "lib/fileutil.h"
 #include "lib/parallel.h"
@@ -270,19 +271,6 @@ std::vector<NamedParam> Sae::params() const {
   return p;
 }
 
-namespace {
-// sum_c a[c] b[c] in double, in 8 lanes (lane l takes c = l mod 8) added in a fixed order: the
-// lanes vectorise, where one running double sum is a chain of dependent adds (4 cycles each;
-// the decoder's projection and renormalisation were 4% of the SAE step at 768 x 8)
-double dot_in_lanes(const float* a, const float* b, int64_t n) {
-  double lanes[8] = {};
-  int64_t c = 0;
-  for (; c + 8 <= n; c += 8)
-    for (int l = 0; l < 8; ++l) lanes[l] += double(a[c + l]) * b[c + l];
-  for (int l = 0; c + l < n; ++l) lanes[l] += double(a[c + l]) * b[c + l];
-  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-}
-}  // namespace
 
 void Sae::remove_decoder_parallel_grad() const {
   if (!W_dec.grad().defined()) return;
@@ -290,7 +278,7 @@ void Sae::remove_decoder_parallel_grad() const {
   const float* w = W_dec.data();
   float* g = W_dec.grad().data();
   parallel_for(R, R * C, [&](int64_t r) {
-    const double dot = dot_in_lanes(w + r * C, g + r * C, C), nn = dot_in_lanes(w + r * C, w + r * C, C);
+    const double dot = dot_in_double_lanes(w + r * C, g + r * C, C), nn = dot_in_double_lanes(w + r * C, w + r * C, C);
     if (nn == 0) return;
     const float a = static_cast<float>(dot / nn);
     for (int64_t c = 0; c < C; ++c) g[r * C + c] -= a * w[r * C + c];
@@ -301,7 +289,7 @@ void Sae::normalize_decoder_rows() const {
   const int64_t R = W_dec.size(0), C = W_dec.size(1);
   float* w = W_dec.data();
   parallel_for(R, R * C, [&](int64_t r) {
-    const double nn = dot_in_lanes(w + r * C, w + r * C, C);
+    const double nn = dot_in_double_lanes(w + r * C, w + r * C, C);
     if (nn == 0) return;
     const float inv = static_cast<float>(1.0 / std::sqrt(nn));
     for (int64_t c = 0; c < C; ++c) w[r * C + c] *= inv;

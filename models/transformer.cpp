@@ -1,11 +1,11 @@
 #include "models/transformer.h"
 
-#include "models/sae.h"
-
 #include <cctype>
-#include <optional>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <optional>
+
+#include "models/sae.h"
 
 namespace hl {
 
